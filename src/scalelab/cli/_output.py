@@ -1,0 +1,114 @@
+"""Shared CLI plumbing: JSON or rich output, list parsing, a default-subcommand group.
+
+Rules every command follows: `--json` prints exactly one JSON document on stdout and nothing
+else (progress and warnings go to stderr); without it, rich tables for people.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import json
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from scalelab.core.errors import BadUsageError
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout, nothing else."
+)
+"""Decorator: every command that computes takes --json."""
+
+
+def jsonable(x: Any) -> Any:
+    """Convert results to JSON-safe values: NaN and ±inf become null (JSON has no such numbers)."""
+    if x is None or isinstance(x, bool | str | int):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if hasattr(x, "model_dump"):  # pydantic
+        return jsonable(x.model_dump(mode="json"))
+    if isinstance(x, Mapping):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, enum.Enum):
+        return jsonable(x.value)
+    if isinstance(x, dt.datetime | dt.date):
+        return x.isoformat()
+    if isinstance(x, Path):
+        return str(x)
+    if hasattr(x, "tolist"):  # numpy arrays and scalars
+        return jsonable(x.tolist())
+    if isinstance(x, Sequence | set | frozenset):
+        return [jsonable(v) for v in x]
+    return str(x)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n")
+    sys.stdout.flush()
+
+
+def emit(data: Any, as_json: bool, render: Callable[[Console], None]) -> None:
+    """One JSON document when `as_json`, else let `render` draw for people."""
+    if as_json:
+        print_json(data)
+    else:
+        render(console)
+
+
+def parse_list(text: str, *, what: str, kind: type = float) -> list[Any]:
+    """'1,2,5,10' -> [1, 2, 5, 10]; a clear error naming the flag otherwise."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise BadUsageError(f"{what}: empty list; give comma-separated values like 1,2,5,10")
+    out: list[Any] = []
+    for t in items:
+        try:
+            v = kind(t)
+        except ValueError:
+            raise BadUsageError(
+                f"{what}: {t!r} is not a{'n integer' if kind is int else ' number'}; "
+                "give comma-separated values like 1,2,5,10"
+            ) from None
+        if isinstance(v, float) and not math.isfinite(v):
+            raise BadUsageError(f"{what}: {t!r} is not a finite number")
+        out.append(v)
+    return out
+
+
+class DefaultGroup(click.Group):
+    """A group that runs `default_command` when the first argument names no subcommand.
+
+    Lets `scalelab load URL` and `scalelab load capacity URL` coexist:
+    `@click.group(cls=DefaultGroup)` and a subcommand named "run".
+    """
+
+    default_command = "run"
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] in self.commands:
+            return super().resolve_command(ctx, args)
+        cmd = self.commands.get(self.default_command)
+        if cmd is None:
+            return super().resolve_command(ctx, args)
+        return self.default_command, cmd, args
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # Without this, click treats the leading option of the default command as the group's.
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)

@@ -1,0 +1,1 @@
+"""The method: scaling laws, fits, records, the sheet and the verdict. Imports no part."""

@@ -1,0 +1,88 @@
+"""Architectures by name, so a model version on disk (model.json + safetensors) can be rebuilt.
+
+Weights are safetensors only: loading never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from scalelab.core.errors import BadInputError
+from scalelab.nets.tabular import TabularConfig, TabularNet
+
+WEIGHTS_FILE = "model.safetensors"
+SPEC_FILE = "model.json"
+
+Builder = Callable[[dict[str, Any]], nn.Module]
+
+_ARCHITECTURES: dict[str, Builder] = {
+    "tabular_mlp": lambda params: TabularNet(TabularConfig(**params)),
+}
+
+
+def register(name: str, builder: Builder) -> None:
+    """Add an architecture; its builder takes the `params` dict stored in model.json."""
+    _ARCHITECTURES[name] = builder
+
+
+def architectures() -> list[str]:
+    return sorted(_ARCHITECTURES)
+
+
+def build(arch: str, params: dict[str, Any]) -> nn.Module:
+    if arch not in _ARCHITECTURES:
+        raise BadInputError(f"unknown architecture {arch!r}; known: {', '.join(architectures())}")
+    try:
+        return _ARCHITECTURES[arch](params)
+    except TypeError as e:
+        raise BadInputError(f"bad parameters for architecture {arch!r}: {e}") from e
+
+
+def save_module(directory: str | Path, module: nn.Module, *, arch: str, params: dict[str, Any],
+                extra: dict[str, Any] | None = None) -> None:
+    """Write model.json (architecture, params, extra) and model.safetensors into `directory`."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    save_file(state, str(d / WEIGHTS_FILE))
+    spec = {"architecture": arch, "params": params, **(extra or {})}
+    (d / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+
+
+def read_spec(directory: str | Path) -> dict[str, Any]:
+    p = Path(directory) / SPEC_FILE
+    try:
+        spec = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadInputError(f"{p} is missing; a model version needs {SPEC_FILE} and {WEIGHTS_FILE}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInputError(f"{p} is not valid JSON ({e}); rewrite it or re-export the model") from e
+    if not isinstance(spec, dict) or "architecture" not in spec or not isinstance(spec.get("params"), dict):
+        raise BadInputError(f"{p} must be an object with 'architecture' and 'params'")
+    return spec
+
+
+def load_module(directory: str | Path, *, device: str = "cpu") -> nn.Module:
+    """Rebuild a module from model.json and load its safetensors weights (no pickle involved)."""
+    d = Path(directory)
+    spec = read_spec(d)
+    module = build(spec["architecture"], spec["params"])
+    w = d / WEIGHTS_FILE
+    if not w.is_file():
+        raise BadInputError(f"{w} is missing; a model version needs {WEIGHTS_FILE}")
+    try:
+        state = load_file(str(w), device=device)
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise BadInputError(f"{w} is not a readable safetensors file ({e})") from e
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as e:
+        raise BadInputError(f"{w} does not match the architecture in {SPEC_FILE}: {e}") from e
+    return module.eval()
