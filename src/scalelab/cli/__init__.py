@@ -30,7 +30,9 @@ app.add_command(sweep.sweep, "sweep")
 
 
 def _fail(code: int, message: str) -> int:
-    err_console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
+    err_console.print(
+        f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True
+    )
     return code
 
 
@@ -59,8 +61,9 @@ def run(argv: list[str] | None = None) -> int:
     except Exception as e:
         if os.environ.get("SCALELAB_DEBUG"):
             raise
-        return _fail(1, f"internal error: {type(e).__name__}: {e} "
-                        "(set SCALELAB_DEBUG=1 for the traceback)")
+        return _fail(
+            1, f"internal error: {type(e).__name__}: {e} (set SCALELAB_DEBUG=1 for the traceback)"
+        )
 
 
 def main() -> None:

@@ -96,5 +96,6 @@ def gustafson_table(p: float, workers: list[float]) -> LawTable:
     for n in workers:
         s = gustafson_speedup(p, n)
         rows.append(LawRow(workers=n, speedup=s, efficiency=s / n))
-    return LawTable(law="gustafson", parallel_fraction=p, rows=rows,
-                    limit=math.inf if p > 0 else 1.0)
+    return LawTable(
+        law="gustafson", parallel_fraction=p, rows=rows, limit=math.inf if p > 0 else 1.0
+    )

@@ -60,7 +60,7 @@ class Cost(_Strict):
 class Record(_Strict):
     """One measurement: a stage at one level of the scaled variable, one repeat."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     experiment: str = Field(min_length=1)
     stage: str = Field(min_length=1, pattern=r"^[a-z][a-z0-9_.-]*$")
     variable: str = Field(min_length=1)
@@ -99,15 +99,27 @@ def new_experiment_id(prefix: str) -> str:
 
 
 def make_record(
-    *, experiment: str, stage: str, variable: str, level: float, repeat: int = 0,
-    machine: Machine | None = None, **fields: Any,
+    *,
+    experiment: str,
+    stage: str,
+    variable: str,
+    level: float,
+    repeat: int = 0,
+    machine: Machine | None = None,
+    **fields: Any,
 ) -> Record:
     """Build a record stamped with now and this machine; raises BadInputError on bad fields."""
     m = machine or current_machine()
     try:
         return Record(
-            experiment=experiment, stage=stage, variable=variable, level=level, repeat=repeat,
-            timestamp=datetime.now(UTC), machine=MachineInfo.of(m), **fields,
+            experiment=experiment,
+            stage=stage,
+            variable=variable,
+            level=level,
+            repeat=repeat,
+            timestamp=datetime.now(UTC),
+            machine=MachineInfo.of(m),
+            **fields,
         )
     except ValidationError as e:
         raise BadInputError(f"invalid record for stage {stage!r}: {_first_error(e)}") from e
@@ -135,7 +147,9 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[Record]:
     """Read and validate a records file; the first bad line raises BadInputError naming it."""
     p = Path(path)
     if not p.is_file():
-        raise BadInputError(f"records file {p} does not exist; pass a .jsonl file written by scalelab")
+        raise BadInputError(
+            f"records file {p} does not exist; pass a .jsonl file written by scalelab"
+        )
     with p.open("r", encoding="utf-8", errors="strict") as f:
         try:
             for lineno, line in enumerate(f, start=1):
@@ -155,7 +169,9 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[Record]:
                         f"{p}:{lineno}: {_first_error(e)}; fix or remove that line"
                     ) from e
         except UnicodeDecodeError as e:
-            raise BadInputError(f"{p}: not UTF-8 text ({e.reason}); records are UTF-8 JSON Lines") from e
+            raise BadInputError(
+                f"{p}: not UTF-8 text ({e.reason}); records are UTF-8 JSON Lines"
+            ) from e
 
 
 def read_records(path: str | os.PathLike[str]) -> list[Record]:

@@ -9,13 +9,28 @@ from scalelab.core.errors import BadInputError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|sec|m|min|h|hr|d)?\s*$")
 _DURATION_UNITS = {
-    "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0,
-    "h": 3600.0, "hr": 3600.0, "d": 86400.0,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "sec": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "d": 86400.0,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
-    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 
 
@@ -24,7 +39,8 @@ def parse_duration(text: str, *, what: str = "duration", default_unit: str = "s"
     m = _DURATION.match(str(text))
     if not m:
         raise BadInputError(
-            f"{what}: {text!r} is not a duration; write a number with a unit, e.g. 30s, 5m, 24h, 10ms"
+            f"{what}: {text!r} is not a duration; "
+            "write a number with a unit, e.g. 30s, 5m, 24h, 10ms"
         )
     return float(m.group(1)) * _DURATION_UNITS[m.group(2) or default_unit]
 

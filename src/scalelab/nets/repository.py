@@ -62,7 +62,9 @@ def versions(repo: str | Path, name: str) -> list[int]:
     d = model_dir(repo, name)
     if not d.is_dir():
         return []
-    return sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
+    return sorted(
+        int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0
+    )
 
 
 def next_version(repo: str | Path, name: str) -> int:
