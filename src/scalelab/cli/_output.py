@@ -6,20 +6,17 @@ else (progress and warnings go to stderr); without it, rich tables for people.
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
-import enum
 import json
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import click
 from rich.console import Console
 
 from scalelab.core.errors import BadUsageError
+from scalelab.core.serialize import jsonable
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -28,31 +25,6 @@ json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON document on stdout, nothing else."
 )
 """Decorator: every command that computes takes --json."""
-
-
-def jsonable(x: Any) -> Any:
-    """Convert results to JSON-safe values: NaN and ±inf become null (JSON has no such numbers)."""
-    if x is None or isinstance(x, bool | str | int):
-        return x
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
-    if hasattr(x, "model_dump"):  # pydantic
-        return jsonable(x.model_dump(mode="json"))
-    if isinstance(x, Mapping):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, enum.Enum):
-        return jsonable(x.value)
-    if isinstance(x, dt.datetime | dt.date):
-        return x.isoformat()
-    if isinstance(x, Path):
-        return str(x)
-    if hasattr(x, "tolist"):  # numpy arrays and scalars
-        return jsonable(x.tolist())
-    if isinstance(x, Sequence | set | frozenset):
-        return [jsonable(v) for v in x]
-    return str(x)
 
 
 def print_json(data: Any) -> None:

@@ -1,0 +1,136 @@
+"""The diagnostic sheet: one row per (stage, series, level), aggregated over repeats.
+
+A row holds the sheet's fields — input volume, processing rate, limiting resource, latency
+p50/p95/p99, peak memory, failure rate, output quality, cost per unit, recovery — as medians over
+repeats with the range of the rate. A *series* separates curves measured on the same stage and
+variable under different settings (e.g. serving with batching off and on): it is the record's
+`extras["series"]` when present.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scalelab.core.records import Record
+
+
+@dataclass(frozen=True, kw_only=True)
+class SheetRow:
+    stage: str
+    series: str
+    variable: str
+    level: float
+    multiple: float
+    """level / the smallest level of this stage and series: the multiple of load (or resource)."""
+    repeats: int
+    failures: int
+    input_volume: float | None
+    input_unit: str | None
+    rate: float | None
+    rate_min: float | None
+    rate_max: float | None
+    rate_unit: str | None
+    wall_s: float | None
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    peak_memory_bytes: int | None
+    failure_rate: float | None
+    quality: dict[str, float]
+    cost_per_unit_usd: float | None
+    cost_unit: str | None
+    recovery: str | None
+    limiting_resource: str | None
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Medians of the numeric extras across repeats (e.g. cpu_busy_cores, comm_share)."""
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    v = [float(x) for x in values if x is not None]
+    return statistics.median(v) if v else None
+
+
+def _mode(values: Iterable[str | None]) -> str | None:
+    v = [x for x in values if x]
+    return max(set(v), key=v.count) if v else None
+
+
+def series_of(r: Record) -> str:
+    s = r.extras.get("series")
+    return str(s) if s is not None else ""
+
+
+def _numeric_extras(recs: list[Record]) -> dict[str, Any]:
+    keys = {
+        k
+        for r in recs
+        for k, v in r.extras.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    out: dict[str, Any] = {k: _median(r.extras.get(k) for r in recs) for k in sorted(keys)}
+    for k in sorted({k for r in recs for k, v in r.extras.items() if isinstance(v, str | bool)}):
+        out[k] = recs[0].extras.get(k)
+    return out
+
+
+def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
+    """Aggregate records into sheet rows, ordered by stage, series and level."""
+    groups: dict[tuple[str, str, str, float], list[Record]] = defaultdict(list)
+    for r in records:
+        groups[(r.stage, series_of(r), r.variable, r.level)].append(r)
+    base: dict[tuple[str, str, str], float] = {}
+    for stage, series, variable, level in groups:
+        key = (stage, series, variable)
+        base[key] = min(base.get(key, level), level)
+    rows: list[SheetRow] = []
+    for (stage, series, variable, level), recs in sorted(groups.items()):
+        ok = [r for r in recs if r.ok]
+        use = ok or recs
+        rates = [r.rate for r in ok if r.rate is not None]
+        lat = [r.latency for r in use if r.latency is not None]
+        qkeys = sorted({k for r in ok for k in r.quality})
+        mem = [r.peak_memory_bytes for r in use if r.peak_memory_bytes is not None]
+        fr = [r.failure_rate for r in recs if r.failure_rate is not None]
+        b = base[(stage, series, variable)]
+        rows.append(
+            SheetRow(
+                stage=stage,
+                series=series,
+                variable=variable,
+                level=level,
+                multiple=level / b if b else 1.0,
+                repeats=len(recs),
+                failures=sum(1 for r in recs if not r.ok),
+                input_volume=_median(r.input_volume for r in use),
+                input_unit=_mode(r.input_unit for r in use),
+                rate=_median(rates),
+                rate_min=min(rates) if rates else None,
+                rate_max=max(rates) if rates else None,
+                rate_unit=_mode(r.rate_unit for r in use),
+                wall_s=_median(r.wall_s for r in use),
+                p50_ms=_median(x.p50_ms for x in lat),
+                p95_ms=_median(x.p95_ms for x in lat),
+                p99_ms=_median(x.p99_ms for x in lat),
+                peak_memory_bytes=int(max(mem)) if mem else None,
+                failure_rate=statistics.fmean(fr)
+                if fr
+                else (sum(1 for r in recs if not r.ok) / len(recs)),
+                quality={
+                    k: v for k in qkeys if (v := _median(r.quality.get(k) for r in ok)) is not None
+                },
+                cost_per_unit_usd=_median(r.cost.per_unit_usd for r in use if r.cost is not None),
+                cost_unit=_mode(r.cost.unit for r in use if r.cost is not None),
+                recovery=_mode(r.recovery for r in use),
+                limiting_resource=_mode(r.limiting_resource for r in use),
+                extras=_numeric_extras(use),
+            )
+        )
+    return rows
+
+
+def stage_rows(sheet: list[SheetRow], stage: str, series: str | None = None) -> list[SheetRow]:
+    return [r for r in sheet if r.stage == stage and (series is None or r.series == series)]

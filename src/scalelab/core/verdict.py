@@ -1,0 +1,363 @@
+"""The verdict: which stage first misses its objective, at what multiple, why, and what to do.
+
+Inputs are the sheet (core.sheet), each stage's objectives (core.objectives) and the machine.
+The limiting resource is inferred from measured signals, each conclusion citing its number:
+CPU busy cores against the cores available, memory headroom, queue growth (offered load above
+what was served while latency climbs), communication share of step time, the Karp–Flatt serial
+fraction, spill, and whatever the stage itself reported. The intervention fits the stage (data:
+partition or validate; training: parallelize, fix communication or the serial phase, checkpoint;
+serving: batching, replicas, autoscaling signal; model: compress or route), and its predicted
+effect is read off the measured curves — never invented: where no curve supports a number, the
+text says what to measure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from scalelab.core.fits import fit_scaling
+from scalelab.core.laws import karp_flatt
+from scalelab.core.objectives import Check, Objective, check_rows, first_miss, metric_value
+from scalelab.core.sheet import SheetRow
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageGoal:
+    """What one stage must keep: its objectives, the series that is today's system, the target."""
+
+    stage: str
+    objectives: list[Objective]
+    baseline_series: str = ""
+    """The series measured as configured today (e.g. 'batching=off'); others are alternatives."""
+    target_multiple: float = 10.0
+    """The load (or resource) multiple the stage must reach, e.g. 10× today's volume."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    resource: str
+    detail: str
+
+
+@dataclass(kw_only=True)
+class StageVerdict:
+    stage: str
+    measured: bool
+    miss: Check | None
+    """The first failing check (lowest multiple), None when every measured level passes."""
+    passed_up_to: float | None
+    """The highest multiple at which every objective passed (None if none did)."""
+    target_multiple: float
+    limiting: list[Evidence] = field(default_factory=list)
+    intervention: str = ""
+    predicted: str = ""
+    tightest: str = ""
+    """When nothing misses: the objective with the least headroom, with its margin."""
+    cost: list[tuple[float, float, str]] = field(default_factory=list)
+    """(multiple, cost per unit in USD, unit) per level of the baseline series."""
+    checks: list[Check] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Verdict:
+    stages: list[StageVerdict]
+    first: StageVerdict | None
+    summary: str
+
+
+def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list[Evidence]:
+    """Signals from the measurements, strongest first; each cites its number and level."""
+    ev: list[Evidence] = []
+    if not rows:
+        return ev
+    rows = sorted(rows, key=lambda r: r.level)
+    last = rows[-1]
+    busy = metric_value(last, "extras:cpu_busy_cores")
+    if busy is not None and busy >= 0.85 * cores:
+        ev.append(
+            Evidence(
+                resource="cpu",
+                detail=(f"{busy:.2f} of {cores} cores busy at {last.variable}={last.level:g}"),
+            )
+        )
+    if last.peak_memory_bytes and memory_bytes and last.peak_memory_bytes >= 0.8 * memory_bytes:
+        ev.append(
+            Evidence(
+                resource="memory",
+                detail=(
+                    f"peak {last.peak_memory_bytes / 2**30:.1f} GiB = "
+                    f"{last.peak_memory_bytes / memory_bytes:.0%} of RAM at {last.level:g}"
+                ),
+            )
+        )
+    # Queue growth: offered load (the level, for rate sweeps) above what was served, latency up.
+    if last.variable in ("rate", "arrival_rate") and last.rate is not None and rows[0].p95_ms:
+        served = last.rate / last.level if last.level else 1.0
+        if last.p95_ms is not None and served < 0.95 and last.p95_ms >= 3 * rows[0].p95_ms:
+            ev.append(
+                Evidence(
+                    resource="queue",
+                    detail=(
+                        f"offered {last.level:g}/s, served {last.rate:.4g}/s ({served:.0%}); p95 "
+                        f"{rows[0].p95_ms:.1f} → {last.p95_ms:.1f} ms: "
+                        "arrivals exceed service capacity"
+                    ),
+                )
+            )
+    comm = metric_value(last, "extras:comm_share")
+    if comm is not None and comm >= 0.3:
+        ev.append(
+            Evidence(
+                resource="communication",
+                detail=(
+                    f"{comm:.0%} of step time in gradient all-reduce "
+                    f"at {last.variable}={last.level:g}"
+                ),
+            )
+        )
+    spill = metric_value(last, "extras:spill_bytes")
+    if spill:
+        ev.append(Evidence(resource="disk spill", detail=f"{spill / 2**20:.0f} MiB spilled"))
+    iow = metric_value(last, "extras:iowait_share")
+    if iow is not None and iow >= 0.2:
+        ev.append(Evidence(resource="i/o", detail=f"{iow:.0%} of wall time in I/O wait"))
+    kf = _karp_flatt_trend(rows)
+    if kf is not None:
+        ev.append(Evidence(resource="serial fraction", detail=kf))
+    if last.limiting_resource:
+        ev.append(
+            Evidence(
+                resource=last.limiting_resource.split()[0],
+                detail=f"reported by the stage: {last.limiting_resource}",
+            )
+        )
+    return ev
+
+
+def _karp_flatt_trend(rows: list[SheetRow]) -> str | None:
+    """Karp–Flatt over a resource sweep (workers, replicas): rising e means overhead grows."""
+    if rows[0].variable not in ("workers", "nproc", "replicas", "processes"):
+        return None
+    pts = [(r.level, r.rate) for r in rows if r.rate]
+    if len(pts) < 2 or pts[0][0] <= 0:
+        return None
+    n0, x0 = pts[0]
+    assert x0 is not None
+    es = []
+    for n, x in pts[1:]:
+        p = n / n0
+        if p > 1 and x:
+            es.append((n, karp_flatt(x / x0, p)))
+    if not es:
+        return None
+    text = ", ".join(f"e={e:.2f} at {n:g}" for n, e in es)
+    if len(es) >= 2 and es[-1][1] > es[0][1] + 0.05:
+        return f"Karp–Flatt serial fraction rises ({text}): overhead grows with workers"
+    if es[-1][1] > 0.2:
+        return f"Karp–Flatt serial fraction {text}: a large serial phase"
+    return None
+
+
+def _capacity(rows: list[SheetRow], objectives: list[Objective]) -> float | None:
+    """Highest level at which every objective passed, scanning up from the lowest."""
+    cap = None
+    for row in sorted(rows, key=lambda r: r.level):
+        oks = [o.passes(metric_value(row, o.metric, rows)) for o in objectives]
+        if any(ok is False for ok in oks):
+            break
+        cap = row.level
+    return cap
+
+
+def _serve_advice(
+    goal: StageGoal, by_series: dict[str, list[SheetRow]], target_level: float
+) -> tuple[str, str]:
+    base = by_series.get(goal.baseline_series, [])
+    caps = {s: _capacity(rs, goal.objectives) for s, rs in by_series.items()}
+    base_cap = caps.get(goal.baseline_series)
+    best_s, best_cap = max(
+        ((s, c) for s, c in caps.items() if c is not None), key=lambda t: t[1], default=(None, None)
+    )
+    parts: list[str] = []
+    predicted: list[str] = []
+    slo = ", ".join(o.label for o in goal.objectives)
+    if best_s is not None and best_s != goal.baseline_series and best_cap is not None:
+        parts.append(f"use {best_s}")
+        predicted.append(
+            f"{best_s} raises capacity at {slo} from "
+            f"{_num(base_cap)} to {best_cap:g} requests/s (measured)"
+        )
+    cap = best_cap if best_cap is not None else base_cap
+    if cap:
+        replicas = math.ceil(target_level / cap)
+        parts.append(f"run {replicas} replica(s)")
+        predicted.append(
+            f"{replicas} replica(s) of {best_s or 'this configuration'} hold the "
+            f"{goal.target_multiple:g}× peak of {target_level:g} requests/s at "
+            f"{cap:g} requests/s each (linear in replicas: measure to confirm)"
+        )
+        parts.append("autoscale on queue depth (it leads latency; CPU lags a saturated batcher)")
+    elif base:
+        parts.append(
+            "reduce per-request compute (batching, a smaller model) before adding "
+            "replicas: even the lowest measured rate misses the objective"
+        )
+    return "; ".join(parts), "; ".join(predicted)
+
+
+def _resource_advice(
+    stage: str, rows: list[SheetRow], limits: list[Evidence], miss: Check | None
+) -> tuple[str, str]:
+    names = {e.resource for e in limits}
+    pts = [(r.level, r.rate) for r in rows if r.rate]
+    predicted = ""
+    if len({n for n, _ in pts}) >= 2:
+        fit = fit_scaling([n for n, _ in pts], [float(x) for _, x in pts if x is not None])
+        if fit.usl is not None and math.isfinite(fit.usl.n_peak):
+            predicted = (
+                f"the {fit.chosen} fit peaks at {rows[0].variable}≈{fit.usl.n_peak:.1f} "
+                f"with {fit.usl.x_peak:.4g} {rows[0].rate_unit or 'units/s'}"
+            )
+        elif fit.usl is not None:
+            predicted = (
+                f"{fit.chosen} fit: ceiling {fit.usl.x_limit:.4g} "
+                f"{rows[0].rate_unit or 'units/s'} (serial fraction "
+                f"{fit.usl.alpha.value:.2f})"
+            )
+    if stage == "train":
+        if "communication" in names:
+            advice = (
+                "fix communication: larger per-worker batches or gradient accumulation "
+                "(fewer all-reduces per sample), then parallelize"
+            )
+        elif "cpu" in names:
+            advice = (
+                "the cores are saturated: more processes only oversubscribe; add cores or "
+                "nodes (torchrun --nnodes) and checkpoint on Daly's interval"
+            )
+        else:
+            advice = "parallelize (data-parallel workers) and checkpoint on Daly's interval"
+    elif stage == "data":
+        if miss is not None and miss.objective.metric in (
+            "failure_rate",
+            "availability",
+            "extras:quarantine_rate",
+        ):
+            advice = (
+                "validate: the failure (quarantine) rate breaks the objective — fix the "
+                "source or add checks upstream; more machines only multiply bad rows"
+            )
+        else:
+            advice = (
+                "partition: split the input and run partitions in parallel (--engine dask "
+                "--workers N); validate at ingest so bad rows stop early"
+            )
+    elif stage == "model":
+        advice = "compress (int8, pruning, distillation) or route (cascade) the model"
+    else:
+        advice = "scale the limiting resource named above"
+    return advice, predicted
+
+
+def _model_advice(goal: StageGoal, by_series: dict[str, list[SheetRow]]) -> tuple[str, str]:
+    """Pick the variant (series) that meets every objective with the lowest p95 latency."""
+    best: tuple[float, str] | None = None
+    base_rows = by_series.get(goal.baseline_series, [])
+    base_p95 = base_rows[0].p95_ms if base_rows else None
+    for s, rows in by_series.items():
+        row = rows[0]
+        meets = all(
+            o.passes(metric_value(row, o.metric, rows)) is not False for o in goal.objectives
+        )
+        if meets and row.p95_ms is not None and (best is None or row.p95_ms < best[0]):
+            best = (row.p95_ms, s)
+    if best is None or best[1] == goal.baseline_series:
+        return (
+            "no variant beats the baseline within the quality tolerance: route (cascade) "
+            "or retrain a smaller model",
+            "",
+        )
+    predicted = f"{best[1]}: p95 {_num(base_p95)} → {best[0]:.3g} ms within the quality objectives"
+    return f"compress: serve {best[1]}", predicted
+
+
+def _num(v: float | None) -> str:
+    return "—" if v is None else f"{v:.4g}"
+
+
+def judge_stage(
+    goal: StageGoal, sheet: list[SheetRow], *, cores: int, memory_bytes: int
+) -> StageVerdict:
+    rows_all = [r for r in sheet if r.stage == goal.stage]
+    by_series: dict[str, list[SheetRow]] = {}
+    for r in rows_all:
+        by_series.setdefault(r.series, []).append(r)
+    base = by_series.get(goal.baseline_series) or (
+        next(iter(by_series.values())) if by_series else []
+    )
+    v = StageVerdict(
+        stage=goal.stage,
+        measured=bool(base),
+        miss=None,
+        passed_up_to=None,
+        target_multiple=goal.target_multiple,
+    )
+    if not base:
+        return v
+    v.checks = check_rows(base, goal.objectives)
+    v.miss = first_miss(v.checks)
+    passing = [
+        r.multiple for r in base if all(c.ok is not False for c in v.checks if c.level == r.level)
+    ]
+    below = [m for m in passing if v.miss is None or m < v.miss.multiple]
+    v.passed_up_to = max(below) if below else None
+    v.limiting = infer_limits(base, cores=cores, memory_bytes=memory_bytes)
+    v.cost = [
+        (r.multiple, r.cost_per_unit_usd, r.cost_unit or "unit")
+        for r in base
+        if r.cost_per_unit_usd is not None
+    ]
+    base_level = min(r.level for r in base)
+    if goal.stage == "serve":
+        v.intervention, v.predicted = _serve_advice(
+            goal, by_series, base_level * goal.target_multiple
+        )
+    elif goal.stage == "model":
+        v.intervention, v.predicted = _model_advice(goal, by_series)
+    else:
+        v.intervention, v.predicted = _resource_advice(goal.stage, base, v.limiting, v.miss)
+    if v.miss is None:
+        margins = [
+            (c.objective.margin(c.value), c) for c in v.checks if c.value is not None and c.ok
+        ]
+        if margins:
+            m, c = min(margins, key=lambda t: t[0])
+            v.tightest = f"{c.objective.label}: {c.value:.4g} at {c.multiple:g}× ({m:.0%} headroom)"
+    return v
+
+
+def judge(
+    goals: list[StageGoal], sheet: list[SheetRow], *, cores: int, memory_bytes: int
+) -> Verdict:
+    stages = [judge_stage(g, sheet, cores=cores, memory_bytes=memory_bytes) for g in goals]
+    missing = [s for s in stages if s.miss is not None]
+    first = min(missing, key=lambda s: s.miss.multiple if s.miss else math.inf, default=None)
+    if first is not None and first.miss is not None:
+        lim = first.limiting[0] if first.limiting else None
+        summary = (
+            f"{first.stage} misses first: {first.miss.objective.label} fails at "
+            f"{first.miss.multiple:g}× ({first.miss.objective.metric} = "
+            f"{_num(first.miss.value)})"
+            + (f"; limiting resource: {lim.resource} ({lim.detail})" if lim else "")
+            + (f". Do: {first.intervention}" if first.intervention else "")
+            + (f". Predicted: {first.predicted}" if first.predicted else "")
+        )
+    else:
+        measured = [s for s in stages if s.measured]
+        reach = ", ".join(f"{s.stage} to {_num(s.passed_up_to)}×" for s in measured)
+        tight = "; ".join(f"{s.stage}: {s.tightest}" for s in measured if s.tightest)
+        summary = f"no stage misses its objectives at the measured levels ({reach})" + (
+            f"; least headroom — {tight}" if tight else ""
+        )
+    return Verdict(stages=stages, first=first, summary=summary)

@@ -1,0 +1,319 @@
+"""Write the report: one self-contained HTML file, a Markdown summary and a JSON document.
+
+Everything is rebuilt from stored records and the objectives, so `scalelab report DIR` gives
+the same report as the run that measured it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from scalelab.core.machine import Machine
+from scalelab.core.serialize import jsonable
+from scalelab.core.sheet import SheetRow
+from scalelab.core.verdict import StageGoal, StageVerdict, Verdict
+from scalelab.report import plots
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportFiles:
+    html: Path
+    markdown: Path
+    json: Path
+
+
+def _fmt(v: float | None, spec: str = ".4g", unit: str = "") -> str:
+    if v is None:
+        return "—"
+    return f"{v:{spec}}{unit}"
+
+
+def _mib(v: int | None) -> str:
+    return "—" if v is None else f"{v / 2**20:.0f} MiB"
+
+
+SHEET_COLUMNS = [
+    "stage",
+    "series",
+    "level",
+    "×",
+    "input",
+    "rate",
+    "limiting resource",
+    "p50 ms",
+    "p95 ms",
+    "p99 ms",
+    "peak memory",
+    "failure rate",
+    "quality",
+    "cost/unit",
+    "recovery",
+]
+
+
+def sheet_cells(r: SheetRow) -> list[str]:
+    q = ", ".join(f"{k}={v:.3g}" for k, v in list(r.quality.items())[:3]) or "—"
+    cost = (
+        "—"
+        if r.cost_per_unit_usd is None
+        else f"${r.cost_per_unit_usd:.3g}/{r.cost_unit or 'unit'}"
+    )
+    rate = "—" if r.rate is None else f"{r.rate:.4g} {r.rate_unit or ''}".strip()
+    if r.rate_min is not None and r.rate_max is not None and r.repeats > 1:
+        rate += f" [{r.rate_min:.3g}–{r.rate_max:.3g}]"
+    inp = "—" if r.input_volume is None else f"{r.input_volume:.4g} {r.input_unit or ''}".strip()
+    return [
+        r.stage,
+        r.series or "—",
+        f"{r.level:g}",
+        f"{r.multiple:g}",
+        inp,
+        rate,
+        r.limiting_resource or "—",
+        _fmt(r.p50_ms, ".3g"),
+        _fmt(r.p95_ms, ".3g"),
+        _fmt(r.p99_ms, ".3g"),
+        _mib(r.peak_memory_bytes),
+        _fmt(r.failure_rate, ".2%"),
+        q,
+        cost,
+        r.recovery or "—",
+    ]
+
+
+def verdict_lines(v: Verdict) -> list[str]:
+    lines = [v.summary]
+    for s in v.stages:
+        if not s.measured:
+            lines.append(f"{s.stage}: not measured")
+            continue
+        head = (
+            f"{s.stage}: misses {s.miss.objective.label} at {s.miss.multiple:g}×"
+            if s.miss
+            else f"{s.stage}: meets its objectives up to {_fmt(s.passed_up_to)}×"
+        )
+        lines.append(head)
+        for e in s.limiting[:3]:
+            lines.append(f"  limiting: {e.resource} — {e.detail}")
+        if s.intervention:
+            lines.append(f"  do: {s.intervention}")
+        if s.predicted:
+            lines.append(f"  predicted: {s.predicted}")
+        if s.tightest:
+            lines.append(f"  least headroom: {s.tightest}")
+        if s.cost:
+            lines.append(
+                "  cost per unit: " + ", ".join(f"{m:g}× ${c:.3g}/{u}" for m, c, u in s.cost)
+            )
+    return lines
+
+
+def _stage_json(s: StageVerdict) -> dict[str, Any]:
+    return {
+        "stage": s.stage,
+        "measured": s.measured,
+        "miss": None
+        if s.miss is None
+        else {
+            "objective": s.miss.objective.label,
+            "metric": s.miss.objective.metric,
+            "multiple": s.miss.multiple,
+            "level": s.miss.level,
+            "value": s.miss.value,
+        },
+        "passed_up_to": s.passed_up_to,
+        "target_multiple": s.target_multiple,
+        "limiting": [{"resource": e.resource, "evidence": e.detail} for e in s.limiting],
+        "intervention": s.intervention,
+        "predicted": s.predicted,
+        "tightest": s.tightest,
+        "cost": [{"multiple": m, "usd_per_unit": c, "unit": u} for m, c, u in s.cost],
+        "checks": [
+            {
+                "level": c.level,
+                "multiple": c.multiple,
+                "objective": c.objective.label,
+                "value": c.value,
+                "ok": c.ok,
+            }
+            for c in s.checks
+        ],
+    }
+
+
+def report_json(
+    sheet: list[SheetRow], verdict: Verdict, machine: Machine, meta: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "generated": datetime.now(UTC).isoformat(),
+        "machine": machine.to_dict(),
+        "meta": meta,
+        "verdict": {
+            "summary": verdict.summary,
+            "first": None if verdict.first is None else verdict.first.stage,
+            "stages": [_stage_json(s) for s in verdict.stages],
+        },
+        "sheet": jsonable(sheet),
+    }
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
+max-width:1200px;color:#1d2430;padding:0 1rem}
+h1{font-size:1.6rem}
+h2{border-bottom:1px solid #ccd;padding-bottom:.2rem;margin-top:2rem}
+table{border-collapse:collapse;font-size:.8rem;margin:.5rem 0}
+th,td{border:1px solid #dde;padding:.25rem .45rem;text-align:right}
+th{background:#f2f4f8}
+td.l,th.l{text-align:left}
+.verdict{background:#fff6e5;border-left:4px solid #e8a200;padding:.8rem 1rem;font-size:1rem}
+.ok{color:#137333}
+.miss{color:#b3261e;font-weight:600}
+.plots{display:flex;flex-wrap:wrap;gap:1rem}
+.plots svg{max-width:560px;height:auto}
+.muted{color:#667}
+code{background:#f2f4f8;padding:0 .2rem}
+"""
+
+
+def render_html(
+    sheet: list[SheetRow],
+    verdict: Verdict,
+    goals: list[StageGoal],
+    machine: Machine,
+    meta: dict[str, Any],
+) -> str:
+    e = html.escape
+    out: list[str] = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        "<title>scalelab diagnosis</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<h1>scalelab diagnosis</h1>",
+        f"<p class='muted'>Machine: {machine.cores} cores, "
+        f"{machine.memory_bytes / 2**30:.1f} GiB, {e(machine.device)} · mode "
+        f"{e(str(meta.get('mode', '')))} · {e(str(meta.get('generated', '')))}</p>",
+        "<h2>Verdict</h2>",
+        f"<div class='verdict'>{e(verdict.summary)}</div>",
+    ]
+    goal_by = {g.stage: g for g in goals}
+    for s in verdict.stages:
+        g = goal_by.get(s.stage)
+        rows = [r for r in sheet if r.stage == s.stage]
+        out.append(f"<h2>{e(s.stage)}</h2>")
+        if not s.measured:
+            out.append("<p class='muted'>not measured in this run</p>")
+            continue
+        if g:
+            out.append(
+                "<p>Objectives: "
+                + ", ".join(f"<code>{e(o.label)}</code>" for o in g.objectives)
+                + f" · target {g.target_multiple:g}×</p>"
+            )
+        status = (
+            f"<span class='miss'>misses {e(s.miss.objective.label)} at "
+            f"{s.miss.multiple:g}× (value {_fmt(s.miss.value)})</span>"
+            if s.miss
+            else f"<span class='ok'>meets its objectives up to {_fmt(s.passed_up_to)}×</span>"
+        )
+        out.append(f"<p>{status}</p><ul>")
+        for ev in s.limiting:
+            out.append(f"<li>limiting: <b>{e(ev.resource)}</b> — {e(ev.detail)}</li>")
+        if s.intervention:
+            out.append(f"<li>do: {e(s.intervention)}</li>")
+        if s.predicted:
+            out.append(f"<li>predicted: {e(s.predicted)}</li>")
+        if s.tightest:
+            out.append(f"<li>least headroom: {e(s.tightest)}</li>")
+        out.append("</ul><div class='plots'>")
+        objs = g.objectives if g else []
+        for svg in (
+            plots.throughput_plot(s.stage, rows, objs),
+            plots.latency_plot(s.stage, rows, objs),
+            plots.cost_plot(s.stage, rows),
+        ):
+            if svg:
+                out.append(f"<figure>{svg}</figure>")
+        out.append("</div>")
+    out.append(
+        "<h2>Diagnostic sheet</h2><table><tr>"
+        + "".join(f"<th class='l'>{e(c)}</th>" for c in SHEET_COLUMNS)
+        + "</tr>"
+    )
+    for r in sheet:
+        cells = sheet_cells(r)
+        out.append(
+            "<tr>"
+            + "".join(
+                f"<td class='{'l' if i in (0, 1, 6, 12, 14) else ''}'>{e(c)}</td>"
+                for i, c in enumerate(cells)
+            )
+            + "</tr>"
+        )
+    out.append(
+        "</table><p class='muted'>Medians over repeats; rate ranges in brackets. "
+        "× is the multiple of the stage's smallest level. Rebuild with "
+        "<code>scalelab report DIR</code>.</p></body></html>"
+    )
+    return "\n".join(out)
+
+
+def render_markdown(
+    sheet: list[SheetRow], verdict: Verdict, machine: Machine, meta: dict[str, Any]
+) -> str:
+    lines = [
+        "# scalelab diagnosis",
+        "",
+        f"Machine: {machine.cores} cores, {machine.memory_bytes / 2**30:.1f} GiB, "
+        f"{machine.device}; mode {meta.get('mode', '')}",
+        "",
+        "## Verdict",
+        "",
+    ]
+    lines += [
+        f"- {ln.strip()}" if ln.startswith("  ") else f"**{ln}**" if i == 0 else f"- {ln}"
+        for i, ln in enumerate(verdict_lines(verdict))
+    ]
+    lines += [
+        "",
+        "## Sheet",
+        "",
+        "| " + " | ".join(SHEET_COLUMNS) + " |",
+        "|" + "---|" * len(SHEET_COLUMNS),
+    ]
+    for r in sheet:
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in sheet_cells(r)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(
+    out_dir: Path,
+    sheet: list[SheetRow],
+    verdict: Verdict,
+    goals: list[StageGoal],
+    machine: Machine,
+    meta: dict[str, Any],
+) -> ReportFiles:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {**meta, "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+    files = ReportFiles(
+        html=out_dir / "report.html", markdown=out_dir / "report.md", json=out_dir / "report.json"
+    )
+    for path, text in (
+        (files.html, render_html(sheet, verdict, goals, machine, meta)),
+        (files.markdown, render_markdown(sheet, verdict, machine, meta)),
+        (
+            files.json,
+            json.dumps(report_json(sheet, verdict, machine, meta), indent=2, allow_nan=False)
+            + "\n",
+        ),
+    ):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    return files
