@@ -189,3 +189,8 @@ def usl_cmd(
         "knee": knee,
     }
     emit(data, as_json, _render(fit, knee, xs, ys))
+
+
+from scalelab.cli.chinchilla import fit_chinchilla  # noqa: E402
+
+app.add_command(fit_chinchilla, "chinchilla")

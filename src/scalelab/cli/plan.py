@@ -61,3 +61,14 @@ def gustafson(parallel_fraction: float, workers: str, as_json: bool) -> None:
     """
     t = gustafson_table(parallel_fraction, parse_list(workers, what="--workers"))
     emit(t, as_json, _render_law(t, "Gustafson scaled speedup"))
+
+
+from scalelab.cli.plan_ops import checkpoint, hpa, lr  # noqa: E402
+
+app.add_command(hpa)
+app.add_command(checkpoint)
+app.add_command(lr)
+
+from scalelab.cli.chinchilla import plan_chinchilla  # noqa: E402
+
+app.add_command(plan_chinchilla, "chinchilla")
