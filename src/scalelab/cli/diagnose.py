@@ -1,0 +1,171 @@
+"""`scalelab diagnose` (the main job) and `scalelab report` (rebuild a report from records)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from scalelab.cli._output import emit, err_console, json_option
+from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.sheet import SheetRow
+from scalelab.core.verdict import Verdict
+from scalelab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
+from scalelab.diagnose.run import CONFIG, RECORDS, Runner, rebuild
+from scalelab.report.document import SHEET_COLUMNS, report_json, sheet_cells, verdict_lines
+
+
+def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict) -> None:
+    t = Table(title="Diagnostic sheet (medians over repeats)", show_lines=False)
+    keep = [0, 1, 3, 5, 6, 8, 9, 10, 11, 13]
+    for i in keep:
+        t.add_column(SHEET_COLUMNS[i], overflow="fold")
+    for r in sheet:
+        cells = sheet_cells(r)
+        t.add_row(*[cells[i] for i in keep])
+    c.print(t)
+    c.print("[bold]Verdict[/]", markup=True)
+    for i, line in enumerate(verdict_lines(verdict)):
+        c.print(line if i else f"[bold yellow]{line}[/]", markup=i == 0, highlight=False)
+
+
+def _summary(
+    out: Path, sheet: list[SheetRow], verdict: Verdict, mode: str, extra: dict[str, Any]
+) -> dict[str, Any]:
+    from scalelab.core.machine import current_machine
+
+    doc = report_json(sheet, verdict, current_machine(), {"mode": mode})
+    return {
+        **extra,
+        "out": str(out),
+        "report": {
+            "html": str(out / "report.html"),
+            "markdown": str(out / "report.md"),
+            "json": str(out / "report.json"),
+        },
+        **doc,
+    }
+
+
+@click.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="Objectives YAML merged over the defaults (see --print-config).",
+)
+@click.option("--quick", "mode", flag_value="quick", help="About a minute on 2 cores.")
+@click.option("--full", "mode", flag_value="full", help="As long as it needs.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("scalelab-out"),
+    show_default=True,
+    help="Directory for records, logs, work files and the report.",
+)
+@click.option("--print-config", is_flag=True, help="Print the default objectives YAML and exit.")
+@json_option
+def diagnose(
+    config_path: Path | None, mode: str | None, out: Path, print_config: bool, as_json: bool
+) -> None:
+    """Scale the reference ML system along its four bottlenecks and name the one that breaks.
+
+    Runs, one variable at a time: the data pipeline at growing volume, the trainer at growing
+    worker counts, the model server at growing arrival rates (batching off and on), and the
+    compression variants; then prints the sheet and the verdict and writes OUT/report.html.
+
+    Example: scalelab diagnose --quick --out scalelab-out
+    """
+    if print_config:
+        sys.stdout.write(defaults_text())
+        return
+    m: Mode = "quick" if mode == "quick" else "full" if mode == "full" else "default"
+    cfg = load_config(config_path, m)
+    if out.exists() and not out.is_dir():
+        raise BadUsageError(f"--out {out} is a file; give a directory")
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("diagnose", total=1)
+
+        def on_step(label: str, i: int, total: int) -> None:
+            progress.update(task, total=total, completed=i - 1, description=label)
+
+        runner = Runner(cfg, out, m, progress=on_step)
+        outcome = runner.run()
+        progress.update(task, completed=progress.tasks[0].total, description="done")
+    assert outcome.verdict is not None
+    failed = [s for s in outcome.steps if not s.ok]
+    for s in failed:
+        err_console.print(
+            f"[yellow]step failed:[/] {s.step.label}: {s.error}", markup=True, highlight=False
+        )
+    if outcome.interrupted:
+        err_console.print("interrupted: the report holds what was measured before Ctrl-C")
+    extra = {
+        "experiment": outcome.experiment,
+        "interrupted": outcome.interrupted,
+        "failed_steps": [{"step": s.step.label, "error": s.error} for s in failed],
+    }
+
+    def render(c: Console) -> None:
+        render_sheet_and_verdict(c, outcome.sheet, outcome.verdict)  # type: ignore[arg-type]
+        c.print(
+            f"report: {out / 'report.html'} (also report.md, report.json; "
+            f"records in {out / RECORDS})"
+        )
+
+    emit(_summary(out, outcome.sheet, outcome.verdict, m, extra), as_json, render)
+
+
+@click.command()
+@click.argument("results_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="Objectives to judge against (default: the ones the run stored).",
+)
+@json_option
+def report(results_dir: Path, config_path: Path | None, as_json: bool) -> None:
+    """Rebuild the report (HTML, Markdown, JSON) from a results directory's records.
+
+    Example: scalelab report scalelab-out
+    """
+    if not (results_dir / RECORDS).is_file():
+        raise BadInputError(
+            f"{results_dir} has no {RECORDS}; pass the --out directory of a scalelab diagnose run"
+        )
+    mode: Mode = "default"
+    cfg: DiagnoseConfig
+    if config_path is not None:
+        cfg = load_config(config_path, mode)
+    elif (results_dir / CONFIG).is_file():
+        stored = yaml.safe_load((results_dir / CONFIG).read_text("utf-8")) or {}
+        mode = stored.pop("mode", "default")
+        try:
+            cfg = DiagnoseConfig.model_validate(stored)
+        except Exception as e:
+            raise BadInputError(
+                f"{results_dir / CONFIG}: not a stored diagnose config ({e}); pass --config"
+            ) from e
+    else:
+        cfg = load_config(None, mode)
+    sheet, verdict, _ = rebuild(results_dir, cfg, mode)
+
+    def render(c: Console) -> None:
+        render_sheet_and_verdict(c, sheet, verdict)
+        c.print(f"report: {results_dir / 'report.html'}")
+
+    emit(_summary(results_dir, sheet, verdict, mode, {}), as_json, render)
