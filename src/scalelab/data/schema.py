@@ -1,0 +1,430 @@
+"""A dataset schema (types, nullability, ranges, domains, uniqueness, row count, skew thresholds),
+its inference from data and validation against it, with TFDV-like anomalies.
+
+Validation works from mergeable statistics (`stats.DatasetStats`), so it also runs on statistics
+merged from Dask partitions. Given a DataFrame it adds what statistics cannot hold: exact counts
+and examples of out-of-range values, and exact duplicate counts of high-cardinality keys. From
+statistics alone an out-of-range count is a lower bound from the quantile sketch (marked
+`approximate`: values in the 1%-wide bucket straddling a bound are not counted), and uniqueness
+of a column with more than `max_distinct` values is reported as not checkable (severity info).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+
+from scalelab.core.errors import BadInputError
+from scalelab.data.stats import DatasetStats, compute_stats
+
+FORMAT = "scalelab.schema/1"
+MAX_DOMAIN = 1000
+"""infer_schema lists a categorical column's domain when it has at most this many values."""
+NULL_SLACK = 0.01
+"""Inferred max_null_rate = observed rate * 1.1 + 0.01 (0 when no nulls were seen)."""
+EXAMPLES = 5
+"""Offending values listed per anomaly."""
+
+Severity = Literal["error", "warning", "info"]
+TYPES = ("integer", "float", "string", "boolean", "datetime", "date", "duration", "time", "other")
+
+
+def logical_type(dtype: pl.DataType | str) -> str:
+    """The schema's type of a polars dtype (or of its text form, as stored in statistics)."""
+    t = str(dtype)
+    if t.startswith(("Int", "UInt")):
+        return "integer"
+    if t.startswith(("Float", "Decimal")):
+        return "float"
+    if t in ("String", "Utf8") or t.startswith(("Categorical", "Enum")):
+        return "string"
+    for prefix, name in (("Boolean", "boolean"), ("Datetime", "datetime"), ("Date", "date"),
+                         ("Duration", "duration"), ("Time", "time")):
+        if t.startswith(prefix):
+            return name
+    return "other"
+
+
+def _type_ok(expected: str, actual: str) -> bool:
+    # Integers widen to floats without loss of meaning; nothing else converts silently.
+    return expected == actual or (expected == "float" and actual == "integer")
+
+
+@dataclasses.dataclass(kw_only=True)
+class SkewThresholds:
+    """Drift/skew thresholds; a feature is flagged when any measure exceeds its threshold."""
+
+    linf: float | None = 0.1
+    """Categoricals: L-infinity distance between value distributions (TFDV's measure)."""
+    js: float | None = 0.1
+    """Numerics: Jensen-Shannon divergence (base 2, in [0, 1]) on shared bins."""
+    psi: float | None = 0.2
+    """Numerics: population stability index on shared bins (0.1-0.2 moderate, > 0.2 major)."""
+    ks_pvalue: float | None = None
+    """Numerics: flag when the two-sample KS p-value is below this. Off by default: on 100k+
+    rows a KS test rejects for shifts far too small to matter."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)
+                                  or not math.isfinite(v) or v < 0):
+                raise BadInputError(f"skew threshold {f.name} must be a number >= 0 or null, "
+                                    f"got {v!r}")
+
+
+@dataclasses.dataclass(kw_only=True)
+class ColumnSchema:
+    """What one column must look like."""
+
+    name: str
+    type: str
+    """One of TYPES; integer data is accepted where float is expected."""
+    nullable: bool = True
+    """False: any null is an anomaly."""
+    max_null_rate: float | None = None
+    """Largest accepted fraction of nulls (None: no bound beyond `nullable`)."""
+    min: float | None = None
+    """Smallest accepted value (numeric columns)."""
+    max: float | None = None
+    """Largest accepted value (numeric columns)."""
+    domain: list[str] | None = None
+    """Accepted values of a categorical column (None: any value)."""
+    unique: bool = False
+    """Every non-null value must occur once (a key)."""
+    skew: dict[str, float | None] | None = None
+    """Per-feature skew/drift thresholds overriding the schema's `skew_defaults`, e.g.
+    {"psi": 0.3} or {"linf": null} (null turns that measure's flag off)."""
+
+    def __post_init__(self) -> None:
+        if self.type not in TYPES:
+            raise BadInputError(f"column {self.name!r}: type {self.type!r} is not one of "
+                                f"{', '.join(TYPES)}")
+        if self.max_null_rate is not None and not 0 <= self.max_null_rate <= 1:
+            raise BadInputError(f"column {self.name!r}: max_null_rate must be in [0, 1]")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise BadInputError(f"column {self.name!r}: min {self.min} > max {self.max}")
+        if self.skew is not None:
+            _skew(self.skew, f"column {self.name!r}: skew")
+
+
+@dataclasses.dataclass(kw_only=True)
+class Schema:
+    """A dataset's schema: its columns in order, the row count and the skew thresholds."""
+
+    columns: list[ColumnSchema]
+    expected_rows: int | None = None
+    """Expected row count (None: not checked)."""
+    row_tolerance: float = 0.1
+    """Accepted relative change of the row count vs `expected_rows` or the previous dataset."""
+    skew_defaults: SkewThresholds = dataclasses.field(default_factory=SkewThresholds)
+    """Thresholds for features without their own `skew`."""
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.columns]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise BadInputError(f"schema lists column(s) twice: {', '.join(dup)}")
+        if self.row_tolerance < 0:
+            raise BadInputError(f"row_tolerance must be >= 0, got {self.row_tolerance}")
+
+    def column(self, name: str) -> ColumnSchema | None:
+        return next((c for c in self.columns if c.name == name), None)
+
+    def skew_for(self, name: str) -> SkewThresholds:
+        c = self.column(name)
+        if c is None or not c.skew:
+            return self.skew_defaults
+        return dataclasses.replace(self.skew_defaults, **c.skew)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT,
+                "rows": {"expected": self.expected_rows, "tolerance": self.row_tolerance},
+                "skew_defaults": dataclasses.asdict(self.skew_defaults),
+                "columns": [{k: v for k, v in dataclasses.asdict(c).items()} for c in self.columns]}
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "schema") -> Schema:
+        """Parse, naming the first problem's location (e.g. `schema.json: columns[3].min`)."""
+        obj = _obj(d, where, {"format", "rows", "skew_defaults", "columns"})
+        if obj.get("format") != FORMAT:
+            raise BadInputError(f"{where}: format must be {FORMAT!r}, got {obj.get('format')!r}")
+        rows = _obj(obj.get("rows", {}), f"{where}: rows", {"expected", "tolerance"})
+        cols_raw = obj.get("columns")
+        if not isinstance(cols_raw, list):
+            raise BadInputError(f"{where}: 'columns' must be a list of column objects")
+        cols = []
+        fields = {f.name for f in dataclasses.fields(ColumnSchema)}
+        for i, c in enumerate(cols_raw):
+            at = f"{where}: columns[{i}]"
+            c = _obj(c, at, fields)
+            if not isinstance(c.get("name"), str) or not c["name"]:
+                raise BadInputError(f"{at}: 'name' must be a non-empty string")
+            at = f"{at} ({c['name']})"
+            domain = c.get("domain")
+            if domain is not None and not (isinstance(domain, list)
+                                           and all(isinstance(v, str) for v in domain)):
+                raise BadInputError(f"{at}.domain: must be a list of strings or null")
+            cols.append(ColumnSchema(
+                name=c["name"], type=_typed(c, "type", str, at, required=True),
+                nullable=_typed(c, "nullable", bool, at, default=True),
+                max_null_rate=_num(c, "max_null_rate", at), min=_num(c, "min", at),
+                max=_num(c, "max", at), domain=domain,
+                unique=_typed(c, "unique", bool, at, default=False),
+                skew=None if c.get("skew") is None else dict(
+                    _obj(c["skew"], f"{at}.skew",
+                         {f.name for f in dataclasses.fields(SkewThresholds)}))))
+        expected = rows.get("expected")
+        if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool)
+                                     or expected < 0):
+            raise BadInputError(f"{where}: rows.expected must be a whole number >= 0 or null")
+        tol = _num(rows, "tolerance", f"{where}: rows")
+        return cls(columns=cols, expected_rows=expected, row_tolerance=0.1 if tol is None else tol,
+                   skew_defaults=_skew(obj.get("skew_defaults", {}), f"{where}: skew_defaults"))
+
+    @classmethod
+    def load(cls, path: Path) -> Schema:
+        try:
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise BadInputError(f"{path}: schema file not found; create one with "
+                                "`scalelab data infer DATA --out schema.json`") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise BadInputError(f"{path}: cannot read schema ({e})") from None
+        except json.JSONDecodeError as e:
+            raise BadInputError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: "
+                                f"{e.msg})") from None
+        return cls.from_dict(d, str(path))
+
+
+def _obj(d: Any, where: str, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise BadInputError(f"{where}: expected an object, got {type(d).__name__}")
+    extra = sorted(set(d) - allowed)
+    if extra:
+        raise BadInputError(f"{where}: unknown key(s) {', '.join(map(repr, extra))}; "
+                            f"allowed: {', '.join(sorted(allowed))}")
+    return d
+
+
+def _typed(d: dict[str, Any], key: str, t: type, at: str, *, required: bool = False,
+           default: Any = None) -> Any:
+    if key not in d:
+        if required:
+            raise BadInputError(f"{at}: missing {key!r}")
+        return default
+    v = d[key]
+    if not isinstance(v, t):
+        raise BadInputError(f"{at}.{key}: expected {t.__name__}, got {v!r}")
+    return v
+
+
+def _num(d: dict[str, Any], key: str, at: str) -> float | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise BadInputError(f"{at}.{key}: expected a finite number or null, got {v!r}")
+    return float(v)
+
+
+def _skew(d: Any, at: str) -> SkewThresholds:
+    obj = _obj(d, at, {f.name for f in dataclasses.fields(SkewThresholds)})
+    defaults = SkewThresholds()
+    return SkewThresholds(**{k: obj.get(k, getattr(defaults, k)) for k in
+                             (f.name for f in dataclasses.fields(SkewThresholds))})
+
+
+def infer_schema(data: pl.DataFrame | DatasetStats, *, max_domain: int = MAX_DOMAIN) -> Schema:
+    """Propose a schema that the given data satisfies: observed types, null rates (with slack),
+    [min, max] ranges, domains of categoricals with <= max_domain values, unique keys.
+
+    Review it: ranges are the observed ones, so later data outside them is reported.
+    The row count is not fixed (set `rows.expected` to check it).
+    """
+    stats = data if isinstance(data, DatasetStats) else compute_stats(data)
+    cols = []
+    for c in stats.columns.values():
+        typ = logical_type(c.dtype)
+        rate = c.null_rate
+        cs = ColumnSchema(name=c.name, type=typ, nullable=c.nulls > 0,
+                          max_null_rate=min(1.0, round(rate * 1.1 + NULL_SLACK, 6)) if c.nulls
+                          else 0.0)
+        if c.numeric is not None:
+            cs.min, cs.max = c.numeric.min, c.numeric.max
+        if c.categorical is not None and c.categorical.counts is not None:
+            counts = c.categorical.counts
+            if typ == "string" and len(counts) <= max_domain:
+                cs.domain = sorted(counts)
+            cs.unique = c.nulls == 0 and c.count > 1 and len(counts) == c.count
+        elif (isinstance(data, pl.DataFrame) and typ in ("string", "integer") and c.nulls == 0
+              and c.count > 1):
+            cs.unique = data.get_column(c.name).n_unique() == c.count
+        cols.append(cs)
+    return Schema(columns=cols)
+
+
+@dataclasses.dataclass(kw_only=True)
+class Anomaly:
+    """One finding of `validate`."""
+
+    kind: str
+    """missing_column, unexpected_column, type_mismatch, out_of_range, non_finite,
+    unknown_category, null_rate_above_bound, duplicate_key, row_count_change, not_checkable,
+    drift (skew.drift_anomalies)."""
+    severity: Severity
+    column: str | None
+    """None for dataset-level anomalies."""
+    description: str
+    count: int | None = None
+    """Offending values (or rows); None when not countable."""
+    total: int | None = None
+    """What `count` is out of (values in the column, or rows)."""
+    examples: list[Any] = dataclasses.field(default_factory=list)
+    approximate: bool = False
+    """True when `count` is estimated from a sketch (validation from statistics only)."""
+
+
+def validate(data: pl.DataFrame | DatasetStats, schema: Schema, *,
+             previous: DatasetStats | None = None) -> list[Anomaly]:
+    """Anomalies of `data` against `schema` (and row-count change vs `previous`)."""
+    df = data if isinstance(data, pl.DataFrame) else None
+    stats = compute_stats(data) if isinstance(data, pl.DataFrame) else data
+    out: list[Anomaly] = []
+    for name, seen in stats.columns.items():
+        if schema.column(name) is None:
+            out.append(Anomaly(kind="unexpected_column", severity="warning", column=name,
+                               description=f"column {name!r} ({seen.dtype}) is not in the "
+                                           "schema"))
+    for cs in schema.columns:
+        c = stats.columns.get(cs.name)
+        if c is None:
+            out.append(Anomaly(kind="missing_column", severity="error", column=cs.name,
+                               description=f"column {cs.name!r} ({cs.type}) is missing"))
+            continue
+        actual = logical_type(c.dtype)
+        if not _type_ok(cs.type, actual):
+            out.append(Anomaly(kind="type_mismatch", severity="error", column=cs.name,
+                               description=f"expected {cs.type}, found {actual} ({c.dtype})"))
+            continue
+        total = c.count + c.nulls
+        bound = 0.0 if not cs.nullable else cs.max_null_rate
+        if bound is not None and c.null_rate > bound:
+            out.append(Anomaly(kind="null_rate_above_bound", severity="error", column=cs.name,
+                               count=c.nulls, total=total,
+                               description=f"{c.nulls} nulls of {total} values (rate "
+                                           f"{c.null_rate:.4g} > bound {bound:.4g})"))
+        if c.numeric is not None:
+            out += _range_anomalies(cs, c.numeric, df)
+        if c.categorical is not None and cs.domain is not None:
+            out += _domain_anomalies(cs, c.categorical.counts, df, c.count)
+        if cs.unique:
+            out += _unique_anomalies(cs, c, df)
+    out += _row_anomalies(stats.rows, schema, previous)
+    return out
+
+
+def _range_anomalies(cs: ColumnSchema, n: Any, df: pl.DataFrame | None) -> list[Anomaly]:
+    out: list[Anomaly] = []
+    bad_nf = n.nan + n.pos_inf + n.neg_inf
+    if bad_nf:
+        out.append(Anomaly(kind="non_finite", severity="error", column=cs.name, count=bad_nf,
+                           total=n.finite + bad_nf,
+                           description=f"{n.nan} NaN, {n.pos_inf} +inf, {n.neg_inf} -inf values"))
+    lo, hi = cs.min, cs.max
+    if n.finite == 0 or ((lo is None or n.min >= lo) and (hi is None or n.max <= hi)):
+        return out
+    rng = f"[{'-inf' if lo is None else f'{lo:g}'}, {'inf' if hi is None else f'{hi:g}'}]"
+    if df is not None:
+        col = pl.col(cs.name).cast(pl.Float64)
+        cond = pl.lit(False)
+        if lo is not None:
+            cond = cond | (col < lo)
+        if hi is not None:
+            cond = cond | (col > hi)
+        bad = df.select(pl.col(cs.name).filter(cond & col.is_finite())).get_column(cs.name)
+        count, approx = bad.len(), False
+        examples = bad.unique().sort().head(EXAMPLES).to_list()
+    else:
+        # Only buckets wholly outside the range count: a lower bound, exact unless a bucket
+        # (1% wide) straddles a bound and holds offending values.
+        count = sum(k for b_lo, b_hi, k in n.sketch.intervals()
+                    if (lo is not None and b_hi < lo) or (hi is not None and b_lo > hi))
+        count, approx = max(count, 1), True
+        examples = [v for v in (n.min, n.max)
+                    if (lo is not None and v < lo) or (hi is not None and v > hi)]
+    out.append(Anomaly(kind="out_of_range", severity="error", column=cs.name, count=count,
+                       total=n.finite, examples=examples, approximate=approx,
+                       description=f"{'~' if approx else ''}{count} values outside {rng} "
+                                   f"(observed [{n.min:g}, {n.max:g}])"))
+    return out
+
+
+def _domain_anomalies(cs: ColumnSchema, counts: dict[str, int] | None, df: pl.DataFrame | None,
+                      total: int) -> list[Anomaly]:
+    allowed = set(cs.domain or [])
+    if counts is None and df is not None:
+        vc = df.get_column(cs.name).drop_nulls().cast(pl.String).value_counts()
+        counts = dict(zip(vc[:, 0].to_list(), vc[:, 1].to_list(), strict=True))
+    if counts is None:
+        return [Anomaly(kind="not_checkable", severity="info", column=cs.name,
+                        description="domain not checked: too many distinct values for exact "
+                                    "counts in the statistics; validate the table itself")]
+    unknown = {v: k for v, k in counts.items() if v not in allowed}
+    if not unknown:
+        return []
+    n = sum(unknown.values())
+    top = sorted(unknown.items(), key=lambda kv: (-kv[1], kv[0]))[:EXAMPLES]
+    return [Anomaly(kind="unknown_category", severity="error", column=cs.name, count=n,
+                    total=total, examples=[v for v, _ in top],
+                    description=f"{n} values ({len(unknown)} distinct) outside the domain "
+                                f"(e.g. {', '.join(repr(v) for v, _ in top)})")]
+
+
+def _unique_anomalies(cs: ColumnSchema, c: Any, df: pl.DataFrame | None) -> list[Anomaly]:
+    if df is not None:
+        s = df.get_column(cs.name).drop_nulls()
+        dups = s.len() - s.n_unique()
+        examples = s.filter(s.is_duplicated()).unique().sort().head(EXAMPLES).to_list()
+    elif c.categorical is not None and c.categorical.counts is not None:
+        counts = c.categorical.counts
+        dups = c.count - len(counts)
+        examples = sorted(v for v, k in counts.items() if k > 1)[:EXAMPLES]
+    else:
+        return [Anomaly(kind="not_checkable", severity="info", column=cs.name,
+                        description="uniqueness not checked: statistics hold no exact value "
+                                    "counts for this column; validate the table itself")]
+    if dups == 0:
+        return []
+    return [Anomaly(kind="duplicate_key", severity="error", column=cs.name, count=dups,
+                    total=c.count, examples=examples,
+                    description=f"{dups} rows repeat a key already seen (must be unique)")]
+
+
+def _row_anomalies(rows: int, schema: Schema, previous: DatasetStats | None) -> list[Anomaly]:
+    out = []
+    tol = schema.row_tolerance
+    for ref, what in ((schema.expected_rows, "expected"),
+                      (previous.rows if previous is not None else None, "previous")):
+        if ref is None:
+            continue
+        change = (rows - ref) / ref if ref else (math.inf if rows else 0.0)
+        if abs(change) > tol:
+            out.append(Anomaly(kind="row_count_change", severity="warning", column=None,
+                               count=rows, total=ref,
+                               description=f"{rows} rows vs {ref} {what} ({change:+.1%}; "
+                                           f"tolerance ±{tol:.0%})"))
+    return out
+
+
+def anomalies_to_dicts(anomalies: list[Anomaly]) -> list[Mapping[str, Any]]:
+    return [dataclasses.asdict(a) for a in anomalies]
