@@ -86,3 +86,6 @@ def load_module(directory: str | Path, *, device: str = "cpu") -> nn.Module:
     except RuntimeError as e:
         raise BadInputError(f"{w} does not match the architecture in {SPEC_FILE}: {e}") from e
     return module.eval()
+
+
+from scalelab.nets import variants  # noqa: E402,F401  (registers variant architectures)

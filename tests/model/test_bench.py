@@ -1,0 +1,141 @@
+"""The bench end to end through `scalelab compress` on the small trained flights model (one run,
+many checks)."""
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from scalelab.cli import run
+from scalelab.core.records import read_records
+from scalelab.nets import registry
+
+from .conftest import Flights
+
+HAVE_ORT = all(importlib.util.find_spec(m) for m in ("onnx", "onnxruntime"))
+VARIANTS = ("int8,prune-structured-50,prune-unstructured-90,distill,cascade,cache"
+            + (",onnx,onnx-int8" if HAVE_ORT else ""))
+
+
+@pytest.fixture(scope="module")
+def compressed(flights: Flights, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("compress")
+    repo = out / "repo"
+    (repo / "flights").mkdir(parents=True)
+    (repo / "flights" / "config.json").write_bytes(
+        (flights.repo / "flights" / "config.json").read_bytes())
+    capsys_out = out / "stdout.json"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = run(["compress", "--model", str(flights.version), "--data", str(flights.data),
+                  "--variants", VARIANTS, "--device", "cpu", "--publish", str(repo),
+                  "--lineage", str(out / "lineage.db"), "--records", str(out / "r.jsonl"),
+                  "--plot", str(out / "pareto.png"), "--max-train-rows", "6000",
+                  "--max-test-rows", "2000", "--epochs", "2", "--finetune-epochs", "1",
+                  "--calls", "20", "--rounds", "2", "--cache-requests", "300",
+                  "--taus", "0.6,0.8,0.95",
+                  "--json"])
+    capsys_out.write_text(buf.getvalue())
+    assert rc == 0, buf.getvalue()
+    return {"doc": json.loads(buf.getvalue()), "dir": out, "repo": repo}
+
+
+def _row(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(r for r in doc["variants"] if r["name"] == name)
+
+
+def test_every_variant_is_measured_per_class(compressed: dict[str, Any]) -> None:
+    doc = compressed["doc"]
+    names = [r["name"] for r in doc["variants"]]
+    assert names[0] == "fp32"
+    for n in VARIANTS.split(","):
+        assert n in names
+    assert "prune-structured-50-masked" in names and "student-labels" in names
+    for r in doc["variants"]:
+        assert set(r["quality"]["per_class"]) == {"on_time", "late_15_60", "late_60_plus",
+                                                  "cancelled"}
+        assert set(r["latency"]) == {"1", "32"}
+        assert r["device"].startswith("cpu")
+        assert r["cost_per_1000_usd"] > 0
+        d = r["delta"]
+        assert d["worst_class_points"] == min(d["per_class_f1_points"].values())
+        assert all(d["per_class_f1_points"][c] < -1.0 for c in d["flagged"])
+    assert _row(doc, "fp32")["delta"]["macro_f1_points"] == 0.0
+    assert _row(doc, "cache")["quality"] == _row(doc, "fp32")["quality"]
+
+
+def test_structured_pruning_removed_channels(compressed: dict[str, Any]) -> None:
+    ex = _row(compressed["doc"], "prune-structured-50")["extras"]
+    assert ex["hidden_before"] == [64, 64] and ex["hidden_after"] == [32, 32]
+    assert ex["parameters_after"] < ex["parameters_before"]
+    assert ex["max_abs_diff_vs_masked_before_finetune"] < 1e-5
+    assert _row(compressed["doc"], "prune-unstructured-90")["extras"]["sparsity"] == (
+        pytest.approx(0.9, abs=0.01))
+    assert _row(compressed["doc"], "int8")["size_ratio"] < 0.6
+
+
+def test_distillation_study_and_cascade_sweep(compressed: dict[str, Any]) -> None:
+    doc = compressed["doc"]
+    study = _row(doc, "distill")["extras"]["study"]
+    assert study["labelled_rows"] == study["transfer_rows"] == 3000
+    assert all(0 <= v <= 1 for k, v in study.items()
+               if k.startswith(("macro_f1", "teacher_agreement")))
+    assert study["teacher_agreement.distilled_labelled_plus_transfer"] > 0.5
+    cas = _row(doc, "cascade")
+    sweep = cas["extras"]["sweep"]
+    assert [s["tau"] for s in sweep] == [0.6, 0.8, 0.95]
+    shares = [s["share_to_large"] for s in sweep]
+    assert shares == sorted(shares)  # a higher threshold routes more rows to the large model
+    assert cas["parameters"]["tau"] in (0.6, 0.8, 0.95)
+    cache = _row(doc, "cache")["extras"]["cache"]
+    assert 0 < cache["hit_rate"] < 1 and cache["requests"] == 300
+
+
+def test_records_validate(compressed: dict[str, Any]) -> None:
+    recs = read_records(compressed["dir"] / "r.jsonl")
+    assert len(recs) == len(compressed["doc"]["variants"])
+    assert [r.level for r in recs] == [float(i) for i in range(len(recs))]
+    for r, row in zip(recs, compressed["doc"]["variants"], strict=True):
+        assert (r.stage, r.variable, r.experiment) == ("model", "variant",
+                                                       compressed["doc"]["experiment"])
+        assert r.extras["variant"] == row["name"]
+        assert r.quality["macro_f1"] == row["quality"]["macro_f1"]
+        assert r.latency is not None and r.latency.p50_ms == row["latency"]["1"]["p50_ms"]
+        assert r.cost is not None and r.cost.unit == "1000 predictions"
+        assert r.machine.device == row["device"]
+    assert (compressed["dir"] / "pareto.png").stat().st_size > 1000
+
+
+def test_published_versions_load_through_the_registry(compressed: dict[str, Any]) -> None:
+    pub = compressed["doc"]["published"]
+    assert [p["variant"] for p in pub] == ["int8", "prune-structured-50",
+                                           "prune-unstructured-90", "distill", "cascade"]
+    assert [p["version"] for p in pub] == [1, 2, 3, 4, 5]
+    c, x = torch.zeros((3, 4), dtype=torch.long), torch.zeros((3, 14))
+    for p in pub:
+        m = registry.load_module(p["path"])
+        with torch.inference_mode():
+            assert m(c, x).shape == (3, 4)
+        manifest = json.loads((Path(p["path"]) / "manifest.json").read_text())
+        assert manifest["quality"]["macro_f1"] == _row(compressed["doc"],
+                                                       p["variant"])["quality"]["macro_f1"]
+        assert p["lineage_node"] is not None
+
+
+def test_bad_input_exits_2(flights: Flights, tmp_path: Path,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["compress", "--model", str(flights.version), "--data", str(flights.data)]
+    assert run([*base, "--variants", "int4"]) == 2
+    assert "unknown variant 'int4'" in capsys.readouterr().err
+    assert run([*base, "--variants", "prune-structured-abc"]) == 2
+    assert run([*base, "--plot", str(tmp_path / "p.jpg")]) == 2
+    assert run(["compress", "--model", str(flights.version), "--data", str(tmp_path)]) == 2
+    assert "train.parquet" in capsys.readouterr().err
+    assert run(["compress", "--model", str(tmp_path), "--data", str(flights.data)]) == 2
+    assert "model.json" in capsys.readouterr().err
