@@ -1,0 +1,168 @@
+"""`scalelab autoscale simulate`: replay a traffic trace against HPA-scaled replicas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from scalelab.cli._output import emit, json_option
+from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.records import read_records
+from scalelab.core.units import parse_duration
+from scalelab.load.autoscale import (
+    SIGNALS,
+    ReplicaModel,
+    SimConfig,
+    SimResult,
+    default_target,
+    rank,
+    simulate,
+)
+from scalelab.load.slo import parse_slo
+from scalelab.load.traces import BUILTINS, load_trace
+
+
+@click.group(no_args_is_help=True)
+def app() -> None:
+    """Simulate Kubernetes HPA autoscaling against measured replica capacity."""
+
+
+@app.command("simulate")
+@click.option("--capacity", "capacity", type=click.Path(path_type=Path), required=True,
+              help="Load records of ONE replica (`scalelab load --records` or `load capacity`).")
+@click.option("--trace", required=True,
+              help=f"CSV of time,rate, or a built-in: {', '.join(BUILTINS)}.")
+@click.option("--signal", type=click.Choice(list(SIGNALS)), default="cpu", show_default=True)
+@click.option("--target", type=float,
+              help="Target per pod for --signal (cpu: percent; rps: req/s; inflight, queue: "
+                   "requests). Default: the signal's value at --design-load.")
+@click.option("--design-load", default="70%", show_default=True,
+              help="Default targets hold each replica at this share of its SLO capacity.")
+@click.option("--slo", help='Latency objective, e.g. "p95<50ms" (default: the records\').')
+@click.option("--startup", default="30s", show_default=True, help="Replica startup delay.")
+@click.option("--min", "min_replicas", type=int, default=1, show_default=True)
+@click.option("--max", "max_replicas", type=int, default=20, show_default=True)
+@click.option("--metric-window", default="15s", show_default=True,
+              help="The HPA sees metrics averaged over this window.")
+@click.option("--price", type=float, default=1.0, show_default=True,
+              help="Cost of one replica-hour.")
+@click.option("--base-rate", type=float, help="Built-in traces: lowest rate (default: 1 replica "
+                                                 "at the design load).")
+@click.option("--peak-rate", type=float, help="Built-in traces: highest rate (default: 8× base).")
+@click.option("--compare-signals", is_flag=True, help="Run every signal and rank them.")
+@click.option("--experiment", help="Only this experiment's records.")
+@click.option("--plot", type=click.Path(path_type=Path), help="Write replicas over time (PNG/SVG).")
+@json_option
+def simulate_cmd(capacity: Path, trace: str, signal: str, target: float | None, design_load: str,
+                 slo: str | None, startup: str, min_replicas: int, max_replicas: int,
+                 metric_window: str, price: float, base_rate: float | None,
+                 peak_rate: float | None, compare_signals: bool, experiment: str | None,
+                 plot: Path | None, as_json: bool) -> None:
+    """Replay TRACE; report replicas, SLO violations, cost and oscillations per signal."""
+    recs = [r for r in read_records(capacity)
+            if r.stage.startswith("load") and (experiment is None or r.experiment == experiment)]
+    model = ReplicaModel.from_records(recs)
+    slo_text = slo or next((str(r.extras["slo"]) for r in recs if r.extras.get("slo")), None)
+    if not slo_text:
+        raise BadUsageError("give --slo \"p95<50ms\" (the records name no SLO)")
+    objective = parse_slo(slo_text)
+    if not objective.latency:
+        raise BadUsageError("--slo needs a latency objective, e.g. \"p95<50ms\"")
+    obj = objective.latency[0]
+    dl = design_load.strip()
+    try:
+        design = float(dl[:-1]) / 100 if dl.endswith("%") else float(dl)
+    except ValueError:
+        raise BadUsageError(f"--design-load {design_load!r} is not a percentage") from None
+    if not (0 < design <= 1):
+        raise BadUsageError("--design-load must be in (0%, 100%]")
+    per_replica = design * min(model.slo_capacity(obj), model.saturation_rps)
+    if per_replica <= 0:
+        raise BadInputError(f"one replica never meets {obj.label} in {capacity}")
+    base = base_rate if base_rate is not None else per_replica
+    tr = load_trace(trace, base=base, peak=peak_rate if peak_rate is not None else 8 * base)
+    if target is not None and compare_signals:
+        raise BadUsageError("--target applies to one --signal; drop it with --compare-signals")
+    signals = list(SIGNALS) if compare_signals else [signal]
+    results: list[SimResult] = []
+    for s in signals:
+        tgt = target if target is not None else default_target(s, model, obj, design)  # type: ignore[arg-type]
+        cfg = SimConfig(signal=s, target=tgt, slo=obj, min_replicas=min_replicas,  # type: ignore[arg-type]
+                        max_replicas=max_replicas,
+                        startup_s=parse_duration(startup, what="--startup"),
+                        metric_window_s=parse_duration(metric_window, what="--metric-window"),
+                        price_per_replica_hour=price)
+        results.append(simulate(tr, model, cfg))
+    if plot is not None:
+        _plot(results, tr.name, plot)
+    doc: dict[str, Any] = {
+        "trace": tr.name, "duration_s": tr.duration_s, "slo": obj.label,
+        "replica": {"saturation_rps": model.saturation_rps, "slo_capacity_rps":
+                    model.slo_capacity(obj), "design_rps": per_replica},
+        "results": [_result_json(r) for r in results],
+        "ranking": rank(results) if compare_signals else None,
+        "plot": str(plot) if plot else None,
+    }
+    emit(doc, as_json, lambda c: _render(c, doc))
+
+
+def _result_json(r: SimResult) -> dict[str, Any]:
+    d = {k: v for k, v in r.__dict__.items() if k != "decisions"}
+    d["decisions"] = [x.__dict__ for x in r.decisions]
+    return d
+
+
+def _render(c: Console, doc: dict[str, Any]) -> None:
+    rep = doc["replica"]
+    c.print(f"trace {doc['trace']} ({doc['duration_s'] / 3600:.2f} h), SLO {doc['slo']}; one "
+            f"replica: saturates at {rep['saturation_rps']:.1f} req/s, meets the SLO up to "
+            f"{rep['slo_capacity_rps']:.1f}, designed for {rep['design_rps']:.1f}")
+    t = Table(box=box.SIMPLE, pad_edge=False, collapse_padding=True)
+    for col in ("signal", "target", "viol. req %", "viol. min", "replica-h", "cost", "max",
+                "mean", "scales", "osc."):
+        t.add_column(col, justify="right")
+    for r in doc["results"]:
+        t.add_row(r["signal"], f"{r['target']:.3g}", f"{r['violating_share']:.3%}",
+                  f"{r['violation_minutes']:.1f}", f"{r['replica_hours']:.2f}",
+                  f"{r['cost']:.2f}", str(r["max_replicas"]), f"{r['mean_replicas']:.2f}",
+                  str(r["scale_events"]), str(r["oscillations"]))
+    c.print(t)
+    if doc["ranking"]:
+        best = doc["ranking"][0]
+        c.print("ranking (fewest SLO-violating requests, then cost): "
+                + " > ".join(x["signal"] for x in doc["ranking"])
+                + f"; pick {best['signal']}")
+    if doc["plot"]:
+        c.print(f"plot written to {doc['plot']}")
+
+
+def _plot(results: list[SimResult], name: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    tl0 = results[0].timeline
+    hours = [t / 3600 for t in tl0["t_s"]]
+    ax2 = ax.twinx()
+    ax2.fill_between(hours, tl0["rate"], color="lightgrey", alpha=0.6, label="offered rate")
+    ax2.set_ylabel("offered rate (req/s)")
+    for r in results:
+        ax.step([t / 3600 for t in r.timeline["t_s"]], r.timeline["replicas"], where="post",
+                label=f"{r.signal} ({r.violating_share:.2%} slow)")
+    ax.set_zorder(ax2.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    ax.set_xlabel("time (h)")
+    ax.set_ylabel("replicas")
+    ax.set_title(f"HPA replicas over the {name} trace")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)

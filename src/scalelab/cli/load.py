@@ -1,0 +1,432 @@
+"""`scalelab load URL` (run levels), `load capacity URL` (SLO capacity search), `load budget`."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, parse_list
+from scalelab.core.errors import BadInputError, BadUsageError, RunFailedError
+from scalelab.core.records import Record, append_records, new_experiment_id, read_records
+from scalelab.core.units import parse_duration
+from scalelab.load import payloads
+from scalelab.load.capacity import (
+    CapacityResult,
+    SearchConfig,
+    Step,
+    StepRule,
+    quantile_ci_ms,
+    search,
+)
+from scalelab.load.connection import Target
+from scalelab.load.generator import LAG_INVALID_SHARE, EngineConfig, Mode
+from scalelab.load.histogram import LatencyHistogram
+from scalelab.load.multiproc import LoadPlan, run_load
+from scalelab.load.result import LoadResult, to_record
+from scalelab.load.schedule import ARRIVALS
+from scalelab.load.slo import Slo, budget, parse_percent, parse_slo
+
+DEFAULT_MULTIPLES = "1,2,5,10"
+
+
+@click.group(cls=DefaultGroup)
+def app() -> None:
+    """Load-test an HTTP endpoint: `scalelab load URL`, `load capacity URL`, `load budget`."""
+
+
+def _request_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--payload", type=click.Choice(["auto", *payloads.PAYLOADS]),
+                     default="auto", show_default=True,
+                     help="auto: flights with --model-repo, oip with --model, else get."),
+        click.option("--model", help="Model name (OIP payloads)."),
+        click.option("--model-version", type=int, help="Model version (default: latest)."),
+        click.option("--model-repo", type=click.Path(path_type=Path),
+                     help="Model repository holding NAME/VERSION/preprocess.json (flights)."),
+        click.option("--data", type=click.Path(path_type=Path),
+                     help="Features parquet or dataset dir (test.parquet) to sample rows from."),
+        click.option("--body", type=click.Path(path_type=Path), help="JSON file to POST."),
+        click.option("--requests-file", type=click.Path(path_type=Path),
+                     help="Recorded requests, JSON Lines."),
+        click.option("--batch", type=int, default=1, show_default=True,
+                     help="Rows per OIP request."),
+        click.option("--timeout", default="10s", show_default=True,
+                     help="A request unanswered this long after its due time is a timeout."),
+        click.option("--max-connections", type=int, default=1024, show_default=True,
+                     help="Open loop: most connections per process."),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed for Poisson arrivals and payload sampling."),
+    ]
+    return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
+
+
+def _requests(url: str, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
+    target = Target.parse(url)
+    kind = kw["payload"]
+    if kind == "auto":
+        kind = "flights" if kw.get("model_repo") else ("oip" if kw.get("model") else "get")
+        if kw.get("body"):
+            kind = "json"
+        if kw.get("requests_file"):
+            kind = "file"
+    if kind in ("oip", "flights") and not kw.get("model"):
+        raise BadUsageError(f"--payload {kind} needs --model NAME")
+    if kind == "get":
+        specs = payloads.plain_get(target)
+    elif kind == "json":
+        if not kw.get("body"):
+            raise BadUsageError("--payload json needs --body FILE")
+        specs = payloads.json_body(target, kw["body"])
+    elif kind == "file":
+        if not kw.get("requests_file"):
+            raise BadUsageError("--payload file needs --requests-file FILE.jsonl")
+        specs = payloads.recorded(target, kw["requests_file"])
+    elif kind == "flights":
+        if not kw.get("model_repo"):
+            raise BadUsageError("--payload flights needs --model-repo REPO")
+        specs = payloads.flights(target, model=kw["model"], repo=kw["model_repo"],
+                                 data=kw.get("data"), version=kw.get("model_version"),
+                                 batch=kw["batch"], seed=kw["seed"])
+    else:
+        meta = payloads.fetch_metadata(target, kw["model"])
+        specs = payloads.oip_random(target, kw["model"], meta, batch=kw["batch"],
+                                    seed=kw["seed"], version=kw.get("model_version"))
+    return target, payloads.encode(target, specs), kind
+
+
+def _engine(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any],
+            warmup_s: float, concurrency: int = 1) -> EngineConfig:
+    timeout_s = parse_duration(kw["timeout"], what="--timeout")
+    return EngineConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
+                        warmup_s=warmup_s, timeout_s=timeout_s,
+                        max_connections=kw["max_connections"])
+
+
+def _check_ran(r: LoadResult, url: str) -> None:
+    """Stop when the server never answered at all (down, wrong port); a level the server
+    answered with errors (503s under overload, timeouts) is a measurement, not a failure."""
+    unreachable = r.errors_by_kind.get("refused", 0) + r.errors_by_kind.get("other", 0)
+    if r.requests > 0 and r.successes == 0 and unreachable == r.failures:
+        kinds = ", ".join(f"{k}={v}" for k, v in r.errors_by_kind.items()) or "none"
+        raise RunFailedError(f"no request to {url} got an answer ({r.requests} sent; errors: "
+                             f"{kinds}); is the server up at that address?")
+
+
+def _levels(rate: float | None, rates: str | None, concurrency: str | None, base: float | None,
+            loop: str, multiples: str) -> tuple[Mode, list[float]]:
+    given = [x is not None for x in (rate, rates, concurrency, base)]
+    if sum(given) > 1:
+        raise BadUsageError("give one of --rate, --rates, --concurrency or --base")
+    if rate is not None:
+        return "open", [rate]
+    if rates is not None:
+        return "open", parse_list(rates, what="--rates")
+    if concurrency is not None:
+        return "closed", [float(c) for c in parse_list(concurrency, what="--concurrency", kind=int)]
+    if base is not None:
+        ms = parse_list(multiples, what="--multiples")
+        mode: Mode = "closed" if loop == "closed" else "open"
+        return mode, [round(base * m) if mode == "closed" else base * m for m in ms]
+    raise BadUsageError("say how much load: --rate R (open loop), --rates 100,200,500, "
+                        "--concurrency 1,2,5,10 (closed loop) or --base B (1x,2x,5x,10x)")
+
+
+@app.command("run")
+@click.argument("url")
+@click.option("--rate", type=float, help="Open loop: arrivals per second.")
+@click.option("--rates", help="Open loop sweep: comma-separated rates, one record each.")
+@click.option("--concurrency", help="Closed loop: clients (a comma list sweeps).")
+@click.option("--base", type=float, help="Sweep --multiples of this rate (or concurrency).")
+@click.option("--loop", type=click.Choice(["open", "closed"]), default="open", show_default=True,
+              help="With --base: sweep rates (open) or concurrency (closed).")
+@click.option("--multiples", default=DEFAULT_MULTIPLES, show_default=True,
+              help="With --base: the multiples.")
+@click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="constant",
+              show_default=True, help="Open loop arrival spacing.")
+@click.option("--duration", help="Measured time per level (default 10s), warm-up excluded.")
+@click.option("--requests", "n_requests", type=int, help="Measured requests per level instead.")
+@click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per level.")
+@click.option("--processes", type=int, default=1, show_default=True,
+              help="Generator processes (for rates one process cannot offer).")
+@click.option("--slo", help='Objectives for goodput and error budgets, e.g. "p95<50ms".')
+@click.option("--error-budget", help="Availability budget, e.g. 0.1%.")
+@click.option("--period", default="30d", show_default=True, help="SLO period for budgets.")
+@click.option("--records", type=click.Path(path_type=Path), help="Append one record per level.")
+@click.option("--experiment", help="Experiment id for the records (default: generated).")
+@click.option("--no-cold-start", is_flag=True, help="Skip the first-request probe.")
+@_request_options
+@json_option
+def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
+        base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
+        n_requests: int | None, warmup: str, processes: int, slo: str | None,
+        error_budget: str | None, period: str, records: Path | None, experiment: str | None,
+        no_cold_start: bool, as_json: bool, **kw: Any) -> None:
+    """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag."""
+    mode, levels = _levels(rate, rates, concurrency, base, loop, multiples)
+    if duration is not None and n_requests is not None:
+        raise BadUsageError("give --duration or --requests, not both")
+    dur = None if n_requests is not None else parse_duration(duration or "10s", what="--duration")
+    warm = parse_duration(warmup, what="--warmup")
+    objective = parse_slo(slo, error_budget=error_budget) if (slo or error_budget) else None
+    period_s = parse_duration(period, what="--period")
+    target, reqs, kind = _requests(url, kw)
+    exp = experiment or new_experiment_id("load")
+    out: list[dict[str, Any]] = []
+    for i, level in enumerate(levels):
+        if level <= 0:
+            raise BadUsageError(f"levels must be positive, got {level}")
+        conc = int(level) if mode == "closed" else 1
+        plan = LoadPlan(engine=_engine(target, reqs, mode, kw, warm, conc),
+                        rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
+                        duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
+                        processes=processes, cold_start=not no_cold_start)
+        if not as_json:
+            what = f"{level:g} req/s" if mode == "open" else f"{conc} clients"
+            err_console.print(f"[dim]load {url}: {what} ...[/]")
+        thr = objective.latency[0].threshold_s if objective and objective.latency else None
+        r = run_load(plan, slo_threshold_s=thr)
+        _check_ran(r, url)
+        lines = None
+        if objective is not None:
+            lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
+                           successes=r.successes, failures=r.failures, wall_s=r.wall_s,
+                           period_s=period_s)
+        out.append(_level_json(r, lines))
+        if records is not None:
+            # One level at a time: what was measured stays even if a later level is cut short.
+            append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
+                                               slo=objective.label if objective else None,
+                                               extra={"payload": kind})])
+    doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
+           "slo": objective.label if objective else None,
+           "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,
+           "records": str(records) if records else None}
+    emit(doc, as_json, lambda c: _render_levels(c, doc))
+
+
+def _level_json(r: LoadResult, lines: list[Any] | None) -> dict[str, Any]:
+    d = {k: v for k, v in r.__dict__.items() if k != "hist_blob"}
+    d["budget"] = lines
+    return d
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if v >= 1000 else (f"{v:.1f}" if v >= 10 else f"{v:.2f}")
+
+
+def _render_levels(c: Console, doc: dict[str, Any]) -> None:
+    t = Table(title=f"load {doc['url']} ({doc['mode']} loop, {doc['payload']}; latency ms)",
+              box=box.SIMPLE, pad_edge=False, collapse_padding=True)
+    for col in ("level", "sent/s", "ok/s", "good/s", "p50", "p95", "p99", "p99.9", "max",
+                "err", "lag", "ok?"):
+        t.add_column(col, justify="right")
+    for lv in doc["levels"]:
+        lat = lv["latency"]
+        level = lv["offered_rps"] if lv["mode"] == "open" else lv["concurrency"]
+        errs = ",".join(f"{k}:{v}" for k, v in lv["errors_by_kind"].items()) or "0"
+        t.add_row(f"{level:g}", f"{lv['sent_rps']:.0f}", f"{lv['throughput_rps']:.0f}",
+                  f"{lv['goodput_rps']:.0f}", _ms(lat.p50_ms), _ms(lat.p95_ms),
+                  _ms(lat.p99_ms), _ms(lat.p999_ms), _ms(lat.max_ms), errs,
+                  f"{lv['lag_share']:.0%}", "yes" if lv["valid"] else "NO")
+    c.print(t)
+    for lv in doc["levels"]:
+        if lv["cold_start_ms"] is not None:
+            c.print(f"cold start (first request, fresh connection): {lv['cold_start_ms']:.1f} ms")
+            break
+    for lv in doc["levels"]:
+        for reason in lv["invalid_reasons"]:
+            c.print(f"[yellow]invalid:[/] {reason}")
+    if doc["slo"]:
+        _render_budget(c, [(lv["offered_rps"] if lv["mode"] == "open" else lv["concurrency"],
+                            lv["budget"]) for lv in doc["levels"]], doc["slo"])
+    if doc["records"]:
+        c.print(f"records appended to {doc['records']}")
+
+
+def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) -> None:
+    t = Table(title=f"error budget: {label}", box=box.SIMPLE, pad_edge=False,
+              collapse_padding=True)
+    for col in ("level", "objective", "events", "bad", "bad%", "allowed%", "burn",
+                "lasts", "met"):
+        t.add_column(col, justify="right")
+    for level, lines in rows:
+        for b in lines:
+            g = b if isinstance(b, dict) else b.__dict__
+            lasts = g["exhausted_in_s"]
+            t.add_row(f"{level:g}", g["objective"], str(g["events"]), str(g["bad"]),
+                      f"{g['bad_fraction']:.3%}", f"{g['allowed_fraction']:.3%}",
+                      f"{g['burn_rate']:.2f}", "-" if lasts is None else f"{lasts / 86400:.1f} d",
+                      "yes" if g["met"] else "NO")
+    c.print(t)
+
+
+@app.command("capacity")
+@click.argument("url")
+@click.option("--slo", required=True, help='One latency objective, e.g. "p95<50ms".')
+@click.option("--error-budget", help="Also require availability, e.g. 0.1%.")
+@click.option("--start", type=float, default=10.0, show_default=True, help="First rate (req/s).")
+@click.option("--max-rate", type=float, default=100_000.0, show_default=True)
+@click.option("--precision", default="5%", show_default=True,
+              help="Stop when the pass/fail interval is this narrow (relative).")
+@click.option("--confidence", default="95%", show_default=True,
+              help="Confidence of each step's pass/fail decision.")
+@click.option("--min-step", default="3s", show_default=True, help="Shortest step.")
+@click.option("--max-step", default="30s", show_default=True, help="Longest step.")
+@click.option("--max-steps", type=int, default=20, show_default=True)
+@click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="poisson",
+              show_default=True)
+@click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per step.")
+@click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
+@click.option("--experiment", help="Experiment id for the records.")
+@click.option("--plot", type=click.Path(path_type=Path),
+              help="Write the latency-throughput curve (PNG or SVG).")
+@_request_options
+@json_option
+def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
+             precision: str, confidence: str, min_step: str, max_step: str, max_steps: int,
+             arrival: str, warmup: str, records: Path | None, experiment: str | None,
+             plot: Path | None, as_json: bool, **kw: Any) -> None:
+    """Find the highest arrival rate meeting the SLO (exponential search, then bisection)."""
+    objective = parse_slo(slo, error_budget=error_budget)
+    conf = _fraction(confidence, what="--confidence")
+    rule = StepRule(slo=objective, confidence=conf,
+                    min_step_s=parse_duration(min_step, what="--min-step"),
+                    max_step_s=parse_duration(max_step, what="--max-step"))
+    cfg = SearchConfig(start=start, max_rate=max_rate,
+                       precision=parse_percent(precision, what="--precision"),
+                       max_steps=max_steps)
+    target, reqs, kind = _requests(url, kw)
+    warm = parse_duration(warmup, what="--warmup")
+    exp = experiment or new_experiment_id("capacity")
+    obj = objective.latency[0]
+    recs: list[Record] = []
+
+    def run_step(rate: float) -> Step:
+        if not as_json:
+            err_console.print(f"[dim]capacity step: {rate:.1f} req/s ...[/]")
+        plan = LoadPlan(engine=_engine(target, reqs, "open", kw, warm), rate=rate,
+                        arrival=arrival, duration_s=rule.max_step_s,  # type: ignore[arg-type]
+                        seed=kw["seed"] + len(recs), cold_start=not recs)
+        r = run_load(plan, stop_check=rule.should_stop, slo_threshold_s=obj.threshold_s)
+        _check_ran(r, url)
+        verdict, decided = rule.verdict(ok=r.successes, within=r.within_slo, errors=r.failures)
+        hist = LatencyHistogram.decode(r.hist_blob)
+        step = Step(rate=rate, verdict=verdict if decided else f"undecided-{verdict}",  # type: ignore[arg-type]
+                    requests=r.requests, throughput_rps=r.throughput_rps,
+                    quantile_ms=hist.quantile_ms(obj.quantile),
+                    quantile_ci_ms=quantile_ci_ms(hist, obj.quantile, conf),
+                    error_rate=r.failure_rate, valid=r.valid, wall_s=r.wall_s)
+        recs.append(to_record(r, experiment=exp, url=url, slo=objective.label,
+                              extra={"payload": kind, "capacity_step": len(recs),
+                                     "verdict": step.verdict}))
+        return step
+
+    res = search(run_step, cfg)
+    if records is not None:
+        append_records(records, recs)
+    if plot is not None:
+        _plot_curve(res, obj.label, plot)
+    doc = {"url": url, "slo": objective.label, "confidence": conf, "experiment": exp,
+           "capacity_rps": res.capacity_rps, "interval_rps": list(res.interval_rps),
+           "converged": res.converged, "knee_rps": res.knee_rps,
+           "steps": [s.__dict__ for s in res.steps],
+           "records": str(records) if records else None, "plot": str(plot) if plot else None}
+    emit(doc, as_json, lambda c: _render_capacity(c, res, doc))
+
+
+def _fraction(text: str, *, what: str) -> float:
+    """'95%' or '0.95' -> 0.95."""
+    t = text.strip()
+    try:
+        return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    except ValueError:
+        raise BadUsageError(f"{what}: {text!r} is not a percentage like 95%") from None
+
+
+def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> None:
+    t = Table(title=f"capacity search {doc['url']} for {doc['slo']}", box=box.SIMPLE,
+              pad_edge=False, collapse_padding=True)
+    for col in ("step", "rate", "verdict", "requests", "ok/s", "q ms", "CI ms", "errors",
+                "valid"):
+        t.add_column(col, justify="right")
+    for i, s in enumerate(res.steps):
+        lo, hi = s.quantile_ci_ms
+        t.add_row(str(i + 1), f"{s.rate:.1f}", s.verdict, str(s.requests),
+                  f"{s.throughput_rps:.1f}", _ms(s.quantile_ms), f"[{_ms(lo)}, {_ms(hi)}]",
+                  f"{s.error_rate:.2%}", "yes" if s.valid else "NO")
+    c.print(t)
+    lo, hi = res.interval_rps
+    if res.capacity_rps is None:
+        c.print(f"no tried rate met {doc['slo']} (lowest failing: {_ms(hi)} req/s)")
+    else:
+        c.print(f"capacity: {res.capacity_rps:.1f} req/s, interval [{_ms(lo)}, {_ms(hi)}] req/s"
+                f" at {doc['confidence']:.0%} per step" + ("" if res.converged else
+                                                         " (not converged: raise --max-steps)"))
+    if res.knee_rps is not None:
+        c.print(f"knee of the latency-throughput curve: {res.knee_rps:.1f} req/s")
+
+
+def _plot_curve(res: CapacityResult, label: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = sorted((s.throughput_rps, s.quantile_ms or 0.0, s.passed) for s in res.steps)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", color="grey")
+    for x, y, ok in pts:
+        ax.plot(x, y, "o", color="tab:green" if ok else "tab:red")
+    if res.knee_rps is not None:
+        ax.axvline(res.knee_rps, ls="--", color="tab:blue", label="knee")
+        ax.legend()
+    ax.set_xlabel("throughput (req/s)")
+    ax.set_ylabel(f"{label.split('<')[0]} latency (ms)")
+    ax.set_title(f"latency vs throughput ({label})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+@app.command("budget")
+@click.option("--slo", required=True, help='Objectives, e.g. "p95<50ms,avail>=99.9%".')
+@click.option("--error-budget", help="Availability budget, e.g. 0.1%.")
+@click.option("--records", type=click.Path(path_type=Path), required=True,
+              help="Records file written by `scalelab load` or `load capacity`.")
+@click.option("--experiment", help="Only this experiment's records.")
+@click.option("--period", default="30d", show_default=True, help="SLO period.")
+@json_option
+def budget_cmd(slo: str, error_budget: str | None, records: Path, experiment: str | None,
+               period: str, as_json: bool) -> None:
+    """Error budget and burn rate per load level from a records file."""
+    objective: Slo = parse_slo(slo, error_budget=error_budget)
+    period_s = parse_duration(period, what="--period")
+    rows: list[dict[str, Any]] = []
+    for rec in read_records(records):
+        if not rec.stage.startswith("load") or (experiment and rec.experiment != experiment):
+            continue
+        blob = rec.extras.get("hdr_histogram")
+        if not isinstance(blob, str):
+            raise BadInputError(f"{records}: a load record of {rec.experiment} has no "
+                                "hdr_histogram in extras; re-run `scalelab load` to write one")
+        succ = int(rec.extras.get("successes", 0))
+        lines = budget(objective, hist=LatencyHistogram.decode(blob), successes=succ,
+                       failures=rec.failures, wall_s=rec.wall_s or 0.0, period_s=period_s)
+        rows.append({"experiment": rec.experiment, "variable": rec.variable,
+                     "level": rec.level, "repeat": rec.repeat, "budget": lines})
+    if not rows:
+        raise BadInputError(f"{records}: no load records"
+                            + (f" for experiment {experiment}" if experiment else ""))
+    doc = {"slo": objective.label, "period_s": period_s, "levels": rows}
+    emit(doc, as_json, lambda c: _render_budget(c, [(r["level"], r["budget"]) for r in rows],
+                                                 objective.label))

@@ -1,0 +1,1 @@
+"""Load testing: open/closed-loop generator, capacity search, error budgets, HPA simulation."""

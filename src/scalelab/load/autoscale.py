@@ -1,0 +1,355 @@
+"""Autoscaling simulator: replay a traffic trace against replicas driven by the Kubernetes HPA.
+
+Replicas behave as measured: each serves requests with the latency-vs-throughput curve read from
+load records (a `scalelab load` sweep or capacity search against ONE replica) up to its
+saturation throughput (the most any record achieved); past it, arrivals queue in a shared backlog
+that adds its drain time to every request's latency. New replicas take `startup_s` to become
+ready and get traffic only then. Every second the simulator computes each signal per ready pod:
+
+- cpu: utilization % = 100 × served rate / saturation rate (a pod requests one core);
+- rps: arrival rate per ready pod (what an ingress or load balancer reports);
+- inflight: Little's law, served rate × mean latency, plus the backlog's share;
+- queue: waiting requests, served rate × (mean latency - mean latency at zero load), plus the
+  backlog's share (Little's law on the waiting time alone).
+
+The controller is `scalelab.core.hpa.HpaController` unchanged (sync period, tolerance,
+stabilisation windows, scale-up limits, behavior, CPU readiness rules); it sees each metric
+averaged over the last `metric_window_s` seconds, like metrics-server's window.
+Defaults put every signal's target at the same operating point, `design_load` × the SLO capacity
+of one replica, so a comparison is of dynamics, not of set points.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.hpa import HpaController, HpaSpec, MetricTarget, PodSample
+from scalelab.core.records import Record
+from scalelab.load.slo import LatencyObjective
+from scalelab.load.traces import Trace
+
+Signal = Literal["cpu", "queue", "inflight", "rps"]
+SIGNALS: tuple[Signal, ...] = ("cpu", "queue", "inflight", "rps")
+_QS = (0.5, 0.9, 0.95, 0.99, 0.999)
+_OVERLOAD = 0.95
+"""A record whose throughput is under this share of its offered rate was overloaded: it tells
+the saturation rate, but its latency (a growing queue) is not a point of the steady curve."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaModel:
+    """One replica's latency percentiles vs served rate, and its saturation rate."""
+
+    rates: tuple[float, ...]
+    """Served rates of the steady points, ascending."""
+    latency_ms: tuple[tuple[float, ...], ...]
+    """Per point: p50, p90, p95, p99, p99.9 (ms)."""
+    mean_ms: tuple[float, ...]
+    """Per point: mean latency (p50 when the record has no mean)."""
+    saturation_rps: float
+    """The most requests/s any record served."""
+
+    def __post_init__(self) -> None:
+        if not self.rates or self.saturation_rps <= 0:
+            raise BadInputError("the capacity records hold no usable load level")
+
+    @classmethod
+    def from_records(cls, records: Sequence[Record]) -> ReplicaModel:
+        pts: list[tuple[float, tuple[float, ...], float]] = []
+        sat = 0.0
+        for r in records:
+            if not r.stage.startswith("load") or r.rate is None or r.latency is None:
+                continue
+            lat = r.latency
+            vals = (lat.p50_ms, lat.p90_ms, lat.p95_ms, lat.p99_ms, lat.p999_ms)
+            if any(v is None for v in vals) or r.rate <= 0:
+                continue
+            sat = max(sat, r.rate)
+            offered = r.extras.get("offered_rps")
+            if isinstance(offered, int | float) and offered > 0 and r.rate < _OVERLOAD * offered:
+                continue
+            mean = r.extras.get("mean_ms")
+            ms = tuple(float(v) for v in vals if v is not None)
+            pts.append((r.rate, ms, float(mean) if isinstance(mean, int | float) else ms[0]))
+        if not pts:
+            raise BadInputError("the capacity records have no stage 'load' record with a rate "
+                                "and latency percentiles; run `scalelab load URL --rates ...` or "
+                                "`scalelab load capacity URL` with --records first")
+        pts.sort(key=lambda p: p[0])
+        # Percentiles must not fall as load rises; noise in the records can make them.
+        lat_ms = np.maximum.accumulate(np.array([p[1] for p in pts]), axis=0)
+        mean = np.maximum.accumulate(np.array([p[2] for p in pts]))
+        return cls(rates=tuple(p[0] for p in pts),
+                   latency_ms=tuple(tuple(row) for row in lat_ms.tolist()),
+                   mean_ms=tuple(mean.tolist()), saturation_rps=sat)
+
+    def _stretch(self, lam: float) -> float:
+        """Beyond the last steady point, grow latency like an M/M/1 queue toward saturation."""
+        last = self.rates[-1]
+        if lam <= last or self.saturation_rps <= last:
+            return 1.0
+        rho_last = last / self.saturation_rps
+        rho = min(lam / self.saturation_rps, 0.999)
+        return (1 - rho_last) / (1 - rho)
+
+    def percentiles_ms(self, lam: float) -> np.ndarray:
+        arr = np.array(self.latency_ms)
+        out = np.array([np.interp(lam, self.rates, arr[:, j]) for j in range(len(_QS))])
+        return out * self._stretch(lam)
+
+    def mean_latency_ms(self, lam: float) -> float:
+        return float(np.interp(lam, self.rates, self.mean_ms)) * self._stretch(lam)
+
+    def quantile_ms(self, lam: float, q: float) -> float:
+        return float(np.interp(q, _QS, self.percentiles_ms(lam)))
+
+    def bad_fraction(self, lam: float, threshold_ms: float) -> float:
+        """Share of requests slower than `threshold_ms` at served rate `lam` (interpolated)."""
+        p = self.percentiles_ms(lam)
+        if threshold_ms <= 0:
+            return 1.0
+        if threshold_ms >= p[-1]:
+            return 0.0 if threshold_ms > p[-1] * 1.0001 else 1 - _QS[-1]
+        if threshold_ms < p[0]:
+            return 1.0 - _QS[0] * threshold_ms / p[0]
+        return 1.0 - float(np.interp(threshold_ms, p, _QS))
+
+    def slo_capacity(self, obj: LatencyObjective) -> float:
+        """Highest served rate whose `obj.quantile` latency is at or under its threshold."""
+        thr = obj.threshold_s * 1e3
+        grid = np.linspace(0.0, self.saturation_rps * 0.999, 2000)
+        ok = [g for g in grid if self.quantile_ms(float(g), obj.quantile) <= thr]
+        return float(ok[-1]) if ok else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    """One simulation."""
+
+    signal: Signal
+    """The metric the HPA scales on."""
+    target: float
+    """Its target per pod (cpu: whole percent; rps: req/s; inflight, queue: requests)."""
+    slo: LatencyObjective
+    """The latency objective violations are counted against."""
+    min_replicas: int = 1
+    """HPA minReplicas."""
+    max_replicas: int = 20
+    """HPA maxReplicas."""
+    startup_s: float = 30.0
+    """From creation to ready (receiving traffic)."""
+    initial_replicas: int | None = None
+    """Replicas at t=0, all ready (default: enough for the first rate at the target)."""
+    metric_window_s: float = 15.0
+    """The controller sees each metric averaged over this many past seconds (>= 1)."""
+    price_per_replica_hour: float = 1.0
+    """Cost of one replica for one hour (any currency)."""
+    hpa: HpaSpec | None = None
+    """A full HPA spec (behavior, controller flags); its metrics are replaced by `signal`."""
+
+    def __post_init__(self) -> None:
+        if self.signal not in SIGNALS:
+            raise BadUsageError(f"--signal must be one of {', '.join(SIGNALS)}")
+        if not (self.target > 0 and math.isfinite(self.target)):
+            raise BadUsageError(f"--target must be positive, got {self.target}")
+        if not (1 <= self.min_replicas <= self.max_replicas):
+            raise BadUsageError("need 1 <= --min <= --max")
+        if self.startup_s < 0 or self.metric_window_s < 1:
+            raise BadUsageError("--startup must be >= 0 and the metric window >= 1 s")
+
+    def spec(self) -> HpaSpec:
+        metric = (MetricTarget(name="cpu", target=float(round(self.target)))
+                  if self.signal == "cpu" else
+                  MetricTarget(name=self.signal, source="Pods", target_type="AverageValue",
+                               target=self.target))
+        if self.hpa is None:
+            return HpaSpec(min_replicas=self.min_replicas, max_replicas=self.max_replicas,
+                           metrics=(metric,))
+        return HpaSpec(min_replicas=self.min_replicas, max_replicas=self.max_replicas,
+                       metrics=(metric,), behavior=self.hpa.behavior,
+                       controller=self.hpa.controller)
+
+
+@dataclass(kw_only=True)
+class _Pod:
+    name: str
+    created_s: float | None
+    ready_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """A sync that changed the replica count."""
+
+    t_s: float
+    current: int
+    desired: int
+    reason: str
+    usage_ratio: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimResult:
+    """What one signal did over the trace."""
+
+    signal: Signal
+    target: float
+    duration_s: float
+    total_requests: float
+    violating_requests: float
+    """Requests slower than the SLO threshold (from the percentile curve and the backlog)."""
+    violating_share: float
+    violation_minutes: float
+    """Minutes in which the objective's quantile was over its threshold."""
+    replica_hours: float
+    """All replicas, starting ones included, over the trace."""
+    cost: float
+    oscillations: int
+    """Direction changes between successive scale events (up then down, or down then up)."""
+    scale_events: int
+    max_replicas: int
+    mean_replicas: float
+    decisions: list[Decision]
+    timeline: dict[str, list[float]] = field(repr=False)
+    """Every `timeline_step_s`: t_s, rate, replicas, ready, quantile_ms, signal."""
+
+
+def default_target(signal: Signal, model: ReplicaModel, slo: LatencyObjective,
+                   design_load: float) -> float:
+    """Each signal's value at the design point: design_load × one replica's SLO capacity."""
+    lam = design_load * min(model.slo_capacity(slo), model.saturation_rps)
+    if lam <= 0:
+        raise BadInputError(f"one replica never meets {slo.label} in these records; "
+                            "there is no operating point to scale toward")
+    if signal == "cpu":
+        return float(max(1, round(100 * lam / model.saturation_rps)))
+    if signal == "rps":
+        return lam
+    if signal == "inflight":
+        return max(0.01, lam * model.mean_latency_ms(lam) / 1e3)
+    wait = max(0.0, model.mean_latency_ms(lam) - model.mean_latency_ms(0.0))
+    return max(0.1, lam * wait / 1e3)
+
+
+def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
+             timeline_step_s: float = 60.0) -> SimResult:
+    """Replay `trace` second by second; the HPA syncs on its own period."""
+    spec = cfg.spec()
+    hpa = HpaController(spec)
+    sat = model.saturation_rps
+    thr_ms = cfg.slo.threshold_s * 1e3
+    n_steps = math.floor(trace.duration_s) + 1
+    rates = trace.rate_at(np.arange(n_steps, dtype=float))
+    if cfg.initial_replicas is not None:
+        n0 = cfg.initial_replicas
+    else:
+        per = default_target("rps", model, cfg.slo, 0.7) if cfg.signal != "rps" else cfg.target
+        n0 = math.ceil(float(rates[0]) / per) if per > 0 else cfg.min_replicas
+    n0 = min(max(n0, cfg.min_replicas), cfg.max_replicas)
+    pods = [_Pod(name=f"pod-{i}", created_s=None, ready_s=-math.inf) for i in range(n0)]
+    serial = n0
+    backlog = 0.0
+    window: deque[float] = deque(maxlen=max(1, int(cfg.metric_window_s)))
+    base_mean = model.mean_latency_ms(0.0)
+    total = bad = 0.0
+    viol_s = 0
+    pod_seconds = 0.0
+    decisions: list[Decision] = []
+    tl: dict[str, list[float]] = {k: [] for k in
+                                  ("t_s", "rate", "replicas", "ready", "quantile_ms", "signal")}
+    next_tl = 0.0
+    for step in range(n_steps):
+        t = float(step)
+        rate = float(rates[step])
+        ready = [p for p in pods if p.ready_s <= t]
+        n = len(ready)
+        cap = n * sat
+        incoming = rate + backlog
+        served = min(incoming, cap)
+        backlog = incoming - served
+        lam = served / n if n else 0.0
+        wait_ms = (backlog / cap * 1e3) if cap > 0 else (math.inf if backlog > 0 else 0.0)
+        q_ms = model.quantile_ms(min(lam, sat), cfg.slo.quantile) + wait_ms
+        frac = model.bad_fraction(min(lam, sat), thr_ms - wait_ms) if math.isfinite(wait_ms) \
+            else 1.0
+        if rate > 0:
+            total += rate
+            bad += rate * frac
+            viol_s += int(q_ms > thr_ms)
+        share = backlog / n if n else 0.0
+        if cfg.signal == "cpu":
+            value = 100.0 * min(lam / sat, 1.0) if n else 0.0
+        elif cfg.signal == "rps":
+            value = rate / n if n else 0.0
+        elif cfg.signal == "inflight":
+            value = lam * model.mean_latency_ms(lam) / 1e3 + share
+        else:
+            value = lam * max(0.0, model.mean_latency_ms(lam) - base_mean) / 1e3 + share
+        window.append(value)
+        if hpa.due(t):
+            metric = float(np.mean(window))
+            samples = [_sample(p, t, cfg.signal, metric) for p in pods]
+            d = hpa.step(t, len(pods), samples)
+            if d is not None and d.rescale:
+                decisions.append(Decision(t_s=t, current=len(pods), desired=d.desired_replicas,
+                                          reason=d.reason, usage_ratio=d.usage_ratio))
+                if d.desired_replicas > len(pods):
+                    for _ in range(d.desired_replicas - len(pods)):
+                        pods.append(_Pod(name=f"pod-{serial}", created_s=t,
+                                         ready_s=t + cfg.startup_s))
+                        serial += 1
+                else:
+                    # The ReplicaSet deletes not-ready pods first, then the newest.
+                    pods.sort(key=lambda p: (p.ready_s <= t, -(p.created_s or -math.inf)))
+                    del pods[: len(pods) - d.desired_replicas]
+        pod_seconds += len(pods)
+        if t >= next_tl:
+            next_tl += timeline_step_s
+            for k, v in (("t_s", t), ("rate", rate), ("replicas", len(pods)), ("ready", n),
+                         ("quantile_ms", q_ms if math.isfinite(q_ms) else -1.0),
+                         ("signal", value)):
+                tl[k].append(float(v))
+    counts = tl["replicas"]
+    return SimResult(
+        signal=cfg.signal, target=cfg.target, duration_s=float(n_steps),
+        total_requests=total, violating_requests=bad,
+        violating_share=bad / total if total else 0.0, violation_minutes=viol_s / 60.0,
+        replica_hours=pod_seconds / 3600.0,
+        cost=pod_seconds / 3600.0 * cfg.price_per_replica_hour,
+        oscillations=_direction_changes(decisions), scale_events=len(decisions),
+        max_replicas=int(max([n0, *[d.desired for d in decisions]])),
+        mean_replicas=pod_seconds / n_steps, decisions=decisions,
+        timeline=tl if counts else {},
+    )
+
+
+def _sample(p: _Pod, t: float, signal: Signal, metric: float) -> PodSample:
+    ready = p.ready_s <= t
+    usage: dict[str, float] = {}
+    if ready:
+        usage = {"cpu": metric / 100.0} if signal == "cpu" else {signal: metric}
+    return PodSample(name=p.name, ready=ready, start_s=p.created_s,
+                     ready_changed_s=(p.ready_s if ready and p.created_s is not None else None),
+                     usage=usage, requests={"cpu": 1.0})
+
+
+def _direction_changes(decisions: Sequence[Decision]) -> int:
+    dirs = [1 if d.desired > d.current else -1 for d in decisions if d.desired != d.current]
+    return sum(1 for a, b in itertools.pairwise(dirs) if a != b)
+
+
+def rank(results: Sequence[SimResult]) -> list[dict[str, Any]]:
+    """Best first: fewest SLO-violating requests (to 0.01% of traffic), then lowest cost."""
+    order = sorted(results, key=lambda r: (round(r.violating_share, 4), r.cost))
+    return [{"rank": i + 1, "signal": r.signal, "target": r.target,
+             "violating_share": r.violating_share, "violation_minutes": r.violation_minutes,
+             "replica_hours": r.replica_hours, "cost": r.cost, "oscillations": r.oscillations}
+            for i, r in enumerate(order)]

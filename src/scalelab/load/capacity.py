@@ -1,0 +1,238 @@
+"""Capacity: the highest arrival rate that meets an SLO, found by search with a stopping rule.
+
+Each step offers one rate and stops as soon as the data decide pass or fail at the chosen
+confidence: for "pq < T", k of n successes finished within T, so P(latency <= T) has a
+Clopper-Pearson interval; entirely above q means the q-quantile is under T (pass), entirely
+below means over (fail). This is the order-statistic interval of the quantile seen from the
+threshold's side. An availability target is judged the same way on the failure count. A step
+that reaches its maximum length undecided is judged by the point estimate and marked undecided.
+
+The rule treats requests as independent, which queues are not (neighbours share a backlog): the
+minimum step length is the guard, since an overloaded queue needs time to show that it grows.
+
+Search: from `start`, double while steps pass; then bisect between the highest pass and the
+lowest fail until they are within `precision`. The capacity is the highest passing rate and its
+interval is [highest pass, lowest fail].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from scipy.stats import beta, binom
+
+from scalelab.core.errors import BadUsageError
+from scalelab.load.generator import Progress
+from scalelab.load.histogram import LatencyHistogram
+from scalelab.load.slo import Slo
+
+Verdict = Literal["pass", "fail", "undecided-pass", "undecided-fail"]
+
+
+def clopper_pearson(k: int, n: int, confidence: float) -> tuple[float, float]:
+    """Exact two-sided binomial interval for k successes in n trials."""
+    if n <= 0:
+        return 0.0, 1.0
+    a = 1.0 - confidence
+    lo = 0.0 if k <= 0 else float(beta.ppf(a / 2, k, n - k + 1))
+    hi = 1.0 if k >= n else float(beta.ppf(1 - a / 2, k + 1, n - k))
+    return lo, hi
+
+
+def quantile_ranks(n: int, q: float, confidence: float) -> tuple[int, int]:
+    """1-based ranks (l, u) so that [x_(l), x_(u)] covers the q-quantile with ≥ confidence."""
+    a = 1.0 - confidence
+    lo = int(binom.ppf(a / 2, n, q))
+    hi = int(binom.ppf(1 - a / 2, n, q)) + 1
+    return max(1, lo), min(n, hi)
+
+
+def quantile_ci_ms(hist: LatencyHistogram, q: float, confidence: float
+                   ) -> tuple[float | None, float | None]:
+    n = hist.count
+    if n == 0:
+        return None, None
+    lo, hi = quantile_ranks(n, q, confidence)
+    return hist.quantile_ms(lo / n), hist.quantile_ms(hi / n)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRule:
+    """When one step may stop: decided at `confidence`, or out of time/requests."""
+
+    slo: Slo
+    """Exactly one latency objective, optionally an availability target."""
+    confidence: float = 0.95
+    """Two-sided confidence of each interval."""
+    min_step_s: float = 3.0
+    """Never decide before this much measured time (lets an overloaded queue show)."""
+    max_step_s: float = 30.0
+    """Stop undecided after this much measured time."""
+    max_requests: int = 200_000
+    """Stop undecided after this many measured requests."""
+
+    def __post_init__(self) -> None:
+        if len(self.slo.latency) != 1:
+            raise BadUsageError("capacity search takes exactly one latency objective, e.g. "
+                                "--slo \"p95<50ms\" (add --error-budget for availability)")
+        if not (0.5 < self.confidence < 1.0):
+            raise BadUsageError(f"--confidence must be in (50%, 100%), got {self.confidence}")
+        if not (0 < self.min_step_s <= self.max_step_s):
+            raise BadUsageError("--min-step must be positive and at most --max-step")
+
+    def verdict(self, *, ok: int, within: int, errors: int) -> tuple[str, bool]:
+        """('pass'|'fail', decided) from the counts so far."""
+        q = self.slo.latency[0].quantile
+        decided_pass = True
+        lat_lo, lat_hi = clopper_pearson(within, ok, self.confidence)
+        if ok > 0 and lat_hi < q:
+            return "fail", True
+        if not (ok > 0 and lat_lo >= q):
+            decided_pass = False
+        budget = self.slo.error_budget
+        if budget is not None:
+            e_lo, e_hi = clopper_pearson(errors, ok + errors, self.confidence)
+            if e_lo > budget:
+                return "fail", True
+            if e_hi > budget:
+                decided_pass = False
+        if ok == 0:
+            return "fail", errors > 0
+        if decided_pass:
+            return "pass", True
+        point_ok = within / ok >= q and (budget is None or errors / (ok + errors) <= budget)
+        return ("pass" if point_ok else "fail"), False
+
+    def should_stop(self, p: Progress) -> bool:
+        if p.elapsed_s >= self.max_step_s or p.sent >= self.max_requests:
+            return True
+        if p.elapsed_s < self.min_step_s:
+            return False
+        return self.verdict(ok=p.ok, within=p.within, errors=p.errors)[1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One offered rate and what it showed."""
+
+    rate: float
+    """Offered arrival rate."""
+    verdict: Verdict
+    """pass/fail, "undecided-" when the step ran out before the rule decided."""
+    requests: int
+    """Measured requests."""
+    throughput_rps: float
+    """Achieved successes per second."""
+    quantile_ms: float | None
+    """The objective's quantile."""
+    quantile_ci_ms: tuple[float | None, float | None]
+    """Its order-statistic confidence interval."""
+    error_rate: float
+    """Failures / requests."""
+    valid: bool
+    """The generator held the rate (see generator lag)."""
+    wall_s: float
+    """Measured seconds."""
+    extras: dict[str, object] = field(default_factory=dict)
+    """Anything else the runner wants kept (e.g. the full result)."""
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict in ("pass", "undecided-pass")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchConfig:
+    """How the rate is searched."""
+
+    start: float = 10.0
+    """First rate tried (requests/s)."""
+    max_rate: float = 100_000.0
+    """Never offer more than this."""
+    precision: float = 0.05
+    """Stop bisecting when (lowest fail - highest pass) / highest pass is at most this."""
+    max_steps: int = 20
+    """Most steps in all."""
+
+    def __post_init__(self) -> None:
+        if not (self.start > 0 and self.max_rate >= self.start):
+            raise BadUsageError("--start must be positive and at most --max-rate")
+        if not (0 < self.precision < 1):
+            raise BadUsageError(f"--precision must be in (0, 1), got {self.precision}")
+        if self.max_steps < 1:
+            raise BadUsageError("--max-steps must be at least 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapacityResult:
+    """The search's answer."""
+
+    capacity_rps: float | None
+    """Highest offered rate that met the SLO (None when even the lowest tried failed)."""
+    interval_rps: tuple[float | None, float | None]
+    """[highest pass, lowest fail]: the capacity lies in it at each step's confidence."""
+    steps: list[Step]
+    """Every step, in the order run."""
+    converged: bool
+    """The interval is within `precision` (or capped by max_rate)."""
+    knee_rps: float | None
+    """Knee of the latency-throughput curve (core.knee), when there is one."""
+
+
+def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResult:
+    """Exponential then bisection search over the offered rate; `run_step` measures one."""
+    steps: list[Step] = []
+    lo: float | None = None
+    hi: float | None = None
+
+    def do(rate: float) -> bool:
+        s = run_step(rate)
+        steps.append(s)
+        return s.passed
+
+    rate = cfg.start
+    capped = False
+    while len(steps) < cfg.max_steps:
+        if do(rate):
+            lo = rate
+            if rate >= cfg.max_rate:
+                capped = True
+                break
+            rate = min(rate * 2.0, cfg.max_rate)
+        else:
+            hi = rate
+            break
+    if lo is None and hi is not None:
+        # Even the start failed: halve down to a passing rate (at most 6 times).
+        rate = hi / 2.0
+        while len(steps) < cfg.max_steps and rate >= cfg.start / 64.0:
+            if do(rate):
+                lo = rate
+                break
+            hi = rate
+            rate /= 2.0
+    while lo is not None and hi is not None and (hi - lo) / lo > cfg.precision \
+            and len(steps) < cfg.max_steps:
+        mid = (lo + hi) / 2.0
+        if do(mid):
+            lo = mid
+        else:
+            hi = mid
+    converged = capped or (lo is not None and hi is not None and (hi - lo) / lo <= cfg.precision)
+    return CapacityResult(capacity_rps=lo, interval_rps=(lo, hi), steps=steps,
+                          converged=converged, knee_rps=knee(steps))
+
+
+def knee(steps: list[Step]) -> float | None:
+    """Throughput at the knee of latency (the quantile) vs throughput, via core.knee."""
+    pts = sorted((s.throughput_rps, s.quantile_ms) for s in steps
+                 if s.quantile_ms is not None and math.isfinite(s.throughput_rps))
+    if len(pts) < 3:
+        return None
+    from scalelab.core.knee import find_knee
+
+    return find_knee([p[0] for p in pts], [float(p[1]) for p in pts], curve="convex",
+                     direction="increasing")

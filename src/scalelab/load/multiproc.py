@@ -1,0 +1,198 @@
+"""Run a load plan in one process or several, and merge the results.
+
+One Python process offers on the order of 10k requests/s; past that the generator itself would
+lag, so `processes > 1` starts P spawned workers, each with every P-th due time of one schedule
+(an even rate/P stream) or a 1/P share of the closed-loop clients, all starting at the same
+CLOCK_MONOTONIC instant (system-wide on Linux), and merges their histograms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing as mp
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from scalelab.core.errors import BadUsageError, RunFailedError
+from scalelab.load.generator import Engine, EngineConfig, Progress
+from scalelab.load.result import LoadResult, merge
+from scalelab.load.schedule import Arrival, schedule
+
+_START_MARGIN_S = 0.25
+"""Between the last worker reporting ready and the common start."""
+
+
+@dataclass(kw_only=True)
+class LoadPlan:
+    """One load level: the engine settings plus rate or concurrency and length."""
+
+    engine: EngineConfig
+    """Target, requests, timeouts (mode and closed-loop length live here too)."""
+    rate: float | None = None
+    """Open loop: arrivals per second."""
+    arrival: Arrival = "constant"
+    """Open loop: constant or poisson spacing."""
+    duration_s: float | None = None
+    """Measured length (warm-up comes on top); give this or `requests`."""
+    requests: int | None = None
+    """Measured requests (warm-up comes on top); give this or `duration_s`."""
+    seed: int = 0
+    """Poisson schedule seed."""
+    processes: int = 1
+    """Generator processes."""
+    cold_start: bool = True
+    """Time one request on a fresh connection first (reported apart)."""
+
+    def __post_init__(self) -> None:
+        if self.processes < 1:
+            raise BadUsageError(f"--processes must be at least 1, got {self.processes}")
+        if (self.duration_s is None) == (self.requests is None):
+            raise BadUsageError("give exactly one of --duration or --requests")
+        if self.engine.mode == "open" and self.rate is None:
+            raise BadUsageError("open loop needs --rate")
+        if self.engine.mode == "closed" and self.processes > self.engine.concurrency:
+            raise BadUsageError(
+                f"--processes {self.processes} is more than --concurrency "
+                f"{self.engine.concurrency}; each process needs at least one client")
+
+    def times(self) -> np.ndarray:
+        """The whole open-loop schedule (warm-up included), seconds from the start."""
+        assert self.rate is not None
+        warm = self.engine.warmup_s
+        if self.duration_s is not None:
+            return schedule(self.rate, duration_s=warm + self.duration_s, arrival=self.arrival,
+                            seed=self.seed)
+        assert self.requests is not None
+        n_warm = math.ceil(warm * self.rate - 1e-9) if warm > 0 else 0
+        return schedule(self.rate, requests=self.requests + n_warm, arrival=self.arrival,
+                        seed=self.seed)
+
+    def window_s(self) -> float | None:
+        if self.engine.mode != "open":
+            return self.duration_s
+        if self.duration_s is not None:
+            return self.duration_s
+        assert self.rate is not None and self.requests is not None
+        return self.requests / self.rate
+
+
+def _engine_for(plan: LoadPlan, index: int) -> EngineConfig:
+    cfg = plan.engine
+    if cfg.mode == "open":
+        return cfg
+    p = plan.processes
+    conc = cfg.concurrency // p + (1 if index < cfg.concurrency % p else 0)
+    n = None if plan.requests is None else plan.requests // p + (
+        1 if index < plan.requests % p else 0)
+    dur = None if plan.duration_s is None else plan.duration_s + cfg.warmup_s
+    return replace(cfg, concurrency=conc, max_requests=n, duration_s=dur)
+
+
+async def _run_one(cfg: EngineConfig, times: list[float] | None, cold: bool,
+                   start: Callable[[], float],
+                   stop_check: Callable[[Progress], bool] | None) -> Any:
+    eng = Engine(cfg)
+    if cold:
+        await eng.cold_start()
+    # `start` may block on the other workers; nothing else runs on this loop yet.
+    start_at = start()
+    if cfg.mode == "open":
+        assert times is not None
+        return await eng.run_open(times, start_at, stop_check)
+    return await eng.run_closed(start_at, stop_check)
+
+
+def _worker(plan: LoadPlan, index: int, times: list[float] | None, ready: Any, go: Any,
+            start_at: Any, out: Any) -> None:
+    def start() -> float:
+        ready.wait()
+        go.wait()
+        return float(start_at.value)
+
+    try:
+        res = asyncio.run(_run_one(_engine_for(plan, index), times, plan.cold_start and index == 0,
+                                   start, None))
+        out.put((index, res, None))
+    except BaseException as e:
+        out.put((index, None, f"{type(e).__name__}: {e}"))
+
+
+def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = None,
+             slo_threshold_s: float | None = None) -> LoadResult:
+    """Run one level; `stop_check` (one process only) may end it early."""
+    cfg = plan.engine
+    if slo_threshold_s is not None:
+        cfg = replace(cfg, slo_threshold_s=slo_threshold_s)
+        plan = replace(plan, engine=cfg)
+    times = plan.times().tolist() if cfg.mode == "open" else None
+    if plan.processes == 1:
+        parts = [asyncio.run(_run_one(_engine_for(plan, 0), times, plan.cold_start,
+                                      lambda: time.monotonic() + 0.05, stop_check))]
+    else:
+        if stop_check is not None:
+            raise BadUsageError("a stopping rule needs a single generator process")
+        parts = _run_many(plan, times)
+    return merge(parts, mode=cfg.mode, offered_rps=plan.rate if cfg.mode == "open" else None,
+                 concurrency=cfg.concurrency if cfg.mode == "closed" else None,
+                 arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s(),
+                 slo_threshold_s=cfg.slo_threshold_s)
+
+
+def _run_many(plan: LoadPlan, times: list[float] | None) -> list[Any]:
+    ctx = mp.get_context("spawn")
+    p = plan.processes
+    ready = ctx.Barrier(p + 1)
+    go = ctx.Barrier(p + 1)
+    start_at = ctx.Value("d", 0.0)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_worker, daemon=True, args=(
+            plan, i, None if times is None else split_list(times, p, i), ready, go, start_at, out))
+        for i in range(p)
+    ]
+    for pr in procs:
+        pr.start()
+    try:
+        ready.wait(timeout=120)
+        start_at.value = time.monotonic() + _START_MARGIN_S
+        go.wait(timeout=30)
+        length = (plan.duration_s or 0.0) + plan.engine.warmup_s
+        if plan.requests is not None and plan.rate:
+            length += plan.requests / plan.rate
+        deadline = time.monotonic() + length + plan.engine.timeout_s + 120
+        results: dict[int, Any] = {}
+        while len(results) < p:
+            try:
+                i, res, err = out.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RunFailedError(
+                    "generator processes did not report back in time; rerun with fewer "
+                    "--processes or a shorter --duration") from None
+            if err is not None:
+                raise RunFailedError(f"generator process {i} failed: {err}")
+            results[i] = res
+        return [results[i] for i in range(p)]
+    except Exception as e:
+        if isinstance(e, RunFailedError):
+            raise
+        raise RunFailedError(f"could not run {p} generator processes: {type(e).__name__}: {e}") \
+            from e
+    finally:
+        for pr in procs:
+            pr.join(timeout=5)
+            if pr.is_alive():
+                pr.kill()
+                pr.join(timeout=5)
+
+
+def split_list(times: list[float], parts: int, index: int) -> list[float]:
+    """`schedule.split` for a plain list (what crosses the process boundary)."""
+    if parts < 1 or not (0 <= index < parts):
+        raise BadUsageError(f"bad split {index} of {parts}")
+    return times[index::parts]

@@ -1,0 +1,184 @@
+"""A load run's result: the merge of every generator process's measurements."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from scalelab.core.records import Record, make_record
+from scalelab.load.generator import LAG_INVALID_SHARE, LAG_THRESHOLD_S, Mode, PartResult
+from scalelab.load.histogram import LatencyHistogram, Percentiles
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadResult:
+    """What one load level measured (only requests after the warm-up count)."""
+
+    mode: Mode
+    """"open" (arrival schedule) or "closed" (fixed concurrency)."""
+    offered_rps: float | None
+    """Open loop: the target arrival rate."""
+    concurrency: int | None
+    """Closed loop: clients."""
+    arrival: str | None
+    """Open loop: constant or poisson."""
+    processes: int
+    """Generator processes."""
+    requests: int
+    """Measured requests sent."""
+    successes: int
+    """2xx responses."""
+    failures: int
+    """Everything else: non-2xx, timeouts, refused and reset connections."""
+    failure_rate: float
+    """failures / requests (0 when nothing was sent)."""
+    latency: Percentiles
+    """Latency of successes, from the due time (open) or send time (closed)."""
+    wall_s: float
+    """Measured window: from the end of warm-up to the last measured response."""
+    sent_rps: float
+    """Measured sends per second actually achieved."""
+    throughput_rps: float
+    """Successes per second over the measured window."""
+    goodput_rps: float
+    """Successes within the SLO latency per second (= throughput when no SLO was given)."""
+    slo_threshold_ms: float | None
+    """The latency threshold goodput used."""
+    within_slo: int
+    """Successes at or under the threshold."""
+    errors_by_status: dict[str, int]
+    """Non-2xx responses by HTTP status."""
+    errors_by_kind: dict[str, int]
+    """Failures by kind: status, timeout, refused, reset, other."""
+    lag_count: int
+    """Sends dispatched more than 1 ms after their due time."""
+    lag_share: float
+    """lag_count / requests."""
+    lag_max_ms: float
+    """Worst dispatch lateness."""
+    pool_waits: int
+    """Requests that waited for a free connection (max_connections reached)."""
+    connections: int
+    """Connections opened."""
+    valid: bool
+    """False when the generator could not offer the asked-for load (see invalid_reasons)."""
+    invalid_reasons: list[str]
+    """Why the run is invalid."""
+    cold_start_ms: float | None
+    """First request on a fresh connection, before the run (not in the percentiles)."""
+    cold_start_error: str | None
+    """Why the cold-start probe failed, if it did."""
+    warmup_requests: int
+    """Requests sent during warm-up (excluded)."""
+    stopped_early: bool
+    """A stopping rule ended the run before its schedule did."""
+    hist_blob: str = field(repr=False)
+    """Merged HdrHistogram (base64), so any threshold can be evaluated later."""
+
+
+def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
+          concurrency: int | None, arrival: str | None, window_s: float | None,
+          slo_threshold_s: float | None) -> LoadResult:
+    """Merge per-process results; `window_s` is the planned measured span (open loop)."""
+    assert parts
+    hist = LatencyHistogram()
+    status: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    for p in parts:
+        hist.add_blob(p.hist_blob)
+        status.update(p.errors_by_status)
+        kinds.update(p.errors_by_kind)
+    sent = sum(p.sent for p in parts)
+    ok = sum(p.ok for p in parts)
+    failures = sum(kinds.values())
+    within = sum(p.within for p in parts)
+    start = min(p.window_start for p in parts)
+    last_send = max(p.last_send for p in parts)
+    last_done = max(p.last_done for p in parts)
+    stopped = any(p.stopped_early for p in parts)
+    send_span = max(0.0, last_send - start)
+    if mode == "open" and offered_rps:
+        # A full-speed run's last send is one gap before the window's end.
+        planned = window_s if (window_s and not stopped) else send_span + 1.0 / offered_rps
+        send_span = max(planned, send_span + 1.0 / offered_rps)
+    elif window_s:
+        send_span = max(send_span, window_s)
+    wall = max(send_span, last_done - start, 1e-9)
+    lag = sum(p.lag_count for p in parts)
+    lag_share = lag / sent if sent else 0.0
+    reasons: list[str] = []
+    pool_waits = sum(p.pool_waits for p in parts)
+    if mode == "open" and lag_share > LAG_INVALID_SHARE:
+        fix = (f"{pool_waits} requests waited for a free connection: raise --max-connections"
+               if pool_waits else
+               "add --processes, lower --rate, or run the generator on a quieter machine")
+        reasons.append(
+            f"generator lag: {lag_share:.1%} of sends were more than "
+            f"{LAG_THRESHOLD_S * 1e3:.0f} ms late (limit {LAG_INVALID_SHARE:.0%}), so the "
+            f"offered rate was not held; {fix}")
+    if sent == 0:
+        reasons.append("no request was measured; lengthen --duration or shorten --warmup")
+    cold = next((p for p in parts if p.cold_start_s is not None or p.cold_start_error), None)
+    cold_ms = None if cold is None or cold.cold_start_s is None else cold.cold_start_s * 1e3
+    return LoadResult(
+        mode=mode, offered_rps=offered_rps, concurrency=concurrency, arrival=arrival,
+        processes=len(parts), requests=sent, successes=ok, failures=failures,
+        failure_rate=(failures / (ok + failures)) if (ok + failures) else 0.0,
+        latency=hist.percentiles(), wall_s=wall, sent_rps=sent / send_span if send_span else 0.0,
+        throughput_rps=ok / wall, goodput_rps=within / wall,
+        slo_threshold_ms=None if slo_threshold_s is None else slo_threshold_s * 1e3,
+        within_slo=within, errors_by_status=dict(sorted(status.items())),
+        errors_by_kind=dict(sorted(kinds.items())), lag_count=lag, lag_share=lag_share,
+        lag_max_ms=max(p.lag_max_s for p in parts) * 1e3,
+        pool_waits=pool_waits,
+        connections=sum(p.connections_opened for p in parts), valid=not reasons,
+        invalid_reasons=reasons,
+        cold_start_ms=cold_ms,
+        cold_start_error=None if cold is None else cold.cold_start_error,
+        warmup_requests=sum(p.warmup_requests for p in parts), stopped_early=stopped,
+        hist_blob=hist.encode(),
+    )
+
+
+def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
+              budget: list[Any] | None = None, slo: str | None = None,
+              extra: dict[str, Any] | None = None) -> Record:
+    """One foundation record for this level (stage "load", variable rate or concurrency)."""
+    variable = "rate" if r.mode == "open" else "concurrency"
+    level = float((r.offered_rps or 0.0) if r.mode == "open" else (r.concurrency or 0))
+    extras: dict[str, Any] = {
+        "url": url, "mode": r.mode, "arrival": r.arrival, "processes": r.processes,
+        "offered_rps": r.offered_rps, "sent_rps": r.sent_rps, "goodput_rps": r.goodput_rps,
+        "slo": slo, "slo_threshold_ms": r.slo_threshold_ms, "within_slo": r.within_slo,
+        "successes": r.successes, "mean_ms": r.latency.mean_ms,
+        "errors_by_kind": r.errors_by_kind, "errors_by_status": r.errors_by_status,
+        "lag": {"count": r.lag_count, "share": r.lag_share, "max_ms": r.lag_max_ms},
+        "pool_waits": r.pool_waits, "connections": r.connections,
+        "cold_start_ms": r.cold_start_ms, "warmup_requests": r.warmup_requests,
+        "invalid_reasons": r.invalid_reasons, "hdr_histogram": r.hist_blob,
+    }
+    if budget is not None:
+        extras["budget"] = [asdict(b) for b in budget]
+    extras.update(extra or {})
+    return make_record(
+        experiment=experiment, stage="load", variable=variable, level=level, repeat=repeat,
+        input_volume=float(r.requests), input_unit="requests", rate=r.throughput_rps,
+        rate_unit="requests/s", wall_s=r.wall_s, latency=r.latency.latency(),
+        failures=r.failures, failure_rate=r.failure_rate, recovery="replica",
+        ok=r.valid, error="; ".join(r.invalid_reasons) or None,
+        extras=_finite(extras),
+    )
+
+
+def _finite(x: Any) -> Any:
+    """Records are strict JSON: NaN/inf become None."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
