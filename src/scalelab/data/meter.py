@@ -1,0 +1,117 @@
+"""Stage metering: rows in/out, wall time and peak memory of each pipeline stage.
+
+Peak memory is the resident set size (RSS) of this process *plus its child processes*
+(LocalCluster workers are children), sampled by a background thread every `interval_s`
+(default 20 ms) with psutil; a stage's peak is the largest sample taken while it ran (at least
+one sample at its start and end). Sampling can miss a spike shorter than the interval; ru_maxrss
+cannot be reset per stage and ignores children that are still alive, hence the thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+
+def tree_rss(proc: psutil.Process | None = None) -> int:
+    """RSS of a process and all its descendants, in bytes (vanished children are skipped)."""
+    p = proc or psutil.Process()
+    total = 0
+    for q in [p, *p.children(recursive=True)]:
+        try:
+            total += q.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+class MemorySampler:
+    """Samples tree_rss() in a daemon thread; `peak_since(mark)` gives a window's peak."""
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        self.interval_s = interval_s
+        self._proc = psutil.Process()
+        self._samples: list[tuple[float, int]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def sample(self) -> int:
+        rss = tree_rss(self._proc)
+        with self._lock:
+            self._samples.append((time.perf_counter(), rss))
+        return rss
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def peak_between(self, t0: float, t1: float) -> int:
+        with self._lock:
+            vals = [r for t, r in self._samples if t0 <= t <= t1]
+        return max(vals) if vals else 0
+
+    @property
+    def peak(self) -> int:
+        with self._lock:
+            return max((r for _, r in self._samples), default=0)
+
+
+@dataclass(kw_only=True)
+class StageReport:
+    """One stage of one run."""
+
+    name: str
+    rows_in: int = 0
+    rows_out: int = 0
+    seconds: float = 0.0
+    peak_memory_bytes: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class StageMeter:
+    """Collects StageReports; `with meter.stage("dedupe", rows_in=n) as st: ... st.rows_out = m`."""
+
+    def __init__(self, sampler: MemorySampler) -> None:
+        self.sampler = sampler
+        self.stages: list[StageReport] = []
+
+    @contextmanager
+    def stage(self, name: str, *, rows_in: int = 0) -> Iterator[StageReport]:
+        rep = StageReport(name=name, rows_in=rows_in)
+        self.sampler.sample()
+        t0 = time.perf_counter()
+        try:
+            yield rep
+        finally:
+            self.sampler.sample()
+            t1 = time.perf_counter()
+            rep.seconds = t1 - t0
+            rep.peak_memory_bytes = self.sampler.peak_between(t0, t1)
+            self.stages.append(rep)
+
+    def window(self, t0: float, t1: float) -> int:
+        """Peak RSS sampled between two perf_counter() instants."""
+        return self.sampler.peak_between(t0, t1)
+
+    def add(self, report: StageReport) -> None:
+        """Record a stage timed by the caller (e.g. summed over per-file calls)."""
+        self.stages.append(report)
+
+    def dominant(self) -> str | None:
+        return max(self.stages, key=lambda s: s.seconds).name if self.stages else None
