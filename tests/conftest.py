@@ -1,7 +1,6 @@
 """Fixtures shared across the suite."""
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
