@@ -128,7 +128,7 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
     if last.limiting_resource:
         ev.append(
             Evidence(
-                resource=last.limiting_resource.split()[0],
+                resource=last.limiting_resource.split()[0].rstrip(":,;"),
                 detail=f"reported by the stage: {last.limiting_resource}",
             )
         )

@@ -85,6 +85,9 @@ class ServeStage(StageBase):
     """Which batching setting is 'today's system'; the other is the candidate intervention."""
     url: str | None = None
     """The user's own HTTP endpoint instead of the reference model server."""
+    serial_ms: float = Field(default=0.0, ge=0, le=10_000)
+    """An artificial serial section added to every forward call of the served model (the
+    "delay_mlp" architecture): throttles serving on purpose, to rehearse the verdict."""
 
 
 class ModelStage(StageBase):

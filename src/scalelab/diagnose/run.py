@@ -109,8 +109,9 @@ def model_server(repo: Path, logs: Path) -> Iterator[str | None]:
             kill_tree(proc, grace_s=5.0)
 
 
-def _batching_repo(src: Path, dst: Path, batching: bool) -> Path:
-    """A copy of the repository whose model config turns dynamic batching off or on."""
+def _batching_repo(src: Path, dst: Path, batching: bool, serial_ms: float = 0.0) -> Path:
+    """A copy of the repository whose model config turns dynamic batching off or on (and, with
+    `serial_ms`, whose model sleeps that long per forward call)."""
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(src, dst)
@@ -122,6 +123,13 @@ def _batching_repo(src: Path, dst: Path, batching: bool) -> Path:
         else:
             cfg["max_batch_size"] = 1
         cfg_path.write_text(json.dumps(cfg, indent=2) + "\n", "utf-8")
+    if serial_ms > 0:
+        for spec_path in dst.glob("*/[0-9]*/model.json"):
+            spec = json.loads(spec_path.read_text("utf-8"))
+            if spec.get("architecture") == "tabular_mlp":
+                spec["architecture"] = "delay_mlp"
+                spec["params"] = {**spec["params"], "batch_ms": serial_ms, "row_ms": 0.0}
+                spec_path.write_text(json.dumps(spec, indent=2) + "\n", "utf-8")
     return dst
 
 
@@ -340,7 +348,8 @@ class Runner:
             payload += ["--data", str(dataset / "test.parquet")]
         for setting in s.batching:
             series = SERVE_SERIES[setting]
-            srepo = _batching_repo(repo, self.work / f"repo-batching-{setting}", setting == "on")
+            srepo = _batching_repo(repo, self.work / f"repo-batching-{setting}", setting == "on",
+                                   s.serial_ms)
             with model_server(srepo, self.logs) as base:
                 if base is None:
                     self.outcome.steps.append(

@@ -181,6 +181,20 @@ code{background:#f2f4f8;padding:0 .2rem}
 """
 
 
+def _plain_quality(rows: list[SheetRow], objective_key: str | None) -> str | None:
+    """The absolute quality metric behind a delta objective (e.g. macro_f1 for its delta)."""
+    keys = {k for r in rows for k in r.quality}
+    for cand in (
+        objective_key.replace("_delta_points", "").replace("_delta", "") if objective_key else "",
+        "macro_f1",
+        "f1_macro",
+        "accuracy",
+    ):
+        if cand and cand in keys:
+            return cand
+    return objective_key if objective_key in keys else None
+
+
 def render_html(
     sheet: list[SheetRow],
     verdict: Verdict,
@@ -232,11 +246,18 @@ def render_html(
             out.append(f"<li>least headroom: {e(s.tightest)}</li>")
         out.append("</ul><div class='plots'>")
         objs = g.objectives if g else []
-        for svg in (
-            plots.throughput_plot(s.stage, rows, objs),
-            plots.latency_plot(s.stage, rows, objs),
-            plots.cost_plot(s.stage, rows),
-        ):
+        figures: tuple[str | None, ...]
+        if rows and rows[0].variable == "variant":
+            # Variants are categories, not a scale: compare them on one quality-latency plane.
+            qkey = next((o.metric[8:] for o in objs if o.metric.startswith("quality:")), None)
+            figures = (plots.pareto_plot(s.stage, rows, _plain_quality(rows, qkey)),)
+        else:
+            figures = (
+                plots.throughput_plot(s.stage, rows, objs),
+                plots.latency_plot(s.stage, rows, objs),
+                plots.cost_plot(s.stage, rows),
+            )
+        for svg in figures:
             if svg:
                 out.append(f"<figure>{svg}</figure>")
         out.append("</div>")

@@ -136,3 +136,36 @@ def cost_plot(stage: str, rows: list[SheetRow]) -> str | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _svg(fig)
+
+
+def pareto_plot(stage: str, rows: list[SheetRow], quality_key: str | None) -> str | None:
+    """Variants (one series each): quality against p95 latency; the frontier is drawn."""
+    pts = []
+    for r in rows:
+        q = r.quality.get(quality_key) if quality_key else None
+        if r.p95_ms is not None and q is not None:
+            pts.append((r.p95_ms, q, r.series or f"{r.level:g}"))
+    if len(pts) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for x, y, name in pts:
+        ax.scatter([x], [y])
+        ax.annotate(name, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    frontier, best = [], -math.inf
+    for x, y, _ in sorted(pts):
+        if y > best:
+            frontier.append((x, y))
+            best = y
+    ax.plot(
+        [p[0] for p in frontier],
+        [p[1] for p in frontier],
+        linestyle="--",
+        alpha=0.5,
+        label="Pareto frontier",
+    )
+    ax.set_xlabel("p95 latency at batch 1 (ms)")
+    ax.set_ylabel(quality_key or "quality")
+    ax.set_title(f"{stage}: quality vs latency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _svg(fig)

@@ -1,0 +1,66 @@
+from pathlib import Path
+
+import pytest
+
+from scalelab.core.errors import BadInputError
+from scalelab.diagnose.config import defaults_text, load_config
+from scalelab.diagnose.goals import stage_goals
+
+
+def test_defaults_and_modes() -> None:
+    d = load_config(None, "default")
+    q = load_config(None, "quick")
+    f = load_config(None, "full")
+    assert d.repeats == 2 and q.repeats == 1 and f.repeats == 3
+    assert d.stages.data.levels == [1, 2, 5, 10]
+    assert q.stages.train.workers == [1, 2]
+    assert f.stages.data.sample_rows == 336776
+    # Modes change the work, never the objectives.
+    assert q.stages.serve.objectives == d.stages.serve.objectives
+    assert [g.stage for g in stage_goals(d)] == ["data", "train", "serve", "model"]
+    serve = next(g for g in stage_goals(d) if g.stage == "serve")
+    assert serve.baseline_series == "batching=off"
+    assert [o.label for o in serve.objectives] == [
+        "p95 ≤ 50 ms",
+        "p99 ≤ 200 ms",
+        "availability ≥ 99.9%",
+    ]
+    assert "objectives" in defaults_text()
+
+
+def test_user_file_merges_over_defaults(tmp_path: Path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text(
+        "stages:\n  serve:\n    base_rate: 7\n    objectives:\n"
+        "      - {metric: p99_ms, max: 10}\n  model: {enabled: false}\n"
+    )
+    c = load_config(p, "quick")
+    assert c.stages.serve.base_rate == 7
+    assert c.stages.serve.duration == "2s"  # from the quick mode
+    assert [o.metric for o in c.stages.serve.objectives] == ["p99_ms"]
+    assert not c.stages.model.enabled
+    assert [g.stage for g in stage_goals(c)] == ["data", "train", "serve"]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("stages: [1, 2\n", "not valid YAML at line"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("repeats: 0\n", "repeats"),
+        ("stages:\n  serve:\n    base_rate: -1\n", "stages.serve.base_rate"),
+        ("stages:\n  serve:\n    typo_field: 1\n", "typo_field"),
+        ("stages:\n  data:\n    objectives: [{metric: p96_ms, max: 1}]\n", "unknown objective"),
+        ("custom: [{name: mine, kind: telepathy}]\n", "custom.0.kind"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path: Path, text: str, needle: str) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(BadInputError, match=needle):
+        load_config(p)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(BadInputError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,121 @@
+"""`scalelab diagnose` end to end: real subprocesses, real records, the report, the verdict."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalelab.cli import run
+from scalelab.core.records import read_records
+
+OFF = "{enabled: false}"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "scalelab.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_users_own_sweep_stage_with_a_serial_phase_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two user stages that report their own throughput (so the test does not depend on this
+    # machine's timing): one scales perfectly, one has a serial fraction of 0.5 (Amdahl).
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import json, sys\n"
+        "n = int(sys.argv[1]); s = float(sys.argv[2])\n"
+        "print(json.dumps({'rate': 100.0 / (s + (1 - s) / n)}))\n"
+    )
+    cfg = _write(
+        tmp_path,
+        f"""
+repeats: 1
+stages: {{data: {OFF}, train: {OFF}, serve: {OFF}, model: {OFF}}}
+custom:
+  - name: parallel
+    kind: sweep
+    var: workers
+    levels: [1, 2, 4]
+    command: ["{sys.executable}", "{job}", "{{workers}}", "0"]
+    metric: "json:rate"
+    objectives: [{{metric: efficiency, min: 0.7}}]
+  - name: serialjob
+    kind: sweep
+    var: workers
+    levels: [1, 2, 4]
+    command: ["{sys.executable}", "{job}", "{{workers}}", "0.5"]
+    metric: "json:rate"
+    objectives: [{{metric: efficiency, min: 0.7}}]
+""",
+    )
+    out = tmp_path / "out"
+    assert run(["diagnose", "--config", str(cfg), "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    v = doc["verdict"]
+    assert v["first"] == "serialjob"
+    stages = {s["stage"]: s for s in v["stages"]}
+    assert stages["parallel"]["miss"] is None
+    miss = stages["serialjob"]["miss"]
+    assert miss["multiple"] == 2.0 and miss["metric"] == "efficiency"
+    # Amdahl with s = 0.5: Karp–Flatt e = 0.5 at every level, and the evidence cites it.
+    lim = stages["serialjob"]["limiting"][0]
+    assert lim["resource"] == "serial fraction"
+    assert "e=0.50 at 2, e=0.50 at 4" in lim["evidence"]
+    recs = read_records(out / "records.jsonl")
+    assert {r.stage for r in recs} == {"parallel", "serialjob"} and len(recs) == 6
+    assert (out / "report.html").read_text().count("<svg") >= 2
+
+    # `scalelab report` rebuilds the same verdict from the stored records.
+    (out / "report.html").unlink()
+    assert run(["report", str(out), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["verdict"]["summary"] == v["summary"]
+    assert (out / "report.html").exists()
+
+
+def test_reference_system_quick_names_the_throttled_serving_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Small data everywhere; the served model sleeps 40 ms per forward call (a serial section:
+    # at most 25 requests/s without batching), so at 10× = 40 requests/s serving must break,
+    # while 4 requests/s stays far inside p95 ≤ 150 ms.
+    cfg = _write(
+        tmp_path,
+        """
+repeats: 1
+stages:
+  data: {levels: [1, 2], sample_rows: 2000}
+  train: {workers: [1], steps: 5, limit_rows: 5000, objectives: []}
+  serve:
+    base_rate: 4
+    levels: [1, 10]
+    duration: 2s
+    batching: ["off"]
+    serial_ms: 40
+    objectives: [{metric: p95_ms, max: 150}]
+  model:
+    variants: [int8]
+    objectives: [{metric: "quality:macro_f1_delta_points", min: -100}]
+""",
+    )
+    out = tmp_path / "out"
+    assert run(["diagnose", "--quick", "--config", str(cfg), "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["failed_steps"] == []
+    stages = {s["stage"]: s for s in doc["verdict"]["stages"]}
+    assert set(stages) == {"data", "train", "serve", "model"}
+    assert all(s["measured"] for s in stages.values())
+    assert doc["verdict"]["first"] == "serve"
+    assert stages["serve"]["miss"]["multiple"] == 10.0
+    recs = read_records(out / "records.jsonl")
+    assert {r.stage for r in recs} == {"data", "train", "serve", "model"}
+    assert all(r.experiment == doc["experiment"] for r in recs)
+    serve = [r for r in recs if r.stage == "serve"]
+    assert {r.extras["series"] for r in serve} == {"batching=off"}
+    html = (out / "report.html").read_text()
+    assert "serve misses first" in html and html.count("<svg") >= 3
+    md = (out / "report.md").read_text()
+    assert md.startswith("# scalelab diagnosis") and "| serve | batching=off |" in md
