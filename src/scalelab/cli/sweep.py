@@ -29,19 +29,8 @@ def _render(res: SweepResult, records_path: Path) -> Any:
     def render(c: Console) -> None:
         cfg = res.config
         t = Table(title=f"Sweep of {cfg.variable}, {cfg.repeats} repeat(s) per level")
-        for col in (
-            cfg.variable,
-            "ok",
-            "wall s",
-            "range s",
-            "thru",
-            "eff",
-            "K–F",
-            "CPU s",
-            "peak RSS",
-            "limit",
-        ):
-            t.add_column(col, justify="right" if col not in ("limit",) else "left")
+        for col in (cfg.variable, "ok", "wall s", "thru", "eff", "K–F", "CPU s", "RSS", "busy"):
+            t.add_column(col, justify="right")
         failures: list[str] = []
         for row in level_summary(res):
             wall = row["wall_s_median"]
@@ -49,17 +38,18 @@ def _render(res: SweepResult, records_path: Path) -> Any:
             eff = row.get("efficiency")
             kf = row.get("karp_flatt")
             rss = row["peak_rss_bytes_max"]
+            lim = str(row["limiting_resource"] or "")
+            busy = lim.replace(" cores", "").replace("not cpu ", "").replace("cpu ", "")
             t.add_row(
                 f"{row['level']:g}",
                 f"{int(row['runs'] or 0) - int(row['failures'] or 0)}/{row['runs']}",
                 "—" if wall is None else f"{float(wall):.3f}",
-                "—" if wall is None else f"{row['wall_s_min']:.3f}–{row['wall_s_max']:.3f}",
                 "—" if thr is None else f"{float(thr):.4g}",
                 "—" if eff is None else f"{float(eff):.0%}",
                 "—" if kf is None else f"{float(kf):.3f}",
                 "—" if row["cpu_s_median"] is None else f"{float(row['cpu_s_median']):.2f}",
                 "—" if rss is None else format_bytes(float(rss)),
-                "failed" if wall is None else str(row["limiting_resource"]),
+                "failed" if wall is None else busy,
             )
         for r in res.records:
             if not r.ok:
@@ -83,8 +73,9 @@ def _render(res: SweepResult, records_path: Path) -> Any:
         else:
             c.print(f"no fit: {res.fit_error}")
         c.print(
-            "thru: throughput (runs/s, or the metric); eff: efficiency vs the first level; "
-            "K–F: Karp–Flatt serial fraction; limit: cores kept busy by the process tree"
+            "wall: median of the repeats (ranges in --json); thru: throughput (runs/s, or the "
+            "metric); eff: efficiency vs the first level; K–F: Karp–Flatt serial fraction; "
+            "busy: cores the process tree kept busy / cores available"
         )
         c.print(f"records appended to {records_path}")
 
