@@ -1,0 +1,176 @@
+"""Checkpoints that are either complete and verified or ignored.
+
+Layout: ROOT/step-00000042/{state.pt, rank-0.pt, rank-1.pt, ..., COMPLETE.json}. Every rank writes
+its files into ROOT/.step-00000042.tmp/ (fsync each), then rank 0 hashes them into COMPLETE.json
+(fsync), renames the folder into place and fsyncs ROOT: a crash at any point leaves either the
+previous checkpoint or a tmp folder that is never read. On load the sha256 of every file is
+checked against COMPLETE.json, so a truncated or corrupted checkpoint is skipped in favour of the
+previous one. Files are read with torch.load(weights_only=True): no arbitrary unpickling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+MARKER = "COMPLETE.json"
+STATE_FILE = "state.pt"
+_PREFIX = "step-"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_file_durably(obj: Any, path: Path) -> None:
+    with path.open("wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def rng_state() -> dict[str, Any]:
+    """torch, numpy and python RNG states in types weights_only loading accepts."""
+    _, key, pos, has_gauss, cached = np.random.get_state()
+    py = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {"key": torch.from_numpy(np.asarray(key, dtype=np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": int(py[0]), "state": [int(x) for x in py[1]],
+                   "gauss": py[2]},
+    }
+
+
+def set_rng_state(s: dict[str, Any]) -> None:
+    torch.set_rng_state(s["torch"])
+    n = s["numpy"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached_gaussian"]))
+    p = s["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Skipped:
+    path: str
+    reason: str
+
+
+class CheckpointStore:
+    """The checkpoint folder of one run: write, commit, verify, prune."""
+
+    def __init__(self, root: str | Path, *, keep: int) -> None:
+        self.root = Path(root)
+        self.keep = keep
+
+    def final_dir(self, step: int) -> Path:
+        return self.root / f"{_PREFIX}{step:08d}"
+
+    def tmp_dir(self, step: int) -> Path:
+        return self.root / f".{_PREFIX}{step:08d}.tmp"
+
+    def begin(self, step: int) -> Path:
+        """The tmp folder every rank writes its files into (each rank may call this)."""
+        d = self.tmp_dir(step)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def commit(self, step: int, *, meta: dict[str, Any] | None = None) -> Path:
+        """Rank 0, after every rank has written: hash, mark complete, rename, prune."""
+        tmp, final = self.tmp_dir(step), self.final_dir(step)
+        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())
+                 if p.is_file() and p.name != MARKER}
+        marker = tmp / MARKER
+        with marker.open("w", encoding="utf-8") as f:
+            json.dump({"step": step, "files": files, **(meta or {})}, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if final.exists():  # a re-run of the same step after a restart: replace it whole
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _fsync_dir(self.root)
+        self.prune()
+        return final
+
+    def steps(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX):].isdigit():
+                out.append(int(p.name[len(_PREFIX):]))
+        return sorted(out)
+
+    def prune(self) -> None:
+        for s in self.steps()[: -self.keep]:
+            shutil.rmtree(self.final_dir(s), ignore_errors=True)
+
+    def clean_tmp(self) -> None:
+        """Remove half-written folders left by a crash (call before anyone writes)."""
+        if self.root.is_dir():
+            for p in self.root.iterdir():
+                if p.is_dir() and p.name.startswith(f".{_PREFIX}") and p.name.endswith(".tmp"):
+                    shutil.rmtree(p, ignore_errors=True)
+
+    def verify(self, step: int, run: str | None = None) -> str | None:
+        """None when the checkpoint is complete, intact and (given `run`) of this run."""
+        d = self.final_dir(step)
+        try:
+            marker = json.loads((d / MARKER).read_text(encoding="utf-8"))
+            files = marker["files"]
+        except FileNotFoundError:
+            return f"no {MARKER}"
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            return f"{MARKER} unreadable ({e})"
+        if run is not None and marker.get("run") != run:
+            return "written by a run with other settings (data, batch, model, seed or workers)"
+        if STATE_FILE not in files:
+            return f"{STATE_FILE} not listed in {MARKER}"
+        for name, digest in files.items():
+            p = d / name
+            if not p.is_file():
+                return f"{name} missing"
+            if sha256_file(p) != digest:
+                return f"{name} checksum mismatch (truncated or corrupted)"
+        return None
+
+    def latest_good(self, run: str | None = None) -> tuple[int | None, list[Skipped]]:
+        """The newest intact checkpoint's step, and the newer ones skipped with the reason."""
+        skipped: list[Skipped] = []
+        for s in reversed(self.steps()):
+            why = self.verify(s, run)
+            if why is None:
+                return s, skipped
+            skipped.append(Skipped(path=str(self.final_dir(s)), reason=why))
+        return None, skipped
+
+    def load(self, step: int, name: str) -> dict[str, Any]:
+        obj = torch.load(self.final_dir(step) / name, map_location="cpu", weights_only=True)
+        assert isinstance(obj, dict)
+        return obj
+
+    def size_bytes(self, step: int) -> int:
+        return sum(p.stat().st_size for p in self.final_dir(step).iterdir() if p.is_file())

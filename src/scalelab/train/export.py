@@ -1,0 +1,89 @@
+"""A trained flights model into the serving repository: REPO/<name>/<next version>/.
+
+Writes model.json + model.safetensors (nets.registry), preprocess.json (vocabularies, numeric
+mean/std, classes: the server's input encoding), manifest.json (the datasets it was trained on,
+by content digest, core.manifest; code version; parameters; held-out metrics; registered as
+a node with dataset -> model edges in core.lineage) and, when absent, the model-level
+config.json of the feature contract. The version folder is built under a temporary name and
+renamed into place, so the server never sees a half-written version.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from scalelab.core.manifest import Manifest, dir_digest, file_entry
+from scalelab.nets import registry, repository
+from scalelab.nets.tabular import TabularConfig
+from scalelab.train.dataset import Preprocess, Source
+from scalelab.train.rawdata import CATEGORICAL, CLASSES, NUMERIC
+
+ARCH = "tabular_mlp"
+
+
+def model_level_config(name: str) -> dict[str, Any]:
+    """The feature contract's REPO/<model>/config.json."""
+    return {
+        "name": name, "platform": "scalelab-torch",
+        "inputs": [{"name": "categorical", "datatype": "INT64", "shape": [-1, len(CATEGORICAL)]},
+                   {"name": "numeric", "datatype": "FP32", "shape": [-1, len(NUMERIC)]}],
+        "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, len(CLASSES)]},
+                    {"name": "label", "datatype": "INT64", "shape": [-1]}],
+        "max_batch_size": 64,
+        "dynamic_batching": {"max_queue_delay_ms": 2, "preferred_batch_sizes": [],
+                             "max_queue_size": 256, "default_timeout_ms": 1000},
+        "version_policy": {"latest": {"num_versions": 2}},
+    }
+
+
+def register_lineage(version_dir: Path, sources: list[Source], store_path: str | None) -> int:
+    """Record the model version and its dataset -> model edges in the lineage store."""
+    from scalelab.core.lineage import LineageStore
+
+    node = LineageStore(store_path).record(output=version_dir, inputs=[s.path for s in sources],
+                                           kind="model")
+    return node.id
+
+
+def save_version(*, repo: str | Path, name: str, net: nn.Module, net_config: TabularConfig,
+                 preprocess: Preprocess, sources: list[Source], params: dict[str, Any],
+                 metrics: dict[str, Any], training: dict[str, Any],
+                 lineage: str | bool | None = None) -> Path:
+    """Write a new version of model `name`; returns its folder.
+
+    `lineage`: a lineage store path, None for the default store ($SCALELAB_LINEAGE or
+    ./.scalelab/lineage.db), or False to skip registering.
+    """
+    root = Path(repo)
+    root.mkdir(parents=True, exist_ok=True)
+    mdir = repository.model_dir(root, name)
+    mdir.mkdir(parents=True, exist_ok=True)
+    cfg_path = mdir / repository.CONFIG_FILE
+    if not cfg_path.exists():
+        repository.write_json(cfg_path, model_level_config(name))
+    version = repository.next_version(root, name)
+    final = repository.version_dir(root, name, version)
+    tmp = mdir / f".{version}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    registry.save_module(tmp, net, arch=ARCH, params=net_config.to_dict(),
+                         extra={"classes": list(CLASSES)})
+    repository.write_json(tmp / "preprocess.json", preprocess.to_dict())
+    digest, files = dir_digest(tmp)
+    manifest = Manifest(
+        kind="model", name=f"{name}/{version}", digest=digest,
+        files={k: file_entry(v) for k, v in files.items()},
+        inputs=[{"path": s.path, "digest": s.digest, "kind": s.role} for s in sources],
+        parameters=params,
+        extras={"architecture": ARCH, "metrics": metrics, "training": training},
+    )
+    repository.write_json(tmp / repository.MANIFEST_FILE, manifest.to_dict())
+    tmp.rename(final)
+    if lineage is not False:
+        node = register_lineage(final, sources, lineage if isinstance(lineage, str) else None)
+        manifest.extras["lineage_node"] = node
+        repository.write_json(final / repository.MANIFEST_FILE, manifest.to_dict())
+    return final

@@ -1,0 +1,242 @@
+"""Starting a training run under torchrun, bounded in time, and reading back what it measured.
+
+The launcher encodes the data once, writes the run directory, then runs
+`python -m torch.distributed.run ... -m scalelab.train.worker RUN_DIR` in its own process group;
+on timeout the whole group (agent and workers) is killed. Single-node runs use a c10d rendezvous
+on 127.0.0.1 at a free port. Restarts (--max-restarts) set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1:
+with torch 2.13 + gloo, restarted groups that reuse the agent's rendezvous TCP store were seen to
+fail or hang; a fresh store per round made them reliable (verified by the recovery tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalelab.core.errors import BadUsageError, RunFailedError
+from scalelab.core.machine import available_cores
+from scalelab.train.config import TrainConfig
+from scalelab.train.dataset import TENSORS_FILE, Preprocess, Source, prepare
+from scalelab.train.loop import FAILURE_FILE
+from scalelab.train.worker import CONFIG_FILE, FINAL_FILE, META_FILE, rank_file
+
+LOG_FILE = "torchrun.log"
+PREPROCESS_FILE = "preprocess.json"
+
+
+@dataclass(kw_only=True)
+class LaunchConfig:
+    """How torchrun starts the workers."""
+
+    nproc: int = 1
+    """Worker processes on this node."""
+    nnodes: str = "1"
+    """Node count or elastic range MIN:MAX."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the c10d rendezvous; None runs a local one on 127.0.0.1 at a free port."""
+    rdzv_id: str | None = None
+    """Job id shared by all nodes of one run; None makes one up."""
+    max_restarts: int = 0
+    """Times torchrun restarts the worker group after a worker fails."""
+    timeout_s: float = 600.0
+    """Wall-clock bound of the whole run; on expiry the process group is killed."""
+    run_dir: str | None = None
+    """Where the run's files go; None uses a temporary folder removed afterwards."""
+    cuda: bool = False
+    """Train on CUDA with nccl (needs a GPU); gloo on CPU otherwise."""
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise BadUsageError(f"--nproc must be >= 1; got {self.nproc}")
+        if self.max_restarts < 0:
+            raise BadUsageError(f"--max-restarts must be >= 0; got {self.max_restarts}")
+        if not self.timeout_s > 0:
+            raise BadUsageError(f"--timeout must be > 0; got {self.timeout_s}")
+        parts = self.nnodes.split(":")
+        if not (1 <= len(parts) <= 2 and all(p.isdigit() and int(p) >= 1 for p in parts)):
+            raise BadUsageError(
+                f"--nnodes must be N or MIN:MAX (e.g. 1 or 1:2); got {self.nnodes!r}")
+        if len(parts) == 2 and int(parts[0]) > int(parts[1]):
+            raise BadUsageError(f"--nnodes {self.nnodes}: MIN is larger than MAX")
+        if self.rdzv_endpoint is not None and ":" not in self.rdzv_endpoint:
+            raise BadUsageError(f"--rdzv-endpoint must be HOST:PORT; got {self.rdzv_endpoint!r}")
+        if self.cuda and not torch.cuda.is_available():
+            raise BadUsageError(
+                "--device cuda needs a CUDA GPU; none is visible (use --device cpu)")
+
+    def min_nodes(self) -> int:
+        return int(self.nnodes.split(":")[0])
+
+
+def plan_threads(nproc: int, threads: int | None, cores: int) -> tuple[int, str | None]:
+    """Threads per process (cores // processes by default) and a warning when oversubscribed."""
+    t = threads or max(1, cores // nproc)
+    warn = None
+    if nproc * t > cores:
+        warn = (f"{nproc} processes x {t} threads = {nproc * t} > {cores} cores: "
+                "oversubscribed; expect each step to run 2-7x slower than the cores allow")
+    return t, warn
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_command(lc: LaunchConfig, run_dir: Path) -> list[str]:
+    endpoint = lc.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           "--nnodes", lc.nnodes, "--nproc-per-node", str(lc.nproc),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+           "--rdzv-id", lc.rdzv_id or f"scalelab-{os.getpid()}-{int(time.time())}",
+           "--max-restarts", str(lc.max_restarts), "--monitor-interval", "0.1"]
+    if lc.rdzv_endpoint is None:
+        cmd += ["--local-addr", "127.0.0.1"]
+    return [*cmd, "-m", "scalelab.train.worker", str(run_dir)]
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+_WORKER_ERROR = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Interrupt): .*")
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    """The last worker exception in the log if there is one, else its last lines."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    errors = [ln for ln in text if _WORKER_ERROR.match(ln) and "ChildFailedError" not in ln]
+    # The last one: after a restart, the first errors are the expected fallout of the kill.
+    found = errors[-1] if errors else " | ".join(text[-lines:])
+    # Brackets in gloo's messages ([/path/pair.cc:553]) read as console markup downstream.
+    return found.replace("[", "(").replace("]", ")")
+
+
+@dataclass(kw_only=True)
+class Prepared:
+    run_dir: Path
+    preprocess: Preprocess
+    sources: list[Source]
+    n_train: int
+    n_test: int
+    threads: int
+    warning: str | None
+
+
+def prepare_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
+    """Encode the data and write everything a worker reads into `run_dir`."""
+    world = lc.nproc * lc.min_nodes()
+    global_batch = cfg.global_batch(world)
+    cfg.local_batch(world)
+    if cfg.shard == "fsdp" and cfg.async_checkpoint:
+        raise BadUsageError("--async-checkpoint is not supported with --shard fsdp "
+                            "(its state gather is a collective on the training group)")
+    tensors, pre, sources = prepare(cfg.data, cfg.limit, cfg.seed)
+    tensors = tensors.subset_train(cfg.train_fraction, cfg.seed)
+    if global_batch > tensors.n_train:
+        raise BadUsageError(f"global batch {global_batch} exceeds the {tensors.n_train} training "
+                            "rows; lower --batch or raise --limit")
+    threads, warning = plan_threads(lc.nproc, cfg.threads, available_cores())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # Leftovers of an earlier run in the same folder would be read as this run's results.
+    for stale in [*run_dir.glob("rank-*.json"), run_dir / FAILURE_FILE, run_dir / FINAL_FILE]:
+        stale.unlink(missing_ok=True)
+    tensors.save(run_dir / TENSORS_FILE)
+    cfg.write(run_dir / CONFIG_FILE)
+    (run_dir / PREPROCESS_FILE).write_text(json.dumps(pre.to_dict()), encoding="utf-8")
+    (run_dir / META_FILE).write_text(json.dumps({
+        "cardinalities": pre.cardinalities(), "threads": threads, "cuda": lc.cuda,
+        "collective_timeout_s": min(lc.timeout_s, 300.0)}), encoding="utf-8")
+    return Prepared(run_dir=run_dir, preprocess=pre, sources=sources, n_train=tensors.n_train,
+                    n_test=int(tensors.test_y.shape[0]), threads=threads, warning=warning)
+
+
+def run_torchrun(lc: LaunchConfig, prep: Prepared, *, rehearse: bool) -> float:
+    """Run the workers to completion; returns the wall seconds. Raises RunFailedError."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(prep.threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    if lc.max_restarts > 0 or rehearse:
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    cmd = torchrun_command(lc, prep.run_dir)
+    log = prep.run_dir / LOG_FILE
+    t0 = time.perf_counter()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=lc.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise RunFailedError(
+                f"training did not finish within --timeout {lc.timeout_s:g}s; all its processes "
+                f"were killed. Raise --timeout or train less (--steps, --limit). "
+                f"Log: {log}") from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise RunFailedError(f"training failed (torchrun exit status {rc}): {_tail(log)} "
+                             f"(full log: {log})")
+    return wall
+
+
+def read_rank_reports(run_dir: Path, world: int) -> list[dict[str, Any]]:
+    reports = []
+    for r in range(world):
+        p = rank_file(run_dir, r)
+        if not p.is_file():
+            raise RunFailedError(f"worker {r} wrote no report ({p}); see {run_dir / LOG_FILE}")
+        reports.append(json.loads(p.read_text(encoding="utf-8")))
+    return reports
+
+
+def read_failure(run_dir: Path) -> dict[str, Any] | None:
+    p = run_dir / FAILURE_FILE
+    return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+
+
+def final_weights(run_dir: Path) -> Path:
+    return run_dir / FINAL_FILE
+
+
+@contextlib.contextmanager
+def run_directory(path: str | None) -> Any:
+    """The given folder, or a temporary one removed when the run succeeded."""
+    if path is not None:
+        p = Path(path)
+        p.mkdir(parents=True, exist_ok=True)
+        yield p
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="scalelab-train-"))
+    yield tmp
+    # Only on success: after a failure the folder (and the log the error names) stays for
+    # diagnosis.
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,75 @@
+"""The process torchrun starts: `python -m scalelab.train.worker RUN_DIR`.
+
+Reads the run directory the launcher prepared (config.json, data.safetensors, meta.json), joins
+the process group (gloo on CPU, nccl on CUDA), trains, and writes rank-<r>.json plus, on rank 0,
+final.safetensors. A barrier precedes destroy_process_group so no rank tears down a group that
+another rank is still using for its last collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from scalelab.train.config import TrainConfig
+from scalelab.train.dataset import TENSORS_FILE, Tensors
+from scalelab.train.loop import Dist, train
+
+CONFIG_FILE = "config.json"
+META_FILE = "meta.json"
+FINAL_FILE = "final.safetensors"
+
+
+def rank_file(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"rank-{rank}.json"
+
+
+def _write_json(path: Path, obj: object) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj), encoding="utf-8")
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m scalelab.train.worker RUN_DIR (started by `scalelab train`)",
+              file=sys.stderr)
+        return 2
+    run_dir = Path(args[0])
+    cfg = TrainConfig.read(run_dir / CONFIG_FILE)
+    meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
+    torch.set_num_threads(int(meta["threads"]))
+    cuda = bool(meta.get("cuda")) and torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo",
+                            timeout=timedelta(seconds=float(meta.get("collective_timeout_s", 300))))
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+    d = Dist(rank=dist.get_rank(), world=dist.get_world_size(), distributed=True,
+             device=f"cuda:{local_rank}" if cuda else "cpu",
+             restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    data = Tensors.load(run_dir / TENSORS_FILE)
+    report, _net, state = train(cfg, data, list(meta["cardinalities"]), d, run_dir=run_dir)
+    report["threads"] = torch.get_num_threads()
+    report["backend"] = dist.get_backend()
+    if d.rank == 0 and state is not None:
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
+                  str(run_dir / FINAL_FILE))
+    _write_json(rank_file(run_dir, d.rank), report)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

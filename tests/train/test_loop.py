@@ -1,0 +1,55 @@
+"""The training loop in-process (no process group): batch policy, accumulation, LR schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scalelab.core.errors import BadUsageError
+from scalelab.train.config import TrainConfig
+from scalelab.train.loop import Dist, train
+from scalelab.train.schedule import default_warmup
+
+from .test_checkpoint import CARDS, _data
+
+
+def _train(tmp: Path, **kw: object) -> dict[str, object]:
+    cfg = TrainConfig(max_steps=8, hidden=[8], seed=1, **kw)  # type: ignore[arg-type]
+    report, _, _ = train(cfg, _data(), CARDS, Dist(), run_dir=tmp)
+    return report
+
+
+def test_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
+    whole = _train(tmp_path, batch=128, base_batch=128)
+    micro = _train(tmp_path, batch=128, base_batch=128, accumulation=4)
+    assert micro["local_batch"] == 128 and micro["accumulation"] == 4
+    for (s1, a), (s2, b) in zip(whole["losses"], micro["losses"], strict=True):  # type: ignore[call-overload]
+        assert s1 == s2 and a == pytest.approx(b, abs=1e-5)
+
+
+def test_linear_lr_scaling_and_default_warmup(tmp_path: Path) -> None:
+    r = _train(tmp_path, batch=256, base_batch=64, lr=1e-3)
+    assert r["peak_lr"] == pytest.approx(4e-3)
+    assert r["warmup_steps"] == 1  # 5% of 8 steps, at least one
+    assert default_warmup(None, batch=64, base_batch=64, total_steps=1000) == 0
+    assert default_warmup(None, batch=128, base_batch=64, total_steps=1000) == 50
+    assert default_warmup(7, batch=128, base_batch=64, total_steps=1000) == 7
+
+
+def test_strong_and_weak_batches() -> None:
+    strong = TrainConfig(batch=512, mode="strong")
+    weak = TrainConfig(batch=512, mode="weak")
+    assert (strong.global_batch(4), strong.local_batch(4)) == (512, 128)
+    assert (weak.global_batch(4), weak.local_batch(4)) == (2048, 512)
+    with pytest.raises(BadUsageError, match="split evenly"):
+        TrainConfig(batch=6).local_batch(4)
+    with pytest.raises(BadUsageError, match="micro-batches"):
+        TrainConfig(batch=8, accumulation=3).local_batch(2)
+
+
+def test_run_key_ignores_how_long_and_how_saved() -> None:
+    a = TrainConfig(max_steps=10, checkpoint_every=5)
+    assert a.run_key(2) == TrainConfig(max_steps=99, keep=1).run_key(2)
+    assert a.run_key(2) != a.run_key(4)
+    assert a.run_key(2) != TrainConfig(lr=1.0).run_key(2)
