@@ -1,0 +1,59 @@
+"""`scalelab deploy k8s`: Kubernetes manifests for the model server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from scalelab.cli._output import emit, json_option
+from scalelab.core.errors import BadUsageError
+
+
+@click.group()
+def app() -> None:
+    """Write deployment manifests for the model server."""
+
+
+@app.command("k8s")
+@click.option("--model-repo", "model_repo", required=True,
+              type=click.Path(path_type=Path, file_okay=False),
+              help="Local model repository (used to measure startup time).")
+@click.option("--out", required=True, type=click.Path(path_type=Path, file_okay=False),
+              help="Folder for deployment.yaml, service.yaml and hpa.yaml.")
+@click.option("--name", default="scalelab-serve", show_default=True)
+@click.option("--image", default="scalelab:latest", show_default=True)
+@click.option("--claim", default="scalelab-models", show_default=True,
+              help="PersistentVolumeClaim with the model repository (mounted at /models).")
+@click.option("--min", "min_replicas", default=1, show_default=True, type=int)
+@click.option("--max", "max_replicas", default=10, show_default=True, type=int)
+@click.option("--signal", default="queue", show_default=True,
+              type=click.Choice(["queue", "inflight", "cpu"]),
+              help="Scale on queue depth or in-flight requests per pod, or on CPU.")
+@click.option("--target", default=None, type=float,
+              help="Per-pod target (queue 8, inflight 16, cpu 70%% by default).")
+@click.option("--startup-seconds", default=None, type=float,
+              help="Pod startup time; measured by starting the server here when omitted.")
+@click.option("--port", default=8000, show_default=True, type=int)
+@json_option
+def k8s_cmd(model_repo: Path, out: Path, name: str, image: str, claim: str, min_replicas: int,
+            max_replicas: int, signal: str, target: float | None, startup_seconds: float | None,
+            port: int, as_json: bool) -> None:
+    """Deployment + Service + autoscaling/v2 HPA with probes and startup-aware behavior."""
+    from scalelab.serve import k8s
+
+    if not model_repo.is_dir():
+        raise BadUsageError(f"--model-repo {model_repo} is not a directory")
+    measured = startup_seconds is None
+    startup = k8s.measure_startup(model_repo) if startup_seconds is None else startup_seconds
+    spec = k8s.DeploySpec(name=name, image=image, claim=claim, port=port,
+                          min_replicas=min_replicas, max_replicas=max_replicas,
+                          signal=signal,  # type: ignore[arg-type]
+                          target=target, startup_s=startup)
+    paths = k8s.write(spec, out)
+    data = {"files": [str(p) for p in paths], "startup_seconds": round(startup, 3),
+            "startup_measured": measured, "signal": signal,
+            "behavior": k8s.behavior(startup)}
+    emit(data, as_json, lambda c: c.print(
+        f"wrote {', '.join(str(p) for p in paths)} (startup {startup:.1f} s"
+        f"{' measured here' if measured else ''}; scaling on {signal})"))

@@ -1,0 +1,88 @@
+"""A response cache (LRU with a TTL) and request coalescing, both keyed by model, version and a
+digest of the input tensors.
+
+The cache saves the forward pass for repeated inputs, at the cost of memory (max_entries
+responses) and staleness bounded by the TTL. Coalescing makes identical requests that arrive
+while the first is still computing wait for that one result instead of each taking queue space.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+import numpy as np
+
+V = TypeVar("V")
+Key = tuple[str, int, str]
+
+
+def digest(arrays: Sequence[np.ndarray]) -> str:
+    """SHA-256 over each tensor's dtype, shape and bytes (so [1,2] and [[1],[2]] differ)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        c = np.ascontiguousarray(a)
+        h.update(f"{c.dtype.str}|{c.shape}|".encode())
+        h.update(c.tobytes())
+    return h.hexdigest()
+
+
+class TtlLru(Generic[V]):
+    """Bounded LRU map whose entries expire `ttl_s` after insertion."""
+
+    def __init__(self, *, max_entries: int, ttl_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_entries < 1 or ttl_s <= 0:
+            raise ValueError("max_entries must be >= 1 and ttl_s > 0")
+        self.max_entries = max_entries
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._items: OrderedDict[Key, tuple[float, V]] = OrderedDict()
+
+    def get(self, key: Key) -> V | None:
+        hit = self._items.get(key)
+        if hit is None:
+            return None
+        expires, value = hit
+        if expires <= self._clock():
+            del self._items[key]
+            return None
+        self._items.move_to_end(key)
+        return value
+
+    def put(self, key: Key, value: V) -> None:
+        self._items[key] = (self._clock() + self.ttl_s, value)
+        self._items.move_to_end(key)
+        while len(self._items) > self.max_entries:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Coalescer(Generic[V]):
+    """Identical concurrent computations share one future (the first caller computes)."""
+
+    def __init__(self) -> None:
+        self._inflight: dict[Key, asyncio.Future[V]] = {}
+
+    def join(self, key: Key) -> asyncio.Future[V] | None:
+        """The in-flight future for `key`, or None if the caller must compute it."""
+        return self._inflight.get(key)
+
+    def lead(self, key: Key) -> asyncio.Future[V]:
+        fut: asyncio.Future[V] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        return fut
+
+    def finish(self, key: Key, fut: asyncio.Future[V]) -> None:
+        if self._inflight.get(key) is fut:
+            del self._inflight[key]
+        if not fut.done():
+            fut.cancel()
+        elif not fut.cancelled():
+            fut.exception()  # mark retrieved: followers may all have gone away

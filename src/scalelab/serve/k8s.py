@@ -1,0 +1,209 @@
+"""Kubernetes manifests for the server: Deployment, Service and an autoscaling/v2
+HorizontalPodAutoscaler scaling on queue depth or in-flight requests (a Prometheus custom metric
+served to the HPA by prometheus-adapter as a Pods metric) or on CPU.
+
+The startup time matters twice. Probes: a startupProbe gives the pod that long (three times,
+plus slack) before liveness may kill it. Behavior: the HPA must not add pods again before the
+last ones could have become ready (their load is not yet off the metric), so the scale-up period
+is at least the startup time; scale-down waits several startup times, since a pod removed too
+early costs a full startup to get back.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from scalelab.core.errors import BadUsageError, RunFailedError
+
+Signal = Literal["queue", "inflight", "cpu"]
+METRIC = {"queue": "scalelab_queue_depth", "inflight": "scalelab_inflight_requests"}
+
+
+@dataclass(kw_only=True, frozen=True)
+class DeploySpec:
+    """What to deploy and how it scales."""
+
+    name: str = "scalelab-serve"
+    """Name of the Deployment, Service and HPA (a DNS label)."""
+    image: str = "scalelab:latest"
+    """Container image with scalelab installed."""
+    claim: str = "scalelab-models"
+    """PersistentVolumeClaim holding the model repository, mounted read-only at /models."""
+    port: int = 8000
+    min_replicas: int = 1
+    max_replicas: int = 10
+    signal: Signal = "queue"
+    """What the HPA follows: queue depth, in-flight requests (per pod) or CPU utilisation."""
+    target: float | None = None
+    """Per-pod target: queue depth (default 8), in-flight (default 16) or CPU percent (70)."""
+    startup_s: float = 10.0
+    """Measured seconds from process start to ready."""
+    cpu: str = "1"
+    memory: str = "1Gi"
+    graceful_s: int = 30
+    """Seconds a terminating pod has to finish in-flight requests."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise BadUsageError(f"need 1 <= --min ({self.min_replicas}) <= --max "
+                                f"({self.max_replicas})")
+        if self.signal not in ("queue", "inflight", "cpu"):
+            raise BadUsageError(f"--signal {self.signal!r} must be queue, inflight or cpu")
+        if self.startup_s <= 0 or not math.isfinite(self.startup_s):
+            raise BadUsageError("--startup-seconds must be a positive number")
+        if self.target is not None and self.target <= 0:
+            raise BadUsageError("--target must be positive")
+        if not 0 < self.port < 65536:
+            raise BadUsageError("--port must lie in 1..65535")
+
+    def target_value(self) -> float:
+        if self.target is not None:
+            return self.target
+        return {"queue": 8.0, "inflight": 16.0, "cpu": 70.0}[self.signal]
+
+
+def behavior(startup_s: float) -> dict[str, Any]:
+    """HPA scaling behaviour for a pod that takes `startup_s` to become ready (pure)."""
+    up_period = max(15, math.ceil(startup_s))
+    return {
+        "scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max",
+                    "policies": [{"type": "Percent", "value": 100, "periodSeconds": up_period},
+                                 {"type": "Pods", "value": 2, "periodSeconds": up_period}]},
+        "scaleDown": {"stabilizationWindowSeconds": max(300, math.ceil(3 * startup_s)),
+                      "selectPolicy": "Min",
+                      "policies": [{"type": "Percent", "value": 50, "periodSeconds": 60}]},
+    }
+
+
+def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
+            "timeoutSeconds": 2, "failureThreshold": failures}
+
+
+def manifests(spec: DeploySpec) -> dict[str, dict[str, Any]]:
+    """File name -> manifest for the Deployment, Service and HPA (pure)."""
+    labels = {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/part-of": "scalelab"}
+    startup_failures = math.ceil(3 * spec.startup_s / 2) + 5  # 3x the measured time, 2 s period
+    container = {
+        "name": "server", "image": spec.image,
+        "command": ["scalelab", "serve"],
+        "args": ["--model-repo", "/models", "--host", "0.0.0.0", "--port", str(spec.port),
+                 "--graceful-seconds", str(spec.graceful_s)],
+        "ports": [{"name": "http", "containerPort": spec.port}],
+        "env": [{"name": "SCALELAB_ADMIN_TOKEN",
+                 "valueFrom": {"secretKeyRef": {"name": f"{spec.name}-admin", "key": "token",
+                                                "optional": True}}}],
+        "resources": {"requests": {"cpu": spec.cpu, "memory": spec.memory},
+                      "limits": {"memory": spec.memory}},
+        "startupProbe": _probe("/v2/health/ready", spec.port, 2, startup_failures),
+        "readinessProbe": _probe("/v2/health/ready", spec.port, 5, 2),
+        "livenessProbe": _probe("/v2/health/live", spec.port, 10, 3),
+        # keep serving while the endpoint is removed from the Service, then drain
+        "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+    }
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": spec.name, "labels": labels},
+        "spec": {
+            "replicas": spec.min_replicas,
+            "selector": {"matchLabels": labels},
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {"labels": labels,
+                             "annotations": {"prometheus.io/scrape": "true",
+                                             "prometheus.io/port": str(spec.port),
+                                             "prometheus.io/path": "/metrics"}},
+                "spec": {"terminationGracePeriodSeconds": spec.graceful_s + 10,
+                         "containers": [container],
+                         "volumes": [{"name": "models", "persistentVolumeClaim": {
+                             "claimName": spec.claim, "readOnly": True}}]},
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": spec.name, "labels": labels},
+        "spec": {"selector": labels,
+                 "ports": [{"name": "http", "port": spec.port, "targetPort": "http"}]},
+    }
+    t = spec.target_value()
+    if spec.signal == "cpu":
+        metric: dict[str, Any] = {"type": "Resource", "resource": {
+            "name": "cpu", "target": {"type": "Utilization", "averageUtilization": round(t)}}}
+    else:
+        metric = {"type": "Pods", "pods": {
+            "metric": {"name": METRIC[spec.signal]},
+            "target": {"type": "AverageValue", "averageValue": _quantity(t)}}}
+    hpa = {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": spec.name, "labels": labels},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                    "name": spec.name},
+                 "minReplicas": spec.min_replicas, "maxReplicas": spec.max_replicas,
+                 "metrics": [metric], "behavior": behavior(spec.startup_s)},
+    }
+    return {"deployment.yaml": deployment, "service.yaml": service, "hpa.yaml": hpa}
+
+
+def _quantity(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{round(x * 1000)}m"
+
+
+def write(spec: DeploySpec, out: Path) -> list[Path]:
+    import yaml
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fname, doc in manifests(spec).items():
+        p = out / fname
+        p.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        paths.append(p)
+    return paths
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure_startup(model_repo: Path, *, timeout_s: float = 120.0) -> float:
+    """Seconds from starting `scalelab serve` on this machine until /v2/health/ready is 200."""
+    import httpx
+
+    port = _free_port()
+    cmd = [sys.executable, "-c", "from scalelab.cli import main; main()", "serve",
+           "--model-repo", str(model_repo), "--port", str(port), "--log-level", "warning"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while time.monotonic() - t0 < timeout_s:
+            if proc.poll() is not None:
+                raise RunFailedError(f"the server exited ({proc.returncode}) before becoming "
+                                     f"ready; run `scalelab serve --model-repo {model_repo}` "
+                                     "to see why")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code \
+                        == 200:
+                    return time.monotonic() - t0
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RunFailedError(f"the server was not ready within {timeout_s:.0f} s; pass "
+                             "--startup-seconds instead")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

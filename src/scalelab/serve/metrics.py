@@ -1,0 +1,79 @@
+"""Prometheus metrics for the server: histograms (mergeable across processes, unlike
+summaries), gauges for queue depth and in-flight requests, counters for cache and responses.
+All are labelled by model and version.
+
+With several uvicorn workers each process keeps its own counters; prometheus-client's
+multiprocess mode (PROMETHEUS_MULTIPROC_DIR set before start) writes them to shared files and
+/metrics merges them. `scalelab serve --workers N` sets that directory up; gauges are then summed
+over live processes ("livesum").
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+# 0.5 ms .. 10 s: covers a tiny MLP's compute and a saturated queue's wait alike.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
+                   5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+MV = ("model", "version")
+
+
+class Metrics:
+    """Every metric the server exports, in a registry of its own (tests build many apps)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.request_seconds = Histogram(
+            "scalelab_request_duration_seconds", "End-to-end inference latency in the server",
+            MV, buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait_seconds = Histogram(
+            "scalelab_queue_wait_seconds", "Time from enqueue until the batcher picked the job up",
+            MV, buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_wait_seconds = Histogram(
+            "scalelab_batch_formation_seconds",
+            "Time from pick-up until the batch was dispatched (waiting for company)",
+            MV, buckets=LATENCY_BUCKETS, registry=r)
+        self.compute_seconds = Histogram(
+            "scalelab_compute_seconds", "Forward pass time per batch", MV,
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram(
+            "scalelab_batch_size", "Rows per forward pass", MV, buckets=BATCH_BUCKETS, registry=r)
+        self.queue_depth = Gauge(
+            "scalelab_queue_depth", "Jobs waiting (queued or being batched)", MV, registry=r,
+            multiprocess_mode="livesum")
+        self.inflight = Gauge(
+            "scalelab_inflight_requests", "Inference requests being handled", ("model",),
+            registry=r, multiprocess_mode="livesum")
+        self.cache_hits = Counter("scalelab_cache_hits", "Response cache hits", MV, registry=r)
+        self.cache_misses = Counter("scalelab_cache_misses", "Response cache misses", MV,
+                                    registry=r)
+        self.coalesced = Counter("scalelab_coalesced_requests",
+                                 "Requests answered by an identical in-flight computation", MV,
+                                 registry=r)
+        self.responses = Counter("scalelab_responses", "Inference responses by HTTP status",
+                                 ("model", "version", "status"), registry=r)
+        self.shadow_compared = Counter("scalelab_shadow_compared",
+                                       "Rows compared between current and shadow candidate", MV,
+                                       registry=r)
+        self.shadow_disagreed = Counter("scalelab_shadow_disagreed",
+                                        "Rows where the shadow candidate's label differed", MV,
+                                        registry=r)
+
+    def expose(self) -> bytes:
+        """The /metrics body; merges all worker processes in multiprocess mode."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            merged = CollectorRegistry()
+            multiprocess.MultiProcessCollector(merged)
+            return generate_latest(merged)
+        return generate_latest(self.registry)

@@ -1,0 +1,43 @@
+"""The TTL LRU and the coalescer, with a hand-driven clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from scalelab.serve.cache import Coalescer, TtlLru, digest
+
+
+def test_lru_evicts_least_recent_and_expires() -> None:
+    now = [0.0]
+    c: TtlLru[str] = TtlLru(max_entries=2, ttl_s=10, clock=lambda: now[0])
+    c.put(("m", 1, "a"), "A")
+    c.put(("m", 1, "b"), "B")
+    assert c.get(("m", 1, "a")) == "A"  # a is now most recent
+    c.put(("m", 1, "c"), "C")
+    assert c.get(("m", 1, "b")) is None and len(c) == 2
+    now[0] = 10.0
+    assert c.get(("m", 1, "a")) is None and c.get(("m", 1, "c")) is None
+
+
+def test_digest_sees_dtype_and_shape() -> None:
+    a = np.arange(4, dtype=np.int64)
+    assert digest([a]) == digest([a.copy()])
+    assert digest([a]) != digest([a.reshape(2, 2)])
+    assert digest([a]) != digest([a.astype(np.int32)])
+
+
+def test_coalescer_shares_one_future() -> None:
+    async def go() -> None:
+        co: Coalescer[int] = Coalescer()
+        key = ("m", 1, "k")
+        assert co.join(key) is None
+        lead = co.lead(key)
+        follower = co.join(key)
+        assert follower is lead
+        lead.set_result(5)
+        co.finish(key, lead)
+        assert await follower == 5 and co.join(key) is None
+
+    asyncio.run(go())

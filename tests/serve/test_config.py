@@ -1,0 +1,50 @@
+"""Model config validation and the version policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from serve_fixtures import flights_config
+
+from scalelab.core.errors import BadInputError
+from scalelab.nets.repository import write_json
+from scalelab.serve.config import ModelConfig, VersionPolicy, load_model_config
+
+
+@pytest.mark.parametrize(("policy", "want"), [
+    ({"latest": {"num_versions": 2}}, [3, 7]),
+    ({"latest": {"num_versions": 9}}, [1, 2, 3, 7]),
+    ({"all": {}}, [1, 2, 3, 7]),
+    ({"specific": {"versions": [2, 5, 7]}}, [2, 7]),
+    ({}, [7]),
+])
+def test_version_policy(policy: dict[str, object], want: list[int]) -> None:
+    assert VersionPolicy.model_validate(policy).select([7, 1, 3, 2]) == want
+
+
+def test_policy_rejects_two_kinds() -> None:
+    with pytest.raises(ValueError, match="give one of"):
+        VersionPolicy.model_validate({"all": {}, "latest": {"num_versions": 1}})
+
+
+def test_defaults_are_bounded_and_delay_not_zero() -> None:
+    cfg = ModelConfig.model_validate({k: v for k, v in flights_config("m").items()
+                                      if k != "dynamic_batching"})
+    assert cfg.dynamic_batching.max_queue_size == 256
+    assert cfg.dynamic_batching.max_queue_delay_ms > 0
+
+
+def test_load_config_names_the_bad_field(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    write_json(d / "config.json", flights_config("m", dynamic_batching={"max_queue_size": 0}))
+    with pytest.raises(BadInputError, match=r"dynamic_batching\.max_queue_size"):
+        load_model_config(d)
+    write_json(d / "config.json", flights_config("other"))
+    with pytest.raises(BadInputError, match="differs from its directory"):
+        load_model_config(d)
+    cfg = flights_config("m")
+    cfg["inputs"][0]["shape"] = [4, 4]
+    write_json(d / "config.json", cfg)
+    with pytest.raises(BadInputError, match="batch and must be -1"):
+        load_model_config(d)

@@ -1,0 +1,52 @@
+"""Process-level behaviour: graceful shutdown, admin disabled without a token, several workers."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_client import fire, samples, wait_for
+from serve_fixtures import infer_body, start_server
+
+
+def test_sigterm_finishes_in_flight_requests(repo: Path, tmp_path: Path) -> None:
+    srv = start_server(repo, tmp_path / "server.log")
+    try:
+        results: list[httpx.Response] = []
+        t = threading.Thread(target=lambda: results.extend(
+            fire(f"{srv.url}/v2/models/slow/infer", 6, lambda i: infer_body(1, seed=i))))
+        t.start()
+        wait_for(lambda: samples(srv.url, "scalelab_inflight_requests", model="slow") >= 3,
+                 "requests in flight")
+        rc = srv.stop()
+        t.join(timeout=60)
+        assert [r.status_code for r in results] == [200] * 6
+        # uvicorn re-raises SIGTERM after its graceful shutdown, so -15 is a clean exit too
+        assert rc in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in srv.logs()
+    finally:
+        srv.stop()
+
+
+def test_admin_disabled_without_token(repo: Path, tmp_path: Path) -> None:
+    srv = start_server(repo, tmp_path / "server.log")
+    try:
+        r = httpx.post(f"{srv.url}/v2/repository/index", headers={"Authorization": "Bearer x"})
+        assert r.status_code == 403 and "disabled" in r.json()["error"]
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow
+def test_two_workers_merge_metrics(repo: Path, tmp_path: Path) -> None:
+    srv = start_server(repo, tmp_path / "server.log", "--workers", "2", "--torch-threads", "1")
+    try:
+        rs = fire(f"{srv.url}/v2/models/flights/infer", 20, lambda i: infer_body(1, seed=i))
+        assert all(r.status_code == 200 for r in rs)
+        wait_for(lambda: samples(srv.url, "scalelab_responses_total", model="flights",
+                                 status="200") == 20, "20 responses counted across workers")
+    finally:
+        srv.stop()
