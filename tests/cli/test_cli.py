@@ -7,13 +7,14 @@ from pathlib import Path
 import click
 import pytest
 
-from scalelab.cli import app, run
+from scalelab.cli import all_commands, app, run
 
 
 def _walk(cmd: click.Command, path: list[str]) -> list[list[str]]:
     out = [path]
     if isinstance(cmd, click.Group):
-        for name, sub in sorted(cmd.commands.items()):
+        subs = all_commands() if cmd is app else cmd.commands
+        for name, sub in sorted(subs.items()):
             out += _walk(sub, [*path, name])
     return out
 

@@ -4,7 +4,7 @@ one-line message, never a traceback (issue 9, item 8)."""
 import click
 import pytest
 
-from scalelab.cli import app, run
+from scalelab.cli import all_commands, app, run
 
 pytestmark = pytest.mark.reliability
 
@@ -14,7 +14,8 @@ def _leaves(cmd: click.Command, path: list[str]) -> list[tuple[list[str], click.
         out: list[tuple[list[str], click.Command]] = []
         if getattr(cmd, "invoke_without_command", False):
             out.append((path, cmd))
-        for name, sub in sorted(cmd.commands.items()):
+        subs = all_commands() if cmd is app else cmd.commands
+        for name, sub in sorted(subs.items()):
             out += _leaves(sub, [*path, name])
         return out
     return [(path, cmd)]

@@ -1,37 +1,100 @@
 """The `scalelab` command: `scalelab <part> <verb>`.
 
-Only this package turns library errors into exit codes: ScalelabError and bad flags -> exit 2 with
-one line naming the problem and the fix; unexpected errors -> exit 1 with one line (set
-SCALELAB_DEBUG=1 for the traceback). Never a traceback by default.
+Only this package turns library errors into exit codes: ScalelabError and bad flags -> exit 2
+with one line naming the problem and the fix; unexpected errors -> exit 70 (EX_SOFTWARE) with
+one line (set SCALELAB_DEBUG=1 for the traceback). Never a traceback by default. A command that
+checks something (e.g. `data validate`) exits 1 when the check finds problems.
+
+Subcommands load lazily: `scalelab plan amdahl` never imports torch or Dask.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 import click
+from rich.markup import escape
 
 from scalelab import __version__
-from scalelab.cli import fit, plan, sweep
 from scalelab.cli._output import err_console
 from scalelab.core.errors import ScalelabError
 
+# name -> (module, attribute, one-line help shown by `scalelab --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "diagnose": (
+        "scalelab.cli.diagnose",
+        "diagnose",
+        "The main job: scale all four stages, name the one that breaks.",
+    ),
+    "report": ("scalelab.cli.diagnose", "report", "Rebuild a diagnosis report from records."),
+    "plan": (
+        "scalelab.cli.plan",
+        "app",
+        "Planning calculators (Amdahl, HPA, checkpoints, LR, Chinchilla).",
+    ),
+    "fit": ("scalelab.cli.fit", "app", "Fit scaling laws to measurements (USL, Chinchilla)."),
+    "sweep": ("scalelab.cli.sweep", "sweep", "Scale your own command one variable at a time."),
+    "data": (
+        "scalelab.cli.data",
+        "app",
+        "The data pipeline: generate, run, validate, skew, bench.",
+    ),
+    "lineage": ("scalelab.cli.lineage", "app", "Dataset and model lineage: show, impacted."),
+    "train": (
+        "scalelab.cli.train",
+        "app",
+        "Data-parallel training under torchrun; bench, scaling law.",
+    ),
+    "serve": ("scalelab.cli.serve", "app", "The Open Inference Protocol model server."),
+    "deploy": ("scalelab.cli.deploy", "app", "Kubernetes manifests for the model server."),
+    "load": ("scalelab.cli.load", "app", "Open-loop load tests and capacity search."),
+    "autoscale": ("scalelab.cli.autoscale", "app", "Replay traffic against the HPA algorithm."),
+    "compress": ("scalelab.cli.model", "compress", "Compression and routing variants of a model."),
+    "model": ("scalelab.cli.model", "app", "Model workloads (the MiniLM transformer bench)."),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """Imports a subcommand's module only when that subcommand runs (or its help is shown)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        spec = COMMANDS.get(cmd_name)
+        if spec is None:
+            return None
+        module, attr, _ = spec
+        cmd = getattr(importlib.import_module(module), attr)
+        assert isinstance(cmd, click.Command)
+        return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, text) for name, (_, _, text) in COMMANDS.items()])
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="scalelab")
 def app() -> None:
     """Find where an ML system stops scaling, and why."""
 
 
-app.add_command(plan.app, "plan")
-app.add_command(fit.app, "fit")
-app.add_command(sweep.sweep, "sweep")
+def all_commands() -> dict[str, click.Command]:
+    """Every top-level command, imported (for tests and docs that walk the whole CLI)."""
+    ctx = click.Context(app)
+    return {
+        name: cmd
+        for name in app.list_commands(ctx)
+        if (cmd := app.get_command(ctx, name)) is not None
+    }
 
 
 def _fail(code: int, message: str) -> int:
     err_console.print(
-        f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True
+        f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True
     )
     return code
 
@@ -62,7 +125,7 @@ def run(argv: list[str] | None = None) -> int:
         if os.environ.get("SCALELAB_DEBUG"):
             raise
         return _fail(
-            1, f"internal error: {type(e).__name__}: {e} (set SCALELAB_DEBUG=1 for the traceback)"
+            70, f"internal error: {type(e).__name__}: {e} (set SCALELAB_DEBUG=1 for the traceback)"
         )
 
 
