@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -45,8 +44,14 @@ def build(arch: str, params: dict[str, Any]) -> nn.Module:
         raise BadInputError(f"bad parameters for architecture {arch!r}: {e}") from e
 
 
-def save_module(directory: str | Path, module: nn.Module, *, arch: str, params: dict[str, Any],
-                extra: dict[str, Any] | None = None) -> None:
+def save_module(
+    directory: str | Path,
+    module: nn.Module,
+    *,
+    arch: str,
+    params: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> None:
     """Write model.json (architecture, params, extra) and model.safetensors into `directory`."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -61,10 +66,18 @@ def read_spec(directory: str | Path) -> dict[str, Any]:
     try:
         spec = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise BadInputError(f"{p} is missing; a model version needs {SPEC_FILE} and {WEIGHTS_FILE}") from None
+        raise BadInputError(
+            f"{p} is missing; a model version needs {SPEC_FILE} and {WEIGHTS_FILE}"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInputError(f"{p} is not valid JSON ({e}); rewrite it or re-export the model") from e
-    if not isinstance(spec, dict) or "architecture" not in spec or not isinstance(spec.get("params"), dict):
+        raise BadInputError(
+            f"{p} is not valid JSON ({e}); rewrite it or re-export the model"
+        ) from e
+    if (
+        not isinstance(spec, dict)
+        or "architecture" not in spec
+        or not isinstance(spec.get("params"), dict)
+    ):
         raise BadInputError(f"{p} must be an object with 'architecture' and 'params'")
     return spec
 
