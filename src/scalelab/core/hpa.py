@@ -871,7 +871,7 @@ def spec_from_json(doc: Any, path: str = "state") -> HpaSpec:
 
 
 def state_from_json(doc: Any, path: str = "state") -> tuple[HpaState, float]:
-    """(state, now_s) from the JSON document described in docs/readme/plan-ops.md.
+    """(state, now_s) from the JSON document described in docs/plan-ops.md.
 
     Every error names the field: `state.pods[2].usage.cpu: must be a number, got 'x'`.
     """

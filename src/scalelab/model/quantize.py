@@ -3,7 +3,7 @@
 The technique itself (which int8 path, which layers) is chosen in one function,
 `scalelab.nets.variants.quantize_int8`, because the server must rebuild the same int8 model from
 disk with nothing but scalelab.nets; this module wraps a model in it and names the resulting
-architecture. Measured on this machine (docs/readme/model.md): for the flights MLP at batch 1,
+architecture. Measured on this machine (docs/model.md): for the flights MLP at batch 1,
 int8 is *slower* than fp32 — a 64-wide Linear is a few microseconds of arithmetic, and dynamic
 quantization adds per-call work (choose the activation scale, quantize, dequantize) that costs
 more than the int8 GEMM saves. int8 pays off for wide layers and large batches (MiniLM).

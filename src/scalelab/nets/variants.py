@@ -39,7 +39,7 @@ def quantize_int8(module: nn.Module) -> nn.Module:
     The one place the int8 technique is chosen. torch.ao's quantize_dynamic is deprecated in
     torch 2.13 but is still the fastest eager CPU int8 path (fbgemm kernels); torchao 0.18's
     Int8DynamicActivationInt8WeightConfig without torch.compile measured ~6x slower than fp32
-    on this machine's tiny MLPs (see docs/readme/model.md), so it is not used. Swap here only.
+    on this machine's tiny MLPs (see docs/model.md), so it is not used. Swap here only.
     """
     import copy
 
