@@ -17,6 +17,8 @@ def test_substitute_and_metric_parsing() -> None:
     assert parse_metric(r"rate: ([0-9.]+)", "rate: 1\nrate: 2.5\n") == 2.5
     assert parse_metric("json:stats.rps", 'noise\n{"stats": {"rps": 12}}\n') == 12.0
     assert parse_metric("json:missing", '{"a": 1}') is None
+    # A whole indented JSON document, as `scalelab ... --json` prints it.
+    assert parse_metric("json:rows_per_s", '{\n  "rows_per_s": 5.5,\n  "x": [1]\n}\n') == 5.5
     assert parse_metric(r"rate: ([0-9.]+)", "nothing here") is None
 
 

@@ -110,23 +110,32 @@ def substitute(command: list[str], variable: str, level: float) -> list[str]:
     return [a.replace("{" + variable + "}", level_text(level)) for a in command]
 
 
+def _dig(obj: object, key: str) -> float | None:
+    for part in key.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    if isinstance(obj, int | float) and not isinstance(obj, bool):
+        return float(obj)
+    return None
+
+
 def parse_metric(spec: str, stdout: str) -> float | None:
-    """Extract the metric from a run's stdout; None when it is absent or not a number."""
+    """Extract the metric from a run's stdout; None when it is absent or not a number.
+
+    `json:KEY` reads a dotted key of the whole output when it is one JSON document (as
+    `scalelab ... --json` prints), else of the last line that is a JSON object.
+    """
     if spec.startswith("json:"):
         key = spec[5:]
+        with contextlib.suppress(json.JSONDecodeError):
+            return _dig(json.loads(stdout), key)
         for line in reversed(stdout.strip().splitlines()):
             line = line.strip()
             if not line.startswith("{"):
                 continue
             try:
-                obj: object = json.loads(line)
+                return _dig(json.loads(line), key)
             except json.JSONDecodeError:
                 continue
-            for part in key.split("."):
-                obj = obj.get(part) if isinstance(obj, dict) else None
-            if isinstance(obj, int | float) and not isinstance(obj, bool):
-                return float(obj)
-            return None
         return None
     matches = re.findall(spec, stdout)
     if not matches:

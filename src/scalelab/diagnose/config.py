@@ -61,8 +61,6 @@ class DataStage(StageBase):
     """Multiples of the base volume."""
     sample_rows: int = Field(default=30000, ge=1000)
     """Rows of flights per copy at 1× (the whole year is 336,776)."""
-    dataset: str | None = None
-    """The user's own dataset (file or directory) instead of the reference flights."""
 
 
 class TrainStage(StageBase):
@@ -95,7 +93,8 @@ class ModelStage(StageBase):
 
 
 class CustomStage(_Strict):
-    """A stage of the user's own system: a command sweep, an HTTP endpoint, or a dataset."""
+    """A stage of the user's own system: a command to sweep (your pipeline, trainer or job over
+    growing inputs or workers) or an HTTP endpoint to load."""
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
     kind: Literal["sweep", "load"]
@@ -106,6 +105,8 @@ class CustomStage(_Strict):
     metric: str | None = None
     url: str | None = None
     """kind=load: the URL to load (open loop, rates = levels × base_rate)."""
+    body: str | None = None
+    """kind=load: a JSON file POSTed as each request's body (default: GET)."""
     base_rate: float = 10.0
     duration: str = "3s"
     target_multiple: float = 10.0

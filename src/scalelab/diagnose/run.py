@@ -3,7 +3,8 @@
 Reference system (defaults): flights data through the pipeline at growing volume; the trainer at
 1, 2, 4 workers; the model server under growing arrival rate with batching off and on; the
 compression variants of the trained model. The user's own system: `custom` stages in the YAML
-(a command to sweep or an HTTP endpoint to load) and `stages.data.dataset` / `stages.serve.url`.
+(a command to sweep — e.g. your own pipeline over growing inputs — or an HTTP endpoint to
+load) and `stages.serve.url`.
 Ctrl-C stops the current step and still writes the report from what was measured.
 """
 
@@ -183,18 +184,6 @@ class Runner:
             str(self.cfg.prices.core_hour_usd),
             "--json",
         ]
-        if d.dataset:
-            argv = [
-                "data",
-                "bench",
-                "--scale",
-                _levels_text(d.levels),
-                "--input",
-                d.dataset,
-                "--repeats",
-                str(self.cfg.repeats),
-                "--json",
-            ]
         rec = self._rec("data")
         self._run(
             Step(
@@ -445,6 +434,8 @@ class Runner:
                     str(rec),
                     "--json",
                 ]
+                if c.body:
+                    argv += ["--payload", "json", "--body", c.body]
             self._run(
                 Step(
                     stage=c.name,
