@@ -101,7 +101,10 @@ def _hash_column(h: Any, arr: Any) -> None:
         if data is not None:
             h.update(memoryview(data)[int(offs[0]):int(offs[-1])])
         return
-    if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or \
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        # Arrow casts these 32-bit temporals to int32 only (int64 raises).
+        arr = arr.cast(pa.int32())
+    elif pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or \
             pa.types.is_duration(t):
         arr = arr.cast(pa.int64())
     if pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or \
@@ -313,6 +316,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            # mkstemp creates 0600; a manifest is as readable as the data beside it.
+            os.fchmod(f.fileno(), 0o644)
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:

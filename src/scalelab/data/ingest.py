@@ -20,6 +20,7 @@ than CSV.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 from dataclasses import dataclass, field
@@ -84,16 +85,35 @@ def _fmt(p: Path) -> str:
     return fmt
 
 
+_SEPARATORS = ("\x1f", "\x1e", "\x1d", "\x1c", "\x01")
+"""Candidate 'field separators' for reading whole lines with polars: one the file does not
+contain, or polars would cut the line there and drop the rest (truncate_ragged_lines)."""
+
+
 def _lines(path: Path) -> pl.DataFrame:
     """Every physical line of a text file (nulls for blank ones), undecodable bytes as U+FFFD."""
-    if path.stat().st_size == 0:
+    data = path.read_bytes()
+    if not data:
         raise BadInputError(f"{path}: empty file (no header, no rows); re-export it")
-    try:
-        df = pl.read_csv(path, has_header=False, separator="\x1f", quote_char=None,
-                         new_columns=["line"], infer_schema=False, encoding="utf8-lossy",
-                         truncate_ragged_lines=True)
-    except pl.exceptions.PolarsError as e:
-        raise BadInputError(f"{path}: cannot be read as text ({e})") from e
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        # Read as UTF-8, every line would be quarantined as 'encoding' (or the header refused
+        # as not flights), hiding that the whole file is the problem.
+        raise BadInputError(f"{path}: the file is UTF-16 (or UTF-32) encoded; re-export it as "
+                            "UTF-8")
+    sep = next((c for c in _SEPARATORS if c.encode() not in data), None)
+    if sep is None:
+        # Every candidate byte occurs (binary junk): split in Python, slower but exact.
+        text = data.decode("utf-8", errors="replace").split("\n")
+        if text[-1] == "":
+            text.pop()
+        df = pl.DataFrame({"line": [t or None for t in text]}, schema={"line": pl.String})
+    else:
+        try:
+            df = pl.read_csv(data, has_header=False, separator=sep, quote_char=None,
+                             new_columns=["line"], infer_schema=False, encoding="utf8-lossy",
+                             truncate_ragged_lines=True)
+        except pl.exceptions.PolarsError as e:
+            raise BadInputError(f"{path}: cannot be read as text ({e})") from e
     return df.with_columns(pl.col("line").str.strip_suffix("\r"))
 
 
@@ -147,12 +167,24 @@ def _finish(rel: str, frame: pl.DataFrame, header: list[str], rejects: list[pl.D
     return Ingested(frame=frame, quarantine=q, rows_in=rows_in, anomalies=anomalies)
 
 
+def _split(line: str) -> list[str] | None:
+    """One CSV line's fields; None when the csv module refuses it (e.g. a bare CR)."""
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error:
+        return None
+
+
 def _read_csv(path: Path, rel: str) -> Ingested:
     lines = _lines(path).with_row_index("_row", offset=0)
     if lines.height == 0 or lines["line"][0] is None:
         raise BadInputError(f"{rel}: the first line is blank; a CSV needs a header line")
-    header = next(csv.reader([lines["line"][0]]))
-    header = [h.strip().lstrip("\ufeff") for h in header]
+    first = lines["line"][0]
+    fields = _split(first)
+    if fields is None:
+        raise BadInputError(f"{rel}: the header line is not valid CSV ({first[:80]!r}); "
+                            "fix the header")
+    header = [h.strip().lstrip("\ufeff") for h in fields]
     _check_header(rel, header)
     body = lines.slice(1).filter(pl.col("line").is_not_null())
     rows_in = body.height
@@ -177,9 +209,9 @@ def _read_csv(path: Path, rel: str) -> Ingested:
         qrows: list[int] = []
         bad: list[int] = []
         for row, line in quoted.select("_row", "line").iter_rows():
-            fields = next(csv.reader([line]), [])
-            if len(fields) == ncol:
-                parsed.append(fields)
+            row_fields = _split(line)
+            if row_fields is not None and len(row_fields) == ncol:
+                parsed.append(row_fields)
                 qrows.append(row)
             else:
                 bad.append(row)
@@ -218,14 +250,29 @@ def _read_jsonl(path: Path, rel: str) -> Ingested:
     return _finish(rel, frame, header, rejects, lines.height)
 
 
+def _as_text(s: pl.Series) -> pl.Series:
+    """A Parquet column as text, whatever its type: a column of the wrong type (a Date, a list,
+    bytes) must become values that fail validation row by row, not an error for the file."""
+    try:
+        if isinstance(s.dtype, pl.Datetime):
+            if s.dtype.time_zone is not None:
+                s = s.dt.convert_time_zone("UTC")
+            return s.dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if s.dtype == pl.Date:
+            return s.dt.strftime("%Y-%m-%d")
+        return s.cast(pl.String)
+    except pl.exceptions.PolarsError:
+        # Lists, structs, durations, non-UTF-8 bytes: Python's repr, slow but rare.
+        return pl.Series(s.name, [None if v is None else str(v) for v in s.to_list()],
+                         dtype=pl.String)
+
+
 def _read_parquet(path: Path, rel: str) -> Ingested:
     try:
         df = pl.read_parquet(path)
     except (pl.exceptions.PolarsError, OSError) as e:
         raise BadInputError(f"{rel}: not a readable Parquet file ({e}); re-export it") from e
-    df = df.with_columns(
-        pl.col(c).dt.strftime("%Y-%m-%dT%H:%M:%SZ") if df.schema[c].is_temporal()
-        else pl.col(c).cast(pl.String) for c in df.columns)
+    df = pl.DataFrame([_as_text(df.get_column(c)) for c in df.columns], schema=df.columns)
     df = df.with_row_index("_row", offset=1)
     return _finish(rel, df, [c for c in df.columns if c != "_row"], [], df.height)
 

@@ -12,6 +12,8 @@ byte-identical tables, statistics and digests on either engine and any worker co
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
@@ -234,8 +236,62 @@ def _write_table(df: pl.DataFrame, path: Path, row_group_size: int) -> ContentDi
         return digest.result()
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where the
+    libc, kernel or file system lacks it."""
+    try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    except (OSError, TypeError):  # no C library handle (Windows)
+        fn = None
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover(out: Path) -> None:
+    """Undo what a killed run left beside OUT: restore the previous version if the kill fell
+    between the two renames of the fallback publish, and delete dead runs' staging copies."""
+    if not out.parent.is_dir():
+        return
+    prefix = f".{out.name}."
+    for p in sorted(q for q in out.parent.iterdir() if q.name.startswith(prefix)):
+        kind, _, pid = p.name[len(prefix):].rpartition("-")
+        if kind not in ("staging", "old") or not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        if kind == "old" and not out.exists() and (p / "manifest.json").is_file():
+            os.replace(p, out)
+            fsync_dir(out.parent)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def _publish(staging: Path, out: Path) -> None:
-    """Replace OUT by STAGING with renames (each atomic); the old copy is removed last."""
+    """Replace OUT by STAGING so that a reader (or a SIGKILL) at any instant sees the old
+    version or the new one under OUT, complete, never a mix and never nothing.
+
+    One atomic exchange where the platform has it; the previous version is then at STAGING's
+    name and is deleted last. Elsewhere two renames (OUT -> .old, STAGING -> OUT): a kill
+    between them leaves OUT absent, and the next run's `recover` puts the old version back."""
+    if out.is_dir() and _exchange(staging, out):
+        fsync_dir(out.parent)
+        shutil.rmtree(staging, ignore_errors=True)
+        return
     old = out.with_name(f".{out.name}.old-{os.getpid()}")
     if out.exists():
         os.replace(out, old)
@@ -247,6 +303,7 @@ def _publish(staging: Path, out: Path) -> None:
 
 def run_pipeline(config: RunConfig) -> RunResult:
     """Run the pipeline end to end; raises BadInputError / RunFailedError (exit 2) on failure."""
+    recover(config.out)
     root, files = list_inputs(config.input)
     dims = load_dimensions(root)
     t_start = time.perf_counter()
