@@ -11,7 +11,7 @@ import pytest
 
 from scalelab.cli import run
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "readme" / "plan-ops.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "plan-ops.md"
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
