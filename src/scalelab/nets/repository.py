@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadInputError
+from scalelab.core.manifest import atomic_write_bytes
 
 CONFIG_FILE = "config.json"
 MANIFEST_FILE = "manifest.json"
@@ -73,11 +74,8 @@ def next_version(repo: str | Path, name: str) -> int:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically (temp file + rename) so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    """Write JSON atomically and durably, so a reader (or a crash) never sees half a file."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
 def read_json(path: Path) -> dict[str, Any]:
