@@ -11,10 +11,13 @@ previous one. Files are read with torch.load(weights_only=True): no arbitrary un
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import random
 import shutil
+import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,50 @@ import torch
 MARKER = "COMPLETE.json"
 STATE_FILE = "state.pt"
 _PREFIX = "step-"
+KILL_AT_ENV = "SCALELAB_TEST_KILL_AT"
+KILL_ONCE_ENV = "SCALELAB_TEST_KILL_ONCE"
+CRASH_POINTS = ("step", "ckpt-torn", "ckpt-written", "ckpt-marked", "ckpt-renamed")
+"""Where the test hook can kill: before a training step; mid-way through a rank's first
+checkpoint file (half of it on disk); after a rank wrote all its files; after rank 0 wrote the
+marker (before the rename); after the rename (before pruning). `step` counts steps done."""
+
+
+def crash_point(point: str, step: int, rank: int,
+                before: Callable[[], None] | None = None) -> None:
+    """Test hook for the crash-consistency tests; does nothing unless both variables are set.
+
+    SCALELAB_TEST_KILL_AT=<point>:<step>[:<rank>] (rank 0 by default) and
+    SCALELAB_TEST_KILL_ONCE=<file>: at that point this process creates <file>, runs `before`
+    (e.g. leaves a torn file) and SIGKILLs itself. While <file> exists the hook stays quiet, so a
+    restarted or re-run job passes the same point. Cost when unset: one environment lookup.
+    """
+    spec, flag = os.environ.get(KILL_AT_ENV), os.environ.get(KILL_ONCE_ENV)
+    if not spec or not flag:
+        return
+    parts = spec.split(":")
+    if (parts[0] != point or len(parts) < 2 or parts[1] != str(step)
+            or (parts[2] if len(parts) > 2 else "0") != str(rank)):
+        return
+    try:
+        fd = os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return
+    os.write(fd, json.dumps({"point": point, "step": step, "rank": rank}).encode())
+    os.fsync(fd)
+    os.close(fd)
+    if before is not None:
+        before()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_torn(obj: Any, path: Path) -> None:
+    """Half of `obj`'s serialised bytes at `path`, on disk: what a crash mid-write leaves."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with path.open("wb") as f:
+        f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def sha256_file(path: Path) -> str:
@@ -108,10 +155,12 @@ class CheckpointStore:
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
+        crash_point("ckpt-marked", step, 0)
         if final.exists():  # a re-run of the same step after a restart: replace it whole
             shutil.rmtree(final)
         tmp.rename(final)
         _fsync_dir(self.root)
+        crash_point("ckpt-renamed", step, 0)
         self.prune()
         return final
 
@@ -124,9 +173,12 @@ class CheckpointStore:
                 out.append(int(p.name[len(_PREFIX):]))
         return sorted(out)
 
-    def prune(self) -> None:
+    def prune(self, also_keep: int | None = None) -> None:
+        """Delete all but the newest `keep` checkpoints (and `also_keep`, the one resumed from,
+        which may be older when newer ones failed verification)."""
         for s in self.steps()[: -self.keep]:
-            shutil.rmtree(self.final_dir(s), ignore_errors=True)
+            if s != also_keep:
+                shutil.rmtree(self.final_dir(s), ignore_errors=True)
 
     def clean_tmp(self) -> None:
         """Remove half-written folders left by a crash (call before anyone writes)."""

@@ -24,7 +24,13 @@ import torch.distributed as dist
 from torch import nn
 
 from scalelab.nets.tabular import TabularConfig, TabularNet
-from scalelab.train.checkpoint import STATE_FILE, CheckpointStore, rng_state, set_rng_state
+from scalelab.train.checkpoint import (
+    STATE_FILE,
+    CheckpointStore,
+    crash_point,
+    rng_state,
+    set_rng_state,
+)
 from scalelab.train.config import TrainConfig
 from scalelab.train.dataset import BatchPlan, Tensors
 from scalelab.train.metrics import (
@@ -228,6 +234,11 @@ def train(cfg: TrainConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
             set_rng_state(mine["rng"])
             start, losses = int(state["step"]), list(mine["losses"])
             resumed = {"step": good, "load_s": time.perf_counter() - t0}
+        _barrier(d)
+        if d.rank == 0:
+            # A kill between a commit's rename and its prune leaves keep + 1 checkpoints; when
+            # that was the run's last save, nothing after the resume would prune them.
+            store.prune(also_keep=good)
     _barrier(d)
     failure = _choose_failure(cfg, d.world, every, total) if cfg.rehearse_failure else None
 
@@ -246,6 +257,7 @@ def train(cfg: TrainConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
                 f.flush()
                 os.fsync(f.fileno())
             os.kill(os.getpid(), signal.SIGKILL)
+        crash_point("step", step, d.rank)
         t_step = time.perf_counter()
         step_loss = 0.0
         for micro in range(cfg.accumulation):

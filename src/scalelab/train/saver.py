@@ -18,7 +18,12 @@ import torch
 import torch.distributed as dist
 
 from scalelab.core.checkpoint import daly_interval
-from scalelab.train.checkpoint import CheckpointStore, save_file_durably
+from scalelab.train.checkpoint import (
+    CheckpointStore,
+    crash_point,
+    save_file_durably,
+    write_torn,
+)
 
 __all__ = ["SaveStats", "Saver", "clone_state", "daly_interval"]
 
@@ -67,8 +72,12 @@ class Saver:
     def _write(self, step: int, files: dict[str, Any], started: float, background: bool) -> None:
         try:
             d = self.store.begin(step)
-            for name, obj in files.items():
+            for i, (name, obj) in enumerate(files.items()):
+                if i == 0:
+                    crash_point("ckpt-torn", step, self.rank,
+                                before=lambda: write_torn(obj, d / name))  # noqa: B023
                 save_file_durably(obj, d / name)
+            crash_point("ckpt-written", step, self.rank)
             self._barrier(background)
             if self.rank == 0:
                 final = self.store.commit(step, meta={"world": self.world, "run": self.run})

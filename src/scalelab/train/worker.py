@@ -8,8 +8,10 @@ another rank is still using for its last collective.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -37,8 +39,27 @@ def _write_json(path: Path, obj: object) -> None:
     tmp.replace(path)
 
 
+def _die_with_agent() -> None:
+    """SIGKILL this worker when the torchrun agent that started it dies.
+
+    torchrun starts each worker in a session of its own, so a SIGKILLed agent (a killed job, the
+    OOM killer, a timeout's SIGKILL) left its workers training on, and writing checkpoints into
+    the folder a re-run was already resuming from. Linux only (prctl PR_SET_PDEATHSIG); costs
+    nothing while the agent lives.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return
+    if os.getppid() != parent:  # the agent died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if argv is None:
+        _die_with_agent()
     if len(args) != 1:
         print("usage: python -m scalelab.train.worker RUN_DIR (started by `scalelab train`)",
               file=sys.stderr)
