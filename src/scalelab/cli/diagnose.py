@@ -9,6 +9,7 @@ from typing import Any
 import click
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -18,21 +19,46 @@ from scalelab.core.sheet import SheetRow
 from scalelab.core.verdict import Verdict
 from scalelab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
 from scalelab.diagnose.run import CONFIG, RECORDS, Runner, rebuild
-from scalelab.report.document import SHEET_COLUMNS, report_json, sheet_cells, verdict_lines
+from scalelab.report.document import report_json, verdict_lines
+
+
+def _si(v: float | None, digits: int = 3) -> str:
+    if v is None:
+        return "—"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.{digits}g}{suffix}"
+    return f"{v:.{digits}g}"
 
 
 def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict) -> None:
-    t = Table(title="Diagnostic sheet (medians over repeats)", show_lines=False)
-    keep = [0, 1, 3, 5, 6, 8, 9, 10, 11, 13]
-    for i in keep:
-        t.add_column(SHEET_COLUMNS[i], overflow="fold")
+    """The terminal's sheet (the report has every column) and the verdict."""
+    t = Table(title="Diagnostic sheet (medians over repeats; full sheet in the report)")
+    for col in ("stage", "series", "×", "rate", "p95 ms", "p99 ms", "fail", "mem", "limit"):
+        t.add_column(
+            col, justify="left" if col in ("stage", "series", "limit") else "right", overflow="fold"
+        )
     for r in sheet:
-        cells = sheet_cells(r)
-        t.add_row(*[cells[i] for i in keep])
+        unit = (r.rate_unit or "").replace("predictions", "pred").replace("requests", "req")
+        unit = unit.replace("samples", "smp")
+        t.add_row(
+            r.stage,
+            r.series or "—",
+            f"{r.multiple:g}",
+            "—" if r.rate is None else f"{_si(r.rate)} {unit}".strip(),
+            _si(r.p95_ms),
+            _si(r.p99_ms),
+            "—" if r.failure_rate is None else f"{r.failure_rate:.1%}",
+            "—" if r.peak_memory_bytes is None else _si(float(r.peak_memory_bytes), 2) + "B",
+            (r.limiting_resource or "—")[:22],
+        )
     c.print(t)
     c.print("[bold]Verdict[/]", markup=True)
     for i, line in enumerate(verdict_lines(verdict)):
-        c.print(line if i else f"[bold yellow]{line}[/]", markup=i == 0, highlight=False)
+        if i == 0:
+            c.print(f"[bold yellow]{escape(line)}[/]", markup=True, highlight=False)
+        else:
+            c.print(line, markup=False, highlight=False)
 
 
 def _summary(

@@ -17,6 +17,9 @@ from typing import Any
 
 from scalelab.core.records import Record
 
+STAGE_ORDER = {"data": 0, "train": 1, "serve": 2, "model": 3}
+"""The four stages in the order work flows through them; other stages follow by name."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class SheetRow:
@@ -87,10 +90,19 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
         key = (stage, series, variable)
         base[key] = min(base.get(key, level), level)
     rows: list[SheetRow] = []
-    for (stage, series, variable, level), recs in sorted(groups.items()):
+
+    def order(
+        item: tuple[tuple[str, str, str, float], list[Record]],
+    ) -> tuple[int, str, str, float]:
+        stage, series, _, level = item[0]
+        return (STAGE_ORDER.get(stage, len(STAGE_ORDER)), stage, series, level)
+
+    for (stage, series, variable, level), recs in sorted(groups.items(), key=order):
         ok = [r for r in recs if r.ok]
         use = ok or recs
-        rates = [r.rate for r in ok if r.rate is not None]
+        # A record that is not ok but still measured a rate (e.g. a load level flagged for
+        # generator lag) keeps its numbers; a level with no ok record shows what was measured.
+        rates = [r.rate for r in use if r.rate is not None]
         lat = [r.latency for r in use if r.latency is not None]
         qkeys = sorted({k for r in ok for k in r.quality})
         mem = [r.peak_memory_bytes for r in use if r.peak_memory_bytes is not None]

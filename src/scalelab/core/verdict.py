@@ -20,6 +20,7 @@ from scalelab.core.fits import fit_scaling
 from scalelab.core.laws import karp_flatt
 from scalelab.core.objectives import Check, Objective, check_rows, first_miss, metric_value
 from scalelab.core.sheet import SheetRow
+from scalelab.core.units import format_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,18 +214,27 @@ def _resource_advice(
     pts = [(r.level, r.rate) for r in rows if r.rate]
     predicted = ""
     if len({n for n, _ in pts}) >= 2:
+        var, unit = rows[0].variable, rows[0].rate_unit or "units/s"
+        levels = sorted({n for n, _ in pts})
         fit = fit_scaling([n for n, _ in pts], [float(x) for _, x in pts if x is not None])
-        if fit.usl is not None and math.isfinite(fit.usl.n_peak):
+        first, last = fit.throughput[0], fit.throughput[-1]
+        if last < first:
             predicted = (
-                f"the {fit.chosen} fit peaks at {rows[0].variable}≈{fit.usl.n_peak:.1f} "
-                f"with {fit.usl.x_peak:.4g} {rows[0].rate_unit or 'units/s'}"
+                f"throughput falls as {var} grows ({first:.4g} → {last:.4g} {unit} from "
+                f"{levels[0]:g} to {levels[-1]:g}): adding {var} makes it slower"
             )
-        elif fit.usl is not None:
+        elif fit.usl is not None and levels[0] < fit.usl.n_peak < math.inf:
             predicted = (
-                f"{fit.chosen} fit: ceiling {fit.usl.x_limit:.4g} "
-                f"{rows[0].rate_unit or 'units/s'} (serial fraction "
-                f"{fit.usl.alpha.value:.2f})"
+                f"the {fit.chosen} fit peaks at {var}≈{fit.usl.n_peak:.1f} with "
+                f"{fit.usl.x_peak:.4g} {unit}"
             )
+        elif fit.usl is not None and fit.usl.alpha.value > 0:
+            predicted = (
+                f"{fit.chosen} fit: ceiling {fit.usl.x_limit:.4g} {unit} (serial "
+                f"fraction {fit.usl.alpha.value:.2f})"
+            )
+        else:
+            predicted = f"throughput grows {last / first:.2f}× from {levels[0]:g} to {levels[-1]:g}"
     if stage == "train":
         if "communication" in names:
             advice = (
@@ -333,7 +343,12 @@ def judge_stage(
         ]
         if margins:
             m, c = min(margins, key=lambda t: t[0])
-            v.tightest = f"{c.objective.label}: {c.value:.4g} at {c.multiple:g}× ({m:.0%} headroom)"
+            shown = (
+                format_bytes(c.value)
+                if c.objective.metric == "peak_memory_bytes"
+                else f"{c.value:.4g}"
+            )
+            v.tightest = f"{c.objective.label}: {shown} at {c.multiple:g}× ({m:.0%} headroom)"
     return v
 
 
