@@ -343,10 +343,11 @@ def judge_stage(
         ]
         if margins:
             m, c = min(margins, key=lambda t: t[0])
+            value = c.value or 0.0
             shown = (
-                format_bytes(c.value)
+                format_bytes(value)
                 if c.objective.metric == "peak_memory_bytes"
-                else f"{c.value:.4g}"
+                else f"{value:.4g}"
             )
             v.tightest = f"{c.objective.label}: {shown} at {c.multiple:g}× ({m:.0%} headroom)"
     return v
