@@ -74,6 +74,9 @@ def common_train_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--warmup", type=int, default=None,
                      help="Warmup steps (default: 0 at the base batch, else 5% of the steps)."),
         click.option("--hidden", default="64,64", show_default=True, help="Hidden layer widths."),
+        click.option("--class-weights", type=click.Choice(["balanced", "none"]), default="balanced",
+                     show_default=True,
+                     help="balanced: weight each class's loss inversely to its frequency."),
         click.option("--shard", type=click.Choice(["none", "zero", "fsdp"]), default="none",
                      show_default=True, help="zero: ZeroRedundancyOptimizer; fsdp: FSDP2."),
         click.option("--threads", type=int, default=None,
@@ -92,13 +95,14 @@ def common_train_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def build_config(*, data: str | None, limit: str | None, seed: int, batch: int, mode: str,
                  accumulation: int, lr: float, base_batch: int, warmup: int | None, hidden: str,
-                 shard: str, threads: int | None, peak_flops: str | None,
+                 class_weights: str, shard: str, threads: int | None, peak_flops: str | None,
                  price_per_hour: float | None, **extra: Any) -> TrainConfig:
     return TrainConfig(
         data=data, limit=_float_or_none(limit, "--limit"), seed=seed, batch=batch,
         mode=mode,  # type: ignore[arg-type]
         accumulation=accumulation, lr=lr, base_batch=base_batch, warmup_steps=warmup,
         hidden=parse_list(hidden, what="--hidden", kind=int),
+        class_weights="none" if class_weights == "none" else "balanced",
         shard=shard,  # type: ignore[arg-type]
         threads=threads, peak_flops=_si(peak_flops, "--peak-flops"),
         price_per_hour=price_per_hour, **extra)

@@ -49,6 +49,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     """Hidden layer widths of the TabularNet."""
+    class_weights: Literal["none", "balanced"] = "balanced"
+    """balanced: weight each class's loss by n / (classes × its count) in the training rows, so
+    the rare classes (late > 60 min, cancelled) are learned rather than predicted never."""
     shard: Shard = "none"
     """none: DDP; zero: ZeroRedundancyOptimizer (sharded optimizer state); fsdp: FSDP2."""
     checkpoint_dir: str | None = None
@@ -138,7 +141,7 @@ class TrainConfig:
         """A digest of what determines the numbers (not how long, not how saved), so a resume
         never loads a checkpoint of a different run."""
         keep = ("data", "limit", "train_fraction", "seed", "batch", "mode", "accumulation", "lr",
-                "base_batch", "warmup_steps", "weight_decay", "hidden", "shard")
+                "base_batch", "warmup_steps", "weight_decay", "hidden", "class_weights", "shard")
         blob = json.dumps({k: getattr(self, k) for k in keep} | {"world": world}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -42,6 +42,7 @@ from scalelab.train.metrics import (
     peak_rss_bytes,
     train_flops_per_sample,
 )
+from scalelab.train.rawdata import CLASSES
 from scalelab.train.saver import Saver, daly_interval
 from scalelab.train.schedule import default_warmup, lr_at
 
@@ -62,6 +63,17 @@ class Dist:
 
 def model_config(cfg: TrainConfig, cardinalities: list[int], n_numeric: int) -> TabularConfig:
     return TabularConfig(cardinalities=cardinalities, n_numeric=n_numeric, hidden=list(cfg.hidden))
+
+
+def class_weights(cfg: TrainConfig, y: torch.Tensor, device: str) -> torch.Tensor | None:
+    """Balanced class weights n / (k · n_c) from all training labels (identical on every rank,
+    since every rank holds the same rows); a class absent from the rows gets weight 0."""
+    if cfg.class_weights == "none":
+        return None
+    k = len(CLASSES)
+    counts = torch.bincount(y.long(), minlength=k).double()
+    w = torch.where(counts > 0, counts.sum() / (k * counts.clamp(min=1)), torch.zeros_like(counts))
+    return w.float().to(device)
 
 
 def _barrier(d: Dist) -> None:
@@ -244,7 +256,15 @@ def train(cfg: TrainConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
 
     times = StepTimes()
     on_device = d.device != "cpu"
-    loss_fn = nn.CrossEntropyLoss()
+    weights = class_weights(cfg, data.train_y, d.device)
+
+    def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # The plain mean of per-sample weighted losses, not CrossEntropyLoss(weight=...)'s
+        # division by each batch's weight sum: that sum differs per rank, so DDP's average of
+        # rank gradients would no longer equal the one-process gradient of the global batch.
+        ce = nn.functional.cross_entropy(logits, y, reduction="none")
+        return (ce * weights[y]).mean() if weights is not None else ce.mean()
+
     t_train = time.perf_counter()
     first_step_done: float | None = None
     auto_probe = min(max(2, total // 10), total - 1) if cfg.checkpoint_auto else -1
