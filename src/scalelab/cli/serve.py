@@ -49,6 +49,9 @@ def app() -> None:
 @click.option("--sample-max-files", default=10, show_default=True, type=int)
 @click.option("--graceful-seconds", default=30.0, show_default=True, type=float,
               help="How long shutdown waits for in-flight requests.")
+@click.option("--read-timeout", default=10.0, show_default=True, type=float,
+              help="Seconds a client may take to send one whole request; then it is "
+                   "disconnected (slow-client protection).")
 @click.option("--torch-threads", default=None, type=int,
               help="torch threads per process (default: cores / workers).")
 @click.option("--poll-seconds", default=0.5, show_default=True, type=float,
@@ -57,7 +60,8 @@ def app() -> None:
               type=click.Choice(["debug", "info", "warning", "error"]))
 def run_cmd(model_repo: Path, host: str, port: int, workers: int, admin_token: str | None,
             max_body: str, sample_dir: Path | None, sample_rate: float, sample_max_rows: int,
-            sample_max_files: int, graceful_seconds: float, torch_threads: int | None,
+            sample_max_files: int, graceful_seconds: float, read_timeout: float,
+            torch_threads: int | None,
             poll_seconds: float, log_level: str) -> None:
     """Serve every model in --model-repo until interrupted (Ctrl-C drains in-flight requests)."""
     from scalelab.serve.config import ServerSettings
@@ -68,6 +72,7 @@ def run_cmd(model_repo: Path, host: str, port: int, workers: int, admin_token: s
         max_body_bytes=parse_size(max_body, what="--max-body"), sample_dir=sample_dir,
         sample_rate=sample_rate, sample_max_rows=sample_max_rows,
         sample_max_files=sample_max_files, graceful_s=graceful_seconds,
+        read_timeout_s=read_timeout,
         torch_threads=torch_threads, poll_s=poll_seconds, log_level=log_level)
     serve(settings)
 

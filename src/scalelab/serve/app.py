@@ -32,9 +32,11 @@ from scalelab import __version__
 from scalelab.core.machine import available_cores
 from scalelab.serve.cache import digest
 from scalelab.serve.config import ServerSettings
+from scalelab.serve.features import out_of_vocabulary
 from scalelab.serve.metrics import Metrics
 from scalelab.serve.protocol import (
     HEADER_LENGTH,
+    InferenceRequest,
     ServeError,
     decode_inputs,
     encode_response,
@@ -51,6 +53,28 @@ TIMEOUT_HEADER = "x-request-timeout-ms"
 REQUEST_ID_HEADER = "x-request-id"
 ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
 _RID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def _inline_refs(schema: Any, defs: dict[str, Any]) -> Any:
+    """`schema` with every local `#/$defs/X` reference replaced by its definition (pydantic
+    puts shared models under $defs, which an OpenAPI operation cannot point into)."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return _inline_refs(defs[ref.removeprefix("#/$defs/")], defs)
+        return {k: _inline_refs(v, defs) for k, v in schema.items() if k != "$defs"}
+    if isinstance(schema, list):
+        return [_inline_refs(v, defs) for v in schema]
+    return schema
+
+
+def _infer_openapi() -> dict[str, Any]:
+    """The infer routes read the raw body (JSON or JSON + binary tensors), so FastAPI cannot see
+    its schema; this documents the JSON form in /openapi.json for clients and API fuzzers."""
+    raw = InferenceRequest.model_json_schema()
+    body = _inline_refs(raw, raw.get("$defs", {}))
+    return {"requestBody": {"required": True,
+                            "content": {"application/json": {"schema": body}}}}
 
 
 class Guard:
@@ -144,7 +168,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         await repo.close()
 
     app = FastAPI(title="scalelab serve", version=__version__, lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None)
+                  docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.repo = repo
     app.state.metrics = metrics
 
@@ -316,6 +340,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
             arrays = decode_inputs(req, entry.config, tail)
             deadline = t0 + _timeout_s(request, entry.config.dynamic_batching.default_timeout_ms)
             worker = repo.route(name, version, rid)
+            _check_vocabulary(entry, worker, arrays)
             served = str(worker.version)
             outputs = await _compute(entry, worker, arrays, rid, deadline)
             shadow = repo.shadow_worker(name) if version is None else None
@@ -340,11 +365,13 @@ def create_app(settings: ServerSettings) -> FastAPI:
             access.info("infer", extra={"request_id": rid, "model": name, "version": served,
                                         "status": status, "latency_ms": round(dt * 1000, 3)})
 
-    @app.post("/v2/models/{name}/infer")
+    infer_doc = _infer_openapi()
+
+    @app.post("/v2/models/{name}/infer", openapi_extra=infer_doc)
     async def infer(request: Request, name: str) -> Response:
         return await _infer(request, name, None)
 
-    @app.post("/v2/models/{name}/versions/{version}/infer")
+    @app.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=infer_doc)
     async def infer_version(request: Request, name: str, version: str) -> Response:
         return await _infer(request, name, version)
 
@@ -385,6 +412,18 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     app.add_middleware(Guard, max_body=settings.max_body_bytes)
     return app
+
+
+def _check_vocabulary(entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray]) -> None:
+    """The flights contract's `categorical` input holds vocabulary indices; one out of range
+    is the client's error (400 naming the input), not the model's (500)."""
+    if worker.pre is None or entry.config is None:
+        return
+    for spec, arr in zip(entry.config.inputs, arrays, strict=True):
+        if spec.name == "categorical" and arr.dtype.kind in "iu":
+            why = out_of_vocabulary(arr, worker.pre)
+            if why is not None:
+                raise ServeError(400, f"input 'categorical': {why}")
 
 
 def _labels_of(out: Outputs) -> np.ndarray | None:

@@ -180,6 +180,13 @@ class ServerSettings:
     interval to get it back: measured here, batches took 10x longer and p50 latency at 100 req/s
     went from 6 ms to 1.2 s at the default. Shorter intervals cost a few more thread switches."""
 
+    read_timeout_s: float = 10.0
+    """How long a client may take to send one whole request (head and body) once it has sent
+    its first byte or opened the connection; then the connection is closed. uvicorn's h11
+    protocol has no such limit, so a client trickling headers a byte at a time (slowloris)
+    would hold its connection forever. Costs: a legitimate client on a link slower than
+    max_body / read_timeout_s (about 100 KiB/s at the defaults) is cut off."""
+
     def __post_init__(self) -> None:
         self.model_repo = Path(self.model_repo)
         if self.sample_dir is not None:
@@ -194,6 +201,8 @@ class ServerSettings:
             raise BadUsageError("--sample-rate must lie in (0, 1]")
         if not 0.05 <= self.gil_switch_ms <= 100:
             raise BadUsageError("the GIL switch interval must lie in [0.05, 100] ms")
+        if not 0 < self.read_timeout_s <= 3600:
+            raise BadUsageError("--read-timeout must lie in (0, 3600] seconds")
         if self.poll_s <= 0 or self.graceful_s < 0:
             raise BadUsageError("poll interval must be > 0 and graceful timeout >= 0")
 

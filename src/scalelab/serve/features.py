@@ -72,6 +72,21 @@ def encode(frame: pl.DataFrame, pre: Preprocess) -> tuple[np.ndarray, np.ndarray
     return cat, num
 
 
+def out_of_vocabulary(cat: np.ndarray, pre: Preprocess) -> str | None:
+    """Why the categorical tensor `cat` [N, k] holds an index outside its column's vocabulary,
+    or None when every index is valid. Checked before compute: an embedding lookup out of
+    range raises inside the network, which would answer 500 for what is a bad request."""
+    sizes = [len(v) for v in pre.categorical.values()]
+    if cat.ndim != 2 or cat.shape[1] != len(sizes):
+        return None  # not this contract's layout; the config's shape check already ran
+    for j, (col, n) in enumerate(zip(pre.categorical, sizes, strict=True)):
+        bad = (cat[:, j] < 0) | (cat[:, j] >= n)
+        if bad.any():
+            return (f"column {j} ({col}) holds index {int(cat[:, j][bad][0])}, outside its "
+                    f"vocabulary [0, {n - 1}] (0 = unknown)")
+    return None
+
+
 def decode(cat: np.ndarray, num: np.ndarray, pre: Preprocess) -> list[dict[str, Any]]:
     """(categorical, numeric) tensors -> one flat dict of raw feature values per row."""
     if cat.ndim != 2 or cat.shape[1] != len(pre.categorical) or num.ndim != 2 \

@@ -85,6 +85,8 @@ def parse_request(body: bytes, header_length: str | None) -> tuple[InferenceRequ
         raw = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ServeError(400, f"request body is not valid JSON: {e}") from None
+    except RecursionError:  # nesting deeper than the parser's stack: a bad request, not a 500
+        raise ServeError(400, "request body is nested too deeply to parse") from None
     if not isinstance(raw, dict):
         raise ServeError(400, "request body must be a JSON object with 'inputs'")
     try:
