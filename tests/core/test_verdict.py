@@ -31,6 +31,8 @@ def test_objective_validation_and_labels() -> None:
         Objective(metric="rate", min=1, max=2)
     assert Objective(metric="p95_ms", max=50).label == "p95_ms ≤ 50"
     assert Objective(metric="rate", min=10).margin(12) == pytest.approx(0.2)
+    # Availability headroom is the error budget left: 99.95% against 99.9% uses half of it.
+    assert Objective(metric="availability", min=0.999).margin(0.9995) == pytest.approx(0.5)
 
 
 def test_efficiency_is_relative_to_the_smallest_level() -> None:

@@ -16,6 +16,7 @@ from rich.table import Table
 from scalelab.cli._output import emit, err_console, json_option
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.sheet import SheetRow
+from scalelab.core.units import format_bytes
 from scalelab.core.verdict import Verdict
 from scalelab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
 from scalelab.diagnose.run import CONFIG, RECORDS, Runner, rebuild
@@ -49,7 +50,7 @@ def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict
             _si(r.p95_ms),
             _si(r.p99_ms),
             "—" if r.failure_rate is None else f"{r.failure_rate:.1%}",
-            "—" if r.peak_memory_bytes is None else _si(float(r.peak_memory_bytes), 2) + "B",
+            "—" if r.peak_memory_bytes is None else format_bytes(r.peak_memory_bytes),
             (r.limiting_resource or "—")[:22],
         )
     c.print(t)

@@ -61,6 +61,10 @@ class Objective:
         """Relative slack: > 0 inside the objective, < 0 outside (e.g. 0.2 = 20% headroom)."""
         bound = self.min if self.min is not None else self.max
         assert bound is not None
+        if self.metric == "availability" and self.min is not None and self.min < 1:
+            # Headroom of an availability objective is the error budget left, not the
+            # distance between 99.95% and 99.9%.
+            return 1.0 - (1.0 - value) / (1.0 - self.min)
         if bound == 0:
             return 0.0
         return (
