@@ -119,3 +119,54 @@ stages:
     assert "serve misses first" in html and html.count("<svg") >= 3
     md = (out / "report.md").read_text()
     assert md.startswith("# scalelab diagnosis") and "| serve | batching=off |" in md
+
+
+def test_ctrl_c_stops_the_step_and_keeps_the_report(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    marker = f"scalelab-test-sleeper-{tmp_path.name}"
+    cfg = _write(
+        tmp_path,
+        f"""
+repeats: 1
+stages: {{data: {OFF}, train: {OFF}, serve: {OFF}, model: {OFF}}}
+custom:
+  - name: sleeper
+    kind: sweep
+    var: n
+    levels: [1, 2]
+    command: ["{sys.executable}", "-c", "import time; time.sleep(60)", "{marker}", "{{n}}"]
+""",
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scalelab", "diagnose", "--config", str(cfg), "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+    def sleepers() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            if marker in (p.info["cmdline"] or []):
+                found.append(p)
+        return found
+
+    deadline = time.monotonic() + 60
+    while not sleepers():
+        assert proc.poll() is None and time.monotonic() < deadline, "the step never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert b"interrupted" in err
+    assert (out / "report.html").exists() and (out / "records.jsonl").exists()
+    deadline = time.monotonic() + 10
+    while sleepers():
+        assert time.monotonic() < deadline, "the interrupted step's process survived"
+        time.sleep(0.1)

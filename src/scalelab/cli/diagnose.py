@@ -154,6 +154,9 @@ def diagnose(
         )
 
     emit(_summary(out, outcome.sheet, outcome.verdict, m, extra), as_json, render)
+    if outcome.interrupted:
+        # The report is written; the status still tells a script the run was cut short.
+        raise click.exceptions.Exit(130)
 
 
 @click.command()

@@ -462,7 +462,7 @@ class Runner:
 
     def run(self) -> Outcome:
         self.out.mkdir(parents=True, exist_ok=True)
-        self.sink.unlink(missing_ok=True)
+        self.sink.write_text("", encoding="utf-8")  # a results dir is always rebuildable
         (self.out / CONFIG).write_text(
             yaml.safe_dump(
                 {"mode": self.mode, **self.cfg.model_dump(mode="json")},

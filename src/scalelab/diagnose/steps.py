@@ -48,9 +48,6 @@ class StepResult:
     stdout_path: Path | None = None
 
 
-_current: subprocess.Popen[bytes] | None = None
-
-
 def scalelab_cmd(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "scalelab", *argv]
 
@@ -69,14 +66,8 @@ def kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
         proc.wait()
 
 
-def interrupt_current() -> None:
-    if _current is not None:
-        kill_tree(_current, grace_s=2.0)
-
-
 def run_step(step: Step, *, logs: Path, experiment: str, sink: Path) -> StepResult:
     """Run the step; tag and append its records to `sink`; never raises for a failed step."""
-    global _current
     logs.mkdir(parents=True, exist_ok=True)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in step.label)
     out_path, err_path = logs / f"{safe}.out", logs / f"{safe}.err"
@@ -89,15 +80,16 @@ def run_step(step: Step, *, logs: Path, experiment: str, sink: Path) -> StepResu
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        _current = proc
         try:
             rc: int | None = proc.wait(timeout=step.timeout_s)
             error = None
         except subprocess.TimeoutExpired:
             kill_tree(proc)
             rc, error = None, f"timed out after {step.timeout_s:g} s"
-        finally:
-            _current = None
+        except KeyboardInterrupt:
+            # The step runs in its own session, so Ctrl-C reached only us: stop it too.
+            kill_tree(proc, grace_s=2.0)
+            raise
     wall = time.perf_counter() - t0
     if rc not in (0, None) and error is None:
         tail = err_path.read_text("utf-8", errors="replace").strip().splitlines()
