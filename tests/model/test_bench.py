@@ -16,7 +16,7 @@ from scalelab.nets import registry
 from .conftest import Flights
 
 HAVE_ORT = all(importlib.util.find_spec(m) for m in ("onnx", "onnxruntime"))
-VARIANTS = ("int8,prune-structured-50,prune-unstructured-90,distill,cascade,cache"
+VARIANTS = ("int8,fold,prune-structured-50,prune-unstructured-90,distill,cascade,cache"
             + (",onnx,onnx-int8" if HAVE_ORT else ""))
 
 
@@ -56,7 +56,7 @@ def test_every_variant_is_measured_per_class(compressed: dict[str, Any]) -> None
     assert names[0] == "fp32"
     for n in VARIANTS.split(","):
         assert n in names
-    assert "prune-structured-50-masked" in names and "student-labels" in names
+    assert {"prune-structured-50-masked", "student-labels", "distill-unfolded"} <= set(names)
     for r in doc["variants"]:
         assert set(r["quality"]["per_class"]) == {"on_time", "late_15_60", "late_60_plus",
                                                   "cancelled"}
@@ -78,6 +78,28 @@ def test_structured_pruning_removed_channels(compressed: dict[str, Any]) -> None
     assert _row(compressed["doc"], "prune-unstructured-90")["extras"]["sparsity"] == (
         pytest.approx(0.9, abs=0.01))
     assert _row(compressed["doc"], "int8")["size_ratio"] < 0.6
+
+
+def test_int8_keeps_the_faster_measured_path(compressed: dict[str, Any]) -> None:
+    row = _row(compressed["doc"], "int8")
+    timings = row["extras"]["candidates_p50_ms_batch1"]
+    assert set(timings) == ({"torch", "onnxruntime"} if HAVE_ORT else {"torch"})
+    assert row["parameters"]["backend"] == min(timings, key=timings.__getitem__)
+    assert row["delta"]["macro_f1_points"] > -5.0
+
+
+def test_fold_is_exact_and_the_student_is_served_folded(compressed: dict[str, Any]) -> None:
+    doc = compressed["doc"]
+    fold = _row(doc, "fold")
+    assert fold["extras"]["max_abs_logit_diff"] < 1e-4
+    assert fold["quality"]["macro_f1"] == pytest.approx(_row(doc, "fp32")["quality"]["macro_f1"],
+                                                        abs=1e-3)
+    # folding changes no prediction of the student beyond float rounding
+    assert _row(doc, "distill")["quality"]["macro_f1"] == pytest.approx(
+        _row(doc, "distill-unfolded")["quality"]["macro_f1"], abs=1e-3)
+    specs = {p["variant"]: registry.read_spec(p["path"]) for p in doc["published"]}
+    assert specs["distill"]["architecture"] == specs["fold"]["architecture"] == "tabular_folded"
+    assert specs["cascade"]["params"]["small"]["architecture"] == "tabular_folded"
 
 
 def test_distillation_study_and_cascade_sweep(compressed: dict[str, Any]) -> None:
@@ -114,9 +136,10 @@ def test_records_validate(compressed: dict[str, Any]) -> None:
 
 def test_published_versions_load_through_the_registry(compressed: dict[str, Any]) -> None:
     pub = compressed["doc"]["published"]
-    assert [p["variant"] for p in pub] == ["int8", "prune-structured-50",
-                                           "prune-unstructured-90", "distill", "cascade"]
-    assert [p["version"] for p in pub] == [1, 2, 3, 4, 5]
+    expected = ["int8", "fold", "prune-structured-50", "prune-unstructured-90", "distill",
+                "cascade"] + (["onnx", "onnx-int8"] if HAVE_ORT else [])
+    assert [p["variant"] for p in pub] == expected
+    assert [p["version"] for p in pub] == list(range(1, len(expected) + 1))
     c, x = torch.zeros((3, 4), dtype=torch.long), torch.zeros((3, 14))
     for p in pub:
         m = registry.load_module(p["path"])

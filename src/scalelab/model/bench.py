@@ -3,16 +3,19 @@ way on the same test rows and device, and write records (and, on request, publis
 
 Variants (names accepted by `scalelab compress --variants`):
 
-- ``int8``: dynamic int8 (CPU only; on a CUDA run it is measured on the CPU and says so).
+- ``int8``: dynamic int8 on the faster int8 path measured at batch 1 (torch.ao or ONNX Runtime;
+  see model/quantize.py). CPU only; on a CUDA run it is measured on the CPU and says so.
+- ``fold``: the model with its embeddings folded into the first layer (exact; nets/folded.py).
 - ``prune-unstructured-<p>``: <p>% of each Linear's weights zeroed (L1), permanent, no speed-up.
 - ``prune-structured-<p>``: <p>% of hidden neurons removed (L2), then a short fine-tune; the
   masked full-size model is measured beside it (row ``<name>-masked``) to show masks alone don't
   speed anything up.
 - ``distill``: a fused-embedding student distilled from the model on the labelled rows plus a
   transfer set of unlabelled rows; a control student of the same shape trained on the labelled
-  rows alone is measured beside it (row ``student-labels``).
-- ``cascade``: distilled student first, the model for unsure rows; swept over tau, the chosen
-  tau published.
+  rows alone is measured beside it (row ``student-labels``). Both are served folded; the
+  unfolded distilled student is measured too (row ``distill-unfolded``).
+- ``cascade``: distilled (folded) student first, the model for unsure rows; swept over tau, the
+  chosen tau published.
 - ``cache``: a TTL + LRU prediction cache in front of the model, under a Zipf request stream.
 - ``onnx`` / ``onnx-int8``: the model in ONNX Runtime, fp32 / dynamic int8 (CPU).
 
@@ -60,14 +63,16 @@ from scalelab.model.prune import (
     sparsity,
 )
 from scalelab.model.publish import files_size, write_model_files
-from scalelab.model.quantize import int8_variant
+from scalelab.model.quantize import choose_int8
 from scalelab.model.trainer import TrainConfig, cross_entropy, train
-from scalelab.nets import registry
+from scalelab.nets import onnx, registry
+from scalelab.nets.folded import ARCH as FOLDED
+from scalelab.nets.folded import fold
 from scalelab.nets.tabular import TabularNet
 from scalelab.nets.variants import CascadeNet, FusedTabularNet
 
 STAGE = "model"
-FIXED = ("int8", "distill", "cascade", "cache", "onnx", "onnx-int8")
+FIXED = ("int8", "fold", "distill", "cascade", "cache", "onnx", "onnx-int8")
 PREFIXES = ("prune-structured-", "prune-unstructured-")
 
 
@@ -212,12 +217,17 @@ class Bench:
     def _make(self, name: str, arch: str, params: dict[str, Any]) -> list[Variant]:
         dev = self.cfg.device
         if name == "int8":
-            q, qarch, qparams = int8_variant(self.teacher, arch, params)
-            return [Variant(name=name, technique="dynamic int8 quantization (Linear layers)",
-                            parameters={"dtype": "qint8", "backend": "torch.ao quantize_dynamic"},
-                            model=q, arch=qarch, arch_params=qparams, device="cpu",
-                            extras={"note": "int8 dynamic kernels are CPU-only"}
-                            if dev != "cpu" else {})]
+            return [self._int8(arch, params)]
+        if name == "fold":
+            folded = fold(self.teacher)
+            with torch.inference_mode():
+                c, x = self.test.categorical[:4096], self.test.numeric[:4096]
+                diff = float((folded(c, x) - self.teacher.cpu()(c, x)).abs().max())
+            self.teacher = self.teacher.to(dev)
+            return [Variant(name=name, technique="embedding folding (exact rewrite: embeddings "
+                            "x first layer precomputed, one embedding_bag)", parameters={},
+                            model=folded, arch=FOLDED, arch_params=folded.cfg.to_dict(),
+                            device=dev, extras={"max_abs_logit_diff": diff})]
         if name.startswith("prune-unstructured-"):
             amount = amount_from_name(name, "prune-unstructured-")
             m = prune_unstructured(self.teacher, amount)
@@ -240,14 +250,32 @@ class Bench:
                                         "rate_per_s": self.cfg.cache_rate_per_s},
                             model=self.teacher, device=dev)]
         assert name in ("onnx", "onnx-int8"), name
-        om = ort.tabular(self.teacher, self.workdir / name, int8=name == "onnx-int8",
-                        n_categorical=int(self.test.categorical.shape[1]),
-                        n_numeric=int(self.test.numeric.shape[1]),
-                        threads=self.cfg.measure.threads)
+        int8 = name == "onnx-int8"
+        om = ort.tabular(self.teacher, self.workdir / name, int8=int8,
+                         n_categorical=int(self.test.categorical.shape[1]),
+                         n_numeric=int(self.test.numeric.shape[1]),
+                         threads=self.cfg.measure.threads)
         self.teacher = self.teacher.to(dev)
-        return [Variant(name=name, technique="ONNX Runtime " + ("dynamic int8" if
-                        name == "onnx-int8" else "fp32"), parameters={"provider": "CPU"},
-                        model=om, device="cpu")]
+        return [Variant(name=name, technique="ONNX Runtime " + ("dynamic int8" if int8
+                                                               else "fp32"),
+                        parameters={"provider": "CPU"}, model=om, arch=onnx.ARCH,
+                        arch_params={"exported_from": arch, "int8": int8}, device="cpu")]
+
+    def _int8(self, arch: str, params: dict[str, Any]) -> Variant:
+        teacher = self.teacher.cpu()
+        n = min(len(self.test), 4096)
+        choice = choose_int8(teacher, arch, params, workdir=self.workdir,
+                             categorical=self.test.categorical[:n], numeric=self.test.numeric[:n],
+                             threads=self.cfg.measure.threads)
+        self.teacher = teacher.to(self.cfg.device)
+        extras: dict[str, Any] = {"candidates_p50_ms_batch1": choice.p50_ms_batch1}
+        if self.cfg.device != "cpu":
+            extras["note"] = "int8 dynamic kernels are CPU-only"
+        return Variant(name="int8", technique=f"dynamic int8 quantization ({choice.backend}, "
+                       "the faster int8 path measured at batch 1)",
+                       parameters={"dtype": "qint8", "backend": choice.backend},
+                       model=choice.model, arch=choice.arch, arch_params=choice.params,
+                       device="cpu", extras=extras)
 
     def _structured(self, name: str, arch: str) -> list[Variant]:
         if arch != "tabular_mlp" or not isinstance(self.teacher, TabularNet):
@@ -326,15 +354,24 @@ class Bench:
         params = {"temperature": dc.temperature, "alpha": dc.alpha, "hidden": dc.hidden,
                   "embedding_dim": dc.embedding_dim, "epochs": dc.train.epochs,
                   "transfer_fraction": self.cfg.transfer_fraction}
-        sparams = kd.cfg.to_dict()
+        # The student is served folded (exact; nets/folded.py): its job is to be fast, and at
+        # batch 1 the op count sets its latency. The unfolded row shows what folding adds.
+        served, control_served = fold(kd), fold(control)
         return [
             Variant(name="distill", technique="knowledge distillation into a fused-embedding "
-                    "student (labelled + unlabelled transfer rows)", parameters=params, model=kd,
-                    arch="tabular_fused", arch_params=sparams, device=self.cfg.device,
-                    extras={"study": study}),
+                    "student (labelled + unlabelled transfer rows), served folded",
+                    parameters=params, model=served.to(self.cfg.device), arch=FOLDED,
+                    arch_params=served.cfg.to_dict(), device=self.cfg.device,
+                    extras={"study": study, "student_architecture": "tabular_fused",
+                            "student_params": kd.cfg.to_dict()}),
+            Variant(name="distill-unfolded", technique="the same student, not folded (control)",
+                    parameters=params, model=kd, arch="tabular_fused",
+                    arch_params=kd.cfg.to_dict(), device=self.cfg.device, requested=False),
             Variant(name="student-labels", technique="same student, labelled rows only "
-                    "(control, no teacher)", parameters={"epochs": dc.train.epochs}, model=control,
-                    arch="tabular_fused", arch_params=sparams, device=self.cfg.device,
+                    "(control, no teacher), served folded",
+                    parameters={"epochs": dc.train.epochs},
+                    model=control_served.to(self.cfg.device), arch=FOLDED,
+                    arch_params=control_served.cfg.to_dict(), device=self.cfg.device,
                     requested=False),
         ]
 
@@ -353,13 +390,14 @@ class Bench:
         share = {p.tau: p.share_to_large for p in points}
         base_f1 = evaluate(self.test.labels, lp.argmax(1), self.classes).macro_f1
         tau = cascade_mod.choose_tau(f1, share, base_f1, self.cfg.cascade_max_loss_points)
-        small_spec = {"architecture": "tabular_fused", "params": small.cfg.to_dict()}
+        served = fold(small).to(self.cfg.device)
+        small_spec = {"architecture": FOLDED, "params": served.cfg.to_dict()}
         quick = MeasureConfig(batch_sizes=self.cfg.measure.batch_sizes,
                               calls=max(20, self.cfg.measure.calls // 4),
                               warmup=self.cfg.measure.warmup, threads=self.cfg.measure.threads,
                               price_per_core_hour=self.cfg.measure.price_per_core_hour,
                               price_per_gpu_hour=self.cfg.measure.price_per_gpu_hour)
-        nets = [CascadeNet(small, self.teacher, p.tau).eval() for p in points]
+        nets = [CascadeNet(served, self.teacher, p.tau).eval() for p in points]
         c, x = self.test.categorical.to(self.cfg.device), self.test.numeric.to(self.cfg.device)
         runs: list[list[Measurement]] = [[] for _ in points]
         for _ in range(self.cfg.measure.rounds):
@@ -375,7 +413,7 @@ class Bench:
         return Variant(name="cascade", technique="cascade: distilled student, model when unsure",
                        parameters={"tau": tau, "max_loss_points":
                                    self.cfg.cascade_max_loss_points},
-                       model=CascadeNet(small, self.teacher, tau).eval(), arch="cascade",
+                       model=CascadeNet(served, self.teacher, tau).eval(), arch="cascade",
                        arch_params={"small": small_spec, "large": {"architecture": arch,
                                                                    "params": params},
                                     "tau": tau},
@@ -444,8 +482,6 @@ class Bench:
             with tempfile.TemporaryDirectory(prefix="scalelab-size-") as d:
                 write_model_files(Path(d), v.model, arch=v.arch, params=v.arch_params)
                 return files_size(Path(d))
-        if isinstance(v.model, ort.OrtTabular):
-            return v.model.model_bytes
         return None
 
     def _record(self, i: int, v: Variant, base: Variant, experiment: str) -> Record:

@@ -13,11 +13,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from scalelab.core.errors import BadUsageError
+from scalelab.nets.onnx import OnnxNet
 
 INSTALL_HINT = "pip install onnx onnxruntime (or: .venv/bin/pip install onnx onnxruntime)"
 
@@ -30,6 +30,15 @@ def _require() -> Any:
         raise BadUsageError(f"ONNX Runtime variants need onnx and onnxruntime ({e}); "
                             f"{INSTALL_HINT}") from None
     return onnxruntime
+
+
+def available() -> bool:
+    """Whether onnx and onnxruntime are importable (the optional ONNX variants need both)."""
+    try:
+        _require()
+    except BadUsageError:
+        return False
+    return True
 
 
 def export(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path, *,
@@ -74,22 +83,8 @@ def session(path: Path, *, threads: int | None = None) -> Any:
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
-class OrtTabular:
-    """A flights model in ONNX Runtime, called like the torch one: (categorical, numeric)."""
-
-    def __init__(self, path: Path, *, threads: int = 1) -> None:
-        self.path = path
-        self.sess = session(path, threads=threads)
-        self.model_bytes = path.stat().st_size
-
-    def __call__(self, categorical: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
-        out = self.sess.run(None, {"categorical": categorical.cpu().numpy(),
-                                   "numeric": numeric.cpu().numpy()})[0]
-        return torch.from_numpy(np.asarray(out))
-
-
 def tabular(module: nn.Module, workdir: Path, *, int8: bool, n_categorical: int,
-            n_numeric: int, threads: int = 1) -> OrtTabular:
+            n_numeric: int, threads: int = 1) -> OnnxNet:
     """Export a flights model (fp32, optionally ORT-int8) and open it."""
     workdir.mkdir(parents=True, exist_ok=True)
     example = (torch.zeros((2, n_categorical), dtype=torch.long),
@@ -99,5 +94,5 @@ def tabular(module: nn.Module, workdir: Path, *, int8: bool, n_categorical: int,
                   dynamic_axes={"categorical": {0: "batch"}, "numeric": {0: "batch"},
                                 "logits": {0: "batch"}})
     if not int8:
-        return OrtTabular(fp32, threads=threads)
-    return OrtTabular(quantize(fp32, workdir / "model.int8.onnx"), threads=threads)
+        return OnnxNet(fp32.read_bytes(), threads=threads)
+    return OnnxNet(quantize(fp32, workdir / "model.int8.onnx").read_bytes(), threads=threads)

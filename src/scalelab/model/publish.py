@@ -24,7 +24,8 @@ from torch import nn
 
 from scalelab.core.errors import BadInputError
 from scalelab.core.manifest import code_version, dir_digest
-from scalelab.nets import registry
+from scalelab.nets import onnx, registry
+from scalelab.nets.onnx import OnnxNet
 from scalelab.nets.repository import (
     CONFIG_FILE,
     MANIFEST_FILE,
@@ -41,10 +42,14 @@ PREPROCESS_FILE = "preprocess.json"
 
 def write_model_files(directory: Path, module: nn.Module, *, arch: str,
                       params: dict[str, Any]) -> None:
-    """model.json + model.safetensors for any variant (int8 ones as int8 tensors + scales)."""
-    if isinstance(module, Int8Module):
+    """model.json + weights for any variant: model.safetensors (int8 ones as int8 tensors +
+    scales), or model.onnx for a graph run by ONNX Runtime."""
+    if isinstance(module, Int8Module | OnnxNet):
         directory.mkdir(parents=True, exist_ok=True)
-        save_file(module.int8_state(), str(directory / registry.WEIGHTS_FILE))
+        if isinstance(module, OnnxNet):
+            onnx.save(directory, module)
+        else:
+            save_file(module.int8_state(), str(directory / registry.WEIGHTS_FILE))
         spec = {"architecture": arch, "params": params}
         (directory / registry.SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n",
                                                    encoding="utf-8")
@@ -55,7 +60,8 @@ def write_model_files(directory: Path, module: nn.Module, *, arch: str,
 def files_size(directory: Path) -> int:
     """Bytes of the model files (model.json + weights) in a version directory."""
     return sum((directory / f).stat().st_size
-               for f in (registry.SPEC_FILE, registry.WEIGHTS_FILE) if (directory / f).is_file())
+               for f in (registry.SPEC_FILE, registry.WEIGHTS_FILE, onnx.FILE)
+               if (directory / f).is_file())
 
 
 @dataclass(frozen=True, kw_only=True)

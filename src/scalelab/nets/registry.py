@@ -86,6 +86,8 @@ def load_module(directory: str | Path, *, device: str = "cpu") -> nn.Module:
     """Rebuild a module from model.json and load its safetensors weights (no pickle involved)."""
     d = Path(directory)
     spec = read_spec(d)
+    if spec["architecture"] == onnx.ARCH:
+        return onnx.load(d, spec["params"]).eval()
     module = build(spec["architecture"], spec["params"])
     w = d / WEIGHTS_FILE
     if not w.is_file():
@@ -101,4 +103,4 @@ def load_module(directory: str | Path, *, device: str = "cpu") -> nn.Module:
     return module.eval()
 
 
-from scalelab.nets import variants  # noqa: E402,F401  (registers variant architectures)
+from scalelab.nets import folded, onnx, variants  # noqa: E402,F401  (registers architectures)

@@ -1,0 +1,76 @@
+"""A model version stored as ONNX and run by ONNX Runtime, callable like any torch model.
+
+Architecture ``onnx``: model.json + model.onnx (no safetensors). ONNX is a protobuf graph with
+its weights inside; loading it runs no Python code from the file, so it keeps the repository's
+"nothing is unpickled" rule. `OnnxNet` is an nn.Module only so the server, promotion gate and
+bench can hold it like the others: forward hands the tensors to an InferenceSession (CPU,
+threads as many as torch uses) and wraps the result back into a tensor.
+
+Needs the optional packages onnx + onnxruntime (`pip install 'scalelab[minilm]'`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from scalelab.core.errors import BadInputError, BadUsageError
+
+ARCH = "onnx"
+FILE = "model.onnx"
+INSTALL_HINT = "pip install onnx onnxruntime (or: pip install 'scalelab[minilm]')"
+
+
+def runtime() -> Any:
+    """The onnxruntime module, or a BadUsageError saying how to install it."""
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise BadUsageError(f"ONNX models need onnxruntime ({e}); {INSTALL_HINT}") from None
+    return onnxruntime
+
+
+class OnnxNet(nn.Module):
+    """An ONNX graph (inputs in order, first output = logits) behind a torch-style forward."""
+
+    def __init__(self, graph: bytes, *, threads: int | None = None) -> None:
+        super().__init__()
+        ort = runtime()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads or torch.get_num_threads()
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(graph, sess_options=opts,
+                                                providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types for bad graphs
+            raise BadInputError(f"not a loadable ONNX graph ({e}); re-export the model") from e
+        self.graph = graph
+        self.input_names = [i.name for i in self.session.get_inputs()]
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if len(inputs) != len(self.input_names):
+            raise BadInputError(f"the ONNX graph takes {len(self.input_names)} inputs "
+                                f"({', '.join(self.input_names)}), got {len(inputs)}")
+        feed = {n: t.detach().cpu().numpy() for n, t in zip(self.input_names, inputs, strict=True)}
+        return torch.from_numpy(np.asarray(self.session.run(None, feed)[0]))
+
+    def nbytes(self) -> int:
+        return len(self.graph)
+
+
+def load(directory: Path, params: dict[str, Any]) -> OnnxNet:
+    """Open DIR/model.onnx (params are informational: what was exported, how)."""
+    path = directory / FILE
+    if not path.is_file():
+        raise BadInputError(f"{path} is missing; an '{ARCH}' model version needs {FILE}")
+    return OnnxNet(path.read_bytes())
+
+
+def save(directory: Path, net: OnnxNet) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / FILE).write_bytes(net.graph)

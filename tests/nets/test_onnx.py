@@ -1,0 +1,46 @@
+"""ONNX model versions load through the registry and run like torch ones (needs onnxruntime,
+part of the dev extras)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from scalelab.core.errors import BadInputError
+from scalelab.model import ort
+from scalelab.nets import onnx, registry
+from scalelab.nets.tabular import TabularConfig, TabularNet
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+
+def _export(tmp_path: Path) -> tuple[TabularNet, onnx.OnnxNet]:
+    net = TabularNet(TabularConfig(cardinalities=[5, 7], n_numeric=3)).eval()
+    return net, ort.tabular(net, tmp_path / "export", int8=False, n_categorical=2, n_numeric=3)
+
+
+def test_onnx_version_round_trips(tmp_path: Path) -> None:
+    net, exported = _export(tmp_path)
+    version = tmp_path / "v1"
+    onnx.save(version, exported)
+    (version / registry.SPEC_FILE).write_text(json.dumps(
+        {"architecture": onnx.ARCH, "params": {"exported_from": "tabular_mlp"}}))
+    loaded = registry.load_module(version)
+    c, x = torch.tensor([[1, 2], [4, 6]]), torch.randn(2, 3)
+    with torch.inference_mode():
+        assert torch.allclose(loaded(c, x), net(c, x), atol=1e-5)
+    with pytest.raises(BadInputError, match="takes 2 inputs"):
+        loaded(c)
+
+
+def test_broken_onnx_versions_are_refused(tmp_path: Path) -> None:
+    version = tmp_path / "v1"
+    version.mkdir()
+    (version / registry.SPEC_FILE).write_text(json.dumps({"architecture": "onnx", "params": {}}))
+    with pytest.raises(BadInputError, match=r"model\.onnx is missing"):
+        registry.load_module(version)
+    (version / onnx.FILE).write_bytes(b"not a graph")
+    with pytest.raises(BadInputError, match="not a loadable ONNX graph"):
+        registry.load_module(version)
