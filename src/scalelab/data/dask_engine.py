@@ -27,11 +27,11 @@ import polars as pl
 
 from scalelab.core.errors import BadInputError, RunFailedError
 from scalelab.data.dedupe import bucket_of, deduplicate
-from scalelab.data.features import Dimensions, build_features
+from scalelab.data.features import INPUT_COLUMNS, Dimensions, build_features
 from scalelab.data.ingest import file_name, ingest_file
 from scalelab.data.meter import StageMeter
 from scalelab.data.quarantine import validate
-from scalelab.data.split import split_by_time
+from scalelab.data.split import split_by_time, split_order
 
 
 def _ingest_task(path: str, root: str, names: list[str], dims: Dimensions, n_buckets: int
@@ -51,9 +51,9 @@ def _bucket_task(bucket: int, dims: Dimensions, test_months: int, with_stats: bo
                  *pieces: pl.DataFrame) -> dict[str, Any]:
     t0 = time.perf_counter()
     frame = pl.concat(list(pieces))
-    dd = deduplicate(frame)
-    feats = build_features(dd.frame, dims)
-    sp = split_by_time(feats, test_months=test_months)
+    dd = deduplicate(frame, keep_columns=INPUT_COLUMNS)
+    feats = build_features(dd.frame, dims, order=split_order(test_months))
+    sp = split_by_time(feats, test_months=test_months, ordered=True)
     stats: tuple[Any, Any] | None = None
     if with_stats:
         from scalelab.data.stats import compute_stats

@@ -10,6 +10,7 @@ source's "...Z" strings say). Numeric features are Float64 with nulls allowed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import polars as pl
@@ -24,6 +25,10 @@ LABEL = "delay_class"
 CLASSES: tuple[str, ...] = ("on_time", "late_15_60", "late_60_plus", "cancelled")
 FEATURE_COLUMNS: tuple[str, ...] = ("flight_key", "time_hour", *CATEGORICAL, *NUMERIC, LABEL)
 """Exactly the columns of train.parquet and test.parquet, in this order."""
+INPUT_COLUMNS: tuple[str, ...] = (
+    "year", "month", "day", "carrier", "flight", "tailnum", "origin", "dest", "sched_dep_time",
+    "sched_arr_time", "distance", "time_hour", LABEL)
+"""The deduplicated flights columns build_features reads."""
 WEATHER_NUMERIC = ("temp", "dewp", "humid", "wind_speed", "precip", "pressure", "visib")
 
 
@@ -66,23 +71,34 @@ class Dimensions:
 
 
 def flight_key() -> pl.Expr:
-    """'20130101-UA-1545-EWR-0515': date, carrier, flight number, origin, scheduled time."""
-    return pl.format("{}{}{}-{}-{}-{}-{}",
-                     pl.col("year"), pl.col("month").cast(pl.String).str.zfill(2),
-                     pl.col("day").cast(pl.String).str.zfill(2), pl.col("carrier"),
-                     pl.col("flight"), pl.col("origin"),
-                     pl.col("sched_dep_time").cast(pl.String).str.zfill(4))
+    """'20130101-UA-1545-EWR-0515': date, carrier, flight number, origin, scheduled time.
+
+    Over valid rows (quarantine.RANGES: 4-digit year, non-negative month, day and time) the
+    zero padding is arithmetic: ~40% cheaper than formatting and padding each part."""
+    date = (pl.col("year").cast(pl.Int32) * 10_000 + pl.col("month").cast(pl.Int32) * 100
+            + pl.col("day").cast(pl.Int32))
+    hhmm = (pl.col("sched_dep_time").cast(pl.Int32) + 10_000).cast(pl.String).str.slice(1)
+    return pl.concat_str([date.cast(pl.String), pl.col("carrier"),
+                          pl.col("flight").cast(pl.String), pl.col("origin"), hhmm],
+                         separator="-")
 
 
-def build_features(frame: pl.DataFrame, dims: Dimensions) -> pl.DataFrame:
-    """Deduplicated typed flights (with delay_class) -> the feature contract's columns."""
+def build_features(frame: pl.DataFrame, dims: Dimensions, *,
+                   order: Sequence[pl.Expr] = ()) -> pl.DataFrame:
+    """Deduplicated typed flights (with delay_class) -> the feature contract's columns, rows in
+    input order, or sorted by ORDER (expressions over the input and flight_key; split.py's
+    split_order()). Sorting here, before the joins widen each row from ~90 to ~230 bytes,
+    copies the narrow table instead of the output (~0.75 GB less peak memory at scale 10)."""
     date = pl.date(pl.col("year"), pl.col("month"), pl.col("day"))
+    rows = frame.lazy().with_columns(flight_key().alias("flight_key"))
+    if order:
+        rows = rows.sort(order)
     out = (
-        frame.lazy()
-        .join(dims.weather.lazy(), on=["origin", "time_hour"], how="left")
-        .join(dims.planes.lazy(), on="tailnum", how="left")
+        rows
+        .join(dims.weather.lazy(), on=["origin", "time_hour"], how="left",
+              maintain_order="left")
+        .join(dims.planes.lazy(), on="tailnum", how="left", maintain_order="left")
         .with_columns(
-            flight_key().alias("flight_key"),
             pl.col("plane_model").fill_null("UNKNOWN"),
             date.dt.weekday().cast(pl.Float64).alias("day_of_week"),
             (pl.col("sched_dep_time") // 100).cast(pl.Float64).alias("sched_dep_hour"),

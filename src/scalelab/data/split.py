@@ -32,11 +32,29 @@ class SplitResult:
     """First month (1-12) that goes to test."""
 
 
-def split_by_time(features: pl.DataFrame, *, test_months: int = 2) -> SplitResult:
+def split_order(test_months: int = 2) -> list[pl.Expr]:
+    """Train rows, then test rows, each in SORT_COLUMNS order: a table sorted so splits into
+    two zero-copy slices (split_by_time(..., ordered=True))."""
+    return [pl.col("month") >= float(13 - test_months), *map(pl.col, SORT_COLUMNS)]
+
+
+def split_by_time(features: pl.DataFrame, *, test_months: int = 2, ordered: bool = False
+                  ) -> SplitResult:
+    """Train and test as slices of FEATURES sorted by split_order(); ORDERED: it already is
+    (build_features(..., order=split_order()) sorts before the joins widen the rows), so the
+    sort, a copy of the whole table, is skipped. Filtering then sorting each side instead
+    copied the larger side twice (~0.6 GB more peak memory at scale 10)."""
     cutoff = 13 - test_months
     is_test = pl.col("month") >= float(cutoff)
-    train = features.filter(~is_test).sort(SORT_COLUMNS)
-    test = features.filter(is_test).sort(SORT_COLUMNS)
+    n_none, n_test = features.select(is_test.is_null().sum().alias("none"),
+                                     is_test.sum().alias("test")).row(0)
+    ordered_rows = features if ordered else features.sort(split_order(test_months))
+    assert not ordered or features.select(  # sides grouped in order: no month, train, test
+        is_test.cast(pl.Int8).fill_null(-1).diff().min().fill_null(0) >= 0).item()
+    # A row without a month is on neither side: those sort first and are sliced off.
+    n_train = features.height - n_none - n_test
+    train = ordered_rows.slice(n_none, n_train)
+    test = ordered_rows.slice(n_none + n_train)
     return SplitResult(train=train, test=test, cutoff_month=cutoff)
 
 
@@ -45,8 +63,15 @@ def check_leakage(train: pl.DataFrame, test: pl.DataFrame) -> dict[str, int]:
     keys = train.select("flight_key").join(test.select("flight_key"), on="flight_key",
                                            how="semi").height
     content = [c for c in train.columns if c != "flight_key"]
-    dup = train.select(content).unique().join(test.select(content).unique(), on=content,
-                                              how="semi", nulls_equal=True).height
+    a, b = train.select(content), test.select(content)
+    if content:
+        # Rows can only be equal where their first column is: comparing whole rows only there
+        # is exact, and nearly free when that column is what the split cut on (time_hour):
+        # hashing every row of both sides took ~1.3 s of a 3.4M-row run.
+        first = content[0]
+        a = a.join(b.select(first).unique(), on=first, how="semi", nulls_equal=True)
+        b = b.join(a.select(first).unique(), on=first, how="semi", nulls_equal=True)
+    dup = a.unique().join(b.unique(), on=content, how="semi", nulls_equal=True).height
     if keys or dup:
         raise LeakageError(f"train/test leakage: {keys} flight_key(s) and {dup} duplicate row(s) "
                            "are on both sides; the split is not time-disjoint")

@@ -1,0 +1,59 @@
+"""The plain-CSV fast path of ingest gives exactly what the line-by-line reader gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from scalelab.data import ingest
+from scalelab.data.flights import FLIGHT_COLUMNS
+
+HEADER = ",".join(FLIGHT_COLUMNS).encode()
+ROW = b"2013,1,1,517,515,2,830,819,11,UA,1545,N14228,EWR,IAH,227,1400,5,15,2013-01-01T10:00:00Z"
+NA_ROW = b"2013,1,1,NA,515,,NA,819,NA,UA,1545,,EWR,IAH,NA,1400,5,15,2013-01-01T10:00:00Z"
+SPACED = b"2013, 1 ,1,517,515,2,830,819,11,UA,1545, N1 ,EWR,IAH,227,1400,5,15,2013-01-01 10:00:00"
+
+
+def _line_reader(monkeypatch: pytest.MonkeyPatch, path: Path) -> ingest.Ingested:
+    with monkeypatch.context() as m:
+        m.setattr(ingest, "_read_plain_csv", lambda data, rel: None)
+        return ingest.ingest_file(path, path.parent)
+
+
+@pytest.mark.parametrize("body, plain", [
+    (HEADER + b"\n" + ROW + b"\n" + NA_ROW + b"\n" + SPACED + b"\n", True),
+    (HEADER + b"\n" + ROW + b"\n" + NA_ROW, True),                  # no final newline
+    (b"\xef\xbb\xbf" + HEADER + b"\n" + ROW + b"\n", True),         # UTF-8 BOM
+    (HEADER + b"\n" + ROW.replace(b"N14228", "N\u00e9".encode()) + b"\n", True),
+    (HEADER + b"\n", True),                                         # header only
+    (HEADER + b"\n" + ROW + b"\n\n" + ROW + b"\n", False),          # blank line
+    (HEADER + b"\n" + ROW + b",x\n" + ROW[:-3] + b"\n", False),     # +1 and -1 field
+    (HEADER + b"\n" + ROW + b",x\n" + b"\n" + ROW + b"\n", False),  # +1 field, blank line
+    (HEADER + b"\n" + ROW + b"\n" + ROW.replace(b",", b";", 1) + b"\n", False),
+    (HEADER + b"\r\n" + ROW + b"\r\n", False),                      # CRLF
+    (HEADER + b"\n" + ROW.replace(b"UA", b'"UA"') + b"\n", False),  # quotes
+    (HEADER + b"\n" + ROW.replace(b"UA", b"U\xff") + b"\n", False),  # undecodable byte
+    (HEADER + b"\n" + ROW.replace(b"UA", "U\ufffd".encode()) + b"\n", False),
+])
+def test_plain_reader_matches_line_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          body: bytes, plain: bool) -> None:
+    path = tmp_path / "f.csv"
+    path.write_bytes(body)
+    assert (ingest._read_plain_csv(body, "f.csv") is not None) == plain
+    fast, slow = ingest.ingest_file(path, tmp_path), _line_reader(monkeypatch, path)
+    assert fast.frame.equals(slow.frame)
+    assert fast.quarantine.sort("row", "column").equals(slow.quarantine.sort("row", "column"))
+    assert (fast.rows_in, fast.anomalies) == (slow.rows_in, slow.anomalies)
+
+
+def test_plain_reader_keeps_text_rows_and_nulls(tmp_path: Path) -> None:
+    path = tmp_path / "f.csv"
+    path.write_bytes(HEADER + b"\n" + NA_ROW + b"\n" + SPACED + b"\n")
+    frame = ingest.ingest_file(path, tmp_path).frame
+    assert frame["_row"].to_list() == [1, 2]
+    assert frame["dep_time"].to_list() == [None, "517"]
+    assert frame["tailnum"].to_list() == [None, " N1 "]
+    assert frame["month"].to_list() == ["1", " 1 "]
+    assert all(t == pl.String for c, t in frame.schema.items() if c in FLIGHT_COLUMNS)
