@@ -57,3 +57,38 @@ def test_plain_reader_keeps_text_rows_and_nulls(tmp_path: Path) -> None:
     assert frame["tailnum"].to_list() == [None, " N1 "]
     assert frame["month"].to_list() == ["1", " 1 "]
     assert all(t == pl.String for c, t in frame.schema.items() if c in FLIGHT_COLUMNS)
+
+
+def _files(tmp_path: Path, bodies: list[bytes]) -> list[Path]:
+    paths = []
+    for i, body in enumerate(bodies):
+        p = tmp_path / f"f{i}.csv"
+        p.write_bytes(body)
+        paths.append(p)
+    return paths
+
+
+def test_plain_group_is_the_files_read_one_by_one(tmp_path: Path) -> None:
+    paths = _files(tmp_path, [HEADER + b"\n" + ROW + b"\n" + NA_ROW,   # no final newline
+                              HEADER + b"\n",                          # header only
+                              b"\xef\xbb\xbf" + HEADER + b"\n" + SPACED + b"\n" + ROW + b"\n"])
+    names = [p.name for p in paths]
+    group = ingest.ingest_plain_group(paths, tmp_path, names)
+    assert group is not None and group.rows_in == 4 and group.quarantine.height == 0
+    one_by_one = pl.concat([ingest.ingest_file(p, tmp_path, names).frame for p in paths])
+    assert group.frame.equals(one_by_one) and group.frame.schema == one_by_one.schema
+    assert group.frame["_row"].to_list() == [1, 2, 1, 2]
+    assert group.frame["_file"].cast(pl.String).to_list() == ["f0.csv", "f0.csv", "f2.csv",
+                                                               "f2.csv"]
+
+
+@pytest.mark.parametrize("second", [
+    HEADER + b"\n" + ROW + b"\n\n" + ROW + b"\n",                       # not plain: blank line
+    HEADER.replace(b"dep_delay", b"dep_dly") + b"\n" + ROW + b"\n",     # another header
+    b",".join(reversed(HEADER.split(b","))) + b"\n" + ROW + b"\n",      # another column order
+    HEADER + b",extra\n" + ROW + b",x\n",                               # an extra column
+    b"",                                                                # empty file
+])
+def test_plain_group_declines_what_it_cannot_read_as_one(tmp_path: Path, second: bytes) -> None:
+    paths = _files(tmp_path, [HEADER + b"\n" + ROW + b"\n", second])
+    assert ingest.ingest_plain_group(paths, tmp_path, [p.name for p in paths]) is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scalelab.data.pipeline import file_groups
+from scalelab.data.local_engine import file_groups
 
 
 def test_groups_are_consecutive_and_close_at_the_byte_budget(tmp_path: Path) -> None:

@@ -199,11 +199,9 @@ def _header(rel: str, first: str | None) -> list[str]:
     return header
 
 
-def _read_plain_csv(data: bytes, rel: str) -> Ingested | None:
-    """The common case, read by polars' CSV reader straight into columns (~2x faster than
-    splitting lines): every line has the header's field count, no quotes, no CR, no blank
-    line, valid UTF-8 without U+FFFD. None when the file is not that plain (the line-by-line
-    reader then finds its bad lines); the checks run over the bytes at memory speed."""
+def _plain_layout(data: bytes, rel: str) -> tuple[list[str], int] | None:
+    """(header, lines) when DATA looks like a plain CSV (see _read_plain_csv), else None; the
+    checks run over the bytes at memory speed."""
     end = data.find(b"\n")
     if end <= 0 or b'"' in data or b"\r" in data:
         return None
@@ -218,9 +216,21 @@ def _read_plain_csv(data: bytes, rel: str) -> Ingested | None:
     buf = np.frombuffer(data, dtype=np.uint8)  # numpy counts ~4x faster than bytes.count
     lines = int(np.count_nonzero(buf == ord("\n"))) + (not data.endswith(b"\n"))
     # With equal totals, a line with too few commas (a blank line has none) implies one with
-    # too many, which the reader refuses below: so every line has the header's field count.
+    # too many, which the reader refuses: so every line has the header's field count.
     if int(np.count_nonzero(buf == ord(","))) != (len(header) - 1) * lines:
         return None
+    return header, lines
+
+
+def _read_plain_csv(data: bytes, rel: str) -> Ingested | None:
+    """The common case, read by polars' CSV reader straight into columns (~2x faster than
+    splitting lines): every line has the header's field count, no quotes, no CR, no blank
+    line, valid UTF-8 without U+FFFD. None when the file is not that plain (the line-by-line
+    reader then finds its bad lines)."""
+    layout = _plain_layout(data, rel)
+    if layout is None:
+        return None
+    header, lines = layout
     try:
         frame = pl.read_csv(data, has_header=True, new_columns=header, infer_schema=False,
                             quote_char=None, null_values=[NULL_TOKEN])
@@ -329,6 +339,52 @@ def _read_parquet(path: Path, rel: str) -> Ingested:
     df = pl.DataFrame([_as_text(df.get_column(c)) for c in df.columns], schema=df.columns)
     df = df.with_row_index("_row", offset=1)
     return _finish(rel, df, [c for c in df.columns if c != "_row"], [], df.height)
+
+
+def ingest_plain_group(paths: list[Path], root: str | Path, names: list[str]) -> Ingested | None:
+    """Several CSV files in one polars read, as ingest_file(p, root, names) of each
+    concatenated would give them, when every file is plain (_read_plain_csv) with the same
+    header of exactly the flights columns (what `data generate` writes); None otherwise, and
+    the caller reads them one by one (which also raises whatever error a file deserves).
+
+    One read of a ~16 MiB group instead of one per ~2.5 MiB file: one call's fixed costs
+    instead of ~7, and fewer chunks for validation to go through; ~13% less wall time for
+    ingest + validate at scale 10."""
+    bodies: list[bytes] = []
+    rows: list[int] = []
+    header: list[str] | None = None
+    for p in paths:
+        if _fmt(p) != "csv":
+            return None
+        try:
+            data = _read_text(p)
+            layout = _plain_layout(data, file_name(p, root))
+        except BadInputError:
+            return None
+        if layout is None or (header is not None and layout[0] != header):
+            return None
+        header, lines = layout
+        if len(header) != len(FLIGHT_COLUMNS) or set(header) != set(FLIGHT_COLUMNS):
+            return None
+        body = data[data.find(b"\n") + 1:]
+        bodies.append(body if not body or body.endswith(b"\n") else body + b"\n")
+        rows.append(lines - 1)
+    if header is None or not sum(rows):
+        return None
+    try:
+        frame = pl.read_csv(b"".join(bodies), has_header=False,
+                            schema=dict.fromkeys(header, pl.String()), quote_char=None,
+                            null_values=[NULL_TOKEN])
+    except pl.exceptions.PolarsError:
+        return None
+    if frame.height != sum(rows):
+        return None
+    enum = pl.Enum(names)
+    rels = pl.Series("_file", [file_name(p, root) for p in paths], dtype=enum)
+    frame = frame.select(*FLIGHT_COLUMNS).with_columns(
+        rels.gather(np.repeat(np.arange(len(paths)), rows)),
+        pl.Series("_row", np.concatenate([np.arange(1, n + 1) for n in rows]), dtype=pl.Int64))
+    return Ingested(frame=frame, quarantine=empty_quarantine(), rows_in=frame.height)
 
 
 def file_name(path: str | Path, root: str | Path) -> str:

@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,7 +28,6 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from scalelab.core.errors import BadUsageError, RunFailedError
-from scalelab.core.machine import available_cores
 from scalelab.core.manifest import (
     ContentDigest,
     Manifest,
@@ -38,21 +38,16 @@ from scalelab.core.manifest import (
     fsync_dir,
     table_row_group_digest,
 )
-from scalelab.data.dedupe import deduplicate
-from scalelab.data.features import FEATURE_COLUMNS, INPUT_COLUMNS, Dimensions, build_features
+from scalelab.data.features import FEATURE_COLUMNS, Dimensions
 from scalelab.data.flights import read_dimension
-from scalelab.data.ingest import file_name, ingest_file, list_inputs
+from scalelab.data.ingest import list_inputs
 from scalelab.data.meter import MemorySampler, StageMeter, StageReport
-from scalelab.data.quarantine import sort_quarantine, validate
-from scalelab.data.split import check_leakage, split_by_time, split_order
+from scalelab.data.quarantine import sort_quarantine
+from scalelab.data.split import check_leakage
 
 ENGINES = ("local", "dask")
 ROW_GROUP_SIZE = 65_536
 """Rows per Parquet row group: the unit of the per-row-group digests."""
-INGEST_THREADS = 2
-"""File groups ingested and validated at once by the local engine (at most the cores)."""
-GROUP_BYTES = 16 * 2**20
-"""Input bytes (~170k flights) the local engine validates in one query."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,109 +150,6 @@ class Outcome:
     cutoff_month: int
     stats: dict[str, Any] | None
     partitions: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(kw_only=True)
-class _GroupResult:
-    """What ingest + validate of a few files leaves (their text frames are already dropped)."""
-
-    rows_in: int
-    rows_sound: int
-    good: pl.DataFrame
-    quarantine: list[pl.DataFrame]
-    anomalies: list[dict[str, Any]]
-    ingest_s: float
-    validate_s: float
-
-
-def file_groups(files: list[Path], max_bytes: int = GROUP_BYTES) -> list[list[Path]]:
-    """Consecutive files, in order, grouped until a group holds MAX_BYTES (or one file)."""
-    groups: list[list[Path]] = []
-    size = max_bytes
-    for f in files:
-        if size >= max_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(f)
-        size += f.stat().st_size
-    return groups
-
-
-def _ingest_validate(paths: list[Path], root: Path, names: list[str], dims: Dimensions
-                     ) -> _GroupResult:
-    t0 = time.perf_counter()
-    ings = [ingest_file(p, root, names) for p in paths]
-    t1 = time.perf_counter()
-    frame = pl.concat([i.frame for i in ings])
-    good, q = validate(frame, carriers=dims.carriers, origins=dims.origins)
-    # One chunk per group, made here in parallel: deduplication over ~8 chunks a group
-    # rechunked the whole table at once (~0.3 GB more peak memory at scale 10, and slower).
-    return _GroupResult(rows_in=sum(i.rows_in for i in ings), rows_sound=frame.height,
-                        good=good.rechunk(), quarantine=[*(i.quarantine for i in ings), q],
-                        anomalies=[a for i in ings for a in i.anomalies], ingest_s=t1 - t0,
-                        validate_s=time.perf_counter() - t1)
-
-
-def run_local(files: list[Path], root: Path, dims: Dimensions, config: RunConfig,
-              meter: StageMeter) -> Outcome:
-    """One process, polars multi-threaded inside each stage."""
-    # Files are ingested and validated a group at a time so only typed valid rows accumulate
-    # (the text frame of a whole scale-10 run would be ~3x larger); each later stage drops its
-    # input as soon as it is done, so peak memory is about one stage's input + output.
-    # Validation is one polars query per group, not per file: its fixed cost per call was
-    # ~40% of it on 28k-row files. Two groups run at once: polars runs such a group mostly on
-    # one thread, so the second keeps the other core busy (~30% less wall time on 2 cores).
-    # The two stages then overlap: each gets the loop's wall time in proportion to its summed
-    # per-group time.
-    ing_rep, val_rep = StageReport(name="ingest"), StageReport(name="validate")
-    goods: list[pl.DataFrame] = []
-    quarantines: list[pl.DataFrame] = []
-    anomalies: list[dict[str, Any]] = []
-    names = [file_name(f, root) for f in files]
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=max(1, min(INGEST_THREADS, available_cores()))) as pool:
-        for r in pool.map(lambda g: _ingest_validate(g, root, names, dims), file_groups(files)):
-            ing_rep.rows_in += r.rows_in
-            ing_rep.rows_out += r.rows_sound
-            val_rep.rows_in += r.rows_sound
-            val_rep.rows_out += r.good.height
-            ing_rep.seconds += r.ingest_s
-            val_rep.seconds += r.validate_s
-            goods.append(r.good)
-            quarantines += r.quarantine
-            anomalies += r.anomalies
-    meter.sampler.sample()
-    t1 = time.perf_counter()
-    busy = ing_rep.seconds + val_rep.seconds
-    ing_rep.seconds = (t1 - t0) * ing_rep.seconds / busy if busy else 0.0
-    val_rep.seconds = (t1 - t0) - ing_rep.seconds
-    ing_rep.peak_memory_bytes = val_rep.peak_memory_bytes = meter.window(t0, t1)
-    meter.add(ing_rep)
-    meter.add(val_rep)
-    good = pl.concat(goods)
-    del goods
-    with meter.stage("dedupe", rows_in=good.height) as st:
-        dd = deduplicate(good, keep_columns=INPUT_COLUMNS)
-        del good
-        st.rows_out = dd.frame.height
-    with meter.stage("features", rows_in=dd.frame.height) as st:
-        feats = build_features(dd.frame, dims, order=split_order(config.test_months))
-        q_dedupe, exact, keyd = dd.quarantine, dd.exact_duplicates, dd.key_duplicates
-        del dd
-        st.rows_out = feats.height
-    with meter.stage("split", rows_in=feats.height) as st:
-        sp = split_by_time(feats, test_months=config.test_months, ordered=True)
-        del feats
-        st.rows_out = sp.train.height + sp.test.height
-    stats = None
-    if config.stats:
-        with meter.stage("stats", rows_in=st.rows_out) as st2:
-            stats = stats_document(train=[compute(sp.train)], test=[compute(sp.test)])
-            st2.rows_out = st2.rows_in
-    q = pl.concat([*quarantines, q_dedupe])
-    return Outcome(rows_in=ing_rep.rows_in, train=sp.train, test=sp.test, quarantine=q,
-                   exact_duplicates=exact, key_duplicates=keyd,
-                   anomalies=anomalies, cutoff_month=sp.cutoff_month, stats=stats)
 
 
 def compute(df: pl.DataFrame) -> Any:
@@ -370,17 +262,30 @@ def run_pipeline(config: RunConfig) -> RunResult:
     root, files = list_inputs(config.input)
     dims = load_dimensions(root)
     t_start = time.perf_counter()
-    # The inputs' digests (~0.4 s of hashing at scale 10) are computed beside the engine, which
-    # leaves part of the cores idle, instead of inside the write stage.
-    with MemorySampler() as sampler, ThreadPoolExecutor(max_workers=1) as background:
-        input_entries = background.submit(_input_entries, files)
-        meter = StageMeter(sampler)
-        if config.engine == "dask":
-            from scalelab.data.dask_engine import run_dask
+    # The inputs' digests (~0.4 s of hashing at scale 10) are computed beside the engine
+    # instead of inside the write stage: the local engine starts them once ingest is done, as
+    # deduplication leaves a core mostly idle and ingest keeps both busy.
+    ingested = threading.Event()
 
-            oc = run_dask(files, root, dims, config, meter)
-        else:
-            oc = run_local(files, root, dims, config, meter)
+    def input_digests() -> list[dict[str, Any]]:
+        ingested.wait()
+        return _input_entries(files)
+
+    with MemorySampler() as sampler, ThreadPoolExecutor(max_workers=1) as background:
+        input_entries = background.submit(input_digests)
+        meter = StageMeter(sampler)
+        try:
+            if config.engine == "dask":
+                from scalelab.data.dask_engine import run_dask
+
+                ingested.set()
+                oc = run_dask(files, root, dims, config, meter)
+            else:
+                from scalelab.data.local_engine import run_local
+
+                oc = run_local(files, root, dims, config, meter, ingested)
+        finally:
+            ingested.set()
         with meter.stage("write", rows_in=oc.train.height + oc.test.height) as st:
             result = _write(config, root, files, input_entries, oc, meter, t_start, st)
             st.rows_out = st.rows_in
@@ -402,19 +307,9 @@ def run_pipeline(config: RunConfig) -> RunResult:
 def _write(config: RunConfig, root: Path, files: list[Path],
            input_entries: Future[list[dict[str, Any]]], oc: Outcome, meter: StageMeter,
            t_start: float, st: StageReport) -> RunResult:
-    q = sort_quarantine(oc.quarantine)
-    q_rows = q.select("file", "row").n_unique()
-    deduped = oc.exact_duplicates + oc.key_duplicates
-    rows_out = oc.train.height + oc.test.height
-    recon = {"rows_in": oc.rows_in, "rows_out": rows_out, "quarantined": q_rows,
-             "deduplicated": deduped, "holds": oc.rows_in == rows_out + q_rows + deduped}
-    if not recon["holds"]:
-        raise RunFailedError(
-            f"reconciliation failed: rows_in {oc.rows_in} != rows_out {rows_out} + quarantined "
-            f"{q_rows} + deduplicated {deduped}; nothing was published (this is a bug: report it)")
-    leakage = check_leakage(oc.train, oc.test)
     assert tuple(oc.train.columns) == FEATURE_COLUMNS
     n_train, n_test = oc.train.height, oc.test.height
+    rows_out = n_train + n_test
     out = config.out
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.with_name(f".{out.name}.staging-{os.getpid()}")
@@ -425,16 +320,29 @@ def _write(config: RunConfig, root: Path, files: list[Path],
     try:
         # The three tables are written at once (each writer is one thread): ~25% off this stage
         # on 2 cores. The local engine's train and test are slices of one table (split.py), so
-        # writing them in turn to free the first would free nothing.
+        # writing them in turn to free the first would free nothing. The checks below run
+        # while train (the longest write) is written, on the core the other writes leave
+        # idle; if one fails, the staging copy is deleted and nothing is published.
         with ThreadPoolExecutor(max_workers=2) as pool:
             pending = {
                 "train.parquet": pool.submit(_write_table, oc.train, staging / "train.parquet",
                                              config.row_group_size, ("flight_key",)),
                 "test.parquet": pool.submit(_write_table, oc.test, staging / "test.parquet",
-                                            config.row_group_size, ("flight_key",)),
-                "quarantine.parquet": pool.submit(_write_table, q,
-                                                  staging / "quarantine.parquet",
-                                                  config.row_group_size)}
+                                            config.row_group_size, ("flight_key",))}
+            q = sort_quarantine(oc.quarantine)
+            pending["quarantine.parquet"] = pool.submit(
+                _write_table, q, staging / "quarantine.parquet", config.row_group_size)
+            q_rows = q.select("file", "row").n_unique()
+            deduped = oc.exact_duplicates + oc.key_duplicates
+            recon = {"rows_in": oc.rows_in, "rows_out": rows_out, "quarantined": q_rows,
+                     "deduplicated": deduped,
+                     "holds": oc.rows_in == rows_out + q_rows + deduped}
+            if not recon["holds"]:
+                raise RunFailedError(
+                    f"reconciliation failed: rows_in {oc.rows_in} != rows_out {rows_out} + "
+                    f"quarantined {q_rows} + deduplicated {deduped}; nothing was published "
+                    "(this is a bug: report it)")
+            leakage = check_leakage(oc.train, oc.test)
             fd = {name: f.result() for name, f in pending.items()}
         t1 = time.perf_counter()
         if oc.stats is not None:
