@@ -25,6 +25,7 @@ from torch import nn
 
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import current_machine
+from scalelab.nets.onnx import OnnxNet
 
 Predictor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -111,8 +112,8 @@ def _sync(device: str) -> None:
 
 def state_bytes(module: Any) -> int:
     """Bytes of the tensors a model keeps resident (int8 layers counted at their int8 size)."""
-    if hasattr(module, "nbytes"):  # an ONNX graph: its weights live inside the graph bytes
-        return int(module.nbytes())
+    if isinstance(module, OnnxNet):  # its weights live inside the graph bytes
+        return module.nbytes()
     if hasattr(module, "int8_state"):
         return sum(t.numel() * t.element_size() for t in module.int8_state().values())
     if isinstance(module, nn.Module):

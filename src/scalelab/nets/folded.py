@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalelab.core.errors import BadInputError
+from scalelab.nets.variants import column_offsets
 
 ARCH = "tabular_folded"
 
@@ -60,10 +61,7 @@ class FoldedTabularNet(nn.Module):
     def __init__(self, cfg: FoldedTabularConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        starts = [0]
-        for c in cfg.cardinalities[:-1]:
-            starts.append(starts[-1] + c)
-        self.register_buffer("offsets", torch.tensor(starts, dtype=torch.long), persistent=False)
+        self.register_buffer("offsets", column_offsets(cfg.cardinalities), persistent=False)
         first = cfg.widths[0]
         self.table = nn.Parameter(torch.zeros(sum(cfg.cardinalities), first))
         self.numeric_weight = nn.Parameter(torch.zeros(cfg.n_numeric, first))

@@ -158,16 +158,21 @@ class FusedTabularConfig:
         return asdict(self)
 
 
+def column_offsets(cardinalities: list[int]) -> torch.Tensor:
+    """Where each column's vocabulary starts when all are laid end to end in one table."""
+    starts = [0]
+    for c in cardinalities[:-1]:
+        starts.append(starts[-1] + c)
+    return torch.tensor(starts, dtype=torch.long)
+
+
 class FusedTabularNet(nn.Module):
     """logits = MLP([table(categorical + offsets).flatten(), numeric])."""
 
     def __init__(self, cfg: FusedTabularConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        starts = [0]
-        for c in cfg.cardinalities[:-1]:
-            starts.append(starts[-1] + c)
-        self.register_buffer("offsets", torch.tensor(starts, dtype=torch.long), persistent=False)
+        self.register_buffer("offsets", column_offsets(cfg.cardinalities), persistent=False)
         self.table = nn.Embedding(sum(cfg.cardinalities), cfg.embedding_dim)
         width = cfg.embedding_dim * len(cfg.cardinalities) + cfg.n_numeric
         layers: list[nn.Module] = []
