@@ -225,7 +225,7 @@ class Bench:
                 diff = float((folded(c, x) - self.teacher.cpu()(c, x)).abs().max())
             self.teacher = self.teacher.to(dev)
             return [Variant(name=name, technique="embedding folding (exact rewrite: embeddings "
-                            "x first layer precomputed, one embedding_bag)", parameters={},
+                            "x first layer precomputed, one lookup-and-sum)", parameters={},
                             model=folded, arch=FOLDED, arch_params=folded.cfg.to_dict(),
                             device=dev, extras={"max_abs_logit_diff": diff})]
         if name.startswith("prune-unstructured-"):
