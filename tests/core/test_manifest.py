@@ -89,3 +89,16 @@ def test_digest_ignores_the_writer(tmp_path: Path) -> None:
     assert parquet_digest(tmp_path / "sliced.parquet").digest != a.digest  # other row groups
     mem = table_row_group_digest(df.to_arrow(), 100)
     assert mem == parquet_digest(tmp_path / "sliced.parquet")
+
+
+def test_an_empty_table_has_one_digest_whoever_wrote_it(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    df = _frame().head(0)
+    df.write_parquet(tmp_path / "polars.parquet", row_group_size=250)  # no row group
+    pq.write_table(df.to_arrow(), tmp_path / "arrow.parquet", row_group_size=250)  # one, empty
+    assert pq.ParquetFile(tmp_path / "polars.parquet").num_row_groups == 0
+    mem = table_row_group_digest(df.to_arrow(), 250)
+    assert parquet_digest(tmp_path / "polars.parquet") == mem
+    assert parquet_digest(tmp_path / "arrow.parquet") == mem
+    assert mem.rows == 0 and len(mem.parts) == 1

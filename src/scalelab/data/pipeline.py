@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.core.manifest import (
@@ -165,19 +164,19 @@ def stats_document(*, train: list[Any], test: list[Any]) -> dict[str, Any]:
     return {"train": merge_all(train).to_dict(), "test": merge_all(test).to_dict()}
 
 
-def _write_table(df: pl.DataFrame, path: Path, row_group_size: int,
-                 plain: tuple[str, ...] = ()) -> ContentDigest:
+def _write_table(df: pl.DataFrame, path: Path, row_group_size: int) -> ContentDigest:
     """Write DF as Parquet; return its per-row-group digest, computed from memory (the bytes
-    just written are not read back: that cost ~40% of the write stage). PLAIN: columns of
-    unique values, written without trying a dictionary first (~12% off writing train)."""
+    just written are not read back: that cost ~40% of the write stage).
+
+    Polars' writer encodes row groups on all cores: 0.74 s for scale 10's train table where
+    pyarrow's (one thread) took 1.63 s. It cuts row groups at exact multiples of
+    ROW_GROUP_SIZE, as table_row_group_digest assumes (tests check the two digests agree)."""
     table = df.to_arrow()
     # The digest runs beside the writer (both release the GIL): ~40% off this stage on 2 cores.
     with ThreadPoolExecutor(max_workers=1) as pool:
         digest = pool.submit(table_row_group_digest, table, row_group_size)
         # snappy: ~2x faster to write than zstd here, files ~30% larger.
-        pq.write_table(table, path, row_group_size=row_group_size, compression="snappy",
-                       use_dictionary=[c for c in df.columns if c not in plain] if plain
-                       else True)
+        df.write_parquet(path, row_group_size=row_group_size, compression="snappy")
         return digest.result()
 
 
@@ -326,9 +325,9 @@ def _write(config: RunConfig, root: Path, files: list[Path],
         with ThreadPoolExecutor(max_workers=2) as pool:
             pending = {
                 "train.parquet": pool.submit(_write_table, oc.train, staging / "train.parquet",
-                                             config.row_group_size, ("flight_key",)),
+                                             config.row_group_size),
                 "test.parquet": pool.submit(_write_table, oc.test, staging / "test.parquet",
-                                            config.row_group_size, ("flight_key",))}
+                                            config.row_group_size)}
             q = sort_quarantine(oc.quarantine)
             pending["quarantine.parquet"] = pool.submit(
                 _write_table, q, staging / "quarantine.parquet", config.row_group_size)
