@@ -38,3 +38,15 @@ def test_exact_key_and_conflicting_duplicates_with_or_without_precomputed_column
     assert given.frame.equals(plain.frame) and given.quarantine.equals(plain.quarantine)
     assert (given.exact_duplicates, given.key_duplicates) == (1, 1)
     assert KEY_HASH not in deduplicate(good.with_columns(key_hash())).frame.columns
+
+
+def test_repeated_is_is_duplicated() -> None:
+    import numpy as np
+
+    from scalelab.data.dedupe import repeated
+
+    rng = np.random.default_rng(7)
+    for values in (rng.integers(0, 50, 1000), rng.integers(0, 2**63, 1000), np.arange(10),
+                   np.array([], dtype=np.int64), np.array([5, 5])):
+        s = pl.Series("h", values, dtype=pl.UInt64)
+        assert repeated(s).equals(s.is_duplicated().alias("h"))
