@@ -31,7 +31,7 @@ from scalelab.data.features import INPUT_COLUMNS, Dimensions, build_features
 from scalelab.data.ingest import file_name, ingest_file
 from scalelab.data.meter import StageMeter
 from scalelab.data.quarantine import validate
-from scalelab.data.split import split_by_time, split_order
+from scalelab.data.split import split_by_time
 
 
 def _ingest_task(path: str, root: str, names: list[str], dims: Dimensions, n_buckets: int
@@ -52,7 +52,7 @@ def _bucket_task(bucket: int, dims: Dimensions, test_months: int, with_stats: bo
     t0 = time.perf_counter()
     frame = pl.concat(list(pieces))
     dd = deduplicate(frame, keep_columns=INPUT_COLUMNS)
-    feats = build_features(dd.frame, dims, order=split_order(test_months))
+    feats = build_features(dd.frame, dims, test_months=test_months)
     sp = split_by_time(feats, test_months=test_months, ordered=True)
     stats: tuple[Any, Any] | None = None
     if with_stats:

@@ -20,7 +20,7 @@ from scalelab.data.features import INPUT_COLUMNS, Dimensions, build_features
 from scalelab.data.ingest import file_name, ingest_file, ingest_plain_group
 from scalelab.data.meter import StageMeter, StageReport
 from scalelab.data.quarantine import validate
-from scalelab.data.split import split_by_time, split_order
+from scalelab.data.split import split_by_time
 
 if TYPE_CHECKING:
     from scalelab.data.pipeline import Outcome, RunConfig
@@ -126,7 +126,7 @@ def run_local(files: list[Path], root: Path, dims: Dimensions, config: RunConfig
         del good
         st.rows_out = dd.frame.height
     with meter.stage("features", rows_in=dd.frame.height) as st:
-        feats = build_features(dd.frame, dims, order=split_order(config.test_months))
+        feats = build_features(dd.frame, dims, test_months=config.test_months)
         q_dedupe, exact, keyd = dd.quarantine, dd.exact_duplicates, dd.key_duplicates
         del dd
         st.rows_out = feats.height

@@ -41,7 +41,7 @@ def split_order(test_months: int = 2) -> list[pl.Expr]:
 def split_by_time(features: pl.DataFrame, *, test_months: int = 2, ordered: bool = False
                   ) -> SplitResult:
     """Train and test as slices of FEATURES sorted by split_order(); ORDERED: it already is
-    (build_features(..., order=split_order()) sorts before the joins widen the rows), so the
+    (build_features(..., test_months=...) sorts before the joins widen the rows), so the
     sort, a copy of the whole table, is skipped. Filtering then sorting each side instead
     copied the larger side twice (~0.6 GB more peak memory at scale 10)."""
     cutoff = 13 - test_months
