@@ -92,14 +92,17 @@ def test_packed_order_declines_what_it_cannot_order(clean: Path) -> None:
     frame = _flights([(1, 1, 5, "UA", 200, "EWR", 515, "N1"),
                       (1, 1, 5, "UA", 1545, "EWR", 515, "N1")])
     half_hour = frame.with_columns(pl.col("time_hour") + pl.duration(minutes=30))
+    before_1970 = frame.with_columns(  # a negative timestamp, not a whole hour
+        pl.Series("time_hour", [datetime(1969, 12, 31, 23, 30), datetime(1969, 12, 31, 23, 10)]))
     unknown = frame.with_columns(pl.lit("ZZ").alias("carrier"))
     dashed = Dimensions(weather=dims.weather, planes=dims.planes,
                         carriers=[*dims.carriers, "A-"], origins=dims.origins)
     assert packed_order(half_hour, dims, 2) is None
+    assert packed_order(before_1970, dims, 2) is None
     assert packed_order(unknown, dims, 2) is None
     assert packed_order(frame, dashed, 2) is None
     assert packed_order(frame.head(0), dims, 2) is None
     # build_features then sorts by split_order itself: the same rows in the same order.
-    for f, d in ((half_hour, dims), (unknown, dims), (frame, dashed)):
+    for f, d in ((half_hour, dims), (before_1970, dims), (unknown, dims), (frame, dashed)):
         assert build_features(f, d, test_months=2)["flight_key"].to_list() == \
             _by_split_order(f)["flight_key"].to_list()
