@@ -10,9 +10,9 @@ failing rows aside, remove exact duplicates then key duplicates (label conflicts
 weather and planes, build the same features, split by month and write Parquet. scalelab runs with
 statistics and lineage off (pandas computes neither), everything else on (including the
 manifest's per-row-group digests). Each side runs in its own subprocess; peak memory is that
-process's RSS sampled every 20 ms with psutil. The sides alternate, --repeat times per scale,
-and the table gives medians (and each run's ratio), since one run on a shared machine can be
-off by a second either way.
+process's RSS sampled every 20 ms with psutil, or its own maxrss if larger. The sides
+alternate, --repeat times per scale, and the table gives medians (and each run's ratio), since
+one run on a shared machine can be off by a second either way.
 
 pandas 3.1.1, pandera 0.35.0 and pyarrow 26.0.1 live in benchmarks/.venvs/pandas, created by
 this script on first use (never project dependencies).
