@@ -72,3 +72,7 @@ app.add_command(lr)
 from scalelab.cli.chinchilla import plan_chinchilla  # noqa: E402
 
 app.add_command(plan_chinchilla, "chinchilla")
+
+from scalelab.cli.plan_memory import plan_memory_cmd  # noqa: E402
+
+app.add_command(plan_memory_cmd, "memory")

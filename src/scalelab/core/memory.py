@@ -1,0 +1,260 @@
+"""Bytes per rank of a transformer's training state and activations, by parallel strategy.
+
+Model states (Rajbhandari et al. 2020, "ZeRO", §3.1): with Ψ parameters, mixed-precision Adam
+holds 2Ψ (fp16 parameters) + 2Ψ (fp16 gradients) + KΨ optimizer bytes with K = 12 (fp32 master
+copy, momentum, variance). The trainer here runs in fp32 on CPU, so its variant is
+4Ψ + 4Ψ + KΨ with K = 8 (momentum and variance; the fp32 parameters are their own master copy):
+16Ψ bytes per replica. Both are offered (`precision`). Per strategy on W ranks:
+
+- dp: every rank holds all of it.
+- fsdp (ZeRO-3): each rank holds 1/W of parameters, gradients and optimizer state.
+- tp (Megatron-style, tensor-parallel degree W): every weight matrix and the embedding/output
+  tables are split W ways; the RMSNorm weights ((2L + 1)·h of them) stay replicated.
+- pp (W stages): a rank holds its ⌈L/W⌉ layers, plus the embedding on the first stage and the
+  final norm and output head on the last; the plan reports the largest stage.
+
+Activations (the bytes autograd saves for backward) follow Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models", §4): per layer, s·b·h·(34 + 5as/h) bytes
+for GPT-3 in 16-bit with dropout; with tensor parallelism (no sequence parallelism) the terms
+inside attention and the MLP divide by t and the rest (layer-norm inputs, residual) do not:
+s·b·h·(10 + 24/t + 5as/(ht)). The trainer's block is Llama's (RMSNorm, RoPE, grouped-query
+attention, SwiGLU) in fp32 without dropout, so the same accounting is redone for it op by op
+(`llama_layer_elements`, each term commented) and multiplied by 4 bytes. Attention runs in
+torch's fused scaled_dot_product_attention, which saves the log-sum-exp (one value per head and
+token) instead of the a·s² score matrix: the 5as/h term becomes a/h.
+
+Pipeline activations: GPipe runs every micro-batch's forward before any backward, so the first
+stage holds m micro-batches of b/m sequences at once; 1F1B holds at most min(p, m) (Narayanan
+et al. 2021). What is not counted: the runtime itself (a torch process is ~300 MiB of RSS
+before any tensor), allocator fragmentation, communication buffers, and FSDP's transient
+all-gathered layer (one block's full parameters and gradients while it runs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from scalelab.core.errors import BadUsageError
+
+Strategy = Literal["dp", "fsdp", "tp", "pp"]
+Precision = Literal["fp32", "mixed"]
+Schedule = Literal["gpipe", "1f1b"]
+STRATEGIES: tuple[str, ...] = ("dp", "fsdp", "tp", "pp")
+
+# Bytes per parameter: (parameters, gradients, optimizer state K).
+STATE_BYTES: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
+ACT_BYTES: dict[str, int] = {"fp32": 4, "mixed": 2}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryQuery:
+    """A transformer and how it is trained: what the planner is asked about."""
+
+    params: int
+    """Total parameters Ψ (embeddings included)."""
+    layers: int
+    """Transformer blocks L."""
+    hidden: int
+    """Model width h."""
+    seq: int
+    """Sequence length s (tokens per sequence)."""
+    batch: int
+    """Global batch in sequences per optimizer step (all ranks together)."""
+    strategy: Strategy
+    world: int
+    """Ranks W (the data-, tensor- or pipeline-parallel degree)."""
+    heads: int | None = None
+    """Attention heads a; None means h / 64 (at least 1)."""
+    kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); None means `heads`."""
+    ffn: int | None = None
+    """SwiGLU inner width f; None means ⌈8h/3⌉."""
+    vocab: int = 0
+    """Vocabulary size V (0: unknown; the logits term and the pipeline's head split then drop)."""
+    tied: bool = False
+    """Input embedding and output head share one table."""
+    precision: Precision = "fp32"
+    micro_batches: int = 1
+    """Micro-batches per step m (pipeline only)."""
+    schedule: Schedule = "1f1b"
+    """Pipeline schedule: gpipe holds m micro-batches in flight, 1f1b at most min(p, m)."""
+
+    def __post_init__(self) -> None:
+        for name in ("params", "layers", "hidden", "seq", "batch", "world", "micro_batches"):
+            if getattr(self, name) < 1:
+                raise BadUsageError(f"--{name.replace('_', '-')} must be >= 1; "
+                                    f"got {getattr(self, name)}")
+        if self.strategy not in STRATEGIES:
+            raise BadUsageError(f"--strategy must be one of {', '.join(STRATEGIES)}; "
+                                f"got {self.strategy!r}")
+        if self.precision not in STATE_BYTES:
+            raise BadUsageError(f"--precision must be fp32 or mixed; got {self.precision!r}")
+        if self.schedule not in ("gpipe", "1f1b"):
+            raise BadUsageError(f"--schedule must be gpipe or 1f1b; got {self.schedule!r}")
+        if self.vocab < 0:
+            raise BadUsageError(f"--vocab must be >= 0; got {self.vocab}")
+        for name in ("heads", "kv_heads", "ffn"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise BadUsageError(f"--{name.replace('_', '-')} must be >= 1; got {v}")
+        if self.kv_heads is not None and self.n_heads % self.kv_heads:
+            raise BadUsageError(f"--heads {self.n_heads} is not a multiple of --kv-heads "
+                                f"{self.kv_heads}")
+        if self.hidden % self.n_heads:
+            raise BadUsageError(f"--hidden {self.hidden} is not a multiple of --heads "
+                                f"{self.n_heads}")
+        if self.strategy == "pp" and self.world > self.layers:
+            raise BadUsageError(f"pipeline over {self.world} stages needs at least as many "
+                                f"layers; got --layers {self.layers}")
+        if self.strategy == "pp" and self.batch % self.micro_batches:
+            raise BadUsageError(f"--batch {self.batch} does not split into --micro-batches "
+                                f"{self.micro_batches}")
+        if self.strategy in ("dp", "fsdp") and self.batch % self.world:
+            raise BadUsageError(f"--batch {self.batch} does not split over --world {self.world}")
+        if self.embedding_params() >= self.params:
+            raise BadUsageError(f"--params {self.params} is not more than the embedding tables "
+                                f"alone ({self.embedding_params()} = vocab × hidden)")
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads if self.heads is not None else max(1, self.hidden // 64)
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.ffn if self.ffn is not None else math.ceil(8 * self.hidden / 3)
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPlan:
+    """Predicted bytes on the busiest rank."""
+
+    strategy: str
+    world: int
+    precision: str
+    params_per_rank: int
+    """Parameters this rank holds (elements)."""
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    total_bytes: int
+    """The four above together: the model's share of the rank's peak."""
+    tokens_per_micro_batch: int
+    """Tokens one forward on this rank processes (sequences × seq)."""
+    in_flight: int
+    """Micro-batches whose activations are held at once (1 outside the pipeline)."""
+    formulas: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def llama_layer_elements(*, tokens: int, hidden: int, heads: int, kv_heads: int, ffn: int,
+                         tp: int = 1) -> int:
+    """Activation elements one Llama block saves for backward over `tokens` tokens.
+
+    Per token, with d = h / a the head width and kv = kv_heads · d, op by op (fp32, no dropout):
+      attention RMSNorm: its input (h) and 1/rms (1)                         h + 1
+      q, k, v projections: their shared input, the norm's output (h)          h
+      RoPE on q and k: the rotated halves it multiplies by sin (h + kv)       h + kv
+      GQA: k and v repeated to every query head (h + h)                       2h
+      fused attention: q, repeated k and v are the tensors above; its output
+        (h) and the log-sum-exp (a)                                           h + a
+      output projection: its input, the heads re-joined (h)                   h
+      MLP RMSNorm: input (h) and 1/rms (1)                                    h + 1
+      gate and up projections: the norm's output (h)                          h
+      SiLU(gate) · up: gate (f), SiLU's output (f), up (f)                    3f
+      down projection: its input, the product (f)                             f
+    Under tensor parallelism of degree t the projections' outputs and the MLP's inner terms
+    split t ways (q/k/v/heads, f); the norms' inputs/outputs and the residual do not — the same
+    split as Korthikanti's 10 + 24/t.
+    """
+    d = hidden // heads
+    kv = kv_heads * d
+    replicated = (hidden + 1) + hidden + (hidden + 1) + hidden
+    split = (hidden + kv) + 2 * hidden + (hidden + heads) + hidden + 4 * ffn
+    return tokens * replicated + -(-tokens * split // tp)
+
+
+def head_elements(*, tokens: int, hidden: int, vocab: int, tp: int = 1) -> int:
+    """The final RMSNorm (input h, 1/rms, output h) and the loss's log-softmax over V logits.
+
+    Under tensor parallelism the logits are gathered whole on every rank before the loss.
+    """
+    del tp
+    return tokens * (2 * hidden + 1 + vocab)
+
+
+def plan_memory(q: MemoryQuery) -> MemoryPlan:
+    """Bytes per rank for `q` (the busiest rank where ranks differ)."""
+    pb, gb, k = STATE_BYTES[q.precision]
+    ab = ACT_BYTES[q.precision]
+    w, L, h = q.world, q.layers, q.hidden
+    norms = (2 * L + 1) * h
+    emb_each = q.vocab * h
+    per_layer = (q.params - q.embedding_params() - h) / L  # final norm apart
+    layer_kw = {"hidden": h, "heads": q.n_heads, "kv_heads": q.n_kv_heads, "ffn": q.ffn_dim}
+    in_flight = 1
+    if q.strategy == "dp":
+        psi = q.params
+        tokens = q.seq * q.batch // w
+        act = L * llama_layer_elements(tokens=tokens, **layer_kw)
+        act += head_elements(tokens=tokens, hidden=h, vocab=q.vocab)
+        f_psi, f_act = "Ψ", "L·layer(s·b/W) + head(s·b/W)"
+    elif q.strategy == "fsdp":
+        psi = math.ceil(q.params / w)
+        tokens = q.seq * q.batch // w
+        act = L * llama_layer_elements(tokens=tokens, **layer_kw)
+        act += head_elements(tokens=tokens, hidden=h, vocab=q.vocab)
+        f_psi, f_act = "⌈Ψ/W⌉", "L·layer(s·b/W) + head(s·b/W)"
+    elif q.strategy == "tp":
+        psi = math.ceil((q.params - norms) / w) + norms
+        tokens = q.seq * q.batch
+        act = L * llama_layer_elements(tokens=tokens, tp=w, **layer_kw)
+        act += head_elements(tokens=tokens, hidden=h, vocab=q.vocab, tp=w)
+        f_psi, f_act = "⌈(Ψ − (2L+1)h)/W⌉ + (2L+1)h", "L·layer_t(s·b) + head(s·b)"
+    else:
+        # Stages take ⌈L/W⌉ layers from the front; the first stage also holds the embedding
+        # and min(W, m) (1F1B) or m (GPipe) micro-batches in flight, the last the final norm,
+        # the output head (its own copy when tied) and one micro-batch's logits.
+        stage_layers = math.ceil(L / w)
+        last_layers = L - (w - 1) * stage_layers if w > 1 else L
+        tokens = q.seq * q.batch // q.micro_batches
+        in_flight = q.micro_batches if q.schedule == "gpipe" else min(w, q.micro_batches)
+        layer_act = llama_layer_elements(tokens=tokens, **layer_kw)
+        head_act = head_elements(tokens=tokens, hidden=h, vocab=q.vocab)
+        first_psi = math.ceil(stage_layers * per_layer) + emb_each
+        last_psi = math.ceil(last_layers * per_layer) + h + emb_each
+        first_act = in_flight * stage_layers * layer_act
+        # The last stage runs each micro-batch's backward right after its forward.
+        last_act = last_layers * layer_act + head_act
+        if w == 1:
+            psi, act = q.params, in_flight * (L * layer_act + head_act)
+        elif (pb + gb + k) * first_psi + ab * first_act >= (pb + gb + k) * last_psi + ab * last_act:
+            psi, act = first_psi, first_act
+        else:
+            psi, act, in_flight = last_psi, last_act, 1
+        f_psi = "busiest of ⌈L/W⌉·Ψ_layer + Vh (first stage), rest + h + Vh (last stage)"
+        f_act = (f"{'m' if q.schedule == 'gpipe' else 'min(W, m)'}·⌈L/W⌉·layer(s·b/m) (first), "
+                 "layers_last·layer(s·b/m) + head(s·b/m) (last)")
+    act_bytes = ab * act
+    formulas = {
+        "params": f"{pb}·{f_psi}", "grads": f"{gb}·{f_psi}", "optimizer": f"{k}·{f_psi}",
+        "activations": f"{ab}·({f_act})",
+        "state_variant": ("fp32 Adam: 4Ψ + 4Ψ + 8Ψ" if q.precision == "fp32"
+                          else "mixed-precision Adam (ZeRO): 2Ψ + 2Ψ + 12Ψ"),
+    }
+    return MemoryPlan(
+        strategy=q.strategy, world=w, precision=q.precision, params_per_rank=psi,
+        param_bytes=pb * psi, grad_bytes=gb * psi, optimizer_bytes=k * psi,
+        activation_bytes=act_bytes, total_bytes=(pb + gb + k) * psi + act_bytes,
+        tokens_per_micro_batch=tokens, in_flight=in_flight, formulas=formulas)
