@@ -1,0 +1,166 @@
+"""When to send: one clock, a wake-up that lands on time, and the generator's lag distribution.
+
+`now()` is CLOCK_MONOTONIC (system-wide on Linux, so processes started apart agree on it, and
+nanosecond resolution). Every load part reads it, never `loop.time()`: uvloop's loop clock
+advances in whole milliseconds, which would quantise every latency.
+
+`sleep_until(t)` wakes at `t` to tens of microseconds on an idle core. The event loop alone
+cannot: the selector (epoll) sleeps in whole milliseconds rounded up, and a CPU that went idle
+for a long wait takes a few hundred microseconds more to wake (a VM's vCPU halts). So the
+timer aims `margin_s` early and the rest is slept in short blocking pieces of at most
+`piece_s`, yielding to the loop between pieces so responses keep being read; a response that
+arrives during a piece is read at most `piece_s` late (its latency is overstated by that
+much, never understated). A pure busy-wait would be tighter on an idle core but costs a core
+per generator, and on a shared machine a spinning process is preempted more often than a
+sleeping one wakes late.
+
+`LagRecorder` keeps every measured send's lateness (send time − due time) in microseconds,
+summarised as `LagStats` (p50/p99/max) and shipped across processes as an HdrHistogram blob.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from array import array
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+
+from scalelab.core.errors import BadUsageError
+from scalelab.load.histogram import LatencyHistogram
+
+now = time.monotonic
+"""The load parts' clock: seconds on CLOCK_MONOTONIC."""
+
+MARGIN_S = 0.002
+"""The loop's timer aims this far before the due time (ms rounding + wake-up latency)."""
+PIECE_S = 0.0002
+"""Longest blocking sleep between two looks at the sockets."""
+LATE_S = 0.001
+"""A send more than this late is counted apart (`LagStats.late`), as before p50/p99 existed."""
+
+LoopImpl = Literal["auto", "asyncio", "uvloop"]
+LOOP_IMPLS: tuple[LoopImpl, ...] = ("auto", "asyncio", "uvloop")
+T = TypeVar("T")
+
+
+async def sleep_until(when: float, *, margin_s: float = MARGIN_S,
+                      piece_s: float = PIECE_S) -> float:
+    """Return at `when` (seconds on `now()`) or just after; returns the time it woke.
+
+    Costs one loop timer per call plus at most (margin_s / piece_s) + 2 short sleeps, each
+    after a zero-timeout look at the sockets.
+    """
+    loop = asyncio.get_running_loop()
+    wait = when - now()
+    if wait > margin_s:
+        fut: asyncio.Future[None] = loop.create_future()
+        handle = loop.call_later(wait - margin_s, _wake, fut)
+        try:
+            await fut
+        finally:
+            handle.cancel()
+    while True:
+        t = now()
+        if t >= when:
+            return t
+        await asyncio.sleep(0)
+        rest = when - now()
+        if rest <= 0:
+            return now()
+        time.sleep(min(rest, piece_s))
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def uvloop_available() -> bool:
+    """True when uvloop can be imported (the `fast` extra)."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_loop(impl: LoopImpl) -> Literal["asyncio", "uvloop"]:
+    """The loop `impl` means here: "auto" is uvloop when installed, else asyncio."""
+    if impl not in LOOP_IMPLS:
+        raise BadUsageError(f"--loop-impl must be one of {', '.join(LOOP_IMPLS)}, got {impl!r}")
+    if impl == "auto":
+        return "uvloop" if uvloop_available() else "asyncio"
+    if impl == "uvloop" and not uvloop_available():
+        raise BadUsageError("--loop-impl uvloop: uvloop is not installed; "
+                            "pip install 'scalelab[fast]' (or uvloop), or use --loop-impl asyncio")
+    return impl
+
+
+def run(coro: Coroutine[Any, Any, T], impl: LoopImpl = "auto") -> T:
+    """`asyncio.run(coro)` on the chosen event loop implementation."""
+    if resolve_loop(impl) == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LagStats:
+    """How late the generator sent, over one level's measured sends (milliseconds)."""
+
+    count: int
+    """Sends measured."""
+    p50_ms: float | None
+    """Median lateness (None when nothing was sent)."""
+    p99_ms: float | None
+    """99th percentile lateness."""
+    max_ms: float | None
+    """Worst lateness."""
+    late: int
+    """Sends more than `LATE_S` late."""
+
+    @property
+    def late_share(self) -> float:
+        return self.late / self.count if self.count else 0.0
+
+
+class LagRecorder:
+    """Lateness of each measured send, appended in the hot path (~50 ns) as integer µs."""
+
+    def __init__(self) -> None:
+        self._us = array("q")
+        self.late = 0
+
+    def add(self, late_s: float) -> None:
+        if late_s > LATE_S:
+            self.late += 1
+        # Early (negative) sends cannot happen with sleep_until; clamp to 0 to be sure.
+        self._us.append(round(late_s * 1e6) if late_s > 0 else 0)
+
+    def __len__(self) -> int:
+        return len(self._us)
+
+    def histogram(self) -> LatencyHistogram:
+        """As an HdrHistogram in µs (values under 1 µs count as 1 µs)."""
+        h = LatencyHistogram()
+        h.record_us(np.frombuffer(self._us, dtype=np.int64))
+        return h
+
+    def stats(self) -> LagStats:
+        return lag_stats([self.histogram()], late=self.late)
+
+
+def lag_stats(hists: Iterable[LatencyHistogram], *, late: int) -> LagStats:
+    """Merge per-process lag histograms into one `LagStats`."""
+    merged = LatencyHistogram()
+    for h in hists:
+        merged.merge(h)
+    if merged.count == 0:
+        return LagStats(count=0, p50_ms=None, p99_ms=None, max_ms=None, late=late)
+    return LagStats(count=merged.count, p50_ms=merged.quantile_ms(0.5),
+                    p99_ms=merged.quantile_ms(0.99), max_ms=merged.max_ms(), late=late)
