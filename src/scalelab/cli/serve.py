@@ -58,11 +58,24 @@ def app() -> None:
               help="How often serving.json changes are picked up.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--http", "http", default="auto", show_default=True,
+              type=click.Choice(["auto", "httptools", "h11"]),
+              help="HTTP parser; auto = httptools when installed (faster), else h11.")
+@click.option("--loop", "loop", default="auto", show_default=True,
+              type=click.Choice(["auto", "uvloop", "asyncio"]),
+              help="Event loop; auto = uvloop when installed (faster), else asyncio.")
+@click.option("--access-log", "access_log", default="sampled", show_default=True,
+              type=click.Choice(["off", "sampled", "full"]),
+              help="Per-request log lines: none, every request while light and at most "
+                   "--access-log-rate lines/s (successes and errors each) when not, or all.")
+@click.option("--access-log-rate", "access_log_rate", default=20.0, show_default=True,
+              type=float, help="Lines per second in sampled mode.")
 def run_cmd(model_repo: Path, host: str, port: int, workers: int, admin_token: str | None,
             max_body: str, sample_dir: Path | None, sample_rate: float, sample_max_rows: int,
             sample_max_files: int, graceful_seconds: float, read_timeout: float,
             torch_threads: int | None,
-            poll_seconds: float, log_level: str) -> None:
+            poll_seconds: float, log_level: str, http: str, loop: str, access_log: str,
+            access_log_rate: float) -> None:
     """Serve every model in --model-repo until interrupted (Ctrl-C drains in-flight requests)."""
     from scalelab.serve.config import ServerSettings
     from scalelab.serve.server import serve
@@ -73,7 +86,8 @@ def run_cmd(model_repo: Path, host: str, port: int, workers: int, admin_token: s
         sample_rate=sample_rate, sample_max_rows=sample_max_rows,
         sample_max_files=sample_max_files, graceful_s=graceful_seconds,
         read_timeout_s=read_timeout,
-        torch_threads=torch_threads, poll_s=poll_seconds, log_level=log_level)
+        torch_threads=torch_threads, poll_s=poll_seconds, log_level=log_level, http=http,
+        loop=loop, access_log=access_log, access_log_per_second=access_log_rate)
     serve(settings)
 
 

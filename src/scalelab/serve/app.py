@@ -11,10 +11,8 @@ import asyncio
 import hmac
 import logging
 import os
-import re
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -26,7 +24,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scalelab import __version__
 from scalelab.core.machine import available_cores
@@ -45,14 +42,13 @@ from scalelab.serve.protocol import (
 from scalelab.serve.repository import ModelEntry, ModelRepository
 from scalelab.serve.sampling import RequestSampler, SamplingConfig
 from scalelab.serve.scheduler import Job, Outputs, VersionWorker
+from scalelab.web.access import AccessLog
+from scalelab.web.guard import Guard
 
 log = logging.getLogger("scalelab.serve")
-access = logging.getLogger("scalelab.serve.access")
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
-REQUEST_ID_HEADER = "x-request-id"
 ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
-_RID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 def _inline_refs(schema: Any, defs: dict[str, Any]) -> Any:
@@ -77,49 +73,6 @@ def _infer_openapi() -> dict[str, Any]:
                             "content": {"application/json": {"schema": body}}}}
 
 
-class Guard:
-    """Pure ASGI middleware: body limit and request id (cheaper than BaseHTTPMiddleware)."""
-
-    def __init__(self, app: ASGIApp, *, max_body: int) -> None:
-        self.app = app
-        self.max_body = max_body
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        given = headers.get(b"x-request-id", b"").decode("latin-1")
-        rid = given if _RID.match(given) else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = rid
-        raw_cl = headers.get(b"content-length")
-        if raw_cl is not None and raw_cl.isdigit() and int(raw_cl) > self.max_body:
-            resp = JSONResponse({"error": f"request body of {int(raw_cl)} bytes exceeds the "
-                                          f"{self.max_body}-byte limit"}, status_code=413,
-                                headers={REQUEST_ID_HEADER: rid})
-            await resp(scope, receive, send)
-            return
-        seen = 0
-        limit = self.max_body
-
-        async def limited() -> Message:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    raise ServeError(413, f"request body exceeds the {limit}-byte limit")
-            return msg
-
-        async def tagged(msg: Message) -> None:
-            if msg["type"] == "http.response.start":
-                msg["headers"] = [*msg.get("headers", []),
-                                  (REQUEST_ID_HEADER.encode(), rid.encode())]
-            await send(msg)
-
-        await self.app(scope, limited, tagged)
-
-
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
@@ -140,6 +93,8 @@ def _timeout_s(request: Request, default_ms: float) -> float:
 
 def create_app(settings: ServerSettings) -> FastAPI:
     metrics = Metrics()
+    access = AccessLog("scalelab.serve.access", settings.access_log,
+                       per_second=settings.access_log_per_second)
     sampler = None
     if settings.sample_dir is not None:
         sub = settings.sample_dir / f"pid-{os.getpid()}" if settings.workers > 1 \
@@ -362,8 +317,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
             if served:
                 metrics.request_seconds.labels(name, served).observe(dt)
             metrics.responses.labels(name, served, str(status)).inc()
-            access.info("infer", extra={"request_id": rid, "model": name, "version": served,
-                                        "status": status, "latency_ms": round(dt * 1000, 3)})
+            access.log(status, "infer", request_id=rid, model=name, version=served,
+                       latency_ms=round(dt * 1000, 3))
 
     infer_doc = _infer_openapi()
 

@@ -186,6 +186,14 @@ class ServerSettings:
     protocol has no such limit, so a client trickling headers a byte at a time (slowloris)
     would hold its connection forever. Costs: a legitimate client on a link slower than
     max_body / read_timeout_s (about 100 KiB/s at the defaults) is cut off."""
+    http: str = "auto"
+    """HTTP parser: auto (httptools when installed, else h11), httptools or h11."""
+    loop: str = "auto"
+    """Event loop: auto (uvloop when installed, else asyncio), uvloop or asyncio."""
+    access_log: str = "sampled"
+    """off, sampled (every request while light, at most access_log_per_second lines a second
+    for successes and as many for errors when not) or full (one line per request)."""
+    access_log_per_second: float = 20.0
 
     def __post_init__(self) -> None:
         self.model_repo = Path(self.model_repo)
@@ -203,6 +211,10 @@ class ServerSettings:
             raise BadUsageError("the GIL switch interval must lie in [0.05, 100] ms")
         if not 0 < self.read_timeout_s <= 3600:
             raise BadUsageError("--read-timeout must lie in (0, 3600] seconds")
+        if self.access_log not in ("off", "sampled", "full"):
+            raise BadUsageError(f"--access-log {self.access_log!r} must be off, sampled or full")
+        if self.access_log_per_second <= 0:
+            raise BadUsageError("--access-log-rate must be > 0 lines per second")
         if self.poll_s <= 0 or self.graceful_s < 0:
             raise BadUsageError("poll interval must be > 0 and graceful timeout >= 0")
 

@@ -1,0 +1,1 @@
+"""Shared HTTP plumbing for the project's servers: guard, read timeout, access log, runner."""
