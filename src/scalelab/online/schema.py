@@ -1,0 +1,47 @@
+"""The stream's reference schema, written by the data part's own `scalelab data infer` (run as a
+subprocess: this part reads the data part's files, never its code) from the clean 2013 events.
+
+One reviewed change after inference: the weather features get no PSI/JS skew threshold. Weather
+is one value per airport and hour broadcast to its flights, so its distribution moves a lot from
+one window to the next in normal data (measured on 2013: temperature PSI between consecutive days
+has median 2.1 and p99 9.5; pressure median 5.7); a PSI threshold there would block every update.
+Their ranges and null rates are still checked on arrival. Schedule, route and plane features and
+the categoricals keep the schema's defaults (their natural day-to-day PSI is ~0.00-0.02, so a
+rescale or a renamed code stands out).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from scalelab.core.errors import RunFailedError
+from scalelab.core.manifest import atomic_write_json
+from scalelab.online.stream import StreamConfig, build_stream
+
+WEATHER_NO_SKEW = ("temp", "dewp", "humid", "wind_speed", "precip", "pressure", "visib")
+
+
+def write_schema(out: Path, config: StreamConfig | None = None) -> Path:
+    """Infer the feature events' schema with `scalelab data infer`, then the reviewed edit."""
+    s = build_stream(config or StreamConfig())
+    with tempfile.TemporaryDirectory(prefix="scalelab-online-") as tmp:
+        events = Path(tmp) / "events.parquet"
+        s.feature_events().write_parquet(events)
+        raw = Path(tmp) / "schema.json"
+        r = subprocess.run([sys.executable, "-m", "scalelab", "data", "infer", str(events),
+                            "--out", str(raw), "--json"], capture_output=True, text=True,
+                           check=False)
+        if r.returncode != 0:
+            raise RunFailedError(f"`scalelab data infer` failed ({r.returncode}): "
+                                 f"{r.stderr.strip()[-300:]}")
+        schema = json.loads(raw.read_text(encoding="utf-8"))
+    for c in schema["columns"]:
+        if c["name"] in WEATHER_NO_SKEW:
+            c["skew"] = {"psi": None, "js": None}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out, schema)
+    return out
