@@ -1,7 +1,9 @@
 """Promotion gate: a candidate version replaces the current one only if it is not worse on a
 holdout, overall (accuracy and macro F1) or for any single class (per-class F1), beyond a
 tolerance. The holdout is a table in the flights feature contract; each version encodes it with
-its own preprocess.json, exactly as a client of that version would.
+its own preprocess.json, exactly as a client of that version would. The pure rule (compare,
+per_class_f1, Evaluation) lives in core/gate.py, shared with the online updater; it is
+re-exported here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import polars as pl
 import torch
 
 from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.gate import Evaluation, compare, evaluation, per_class_f1  # noqa: F401
 from scalelab.nets import registry
 from scalelab.nets.repository import check_version, version_dir, versions
 from scalelab.serve import faults  # noqa: F401  (fault architectures can be evaluated too)
@@ -21,18 +24,6 @@ from scalelab.serve.canary import Routing, current_version, promote, read_routin
 from scalelab.serve.features import encode, load_preprocess
 
 LABEL = "delay_class"
-
-
-@dataclass(kw_only=True, frozen=True)
-class Evaluation:
-    """One version's quality on the holdout."""
-
-    version: int
-    rows: int
-    accuracy: float
-    macro_f1: float
-    per_class_f1: dict[str, float | None]
-    """None where the class neither occurs nor is predicted (F1 undefined)."""
 
 
 @dataclass(kw_only=True)
@@ -45,32 +36,6 @@ class Decision:
     """Why the candidate was refused (empty when accepted)."""
     routing: Routing | None = None
     """The routing written when accepted (None on refusal or dry run)."""
-
-
-def per_class_f1(y: np.ndarray, pred: np.ndarray, n_classes: int) -> list[float | None]:
-    """F1 per class (pure); None when the class has no support and no predictions."""
-    out: list[float | None] = []
-    for c in range(n_classes):
-        tp = int(((pred == c) & (y == c)).sum())
-        fp = int(((pred == c) & (y != c)).sum())
-        fn = int(((pred != c) & (y == c)).sum())
-        out.append(None if tp + fp + fn == 0 else 2 * tp / (2 * tp + fp + fn))
-    return out
-
-
-def compare(cur: Evaluation, cand: Evaluation, tolerance: float) -> list[str]:
-    """Reasons to refuse `cand` (pure): any metric more than `tolerance` below `cur`'s."""
-    reasons = []
-    for what, a, b in (("accuracy", cur.accuracy, cand.accuracy),
-                       ("macro F1", cur.macro_f1, cand.macro_f1)):
-        if b < a - tolerance:
-            reasons.append(f"{what} {b:.4f} < current {a:.4f} - tolerance {tolerance}")
-    for cls, a2 in cur.per_class_f1.items():
-        b2 = cand.per_class_f1.get(cls)
-        if a2 is not None and (b2 if b2 is not None else 0.0) < a2 - tolerance:
-            reasons.append(f"class {cls!r} F1 {b2 or 0.0:.4f} < current {a2:.4f} - tolerance "
-                           f"{tolerance}")
-    return reasons
 
 
 def evaluate(repo: Path, model: str, version: int, frame: pl.DataFrame) -> Evaluation:
@@ -90,12 +55,7 @@ def evaluate(repo: Path, model: str, version: int, frame: pl.DataFrame) -> Evalu
             logits = module(torch.from_numpy(cat[s:s + 8192]), torch.from_numpy(num[s:s + 8192]))
             preds.append(logits.argmax(dim=1).numpy())
     pred = np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64)
-    f1 = per_class_f1(y, pred, len(pre.classes))
-    defined = [f for f in f1 if f is not None]
-    return Evaluation(version=version, rows=len(y),
-                      accuracy=float((pred == y).mean()) if len(y) else 0.0,
-                      macro_f1=float(np.mean(defined)) if defined else 0.0,
-                      per_class_f1=dict(zip(pre.classes, f1, strict=True)))
+    return evaluation(version, y, pred, pre.classes)
 
 
 def gate(repo: Path, model: str, candidate: int, holdout: Path, *, tolerance: float = 0.01,
