@@ -1,0 +1,206 @@
+"""A transformer run end to end: corpus into the run directory, torchrun, every rank's report
+read back into one summary beside the memory planner's prediction.
+
+The launcher is the flights trainer's (train.launch: free port, timeout, process-group kill,
+threads policy, run directory), pointed at this package's worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.torch import load_file, save_file
+
+from scalelab.core.errors import RunFailedError
+from scalelab.core.machine import available_cores
+from scalelab.core.memory import MemoryQuery, plan_memory
+from scalelab.train.launch import (
+    LOG_FILE,
+    LaunchConfig,
+    _free_port,
+    _kill_group,
+    _tail,
+    plan_threads,
+)
+from scalelab.train.parallel.config import ParallelConfig
+from scalelab.train.parallel.loop import FAILURE_FILE
+from scalelab.train.parallel.worker import (
+    CONFIG_FILE,
+    DATA_FILE,
+    FINAL_FILE,
+    META_FILE,
+    rank_file,
+)
+from scalelab.train.text import VOCAB_SIZE, Corpus, load_corpus
+
+
+def torchrun_command(lc: LaunchConfig, run_dir: Path) -> list[str]:
+    endpoint = lc.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           "--nnodes", lc.nnodes, "--nproc-per-node", str(lc.nproc),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+           "--rdzv-id", lc.rdzv_id or f"scalelab-tf-{os.getpid()}-{int(time.time())}",
+           "--max-restarts", str(lc.max_restarts), "--monitor-interval", "0.1"]
+    if lc.rdzv_endpoint is None:
+        cmd += ["--local-addr", "127.0.0.1"]
+    return [*cmd, "-m", "scalelab.train.parallel.worker", str(run_dir)]
+
+
+def worker_env(threads: int, restarts: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    if restarts:
+        # See train.launch: restarted gloo groups that reuse the agent's store were unreliable.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    return env
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    run_dir: Path
+    corpus: Corpus
+    threads: int
+    warning: str | None
+
+
+def prepare(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
+    world = lc.nproc * lc.min_nodes()
+    cfg.check_world(world)
+    corpus = load_corpus(seq=cfg.seq, max_tokens=cfg.tokens, seed=cfg.seed)
+    if cfg.batch > corpus.train.shape[0]:
+        raise RunFailedError(f"--batch {cfg.batch} exceeds the {corpus.train.shape[0]} training "
+                             "sequences; raise --tokens or lower --batch")
+    threads, warning = plan_threads(lc.nproc, cfg.threads, available_cores())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*run_dir.glob("rank-*.json"), run_dir / FAILURE_FILE, run_dir / FINAL_FILE]:
+        stale.unlink(missing_ok=True)
+    save_file({"train": corpus.train, "val": corpus.val}, str(run_dir / DATA_FILE))
+    cfg.write(run_dir / CONFIG_FILE)
+    (run_dir / META_FILE).write_text(json.dumps({
+        "threads": threads, "cuda": lc.cuda, "collective_timeout_s": min(lc.timeout_s, 300.0),
+        "corpus": {"tokens": corpus.tokens, "files": corpus.files, "digest": corpus.digest,
+                   "train_sequences": int(corpus.train.shape[0]),
+                   "val_sequences": int(corpus.val.shape[0])}}), encoding="utf-8")
+    return Prepared(run_dir=run_dir, corpus=corpus, threads=threads, warning=warning)
+
+
+def run_torchrun(lc: LaunchConfig, prep: Prepared, *, restarts: bool) -> float:
+    """Run the workers to completion; the wall seconds. Raises RunFailedError."""
+    log = prep.run_dir / LOG_FILE
+    t0 = time.perf_counter()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(torchrun_command(lc, prep.run_dir), stdout=out,
+                                stderr=subprocess.STDOUT,
+                                env=worker_env(prep.threads, restarts or lc.max_restarts > 0),
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=lc.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise RunFailedError(
+                f"training did not finish within --timeout {lc.timeout_s:g}s; all its processes "
+                f"were killed. Raise --timeout or train less (--steps). Log: {log}") from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+    if rc != 0:
+        raise RunFailedError(f"training failed (torchrun exit status {rc}): {_tail(log)} "
+                             f"(full log: {log})")
+    return time.perf_counter() - t0
+
+
+def read_reports(run_dir: Path, world: int) -> list[dict[str, Any]]:
+    out = []
+    for r in range(world):
+        p = rank_file(run_dir, r)
+        if not p.is_file():
+            raise RunFailedError(f"worker {r} wrote no report ({p}); see {run_dir / LOG_FILE}")
+        out.append(json.loads(p.read_text(encoding="utf-8")))
+    return out
+
+
+def planned(cfg: ParallelConfig, world: int, n_params: int) -> dict[str, Any] | None:
+    """The memory planner's prediction for this run (None where it has no formula: fsdp+tp)."""
+    strategy = {"single": "dp", "dp": "dp", "fsdp": "fsdp", "tp": "tp", "pp": "pp"}.get(
+        cfg.strategy)
+    if strategy is None:
+        return None
+    q = MemoryQuery(params=n_params, layers=cfg.layers, hidden=cfg.hidden, seq=cfg.seq,
+                    batch=cfg.batch, strategy=strategy,  # type: ignore[arg-type]
+                    world=world, heads=cfg.heads, kv_heads=cfg.kv_heads, ffn=cfg.ffn,
+                    vocab=VOCAB_SIZE, micro_batches=cfg.micro_batches if strategy == "pp" else 1,
+                    schedule=cfg.schedule)
+    return plan_memory(q).to_dict()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelResult:
+    """One transformer run: the loss curve, throughput, and per-rank memory and communication."""
+
+    strategy: str
+    world: int
+    threads: int
+    steps: int
+    batch: int
+    seq: int
+    n_params: int
+    losses: list[float]
+    """The global batch's mean token cross-entropy per step (steps of the last attempt)."""
+    median_step_s: float
+    tokens_per_s: float
+    ranks: list[dict[str, Any]]
+    """Per rank: memory bytes (params, grads, optimizer, activations, peak RSS), compute and
+    communication per step by kind, bytes and bandwidth, pipeline bubble."""
+    plan: dict[str, Any] | None
+    corpus: dict[str, Any]
+    wall_s: float
+    failure: dict[str, Any] | None
+    resumed_from: dict[str, Any] | None
+    warning: str | None
+    run_dir: str
+
+
+def summarize(cfg: ParallelConfig, reports: list[dict[str, Any]], run_dir: Path,
+              wall: float, warning: str | None, threads: int) -> ParallelResult:
+    r0 = reports[0]
+    world = len(reports)
+    # Every rank runs every step in lockstep; the slowest rank's median is the step time.
+    med = max(float(np.median(r["step_s"][1:] or r["step_s"])) for r in reports)
+    full_params = sum(int(v.numel()) for v in load_file(str(run_dir / FINAL_FILE)).values())
+    meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
+    fail = run_dir / FAILURE_FILE
+    keys = ("rank", "param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes",
+            "peak_rss_bytes", "rss_before_model_bytes", "n_params_local", "compute_ms_per_step",
+            "comm_ms_per_step", "profiled_step_ms", "comm", "pipeline")
+    return ParallelResult(
+        strategy=cfg.strategy, world=world, threads=int(r0.get("threads", threads)),
+        steps=cfg.steps, batch=cfg.batch, seq=cfg.seq, n_params=full_params,
+        losses=[float(v) for _, v in r0["losses"]], median_step_s=med,
+        tokens_per_s=cfg.batch * cfg.seq / med if med > 0 else 0.0,
+        ranks=[{k: r.get(k) for k in keys} for r in reports],
+        plan=planned(cfg, world, full_params), corpus=meta["corpus"], wall_s=wall,
+        failure=json.loads(fail.read_text(encoding="utf-8")) if fail.is_file() else None,
+        resumed_from=r0.get("resumed_from"), warning=warning, run_dir=str(run_dir))
+
+
+def run_parallel(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path,
+                 *, restarts: bool = False) -> ParallelResult:
+    """Train `cfg` under torchrun in `run_dir` and summarise it."""
+    prep = prepare(cfg, lc, run_dir)
+    wall = run_torchrun(lc, prep, restarts=restarts)
+    reports = read_reports(run_dir, lc.nproc * lc.min_nodes())
+    return summarize(cfg, reports, run_dir, wall, prep.warning, prep.threads)
+
+
+def final_weights(run_dir: Path) -> dict[str, Any]:
+    return load_file(str(Path(run_dir) / FINAL_FILE))

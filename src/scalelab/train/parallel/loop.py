@@ -1,0 +1,276 @@
+"""The transformer's training loop on one rank, for every strategy.
+
+Every rank builds the whole model from the same seed (so replicas and shards start from the
+same numbers without a broadcast), then the strategy is applied: nothing (single), DDP, FSDP2
+per block, tensor parallel, FSDP2 over TP, or the rank's pipeline stage. The global batch of
+step k is a pure function of k (text.batch_at); data-parallel ranks take their slice of it,
+tensor-parallel peers the same slice, the pipeline splits it into micro-batches. The loss is the
+mean token cross-entropy of the global batch under every strategy, so the loss curves compare.
+
+Measured on the first step: activation bytes (saved-tensor hook) and, after the optimizer step,
+parameter / gradient / optimizer-state bytes. Measured over `profile_steps` steps after it (under
+torch.profiler): communication per kind. Step wall time on every step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scalelab.nets.llama import LlamaForCausalLM, init_weights
+from scalelab.train.metrics import peak_rss_bytes
+from scalelab.train.parallel import ckpt
+from scalelab.train.parallel.apply import apply_ddp, apply_fsdp, apply_tp
+from scalelab.train.parallel.config import ParallelConfig
+from scalelab.train.parallel.dims import ParallelDims
+from scalelab.train.parallel.measure import (
+    ActivationMeter,
+    CommStats,
+    comm_from_events,
+    grad_bytes,
+    optimizer_bytes,
+    param_bytes,
+    profiler_events,
+)
+from scalelab.train.parallel.pipeline import StageModule, bubble_theory, build_schedule
+from scalelab.train.text import VOCAB_SIZE, batch_at
+
+FAILURE_FILE = "failure.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rank:
+    rank: int = 0
+    world: int = 1
+    device: str = "cpu"
+    restart: int = 0
+
+
+def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB_SIZE), target.reshape(-1))
+
+
+class Replica:
+    """The model as this rank trains it, and how one step runs."""
+
+    def __init__(self, cfg: ParallelConfig, r: Rank) -> None:
+        self.cfg, self.r = cfg, r
+        self.dims = ParallelDims.for_strategy(cfg.strategy, r.world, cfg.tp)
+        full = init_weights(LlamaForCausalLM(cfg.model_config()), seed=cfg.seed).train()
+        full.to(r.device)
+        mesh: Any = self.dims.build_mesh(r.device.split(":")[0]) if r.world > 1 else None
+        self.schedule: Any = None
+        self.clock: Any = None
+        s = cfg.strategy
+        self.model: nn.Module = full
+        self.forward_module: nn.Module = full
+        if s == "dp" and r.world > 1:
+            mb = max(1.0, 2 * param_bytes(full) / 2**20)
+            self.forward_module = apply_ddp(full, mb)
+        elif s == "fsdp":
+            apply_fsdp(full, mesh, list(full.model.layers))
+        elif s == "tp":
+            apply_tp(full, mesh)
+        elif s == "fsdp+tp":
+            apply_tp(full, mesh["tp"])
+            apply_fsdp(full, mesh["dp_shard"], list(full.model.layers))
+        elif s == "pp":
+            stage = StageModule(full, r.rank, r.world)
+            del full
+            self.model = self.forward_module = stage
+            self.schedule, self.clock = build_schedule(
+                stage, stage=r.rank, stages=r.world, micro_batches=cfg.micro_batches,
+                schedule=cfg.schedule, loss_fn=_loss,
+                group=mesh.get_group() if mesh is not None else None,
+                device=torch.device(r.device))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0,
+                                           foreach=False)
+
+    def local_rows(self, batch: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the global batch (the whole batch for TP and the pipeline)."""
+        dp = self.dims.dp
+        if dp == 1:
+            return batch
+        per = batch.shape[0] // dp
+        i = self.dims.dp_rank(self.r.rank)
+        return batch[i * per:(i + 1) * per]
+
+    def step(self, batch: torch.Tensor) -> float | None:
+        """One forward + backward (no optimizer step); this rank's loss, None off the last
+        pipeline stage."""
+        rows = self.local_rows(batch).to(self.r.device)
+        x, y = rows[:, :-1], rows[:, 1:]
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            if self.r.rank == 0 and self.r.world == 1:
+                self.schedule.step(x, target=y, losses=losses)
+            elif self.r.rank == 0:
+                self.schedule.step(x)
+            elif self.r.rank == self.r.world - 1:
+                self.schedule.step(target=y, losses=losses)
+            else:
+                self.schedule.step()
+            return float(torch.stack(losses).mean()) if losses else None
+        loss = _loss(self.forward_module(x), y)
+        loss.backward()
+        # .item() is a sync point on CUDA; free on CPU.
+        return float(loss.item())
+
+    def full_state(self) -> dict[str, torch.Tensor] | None:
+        """The unsharded weights on rank 0 (collective), None elsewhere."""
+        s = self.cfg.strategy
+        if s in ("fsdp", "tp", "fsdp+tp"):
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+            )
+
+            sd: dict[str, Any] = get_model_state_dict(
+                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return {k: v.detach().cpu().clone() for k, v in sd.items()} if self.r.rank == 0 \
+                else None
+        local = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        if s == "pp" and self.r.world > 1:
+            parts: list[Any] = [None] * self.r.world if self.r.rank == 0 else []
+            dist.gather_object(local, parts if self.r.rank == 0 else None, dst=0)
+            if self.r.rank != 0:
+                return None
+            merged: dict[str, torch.Tensor] = {}
+            for p in parts:
+                merged.update(p)
+            return merged
+        return local if self.r.rank == 0 else None
+
+
+def _global_losses(rep: Replica, local: list[float | None]) -> list[float]:
+    """The global batch's loss per step, on every rank (one collective at the end)."""
+    r = rep.r
+    if r.world == 1:
+        return [float(v) for v in local if v is not None]
+    vals = torch.tensor([np.nan if v is None else v for v in local], dtype=torch.float64)
+    if rep.cfg.strategy == "pp":
+        # Only the last stage has the loss.
+        dist.broadcast(vals, src=r.world - 1)
+        return [float(v) for v in vals]
+    # Data-parallel groups hold equal shares of the batch, so the global mean is the mean of
+    # the groups' means; TP peers hold the same value, which the mean leaves unchanged.
+    dist.all_reduce(vals, op=dist.ReduceOp.SUM)
+    return [float(v) / r.world for v in vals]
+
+
+def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
+          run_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+    """Train; returns this rank's report and (rank 0) the full final weights."""
+    torch.manual_seed(cfg.seed)
+    rss_before = peak_rss_bytes()
+    rep = Replica(cfg, r)
+    run_key = cfg.run_key(r.world)
+    root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
+    start, resumed = 0, None
+    if cfg.resume and cfg.checkpoint_every:
+        found = ckpt.complete_steps(root, run_key)
+        if found:
+            t0 = time.perf_counter()
+            ckpt.load(root, found[-1], rep.model, rep.optimizer)
+            start = found[-1]
+            resumed = {"step": start, "load_s": time.perf_counter() - t0}
+    meter = ActivationMeter(rep.model)
+    local_losses: list[float | None] = []
+    step_s: list[float] = []
+    busy_s: list[float] = []
+    comm = CommStats()
+    profiled: list[float] = []
+    states: dict[str, int] = {}
+    # Activations are counted on the second step (the first also runs the pipeline's shape
+    # inference and warms caches), the profiler runs on the steps after it.
+    meter_step = min(start + 1, cfg.steps - 1)
+    prof_range = range(meter_step + 1, meter_step + 1 + cfg.profile_steps)
+    first_step_unix = None
+    for step in range(start, cfg.steps):
+        if (cfg.fail_at_step is not None and r.restart == 0 and step == cfg.fail_at_step
+                and r.rank == cfg.fail_rank):
+            with (run_dir / FAILURE_FILE).open("w", encoding="utf-8") as f:
+                json.dump({"step": step, "rank": r.rank, "time": time.time()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        batch = batch_at(data, step, cfg.batch)
+        prof = None
+        if step in prof_range:
+            from torch.profiler import ProfilerActivity, profile
+
+            prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+            prof.__enter__()
+        t0 = time.perf_counter()
+        if step == meter_step:
+            meter.reset()
+            with meter.track():
+                loss = rep.step(batch)
+            states["activation_bytes"] = meter.peak
+        else:
+            loss = rep.step(batch)
+        grads = grad_bytes(rep.model)
+        rep.optimizer.step()
+        rep.optimizer.zero_grad(set_to_none=True)
+        wall = time.perf_counter() - t0
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            c = comm_from_events(profiler_events(prof))
+            for k in c.calls:
+                comm.calls[k] += c.calls[k]
+                comm.seconds[k] += c.seconds[k]
+                comm.bytes[k] += c.bytes[k]
+            profiled.append(wall)
+        if step == start:
+            states.update(param_bytes=param_bytes(rep.model), grad_bytes=grads,
+                          optimizer_bytes=optimizer_bytes(rep.optimizer))
+        step_s.append(wall)
+        if rep.clock is not None:
+            busy_s.append(rep.clock.take())
+        local_losses.append(loss)
+        if first_step_unix is None:
+            first_step_unix = time.time()
+        done = step + 1
+        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+            ckpt.save(root, done, rep.model, rep.optimizer, run_key=run_key, rank=r.rank,
+                      meta={"world": r.world, "strategy": cfg.strategy})
+    losses = _global_losses(rep, local_losses)
+    n_prof = len(profiled)
+    comm_s = comm.total_seconds() / n_prof if n_prof else None
+    prof_wall = float(np.mean(profiled)) if profiled else None
+    report: dict[str, Any] = {
+        "rank": r.rank, "world": r.world, "restart": r.restart, "strategy": cfg.strategy,
+        "dims": vars(rep.dims), "start_step": start, "steps_run": len(step_s),
+        "losses": [[start + i, v] for i, v in enumerate(losses)], "step_s": step_s,
+        "resumed_from": resumed, "first_step_unix": first_step_unix,
+        "n_params_local": sum(int(p.numel()) for p in rep.model.parameters()),
+        **states,
+        "peak_rss_bytes": peak_rss_bytes(), "rss_before_model_bytes": rss_before,
+        "profiled_steps": n_prof, "profiled_step_ms": None if prof_wall is None
+        else 1e3 * prof_wall,
+        "comm_ms_per_step": None if comm_s is None else 1e3 * comm_s,
+        "compute_ms_per_step": None if comm_s is None or prof_wall is None
+        else 1e3 * max(0.0, prof_wall - comm_s),
+        "comm": comm.per_step(n_prof) if n_prof else {},
+    }
+    if rep.clock is not None and busy_s:
+        # The first step also infers shapes between stages; leave it out when others exist.
+        pairs = list(zip(step_s, busy_s, strict=True))[1:] or list(zip(step_s, busy_s,
+                                                                      strict=True))
+        report["pipeline"] = {
+            "stages": r.world, "micro_batches": cfg.micro_batches, "schedule": cfg.schedule,
+            "bubble_theory": bubble_theory(r.world, cfg.micro_batches),
+            "bubble_measured": float(np.median([1 - b / w for w, b in pairs])),
+            "busy_ms_per_step": 1e3 * float(np.median([b for _, b in pairs])),
+        }
+    return report, rep.full_state()
