@@ -430,3 +430,8 @@ def budget_cmd(slo: str, error_budget: str | None, records: Path, experiment: st
     doc = {"slo": objective.label, "period_s": period_s, "levels": rows}
     emit(doc, as_json, lambda c: _render_budget(c, [(r["level"], r["budget"]) for r in rows],
                                                  objective.label))
+
+
+from scalelab.cli.load_llm import llm as _llm  # noqa: E402  (#18: `load llm`, streaming LLM load)
+
+app.add_command(_llm)

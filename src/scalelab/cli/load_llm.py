@@ -1,0 +1,356 @@
+"""`scalelab load llm URL` (streaming levels) and `load llm capacity URL` (token-SLO capacity).
+
+URL is the server's base (http://host:port) or the full endpoint path; the path of the chosen
+--api is used when the URL has none.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, parse_list
+from scalelab.core.errors import BadUsageError
+from scalelab.core.machine import available_cores
+from scalelab.core.records import Record, append_records, new_experiment_id
+from scalelab.core.units import parse_duration
+from scalelab.load.capacity import SearchConfig
+from scalelab.load.connection import Target
+from scalelab.load.generator import LAG_INVALID_SHARE, Mode
+from scalelab.load.llm_result import LlmResult, cost_of, summary, to_record
+from scalelab.load.llm_run import LlmPlan, capacity, check_ran, run_llm
+from scalelab.load.schedule import ARRIVALS
+from scalelab.load.slo import parse_percent
+from scalelab.load.stream import StreamConfig
+from scalelab.load.token_slo import TokenSlo, TokenStepRule, parse_token_slo
+from scalelab.load.workload import APIS, PATHS, USAGE_MODES, LengthDist, Workload
+
+DEFAULT_MULTIPLES = "1,2,5,10"
+
+
+@click.group("llm", cls=DefaultGroup)
+def llm() -> None:
+    """Streaming load tests of an OpenAI-compatible endpoint: TTFT, ITL, TPOT, tokens/s."""
+
+
+def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--api", type=click.Choice(list(APIS)), default="chat", show_default=True,
+                     help="/v1/chat/completions or /v1/completions."),
+        click.option("--model", "model_name", default="default", show_default=True,
+                     help="The request's model field."),
+        click.option("--prompt-tokens", default="fixed:128", show_default=True,
+                     help="Prompt length in words (≈ tokens): fixed:N, uniform:A,B, normal:M,SD."),
+        click.option("--output-tokens", default="fixed:64", show_default=True,
+                     help="max_tokens per request, same forms."),
+        click.option("--prompts", type=click.Path(path_type=Path),
+                     help="Sample prompts from this file (JSON Lines or one per line)."),
+        click.option("--shared-prefix", type=int, default=0, show_default=True,
+                     help="Words of a system prompt shared by every request."),
+        click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
+                     help="Ask the server to run every answer to max_tokens (vLLM field)."),
+        click.option("--usage", type=click.Choice(list(USAGE_MODES)), default="continuous",
+                     show_default=True,
+                     help="Token counts per chunk: continuous (exact), final (OpenAI), none."),
+        click.option("--distinct", type=int, default=256, show_default=True,
+                     help="Distinct requests built (used round-robin)."),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed of the workload and of Poisson arrivals."),
+        click.option("--timeout", default="60s", show_default=True,
+                     help="A stream unfinished this long after its due time is a timeout."),
+        click.option("--max-connections", type=int, default=1024, show_default=True,
+                     help="Most streams at once per process."),
+        click.option("--core-hour-usd", type=float, default=0.048, show_default=True,
+                     help="Price of one core-hour, for cost per 1k tokens."),
+        click.option("--cores", type=int, help="Cores the server uses (default: this machine's)."),
+        click.option("--gpu-hour-usd", type=float, default=3.0, show_default=True,
+                     help="Price of one GPU-hour."),
+        click.option("--gpus", type=int, default=0, show_default=True,
+                     help="GPUs the server uses."),
+    ]
+    return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
+
+
+def _workload(url: str, kw: dict[str, Any]) -> tuple[Target, Workload, list[bytes]]:
+    wl = Workload(api=kw["api"], model=kw["model_name"],
+                  prompt=LengthDist.parse(kw["prompt_tokens"], what="--prompt-tokens"),
+                  output=LengthDist.parse(kw["output_tokens"], what="--output-tokens"),
+                  prompts_file=kw.get("prompts"), shared_prefix_words=kw["shared_prefix"],
+                  ignore_eos=kw["ignore_eos"], usage=kw["usage"], seed=kw["seed"],
+                  distinct=kw["distinct"])
+    target = Target.parse(url)
+    if target.path in ("", "/"):
+        target = Target(scheme=target.scheme, host=target.host, port=target.port,
+                        path=PATHS[wl.api], host_header=target.host_header)
+    elif target.path.rstrip("/") != wl.path:
+        raise BadUsageError(f"URL path {target.path!r} does not match --api {wl.api} "
+                            f"({wl.path}); give the server's base URL or the matching path")
+    return target, wl, wl.build(target)
+
+
+def price_per_hour(kw: dict[str, Any]) -> float:
+    """The server's hourly price: cores × core-hour + GPUs × GPU-hour."""
+    cores = kw.get("cores") or available_cores()
+    if cores < 1 or kw["gpus"] < 0 or kw["core_hour_usd"] < 0 or kw["gpu_hour_usd"] < 0:
+        raise BadUsageError("--cores must be >= 1; --gpus and prices must be >= 0")
+    return cores * kw["core_hour_usd"] + kw["gpus"] * kw["gpu_hour_usd"]
+
+
+def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], warm: float,
+            concurrency: int = 1) -> StreamConfig:
+    return StreamConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
+                        warmup_s=warm, timeout_s=parse_duration(kw["timeout"], what="--timeout"),
+                        max_connections=kw["max_connections"])
+
+
+def _levels(rate: float | None, rates: str | None, concurrency: str | None, base: float | None,
+            loop: str, multiples: str) -> tuple[Mode, list[float]]:
+    if sum(x is not None for x in (rate, rates, concurrency, base)) > 1:
+        raise BadUsageError("give one of --rate, --rates, --concurrency or --base")
+    if rate is not None:
+        return "open", [rate]
+    if rates is not None:
+        return "open", parse_list(rates, what="--rates")
+    if concurrency is not None:
+        return "closed", [float(c) for c in parse_list(concurrency, what="--concurrency", kind=int)]
+    if base is not None:
+        ms = parse_list(multiples, what="--multiples")
+        mode: Mode = "closed" if loop == "closed" else "open"
+        return mode, [float(round(base * m)) if mode == "closed" else base * m for m in ms]
+    raise BadUsageError("say how much load: --rate R (open loop), --rates 1,2,5, "
+                        "--concurrency 1,4,16 (closed loop) or --base B (1x,2x,5x,10x)")
+
+
+@llm.command("run")
+@click.argument("url")
+@click.option("--rate", type=float, help="Open loop: requests per second.")
+@click.option("--rates", help="Open loop sweep: comma-separated rates, one record each.")
+@click.option("--concurrency", help="Closed loop: streams at once (a comma list sweeps).")
+@click.option("--base", type=float, help="Sweep --multiples of this rate (or concurrency).")
+@click.option("--loop", type=click.Choice(["open", "closed"]), default="closed",
+              show_default=True, help="With --base: sweep concurrency (closed) or rates (open).")
+@click.option("--multiples", default=DEFAULT_MULTIPLES, show_default=True)
+@click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="poisson",
+              show_default=True, help="Open loop arrival spacing.")
+@click.option("--duration", help="Measured time per level (default 10s), warm-up excluded.")
+@click.option("--requests", "n_requests", type=int, help="Measured requests per level instead.")
+@click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per level.")
+@click.option("--processes", type=int, default=1, show_default=True,
+              help="Generator processes.")
+@click.option("--slo", help='Token objectives, e.g. "ttft_p95<500ms,tpot_p95<60ms,avail>=99.9%".')
+@click.option("--records", type=click.Path(path_type=Path), help="Append one record per level.")
+@click.option("--experiment", help="Experiment id for the records (default: generated).")
+@_workload_options
+@json_option
+def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
+        base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
+        n_requests: int | None, warmup: str, processes: int, slo: str | None,
+        records: Path | None, experiment: str | None, as_json: bool, **kw: Any) -> None:
+    """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput."""
+    mode, levels = _levels(rate, rates, concurrency, base, loop, multiples)
+    if duration is not None and n_requests is not None:
+        raise BadUsageError("give --duration or --requests, not both")
+    dur = None if n_requests is not None else parse_duration(duration or "10s", what="--duration")
+    warm = parse_duration(warmup, what="--warmup")
+    objective = parse_token_slo(slo) if slo else None
+    price = price_per_hour(kw)
+    target, wl, reqs = _workload(url, kw)
+    exp = experiment or new_experiment_id("llm")
+    out: list[dict[str, Any]] = []
+    for i, level in enumerate(levels):
+        if level <= 0:
+            raise BadUsageError(f"levels must be positive, got {level}")
+        conc = int(level) if mode == "closed" else 1
+        plan = LlmPlan(stream=_stream(target, reqs, mode, kw, warm, conc),
+                       rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
+                       duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
+                       processes=processes)
+        if not as_json:
+            what = f"{level:g} req/s" if mode == "open" else f"{conc} streams"
+            err_console.print(f"[dim]load llm {target.base}{target.path}: {what} ...[/]")
+        r = run_llm(plan)
+        check_ran(r, url)
+        out.append(level_json(r, objective, price))
+        if records is not None:
+            append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
+                                               slo=objective, price_per_hour_usd=price)])
+    doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "experiment": exp,
+           "mode": mode, "slo": objective.label if objective else None,
+           "price_per_hour_usd": price, "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,
+           "records": str(records) if records else None}
+    emit(doc, as_json, lambda c: render_levels(c, doc))
+
+
+def level_json(r: LlmResult, slo: TokenSlo | None, price: float) -> dict[str, Any]:
+    """One level for the JSON document: summary, objectives, goodput and cost."""
+    d = summary(r)
+    d["cost"] = {"price_per_hour_usd": price,
+                 "per_1k_output_tokens_usd": cost_of(price, r.output_tps),
+                 "per_1k_total_tokens_usd": cost_of(price, r.total_tps)}
+    if slo is not None:
+        lines, good = r.judge(slo)
+        d["objectives"] = [x.__dict__ for x in lines]
+        d["slo_met"] = all(x.met for x in lines)
+        d["goodput"] = good.__dict__
+        d["cost"]["per_1k_good_output_tokens_usd"] = cost_of(price, good.goodput_tps)
+    return d
+
+
+def _wide(c: Console, width: int) -> Console:
+    """Tables this wide are cut at 80 columns when stdout is not a terminal (pipes, docs):
+    print them on a console of the width they need, to the same file."""
+    if c.width >= width:
+        return c
+    return Console(width=width, highlight=False, file=c.file)
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if v >= 1000 else (f"{v:.1f}" if v >= 10 else f"{v:.2f}")
+
+
+def render_levels(c: Console, doc: dict[str, Any]) -> None:
+    t = Table(title=f"load llm {doc['url']} ({doc['mode']} loop; {doc['workload']}; ms)",
+              box=box.SIMPLE, pad_edge=False, collapse_padding=True)
+    cols = ["level", "ok/s", "tok/s", "TTFT p50", "p99", "ITL p50", "p99", "TPOT p50", "p99",
+            "e2e p99", "err", "lag p99", "$/1k tok"]
+    if doc["slo"]:
+        cols += ["good/s", "SLO"]
+    for col in cols:
+        t.add_column(col, justify="right")
+    for lv in doc["levels"]:
+        level = lv["offered_rps"] if lv["mode"] == "open" else lv["concurrency"]
+        errs = ",".join(f"{k}:{v}" for k, v in lv["errors_by_kind"].items()) or "0"
+        c1k = lv["cost"]["per_1k_output_tokens_usd"]
+        row = [f"{level:g}", f"{lv['throughput_rps']:.1f}", f"{lv['output_tps']:.0f}",
+               _ms(lv["ttft"]["p50_ms"]), _ms(lv["ttft"]["p99_ms"]), _ms(lv["itl"]["p50_ms"]),
+               _ms(lv["itl"]["p99_ms"]), _ms(lv["tpot"]["p50_ms"]), _ms(lv["tpot"]["p99_ms"]),
+               _ms(lv["e2e"]["p99_ms"]), errs, _ms(lv["lag"]["p99_ms"]),
+               "-" if c1k is None else f"{c1k:.5f}"]
+        if doc["slo"]:
+            row += [f"{lv['goodput']['goodput_rps']:.1f}", "met" if lv["slo_met"] else "MISSED"]
+        t.add_row(*row)
+    _wide(c, 132).print(t)
+    for lv in doc["levels"]:
+        for reason in lv["invalid_reasons"]:
+            c.print(f"[yellow]invalid:[/] {reason}")
+        for note in lv["notes"]:
+            c.print(f"[dim]note:[/] {note}")
+    if doc["records"]:
+        c.print(f"records appended to {doc['records']}")
+
+
+@llm.command("capacity")
+@click.argument("url")
+@click.option("--slo", required=True,
+              help='Token objectives, e.g. "ttft_p95<500ms,tpot_p95<60ms,avail>=99%".')
+@click.option("--start", type=float, default=1.0, show_default=True, help="First rate (req/s).")
+@click.option("--max-rate", type=float, default=10_000.0, show_default=True)
+@click.option("--precision", default="10%", show_default=True,
+              help="Stop when the pass/fail interval is this narrow (relative).")
+@click.option("--confidence", default="95%", show_default=True)
+@click.option("--min-step", default="3s", show_default=True, help="Shortest step.")
+@click.option("--max-step", default="20s", show_default=True, help="Longest step.")
+@click.option("--max-steps", type=int, default=12, show_default=True)
+@click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="poisson",
+              show_default=True)
+@click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per step.")
+@click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
+@click.option("--experiment", help="Experiment id for the records.")
+@_workload_options
+@json_option
+def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: str,
+                 confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
+                 warmup: str, records: Path | None, experiment: str | None, as_json: bool,
+                 **kw: Any) -> None:
+    """The highest arrival rate meeting every token objective, in req/s and output tokens/s."""
+    objective = parse_token_slo(slo)
+    conf = _fraction(confidence, what="--confidence")
+    rule = TokenStepRule(slo=objective, confidence=conf,
+                         min_step_s=parse_duration(min_step, what="--min-step"),
+                         max_step_s=parse_duration(max_step, what="--max-step"))
+    cfg = SearchConfig(start=start, max_rate=max_rate,
+                       precision=parse_percent(precision, what="--precision"),
+                       max_steps=max_steps)
+    price = price_per_hour(kw)
+    target, wl, reqs = _workload(url, kw)
+    warm = parse_duration(warmup, what="--warmup")
+    exp = experiment or new_experiment_id("llm-capacity")
+
+    def make_plan(rate: float, i: int) -> LlmPlan:
+        return LlmPlan(stream=_stream(target, reqs, "open", kw, warm), rate=rate,
+                       arrival=arrival, duration_s=rule.max_step_s,  # type: ignore[arg-type]
+                       seed=kw["seed"] + i)
+
+    def on_step(rate: float) -> None:
+        if not as_json:
+            err_console.print(f"[dim]capacity step: {rate:.2f} req/s ...[/]")
+
+    res = capacity(make_plan, rule, cfg, on_step=on_step, url=url)
+    recs: list[Record] = []
+    for i, (s, r) in enumerate(zip(res.result.steps, res.levels, strict=True)):
+        recs.append(to_record(r, experiment=exp, url=url, workload=wl.label(), slo=objective,
+                              price_per_hour_usd=price,
+                              extra={"capacity_step": i, "verdict": s.verdict}))
+    if records is not None:
+        append_records(records, recs)
+    steps = []
+    for s, r in zip(res.result.steps, res.levels, strict=True):
+        lv = level_json(r, objective, price)
+        steps.append({"rate": s.rate, "verdict": s.verdict, "requests": s.requests,
+                      "throughput_rps": s.throughput_rps, "output_tps": r.output_tps,
+                      "ttft": lv["ttft"], "tpot": lv["tpot"], "itl": lv["itl"],
+                      "error_rate": s.error_rate, "valid": s.valid, "wall_s": s.wall_s,
+                      "objectives": lv["objectives"], "goodput": lv["goodput"]})
+    lo, hi = res.result.interval_rps
+    doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "slo": objective.label,
+           "confidence": conf, "experiment": exp, "capacity_rps": res.result.capacity_rps,
+           "interval_rps": [lo, hi], "capacity_output_tps": res.capacity_tps,
+           "capacity_goodput_tps": res.capacity_goodput_tps,
+           "converged": res.result.converged, "price_per_hour_usd": price,
+           "cost_per_1k_output_tokens_usd": None if res.capacity_tps is None else
+           cost_of(price, res.capacity_tps),
+           "steps": steps, "records": str(records) if records else None}
+    emit(doc, as_json, lambda c: _render_capacity(c, doc))
+
+
+def _fraction(text: str, *, what: str) -> float:
+    """'95%' or '0.95' -> 0.95."""
+    t = text.strip()
+    try:
+        return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    except ValueError:
+        raise BadUsageError(f"{what}: {text!r} is not a percentage like 95%") from None
+
+
+def _render_capacity(c: Console, doc: dict[str, Any]) -> None:
+    t = Table(title=f"capacity {doc['url']} for {doc['slo']}", box=box.SIMPLE, pad_edge=False,
+              collapse_padding=True)
+    for col in ("step", "rate", "verdict", "requests", "ok/s", "out tok/s", "TTFT p95",
+                "TPOT p95", "errors", "valid"):
+        t.add_column(col, justify="right")
+    for i, s in enumerate(doc["steps"]):
+        t.add_row(str(i + 1), f"{s['rate']:.2f}", s["verdict"], str(s["requests"]),
+                  f"{s['throughput_rps']:.2f}", f"{s['output_tps']:.0f}",
+                  _ms(s["ttft"]["p95_ms"]), _ms(s["tpot"]["p95_ms"]), f"{s['error_rate']:.2%}",
+                  "yes" if s["valid"] else "NO")
+    _wide(c, 110).print(t)
+    if doc["capacity_rps"] is None:
+        c.print(f"no tried rate met {doc['slo']}")
+        return
+    lo, hi = doc["interval_rps"]
+    c.print(f"capacity: {doc['capacity_rps']:.2f} req/s = {doc['capacity_output_tps']:.0f} output "
+            f"tokens/s (goodput {doc['capacity_goodput_tps']:.0f} tokens/s), interval "
+            f"[{_ms(lo)}, {_ms(hi)}] req/s" + ("" if doc["converged"] else " (not converged)"))
+    cost = doc["cost_per_1k_output_tokens_usd"]
+    if cost is not None:
+        c.print(f"cost at capacity: ${cost:.5f} per 1,000 output tokens at "
+                f"${doc['price_per_hour_usd']:.3f}/hour")

@@ -1,0 +1,308 @@
+"""A streaming load level's result: every generator process's measurements merged.
+
+Percentiles of TTFT, ITL, TPOT and e2e come from HdrHistograms (µs, 3 significant digits)
+merged across processes; the per-request values are kept too, so goodput under any SLO is
+computed exactly afterwards. The record's `latency` is TTFT (what a user waits for before
+anything shows); e2e, ITL and TPOT percentiles are in extras. Its rate is output tokens/s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from scalelab.core.records import Cost, Record, make_record
+from scalelab.load.clock import LagStats, lag_stats
+from scalelab.load.generator import LAG_INVALID_SHARE, Mode
+from scalelab.load.histogram import LatencyHistogram, Percentiles
+from scalelab.load.stream import StreamPart
+from scalelab.load.token_slo import (
+    Goodput,
+    ObjectiveLine,
+    Samples,
+    TokenSlo,
+    cost_per_1k,
+    evaluate,
+    goodput,
+)
+
+LLM_LATE_S = 0.010
+"""A streaming run is invalid when more than LAG_INVALID_SHARE of its sends were this late.
+Every send's lateness is inside its TTFT anyway (timed from the due time); the question is
+only whether the offered rate held, and against TTFTs of tens to hundreds of milliseconds a
+few milliseconds of scheduler wake-up on a shared machine does not change the load offered
+(the 1 ms `clock.LATE_S` count is still reported, as `lag.late`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlmResult:
+    """What one streaming load level measured (requests after the warm-up only)."""
+
+    mode: Mode
+    """"open" (arrival schedule) or "closed" (fixed concurrency)."""
+    offered_rps: float | None
+    """Open loop: the target arrival rate."""
+    concurrency: int | None
+    """Closed loop: clients."""
+    arrival: str | None
+    """Open loop: constant or poisson."""
+    processes: int
+    """Generator processes."""
+    requests: int
+    """Measured requests sent."""
+    successes: int
+    """Streams that ended with [DONE] or a finish_reason and carried a token."""
+    failures: int
+    """Everything else (see errors_by_kind)."""
+    failure_rate: float
+    """failures / (successes + failures)."""
+    ttft: Percentiles
+    """Time to first token, from the due time (open) or the send (closed)."""
+    itl: Percentiles
+    """Every inter-token gap (a chunk of k tokens after g counts k gaps of g/k)."""
+    tpot: Percentiles
+    """Per request (e2e - TTFT) / (output tokens - 1)."""
+    e2e: Percentiles
+    """Whole request, from the due time (open) or the send (closed)."""
+    output_tokens: int
+    """Output tokens of successful requests."""
+    prompt_tokens: int | None
+    """Prompt tokens of successful requests, as the server reported (None: not reported)."""
+    failed_output_tokens: int
+    """Tokens streamed by requests that then failed (not in the throughput)."""
+    wall_s: float
+    """Measured window: end of warm-up to the last measured response."""
+    sent_rps: float
+    """Measured sends per second achieved."""
+    throughput_rps: float
+    """Successful requests per second."""
+    output_tps: float
+    """Output tokens per second (successful requests)."""
+    total_tps: float
+    """Prompt + output tokens per second (output only when prompts were not reported)."""
+    errors_by_kind: dict[str, int]
+    """Failures by kind: status, timeout, refused, reset, dropped, protocol, server-error, empty."""
+    errors_by_status: dict[str, int]
+    """Non-2xx answers by HTTP status."""
+    token_sources: dict[str, int]
+    """Requests by how their tokens per chunk were known (usage-continuous, usage-final,
+    chunks)."""
+    lag: LagStats
+    """Open loop: how late the generator sent (p50/p99/max, and sends over 1 ms late)."""
+    lag_share: float
+    """lag.late / requests."""
+    connections: int
+    """Connections opened."""
+    max_in_flight: int
+    """Most streams outstanding at once (summed over processes)."""
+    valid: bool
+    """False when the generator could not offer the asked-for load."""
+    invalid_reasons: list[str]
+    """Why the run is invalid."""
+    notes: list[str]
+    """How far to trust the token counts (see tokens.py)."""
+    warmup_requests: int
+    """Requests in the warm-up (excluded)."""
+    stopped_early: bool
+    """A stopping rule ended the run before its schedule did."""
+    blobs: dict[str, str] = field(repr=False)
+    """Merged HdrHistograms (base64) of ttft, itl, tpot, e2e."""
+    samples: Samples = field(repr=False)
+    """Per-request values, for goodput under any SLO."""
+
+    def itl_within(self, thresholds: Sequence[float]) -> dict[float, tuple[int, int]]:
+        h = LatencyHistogram.decode(self.blobs["itl"])
+        return {t: (h.count_at_or_below(t), h.count) for t in thresholds}
+
+    def judge(self, slo: TokenSlo) -> tuple[list[ObjectiveLine], Goodput]:
+        """The level against `slo`: each objective's line, and goodput."""
+        s = self.samples_for(slo)
+        return evaluate(slo, s), goodput(slo, s, self.wall_s)
+
+    def samples_for(self, slo: TokenSlo) -> Samples:
+        thr = [o.threshold_s for o in slo.objectives if o.metric == "itl"]
+        s = self.samples
+        return Samples(ttft_us=s.ttft_us, tpot_us=s.tpot_us, e2e_us=s.e2e_us,
+                       output_tokens=s.output_tokens, requests=s.requests,
+                       itl_within=self.itl_within(thr))
+
+
+def _hist_us(values: np.ndarray) -> LatencyHistogram:
+    h = LatencyHistogram()
+    h.record_us(values)
+    return h
+
+
+def _cat(parts: Sequence[StreamPart], name: str) -> np.ndarray:
+    arrs = [np.frombuffer(getattr(p, name), dtype=np.int64) if len(getattr(p, name)) else
+            np.zeros(0, dtype=np.int64) for p in parts]
+    return np.concatenate(arrs) if arrs else np.zeros(0, dtype=np.int64)
+
+
+def samples_of(part: StreamPart) -> Samples:
+    """A running step's measurements as `Samples` (ITL left out: the stopping rule's ITL
+    objectives are judged at the end of the step)."""
+    return Samples(ttft_us=_cat([part], "ttft_us"), tpot_us=_cat([part], "tpot_us"),
+                   e2e_us=_cat([part], "e2e_us"), output_tokens=_cat([part], "output_tokens"),
+                   requests=part.ok + sum(part.errors_by_kind.values()), itl_within={})
+
+
+def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
+          concurrency: int | None, arrival: str | None, window_s: float | None) -> LlmResult:
+    """Merge per-process results; `window_s` is the planned measured span."""
+    assert parts
+    kinds: Counter[str] = Counter()
+    status: Counter[str] = Counter()
+    sources: Counter[str] = Counter()
+    itl = LatencyHistogram()
+    for p in parts:
+        kinds.update(p.errors_by_kind)
+        status.update(p.errors_by_status)
+        sources.update(p.token_sources)
+        if p.itl_blob:
+            itl.add_blob(p.itl_blob)
+    ttft, e2e, tpot = _cat(parts, "ttft_us"), _cat(parts, "e2e_us"), _cat(parts, "tpot_us")
+    out_t, prompt_t = _cat(parts, "output_tokens"), _cat(parts, "prompt_tokens")
+    sent = sum(p.sent for p in parts)
+    ok = len(ttft)
+    failures = sum(kinds.values())
+    start = min(p.window_start for p in parts)
+    last_send = max(p.last_send for p in parts)
+    last_done = max(p.last_done for p in parts)
+    stopped = any(p.stopped_early for p in parts)
+    span = max(0.0, last_send - start)
+    if mode == "open" and offered_rps:
+        planned = window_s if (window_s and not stopped) else span + 1.0 / offered_rps
+        span = max(planned, span + 1.0 / offered_rps)
+    elif window_s:
+        span = max(span, window_s)
+    wall = max(span, last_done - start, 1e-9)
+    lag_hists = [LatencyHistogram.decode(p.lag_blob) for p in parts if p.lag_blob]
+    lag = lag_stats(lag_hists, late=sum(p.lag_late for p in parts))
+    lag_share = lag.late / sent if sent else 0.0
+    very_late = sum(h.count - h.count_at_or_below(LLM_LATE_S) for h in lag_hists)
+    reasons: list[str] = []
+    if mode == "open" and sent and very_late / sent > LAG_INVALID_SHARE:
+        reasons.append(
+            f"generator lag: {very_late / sent:.1%} of sends were more than "
+            f"{LLM_LATE_S * 1e3:.0f} ms late (limit {LAG_INVALID_SHARE:.0%}), so the offered "
+            "rate was not held; add --processes, raise --max-connections, lower --rate, or use "
+            "a quieter machine")
+    if sent == 0:
+        reasons.append("no request was measured; lengthen --duration or shorten --warmup")
+    notes: list[str] = []
+    if sources.get("chunks"):
+        notes.append(f"{sources['chunks']} requests had no usage from the server, so their "
+                     "tokens were counted one per chunk (an undercount when a chunk carries "
+                     "several); ask for usage with --usage continuous or final")
+    if sources.get("usage-final"):
+        notes.append(f"{sources['usage-final']} requests reported only a final token count: "
+                     "it was split over their chunks by characters (exact at one token per "
+                     "chunk, an estimate otherwise)")
+    n_out = int(out_t.sum())
+    known = prompt_t >= 0
+    n_prompt = int(prompt_t[known].sum()) if ok and bool(known.all()) else None
+    blobs = {"ttft": _hist_us(ttft).encode(), "itl": itl.encode(),
+             "tpot": _hist_us(tpot[tpot >= 0]).encode(), "e2e": _hist_us(e2e).encode()}
+    return LlmResult(
+        mode=mode, offered_rps=offered_rps, concurrency=concurrency, arrival=arrival,
+        processes=len(parts), requests=sent, successes=ok, failures=failures,
+        failure_rate=failures / (ok + failures) if (ok + failures) else 0.0,
+        ttft=LatencyHistogram.decode(blobs["ttft"]).percentiles(), itl=itl.percentiles(),
+        tpot=LatencyHistogram.decode(blobs["tpot"]).percentiles(),
+        e2e=LatencyHistogram.decode(blobs["e2e"]).percentiles(),
+        output_tokens=n_out, prompt_tokens=n_prompt,
+        failed_output_tokens=sum(p.failed_output_tokens for p in parts),
+        wall_s=wall, sent_rps=sent / span if span else 0.0, throughput_rps=ok / wall,
+        output_tps=n_out / wall, total_tps=(n_out + (n_prompt or 0)) / wall,
+        errors_by_kind=dict(sorted(kinds.items())), errors_by_status=dict(sorted(status.items())),
+        token_sources=dict(sorted(sources.items())), lag=lag, lag_share=lag_share,
+        connections=sum(p.connections_opened for p in parts),
+        max_in_flight=sum(p.max_in_flight for p in parts), valid=not reasons,
+        invalid_reasons=reasons, notes=notes, warmup_requests=sum(p.warmup_requests for p in parts),
+        stopped_early=stopped, blobs=blobs,
+        samples=Samples(ttft_us=ttft, tpot_us=tpot, e2e_us=e2e, output_tokens=out_t,
+                        requests=ok + failures, itl_within={}),
+    )
+
+
+def pct_dict(p: Percentiles) -> dict[str, float | None]:
+    return {"p50_ms": p.p50_ms, "p90_ms": p.p90_ms, "p95_ms": p.p95_ms, "p99_ms": p.p99_ms,
+            "p999_ms": p.p999_ms, "max_ms": p.max_ms, "mean_ms": p.mean_ms}
+
+
+def summary(r: LlmResult) -> dict[str, Any]:
+    """The level as plain JSON (no histograms or per-request arrays)."""
+    d: dict[str, Any] = {k: v for k, v in r.__dict__.items() if k not in ("blobs", "samples")}
+    for k in ("ttft", "itl", "tpot", "e2e"):
+        d[k] = pct_dict(getattr(r, k))
+    d["lag"] = asdict(r.lag)
+    return d
+
+
+def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat: int = 0,
+              slo: TokenSlo | None = None, price_per_hour_usd: float | None = None,
+              extra: dict[str, Any] | None = None, stage: str = "llm") -> Record:
+    """One record for this level: stage "llm", variable rate or concurrency, rate in output
+    tokens/s, latency = TTFT percentiles; ITL/TPOT/e2e percentiles, goodput and cost in extras."""
+    variable = "rate" if r.mode == "open" else "concurrency"
+    level = float((r.offered_rps or 0.0) if r.mode == "open" else (r.concurrency or 0))
+    extras: dict[str, Any] = {
+        "url": url, "workload": workload, "latency_is": "ttft", "mode": r.mode,
+        "arrival": r.arrival, "processes": r.processes, "offered_rps": r.offered_rps,
+        "sent_rps": r.sent_rps, "throughput_rps": r.throughput_rps, "output_tps": r.output_tps,
+        "total_tps": r.total_tps, "successes": r.successes, "output_tokens": r.output_tokens,
+        "prompt_tokens": r.prompt_tokens, "failed_output_tokens": r.failed_output_tokens,
+        "itl": pct_dict(r.itl), "tpot": pct_dict(r.tpot), "e2e": pct_dict(r.e2e),
+        "ttft_mean_ms": r.ttft.mean_ms, "errors_by_kind": r.errors_by_kind,
+        "errors_by_status": r.errors_by_status, "token_sources": r.token_sources,
+        "lag": {**asdict(r.lag), "share": r.lag_share},
+        "connections": r.connections, "max_in_flight": r.max_in_flight,
+        "warmup_requests": r.warmup_requests, "invalid_reasons": r.invalid_reasons,
+        "notes": r.notes,
+        "hdr_histograms": r.blobs,
+    }
+    cost = None
+    if slo is not None:
+        lines, good = r.judge(slo)
+        extras["slo"] = slo.label
+        extras["objectives"] = [asdict(x) for x in lines]
+        extras["slo_met"] = all(x.met for x in lines)
+        extras["goodput"] = asdict(good)
+    if price_per_hour_usd is not None:
+        c_out = cost_of(price_per_hour_usd, r.output_tps)
+        c_tot = cost_of(price_per_hour_usd, r.total_tps)
+        extras["cost"] = {"price_per_hour_usd": price_per_hour_usd,
+                          "per_1k_output_tokens_usd": c_out, "per_1k_total_tokens_usd": c_tot}
+        cost = Cost(usd=price_per_hour_usd * r.wall_s / 3600.0, per_unit_usd=c_out,
+                    unit="1k output tokens")
+    extras.update(extra or {})
+    return make_record(
+        experiment=experiment, stage=stage, variable=variable, level=level, repeat=repeat,
+        input_volume=float(r.prompt_tokens if r.prompt_tokens is not None else r.requests),
+        input_unit="prompt tokens" if r.prompt_tokens is not None else "requests",
+        rate=r.output_tps, rate_unit="output tokens/s", wall_s=r.wall_s,
+        latency=r.ttft.latency(), failures=r.failures, failure_rate=r.failure_rate,
+        recovery="replica", ok=r.valid, error="; ".join(r.invalid_reasons) or None,
+        cost=cost, extras=_finite(extras),
+    )
+
+
+def cost_of(price_per_hour_usd: float, tps: float) -> float | None:
+    return cost_per_1k(price_per_hour_usd, tps)
+
+
+def _finite(x: Any) -> Any:
+    """Records are strict JSON: NaN/inf become None."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x

@@ -1,0 +1,597 @@
+"""The streaming load generator: SSE requests to an OpenAI-compatible endpoint, timed per token.
+
+Open loop: request i is due at `start + times[i]` and its TTFT and e2e are timed from that due
+time, so waiting for the server, for a connection, or for a late generator all count (no
+coordinated omission: a server that stalls for 2 s shows rate × 2 s slow first tokens, not one).
+Closed loop: `concurrency` clients, each sending its next request when its stream ends; TTFT is
+timed from the send, so it measures service under a fixed number of streams and hides stalls.
+
+Streams hold their connection for the whole answer (seconds), so one keep-alive connection per
+stream in flight: a pool grows to `max_connections`; past it a due request waits (still timed
+from its due time, and counted as generator lag). Each request is one small task (~30 µs of
+overhead, nothing next to a stream of tens of events) so the logic reads top to bottom.
+
+A stream that ends before `[DONE]` or a finish_reason (the server died, the proxy cut it) is an
+error of kind "dropped", never a short fast answer; an event that is not JSON is "protocol";
+an error object in the stream is "server-error"; a 2xx stream with no token is "empty".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from scalelab.core.errors import BadUsageError
+from scalelab.load.clock import LagRecorder, now, sleep_until
+from scalelab.load.connection import Target
+from scalelab.load.generator import Mode
+from scalelab.load.histogram import LatencyHistogram
+from scalelab.load.tokens import Event, parse_event, timing, tokens_per_event
+
+ERROR_KINDS = ("status", "timeout", "refused", "reset", "dropped", "protocol", "server-error",
+               "empty", "other")
+
+
+class StreamLost(Exception):
+    """The connection closed with a request in flight; `kind` is reset or dropped."""
+
+    def __init__(self, kind: str, detail: str, events: list[Event] | None = None) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.events = events or []
+        """What had streamed before the loss (to count the tokens a dropped stream wasted)."""
+
+
+@dataclass(slots=True)
+class Answer:
+    """What one streamed response delivered."""
+
+    status: int
+    events: list[Event]
+    times: list[float]
+    done: bool
+    """`[DONE]` arrived."""
+    end: float
+    """When the stream ended (the `[DONE]` event, else the last byte)."""
+    protocol_error: str | None
+
+
+class SseConnection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection reading a text/event-stream answer event by event.
+
+    Every event is stamped with the time its bytes arrived (one clock read per socket read:
+    events that arrive in one read share a time, as they did on the wire)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._time = clock
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reusable = True
+        self._fut: asyncio.Future[Answer] | None = None
+        self._buf = bytearray()
+        self._sse = bytearray()
+        self._head = False
+        self._need = 0  # content-length left; -2 chunked; -3 to EOF
+        self._status = 0
+        self._events: list[Event] = []
+        self._times: list[float] = []
+        self._done = False
+        self._done_at = 0.0
+        self._perr: str | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def request(self, req: bytes) -> asyncio.Future[Answer]:
+        assert self._fut is None and self.transport is not None
+        self._fut = asyncio.get_running_loop().create_future()
+        self._buf.clear()
+        self._sse.clear()
+        self._head = False
+        self._events, self._times = [], []
+        self._done = False
+        self._perr = None
+        self.transport.write(req)
+        return self._fut
+
+    def abort(self) -> None:
+        self.reusable = False
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self._fut is None:
+            return
+        t = self._time()
+        buf = self._buf
+        buf += data
+        if not self._head:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > 65536:
+                    self._lose("protocol", "response headers larger than 64 KiB")
+                return
+            head = bytes(buf[:end]).lower()
+            del buf[: end + 4]
+            if not head.startswith(b"http/1."):
+                self._lose("protocol", f"not an HTTP/1.x response: {head[:40]!r}")
+                return
+            try:
+                self._status = int(head[9:12])
+            except ValueError:
+                self._lose("protocol", f"bad status line: {head[:40]!r}")
+                return
+            self._head = True
+            if b"\r\nconnection: close" in head or head.startswith(b"http/1.0"):
+                self.reusable = False
+            i = head.find(b"\r\ncontent-length:")
+            if i >= 0:
+                j = head.find(b"\r\n", i + 2)
+                self._need = int(head[i + 17: j if j >= 0 else None])
+            elif b"\r\ntransfer-encoding: chunked" in head:
+                self._need = -2
+            else:
+                self._need = -3
+                self.reusable = False
+            if not 200 <= self._status < 300:
+                # The body of an error is not read: the connection goes, the status is the answer.
+                self.reusable = False
+                self._complete(t)
+                self.abort()
+                return
+        if self._need == -2:
+            self._chunked(t)
+        elif self._need == -3:
+            self._feed(bytes(buf), t)
+            buf.clear()
+        else:
+            take = min(len(buf), self._need)
+            self._feed(bytes(buf[:take]), t)
+            del buf[:take]
+            self._need -= take
+            if self._need == 0:
+                self._complete(t)
+
+    def _chunked(self, t: float) -> None:
+        buf = self._buf
+        while True:
+            eol = buf.find(b"\r\n")
+            if eol < 0:
+                return
+            try:
+                size = int(bytes(buf[:eol]).split(b";")[0], 16)
+            except ValueError:
+                self._lose("protocol", "bad chunk size in chunked response")
+                return
+            if size == 0:
+                if len(buf) < eol + 4:
+                    return
+                del buf[: eol + 4]
+                self._complete(t)
+                return
+            nxt = eol + 2 + size + 2
+            if len(buf) < nxt:
+                return
+            self._feed(bytes(buf[eol + 2: eol + 2 + size]), t)
+            del buf[:nxt]
+
+    def _feed(self, payload: bytes, t: float) -> None:
+        sse = self._sse
+        sse += payload.replace(b"\r\n", b"\n")
+        while True:
+            end = sse.find(b"\n\n")
+            if end < 0:
+                return
+            block = bytes(sse[:end])
+            del sse[: end + 2]
+            data = b"\n".join(ln[5:].lstrip(b" ") for ln in block.split(b"\n")
+                              if ln.startswith(b"data:"))
+            if not data:
+                continue
+            try:
+                ev = parse_event(data)
+            except ValueError as e:
+                if self._perr is None:
+                    self._perr = f"event is not JSON: {e}"
+                continue
+            if ev is None:
+                self._done = True
+                self._done_at = t
+            else:
+                self._events.append(ev)
+                self._times.append(t)
+
+    def _complete(self, t: float) -> None:
+        fut, self._fut = self._fut, None
+        if fut is not None and not fut.done():
+            fut.set_result(Answer(status=self._status, events=self._events, times=self._times,
+                                  done=self._done, end=self._done_at if self._done else t,
+                                  protocol_error=self._perr))
+
+    def _lose(self, kind: str, detail: str) -> None:
+        fut, self._fut = self._fut, None
+        self.abort()
+        if fut is not None and not fut.done():
+            fut.set_exception(StreamLost(kind, detail, self._events))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.reusable = False
+        if self._fut is None:
+            return
+        if self._head and self._need == -3 and exc is None:
+            self._feed(bytes(self._buf), self._time())
+            self._complete(self._time())
+            return
+        self._lose("dropped" if self._head else "reset", repr(exc))
+
+
+@dataclass(kw_only=True)
+class StreamPart:
+    """One process's measurements; plain values so it pickles across processes."""
+
+    sent: int = 0
+    ok: int = 0
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    errors_by_status: dict[str, int] = field(default_factory=dict)
+    ttft_us: array[int] = field(default_factory=lambda: array("q"))
+    """Per successful request, in completion order (as are the next four)."""
+    e2e_us: array[int] = field(default_factory=lambda: array("q"))
+    tpot_us: array[int] = field(default_factory=lambda: array("q"))
+    """-1 for a one-token answer (no TPOT)."""
+    output_tokens: array[int] = field(default_factory=lambda: array("q"))
+    prompt_tokens: array[int] = field(default_factory=lambda: array("q"))
+    """-1 when the server did not report usage."""
+    itl_blob: str = ""
+    """HdrHistogram of every inter-token gap (µs)."""
+    token_sources: dict[str, int] = field(default_factory=dict)
+    """How tokens per chunk were known, by request."""
+    failed_output_tokens: int = 0
+    """Tokens streamed by requests that then failed (dropped mid-way)."""
+    lag_blob: str = ""
+    """HdrHistogram of each measured send's lateness (open loop; clock.LagRecorder)."""
+    lag_late: int = 0
+    """Sends more than clock.LATE_S late."""
+    connections_opened: int = 0
+    max_in_flight: int = 0
+    warmup_requests: int = 0
+    window_start: float = 0.0
+    last_send: float = 0.0
+    last_done: float = 0.0
+    stopped_early: bool = False
+
+
+@dataclass(kw_only=True)
+class StreamConfig:
+    """How one process drives streaming load (validated here)."""
+
+    target: Target
+    """Where to connect."""
+    requests: list[bytes]
+    """Encoded requests, used round-robin."""
+    mode: Mode = "open"
+    """Open loop (schedule) or closed loop (concurrency)."""
+    concurrency: int = 1
+    """Closed loop: clients, each with one stream outstanding."""
+    duration_s: float | None = None
+    """Closed loop: how long to send (warm-up included); None with `max_requests`."""
+    max_requests: int | None = None
+    """Closed loop: measured requests to send."""
+    warmup_s: float = 0.0
+    """Requests due (open) or sent (closed) in the first `warmup_s` are not measured."""
+    timeout_s: float = 60.0
+    """A stream not finished this long after its due time fails with kind "timeout"."""
+    max_connections: int = 1024
+    """Open loop: most streams (connections) at once; past it requests wait (still timed)."""
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            raise BadUsageError("no requests to send; the workload produced nothing")
+        if self.mode not in ("open", "closed"):
+            raise BadUsageError(f"mode must be open or closed, got {self.mode!r}")
+        if self.concurrency < 1:
+            raise BadUsageError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if not (self.timeout_s > 0):
+            raise BadUsageError(f"--timeout must be positive, got {self.timeout_s}")
+        if self.warmup_s < 0:
+            raise BadUsageError(f"--warmup must be >= 0, got {self.warmup_s}")
+        if self.max_connections < 1:
+            raise BadUsageError(f"--max-connections must be at least 1, got {self.max_connections}")
+
+
+StopCheck = Callable[[StreamPart, float], bool]
+"""(measurements so far, measured seconds elapsed) -> stop now."""
+
+
+class StreamEngine:
+    """One asyncio loop's worth of streaming load. Use `run_open` or `run_closed` once."""
+
+    def __init__(self, cfg: StreamConfig) -> None:
+        self.cfg = cfg
+        self.loop = asyncio.get_running_loop()
+        self.res = StreamPart()
+        self._gaps_us = array("q")
+        self._lag = LagRecorder()
+        self._kinds: defaultdict[str, int] = defaultdict(int)
+        self._status: defaultdict[str, int] = defaultdict(int)
+        self._sources: defaultdict[str, int] = defaultdict(int)
+        self._idle: list[SseConnection] = []
+        self._waiters: deque[asyncio.Future[SseConnection]] = deque()
+        self._nconns = 0
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._next_req = 0
+        self._warm_end = 0.0
+        self._end = float("inf")
+        self._left: int | None = None
+        self.stop_requested = False
+
+    # ---- the connection pool ----
+
+    async def _open(self) -> SseConnection:
+        t = self.cfg.target
+        _, conn = await self.loop.create_connection(lambda: SseConnection(now),
+                                                    t.host, t.port, ssl=t.ssl_context())
+        self.res.connections_opened += 1
+        return conn
+
+    async def _acquire(self) -> tuple[SseConnection, bool]:
+        """A connection, and whether getting it meant waiting for one at the cap."""
+        while self._idle:
+            c = self._idle.pop()
+            if not c.closed:
+                return c, False
+            self._nconns -= 1
+        if self._nconns < self.cfg.max_connections:
+            self._nconns += 1
+            try:
+                return await self._open(), False
+            except BaseException:
+                self._nconns -= 1
+                raise
+        fut: asyncio.Future[SseConnection] = self.loop.create_future()
+        self._waiters.append(fut)
+        return await fut, True
+
+    def _release(self, conn: SseConnection) -> None:
+        if conn.closed or not conn.reusable:
+            conn.abort()
+            self._nconns -= 1
+            if any(not w.done() for w in self._waiters):
+                self._nconns += 1
+                self._spawn(self._open_for_waiter())
+            return
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(conn)
+                return
+        self._idle.append(conn)
+
+    async def _open_for_waiter(self) -> None:
+        try:
+            conn = await self._open()
+        except OSError as e:
+            self._nconns -= 1
+            while self._waiters:
+                w = self._waiters.popleft()
+                if not w.done():
+                    w.set_exception(e)
+                    return
+            return
+        self._release(conn)
+
+    def _spawn(self, coro: Any) -> None:
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- one request ----
+
+    def _request_bytes(self) -> bytes:
+        req = self.cfg.requests[self._next_req]
+        self._next_req = (self._next_req + 1) % len(self.cfg.requests)
+        return req
+
+    async def _one(self, start: float, measured: bool, dispatched: float | None) -> None:
+        res = self.res
+        req = self._request_bytes()
+        self._in_flight += 1
+        if self._in_flight > res.max_in_flight:
+            res.max_in_flight = self._in_flight
+        conn: SseConnection | None = None
+        try:
+            async with asyncio.timeout_at(start + self.cfg.timeout_s):
+                conn, waited = await self._acquire()
+                if dispatched is not None and measured:
+                    # Lag is judged at dispatch, or when a connection freed up at the cap; the
+                    # connect itself is the network's time and shows in TTFT, not in the lag.
+                    self._lag.add((now() if waited else dispatched) - start)
+                    res.last_send = max(res.last_send, now())
+                ans = await conn.request(req)
+            self._release(conn)
+            conn = None
+            self._record(start, ans, measured)
+        except TimeoutError:
+            self._fail("timeout", measured)
+        except StreamLost as e:
+            self._fail(e.kind, measured)
+            if measured and e.events:
+                res.failed_output_tokens += sum(tokens_per_event(e.events)[0])
+        except ConnectionRefusedError:
+            self._fail("refused", measured)
+        except (ConnectionResetError, BrokenPipeError):
+            self._fail("reset", measured)
+        except OSError:
+            self._fail("other", measured)
+        finally:
+            self._in_flight -= 1
+            if conn is not None:
+                # Timed out (or failed) with the stream open: the connection is unusable.
+                conn.abort()
+                self._release(conn)
+
+    def _fail(self, kind: str, measured: bool) -> None:
+        if measured:
+            self._kinds[kind] += 1
+            self.res.last_done = now()
+        else:
+            self.res.warmup_requests += 1
+
+    def _record(self, start: float, ans: Answer, measured: bool) -> None:
+        if not measured:
+            self.res.warmup_requests += 1
+            return
+        res = self.res
+        res.last_done = now()
+        if not 200 <= ans.status < 300:
+            self._status[str(ans.status)] += 1
+            self._kinds["status"] += 1
+            return
+        tokens, source, prompt = tokens_per_event(ans.events)
+        finished = ans.done or any(e.finished for e in ans.events)
+        kind = None
+        if ans.protocol_error is not None:
+            kind = "protocol"
+        elif any(e.error is not None for e in ans.events):
+            kind = "server-error"
+        elif not finished:
+            kind = "dropped"
+        tm = timing(start, ans.times, tokens, ans.end) if kind is None else None
+        if kind is None and tm is None:
+            kind = "empty"
+        if kind is not None or tm is None:
+            self._kinds[kind or "empty"] += 1
+            res.failed_output_tokens += sum(tokens)
+            return
+        res.ok += 1
+        self._sources[source] += 1
+        res.ttft_us.append(int(tm.ttft_s * 1e6))
+        res.e2e_us.append(int(tm.e2e_s * 1e6))
+        res.tpot_us.append(-1 if tm.tpot_s is None else int(tm.tpot_s * 1e6))
+        res.output_tokens.append(tm.output_tokens)
+        res.prompt_tokens.append(-1 if prompt is None else prompt)
+        self._gaps_us.extend(int(g * 1e6) for g in tm.gaps_s)
+
+    # ---- open loop ----
+
+    async def run_open(self, times: list[float], start_at: float,
+                       stop_check: StopCheck | None = None) -> StreamPart:
+        """Request i at `start_at + times[i]` (loop clock); measure those due after warm-up."""
+        warm = self.cfg.warmup_s
+        self.res.window_start = start_at + warm
+        self._warm_end = start_at + warm
+        sweeper = self.loop.create_task(self._watch(stop_check))
+        i, n = 0, len(times)
+        try:
+            await sleep_until(start_at)
+            while i < n and not self.stop_requested:
+                t = now()
+                while i < n and start_at + times[i] <= t:
+                    measured = times[i] >= warm
+                    if measured:
+                        self.res.sent += 1
+                    self._spawn(self._one(start_at + times[i], measured, t))
+                    i += 1
+                if i < n:
+                    await sleep_until(start_at + times[i])
+            self.res.stopped_early = i < n
+            await self._drain()
+        finally:
+            sweeper.cancel()
+            self._close_all()
+        return self._finish()
+
+    # ---- closed loop ----
+
+    def _can_send(self) -> bool:
+        if self.stop_requested or now() >= self._end:
+            return False
+        return self._left is None or self._left > 0
+
+    async def _client(self) -> None:
+        while self._can_send():
+            t = now()
+            measured = t >= self._warm_end
+            if measured:
+                self.res.sent += 1
+                self.res.last_send = t
+                if self._left is not None:
+                    self._left -= 1
+            before = sum(self._kinds.values())
+            await self._one(t, measured, None)
+            if self._kinds.get("refused", 0) and sum(self._kinds.values()) > before:
+                await asyncio.sleep(0.01)  # a refused client retries shortly, not in a spin
+
+    async def run_closed(self, start_at: float, stop_check: StopCheck | None = None
+                         ) -> StreamPart:
+        """`concurrency` clients back to back from `start_at` for the duration or count."""
+        cfg = self.cfg
+        self._warm_end = start_at + cfg.warmup_s
+        self.res.window_start = self._warm_end
+        if cfg.duration_s is not None:
+            self._end = start_at + cfg.duration_s
+        self._left = cfg.max_requests
+        sweeper = self.loop.create_task(self._watch(stop_check))
+        try:
+            await sleep_until(start_at)
+            for _ in range(cfg.concurrency):
+                self._spawn(self._client())
+            await self._drain()
+            self.res.stopped_early = self.stop_requested
+        finally:
+            sweeper.cancel()
+            self._close_all()
+        return self._finish()
+
+    # ---- shared ----
+
+    async def _watch(self, stop_check: StopCheck | None) -> None:
+        """Ask the stopping rule twice a second (timeouts are per request)."""
+        if stop_check is None:
+            return
+        while True:
+            await asyncio.sleep(0.5)
+            snap = self._snapshot()
+            if stop_check(snap, max(0.0, now() - self.res.window_start)):
+                self.stop_requested = True
+                return
+
+    def _snapshot(self) -> StreamPart:
+        r = self.res
+        return StreamPart(sent=r.sent, ok=r.ok, errors_by_kind=dict(self._kinds),
+                          ttft_us=r.ttft_us, e2e_us=r.e2e_us, tpot_us=r.tpot_us,
+                          output_tokens=r.output_tokens, prompt_tokens=r.prompt_tokens)
+
+    async def _drain(self) -> None:
+        # Each request ends by its own timeout, so this ends within timeout + a little.
+        while self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self.cfg.timeout_s + 5.0)
+
+    def _close_all(self) -> None:
+        for conn in self._idle:
+            conn.abort()
+        self._idle.clear()
+        for t in list(self._tasks):
+            t.cancel()
+
+    def _finish(self) -> StreamPart:
+        res = self.res
+        res.errors_by_kind = dict(self._kinds)
+        res.errors_by_status = dict(self._status)
+        res.token_sources = dict(self._sources)
+        h = LatencyHistogram()
+        h.record_us(np.frombuffer(self._gaps_us, dtype=np.int64))
+        res.itl_blob = h.encode()
+        res.lag_blob = self._lag.histogram().encode()
+        res.lag_late = self._lag.late
+        return res
+

@@ -1,0 +1,273 @@
+"""Token-level objectives: "ttft_p95<500ms,tpot_p95<60ms,itl_p99<100ms,avail>=99.9%".
+
+Each latency objective names a metric (ttft, itl, tpot, e2e), a quantile and a threshold; the
+level meets it when at least that share of the measurements are at or under the threshold
+(equivalently the quantile is). TTFT, TPOT and e2e are one value per successful request; ITL is
+one value per inter-token gap. Availability is successes / requests.
+
+Goodput (DistServe's definition) is per request: the requests per second that succeeded AND
+met every per-request objective's threshold (TTFT, TPOT, e2e; an ITL objective is judged over
+all gaps, not per request), and the output tokens per second those requests carried. A one-token
+answer has no TPOT and counts as meeting TPOT objectives.
+
+The capacity step rule is `capacity.StepRule`'s, for several objectives at once: each objective
+has a Clopper-Pearson interval on its within-threshold share; any interval entirely below its
+quantile decides fail, all entirely above decide pass. ITL's gaps within one stream are not
+independent, so its interval is taken over the request count, not the gap count.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from scalelab.core.errors import BadUsageError
+from scalelab.core.units import parse_duration
+from scalelab.load.capacity import clopper_pearson
+
+Metric = Literal["ttft", "itl", "tpot", "e2e"]
+METRICS: tuple[Metric, ...] = ("ttft", "itl", "tpot", "e2e")
+_OBJ = re.compile(r"^(ttft|itl|tpot|e2e)_?p(\d+(?:\.\d+)?)\s*(<=|<)\s*(.+)$", re.IGNORECASE)
+_AVAIL = re.compile(r"^(?:avail|availability)\s*(>=|>)\s*([\d.]+)\s*%?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenObjective:
+    """The `quantile` of `metric` must stay at or under `threshold_s`."""
+
+    metric: Metric
+    """ttft, itl, tpot or e2e."""
+    quantile: float
+    """In (0, 1): 0.95 for p95."""
+    threshold_s: float
+    """Seconds."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.metric}_p{self.quantile * 100:g}<{self.threshold_s * 1e3:g}ms"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenSlo:
+    """Token latency objectives and an optional availability target."""
+
+    objectives: tuple[TokenObjective, ...]
+    """Latency objectives (may be empty with availability alone)."""
+    availability: float | None = None
+    """Share of requests that must succeed, e.g. 0.999."""
+
+    def __post_init__(self) -> None:
+        if not self.objectives and self.availability is None:
+            raise BadUsageError("a token SLO needs an objective, e.g. "
+                                "\"ttft_p95<500ms,tpot_p95<60ms,avail>=99.9%\"")
+
+    @property
+    def label(self) -> str:
+        parts = [o.label for o in self.objectives]
+        if self.availability is not None:
+            parts.append(f"avail>={self.availability * 100:g}%")
+        return ",".join(parts)
+
+
+def parse_token_slo(text: str) -> TokenSlo:
+    """Parse comma-separated terms: METRIC_pQ<THRESHOLD (ms by default) and avail>=P%."""
+    objs: list[TokenObjective] = []
+    avail: float | None = None
+    for term in [t.strip() for t in str(text).split(",") if t.strip()]:
+        if m := _OBJ.match(term):
+            digits = m.group(2)
+            # p999 is the usual shorthand for 99.9; p99.9 says it directly.
+            q = float(digits) / 100.0 if "." in digits or len(digits) <= 2 else \
+                float(f"{digits[:2]}.{digits[2:]}") / 100.0
+            q = round(q, 12)
+            if not (0.0 < q < 1.0):
+                raise BadUsageError(f"--slo {term!r}: the percentile must be between 0 and 100")
+            thr = parse_duration(m.group(4), what=f"--slo {term!r}", default_unit="ms")
+            if thr <= 0:
+                raise BadUsageError(f"--slo {term!r}: the threshold must be positive")
+            objs.append(TokenObjective(metric=m.group(1).lower(), quantile=q,  # type: ignore[arg-type]
+                                       threshold_s=thr))
+        elif m := _AVAIL.match(term):
+            v = float(m.group(2))
+            if not (0 < v <= 100):
+                raise BadUsageError(f"--slo {term!r}: availability must be in (0, 100]%")
+            avail = round(v / 100.0, 12)
+        else:
+            raise BadUsageError(
+                f"--slo: cannot read {term!r}; write e.g. \"ttft_p95<500ms\", \"tpot_p99<60ms\", "
+                "\"itl_p99<100ms\", \"e2e_p95<5s\" or \"avail>=99.9%\", comma-separated")
+    return TokenSlo(objectives=tuple(objs), availability=avail)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Samples:
+    """What a level measured, as the objectives need it (µs; one entry per success)."""
+
+    ttft_us: np.ndarray
+    tpot_us: np.ndarray
+    """-1 where a one-token answer has no TPOT."""
+    e2e_us: np.ndarray
+    output_tokens: np.ndarray
+    requests: int
+    """Measured requests (successes and failures)."""
+    itl_within: dict[float, tuple[int, int]]
+    """threshold_s -> (gaps at or under it, all gaps), from the ITL histogram."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObjectiveLine:
+    """One objective at one level."""
+
+    objective: str
+    """Its label."""
+    events: int
+    """Measurements it is judged over."""
+    within: int
+    """Those at or under the threshold (for availability: successes)."""
+    share: float
+    """within / events."""
+    needed: float
+    """The share it needs (the quantile or the availability)."""
+    met: bool
+    """share >= needed."""
+
+
+def _per_request(s: Samples, o: TokenObjective) -> tuple[int, int]:
+    thr = int(o.threshold_s * 1e6)
+    if o.metric == "ttft":
+        return int(np.count_nonzero(s.ttft_us <= thr)), len(s.ttft_us)
+    if o.metric == "e2e":
+        return int(np.count_nonzero(s.e2e_us <= thr)), len(s.e2e_us)
+    has = s.tpot_us >= 0
+    return int(np.count_nonzero(has & (s.tpot_us <= thr))), int(np.count_nonzero(has))
+
+
+def evaluate(slo: TokenSlo, s: Samples) -> list[ObjectiveLine]:
+    """Each objective's share within its threshold, and whether the level met it."""
+    out: list[ObjectiveLine] = []
+    for o in slo.objectives:
+        if o.metric == "itl":
+            k, n = s.itl_within.get(o.threshold_s, (0, 0))
+        else:
+            k, n = _per_request(s, o)
+        share = k / n if n else 0.0
+        out.append(ObjectiveLine(objective=o.label, events=n, within=k, share=share,
+                                 needed=o.quantile, met=n > 0 and share >= o.quantile - 1e-12))
+    if slo.availability is not None:
+        ok = len(s.ttft_us)
+        share = ok / s.requests if s.requests else 0.0
+        out.append(ObjectiveLine(objective=f"avail>={slo.availability * 100:g}%",
+                                 events=s.requests, within=ok, share=share,
+                                 needed=slo.availability,
+                                 met=s.requests > 0 and share >= slo.availability - 1e-12))
+    return out
+
+
+def good_mask(slo: TokenSlo, s: Samples) -> np.ndarray:
+    """Per success: met every per-request threshold (TTFT, TPOT, e2e)."""
+    good = np.ones(len(s.ttft_us), dtype=bool)
+    for o in slo.objectives:
+        thr = int(o.threshold_s * 1e6)
+        if o.metric == "ttft":
+            good &= s.ttft_us <= thr
+        elif o.metric == "e2e":
+            good &= s.e2e_us <= thr
+        elif o.metric == "tpot":
+            good &= (s.tpot_us < 0) | (s.tpot_us <= thr)
+    return good
+
+
+@dataclass(frozen=True, kw_only=True)
+class Goodput:
+    """Requests and output tokens per second that met every per-request objective."""
+
+    good_requests: int
+    """Successes within every per-request threshold."""
+    goodput_rps: float
+    """good_requests / wall_s."""
+    good_output_tokens: int
+    """Output tokens of those requests."""
+    goodput_tps: float
+    """good_output_tokens / wall_s."""
+
+
+def goodput(slo: TokenSlo, s: Samples, wall_s: float) -> Goodput:
+    mask = good_mask(slo, s)
+    n = int(np.count_nonzero(mask))
+    toks = int(s.output_tokens[mask].sum()) if n else 0
+    w = max(wall_s, 1e-9)
+    return Goodput(good_requests=n, goodput_rps=n / w, good_output_tokens=toks,
+                   goodput_tps=toks / w)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenStepRule:
+    """When a capacity step may stop: every objective decided, or out of time/requests."""
+
+    slo: TokenSlo
+    """The objectives every step is judged on."""
+    confidence: float = 0.95
+    """Two-sided confidence of each interval."""
+    min_step_s: float = 3.0
+    """Never decide before this much measured time (lets a growing queue show)."""
+    max_step_s: float = 30.0
+    """Stop undecided after this much measured time."""
+    max_requests: int = 100_000
+    """Stop undecided after this many measured requests."""
+
+    def __post_init__(self) -> None:
+        if not (0.5 < self.confidence < 1.0):
+            raise BadUsageError(f"--confidence must be in (50%, 100%), got {self.confidence}")
+        if not (0 < self.min_step_s <= self.max_step_s):
+            raise BadUsageError("--min-step must be positive and at most --max-step")
+
+    def verdict(self, s: Samples) -> tuple[str, bool]:
+        """('pass'|'fail', decided) from the measurements so far."""
+        lines = evaluate(self.slo, s)
+        if not lines or s.requests == 0:
+            return "fail", False
+        decided_pass = True
+        nreq = max(1, len(s.ttft_us))
+        for line, o in zip(lines, [*self.slo.objectives, None], strict=False):
+            k, n = line.within, line.events
+            if o is not None and o.metric == "itl" and n > 0:
+                # Gaps of one stream are correlated: judge on the request count.
+                k, n = round(line.share * nreq), nreq
+            if o is None:
+                # Availability: the failure share against the error budget.
+                budget = 1.0 - line.needed
+                e_lo, e_hi = clopper_pearson(n - k, n, self.confidence)
+                if e_lo > budget:
+                    return "fail", True
+                if e_hi > budget:
+                    decided_pass = False
+                continue
+            lo, hi = clopper_pearson(k, n, self.confidence)
+            if n > 0 and hi < line.needed:
+                return "fail", True
+            if not (n > 0 and lo >= line.needed):
+                decided_pass = False
+        if len(s.ttft_us) == 0:
+            return "fail", True
+        if decided_pass:
+            return "pass", True
+        return ("pass" if all(x.met for x in lines) else "fail"), False
+
+    def should_stop(self, s: Samples, elapsed_s: float) -> bool:
+        if elapsed_s >= self.max_step_s or s.requests >= self.max_requests:
+            return True
+        if elapsed_s < self.min_step_s:
+            return False
+        return self.verdict(s)[1]
+
+
+def cost_per_1k(price_per_hour_usd: float, tokens_per_s: float) -> float | None:
+    """USD per 1,000 tokens at `tokens_per_s` sustained on hardware costing the given hourly
+    price (None when nothing was produced: the cost per token is unbounded)."""
+    if not (tokens_per_s > 0) or not math.isfinite(tokens_per_s):
+        return None
+    return price_per_hour_usd / 3600.0 / tokens_per_s * 1000.0

@@ -1,0 +1,164 @@
+"""Per-request token timings from a stream's chunks: TTFT, every inter-token gap, TPOT, e2e.
+
+A streamed answer arrives as SSE events, and one event may carry several tokens (servers batch
+tokens per chunk under load, speculative decoding emits several at once, detokenizers hold back
+partial characters). Counting one token per chunk, as several load testers did (vLLM issue
+27485), undercounts output tokens and turns k gaps of g/k into one gap of g, so ITL looks worse
+and tokens/s better-or-worse depending on the chunking. Tokens per event come, best first, from:
+
+1. `continuous` usage: the server reports cumulative completion_tokens in every chunk (vLLM's
+   `stream_options.continuous_usage_stats`), so an event's tokens are the difference: exact.
+2. `final` usage: only the total at the end (the OpenAI standard); the total is split across
+   the events in proportion to their characters (largest remainder, so it sums exactly).
+   Exact when every event carries one token; an estimate otherwise.
+3. `chunks`: no usage at all; one token per event (the old behaviour, said so in the results).
+
+Gaps: an event of k tokens arriving g after the previous one contributes k gaps of g/k; the
+first event's extra k-1 tokens arrived with the first one (gaps of 0). So the gaps sum to
+(last token - first token) and there are exactly output_tokens - 1 of them, and their mean is
+TPOT = (e2e - TTFT) / (output_tokens - 1) whenever the stream ends with its last token.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+TokenSource = Literal["usage-continuous", "usage-final", "chunks"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One parsed SSE data event of an OpenAI-style stream."""
+
+    text_chars: int
+    """Characters of generated text in it (delta.content or text, all choices)."""
+    completion_tokens: int | None
+    """Cumulative usage.completion_tokens when the event carries usage."""
+    prompt_tokens: int | None
+    """usage.prompt_tokens when the event carries usage."""
+    finished: bool
+    """A choice carried a finish_reason."""
+    error: str | None
+    """The server sent an error object instead of a chunk."""
+
+
+def parse_event(data: bytes) -> Event | None:
+    """Parse one `data:` payload; None for `[DONE]`. Raises ValueError on a non-JSON payload."""
+    if data.strip() == b"[DONE]":
+        return None
+    obj = json.loads(data)
+    if not isinstance(obj, dict):
+        raise ValueError("event is not a JSON object")
+    if "error" in obj and "choices" not in obj:
+        err = obj["error"]
+        msg = err.get("message") if isinstance(err, dict) else err
+        return Event(0, None, None, False, str(msg)[:200])
+    chars = 0
+    finished = False
+    for ch in obj.get("choices") or ():
+        if not isinstance(ch, dict):
+            continue
+        delta = ch.get("delta")
+        text: Any = delta.get("content") if isinstance(delta, dict) else ch.get("text")
+        if isinstance(text, str):
+            chars += len(text)
+        if ch.get("finish_reason"):
+            finished = True
+    usage = obj.get("usage")
+    ct = pt = None
+    if isinstance(usage, dict):
+        c, p = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        ct = int(c) if isinstance(c, int | float) else None
+        pt = int(p) if isinstance(p, int | float) else None
+    return Event(chars, ct, pt, finished, None)
+
+
+def tokens_per_event(events: list[Event]) -> tuple[list[int], TokenSource, int | None]:
+    """Tokens each event carried, how that was known, and the prompt tokens (if reported).
+
+    Events without text and without a usage increase (the role-only first chunk, a final
+    usage-only chunk) carry 0 tokens.
+    """
+    prompt = next((e.prompt_tokens for e in reversed(events) if e.prompt_tokens is not None),
+                  None)
+    with_text = [e.text_chars > 0 for e in events]
+    cum = [e.completion_tokens for e in events]
+    text_cum = [c for c, t in zip(cum, with_text, strict=True) if t]
+    if text_cum and all(c is not None for c in text_cum):
+        out: list[int] = []
+        prev = 0
+        for c in cum:
+            if c is None:
+                out.append(0)
+                continue
+            out.append(max(0, c - prev))
+            prev = max(prev, c)
+        return out, "usage-continuous", prompt
+    total = next((c for c in reversed(cum) if c is not None), None)
+    if total is not None:
+        chars = [e.text_chars for e in events]
+        return split_proportional(total, chars), "usage-final", prompt
+    return [1 if t else 0 for t in with_text], "chunks", prompt
+
+
+def split_proportional(total: int, weights: list[int]) -> list[int]:
+    """Split `total` into integers proportional to `weights` (largest remainder; exact sum).
+
+    Then every event with a positive weight gets at least one token while the total allows
+    (taken from the largest share), because an event that carried text carried a token.
+    """
+    n_pos = sum(1 for w in weights if w > 0)
+    if total <= 0 or n_pos == 0:
+        return [0] * len(weights)
+    wsum = sum(weights)
+    shares = [total * w / wsum for w in weights]
+    out = [int(x) for x in shares]
+    left = total - sum(out)
+    order = sorted(range(len(weights)), key=lambda i: (-(shares[i] - int(shares[i])), i))
+    for i in order[:left]:
+        out[i] += 1
+    if total >= n_pos:
+        for i, w in enumerate(weights):
+            if w > 0 and out[i] == 0:
+                out[max(range(len(out)), key=lambda j: out[j])] -= 1
+                out[i] = 1
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One successful request's token timings (seconds)."""
+
+    ttft_s: float
+    """First token's arrival minus the request's start (due time in open loop)."""
+    e2e_s: float
+    """End of the stream minus the start."""
+    output_tokens: int
+    """Tokens generated."""
+    gaps_s: list[float]
+    """Every inter-token gap (output_tokens - 1 of them)."""
+    tpot_s: float | None
+    """(e2e - TTFT) / (output_tokens - 1); None for a one-token answer."""
+
+
+def timing(start: float, times: list[float], tokens: list[int], end: float) -> Timing | None:
+    """Timings from event arrival `times` and `tokens` per event; None when no token came."""
+    first = next((i for i, k in enumerate(tokens) if k > 0), None)
+    if first is None:
+        return None
+    t_first = times[first]
+    gaps: list[float] = [0.0] * (tokens[first] - 1)
+    prev = t_first
+    for t, k in zip(times[first + 1:], tokens[first + 1:], strict=True):
+        if k <= 0:
+            continue
+        g = (t - prev) / k
+        gaps.extend([g] * k)
+        prev = t
+    out = sum(tokens)
+    ttft = t_first - start
+    e2e = max(end, prev) - start
+    tpot = (e2e - ttft) / (out - 1) if out > 1 else None
+    return Timing(ttft_s=ttft, e2e_s=e2e, output_tokens=out, gaps_s=gaps, tpot_s=tpot)

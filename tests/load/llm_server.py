@@ -1,0 +1,219 @@
+"""A deterministic OpenAI-compatible streaming server for the LLM load tests (127.0.0.1).
+
+    python tests/load/llm_server.py [--ttft-ms MS] [--gap-ms MS] [--tokens-per-chunk K]
+        [--max-streams M] [--stall-period-s S --stall-s S] [--drop-every N]
+
+prints "PORT <n>" once listening. POST /v1/chat/completions or /v1/completions with
+"stream": true answers `max_tokens` tokens (default 16) as SSE: a role-only chunk at once (as
+vLLM sends one), then chunk j at exactly arrival + TTFT + j × gap carrying K tokens (the last
+one fewer), the last with finish_reason "length", a usage chunk when stream_options asks for
+it (in every chunk with continuous_usage_stats), then `data: [DONE]`. Every send is scheduled
+at an absolute time, so timer jitter does not accumulate along a stream. Each token is the
+text " t" (two characters), so a character-proportional split is exact.
+
+--max-streams M: at most M streams decode at once; the rest wait FIFO (a virtual clock: a
+stream's start is max(arrival, the earliest slot's end)), so capacity is exactly
+M / (TTFT + (chunks - 1) × gap) requests/s. --stall-*: every period the server freezes for
+stall seconds (from period/2 on): any send due in a freeze goes out when it ends.
+--drop-every N: every N-th request's connection is closed after half of its chunks.
+GET /v1/models lists one model "test-llm"; GET /health answers 200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import heapq
+import json
+import math
+import time
+
+
+def _response(status: int, body: bytes, ctype: str = "application/json") -> bytes:
+    return (f"HTTP/1.1 {status} X\r\ncontent-type: {ctype}\r\ncontent-length: {len(body)}\r\n\r\n"
+            .encode() + body)
+
+
+_STREAM_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")
+
+
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _event(obj: object) -> bytes:
+    return _chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+
+class Server:
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.ttft = a.ttft_ms / 1e3
+        self.gap = a.gap_ms / 1e3
+        self.k = a.tokens_per_chunk
+        self.period = a.stall_period_s
+        self.stall = a.stall_s
+        self.drop_every = a.drop_every
+        self.slots = [0.0] * a.max_streams if a.max_streams else []
+        self.t0 = time.monotonic()
+        self.count = 0
+
+    def unstall(self, t: float) -> float:
+        if not self.stall:
+            return t
+        phase = (t - self.t0 - self.period / 2) % self.period
+        return t + (self.stall - phase) if phase < self.stall else t
+
+    def plan(self, arrival: float, n_chunks: int) -> float:
+        """When this stream starts decoding (its slot, on the virtual clock)."""
+        if not self.slots:
+            return arrival
+        free = heapq.heappop(self.slots)
+        start = max(arrival, free)
+        heapq.heappush(self.slots, start + self.ttft + (n_chunks - 1) * self.gap)
+        return start
+
+
+class Handler(asyncio.Protocol):
+    def __init__(self, server: Server) -> None:
+        self.s = server
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+        self.dead = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.dead = True
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self.buf[:end]).decode("latin-1")
+            lines = head.split("\r\n")
+            method, path = lines[0].split(" ")[:2]
+            n = 0
+            for ln in lines[1:]:
+                k, _, v = ln.partition(":")
+                if k.strip().lower() == "content-length":
+                    n = int(v.strip())
+            if len(self.buf) < end + 4 + n:
+                return
+            body = bytes(self.buf[end + 4: end + 4 + n])
+            del self.buf[: end + 4 + n]
+            self.handle(method, path, body)
+
+    def write(self, data: bytes) -> None:
+        if not self.dead and self.transport is not None:
+            self.transport.write(data)
+
+    def handle(self, method: str, path: str, body: bytes) -> None:
+        if method == "GET" and path == "/health":
+            self.write(_response(200, b"{}"))
+            return
+        if method == "GET" and path == "/v1/models":
+            self.write(_response(200, json.dumps(
+                {"object": "list", "data": [{"id": "test-llm", "object": "model"}]}).encode()))
+            return
+        if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
+            self.write(_response(404, b'{"error": "not found"}'))
+            return
+        try:
+            req = json.loads(body)
+        except json.JSONDecodeError:
+            self.write(_response(400, b'{"error": "body is not JSON"}'))
+            return
+        if not req.get("stream"):
+            self.write(_response(400, b'{"error": "only stream: true is served"}'))
+            return
+        chat = path.endswith("chat/completions")
+        if chat:
+            prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
+        else:
+            prompt = str(req.get("prompt", ""))
+        self.stream(chat, len(prompt.split()), int(req.get("max_tokens") or 16),
+                    req.get("stream_options") or {})
+
+    def stream(self, chat: bool, prompt_tokens: int, max_tokens: int, so: dict[str, bool]) -> None:
+        s = self.s
+        s.count += 1
+        drop = bool(s.drop_every) and s.count % s.drop_every == 0
+        now = self.loop.time()
+        n_chunks = math.ceil(max_tokens / s.k)
+        start = s.plan(now, n_chunks)
+        cont = bool(so.get("continuous_usage_stats"))
+        final_usage = bool(so.get("include_usage"))
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(tokens: int, done_so_far: int, finish: str | None) -> dict[str, object]:
+            text = " t" * tokens
+            choice: dict[str, object] = {"index": 0, "finish_reason": finish}
+            if chat:
+                choice["delta"] = {"content": text}
+            else:
+                choice["text"] = text
+            c: dict[str, object] = {"id": "x", "object": obj, "model": "test-llm",
+                                    "choices": [choice]}
+            if cont:
+                c["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": done_so_far,
+                              "total_tokens": prompt_tokens + done_so_far}
+            return c
+
+        self.write(_STREAM_HEAD)
+        if chat:
+            first: dict[str, object] = {"id": "x", "object": obj, "model": "test-llm",
+                                        "choices": [{"index": 0, "delta": {"role": "assistant"},
+                                                     "finish_reason": None}]}
+            self.write(_event(first))
+        done = 0
+        for j in range(n_chunks):
+            k = min(s.k, max_tokens - done)
+            done += k
+            payload = _event(chunk(k, done, "length" if done == max_tokens else None))
+            if j == n_chunks - 1:
+                if final_usage:
+                    payload += _event({"id": "x", "object": obj, "model": "test-llm",
+                                       "choices": [], "usage": {
+                                           "prompt_tokens": prompt_tokens,
+                                           "completion_tokens": max_tokens,
+                                           "total_tokens": prompt_tokens + max_tokens}})
+                payload += _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+            at = s.unstall(start + s.ttft + j * s.gap)
+            if drop and j >= n_chunks // 2:
+                self.loop.call_at(at, self.cut)
+                return
+            self.loop.call_at(at, self.write, payload)
+
+    def cut(self) -> None:
+        if self.transport is not None and not self.dead:
+            self.transport.close()
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ttft-ms", type=float, default=50.0)
+    p.add_argument("--gap-ms", type=float, default=10.0)
+    p.add_argument("--tokens-per-chunk", type=int, default=1)
+    p.add_argument("--max-streams", type=int, default=0)
+    p.add_argument("--stall-period-s", type=float, default=1.0)
+    p.add_argument("--stall-s", type=float, default=0.0)
+    p.add_argument("--drop-every", type=int, default=0)
+    p.add_argument("--port", type=int, default=0)
+    a = p.parse_args()
+    server = Server(a)
+    loop = asyncio.get_running_loop()
+    srv = await loop.create_server(lambda: Handler(server), "127.0.0.1", a.port, backlog=4096)
+    port = srv.sockets[0].getsockname()[1]
+    print(f"PORT {port}", flush=True)
+    async with srv:
+        await srv.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

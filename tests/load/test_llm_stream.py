@@ -1,0 +1,197 @@
+"""The streaming load generator against the deterministic SSE server (tests/load/llm_server.py).
+
+Known TTFT and gaps, chunks of several tokens: measured TTFT and e2e are at least the server's
+schedule minus the histogram's 0.1% (a client cannot see a token before it is sent) and, on a
+busy two-core machine, within a few milliseconds of timer wake-up above it; ITL and TPOT are
+differences of two such times, so they are within that wake-up either side.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from scalelab.cli import run
+from scalelab.core.records import read_records
+from scalelab.load.connection import Target
+from scalelab.load.llm_result import LlmResult
+from scalelab.load.llm_run import LlmPlan, run_llm
+from scalelab.load.stream import StreamConfig
+from scalelab.load.workload import LengthDist, UsageMode, Workload
+
+SERVER = Path(__file__).with_name("llm_server.py")
+PREC = 0.999  # HdrHistogram at 3 significant digits reads at most 0.1% low
+JITTER_MS = 8.0  # timer wake-up on a loaded 2-core machine, server and client together
+
+
+@pytest.fixture
+def llm_server() -> Iterator[Callable[..., str]]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> str:
+        proc = subprocess.Popen([sys.executable, str(SERVER), *args], stdout=subprocess.PIPE,
+                                text=True)
+        procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"llm test server did not start: {line!r}")
+        return f"http://127.0.0.1:{int(line.split()[1])}"
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait(timeout=10)
+
+
+def _run(url: str, *, out: int = 12, usage: UsageMode = "continuous", mode: str = "closed",
+         concurrency: int = 2, rate: float | None = None, requests: int | None = 20,
+         duration_s: float | None = None, processes: int = 1) -> LlmResult:
+    t = Target.parse(url + "/v1/chat/completions")
+    reqs = Workload(output=LengthDist(kind="fixed", a=out), usage=usage, distinct=4).build(t)
+    plan = LlmPlan(stream=StreamConfig(target=t, requests=reqs, mode=mode,  # type: ignore[arg-type]
+                                       concurrency=concurrency, timeout_s=20.0),
+                   rate=rate, requests=requests, duration_s=duration_s, processes=processes)
+    return run_llm(plan)
+
+
+def test_ttft_itl_tpot_match_a_server_sending_three_tokens_per_chunk(
+        llm_server: Callable[..., str]) -> None:
+    url = llm_server("--ttft-ms", "40", "--gap-ms", "12", "--tokens-per-chunk", "3")
+    r = _run(url)
+    assert (r.successes, r.failures, r.output_tokens) == (20, 0, 20 * 12)
+    assert r.token_sources == {"usage-continuous": 20} and r.prompt_tokens == 20 * 128
+    # 12 tokens = chunks of 3 at 40, 52, 64, 76 ms: 2 zero gaps + 9 gaps of 4 ms per request.
+    assert r.ttft.p50_ms is not None and 40 * PREC <= r.ttft.p50_ms <= 40 + JITTER_MS
+    assert r.itl.count == 20 * 11
+    # A late chunk lengthens its gap and shortens the next: gaps have no lower bound, but they
+    # sum to (last token - first token), so their mean is TPOT's (to µs rounding).
+    assert r.itl.p50_ms is not None and abs(r.itl.p50_ms - 4) <= JITTER_MS / 3
+    assert r.itl.mean_ms is not None and r.tpot.mean_ms is not None
+    assert abs(r.itl.mean_ms - r.tpot.mean_ms) < 0.01
+    tpot = 36 / 11  # (76 - 40) / (12 - 1)
+    # TPOT has no lower bound either (a late first token shortens it).
+    assert r.tpot.p50_ms is not None and abs(r.tpot.p50_ms - tpot) <= JITTER_MS / 11
+    assert r.e2e.p50_ms is not None and 76 * PREC <= r.e2e.p50_ms <= 76 + JITTER_MS
+
+
+def test_final_usage_still_counts_every_token_and_no_usage_undercounts(
+        llm_server: Callable[..., str]) -> None:
+    url = llm_server("--ttft-ms", "5", "--gap-ms", "2", "--tokens-per-chunk", "4")
+    final = _run(url, usage="final", requests=6)
+    assert final.output_tokens == 6 * 12 and final.token_sources == {"usage-final": 6}
+    none = _run(url, usage="none", requests=6)
+    # One token per chunk: 3 chunks of 4 look like 3 tokens (the vLLM issue 27485 mistake),
+    # and the result says so.
+    assert none.output_tokens == 6 * 3 and none.token_sources == {"chunks": 6}
+    assert any("one per chunk" in n for n in none.notes)
+
+
+def test_a_stall_shows_in_ttft_p99_in_open_loop(llm_server: Callable[..., str]) -> None:
+    url = llm_server("--ttft-ms", "10", "--gap-ms", "2", "--stall-period-s", "2",
+                     "--stall-s", "0.6")
+    r = _run(url, out=4, mode="open", rate=40, requests=None, duration_s=2.0)
+    assert r.successes == r.requests > 60
+    # Freezes of 600 ms every 2 s: ~30% of requests due in one wait up to 600 ms for a token.
+    assert r.ttft.p50_ms is not None and r.ttft.p50_ms < 200
+    assert r.ttft.p99_ms is not None and r.ttft.p99_ms >= 400
+
+
+def test_dropped_streams_are_errors_not_fast_requests(llm_server: Callable[..., str]) -> None:
+    url = llm_server("--ttft-ms", "5", "--gap-ms", "2", "--drop-every", "3")
+    r = _run(url, out=10, concurrency=1, requests=12)
+    assert r.errors_by_kind == {"dropped": 4} and (r.successes, r.failures) == (8, 4)
+    assert r.output_tokens == 8 * 10  # successes only, all complete
+    assert r.failed_output_tokens == 4 * 5  # half of each dropped stream came before the cut
+
+
+@pytest.mark.slow  # spawning two interpreters takes ~15 s on a loaded two-core machine
+def test_two_generator_processes_merge(llm_server: Callable[..., str]) -> None:
+    url = llm_server("--ttft-ms", "20", "--gap-ms", "5")
+    r = _run(url, out=5, concurrency=4, requests=16, processes=2)
+    assert (r.processes, r.successes, r.output_tokens) == (2, 16, 80)
+    assert r.itl.count == 16 * 4 and r.ttft.count == 16
+    assert r.ttft.p50_ms is not None and r.ttft.p50_ms >= 20 * PREC
+
+
+def _json(capsys: pytest.CaptureFixture[str]) -> dict:
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_writes_llm_records_with_goodput_and_cost(
+        llm_server: Callable[..., str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    url = llm_server("--ttft-ms", "30", "--gap-ms", "5", "--tokens-per-chunk", "2")
+    recs = tmp_path / "llm.jsonl"
+    rc = run(["load", "llm", url, "--concurrency", "1,2", "--requests", "6", "--warmup", "0s",
+              "--output-tokens", "8", "--slo", "ttft_p95<1s,tpot_p95<1ms,avail>=99%",
+              "--cores", "2", "--core-hour-usd", "1.8", "--records", str(recs), "--json"])
+    assert rc == 0
+    doc = _json(capsys)
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
+    lv = doc["levels"][0]
+    assert lv["successes"] == 6 and lv["output_tokens"] == 48
+    # TPOT is 35 ms / 7 ≈ 5 ms > 1 ms: every request misses TPOT, so goodput is 0.
+    assert lv["goodput"]["good_requests"] == 0 and lv["slo_met"] is False
+    assert lv["cost"]["per_1k_output_tokens_usd"] == pytest.approx(
+        3.6 / 3600 / lv["output_tps"] * 1000)
+    got = read_records(recs)
+    assert [(r.stage, r.variable, r.level) for r in got] == [("llm", "concurrency", 1.0),
+                                                           ("llm", "concurrency", 2.0)]
+    r0 = got[0]
+    assert r0.rate_unit == "output tokens/s" and r0.extras["latency_is"] == "ttft"
+    assert r0.latency is not None and r0.latency.p50_ms == lv["ttft"]["p50_ms"]
+    assert r0.input_unit == "prompt tokens" and r0.input_volume == 6 * 128
+    assert {"itl", "tpot", "e2e", "goodput", "cost", "hdr_histograms"} <= set(r0.extras)
+    assert r0.cost is not None and r0.cost.unit == "1k output tokens"
+
+
+@pytest.mark.parametrize("args", [
+    ["--rate", "1", "--output-tokens", "uniform:9"],
+    ["--rate", "1", "--slo", "p95<5ms"],
+    ["--rate", "1", "--concurrency", "2"],
+    [],
+])
+def test_bad_usage_exits_2_with_one_line(args: list[str],
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["load", "llm", "http://127.0.0.1:9", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "Traceback" not in err
+
+
+def test_unreachable_server_and_wrong_path_exit_2(llm_server: Callable[..., str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["load", "llm", "http://127.0.0.1:9", "--concurrency", "1", "--requests", "2",
+                "--warmup", "0s"]) == 2
+    assert "is the server up" in capsys.readouterr().err
+    url = llm_server()
+    assert run(["load", "llm", url + "/v1/embeddings", "--concurrency", "1", "--requests",
+                "1"]) == 2
+    assert "does not match --api" in capsys.readouterr().err
+
+
+def test_capacity_search_brackets_a_known_capacity(
+        llm_server: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
+    # 2 decoding slots, each stream 20 + 7 × 10 = 90 ms: exactly 22.2 requests/s.
+    url = llm_server("--max-streams", "2", "--ttft-ms", "20", "--gap-ms", "10")
+    t0 = time.monotonic()
+    # Constant arrivals: below capacity no queue (TTFT 20 ms); above it the queue grows by
+    # (rate - 22.2)/s, so at 24/s TTFT passes 100 ms after ~1 s and most of a step misses.
+    rc = run(["load", "llm", "capacity", url, "--slo", "ttft_p90<100ms", "--start", "12",
+              "--arrival", "constant", "--output-tokens", "8", "--min-step", "1.5s",
+              "--max-step", "3s", "--precision", "50%", "--max-steps", "4", "--warmup", "0.5s",
+              "--json"])
+    assert rc == 0, time.monotonic() - t0
+    doc = _json(capsys)
+    lo, hi = doc["interval_rps"]
+    assert lo is not None and lo <= 22.3
+    assert hi is not None and hi >= 22.2
+    assert doc["capacity_output_tps"] == pytest.approx(
+        next(s["output_tps"] for s in doc["steps"] if s["rate"] == lo and
+             s["verdict"].endswith("pass")))
