@@ -1,0 +1,179 @@
+"""Prometheus metrics of the engine, named as vLLM names them so its dashboards map over.
+
+Histograms: vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
+vllm:request_time_per_output_token_seconds, vllm:e2e_request_latency_seconds,
+vllm:request_queue_time_seconds, vllm:iteration_tokens_total (tokens per step) and
+vllm:step_duration_seconds{phase=prefill|decode|mixed}. Gauges: vllm:num_requests_running,
+vllm:num_requests_waiting, vllm:kv_cache_usage_perc, vllm:kv_cache_blocks{state=used|free},
+vllm:prefix_cache_hit_rate, vllm:spec_decode_acceptance_rate. Counters:
+vllm:num_preemptions_total, vllm:prefix_cache_queries_total / _hits_total,
+vllm:spec_decode_num_draft_tokens_total / _num_accepted_tokens_total,
+vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_total{reason}.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from scalelab.generate.engine import Engine
+    from scalelab.generate.sequence import Sequence
+
+_LATENCY = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 384, 512, 1024, 2048)
+
+
+class EngineMetrics:
+    """One registry per engine (tests build many engines in one process)."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r, lab = self.registry, ["model_name"]
+        self.model_name = model_name
+
+        def hist(
+            name: str, doc: str, buckets: tuple[float, ...] = _LATENCY, extra: tuple[str, ...] = ()
+        ) -> Histogram:
+            return Histogram(name, doc, [*lab, *extra], buckets=buckets, registry=r)
+
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.")
+        self.itl = hist("vllm:inter_token_latency_seconds", "Gap between output tokens.")
+        self.tpot = hist(
+            "vllm:request_time_per_output_token_seconds",
+            "Per request: (e2e - ttft) / (output tokens - 1).",
+        )
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Arrival to last token.")
+        self.queue = hist("vllm:request_queue_time_seconds", "Arrival to first schedule.")
+        self.step_time = hist(
+            "vllm:step_duration_seconds", "One engine step (forward + sampling).", extra=("phase",)
+        )
+        self.tokens_per_step = hist(
+            "vllm:iteration_tokens_total", "Tokens in one step.", buckets=_TOKENS
+        )
+        self.running = Gauge(
+            "vllm:num_requests_running", "Sequences in the running batch.", lab, registry=r
+        )
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Sequences waiting to be admitted.", lab, registry=r
+        )
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", lab, registry=r
+        )
+        self.kv_blocks = Gauge(
+            "vllm:kv_cache_blocks", "KV blocks by state.", [*lab, "state"], registry=r
+        )
+        self.prefix_rate = Gauge(
+            "vllm:prefix_cache_hit_rate",
+            "Prefix-cache block hits / lookups since start.",
+            lab,
+            registry=r,
+        )
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries", "Prompt blocks looked up.", lab, registry=r
+        )
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits", "Prompt blocks found cached.", lab, registry=r
+        )
+        self.preemptions = Counter(
+            "vllm:num_preemptions", "Sequences preempted (recompute).", lab, registry=r
+        )
+        self.drafted = Counter(
+            "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", lab, registry=r
+        )
+        self.accepted = Counter(
+            "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", lab, registry=r
+        )
+        self.accept_rate = Gauge(
+            "vllm:spec_decode_acceptance_rate",
+            "Accepted / drafted tokens since start.",
+            lab,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens of finished requests.", lab, registry=r
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Output tokens.", lab, registry=r
+        )
+        self.success = Counter(
+            "vllm:request_success",
+            "Finished requests by reason.",
+            [*lab, "finished_reason"],
+            registry=r,
+        )
+        self._seen_queries = 0
+        self._seen_hits = 0
+        self._drafted = 0
+        self._accepted = 0
+
+    def first_token(self, seq: Sequence, now: float) -> None:
+        self.ttft.labels(self.model_name).observe(now - seq.arrival)
+        if seq.scheduled_at is not None:
+            self.queue.labels(self.model_name).observe(seq.scheduled_at - seq.arrival)
+
+    def inter_token(self, seq: Sequence, now: float) -> None:
+        if seq.last_token_at is not None:
+            self.itl.labels(self.model_name).observe(now - seq.last_token_at)
+
+    def finished(self, seq: Sequence, now: float) -> None:
+        m = self.model_name
+        self.e2e.labels(m).observe(now - seq.arrival)
+        if seq.first_token_at is not None and seq.num_output > 1:
+            self.tpot.labels(m).observe((now - seq.first_token_at) / (seq.num_output - 1))
+        self.prompt_tokens.labels(m).inc(seq.num_prompt)
+        self.generation_tokens.labels(m).inc(seq.num_output)
+        self.success.labels(m, seq.finish_reason or "abort").inc()
+
+    def spec(self, drafted: int, accepted: int) -> None:
+        self._drafted += drafted
+        self._accepted += accepted
+        self.drafted.labels(self.model_name).inc(drafted)
+        self.accepted.labels(self.model_name).inc(accepted)
+        self.accept_rate.labels(self.model_name).set(self._accepted / self._drafted)
+
+    def step(
+        self, engine: Engine, tokens: int, prefill: int, decode: int, seconds: float, preempted: int
+    ) -> None:
+        m = self.model_name
+        phase = "mixed" if prefill and decode else ("prefill" if prefill else "decode")
+        self.step_time.labels(m, phase).observe(seconds)
+        self.tokens_per_step.labels(m).observe(tokens)
+        if preempted:
+            self.preemptions.labels(m).inc(preempted)
+        self.gauges(engine)
+
+    def gauges(self, engine: Engine) -> None:
+        """Refresh the point-in-time gauges (also called after aborts)."""
+        m, b = self.model_name, engine.blocks
+        self.running.labels(m).set(engine.num_running)
+        self.waiting.labels(m).set(engine.num_waiting)
+        self.kv_usage.labels(m).set(b.num_used / b.num_blocks)
+        self.kv_blocks.labels(m, "used").set(b.num_used)
+        self.kv_blocks.labels(m, "free").set(b.num_free)
+        st = b.stats
+        self.prefix_queries.labels(m).inc(st.queries - self._seen_queries)
+        self.prefix_hits.labels(m).inc(st.hits - self._seen_hits)
+        self._seen_queries, self._seen_hits = st.queries, st.hits
+        self.prefix_rate.labels(m).set(st.hit_rate)

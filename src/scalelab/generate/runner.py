@@ -1,0 +1,143 @@
+"""Runs one scheduled step through the model over a paged KV cache.
+
+The pool is two tensors per engine, (layers, blocks * block_size, kv_heads, head_dim) for keys
+and for values, preallocated once from a byte budget. A step packs every scheduled sequence's new
+tokens into one (1, total_tokens) batch, so the linear layers see no padding; only attention
+regroups them per sequence: it writes the new keys/values to their slots, gathers each
+sequence's context through its block table, and runs one masked SDPA for the whole batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from scalelab.core.errors import BadUsageError
+from scalelab.nets.llama import LlamaConfig, LlamaForCausalLM
+
+
+def kv_bytes_per_token(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> int:
+    """Keys + values of one token across all layers."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+def blocks_in_budget(
+    cfg: LlamaConfig, budget_bytes: int, block_size: int, dtype: torch.dtype = torch.float32
+) -> int:
+    return budget_bytes // (kv_bytes_per_token(cfg, dtype) * block_size)
+
+
+@dataclass
+class SeqSlice:
+    """One sequence's part of a step (what the runner needs, nothing of the policy)."""
+
+    tokens: list[int]
+    """Tokens fed this step (new prompt chunk, or last token + drafts)."""
+    start: int
+    """Position of tokens[0]; everything before it is already in the cache."""
+    block_table: list[int]
+    logits_rows: int
+    """How many of its last positions need logits (0 for a prefill chunk that ends mid-prompt)."""
+
+
+class PagedAttention:
+    """The AttentionBackend for one step: precomputed indices shared by every layer."""
+
+    def __init__(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, slices: list[SeqSlice], block_size: int
+    ) -> None:
+        self.k_cache, self.v_cache = k_cache, v_cache
+        n = [len(s.tokens) for s in slices]
+        ctx = [s.start + len(s.tokens) for s in slices]
+        self.batch, self.q_max, self.ctx_max = len(slices), max(n), max(ctx)
+        self.uniform = all(x == n[0] for x in n)
+        offs = torch.arange(block_size)
+        slot_rows, gather_rows = [], []
+        for s, c in zip(slices, ctx, strict=True):
+            table = torch.tensor(s.block_table, dtype=torch.long)
+            slots = (table[:, None] * block_size + offs).reshape(-1)[:c]
+            slot_rows.append(slots[s.start :])
+            gather_rows.append(F.pad(slots, (0, self.ctx_max - c)))
+        self.slot_mapping = torch.cat(slot_rows)
+        self.gather = torch.stack(gather_rows)  # (batch, ctx_max); padding reads slot 0, masked
+        # Query i of a sequence sits at position start + i and sees keys 0..start + i.
+        qpos = torch.tensor([s.start for s in slices])[:, None] + torch.arange(self.q_max)
+        kpos = torch.arange(self.ctx_max)
+        mask = kpos[None, None, :] <= qpos[:, :, None]
+        valid_q = torch.arange(self.q_max)[None, :] < torch.tensor(n)[:, None]
+        # Padding query rows see key 0 only, so no row is fully masked (that would give NaN).
+        mask &= valid_q[:, :, None] | (kpos == 0)[None, None, :]
+        self.mask = mask[:, None]  # (batch, 1, q_max, ctx_max)
+        if not self.uniform:
+            self.q_batch = torch.cat([torch.full((x,), i) for i, x in enumerate(n)])
+            self.q_pos = torch.cat([torch.arange(x) for x in n])
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        kc, vc = self.k_cache[layer], self.v_cache[layer]
+        kc[self.slot_mapping] = k[0]
+        vc[self.slot_mapping] = v[0]
+        keys = kc[self.gather]  # (batch, ctx_max, kv_heads, head_dim)
+        values = vc[self.gather]
+        t, h, d = q.shape[1:]
+        if self.uniform:
+            qb = q[0].view(self.batch, self.q_max, h, d)
+        else:
+            qb = q.new_zeros(self.batch, self.q_max, h, d)
+            qb[self.q_batch, self.q_pos] = q[0]
+        out = F.scaled_dot_product_attention(
+            qb.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=self.mask,
+            enable_gqa=h != keys.shape[2],
+        ).transpose(1, 2)
+        if self.uniform:
+            return out.reshape(1, t, h, d)
+        return out[self.q_batch, self.q_pos].unsqueeze(0)
+
+
+class ModelRunner:
+    """Owns the model and the KV pool; `run` returns logits for the rows each slice asks for."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if num_blocks < 1:
+            raise BadUsageError("the KV cache budget holds no block; raise --kv-cache-bytes")
+        cfg = model.cfg
+        self.model = model.eval()
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        shape = (cfg.num_layers, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dtype)
+        self.v_cache = torch.zeros(shape, dtype=dtype)
+
+    @property
+    def kv_bytes(self) -> int:
+        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+
+    @torch.inference_mode()
+    def run(self, slices: list[SeqSlice]) -> torch.Tensor:
+        """Logits (sum of logits_rows, vocab), sequence by sequence in order."""
+        ids = torch.tensor([t for s in slices for t in s.tokens], dtype=torch.long)[None]
+        positions = torch.cat([torch.arange(s.start, s.start + len(s.tokens)) for s in slices])[
+            None
+        ]
+        rows: list[int] = []
+        offset = 0
+        for s in slices:
+            end = offset + len(s.tokens)
+            rows.extend(range(end - s.logits_rows, end))
+            offset = end
+        attention = PagedAttention(self.k_cache, self.v_cache, slices, self.block_size)
+        logits_at = torch.tensor(rows, dtype=torch.long)
+        return self.model(ids, positions, attention, logits_at=logits_at).float()

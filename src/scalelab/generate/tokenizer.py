@@ -1,0 +1,117 @@
+"""Text <-> token ids, and the chat template that turns messages into one prompt.
+
+Two sources, one class: a GGUF file's BPE vocabulary (the real model) and a byte-level
+vocabulary built in code (the tiny test model), both run by the `tokenizers` library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from scalelab.core.errors import BadInputError
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+"""ChatML, the template SmolLM2 uses (without its default system message)."""
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map, which byte-level BPE vocabularies are spelt in."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return dict(zip(printable, map(chr, chars), strict=True))
+
+
+@dataclass(kw_only=True)
+class TextTokenizer:
+    """A `tokenizers.Tokenizer` plus what generation needs around it."""
+
+    vocab: list[str]
+    """Token strings by id (byte-level spelling)."""
+    merges: list[tuple[str, str]]
+    """BPE merges in priority order (empty: every byte is its own token)."""
+    special: list[str]
+    """Control tokens matched whole in text and never split (`<|im_end|>`, ...)."""
+    eos_ids: frozenset[int]
+    """Ids that end a generation."""
+    bos_id: int | None = None
+    """Prepended to every prompt when set."""
+    chat_template: str = CHATML_TEMPLATE
+    """Jinja template over `messages` and `add_generation_prompt` (Hugging Face's convention)."""
+    split_digits: bool = True
+    """Each digit is its own pre-token (SmolLM's `smollm` pre-tokenizer)."""
+
+    @cached_property
+    def _tok(self):  # type: ignore[no-untyped-def]
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+        index = {t: i for i, t in enumerate(self.vocab)}
+        tk = Tokenizer(models.BPE(vocab=index, merges=self.merges, fuse_unk=False))
+        steps: list[Any] = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        if self.split_digits:
+            steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
+        tk.pre_tokenizer = pre_tokenizers.Sequence(steps)
+        tk.decoder = decoders.ByteLevel()
+        tk.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in self.special])
+        return tk
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if self.bos_id is not None else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # Control tokens are dropped from user-visible text (an EOS never reaches here anyway).
+        text: str = self._tok.decode(list(ids), skip_special_tokens=True)
+        return text
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The prompt text for a chat, ending with the assistant's turn opened."""
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        try:
+            text: str = env.from_string(self.chat_template).render(
+                messages=list(messages), add_generation_prompt=True
+            )
+        except TemplateError as e:
+            raise BadInputError(f"the chat template failed on these messages: {e}") from e
+        return text
+
+
+def byte_tokenizer() -> TextTokenizer:
+    """256 byte tokens, then <|endoftext|>, <|im_start|>, <|im_end|> (ids 256-258).
+
+    Needs no file, so the tiny model has a real tokenizer offline; any text round-trips.
+    """
+    table = bytes_to_unicode()
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = [table[b] for b in range(256)] + special
+    return TextTokenizer(
+        vocab=vocab,
+        merges=[],
+        special=special,
+        eos_ids=frozenset({256, 258}),
+        split_digits=False,
+    )
