@@ -8,8 +8,10 @@ from scalelab.load.capacity import (
     Step,
     StepRule,
     clopper_pearson,
+    min_passing,
     quantile_ranks,
     search,
+    step_requests,
 )
 from scalelab.load.generator import Progress
 from scalelab.load.slo import parse_slo
@@ -30,7 +32,7 @@ def test_quantile_ranks_bracket_the_quantile() -> None:
 
 
 def test_step_rule_decides_by_the_interval() -> None:
-    rule = StepRule(slo=parse_slo("p95<50ms"), confidence=0.95, min_step_s=1.0)
+    rule = StepRule(slo=parse_slo("p95<50ms"), confidence=0.95, min_step_s=1.0, min_requests=100)
     # 100/100 within: lower bound 0.9638 > 0.95 -> pass, decided.
     assert rule.verdict(ok=100, within=100, errors=0) == ("pass", True)
     # 50/100 within: upper bound < 0.95 -> fail, decided.
@@ -77,3 +79,43 @@ def test_search_goes_down_when_the_start_fails_and_caps_at_max_rate() -> None:
     calls = []
     res = search(_fake(math.inf, calls), SearchConfig(start=10, max_rate=50))
     assert calls == [10, 20, 40, 50] and res.capacity_rps == 50 and res.converged
+
+
+def test_min_passing_is_loadgens_early_stopping_count() -> None:
+    # No request over the threshold: ceil(ln(1 - c) / ln(q)), LoadGen's 459 for p99 at 99%.
+    assert min_passing(0, 0.99, 0.99) == 459 == math.ceil(math.log(0.01) / math.log(0.99))
+    assert min_passing(0, 0.95, 0.975) == 72
+    # Each request over the threshold needs more within it beside it.
+    assert min_passing(5, 0.99, 0.99) == 1302
+    assert min_passing(1, 0.99, 0.99) > min_passing(0, 0.99, 0.99)
+
+
+def test_step_requests_follow_the_stated_rule() -> None:
+    # Two-sided 95% = one-sided 97.5%, passing a server at half its tail allowance.
+    assert step_requests(0.99, 0.95) == 1164
+    assert step_requests(0.95, 0.95) == 230
+    assert step_requests(0.90, 0.95) == 100
+    assert step_requests(0.50, 0.95) == 15
+    assert step_requests(0.999, 0.95) == 11665
+    # n = 1164 is the first n where h(t) + t <= n for t = floor(0.005 n) = 5.
+    assert min_passing(5, 0.99, 0.975) + 5 <= 1164
+    assert min_passing(5, 0.99, 0.975) + 5 > 1163
+    # The same rule at LoadGen's own 99%.
+    assert step_requests(0.99, 0.98) == 1596
+
+
+def test_a_step_may_not_decide_before_its_requests() -> None:
+    rule = StepRule(slo=parse_slo("p99<200ms"), min_step_s=1.0)
+    assert rule.requests_needed == 1164
+    full = Progress(sent=1163, ok=1163, errors=0, within=1163, elapsed_s=20.0)
+    assert rule.verdict(ok=1163, within=1163, errors=0) == ("pass", True)
+    assert not rule.should_stop(full)
+    assert rule.should_stop(Progress(sent=1164, ok=1164, errors=0, within=1164, elapsed_s=20.0))
+    assert rule.step_verdict(sent=1163, ok=1163, within=1163, errors=0) == "undecided-pass"
+    assert rule.step_verdict(sent=1164, ok=1164, within=1164, errors=0) == "pass"
+    assert rule.step_verdict(sent=1200, ok=1200, within=1000, errors=0) == "fail"
+    # The step's length still bounds it.
+    assert rule.should_stop(Progress(sent=10, ok=10, errors=0, within=10, elapsed_s=60.0))
+    assert StepRule(slo=parse_slo("p99<200ms"), min_requests=50).requests_needed == 50
+    with pytest.raises(BadUsageError):
+        StepRule(slo=parse_slo("p99<200ms"), min_requests=0)

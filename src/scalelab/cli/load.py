@@ -25,15 +25,25 @@ from scalelab.load.capacity import (
     quantile_ci_ms,
     search,
 )
+from scalelab.load.clock import LOOP_IMPLS, resolve_loop
 from scalelab.load.connection import Target
-from scalelab.load.generator import LAG_INVALID_SHARE, EngineConfig, Mode
+from scalelab.load.generator import EngineConfig, Mode
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.multiproc import LoadPlan, run_load
-from scalelab.load.result import LoadResult, to_record
+from scalelab.load.result import (
+    LAG_FLOOR_S,
+    LAG_OBJECTIVE_SHARE,
+    RATE_TOLERANCE,
+    LoadResult,
+    to_record,
+)
 from scalelab.load.schedule import ARRIVALS
 from scalelab.load.slo import Slo, budget, parse_percent, parse_slo
 
 DEFAULT_MULTIPLES = "1,2,5,10"
+VALIDITY_RULES = {"rate_tolerance": RATE_TOLERANCE, "lag_p99_floor_ms": LAG_FLOOR_S * 1e3,
+                  "lag_p99_max_gaps": 1.0, "lag_p99_max_objective_share": LAG_OBJECTIVE_SHARE}
+"""What `result.validity` checks, echoed in --json so a reader can judge the flags."""
 
 
 @click.group(cls=DefaultGroup)
@@ -63,6 +73,9 @@ def _request_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Open loop: most connections per process."),
         click.option("--seed", type=int, default=0, show_default=True,
                      help="Seed for Poisson arrivals and payload sampling."),
+        click.option("--loop-impl", type=click.Choice(list(LOOP_IMPLS)), default="auto",
+                     show_default=True,
+                     help="Generator event loop: auto = uvloop when installed, else asyncio."),
     ]
     return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
 
@@ -106,7 +119,8 @@ def _engine(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any],
     timeout_s = parse_duration(kw["timeout"], what="--timeout")
     return EngineConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
                         warmup_s=warmup_s, timeout_s=timeout_s,
-                        max_connections=kw["max_connections"])
+                        max_connections=kw["max_connections"],
+                        loop_impl=resolve_loop(kw.get("loop_impl") or "auto"))
 
 
 def _check_ran(r: LoadResult, url: str) -> None:
@@ -206,7 +220,7 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
                                                extra={"payload": kind})])
     doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
            "slo": objective.label if objective else None,
-           "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,
+           "validity_rules": VALIDITY_RULES, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: _render_levels(c, doc))
 
@@ -227,7 +241,7 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
     t = Table(title=f"load {doc['url']} ({doc['mode']} loop, {doc['payload']}; latency ms)",
               box=box.SIMPLE, pad_edge=False, collapse_padding=True)
     for col in ("level", "sent/s", "ok/s", "good/s", "p50", "p95", "p99", "p99.9", "max",
-                "err", "lag", "ok?"):
+                "err", "lag p50/p99/max", "ok?"):
         t.add_column(col, justify="right")
     for lv in doc["levels"]:
         lat = lv["latency"]
@@ -236,7 +250,8 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
         t.add_row(f"{level:g}", f"{lv['sent_rps']:.0f}", f"{lv['throughput_rps']:.0f}",
                   f"{lv['goodput_rps']:.0f}", _ms(lat.p50_ms), _ms(lat.p95_ms),
                   _ms(lat.p99_ms), _ms(lat.p999_ms), _ms(lat.max_ms), errs,
-                  f"{lv['lag_share']:.0%}", "yes" if lv["valid"] else "NO")
+                  "/".join(_ms(lv[k]) for k in ("lag_p50_ms", "lag_p99_ms", "lag_max_ms")),
+                  "yes" if lv["valid"] else "NO")
     c.print(t)
     for lv in doc["levels"]:
         if lv["cold_start_ms"] is not None:
@@ -280,7 +295,10 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @click.option("--confidence", default="95%", show_default=True,
               help="Confidence of each step's pass/fail decision.")
 @click.option("--min-step", default="3s", show_default=True, help="Shortest step.")
-@click.option("--max-step", default="30s", show_default=True, help="Longest step.")
+@click.option("--max-step", default="60s", show_default=True, help="Longest step.")
+@click.option("--min-requests", default="auto", show_default=True,
+              help="Requests a step needs before it may decide; auto: sized by the quantile "
+                   "(LoadGen's early-stopping test passing half the tail allowance).")
 @click.option("--max-steps", type=int, default=20, show_default=True)
 @click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="poisson",
               show_default=True)
@@ -292,7 +310,8 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @_request_options
 @json_option
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
-             precision: str, confidence: str, min_step: str, max_step: str, max_steps: int,
+             precision: str, confidence: str, min_step: str, max_step: str, min_requests: str,
+             max_steps: int,
              arrival: str, warmup: str, records: Path | None, experiment: str | None,
              plot: Path | None, as_json: bool, **kw: Any) -> None:
     """Find the highest arrival rate meeting the SLO (exponential search, then bisection)."""
@@ -300,7 +319,10 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
     conf = _fraction(confidence, what="--confidence")
     rule = StepRule(slo=objective, confidence=conf,
                     min_step_s=parse_duration(min_step, what="--min-step"),
-                    max_step_s=parse_duration(max_step, what="--max-step"))
+                    max_step_s=parse_duration(max_step, what="--max-step"),
+                    min_requests=None if min_requests == "auto" else
+                    _int(min_requests, what="--min-requests"))
+    needed = rule.requests_needed
     cfg = SearchConfig(start=start, max_rate=max_rate,
                        precision=parse_percent(precision, what="--precision"),
                        max_steps=max_steps)
@@ -318,13 +340,15 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
                         seed=kw["seed"] + len(recs), cold_start=not recs)
         r = run_load(plan, stop_check=rule.should_stop, slo_threshold_s=obj.threshold_s)
         _check_ran(r, url)
-        verdict, decided = rule.verdict(ok=r.successes, within=r.within_slo, errors=r.failures)
+        verdict = rule.step_verdict(sent=r.requests, ok=r.successes, within=r.within_slo,
+                                    errors=r.failures)
         hist = LatencyHistogram.decode(r.hist_blob)
-        step = Step(rate=rate, verdict=verdict if decided else f"undecided-{verdict}",  # type: ignore[arg-type]
-                    requests=r.requests, throughput_rps=r.throughput_rps,
-                    quantile_ms=hist.quantile_ms(obj.quantile),
+        step = Step(rate=rate, verdict=verdict, requests=r.requests,
+                    throughput_rps=r.throughput_rps, quantile_ms=hist.quantile_ms(obj.quantile),
                     quantile_ci_ms=quantile_ci_ms(hist, obj.quantile, conf),
-                    error_rate=r.failure_rate, valid=r.valid, wall_s=r.wall_s)
+                    error_rate=r.failure_rate, valid=r.valid, wall_s=r.wall_s,
+                    requests_needed=needed,
+                    extras={"invalid_reasons": r.invalid_reasons, "lag_p99_ms": r.lag_p99_ms})
         recs.append(to_record(r, experiment=exp, url=url, slo=objective.label,
                               extra={"payload": kind, "capacity_step": len(recs),
                                      "verdict": step.verdict}))
@@ -336,11 +360,20 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
     if plot is not None:
         _plot_curve(res, obj.label, plot)
     doc = {"url": url, "slo": objective.label, "confidence": conf, "experiment": exp,
+           "step_requests": needed,
+           "step_rule": "auto" if min_requests == "auto" else "given",
            "capacity_rps": res.capacity_rps, "interval_rps": list(res.interval_rps),
            "converged": res.converged, "knee_rps": res.knee_rps,
            "steps": [s.__dict__ for s in res.steps],
            "records": str(records) if records else None, "plot": str(plot) if plot else None}
     emit(doc, as_json, lambda c: _render_capacity(c, res, doc))
+
+
+def _int(text: str, *, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise BadUsageError(f"{what}: {text!r} is not a whole number (or 'auto')") from None
 
 
 def _fraction(text: str, *, what: str) -> float:
@@ -364,6 +397,13 @@ def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> No
                   f"{s.throughput_rps:.1f}", _ms(s.quantile_ms), f"[{_ms(lo)}, {_ms(hi)}]",
                   f"{s.error_rate:.2%}", "yes" if s.valid else "NO")
     c.print(t)
+    c.print(f"each step decides only after {doc['step_requests']:,} requests"
+            + (" (sized for the quantile: LoadGen's early-stopping test passing a server that "
+               "uses half its tail allowance)" if doc["step_rule"] == "auto" else ""))
+    for i, s in enumerate(res.steps):
+        reasons = s.extras.get("invalid_reasons")
+        for reason in reasons if isinstance(reasons, list) else []:
+            c.print(f"[yellow]step {i + 1} invalid:[/] {reason}")
     lo, hi = res.interval_rps
     if res.capacity_rps is None:
         c.print(f"no tried rate met {doc['slo']} (lowest failing: {_ms(hi)} req/s)")

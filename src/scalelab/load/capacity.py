@@ -7,8 +7,16 @@ below means over (fail). This is the order-statistic interval of the quantile se
 threshold's side. An availability target is judged the same way on the failure count. A step
 that reaches its maximum length undecided is judged by the point estimate and marked undecided.
 
-The rule treats requests as independent, which queues are not (neighbours share a backlog): the
-minimum step length is the guard, since an overloaded queue needs time to show that it grows.
+The rule treats requests as independent, which queues are not: near capacity the slow requests
+come in bursts (one queue excursion makes many of them), so a step that stops at its first
+decision judges a tail from one or two bursts and the search lands wherever the first burst
+fell. Each step is therefore sized by the tail it judges: it may not decide before it has
+`step_requests(q, confidence)` measured requests, the number at which MLPerf LoadGen's
+early-stopping test (loadgen/early_stopping.cc, Server scenario) would pass a server that uses
+half of its tail allowance, i.e. whose share over the threshold is (1 - q) / 2. A p99 step
+needs 1,164 requests at the default 95% (two-sided; 97.5% one-sided), a p95 step 230, a p50
+step 15. `min_step_s` remains a floor in time, since an overloaded queue needs time to show
+that it grows.
 
 Search: from `start`, double while steps pass; then bisect between the highest pass and the
 lowest fail until they are within `precision`. The capacity is the highest passing rate and its
@@ -17,11 +25,13 @@ interval is [highest pass, lowest fail].
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 from scipy.stats import beta, binom
 
 from scalelab.core.errors import BadUsageError
@@ -30,6 +40,9 @@ from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.slo import Slo
 
 Verdict = Literal["pass", "fail", "undecided-pass", "undecided-fail"]
+TAIL_USE = 0.5
+"""Step sizing: a step must be long enough to pass a server whose share of requests over the
+threshold is this fraction of the allowance (1 - q)."""
 
 
 def clopper_pearson(k: int, n: int, confidence: float) -> tuple[float, float]:
@@ -40,6 +53,62 @@ def clopper_pearson(k: int, n: int, confidence: float) -> tuple[float, float]:
     lo = 0.0 if k <= 0 else float(beta.ppf(a / 2, k, n - k + 1))
     hi = 1.0 if k >= n else float(beta.ppf(1 - a / 2, k + 1, n - k))
     return lo, hi
+
+
+def one_sided(confidence: float) -> float:
+    """The one-sided level of each side of a two-sided `confidence` interval (0.95 -> 0.975)."""
+    return 1.0 - (1.0 - confidence) / 2.0
+
+
+def min_passing(overs: int, q: float, confidence: float) -> int:
+    """LoadGen's early-stopping count: the fewest requests within the threshold that, beside
+    `overs` requests over it, show at one-sided `confidence` that the q-quantile is under the
+    threshold, i.e. the smallest h with P(Binomial(h + overs, 1 - q) <= overs) <= 1 - confidence.
+
+    With no request over, h = ceil(ln(1 - c) / ln(q)): 459 for p99 at 99%, LoadGen's minimum.
+    """
+    if not (0.0 < q < 1.0 and 0.0 < confidence < 1.0) or overs < 0:
+        raise BadUsageError(f"min_passing needs 0 < q, confidence < 1 and overs >= 0; got "
+                            f"q={q}, confidence={confidence}, overs={overs}")
+    alpha = 1.0 - confidence
+
+    def fails(h: int) -> bool:
+        return float(binom.cdf(overs, h + overs, 1.0 - q)) > alpha
+
+    hi = 1
+    while fails(hi):
+        hi *= 2
+    lo = hi // 2 + 1 if hi > 1 else 1
+    while lo < hi:  # smallest h in [lo, hi] that does not fail
+        mid = (lo + hi) // 2
+        if fails(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def step_requests(q: float, confidence: float, tail_use: float = TAIL_USE) -> int:
+    """Measured requests one step needs before it may decide a q-quantile objective at two-sided
+    `confidence`: the smallest n with n >= min_passing(t) + t for t = floor(tail_use (1-q) n),
+    at the one-sided level the Clopper-Pearson pass test uses (so this is also the fewest
+    requests at which that test can pass such a server)."""
+    if not (0.0 < tail_use < 1.0):
+        raise BadUsageError(f"tail use must be in (0, 1), got {tail_use}")
+    alpha = 1.0 - one_sided(confidence)
+    p_over = 1.0 - q
+    start = 1
+    chunk = 65536
+    while start < 100_000_000:
+        n = np.arange(start, start + chunk)
+        t = np.floor(tail_use * p_over * n)
+        ok = binom.cdf(t, n, p_over) <= alpha
+        if ok.any():
+            return int(n[int(np.argmax(ok))])
+        start += chunk
+        chunk *= 2
+    raise BadUsageError(f"p{q * 100:g} at {confidence:.0%} needs more than 100,000,000 requests "
+                        "per step; lower --confidence")
 
 
 def quantile_ranks(n: int, q: float, confidence: float) -> tuple[int, int]:
@@ -69,10 +138,13 @@ class StepRule:
     """Two-sided confidence of each interval."""
     min_step_s: float = 3.0
     """Never decide before this much measured time (lets an overloaded queue show)."""
-    max_step_s: float = 30.0
+    max_step_s: float = 60.0
     """Stop undecided after this much measured time."""
     max_requests: int = 200_000
     """Stop undecided after this many measured requests."""
+    min_requests: int | None = None
+    """Never decide before this many measured requests; None: `step_requests` for the
+    objective's quantile at `confidence`."""
 
     def __post_init__(self) -> None:
         if len(self.slo.latency) != 1:
@@ -82,6 +154,15 @@ class StepRule:
             raise BadUsageError(f"--confidence must be in (50%, 100%), got {self.confidence}")
         if not (0 < self.min_step_s <= self.max_step_s):
             raise BadUsageError("--min-step must be positive and at most --max-step")
+        if self.min_requests is not None and self.min_requests < 1:
+            raise BadUsageError(f"--min-requests must be at least 1, got {self.min_requests}")
+
+    @property
+    def requests_needed(self) -> int:
+        """Measured requests a step needs before it may decide (see the module doc)."""
+        if self.min_requests is not None:
+            return self.min_requests
+        return step_requests(self.slo.latency[0].quantile, self.confidence)
 
     def verdict(self, *, ok: int, within: int, errors: int) -> tuple[str, bool]:
         """('pass'|'fail', decided) from the counts so far."""
@@ -109,9 +190,21 @@ class StepRule:
     def should_stop(self, p: Progress) -> bool:
         if p.elapsed_s >= self.max_step_s or p.sent >= self.max_requests:
             return True
-        if p.elapsed_s < self.min_step_s:
+        if p.elapsed_s < self.min_step_s or p.sent < self._needed:
             return False
         return self.verdict(ok=p.ok, within=p.within, errors=p.errors)[1]
+
+    def step_verdict(self, *, sent: int, ok: int, within: int, errors: int) -> Verdict:
+        """A finished step's verdict: "undecided-" unless the interval decided it with at least
+        `requests_needed` requests measured."""
+        v, decided = self.verdict(ok=ok, within=within, errors=errors)
+        if decided and sent >= self._needed:
+            return v  # type: ignore[return-value]
+        return f"undecided-{v}"  # type: ignore[return-value]
+
+    @functools.cached_property
+    def _needed(self) -> int:
+        return self.requests_needed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +229,8 @@ class Step:
     """The generator held the rate (see generator lag)."""
     wall_s: float
     """Measured seconds."""
+    requests_needed: int = 0
+    """Requests the step needed before it could decide (its sizing rule)."""
     extras: dict[str, object] = field(default_factory=dict)
     """Anything else the runner wants kept (e.g. the full result)."""
 

@@ -13,7 +13,7 @@ import asyncio
 import ssl as _ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from scalelab.core.errors import BadUsageError
@@ -105,8 +105,8 @@ class HttpConnection(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports have the Transport methods but do not subclass it.
+        self.transport = cast(asyncio.Transport, transport)
 
     def send(self, request: bytes, token: Any) -> None:
         assert self.token is None and self.transport is not None

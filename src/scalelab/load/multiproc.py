@@ -8,7 +8,6 @@ CLOCK_MONOTONIC instant (system-wide on Linux), and merges their histograms.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import multiprocessing as mp
 import queue
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from scalelab.core.errors import BadUsageError, RunFailedError
+from scalelab.load import clock
 from scalelab.load.generator import Engine, EngineConfig, Progress
 from scalelab.load.result import LoadResult, merge
 from scalelab.load.schedule import Arrival, schedule
@@ -116,8 +116,9 @@ def _worker(plan: LoadPlan, index: int, times: list[float] | None, ready: Any, g
         return float(start_at.value)
 
     try:
-        res = asyncio.run(_run_one(_engine_for(plan, index), times, plan.cold_start and index == 0,
-                                   start, None))
+        res = clock.run(_run_one(_engine_for(plan, index), times,
+                                 plan.cold_start and index == 0, start, None),
+                        plan.engine.loop_impl)
         out.put((index, res, None))
     except BaseException as e:
         out.put((index, None, f"{type(e).__name__}: {e}"))
@@ -132,8 +133,9 @@ def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = 
         plan = replace(plan, engine=cfg)
     times = plan.times().tolist() if cfg.mode == "open" else None
     if plan.processes == 1:
-        parts = [asyncio.run(_run_one(_engine_for(plan, 0), times, plan.cold_start,
-                                      lambda: time.monotonic() + 0.05, stop_check))]
+        parts = [clock.run(_run_one(_engine_for(plan, 0), times, plan.cold_start,
+                                    lambda: clock.now() + 0.05, stop_check),
+                           cfg.loop_impl)]
     else:
         if stop_check is not None:
             raise BadUsageError("a stopping rule needs a single generator process")
@@ -160,7 +162,7 @@ def _run_many(plan: LoadPlan, times: list[float] | None) -> list[Any]:
         pr.start()
     try:
         ready.wait(timeout=120)
-        start_at.value = time.monotonic() + _START_MARGIN_S
+        start_at.value = clock.now() + _START_MARGIN_S
         go.wait(timeout=30)
         length = (plan.duration_s or 0.0) + plan.engine.warmup_s
         if plan.requests is not None and plan.rate:

@@ -1,4 +1,17 @@
-"""A load run's result: the merge of every generator process's measurements."""
+"""A load run's result: the merge of every generator process's measurements, and its validity.
+
+Validity asks one question: did the generator offer the load that was asked for? Latency is
+timed from each request's due time, so a late generator never hides anything (its lateness is
+charged to the server); what a late generator does is change the load: fewer requests per
+second than asked, or arrivals bunched together. `validity` flags a level when
+- the achieved send rate fell short of the schedule by more than `RATE_TOLERANCE`;
+- lag p99 exceeded one mean inter-arrival gap (never less than `LAG_FLOOR_S`): the 99th
+  percentile send went out after the next request was due, so arrivals were bunched; or
+- lag p99 exceeded `LAG_OBJECTIVE_SHARE` of the SLO threshold: the generator's own lateness
+  is a material part of the latency being judged.
+Each reason says what to change. A level far below the generator's capacity passes all three
+on a busy machine: its gaps are long and its lag is a fraction of a millisecond.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +22,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scalelab.core.records import Record, make_record
-from scalelab.load.generator import LAG_INVALID_SHARE, LAG_THRESHOLD_S, Mode, PartResult
+from scalelab.load.clock import LagStats, lag_stats
+from scalelab.load.generator import Mode, PartResult
 from scalelab.load.histogram import LatencyHistogram, Percentiles
+
+RATE_TOLERANCE = 0.02
+"""A level is invalid when it sent more than this share below its schedule's rate."""
+LAG_FLOOR_S = 0.002
+"""The bunching rule never asks for lag p99 under this (2 ms), however short the gap."""
+LAG_OBJECTIVE_SHARE = 0.10
+"""A level is invalid when lag p99 is more than this share of the SLO's latency threshold."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +80,12 @@ class LoadResult:
     """lag_count / requests."""
     lag_max_ms: float
     """Worst dispatch lateness."""
+    lag_p50_ms: float | None
+    """Median dispatch lateness (send time - due time) of measured sends."""
+    lag_p99_ms: float | None
+    """99th percentile dispatch lateness."""
+    scheduled_rps: float
+    """Open loop: the measured sends' rate by their due times (the rate sent_rps should hold)."""
     pool_waits: int
     """Requests that waited for a free connection (max_connections reached)."""
     connections: int
@@ -100,25 +127,28 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
     last_done = max(p.last_done for p in parts)
     stopped = any(p.stopped_early for p in parts)
     send_span = max(0.0, last_send - start)
+    sched_span = send_span
     if mode == "open" and offered_rps:
-        # A full-speed run's last send is one gap before the window's end.
-        planned = window_s if (window_s and not stopped) else send_span + 1.0 / offered_rps
-        send_span = max(planned, send_span + 1.0 / offered_rps)
+        # A full-speed run's last send is one gap before the window's end; a run whose
+        # generator fell behind sends its last request later than it was due.
+        gap = 1.0 / offered_rps
+        last_due = max(p.last_due for p in parts)
+        sched_span = max(max(0.0, last_due - start) + gap,
+                         window_s if (window_s and not stopped) else 0.0)
+        send_span = max(sched_span, send_span + gap)
     elif window_s:
         send_span = max(send_span, window_s)
     wall = max(send_span, last_done - start, 1e-9)
     lag = sum(p.lag_count for p in parts)
     lag_share = lag / sent if sent else 0.0
-    reasons: list[str] = []
+    lstats = lag_stats([LatencyHistogram.decode(p.lag_blob) for p in parts if p.lag_blob],
+                       late=lag)
     pool_waits = sum(p.pool_waits for p in parts)
-    if mode == "open" and lag_share > LAG_INVALID_SHARE:
-        fix = (f"{pool_waits} requests waited for a free connection: raise --max-connections"
-               if pool_waits else
-               "add --processes, lower --rate, or run the generator on a quieter machine")
-        reasons.append(
-            f"generator lag: {lag_share:.1%} of sends were more than "
-            f"{LAG_THRESHOLD_S * 1e3:.0f} ms late (limit {LAG_INVALID_SHARE:.0%}), so the "
-            f"offered rate was not held; {fix}")
+    sent_rps = sent / send_span if send_span else 0.0
+    scheduled_rps = sent / sched_span if sched_span else 0.0
+    reasons = validity(mode=mode, offered_rps=offered_rps, sent_rps=sent_rps,
+                       scheduled_rps=scheduled_rps, lag=lstats, pool_waits=pool_waits,
+                       slo_threshold_s=slo_threshold_s, processes=len(parts))
     if sent == 0:
         reasons.append("no request was measured; lengthen --duration or shorten --warmup")
     cold = next((p for p in parts if p.cold_start_s is not None or p.cold_start_error), None)
@@ -127,12 +157,13 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
         mode=mode, offered_rps=offered_rps, concurrency=concurrency, arrival=arrival,
         processes=len(parts), requests=sent, successes=ok, failures=failures,
         failure_rate=(failures / (ok + failures)) if (ok + failures) else 0.0,
-        latency=hist.percentiles(), wall_s=wall, sent_rps=sent / send_span if send_span else 0.0,
+        latency=hist.percentiles(), wall_s=wall, sent_rps=sent_rps, scheduled_rps=scheduled_rps,
         throughput_rps=ok / wall, goodput_rps=within / wall,
         slo_threshold_ms=None if slo_threshold_s is None else slo_threshold_s * 1e3,
         within_slo=within, errors_by_status=dict(sorted(status.items())),
         errors_by_kind=dict(sorted(kinds.items())), lag_count=lag, lag_share=lag_share,
         lag_max_ms=max(p.lag_max_s for p in parts) * 1e3,
+        lag_p50_ms=lstats.p50_ms, lag_p99_ms=lstats.p99_ms,
         pool_waits=pool_waits,
         connections=sum(p.connections_opened for p in parts), valid=not reasons,
         invalid_reasons=reasons,
@@ -141,6 +172,34 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
         warmup_requests=sum(p.warmup_requests for p in parts), stopped_early=stopped,
         hist_blob=hist.encode(),
     )
+
+
+def validity(*, mode: Mode, offered_rps: float | None, sent_rps: float, scheduled_rps: float,
+             lag: LagStats, pool_waits: int, slo_threshold_s: float | None,
+             processes: int = 1) -> list[str]:
+    """Why a level did not offer the asked-for load (empty: it did). Pure; see the module doc."""
+    if mode != "open" or not offered_rps or lag.count == 0:
+        return []
+    fix = (f"{pool_waits} requests waited for a free connection: raise --max-connections"
+           if pool_waits else
+           f"add --processes (now {processes}), lower --rate, or run the generator on a "
+           "quieter machine")
+    out: list[str] = []
+    if scheduled_rps > 0 and sent_rps < scheduled_rps * (1.0 - RATE_TOLERANCE):
+        out.append(f"generator fell behind: sent {sent_rps:.1f} req/s of the {scheduled_rps:.1f} "
+                   f"scheduled ({1 - sent_rps / scheduled_rps:.1%} short, limit "
+                   f"{RATE_TOLERANCE:.0%}); {fix}")
+    p99_s = (lag.p99_ms or 0.0) / 1e3
+    gap_limit = max(LAG_FLOOR_S, 1.0 / offered_rps)
+    if p99_s > gap_limit:
+        out.append(f"generator lag p99 {p99_s * 1e3:.2f} ms is more than the "
+                   f"{gap_limit * 1e3:.2f} ms limit (one inter-arrival gap, at least "
+                   f"{LAG_FLOOR_S * 1e3:.0f} ms): arrivals went out bunched; {fix}")
+    if slo_threshold_s is not None and p99_s > LAG_OBJECTIVE_SHARE * slo_threshold_s:
+        out.append(f"generator lag p99 {p99_s * 1e3:.2f} ms is more than "
+                   f"{LAG_OBJECTIVE_SHARE:.0%} of the {slo_threshold_s * 1e3:g} ms objective, so "
+                   f"the generator's lateness is part of what is judged; {fix}")
+    return out
 
 
 def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
@@ -155,7 +214,9 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         "slo": slo, "slo_threshold_ms": r.slo_threshold_ms, "within_slo": r.within_slo,
         "successes": r.successes, "mean_ms": r.latency.mean_ms,
         "errors_by_kind": r.errors_by_kind, "errors_by_status": r.errors_by_status,
-        "lag": {"count": r.lag_count, "share": r.lag_share, "max_ms": r.lag_max_ms},
+        "lag": {"count": r.lag_count, "share": r.lag_share, "max_ms": r.lag_max_ms,
+                "p50_ms": r.lag_p50_ms, "p99_ms": r.lag_p99_ms},
+        "scheduled_rps": r.scheduled_rps,
         "pool_waits": r.pool_waits, "connections": r.connections,
         "cold_start_ms": r.cold_start_ms, "warmup_requests": r.warmup_requests,
         "invalid_reasons": r.invalid_reasons, "hdr_histogram": r.hist_blob,

@@ -1,0 +1,52 @@
+"""The validity rule as a pure function, with exact limits."""
+
+from scalelab.load.clock import LagStats
+from scalelab.load.result import validity
+
+
+def _lag(p99_ms: float) -> LagStats:
+    return LagStats(count=1000, p50_ms=0.05, p99_ms=p99_ms, max_ms=p99_ms * 2, late=0)
+
+
+def _reasons(*, rate: float, p99_ms: float, sent: float | None = None, sched: float | None = None,
+             slo_s: float | None = None, pool: int = 0) -> list[str]:
+    return validity(mode="open", offered_rps=rate, sent_rps=sent or rate,
+                    scheduled_rps=sched or rate, lag=_lag(p99_ms), pool_waits=pool,
+                    slo_threshold_s=slo_s)
+
+
+def test_rate_short_of_the_schedule() -> None:
+    assert _reasons(rate=100, p99_ms=0.1, sent=98.1, sched=100) == []  # 1.9% short
+    r = _reasons(rate=100, p99_ms=0.1, sent=97.5, sched=100)  # 2.5% short
+    assert len(r) == 1 and r[0].startswith(
+        "generator fell behind: sent 97.5 req/s of the 100.0 scheduled (2.5% short, limit 2%)")
+    assert r[0].endswith("add --processes (now 1), lower --rate, or run the generator on a "
+                         "quieter machine")
+    r = _reasons(rate=100, p99_ms=0.1, sent=50, sched=100, pool=7)
+    assert r[0].endswith("7 requests waited for a free connection: raise --max-connections")
+
+
+def test_lag_against_the_gap_with_a_2ms_floor() -> None:
+    # 100 req/s: one gap is 10 ms, so 9 ms of lag p99 passes and 11 ms does not.
+    assert _reasons(rate=100, p99_ms=9.0) == []
+    assert "10.00 ms limit" in _reasons(rate=100, p99_ms=11.0)[0]
+    # 1,000 req/s: the gap is 1 ms, the floor 2 ms rules.
+    assert _reasons(rate=1000, p99_ms=1.9) == []
+    r = _reasons(rate=1000, p99_ms=2.1)
+    assert r[0].startswith("generator lag p99 2.10 ms is more than the 2.00 ms limit")
+
+
+def test_lag_against_the_objective() -> None:
+    # 10 req/s, p99 < 200 ms: the gap allows 100 ms, the objective 10% = 20 ms.
+    assert _reasons(rate=10, p99_ms=19.0, slo_s=0.2) == []
+    r = _reasons(rate=10, p99_ms=21.0, slo_s=0.2)
+    assert r == [r[0]] and "more than 10% of the 200 ms objective" in r[0]
+    assert _reasons(rate=10, p99_ms=21.0) == []  # no objective, gap rule only
+
+
+def test_closed_loop_and_empty_levels_are_not_judged_here() -> None:
+    assert validity(mode="closed", offered_rps=None, sent_rps=5.0, scheduled_rps=0.0,
+                    lag=_lag(50.0), pool_waits=0, slo_threshold_s=None) == []
+    empty = LagStats(count=0, p50_ms=None, p99_ms=None, max_ms=None, late=0)
+    assert validity(mode="open", offered_rps=100, sent_rps=0.0, scheduled_rps=0.0, lag=empty,
+                    pool_waits=0, slo_threshold_s=None) == []
