@@ -14,6 +14,12 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option, parse_list
+from scalelab.cli.train_transformer import (
+    run_transformer,
+    run_transformer_bench,
+    split_options,
+    transformer_options,
+)
 from scalelab.core.errors import BadUsageError
 from scalelab.core.units import format_bytes, format_duration, parse_duration
 from scalelab.train.config import TrainConfig
@@ -165,6 +171,7 @@ def _render(r: TrainResult) -> Callable[[Console], None]:
 
 @click.group(invoke_without_command=True)
 @common_train_options
+@transformer_options(sweep=False)
 @click.option("--batch", type=int, default=512, show_default=True,
               help="Global batch (strong mode) or per-worker batch (weak mode).")
 @click.option("--epochs", type=int, default=1, show_default=True)
@@ -210,6 +217,18 @@ def app(ctx: click.Context, epochs: int, steps: int | None, nproc: int, nnodes: 
     """
     if ctx.invoked_subcommand is not None:
         return
+    transformer = split_options(ctx, common)
+    if transformer.get("model") == "transformer":
+        run_transformer(
+            ctx, transformer, as_json=as_json, nproc=nproc, nnodes=nnodes,
+            rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts,
+            device=device, timeout=timeout, run_dir=run_dir, records=records,
+            checkpoint_dir=checkpoint_dir, checkpoint_interval=checkpoint_interval,
+            rehearse_failure=rehearse_failure, no_resume=no_resume,
+            nondeterministic=nondeterministic, batch=common["batch"], steps=steps,
+            seed=common["seed"], lr=common["lr"], hidden=common["hidden"],
+            threads=common["threads"])
+        return
     every, auto = _interval(checkpoint_interval)
     cfg = build_config(
         **common, epochs=epochs, max_steps=steps, checkpoint_dir=checkpoint_dir,
@@ -254,6 +273,7 @@ def _render_bench(b: Any) -> Callable[[Console], None]:
 
 @app.command()
 @common_train_options
+@transformer_options(sweep=True)
 @click.option("--nproc", "nprocs", default="1,2,4", show_default=True,
               help="Process counts to sweep (must include 1).")
 @click.option("--batch", "batches", default="512", show_default=True,
@@ -262,8 +282,9 @@ def _render_bench(b: Any) -> Callable[[Console], None]:
 @click.option("--records", type=click.Path(dir_okay=False), default=None,
               help="Append the records to this JSON Lines file.")
 @json_option
-def bench(nprocs: str, batches: str, steps: int, records: str | None, as_json: bool,
-          timeout: str, **common: Any) -> None:
+@click.pass_context
+def bench(ctx: click.Context, nprocs: str, batches: str, steps: int, records: str | None,
+          as_json: bool, timeout: str, **common: Any) -> None:
     """Sweep worker processes: throughput, efficiency, communication share, Karp–Flatt, USL.
 
     Example: scalelab train bench --nproc 1,2,4 --mode strong --batch 64,4096 --limit 60000
@@ -271,6 +292,13 @@ def bench(nprocs: str, batches: str, steps: int, records: str | None, as_json: b
     from scalelab.core.records import append_records, new_experiment_id
     from scalelab.train.bench import run_bench
 
+    transformer = split_options(ctx, common)
+    if transformer.get("model") == "transformer":
+        run_transformer_bench(ctx, transformer, as_json=as_json, nprocs=nprocs,
+                              batches=batches, steps=steps, seed=common["seed"],
+                              lr=common["lr"], hidden=common["hidden"],
+                              threads=common["threads"], timeout=timeout, records=records)
+        return
     batch_list = parse_list(batches, what="--batch", kind=int)
     cfg = build_config(**common, batch=batch_list[0], max_steps=steps, flop_count=True)
     result = run_bench(

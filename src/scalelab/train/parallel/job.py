@@ -204,3 +204,66 @@ def run_parallel(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path,
 
 def final_weights(run_dir: Path) -> dict[str, Any]:
     return load_file(str(Path(run_dir) / FINAL_FILE))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rehearsal:
+    """A run with one rank SIGKILLed mid-way (torchrun restarts the group, which resumes from
+    the newest complete checkpoint) against the same run uninterrupted."""
+
+    killed_rank: int
+    killed_at_step: int
+    resumed_from_step: int | None
+    recovery_s: float | None
+    """From the kill to the restarted group's first finished step."""
+    bitwise_equal: bool
+    max_abs_diff: float
+    losses_equal: bool
+    """The steps both runs trained after the resume have bitwise-equal losses."""
+    result: ParallelResult
+    reference: ParallelResult
+
+
+def failure_point(cfg: ParallelConfig, world: int) -> tuple[int, int]:
+    """(step, rank) a rehearsal kills: after the first checkpoint, before the last step; seeded."""
+    import random
+
+    every = cfg.checkpoint_every
+    if every < 1 or cfg.steps - 1 < every + 1:
+        raise RunFailedError(f"a rehearsal needs a checkpoint before the kill: --steps "
+                             f"{cfg.steps} is too short for --checkpoint-interval {every} "
+                             f"(need steps >= interval + 2)")
+    rng = random.Random(cfg.seed * 7919 + 17)
+    return rng.randint(every + 1, cfg.steps - 1), rng.randrange(world)
+
+
+def weights_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[bool, float]:
+    if a.keys() != b.keys():
+        return False, float("inf")
+    equal = all(bool((a[k] == b[k]).all()) for k in a)
+    diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    return equal, diff
+
+
+def rehearse(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Rehearsal:
+    """Kill one rank at a seeded step, recover, compare with an uninterrupted run."""
+    import dataclasses
+    import shutil
+
+    world = lc.nproc * lc.min_nodes()
+    step, rank = failure_point(cfg, world)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    crashing = dataclasses.replace(cfg, fail_at_step=step, fail_rank=rank, checkpoint_dir=None)
+    result = run_parallel(crashing, dataclasses.replace(lc, max_restarts=max(1, lc.max_restarts)),
+                          run_dir, restarts=True)
+    ref_cfg = dataclasses.replace(cfg, checkpoint_every=0, fail_at_step=None, checkpoint_dir=None)
+    reference = run_parallel(ref_cfg, dataclasses.replace(lc, max_restarts=0),
+                             run_dir / "reference")
+    equal, diff = weights_diff(final_weights(run_dir), final_weights(run_dir / "reference"))
+    start = (result.resumed_from or {}).get("step")
+    tail = reference.losses[start:] if start is not None else reference.losses
+    first = read_reports(run_dir, world)[0].get("first_step_unix")
+    recovery = (first - result.failure["time"]) if result.failure and first else None
+    return Rehearsal(killed_rank=rank, killed_at_step=step, resumed_from_step=start,
+                     recovery_s=recovery, bitwise_equal=equal, max_abs_diff=diff,
+                     losses_equal=tail == result.losses, result=result, reference=reference)

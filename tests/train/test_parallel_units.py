@@ -1,0 +1,133 @@
+"""The transformer trainer's pure parts: corpus packing, parallel dims, pipeline split and
+bubble theory, the communication pairing rule, activation counting, config checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scalelab.core.errors import BadUsageError
+from scalelab.nets.llama import LlamaForCausalLM, init_weights
+from scalelab.train.parallel.config import ParallelConfig
+from scalelab.train.parallel.dims import ParallelDims
+from scalelab.train.parallel.measure import ActivationMeter, comm_from_events, kind_of_c10d
+from scalelab.train.parallel.pipeline import StageModule, bubble_theory, stage_layers
+from scalelab.train.text import EOS, batch_at, decode, load_corpus
+
+
+def test_corpus_is_packed_seeded_and_held_out(tmp_path: object) -> None:
+    from pathlib import Path
+
+    root = Path(str(tmp_path))
+    (root / "a.py").write_bytes(b"x" * 25)
+    (root / "b.py").write_bytes(b"y" * 25)
+    (root / "c.txt").write_bytes(b"ignored")
+    c = load_corpus(seq=9, max_tokens=1000, seed=1, val_fraction=0.2, root=root)
+    # 25 + EOS + 25 + EOS = 52 tokens -> 5 sequences of 10; 1 held out (the stream's last).
+    assert (c.tokens, c.files, tuple(c.train.shape), tuple(c.val.shape)) == (52, 2, (4, 10),
+                                                                            (1, 10))
+    assert decode(c.val[0].tolist()) == b"y" * 10
+    stream = sorted(map(tuple, c.train.tolist()))
+    assert stream == sorted(map(tuple, torch.tensor(
+        list(b"x" * 25) + [EOS] + list(b"y" * 25) + [EOS])[:40].view(4, 10).tolist()))
+    again = load_corpus(seq=9, max_tokens=1000, seed=1, val_fraction=0.2, root=root)
+    assert torch.equal(c.train, again.train) and c.digest == again.digest
+    # Step k's batch is rows k*b..k*b+b-1, cycling.
+    assert torch.equal(batch_at(c.train, 1, 3), c.train[[3, 0, 1]])
+    with pytest.raises(BadUsageError, match="exceeds the 4 training sequences"):
+        batch_at(c.train, 0, 5)
+
+
+def test_stdlib_corpus_reads_the_interpreters_sources() -> None:
+    c = load_corpus(seq=63, max_tokens=20_000, seed=0)
+    assert c.tokens == 20_000 and c.train.shape[1] == 64 and c.files >= 1
+    assert int(c.train.max()) <= EOS
+
+
+def test_dims_by_strategy_and_mesh_shape() -> None:
+    assert ParallelDims.for_strategy("fsdp+tp", 4, tp=2).mesh_shape() == ((2, 2),
+                                                                          ("dp_shard", "tp"))
+    d = ParallelDims.for_strategy("fsdp+tp", 4, tp=2)
+    assert [d.dp_rank(r) for r in range(4)] == [0, 0, 1, 1]
+    assert ParallelDims.for_strategy("pp", 3).mesh_shape() == ((3,), ("pp",))
+    assert ParallelDims.for_strategy("dp", 2).dp == 2 and ParallelDims.for_strategy("tp", 2).dp == 1
+    with pytest.raises(BadUsageError, match="TP groups of 3"):
+        ParallelDims.for_strategy("fsdp+tp", 4, tp=3)
+    with pytest.raises(BadUsageError, match="HSDP"):
+        ParallelDims(dp_replicate=2, dp_shard=2)
+
+
+def test_bubble_theory_and_stage_split() -> None:
+    assert bubble_theory(2, 4) == pytest.approx(1 / 5)
+    assert bubble_theory(4, 8) == pytest.approx(3 / 11)
+    assert bubble_theory(1, 4) == 0.0
+    assert [list(stage_layers(5, 2, s)) for s in range(2)] == [[0, 1, 2], [3, 4]]
+    assert [list(stage_layers(4, 4, s)) for s in range(4)] == [[0], [1], [2], [3]]
+
+
+def test_stages_keep_the_full_models_names_and_compose_to_it() -> None:
+    cfg = ParallelConfig(layers=3, hidden=32, heads=2, kv_heads=2, ffn=64, seq=16)
+    full = init_weights(LlamaForCausalLM(cfg.model_config()), seed=0)
+    s0, s1 = StageModule(full, 0, 2), StageModule(full, 1, 2)
+    names = set(s0.state_dict()) | set(s1.state_dict())
+    assert names == set(full.state_dict())
+    assert "model.layers.2.mlp.up_proj.weight" in s1.state_dict()
+    x = torch.randint(0, 257, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(s1(s0(x)), full(x))
+
+
+def test_comm_pairing_takes_kind_from_c10d_time_and_dtype_from_gloo() -> None:
+    ev = [
+        ("c10d::_reduce_scatter_base_", 0.0, 0.001, [[100], [200]], ["", ""]),
+        ("gloo:all_reduce", 0.002, 0.010, [[200]], ["float"]),
+        ("c10d::_allgather_base_", 0.02, 0.001, [[200], [100]], ["", ""]),
+        ("gloo:all_gather", 0.021, 0.004, [[100]], ["float"]),
+        ("gloo:send", 0.03, 0.002, [[50]], ["long int"]),
+    ]
+    s = comm_from_events(ev)
+    assert s.calls == {"all_reduce": 0, "all_gather": 1, "reduce_scatter": 1, "p2p": 1,
+                       "broadcast": 0, "other": 0}
+    assert s.bytes["reduce_scatter"] == 800 and s.bytes["all_gather"] == 800
+    assert s.bytes["p2p"] == 400
+    assert s.seconds["reduce_scatter"] == pytest.approx(0.010)
+    per = s.per_step(2)
+    assert per["all_gather"]["bandwidth_bytes_per_s"] == pytest.approx(800 / 0.004)
+    assert per["p2p"]["calls"] == 0.5
+    assert kind_of_c10d("c10d::allreduce_") == "all_reduce"
+    assert kind_of_c10d("c10d::recv_") == "p2p"
+
+
+def test_activation_meter_counts_saved_storages_not_parameters() -> None:
+    lin = torch.nn.Linear(8, 8, bias=False)
+    meter = ActivationMeter(lin)
+    x = torch.randn(4, 8, requires_grad=True)
+    with meter.track():
+        y = torch.relu(lin(x))  # linear saves x (and its weight), relu its output
+        loss = y.sum()
+    assert meter.peak == 2 * 4 * 8 * 4
+    loss.backward()
+    del y, loss
+    import gc
+
+    gc.collect()
+    assert meter.live == 4 * 8 * 4  # x itself is still alive here
+
+
+@pytest.mark.parametrize("kw, world, needle", [
+    ({"strategy": "tp", "kv_heads": 2}, 4, "divisible by 4"),
+    ({"strategy": "pp", "layers": 2}, 3, "at least 3 layers"),
+    ({"strategy": "dp", "batch": 6}, 4, "does not split over 4"),
+    ({"strategy": "single"}, 2, "--nproc 1"),
+    ({"strategy": "pp", "batch": 6, "micro_batches": 4}, 2, "--micro-batches 4"),
+])
+def test_config_refuses_what_cannot_run(kw: dict[str, object], world: int, needle: str) -> None:
+    with pytest.raises(BadUsageError, match=needle):
+        ParallelConfig(**kw).check_world(world)  # type: ignore[arg-type]
+
+
+def test_config_rejects_bad_values() -> None:
+    with pytest.raises(BadUsageError, match="--strategy must be one of"):
+        ParallelConfig(strategy="zz")  # type: ignore[arg-type]
+    with pytest.raises(BadUsageError, match="--layers must be >= 1"):
+        ParallelConfig(layers=0)
