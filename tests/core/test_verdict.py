@@ -8,6 +8,7 @@ from scalelab.core.objectives import Objective, check_rows, efficiency, first_mi
 from scalelab.core.records import Record
 from scalelab.core.sheet import build_sheet
 from scalelab.core.verdict import StageGoal, judge
+from scalelab.diagnose.stages import serve, train
 
 
 def test_sheet_medians_and_multiples() -> None:
@@ -56,6 +57,7 @@ def test_serving_verdict_names_queue_and_batching_gain(serve_records: list[Recor
         objectives=[Objective(metric="p95_ms", max=50)],
         baseline_series="batching=off",
         target_multiple=10,
+        advisor=serve.advise,
     )
     v = judge([goal], sheet, cores=2, memory_bytes=M.memory_bytes)
     assert v.first is not None and v.first.stage == "serve"
@@ -77,7 +79,10 @@ def test_first_stage_to_miss_wins_and_headroom_is_reported(serve_records: list[R
     ]
     goals = [
         StageGoal(stage="data", objectives=[Objective(metric="rate", min=500)]),
-        StageGoal(stage="train", objectives=[Objective(metric="efficiency", min=0.7)]),
+        StageGoal(
+            stage="train", objectives=[Objective(metric="efficiency", min=0.7)],
+            advisor=train.advise,
+        ),
         StageGoal(
             stage="serve",
             objectives=[Objective(metric="p95_ms", max=50)],
@@ -118,7 +123,12 @@ def test_cpu_saturation_is_cited_with_numbers() -> None:
         ]
     )
     v = judge(
-        [StageGoal(stage="train", objectives=[Objective(metric="efficiency", min=0.8)])],
+        [
+            StageGoal(
+                stage="train", objectives=[Objective(metric="efficiency", min=0.8)],
+                advisor=train.advise,
+            )
+        ],
         sheet,
         cores=2,
         memory_bytes=M.memory_bytes,

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from scalelab.core.errors import BadInputError
 from scalelab.diagnose.config import defaults_text, load_config
@@ -64,3 +65,17 @@ def test_bad_config_names_the_field(tmp_path: Path, text: str, needle: str) -> N
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(BadInputError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_the_stages_section_comes_from_the_registry() -> None:
+    from scalelab.diagnose.config import DiagnoseConfig
+    from scalelab.diagnose.stages import SECTIONS, STAGES
+
+    assert [s.name for s in STAGES] == ["data", "train", "serve", "model", "custom"]
+    cfg = load_config(None)
+    for st in SECTIONS:
+        assert isinstance(st.of(cfg), st.settings)
+        assert st.name in defaults_text()  # every stage has its documented section
+    # A stage's section is typed by its own settings model: unknown keys name the stage.
+    with pytest.raises(ValidationError, match=r"stages\.train\.nope|train\.nope"):
+        DiagnoseConfig.model_validate({"stages": {"train": {"nope": 1}}})

@@ -54,6 +54,8 @@ custom:
     out = tmp_path / "out"
     assert run(["diagnose", "--config", str(cfg), "--out", str(out), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
+    # The report is built once: --json prints exactly the report.json that was written.
+    assert doc == json.loads((out / "report.json").read_text())
     v = doc["verdict"]
     assert v["first"] == "serialjob"
     stages = {s["stage"]: s for s in v["stages"]}

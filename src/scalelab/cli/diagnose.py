@@ -15,12 +15,13 @@ from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option
 from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.jsonfile import read_json_object
 from scalelab.core.sheet import SheetRow
 from scalelab.core.units import format_bytes
 from scalelab.core.verdict import Verdict
 from scalelab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
 from scalelab.diagnose.run import CONFIG, RECORDS, Runner, rebuild
-from scalelab.report.document import report_json, verdict_lines
+from scalelab.report.document import ReportFiles, verdict_lines
 
 
 def _si(v: float | None, digits: int = 3) -> str:
@@ -62,22 +63,9 @@ def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict
             c.print(line, markup=False, highlight=False)
 
 
-def _summary(
-    out: Path, sheet: list[SheetRow], verdict: Verdict, mode: str, extra: dict[str, Any]
-) -> dict[str, Any]:
-    from scalelab.core.machine import current_machine
-
-    doc = report_json(sheet, verdict, current_machine(), {"mode": mode})
-    return {
-        **extra,
-        "out": str(out),
-        "report": {
-            "html": str(out / "report.html"),
-            "markdown": str(out / "report.md"),
-            "json": str(out / "report.json"),
-        },
-        **doc,
-    }
+def _written(files: ReportFiles) -> dict[str, Any]:
+    """The report's JSON document as written: `--json` prints exactly report.json."""
+    return read_json_object(files.json)
 
 
 @click.command()
@@ -132,7 +120,7 @@ def diagnose(
         runner = Runner(cfg, out, m, progress=on_step)
         outcome = runner.run()
         progress.update(task, completed=progress.tasks[0].total, description="done")
-    assert outcome.verdict is not None
+    assert outcome.verdict is not None and outcome.files is not None
     failed = [s for s in outcome.steps if not s.ok]
     for s in failed:
         err_console.print(
@@ -140,12 +128,6 @@ def diagnose(
         )
     if outcome.interrupted:
         err_console.print("interrupted: the report holds what was measured before Ctrl-C")
-    extra = {
-        "experiment": outcome.experiment,
-        "interrupted": outcome.interrupted,
-        "failed_steps": [{"step": s.step.label, "error": s.error} for s in failed],
-    }
-
     def render(c: Console) -> None:
         render_sheet_and_verdict(c, outcome.sheet, outcome.verdict)  # type: ignore[arg-type]
         c.print(
@@ -153,7 +135,7 @@ def diagnose(
             f"records in {out / RECORDS})"
         )
 
-    emit(_summary(out, outcome.sheet, outcome.verdict, m, extra), as_json, render)
+    emit(_written(outcome.files), as_json, render)
     if outcome.interrupted:
         # The report is written; the status still tells a script the run was cut short.
         raise click.exceptions.Exit(130)
@@ -192,10 +174,10 @@ def report(results_dir: Path, config_path: Path | None, as_json: bool) -> None:
             ) from e
     else:
         cfg = load_config(None, mode)
-    sheet, verdict, _ = rebuild(results_dir, cfg, mode)
+    sheet, verdict, files = rebuild(results_dir, cfg, mode)
 
     def render(c: Console) -> None:
         render_sheet_and_verdict(c, sheet, verdict)
         c.print(f"report: {results_dir / 'report.html'}")
 
-    emit(_summary(results_dir, sheet, verdict, mode, {}), as_json, render)
+    emit(_written(files), as_json, render)

@@ -4,16 +4,17 @@ Inputs are the sheet (core.sheet), each stage's objectives (core.objectives) and
 The limiting resource is inferred from measured signals, each conclusion citing its number:
 CPU busy cores against the cores available, memory headroom, queue growth (offered load above
 what was served while latency climbs), communication share of step time, the Karp–Flatt serial
-fraction, spill, and whatever the stage itself reported. The intervention fits the stage (data:
-partition or validate; training: parallelize, fix communication or the serial phase, checkpoint;
-serving: batching, replicas, autoscaling signal; model: compress or route), and its predicted
-effect is read off the measured curves — never invented: where no curve supports a number, the
-text says what to measure.
+fraction, spill, and whatever the stage itself reported. The intervention comes from the
+stage's own advisor (`StageGoal.advisor`, supplied by whoever defines the stage: core names no
+part) or, without one, from the strongest measured signal; its predicted effect is read off the
+measured curves — never invented: where no curve supports a number, the text says what to
+measure.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scalelab.core.fits import fit_scaling
@@ -21,6 +22,14 @@ from scalelab.core.laws import karp_flatt
 from scalelab.core.objectives import Check, Objective, check_rows, first_miss, metric_value
 from scalelab.core.sheet import SheetRow
 from scalelab.core.units import format_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Advice:
+    """A stage's intervention and its predicted effect, read off the measured curves."""
+
+    intervention: str = ""
+    predicted: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,12 +42,29 @@ class StageGoal:
     """The series measured as configured today (e.g. 'batching=off'); others are alternatives."""
     target_multiple: float = 10.0
     """The load (or resource) multiple the stage must reach, e.g. 10× today's volume."""
+    advisor: Advisor | None = None
+    """The stage's own advice (supplied by whoever defines the stage); None: `generic_advice`."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Evidence:
     resource: str
     detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdviceInput:
+    """What an advisor sees: the stage's goal, its rows and what the verdict inferred."""
+
+    goal: StageGoal
+    base: list[SheetRow]
+    """The baseline series' rows (today's system)."""
+    by_series: dict[str, list[SheetRow]]
+    limits: list[Evidence]
+    miss: Check | None
+
+
+Advisor = Callable[[AdviceInput], Advice]
 
 
 @dataclass(kw_only=True)
@@ -160,7 +186,7 @@ def _karp_flatt_trend(rows: list[SheetRow]) -> str | None:
     return None
 
 
-def _capacity(rows: list[SheetRow], objectives: list[Objective]) -> float | None:
+def capacity(rows: list[SheetRow], objectives: list[Objective]) -> float | None:
     """Highest level at which every objective passed, scanning up from the lowest."""
     cap = None
     for row in sorted(rows, key=lambda r: r.level):
@@ -171,128 +197,63 @@ def _capacity(rows: list[SheetRow], objectives: list[Objective]) -> float | None
     return cap
 
 
-def _serve_advice(
-    goal: StageGoal, by_series: dict[str, list[SheetRow]], target_level: float
-) -> tuple[str, str]:
-    base = by_series.get(goal.baseline_series, [])
-    caps = {s: _capacity(rs, goal.objectives) for s, rs in by_series.items()}
-    base_cap = caps.get(goal.baseline_series)
-    best_s, best_cap = max(
-        ((s, c) for s, c in caps.items() if c is not None), key=lambda t: t[1], default=(None, None)
-    )
-    parts: list[str] = []
-    predicted: list[str] = []
-    slo = ", ".join(o.label for o in goal.objectives)
-    if best_s is not None and best_s != goal.baseline_series and best_cap is not None:
-        parts.append(f"use {best_s}")
-        predicted.append(
-            f"{best_s} raises capacity at {slo} from "
-            f"{_num(base_cap)} to {best_cap:g} requests/s (measured)"
-        )
-    cap = best_cap if best_cap is not None else base_cap
-    if cap:
-        replicas = math.ceil(target_level / cap)
-        parts.append(f"run {replicas} replica(s)")
-        predicted.append(
-            f"{replicas} replica(s) of {best_s or 'this configuration'} hold the "
-            f"{goal.target_multiple:g}× peak of {target_level:g} requests/s at "
-            f"{cap:g} requests/s each (linear in replicas: measure to confirm)"
-        )
-        parts.append("autoscale on queue depth (it leads latency; CPU lags a saturated batcher)")
-    elif base:
-        parts.append(
-            "reduce per-request compute (batching, a smaller model) before adding "
-            "replicas: even the lowest measured rate misses the objective"
-        )
-    return "; ".join(parts), "; ".join(predicted)
-
-
-def _resource_advice(
-    stage: str, rows: list[SheetRow], limits: list[Evidence], miss: Check | None
-) -> tuple[str, str]:
-    names = {e.resource for e in limits}
+def curve_prediction(rows: list[SheetRow]) -> str:
+    """What the measured rate curve of one series says about growing its variable further."""
     pts = [(r.level, r.rate) for r in rows if r.rate]
-    predicted = ""
-    if len({n for n, _ in pts}) >= 2:
-        var, unit = rows[0].variable, rows[0].rate_unit or "units/s"
-        levels = sorted({n for n, _ in pts})
-        fit = fit_scaling([n for n, _ in pts], [float(x) for _, x in pts if x is not None])
-        first, last = fit.throughput[0], fit.throughput[-1]
-        if last < first:
-            predicted = (
-                f"throughput falls as {var} grows ({first:.4g} → {last:.4g} {unit} from "
-                f"{levels[0]:g} to {levels[-1]:g}): adding {var} makes it slower"
-            )
-        elif fit.usl is not None and levels[0] < fit.usl.n_peak < math.inf:
-            predicted = (
-                f"the {fit.chosen} fit peaks at {var}≈{fit.usl.n_peak:.1f} with "
-                f"{fit.usl.x_peak:.4g} {unit}"
-            )
-        elif fit.usl is not None and fit.usl.alpha.value > 0:
-            predicted = (
-                f"{fit.chosen} fit: ceiling {fit.usl.x_limit:.4g} {unit} (serial "
-                f"fraction {fit.usl.alpha.value:.2f})"
-            )
-        else:
-            predicted = f"throughput grows {last / first:.2f}× from {levels[0]:g} to {levels[-1]:g}"
-    if stage == "train":
-        if "communication" in names:
-            advice = (
-                "fix communication: larger per-worker batches or gradient accumulation "
-                "(fewer all-reduces per sample), then parallelize"
-            )
-        elif "cpu" in names:
-            advice = (
-                "the cores are saturated: more processes only oversubscribe; add cores or "
-                "nodes (torchrun --nnodes) and checkpoint on Daly's interval"
-            )
-        else:
-            advice = "parallelize (data-parallel workers) and checkpoint on Daly's interval"
-    elif stage == "data":
-        if miss is not None and miss.objective.metric in (
-            "failure_rate",
-            "availability",
-            "extras:quarantine_rate",
-        ):
-            advice = (
-                "validate: the failure (quarantine) rate breaks the objective — fix the "
-                "source or add checks upstream; more machines only multiply bad rows"
-            )
-        else:
-            advice = (
-                "partition: split the input and run partitions in parallel (--engine dask "
-                "--workers N); validate at ingest so bad rows stop early"
-            )
-    elif stage == "model":
-        advice = "compress (int8, pruning, distillation) or route (cascade) the model"
-    else:
-        advice = "scale the limiting resource named above"
-    return advice, predicted
-
-
-def _model_advice(goal: StageGoal, by_series: dict[str, list[SheetRow]]) -> tuple[str, str]:
-    """Pick the variant (series) that meets every objective with the lowest p95 latency."""
-    best: tuple[float, str] | None = None
-    base_rows = by_series.get(goal.baseline_series, [])
-    base_p95 = base_rows[0].p95_ms if base_rows else None
-    for s, rows in by_series.items():
-        row = rows[0]
-        meets = all(
-            o.passes(metric_value(row, o.metric, rows)) is not False for o in goal.objectives
-        )
-        if meets and row.p95_ms is not None and (best is None or row.p95_ms < best[0]):
-            best = (row.p95_ms, s)
-    if best is None or best[1] == goal.baseline_series:
+    if len({n for n, _ in pts}) < 2:
+        return ""
+    var, unit = rows[0].variable, rows[0].rate_unit or "units/s"
+    levels = sorted({n for n, _ in pts})
+    fit = fit_scaling([n for n, _ in pts], [float(x) for _, x in pts if x is not None])
+    first, last = fit.throughput[0], fit.throughput[-1]
+    if last < first:
         return (
-            "no variant beats the baseline within the quality tolerance: route (cascade) "
-            "or retrain a smaller model",
-            "",
+            f"throughput falls as {var} grows ({first:.4g} → {last:.4g} {unit} from "
+            f"{levels[0]:g} to {levels[-1]:g}): adding {var} makes it slower"
         )
-    predicted = f"{best[1]}: p95 {_num(base_p95)} → {best[0]:.3g} ms within the quality objectives"
-    return f"compress: serve {best[1]}", predicted
+    if fit.usl is not None and levels[0] < fit.usl.n_peak < math.inf:
+        return (
+            f"the {fit.chosen} fit peaks at {var}≈{fit.usl.n_peak:.1f} with "
+            f"{fit.usl.x_peak:.4g} {unit}"
+        )
+    if fit.usl is not None and fit.usl.alpha.value > 0:
+        return (
+            f"{fit.chosen} fit: ceiling {fit.usl.x_limit:.4g} {unit} (serial "
+            f"fraction {fit.usl.alpha.value:.2f})"
+        )
+    return f"throughput grows {last / first:.2f}× from {levels[0]:g} to {levels[-1]:g}"
 
 
-def _num(v: float | None) -> str:
+_ACTIONS = {
+    "cpu": "add cores or machines, or cut the CPU spent per unit of work",
+    "memory": "cut peak memory (stream or partition the input) or move to a larger machine",
+    "queue": "add capacity (replicas or batching) or shed load before the queue grows",
+    "communication": "communicate less per unit of work (larger batches, fewer exchanges)",
+    "serial fraction": "shorten the serial phase: more workers only add overhead",
+    "disk spill": "give the stage more memory or smaller partitions so it stops spilling",
+    "i/o": "move the data closer or to faster storage; prefetch while computing",
+}
+
+
+def generic_advice(inp: AdviceInput) -> Advice:
+    """Advice for a stage that brings no advisor of its own (e.g. a user's custom stage):
+    the action that fits the strongest measured signal, or what to measure next."""
+    predicted = curve_prediction(inp.base)
+    for ev in inp.limits:
+        if ev.resource in _ACTIONS:
+            action = f"{ev.resource}: {_ACTIONS[ev.resource]}"
+            return Advice(intervention=action, predicted=predicted)
+    return Advice(
+        intervention=(
+            "no resource signal was measured: record CPU time, peak memory and I/O wait of the "
+            "stage (scalelab sweep measures its command's process tree) and run it again"
+        ),
+        predicted=predicted,
+    )
+
+
+def num_text(v: float | None) -> str:
+    """A value for a verdict line: four significant digits, or a dash when not measured."""
     return "—" if v is None else f"{v:.4g}"
 
 
@@ -328,15 +289,11 @@ def judge_stage(
         for r in base
         if r.cost_per_unit_usd is not None
     ]
-    base_level = min(r.level for r in base)
-    if goal.stage == "serve":
-        v.intervention, v.predicted = _serve_advice(
-            goal, by_series, base_level * goal.target_multiple
-        )
-    elif goal.stage == "model":
-        v.intervention, v.predicted = _model_advice(goal, by_series)
-    else:
-        v.intervention, v.predicted = _resource_advice(goal.stage, base, v.limiting, v.miss)
+    advisor = goal.advisor or generic_advice
+    advice = advisor(
+        AdviceInput(goal=goal, base=base, by_series=by_series, limits=v.limiting, miss=v.miss)
+    )
+    v.intervention, v.predicted = advice.intervention, advice.predicted
     if v.miss is None:
         margins = [
             (c.objective.margin(c.value), c) for c in v.checks if c.value is not None and c.ok
@@ -364,14 +321,14 @@ def judge(
         summary = (
             f"{first.stage} misses first: {first.miss.objective.label} fails at "
             f"{first.miss.multiple:g}× ({first.miss.objective.metric} = "
-            f"{_num(first.miss.value)})"
+            f"{num_text(first.miss.value)})"
             + (f"; limiting resource: {lim.resource} ({lim.detail})" if lim else "")
             + (f". Do: {first.intervention}" if first.intervention else "")
             + (f". Predicted: {first.predicted}" if first.predicted else "")
         )
     else:
         measured = [s for s in stages if s.measured]
-        reach = ", ".join(f"{s.stage} to {_num(s.passed_up_to)}×" for s in measured)
+        reach = ", ".join(f"{s.stage} to {num_text(s.passed_up_to)}×" for s in measured)
         tight = "; ".join(f"{s.stage}: {s.tightest}" for s in measured if s.tightest)
         summary = f"no stage misses its objectives at the measured levels ({reach})" + (
             f"; least headroom — {tight}" if tight else ""

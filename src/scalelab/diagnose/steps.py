@@ -7,9 +7,6 @@ record behind and `scalelab report` can rebuild everything from that one file.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +16,8 @@ from pathlib import Path
 
 from scalelab.core.errors import BadInputError
 from scalelab.core.records import Record, append_records, read_records
+from scalelab.diagnose.commands import Command
+from scalelab.web.spawn import stop_group
 
 Tagger = Callable[[Record], Record]
 
@@ -28,8 +27,8 @@ class Step:
     stage: str
     label: str
     """Short name for progress and logs, e.g. 'serve batching=on'."""
-    argv: list[str]
-    """Arguments after `scalelab`."""
+    command: Command | None
+    """The `scalelab` command it runs (None: a step that could not start)."""
     records: Path | None = None
     """Where the step appends its records (fresh file per step)."""
     series: str | None = None
@@ -48,33 +47,29 @@ class StepResult:
     stdout_path: Path | None = None
 
 
+def restage(r: Record, stage: str, repeat: int | None = None) -> Record:
+    """A step's record under the diagnosis's stage name (and repeat, for one-repeat steps)."""
+    upd: dict[str, object] = {"stage": stage}
+    if repeat is not None:
+        upd["repeat"] = repeat
+    return r.model_copy(update=upd)
+
+
 def scalelab_cmd(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "scalelab", *argv]
-
-
-def kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
-    """SIGTERM the step's process group, then SIGKILL what is left after `grace_s`."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def run_step(step: Step, *, logs: Path, experiment: str, sink: Path) -> StepResult:
     """Run the step; tag and append its records to `sink`; never raises for a failed step."""
     logs.mkdir(parents=True, exist_ok=True)
+    if step.command is None:
+        raise ValueError(f"step {step.label!r} has no command to run")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in step.label)
     out_path, err_path = logs / f"{safe}.out", logs / f"{safe}.err"
     t0 = time.perf_counter()
     with out_path.open("wb") as out, err_path.open("wb") as err:
         proc = subprocess.Popen(
-            scalelab_cmd(step.argv),
+            scalelab_cmd(step.command.to_argv()),
             stdout=out,
             stderr=err,
             stdin=subprocess.DEVNULL,
@@ -84,11 +79,11 @@ def run_step(step: Step, *, logs: Path, experiment: str, sink: Path) -> StepResu
             rc: int | None = proc.wait(timeout=step.timeout_s)
             error = None
         except subprocess.TimeoutExpired:
-            kill_tree(proc)
+            stop_group(proc, grace_s=5.0)
             rc, error = None, f"timed out after {step.timeout_s:g} s"
         except KeyboardInterrupt:
             # The step runs in its own session, so Ctrl-C reached only us: stop it too.
-            kill_tree(proc, grace_s=2.0)
+            stop_group(proc, grace_s=2.0)
             raise
     wall = time.perf_counter() - t0
     if rc not in (0, None) and error is None:

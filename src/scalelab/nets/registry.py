@@ -57,8 +57,20 @@ def save_module(
     d.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
     save_file(state, str(d / WEIGHTS_FILE))
+    write_spec(d, arch=arch, params=params, extra=extra)
+
+
+def write_spec(
+    directory: str | Path,
+    *,
+    arch: str,
+    params: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Write model.json: which architecture rebuilds the weights beside it, with what params."""
     spec = {"architecture": arch, "params": params, **(extra or {})}
-    (d / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(spec, indent=2) + "\n"
+    (Path(directory) / SPEC_FILE).write_text(text, encoding="utf-8")
 
 
 def read_spec(directory: str | Path) -> dict[str, Any]:

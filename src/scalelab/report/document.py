@@ -147,9 +147,16 @@ def _stage_json(s: StageVerdict) -> dict[str, Any]:
 
 
 def report_json(
-    sheet: list[SheetRow], verdict: Verdict, machine: Machine, meta: dict[str, Any]
+    sheet: list[SheetRow],
+    verdict: Verdict,
+    machine: Machine,
+    meta: dict[str, Any],
+    run: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The report as one JSON document (what `diagnose --json` and `report --json` print);
+    `run` adds what the run knew beyond its records (experiment id, failed steps)."""
     return {
+        **(run or {}),
         "generated": datetime.now(UTC).isoformat(),
         "machine": machine.to_dict(),
         "meta": meta,
@@ -319,18 +326,24 @@ def write_report(
     goals: list[StageGoal],
     machine: Machine,
     meta: dict[str, Any],
+    *,
+    run: dict[str, Any] | None = None,
 ) -> ReportFiles:
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {**meta, "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
     files = ReportFiles(
         html=out_dir / "report.html", markdown=out_dir / "report.md", json=out_dir / "report.json"
     )
+    paths = {"html": str(files.html), "markdown": str(files.markdown), "json": str(files.json)}
+    run = {**(run or {}), "out": str(out_dir), "report": paths}
     for path, text in (
         (files.html, render_html(sheet, verdict, goals, machine, meta)),
         (files.markdown, render_markdown(sheet, verdict, machine, meta)),
         (
             files.json,
-            json.dumps(report_json(sheet, verdict, machine, meta), indent=2, allow_nan=False)
+            json.dumps(
+                report_json(sheet, verdict, machine, meta, run), indent=2, allow_nan=False
+            )
             + "\n",
         ),
     ):

@@ -1,0 +1,67 @@
+"""What every stage section of the objectives file shares: objectives, the target, prices.
+
+A stage module (diagnose/stages/) subclasses `StageSettings` for its own section
+(`stages.<name>` in `scalelab.yaml`); fields carry a docstring each and are validated when the
+file is read, so a typo names the field.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from scalelab.core.objectives import Objective
+
+
+class Strict(BaseModel):
+    """A section of the objectives file: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ObjectiveSpec(Strict):
+    """One objective as written in YAML: `{metric: p95_ms, max: 50, label: "p95 ≤ 50 ms"}`."""
+
+    metric: str
+    """A sheet metric: rate, wall_s, p50_ms, p95_ms, p99_ms, failure_rate, availability,
+    peak_memory_bytes, cost_per_unit_usd, efficiency, quality:<key> or extras:<key>."""
+    min: float | None = None
+    """Lower bound (exactly one of min or max)."""
+    max: float | None = None
+    """Upper bound (exactly one of min or max)."""
+    label: str = ""
+    """How people say it; generated from the metric and bound when empty."""
+
+    def build(self) -> Objective:
+        return Objective(metric=self.metric, min=self.min, max=self.max, label=self.label)
+
+
+class Prices(Strict):
+    """The one price table every stage's cost is computed from."""
+
+    core_hour_usd: float = Field(default=0.048, ge=0)
+    """On-demand price of one vCPU-hour (a c7i-class core)."""
+    gpu_hour_usd: float = Field(default=3.0, ge=0)
+    """On-demand price of one data-centre GPU-hour."""
+    gb_month_usd: float = Field(default=0.023, ge=0)
+    """Object storage per GB-month."""
+
+
+class StageSettings(Strict):
+    """The fields every stage section has; a stage adds what it scales."""
+
+    enabled: bool = True
+    """Run this stage (false: skip it and leave it out of the verdict)."""
+    target_multiple: float = Field(default=10.0, gt=0)
+    """The multiple of today's load the stage must reach (e.g. 10× today's volume)."""
+    objectives: list[ObjectiveSpec] = Field(default_factory=list)
+    """What the stage must keep at every level up to the target."""
+
+    @field_validator("objectives")
+    @classmethod
+    def _valid(cls, v: list[ObjectiveSpec]) -> list[ObjectiveSpec]:
+        for o in v:
+            o.build()  # raises BadInputError naming the metric
+        return v
+
+    def built_objectives(self) -> list[Objective]:
+        return [o.build() for o in self.objectives]

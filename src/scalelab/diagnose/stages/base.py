@@ -1,0 +1,109 @@
+"""The stage interface of `scalelab diagnose`, and the context a stage runs its steps in.
+
+A stage is one module in this package: its settings (a section of `scalelab.yaml`), the
+measured steps it runs (each a `scalelab` command in its own process, writing records), the
+goals the verdict judges it by (objectives, the baseline series, its advisor) and how its
+records are tagged. Shared inputs several stages read (the flights features, a trained model
+repository) are `Artifact`s, built once on first request.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from scalelab.core.verdict import StageGoal
+from scalelab.diagnose.schema import Prices
+from scalelab.diagnose.steps import Step, StepResult
+
+if TYPE_CHECKING:
+    from scalelab.diagnose.config import DiagnoseConfig
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Artifact:
+    """A shared input built by steps of its own, once per diagnosis, on first request."""
+
+    name: str
+    steps: int
+    """How many steps building it takes (for the progress bar)."""
+    build: Callable[[Context], Path | None]
+    """Runs the steps through the context; None when a step failed."""
+    needs: tuple[Artifact, ...] = ()
+
+
+@dataclass(kw_only=True)
+class Context:
+    """What a stage sees while it runs: where to write, the shared settings, how to run a step."""
+
+    work: Path
+    """Work files of the whole diagnosis (datasets, repositories, step records)."""
+    logs: Path
+    repeats: int
+    prices: Prices
+    settings: dict[str, Any]
+    """Every stage's validated settings by stage name (an artifact may read another's)."""
+    run: Callable[[Step], StepResult]
+    """Run one measured step (progress, logs, records tagged and appended)."""
+    fail: Callable[[Step, str], StepResult]
+    """Record a step that could not start (e.g. its server never became ready)."""
+    _built: dict[str, Path | None] = field(default_factory=dict)
+
+    def records(self, name: str) -> Path:
+        """A fresh file for one step's records."""
+        p = self.work / "records" / f"{name}.jsonl"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.unlink(missing_ok=True)
+        return p
+
+    def artifact(self, a: Artifact) -> Path | None:
+        if a.name not in self._built:
+            for dep in a.needs:
+                self.artifact(dep)
+            self._built[a.name] = a.build(self)
+        return self._built[a.name]
+
+
+class Stage(ABC, Generic[S]):
+    """One stage of a diagnosis. Subclass it in a module of its own and list it in
+    `diagnose.stages.STAGES`; its settings class becomes the `stages.<name>` section."""
+
+    name: ClassVar[str]
+    """The stage's name in records, the sheet, the verdict and `stages.<name>`."""
+    settings: ClassVar[type[BaseModel]]
+    """The pydantic model of its section (a `StageSettings`); defaults from `defaults.yaml`."""
+
+    section: ClassVar[bool] = True
+    """Whether its settings are the `stages.<name>` section (False: the stage reads its own
+    top-level key, like `custom:`)."""
+
+    def of(self, cfg: DiagnoseConfig) -> S:
+        """This stage's settings out of the whole config."""
+        value: S = getattr(cfg.stages, self.name)
+        return value
+
+    def enabled(self, s: S) -> bool:
+        return bool(getattr(s, "enabled", True))
+
+    def needs(self, s: S) -> tuple[Artifact, ...]:
+        """Shared inputs the stage reads (built before it runs, counted for progress)."""
+        return ()
+
+    @abstractmethod
+    def count(self, s: S, repeats: int) -> int:
+        """How many steps `run` will take (for the progress bar)."""
+
+    @abstractmethod
+    def run(self, s: S, ctx: Context) -> None:
+        """Run the stage's measured steps through `ctx.run`."""
+
+    @abstractmethod
+    def goals(self, s: S) -> list[StageGoal]:
+        """What the verdict judges: objectives, baseline series, target and advisor."""

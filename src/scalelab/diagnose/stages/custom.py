@@ -1,0 +1,104 @@
+"""The user's own stages (`custom:` in scalelab.yaml): a command to sweep or an endpoint to load.
+
+`kind: sweep` runs `scalelab sweep` over the command (your pipeline over growing inputs, your
+trainer over growing workers), which measures the command's whole process tree; `kind: load`
+runs the open-loop load generator at `levels × base_rate`. Each custom stage is a stage of its
+own in the sheet and the verdict, advised from its measured signals (core's generic advice).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, RootModel
+
+from scalelab.core.verdict import StageGoal
+from scalelab.diagnose.commands import Command, LoadRun, Sweep
+from scalelab.diagnose.schema import ObjectiveSpec, Strict
+from scalelab.diagnose.stages.base import Context, Stage
+from scalelab.diagnose.steps import Step, restage
+
+if TYPE_CHECKING:
+    from scalelab.diagnose.config import DiagnoseConfig
+
+
+class CustomStage(Strict):
+    """A stage of the user's own system: a command to sweep (your pipeline, trainer or job over
+    growing inputs or workers) or an HTTP endpoint to load."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
+    """The stage's name in the sheet and the verdict."""
+    kind: Literal["sweep", "load"]
+    """sweep: run a command per level; load: load an HTTP endpoint per level."""
+    command: list[str] | None = None
+    """kind=sweep: the command, with {VAR} where the level goes."""
+    var: str = "workers"
+    """kind=sweep: the variable's name (in the records and in {VAR})."""
+    levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    """The levels of the variable (kind=load: multiples of base_rate)."""
+    metric: str | None = None
+    """kind=sweep: a rate the command prints ('json:KEY' or a regex); default 1/wall time."""
+    url: str | None = None
+    """kind=load: the URL to load (open loop, rates = levels × base_rate)."""
+    body: str | None = None
+    """kind=load: a JSON file POSTed as each request's body (default: GET)."""
+    base_rate: float = 10.0
+    """kind=load: requests/s at level 1."""
+    duration: str = "3s"
+    """kind=load: measured time per level."""
+    target_multiple: float = 10.0
+    """The multiple of the smallest level the stage must reach."""
+    objectives: list[ObjectiveSpec] = Field(default_factory=list)
+    """What the stage must keep (see the objective metrics)."""
+
+
+class CustomStages(RootModel[list[CustomStage]]):
+    """The `custom:` list."""
+
+
+def _command(c: CustomStage, repeats: int, rec: Path) -> Command:
+    if c.kind == "sweep":
+        levels = ",".join(f"{v:g}" for v in c.levels)
+        return Sweep(var=f"{c.var}={levels}", repeats=repeats, metric=c.metric, records=rec,
+                     command=list(c.command or []))
+    return LoadRun(url=c.url or "", rates=[c.base_rate * lv for lv in c.levels],
+                   duration=c.duration, records=rec,
+                   payload="json" if c.body else None, body=Path(c.body) if c.body else None)
+
+
+class CustomStageSet(Stage[CustomStages]):
+    """Every `custom:` entry, in the order written; each is judged as a stage of its own."""
+
+    name = "custom"
+    settings = CustomStages
+    section = False
+
+    def of(self, cfg: DiagnoseConfig) -> CustomStages:
+        return cfg.custom
+
+    def enabled(self, s: CustomStages) -> bool:
+        return bool(s.root)
+
+    def count(self, s: CustomStages, repeats: int) -> int:
+        return len(s.root)
+
+    def run(self, s: CustomStages, ctx: Context) -> None:
+        for c in s.root:
+            rec = ctx.records(f"custom-{c.name}")
+            ctx.run(
+                Step(stage=c.name, label=f"{c.name} ({c.kind})",
+                     command=_command(c, ctx.repeats, rec), records=rec,
+                     tag=functools.partial(restage, stage=c.name), timeout_s=3600)
+            )
+
+    def goals(self, s: CustomStages) -> list[StageGoal]:
+        return [
+            StageGoal(stage=c.name, objectives=[o.build() for o in c.objectives],
+                      target_multiple=c.target_multiple)
+            for c in s.root
+        ]
+
+
+STAGE = CustomStageSet()

@@ -1,0 +1,194 @@
+"""The serving stage: the model server under growing arrival rate, dynamic batching off and on.
+
+Each batching setting gets its own copy of the trained model's repository (its serving config
+rewritten through serve's own config model) and its own server process on a free loopback
+port; the load generator runs as a separate step per repeat. With `url`, the user's endpoint
+is loaded instead and nothing is started.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import shutil
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from scalelab.core.errors import RunFailedError
+from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
+from scalelab.diagnose.commands import LoadRun, ServeRun
+from scalelab.diagnose.schema import StageSettings
+from scalelab.diagnose.stages.base import Artifact, Context, Stage
+from scalelab.diagnose.stages.train import FEATURES, SERVED_MODEL
+from scalelab.diagnose.steps import Step, restage, scalelab_cmd
+from scalelab.nets.registry import read_spec, write_spec
+from scalelab.nets.repository import CONFIG_FILE, write_json
+from scalelab.serve.config import ModelConfig, load_model_config
+from scalelab.web.spawn import start_server, stop_group
+
+SERIES = {"off": "batching=off", "on": "batching=on"}
+MODEL = "flights"
+BATCH_MAX = 64
+"""The largest batch the batching series may form."""
+BATCH_DELAY_MS = 2.0
+"""How long the batcher waits for batch-mates: short against a 50 ms p95 objective."""
+
+
+class ServeSettings(StageSettings):
+    """`stages.serve`: open-loop arrival rates against the model server."""
+
+    base_rate: float = Field(default=40.0, gt=0)
+    """Arrival rate (requests/s) at 1×."""
+    levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    """Multiples of the base rate."""
+    duration: str = "3s"
+    """Measured time per level (after a 1 s warm-up)."""
+    batching: list[Literal["off", "on"]] = Field(
+        default_factory=lambda: ["off", "on"]  # type: ignore[arg-type]
+    )
+    """Batching settings to measure, each a series."""
+    baseline: Literal["off", "on"] = "off"
+    """Which batching setting is 'today's system'; the other is the candidate intervention."""
+    url: str | None = None
+    """The user's own HTTP endpoint instead of the reference model server."""
+    serial_ms: float = Field(default=0.0, ge=0, le=10_000)
+    """An artificial serial section added to every forward call of the served model (the
+    "delay_mlp" architecture): throttles serving on purpose, to rehearse the verdict."""
+
+
+def batching_repo(src: Path, dst: Path, *, batching: bool, serial_ms: float = 0.0) -> Path:
+    """A copy of a model repository whose models batch dynamically or not (and, with
+    `serial_ms`, whose flights model sleeps that long per forward call)."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    for cfg_path in dst.glob(f"*/{CONFIG_FILE}"):
+        cfg = load_model_config(cfg_path.parent)
+        if batching:
+            delay = cfg.dynamic_batching.model_copy(update={"max_queue_delay_ms": BATCH_DELAY_MS})
+            new = {"max_batch_size": max(cfg.max_batch_size, BATCH_MAX), "dynamic_batching": delay}
+        else:
+            new = {"max_batch_size": 1}
+        cfg = ModelConfig.model_validate({**cfg.model_dump(), **new})
+        write_json(cfg_path, cfg.model_dump(mode="json", exclude_none=True))
+    if serial_ms > 0:
+        for spec_dir in (p.parent for p in dst.glob("*/[0-9]*/model.json")):
+            spec = read_spec(spec_dir)
+            if spec["architecture"] == "tabular_mlp":
+                extra = {k: v for k, v in spec.items() if k not in ("architecture", "params")}
+                params = {**spec["params"], "batch_ms": serial_ms, "row_ms": 0.0}
+                write_spec(spec_dir, arch="delay_mlp", params=params, extra=extra)
+    return dst
+
+
+def advise(inp: AdviceInput) -> Advice:
+    """Batching and replicas from the measured capacity of each series at the objectives."""
+    goal = inp.goal
+    base_level = min((r.level for r in inp.base), default=0.0)
+    target_level = base_level * goal.target_multiple
+    caps = {s: capacity(rs, goal.objectives) for s, rs in inp.by_series.items()}
+    base_cap = caps.get(goal.baseline_series)
+    best_s, best_cap = max(
+        ((s, c) for s, c in caps.items() if c is not None), key=lambda t: t[1], default=(None, None)
+    )
+    parts: list[str] = []
+    predicted: list[str] = []
+    slo = ", ".join(o.label for o in goal.objectives)
+    if best_s is not None and best_s != goal.baseline_series and best_cap is not None:
+        parts.append(f"use {best_s}")
+        predicted.append(
+            f"{best_s} raises capacity at {slo} from "
+            f"{num_text(base_cap)} to {best_cap:g} requests/s (measured)"
+        )
+    cap = best_cap if best_cap is not None else base_cap
+    if cap:
+        replicas = math.ceil(target_level / cap)
+        parts.append(f"run {replicas} replica(s)")
+        predicted.append(
+            f"{replicas} replica(s) of {best_s or 'this configuration'} hold the "
+            f"{goal.target_multiple:g}× peak of {target_level:g} requests/s at "
+            f"{cap:g} requests/s each (linear in replicas: measure to confirm)"
+        )
+        parts.append("autoscale on queue depth (it leads latency; CPU lags a saturated batcher)")
+    elif inp.base:
+        parts.append(
+            "reduce per-request compute (batching, a smaller model) before adding "
+            "replicas: even the lowest measured rate misses the objective"
+        )
+    return Advice(intervention="; ".join(parts), predicted="; ".join(predicted))
+
+
+def _serve_cmd(repo: Path, port: int) -> list[str]:
+    return scalelab_cmd(ServeRun(model_repo=repo, port=port).to_argv())
+
+
+class ServeStage(Stage[ServeSettings]):
+    name = "serve"
+    settings = ServeSettings
+
+    def needs(self, s: ServeSettings) -> tuple[Artifact, ...]:
+        return () if s.url else (FEATURES, SERVED_MODEL)
+
+    def count(self, s: ServeSettings, repeats: int) -> int:
+        return 1 if s.url else len(s.batching) * repeats
+
+    def _load(
+        self, s: ServeSettings, url: str, rec: Path, repo: Path | None = None,
+        data: Path | None = None,
+    ) -> LoadRun:
+        flights = repo is not None
+        return LoadRun(url=url, rates=[s.base_rate * m for m in s.levels], duration=s.duration,
+                       warmup="1s", records=rec, payload="flights" if flights else None,
+                       model=MODEL if flights else None, model_repo=repo, data=data)
+
+    def run(self, s: ServeSettings, ctx: Context) -> None:
+        if s.url:
+            rec = ctx.records("serve")
+            ctx.run(
+                Step(stage=self.name, label=f"load {s.url}", command=self._load(s, s.url, rec),
+                     records=rec, series=SERIES[s.baseline],
+                     tag=functools.partial(restage, stage=self.name), timeout_s=900)
+            )
+            return
+        repo, dataset = ctx.artifact(SERVED_MODEL), ctx.artifact(FEATURES)
+        if repo is None:
+            return
+        test_rows = dataset / "test.parquet" if dataset else None
+        for setting in s.batching:
+            series = SERIES[setting]
+            srepo = batching_repo(repo, ctx.work / f"repo-batching-{setting}",
+                                  batching=setting == "on", serial_ms=s.serial_ms)
+            log = ctx.logs / f"server-{srepo.name}.log"
+            ctx.logs.mkdir(parents=True, exist_ok=True)
+            try:
+                spawned = start_server(functools.partial(_serve_cmd, srepo), log=log,
+                                       timeout_s=90.0)
+            except RunFailedError as e:
+                ctx.fail(Step(stage=self.name, label=f"serve {series}", command=None), str(e))
+                continue
+            try:
+                for rep in range(ctx.repeats):
+                    rec = ctx.records(f"serve-{setting}-{rep}")
+                    url = f"{spawned.url}/v2/models/{MODEL}/infer"
+                    cmd = self._load(s, url, rec, repo=repo, data=test_rows)
+                    ctx.run(
+                        Step(stage=self.name, label=f"serve {series} #{rep + 1}", command=cmd,
+                             records=rec, series=series,
+                             tag=functools.partial(restage, stage=self.name, repeat=rep),
+                             timeout_s=600)
+                    )
+            finally:
+                stop_group(spawned.proc, grace_s=5.0)
+
+    def goals(self, s: ServeSettings) -> list[StageGoal]:
+        return [
+            StageGoal(stage=self.name, objectives=s.built_objectives(),
+                      baseline_series=SERIES[s.baseline], target_multiple=s.target_multiple,
+                      advisor=advise)
+        ]
+
+
+STAGE = ServeStage()
+
