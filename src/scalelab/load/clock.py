@@ -80,7 +80,7 @@ def _wake(fut: asyncio.Future[None]) -> None:
 
 
 def uvloop_available() -> bool:
-    """True when uvloop can be imported (the `fast` extra)."""
+    """True when uvloop can be imported (it comes with the `serve` extra)."""
     try:
         import uvloop  # noqa: F401
     except ImportError:
@@ -95,8 +95,8 @@ def resolve_loop(impl: LoopImpl) -> Literal["asyncio", "uvloop"]:
     if impl == "auto":
         return "uvloop" if uvloop_available() else "asyncio"
     if impl == "uvloop" and not uvloop_available():
-        raise BadUsageError("--loop-impl uvloop: uvloop is not installed; "
-                            "pip install 'scalelab[fast]' (or uvloop), or use --loop-impl asyncio")
+        raise BadUsageError("--loop-impl uvloop: uvloop is not installed; pip install "
+                            "'scalelab[serve]' (or uvloop), or use --loop-impl asyncio")
     return impl
 
 
