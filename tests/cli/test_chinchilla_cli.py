@@ -119,7 +119,7 @@ def test_plan_bad_input_exits_2(capsys: pytest.CaptureFixture[str], args: list[s
 def test_plan_fit_file_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    assert "cannot read as JSON" in fails(capsys, "plan", "chinchilla", "--compute", "1e21",
+    assert "not valid JSON (line 1" in fails(capsys, "plan", "chinchilla", "--compute", "1e21",
                                           "--fit", str(bad))
     bad.write_text(json.dumps({"E": 1.0}))
     assert "needs numbers" in fails(capsys, "plan", "chinchilla", "--compute", "1e21", "--fit",

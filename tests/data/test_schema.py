@@ -156,7 +156,7 @@ def test_skew_overrides_are_read_from_the_schema(schema: Schema, tmp_path: Path)
     ('{"format": "scalelab.schema/1", "columns": [{"name": "a", "type": "float", '
      '"skew": {"psi": -1}}]}', "skew threshold psi must be"),
     ('{"format": "nope", "columns": []}', "format must be"),
-    ("[]", "expected an object"),
+    ("[]", "must hold a JSON object, not list"),
 ])
 def test_malformed_schema_files_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
     p = tmp_path / "bad.json"

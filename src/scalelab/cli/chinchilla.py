@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +32,7 @@ from scalelab.core.chinchilla import (
     fit_chinchilla as fit_law,
 )
 from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.jsonfile import read_json_object
 
 EPOCH_SOURCE = ("Epoch AI's estimates (Besiroglu et al. 2024, refit of Hoffmann et al. 2022); "
                 "pass --params or --fit to use your own")
@@ -157,14 +157,10 @@ def _drop(n: np.ndarray, d: np.ndarray, loss: np.ndarray, k: int
 
 def load_fit_file(path: Path) -> ChinchillaParams:
     """Parameters from `fit chinchilla --json` output (or any JSON with E, A, B, alpha, beta)."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInputError(f"{path}: cannot read as JSON ({e}); give the output of "
-                            "'scalelab fit chinchilla --json'") from None
-    if isinstance(doc, dict) and isinstance(doc.get("params"), dict):
+    doc = read_json_object(path, fix="give the output of 'scalelab fit chinchilla --json'")
+    if isinstance(doc.get("params"), dict):
         doc = doc["params"]
-    if not isinstance(doc, dict) or any(k not in doc for k in PARAM_NAMES):
+    if any(k not in doc for k in PARAM_NAMES):
         raise BadInputError(f"{path}: needs numbers {', '.join(PARAM_NAMES)} at the top level; "
                             "give the output of 'scalelab fit chinchilla --json'")
     vals = [doc[k] for k in PARAM_NAMES]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from rich.table import Table
 
 from scalelab.cli._output import emit, json_option, parse_list
 from scalelab.core.errors import BadInputError
+from scalelab.core.jsonfile import read_json_object
 from scalelab.data.schema import Anomaly, Schema, infer_schema
 from scalelab.data.schema import validate as validate_data
 from scalelab.data.skew import BINS, SkewReport, compare, drift_anomalies
@@ -72,11 +72,8 @@ def read_table(path: str | Path, *, null_values: str = "NA") -> pl.DataFrame | D
         raise BadInputError(f"{p} does not exist; give a Parquet, CSV or JSONL file or a "
                             "directory of them")
     if p.is_file() and p.suffix.lower() == ".json":
-        try:
-            doc = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise BadInputError(f"{p}: cannot read statistics JSON ({e})") from None
-        if not isinstance(doc, dict) or doc.get("format") != STATS_FORMAT:
+        doc = read_json_object(p, fix="give `scalelab data stats DATA --json > stats.json`")
+        if doc.get("format") != STATS_FORMAT:
             raise BadInputError(f"{p}: a .json DATA must be a statistics document "
                                 "(`scalelab data stats DATA --json > stats.json`)")
         return DatasetStats.from_dict(doc)

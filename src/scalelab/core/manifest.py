@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadInputError
+from scalelab.core.jsonfile import read_json_object
 
 MANIFEST_FILE = "manifest.json"
 LINES_PER_PART = 65_536
@@ -358,12 +359,7 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     p = Path(path)
     if p.is_dir():
         p = p / MANIFEST_FILE
-    try:
-        obj = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInputError(f"{p} does not exist; is this a scalelab dataset or model?") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInputError(f"{p}: not a JSON manifest ({e}); re-create it") from e
+    obj = read_json_object(p, fix="is this a scalelab dataset or model? re-create its manifest")
     known = {f for f in Manifest.__dataclass_fields__}
     try:
         return Manifest(**{k: v for k, v in obj.items() if k in known})

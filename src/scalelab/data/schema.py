@@ -21,6 +21,7 @@ from typing import Any, Literal
 import polars as pl
 
 from scalelab.core.errors import BadInputError
+from scalelab.core.jsonfile import read_json_object
 from scalelab.data.stats import DatasetStats, compute_stats
 
 FORMAT = "scalelab.schema/1"
@@ -193,16 +194,9 @@ class Schema:
 
     @classmethod
     def load(cls, path: Path) -> Schema:
-        try:
-            d = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise BadInputError(f"{path}: schema file not found; create one with "
-                                "`scalelab data infer DATA --out schema.json`") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise BadInputError(f"{path}: cannot read schema ({e})") from None
-        except json.JSONDecodeError as e:
-            raise BadInputError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: "
-                                f"{e.msg})") from None
+        d = read_json_object(
+            path, fix="create a schema with `scalelab data infer DATA --out schema.json`"
+        )
         return cls.from_dict(d, str(path))
 
 

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from scalelab.core.errors import BadInputError
+from scalelab.core.jsonfile import read_json_object
 from scalelab.nets.tabular import TabularConfig, TabularNet
 
 WEIGHTS_FILE = "model.safetensors"
@@ -75,21 +76,10 @@ def write_spec(
 
 def read_spec(directory: str | Path) -> dict[str, Any]:
     p = Path(directory) / SPEC_FILE
-    try:
-        spec = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInputError(
-            f"{p} is missing; a model version needs {SPEC_FILE} and {WEIGHTS_FILE}"
-        ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInputError(
-            f"{p} is not valid JSON ({e}); rewrite it or re-export the model"
-        ) from e
-    if (
-        not isinstance(spec, dict)
-        or "architecture" not in spec
-        or not isinstance(spec.get("params"), dict)
-    ):
+    spec = read_json_object(
+        p, fix=f"a model version needs {SPEC_FILE} and {WEIGHTS_FILE}; re-export the model"
+    )
+    if "architecture" not in spec or not isinstance(spec.get("params"), dict):
         raise BadInputError(f"{p} must be an object with 'architecture' and 'params'")
     return spec
 

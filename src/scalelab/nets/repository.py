@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadInputError
+from scalelab.core.jsonfile import read_json_object
 from scalelab.core.manifest import atomic_write_bytes
 
 CONFIG_FILE = "config.json"
@@ -79,12 +80,5 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInputError(f"{path} is missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInputError(f"{path} is not valid JSON ({e})") from e
-    if not isinstance(obj, dict):
-        raise BadInputError(f"{path} must hold a JSON object")
-    return obj
+    """A repository file's JSON object (config.json, serving.json, preprocess.json)."""
+    return read_json_object(path, fix="re-export the model or fix the file")

@@ -12,15 +12,13 @@ early costs a full startup to get back.
 from __future__ import annotations
 
 import math
-import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from scalelab.core.errors import BadUsageError, RunFailedError
+from scalelab.web.spawn import start_server, stop_group
 
 Signal = Literal["queue", "inflight", "cpu"]
 METRIC = {"queue": "scalelab_queue_depth", "inflight": "scalelab_inflight_requests"}
@@ -170,40 +168,17 @@ def write(spec: DeploySpec, out: Path) -> list[Path]:
     return paths
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure_startup(model_repo: Path, *, timeout_s: float = 120.0) -> float:
     """Seconds from starting `scalelab serve` on this machine until /v2/health/ready is 200."""
-    import httpx
 
-    port = _free_port()
-    cmd = [sys.executable, "-c", "from scalelab.cli import main; main()", "serve",
-           "--model-repo", str(model_repo), "--port", str(port), "--log-level", "warning"]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "scalelab", "serve", "--model-repo", str(model_repo),
+                "--port", str(port), "--log-level", "warning"]
+
     try:
-        while time.monotonic() - t0 < timeout_s:
-            if proc.poll() is not None:
-                raise RunFailedError(f"the server exited ({proc.returncode}) before becoming "
-                                     f"ready; run `scalelab serve --model-repo {model_repo}` "
-                                     "to see why")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code \
-                        == 200:
-                    return time.monotonic() - t0
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RunFailedError(f"the server was not ready within {timeout_s:.0f} s; pass "
-                             "--startup-seconds instead")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        spawned = start_server(command, timeout_s=timeout_s)
+    except RunFailedError as e:
+        raise RunFailedError(f"{e}; run `scalelab serve --model-repo {model_repo}` to see why, "
+                             "or pass --startup-seconds instead") from None
+    stop_group(spawned.proc, grace_s=30.0)
+    return spawned.ready_s
