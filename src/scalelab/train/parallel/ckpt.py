@@ -95,3 +95,9 @@ def load(root: Path, step: int, model: nn.Module, optimizer: Optimizer) -> None:
     dcp.load(state, checkpoint_id=str(step_dir(root, step)))
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
+    # Pipeline stages hold different parameters, and DCP brought back their param groups
+    # without the non-tensor hyperparameters (AdamW's `betas` went missing on stage 0, seen with
+    # torch 2.13): they are the run's settings, so the optimizer's own defaults fill them in.
+    for group in optimizer.param_groups:
+        for k, v in optimizer.defaults.items():
+            group.setdefault(k, v)
