@@ -23,9 +23,9 @@ attention, SwiGLU) in fp32 without dropout, so the same accounting is redone for
 torch's fused scaled_dot_product_attention, which saves the log-sum-exp (one value per head and
 token) instead of the a·s² score matrix: the 5as/h term becomes a/h.
 
-Pipeline activations: GPipe runs every micro-batch's forward before any backward, so the first
-stage holds m micro-batches of b/m sequences at once; 1F1B holds at most min(p, m) (Narayanan
-et al. 2021). What is not counted: the runtime itself (a torch process is ~300 MiB of RSS
+Pipeline activations: GPipe runs every micro-batch's forward before any backward, so every
+stage holds m micro-batches of b/m sequences at once; under 1F1B stage i holds min(p − i, m)
+(Narayanan et al. 2021): the first min(p, m), the last one. What is not counted: the runtime itself (a torch process is ~300 MiB of RSS
 before any tensor), allocator fragmentation, communication buffers, and FSDP's transient
 all-gathered layer (one block's full parameters and gradients while it runs).
 """
@@ -235,17 +235,20 @@ def plan_memory(q: MemoryQuery) -> MemoryPlan:
         first_psi = math.ceil(stage_layers * per_layer) + emb_each
         last_psi = math.ceil(last_layers * per_layer) + h + emb_each
         first_act = in_flight * stage_layers * layer_act
-        # The last stage runs each micro-batch's backward right after its forward.
-        last_act = last_layers * layer_act + head_act
+        # Under 1F1B the last stage runs each micro-batch's backward right after its forward;
+        # under GPipe it too runs all m forwards first.
+        last_in_flight = q.micro_batches if q.schedule == "gpipe" else 1
+        last_act = last_in_flight * (last_layers * layer_act + head_act)
         if w == 1:
             psi, act = q.params, in_flight * (L * layer_act + head_act)
         elif (pb + gb + k) * first_psi + ab * first_act >= (pb + gb + k) * last_psi + ab * last_act:
             psi, act = first_psi, first_act
         else:
-            psi, act, in_flight = last_psi, last_act, 1
+            psi, act, in_flight = last_psi, last_act, last_in_flight
         f_psi = "busiest of ⌈L/W⌉·Ψ_layer + Vh (first stage), rest + h + Vh (last stage)"
         f_act = (f"{'m' if q.schedule == 'gpipe' else 'min(W, m)'}·⌈L/W⌉·layer(s·b/m) (first), "
-                 "layers_last·layer(s·b/m) + head(s·b/m) (last)")
+                 f"{'m·' if q.schedule == 'gpipe' else ''}(layers_last·layer(s·b/m) + "
+                 "head(s·b/m)) (last)")
     act_bytes = ab * act
     formulas = {
         "params": f"{pb}·{f_psi}", "grads": f"{gb}·{f_psi}", "optimizer": f"{k}·{f_psi}",
