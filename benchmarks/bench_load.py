@@ -86,10 +86,11 @@ def ours(url: str, conc: int, seconds: float, processes: int = 1) -> dict[str, A
 
 
 def ours_open(url: str, rate: float, seconds: float, processes: int,
-              loop_impl: str = "auto") -> dict[str, Any]:
+              loop_impl: str = "auto", realtime: bool = False) -> dict[str, Any]:
     t = Target.parse(url)
     cfg = EngineConfig(target=t, requests=[build_request(t, method="GET", path=t.path, body=None)],
-                       mode="open", warmup_s=1.0, loop_impl=loop_impl)  # type: ignore[arg-type]
+                       mode="open", warmup_s=1.0, loop_impl=loop_impl,  # type: ignore[arg-type]
+                       realtime=realtime)
     r = run_load(LoadPlan(engine=cfg, rate=rate, duration_s=seconds, processes=processes,
                           cold_start=False))
     return {"offered": rate, "rps": r.throughput_rps, "sent_rps": r.sent_rps,
@@ -189,33 +190,50 @@ def fmt(v: Any, nd: int = 1) -> str:
 # ---- precision: send lag by rate and event loop; validity below the generator's capacity ----
 
 def precision(fast_url: str, seconds: float, repeats: int, capacity_rps: float) -> dict[str, Any]:
-    loops = ["asyncio", "uvloop"]
+    # (label, event loop, SCHED_FIFO); realtime only where this process may use it.
+    loops = [("asyncio", "asyncio", False), ("uvloop", "uvloop", False)]
+    if realtime_ok():
+        loops.append(("uvloop+rt", "uvloop", True))
     out: dict[str, Any] = {"loadavg_before": loadavg(), "lag": {}, "below_capacity": []}
     print(f"\n3) open-loop send lag (ms) on the trivial endpoint, {seconds:g} s per level, "
           f"median of {repeats}; load average {loadavg()}")
-    print(f"{'loop':<9}{'rate':>7}{'lag p50':>9}{'lag p99':>9}{'lag max':>9}{'valid':>7}"
+    print(f"{'loop':<10}{'rate':>7}{'lag p50':>9}{'lag p99':>9}{'lag max':>9}{'valid':>7}"
           "  p99 of each run")
     for rate in (100, 1000, 5000):
-        for lp in loops:
-            runs = [ours_open(fast_url, rate, seconds, 1, lp) for _ in range(repeats)]
+        for lp, impl, rt in loops:
+            runs = [ours_open(fast_url, rate, seconds, 1, impl, rt) for _ in range(repeats)]
             med = {k: statistics.median([r[k] for r in runs]) for k in
                    ("lag_p50_ms", "lag_p99_ms", "lag_max_ms")}
             valid = sum(r["valid"] for r in runs)
             out["lag"][f"{lp}@{rate}"] = {**med, "valid_runs": valid, "runs": runs}
-            print(f"{lp:<9}{rate:>7}{med['lag_p50_ms']:>9.3f}{med['lag_p99_ms']:>9.3f}"
+            print(f"{lp:<10}{rate:>7}{med['lag_p50_ms']:>9.3f}{med['lag_p99_ms']:>9.3f}"
                   f"{med['lag_max_ms']:>9.2f}{valid:>5}/{repeats}  "
                   + ", ".join(f"{r['lag_p99_ms']:.3f}" for r in runs))
     print(f"\n   levels below the generator's capacity ({capacity_rps:,.0f} req/s closed loop, "
           "one process): valid?")
-    for share in (0.10, 0.25, 0.50):
+    for (share, rt) in [(x, rt) for rt in sorted({lp[2] for lp in loops}) for x in
+                        (0.10, 0.25, 0.50)]:
         rate = round(share * capacity_rps, -1)
-        runs = [ours_open(fast_url, rate, seconds, 1) for _ in range(repeats)]
-        out["below_capacity"].append({"share": share, "rate": rate, "runs": runs})
-        print(f"   {share:.0%} = {rate:,.0f} req/s: valid {sum(r['valid'] for r in runs)}/"
+        runs = [ours_open(fast_url, rate, seconds, 1, "auto", rt) for _ in range(repeats)]
+        out["below_capacity"].append({"share": share, "rate": rate, "realtime": rt,
+                                      "runs": runs})
+        tag = " (realtime)" if rt else ""
+        print(f"   {share:.0%} = {rate:,.0f} req/s{tag}: valid {sum(r['valid'] for r in runs)}/"
               f"{repeats}; lag p99 " + ", ".join(f"{r['lag_p99_ms']:.3f}" for r in runs)
               + " ms" + "".join(f"\n      invalid: {x}" for r in runs for x in r["reasons"]))
     out["loadavg_after"] = loadavg()
     return out
+
+
+def realtime_ok() -> bool:
+    from scalelab.core.errors import BadUsageError
+    from scalelab.load.clock import realtime
+
+    try:
+        with realtime():
+            return True
+    except BadUsageError:
+        return False
 
 
 # ---- capacity: scalelab load capacity vs MLPerf LoadGen's Server scenario ----

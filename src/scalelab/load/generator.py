@@ -111,6 +111,8 @@ class EngineConfig:
     """Count successes at or under this latency (goodput)."""
     loop_impl: LoopImpl = "auto"
     """Event loop: uvloop when installed ("auto"), or plain asyncio."""
+    realtime: bool = False
+    """Run the generator in SCHED_FIFO (see `clock.realtime`): precise on a busy machine."""
 
     def __post_init__(self) -> None:
         if not self.requests:

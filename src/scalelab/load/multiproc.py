@@ -116,9 +116,10 @@ def _worker(plan: LoadPlan, index: int, times: list[float] | None, ready: Any, g
         return float(start_at.value)
 
     try:
-        res = clock.run(_run_one(_engine_for(plan, index), times,
-                                 plan.cold_start and index == 0, start, None),
-                        plan.engine.loop_impl)
+        with clock.realtime(plan.engine.realtime):
+            res = clock.run(_run_one(_engine_for(plan, index), times,
+                                     plan.cold_start and index == 0, start, None),
+                            plan.engine.loop_impl)
         out.put((index, res, None))
     except BaseException as e:
         out.put((index, None, f"{type(e).__name__}: {e}"))
@@ -133,9 +134,10 @@ def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = 
         plan = replace(plan, engine=cfg)
     times = plan.times().tolist() if cfg.mode == "open" else None
     if plan.processes == 1:
-        parts = [clock.run(_run_one(_engine_for(plan, 0), times, plan.cold_start,
-                                    lambda: clock.now() + 0.05, stop_check),
-                           cfg.loop_impl)]
+        with clock.realtime(cfg.realtime):
+            parts = [clock.run(_run_one(_engine_for(plan, 0), times, plan.cold_start,
+                                        lambda: clock.now() + 0.05, stop_check),
+                               cfg.loop_impl)]
     else:
         if stop_check is not None:
             raise BadUsageError("a stopping rule needs a single generator process")
