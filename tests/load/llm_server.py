@@ -4,12 +4,13 @@
         [--max-streams M] [--stall-period-s S --stall-s S] [--drop-every N]
 
 prints "PORT <n>" once listening. POST /v1/chat/completions or /v1/completions with
-"stream": true answers `max_tokens` tokens (default 16) as SSE: a role-only chunk at once (as
-vLLM sends one), then chunk j at exactly arrival + TTFT + j × gap carrying K tokens (the last
-one fewer), the last with finish_reason "length", a usage chunk when stream_options asks for
-it (in every chunk with continuous_usage_stats), then `data: [DONE]`. Every send is scheduled
-at an absolute time, so timer jitter does not accumulate along a stream. Each token is the
-text " t" (two characters), so a character-proportional split is exact.
+"stream": true answers `max_tokens` (or `max_completion_tokens`) tokens (default 16) as SSE:
+a role-only chunk at once (as vLLM sends one), then chunk j at exactly arrival + TTFT + j × gap
+carrying K tokens (the last one fewer), the last with finish_reason "length", a usage chunk
+when stream_options asks for it (in every chunk with continuous_usage_stats), then
+`data: [DONE]`. Every send is scheduled at an absolute time, so timer jitter does not
+accumulate along a stream. Each token is the text " t" (two characters), so a
+character-proportional split is exact.
 
 --max-streams M: at most M streams decode at once; the rest wait FIFO (a virtual clock: a
 stream's start is max(arrival, the earliest slot's end)), so capacity is exactly
@@ -36,6 +37,13 @@ def _response(status: int, body: bytes, ctype: str = "application/json") -> byte
 
 _STREAM_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                 b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")
+
+
+def _text(content: object) -> str:
+    """A message's text: a string, or OpenAI's list of {"type": "text", "text": ...} parts."""
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
 
 
 def _chunk(payload: bytes) -> bytes:
@@ -134,11 +142,11 @@ class Handler(asyncio.Protocol):
             return
         chat = path.endswith("chat/completions")
         if chat:
-            prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
+            prompt = " ".join(_text(m.get("content", "")) for m in req.get("messages", []))
         else:
             prompt = str(req.get("prompt", ""))
-        self.stream(chat, len(prompt.split()), int(req.get("max_tokens") or 16),
-                    req.get("stream_options") or {})
+        limit = req.get("max_tokens") or req.get("max_completion_tokens") or 16
+        self.stream(chat, len(prompt.split()), int(limit), req.get("stream_options") or {})
 
     def stream(self, chat: bool, prompt_tokens: int, max_tokens: int, so: dict[str, bool]) -> None:
         s = self.s

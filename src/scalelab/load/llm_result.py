@@ -267,6 +267,13 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         "notes": r.notes,
         "hdr_histograms": r.blobs,
     }
+    # Flat numbers too: the sheet keeps numeric extras (medians over repeats) and objectives
+    # name them as extras:<key>, e.g. extras:tpot_p95_ms.
+    for name in ("itl", "tpot", "e2e"):
+        p = getattr(r, name)
+        extras[f"{name}_p50_ms"], extras[f"{name}_p95_ms"] = p.p50_ms, p.p95_ms
+        extras[f"{name}_p99_ms"] = p.p99_ms
+    extras["availability"] = 1.0 - r.failure_rate
     cost = None
     if slo is not None:
         lines, good = r.judge(slo)
@@ -274,6 +281,7 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         extras["objectives"] = [asdict(x) for x in lines]
         extras["slo_met"] = all(x.met for x in lines)
         extras["goodput"] = asdict(good)
+        extras["goodput_rps"], extras["goodput_tps"] = good.goodput_rps, good.goodput_tps
     if price_per_hour_usd is not None:
         c_out = cost_of(price_per_hour_usd, r.output_tps)
         c_tot = cost_of(price_per_hour_usd, r.total_tps)
