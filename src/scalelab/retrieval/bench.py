@@ -1,0 +1,382 @@
+"""The retrieval benchmark, ann-benchmarks style, at each corpus multiple (1x, 2x, 5x, 10x).
+
+Per level: the corpus grows (same questions, bigger haystack), documents are embedded through
+the digest cache, and every index is built and measured: build time, memory against the raw
+vectors, then over its parameter grid (HNSW ef, IVF nprobe) one query at a time on one thread:
+QPS, latency percentiles, recall@10 against exact search and hits of the ground-truth document.
+The best-QPS point reaching the recall target is the operating point; at it the index is also
+timed under a fixed arrival rate (open loop: latency counts from the scheduled send, so a slow
+query delays the ones behind it, as it would in a server), given the held-out fresh month
+(incremental add, then the fresh questions), a single new document (seconds from the text to
+answerable), and a save/reload (recovery).
+
+Every number lands in a `core.records` record (stage ``retrieval``, variable
+``corpus_multiple``); the full grid is in the record's extras (the recall-QPS frontier).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from scalelab.core.errors import BadUsageError
+from scalelab.core.records import (
+    Cost,
+    Latency,
+    Record,
+    append_records,
+    make_record,
+    new_experiment_id,
+)
+from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
+from scalelab.retrieval.embed import CachedEmbedder, embedding_cost_per_1000, make_embedder
+from scalelab.retrieval.index import VectorIndex, build_index, ivf_lists, limit_threads, parse_spec
+from scalelab.retrieval.quality import answer_accuracy, hit_rate, recall_at_k, true_scores
+from scalelab.retrieval.store import load_index, save_index
+
+K = 10
+GRIDS: dict[str, tuple[str, list[float]]] = {
+    "hnsw": ("ef", [10, 16, 24, 32, 48, 64, 96, 128, 256]),
+    "ivf": ("nprobe", [1, 2, 4, 8, 16, 32, 64, 128]),
+}
+"""Search parameter grids by index family."""
+
+
+def split_indexes(text: str) -> list[str]:
+    """'faiss:HNSW32,hnswlib:M=16,ef_construction=200,ivfpq' -> three specs (a comma starts a
+    new spec only before a library prefix, since specs contain commas)."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part.startswith(("exact", "faiss:", "hnswlib:", "ivfpq", "ivfflat")) or not out:
+            out.append(part)
+        else:
+            out[-1] += "," + part
+    for s in out:
+        if s not in ("ivfpq", "ivfflat"):
+            parse_spec(s)
+    if not out:
+        raise BadUsageError("--indexes is empty; e.g. faiss:HNSW32,ivfpq")
+    return out
+
+
+def resolve_spec(spec: str, n: int, dim: int) -> str:
+    """Shorthands sized to the corpus: ivfpq -> IVF{lists},PQ{dim/8}np; ivfflat -> IVF{lists},
+    Flat. 'np' turns off faiss's polysemous training, which took minutes on 2,000 vectors."""
+    if spec == "ivfpq":
+        return f"faiss:IVF{ivf_lists(n)},PQ{dim // 8}np"
+    if spec == "ivfflat":
+        return f"faiss:IVF{ivf_lists(n)},Flat"
+    return spec
+
+
+def grid_for(spec: str) -> tuple[str | None, list[float]]:
+    s = spec.upper()
+    if "HNSW" in s:
+        return GRIDS["hnsw"]
+    if "IVF" in s:
+        return GRIDS["ivf"]
+    return None, [0.0]
+
+
+@dataclass(kw_only=True)
+class BenchConfig:
+    """What the benchmark scales and measures."""
+
+    levels: Sequence[float] = (1, 10)
+    """Corpus multiples."""
+    base_docs: int = 2000
+    questions: int = 200
+    """Queries per measurement (the corpus's questions; one at a time)."""
+    indexes: Sequence[str] = ("faiss:HNSW32", "hnswlib:M=16,ef_construction=200", "ivfpq")
+    """Approximate indexes; exact numpy and faiss Flat are always measured beside them."""
+    embedder: str = "minilm"
+    cache: Path | None = None
+    out: Path = Path("retrieval-bench")
+    recall_target: float = 0.95
+    arrival_rate: float = 100.0
+    """Queries/s of the fixed-rate (open-loop) run at each operating point."""
+    price_per_core_hour: float = 0.04
+    seed: int = 13
+    fresh_singles: int = 20
+    """Single new documents timed from text to answerable."""
+
+    def __post_init__(self) -> None:
+        if not self.levels or any(not lv > 0 for lv in self.levels):
+            raise BadUsageError("--levels must be positive multiples, e.g. 1,2,5,10")
+        if not 0 < self.recall_target <= 1:
+            raise BadUsageError("--recall-target must lie in (0, 1]")
+        if self.arrival_rate <= 0 or self.price_per_core_hour < 0:
+            raise BadUsageError("arrival rate > 0 and price >= 0 required")
+
+
+@dataclass(kw_only=True)
+class Point:
+    param: str | None
+    value: float
+    qps: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    recall: float
+    hit_at_10: float
+    answer_accuracy: float
+
+
+@dataclass(kw_only=True)
+class IndexResult:
+    spec: str
+    level: float
+    docs: int
+    build_s: float
+    memory_bytes: int
+    raw_bytes: int
+    points: list[Point]
+    operating: Point | None
+    """Best QPS with recall >= target (None if no point reached it)."""
+    open_loop: dict[str, float] = field(default_factory=dict)
+    fresh: dict[str, float] = field(default_factory=dict)
+    recovery: dict[str, float] = field(default_factory=dict)
+    speedup_vs_exact: float | None = None
+
+
+def _percentiles(ms: np.ndarray) -> tuple[float, float, float]:
+    p = np.percentile(ms, [50, 95, 99])
+    return float(p[0]), float(p[1]), float(p[2])
+
+
+def one_at_a_time(index: VectorIndex, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [m, k], latency ms [m]): each query searched alone, as ann-benchmarks does."""
+    ids = np.full((q.shape[0], k), -1, np.int64)
+    ms = np.zeros(q.shape[0])
+    for i in range(q.shape[0]):
+        t0 = time.perf_counter()
+        _, row = index.search(q[i:i + 1], k)
+        ms[i] = (time.perf_counter() - t0) * 1e3
+        ids[i, :row.shape[1]] = row[0]
+    return ids, ms
+
+
+def open_loop(index: VectorIndex, q: np.ndarray, k: int, rate: float) -> dict[str, float]:
+    """Queries sent on a fixed schedule (i / rate); latency from the scheduled send time."""
+    gap = 1.0 / rate
+    lat = np.zeros(q.shape[0])
+    start = time.perf_counter()
+    for i in range(q.shape[0]):
+        due = start + i * gap
+        while (now := time.perf_counter()) < due:
+            time.sleep(min(due - now, 0.001))
+        index.search(q[i:i + 1], k)
+        lat[i] = (time.perf_counter() - due) * 1e3
+    p50, p95, p99 = _percentiles(lat)
+    return {"rate_qps": rate, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99,
+            "max_ms": float(lat.max())}
+
+
+def pareto(points: Sequence[Point]) -> list[Point]:
+    """The recall-QPS frontier: points no other point beats on both (pure)."""
+    best: list[Point] = []
+    for p in sorted(points, key=lambda p: (-p.recall, -p.qps)):
+        if not best or p.qps > best[-1].qps:
+            best.append(p)
+    return best
+
+
+def operating_point(points: Sequence[Point], target: float) -> Point | None:
+    ok = [p for p in points if p.recall >= target]
+    return max(ok, key=lambda p: p.qps) if ok else None
+
+
+def measure_index(spec: str, x: np.ndarray, q: np.ndarray, *, exact_kth: np.ndarray,
+                  truth: list[int], answers: list[str], texts: list[str], level: float,
+                  cfg: BenchConfig, workdir: Path) -> tuple[IndexResult, VectorIndex]:
+    t0 = time.perf_counter()
+    index = build_index(spec, x, seed=cfg.seed)
+    build_s = time.perf_counter() - t0
+    param, values = grid_for(spec)
+    points = []
+    for v in values:
+        if param is not None:
+            index.set_params(**{param: v})
+        ids, ms = one_at_a_time(index, q, K)
+        p50, p95, p99 = _percentiles(ms)
+        points.append(Point(
+            param=param, value=v, qps=float(len(ms) / (ms.sum() / 1e3)), p50_ms=p50,
+            p95_ms=p95, p99_ms=p99, recall=recall_at_k(exact_kth, true_scores(x, q, ids), K),
+            hit_at_10=hit_rate(ids, truth, K),
+            answer_accuracy=answer_accuracy([texts[i] for i in ids[:, 0]], answers)))
+    op = operating_point(points, cfg.recall_target)
+    chosen = op or max(points, key=lambda p: p.recall)
+    if param is not None:
+        index.set_params(**{param: chosen.value})
+    res = IndexResult(spec=index.spec, level=level, docs=x.shape[0], build_s=build_s,
+                      memory_bytes=index.memory_bytes(), raw_bytes=int(x.nbytes),
+                      points=points, operating=op)
+    res.open_loop = open_loop(index, q, K, cfg.arrival_rate)
+    d = workdir / f"x{level:g}" / index.spec.replace(":", "_").replace(",", "_").replace("=", "")
+    t1 = time.perf_counter()
+    save_index(index, d, embedder=cfg.embedder, corpus_dir=None, corpus_digest=None,
+               build_s=build_s, search_params={param: chosen.value} if param else None)
+    save_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    back, _ = load_index(d)
+    load_s = time.perf_counter() - t2
+    same = bool(np.array_equal(back.search(q[:20], K)[1], index.search(q[:20], K)[1]))
+    res.recovery = {"save_s": save_s, "load_s": load_s, "same_results": float(same)}
+    return res, index
+
+
+def _fresh(index: VectorIndex, emb: CachedEmbedder, fresh_texts: list[str],
+           fresh_q: np.ndarray, fresh_truth: list[int], n_singles: int) -> dict[str, float]:
+    """Add the fresh month (incrementally) and time single documents from text to answerable."""
+    before = index.ntotal
+    # Single new documents first: embed (uncached, as a new fact would be) + add + find it.
+    singles = []
+    found = 0
+    plain = emb.embedder
+    for t in fresh_texts[:n_singles]:
+        t0 = time.perf_counter()
+        v = plain.encode([t])
+        index.add(v)
+        _, ids = index.search(v, 1)
+        singles.append(time.perf_counter() - t0)
+        found += int(ids[0, 0] == index.ntotal - 1)
+    rest = fresh_texts[n_singles:]
+    t1 = time.perf_counter()
+    vr = emb.embed(rest)
+    embed_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    index.add(vr)
+    add_s = time.perf_counter() - t2
+    shifted = [before + t for t in fresh_truth]
+    _, ids = index.search(fresh_q, K)
+    return {"docs": float(len(fresh_texts)), "singles": float(len(singles)),
+            "single_to_answerable_p50_s": float(np.median(singles)) if singles else 0.0,
+            "single_to_answerable_max_s": float(max(singles)) if singles else 0.0,
+            "single_found_first": found / max(1, len(singles)),
+            "bulk_embed_s": embed_s, "bulk_add_s": add_s,
+            "add_per_1000_s": add_s / max(1, len(rest)) * 1000,
+            "fresh_hit_at_10": hit_rate(ids, shifted, K)}
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Run every level; append records to OUT/records.jsonl; return the whole result."""
+    limit_threads(1)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    exp = new_experiment_id("retrieval")
+    emb = CachedEmbedder(embedder=make_embedder(cfg.embedder, threads=1), path=cfg.cache)
+    levels: list[dict[str, Any]] = []
+    records: list[Record] = []
+    for level in cfg.levels:
+        spec = CorpusSpec(level=level, base_docs=cfg.base_docs, questions=cfg.questions,
+                          seed=cfg.seed)
+        corpus = build_corpus(spec)
+        write_corpus(corpus, cfg.out / "corpus" / f"x{level:g}")
+        texts = [d.text for d in corpus.docs]
+        t0 = time.perf_counter()
+        x = emb.embed(texts)
+        embed = {"docs": len(texts), "embedded": emb.last.encoded, "wall_s":
+                 time.perf_counter() - t0}
+        # A fresh rate even when the cache answered everything: 64 documents straight through.
+        p0 = time.perf_counter()
+        emb.embedder.encode(texts[:64])
+        doc_per_1000_s = (time.perf_counter() - p0) / min(64, len(texts)) * 1000
+        qtexts = [qq.text for qq in corpus.questions]
+        q0 = time.perf_counter()
+        q = emb.embedder.encode(qtexts)
+        query_embed_per_1000_s = (time.perf_counter() - q0) / len(qtexts) * 1000
+        k2i = corpus.key_to_id()
+        truth = [k2i[qq.doc_key] for qq in corpus.questions]
+        answers = [qq.answer for qq in corpus.questions]
+        exact = build_index("exact", x)
+        es, _ = exact.search(q, K)
+        exact_kth = es[:, K - 1]
+        fresh_texts = [d.text for d in corpus.fresh_docs]
+        fresh_q = emb.embed([qq.text for qq in corpus.fresh_questions])
+        fk = {d.key: i for i, d in enumerate(corpus.fresh_docs)}
+        fresh_truth = [fk[qq.doc_key] for qq in corpus.fresh_questions]
+        results: list[IndexResult] = []
+        for s in ["exact", "faiss:Flat", *cfg.indexes]:
+            full = resolve_spec(s, x.shape[0], x.shape[1])
+            res, index = measure_index(full, x, q, exact_kth=exact_kth, truth=truth,
+                                       answers=answers, texts=texts, level=level, cfg=cfg,
+                                       workdir=cfg.out / "indexes")
+            res.fresh = _fresh(index, emb, fresh_texts, fresh_q, fresh_truth, cfg.fresh_singles)
+            results.append(res)
+        exact_qps = results[0].points[0].qps
+        for r in results:
+            if r.operating is not None:
+                r.speedup_vs_exact = r.operating.qps / exact_qps
+        cost = {
+            "doc_embed_per_1000_s": doc_per_1000_s,
+            "query_embed_per_1000_s": query_embed_per_1000_s,
+            "usd_per_1000_docs": embedding_cost_per_1000(
+                doc_per_1000_s, threads=1, price_per_core_hour=cfg.price_per_core_hour),
+        }
+        levels.append({"level": level, "docs": len(texts), "embed": embed, "cost": cost,
+                       "indexes": [asdict(r) for r in results]})
+        for r in results:
+            records.append(_record(exp, r, cfg, cost))
+    append_records(cfg.out / "records.jsonl", records)
+    return {"experiment": exp, "embedder": emb.name, "recall_target": cfg.recall_target,
+            "levels": levels, "records": str(cfg.out / "records.jsonl")}
+
+
+def _record(exp: str, r: IndexResult, cfg: BenchConfig, cost: dict[str, float]) -> Record:
+    p = r.operating or max(r.points, key=lambda p: p.recall)
+    per_1000_s = cost["query_embed_per_1000_s"] + 1000.0 / p.qps
+    usd_1000 = per_1000_s / 3600.0 * cfg.price_per_core_hour
+    return make_record(
+        experiment=exp, stage="retrieval", variable="corpus_multiple", level=r.level,
+        input_volume=float(r.docs), input_unit="documents", rate=p.qps,
+        rate_unit="queries/s", wall_s=r.build_s,
+        latency=Latency(p50_ms=r.open_loop["p50_ms"], p95_ms=r.open_loop["p95_ms"],
+                        p99_ms=r.open_loop["p99_ms"], max_ms=r.open_loop["max_ms"]),
+        peak_memory_bytes=r.memory_bytes,
+        quality={"recall_at_10": p.recall, "hit_at_10": p.hit_at_10,
+                 "answer_accuracy": p.answer_accuracy,
+                 "fresh_hit_at_10": r.fresh.get("fresh_hit_at_10", 0.0)},
+        cost=Cost(usd=usd_1000, per_unit_usd=usd_1000, unit="1000 queries"),
+        recovery=f"reload from disk in {r.recovery['load_s']:.3f} s (sha256-checked); "
+                 "rebuild from the corpus when refused",
+        limiting_resource="cpu",
+        ok=r.operating is not None,
+        extras={"index": r.spec, "param": p.param, "value": p.value,
+                "build_s": r.build_s, "memory_vs_raw": r.memory_bytes / max(1, r.raw_bytes),
+                "speedup_vs_exact": r.speedup_vs_exact, "open_loop": r.open_loop,
+                "fresh": r.fresh, "recovery": r.recovery, "embedding_cost": cost,
+                "embedder": cfg.embedder,
+                "frontier": [asdict(x) for x in pareto(r.points)],
+                "grid": [asdict(x) for x in r.points]})
+
+
+def render_bench(con: Console, result: dict[str, Any]) -> None:
+    for lv in result["levels"]:
+        t = Table(title=f"x{lv['level']:g}: {lv['docs']:,} docs ({result['embedder']}); "
+                        f"recall target {result['recall_target']}")
+        for col in ("index", "build s", "mem/raw", "param", "QPS", "xexact", "R@10",
+                    "hit@10", "p99ms", "fresh", "new s"):
+            t.add_column(col, justify="left" if col == "index" else "right")
+        for r in lv["indexes"]:
+            op = r["operating"] or max(r["points"], key=lambda p: p["recall"])
+            mark = "" if r["operating"] else " (below target)"
+            t.add_row(r["spec"], f"{r['build_s']:.2f}",
+                      f"{r['memory_bytes'] / max(1, r['raw_bytes']):.2f}",
+                      f"{op['param']}={op['value']:g}" if op["param"] else "-",
+                      f"{op['qps']:,.0f}",
+                      f"{r['speedup_vs_exact']:.1f}" if r["speedup_vs_exact"] else "-",
+                      f"{op['recall']:.3f}{mark}", f"{op['hit_at_10']:.3f}",
+                      f"{r['open_loop']['p99_ms']:.2f}", f"{r['fresh']['fresh_hit_at_10']:.3f}",
+                      f"{r['fresh']['single_to_answerable_p50_s']:.4f}")
+        con.print(t)
+        c = lv["cost"]
+        con.print(f"embedding: {c['doc_embed_per_1000_s']:.2f} s and ${c['usd_per_1000_docs']:.6f}"
+                  f" per 1,000 docs; {c['query_embed_per_1000_s']:.2f} s per 1,000 queries")

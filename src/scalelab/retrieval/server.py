@@ -1,0 +1,318 @@
+"""The retrieval server: POST /v1/retrieve, a retrieval-augmented answer path, admin adds.
+
+Routes:
+
+- ``POST /v1/retrieve`` ``{"query": "...", "k": 10}`` (or ``"queries": [...]``) ->
+  ``{"results": [[{"id", "key", "score", "text"}, ...]], "index", "ntotal"}``;
+- ``POST /v1/answer`` ``{"question": "...", "k": 5}`` -> retrieve, put the documents and the
+  question in a prompt, post it to an OpenAI-compatible ``/v1/chat/completions`` (the
+  `--generate-url` server, e.g. `scalelab generate serve`) -> ``{"answer", "sources", ...}``;
+- ``POST /v1/documents`` (admin: ``Authorization: Bearer $SCALELAB_ADMIN_TOKEN``)
+  ``{"documents": [{"key", "text"}]}`` -> embedded and added now, answerable by the next query
+  (the freshness path; the index file on disk is not rewritten);
+- ``GET /health/live``, ``GET /health/ready``, ``GET /metrics`` (Prometheus).
+
+Conventions shared with the other servers (`scalelab.web`): bodies bounded by the guard (413),
+a request id on every response, 127.0.0.1 by default, bad input answered 4xx with
+``{"error": ...}`` naming the field. Admission: at most `max_inflight` requests are worked on at
+once; the next is answered 503 with Retry-After instead of queueing without bound. The index is
+loaded (or, when its file is refused, rebuilt from the corpus) before the server says ready: a
+corrupted index is never served.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from scalelab.core.errors import BadUsageError, ScalelabError
+from scalelab.web.guard import Guard, request_id
+
+log = logging.getLogger("scalelab.retrieval")
+ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
+SETTINGS_ENV = "SCALELAB_RETRIEVAL_SETTINGS"
+
+
+@dataclass(kw_only=True)
+class RetrievalSettings:
+    """What the server serves and its limits."""
+
+    index_dir: str
+    """An index directory written by `scalelab retrieval index`."""
+    cache: str | None = None
+    """Embedding cache file (queries seen before skip the model)."""
+    max_k: int = 100
+    """Largest k a request may ask for."""
+    max_query_chars: int = 2000
+    """Longest query accepted (MiniLM reads 256 tokens at most anyway)."""
+    max_queries: int = 32
+    """Queries per /v1/retrieve request."""
+    max_inflight: int = 16
+    """Requests worked on at once; the next one gets 503."""
+    max_body_bytes: int = 256 * 1024
+    generate_url: str | None = None
+    """Base URL of an OpenAI-compatible server for /v1/answer (None: the route answers 503)."""
+    generate_model: str = "default"
+    generate_timeout_s: float = 60.0
+    answer_max_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_k < 1 or self.max_query_chars < 1 or self.max_queries < 1:
+            raise BadUsageError("max_k, max_query_chars and max_queries must be >= 1")
+        if self.max_inflight < 1 or self.max_body_bytes < 1:
+            raise BadUsageError("max_inflight and max_body_bytes must be >= 1")
+        if self.answer_max_tokens < 1 or not self.generate_timeout_s > 0:
+            raise BadUsageError("answer_max_tokens >= 1 and generate_timeout_s > 0 required")
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _int_field(body: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
+    v = body.get(name, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise HTTPError(422, f"field {name!r} must be an integer in {lo}..{hi}")
+    if not lo <= v <= hi:
+        raise HTTPError(422, f"field {name!r} = {v} is outside {lo}..{hi}")
+    return v
+
+
+def _text_field(v: Any, name: str, limit: int) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise HTTPError(422, f"field {name!r} must be a non-empty string")
+    if len(v) > limit:
+        raise HTTPError(422, f"field {name!r} has {len(v)} characters; the limit is {limit}")
+    return v
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HTTPError(400, f"the body is not JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise HTTPError(422, "the body must be a JSON object")
+    return body
+
+
+def prompt_messages(question: str, texts: list[str]) -> list[dict[str, str]]:
+    """The chat messages for a retrieval-augmented answer (pure: tested as is)."""
+    context = "\n".join(f"[{i + 1}] {t}" for i, t in enumerate(texts))
+    return [{"role": "system",
+             "content": "Answer the question using only the numbered facts. Be brief."},
+            {"role": "user", "content": f"Facts:\n{context}\n\nQuestion: {question}"}]
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("retrieval_requests", "Requests by route and status",
+                                ["route", "code"], registry=self.registry)
+        self.seconds = Histogram("retrieval_request_seconds", "Request latency by route",
+                                 ["route"], registry=self.registry,
+                                 buckets=(.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5))
+        self.inflight = Gauge("retrieval_inflight", "Requests being worked on",
+                              registry=self.registry)
+        self.vectors = Gauge("retrieval_index_vectors", "Vectors in the index",
+                             registry=self.registry)
+        self.rejected = Counter("retrieval_rejected", "Requests refused by admission",
+                                registry=self.registry)
+
+
+class RetrievalService:
+    """The loaded retriever with its lock, limits and metrics (one per process)."""
+
+    def __init__(self, settings: RetrievalSettings) -> None:
+        from scalelab.retrieval.retriever import open_retriever
+
+        self.settings = settings
+        self.retriever, opened = open_retriever(
+            settings.index_dir, cache=Path(settings.cache) if settings.cache else None)
+        if opened.rebuilt:
+            log.warning("index %s was refused and rebuilt from its corpus: %s",
+                        settings.index_dir, opened.reason)
+        self.opened = opened
+        # faiss and hnswlib searches may run together, but not beside an add.
+        self.lock = threading.Lock()
+        self.metrics = _Metrics()
+        self.metrics.vectors.set(self.retriever.index.ntotal)
+        self.inflight = 0
+
+    def retrieve(self, queries: list[str], k: int) -> list[list[dict[str, Any]]]:
+        vecs = self.retriever.embedder.embed(queries)
+        with self.lock:
+            hits = self.retriever.search_vectors(vecs, k)
+        return [[asdict(h) for h in row] for row in hits]
+
+    def add(self, docs: list[tuple[str, str]]) -> int:
+        with self.lock:
+            added = self.retriever.add(docs)
+            self.metrics.vectors.set(self.retriever.index.ntotal)
+        return len(added)
+
+
+def create_app(settings: RetrievalSettings) -> Any:
+    """The ASGI app (guarded) for `settings`; loads the index before returning."""
+    svc = RetrievalService(settings)
+    s = settings
+    m = svc.metrics
+
+    def route(name: str, fn: Callable[[Request], Awaitable[dict[str, Any]]]
+              ) -> Callable[[Request], Awaitable[Response]]:
+        async def handler(request: Request) -> Response:
+            t0 = time.perf_counter()
+            rid = request_id(request.scope)
+            if svc.inflight >= s.max_inflight:
+                m.rejected.inc()
+                m.requests.labels(name, "503").inc()
+                return JSONResponse({"error": f"busy: {svc.inflight} requests in flight "
+                                              f"(limit {s.max_inflight}); retry"},
+                                    status_code=503, headers={"Retry-After": "1"})
+            svc.inflight += 1
+            m.inflight.set(svc.inflight)
+            try:
+                out = await fn(request)
+                status, resp = 200, JSONResponse(out)
+            except HTTPError as e:
+                status, resp = e.status, JSONResponse({"error": str(e)}, status_code=e.status)
+            except ScalelabError as e:
+                status, resp = 422, JSONResponse({"error": str(e)}, status_code=422)
+            finally:
+                svc.inflight -= 1
+                m.inflight.set(svc.inflight)
+            m.requests.labels(name, str(status)).inc()
+            m.seconds.labels(name).observe(time.perf_counter() - t0)
+            if status >= 400:
+                log.info("%s %s -> %d (%s)", name, rid, status, resp.body[:200])
+            return resp
+        return handler
+
+    async def retrieve(request: Request) -> dict[str, Any]:
+        body = await _json_object(request)
+        unknown = set(body) - {"query", "queries", "k"}
+        if unknown:
+            raise HTTPError(422, f"unknown field(s) {', '.join(sorted(unknown))}; "
+                                 "use query or queries, and k")
+        if ("query" in body) == ("queries" in body):
+            raise HTTPError(422, "give exactly one of field 'query' (a string) or 'queries' "
+                                 "(a list of strings)")
+        if "query" in body:
+            queries = [_text_field(body["query"], "query", s.max_query_chars)]
+        else:
+            qs = body["queries"]
+            if not isinstance(qs, list) or not qs:
+                raise HTTPError(422, "field 'queries' must be a non-empty list of strings")
+            if len(qs) > s.max_queries:
+                raise HTTPError(422, f"field 'queries' has {len(qs)} items; the limit is "
+                                     f"{s.max_queries}")
+            queries = [_text_field(q, f"queries[{i}]", s.max_query_chars)
+                       for i, q in enumerate(qs)]
+        k = _int_field(body, "k", 10, 1, s.max_k)
+        t0 = time.perf_counter()
+        results = await run_in_threadpool(svc.retrieve, queries, k)
+        return {"results": results, "k": k, "index": svc.retriever.index.spec,
+                "ntotal": svc.retriever.index.ntotal,
+                "retrieve_ms": (time.perf_counter() - t0) * 1e3}
+
+    async def answer(request: Request) -> dict[str, Any]:
+        import httpx
+
+        body = await _json_object(request)
+        question = _text_field(body.get("question"), "question", s.max_query_chars)
+        k = _int_field(body, "k", 5, 1, min(s.max_k, 20))
+        if not s.generate_url:
+            raise HTTPError(503, "no generation server configured; start with "
+                                 "--generate-url URL (an OpenAI-compatible server)")
+        t0 = time.perf_counter()
+        hits = (await run_in_threadpool(svc.retrieve, [question], k))[0]
+        t1 = time.perf_counter()
+        payload = {"model": s.generate_model, "temperature": 0,
+                   "max_tokens": s.answer_max_tokens,
+                   "messages": prompt_messages(question, [h["text"] for h in hits])}
+        url = s.generate_url.rstrip("/") + "/v1/chat/completions"
+        try:
+            async with httpx.AsyncClient(timeout=s.generate_timeout_s) as client:
+                r = await client.post(url, json=payload)
+            r.raise_for_status()
+            text = r.json()["choices"][0]["message"]["content"]
+        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+            raise HTTPError(502, f"the generation server at {url} failed: "
+                                 f"{type(e).__name__}: {e}") from None
+        return {"answer": text, "sources": hits,
+                "retrieve_ms": (t1 - t0) * 1e3, "generate_ms": (time.perf_counter() - t1) * 1e3}
+
+    async def documents(request: Request) -> dict[str, Any]:
+        token = os.environ.get(ADMIN_TOKEN_ENV, "")
+        given = request.headers.get("authorization", "")
+        if not token:
+            raise HTTPError(403, f"admin routes are off: set {ADMIN_TOKEN_ENV} to enable them")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise HTTPError(401, "admin route: send Authorization: Bearer <admin token>")
+        body = await _json_object(request)
+        docs = body.get("documents")
+        if not isinstance(docs, list) or not docs or len(docs) > 1000:
+            raise HTTPError(422, "field 'documents' must be a list of 1..1000 {key, text}")
+        pairs = []
+        for i, d in enumerate(docs):
+            if not isinstance(d, dict):
+                raise HTTPError(422, f"field 'documents[{i}]' must be an object {{key, text}}")
+            pairs.append((_text_field(d.get("key"), f"documents[{i}].key", 200),
+                          _text_field(d.get("text"), f"documents[{i}].text",
+                                      s.max_query_chars * 4)))
+        t0 = time.perf_counter()
+        try:
+            n = await run_in_threadpool(svc.add, pairs)
+        except BadUsageError as e:
+            raise HTTPError(409, str(e)) from None
+        return {"added": n, "ntotal": svc.retriever.index.ntotal,
+                "add_ms": (time.perf_counter() - t0) * 1e3}
+
+    async def live(request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def ready(request: Request) -> Response:
+        return JSONResponse({"ready": True, "index": svc.retriever.index.spec,
+                             "ntotal": svc.retriever.index.ntotal,
+                             "rebuilt_at_start": svc.opened.rebuilt})
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(m.registry), media_type="text/plain; version=0.0.4")
+
+    app = Starlette(routes=[
+        Route("/v1/retrieve", route("retrieve", retrieve), methods=["POST"]),
+        Route("/v1/answer", route("answer", answer), methods=["POST"]),
+        Route("/v1/documents", route("documents", documents), methods=["POST"]),
+        Route("/health/live", live, methods=["GET"]),
+        Route("/health/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ])
+    return Guard(app, max_body=s.max_body_bytes)
+
+
+def app_from_env() -> Any:
+    """uvicorn's factory (workers import it by name): settings come from $SCALELAB_RETRIEVAL_
+    SETTINGS as JSON, which `scalelab retrieval serve` sets."""
+    raw = os.environ.get(SETTINGS_ENV)
+    if not raw:
+        raise BadUsageError(f"{SETTINGS_ENV} is not set; start the server with "
+                            "'scalelab retrieval serve'")
+    return create_app(RetrievalSettings(**json.loads(raw)))
