@@ -57,3 +57,8 @@ def k8s_cmd(model_repo: Path, out: Path, name: str, image: str, claim: str, min_
     emit(data, as_json, lambda c: c.print(
         f"wrote {', '.join(str(p) for p in paths)} (startup {startup:.1f} s"
         f"{' measured here' if measured else ''}; scaling on {signal})"))
+
+
+from scalelab.cli.deploy_train import train_job_cmd  # noqa: E402
+
+app.add_command(train_job_cmd)

@@ -84,13 +84,19 @@ def prepare(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*run_dir.glob("rank-*.json"), run_dir / FAILURE_FILE, run_dir / FINAL_FILE]:
         stale.unlink(missing_ok=True)
-    save_file({"train": corpus.train, "val": corpus.val}, str(run_dir / DATA_FILE))
-    cfg.write(run_dir / CONFIG_FILE)
-    (run_dir / META_FILE).write_text(json.dumps({
+    # Every file lands by rename: on a cluster, each node prepares the same shared run
+    # directory (identical bytes), and a worker must never read another node's half-written one.
+    tag = f".{os.getpid()}.tmp"
+    save_file({"train": corpus.train, "val": corpus.val}, str(run_dir / (DATA_FILE + tag)))
+    os.replace(run_dir / (DATA_FILE + tag), run_dir / DATA_FILE)
+    cfg.write(run_dir / (CONFIG_FILE + tag))
+    os.replace(run_dir / (CONFIG_FILE + tag), run_dir / CONFIG_FILE)
+    (run_dir / (META_FILE + tag)).write_text(json.dumps({
         "threads": threads, "cuda": lc.cuda, "collective_timeout_s": min(lc.timeout_s, 300.0),
         "corpus": {"tokens": corpus.tokens, "files": corpus.files, "digest": corpus.digest,
                    "train_sequences": int(corpus.train.shape[0]),
                    "val_sequences": int(corpus.val.shape[0])}}), encoding="utf-8")
+    os.replace(run_dir / (META_FILE + tag), run_dir / META_FILE)
     return Prepared(run_dir=run_dir, corpus=corpus, threads=threads, warning=warning)
 
 
