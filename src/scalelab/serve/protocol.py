@@ -3,18 +3,29 @@ and validation against a model's config, response encoding, and the binary tenso
 that tritonclient uses by default (JSON header + raw little-endian bytes).
 
 Every validation error is a `ServeError` with an HTTP status and a message naming the input.
+
+Two ways in. `fast_decode` is the hot path: it hand-checks the plain shape of a request (known
+input names, the model's datatypes, int shapes, flat or nested number lists or binary tensors)
+straight from the fast parser's JSON and returns None for anything else. `parse_request` +
+`decode_inputs` is the full path (the stdlib JSON parser, pydantic, then checks in a fixed
+order), which the server runs on the raw body whenever the fast one declines, so every error
+message comes from one place and does not depend on which path saw the request first; the fast
+path only accepts what the full path accepts, with the same arrays (one exception: an integer
+literal beyond 64 bits inside floating-point data, which orjson reads as the float it denotes).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scalelab.serve.config import ModelConfig
+from scalelab.web import codec
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -71,26 +82,51 @@ def _field_error(e: ValidationError) -> str:
 
 def parse_request(body: bytes, header_length: str | None) -> tuple[InferenceRequest, bytes]:
     """Split a body into its JSON request and the binary tail (empty without the extension)."""
-    tail = b""
-    if header_length is not None:
-        try:
-            n = int(header_length)
-        except ValueError:
-            raise ServeError(400, f"{HEADER_LENGTH} header {header_length!r} is not an integer") \
-                from None
-        if not 0 < n <= len(body):
-            raise ServeError(400, f"{HEADER_LENGTH} {n} does not fit the {len(body)}-byte body")
-        body, tail = body[:n], body[n:]
+    head, tail = split_binary(body, header_length)
+    return validate_request(parse_json(head)), tail
+
+
+def split_binary(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """(JSON part, binary tail) of a body, per the Inference-Header-Content-Length header."""
+    if header_length is None:
+        return body, b""
     try:
-        raw = json.loads(body)
+        n = int(header_length)
+    except ValueError:
+        raise ServeError(400, f"{HEADER_LENGTH} header {header_length!r} is not an integer") \
+            from None
+    if not 0 < n <= len(body):
+        raise ServeError(400, f"{HEADER_LENGTH} {n} does not fit the {len(body)}-byte body")
+    return body[:n], body[n:]
+
+
+def parse_json(body: bytes) -> Any:
+    """The body's JSON value by the stdlib parser (the full path's, so its messages and what
+    it accepts — NaN literals, integers of any size — are the reference)."""
+    try:
+        return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ServeError(400, f"request body is not valid JSON: {e}") from None
     except RecursionError:  # nesting deeper than the parser's stack: a bad request, not a 500
         raise ServeError(400, "request body is nested too deeply to parse") from None
+
+
+def parse_json_fast(body: bytes) -> Any:
+    """The body's JSON value by the fast parser (orjson when installed), None when it fails.
+    Only `fast_decode` may see this value: orjson reads integers beyond 64 bits as floats, and
+    fast_decode declines floats wherever the full path wants integers."""
+    try:
+        return codec.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def validate_request(raw: Any) -> InferenceRequest:
+    """The parsed body as a checked request (400/422 naming the field)."""
     if not isinstance(raw, dict):
         raise ServeError(400, "request body must be a JSON object with 'inputs'")
     try:
-        return InferenceRequest.model_validate(raw), tail
+        return InferenceRequest.model_validate(raw)
     except ValidationError as e:
         raise ServeError(422, _field_error(e)) from None
 
@@ -172,6 +208,117 @@ def decode_inputs(req: InferenceRequest, cfg: ModelConfig, tail: bytes) -> list[
     return [arrays[n] for n in expected]
 
 
+@dataclass(slots=True, frozen=True)
+class Wanted:
+    """What the client asked to get back: which outputs (None = all of the model's), which of
+    them as binary ("*" = the default for unnamed ones), and the id to echo."""
+
+    names: list[str] | None
+    binary: dict[str, bool]
+    request_id: str | None
+
+
+def wanted(req: InferenceRequest) -> Wanted:
+    return Wanted(names=[o.name for o in req.outputs] if req.outputs else None,
+                  binary=wants_binary(req), request_id=req.id)
+
+
+def _fast_outputs(raw: dict[str, Any]) -> Wanted | None:
+    params = raw.get("parameters")
+    if params is not None and type(params) is not dict:
+        return None
+    rid = raw.get("id")
+    if rid is not None and type(rid) is not str:
+        return None
+    default = bool((params or {}).get("binary_data_output", False))
+    outs = raw.get("outputs")
+    if not outs:
+        if outs is not None and type(outs) is not list:
+            return None
+        return Wanted(names=None, binary={"*": default}, request_id=rid)
+    if type(outs) is not list:
+        return None
+    names: list[str] = []
+    binary: dict[str, bool] = {}
+    for o in outs:
+        if type(o) is not dict:
+            return None
+        name, p = o.get("name"), o.get("parameters")
+        if type(name) is not str or not name or (p is not None and type(p) is not dict):
+            return None
+        names.append(name)
+        binary[name] = bool((p or {}).get("binary_data", default))
+    return Wanted(names=names, binary=binary, request_id=rid)
+
+
+def fast_decode(raw: Any, cfg: ModelConfig, tail: bytes
+                ) -> tuple[list[np.ndarray], Wanted] | None:
+    """The request's tensors (in cfg.inputs order) and what it wants back, if `raw` (from
+    `parse_json_fast`) has the plain form; None otherwise — the caller then runs the full
+    path, which either accepts it too or raises the error that names the field. Never raises
+    for a bad request."""
+    if type(raw) is not dict:
+        return None
+    inputs = raw.get("inputs")
+    specs = cfg.inputs
+    if type(inputs) is not list or len(inputs) != len(specs):
+        return None
+    want = _fast_outputs(raw)
+    if want is None:
+        return None
+    by_name: dict[str, np.ndarray] = {}
+    offset, rows = 0, -1
+    for inp in inputs:  # request order: binary tensors follow each other in this order
+        if type(inp) is not dict:
+            return None
+        name = inp.get("name")
+        spec = next((t for t in specs if t.name == name), None)
+        if spec is None or spec.name in by_name or inp.get("datatype") != spec.datatype:
+            return None
+        shape = inp.get("shape")
+        if type(shape) is not list or len(shape) != len(spec.shape):
+            return None
+        count = 1
+        for d, want_d in zip(shape, spec.shape, strict=True):
+            if type(d) is not int or d < 1 or (want_d != -1 and d != want_d):
+                return None
+            count *= d
+        if shape[0] > cfg.max_batch_size or (rows != -1 and shape[0] != rows):
+            return None
+        rows = shape[0]
+        dtype = NP_DTYPES[spec.datatype]
+        params = inp.get("parameters")
+        size = None
+        if params is not None:
+            if type(params) is not dict:
+                return None
+            size = params.get("binary_data_size")
+        if size is not None:
+            if type(size) is not int or size != count * dtype.itemsize or \
+                    offset + size > len(tail):
+                return None
+            le = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+            arr = np.frombuffer(tail, dtype=le, count=count, offset=offset).astype(dtype)
+            offset += size
+        else:
+            data = inp.get("data")
+            if type(data) is not list:
+                return None
+            try:
+                arr = np.asarray(data)
+            except (ValueError, TypeError, OverflowError):
+                return None
+            if arr.size != count or arr.dtype.kind not in _KINDS[spec.datatype]:
+                return None
+            arr = arr.astype(dtype, copy=False)
+            if dtype.kind == "f" and not np.isfinite(arr).all():
+                return None
+        by_name[spec.name] = arr.reshape(shape)
+    if offset != len(tail):
+        return None
+    return [by_name[t.name] for t in specs], want
+
+
 def wants_binary(req: InferenceRequest) -> dict[str, bool]:
     """Output name -> whether the client asked for it as binary (the extension)."""
     default = bool((req.parameters or {}).get("binary_data_output", False))
@@ -184,30 +331,41 @@ def encode_response(*, model: str, version: int, request_id: str | None,
                     outputs: dict[str, np.ndarray], cfg: ModelConfig,
                     req: InferenceRequest) -> tuple[bytes, dict[str, str]]:
     """The response body (JSON, or JSON + binary tail) and its extra headers."""
-    binary = wants_binary(req)
-    names = [o.name for o in req.outputs] if req.outputs else [t.name for t in cfg.outputs]
+    w = wanted(req)
+    return encode_outputs(model=model, version=version, wanted=Wanted(
+        names=w.names, binary=w.binary, request_id=request_id), outputs=outputs, cfg=cfg)
+
+
+_JSON = {"content-type": "application/json"}
+
+
+def encode_outputs(*, model: str, version: int, wanted: Wanted, outputs: dict[str, np.ndarray],
+                   cfg: ModelConfig) -> tuple[bytes, dict[str, str]]:
+    """The response body (JSON, or JSON header + binary tail) and its extra headers."""
+    binary = wanted.binary
+    names = wanted.names if wanted.names is not None else [t.name for t in cfg.outputs]
     unknown = [n for n in names if n not in outputs]
     if unknown:
         raise ServeError(400, f"output '{unknown[0]}' is not an output of model '{model}'; "
                               f"its outputs are {[t.name for t in cfg.outputs]}")
-    specs = {t.name: t for t in cfg.outputs}
     out_json: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for n in names:
-        arr = np.ascontiguousarray(outputs[n], dtype=NP_DTYPES[specs[n].datatype])
-        entry: dict[str, Any] = {"name": n, "datatype": specs[n].datatype, "shape": list(arr.shape)}
+        spec = next(t for t in cfg.outputs if t.name == n)
+        arr = np.ascontiguousarray(outputs[n], dtype=NP_DTYPES[spec.datatype])
+        entry: dict[str, Any] = {"name": n, "datatype": spec.datatype, "shape": list(arr.shape)}
         if binary.get(n, binary.get("*", False)):
             blob = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = arr.reshape(-1).tolist()
+            entry["data"] = arr.reshape(-1)  # the codec writes arrays natively
         out_json.append(entry)
     doc: dict[str, Any] = {"model_name": model, "model_version": str(version), "outputs": out_json}
-    if request_id is not None:
-        doc["id"] = request_id
-    head = json.dumps(doc, separators=(",", ":")).encode()
+    if wanted.request_id is not None:
+        doc["id"] = wanted.request_id
+    head = codec.dumps(doc)
     if not blobs:
-        return head, {"content-type": "application/json"}
+        return head, _JSON
     return head + b"".join(blobs), {"content-type": "application/octet-stream",
                                     HEADER_LENGTH: str(len(head))}

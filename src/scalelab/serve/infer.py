@@ -1,0 +1,288 @@
+"""The inference route as a bare ASGI handler: the per-request path does only what it must.
+
+Per request: read the body, split off the binary tensors, parse JSON (orjson when installed),
+check the tensors against the model's config (the fast hand check; the full pydantic path only
+when that declines, so errors read the same), enqueue, await the batch, encode, send. Every
+guarantee of the FastAPI version stays: the guard's body limit and request id (outside this
+handler), 4xx naming the field, X-Request-Timeout-Ms deadlines, 429 + Retry-After from a full
+queue, the cache and coalescing, shadow mirrors, the request sample (in the batch thread),
+metrics and the access log. What is gone is the framework between the socket and this code:
+routing by regex, dependency resolution, Request/Response objects and exception middleware
+cost about half the main thread's time under a 1-row load (py-spy, issue 16).
+
+Metric children are looked up once per label set and kept: prometheus-client's `.labels()`
+takes a lock and builds a key on every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import numpy as np
+from prometheus_client import Counter, Gauge, Histogram
+from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
+
+from scalelab.serve.cache import digest
+from scalelab.serve.context import ServeContext
+from scalelab.serve.features import out_of_vocabulary
+from scalelab.serve.protocol import (
+    ServeError,
+    decode_inputs,
+    encode_outputs,
+    fast_decode,
+    parse_json,
+    parse_json_fast,
+    split_binary,
+    validate_request,
+    wanted,
+)
+from scalelab.serve.repository import ModelEntry
+from scalelab.serve.scheduler import Job, Outputs, VersionWorker
+from scalelab.web.guard import new_request_id, send_error
+
+log = logging.getLogger("scalelab.serve")
+
+TIMEOUT_HEADER = b"x-request-timeout-ms"
+BINARY_HEADER = b"inference-header-content-length"
+_PREFIX, _SUFFIX = "/v2/models/", "/infer"
+
+
+def infer_target(path: str) -> tuple[str, str | None] | None:
+    """(model, version or None) when `path` is an infer route, else None (pure)."""
+    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
+        return None
+    parts = path[len(_PREFIX):-len(_SUFFIX)].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+        return parts[0], parts[2]
+    return None
+
+
+def timeout_s(raw: bytes | None, default_ms: float) -> float:
+    """The request's deadline in seconds from X-Request-Timeout-Ms, else the model default."""
+    if raw is None:
+        return default_ms / 1000.0
+    text = raw.decode("latin-1")
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = -1.0
+    if not 0 < ms <= 3_600_000:
+        raise ServeError(400, f"header X-Request-Timeout-Ms {text!r} must be a number of "
+                              "milliseconds in (0, 3600000]")
+    return ms / 1000.0
+
+
+async def read_body(receive: Receive) -> bytes:
+    msg = await receive()
+    body: bytes = msg.get("body", b"")
+    if not msg.get("more_body", False):
+        return body
+    parts = [body]
+    while True:
+        msg = await receive()
+        parts.append(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return b"".join(parts)
+
+
+def check_vocabulary(entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray]) -> None:
+    """The flights contract's `categorical` input holds vocabulary indices; one out of range
+    is the client's error (400 naming the input), not the model's (500)."""
+    if worker.pre is None or entry.config is None:
+        return
+    for spec, arr in zip(entry.config.inputs, arrays, strict=True):
+        if spec.name == "categorical" and arr.dtype.kind in "iu":
+            why = out_of_vocabulary(arr, worker.pre)
+            if why is not None:
+                raise ServeError(400, f"input 'categorical': {why}")
+
+
+def labels_of(out: Outputs) -> np.ndarray | None:
+    if "label" in out:
+        return np.asarray(out["label"]).reshape(-1)
+    for k in ("probabilities", "logits"):
+        if k in out:
+            return np.asarray(out[k]).argmax(axis=1)
+    return None
+
+
+class InferHandler:
+    """`await handler(scope, receive, send, model, version)` answers one infer request."""
+
+    def __init__(self, ctx: ServeContext) -> None:
+        self.ctx = ctx
+        self._inflight: dict[str, Gauge] = {}
+        self._latency: dict[tuple[str, str], Histogram] = {}
+        self._responses: dict[tuple[str, str, int], Counter] = {}
+
+    # -- metric children, looked up once ---------------------------------------------------------
+
+    def _inflight_of(self, model: str) -> Gauge:
+        g = self._inflight.get(model)
+        if g is None:
+            g = self._inflight[model] = self.ctx.metrics.inflight.labels(model)
+        return g
+
+    def _count(self, model: str, version: str, status: int, seconds: float) -> None:
+        m = self.ctx.metrics
+        if version:
+            h = self._latency.get((model, version))
+            if h is None:
+                h = self._latency[(model, version)] = m.request_seconds.labels(model, version)
+            h.observe(seconds)
+        key = (model, version, status)
+        c = self._responses.get(key)
+        if c is None:
+            c = self._responses[key] = m.responses.labels(model, version, str(status))
+        c.inc()
+
+    # -- the request -----------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str,
+                       version: str | None) -> None:
+        t0 = time.monotonic()
+        state = scope.get("state") or {}
+        rid: str = state.get("request_id") or new_request_id()
+        ctx = self.ctx
+        repo = ctx.repo
+        status, served = 500, ""
+        # a name that is not loaded is counted under model "": client-chosen names must not
+        # grow the metric series without bound
+        label = name if name in repo.models else ""
+        inflight = self._inflight_of(label)
+        inflight.inc()
+        try:
+            entry = repo.entry(name)
+            if entry.config is None:
+                raise ServeError(503, f"model '{name}' failed to load: {entry.reason}")
+            cfg = entry.config
+            body = await read_body(receive)
+            hlen: bytes | None = None
+            tmo: bytes | None = None
+            for k, v in scope["headers"]:
+                if k == BINARY_HEADER:
+                    hlen = v
+                elif k == TIMEOUT_HEADER:
+                    tmo = v
+            head, tail = split_binary(body, None if hlen is None else hlen.decode("latin-1"))
+            fast = fast_decode(parse_json_fast(head), cfg, tail)
+            if fast is None:  # the full path on the raw body: its errors name the field
+                req = validate_request(parse_json(head))
+                arrays, want = decode_inputs(req, cfg, tail), wanted(req)
+            else:
+                arrays, want = fast
+            deadline = t0 + timeout_s(tmo, cfg.dynamic_batching.default_timeout_ms)
+            worker = repo.route(name, version, rid)
+            check_vocabulary(entry, worker, arrays)
+            served = str(worker.version)
+            outputs = await self._compute(entry, worker, arrays, rid, deadline)
+            shadow = repo.shadow_worker(name) if version is None else None
+            if shadow is not None and shadow is not worker:
+                task = asyncio.create_task(self._shadow(entry, shadow, arrays, rid, outputs))
+                ctx.background.add(task)
+                task.add_done_callback(ctx.background.discard)
+            payload, headers = encode_outputs(model=name, version=worker.version, wanted=want,
+                                              outputs=outputs, cfg=cfg)
+            status = 200
+            raw_headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+            raw_headers.append((b"content-length", str(len(payload)).encode()))
+            await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
+            await send({"type": "http.response.body", "body": payload})
+        except ServeError as e:
+            status = e.status
+            await send_error(send, e.status, e.message, extra_headers=[
+                (k.lower().encode(), v.encode()) for k, v in e.headers.items()])
+        except HTTPException as e:  # the guard's BodyTooLarge while the body streamed in
+            status = e.status_code
+            await send_error(send, e.status_code, str(e.detail))
+        except Exception:
+            log.exception("infer %s failed", name, extra={"request_id": rid})
+            await send_error(send, 500, "internal server error; see the server log")
+        finally:
+            inflight.dec()
+            dt = time.monotonic() - t0
+            self._count(label, served, status, dt)
+            ctx.access.log(status, "infer", request_id=rid, model=name, version=served,
+                           latency_ms=round(dt * 1000, 3))
+
+    # -- compute: queue, cache, coalescing, shadow ----------------------------------------------
+
+    @staticmethod
+    async def _run(worker: VersionWorker, arrays: list[np.ndarray], rid: str, deadline: float,
+                   *, log_sample: bool = True) -> Outputs:
+        loop = asyncio.get_running_loop()
+        job = Job(inputs=arrays, rows=arrays[0].shape[0], request_id=rid,
+                  enqueued_at=time.monotonic(), deadline=deadline, future=loop.create_future(),
+                  log_sample=log_sample)
+        worker.submit(job)
+        return await job.future
+
+    async def _compute(self, entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray],
+                       rid: str, deadline: float) -> Outputs:
+        assert entry.config is not None
+        metrics = self.ctx.metrics
+        labels = (entry.name, str(worker.version))
+        use_cache = entry.cache is not None
+        coalesce = entry.config.cache.coalesce
+        if not (use_cache or coalesce):
+            return await self._run(worker, arrays, rid, deadline)
+        key = (entry.name, worker.version, digest(arrays))
+        if entry.cache is not None:
+            hit = entry.cache.get(key)
+            if hit is not None:
+                metrics.cache_hits.labels(*labels).inc()
+                return hit
+            metrics.cache_misses.labels(*labels).inc()
+        if coalesce:
+            fut = entry.coalescer.join(key)
+            if fut is not None:
+                metrics.coalesced.labels(*labels).inc()
+                try:
+                    return await asyncio.wait_for(asyncio.shield(fut),
+                                                  max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    raise ServeError(504, "deadline passed waiting for an identical in-flight "
+                                          "request") from None
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if not fut.cancelled() or (task is not None and task.cancelling()):
+                        raise
+                    # the leader's client went away; compute this one ourselves
+            lead = entry.coalescer.lead(key)
+            try:
+                out = await self._run(worker, arrays, rid, deadline)
+                lead.set_result(out)
+            except Exception as e:
+                lead.set_exception(e)
+                raise
+            finally:
+                entry.coalescer.finish(key, lead)
+        else:
+            out = await self._run(worker, arrays, rid, deadline)
+        if entry.cache is not None:
+            entry.cache.put(key, out)
+        return out
+
+    async def _shadow(self, entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray],
+                      rid: str, primary: Outputs) -> None:
+        assert entry.config is not None
+        deadline = time.monotonic() + entry.config.dynamic_batching.default_timeout_ms / 1000
+        try:
+            other = await self._run(worker, arrays, rid, deadline, log_sample=False)
+        except Exception:
+            return  # the candidate failing or being full never touches the response
+        a, b = labels_of(primary), labels_of(other)
+        if a is None or b is None:
+            return
+        diff = int((a != b).sum())
+        entry.shadow_compared += len(a)
+        entry.shadow_disagreed += diff
+        mv = (entry.name, str(worker.version))
+        metrics = self.ctx.metrics
+        metrics.shadow_compared.labels(*mv).inc(len(a))
+        metrics.shadow_disagreed.labels(*mv).inc(diff)
