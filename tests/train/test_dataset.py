@@ -8,16 +8,15 @@ import pytest
 import torch
 
 from scalelab.core.errors import BadInputError
+from scalelab.nets.flights import CATEGORICAL, LABEL, NUMERIC, UNK, Preprocess
 from scalelab.train.dataset import (
-    UNK,
     BatchPlan,
-    Preprocess,
     Tensors,
+    encode_split,
     epoch_permutation,
     limit_rows,
     load_frames,
 )
-from scalelab.train.rawdata import CATEGORICAL, LABEL, NUMERIC
 
 
 def _frame(n: int, *, carrier: list[str] | None = None) -> pl.DataFrame:
@@ -40,7 +39,7 @@ def test_preprocess_vocab_unknown_and_standardisation() -> None:
     assert pre.numeric["month"]["mean"] == 1.5
     test = _frame(2, carrier=["ZZ", "AA"]).with_columns(
         pl.Series("month", [None, 1.5], dtype=pl.Float64))
-    cat, num, y = pre.encode(test)
+    cat, num, y = encode_split(pre, test)
     assert cat[:, 0].tolist() == [0, 1]  # unseen carrier -> index 0
     month = NUMERIC.index("month")
     assert num[:, month].tolist() == [0.0, 0.0]  # null -> mean -> 0 after standardising
@@ -98,7 +97,7 @@ def test_dataset_dir_is_read_and_checked(tmp_path: Path) -> None:
 
 def test_tensors_roundtrip_and_subset(tmp_path: Path) -> None:
     pre = Preprocess.fit(_frame(10))
-    c, n, y = pre.encode(_frame(10))
+    c, n, y = encode_split(pre, _frame(10))
     t = Tensors(train_cat=c, train_num=n, train_y=y, test_cat=c.clone(), test_num=n.clone(),
                 test_y=y.clone())
     t.save(tmp_path / "d.safetensors")

@@ -3,7 +3,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from scalelab.train.rawdata import CATEGORICAL, LABEL, NUMERIC, train_test
+from scalelab.nets.flights import CATEGORICAL, LABEL, NUMERIC
+from scalelab.train.rawdata import train_test
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Joins and features: the flights feature contract that train, serve and model read.
+"""Joins and features: the table in the flights feature contract (nets.flights' columns).
 
 Left joins, so no flight is lost: weather on (origin, time_hour) and planes on tailnum; a plane
 missing from the planes table gets plane_model "UNKNOWN" and null year/seats. Weather is
@@ -18,13 +18,8 @@ import polars as pl
 
 from scalelab.data.quarantine import TIME_FORMATS
 from scalelab.data.split import split_order
+from scalelab.nets.flights import CATEGORICAL, LABEL, NUMERIC
 
-CATEGORICAL: tuple[str, ...] = ("carrier", "origin", "dest", "plane_model")
-NUMERIC: tuple[str, ...] = (
-    "month", "day_of_week", "sched_dep_hour", "sched_arr_hour", "distance", "plane_year",
-    "plane_seats", "temp", "dewp", "humid", "wind_speed", "precip", "pressure", "visib")
-LABEL = "delay_class"
-CLASSES: tuple[str, ...] = ("on_time", "late_15_60", "late_60_plus", "cancelled")
 FEATURE_COLUMNS: tuple[str, ...] = ("flight_key", "time_hour", *CATEGORICAL, *NUMERIC, LABEL)
 """Exactly the columns of train.parquet and test.parquet, in this order."""
 INPUT_COLUMNS: tuple[str, ...] = (

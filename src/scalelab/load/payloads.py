@@ -22,12 +22,17 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.jsonfile import read_json_object
 from scalelab.load.connection import Target, build_request
+from scalelab.nets.repository import CONFIG_FILE
+
+if TYPE_CHECKING:
+    from scalelab.nets.flights import Preprocess
 
 PayloadKind = Literal["get", "json", "file", "oip", "flights"]
 PAYLOADS: tuple[PayloadKind, ...] = ("get", "json", "file", "oip", "flights")
@@ -186,27 +191,25 @@ def flights(target: Target, *, model: str, repo: str | Path, data: str | Path | 
         raise BadUsageError(f"--batch must be at least 1, got {batch}")
     root = Path(repo)
     ver = version if version is not None else _latest_version(root, model)
-    pre_path = root / model / str(ver) / "preprocess.json"
-    cfg_path = root / model / "config.json"
-    for p in (pre_path, cfg_path):
-        if not p.is_file():
-            raise BadInputError(f"{p} is missing; --model-repo must hold a trained flights model")
+    # Imported here: polars (behind the contract) is only needed for flights payloads.
+    from scalelab.nets.flights import Preprocess
+
+    fix = "--model-repo must hold a trained flights model"
+    pre = Preprocess.read(root / model / str(ver))
+    cfg_path = root / model / CONFIG_FILE
+    cfg = read_json_object(cfg_path, fix=fix)
     try:
-        pre = json.loads(pre_path.read_text(encoding="utf-8"))
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        cats: dict[str, list[str]] = {k: [str(x) for x in v] for k, v in pre["categorical"].items()}
-        nums: dict[str, tuple[float, float]] = {
-            k: (float(v["mean"]), float(v["std"])) for k, v in pre["numeric"].items()}
         names = [str(i["name"]) for i in cfg["inputs"]]
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise BadInputError(f"{pre_path} or {cfg_path} is not in the flights format ({e})") from e
+    except (KeyError, TypeError) as e:
+        raise BadInputError(f"{cfg_path}: no list of named inputs ({e}); {fix}") from None
     if names != ["categorical", "numeric"]:
         raise BadInputError(f"{cfg_path}: inputs {names}; the flights sampler needs "
                             "[categorical, numeric]; use --payload oip for other models")
     rng = np.random.default_rng(seed)
     rows = count * batch
+    cats, nums = pre.categorical, pre.numeric
     if data is not None:
-        cat, num = _encode_rows(Path(data), cats, nums, rows, rng)
+        cat, num = _encode_rows(Path(data), pre, rows, rng)
     else:
         cat = np.stack([rng.integers(0, max(1, len(v)), rows) for v in cats.values()], axis=1) \
             if cats else np.zeros((rows, 0), dtype=np.int64)
@@ -224,9 +227,9 @@ def flights(target: Target, *, model: str, repo: str | Path, data: str | Path | 
     return specs
 
 
-def _encode_rows(data: Path, cats: dict[str, list[str]], nums: dict[str, tuple[float, float]],
-                 rows: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Sample `rows` rows (with replacement) and encode them like training did."""
+def _encode_rows(data: Path, pre: Preprocess, rows: int, rng: np.random.Generator
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Sample `rows` rows (with replacement) and encode them as training did (nets.flights)."""
     import polars as pl
 
     path = data / "test.parquet" if data.is_dir() else data
@@ -234,19 +237,10 @@ def _encode_rows(data: Path, cats: dict[str, list[str]], nums: dict[str, tuple[f
         raise BadInputError(f"--data {data}: no parquet file there (a dataset directory needs "
                             "test.parquet)")
     try:
-        frame = pl.read_parquet(path, columns=[*cats, *nums])
+        frame = pl.read_parquet(path, columns=[*pre.categorical, *pre.numeric])
     except Exception as e:  # polars raises several types for missing columns / bad files
         raise BadInputError(f"--data {path}: cannot read the feature columns ({e})") from e
     if frame.height == 0:
         raise BadInputError(f"--data {path}: no rows")
     frame = frame[rng.integers(0, frame.height, rows).tolist()]
-    cat = np.zeros((rows, len(cats)), dtype=np.int64)
-    for j, (col, vocab) in enumerate(cats.items()):
-        index = {v: i for i, v in enumerate(vocab)}
-        cat[:, j] = [index.get(v, 0) if v is not None else 0
-                     for v in frame.get_column(col).cast(pl.Utf8).to_list()]
-    num = np.zeros((rows, len(nums)), dtype=np.float32)
-    for j, (col, (mean, std)) in enumerate(nums.items()):
-        x = frame.get_column(col).cast(pl.Float64).fill_null(mean).fill_nan(mean).to_numpy()
-        num[:, j] = (x - mean) / (std if std > 0 else 1.0)
-    return cat, num
+    return pre.encode(frame, where=f"--data {path}")

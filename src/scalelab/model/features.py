@@ -1,59 +1,23 @@
 """Flights rows -> model tensors, by a model version's preprocess.json (the feature contract).
 
-Each categorical value maps to its index in the version's vocabulary (0 = unknown); each numeric
-column is imputed with its training mean, then standardised. The label `delay_class` becomes a
-LongTensor; a missing label (or a missing column) becomes -1, "unlabelled" (the transfer set of
-distillation uses such rows).
+The encoding is nets.flights' (the one training and serving use); this module adds the tensors
+the compression bench trains and measures on. A missing label (or a missing label column)
+becomes -1, "unlabelled" (the transfer set of distillation uses such rows).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import polars as pl
 import torch
 
 from scalelab.core.errors import BadInputError
-from scalelab.nets.repository import read_json
+from scalelab.nets.flights import LABEL, PREPROCESS_FILE, UNLABELLED, Preprocess
 
-PREPROCESS_FILE = "preprocess.json"
-LABEL = "delay_class"
-UNLABELLED = -1
-
-
-@dataclass(frozen=True, kw_only=True)
-class Preprocess:
-    """A model version's preprocess.json."""
-
-    categorical: dict[str, list[str]]
-    """Column -> vocabulary (index 0 is the unknown value)."""
-    numeric: dict[str, dict[str, float]]
-    """Column -> {"mean", "std"} from the training split."""
-    classes: list[str]
-    """Class names, in label order."""
-
-    @classmethod
-    def read(cls, version_dir: str | Path) -> Preprocess:
-        p = Path(version_dir) / PREPROCESS_FILE
-        obj = read_json(p)
-        try:
-            cat, num, classes = obj["categorical"], obj["numeric"], obj["classes"]
-        except KeyError as e:
-            raise BadInputError(
-                f"{p} lacks {e.args[0]!r}; it needs categorical, numeric and classes "
-                "(the flights feature contract)") from None
-        if not isinstance(cat, dict) or not isinstance(num, dict) or not isinstance(classes, list):
-            raise BadInputError(f"{p}: categorical/numeric must be objects, classes a list")
-        return cls(categorical={str(k): [str(x) for x in v] for k, v in cat.items()},
-                   numeric={str(k): {"mean": float(v["mean"]), "std": float(v["std"])}
-                            for k, v in num.items()},
-                   classes=[str(c) for c in classes])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"categorical": self.categorical, "numeric": self.numeric, "classes": self.classes}
+__all__ = ["LABEL", "PREPROCESS_FILE", "UNLABELLED", "Features", "Preprocess", "encode",
+           "load_split"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,36 +49,11 @@ class Features:
 
 
 def encode(frame: pl.DataFrame, pre: Preprocess, *, where: str = "frame") -> Features:
-    """Encode a flights frame with the contract's columns (see module docstring)."""
-    missing = [c for c in [*pre.categorical, *pre.numeric] if c not in frame.columns]
-    if missing:
-        raise BadInputError(
-            f"{where} lacks column(s) {', '.join(missing)} that the model's preprocess.json "
-            "needs; pass a dataset written by `scalelab data run` for this model")
-    cats = []
-    for col, vocab in pre.categorical.items():
-        lookup = {v: i for i, v in enumerate(vocab)}
-        s = frame.get_column(col).cast(pl.Utf8)
-        cats.append(s.replace_strict(lookup, default=0, return_dtype=pl.Int64).to_numpy())
-    nums = []
-    for col, st in pre.numeric.items():
-        std = st["std"] if st["std"] > 0 else 1.0
-        s = frame.get_column(col).cast(pl.Float64).fill_null(st["mean"]).fill_nan(st["mean"])
-        nums.append(((s - st["mean"]) / std).to_numpy())
-    n = frame.height
-    if LABEL in frame.columns:
-        y = frame.get_column(LABEL).cast(pl.Int64).fill_null(UNLABELLED).to_numpy()
-    else:
-        y = np.full(n, UNLABELLED, dtype=np.int64)
-    bad = (y >= len(pre.classes)) | (y < UNLABELLED)
-    if bad.any():
-        raise BadInputError(f"{where}: {LABEL} has values outside 0..{len(pre.classes) - 1}")
-    cat_arr = np.stack(cats, axis=1) if cats else np.zeros((n, 0), dtype=np.int64)
-    num_arr = np.stack(nums, axis=1) if nums else np.zeros((n, 0))
-    # np.array(copy=True): polars hands out read-only views, which torch must not wrap.
-    return Features(categorical=torch.from_numpy(np.array(cat_arr, dtype=np.int64, copy=True)),
-                    numeric=torch.from_numpy(np.array(num_arr, dtype=np.float32, copy=True)),
-                    labels=torch.from_numpy(np.array(y, dtype=np.int64, copy=True)))
+    """Encode a flights frame by the contract's one encoder (see nets.flights)."""
+    cat, num = pre.encode(frame, where=where)
+    y = pre.labels(frame, where=where)
+    return Features(categorical=torch.from_numpy(cat), numeric=torch.from_numpy(num),
+                    labels=torch.from_numpy(y))
 
 
 def load_split(data_dir: str | Path, split: str, pre: Preprocess, *,

@@ -25,6 +25,7 @@ from torch import nn
 from scalelab.core.errors import BadInputError
 from scalelab.core.manifest import code_version, dir_digest
 from scalelab.nets import onnx, registry
+from scalelab.nets.flights import PREPROCESS_FILE
 from scalelab.nets.onnx import OnnxNet
 from scalelab.nets.repository import (
     CONFIG_FILE,
@@ -36,8 +37,6 @@ from scalelab.nets.repository import (
     write_json,
 )
 from scalelab.nets.variants import Int8Module
-
-PREPROCESS_FILE = "preprocess.json"
 
 
 def write_model_files(directory: Path, module: nn.Module, *, arch: str,

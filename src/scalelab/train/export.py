@@ -18,9 +18,9 @@ from torch import nn
 
 from scalelab.core.manifest import Manifest, dir_digest, file_entry
 from scalelab.nets import registry, repository
+from scalelab.nets.flights import CATEGORICAL, CLASSES, NUMERIC, Preprocess
 from scalelab.nets.tabular import TabularConfig
-from scalelab.train.dataset import Preprocess, Source
-from scalelab.train.rawdata import CATEGORICAL, CLASSES, NUMERIC
+from scalelab.train.dataset import Source
 
 ARCH = "tabular_mlp"
 
@@ -71,7 +71,7 @@ def save_version(*, repo: str | Path, name: str, net: nn.Module, net_config: Tab
     shutil.rmtree(tmp, ignore_errors=True)
     registry.save_module(tmp, net, arch=ARCH, params=net_config.to_dict(),
                          extra={"classes": list(CLASSES)})
-    repository.write_json(tmp / "preprocess.json", preprocess.to_dict())
+    preprocess.write(tmp)
     digest, files = dir_digest(tmp)
     manifest = Manifest(
         kind="model", name=f"{name}/{version}", digest=digest,

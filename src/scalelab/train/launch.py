@@ -29,13 +29,13 @@ import torch
 
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.core.machine import available_cores
+from scalelab.nets.flights import Preprocess
 from scalelab.train.config import TrainConfig
-from scalelab.train.dataset import TENSORS_FILE, Preprocess, Source, prepare
+from scalelab.train.dataset import TENSORS_FILE, Source, prepare
 from scalelab.train.loop import FAILURE_FILE
 from scalelab.train.worker import CONFIG_FILE, FINAL_FILE, META_FILE, rank_file
 
 LOG_FILE = "torchrun.log"
-PREPROCESS_FILE = "preprocess.json"
 
 
 @dataclass(kw_only=True)
@@ -168,7 +168,7 @@ def prepare_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
         stale.unlink(missing_ok=True)
     tensors.save(run_dir / TENSORS_FILE)
     cfg.write(run_dir / CONFIG_FILE)
-    (run_dir / PREPROCESS_FILE).write_text(json.dumps(pre.to_dict()), encoding="utf-8")
+    pre.write(run_dir)
     (run_dir / META_FILE).write_text(json.dumps({
         "cardinalities": pre.cardinalities(), "threads": threads, "cuda": lc.cuda,
         "collective_timeout_s": min(lc.timeout_s, 300.0)}), encoding="utf-8")

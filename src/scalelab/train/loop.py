@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scalelab.nets.flights import CLASSES
 from scalelab.nets.tabular import TabularConfig, TabularNet
 from scalelab.train.checkpoint import (
     STATE_FILE,
@@ -42,7 +43,6 @@ from scalelab.train.metrics import (
     peak_rss_bytes,
     train_flops_per_sample,
 )
-from scalelab.train.rawdata import CLASSES
 from scalelab.train.saver import Saver, daly_interval
 from scalelab.train.schedule import default_warmup, lr_at
 

@@ -17,14 +17,8 @@ from pathlib import Path
 import polars as pl
 
 from scalelab.core.errors import BadInputError
+from scalelab.nets.flights import LABEL
 
-CATEGORICAL = ["carrier", "origin", "dest", "plane_model"]
-NUMERIC = [
-    "month", "day_of_week", "sched_dep_hour", "sched_arr_hour", "distance", "plane_year",
-    "plane_seats", "temp", "dewp", "humid", "wind_speed", "precip", "pressure", "visib",
-]
-LABEL = "delay_class"
-CLASSES = ["on_time", "late_15_60", "late_60_plus", "cancelled"]
 TEST_MONTHS = (11, 12)
 
 

@@ -24,8 +24,9 @@ import torch
 
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
+from scalelab.nets.flights import Preprocess
 from scalelab.train.config import TrainConfig
-from scalelab.train.dataset import Preprocess, Tensors, prepare
+from scalelab.train.dataset import Tensors, prepare
 from scalelab.train.evaluate import evaluate
 from scalelab.train.loop import Dist, train
 
