@@ -17,7 +17,8 @@ stream's start is max(arrival, the earliest slot's end)), so capacity is exactly
 M / (TTFT + (chunks - 1) × gap) requests/s. --stall-*: every period the server freezes for
 stall seconds (from period/2 on): any send due in a freeze goes out when it ends.
 --drop-every N: every N-th request's connection is closed after half of its chunks.
-GET /v1/models lists one model "test-llm"; GET /health answers 200.
+GET /v1/models lists one model "test-llm"; GET /health answers 200; GET /metrics gives
+vllm:num_requests_running / _waiting and vllm:kv_cache_usage_perc (a pool of 2 × max-streams).
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ class Server:
         self.stall = a.stall_s
         self.drop_every = a.drop_every
         self.slots = [0.0] * a.max_streams if a.max_streams else []
+        self.max_streams = a.max_streams
         self.t0 = time.monotonic()
         self.count = 0
+        self.spans: list[tuple[float, float, float]] = []  # (arrival, start, end) per stream
 
     def unstall(self, t: float) -> float:
         if not self.stall:
@@ -74,12 +77,26 @@ class Server:
 
     def plan(self, arrival: float, n_chunks: int) -> float:
         """When this stream starts decoding (its slot, on the virtual clock)."""
-        if not self.slots:
-            return arrival
-        free = heapq.heappop(self.slots)
-        start = max(arrival, free)
-        heapq.heappush(self.slots, start + self.ttft + (n_chunks - 1) * self.gap)
+        start = arrival
+        if self.slots:
+            start = max(arrival, heapq.heappop(self.slots))
+        end = start + self.ttft + (n_chunks - 1) * self.gap
+        if self.max_streams:
+            heapq.heappush(self.slots, end)
+        self.spans.append((arrival, start, end))
         return start
+
+    def metrics(self, now: float) -> bytes:
+        """vLLM's gauge names: streams decoding, streams waiting for a slot, KV usage."""
+        self.spans = [x for x in self.spans if x[2] > now - 1.0]
+        running = sum(1 for a, s, e in self.spans if s <= now < e)
+        waiting = sum(1 for a, s, e in self.spans if a <= now < s)
+        # A KV pool with room for twice the slots: the slots, not the memory, are the limit.
+        usage = running / (2 * self.max_streams) if self.max_streams else 0.0
+        return (f"# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="test-llm"}} {running}\n'
+                f'vllm:num_requests_waiting{{model_name="test-llm"}} {waiting}\n'
+                f'vllm:kv_cache_usage_perc{{model_name="test-llm"}} {usage}\n').encode()
 
 
 class Handler(asyncio.Protocol):
@@ -124,6 +141,9 @@ class Handler(asyncio.Protocol):
     def handle(self, method: str, path: str, body: bytes) -> None:
         if method == "GET" and path == "/health":
             self.write(_response(200, b"{}"))
+            return
+        if method == "GET" and path == "/metrics":
+            self.write(_response(200, self.s.metrics(self.loop.time()), "text/plain"))
             return
         if method == "GET" and path == "/v1/models":
             self.write(_response(200, json.dumps(

