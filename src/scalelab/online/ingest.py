@@ -7,11 +7,11 @@ per column its type, nullability, null-rate bound, [min, max] and domain); this 
 imports the data part's code. Row rules (one quarantine record per failing row, column and rule):
 ``type`` (the column's dtype is not the schema's type: every row), ``missing_column``,
 ``required`` (null where the schema allows none), ``non_finite``, ``range``, ``domain``. Window
-rules (reconcile): null rates above the schema's max_null_rate, a quarantine rate above the
-tolerance, and received = accepted + quarantined + duplicates.
+rules (reconcile): a quarantine rate above the tolerance marks the whole window quarantined;
+null rates above the schema's max_null_rate are reported. The log's totals keep received =
+accepted + quarantined + duplicates.
 
-Every check is one polars expression over the whole batch (no per-event Python): a batch of
-4,096 events is validated in well under a millisecond per column.
+Every check is one polars expression over the whole batch (no per-event Python).
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ class WindowCheck:
     quarantined: int
     quarantine_rate: float
     null_breaches: dict[str, float] = field(default_factory=dict)
-    """Column -> null rate above the schema's max_null_rate."""
+    """Column -> null rate above the schema's max_null_rate (reported, not enforced)."""
     rules: dict[str, int] = field(default_factory=dict)
     """Quarantine records per rule."""
     status: str = "ok"
@@ -251,9 +251,12 @@ class WindowCheck:
 def reconcile(accepted: pl.DataFrame, rejects: pl.DataFrame, rules: dict[str, ColumnRule], *,
               start: datetime, end: datetime, max_quarantine_rate: float = 0.01) -> WindowCheck:
     """Check one window (pure): `accepted` are its accepted events, `rejects` its quarantine
-    records. A window with more quarantined events than `max_quarantine_rate`, or a feature null
-    more often than the schema allows, is marked quarantined as a whole: one broken upstream
-    hour usually means the rest of that window is suspect too."""
+    records. A window with more quarantined events than `max_quarantine_rate` is marked
+    quarantined as a whole: one broken upstream hour usually means the rest of that window is
+    suspect too. Null rates above the schema's bound are reported (`null_breaches`), not
+    enforced: a bound inferred from a whole year is exceeded on normal days (2013's pressure is
+    missing for whole hours: 112 of 366 days exceed the year's rate x 1.1 + 1%), and a null is
+    imputed, not wrong."""
     q_ids = rejects.get_column(EVENT_ID).n_unique() if rejects.height else 0
     total = accepted.height + q_ids
     rate = q_ids / total if total else 0.0
@@ -271,8 +274,6 @@ def reconcile(accepted: pl.DataFrame, rejects: pl.DataFrame, rules: dict[str, Co
     if rate > max_quarantine_rate:
         reasons.append(f"{q_ids} of {total} events quarantined ({rate:.2%} > "
                        f"{max_quarantine_rate:.2%})")
-    reasons += [f"{c} null rate {v:.2%} > schema bound {rules[c].max_null_rate}"
-                for c, v in breaches.items()]
     return WindowCheck(start=start.isoformat(), end=end.isoformat(), accepted=accepted.height,
                        quarantined=q_ids, quarantine_rate=rate, null_breaches=breaches,
                        rules=dict(sorted(per_rule.items())),

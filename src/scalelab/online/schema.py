@@ -1,7 +1,9 @@
 """The stream's reference schema, written by the data part's own `scalelab data infer` (run as a
 subprocess: this part reads the data part's files, never its code) from the clean 2013 events.
 
-One reviewed change after inference: the weather features get no PSI/JS skew threshold. Weather
+One reviewed change after inference: the weather and calendar features get no PSI/JS skew
+threshold. A window's month and day of week are its calendar, not a shift (a daily window has
+one day of week, a different one each day). Weather
 is one value per airport and hour broadcast to its flights, so its distribution moves a lot from
 one window to the next in normal data (measured on 2013: temperature PSI between consecutive days
 has median 2.1 and p99 9.5; pressure median 5.7); a PSI threshold there would block every update.
@@ -22,7 +24,8 @@ from scalelab.core.errors import RunFailedError
 from scalelab.core.manifest import atomic_write_json
 from scalelab.online.stream import StreamConfig, build_stream
 
-WEATHER_NO_SKEW = ("temp", "dewp", "humid", "wind_speed", "precip", "pressure", "visib")
+NO_SKEW = ("month", "day_of_week", "temp", "dewp", "humid", "wind_speed", "precip", "pressure",
+           "visib")
 
 
 def write_schema(out: Path, config: StreamConfig | None = None) -> Path:
@@ -40,7 +43,7 @@ def write_schema(out: Path, config: StreamConfig | None = None) -> Path:
                                  f"{r.stderr.strip()[-300:]}")
         schema = json.loads(raw.read_text(encoding="utf-8"))
     for c in schema["columns"]:
-        if c["name"] in WEATHER_NO_SKEW:
+        if c["name"] in NO_SKEW:
             c["skew"] = {"psi": None, "js": None}
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out, schema)

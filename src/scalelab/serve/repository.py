@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import ScalelabError
-from scalelab.nets import registry
+from scalelab.nets import feature_version, registry
 from scalelab.nets.repository import (
     CONFIG_FILE,
     check_model_name,
@@ -150,6 +150,9 @@ class ModelRepository:
     async def _load_version(self, name: str, v: int, cfg: ModelConfig) -> VersionState:
         try:
             vdir = version_dir(self.root, name, v)
+            mismatch = feature_version.mismatch(vdir)  # a model never meets other features
+            if mismatch is not None:
+                raise ScalelabError(mismatch)
             module = await asyncio.to_thread(registry.load_module, vdir)
             arch = registry.read_spec(vdir)["architecture"]
             if cfg.trace or (cfg.trace is None and arch in TRACE_SAFE):
