@@ -1,0 +1,504 @@
+"""The generation engine side by side with its baselines, on the same weights and prompts.
+
+Run: .venv/bin/python benchmarks/bench_generate.py [--model smollm2-135m|tiny] [--requests 16]
+                                                   [--only batching,paged,prefix,spec,llamacpp]
+                                                   [--threads 2] [--out FILE]
+
+Sections (each prints ratios; all results go to --out as one JSON document):
+- batching: continuous batching (our engine) vs static batching (Hugging Face `generate` on the
+  same weights, fixed batches padded and run to the longest request) vs one request at a time
+  (our engine with max_num_seqs=1): output tokens/s and p95 TPOT, all requests arriving at once.
+- paged: the same KV byte budget as paged blocks vs contiguous max-length reservation (the
+  engine with one max_model_len block per sequence): most concurrent sequences and the share
+  of reserved KV slots holding no token.
+- prefix: a shared ~200-token system prompt, requests one after another: p50 TTFT with the
+  prefix cache on vs off.
+- spec: batch 1, prompt-lookup speculative decoding vs plain greedy on a repetitive (quoting)
+  and on a non-repetitive workload: tokens/s ratio and acceptance rate.
+- llamacpp: llama-cpp-python (built from its sdist into benchmarks/.venvs/llamacpp, wheel kept
+  in benchmarks/.venvs/wheels) on the same GGUF, 1 stream and 8 requests (its server runs one
+  request at a time, so 8 streams are served in turn), vs our engine at 1 and 8.
+
+The workload is a fixed seeded mix of prompt and output lengths (ignore_eos, so every mode
+generates exactly the same number of tokens). Measured on a shared two-core machine: the load
+average is printed beside every section, and wall-clock numbers move with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.models import LoadedModel, load_model
+from scalelab.generate.runner import kv_bytes_per_token
+from scalelab.generate.sequence import SamplingParams, Sequence
+from scalelab.generate.speculative import SpecConfig
+
+HERE = Path(__file__).resolve().parent
+VENVS = HERE / ".venvs"
+LLAMACPP = "llama-cpp-python==0.3.36"
+_VOCAB = (
+    "time people year way day thing man world life hand part child eye woman place work week "
+    "case point number group problem fact river music garden window system table light paper "
+    "story money water engine market city data model train serve scale"
+)
+WORDS = _VOCAB.split()
+
+
+def loadavg() -> float:
+    return os.getloadavg()[0]
+
+
+def p(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def workload(lm: LoadedModel, n: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length): prompts 16-160 tokens, outputs 16-96 tokens, seeded."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        words = rng.randint(12, 120)
+        text = " ".join(rng.choice(WORDS) for _ in range(words))
+        out.append((lm.tokenizer.encode(text)[:160], rng.choice([16, 32, 48, 64, 96])))
+    return out
+
+
+def engine(lm: LoadedModel, **kw: Any) -> Engine:
+    cfg = {"kv_cache_bytes": 512 << 20, "max_model_len": 512, **kw}
+    return Engine(lm.model, lm.tokenizer, EngineConfig(**cfg), name=lm.name)
+
+
+def run_engine(e: Engine, work: list[tuple[list[int], int]]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    seqs = e.generate(
+        [w[0] for w in work], [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in work]
+    )
+    wall = time.perf_counter() - t0
+    return summary(seqs, wall, e)
+
+
+def tpot(s: Sequence) -> float:
+    assert s.first_token_at is not None and s.last_token_at is not None
+    return (s.last_token_at - s.first_token_at) / max(1, s.num_output - 1)
+
+
+def summary(seqs: list[Sequence], wall: float, e: Engine | None = None) -> dict[str, Any]:
+    toks = sum(s.num_output for s in seqs)
+    d: dict[str, Any] = {
+        "output_tokens": toks,
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(toks / wall, 2),
+        "p95_tpot_s": round(p([tpot(s) for s in seqs], 0.95), 4),
+        "p50_ttft_s": round(p([(s.first_token_at or 0) - s.arrival for s in seqs], 0.5), 3),
+    }
+    if e is not None:
+        d["mean_tokens_per_step"] = round(statistics.mean(e.stats.tokens_per_step), 2)
+        d["max_batch"] = e.stats.max_running
+    return d
+
+
+def static_hf(lm: LoadedModel, work: list[tuple[list[int], int]], batch: int) -> dict[str, Any]:
+    """Hugging Face generate over fixed batches: each batch waits for its longest request."""
+    import transformers
+
+    c = lm.model.cfg
+    hf = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_layers,
+            num_attention_heads=c.num_heads,
+            num_key_value_heads=c.num_kv_heads,
+            rms_norm_eps=c.rms_norm_eps,
+            max_position_embeddings=c.max_position_embeddings,
+            tie_word_embeddings=c.tie_word_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+        )
+    ).eval()
+    hf.load_state_dict(lm.model.state_dict(), strict=False)
+    t0 = time.perf_counter()
+    tpots: list[float] = []
+    toks = 0
+    for i in range(0, len(work), batch):
+        chunk = work[i : i + batch]
+        width = max(len(w[0]) for w in chunk)
+        pad = 0
+        ids = torch.tensor([[pad] * (width - len(w[0])) + w[0] for w in chunk])
+        mask = torch.tensor([[0] * (width - len(w[0])) + [1] * len(w[0]) for w in chunk])
+        longest = max(n for _, n in chunk)
+        tb = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=longest,
+                min_new_tokens=longest,
+                do_sample=False,
+                pad_token_id=pad,
+            )
+        dt = time.perf_counter() - tb
+        # Every request in the batch is held until the longest finishes: its useful tokens
+        # arrive at the batch's pace, and it is answered only at the end.
+        tpots += [dt / longest] * len(chunk)
+        toks += sum(n for _, n in chunk)
+    wall = time.perf_counter() - t0
+    return {
+        "output_tokens": toks,
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(toks / wall, 2),
+        "p95_tpot_s": round(p(tpots, 0.95), 4),
+        "batch": batch,
+    }
+
+
+def section_batching(
+    lm: LoadedModel, work: list[tuple[list[int], int]], batch: int
+) -> dict[str, Any]:
+    la = loadavg()
+    cont = run_engine(engine(lm, max_num_seqs=batch), work)
+    one = run_engine(engine(lm, max_num_seqs=1), work)
+    static = static_hf(lm, work, batch)
+    res = {
+        "continuous": cont,
+        "static_hf_generate": static,
+        "one_at_a_time": one,
+        "continuous_vs_one": round(cont["tokens_per_s"] / one["tokens_per_s"], 2),
+        "continuous_vs_static": round(cont["tokens_per_s"] / static["tokens_per_s"], 2),
+        "load_before": la,
+        "load_after": loadavg(),
+    }
+    print(
+        f"[batching] continuous {cont['tokens_per_s']} tok/s (p95 TPOT "
+        f"{cont['p95_tpot_s']} s), static {static['tokens_per_s']} (p95 TPOT "
+        f"{static['p95_tpot_s']}), one-at-a-time {one['tokens_per_s']} (p95 TPOT "
+        f"{one['p95_tpot_s']}): {res['continuous_vs_one']}x one, "
+        f"{res['continuous_vs_static']}x static; load {la:.1f}",
+        flush=True,
+    )
+    return res
+
+
+def section_paged(
+    lm: LoadedModel,
+    work: list[tuple[list[int], int]],
+    max_len: int,
+    contiguous_seqs: int,
+    steps: int,
+) -> dict[str, Any]:
+    """Same bytes: `contiguous_seqs` max-length reservations, or that many tokens in blocks."""
+    la = loadavg()
+    budget = kv_bytes_per_token(lm.model.cfg) * max_len * contiguous_seqs
+    out: dict[str, Any] = {"kv_budget_bytes": budget, "max_model_len": max_len}
+    for name, contiguous in (("paged", False), ("contiguous", True)):
+        e = engine(
+            lm,
+            kv_cache_bytes=budget,
+            max_model_len=max_len,
+            max_num_seqs=len(work),
+            max_batched_tokens=4096,
+            contiguous=contiguous,
+            prefix_caching=False,
+        )
+        for w, n in work:
+            e.add(w, SamplingParams(max_tokens=n, ignore_eos=True))
+        wastes, conc = [], []
+        for _ in range(steps):
+            if not e.has_work():
+                break
+            e.step()
+            held = sum(len(s) for s in e.scheduler.running)
+            reserved = e.blocks.num_used * e.blocks.block_size
+            if reserved:
+                wastes.append(1 - held / reserved)
+            conc.append(e.num_running)
+        out[name] = {
+            "max_concurrent": max(conc),
+            "mean_waste": round(statistics.mean(wastes), 4),
+            "blocks": e.blocks.num_blocks,
+            "block_size": e.blocks.block_size,
+        }
+    out["concurrency_ratio"] = round(
+        out["paged"]["max_concurrent"] / out["contiguous"]["max_concurrent"], 2
+    )
+    out["load"] = la
+    print(
+        f"[paged] same {budget / 2**20:.0f} MiB: paged {out['paged']['max_concurrent']} "
+        f"sequences ({out['paged']['mean_waste']:.1%} slots wasted) vs contiguous "
+        f"{out['contiguous']['max_concurrent']} ({out['contiguous']['mean_waste']:.1%}): "
+        f"{out['concurrency_ratio']}x; load {la:.1f}",
+        flush=True,
+    )
+    return out
+
+
+def section_prefix(lm: LoadedModel, n: int) -> dict[str, Any]:
+    la = loadavg()
+    system = lm.tokenizer.encode(
+        "You are the support assistant of a rail company. Answer in one short sentence, "
+        "quote the timetable exactly, never invent a platform number, and say when you do "
+        "not know. " * 4
+    )[:200]
+    qs = [
+        lm.tokenizer.encode(f" Question {i}: when does the {w} train leave?")
+        for i, w in enumerate(WORDS[:n])
+    ]
+    out: dict[str, Any] = {"system_prompt_tokens": len(system)}
+    for name, on in (("cache_off", False), ("cache_on", True)):
+        e = engine(lm, prefix_caching=on)
+        e.generate([system + qs[0]], SamplingParams(max_tokens=1))  # warm (and fill the cache)
+        ttfts = []
+        for q in qs[1:]:
+            (s,) = e.generate([system + q], SamplingParams(max_tokens=4, ignore_eos=True))
+            ttfts.append((s.first_token_at or 0) - s.arrival)
+        out[name] = {
+            "p50_ttft_s": round(p(ttfts, 0.5), 4),
+            "prefill_tokens": e.stats.prefill_tokens,
+            "hit_rate": round(e.blocks.stats.hit_rate, 3),
+        }
+    out["ttft_ratio"] = round(out["cache_off"]["p50_ttft_s"] / out["cache_on"]["p50_ttft_s"], 2)
+    out["load"] = la
+    print(
+        f"[prefix] p50 TTFT off {out['cache_off']['p50_ttft_s']} s, on "
+        f"{out['cache_on']['p50_ttft_s']} s: {out['ttft_ratio']}x lower; load {la:.1f}",
+        flush=True,
+    )
+    return out
+
+
+def section_spec(lm: LoadedModel, n_tokens: int) -> dict[str, Any]:
+    la = loadavg()
+    code = (
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+        "def mul(a, b):\n    return a * b\n\n"
+    )
+    tok = lm.tokenizer
+    repetitive = [
+        tok.encode(
+            tok.render_chat([{"role": "user", "content": f"Repeat this code exactly:\n{code}{i}"}])
+        )
+        for i in range(3)
+    ]
+    rng = random.Random(1)
+    rand = [
+        tok.encode(
+            tok.render_chat(
+                [
+                    {
+                        "role": "user",
+                        "content": "Write a poem about "
+                        + " ".join(rng.choice(WORDS) for _ in range(6)),
+                    }
+                ]
+            )
+        )
+        for _ in range(3)
+    ]
+    out: dict[str, Any] = {}
+    for wname, prompts in (("repetitive", repetitive), ("random", rand)):
+        row: dict[str, Any] = {}
+        for mode, spec in (("plain", False), ("speculative", True)):
+            e = engine(lm, max_num_seqs=1, speculative=spec, spec=SpecConfig(num_draft=4))
+            t0 = time.perf_counter()
+            seqs = [e.generate([q], SamplingParams(max_tokens=n_tokens))[0] for q in prompts]
+            wall = time.perf_counter() - t0
+            toks = sum(s.num_output for s in seqs)
+            row[mode] = {
+                "tokens_per_s": round(toks / wall, 2),
+                "output_tokens": toks,
+                "acceptance_rate": round(e.stats.acceptance_rate, 3),
+                "outputs": [s.output_ids for s in seqs],
+            }
+        row["identical_outputs"] = row["plain"].pop("outputs") == row["speculative"].pop("outputs")
+        row["speedup"] = round(row["speculative"]["tokens_per_s"] / row["plain"]["tokens_per_s"], 2)
+        out[wname] = row
+        print(
+            f"[spec] {wname}: {row['speedup']}x tokens/s, acceptance "
+            f"{row['speculative']['acceptance_rate']:.0%}, identical "
+            f"{row['identical_outputs']}; load {loadavg():.1f}",
+            flush=True,
+        )
+    out["load"] = la
+    return out
+
+
+LLAMACPP_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    from llama_cpp import Llama
+    path, threads, n_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    prompts = json.loads(sys.argv[4])
+    llm = Llama(model_path=path, n_ctx=1024, n_threads=threads, verbose=False, seed=0)
+    out = {}
+    for label, group in (("1_stream", prompts[:1]), ("8_requests", prompts[:8])):
+        t0 = time.perf_counter(); toks = 0
+        for p in group:   # its server answers one request at a time: 8 streams wait in turn
+            r = llm.create_completion(p, max_tokens=n_tokens, temperature=0.0)
+            toks += r["usage"]["completion_tokens"]
+        out[label] = {"tokens_per_s": round(toks / (time.perf_counter() - t0), 2), "tokens": toks}
+    print(json.dumps(out))
+""")
+
+
+def llamacpp_python() -> Path | None:
+    """The peer's interpreter, installed from the cached wheel (built once from the sdist)."""
+    venv = VENVS / "llamacpp"
+    py = venv / "bin" / "python"
+    if (
+        py.exists()
+        and subprocess.run([str(py), "-c", "import llama_cpp"], capture_output=True).returncode == 0
+    ):
+        return py
+    wheels = sorted((VENVS / "wheels").glob("llama_cpp_python-*.whl"))
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    if not wheels:
+        print(
+            "[llamacpp] building the wheel from its sdist (one time, ~7+ min on 2 cores)",
+            flush=True,
+        )
+        subprocess.run(
+            [
+                str(py),
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                LLAMACPP,
+                "-w",
+                str(VENVS / "wheels"),
+            ],
+            check=True,
+            env={**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": "2"},
+        )
+        wheels = sorted((VENVS / "wheels").glob("llama_cpp_python-*.whl"))
+    subprocess.run(
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            str(wheels[-1]),
+            "numpy",
+            "typing-extensions",
+            "diskcache",
+            "jinja2",
+        ],
+        check=True,
+    )
+    return py
+
+
+def section_llamacpp(lm: LoadedModel, n_tokens: int, threads: int) -> dict[str, Any]:
+    from scalelab.generate.gguf import smollm2_path
+
+    la = loadavg()
+    py = llamacpp_python()
+    prompts = [
+        f"Tell me about the {w} and the {v}." for w, v in zip(WORDS, WORDS[8:16], strict=False)
+    ][:8]
+    r = subprocess.run(
+        [
+            str(py),
+            "-c",
+            LLAMACPP_SCRIPT,
+            str(smollm2_path()),
+            str(threads),
+            str(n_tokens),
+            json.dumps(prompts),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    peer = json.loads(r.stdout.strip().splitlines()[-1])
+    ours: dict[str, Any] = {}
+    ids = [lm.tokenizer.encode(x) for x in prompts]
+    for label, group in (("1_stream", ids[:1]), ("8_requests", ids)):
+        e = engine(lm, max_num_seqs=8)
+        t0 = time.perf_counter()
+        seqs = e.generate(group, SamplingParams(max_tokens=n_tokens, ignore_eos=True))
+        toks = sum(s.num_output for s in seqs)
+        ours[label] = {"tokens_per_s": round(toks / (time.perf_counter() - t0), 2), "tokens": toks}
+    out = {
+        "llama_cpp_python": peer,
+        "scalelab": ours,
+        "load": la,
+        "ratio_1": round(ours["1_stream"]["tokens_per_s"] / peer["1_stream"]["tokens_per_s"], 2),
+        "ratio_8": round(
+            ours["8_requests"]["tokens_per_s"] / peer["8_requests"]["tokens_per_s"], 2
+        ),
+    }
+    print(
+        f"[llamacpp] 1 stream: llama.cpp {peer['1_stream']['tokens_per_s']} tok/s vs ours "
+        f"{ours['1_stream']['tokens_per_s']} ({out['ratio_1']}x); 8 requests: llama.cpp "
+        f"{peer['8_requests']['tokens_per_s']} vs ours {ours['8_requests']['tokens_per_s']} "
+        f"({out['ratio_8']}x); load {la:.1f}",
+        flush=True,
+    )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument(
+        "--batch", type=int, default=8, help="continuous max_num_seqs and the static batch size"
+    )
+    ap.add_argument("--only", default="batching,paged,prefix,spec,llamacpp")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--spec-tokens", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=HERE / "out" / "generate.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    lm = load_model(args.model, max_model_len=1024)
+    work = workload(lm, args.requests)
+    only = set(args.only.split(","))
+    res: dict[str, Any] = {
+        "model": lm.name,
+        "threads": args.threads,
+        "cores": os.cpu_count(),
+        "requests": args.requests,
+        "load_start": loadavg(),
+    }
+    print(
+        f"model {lm.name}, {args.requests} requests, torch threads {args.threads}, "
+        f"load average {loadavg():.1f} (a shared machine: other jobs run beside this)",
+        flush=True,
+    )
+    if "batching" in only:
+        res["batching"] = section_batching(lm, work, args.batch)
+    if "paged" in only:
+        res["paged"] = section_paged(lm, workload(lm, 48, seed=2), 512, 8, steps=6)
+    if "prefix" in only:
+        res["prefix"] = section_prefix(lm, 6)
+    if "spec" in only:
+        res["spec"] = section_spec(lm, args.spec_tokens)
+    if "llamacpp" in only and lm.name == "smollm2-135m":
+        res["llamacpp"] = section_llamacpp(lm, 32, args.threads)
+    res["load_end"] = loadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {args.out}; load average at the end {loadavg():.1f}")
+
+
+if __name__ == "__main__":
+    main()
