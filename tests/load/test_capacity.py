@@ -119,3 +119,26 @@ def test_a_step_may_not_decide_before_its_requests() -> None:
     assert StepRule(slo=parse_slo("p99<200ms"), min_requests=50).requests_needed == 50
     with pytest.raises(BadUsageError):
         StepRule(slo=parse_slo("p99<200ms"), min_requests=0)
+
+
+def test_an_invalid_step_is_run_again_before_it_counts() -> None:
+    calls: list[float] = []
+    flaky = {40.0: 1}  # the first try at 40 req/s is invalid (a stalled generator) and fails
+
+    def run(rate: float) -> Step:
+        calls.append(rate)
+        stalled = flaky.get(rate, 0) > 0
+        if stalled:
+            flaky[rate] -= 1
+        ok = rate <= 100 and not stalled
+        return Step(rate=rate, verdict="pass" if ok else "fail", requests=100,
+                    throughput_rps=rate, quantile_ms=10.0, quantile_ci_ms=(None, None),
+                    error_rate=0.0, valid=not stalled, wall_s=1.0)
+
+    res = search(run, SearchConfig(start=10, precision=0.05))
+    assert calls[:5] == [10, 20, 40, 40, 80]
+    assert res.capacity_rps == 100
+    calls.clear()
+    flaky[40.0] = 1
+    res = search(run, SearchConfig(start=10, precision=0.05, invalid_retries=0))
+    assert calls[:3] == [10, 20, 40] and calls[3] == 30  # the stall counted as a fail

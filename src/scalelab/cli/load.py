@@ -304,6 +304,8 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
               help="Requests a step needs before it may decide; auto: sized by the quantile "
                    "(LoadGen's early-stopping test passing half the tail allowance).")
 @click.option("--max-steps", type=int, default=20, show_default=True)
+@click.option("--invalid-retries", type=int, default=1, show_default=True,
+              help="Run a step the generator could not offer (invalid) again this many times.")
 @click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="poisson",
               show_default=True)
 @click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per step.")
@@ -315,7 +317,7 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @json_option
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
              precision: str, confidence: str, min_step: str, max_step: str, min_requests: str,
-             max_steps: int,
+             max_steps: int, invalid_retries: int,
              arrival: str, warmup: str, records: Path | None, experiment: str | None,
              plot: Path | None, as_json: bool, **kw: Any) -> None:
     """Find the highest arrival rate meeting the SLO (exponential search, then bisection)."""
@@ -329,7 +331,7 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
     needed = rule.requests_needed
     cfg = SearchConfig(start=start, max_rate=max_rate,
                        precision=parse_percent(precision, what="--precision"),
-                       max_steps=max_steps)
+                       max_steps=max_steps, invalid_retries=invalid_retries)
     target, reqs, kind = _requests(url, kw)
     warm = parse_duration(warmup, what="--warmup")
     exp = experiment or new_experiment_id("capacity")

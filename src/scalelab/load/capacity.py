@@ -19,8 +19,9 @@ step 15. `min_step_s` remains a floor in time, since an overloaded queue needs t
 that it grows.
 
 Search: from `start`, double while steps pass; then bisect between the highest pass and the
-lowest fail until they are within `precision`. The capacity is the highest passing rate and its
-interval is [highest pass, lowest fail].
+lowest fail until they are within `precision`. A step flagged invalid (the generator did not
+offer the rate: a stall of the machine, not of the server) is run again before it counts.
+The capacity is the highest passing rate and its interval is [highest pass, lowest fail].
 """
 
 from __future__ import annotations
@@ -251,10 +252,15 @@ class SearchConfig:
     """Stop bisecting when (lowest fail - highest pass) / highest pass is at most this."""
     max_steps: int = 20
     """Most steps in all."""
+    invalid_retries: int = 1
+    """A step the generator could not offer (invalid) says nothing about the server: it is
+    run again at the same rate up to this many times before its verdict counts."""
 
     def __post_init__(self) -> None:
         if not (self.start > 0 and self.max_rate >= self.start):
             raise BadUsageError("--start must be positive and at most --max-rate")
+        if self.invalid_retries < 0:
+            raise BadUsageError(f"--invalid-retries must be >= 0, got {self.invalid_retries}")
         if not (0 < self.precision < 1):
             raise BadUsageError(f"--precision must be in (0, 1), got {self.precision}")
         if self.max_steps < 1:
@@ -286,6 +292,11 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
     def do(rate: float) -> bool:
         s = run_step(rate)
         steps.append(s)
+        for _ in range(cfg.invalid_retries):
+            if s.valid or len(steps) >= cfg.max_steps:
+                break
+            s = run_step(rate)
+            steps.append(s)
         return s.passed
 
     rate = cfg.start
