@@ -205,17 +205,26 @@ def serve_cmd(index_dir: Path, host: str, port: int, cache: Path | None, no_cach
 @embedder_option
 @cache_option
 @click.option("--recall-target", type=float, default=0.95, show_default=True)
+@click.option("--arrival-rate", type=float, default=100.0, show_default=True,
+              help="Queries/s of the fixed-rate latency run at each operating point.")
+@click.option("--fresh-singles", type=int, default=20, show_default=True,
+              help="Single new documents timed from text to answerable.")
 @click.option("--price-per-core-hour", type=float, default=0.04, show_default=True)
+@click.option("--seed", type=int, default=13, show_default=True)
+@click.option("--records", type=click.Path(path_type=Path), default=None,
+              help="Append records here (default OUT/records.jsonl).")
 @json_option
 def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: str,
-              embedder: str, cache: Path | None, recall_target: float,
-              price_per_core_hour: float, as_json: bool) -> None:
+              embedder: str, cache: Path | None, recall_target: float, arrival_rate: float,
+              fresh_singles: int, price_per_core_hour: float, seed: int,
+              records: Path | None, as_json: bool) -> None:
     """ann-benchmarks style: one thread, one query at a time, a parameter grid per index."""
     from scalelab.retrieval.bench import BenchConfig, render_bench, run_bench, split_indexes
 
     cfg = BenchConfig(levels=parse_list(levels, what="--levels"), base_docs=base_docs,
                       questions=questions, indexes=split_indexes(indexes), embedder=embedder,
                       cache=_cache(cache, False), out=out, recall_target=recall_target,
-                      price_per_core_hour=price_per_core_hour)
+                      arrival_rate=arrival_rate, fresh_singles=fresh_singles,
+                      price_per_core_hour=price_per_core_hour, seed=seed, records=records)
     result = run_bench(cfg)
     emit(result, as_json, lambda con: render_bench(con, result))
