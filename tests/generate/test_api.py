@@ -29,7 +29,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
         return [sys.executable, "-m", "scalelab", "generate", "serve", "--model", "tiny",
                 "--port", str(port), "--torch-threads", "1", "--max-num-seqs", "2",
                 "--max-waiting", "2", "--max-model-len", "1200", "--max-output-tokens", "1100",
-                "--kv-cache-bytes", "4MiB", "--block-size", "8", "--request-timeout", "3",
+                "--kv-cache-bytes", "4MiB", "--block-size", "8", "--request-timeout", "30",
                 "--max-body", "64KiB"]
 
     env = {**os.environ, "SCALELAB_CACHE": str(log.parent)}
@@ -118,7 +118,7 @@ def test_late_short_request_finishes_first_through_the_server(server: Spawned) -
 
     with cf.ThreadPoolExecutor(2) as pool_:
         started: cf.Future[None] = cf.Future()
-        long = pool_.submit(run, "long", "a long one", 600, started)
+        long = pool_.submit(run, "long", "a long one", 300, started)
         started.result(timeout=60)  # the long request is decoding
         short = pool_.submit(run, "short", "short", 4, None)
         short.result(timeout=60)
@@ -174,8 +174,14 @@ def test_client_disconnect_mid_stream_frees_blocks(server: Spawned) -> None:
 
 def test_deadline_ends_a_request_with_504(server: Spawned) -> None:
     r = httpx.post(server.url + "/v1/completions", timeout=60, json={
-        "model": MODEL, "prompt": "x", "max_tokens": 1100, "ignore_eos": True})
+        "model": MODEL, "prompt": "x", "max_tokens": 1100, "ignore_eos": True, "timeout": 0.2})
     assert r.status_code == 504 and "deadline" in r.json()["error"]["message"]
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": "x", "max_tokens": 1100, "ignore_eos": True,
+            "timeout": 0.2, "stream": True}) as s:
+        lines = [ln for ln in s.iter_lines() if ln]
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["error"]["type"] == "timeout"
     assert_pool_whole(server)
 
 

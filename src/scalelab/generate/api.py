@@ -310,7 +310,8 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         svc.check(body.model, ids, params)
         svc.outstanding += 1
         try:
-            h = svc.loop.submit(ids, params, settings.request_timeout_s)
+            timeout = min(body.timeout or settings.request_timeout_s, settings.request_timeout_s)
+            h = svc.loop.submit(ids, params, timeout)
         except BaseException:
             svc.outstanding -= 1
             raise
@@ -357,8 +358,7 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         if ev.finish_reason == "timeout":
             raise ApiError(
                 504,
-                f"the request's deadline of {settings.request_timeout_s:g} s "
-                f"passed after {ev.completion_tokens} tokens",
+                f"the request's deadline passed after {ev.completion_tokens} tokens",
                 "timeout",
             )
         if ev.finish_reason == "error":

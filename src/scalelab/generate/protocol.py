@@ -28,6 +28,8 @@ class _Sampling(BaseModel):
     n: int = Field(default=1, ge=1, le=1)
     ignore_eos: bool = False
     """vLLM's extension: generate exactly max_tokens (load tests with fixed output lengths)."""
+    timeout: float | None = Field(default=None, gt=0.0)
+    """Extension: this request's deadline in seconds (at most the server's --request-timeout)."""
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
