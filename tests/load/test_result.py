@@ -20,8 +20,12 @@ def test_rate_short_of_the_schedule() -> None:
     r = _reasons(rate=100, p99_ms=0.1, sent=97.5, sched=100)  # 2.5% short
     assert len(r) == 1 and r[0].startswith(
         "generator fell behind: sent 97.5 req/s of the 100.0 scheduled (2.5% short, limit 2%)")
-    assert r[0].endswith("add --processes (now 1), lower --rate, or run the generator on a "
-                         "quieter machine")
+    assert r[0].endswith("add --processes (now 1), lower --rate, use --realtime, or run the "
+                         "generator on a quieter machine")
+    rt = validity(mode="open", offered_rps=100, sent_rps=97.5, scheduled_rps=100, lag=_lag(0.1),
+                  pool_waits=0, slo_threshold_s=None, processes=2, realtime=True)
+    assert rt[0].endswith("add --processes (now 2), lower --rate, or run the generator on a "
+                          "quieter machine")
     r = _reasons(rate=100, p99_ms=0.1, sent=50, sched=100, pool=7)
     assert r[0].endswith("7 requests waited for a free connection: raise --max-connections")
 

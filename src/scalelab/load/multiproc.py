@@ -145,7 +145,7 @@ def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = 
     return merge(parts, mode=cfg.mode, offered_rps=plan.rate if cfg.mode == "open" else None,
                  concurrency=cfg.concurrency if cfg.mode == "closed" else None,
                  arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s(),
-                 slo_threshold_s=cfg.slo_threshold_s)
+                 slo_threshold_s=cfg.slo_threshold_s, realtime=cfg.realtime)
 
 
 def _run_many(plan: LoadPlan, times: list[float] | None) -> list[Any]:

@@ -108,7 +108,7 @@ class LoadResult:
 
 def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
           concurrency: int | None, arrival: str | None, window_s: float | None,
-          slo_threshold_s: float | None) -> LoadResult:
+          slo_threshold_s: float | None, realtime: bool = False) -> LoadResult:
     """Merge per-process results; `window_s` is the planned measured span (open loop)."""
     assert parts
     hist = LatencyHistogram()
@@ -148,7 +148,8 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
     scheduled_rps = sent / sched_span if sched_span else 0.0
     reasons = validity(mode=mode, offered_rps=offered_rps, sent_rps=sent_rps,
                        scheduled_rps=scheduled_rps, lag=lstats, pool_waits=pool_waits,
-                       slo_threshold_s=slo_threshold_s, processes=len(parts))
+                       slo_threshold_s=slo_threshold_s, processes=len(parts),
+                       realtime=realtime)
     if sent == 0:
         reasons.append("no request was measured; lengthen --duration or shorten --warmup")
     cold = next((p for p in parts if p.cold_start_s is not None or p.cold_start_error), None)
@@ -176,14 +177,15 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
 
 def validity(*, mode: Mode, offered_rps: float | None, sent_rps: float, scheduled_rps: float,
              lag: LagStats, pool_waits: int, slo_threshold_s: float | None,
-             processes: int = 1) -> list[str]:
+             processes: int = 1, realtime: bool = False) -> list[str]:
     """Why a level did not offer the asked-for load (empty: it did). Pure; see the module doc."""
     if mode != "open" or not offered_rps or lag.count == 0:
         return []
     fix = (f"{pool_waits} requests waited for a free connection: raise --max-connections"
            if pool_waits else
-           f"add --processes (now {processes}), lower --rate, or run the generator on a "
-           "quieter machine")
+           f"add --processes (now {processes}), lower --rate, "
+           + ("" if realtime else "use --realtime, ")
+           + "or run the generator on a quieter machine")
     out: list[str] = []
     if scheduled_rps > 0 and sent_rps < scheduled_rps * (1.0 - RATE_TOLERANCE):
         out.append(f"generator fell behind: sent {sent_rps:.1f} req/s of the {scheduled_rps:.1f} "
