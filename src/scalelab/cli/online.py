@@ -115,3 +115,196 @@ def ingest_cmd(log_path: Path, schema_path: Path, start: str | None, end: str | 
                     f"{s['totals']['consumed_ids']:,} ids")
 
     emit(out, as_json, render)
+
+
+def _updater_config(bootstrap_days: float, lookback_hours: float, tick_hours: float,
+                    tolerance: float, rollback_tolerance: float) -> Any:
+    from scalelab.online.updater import UpdaterConfig
+    from scalelab.online.window import WindowSpec
+
+    return UpdaterConfig(bootstrap_hours=bootstrap_days * 24, tick_hours=tick_hours,
+                         lookback=WindowSpec(kind="time", size=lookback_hours),
+                         tolerance=tolerance, rollback_tolerance=rollback_tolerance)
+
+
+def _updater_options(f: Any) -> Any:
+    for opt in reversed([
+        click.option("--bootstrap-days", default=28.0, show_default=True, type=float,
+                     help="Days of labels the first model is fitted on."),
+        click.option("--lookback-hours", default=168.0, show_default=True, type=float,
+                     help="What each update trains on: the last N hours of labelled events."),
+        click.option("--tick-hours", default=24.0, show_default=True, type=float,
+                     help="The decision window: the updater acts at each close."),
+        click.option("--tolerance", default=0.05, show_default=True, type=float,
+                     help="Gate: largest allowed drop in accuracy, macro F1 or a class's F1."),
+        click.option("--rollback-tolerance", default=0.02, show_default=True, type=float,
+                     help="Roll back when live macro F1 falls this far below the previous "
+                          "version's on late labels."),
+    ]):
+        f = opt(f)
+    return f
+
+
+@app.command("replay")
+@click.option("--log", "log_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The event log; ingested first when empty.")
+@click.option("--schema", "schema_path", required=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="Schema JSON.")
+@click.option("--policy", default="drift", show_default=True,
+              help="never, monthly, weekly, daily, every-K (K windows) or drift.")
+@click.option("--drift-threshold", default=50.0, show_default=True, type=float,
+              help="Page-Hinkley threshold (errors of evidence) of the drift policy.")
+@click.option("--model-repo", default=None, type=click.Path(path_type=Path, file_okay=False),
+              help="Publish versions here through `scalelab serve canary/promote/rollback`.")
+@click.option("--model", "model_name", default="flights-online", show_default=True,
+              help="Model name in --model-repo (must be new).")
+@click.option("--decisions", "decisions_path", default=None,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Write every decision as one JSON line here.")
+@click.option("--records", "records_path", default=None,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Append the run's measurement record (JSON Lines) here.")
+@_updater_options
+@start_option
+@end_option
+@fault_option
+@delay_option
+@seed_option
+@json_option
+def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: float,
+               model_repo: Path | None, model_name: str, decisions_path: Path | None,
+               records_path: Path | None, bootstrap_days: float, lookback_hours: float,
+               tick_hours: float, tolerance: float, rollback_tolerance: float,
+               start: str | None, end: str | None, faults: tuple[str, ...], label_delay: float,
+               seed: int, as_json: bool) -> None:
+    """Replay end to end: ingest (if the log is empty), then update under review, prequential."""
+    import json
+
+    from scalelab.core.records import append_records, make_record, new_experiment_id
+    from scalelab.online.ingest import ingest_source, load_rules
+    from scalelab.online.log import EventLog
+    from scalelab.online.policy import make_policy
+    from scalelab.online.prequential import run
+    from scalelab.online.publish import RepositoryPublisher
+    from scalelab.online.stream import build_stream
+    from scalelab.online.updater import StreamData
+
+    rules = load_rules(schema_path)
+    ucfg = _updater_config(bootstrap_days, lookback_hours, tick_hours, tolerance,
+                           rollback_tolerance)
+    pol = make_policy(policy, threshold=drift_threshold)
+    with EventLog(log_path) as log:
+        ingested = None
+        if log.totals("events")["batches"] == 0:
+            stream = build_stream(_stream_config(start, end, faults, label_delay, seed))
+            ingested = {n: ingest_source(log, rules, n, src) for n, src in
+                        (("events", stream.feature_events()),
+                         ("labels", stream.label_events()))}
+        data = StreamData.from_frames(log.read("events"), log.labels(), log.quarantine())
+        totals = log.totals("events")
+    pub = None
+    if model_repo is not None:
+        pub = RepositoryPublisher(model_repo, model_name, tolerance=tolerance)
+    result = run(data, rules, pol, ucfg, publish=pub,
+                 rolled_back=pub.rolled_back if pub is not None else None,
+                 on_bootstrap=(lambda lr: pub.bootstrap(lr, {"source": "scalelab online"}))
+                 if pub is not None else None)
+    if decisions_path is not None:
+        decisions_path.parent.mkdir(parents=True, exist_ok=True)
+        with decisions_path.open("w", encoding="utf-8") as f:
+            for d in result.decisions:
+                f.write(json.dumps(d.to_dict()) + "\n")
+    summary = result.summary()
+    if records_path is not None:
+        append_records(records_path, [make_record(
+            experiment=new_experiment_id("online"), stage="online", variable="policy",
+            level=float(result.promoted + result.refused), wall_s=result.wall_s,
+            input_volume=float(totals["received"]), input_unit="events",
+            failures=totals["quarantined"] + result.refused,
+            failure_rate=totals["quarantined"] / totals["received"] if totals["received"]
+            else None, quality={"macro_f1": result.macro_f1, "accuracy": result.accuracy},
+            recovery="rollback to the previous version on late labels",
+            extras={"policy": policy, "promoted": result.promoted, "refused": result.refused,
+                    "rolled_back": result.rolled_back,
+                    "samples_trained": result.samples_trained,
+                    "staleness_h": result.staleness_h})])
+    out = {"log": str(log_path), "ingested": ingested, "log_totals": totals, **summary,
+           "published": pub.versions if pub is not None else None}
+
+    def render(c: Console) -> None:
+        c.print(f"policy {policy}: prequential macro F1 {result.macro_f1:.4f}, accuracy "
+                f"{result.accuracy:.4f} on {result.scored:,} late labels")
+        c.print(f"updates: {result.promoted} promoted, {result.refused} refused, "
+                f"{result.rolled_back} rolled back; {result.quarantined_windows} window(s) "
+                f"quarantined; {result.samples_trained:,} samples trained "
+                f"({result.train_cpu_s:.1f} CPU s); mean staleness {result.staleness_h:.0f} h")
+        c.print(f"feature version {result.feature_version}"
+                + (f"; decisions in {decisions_path}" if decisions_path else ""))
+
+    emit(out, as_json, render)
+
+
+@app.command("bench")
+@click.option("--out", "out_dir", default=Path("scalelab-out/online"), show_default=True,
+              type=click.Path(path_type=Path, file_okay=False), help="Work folder.")
+@click.option("--policies", default="never,monthly,weekly,daily,drift", show_default=True,
+              help="Comma-separated policies.")
+@click.option("--drift-threshold", default=50.0, show_default=True, type=float)
+@click.option("--price-per-core-hour", default=0.048, show_default=True, type=float)
+@click.option("--records", "records_path", default=None,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Append one record per policy (JSON Lines) here.")
+@_updater_options
+@start_option
+@end_option
+@fault_option
+@delay_option
+@seed_option
+@json_option
+def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, price_per_core_hour: float,
+              records_path: Path | None, bootstrap_days: float, lookback_hours: float,
+              tick_hours: float, tolerance: float, rollback_tolerance: float,
+              start: str | None, end: str | None, faults: tuple[str, ...], label_delay: float,
+              seed: int, as_json: bool) -> None:
+    """Prequential quality and compute per update policy on one replay, side by side."""
+    from scalelab.cli._output import parse_list
+    from scalelab.core.records import append_records, new_experiment_id
+    from scalelab.online.bench import BenchConfig, compare_policies, run_bench
+
+    cfg = BenchConfig(policies=parse_list(policies, what="--policies", kind=str),
+                      stream=_stream_config(start, end, faults, label_delay, seed),
+                      updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
+                                              tolerance, rollback_tolerance),
+                      drift_threshold=drift_threshold,
+                      price_per_core_hour=price_per_core_hour)
+    res = run_bench(cfg, out_dir, new_experiment_id("online"))
+    if records_path is not None:
+        append_records(records_path, res["records"])
+    rows = [p["result"] for p in res["policies"]]
+    out = {k: v for k, v in res.items() if k not in ("records", "policies")}
+    out["results"] = rows
+    out["drift_vs_best_fixed"] = compare_policies(rows)
+
+    def render(c: Console) -> None:
+        from rich.table import Table
+
+        t = Table(title=f"online: {res['span_days']:.0f} days replayed, "
+                        f"{res['ingest']['events']['received']:,} events")
+        for col in ("policy", "macro F1", "accuracy", "updates/30d", "promoted", "refused",
+                    "rolled back", "update samples", "train CPU s", "staleness h"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            t.add_row(r["policy"], f"{r['macro_f1']:.4f}", f"{r['accuracy']:.4f}",
+                      f"{r['updates_per_30d']:.2f}", str(r["promoted"]), str(r["refused"]),
+                      str(r["rolled_back"]), f"{r['update_samples']:,}",
+                      f"{r['train_cpu_s']:.1f}", f"{r['staleness_h']:.0f}")
+        c.print(t)
+        ev = res["ingest"]["events"]
+        c.print(f"ingestion: {ev['events_per_s']:,.0f} events/s ({ev['events_per_cpu_s']:,.0f} "
+                "per CPU second)")
+        cmp_ = out["drift_vs_best_fixed"]
+        if cmp_:
+            c.print(f"drift vs best fixed ({cmp_['best_fixed']}): {cmp_['gap_points']:+.2f} "
+                    f"macro-F1 points behind at {cmp_['compute_ratio']:.2f}x its update compute")
+
+    emit(out, as_json, render)

@@ -145,7 +145,8 @@ PERIODS = {"daily": 1, "weekly": 7, "monthly": 30}
 
 def make_policy(name: str, *, threshold: float = 50.0, delta: float = 0.005,
                 min_gap: int = 1, max_age: int | None = None) -> Policy:
-    """never, daily, weekly, monthly, every-K (K daily windows) or drift."""
+    """never, daily, weekly, monthly, every-K (K daily windows), drift (Page-Hinkley at
+    `threshold`) or drift:T (threshold T)."""
     if name == "never":
         return Never()
     if name in PERIODS:
@@ -155,5 +156,13 @@ def make_policy(name: str, *, threshold: float = 50.0, delta: float = 0.005,
     if name == "drift":
         return Drift(detector=PageHinkley(delta=delta, threshold=threshold), min_gap=min_gap,
                      max_age=max_age)
-    raise BadInputError(f"policy {name!r} must be never, daily, weekly, monthly, every-K or "
-                        "drift")
+    if name.startswith("drift:"):
+        try:
+            t = float(name[6:])
+        except ValueError:
+            t = -1.0
+        if t > 0:
+            return Drift(detector=PageHinkley(delta=delta, threshold=t), min_gap=min_gap,
+                         max_age=max_age, name=name)
+    raise BadInputError(f"policy {name!r} must be never, daily, weekly, monthly, every-K, drift "
+                        "or drift:THRESHOLD (Page-Hinkley threshold, e.g. drift:150)")

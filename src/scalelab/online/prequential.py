@@ -67,13 +67,18 @@ class PrequentialResult:
 
 
 def run(data: StreamData, rules: dict[str, ColumnRule], policy: Policy, cfg: UpdaterConfig,
-        *, publish: Publisher | None = None, rolled_back: Any = None) -> PrequentialResult:
+        *, publish: Publisher | None = None, rolled_back: Any = None,
+        on_bootstrap: Any = None) -> PrequentialResult:
+    """Replay `data` under `policy`; `publish`/`rolled_back`/`on_bootstrap` connect the updater
+    to a serving repository (online/publish.py)."""
     t0 = time.perf_counter()
     upd = Updater(data, rules, policy, cfg, publish=publish, rolled_back=rolled_back)
     tick = int(cfg.tick_hours * HOUR_US)
     first = int(data.t_event.min())
     origin = first - first % (24 * HOUR_US)  # midnight UTC of the first day
     start = upd.bootstrap(origin)
+    if on_bootstrap is not None:
+        on_bootstrap(upd.live)
     n = len(data.ids)
     pred = np.full(n, -1, dtype=np.int64)
     version = np.zeros(n, dtype=np.int64)

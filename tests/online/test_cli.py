@@ -1,0 +1,70 @@
+"""`scalelab online`: replay end to end through the CLI, bad input as exit 2, and (slow) the
+serving repository's canary/promote/rollback path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scalelab.cli import run
+from scalelab.nets.feature_version import mismatch
+
+
+def _replay(tmp: Path, schema: Path, *extra: str) -> list[str]:
+    return ["online", "replay", "--log", str(tmp / "log.sqlite"), "--schema", str(schema),
+            "--end", "2013-01-08T00", "--bootstrap-days", "4", "--json", *extra]
+
+
+def test_replay_json_and_decisions(tmp_path: Path, week_schema: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    dec = tmp_path / "decisions.jsonl"
+    rec = tmp_path / "records.jsonl"
+    code = run(_replay(tmp_path, week_schema, "--policy", "daily", "--lookback-hours", "48",
+                       "--decisions", str(dec), "--records", str(rec),
+                       "--fault", "corrupt@2013-01-06T15"))
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["ingested"]["events"]["quarantined"] > 0
+    assert out["log_totals"]["accepted"] + out["log_totals"]["quarantined"] == \
+        out["log_totals"]["received"]
+    lines = [json.loads(x) for x in dec.read_text().splitlines()]
+    assert lines[0]["action"] == "bootstrap" and len(lines) >= 4
+    assert {d["action"] for d in lines} & {"promoted", "refused"}
+    assert any(d["action"] == "quarantined" and d["start"].startswith("2013-01-06")
+               for d in lines)
+    assert json.loads(rec.read_text())["stage"] == "online"
+    # a second replay reads the same log (nothing re-ingested)
+    code = run(_replay(tmp_path, week_schema, "--policy", "never"))
+    again = json.loads(capsys.readouterr().out)
+    assert code == 0 and again["ingested"] is None and again["promoted"] == 0
+
+
+def test_bad_input_exits_2_with_the_fix(tmp_path: Path, week_schema: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(_replay(tmp_path, week_schema, "--policy", "hourly")) == 2
+    assert "drift:THRESHOLD" in capsys.readouterr().err
+    assert run(_replay(tmp_path, week_schema, "--fault", "corrupt")) == 2
+    assert "KIND@START" in capsys.readouterr().err
+    assert run(["online", "ingest", "--log", str(tmp_path / "l.sqlite"), "--schema",
+                str(tmp_path / "missing.json")]) == 2
+    assert "scalelab data infer" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_replay_publishes_through_serve_canary_promote_and_rollback(
+        tmp_path: Path, week_schema: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = tmp_path / "repo"
+    code = run(_replay(tmp_path, week_schema, "--policy", "daily", "--lookback-hours", "48",
+                       "--model-repo", str(repo), "--model", "fl"))
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    versions = sorted(int(p.name) for p in (repo / "fl").iterdir() if p.name.isdigit())
+    assert versions == sorted(out["published"].values())
+    assert all(mismatch(repo / "fl" / str(v)) is None for v in versions)
+    routing = json.loads((repo / "fl" / "serving.json").read_text()) \
+        if (repo / "fl" / "serving.json").exists() else {}
+    assert routing.get("candidate") is None  # no canary left open
+    if out["promoted"]:
+        assert routing["current"] in versions
