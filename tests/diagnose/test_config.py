@@ -19,7 +19,7 @@ def test_defaults_and_modes() -> None:
     # Modes change the work, never the objectives.
     assert q.stages.serve.objectives == d.stages.serve.objectives
     assert [g.stage for g in stage_goals(d)] == ["data", "train", "serve", "llm", "model",
-                                                "retrieval"]
+                                                "retrieval", "online"]
     serve = next(g for g in stage_goals(d) if g.stage == "serve")
     assert serve.baseline_series == "batching=off"
     assert [o.label for o in serve.objectives] == [
@@ -41,7 +41,8 @@ def test_user_file_merges_over_defaults(tmp_path: Path) -> None:
     assert c.stages.serve.duration == "2s"  # from the quick mode
     assert [o.metric for o in c.stages.serve.objectives] == ["p99_ms"]
     assert not c.stages.model.enabled
-    assert [g.stage for g in stage_goals(c)] == ["data", "train", "serve", "llm", "retrieval"]
+    assert [g.stage for g in stage_goals(c)] == ["data", "train", "serve", "llm", "retrieval",
+                                                "online"]
 
 
 @pytest.mark.parametrize(
@@ -73,7 +74,7 @@ def test_the_stages_section_comes_from_the_registry() -> None:
     from scalelab.diagnose.stages import SECTIONS, STAGES
 
     assert [s.name for s in STAGES] == ["data", "train", "serve", "llm", "model",
-                                         "retrieval", "custom"]
+                                         "retrieval", "online", "custom"]
     cfg = load_config(None)
     for st in SECTIONS:
         assert isinstance(st.of(cfg), st.settings)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalelab.diagnose.stages import custom, data, llm, model, retrieval, serve, train
+from scalelab.diagnose.stages import custom, data, llm, model, online, retrieval, serve, train
 from scalelab.diagnose.stages.base import Stage
 
 STAGES: list[Stage[Any]] = [
@@ -35,6 +35,7 @@ STAGES: list[Stage[Any]] = [
     llm.STAGE,
     model.STAGE,
     retrieval.STAGE,
+    online.STAGE,
     custom.STAGE,
 ]
 """Every stage, in the order a diagnosis runs them (the user's custom stages last)."""
