@@ -176,6 +176,7 @@ def test_unreachable_server_and_wrong_path_exit_2(llm_server: Callable[..., str]
     assert "does not match --api" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # four 1.5-3 s steps: ~15 s of wall time
 def test_capacity_search_brackets_a_known_capacity(
         llm_server: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
     # 2 decoding slots, each stream 20 + 7 × 10 = 90 ms: exactly 22.2 requests/s.

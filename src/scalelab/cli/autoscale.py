@@ -39,8 +39,9 @@ def app() -> None:
               help=f"CSV of time,rate, or a built-in: {', '.join(BUILTINS)}.")
 @click.option("--signal", type=click.Choice(list(SIGNALS)), default="cpu", show_default=True)
 @click.option("--target", type=float,
-              help="Target per pod for --signal (cpu: percent; rps: req/s; inflight, queue: "
-                   "requests). Default: the signal's value at --design-load.")
+              help="Target per pod for --signal (cpu, kv: percent; rps: req/s; inflight, queue, "
+                   "sequences: requests; tokens: tokens/s). Default: the signal's value at "
+                   "--design-load.")
 @click.option("--design-load", default="70%", show_default=True,
               help="Default targets hold each replica at this share of its SLO capacity.")
 @click.option("--slo", help='Latency objective, e.g. "p95<50ms" (default: the records\').')
@@ -65,9 +66,11 @@ def simulate_cmd(capacity: Path, trace: str, signal: str, target: float | None, 
                  plot: Path | None, as_json: bool) -> None:
     """Replay TRACE; report replicas, SLO violations, cost and oscillations per signal."""
     recs = [r for r in read_records(capacity)
-            if r.stage.startswith("load") and (experiment is None or r.experiment == experiment)]
+            if r.stage.startswith(("load", "llm"))  # llm: `load llm` records (latency = TTFT)
+            and (experiment is None or r.experiment == experiment)]
     model = ReplicaModel.from_records(recs)
-    slo_text = slo or next((str(r.extras["slo"]) for r in recs if r.extras.get("slo")), None)
+    slo_text = slo or next((str(r.extras["slo"]) for r in recs
+                            if r.extras.get("slo") and r.stage.startswith("load")), None)
     if not slo_text:
         raise BadUsageError("give --slo \"p95<50ms\" (the records name no SLO)")
     objective = parse_slo(slo_text)
@@ -88,7 +91,7 @@ def simulate_cmd(capacity: Path, trace: str, signal: str, target: float | None, 
     tr = load_trace(trace, base=base, peak=peak_rate if peak_rate is not None else 8 * base)
     if target is not None and compare_signals:
         raise BadUsageError("--target applies to one --signal; drop it with --compare-signals")
-    signals = list(SIGNALS) if compare_signals else [signal]
+    signals = list(model.signals()) if compare_signals else [signal]
     results: list[SimResult] = []
     for s in signals:
         tgt = target if target is not None else default_target(s, model, obj, design)  # type: ignore[arg-type]

@@ -12,6 +12,15 @@ ready and get traffic only then. Every second the simulator computes each signal
 - queue: waiting requests, served rate × (mean latency - mean latency at zero load), plus the
   backlog's share (Little's law on the waiting time alone).
 
+From `scalelab load llm` records (stage "llm": served requests/s from `throughput_rps`,
+latency = TTFT, so `queue` is the requests waiting for their first token) three more, the
+signals a generation engine exports:
+- sequences: running + waiting sequences, served rate × mean e2e (a stream holds its sequence
+  until its last token), plus the backlog's share (vLLM's num_requests_running + _waiting);
+- tokens: output tokens/s arriving per ready pod (rate × measured output tokens per request);
+- kv: KV-cache usage %, the engine's own measured mean at the served rate (interpolated;
+  needs records taken with --metrics-url), 100 while a backlog waits.
+
 The controller is `scalelab.core.hpa.HpaController` unchanged (sync period, tolerance,
 stabilisation windows, scale-up limits, behavior, CPU readiness rules); it sees each metric
 averaged over the last `metric_window_s` seconds, like metrics-server's window.
@@ -36,8 +45,10 @@ from scalelab.core.records import Record
 from scalelab.load.slo import LatencyObjective
 from scalelab.load.traces import Trace
 
-Signal = Literal["cpu", "queue", "inflight", "rps"]
-SIGNALS: tuple[Signal, ...] = ("cpu", "queue", "inflight", "rps")
+Signal = Literal["cpu", "queue", "inflight", "rps", "sequences", "tokens", "kv"]
+SIGNALS: tuple[Signal, ...] = ("cpu", "queue", "inflight", "rps", "sequences", "tokens", "kv")
+LLM_SIGNALS: tuple[Signal, ...] = ("sequences", "tokens", "kv")
+"""Signals only streaming-LLM records carry the data for."""
 _QS = (0.5, 0.9, 0.95, 0.99, 0.999)
 _OVERLOAD = 0.95
 """A record whose throughput is under this share of its offered rate was overloaded: it tells
@@ -56,6 +67,31 @@ class ReplicaModel:
     """Per point: mean latency (p50 when the record has no mean)."""
     saturation_rps: float
     """The most requests/s any record served."""
+    e2e_mean_ms: tuple[float, ...] | None = None
+    """LLM records: per point, mean e2e (a sequence's lifetime)."""
+    tokens_per_request: float | None = None
+    """LLM records: output tokens per request (output tokens/s / requests/s)."""
+    kv_usage: tuple[float, ...] | None = None
+    """LLM records with engine signals: per point, mean KV-cache usage (0..1)."""
+
+    def signals(self) -> tuple[Signal, ...]:
+        """The signals these records can drive."""
+        out: list[Signal] = ["cpu", "queue", "inflight", "rps"]
+        if self.e2e_mean_ms is not None:
+            out.append("sequences")
+        if self.tokens_per_request is not None:
+            out.append("tokens")
+        if self.kv_usage is not None:
+            out.append("kv")
+        return tuple(out)
+
+    def e2e_ms(self, lam: float) -> float:
+        assert self.e2e_mean_ms is not None
+        return float(np.interp(lam, self.rates, self.e2e_mean_ms)) * self._stretch(lam)
+
+    def kv_at(self, lam: float) -> float:
+        assert self.kv_usage is not None
+        return float(np.interp(lam, self.rates, self.kv_usage))
 
     def __post_init__(self) -> None:
         if not self.rates or self.saturation_rps <= 0:
@@ -64,21 +100,30 @@ class ReplicaModel:
     @classmethod
     def from_records(cls, records: Sequence[Record]) -> ReplicaModel:
         pts: list[tuple[float, tuple[float, ...], float]] = []
+        llm: list[tuple[float, float | None, float | None, float | None]] = []
         sat = 0.0
         for r in records:
-            if not r.stage.startswith("load") or r.rate is None or r.latency is None:
+            is_llm = r.stage.startswith("llm")
+            rate = _num(r.extras.get("throughput_rps")) if is_llm else r.rate
+            if not (r.stage.startswith("load") or is_llm) or rate is None or r.latency is None:
                 continue
             lat = r.latency
             vals = (lat.p50_ms, lat.p90_ms, lat.p95_ms, lat.p99_ms, lat.p999_ms)
-            if any(v is None for v in vals) or r.rate <= 0:
+            if any(v is None for v in vals) or rate <= 0:
                 continue
-            sat = max(sat, r.rate)
+            sat = max(sat, rate)
             offered = r.extras.get("offered_rps")
-            if isinstance(offered, int | float) and offered > 0 and r.rate < _OVERLOAD * offered:
+            if isinstance(offered, int | float) and offered > 0 and rate < _OVERLOAD * offered:
                 continue
-            mean = r.extras.get("mean_ms")
+            mean = r.extras.get("ttft_mean_ms" if is_llm else "mean_ms")
             ms = tuple(float(v) for v in vals if v is not None)
-            pts.append((r.rate, ms, float(mean) if isinstance(mean, int | float) else ms[0]))
+            pts.append((rate, ms, float(mean) if isinstance(mean, int | float) else ms[0]))
+            if is_llm:
+                e2e = r.extras.get("e2e")
+                tps = _num(r.extras.get("output_tps"))
+                llm.append((rate, _num(e2e.get("mean_ms")) if isinstance(e2e, dict) else None,
+                            tps / rate if tps is not None else None,
+                            _num(r.extras.get("engine_kv_usage_mean"))))
         if not pts:
             raise BadInputError("the capacity records have no stage 'load' record with a rate "
                                 "and latency percentiles; run `scalelab load URL --rates ...` or "
@@ -87,9 +132,20 @@ class ReplicaModel:
         # Percentiles must not fall as load rises; noise in the records can make them.
         lat_ms = np.maximum.accumulate(np.array([p[1] for p in pts]), axis=0)
         mean = np.maximum.accumulate(np.array([p[2] for p in pts]))
+        e2e = kv = None
+        tpr = None
+        if llm and len(llm) == len(pts):
+            llm.sort(key=lambda p: p[0])
+            if all(p[1] is not None for p in llm):
+                e2e = tuple(np.maximum.accumulate(np.array([p[1] for p in llm])).tolist())
+            if all(p[2] is not None for p in llm):
+                tpr = float(np.median([p[2] for p in llm]))
+            if all(p[3] is not None for p in llm):
+                kv = tuple(np.maximum.accumulate(np.array([p[3] for p in llm])).tolist())
         return cls(rates=tuple(p[0] for p in pts),
                    latency_ms=tuple(tuple(row) for row in lat_ms.tolist()),
-                   mean_ms=tuple(mean.tolist()), saturation_rps=sat)
+                   mean_ms=tuple(mean.tolist()), saturation_rps=sat, e2e_mean_ms=e2e,
+                   tokens_per_request=tpr, kv_usage=kv)
 
     def _stretch(self, lam: float) -> float:
         """Beyond the last steady point, grow latency like an M/M/1 queue toward saturation."""
@@ -137,7 +193,8 @@ class SimConfig:
     signal: Signal
     """The metric the HPA scales on."""
     target: float
-    """Its target per pod (cpu: whole percent; rps: req/s; inflight, queue: requests)."""
+    """Its target per pod (cpu, kv: whole percent; rps: req/s; inflight, queue, sequences:
+    requests; tokens: output tokens/s)."""
     slo: LatencyObjective
     """The latency objective violations are counted against."""
     min_replicas: int = 1
@@ -235,13 +292,34 @@ def default_target(signal: Signal, model: ReplicaModel, slo: LatencyObjective,
         return lam
     if signal == "inflight":
         return max(0.01, lam * model.mean_latency_ms(lam) / 1e3)
+    _needs(model, signal)
+    if signal == "sequences":
+        return max(0.01, lam * model.e2e_ms(lam) / 1e3)
+    if signal == "tokens":
+        assert model.tokens_per_request is not None
+        return lam * model.tokens_per_request
+    if signal == "kv":
+        return float(min(100, max(1, round(100 * model.kv_at(lam)))))
     wait = max(0.0, model.mean_latency_ms(lam) - model.mean_latency_ms(0.0))
     return max(0.1, lam * wait / 1e3)
+
+
+def _needs(model: ReplicaModel, signal: Signal) -> None:
+    if signal not in model.signals():
+        raise BadInputError(
+            f"--signal {signal} needs records of `scalelab load llm` (stage llm)"
+            + (" taken with --metrics-url (the engine's KV usage)" if signal == "kv" else "")
+            + f"; these records support {', '.join(model.signals())}")
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
 
 def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
              timeline_step_s: float = 60.0) -> SimResult:
     """Replay `trace` second by second; the HPA syncs on its own period."""
+    _needs(model, cfg.signal)
     spec = cfg.spec()
     hpa = HpaController(spec)
     sat = model.saturation_rps
@@ -291,6 +369,12 @@ def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
             value = rate / n if n else 0.0
         elif cfg.signal == "inflight":
             value = lam * model.mean_latency_ms(lam) / 1e3 + share
+        elif cfg.signal == "sequences":
+            value = lam * model.e2e_ms(min(lam, sat)) / 1e3 + share
+        elif cfg.signal == "tokens":
+            value = rate / n * (model.tokens_per_request or 0.0) if n else 0.0
+        elif cfg.signal == "kv":
+            value = 100.0 if backlog > 0 else 100.0 * model.kv_at(min(lam, sat))
         else:
             value = lam * max(0.0, model.mean_latency_ms(lam) - base_mean) / 1e3 + share
         window.append(value)
