@@ -1,38 +1,51 @@
-"""scalelab serve (dynamic batching) vs plain FastAPI (no batching), LitServe and MLServer
-(each with its own batching), all serving the same flights-shaped TabularNet weights.
+"""The serving benchmark: scalelab serve against the bare ASGI limit and its peers (plain
+FastAPI, LitServe, MLServer), all serving the same TabularNet weights, side by side in one run.
 
-Run: .venv/bin/python benchmarks/bench_serve.py [--slo-ms 50] [--seconds 5] [--rates ...]
-                                                [--only scalelab,fastapi,...] [--out FILE]
+Run: .venv/bin/python benchmarks/bench_serve.py [--parts closed,capacity,tail,replicas]
+        [--only scalelab,bare,fastapi,litserve,mlserver] [--hidden 128,128] [--repeats 1]
+        [--slo "p95<50ms"] [--out FILE]
 
-Each server is one process (torch.set_num_threads(1), 127.0.0.1); all four are started, then
-take turns at each offered rate, each level repeated (--repeats, median p95 reported).
-The client is open-loop: requests are sent at scheduled times (one row each, every body
-distinct so no cache or coalescing can help), and latency is measured from the scheduled send
-time, so a stalled server is charged for the queue it causes (no coordinated omission). Each
-server climbs a ladder of offered rates; "max rps" is the highest completed rate at a level
-whose p95 stays under the SLO with < 1% errors. The client shares the machine's cores with the
-server: on a 2-core box the numbers are a floor for every server alike.
+Parts (each prints a markdown table; the load average is printed beside every number):
 
-Peers live in benchmarks/.venvs/{litserve,mlserver}, created by this script on first use with
-the same torch (2.13.0 CPU), never project dependencies. They load the same weights through
-torch.load(weights_only=True).
+- closed: closed loop, 1-row OIP requests, `wrk -t1 -c16` (Debian: apt-get install -y wrk;
+  without it the project's own closed-loop client, `scalelab load --loop closed`, is used and
+  the table says so), scalelab against the bare ASGI app — a Starlette app on the same uvicorn
+  settings (web.runner: httptools + uvloop when installed) that parses the same JSON body and
+  returns a fixed OIP response. Sides alternate, --repeats times; the ratio is per pair.
+- capacity: each server's max rate at the SLO by the project's capacity search
+  (`scalelab load capacity`: exponential steps then bisection, each step stopped by its
+  confidence rule), then one open-loop level at that rate for p50/p95/p99. Rows: every server
+  in --only, plus scalelab with max_batch_size 1 ("no batching"). The bare app's row is the
+  limit: no model, no validation. Every body is distinct (no cache or coalescing can help).
+- tail: open loop at 10/20/40/60/80% of scalelab's capacity: p50, p99 and p99/p50.
+- replicas: scalelab with --workers 1..N on one port: capacity per worker count, and the
+  merged /metrics count of 200s against the requests the client got answered.
+
+Each server is one process (torch threads 1, 127.0.0.1). Peers live in
+benchmarks/.venvs/{litserve,mlserver}, created on first use with the same torch (2.13.0 CPU),
+never project dependencies; they load the same weights through torch.load(weights_only=True).
+The load generator shares the machine's cores with the server: on a 2-core box every number is
+a floor for every server alike.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
+import re
+import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,9 +56,45 @@ PEERS = {"litserve": ["torch==2.13.0", "numpy", "litserve==0.2.19"],
          # mlserver 1.7.1 predates uvloop 0.22, which no longer creates a loop in
          # get_event_loop(); its inference workers crash with newer uvloop
          "mlserver": ["torch==2.13.0", "numpy", "mlserver==1.7.1", "uvloop<0.22"]}
-PARAMS = {"cardinalities": [17, 4, 105, 150], "embedding_dims": [], "n_numeric": 14,
-          "hidden": [128, 128], "n_classes": 4, "dropout": 0.0}
+PARAMS: dict[str, Any] = {"cardinalities": [17, 4, 105, 150], "embedding_dims": [],
+                          "n_numeric": 14, "hidden": [128, 128], "n_classes": 4, "dropout": 0.0}
 MAX_BATCH, DELAY_MS = 64, 2.0
+INFER = "/v2/models/flights/infer"
+LABELS = {"scalelab": "scalelab serve (batching)", "nobatch": "scalelab serve, max_batch_size 1",
+          "bare": "bare ASGI app (limit: parse + fixed response)",
+          "fastapi": "plain FastAPI (no batching)", "litserve": "LitServe 0.2.19 (batching)",
+          "mlserver": "MLServer 1.7.1 (adaptive batching)"}
+
+BARE_APP = textwrap.dedent('''
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from scalelab.web import codec
+
+FIXED = codec.dumps({"model_name": "flights", "model_version": "1", "outputs": [
+    {"name": "probabilities", "datatype": "FP32", "shape": [1, 4],
+     "data": [0.25, 0.25, 0.25, 0.25]},
+    {"name": "label", "datatype": "INT64", "shape": [1], "data": [0]}]})
+
+
+async def infer(request: Request) -> Response:
+    codec.loads(await request.body())  # the same parser scalelab's hot path uses
+    return Response(FIXED, media_type="application/json")
+
+
+async def ready(request: Request) -> Response:
+    return Response(b'{"ready":true}', media_type="application/json")
+
+
+app = Starlette(routes=[Route("/v2/models/flights/infer", infer, methods=["POST"]),
+                        Route("/v2/health/ready", ready)])
+
+
+def factory() -> Starlette:
+    return app
+''')
 
 PEER_NET = textwrap.dedent('''
 import torch
@@ -163,10 +212,16 @@ class Flights(MLModel):
 ''')
 
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def load_avg() -> str:
+    a, b, c = os.getloadavg()
+    return f"{a:.1f}/{b:.1f}/{c:.1f}"
 
 
 def peer_python(name: str) -> Path:
@@ -182,8 +237,9 @@ def peer_python(name: str) -> Path:
     return py
 
 
-def make_model(work: Path) -> tuple[Path, Path]:
-    """The scalelab repository (safetensors) and the same weights as a plain state dict."""
+def make_repo(work: Path, name: str, max_batch: int) -> Path:
+    """A scalelab repository holding the benchmark net (seed 0, so every repo has the same
+    weights) under model name 'flights'."""
     import torch
 
     from scalelab.nets.registry import save_module
@@ -191,8 +247,8 @@ def make_model(work: Path) -> tuple[Path, Path]:
     from scalelab.nets.tabular import TabularConfig, TabularNet
 
     torch.manual_seed(0)
-    net = TabularNet(TabularConfig(**PARAMS))  # type: ignore[arg-type]
-    repo = work / "repo"
+    net = TabularNet(TabularConfig(**PARAMS))
+    repo = work / name
     save_module(repo / "flights" / "1", net, arch="tabular_mlp", params=PARAMS)
     write_json(repo / "flights" / "config.json", {
         "name": "flights",
@@ -200,44 +256,57 @@ def make_model(work: Path) -> tuple[Path, Path]:
                    {"name": "numeric", "datatype": "FP32", "shape": [-1, 14]}],
         "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, 4]},
                     {"name": "label", "datatype": "INT64", "shape": [-1]}],
-        "max_batch_size": MAX_BATCH,
+        "max_batch_size": max_batch,
         "dynamic_batching": {"max_queue_delay_ms": DELAY_MS, "max_queue_size": 1024,
                              "default_timeout_ms": 5000},
         "version_policy": {"latest": {"num_versions": 1}}})
+    return repo
+
+
+def make_weights(work: Path) -> Path:
+    import torch
+
+    from scalelab.nets.tabular import TabularConfig, TabularNet
+
+    torch.manual_seed(0)
+    net = TabularNet(TabularConfig(**PARAMS))
     weights = work / "weights.pt"
     torch.save(net.state_dict(), weights)
-    return repo, weights
+    return weights
 
 
 @dataclass
 class Started:
+    name: str
     proc: subprocess.Popen[bytes]
     url: str
-    version: str
 
 
-def start(name: str, work: Path, repo: Path, weights: Path) -> Started:
+def start(name: str, work: Path, weights: Path, *, workers: int = 1) -> Started:
     port = free_port()
     env = {**os.environ, "BENCH_WEIGHTS": str(weights), "BENCH_PARAMS": json.dumps(PARAMS),
            "BENCH_MAX_BATCH": str(MAX_BATCH), "BENCH_DELAY_MS": str(DELAY_MS),
-           "OMP_NUM_THREADS": "1"}
-    log = (work / f"{name}.log").open("wb")
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    log = (work / f"{name}-{workers}.log").open("wb")
     ready = "/v2/health/ready"
-    if name == "scalelab":
+    if name in ("scalelab", "nobatch"):
+        repo = make_repo(work, f"repo-{name}", MAX_BATCH if name == "scalelab" else 1)
+        # a user's defaults, but quiet logs; --workers shares one port between processes
         cmd = [sys.executable, "-c", "from scalelab.cli import main; main()", "serve",
                "--model-repo", str(repo), "--port", str(port), "--torch-threads", "1",
-               "--log-level", "warning"]
-        version = "scalelab (this repo)"
+               "--log-level", "warning", "--workers", str(workers)]
+    elif name == "bare":
+        (work / "bare_app.py").write_text(BARE_APP)
+        cmd = [sys.executable, "-c", "from scalelab.web.runner import RunConfig, run; "
+               f"run('bare_app:factory', RunConfig(port={port}, log_level='warning'))"]
     elif name == "fastapi":
         (work / "plain_app.py").write_text(FASTAPI_APP)
         cmd = [sys.executable, "-m", "uvicorn", "plain_app:app", "--port", str(port),
                "--host", "127.0.0.1", "--log-level", "warning", "--no-access-log",
                "--app-dir", str(work)]
-        version = "fastapi (project venv)"
     elif name == "litserve":
         (work / "lit_app.py").write_text(LITSERVE_APP)
         cmd = [str(peer_python("litserve")), str(work / "lit_app.py"), str(port)]
-        version = "litserve==0.2.19"
     elif name == "mlserver":
         py = peer_python("mlserver")
         mdir = work / "mlserver"
@@ -251,9 +320,8 @@ def start(name: str, work: Path, repo: Path, weights: Path) -> Started:
             "max_batch_size": MAX_BATCH, "max_batch_time": DELAY_MS / 1000}))
         cmd = [str(py.parent / "mlserver"), "start", str(mdir)]
         ready = "/v2/models/flights/ready"
-        version = "mlserver==1.7.1"
     else:
-        raise SystemExit(f"unknown server {name}")
+        raise SystemExit(f"unknown server {name}; choose from {', '.join(LABELS)}")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
     url = f"http://127.0.0.1:{port}"
     import httpx
@@ -261,197 +329,324 @@ def start(name: str, work: Path, repo: Path, weights: Path) -> Started:
     t0 = time.monotonic()
     while time.monotonic() - t0 < 180:
         if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited {proc.returncode}; see {work / (name + '.log')}")
+            raise RuntimeError(f"{name} exited {proc.returncode}; see {log.name}")
         try:
             if httpx.get(url + ready, timeout=2).status_code == 200:
-                return Started(proc, url, version)
+                return Started(name, proc, url)
         except httpx.TransportError:
             pass
         time.sleep(0.2)
     stop(proc)
-    raise RuntimeError(f"{name} not ready in 180 s; see {work / (name + '.log')}")
+    raise RuntimeError(f"{name} not ready in 180 s; see {log.name}")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
 
 
-def bodies(n: int, seed: int = 0) -> list[bytes]:
+def bodies(n: int, seed: int = 0) -> list[str]:
+    """n distinct 1-row OIP request bodies (so neither cache nor coalescing can help)."""
     rng = np.random.default_rng(seed)
-    cards = PARAMS["cardinalities"]
     out = []
     for _ in range(n):
-        cat = [int(rng.integers(0, c)) for c in cards]  # type: ignore[attr-defined]
+        cat = [int(rng.integers(0, c)) for c in PARAMS["cardinalities"]]
         num = [round(float(x), 5) for x in rng.normal(size=14)]
         out.append(json.dumps({"inputs": [
             {"name": "categorical", "datatype": "INT64", "shape": [1, 4], "data": cat},
-            {"name": "numeric", "datatype": "FP32", "shape": [1, 14], "data": num}]}).encode())
+            {"name": "numeric", "datatype": "FP32", "shape": [1, 14], "data": num}]},
+            separators=(",", ":")))
     return out
 
 
-@dataclass
-class Level:
-    offered_rps: float
-    achieved_rps: float
-    ok: int
-    errors: int
-    p50_ms: float
-    p95_ms: float
-    p99_ms: float
+def write_inputs(work: Path, payloads: list[str]) -> tuple[Path, Path]:
+    """The bodies as a `scalelab load --requests-file` and as a wrk script."""
+    jsonl = work / "requests.jsonl"
+    jsonl.write_text("".join(json.dumps({"body": json.loads(b)}) + "\n" for b in payloads))
+    lua = work / "post.lua"
+    lines = ["local bodies = {"] + [f"  [[{b}]]," for b in payloads] + [
+        "}", "local i = 0", 'wrk.method = "POST"',
+        'wrk.headers["Content-Type"] = "application/json"',
+        "request = function()", "  i = i % #bodies + 1",
+        "  return wrk.format(nil, nil, nil, bodies[i])", "end"]
+    lua.write_text("\n".join(lines) + "\n")
+    return jsonl, lua
 
 
-async def run_level(url: str, rate: float, seconds: float, payloads: list[bytes],
-                    start_index: int, max_inflight: int = 1024) -> Level:
-    """Open loop at `rate` req/s for `seconds`; latency from each request's scheduled time."""
-    import aiohttp
+def scalelab_load(*args: str, timeout: float = 900) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "scalelab", "load", *args, "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    if p.returncode != 0:
+        raise RuntimeError(f"scalelab load {' '.join(args[:3])} failed: {p.stderr[-600:]}")
+    return dict(json.loads(p.stdout))
 
-    n = int(rate * seconds)
-    lat: list[float] = []
-    errors = 0
-    inflight = 0
-    conn = aiohttp.TCPConnector(limit=max_inflight, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
-        t0 = time.perf_counter() + 0.05
 
-        async def one(i: int) -> None:
-            nonlocal errors, inflight
-            scheduled = t0 + i / rate
-            delay = scheduled - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if inflight >= max_inflight:
-                errors += 1  # the client refuses to pile up more: counted as a failure
-                return
-            inflight += 1
+# -- parts --------------------------------------------------------------------------------------
+
+def closed_loop(url: str, seconds: float, conns: int, lua: Path, jsonl: Path) -> dict[str, Any]:
+    """req/s of a closed loop of `conns` clients (wrk when installed)."""
+    if shutil.which("wrk"):
+        out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--latency",
+                              "-s", str(lua), url + INFER], capture_output=True, text=True,
+                             check=True).stdout
+        rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+        bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        errs = re.search(r"Socket errors: (.*)", out)
+        return {"client": "wrk -t1", "rps": rps, "non_2xx": int(bad.group(1)) if bad else 0,
+                "socket_errors": errs.group(1) if errs else ""}
+    lv = scalelab_load("run", url + INFER, "--loop", "closed", "--concurrency", str(conns),
+                       "--duration", f"{seconds:g}s", "--requests-file", str(jsonl),
+                       "--no-cold-start")["levels"][0]
+    return {"client": "scalelab load --loop closed (wrk not installed: apt-get install -y wrk)",
+            "rps": lv["throughput_rps"], "non_2xx": lv["failures"], "socket_errors": ""}
+
+
+def capacity(url: str, jsonl: Path, slo: str, args: argparse.Namespace) -> dict[str, Any]:
+    doc = scalelab_load("capacity", url + INFER, "--slo", slo, "--requests-file", str(jsonl),
+                        "--start", str(args.start), "--min-step", "2s",
+                        "--max-step", f"{args.max_step:g}s", "--precision", "5%",
+                        "--max-steps", str(args.max_steps), "--warmup", "0.5s")
+    return {"capacity_rps": doc["capacity_rps"], "interval_rps": doc["interval_rps"],
+            "converged": doc["converged"], "steps": len(doc["steps"]), "load": load_avg()}
+
+
+def level(url: str, jsonl: Path, rate: float, seconds: float) -> dict[str, Any]:
+    lv = scalelab_load("run", url + INFER, "--rate", f"{rate:.1f}", "--duration",
+                       f"{seconds:g}s", "--requests-file", str(jsonl), "--no-cold-start",
+                       "--arrival", "poisson")["levels"][0]
+    lat = lv["latency"]
+    return {"rate": rate, "throughput_rps": lv["throughput_rps"], "p50_ms": lat["p50_ms"],
+            "p95_ms": lat["p95_ms"], "p99_ms": lat["p99_ms"], "errors": lv["failures"],
+            "valid": lv["valid"], "load": load_avg()}
+
+
+def server_cpu_s(proc: subprocess.Popen[bytes]) -> float:
+    """User + system CPU seconds of the server process and its children (workers)."""
+    import psutil
+
+    try:
+        p = psutil.Process(proc.pid)
+        procs = [p, *p.children(recursive=True)]
+        return sum(sum(q.cpu_times()[:2]) for q in procs)
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def responses_200(url: str) -> float:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for s in fam.samples:
+            if s.name == "scalelab_responses_total" and s.labels.get("status") == "200":
+                total += s.value
+    return total
+
+
+def _row(cells: list[str]) -> None:
+    print("| " + " | ".join(cells) + " |")
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
+                jsonl: Path) -> dict[str, Any]:
+    servers = {n: start(n, work, weights) for n in ("bare", "scalelab")}
+    try:
+        for s in servers.values():  # warm: connections, first batches, the inline decision
+            closed_loop(s.url, 1, args.connections, lua, jsonl)
+        runs: dict[str, list[dict[str, Any]]] = {n: [] for n in servers}
+        for r in range(args.repeats):
+            order = list(servers) if r % 2 == 0 else list(servers)[::-1]  # alternate sides
+            for n in order:
+                c0 = server_cpu_s(servers[n].proc)
+                res = closed_loop(servers[n].url, args.closed_seconds, args.connections, lua,
+                                  jsonl)
+                # CPU the server spent per answered request: steadier than req/s when other
+                # work shares the cores, and what bounds req/s once the server is CPU-bound
+                res["cpu_us_per_req"] = (server_cpu_s(servers[n].proc) - c0) / max(
+                    1.0, res["rps"] * args.closed_seconds) * 1e6
+                res["load"] = load_avg()
+                runs[n].append(res)
+                print(f"  closed {n:9s} {res['rps']:8.0f} req/s  load {res['load']}",
+                      file=sys.stderr)
+    finally:
+        for s in servers.values():
+            stop(s.proc)
+    ratios = [a["rps"] / b["rps"] for a, b in zip(runs["scalelab"], runs["bare"], strict=True)]
+    print(f"\nclosed loop, 1-row OIP, {args.connections} connections, {args.closed_seconds:g} s "
+          f"x {args.repeats} (alternating), client: {runs['bare'][0]['client']}\n")
+    _row(["repeat", "bare ASGI req/s", "scalelab req/s", "scalelab / bare",
+          "bare CPU us/req", "scalelab CPU us/req", "load avg"])
+    _row(["---:", "---:", "---:", "---:", "---:", "---:", "---"])
+    for i, (a, b) in enumerate(zip(runs["bare"], runs["scalelab"], strict=True)):
+        _row([str(i + 1), f"{a['rps']:.0f}", f"{b['rps']:.0f}", f"{ratios[i]:.2f}",
+              f"{a['cpu_us_per_req']:.0f}", f"{b['cpu_us_per_req']:.0f}",
+              f"{a['load']} / {b['load']}"])
+    cpu = statistics.median(a["cpu_us_per_req"] for a in runs["bare"]) / statistics.median(
+        b["cpu_us_per_req"] for b in runs["scalelab"])
+    print(f"\nmedian req/s ratio {statistics.median(ratios):.2f} (target >= 0.70); "
+          f"CPU per request, bare / scalelab: {cpu:.2f}")
+    return {"runs": runs, "ratios": ratios, "median_ratio": statistics.median(ratios),
+            "cpu_ratio": cpu}
+
+
+def part_capacity(args: argparse.Namespace, work: Path, weights: Path, jsonl: Path,
+                  names: list[str]) -> dict[str, Any]:
+    servers: dict[str, Started] = {}
+    out: dict[str, Any] = {}
+    try:
+        for n in names:
             try:
-                async with session.post(url, data=payloads[(start_index + i) % len(payloads)],
-                                        headers={"content-type": "application/json"}) as r:
-                    await r.read()
-                    if r.status == 200:
-                        lat.append(time.perf_counter() - scheduled)
-                    else:
-                        errors += 1
-            except (TimeoutError, aiohttp.ClientError):
-                errors += 1
-            finally:
-                inflight -= 1
+                servers[n] = start(n, work, weights)
+            except (RuntimeError, subprocess.CalledProcessError) as e:
+                out[n] = {"error": str(e)}
+                print(f"  {n} FAILED to start: {e}", file=sys.stderr)
+        for s in servers.values():
+            level(s.url, jsonl, 50, 1)  # warm
+        found: dict[str, list[dict[str, Any]]] = {n: [] for n in servers}
+        for r in range(args.repeats):
+            order = list(servers) if r % 2 == 0 else list(servers)[::-1]
+            for n in order:
+                c = capacity(servers[n].url, jsonl, args.slo, args)
+                found[n].append(c)
+                print(f"  capacity {n:9s} {c['capacity_rps']} req/s {c['interval_rps']} "
+                      f"load {c['load']}", file=sys.stderr)
+        for n, cs in found.items():
+            rates = [c["capacity_rps"] or 0.0 for c in cs]
+            med = statistics.median(rates)
+            at = level(servers[n].url, jsonl, med, args.level_seconds) if med > 0 else None
+            out[n] = {"runs": cs, "median_rps": med, "at_capacity": at}
+    finally:
+        for s in servers.values():
+            stop(s.proc)
+    best_peer = max((out[n]["median_rps"] for n in ("fastapi", "litserve", "mlserver")
+                     if n in out and "median_rps" in out[n]), default=None)
+    print(f"\ncapacity at {args.slo} (project capacity search, {args.repeats} repeat(s), "
+          f"median), then {args.level_seconds:g} s open loop (Poisson) at that rate\n")
+    _row(["server", "max req/s", "search runs", "p50 ms", "p95 ms", "p99 ms", "load avg"])
+    _row(["---", "---:", "---", "---:", "---:", "---:", "---"])
+    for n, r in out.items():
+        if "error" in r:
+            _row([LABELS.get(n, n), "failed to start", "", "", "", "", ""])
+            continue
+        at = r["at_capacity"] or {}
+        runs = ", ".join(f"{c['capacity_rps'] or 0:.0f}" for c in r["runs"])
+        _row([LABELS.get(n, n), f"{r['median_rps']:.0f}", runs, _ms(at.get("p50_ms")),
+              _ms(at.get("p95_ms")), _ms(at.get("p99_ms")), at.get("load", "")])
+    if best_peer and "scalelab" in out:
+        print(f"\nscalelab / best peer: {out['scalelab']['median_rps'] / best_peer:.2f}x "
+              "(target >= 2x)")
+    if "nobatch" in out and "scalelab" in out and out["nobatch"]["median_rps"]:
+        print(f"batching / no batching: "
+              f"{out['scalelab']['median_rps'] / out['nobatch']['median_rps']:.2f}x")
+    return out
 
-        await asyncio.gather(*(one(i) for i in range(n)))
-        wall = time.perf_counter() - t0
-    ms = np.array(lat) * 1000 if lat else np.array([np.nan])
-    return Level(offered_rps=rate, achieved_rps=len(lat) / wall, ok=len(lat), errors=errors,
-                 p50_ms=float(np.percentile(ms, 50)), p95_ms=float(np.percentile(ms, 95)),
-                 p99_ms=float(np.percentile(ms, 99)))
+
+def part_tail(args: argparse.Namespace, work: Path, weights: Path, jsonl: Path,
+              cap: float | None) -> dict[str, Any]:
+    srv = start("scalelab", work, weights)
+    try:
+        level(srv.url, jsonl, 50, 1)
+        if not cap:
+            cap = capacity(srv.url, jsonl, args.slo, args)["capacity_rps"] or 100.0
+        rows = [level(srv.url, jsonl, f * cap, args.level_seconds)
+                for f in (0.1, 0.2, 0.4, 0.6, 0.8)]
+    finally:
+        stop(srv.proc)
+    print(f"\nbelow the knee: scalelab at fractions of its capacity {cap:.0f} req/s "
+          f"({args.level_seconds:g} s each, Poisson)\n")
+    _row(["share", "req/s", "p50 ms", "p99 ms", "p99 / p50", "load avg"])
+    _row(["---:", "---:", "---:", "---:", "---:", "---"])
+    for f, lv in zip((0.1, 0.2, 0.4, 0.6, 0.8), rows, strict=True):
+        _row([f"{f:.0%}", f"{lv['rate']:.0f}", _ms(lv["p50_ms"]), _ms(lv["p99_ms"]),
+              f"{lv['p99_ms'] / lv['p50_ms']:.1f}", lv["load"]])
+    worst = max(lv["p99_ms"] / lv["p50_ms"] for lv in rows)
+    print(f"\nworst p99/p50 below 80% of capacity: {worst:.1f} (target <= 3)")
+    return {"capacity_rps": cap, "levels": rows, "worst_ratio": worst}
 
 
-def collapsed(lv: Level, slo_ms: float) -> bool:
-    """Far past saturation: higher rates would only measure the collapse."""
-    return lv.p95_ms > 4 * slo_ms or lv.errors > 0.2 * max(1, lv.ok + lv.errors)
-
-
-def best(levels: list[Level], slo_ms: float) -> Level | None:
-    good = [lv for lv in levels if lv.p95_ms <= slo_ms and lv.errors <= 0.01 * (lv.ok + lv.errors)]
-    return max(good, key=lambda lv: lv.achieved_rps) if good else None
+def part_replicas(args: argparse.Namespace, work: Path, weights: Path, jsonl: Path
+                  ) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for w in [int(x) for x in args.workers.split(",")]:
+        srv = start("scalelab", work, weights, workers=w)
+        try:
+            level(srv.url, jsonl, 50, 1)
+            cap = capacity(srv.url, jsonl, args.slo, args)
+            before = responses_200(srv.url)
+            lv = scalelab_load("run", srv.url + INFER, "--loop", "closed", "--concurrency",
+                               "8", "--requests", "2000", "--warmup", "0s", "--no-cold-start",
+                               "--requests-file", str(jsonl))["levels"][0]
+            counted = responses_200(srv.url) - before
+            out[str(w)] = {"capacity": cap, "client_ok": lv["successes"], "metrics_200": counted}
+            print(f"  workers {w}: {cap['capacity_rps']} req/s; 200s client {lv['successes']} "
+                  f"metrics {counted:.0f}", file=sys.stderr)
+        finally:
+            stop(srv.proc)
+    print(f"\nreplicas on one port (uvicorn workers), capacity at {args.slo}; metrics merged "
+          "across workers (prometheus multiprocess mode)\n")
+    _row(["workers", "max req/s", "200s the client got", "200s in merged /metrics", "load avg"])
+    _row(["---:", "---:", "---:", "---:", "---"])
+    for w, r in out.items():
+        _row([w, f"{r['capacity']['capacity_rps'] or 0:.0f}", str(r["client_ok"]),
+              f"{r['metrics_200']:.0f}", r["capacity"]["load"]])
+    return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--slo-ms", type=float, default=50.0, help="p95 objective")
-    ap.add_argument("--seconds", type=float, default=5.0, help="duration of each rate level")
-    ap.add_argument("--rates", default="50,100,200,300,450,650,900,1300,1800",
-                    help="offered request rates, ascending")
-    ap.add_argument("--only", default="scalelab,fastapi,litserve,mlserver")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="runs per level and server; the median-p95 run is reported")
-    ap.add_argument("--hidden", default="128,128",
-                    help="hidden layer widths of the MLP (bigger = more compute per row)")
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--parts", default="closed,capacity,tail,replicas")
+    ap.add_argument("--only", default="scalelab,nobatch,bare,fastapi,litserve,mlserver",
+                    help=f"servers for the capacity part, from {', '.join(LABELS)}")
+    ap.add_argument("--hidden", default="128,128", help="hidden widths of the MLP")
+    ap.add_argument("--repeats", type=int, default=1, help="alternating repeats per part")
+    ap.add_argument("--slo", default="p95<50ms")
+    ap.add_argument("--closed-seconds", type=float, default=5.0)
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--start", type=float, default=100.0, help="first capacity step (req/s)")
+    ap.add_argument("--max-step", type=float, default=6.0, help="longest capacity step (s)")
+    ap.add_argument("--max-steps", type=int, default=12)
+    ap.add_argument("--level-seconds", type=float, default=5.0)
+    ap.add_argument("--workers", default="1,2", help="worker counts for the replicas part")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args()
     PARAMS["hidden"] = [int(h) for h in args.hidden.split(",")]
-    rates = [float(x) for x in args.rates.split(",")]
-    payloads = bodies(int(max(rates) * args.seconds) * 2 + 1000)
-    results: dict[str, dict[str, object]] = {}
-    names = args.only.split(",")
-    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
-        work = Path(tmp)
-        repo, weights = make_model(work)
-        servers: dict[str, Started] = {}
-        try:
-            for name in names:
-                print(f"[start] {name}", file=sys.stderr)
-                try:
-                    servers[name] = start(name, work, repo, weights)
-                except (RuntimeError, subprocess.CalledProcessError) as e:
-                    log = work / f"{name}.log"
-                    tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
-                    print(f"    FAILED to start: {e}\n{tail}", file=sys.stderr)
-                    results[name] = {"error": str(e), "log_tail": tail}
-            levels: dict[str, list[Level]] = {n: [] for n in servers}
-            for srv in servers.values():  # warm-up
-                asyncio.run(run_level(f"{srv.url}/v2/models/flights/infer", 20, 1.0, payloads, 0))
-            idx = 0
-            # servers take turns at each rate, so background load on a shared machine hits
-            # every server alike instead of whichever happened to run during a busy minute
-            for rate in rates:
-                live = [n for n in servers
-                        if not (levels[n] and collapsed(levels[n][-1], args.slo_ms))]
-                runs: dict[str, list[Level]] = {n: [] for n in live}
-                for _ in range(args.repeats):
-                    for n in live:
-                        runs[n].append(asyncio.run(run_level(
-                            f"{servers[n].url}/v2/models/flights/infer", rate, args.seconds,
-                            payloads, idx)))
-                        idx += int(rate * args.seconds)
-                for n in live:
-                    # the repeat with the median p95 stands for the level: one background
-                    # spike on a shared machine should not decide a server's capacity
-                    lv = sorted(runs[n], key=lambda x: x.p95_ms)[len(runs[n]) // 2]
-                    levels[n].append(lv)
-                    p95s = ", ".join(f"{x.p95_ms:.1f}" for x in runs[n])
-                    print(f"  {n:9s} offered {rate:6.0f}/s got {lv.achieved_rps:7.1f}/s  p50 "
-                          f"{lv.p50_ms:7.1f} p95 {lv.p95_ms:7.1f} p99 {lv.p99_ms:7.1f} ms  "
-                          f"errors {lv.errors}  (p95 of repeats: {p95s})", file=sys.stderr)
-        finally:
-            for srv in servers.values():
-                stop(srv.proc)
-        for n, srv in servers.items():
-            b = best(levels[n], args.slo_ms)
-            results[n] = {"version": srv.version, "levels": [asdict(lv) for lv in levels[n]],
-                          "best": asdict(b) if b else None}
-        results = {n: results[n] for n in names if n in results}
+    parts = args.parts.split(",")
     from scalelab.core.machine import current_machine
 
     machine = current_machine()
-    print(f"\nmachine: {machine}; load average {os.getloadavg()}; SLO p95 <= {args.slo_ms} ms; "
-          f"{args.seconds:.0f} s per level x {args.repeats} (median p95); 1 row per request; "
-          f"hidden {PARAMS['hidden']}; "
-          f"batch <= {MAX_BATCH}, delay {DELAY_MS} ms\n")
-    ours = (results.get("scalelab") or {}).get("best")
-    ours_rps = ours["achieved_rps"] if isinstance(ours, dict) else None
-    print(f"| server | max rps (p95 <= {args.slo_ms:.0f} ms) | vs scalelab | p50 ms | p95 ms "
-          "| p99 ms |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, r in results.items():
-        b = r.get("best")
-        if "error" in r:
-            print(f"| {name} | failed: {str(r['error'])[:60]} | | | | |")
-        elif not isinstance(b, dict):
-            print(f"| {r['version']} | none met the SLO | | | | |")
-        else:
-            ratio = f"{b['achieved_rps'] / ours_rps:.2f}x" if ours_rps else "-"
-            print(f"| {r['version']} | {b['achieved_rps']:.0f} | {ratio} | {b['p50_ms']:.1f} "
-                  f"| {b['p95_ms']:.1f} | {b['p99_ms']:.1f} |")
+    print(f"machine: {machine}; load average at start {load_avg()}; hidden {PARAMS['hidden']};"
+          f" batch <= {MAX_BATCH}, delay {DELAY_MS} ms; 1 row per request")
+    results: dict[str, Any] = {"machine": str(machine), "hidden": PARAMS["hidden"]}
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        work = Path(tmp)
+        weights = make_weights(work)
+        jsonl, lua = write_inputs(work, bodies(2000))
+        if "closed" in parts:
+            results["closed"] = part_closed(args, work, weights, lua, jsonl)
+        cap = None
+        if "capacity" in parts:
+            results["capacity"] = part_capacity(args, work, weights, jsonl,
+                                                args.only.split(","))
+            cap = (results["capacity"].get("scalelab") or {}).get("median_rps")
+        if "tail" in parts:
+            results["tail"] = part_tail(args, work, weights, jsonl, cap)
+        if "replicas" in parts:
+            results["replicas"] = part_replicas(args, work, weights, jsonl)
+    print(f"\nload average at the end {load_avg()} (a shared machine: other work ran beside)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"machine": asdict(machine), "slo_ms": args.slo_ms,
-                                        "results": results}, indent=2, default=str))
+        args.out.write_text(json.dumps(results, indent=2, default=str))
 
 
 if __name__ == "__main__":

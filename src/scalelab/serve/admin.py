@@ -3,6 +3,7 @@ token compared in constant time. No token configured = the endpoints answer 403.
 
 from __future__ import annotations
 
+import gc
 import hmac
 
 from fastapi import APIRouter, Request
@@ -42,6 +43,7 @@ def admin_router(ctx: ServeContext) -> APIRouter:
     async def repo_load(request: Request, name: str) -> JSONResponse:
         _admin(request)
         entry = await repo.load(name)
+        gc.freeze()  # the new version's objects live as long as it does (see app.freeze_heap)
         if not entry.ready():
             bad = "; ".join(f"version {v}: {s.reason}" for v, s in entry.versions.items())
             raise ServeError(400, f"model '{name}' failed to load: {entry.reason or bad}")

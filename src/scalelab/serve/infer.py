@@ -41,13 +41,14 @@ from scalelab.serve.protocol import (
 )
 from scalelab.serve.repository import ModelEntry
 from scalelab.serve.scheduler import Job, Outputs, VersionWorker
-from scalelab.web.guard import new_request_id, send_error
+from scalelab.web.guard import REQUEST_ID_HEADER, BodyTooLarge, admit, send_error
 
 log = logging.getLogger("scalelab.serve")
 
 TIMEOUT_HEADER = b"x-request-timeout-ms"
 BINARY_HEADER = b"inference-header-content-length"
 _PREFIX, _SUFFIX = "/v2/models/", "/infer"
+_RID = REQUEST_ID_HEADER.encode()
 
 
 def infer_target(path: str) -> tuple[str, str | None] | None:
@@ -77,15 +78,22 @@ def timeout_s(raw: bytes | None, default_ms: float) -> float:
     return ms / 1000.0
 
 
-async def read_body(receive: Receive) -> bytes:
+async def read_body(receive: Receive, limit: int | None) -> bytes:
+    """The whole body; with a `limit` (no usable Content-Length) BodyTooLarge past it."""
     msg = await receive()
     body: bytes = msg.get("body", b"")
+    if limit is not None and len(body) > limit:
+        raise BodyTooLarge(limit)
     if not msg.get("more_body", False):
         return body
-    parts = [body]
+    parts, seen = [body], len(body)
     while True:
         msg = await receive()
-        parts.append(msg.get("body", b""))
+        chunk = msg.get("body", b"")
+        seen += len(chunk)
+        if limit is not None and seen > limit:
+            raise BodyTooLarge(limit)
+        parts.append(chunk)
         if not msg.get("more_body", False):
             return b"".join(parts)
 
@@ -112,10 +120,14 @@ def labels_of(out: Outputs) -> np.ndarray | None:
 
 
 class InferHandler:
-    """`await handler(scope, receive, send, model, version)` answers one infer request."""
+    """`await handler(scope, receive, send, model, version)` answers one infer request.
+
+    It does the guard's work itself (`web.guard.admit`: request id, body limit) rather than
+    sit behind the middleware, which costs a coroutine layer and a closure per message."""
 
     def __init__(self, ctx: ServeContext) -> None:
         self.ctx = ctx
+        self.max_body = ctx.settings.max_body_bytes
         self._inflight: dict[str, Gauge] = {}
         self._latency: dict[tuple[str, str], Histogram] = {}
         self._responses: dict[tuple[str, str, int], Counter] = {}
@@ -146,8 +158,16 @@ class InferHandler:
     async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str,
                        version: str | None) -> None:
         t0 = time.monotonic()
-        state = scope.get("state") or {}
-        rid: str = state.get("request_id") or new_request_id()
+        guarded = (scope.get("state") or {}).get("request_id")
+        if guarded:  # reached through FastAPI: the guard already counts and tags
+            rid, stream, tags = str(guarded), False, []
+        else:
+            rid, too_big, stream = admit(scope, self.max_body)
+            if too_big is not None:
+                await send_error(send, 413, f"request body of {too_big} bytes exceeds the "
+                                            f"{self.max_body}-byte limit", request_id=rid)
+                return
+            tags = [(_RID, rid.encode())]
         ctx = self.ctx
         repo = ctx.repo
         status, served = 500, ""
@@ -161,7 +181,7 @@ class InferHandler:
             if entry.config is None:
                 raise ServeError(503, f"model '{name}' failed to load: {entry.reason}")
             cfg = entry.config
-            body = await read_body(receive)
+            body = await read_body(receive, self.max_body if stream else None)
             hlen: bytes | None = None
             tmo: bytes | None = None
             for k, v in scope["headers"]:
@@ -191,18 +211,20 @@ class InferHandler:
             status = 200
             raw_headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
             raw_headers.append((b"content-length", str(len(payload)).encode()))
+            raw_headers += tags
             await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
             await send({"type": "http.response.body", "body": payload})
         except ServeError as e:
             status = e.status
-            await send_error(send, e.status, e.message, extra_headers=[
+            await send_error(send, e.status, e.message, extra_headers=tags + [
                 (k.lower().encode(), v.encode()) for k, v in e.headers.items()])
-        except HTTPException as e:  # the guard's BodyTooLarge while the body streamed in
+        except HTTPException as e:  # BodyTooLarge while the body streamed in
             status = e.status_code
-            await send_error(send, e.status_code, str(e.detail))
+            await send_error(send, e.status_code, str(e.detail), extra_headers=tags)
         except Exception:
             log.exception("infer %s failed", name, extra={"request_id": rid})
-            await send_error(send, 500, "internal server error; see the server log")
+            await send_error(send, 500, "internal server error; see the server log",
+                             extra_headers=tags)
         finally:
             inflight.dec()
             dt = time.monotonic() - t0

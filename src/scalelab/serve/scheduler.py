@@ -2,7 +2,9 @@
 
 Requests become `Job`s on the event loop; the batcher (batching.collect) forms batches; the
 forward pass runs on this version's own single thread, so the event loop keeps accepting and
-answering while torch computes, and a slow or broken model only ever blocks its own queue. A
+answering while torch computes, and a slow or broken model only ever blocks its own queue —
+except for models whose batches take less than `inline_below_ms`, which compute on the loop
+itself (the hand-off would cost more than the forward). A
 batch that raises is retried one job at a time, so one bad input fails alone.
 """
 
@@ -103,8 +105,15 @@ class VersionWorker:
                                            thread_name_prefix=f"infer-{model}-{version}")
         self.closing = False
         self.batch_s_ewma = 0.0
+        self.inline_below_s = cfg.inline_below_ms / 1000.0
         self._task: asyncio.Task[None] | None = None
-        self._labels = (model, str(version))
+        self._labels = lb = (model, str(version))
+        # metric children looked up once: .labels() takes a lock and builds a key every call
+        self._depth = metrics.queue_depth.labels(*lb)
+        self._queue_wait = metrics.queue_wait_seconds.labels(*lb)
+        self._batch_wait = metrics.batch_wait_seconds.labels(*lb)
+        self._compute_s = metrics.compute_seconds.labels(*lb)
+        self._batch_rows = metrics.batch_size.labels(*lb)
 
     # -- event-loop side -----------------------------------------------------------------------
 
@@ -129,7 +138,7 @@ class VersionWorker:
             raise ServeError(429, f"model '{self.model}' version {self.version}: queue full "
                                   f"({self.queue.maxsize} waiting); retry later",
                              {"Retry-After": str(self.retry_after_s())}) from None
-        self.metrics.queue_depth.labels(*self._labels).set(self.depth())
+        self._depth.set(self.depth())
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -142,14 +151,16 @@ class VersionWorker:
                     _fail(j, ServeError(504, f"deadline passed after {waited:.0f} ms in the "
                                              "queue; dropped before compute"))
                 batch = [j for j in formed.batch if not j.future.done()]
-                self.metrics.queue_depth.labels(*self._labels).set(self.depth())
+                self._depth.set(self.depth())
                 if not batch:
                     continue
                 for j in batch:
-                    self.metrics.queue_wait_seconds.labels(*self._labels).observe(
-                        j.picked_at - j.enqueued_at)
-                    self.metrics.batch_wait_seconds.labels(*self._labels).observe(now - j.picked_at)
-                results = await loop.run_in_executor(self.executor, self._compute, batch)
+                    self._queue_wait.observe(j.picked_at - j.enqueued_at)
+                    self._batch_wait.observe(now - j.picked_at)
+                if self.inline(self.batch_s_ewma):
+                    results = self._compute(batch)
+                else:
+                    results = await loop.run_in_executor(self.executor, self._compute, batch)
                 for j, r in zip(batch, results, strict=True):
                     if j.future.done():
                         continue
@@ -161,6 +172,11 @@ class VersionWorker:
                 raise
             except Exception:  # the batcher must outlive any single bad batch
                 log.exception("batcher for %s/%s failed a round; continuing", *self._labels)
+
+    def inline(self, batch_s: float) -> bool:
+        """Compute on the event loop? Only once a batch has been timed (on the thread) and the
+        recent average is under the threshold."""
+        return 0.0 < batch_s < self.inline_below_s
 
     async def stop(self, *, drain_s: float = 30.0) -> None:
         """Refuse new jobs, let queued ones finish (bounded), then free the thread."""
@@ -177,7 +193,7 @@ class VersionWorker:
             _fail(j, ServeError(503, f"model '{self.model}' was unloaded before this request ran"))
         self.pending.clear()
         self.executor.shutdown(wait=True)
-        self.metrics.queue_depth.labels(*self._labels).set(0)
+        self._depth.set(0)
 
     # -- inference thread side -----------------------------------------------------------------
 
@@ -214,8 +230,8 @@ class VersionWorker:
             results = [self._one(j) for j in batch] if len(batch) > 1 else [self._one(batch[0])]
         dt = time.perf_counter() - t0
         self.batch_s_ewma = dt if not self.batch_s_ewma else 0.8 * self.batch_s_ewma + 0.2 * dt
-        self.metrics.compute_seconds.labels(*self._labels).observe(dt)
-        self.metrics.batch_size.labels(*self._labels).observe(rows)
+        self._compute_s.observe(dt)
+        self._batch_rows.observe(rows)
         if self.sampler is not None:
             for j, r in zip(batch, results, strict=True):
                 if j.log_sample and not isinstance(r, BaseException):

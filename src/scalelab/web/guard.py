@@ -56,6 +56,28 @@ def accept_request_id(given: bytes | None) -> str:
     return new_request_id()
 
 
+def admit(scope: Scope, max_body: int) -> tuple[str, int | None, bool]:
+    """The guard's checks for a handler that does its own I/O: (request id, declared body
+    length that exceeds `max_body` or None, whether the body has no usable Content-Length
+    and must be counted while read). Stores the id in scope["state"]."""
+    given: bytes | None = None
+    raw_cl: bytes | None = None
+    for k, v in scope["headers"]:
+        if k == _RID_BYTES:
+            given = v
+        elif k == b"content-length":
+            raw_cl = v
+    rid = accept_request_id(given)
+    state = scope.get("state")
+    if state is None:
+        scope["state"] = state = {}
+    state["request_id"] = rid
+    if raw_cl is None or not raw_cl.isdigit():
+        return rid, None, True
+    n = int(raw_cl)
+    return rid, (n if n > max_body else None), False
+
+
 def request_id(scope: Scope) -> str:
     """The id the guard gave this request ('' outside the guard)."""
     state = scope.get("state")
@@ -93,21 +115,10 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given: bytes | None = None
-        raw_cl: bytes | None = None
-        for k, v in scope["headers"]:
-            if k == _RID_BYTES:
-                given = v
-            elif k == b"content-length":
-                raw_cl = v
-        rid = accept_request_id(given)
-        state = scope.get("state")
-        if state is None:
-            scope["state"] = state = {}
-        state["request_id"] = rid
         limit = self.max_body
-        if raw_cl is not None and raw_cl.isdigit() and int(raw_cl) > limit:
-            await send_error(send, 413, f"request body of {int(raw_cl)} bytes exceeds the "
+        rid, too_big, stream = admit(scope, limit)
+        if too_big is not None:
+            await send_error(send, 413, f"request body of {too_big} bytes exceeds the "
                                         f"{limit}-byte limit", request_id=rid,
                              error_body=self.error_body)
             return
@@ -122,7 +133,7 @@ class Guard:
             await send(msg)
 
         inner = receive
-        if raw_cl is None or not raw_cl.isdigit():
+        if stream:
             seen = 0
 
             async def limited() -> Message:

@@ -1,6 +1,7 @@
 """Run an ASGI app under uvicorn with the project's settings.
 
-What every server here gets: 127.0.0.1 unless told otherwise; the read-timeout protocol
+What every server here gets: 127.0.0.1 unless told otherwise; no proxy-headers middleware
+(X-Forwarded-For is not trusted); the read-timeout protocol
 (`web.timeouts`); uvicorn's own access log off (servers write theirs through `web.access`);
 logging left to the caller (`log_config=None`); a graceful-shutdown bound; and the fastest
 HTTP parser and event loop installed — httptools (C, llhttp) over the pure-Python h11, uvloop
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from scalelab.core.errors import BadUsageError
 from scalelab.web.timeouts import H11_PATH, HTTPTOOLS_PATH, READ_TIMEOUT_ENV
@@ -83,6 +84,10 @@ class RunConfig:
     log_level: str = "info"
     backlog: int = 2048
     """Listen queue length: connections the kernel holds before the server accepts them."""
+    worker_healthcheck_s: int = 30
+    """With several workers: how long one may take to answer the supervisor's ping before it
+    is killed and replaced. uvicorn's 5 s killed workers still importing torch on a busy
+    2-core machine (20 s to start), over and over."""
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -99,12 +104,20 @@ class RunConfig:
 
 def run(target: str, cfg: RunConfig, *, factory: bool = True) -> None:
     """Serve `target` ("module:attr", an app factory when `factory`) until interrupted."""
+    import inspect
+
     import uvicorn
 
+    extra: dict[str, Any] = {}
+    if "timeout_worker_healthcheck" in inspect.signature(uvicorn.run).parameters:
+        extra["timeout_worker_healthcheck"] = cfg.worker_healthcheck_s  # newer uvicorn only
     # workers are new processes: the limit travels in the environment they inherit
     os.environ[READ_TIMEOUT_ENV] = repr(cfg.read_timeout_s)
     uvicorn.run(target, factory=factory, host=cfg.host, port=cfg.port, workers=cfg.workers,
                 log_config=None, access_log=False, log_level=cfg.log_level,
                 http=protocol_path(resolve_http(cfg.http)), loop=resolve_loop(cfg.loop),
                 timeout_keep_alive=cfg.keep_alive_s, backlog=cfg.backlog,
-                timeout_graceful_shutdown=int(cfg.graceful_s) or None)
+                # X-Forwarded-* is not trusted (servers bind 127.0.0.1 unless told otherwise),
+                # and the middleware that reads it is a layer every request paid for
+                proxy_headers=False,
+                timeout_graceful_shutdown=int(cfg.graceful_s) or None, **extra)
