@@ -19,15 +19,17 @@ for GPT-3 in 16-bit with dropout; with tensor parallelism (no sequence paralleli
 inside attention and the MLP divide by t and the rest (layer-norm inputs, residual) do not:
 s·b·h·(10 + 24/t + 5as/(ht)). The trainer's block is Llama's (RMSNorm, RoPE, grouped-query
 attention, SwiGLU) in fp32 without dropout, so the same accounting is redone for it op by op
-(`llama_layer_elements`, each term commented) and multiplied by 4 bytes. Attention runs in
-torch's fused scaled_dot_product_attention, which saves the log-sum-exp (one value per head and
-token) instead of the a·s² score matrix: the 5as/h term becomes a/h.
+(`llama_layer_elements`, each term commented, checked storage by storage against what autograd
+really keeps) and multiplied by 4 bytes. Attention runs in torch's fused
+scaled_dot_product_attention, which saves the log-sum-exp (one value per head and token)
+instead of the a·s² score matrix: the 5as/h term becomes a/h.
 
 Pipeline activations: GPipe runs every micro-batch's forward before any backward, so every
 stage holds m micro-batches of b/m sequences at once; under 1F1B stage i holds min(p − i, m)
-(Narayanan et al. 2021): the first min(p, m), the last one. What is not counted: the runtime itself (a torch process is ~300 MiB of RSS
-before any tensor), allocator fragmentation, communication buffers, and FSDP's transient
-all-gathered layer (one block's full parameters and gradients while it runs).
+(Narayanan et al. 2021): the first min(p, m), the last one. Not counted: the runtime itself (a
+torch process is ~300 MiB of RSS before any tensor), allocator fragmentation, communication
+buffers, and FSDP's transient all-gathered layer (one block's parameters and gradients while it
+runs).
 """
 
 from __future__ import annotations
@@ -162,36 +164,42 @@ def llama_layer_elements(*, tokens: int, hidden: int, heads: int, kv_heads: int,
                          tp: int = 1) -> int:
     """Activation elements one Llama block saves for backward over `tokens` tokens.
 
-    Per token, with d = h / a the head width and kv = kv_heads · d, op by op (fp32, no dropout):
-      attention RMSNorm: its input (h) and 1/rms (1)                         h + 1
-      q, k, v projections: their shared input, the norm's output (h)          h
-      RoPE on q and k: the rotated halves it multiplies by sin (h + kv)       h + kv
-      GQA: k and v repeated to every query head (h + h)                       2h
-      fused attention: q, repeated k and v are the tensors above; its output
-        (h) and the log-sum-exp (a)                                           h + a
-      output projection: its input, the heads re-joined (h)                   h
-      MLP RMSNorm: input (h) and 1/rms (1)                                    h + 1
-      gate and up projections: the norm's output (h)                          h
-      SiLU(gate) · up: gate (f), SiLU's output (f), up (f)                    3f
-      down projection: its input, the product (f)                             f
-    Under tensor parallelism of degree t the projections' outputs and the MLP's inner terms
-    split t ways (q/k/v/heads, f); the norms' inputs/outputs and the residual do not — the same
-    split as Korthikanti's 10 + 24/t.
+    Per token, with kv = kv_heads · h / heads the key/value width, op by op (fp32, no dropout;
+    checked against a saved-tensor hook, storage by storage, on torch 2.13 CPU):
+      each RMSNorm (two per block): its input x (h), 1/rms (1), x/rms (h, kept by the
+        multiply with the weight) and its output (h, kept by the next projections)  2 x (3h + 1)
+      RoPE: only cos and sin (a model-level term: `rope_elements`); q and k are not kept
+      fused attention: q (h), k and v at their own width (kv + kv: grouped-query attention
+        is not expanded in what is kept), the output (h, which o_proj reads as a view) and the
+        log-sum-exp (a)                                                          2h + 2kv + a
+      SwiGLU: gate's output (f, kept by SiLU), SiLU's output and up's output (f + f, kept by the
+        product), the product (f, kept by down_proj)                              4f
+    Under tensor parallelism of degree t the attention and MLP terms split t ways (each rank has
+    1/t of the heads and of f); the norms' terms, on the replicated residual stream, do not —
+    Korthikanti's 10 + 24/t split, for this block: (6h + 2) + (2h + 2kv + a + 4f)/t.
     """
-    d = hidden // heads
-    kv = kv_heads * d
-    replicated = (hidden + 1) + hidden + (hidden + 1) + hidden
-    split = (hidden + kv) + 2 * hidden + (hidden + heads) + hidden + 4 * ffn
+    kv = kv_heads * (hidden // heads)
+    replicated = 6 * hidden + 2
+    split = 2 * hidden + 2 * kv + heads + 4 * ffn
     return tokens * replicated + -(-tokens * split // tp)
 
 
-def head_elements(*, tokens: int, hidden: int, vocab: int, tp: int = 1) -> int:
-    """The final RMSNorm (input h, 1/rms, output h) and the loss's log-softmax over V logits.
+def rope_elements(*, tokens: int, head_dim: int) -> int:
+    """cos and sin for every token (b·t·d each), computed once per forward (once per pipeline
+    stage) and shared by every layer's q and k."""
+    return tokens * 2 * head_dim
+
+
+def head_elements(*, tokens: int, hidden: int, vocab: int) -> int:
+    """The final RMSNorm (3h + 1, as in a block) and the loss's log-softmax over V logits.
 
     Under tensor parallelism the logits are gathered whole on every rank before the loss.
     """
-    del tp
-    return tokens * (2 * hidden + 1 + vocab)
+    return tokens * (3 * hidden + 1 + vocab)
+
+
+INDEX_BYTES = 8
+"""int64 token ids (kept by the embedding) and targets (kept by the loss), per token each."""
 
 
 def plan_memory(q: MemoryQuery) -> MemoryPlan:
@@ -203,56 +211,66 @@ def plan_memory(q: MemoryQuery) -> MemoryPlan:
     emb_each = q.vocab * h
     per_layer = (q.params - q.embedding_params() - h) / L  # final norm apart
     layer_kw = {"hidden": h, "heads": q.n_heads, "kv_heads": q.n_kv_heads, "ffn": q.ffn_dim}
+    d = h // q.n_heads
+
+    def whole_model(tokens: int, tp: int = 1) -> int:
+        """Bytes of activations of the whole model over `tokens` tokens."""
+        elements = (L * llama_layer_elements(tokens=tokens, tp=tp, **layer_kw)
+                    + rope_elements(tokens=tokens, head_dim=d)
+                    + head_elements(tokens=tokens, hidden=h, vocab=q.vocab))
+        return ab * elements + 2 * INDEX_BYTES * tokens
+
     in_flight = 1
     if q.strategy == "dp":
         psi = q.params
         tokens = q.seq * q.batch // w
-        act = L * llama_layer_elements(tokens=tokens, **layer_kw)
-        act += head_elements(tokens=tokens, hidden=h, vocab=q.vocab)
-        f_psi, f_act = "Ψ", "L·layer(s·b/W) + head(s·b/W)"
+        act_b = whole_model(tokens)
+        f_psi, f_act = "Ψ", "L·layer(s·b/W) + rope + head + ids"
     elif q.strategy == "fsdp":
         psi = math.ceil(q.params / w)
         tokens = q.seq * q.batch // w
-        act = L * llama_layer_elements(tokens=tokens, **layer_kw)
-        act += head_elements(tokens=tokens, hidden=h, vocab=q.vocab)
-        f_psi, f_act = "⌈Ψ/W⌉", "L·layer(s·b/W) + head(s·b/W)"
+        act_b = whole_model(tokens)
+        f_psi, f_act = "⌈Ψ/W⌉", "L·layer(s·b/W) + rope + head + ids"
     elif q.strategy == "tp":
         psi = math.ceil((q.params - norms) / w) + norms
         tokens = q.seq * q.batch
-        act = L * llama_layer_elements(tokens=tokens, tp=w, **layer_kw)
-        act += head_elements(tokens=tokens, hidden=h, vocab=q.vocab, tp=w)
-        f_psi, f_act = "⌈(Ψ − (2L+1)h)/W⌉ + (2L+1)h", "L·layer_t(s·b) + head(s·b)"
+        act_b = whole_model(tokens, tp=w)
+        f_psi, f_act = "⌈(Ψ − (2L+1)h)/W⌉ + (2L+1)h", "L·layer_t(s·b) + rope + head + ids"
     else:
         # Stages take ⌈L/W⌉ layers from the front; the first stage also holds the embedding
-        # and min(W, m) (1F1B) or m (GPipe) micro-batches in flight, the last the final norm,
-        # the output head (its own copy when tied) and one micro-batch's logits.
+        # (and the token ids), the last the final norm, the output head (its own copy when
+        # tied), the logits and the targets. Each stage computes its own cos/sin.
         stage_layers = math.ceil(L / w)
         last_layers = L - (w - 1) * stage_layers if w > 1 else L
         tokens = q.seq * q.batch // q.micro_batches
-        in_flight = q.micro_batches if q.schedule == "gpipe" else min(w, q.micro_batches)
-        layer_act = llama_layer_elements(tokens=tokens, **layer_kw)
-        head_act = head_elements(tokens=tokens, hidden=h, vocab=q.vocab)
-        first_psi = math.ceil(stage_layers * per_layer) + emb_each
-        last_psi = math.ceil(last_layers * per_layer) + h + emb_each
-        first_act = in_flight * stage_layers * layer_act
+        first_in_flight = q.micro_batches if q.schedule == "gpipe" else min(w, q.micro_batches)
         # Under 1F1B the last stage runs each micro-batch's backward right after its forward;
         # under GPipe it too runs all m forwards first.
         last_in_flight = q.micro_batches if q.schedule == "gpipe" else 1
-        last_act = last_in_flight * (last_layers * layer_act + head_act)
+        layer_act = llama_layer_elements(tokens=tokens, **layer_kw)
+        rope = rope_elements(tokens=tokens, head_dim=d)
+        head = head_elements(tokens=tokens, hidden=h, vocab=q.vocab)
+        first_psi = math.ceil(stage_layers * per_layer) + emb_each
+        last_psi = math.ceil(last_layers * per_layer) + h + emb_each
+        first_b = first_in_flight * (ab * (stage_layers * layer_act + rope)
+                                     + INDEX_BYTES * tokens)
+        last_b = last_in_flight * (ab * (last_layers * layer_act + rope + head)
+                                   + INDEX_BYTES * tokens)
         if w == 1:
-            psi, act = q.params, in_flight * (L * layer_act + head_act)
-        elif (pb + gb + k) * first_psi + ab * first_act >= (pb + gb + k) * last_psi + ab * last_act:
-            psi, act = first_psi, first_act
+            psi, act_b = q.params, first_in_flight * whole_model(tokens)
+            in_flight = first_in_flight
+        elif (pb + gb + k) * first_psi + first_b >= (pb + gb + k) * last_psi + last_b:
+            psi, act_b, in_flight = first_psi, first_b, first_in_flight
         else:
-            psi, act, in_flight = last_psi, last_act, last_in_flight
+            psi, act_b, in_flight = last_psi, last_b, last_in_flight
         f_psi = "busiest of ⌈L/W⌉·Ψ_layer + Vh (first stage), rest + h + Vh (last stage)"
-        f_act = (f"{'m' if q.schedule == 'gpipe' else 'min(W, m)'}·⌈L/W⌉·layer(s·b/m) (first), "
-                 f"{'m·' if q.schedule == 'gpipe' else ''}(layers_last·layer(s·b/m) + "
-                 "head(s·b/m)) (last)")
-    act_bytes = ab * act
+        f_act = (f"{'m' if q.schedule == 'gpipe' else 'min(W, m)'}·(⌈L/W⌉·layer(s·b/m) + rope + "
+                 f"ids) (first), {'m·' if q.schedule == 'gpipe' else ''}(layers_last·"
+                 "layer(s·b/m) + rope + head + targets) (last)")
+    act_bytes = act_b
     formulas = {
         "params": f"{pb}·{f_psi}", "grads": f"{gb}·{f_psi}", "optimizer": f"{k}·{f_psi}",
-        "activations": f"{ab}·({f_act})",
+        "activations": f"{ab} bytes·({f_act})",
         "state_variant": ("fp32 Adam: 4Ψ + 4Ψ + 8Ψ" if q.precision == "fp32"
                           else "mixed-precision Adam (ZeRO): 2Ψ + 2Ψ + 12Ψ"),
     }

@@ -188,6 +188,8 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
     local_losses: list[float | None] = []
     step_s: list[float] = []
     busy_s: list[float] = []
+    sched_s: list[float] = []
+    """Forward + backward only (the pipeline schedule's step, without the optimizer)."""
     comm = CommStats()
     profiled: list[float] = []
     states: dict[str, int] = {}
@@ -219,6 +221,7 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
             states["activation_bytes"] = meter.peak
         else:
             loss = rep.step(batch)
+        sched_s.append(time.perf_counter() - t0)
         grads = grad_bytes(rep.model)
         rep.optimizer.step()
         rep.optimizer.zero_grad(set_to_none=True)
@@ -264,9 +267,14 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
         "comm": comm.per_step(n_prof) if n_prof else {},
     }
     if rep.clock is not None and busy_s:
-        # The first step also infers shapes between stages; leave it out when others exist.
-        pairs = list(zip(step_s, busy_s, strict=True))[1:] or list(zip(step_s, busy_s,
-                                                                      strict=True))
+        # The bubble is the schedule's: idle time within forward + backward, the optimizer step
+        # apart. Left out where others remain: the first step (it also infers the shapes
+        # between stages), the activation-counting step and the profiled ones (hooks and the
+        # profiler slow compute, not the transfers).
+        skip = {0, meter_step - start, *(i - start for i in prof_range)}
+        all_pairs = list(zip(sched_s, busy_s, strict=True))
+        pairs = [p for i, p in enumerate(all_pairs) if i not in skip] or all_pairs[1:] \
+            or all_pairs
         report["pipeline"] = {
             "stages": r.world, "micro_batches": cfg.micro_batches, "schedule": cfg.schedule,
             "bubble_theory": bubble_theory(r.world, cfg.micro_batches),
