@@ -33,7 +33,13 @@ def test_rate_sweep_writes_one_valid_record_per_level(
     assert r.latency is not None and r.latency.p50_ms is not None and r.latency.p50_ms >= 19.9
     assert r.rate is not None and r.rate > 90 and r.failures == 0
     assert {"goodput_rps", "lag", "errors_by_kind", "hdr_histogram", "budget"} <= set(r.extras)
+    assert {"p50_ms", "p99_ms", "max_ms", "count", "share"} <= set(r.extras["lag"])
     assert [b["objective"] for b in r.extras["budget"]] == ["p95<40ms", "avail>=99%"]
+    assert doc["validity_rules"] == {"rate_tolerance": 0.02, "lag_p99_floor_ms": 2.0,
+                                     "lag_p99_max_gaps": 1.0,
+                                     "lag_p99_max_objective_share": 0.1}
+    for lv in doc["levels"]:
+        assert lv["lag_p50_ms"] <= lv["lag_p99_ms"] <= lv["lag_max_ms"] + 0.01
 
     rc = run(["load", "budget", "--slo", "p99<1s", "--records", str(recs), "--json"])
     assert rc == 0
@@ -111,7 +117,8 @@ def test_capacity_search_finds_a_known_capacity(
     plot = tmp_path / "curve.png"
     rc = run(["load", "capacity", url, "--slo", "p95<60ms", "--arrival", "constant",
               "--start", "25", "--precision", "4%", "--min-step", "2s", "--max-step", "4s",
-              "--warmup", "0.3s", "--records", str(recs), "--plot", str(plot), "--json"])
+              "--warmup", "0.3s", "--invalid-retries", "0", "--records", str(recs),
+              "--plot", str(plot), "--json"])
     assert rc == 0
     doc = _json(capsys)
     lo, hi = doc["interval_rps"]
@@ -121,6 +128,10 @@ def test_capacity_search_finds_a_known_capacity(
     assert lo <= 102.5 and hi >= 100.0
     assert (hi - lo) / lo <= 0.04
     assert [s["rate"] for s in doc["steps"]][:4] == [25, 50, 100, 200]
+    # p95 at 95%: 230 requests before a step may decide (a 4 s step at 25 req/s has 100).
+    assert doc["step_requests"] == 230
+    assert all(s["requests_needed"] == 230 for s in doc["steps"])
+    assert all(s["verdict"].startswith("undecided") for s in doc["steps"] if s["requests"] < 230)
     assert len(read_records(recs)) == len(doc["steps"])
     assert plot.stat().st_size > 1000
 
