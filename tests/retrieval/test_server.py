@@ -24,10 +24,17 @@ class _FakeChat(BaseHTTPRequestHandler):
     """A tiny OpenAI-compatible endpoint that answers with the first fact it was given."""
 
     seen: ClassVar[list[dict[str, Any]]] = []
+    entered: ClassVar[threading.Event] = threading.Event()
+    """Set when a request arrives (the retrieval server is then inside /v1/answer)."""
+    gate: ClassVar[threading.Event | None] = None
+    """When set to an Event, the answer waits for it (holds the server's admission slot)."""
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         _FakeChat.seen.append({"path": self.path, "body": body})
+        _FakeChat.entered.set()
+        if _FakeChat.gate is not None:
+            _FakeChat.gate.wait(timeout=60)
         facts = body["messages"][1]["content"].splitlines()[1]
         out = json.dumps({"choices": [{"message": {"role": "assistant",
                                                    "content": facts}}]}).encode()
@@ -64,6 +71,7 @@ def server(small, chat: str, tmp_path_factory: pytest.TempPathFactory
     def cmd(port: int) -> list[str]:
         return [sys.executable, "-m", "scalelab", "retrieval", "serve", str(out), "--port",
                 str(port), "--cache", str(cache), "--max-k", "50", "--max-body-bytes", "20000",
+                "--max-inflight", "1",
                 "--generate-url", chat]
 
     with spawned_server(cmd, ready_path="/health/ready", env=env,
@@ -158,6 +166,29 @@ def test_admin_add_makes_a_new_document_answerable(server: Spawned, small) -> No
     metrics = httpx.get(server.url + "/metrics").text
     assert 'retrieval_requests_total{code="200",route="retrieve"}' in metrics
     assert "retrieval_index_vectors 1501.0" in metrics
+
+
+def test_admission_refuses_beyond_max_inflight(server: Spawned, small) -> None:  # type: ignore[no-untyped-def]
+    q = small.corpus.questions[2].text
+    _FakeChat.entered.clear()
+    _FakeChat.gate = threading.Event()
+    out: list[httpx.Response] = []
+    t = threading.Thread(target=lambda: out.append(
+        _post(server, "/v1/answer", {"question": q, "k": 2})))
+    t.start()
+    try:
+        assert _FakeChat.entered.wait(timeout=60)
+        # The answer holds the only slot (--max-inflight 1): the next request is refused.
+        r = _post(server, "/v1/retrieve", {"query": q})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert "limit 1" in r.json()["error"]
+    finally:
+        _FakeChat.gate.set()
+        t.join(timeout=60)
+        _FakeChat.gate = None
+    assert out[0].status_code == 200
+    assert _post(server, "/v1/retrieve", {"query": q}).status_code == 200
+    assert "retrieval_rejected_total 1.0" in httpx.get(server.url + "/metrics").text
 
 
 def test_prompt_messages() -> None:
