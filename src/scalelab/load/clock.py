@@ -63,8 +63,8 @@ async def sleep_until(when: float, *, margin_s: float = MARGIN_S,
                       piece_s: float = PIECE_S) -> float:
     """Return at `when` (seconds on `now()`) or just after; returns the time it woke.
 
-    Costs one loop timer per call plus at most (margin_s / piece_s) + 2 short sleeps, each
-    after a zero-timeout look at the sockets.
+    Costs one loop timer per call plus at most (margin_s / piece_s) + 1 short sleeps, each
+    after a zero-timeout look at the sockets; it always yields to the loop at least once.
     """
     loop = asyncio.get_running_loop()
     wait = when - now()
@@ -75,15 +75,14 @@ async def sleep_until(when: float, *, margin_s: float = MARGIN_S,
             await fut
         finally:
             handle.cancel()
+    # Look at the sockets before every check, so whatever fell due before `when` (responses,
+    # timers) has run by the time this returns.
     while True:
+        await asyncio.sleep(0)
         t = now()
         if t >= when:
             return t
-        await asyncio.sleep(0)
-        rest = when - now()
-        if rest <= 0:
-            return now()
-        time.sleep(min(rest, piece_s))
+        time.sleep(min(when - t, piece_s))
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
