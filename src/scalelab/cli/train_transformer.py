@@ -242,8 +242,9 @@ def run_transformer_bench(ctx: click.Context, t: dict[str, Any], *, as_json: boo
         nprocs = "2,4"
     if _defaulted(ctx, "steps"):
         steps = 6
-    cfg = _config(ctx, t, batch=batch, steps=steps, seed=seed, lr=lr, hidden=hidden,
-                  threads=threads or 1, batch_param="batches")
+    # The sweep sets each level's strategy; the base config carries DDP's.
+    cfg = _config(ctx, {**t, "strategy": "dp"}, batch=batch, steps=steps, seed=seed, lr=lr,
+                  hidden=hidden, threads=threads or 1, batch_param="batches")
     sw = run_sweep(cfg, strategies=strategies, nprocs=parse_list(nprocs, what="--nproc", kind=int),
                    experiment=new_experiment_id("train-transformer-bench"),
                    timeout_s=parse_duration(timeout, what="--timeout"),
