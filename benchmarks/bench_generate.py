@@ -486,7 +486,7 @@ def main() -> None:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sections = {
-        "paged": lambda: section_paged(lm, workload(lm, 48, seed=2), 512, 8, steps=4),
+        "paged": lambda: section_paged(lm, workload(lm, 96, seed=2), 512, 8, steps=3),
         "prefix": lambda: section_prefix(lm, 6),
         "spec": lambda: section_spec(lm, args.spec_tokens),
         "batching": lambda: section_batching(lm, work, args.batch),

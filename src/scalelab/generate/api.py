@@ -15,7 +15,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.generate.engine import Engine, EngineConfig
@@ -318,14 +319,18 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         if body.stream:
             include = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(
+            return _Stream(
                 _stream(h, rid, chat, include),
+                on_close=lambda: _release(h),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
         return await _whole(h, rid, chat, request)
 
     def _release(h: Handle) -> None:
+        if h.released:
+            return
+        h.released = True
         svc.loop.abort(h)  # no-op when it already finished
         svc.outstanding -= 1
 
@@ -421,6 +426,22 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
             _release(h)  # also when the client disconnected and the generator was closed
 
     return app
+
+
+class _Stream(StreamingResponse):
+    """A stream that releases its request however it ends: a client that disconnects before
+    the first chunk leaves the body generator unstarted, so its `finally` never runs."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, on_close: Callable[[], None],
+                 media_type: str, headers: dict[str, str]) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 def engine_from_settings(settings: ApiSettings) -> Engine:

@@ -42,6 +42,8 @@ class Handle:
     seq: Sequence | None = None
     done: bool = False
     aborted: bool = field(default=False)
+    released: bool = False
+    """The server has stopped counting it (set once, whichever way the request ended)."""
 
 
 class EngineLoop:
