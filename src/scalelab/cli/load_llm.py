@@ -7,6 +7,8 @@ URL is the server's base (http://host:port) or the full endpoint path; the path 
 from __future__ import annotations
 
 import functools
+import json
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,8 +47,8 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option("--api", type=click.Choice(list(APIS)), default="chat", show_default=True,
                      help="/v1/chat/completions or /v1/completions."),
-        click.option("--model", "model_name", default="default", show_default=True,
-                     help="The request's model field."),
+        click.option("--model", "model_name",
+                     help="The request's model field (default: the first of GET /v1/models)."),
         click.option("--prompt-tokens", default="fixed:128", show_default=True,
                      help="Prompt length in words (≈ tokens): fixed:N, uniform:A,B, normal:M,SD."),
         click.option("--output-tokens", default="fixed:64", show_default=True,
@@ -79,8 +81,25 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
 
 
+def served_model(target: Target) -> str | None:
+    """The first model GET /v1/models lists (OpenAI servers that check the `model` field
+    refuse any other); None when the server does not say."""
+    try:
+        with urllib.request.urlopen(f"{target.base}/v1/models", timeout=5) as r:
+            doc = json.loads(r.read())
+        data = doc.get("data") if isinstance(doc, dict) else None
+        first = data[0].get("id") if isinstance(data, list) and data and \
+            isinstance(data[0], dict) else None
+        return str(first) if first else None
+    except (OSError, ValueError):
+        return None
+
+
 def _workload(url: str, kw: dict[str, Any]) -> tuple[Target, Workload, list[bytes]]:
-    wl = Workload(api=kw["api"], model=kw["model_name"],
+    model = kw["model_name"]
+    if model is None:
+        model = served_model(Target.parse(url)) or "default"
+    wl = Workload(api=kw["api"], model=model,
                   prompt=LengthDist.parse(kw["prompt_tokens"], what="--prompt-tokens"),
                   output=LengthDist.parse(kw["output_tokens"], what="--output-tokens"),
                   prompts_file=kw.get("prompts"), shared_prefix_words=kw["shared_prefix"],
@@ -151,13 +170,15 @@ def _levels(rate: float | None, rates: str | None, concurrency: str | None, base
 @click.option("--metrics-url", help="Sample the server's Prometheus metrics (vLLM names: "
               "running/waiting sequences, KV usage, preemptions) during each level.")
 @click.option("--series", help="Tag the records with this series name (e.g. an engine setting).")
+@click.option("--server-pid", type=int, help="Sample this local server process tree's CPU "
+              "(cpu_busy_cores) and peak memory during each level.")
 @_workload_options
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         records: Path | None, experiment: str | None, metrics_url: str | None,
-        series: str | None, as_json: bool, **kw: Any) -> None:
+        series: str | None, server_pid: int | None, as_json: bool, **kw: Any) -> None:
     """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput."""
     mode, levels = _levels(rate, rates, concurrency, base, loop, multiples)
     if duration is not None and n_requests is not None:
@@ -181,10 +202,10 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
             what = f"{level:g} req/s" if mode == "open" else f"{conc} streams"
             err_console.print(f"[dim]load llm {target.base}{target.path}: {what} ...[/]")
         engine: dict[str, Any] = {}
-        if metrics_url:
-            with Sampler(metrics_url) as sampler:
+        if metrics_url or server_pid:
+            with Sampler(metrics_url, pid=server_pid) as sampler:
                 r = run_llm(plan)
-            engine = sampler.signals().extras()
+            engine = sampler.extras()
         else:
             r = run_llm(plan)
         check_ran(r, url)
@@ -192,11 +213,14 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         if records is not None:
             extra: dict[str, Any] = {**engine, "model": wl.model,
                                      **({"series": series} if series else {})}
-            if engine.get("engine_scrapes"):
-                extra["limiting_signal"] = limiting_signal(engine)
+            limit = limiting_signal(engine) if engine.get("engine_scrapes") else None
+            if limit:
+                extra["limiting_signal"] = limit
+            rss = engine.get("server_peak_rss_bytes")
             append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
                                                slo=objective, price_per_hour_usd=price,
-                                               extra=extra)])
+                                               extra=extra, limiting_resource=limit,
+                                               peak_memory_bytes=int(rss) if rss else None)])
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "experiment": exp,
            "mode": mode, "slo": objective.label if objective else None,
            "price_per_hour_usd": price, "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,

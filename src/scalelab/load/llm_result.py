@@ -247,7 +247,9 @@ def summary(r: LlmResult) -> dict[str, Any]:
 
 def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat: int = 0,
               slo: TokenSlo | None = None, price_per_hour_usd: float | None = None,
-              extra: dict[str, Any] | None = None, stage: str = "llm") -> Record:
+              extra: dict[str, Any] | None = None, stage: str = "llm",
+              limiting_resource: str | None = None,
+              peak_memory_bytes: int | None = None) -> Record:
     """One record for this level: stage "llm", variable rate or concurrency, rate in output
     tokens/s, latency = TTFT percentiles; ITL/TPOT/e2e percentiles, goodput and cost in extras."""
     variable = "rate" if r.mode == "open" else "concurrency"
@@ -297,7 +299,8 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         rate=r.output_tps, rate_unit="output tokens/s", wall_s=r.wall_s,
         latency=r.ttft.latency(), failures=r.failures, failure_rate=r.failure_rate,
         recovery="replica", ok=r.valid, error="; ".join(r.invalid_reasons) or None,
-        cost=cost, extras=_finite(extras),
+        cost=cost, limiting_resource=limiting_resource, peak_memory_bytes=peak_memory_bytes,
+        extras=_finite(extras),
     )
 
 

@@ -13,9 +13,12 @@ from __future__ import annotations
 import math
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+
+import psutil
 
 GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
           "kv_usage": "vllm:kv_cache_usage_perc"}
@@ -83,21 +86,63 @@ def summarize(scrapes: list[dict[str, float]]) -> Signals:
 
 
 class Sampler:
-    """`with Sampler(url) as s:` scrapes `url` every `period_s` until the block ends."""
+    """`with Sampler(url, pid=PID) as s:` scrapes `url` every `period_s` until the block ends,
+    and (with `pid`) reads the CPU time and resident memory of that process and its children:
+    the server's own busy cores, which the verdict compares with the machine's."""
 
-    def __init__(self, url: str, period_s: float = 0.1) -> None:
+    def __init__(self, url: str | None, period_s: float = 0.1, pid: int | None = None) -> None:
         self.url = url
         self.period_s = period_s
         self.scrapes: list[dict[str, float]] = []
+        self.pid = pid
+        self._cpu0: tuple[float, float] | None = None
+        self._cpu1: tuple[float, float] | None = None
+        self.peak_rss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="metrics-scrape")
 
+    def _tree(self) -> list[psutil.Process]:
+        assert self.pid is not None
+        try:
+            p = psutil.Process(self.pid)
+            return [p, *p.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def _process(self) -> None:
+        """CPU seconds and resident memory of the server's process tree (one psutil read)."""
+        cpu, rss = 0.0, 0
+        for p in self._tree():
+            try:
+                t = p.cpu_times()
+                cpu += t.user + t.system
+                rss += p.memory_info().rss
+            except psutil.Error:
+                continue
+        mark = (time.monotonic(), cpu)
+        if self._cpu0 is None:
+            self._cpu0 = mark
+        self._cpu1 = mark
+        self.peak_rss = max(self.peak_rss, rss)
+
     def _once(self) -> None:
+        if self.pid is not None:
+            self._process()
+        if self.url is None:
+            return
         try:
             with urllib.request.urlopen(self.url, timeout=2) as r:
                 self.scrapes.append(parse_metrics(r.read().decode("utf-8", "replace")))
         except (OSError, urllib.error.URLError, ValueError):
             pass
+
+    def process_extras(self) -> dict[str, float | int]:
+        """cpu_busy_cores (what the verdict reads) and server_peak_rss_bytes of the server."""
+        if self._cpu0 is None or self._cpu1 is None or self._cpu1[0] <= self._cpu0[0]:
+            return {}
+        wall = self._cpu1[0] - self._cpu0[0]
+        return {"cpu_busy_cores": (self._cpu1[1] - self._cpu0[1]) / wall,
+                "server_peak_rss_bytes": self.peak_rss}
 
     def _loop(self) -> None:
         self._once()
@@ -115,6 +160,10 @@ class Sampler:
 
     def signals(self) -> Signals:
         return summarize(self.scrapes)
+
+    def extras(self) -> dict[str, float | int]:
+        """Everything sampled, as flat record extras."""
+        return {**(self.signals().extras() if self.url else {}), **self.process_extras()}
 
 
 def limiting_signal(extras: dict[str, float | int]) -> str:

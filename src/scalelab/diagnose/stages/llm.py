@@ -52,6 +52,7 @@ class LoadLlmRun(Command):
     model_name: str | None = flag("--model")
     usage: Literal["continuous", "final", "none"] | None = None
     metrics_url: str | None = None
+    server_pid: int | None = None
     core_hour_usd: float | None = None
     records: Path | None = None
 
@@ -154,6 +155,10 @@ def advise(inp: AdviceInput) -> Advice:
     miss = next((r for r in rows if any(o.passes(metric_value(r, o.metric, rows)) is False
                                         for o in goal.objectives)), rows[-1] if rows else None)
     why = limiting(miss) if miss is not None else None
+    # "compute" is the engine's absence of other signals: it names the decode step only when
+    # the measured CPU says so too.
+    if why == "compute" and not any(e.resource == "cpu" for e in inp.limits):
+        why = None
     if why is not None:
         parts.append(_FIX[why])
     cap = best_cap if best_cap is not None else base_cap
@@ -190,12 +195,15 @@ class LlmStage(Stage[LlmSettings]):
         return 1 if s.url else len(s.series) * repeats
 
     def _load(self, s: LlmSettings, url: str, rec: Path, metrics: str | None,
-              model: str, price: float | None) -> LoadLlmRun:
+              model: str | None, price: float | None, pid: int | None = None) -> LoadLlmRun:
         conc = sorted({max(1, round(s.base_concurrency * m)) for m in s.levels})
-        return LoadLlmRun(url=url, concurrency=conc, requests=s.requests, warmup="0s",
+        # A 1 s warm-up per level keeps the engine's first-request costs (allocation, the
+        # first forward's kernels) out of the 1x level's TTFT.
+        return LoadLlmRun(url=url, concurrency=conc, requests=s.requests, warmup="1s",
                           prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
                           shared_prefix=s.shared_prefix or None, api=s.api, model_name=model,
-                          metrics_url=metrics, core_hour_usd=price, records=rec)
+                          metrics_url=metrics, server_pid=pid, core_hour_usd=price,
+                          records=rec)
 
     def run(self, s: LlmSettings, ctx: Context) -> None:
         price = ctx.prices.core_hour_usd
@@ -203,7 +211,7 @@ class LlmStage(Stage[LlmSettings]):
             rec = ctx.records("llm")
             base = s.url.rstrip("/")
             ctx.run(Step(stage=self.name, label=f"load llm {s.url}",
-                         command=self._load(s, base, rec, base + "/metrics", "default", price),
+                         command=self._load(s, base, rec, base + "/metrics", None, price),
                          records=rec, series=s.baseline,
                          tag=functools.partial(restage, stage=self.name), timeout_s=900))
             return
@@ -224,8 +232,9 @@ class LlmStage(Stage[LlmSettings]):
             try:
                 for rep in range(ctx.repeats):
                     rec = ctx.records(f"llm-{series}-{rep}")
-                    load = self._load(s, spawned.url, rec, spawned.url + "/metrics", model,
-                                      price)
+                    # The request's model field: the server's own name (from /v1/models).
+                    load = self._load(s, spawned.url, rec, spawned.url + "/metrics", None,
+                                      price, pid=spawned.proc.pid)
                     ctx.run(Step(stage=self.name, label=f"llm {series} #{rep + 1}",
                                  command=load, records=rec, series=series,
                                  tag=functools.partial(restage, stage=self.name, repeat=rep),
