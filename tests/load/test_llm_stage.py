@@ -14,9 +14,12 @@ import click
 import pytest
 
 from scalelab.cli import run
-from scalelab.core.records import read_records
+from scalelab.core.records import Latency, Record, make_record, read_records
+from scalelab.core.sheet import build_sheet
+from scalelab.core.verdict import judge_stage
+from scalelab.diagnose.schema import ObjectiveSpec
 from scalelab.diagnose.stages import SECTIONS
-from scalelab.diagnose.stages.llm import LoadLlmRun, resolve_model
+from scalelab.diagnose.stages.llm import LlmSettings, LlmStage, LoadLlmRun, resolve_model
 from scalelab.load.scrape import limiting_signal, parse_metrics, summarize
 
 SERVER = Path(__file__).with_name("llm_server.py")
@@ -95,3 +98,30 @@ stages: {{{off}, llm: {{url: "{slots_server}", levels: [1, 4], requests: 8,
     stage = next(s for s in doc["verdict"]["stages"] if s["stage"] == "llm")
     assert stage["miss"]["multiple"] == 4.0
     assert "--max-num-seqs" in stage["intervention"]
+
+
+def _rec(series: str, conc: int, ttft_p95: float, **extras: float) -> Record:
+    lat = Latency(p50_ms=ttft_p95 / 2, p95_ms=ttft_p95, p99_ms=ttft_p95)
+    return make_record(experiment="e", stage="llm", variable="concurrency", level=float(conc),
+                       rate=100.0 * conc, rate_unit="output tokens/s", latency=lat,
+                       extras={"series": series, "engine_scrapes": 5, **extras})
+
+
+def test_advice_names_the_kv_pool_the_better_series_and_replicas() -> None:
+    s = LlmSettings(engine_settings={"continuous": [], "kv-big": ["--kv-cache-bytes", "1GiB"]},
+                    series=["continuous", "kv-big"],
+                    objectives=[ObjectiveSpec(metric="p95_ms", max=500)])
+    recs = [_rec("continuous", 1, 100), _rec("continuous", 2, 200),
+            _rec("continuous", 5, 900, engine_preemptions=3.0, engine_kv_usage_max=1.0),
+            _rec("kv-big", 1, 100), _rec("kv-big", 2, 150), _rec("kv-big", 5, 300)]
+    goal = LlmStage().goals(s)[0]
+    v = judge_stage(goal, build_sheet(recs), cores=2, memory_bytes=2**34)
+    assert v.miss is not None and v.miss.multiple == 5.0
+    assert v.intervention == (
+        "use kv-big; give the KV pool more memory (--kv-cache-bytes) or shorten max_model_len: "
+        "preemptions recompute whole sequences; run 2 replica(s); autoscale on running+waiting "
+        "sequences (they lead TTFT; CPU is flat once the batch is full)")
+    assert v.predicted.startswith("kv-big holds 5 concurrent streams at p95_ms ≤ 500 where "
+                                  "continuous holds 2 (measured); 2 replica(s) at 5 streams")
+    with pytest.raises(ValueError, match="not in engine_settings"):
+        LlmSettings(series=["nope"])
