@@ -75,7 +75,7 @@ class LlmSettings(StageSettings):
     """Streams at once at 1×."""
     levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
     """Multiples of the base concurrency."""
-    requests: int = Field(default=24, ge=1)
+    requests: int = Field(default=12, ge=1)
     """Measured requests per level."""
     prompt_tokens: str = "fixed:32"
     """Prompt length in words (≈ tokens): fixed:N, uniform:A,B or normal:M,SD."""
