@@ -129,7 +129,7 @@ def test_records_validate(compressed: dict[str, Any]) -> None:
         assert r.extras["variant"] == row["name"]
         assert r.quality["macro_f1"] == row["quality"]["macro_f1"]
         assert r.latency is not None and r.latency.p50_ms == row["latency"]["1"]["p50_ms"]
-        assert r.cost is not None and r.cost.unit == "1000 predictions"
+        assert r.cost is not None and r.cost.unit == "1,000 predictions"
         assert r.machine.device == row["device"]
     assert (compressed["dir"] / "pareto.png").stat().st_size > 1000
 

@@ -17,20 +17,11 @@ from scalelab.cli._output import emit, err_console, json_option
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.jsonfile import read_json_object
 from scalelab.core.sheet import SheetRow
-from scalelab.core.units import format_bytes
+from scalelab.core.units import format_bytes, format_si
 from scalelab.core.verdict import Verdict
 from scalelab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
 from scalelab.diagnose.run import CONFIG, RECORDS, Runner, rebuild
 from scalelab.report.document import ReportFiles, verdict_lines
-
-
-def _si(v: float | None, digits: int = 3) -> str:
-    if v is None:
-        return "—"
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(v) >= div:
-            return f"{v / div:.{digits}g}{suffix}"
-    return f"{v:.{digits}g}"
 
 
 def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict) -> None:
@@ -47,12 +38,12 @@ def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict
             r.stage,
             r.series or "—",
             f"{r.multiple:g}",
-            "—" if r.rate is None else f"{_si(r.rate)} {unit}".strip(),
-            _si(r.p95_ms),
-            _si(r.p99_ms),
+            "—" if r.rate is None else f"{format_si(r.rate)} {unit}".strip(),
+            format_si(r.p95_ms),
+            format_si(r.p99_ms),
             "—" if r.failure_rate is None else f"{r.failure_rate:.1%}",
             "—" if r.peak_memory_bytes is None else format_bytes(r.peak_memory_bytes),
-            (r.limiting_resource or "—")[:22],
+            (r.limiting_resource or "—")[:30],
         )
     c.print(t)
     c.print("[bold]Verdict[/]", markup=True)

@@ -281,10 +281,13 @@ def _render_bench(b: Any) -> Callable[[Console], None]:
 @click.option("--steps", type=int, default=40, show_default=True, help="Steps per level.")
 @click.option("--records", type=click.Path(dir_okay=False), default=None,
               help="Append the records to this JSON Lines file.")
+@click.option("--price-per-core-hour", type=click.FloatRange(min=0), default=None,
+              help="USD per core-hour: each level's cost from the CPU-seconds it used.")
 @json_option
 @click.pass_context
 def bench(ctx: click.Context, nprocs: str, batches: str, steps: int, records: str | None,
-          as_json: bool, timeout: str, **common: Any) -> None:
+          as_json: bool, timeout: str, price_per_core_hour: float | None,
+          **common: Any) -> None:
     """Sweep worker processes: throughput, efficiency, communication share, Karp–Flatt, USL.
 
     Example: scalelab train bench --nproc 1,2,4 --mode strong --batch 64,4096 --limit 60000
@@ -306,7 +309,7 @@ def bench(ctx: click.Context, nprocs: str, batches: str, steps: int, records: st
         experiment=new_experiment_id("train-bench"),
         timeout_s=parse_duration(timeout, what="--timeout"),
         on_level=lambda msg: err_console.print(f"[dim]running {msg}[/]", markup=True),
-        on_warning=_warn)
+        on_warning=_warn, price_per_core_hour=price_per_core_hour)
     if records:
         append_records(records, result.records)
     emit({"experiment": result.experiment, "sweeps": result.sweeps,

@@ -20,6 +20,49 @@ from scalelab.core.records import Record
 STAGE_ORDER = {"data": 0, "train": 1, "serve": 2, "model": 3}
 """The four stages in the order work flows through them; other stages follow by name."""
 
+CPU_BUSY = 0.85
+"""Busy cores at or above this share of the machine's cores: the CPU is the limit."""
+MEMORY_HIGH = 0.8
+"""Peak memory at or above this share of RAM: memory is the limit."""
+COMM_HIGH = 0.3
+"""Communication (all-reduce) share of step time at or above which it limits."""
+IOWAIT_HIGH = 0.2
+"""Share of CPU time in I/O wait at or above which I/O limits."""
+
+
+def _num(extras: dict[str, Any], key: str) -> float | None:
+    v = extras.get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def measured_limit(
+    extras: dict[str, Any], peak_memory_bytes: int | None, *, cores: int, memory_bytes: int
+) -> str:
+    """The sheet's limiting-resource cell, from measured signals only (never a stage's label):
+    the saturated resource with its number, what was measured when nothing saturates, or
+    'not measured'."""
+    busy = _num(extras, "cpu_busy_cores")
+    comm = _num(extras, "comm_share")
+    spill = _num(extras, "spilled_disk_bytes")
+    iow = _num(extras, "iowait_share")
+    mem = peak_memory_bytes / memory_bytes if peak_memory_bytes and memory_bytes else None
+    if mem is not None and mem >= MEMORY_HIGH:
+        return f"memory: peak {mem:.0%} of RAM"
+    if comm is not None and comm >= COMM_HIGH:
+        return f"communication: {comm:.0%} of step time"
+    if busy is not None and busy >= CPU_BUSY * cores:
+        return f"cpu: {busy:.2f}/{cores} cores busy"
+    if spill:
+        return f"disk spill: {spill / 2**20:.0f} MiB"
+    if iow is not None and iow >= IOWAIT_HIGH:
+        return f"i/o wait: {iow:.0%} of CPU time"
+    seen = [
+        *([f"cpu {busy:.2f}/{cores} cores"] if busy is not None else []),
+        *([f"memory {mem:.0%} of RAM"] if mem is not None else []),
+        *([f"i/o wait {iow:.0%}"] if iow is not None else []),
+    ]
+    return "none saturated (" + ", ".join(seen) + ")" if seen else "not measured"
+
 
 @dataclass(frozen=True, kw_only=True)
 class SheetRow:
@@ -48,6 +91,7 @@ class SheetRow:
     cost_unit: str | None
     recovery: str | None
     limiting_resource: str | None
+    """From measured signals only (`measured_limit`), never a stage's own label."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Medians of the numeric extras across repeats (e.g. cpu_busy_cores, comm_share)."""
 
@@ -107,6 +151,7 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
         qkeys = sorted({k for r in ok for k in r.quality})
         mem = [r.peak_memory_bytes for r in use if r.peak_memory_bytes is not None]
         fr = [r.failure_rate for r in recs if r.failure_rate is not None]
+        extras = _numeric_extras(use)
         b = base[(stage, series, variable)]
         rows.append(
             SheetRow(
@@ -137,8 +182,13 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
                 cost_per_unit_usd=_median(r.cost.per_unit_usd for r in use if r.cost is not None),
                 cost_unit=_mode(r.cost.unit for r in use if r.cost is not None),
                 recovery=_mode(r.recovery for r in use),
-                limiting_resource=_mode(r.limiting_resource for r in use),
-                extras=_numeric_extras(use),
+                limiting_resource=measured_limit(
+                    extras,
+                    int(max(mem)) if mem else None,
+                    cores=use[0].machine.cores,
+                    memory_bytes=use[0].machine.memory_bytes,
+                ),
+                extras=extras,
             )
         )
     return rows

@@ -73,3 +73,13 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def format_si(v: float | None, digits: int = 3) -> str:
+    """A number for a narrow column: 1234 -> '1.23k', 2.5e6 -> '2.5M'; None -> '—'."""
+    if v is None:
+        return "—"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.{digits}g}{suffix}"
+    return f"{v:.{digits}g}"

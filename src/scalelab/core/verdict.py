@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from scalelab.core.fits import fit_scaling
 from scalelab.core.laws import karp_flatt
 from scalelab.core.objectives import Check, Objective, check_rows, first_miss, metric_value
-from scalelab.core.sheet import SheetRow
+from scalelab.core.sheet import COMM_HIGH, CPU_BUSY, IOWAIT_HIGH, MEMORY_HIGH, SheetRow
 from scalelab.core.units import format_bytes
 
 
@@ -94,28 +94,31 @@ class Verdict:
 
 
 def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list[Evidence]:
-    """Signals from the measurements, strongest first; each cites its number and level."""
+    """Signals from the measurements, strongest first; each cites its number and level.
+
+    Only measured signals count (never a label a stage wrote): CPU busy cores of the stage's
+    process tree, peak memory against RAM, queue growth, the communication share, disk spill,
+    I/O wait and the Karp–Flatt serial fraction. Nothing past its threshold: one line saying
+    what was measured, or that nothing was."""
     ev: list[Evidence] = []
     if not rows:
         return ev
     rows = sorted(rows, key=lambda r: r.level)
     last = rows[-1]
+    at = f"at {last.variable}={last.level:g}"
     busy = metric_value(last, "extras:cpu_busy_cores")
-    if busy is not None and busy >= 0.85 * cores:
-        ev.append(
-            Evidence(
-                resource="cpu",
-                detail=(f"{busy:.2f} of {cores} cores busy at {last.variable}={last.level:g}"),
-            )
-        )
-    if last.peak_memory_bytes and memory_bytes and last.peak_memory_bytes >= 0.8 * memory_bytes:
+    if busy is not None and busy >= CPU_BUSY * cores:
+        ev.append(Evidence(resource="cpu", detail=f"{busy:.2f} of {cores} cores busy {at}"))
+    mem = (
+        last.peak_memory_bytes / memory_bytes
+        if last.peak_memory_bytes and memory_bytes
+        else None
+    )
+    if mem is not None and last.peak_memory_bytes and mem >= MEMORY_HIGH:
         ev.append(
             Evidence(
                 resource="memory",
-                detail=(
-                    f"peak {last.peak_memory_bytes / 2**30:.1f} GiB = "
-                    f"{last.peak_memory_bytes / memory_bytes:.0%} of RAM at {last.level:g}"
-                ),
+                detail=f"peak {format_bytes(last.peak_memory_bytes)} = {mem:.0%} of RAM {at}",
             )
         )
     # Queue growth: offered load (the level, for rate sweeps) above what was served, latency up.
@@ -133,32 +136,40 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
                 )
             )
     comm = metric_value(last, "extras:comm_share")
-    if comm is not None and comm >= 0.3:
+    if comm is not None and comm >= COMM_HIGH:
         ev.append(
             Evidence(
                 resource="communication",
-                detail=(
-                    f"{comm:.0%} of step time in gradient all-reduce "
-                    f"at {last.variable}={last.level:g}"
-                ),
+                detail=f"{comm:.0%} of step time in gradient all-reduce {at}",
             )
         )
-    spill = metric_value(last, "extras:spill_bytes")
+    spill = metric_value(last, "extras:spilled_disk_bytes")
     if spill:
-        ev.append(Evidence(resource="disk spill", detail=f"{spill / 2**20:.0f} MiB spilled"))
+        ev.append(Evidence(resource="disk spill", detail=f"{format_bytes(spill)} spilled {at}"))
     iow = metric_value(last, "extras:iowait_share")
-    if iow is not None and iow >= 0.2:
-        ev.append(Evidence(resource="i/o", detail=f"{iow:.0%} of wall time in I/O wait"))
+    if iow is not None and iow >= IOWAIT_HIGH:
+        ev.append(
+            Evidence(resource="i/o", detail=f"{iow:.0%} of the machine's CPU time in I/O wait {at}")
+        )
     kf = _karp_flatt_trend(rows)
     if kf is not None:
         ev.append(Evidence(resource="serial fraction", detail=kf))
-    if last.limiting_resource:
-        ev.append(
-            Evidence(
-                resource=last.limiting_resource.split()[0].rstrip(":,;"),
-                detail=f"reported by the stage: {last.limiting_resource}",
+    if not ev:
+        seen = [
+            *([f"{busy:.2f} of {cores} cores busy"] if busy is not None else []),
+            *([f"peak memory {mem:.0%} of RAM"] if mem is not None else []),
+            *([f"{iow:.0%} I/O wait"] if iow is not None else []),
+            *([f"{comm:.0%} of step time communicating"] if comm is not None else []),
+        ]
+        if seen:
+            ev.append(Evidence(resource="none saturated", detail=", ".join(seen) + f" {at}"))
+        else:
+            ev.append(
+                Evidence(
+                    resource="not measured",
+                    detail="the stage recorded no CPU, memory, I/O, queue or communication signal",
+                )
             )
-        )
     return ev
 
 
@@ -197,8 +208,18 @@ def capacity(rows: list[SheetRow], objectives: list[Objective]) -> float | None:
     return cap
 
 
+def extrapolation(at: float, last: float) -> str:
+    """How far a predicted level lies beyond the measured ones, said plainly."""
+    if at <= last:
+        return "within the measured range"
+    return f"extrapolated {at / last:.3g}× beyond the last measured level"
+
+
 def curve_prediction(rows: list[SheetRow]) -> str:
-    """What the measured rate curve of one series says about growing its variable further."""
+    """What the measured rate curve of one series supports saying about growing its variable.
+
+    Only the model AIC chose is read (a USL peak on a straight line is not offered), and a
+    level beyond the measured ones says by how much it is extrapolated."""
     pts = [(r.level, r.rate) for r in rows if r.rate]
     if len({n for n, _ in pts}) < 2:
         return ""
@@ -206,22 +227,31 @@ def curve_prediction(rows: list[SheetRow]) -> str:
     levels = sorted({n for n, _ in pts})
     fit = fit_scaling([n for n, _ in pts], [float(x) for _, x in pts if x is not None])
     first, last = fit.throughput[0], fit.throughput[-1]
+    span = f"from {levels[0]:g} to {levels[-1]:g}"
     if last < first:
         return (
-            f"throughput falls as {var} grows ({first:.4g} → {last:.4g} {unit} from "
-            f"{levels[0]:g} to {levels[-1]:g}): adding {var} makes it slower"
+            f"throughput falls as {var} grows ({first:.4g} → {last:.4g} {unit} {span}, "
+            f"measured): adding {var} makes it slower"
         )
-    if fit.usl is not None and levels[0] < fit.usl.n_peak < math.inf:
+    if fit.chosen == "usl" and fit.usl is not None and levels[0] < fit.usl.n_peak < math.inf:
         return (
-            f"the {fit.chosen} fit peaks at {var}≈{fit.usl.n_peak:.1f} with "
-            f"{fit.usl.x_peak:.4g} {unit}"
+            f"the usl fit (chosen by AIC over linear and Amdahl) peaks at "
+            f"{var}≈{fit.usl.n_peak:.3g} with {fit.usl.x_peak:.4g} {unit}, "
+            f"{extrapolation(fit.usl.n_peak, levels[-1])}"
         )
-    if fit.usl is not None and fit.usl.alpha.value > 0:
+    chosen = fit.model(fit.chosen)
+    alpha = chosen.params.get("alpha", 0.0) if chosen is not None else 0.0
+    if fit.chosen in ("usl", "amdahl") and alpha > 0:
+        gamma = chosen.params.get("gamma", 0.0) if chosen is not None else 0.0
         return (
-            f"{fit.chosen} fit: ceiling {fit.usl.x_limit:.4g} {unit} (serial "
-            f"fraction {fit.usl.alpha.value:.2f})"
+            f"the {fit.chosen} fit (chosen by AIC) has a ceiling of {gamma / alpha:.4g} {unit} "
+            f"(serial fraction {alpha:.2f}), approached only as {var} grows without bound: "
+            f"extrapolated beyond the last measured level ({levels[-1]:g})"
         )
-    return f"throughput grows {last / first:.2f}× from {levels[0]:g} to {levels[-1]:g}"
+    return (
+        f"throughput grows {last / first:.2f}× {span} (measured; the {fit.chosen} fit, chosen "
+        "by AIC, supports no ceiling: measure higher levels to find one)"
+    )
 
 
 _ACTIONS = {
@@ -243,6 +273,15 @@ def generic_advice(inp: AdviceInput) -> Advice:
         if ev.resource in _ACTIONS:
             action = f"{ev.resource}: {_ACTIONS[ev.resource]}"
             return Advice(intervention=action, predicted=predicted)
+    if any(ev.resource == "none saturated" for ev in inp.limits):
+        return Advice(
+            intervention=(
+                "no measured resource is saturated, so the limit is one not measured here: a "
+                "serial section, locks, the network or a downstream service; profile one level "
+                "(py-spy dump, perf) or trace a request next"
+            ),
+            predicted=predicted,
+        )
     return Advice(
         intervention=(
             "no resource signal was measured: record CPU time, peak memory and I/O wait of the "

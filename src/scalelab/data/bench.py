@@ -3,8 +3,10 @@
 For each scale k the flights are generated (outside the timed region; cached under WORK/x{k} as
 long as the manifest's parameters match) with the bench defects, then `data run` is timed.
 Each record carries rows/s, peak memory (RSS of the process tree, sampled), wall time, the
-quarantine rate as the failure rate, the cost at `price_per_core_hour` x cores x wall time, and
-in extras the stage times, the dominant stage, partition skew and spill (Dask).
+quarantine rate as the failure rate, the cost at `price_per_core_hour` x the CPU-seconds the run
+used, and in extras the measured CPU time and busy cores (this process and the Dask workers it
+waited for), the machine's I/O wait share, the stage times, the dominant stage, partition skew
+and spill (Dask).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from scalelab.core.errors import BadUsageError
-from scalelab.core.machine import available_cores, current_machine
+from scalelab.core.machine import available_cores
 from scalelab.core.records import Cost, Record, append_records, make_record, new_experiment_id
+from scalelab.core.usage import UsageMeter
 from scalelab.data.generate import GenerateConfig, base_flights, generate_one, parse_defects
 from scalelab.data.pipeline import RunConfig, run_pipeline
 
@@ -93,13 +96,14 @@ def run_bench(cfg: BenchConfig, records: Path | None = None) -> list[Record]:
         for k in cfg.scales:
             root = prepare_inputs(cfg, work, k)
             for rep in range(cfg.repeats):
-                r = run_pipeline(RunConfig(input=root, out=work / "out" / f"x{k}",
-                                           engine=cfg.engine, workers=cfg.workers,
-                                           address=cfg.address, register=False))
-                usd = r.wall_s / 3600 * cores * cfg.price_per_core_hour
-                mem_total = current_machine().memory_bytes
-                limiting = ("memory" if r.peak_memory_bytes > 0.8 * mem_total
-                            else f"cpu ({r.dominant_stage})")
+                with UsageMeter() as meter:
+                    r = run_pipeline(RunConfig(input=root, out=work / "out" / f"x{k}",
+                                               engine=cfg.engine, workers=cfg.workers,
+                                               address=cfg.address, register=False))
+                # Cost from the CPU time the run really used (this process and the Dask
+                # workers it waited for), not from wall time x cores it may have left idle.
+                usage = meter.usage
+                usd = usage.cpu_s / 3600 * cfg.price_per_core_hour
                 skew = r.partitions.get("skew", {}) if r.partitions else {}
                 rec = make_record(
                     experiment=cfg.experiment, stage="data", variable="scale", level=k,
@@ -112,7 +116,7 @@ def run_bench(cfg: BenchConfig, records: Path | None = None) -> list[Record]:
                     cost=Cost(usd=usd, per_unit_usd=usd / r.rows_in * 1e6 if r.rows_in else None,
                               unit="1M rows"),
                     recovery="quarantine + atomic publish (rerun is idempotent)",
-                    limiting_resource=limiting, ok=r.reconciliation["holds"],
+                    ok=r.reconciliation["holds"],
                     extras={"engine": cfg.engine, "workers": cfg.workers,
                             "stage_seconds": {s.name: s.seconds for s in r.stages},
                             "stage_peak_memory_bytes": {s.name: s.peak_memory_bytes
@@ -120,6 +124,7 @@ def run_bench(cfg: BenchConfig, records: Path | None = None) -> list[Record]:
                             "dominant_stage": r.dominant_stage, "partition_skew": skew,
                             "spilled_disk_bytes": (r.partitions or {}).get("spilled_disk_bytes"),
                             "price_per_core_hour": cfg.price_per_core_hour, "cores": cores,
+                            **usage.extras(),
                             "digest": r.digest, "reconciliation": r.reconciliation})
                 out.append(rec)
                 if records is not None:

@@ -109,7 +109,7 @@ class TrainBench(Command):
     steps: int
     limit: int | None = None
     data: Path | None = None
-    price_per_hour: float | None = None
+    price_per_core_hour: float | None = None
     records: Path | None = None
 
 

@@ -16,8 +16,12 @@ from typing import Any
 from scalelab.core.machine import Machine
 from scalelab.core.serialize import jsonable
 from scalelab.core.sheet import SheetRow
+from scalelab.core.units import format_bytes
 from scalelab.core.verdict import StageGoal, StageVerdict, Verdict
 from scalelab.report import plots
+
+NOT_MEASURED = "not measured"
+"""A sheet cell the stage did not measure (never a default number)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,8 +37,8 @@ def _fmt(v: float | None, spec: str = ".4g", unit: str = "") -> str:
     return f"{v:{spec}}{unit}"
 
 
-def _mib(v: int | None) -> str:
-    return "—" if v is None else f"{v / 2**20:.0f} MiB"
+def _mem(v: int | None) -> str:
+    return NOT_MEASURED if v is None else format_bytes(v)
 
 
 SHEET_COLUMNS = [
@@ -57,16 +61,19 @@ SHEET_COLUMNS = [
 
 
 def sheet_cells(r: SheetRow) -> list[str]:
-    q = ", ".join(f"{k}={v:.3g}" for k, v in list(r.quality.items())[:3]) or "—"
-    cost = (
-        "—"
-        if r.cost_per_unit_usd is None
-        else f"${r.cost_per_unit_usd:.3g}/{r.cost_unit or 'unit'}"
-    )
-    rate = "—" if r.rate is None else f"{r.rate:.4g} {r.rate_unit or ''}".strip()
+    """One sheet row as text: every cell a measured value or "not measured"."""
+    nm = NOT_MEASURED
+
+    def num(v: float | None, spec: str = ".3g") -> str:
+        return nm if v is None else f"{v:{spec}}"
+
+    q = ", ".join(f"{k}={v:.3g}" for k, v in list(r.quality.items())[:3]) or nm
+    cost = nm if r.cost_per_unit_usd is None else (
+        f"${r.cost_per_unit_usd:.3g}/{r.cost_unit or 'unit'}")
+    rate = nm if r.rate is None else f"{r.rate:.4g} {r.rate_unit or ''}".strip()
     if r.rate_min is not None and r.rate_max is not None and r.repeats > 1:
         rate += f" [{r.rate_min:.3g}–{r.rate_max:.3g}]"
-    inp = "—" if r.input_volume is None else f"{r.input_volume:.4g} {r.input_unit or ''}".strip()
+    inp = nm if r.input_volume is None else f"{r.input_volume:.4g} {r.input_unit or ''}".strip()
     return [
         r.stage,
         r.series or "—",
@@ -74,15 +81,15 @@ def sheet_cells(r: SheetRow) -> list[str]:
         f"{r.multiple:g}",
         inp,
         rate,
-        r.limiting_resource or "—",
-        _fmt(r.p50_ms, ".3g"),
-        _fmt(r.p95_ms, ".3g"),
-        _fmt(r.p99_ms, ".3g"),
-        _mib(r.peak_memory_bytes),
-        _fmt(r.failure_rate, ".2%"),
+        r.limiting_resource or nm,
+        num(r.p50_ms),
+        num(r.p95_ms),
+        num(r.p99_ms),
+        _mem(r.peak_memory_bytes),
+        num(r.failure_rate, ".2%"),
         q,
         cost,
-        r.recovery or "—",
+        r.recovery or "none",
     ]
 
 

@@ -20,6 +20,7 @@ from scalelab.core.errors import BadUsageError
 from scalelab.core.laws import karp_flatt
 from scalelab.core.machine import available_cores
 from scalelab.core.records import Cost, Record, make_record
+from scalelab.core.usage import Usage, UsageMeter
 from scalelab.train.config import TrainConfig
 from scalelab.train.job import TrainResult, run_training
 from scalelab.train.launch import LaunchConfig
@@ -39,17 +40,25 @@ def limiting_resource(*, world: int, threads: int, cores: int, comm_share: float
 
 def run_record(result: TrainResult, *, experiment: str, variable: str, level: float,
                repeat: int = 0, extras: dict[str, Any] | None = None,
-               limiting: str | None = None) -> Record:
-    """One training run as a foundation record (stage 'train')."""
+               usage: Usage | None = None, price_per_core_hour: float | None = None) -> Record:
+    """One training run as a foundation record (stage 'train').
+
+    With `usage` (the run's measured CPU time) and a core-hour price, the cost is those
+    CPU-seconds at that price: per run (extras) and per million samples; otherwise the
+    machine's price per hour over the run's wall time, when configured."""
     s, e = result.summary, result.evaluation
     cost = None
-    if s.rate.samples_per_usd:
+    samples = float(s.steps * s.global_batch)
+    if usage is not None and price_per_core_hour is not None and samples > 0:
+        usd = usage.cpu_s / 3600.0 * price_per_core_hour
+        cost = Cost(usd=usd, per_unit_usd=usd / samples * 1e6, unit="1M training samples")
+    elif s.rate.samples_per_usd:
         usd = s.train_wall_s * s.rate.samples_per_s / s.rate.samples_per_usd
         cost = Cost(usd=usd, per_unit_usd=1e6 / s.rate.samples_per_usd,
                     unit="1M training samples")
     return make_record(
         experiment=experiment, stage="train", variable=variable, level=level, repeat=repeat,
-        input_volume=float(s.steps * s.global_batch), input_unit="samples",
+        input_volume=samples, input_unit="samples",
         rate=s.rate.samples_per_s, rate_unit="samples/s", wall_s=s.train_wall_s,
         peak_memory_bytes=max(m.peak_rss_bytes for m in s.memory),
         quality={"final_train_loss": s.final_loss, "test_loss": e.loss,
@@ -57,13 +66,13 @@ def run_record(result: TrainResult, *, experiment: str, variable: str, level: fl
         cost=cost,
         recovery=("checkpoint + torchrun restart" if s.checkpoint
                   else "torchrun restart (no checkpoints)"),
-        limiting_resource=limiting or limiting_resource(
-            world=s.world, threads=s.threads, cores=available_cores(), comm_share=s.comm_share),
         extras={"world": s.world, "threads": s.threads, "global_batch": s.global_batch,
                 "local_batch": s.local_batch, "phase_ms_per_step": s.phase_ms_per_step,
                 "comm_share": s.comm_share, "flops_per_s": s.rate.flops_per_s,
                 "mfu": s.rate.mfu, "optimizer_state_bytes": [m.optimizer_state_bytes
                                                               for m in s.memory],
+                **(usage.extras() if usage is not None else {}),
+                **({"cost_per_run_usd": cost.usd} if cost is not None else {}),
                 **(extras or {})},
     )
 
@@ -126,7 +135,8 @@ def _verdict(levels: list[Level], mode: str) -> tuple[int, str]:
 
 def run_bench(base: TrainConfig, *, nprocs: list[int], batches: list[int], experiment: str,
               timeout_s: float, on_level: Callable[[str], None] | None = None,
-              on_warning: Callable[[str], None] | None = None) -> BenchResult:
+              on_warning: Callable[[str], None] | None = None,
+              price_per_core_hour: float | None = None) -> BenchResult:
     if sorted(set(nprocs)) != sorted(nprocs) or any(n < 1 for n in nprocs):
         raise BadUsageError("--nproc must list distinct process counts >= 1, e.g. 1,2,4")
     if 1 not in nprocs:
@@ -142,11 +152,15 @@ def run_bench(base: TrainConfig, *, nprocs: list[int], batches: list[int], exper
         cfg = dataclasses.replace(base, batch=batch, checkpoint_every=0, checkpoint_auto=False,
                                   rehearse_failure=False, threads=base.threads or 1)
         results: list[tuple[int, TrainResult]] = []
+        usages: list[Usage] = []
         for n in nprocs:
             if on_level is not None:
                 on_level(f"batch {batch}, {n} process(es)")
-            results.append((n, run_training(cfg, LaunchConfig(nproc=n, timeout_s=timeout_s),
-                                            on_warning=on_warning)))
+            # The torchrun tree is waited for, so its CPU time is in RUSAGE_CHILDREN.
+            with UsageMeter() as meter:
+                results.append((n, run_training(cfg, LaunchConfig(nproc=n, timeout_s=timeout_s),
+                                                on_warning=on_warning)))
+            usages.append(meter.usage)
         x1 = results[0][1].summary.rate.samples_per_s
         levels = []
         for n, r in results:
@@ -164,10 +178,10 @@ def run_bench(base: TrainConfig, *, nprocs: list[int], batches: list[int], exper
         sweeps.append(Sweep(mode=cfg.mode, batch=batch, levels=levels, usl=usl,
                             peak_nproc=peak, verdict=verdict))
         exp = experiment if len(batches) == 1 else f"{experiment}-b{batch}"
-        for (_, r), lv in zip(results, levels, strict=True):
+        for (_, r), lv, use in zip(results, levels, usages, strict=True):
             records.append(run_record(
                 r, experiment=exp, variable="workers", level=lv.nproc,
-                limiting=lv.limiting_resource,
+                usage=use, price_per_core_hour=price_per_core_hour,
                 extras={"mode": cfg.mode, "batch": batch, "speedup": lv.speedup,
                         "efficiency": lv.efficiency, "karp_flatt": lv.karp_flatt, "usl": usl}))
     return BenchResult(experiment=experiment, sweeps=sweeps, records=records)

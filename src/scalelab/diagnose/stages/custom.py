@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, RootModel
 
+from scalelab.core.records import Record
 from scalelab.core.verdict import StageGoal
 from scalelab.diagnose.commands import Command, LoadRun, Sweep
 from scalelab.diagnose.schema import ObjectiveSpec, Strict
@@ -68,6 +69,13 @@ def _command(c: CustomStage, repeats: int, rec: Path) -> Command:
                    payload="json" if c.body else None, body=Path(c.body) if c.body else None)
 
 
+def _tag(r: Record, *, stage: str, kind: str) -> Record:
+    """The user's stage name; recovery is the user's own, which the diagnosis cannot see."""
+    return restage(r, stage=stage).model_copy(
+        update={"recovery": r.recovery if kind == "sweep" and r.recovery else "none known"}
+    )
+
+
 class CustomStageSet(Stage[CustomStages]):
     """Every `custom:` entry, in the order written; each is judged as a stage of its own."""
 
@@ -90,7 +98,7 @@ class CustomStageSet(Stage[CustomStages]):
             ctx.run(
                 Step(stage=c.name, label=f"{c.name} ({c.kind})",
                      command=_command(c, ctx.repeats, rec), records=rec,
-                     tag=functools.partial(restage, stage=c.name), timeout_s=3600)
+                     tag=functools.partial(_tag, stage=c.name, kind=c.kind), timeout_s=3600)
             )
 
     def goals(self, s: CustomStages) -> list[StageGoal]:

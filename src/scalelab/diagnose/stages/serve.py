@@ -8,15 +8,21 @@ is loaded instead and nothing is started.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import shutil
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import psutil
 from pydantic import Field
 
 from scalelab.core.errors import RunFailedError
+from scalelab.core.records import Cost, Record
+from scalelab.core.units import parse_duration
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import LoadRun, ServeRun
 from scalelab.diagnose.schema import StageSettings
@@ -83,6 +89,69 @@ def batching_repo(src: Path, dst: Path, *, batching: bool, serial_ms: float = 0.
     return dst
 
 
+RECOVERY_REFERENCE = "none (one server process: no replica, no restart)"
+RECOVERY_UNKNOWN = "none known (the endpoint's own is not visible to the load test)"
+WARMUP_S = 1.0
+"""Unmeasured warm-up per level: load is offered for WARMUP_S + duration."""
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a live process and its live descendants."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def served_responses(base_url: str) -> float | None:
+    """The server's own count of inference responses (its Prometheus counter), or None."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as r:
+            text = r.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    total = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+             if line.startswith("scalelab_responses_total")]
+    return sum(total) if total else None
+
+
+@dataclass(kw_only=True)
+class ServerMeter:
+    """The server's CPU time and responses across one load step, attached to its record:
+    busy cores while load was offered, and the cost of 1,000 predictions at the core price."""
+
+    pid: int
+    url: str
+    core_hour_usd: float
+    duration_s: float
+    _cpu0: float = 0.0
+    _n0: float | None = None
+
+    def start(self) -> None:
+        self._cpu0, self._n0 = tree_cpu_s(self.pid), served_responses(self.url)
+
+    def tag(self, r: Record) -> Record:
+        cpu = tree_cpu_s(self.pid) - self._cpu0
+        n1 = served_responses(self.url)
+        served = n1 - self._n0 if n1 is not None and self._n0 is not None else None
+        offered_s = (r.wall_s or self.duration_s) + WARMUP_S
+        extras = {**r.extras, "server_cpu_s": cpu, "cpu_busy_cores": cpu / offered_s}
+        update: dict[str, object] = {"extras": extras, "recovery": RECOVERY_REFERENCE}
+        if served:
+            usd = cpu / 3600.0 * self.core_hour_usd
+            extras["server_responses"] = served
+            update["cost"] = Cost(usd=usd, per_unit_usd=usd / served * 1000.0,
+                                  unit="1,000 predictions")
+        return r.model_copy(update=update)
+
+
 def advise(inp: AdviceInput) -> Advice:
     """Batching and replicas from the measured capacity of each series at the objectives."""
     goal = inp.goal
@@ -120,6 +189,14 @@ def advise(inp: AdviceInput) -> Advice:
     return Advice(intervention="; ".join(parts), predicted="; ".join(predicted))
 
 
+def _measured(r: Record, *, meter: ServerMeter, repeat: int) -> Record:
+    return meter.tag(restage(r, stage="serve", repeat=repeat))
+
+
+def _user_endpoint(r: Record) -> Record:
+    return restage(r, stage="serve").model_copy(update={"recovery": RECOVERY_UNKNOWN})
+
+
 def _serve_cmd(repo: Path, port: int) -> list[str]:
     return scalelab_cmd(ServeRun(model_repo=repo, port=port).to_argv())
 
@@ -132,24 +209,26 @@ class ServeStage(Stage[ServeSettings]):
         return () if s.url else (FEATURES, SERVED_MODEL)
 
     def count(self, s: ServeSettings, repeats: int) -> int:
-        return 1 if s.url else len(s.batching) * repeats
+        return 1 if s.url else len(s.batching) * repeats * len(s.levels)
 
     def _load(
-        self, s: ServeSettings, url: str, rec: Path, repo: Path | None = None,
-        data: Path | None = None,
+        self, s: ServeSettings, url: str, rec: Path, rates: list[float],
+        repo: Path | None = None, data: Path | None = None,
     ) -> LoadRun:
         flights = repo is not None
-        return LoadRun(url=url, rates=[s.base_rate * m for m in s.levels], duration=s.duration,
-                       warmup="1s", records=rec, payload="flights" if flights else None,
+        return LoadRun(url=url, rates=rates, duration=s.duration, warmup=f"{WARMUP_S:g}s",
+                       records=rec, payload="flights" if flights else None,
                        model=MODEL if flights else None, model_repo=repo, data=data)
 
     def run(self, s: ServeSettings, ctx: Context) -> None:
         if s.url:
             rec = ctx.records("serve")
+            rates = [s.base_rate * m for m in s.levels]
             ctx.run(
-                Step(stage=self.name, label=f"load {s.url}", command=self._load(s, s.url, rec),
-                     records=rec, series=SERIES[s.baseline],
-                     tag=functools.partial(restage, stage=self.name), timeout_s=900)
+                Step(stage=self.name, label=f"load {s.url}",
+                     command=self._load(s, s.url, rec, rates), records=rec,
+                     series=SERIES[s.baseline], tag=_user_endpoint,
+                     timeout_s=900)
             )
             return
         repo, dataset = ctx.artifact(SERVED_MODEL), ctx.artifact(FEATURES)
@@ -170,15 +249,23 @@ class ServeStage(Stage[ServeSettings]):
                 continue
             try:
                 for rep in range(ctx.repeats):
-                    rec = ctx.records(f"serve-{setting}-{rep}")
-                    url = f"{spawned.url}/v2/models/{MODEL}/infer"
-                    cmd = self._load(s, url, rec, repo=repo, data=test_rows)
-                    ctx.run(
-                        Step(stage=self.name, label=f"serve {series} #{rep + 1}", command=cmd,
-                             records=rec, series=series,
-                             tag=functools.partial(restage, stage=self.name, repeat=rep),
-                             timeout_s=600)
-                    )
+                    # One step per level, so the server's CPU time and responses are read
+                    # before and after each level: serving's cost per prediction is measured.
+                    for m in s.levels:
+                        rec = ctx.records(f"serve-{setting}-{rep}-{m:g}")
+                        url = f"{spawned.url}/v2/models/{MODEL}/infer"
+                        cmd = self._load(s, url, rec, [s.base_rate * m], repo=repo,
+                                         data=test_rows)
+                        meter = ServerMeter(pid=spawned.proc.pid, url=spawned.url,
+                                            core_hour_usd=ctx.prices.core_hour_usd,
+                                            duration_s=parse_duration(s.duration))
+                        meter.start()
+                        ctx.run(
+                            Step(stage=self.name, label=f"serve {series} {m:g}× #{rep + 1}",
+                                 command=cmd, records=rec, series=series,
+                                 tag=functools.partial(_measured, meter=meter, repeat=rep),
+                                 timeout_s=600)
+                        )
             finally:
                 stop_group(spawned.proc, grace_s=5.0)
 

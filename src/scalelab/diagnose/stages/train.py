@@ -108,7 +108,8 @@ class TrainStage(Stage[TrainSettings]):
     def run(self, s: TrainSettings, ctx: Context) -> None:
         rec = ctx.records("train")
         cmd = TrainBench(nproc=s.workers, mode="strong", batch=s.batch, steps=s.steps,
-                         limit=s.limit_rows, data=ctx.artifact(FEATURES), records=rec)
+                         limit=s.limit_rows, data=ctx.artifact(FEATURES),
+                         price_per_core_hour=ctx.prices.core_hour_usd, records=rec)
         ctx.run(
             Step(stage=self.name, label="train workers " + ",".join(map(str, s.workers)),
                  command=cmd, records=rec, series=SERIES, timeout_s=1200)

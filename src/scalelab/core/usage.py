@@ -1,0 +1,77 @@
+"""What a piece of work cost the machine: CPU time of this process and its children over wall
+time (busy cores), and the machine's I/O wait share, from the kernel's own counters.
+
+`UsageMeter` brackets work done in this process or in children it waits for (a pipeline run
+in-process, a torchrun job): CPU time comes from getrusage (self + waited-for children), which
+is exact and costs two system calls. I/O wait comes from /proc/stat (Linux) and is the share of
+the machine's CPU time spent waiting for I/O while the work ran: machine-wide, because per-task
+delay accounting is off on most kernels; it is None where /proc/stat is not there.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROC_STAT = Path("/proc/stat")
+
+
+def cpu_times() -> float:
+    """CPU seconds (user + system) of this process plus its waited-for children so far."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def iowait_ticks(path: Path = PROC_STAT) -> tuple[int, int] | None:
+    """(iowait, total) clock ticks of all CPUs from /proc/stat's first line, or None."""
+    try:
+        first = path.read_text(encoding="ascii").split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu" or len(first) < 6:
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guests are already
+    # counted in user and nice, so they are left out of the total.
+    ticks = [int(x) for x in first[1:9]]
+    return ticks[4], sum(ticks)
+
+
+def iowait_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of CPU time in I/O wait between two `iowait_ticks` readings (pure)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Usage:
+    cpu_s: float
+    wall_s: float
+    iowait_share: float | None
+    """Machine-wide share of CPU time in I/O wait over the interval (None: not measured)."""
+
+    @property
+    def busy_cores(self) -> float | None:
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else None
+
+    def extras(self) -> dict[str, Any]:
+        """The record extras every stage uses for these signals (the verdict reads them)."""
+        out: dict[str, Any] = {"cpu_s": self.cpu_s, "cpu_busy_cores": self.busy_cores}
+        if self.iowait_share is not None:
+            out["iowait_share"] = self.iowait_share
+        return out
+
+
+class UsageMeter:
+    """`with UsageMeter() as m: work()` then `m.usage`."""
+
+    def __enter__(self) -> UsageMeter:
+        self._cpu, self._io, self._t = cpu_times(), iowait_ticks(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.usage = Usage(cpu_s=cpu_times() - self._cpu, wall_s=time.perf_counter() - self._t,
+                           iowait_share=iowait_share(self._io, iowait_ticks()))
