@@ -63,3 +63,12 @@ def test_bench_sweeps_strategies_against_ddp(tmp_path: Path,
     assert levels["fsdp"]["vs_ddp_state"] <= 0.5 + 0.10
     assert levels["tp"]["vs_ddp_state"] <= 0.5 + 0.10
     assert len(read_records(rec)) == 2
+
+
+def test_every_transformer_option_is_documented() -> None:
+    from scalelab.cli.train_transformer import TRANSFORMER_KEYS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "parallel.md").read_text(
+        encoding="utf-8")
+    for key in TRANSFORMER_KEYS:
+        assert f"--{key.replace('_', '-')}" in doc, key

@@ -29,7 +29,7 @@ def test_corpus_is_packed_seeded_and_held_out(tmp_path: object) -> None:
     assert decode(c.val[0].tolist()) == b"y" * 10
     stream = sorted(map(tuple, c.train.tolist()))
     assert stream == sorted(map(tuple, torch.tensor(
-        list(b"x" * 25) + [EOS] + list(b"y" * 25) + [EOS])[:40].view(4, 10).tolist()))
+        [*b"x" * 25, EOS, *b"y" * 25, EOS])[:40].view(4, 10).tolist()))
     again = load_corpus(seq=9, max_tokens=1000, seed=1, val_fraction=0.2, root=root)
     assert torch.equal(c.train, again.train) and c.digest == again.digest
     # Step k's batch is rows k*b..k*b+b-1, cycling.
