@@ -33,3 +33,12 @@ def test_minilm_retrieves_the_ground_truth(tmp_path) -> None:  # type: ignore[no
     again = CachedEmbedder(embedder=emb.embedder, path=tmp_path / "c.sqlite")
     np.testing.assert_array_equal(again.embed([d.text for d in c.docs]), x)
     assert again.last.encoded == 0
+
+
+def test_int8_is_really_int8_and_stays_close() -> None:
+    texts = ["Carrier code UA is United Air Lines Inc.", "Plane N14228 is a BOEING 737-824."]
+    fp32 = make_embedder("minilm").encode(texts)
+    int8 = make_embedder("minilm-int8").encode(texts)
+    cos = (fp32 * int8).sum(axis=1)
+    assert not np.array_equal(fp32, int8)  # the quantized encoder is the one that ran
+    assert cos.min() > 0.9

@@ -86,10 +86,18 @@ class MiniLMEmbedder:
         self.threads = threads
         self._model = load_sentence_model()
         if int8:
+            from torch import nn
+
             from scalelab.nets.variants import quantize_int8
 
+            # sentence-transformers' `auto_model` is a read-only property over `model`:
+            # assigning to it registers an unused submodule and leaves fp32 running.
             first = self._model[0]
-            first.auto_model = quantize_int8(first.auto_model)
+            attr = "model" if isinstance(getattr(first, "model", None), nn.Module) \
+                else "auto_model"
+            setattr(first, attr, quantize_int8(getattr(first, attr)))
+            if first.auto_model is not getattr(first, attr):
+                raise AssertionError("the int8 encoder is not the one sentence-transformers runs")
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         import torch
