@@ -13,7 +13,8 @@ Parts (all by default):
   capacity: tests/load/servers.py "queue" (one FIFO worker, 10 ms fixed service: 100 req/s)
   and `scalelab serve` with a flights model behind a 10 ms serial section (delay_mlp, batch 1).
   Both sides: p99 <= 200 ms, Poisson arrivals, the same requests. LoadGen is driven as a
-  ladder of PerformanceOnly runs of --loadgen-seconds (15 s) each, through the same
+  ladder of PerformanceOnly runs of --loadgen-seconds (15 s) and at least 1,164 queries each
+  (our p99 step; min_query_count), through the same
   exponential-then-bisection search (capacity.search, 5% precision) our command uses, so the
   two differ only in how one rate is judged: our stopping rule with quantile-sized steps, or
   LoadGen's full-length run with its p99 and early-stopping tests.
@@ -58,7 +59,7 @@ LOADGEN_REQ = "mlcommons-loadgen==6.0.17"
 
 sys.path.insert(0, str(ROOT / "src"))
 from scalelab.core.machine import current_machine  # noqa: E402
-from scalelab.load.capacity import SearchConfig, Step, search  # noqa: E402
+from scalelab.load.capacity import SearchConfig, Step, search, step_requests  # noqa: E402
 from scalelab.load.connection import Target, build_request  # noqa: E402
 from scalelab.load.generator import EngineConfig  # noqa: E402
 from scalelab.load.multiproc import LoadPlan, run_load  # noqa: E402
@@ -295,7 +296,7 @@ LOADGEN_WORKER = textwrap.dedent("""
     st.server_target_latency_ns = int(args["latency_ms"] * 1e6)
     st.server_target_latency_percentile = args["percentile"]
     st.min_duration_ms = int(args["seconds"] * 1000)
-    st.min_query_count = 100
+    st.min_query_count = args["min_queries"]
     st.schedule_rng_seed = args["seed"]
     log = lg.LogSettings()
     log.log_output.outdir = args["outdir"]
@@ -351,7 +352,11 @@ def loadgen_capacity(py: Path, url: str, reqs_file: Path, *, start: float, secon
         out.mkdir(parents=True, exist_ok=True)
         arg = {"src": str(ROOT / "src"), "url": url, "requests": str(reqs_file), "qps": qps,
                "latency_ms": latency_ms, "percentile": percentile, "seconds": seconds,
-               "seed": 1000 + len(steps_raw), "outdir": str(out)}
+               "seed": 1000 + len(steps_raw), "outdir": str(out),
+               # At least as many queries as our p99 step (1,164): with LoadGen's default
+               # 100, a 15 s run under 31 QPS cannot meet its own early-stopping minimum
+               # (459 queries for p99), so every low rate would be INVALID.
+               "min_queries": step_requests(percentile, 0.95)}
         p = subprocess.run([str(py), "-c", LOADGEN_WORKER, json.dumps(arg)], capture_output=True,
                            text=True, timeout=seconds * 10 + 120)
         if p.returncode != 0:
@@ -422,7 +427,8 @@ def flights_server(tmp: Path) -> tuple[subprocess.Popen[str], str]:
     raise SystemExit(f"scalelab serve did not start; see {tmp / 'serve.log'}")
 
 
-def capacity_part(repeats: int, lg_seconds: float, start: float) -> dict[str, Any]:
+def capacity_part(repeats: int, lg_seconds: float, start: float,
+                  which: set[str]) -> dict[str, Any]:
     import base64
 
     from scalelab.load import payloads
@@ -442,6 +448,8 @@ def capacity_part(repeats: int, lg_seconds: float, start: float) -> dict[str, An
                                                ["--payload", "oip", "--model", "flights"],
                                                "flights")}
             for name, (url, extra, model) in servers.items():
+                if name.split("-")[0] not in which:
+                    continue
                 target = Target.parse(url)
                 if model is None:
                     specs = payloads.plain_get(target)
@@ -572,6 +580,8 @@ def main() -> None:
                     help="first rate of both capacity searches")
     ap.add_argument("--loadgen-seconds", type=float, default=15.0,
                     help="LoadGen's min_duration per PerformanceOnly run")
+    ap.add_argument("--servers", default="queue,flights",
+                    help="capacity part: comma list of queue, flights")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "bench_load.json")
     a = ap.parse_args()
     parts = {x.strip() for x in a.parts.split(",") if x.strip()}
@@ -595,7 +605,8 @@ def main() -> None:
             fast.kill()
             fast.wait(timeout=10)
     if "capacity" in parts:
-        res["capacity"] = capacity_part(a.cap_repeats, a.loadgen_seconds, a.cap_start)
+        res["capacity"] = capacity_part(a.cap_repeats, a.loadgen_seconds, a.cap_start,
+                                        {x.strip() for x in a.servers.split(",")})
     res["loadavg_end"] = loadavg()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=2) + "\n")
