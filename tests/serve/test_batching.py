@@ -153,3 +153,41 @@ def test_no_job_is_lost_or_duplicated_under_a_racing_producer() -> None:
         assert seen == list(range(n))
 
     asyncio.run(go())
+
+
+def test_idle_dispatch_sends_a_lone_job_without_waiting_the_delay() -> None:
+    async def go() -> None:
+        q: asyncio.Queue[J] = asyncio.Queue()
+        q.put_nowait(job(0))
+        pending: list[J] = []
+        # a delay no test would wait out: only the idle rule can return this batch
+        f = await asyncio.wait_for(collect(q, pending, BatchPolicy(
+            max_batch_size=8, max_delay_s=3600.0), dispatch_when_idle=True), timeout=60)
+        assert [j.tag for j in f.batch] == [0] and pending == []
+
+    asyncio.run(go())
+
+
+def test_idle_dispatch_still_batches_jobs_that_are_arriving() -> None:
+    async def go() -> None:
+        q: asyncio.Queue[J] = asyncio.Queue()
+        released = asyncio.Event()
+
+        async def producer() -> None:
+            for i in range(3):  # three arrivals one loop turn apart: all in the first batch
+                q.put_nowait(job(i))
+                await asyncio.sleep(0)
+            await released.wait()  # then nothing until the first batch has gone
+            q.put_nowait(job(3))
+
+        task = asyncio.create_task(producer())
+        pending: list[J] = []
+        policy = BatchPolicy(max_batch_size=8, max_delay_s=3600.0)
+        first = await collect(q, pending, policy, dispatch_when_idle=True)
+        released.set()
+        second = await collect(q, pending, policy, dispatch_when_idle=True)
+        await task
+        assert [j.tag for j in first.batch] == [0, 1, 2]
+        assert [j.tag for j in second.batch] == [3]
+
+    asyncio.run(go())

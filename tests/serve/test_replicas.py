@@ -6,8 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from serve_client import fire, samples, wait_for
-from serve_fixtures import infer_body, start_server
+from serve_fixtures import add_model, infer_body, start_server
+
+
+@pytest.fixture(scope="module")
+def small_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model: each worker process loads the whole repository, so keep it small."""
+    root = tmp_path_factory.mktemp("small-repo")
+    add_model(root, "flights", {1: 1, 2: 2})
+    return root
 
 
 def infer_lines(log: str) -> list[dict[str, object]]:
@@ -20,9 +29,10 @@ def infer_lines(log: str) -> list[dict[str, object]]:
     return out
 
 
-def test_two_workers_merge_counters_and_histograms(repo: Path, tmp_path: Path) -> None:
-    srv = start_server(repo, tmp_path / "server.log", "--workers", "2", "--torch-threads", "1",
-                       "--access-log", "off")
+def test_two_workers_merge_counters_and_histograms(small_repo: Path, tmp_path: Path) -> None:
+    # two processes import torch at once: slow to start on a busy 2-core machine
+    srv = start_server(small_repo, tmp_path / "server.log", "--workers", "2",
+                       "--torch-threads", "1", "--access-log", "off", deadline_s=180)
     try:
         rs = fire(f"{srv.url}/v2/models/flights/infer", 24, lambda i: infer_body(1, seed=i))
         assert [r.status_code for r in rs] == [200] * 24
@@ -41,8 +51,8 @@ def test_two_workers_merge_counters_and_histograms(repo: Path, tmp_path: Path) -
         srv.stop()
 
 
-def test_access_log_full_writes_one_line_per_request(repo: Path, tmp_path: Path) -> None:
-    srv = start_server(repo, tmp_path / "server.log", "--access-log", "full")
+def test_access_log_full_writes_one_line_per_request(small_repo: Path, tmp_path: Path) -> None:
+    srv = start_server(small_repo, tmp_path / "server.log", "--access-log", "full")
     try:
         rs = fire(f"{srv.url}/v2/models/flights/infer", 12, lambda i: infer_body(1, seed=i),
                   headers=lambda i: {"X-Request-Id": f"full-{i}"})

@@ -111,10 +111,36 @@ async def _get_within(queue: asyncio.Queue[J], timeout: float) -> J | None:
         return None
 
 
+IDLE_YIELDS = 3
+"""Event-loop turns the batcher gives requests already received to reach the queue before it
+calls the server idle: one to poll the sockets, one to run the request tasks, one to spare."""
+
+
+async def _arrivals(queue: asyncio.Queue[J], pending: list[J], policy: BatchPolicy,
+                    clock: Callable[[], float]) -> int:
+    """Let the loop run IDLE_YIELDS turns; move what reached the queue into `pending`."""
+    got = 0
+    for _ in range(IDLE_YIELDS):
+        await asyncio.sleep(0)
+        while sum(j.rows for j in pending) < policy.max_batch_size and not queue.empty():
+            job = queue.get_nowait()
+            job.picked_at = clock()
+            pending.append(job)
+            got += 1
+    return got
+
+
 async def collect(queue: asyncio.Queue[J], pending: list[J], policy: BatchPolicy,
-                  clock: Callable[[], float] = time.monotonic) -> Formed[J]:
+                  clock: Callable[[], float] = time.monotonic, *,
+                  dispatch_when_idle: bool = False) -> Formed[J]:
     """Wait until a batch is due (or some jobs expired) and return it; `pending` carries jobs
-    picked up but not yet dispatched between calls."""
+    picked up but not yet dispatched between calls.
+
+    With `dispatch_when_idle`, a batch that would wait for company first lets the event loop
+    run a few turns (IDLE_YIELDS); if no job arrived meanwhile, no request is on its way
+    through this server, and waiting out the delay would only add latency (a closed-loop
+    client with 16 connections waits on this very batch), so it goes now. While requests keep
+    arriving the delay applies as before."""
     while True:
         rows = sum(j.rows for j in pending)
         while rows < policy.max_batch_size and not queue.empty():
@@ -135,6 +161,10 @@ async def collect(queue: asyncio.Queue[J], pending: list[J], policy: BatchPolicy
         d = decide(rows, now - pending[0].enqueued_at, policy)
         if d.dispatch:
             return Formed(batch=take_prefix(pending, d.dispatch))
+        if dispatch_when_idle and not await _arrivals(queue, pending, policy, clock):
+            return Formed(batch=take_prefix(pending, policy.max_batch_size))
+        if dispatch_when_idle:
+            continue  # company came: decide again with it
         wait = min(d.wait_s, min(j.deadline for j in pending) - now)
         job2 = await _get_within(queue, wait)
         if job2 is not None:

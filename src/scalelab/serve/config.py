@@ -48,6 +48,11 @@ class DynamicBatching(_Strict):
     """Requests waiting per version; when full the server answers 429 with Retry-After."""
     default_timeout_ms: float = Field(default=1000.0, gt=0, le=3_600_000)
     """Deadline when the request sends no X-Request-Timeout-Ms header."""
+    dispatch_when_idle: bool = True
+    """Dispatch a batch before max_queue_delay_ms once no further request is on its way
+    through the server (the event loop ran a few turns and none reached the queue). Why: the
+    delay buys company only while requests arrive; a closed-loop client, or a quiet minute,
+    would pay it on every request for nothing. False = Triton's rule, the full delay."""
 
 
 class VersionPolicy(_Strict):

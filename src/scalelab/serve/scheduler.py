@@ -106,6 +106,7 @@ class VersionWorker:
         self.closing = False
         self.batch_s_ewma = 0.0
         self.inline_below_s = cfg.inline_below_ms / 1000.0
+        self.idle_dispatch = db.dispatch_when_idle
         self._task: asyncio.Task[None] | None = None
         self._labels = lb = (model, str(version))
         # metric children looked up once: .labels() takes a lock and builds a key every call
@@ -144,7 +145,8 @@ class VersionWorker:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                formed = await collect(self.queue, self.pending, self.policy)
+                formed = await collect(self.queue, self.pending, self.policy,
+                                       dispatch_when_idle=self.idle_dispatch)
                 now = time.monotonic()
                 for j in formed.expired:
                     waited = (now - j.enqueued_at) * 1000
