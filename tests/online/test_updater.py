@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from online_fixtures import SCHEMA_END
 
 from scalelab.online.ingest import ingest_source, load_rules
 from scalelab.online.log import EventLog
@@ -24,17 +25,12 @@ FLIPPED = {15, 16, 17}  # 2013-01-30 .. 02-01
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory, week_schema: Path) -> PrequentialResult:
-    # The week's schema would quarantine later weeks' ranges; infer over this replay's span.
-    from scalelab.online.schema import write_schema
-
-    span = StreamConfig(end="2013-02-08T00")
-    schema = write_schema(tmp_path_factory.mktemp("s") / "schema.json", span)
-    cfg = StreamConfig(end="2013-02-08T00", faults=[
+    cfg = StreamConfig(end=SCHEMA_END, faults=[
         parse_fault("corrupt@2013-01-17T15"),
         parse_fault("rescale@2013-01-21T00:hours=72:column=distance:scale=1.609"),
         parse_fault("label_flip@2013-01-30T00:hours=72")])
     stream = build_stream(cfg)
-    rules = load_rules(schema)
+    rules = load_rules(week_schema)
     with EventLog(tmp_path_factory.mktemp("log") / "log.sqlite") as log:
         ingest_source(log, rules, "events", stream.feature_events())
         ingest_source(log, rules, "labels", stream.label_events())
