@@ -100,7 +100,8 @@ def test_reference_system_quick_names_the_throttled_serving_stage(
             data="{levels: [1, 2], sample_rows: 2000}",
             train="{workers: [1], steps: 5, limit_rows: 5000, objectives: []}",
             serve="{base_rate: 4, levels: [1, 10], duration: 2s, batching: ['off'], "
-            "serial_ms: 40, objectives: [{metric: p95_ms, max: 150}]}",
+            "serial_ms: 40, capacity: false, "
+            "objectives: [{metric: p95_ms, max: 150}]}",
             model="{variants: [int8], "
             "objectives: [{metric: 'quality:macro_f1_delta_points', min: -100}]}",
         )
@@ -115,6 +116,12 @@ def test_reference_system_quick_names_the_throttled_serving_stage(
     assert all(s["measured"] for s in stages.values())
     assert doc["verdict"]["first"] == "serve"
     assert stages["serve"]["miss"]["multiple"] == 10.0
+    # Every limiting line cites a measurement; the sheet's cost cells are filled.
+    for s in stages.values():
+        assert s["limiting"] and all(e["evidence"] for e in s["limiting"])
+    assert all(row["cost_per_unit_usd"] is not None for row in doc["sheet"]
+               if row["stage"] in ("data", "train", "model")
+               or row["series"] == "batching=off")
     recs = read_records(out / "records.jsonl")
     assert {r.stage for r in recs} == {"data", "train", "serve", "model"}
     assert all(r.experiment == doc["experiment"] for r in recs)

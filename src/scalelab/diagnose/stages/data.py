@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 from pydantic import Field
 
-from scalelab.core.verdict import Advice, AdviceInput, StageGoal, curve_prediction
+from scalelab.core.objectives import Objective
+from scalelab.core.sheet import SheetRow
+from scalelab.core.verdict import (
+    Advice,
+    AdviceInput,
+    StageGoal,
+    curve_prediction,
+    extrapolation,
+)
 from scalelab.diagnose.commands import DataBench
 from scalelab.diagnose.schema import StageSettings
 from scalelab.diagnose.stages.base import Context, Stage
@@ -23,6 +32,26 @@ class DataSettings(StageSettings):
 _QUALITY_METRICS = ("failure_rate", "availability", "extras:quarantine_rate")
 
 
+def freshness_reach(rows: list[SheetRow], objectives: list[Objective]) -> str:
+    """The largest volume multiple whose batch still lands within the wall-time objective,
+    from a least-squares line of wall time on volume, labelled as the extrapolation it is."""
+    window = next((o for o in objectives if o.metric == "wall_s" and o.max is not None), None)
+    pts = [(r.level, r.wall_s) for r in rows if r.wall_s is not None]
+    if window is None or window.max is None or len({k for k, _ in pts}) < 2:
+        return ""
+    slope, intercept = np.polyfit([k for k, _ in pts], [w for _, w in pts], 1)
+    if slope <= 0:
+        return ""
+    reach = (window.max - intercept) / slope
+    last = max(k for k, _ in pts)
+    if reach <= 0:
+        return f"{window.label}: missed at every measured volume"
+    return (
+        f"{window.label} holds up to ≈{reach:.3g}× the base volume (a line through wall time "
+        f"against volume, {slope:.3g} s per 1×; {extrapolation(reach, last)})"
+    )
+
+
 def advise(inp: AdviceInput) -> Advice:
     """Validate when bad rows break the objective; otherwise partition."""
     if inp.miss is not None and inp.miss.objective.metric in _QUALITY_METRICS:
@@ -35,7 +64,9 @@ def advise(inp: AdviceInput) -> Advice:
             "partition: split the input and run partitions in parallel (--engine dask "
             "--workers N); validate at ingest so bad rows stop early"
         )
-    return Advice(intervention=text, predicted=curve_prediction(inp.base))
+    parts = [p for p in (curve_prediction(inp.base),
+                         freshness_reach(inp.base, inp.goal.objectives)) if p]
+    return Advice(intervention=text, predicted="; ".join(parts))
 
 
 class DataStage(Stage[DataSettings]):

@@ -21,10 +21,13 @@ import psutil
 from pydantic import Field
 
 from scalelab.core.errors import RunFailedError
+from scalelab.core.knee import find_knee
+from scalelab.core.objectives import Objective
 from scalelab.core.records import Cost, Record
+from scalelab.core.sheet import SheetRow
 from scalelab.core.units import parse_duration
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
-from scalelab.diagnose.commands import LoadRun, ServeRun
+from scalelab.diagnose.commands import LoadCapacity, LoadRun, ServeRun
 from scalelab.diagnose.schema import StageSettings
 from scalelab.diagnose.stages.base import Artifact, Context, Stage
 from scalelab.diagnose.stages.train import FEATURES, SERVED_MODEL
@@ -59,6 +62,13 @@ class ServeSettings(StageSettings):
     """Which batching setting is 'today's system'; the other is the candidate intervention."""
     url: str | None = None
     """The user's own HTTP endpoint instead of the reference model server."""
+    capacity: bool = True
+    """Also search the highest rate meeting the latency objective (`scalelab load capacity`),
+    per batching setting: where serving stops meeting it, not only whether 10× passes."""
+    capacity_max_steps: int = Field(default=8, ge=2, le=40)
+    """Bound on the capacity search's steps (each one a short load level)."""
+    capacity_step: str = "2s"
+    """Longest capacity step (the search's --max-step; --min-step is half of it)."""
     serial_ms: float = Field(default=0.0, ge=0, le=10_000)
     """An artificial serial section added to every forward call of the served model (the
     "delay_mlp" architecture): throttles serving on purpose, to rehearse the verdict."""
@@ -95,19 +105,20 @@ WARMUP_S = 1.0
 """Unmeasured warm-up per level: load is offered for WARMUP_S + duration."""
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of a live process and its live descendants."""
+def tree_usage(pid: int) -> tuple[float, int]:
+    """(CPU seconds user + system, resident bytes) of a live process and its descendants."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return 0.0
-    total = 0.0
+        return 0.0, 0
+    cpu, rss = 0.0, 0
     for p in procs:
         with contextlib.suppress(psutil.Error):
             t = p.cpu_times()
-            total += t.user + t.system
-    return total
+            cpu += t.user + t.system
+            rss += p.memory_info().rss
+    return cpu, rss
 
 
 def served_responses(base_url: str) -> float | None:
@@ -117,33 +128,37 @@ def served_responses(base_url: str) -> float | None:
             text = r.read().decode("utf-8", "replace")
     except OSError:
         return None
-    total = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-             if line.startswith("scalelab_responses_total")]
-    return sum(total) if total else None
+    # A labelled counter appears only after its first response: absent means 0 so far.
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("scalelab_responses_total"))
 
 
 @dataclass(kw_only=True)
 class ServerMeter:
     """The server's CPU time and responses across one load step, attached to its record:
-    busy cores while load was offered, and the cost of 1,000 predictions at the core price."""
+    busy cores while load was offered, the cost of 1,000 predictions at the core price, and
+    the server's resident memory (the larger of the readings before and after the level)."""
 
     pid: int
     url: str
     core_hour_usd: float
     duration_s: float
     _cpu0: float = 0.0
+    _rss0: int = 0
     _n0: float | None = None
 
     def start(self) -> None:
-        self._cpu0, self._n0 = tree_cpu_s(self.pid), served_responses(self.url)
+        (self._cpu0, self._rss0), self._n0 = tree_usage(self.pid), served_responses(self.url)
 
     def tag(self, r: Record) -> Record:
-        cpu = tree_cpu_s(self.pid) - self._cpu0
+        cpu1, rss1 = tree_usage(self.pid)
+        cpu = cpu1 - self._cpu0
         n1 = served_responses(self.url)
         served = n1 - self._n0 if n1 is not None and self._n0 is not None else None
         offered_s = (r.wall_s or self.duration_s) + WARMUP_S
         extras = {**r.extras, "server_cpu_s": cpu, "cpu_busy_cores": cpu / offered_s}
-        update: dict[str, object] = {"extras": extras, "recovery": RECOVERY_REFERENCE}
+        update: dict[str, object] = {"extras": extras, "recovery": RECOVERY_REFERENCE,
+                                     "peak_memory_bytes": max(self._rss0, rss1) or None}
         if served:
             usd = cpu / 3600.0 * self.core_hour_usd
             extras["server_responses"] = served
@@ -152,12 +167,53 @@ class ServerMeter:
         return r.model_copy(update=update)
 
 
+CAPACITY = " capacity"
+"""Suffix of the series that holds a capacity search's steps (e.g. 'batching=off capacity')."""
+_LATENCY = {"p50_ms": "p50", "p95_ms": "p95", "p99_ms": "p99"}
+
+
+def capacity_slo(objectives: list[Objective]) -> tuple[str, str | None] | None:
+    """(--slo, --error-budget) for `load capacity` from the stage's objectives: the tightest
+    latency bound and the availability objective; None without a latency objective (pure)."""
+    lat = [o for o in objectives if o.metric in _LATENCY and o.max is not None]
+    if not lat:
+        return None
+    o = lat[0]
+    avail = next((a for a in objectives if a.metric == "availability" and a.min is not None),
+                 None)
+    budget = f"{(1 - avail.min) * 100:.6g}%" if avail is not None and avail.min is not None \
+        else None
+    return f"{_LATENCY[o.metric]}<{o.max:g}ms", budget
+
+
+def measured_capacity(by_series: dict[str, list[SheetRow]]) -> list[str]:
+    """From capacity-search steps (series '<setting> capacity'): the highest rate that passed."""
+    out = []
+    for name, rows in sorted(by_series.items()):
+        if not name.endswith(CAPACITY):
+            continue
+        passed = [r.level for r in rows if r.extras.get("verdict") == "pass"]
+        failed = [r.level for r in rows if r.extras.get("verdict") == "fail"]
+        setting = name[: -len(CAPACITY)]
+        if passed:
+            above = min((f for f in failed if f > max(passed)), default=None)
+            out.append(
+                f"{setting}: capacity at the objective {max(passed):.4g} requests/s measured"
+                + (f" (fails at {above:.4g})" if above is not None else "")
+                + f", {len(rows)} search steps"
+            )
+        else:
+            out.append(f"{setting}: no searched rate met the objective ({len(rows)} steps)")
+    return out
+
+
 def advise(inp: AdviceInput) -> Advice:
     """Batching and replicas from the measured capacity of each series at the objectives."""
     goal = inp.goal
     base_level = min((r.level for r in inp.base), default=0.0)
     target_level = base_level * goal.target_multiple
-    caps = {s: capacity(rs, goal.objectives) for s, rs in inp.by_series.items()}
+    caps = {s: capacity(rs, goal.objectives) for s, rs in inp.by_series.items()
+            if not s.endswith(CAPACITY)}
     base_cap = caps.get(goal.baseline_series)
     best_s, best_cap = max(
         ((s, c) for s, c in caps.items() if c is not None), key=lambda t: t[1], default=(None, None)
@@ -186,7 +242,31 @@ def advise(inp: AdviceInput) -> Advice:
             "reduce per-request compute (batching, a smaller model) before adding "
             "replicas: even the lowest measured rate misses the objective"
         )
+    knee = throughput_knee(inp.base)
+    if knee:
+        predicted.append(knee)
+    predicted += measured_capacity(inp.by_series)
     return Advice(intervention="; ".join(parts), predicted="; ".join(predicted))
+
+
+def throughput_knee(rows: list[SheetRow]) -> str:
+    """Where the served rate stops following the offered rate (Kneedle on the measured curve),
+    or that it still follows at the highest level measured."""
+    pts = sorted((r.level, r.rate) for r in rows if r.rate is not None)
+    if len(pts) < 3:
+        return ""
+    knee = find_knee([x for x, _ in pts], [y for _, y in pts], curve="concave")
+    top_offered, top_served = pts[-1]
+    if knee is None:
+        return (
+            f"no knee in the throughput curve up to {top_offered:g} requests/s offered "
+            f"({top_served:.4g} served): serving still scales there; measure higher rates"
+        )
+    served = dict(pts)[knee]
+    return (
+        f"the throughput curve bends at {knee:g} requests/s offered ({served:.4g} served, "
+        f"measured): beyond it the served rate stops following the offered rate"
+    )
 
 
 def _measured(r: Record, *, meter: ServerMeter, repeat: int) -> Record:
@@ -209,7 +289,8 @@ class ServeStage(Stage[ServeSettings]):
         return () if s.url else (FEATURES, SERVED_MODEL)
 
     def count(self, s: ServeSettings, repeats: int) -> int:
-        return 1 if s.url else len(s.batching) * repeats * len(s.levels)
+        searches = 1 if s.capacity and capacity_slo(s.built_objectives()) else 0
+        return 1 if s.url else len(s.batching) * (repeats * len(s.levels) + searches)
 
     def _load(
         self, s: ServeSettings, url: str, rec: Path, rates: list[float],
@@ -266,8 +347,28 @@ class ServeStage(Stage[ServeSettings]):
                                  tag=functools.partial(_measured, meter=meter, repeat=rep),
                                  timeout_s=600)
                         )
+                self._capacity(s, ctx, series, f"{spawned.url}/v2/models/{MODEL}/infer", repo,
+                               test_rows)
             finally:
                 stop_group(spawned.proc, grace_s=5.0)
+
+    def _capacity(self, s: ServeSettings, ctx: Context, series: str, url: str, repo: Path,
+                  data: Path | None) -> None:
+        slo = capacity_slo(s.built_objectives())
+        if not s.capacity or slo is None:
+            return
+        step_s = parse_duration(s.capacity_step)
+        rec = ctx.records(f"serve-capacity-{series}")
+        cmd = LoadCapacity(url=url, slo=slo[0], error_budget=slo[1], start=s.base_rate,
+                           max_rate=s.base_rate * max(s.levels) * 20,
+                           min_step=f"{step_s / 2:g}s", max_step=f"{step_s:g}s",
+                           max_steps=s.capacity_max_steps, warmup="0.5s", records=rec,
+                           payload="flights", model=MODEL, model_repo=repo, data=data)
+        ctx.run(
+            Step(stage=self.name, label=f"serve {series} capacity", command=cmd, records=rec,
+                 series=series + CAPACITY, tag=functools.partial(restage, stage=self.name),
+                 timeout_s=600)
+        )
 
     def goals(self, s: ServeSettings) -> list[StageGoal]:
         return [
