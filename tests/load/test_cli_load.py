@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from scalelab.cli import run
+from scalelab.core.errors import BadUsageError
 from scalelab.core.records import read_records
+from scalelab.load.clock import realtime
 
 
 def _json(capsys: pytest.CaptureFixture[str]) -> dict:
@@ -108,6 +110,19 @@ def test_unreachable_server_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "refused=5" in capsys.readouterr().err
 
 
+def _realtime_ok() -> bool:
+    try:
+        with realtime():
+            return True
+    except BadUsageError:
+        return False
+
+
+# The generator's precise mode where the machine allows it: on a busy shared machine a normal
+# generator's lateness alone can break a 60 ms objective at 50 req/s (and is flagged for it).
+_REALTIME = ["--realtime"] if _realtime_ok() else []
+
+
 def test_capacity_search_finds_a_known_capacity(
         server: Callable[..., str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # One FIFO server with a 10 ms service time: capacity exactly 100 req/s. With constant
@@ -117,8 +132,8 @@ def test_capacity_search_finds_a_known_capacity(
     plot = tmp_path / "curve.png"
     rc = run(["load", "capacity", url, "--slo", "p95<60ms", "--arrival", "constant",
               "--start", "25", "--precision", "4%", "--min-step", "2s", "--max-step", "4s",
-              "--warmup", "0.3s", "--invalid-retries", "0", "--records", str(recs),
-              "--plot", str(plot), "--json"])
+              "--warmup", "0.3s", "--records", str(recs), "--plot", str(plot), "--json",
+              *_REALTIME])
     assert rc == 0
     doc = _json(capsys)
     lo, hi = doc["interval_rps"]
@@ -127,7 +142,10 @@ def test_capacity_search_finds_a_known_capacity(
     # step (its queue grows too slowly to cross 60 ms), hence the small allowance above.
     assert lo <= 102.5 and hi >= 100.0
     assert (hi - lo) / lo <= 0.04
-    assert [s["rate"] for s in doc["steps"]][:4] == [25, 50, 100, 200]
+    rates = [s["rate"] for s in doc["steps"]]
+    # An invalid step is run once more at the same rate; the search's path is the same.
+    assert [r for i, r in enumerate(rates) if i == 0 or r != rates[i - 1]][:4] == [25, 50, 100,
+                                                                                 200]
     # p95 at 95%: 230 requests before a step may decide (a 4 s step at 25 req/s has 100).
     assert doc["step_requests"] == 230
     assert all(s["requests_needed"] == 230 for s in doc["steps"])
