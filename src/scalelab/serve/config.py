@@ -109,10 +109,11 @@ class ModelConfig(_Strict):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     inline_below_ms: float = Field(default=1.0, ge=0, le=1000)
     """Run a batch's forward pass on the event loop itself, not the version's thread, while
-    batches take less than this (recent average; 0 = always the thread). Why: handing a batch
-    to the thread and its result back costs two wake-ups and GIL hand-offs (tens of us each),
-    more than a tiny MLP's forward; a slow model must stay on its thread so the loop keeps
-    accepting while it computes. Costs: the loop answers nothing for that long."""
+    batches take less than this much CPU and less than 10x this in wall time (recent averages;
+    0 = always the thread). Why: handing a batch to the thread and its result back costs two
+    wake-ups and GIL hand-offs, more than a tiny MLP's forward; a slow model — or one that
+    waits, on a sleep, I/O or a device — stays on its thread so the loop keeps accepting while
+    it computes. Costs: the loop answers nothing for that long."""
     trace: bool | None = None
     """Run the network as a TorchScript trace (one GIL release per forward instead of one per
     op, 2-3x faster beside a busy event loop). None = only for architectures known to be

@@ -105,6 +105,10 @@ class VersionWorker:
                                            thread_name_prefix=f"infer-{model}-{version}")
         self.closing = False
         self.batch_s_ewma = 0.0
+        self.batch_cpu_ewma = 0.0
+        """CPU seconds per batch (the thread's own clock): what computing inline would block
+        the loop for. Wall time is no guide on a busy machine, where a 50 us forward can take
+        milliseconds while the thread waits for a core."""
         self.inline_below_s = cfg.inline_below_ms / 1000.0
         self.idle_dispatch = db.dispatch_when_idle
         self._task: asyncio.Task[None] | None = None
@@ -159,7 +163,7 @@ class VersionWorker:
                 for j in batch:
                     self._queue_wait.observe(j.picked_at - j.enqueued_at)
                     self._batch_wait.observe(now - j.picked_at)
-                if self.inline(self.batch_s_ewma):
+                if self.inline(self.batch_cpu_ewma, self.batch_s_ewma):
                     results = self._compute(batch)
                 else:
                     results = await loop.run_in_executor(self.executor, self._compute, batch)
@@ -175,10 +179,11 @@ class VersionWorker:
             except Exception:  # the batcher must outlive any single bad batch
                 log.exception("batcher for %s/%s failed a round; continuing", *self._labels)
 
-    def inline(self, batch_s: float) -> bool:
-        """Compute on the event loop? Only once a batch has been timed (on the thread) and the
-        recent average is under the threshold."""
-        return 0.0 < batch_s < self.inline_below_s
+    def inline(self, cpu_s: float, wall_s: float) -> bool:
+        """Compute on the event loop? Only once a batch has been timed (on the thread), while
+        the recent CPU per batch is under the threshold and the wall time under 10x it (the
+        slack is for a busy machine; a model that sleeps or waits is past it)."""
+        return 0.0 < cpu_s < self.inline_below_s and wall_s < 10 * self.inline_below_s
 
     async def stop(self, *, drain_s: float = 30.0) -> None:
         """Refuse new jobs, let queued ones finish (bounded), then free the thread."""
@@ -216,7 +221,7 @@ class VersionWorker:
                                    f"request: {type(e).__name__}: {e}")
 
     def _compute(self, batch: list[Job]) -> list[Outputs | BaseException]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         rows = sum(j.rows for j in batch)
         results: list[Outputs | BaseException]
         try:
@@ -230,8 +235,10 @@ class VersionWorker:
         except Exception:
             # one bad input must not fail its batch-mates: retry each alone
             results = [self._one(j) for j in batch] if len(batch) > 1 else [self._one(batch[0])]
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         self.batch_s_ewma = dt if not self.batch_s_ewma else 0.8 * self.batch_s_ewma + 0.2 * dt
+        self.batch_cpu_ewma = dc if not self.batch_cpu_ewma else \
+            0.8 * self.batch_cpu_ewma + 0.2 * dc
         self._compute_s.observe(dt)
         self._batch_rows.observe(rows)
         if self.sampler is not None:
