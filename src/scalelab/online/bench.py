@@ -56,9 +56,11 @@ def series_of(policy: str) -> str:
     return policy if policy == "never" or policy.startswith("drift") else "fixed"
 
 
-def per_30d(r: PrequentialResult, days: float) -> float:
-    attempts = r.promoted + r.refused
-    return attempts * 30.0 / days if days > 0 else 0.0
+def per_30d(r: PrequentialResult, tick_hours: float) -> float:
+    """Update attempts per 30 days of replayed windows after the bootstrap."""
+    windows = 1 + max((d.window for d in r.decisions), default=0)
+    days = windows * tick_hours / 24
+    return (r.promoted + r.refused) * 30.0 / days if days > 0 else 0.0
 
 
 def run_bench(cfg: BenchConfig, work: Path, experiment: str) -> dict[str, Any]:
@@ -82,7 +84,6 @@ def run_bench(cfg: BenchConfig, work: Path, experiment: str) -> dict[str, Any]:
                             "events_per_cpu_s": sums["received"] / cpu if cpu else None}
         data = StreamData.from_frames(log.read("events"), log.labels(), log.quarantine())
     span_days = (int(data.t_event.max()) - int(data.t_event.min())) / 86_400e6
-    scored_days = max(1e-9, span_days - cfg.updater.bootstrap_hours / 24)
     results: list[dict[str, Any]] = []
     records: list[Record] = []
     for name in cfg.policies:
@@ -93,13 +94,14 @@ def run_bench(cfg: BenchConfig, work: Path, experiment: str) -> dict[str, Any]:
         upd_samples = r.samples_trained - boot
         cpu = r.train_cpu_s + r.predict_cpu_s
         usd = cpu / 3600 * cfg.price_per_core_hour
-        level = per_30d(r, scored_days)
+        level = per_30d(r, cfg.updater.tick_hours)
         row = {**r.summary(), "series": series_of(name), "updates_per_30d": level,
                "update_samples": upd_samples, "cpu_s": cpu, "cost_usd": usd,
-               "cost_per_1000_predictions_usd": usd / r.predictions * 1000 if r.predictions
-               else None,
+               # per prediction served: shadow scoring and gate evaluations are costs, not output
+               "cost_per_1000_predictions_usd": usd / r.served * 1000 if r.served else None,
                "cost_per_update_usd": (r.train_cpu_s / 3600 * cfg.price_per_core_hour
-                                       / max(1, r.promoted + r.refused))}
+                                       / (r.promoted + r.refused))
+               if r.promoted + r.refused else None}
         results.append({"result": row, "decisions": [d.to_dict() for d in r.decisions]})
         ev = ingest["events"]
         up_ms = sorted(s * 1000 for s in r.update_s)

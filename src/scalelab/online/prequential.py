@@ -35,6 +35,8 @@ from scalelab.online.window import HOUR_US
 @dataclass(kw_only=True)
 class PrequentialResult:
     policy: str
+    served: int
+    """Predictions the live model made (one per accepted event after the bootstrap)."""
     scored: int
     """Predictions scored against a late label."""
     macro_f1: float
@@ -114,7 +116,8 @@ def run(data: StreamData, rules: dict[str, ColumnRule], policy: Policy, cfg: Upd
                         "accuracy": e.accuracy})
     acts = [d.action for d in upd.decisions]
     return PrequentialResult(
-        policy=policy.name, scored=int(scored.sum()), macro_f1=ev.macro_f1, accuracy=ev.accuracy,
+        policy=policy.name, served=int((pred >= 0).sum()), scored=int(scored.sum()),
+        macro_f1=ev.macro_f1, accuracy=ev.accuracy,
         per_class_f1=ev.per_class_f1, monthly=monthly, promoted=acts.count("promoted"),
         refused=acts.count("refused"), rolled_back=acts.count("rolled_back"),
         quarantined_windows=acts.count("quarantined"), samples_trained=upd.cost.samples,
