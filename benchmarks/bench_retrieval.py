@@ -88,6 +88,31 @@ def retrain(out: Path, price: float) -> dict[str, Any]:
             "cores": cores, "usd": wall / 3600 * cores * price, "command": " ".join(cmd[2:])}
 
 
+def frontier_plot(result: dict[str, Any], path: Path) -> None:
+    """The ann-benchmarks plot: recall@10 vs QPS (log) per index, one panel per level."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = result["levels"]
+    fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 4.5), squeeze=False)
+    for ax, lv in zip(axes[0], levels, strict=True):
+        for r in lv["indexes"]:
+            pts = sorted(r["points"], key=lambda p: p["recall"])
+            ax.plot([p["recall"] for p in pts], [p["qps"] for p in pts], marker="o",
+                    label=r["spec"])
+        ax.axvline(result["recall_target"], color="grey", linestyle=":")
+        ax.set_yscale("log")
+        ax.set_xlabel("recall@10 vs exact")
+        ax.set_ylabel("queries/s (one thread, one at a time)")
+        ax.set_title(f"x{lv['level']:g}: {lv['docs']:,} documents")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--levels", default="1,10")
@@ -164,6 +189,7 @@ def main() -> int:
         con.print(f"\n[bold]fresh month[/]: re-index {rv['embed_s'] + rv['add_s']:.1f} s "
                   f"(${rv['usd']:.6f}) vs retrain {rt['wall_s']:.1f} s on {rt['cores']} cores "
                   f"(${rt['usd']:.6f}){'' if rt['ok'] else ' [red](train failed)[/]'}")
+    frontier_plot(result, a.out / "frontier.png")
     after = uptime()
     con.print(f"[dim]after: {after}[/]")
     summary["uptime"] = {"before": before, "after": after}
