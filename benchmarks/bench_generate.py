@@ -323,6 +323,8 @@ def section_spec(lm: LoadedModel, n_tokens: int) -> dict[str, Any]:
                 "tokens_per_s": round(toks / wall, 2),
                 "output_tokens": toks,
                 "acceptance_rate": round(e.stats.acceptance_rate, 3),
+                # Forwards run: the load-independent part of the speed-up.
+                "steps": e.stats.steps,
                 "outputs": [s.output_ids for s in seqs],
             }
         row["identical_outputs"] = row["plain"].pop("outputs") == row["speculative"].pop("outputs")
@@ -330,7 +332,8 @@ def section_spec(lm: LoadedModel, n_tokens: int) -> dict[str, Any]:
         out[wname] = row
         print(
             f"[spec] {wname}: {row['speedup']}x tokens/s, acceptance "
-            f"{row['speculative']['acceptance_rate']:.0%}, identical "
+            f"{row['speculative']['acceptance_rate']:.0%}, forwards "
+            f"{row['plain']['steps']} -> {row['speculative']['steps']}, identical "
             f"{row['identical_outputs']}; load {loadavg():.1f}",
             flush=True,
         )
