@@ -27,6 +27,7 @@ import polars as pl
 
 from scalelab.core.errors import BadInputError, RunFailedError
 from scalelab.data.dedupe import bucket_of, deduplicate
+from scalelab.data.engine import EngineOutput, stats_document
 from scalelab.data.features import INPUT_COLUMNS, Dimensions, build_features
 from scalelab.data.ingest import file_name, ingest_file
 from scalelab.data.meter import StageMeter
@@ -106,9 +107,8 @@ def _client(address: str | None, workers: int) -> tuple[Any, Any]:
 
 def run_dask(files: list[Path], root: Path, dims: Dimensions, config: Any,
              meter: StageMeter) -> Any:
-    """Run the pipeline on Dask; returns pipeline.Outcome."""
+    """Run the pipeline on Dask; returns pipeline.EngineOutput."""
     from scalelab.core.machine import available_cores
-    from scalelab.data.pipeline import Outcome, stats_document
 
     workers = config.workers or available_cores()
     with meter.stage("cluster") as st:
@@ -172,7 +172,7 @@ def run_dask(files: list[Path], root: Path, dims: Dimensions, config: Any,
         "spilled_disk_bytes": sum(int(v.get("spilled_disk_bytes", 0)) for v in spill.values()),
     }
     q = pl.concat([m["quarantine"] for m in meta] + [r["quarantine"] for r in res])
-    return Outcome(
+    return EngineOutput(
         rows_in=sum(m["rows_in"] for m in meta), train=train, test=test, quarantine=q,
         exact_duplicates=sum(r["exact"] for r in res), key_duplicates=sum(r["key"] for r in res),
         anomalies=[a for m in meta for a in m["anomalies"]],

@@ -16,6 +16,7 @@ import polars as pl
 
 from scalelab.core.machine import available_cores
 from scalelab.data.dedupe import deduplicate, delay_class, key_hash
+from scalelab.data.engine import EngineOutput, compute, stats_document
 from scalelab.data.features import INPUT_COLUMNS, Dimensions, build_features
 from scalelab.data.ingest import file_name, ingest_file, ingest_plain_group
 from scalelab.data.meter import StageMeter, StageReport
@@ -23,7 +24,7 @@ from scalelab.data.quarantine import validate
 from scalelab.data.split import split_by_time
 
 if TYPE_CHECKING:
-    from scalelab.data.pipeline import Outcome, RunConfig
+    from scalelab.data.pipeline import RunConfig
 
 INGEST_THREADS = 2
 """File groups ingested and validated at once by the local engine (at most the cores)."""
@@ -79,10 +80,9 @@ def _ingest_validate(paths: list[Path], root: Path, names: list[str], dims: Dime
 
 
 def run_local(files: list[Path], root: Path, dims: Dimensions, config: RunConfig,
-              meter: StageMeter, ingested: threading.Event | None = None) -> Outcome:
+              meter: StageMeter, ingested: threading.Event | None = None) -> EngineOutput:
     """One process, polars multi-threaded inside each stage; sets INGESTED when every file has
     been read."""
-    from scalelab.data.pipeline import Outcome, compute, stats_document  # pipeline imports us
 
     # Files are ingested and validated a group at a time so only typed valid rows accumulate
     # (the text frame of a whole scale-10 run would be ~3x larger); each later stage drops its
@@ -140,6 +140,6 @@ def run_local(files: list[Path], root: Path, dims: Dimensions, config: RunConfig
             stats = stats_document(train=[compute(sp.train)], test=[compute(sp.test)])
             st2.rows_out = st2.rows_in
     q = pl.concat([*quarantines, q_dedupe])
-    return Outcome(rows_in=ing_rep.rows_in, train=sp.train, test=sp.test, quarantine=q,
+    return EngineOutput(rows_in=ing_rep.rows_in, train=sp.train, test=sp.test, quarantine=q,
                    exact_duplicates=exact, key_duplicates=keyd,
                    anomalies=anomalies, cutoff_month=sp.cutoff_month, stats=stats)

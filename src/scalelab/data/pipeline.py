@@ -37,6 +37,7 @@ from scalelab.core.manifest import (
     fsync_dir,
     table_row_group_digest,
 )
+from scalelab.data.engine import EngineOutput
 from scalelab.data.features import FEATURE_COLUMNS, Dimensions
 from scalelab.data.flights import read_dimension
 from scalelab.data.ingest import list_inputs
@@ -133,35 +134,6 @@ def load_dimensions(root: Path) -> Dimensions:
     src = root if (root / "weather.csv").is_file() else None
     return Dimensions.from_raw(read_dimension("weather", src), read_dimension("planes", src),
                                read_dimension("airlines", src))
-
-
-@dataclass(kw_only=True)
-class Outcome:
-    """Engine output handed to the writer."""
-
-    rows_in: int
-    train: pl.DataFrame
-    test: pl.DataFrame
-    quarantine: pl.DataFrame
-    exact_duplicates: int
-    key_duplicates: int
-    anomalies: list[dict[str, Any]]
-    cutoff_month: int
-    stats: dict[str, Any] | None
-    partitions: dict[str, Any] = field(default_factory=dict)
-
-
-def compute(df: pl.DataFrame) -> Any:
-    """Mergeable statistics of one partition (data/stats.py)."""
-    from scalelab.data.stats import compute_stats
-
-    return compute_stats(df)
-
-
-def stats_document(*, train: list[Any], test: list[Any]) -> dict[str, Any]:
-    from scalelab.data.stats import merge_all
-
-    return {"train": merge_all(train).to_dict(), "test": merge_all(test).to_dict()}
 
 
 def _write_table(df: pl.DataFrame, path: Path, row_group_size: int) -> ContentDigest:
@@ -304,7 +276,7 @@ def run_pipeline(config: RunConfig) -> RunResult:
 
 
 def _write(config: RunConfig, root: Path, files: list[Path],
-           input_entries: Future[list[dict[str, Any]]], oc: Outcome, meter: StageMeter,
+           input_entries: Future[list[dict[str, Any]]], oc: EngineOutput, meter: StageMeter,
            t_start: float, st: StageReport) -> RunResult:
     assert tuple(oc.train.columns) == FEATURE_COLUMNS
     n_train, n_test = oc.train.height, oc.test.height

@@ -149,10 +149,6 @@ def fold(module: nn.Module) -> FoldedTabularNet:
     return net.eval()
 
 
-def _register() -> None:
-    from scalelab.nets import registry
-
-    registry.register(ARCH, lambda p: FoldedTabularNet(FoldedTabularConfig(**p)))
-
-
-_register()
+def build_folded(params: dict[str, Any]) -> nn.Module:
+    """The builder nets.registry lists for ARCH."""
+    return FoldedTabularNet(FoldedTabularConfig(**params))

@@ -15,6 +15,7 @@ from torch import nn
 
 from scalelab.core.errors import BadInputError
 from scalelab.core.jsonfile import read_json_object
+from scalelab.nets import onnx
 from scalelab.nets.tabular import TabularConfig, TabularNet
 
 WEIGHTS_FILE = "model.safetensors"
@@ -22,25 +23,44 @@ SPEC_FILE = "model.json"
 
 Builder = Callable[[dict[str, Any]], nn.Module]
 
-_ARCHITECTURES: dict[str, Builder] = {
-    "tabular_mlp": lambda params: TabularNet(TabularConfig(**params)),
-}
+def _tabular(params: dict[str, Any]) -> nn.Module:
+    return TabularNet(TabularConfig(**params))
+
+
+def _listed() -> dict[str, Builder]:
+    """Every architecture the shared layer defines, by an explicit list (imported here, not
+    registered by importing the modules: their builders call back into this registry)."""
+    from scalelab.nets import folded, variants
+
+    return {"tabular_mlp": _tabular, folded.ARCH: folded.build_folded, **variants.BUILDERS}
+
+
+_ARCHITECTURES: dict[str, Builder] = {}
+"""The listed architectures (filled on first use) plus those a part registers."""
+
+
+def _known() -> dict[str, Builder]:
+    if "tabular_mlp" not in _ARCHITECTURES:
+        _ARCHITECTURES.update({**_listed(), **_ARCHITECTURES})
+    return _ARCHITECTURES
 
 
 def register(name: str, builder: Builder) -> None:
-    """Add an architecture; its builder takes the `params` dict stored in model.json."""
+    """Add a part's own architecture (e.g. serve's fault-injection nets); its builder takes the
+    `params` dict stored in model.json. The shared layer's own are listed in `_listed`."""
     _ARCHITECTURES[name] = builder
 
 
 def architectures() -> list[str]:
-    return sorted(_ARCHITECTURES)
+    return sorted(_known())
 
 
 def build(arch: str, params: dict[str, Any]) -> nn.Module:
-    if arch not in _ARCHITECTURES:
+    known = _known()
+    if arch not in known:
         raise BadInputError(f"unknown architecture {arch!r}; known: {', '.join(architectures())}")
     try:
-        return _ARCHITECTURES[arch](params)
+        return known[arch](params)
     except TypeError as e:
         raise BadInputError(f"bad parameters for architecture {arch!r}: {e}") from e
 
@@ -103,6 +123,3 @@ def load_module(directory: str | Path, *, device: str = "cpu") -> nn.Module:
     except RuntimeError as e:
         raise BadInputError(f"{w} does not match the architecture in {SPEC_FILE}: {e}") from e
     return module.eval()
-
-
-from scalelab.nets import folded, onnx, variants  # noqa: E402,F401  (registers architectures)

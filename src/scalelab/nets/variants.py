@@ -19,7 +19,7 @@ rebuilds them from model.json + model.safetensors like any other (never unpickli
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -228,12 +228,13 @@ def _build_cascade(params: dict[str, Any]) -> nn.Module:
             f"cascade needs {e.args[0]!r} (small/large: architecture, params)") from None
 
 
-def _register() -> None:
-    from scalelab.nets import registry
-
-    registry.register("tabular_fused", lambda p: FusedTabularNet(FusedTabularConfig(**p)))
-    registry.register("int8_dynamic", _build_int8)
-    registry.register("cascade", _build_cascade)
+def build_fused(params: dict[str, Any]) -> nn.Module:
+    return FusedTabularNet(FusedTabularConfig(**params))
 
 
-_register()
+BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
+    "tabular_fused": build_fused,
+    "int8_dynamic": _build_int8,
+    "cascade": _build_cascade,
+}
+"""The compressed variants' builders, listed by nets.registry."""
