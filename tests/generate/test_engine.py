@@ -169,3 +169,10 @@ def test_too_long_prompt_is_bad_input() -> None:
         e.add(list(range(64)), GREEDY)
     with pytest.raises(BadInputError, match="max_tokens must be >= 1"):
         SamplingParams(max_tokens=-1)
+
+
+def test_settings_from_json_build_the_spec_config() -> None:
+    e = engine(speculative=True, spec={"num_draft": 2})
+    assert e.cfg.spec == SpecConfig(num_draft=2)
+    (s,) = e.generate([TOK.encode("abab abab abab")], GREEDY)
+    assert s.output_ids == greedy_reference(MODEL, TOK.encode("abab abab abab"), 12)

@@ -48,6 +48,8 @@ class EngineConfig:
     as a cache without paging must; the paged-vs-contiguous benchmark compares the two."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.spec, dict):  # from JSON settings (the server's environment)
+            self.spec = SpecConfig(**self.spec)
         if self.kv_cache_bytes < 1 or self.block_size < 1:
             raise BadUsageError("kv_cache_bytes and block_size must be >= 1")
         if self.contiguous:
