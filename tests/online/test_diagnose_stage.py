@@ -54,6 +54,11 @@ def test_the_advice_names_the_frequency_and_the_drift_policy() -> None:
                               "compute)")
     assert "drift-triggered: 0.3880 macro F1 at 0.25x the compute of 4.29/30d" in a.predicted
     assert "never updating: 0.31 macro F1" in a.predicted
+    rising = [row("fixed", 1, 0.36, 1e5), row("fixed", 30, 0.38, 3e6)]
+    b = advise(AdviceInput(goal=goal, base=rising, by_series={"fixed": rising}, limits=[],
+                           miss=None))
+    assert b.intervention.startswith("update 30 times per 30 days, the most measured: its step "
+                                     "up still gained 2 macro-F1 points")
 
 
 def test_the_command_matches_the_cli_and_the_defaults_load() -> None:

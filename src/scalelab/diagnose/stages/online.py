@@ -92,8 +92,13 @@ def advise(inp: AdviceInput, *, min_gain: float = 0.005) -> Advice:
     sat = saturation(curve, min_gain)
     if sat is None:
         return Advice(intervention="measure at least two fixed update periods")
-    parts = [f"update {sat['level']:.3g} times per 30 days: more often gains < "
-             f"{min_gain * 100:g} macro-F1 point per step"]
+    if sat is curve[-1] and len(curve) > 1 and curve[-1]["gain"] >= min_gain:
+        parts = [f"update {sat['level']:.3g} times per 30 days, the most measured: its step up "
+                 f"still gained {curve[-1]['gain'] * 100:.2g} macro-F1 points (measure a higher "
+                 "frequency or a longer replay to see the curve flatten)"]
+    else:
+        parts = [f"update {sat['level']:.3g} times per 30 days: more often gains < "
+                 f"{min_gain * 100:g} macro-F1 point per step"]
     pred = [" → ".join(f"{p['level']:.3g}/30d: {p['macro_f1']:.4f}" for p in curve)
             + " macro F1 (fixed periods)"]
     drift = inp.by_series.get("drift", [])
