@@ -22,6 +22,7 @@ import polars as pl
 
 from scalelab.data.flights import FLIGHT_COLUMNS
 from scalelab.data.ingest import QUARANTINE_SCHEMA
+from scalelab.nets.flights import LABEL
 
 KEY_COLUMNS: tuple[str, ...] = ("year", "month", "day", "carrier", "flight", "origin",
                                 "sched_dep_time")
@@ -85,8 +86,8 @@ def deduplicate(frame: pl.DataFrame, *, keep_columns: Sequence[str] | None = Non
     them per file group, two groups at once, instead of here on one thread over the whole
     table; the result is the same."""
     keys = list(KEY_COLUMNS)
-    df = frame if "delay_class" in frame.columns else frame.with_columns(
-        delay_class().alias("delay_class"))
+    df = frame if LABEL in frame.columns else frame.with_columns(
+        delay_class().alias(LABEL))
     # Only rows whose key repeats can be duplicates of any kind: find them with one hash pass
     # and do the expensive work (exact comparison, label windows) on that small subset. The
     # pass compares 64-bit hashes of the keys, not the keys (~0.3 GB less peak memory at
@@ -98,11 +99,11 @@ def deduplicate(frame: pl.DataFrame, *, keep_columns: Sequence[str] | None = Non
     n_rep = rep.height
     rep = rep.filter(pl.struct(list(FLIGHT_COLUMNS)).is_first_distinct())
     exact = n_rep - rep.height
-    rep = rep.with_columns((pl.col("delay_class").n_unique().over(keys) > 1).alias("__conflict"))
+    rep = rep.with_columns((pl.col(LABEL).n_unique().over(keys) > 1).alias("__conflict"))
     bad = rep.filter(pl.col("__conflict"))
     q = bad.select(pl.col("_file").alias("file"), pl.col("_row").alias("row"),
-                   pl.lit("delay_class").alias("column"), pl.lit("label_conflict").alias("rule"),
-                   pl.col("delay_class").cast(pl.String).alias("value")).cast(QUARANTINE_SCHEMA)
+                   pl.lit(LABEL).alias("column"), pl.lit("label_conflict").alias("rule"),
+                   pl.col(LABEL).cast(pl.String).alias("value")).cast(QUARANTINE_SCHEMA)
     rep = rep.filter(~pl.col("__conflict"))
     n1 = rep.height
     kept_idx = rep.filter(pl.struct(keys).is_first_distinct())["__i"]

@@ -60,6 +60,7 @@ from scalelab.data.flights import (
     dimension_path,
     read_flights_raw,
 )
+from scalelab.nets.flights import LABEL
 
 FORMATS = ("csv", "parquet", "jsonl")
 RATE_DEFECTS = ("duplicates", "out_of_range", "nulls", "unparsable", "label_conflicts")
@@ -245,14 +246,14 @@ def _inject(df: pl.DataFrame, spec: DefectSpec, rng: np.random.Generator
         else:
             row[colix["dep_delay"]] = "0"
         conflict_of[int(r)] = len(extra)
-        extra.append((float(rng.uniform(0, n)), row, ("delay_class", "label_conflict",
+        extra.append((float(rng.uniform(0, n)), row, (LABEL, "label_conflict",
                                                        str(_label(row[colix["dep_time"]],
                                                                   row[colix["dep_delay"]])))))
     positioned: list[tuple[float, int, list[Any], tuple[str, str, str | None] | None]] = [
         (float(i), 0, edited[i], marks.get(i)) for i in range(n)]
     for r in picks["label_conflicts"]:
         positioned[int(r)] = (float(r), 0, edited[int(r)],
-                              ("delay_class", "label_conflict",
+                              (LABEL, "label_conflict",
                                str(_label(edited[int(r)][colix["dep_time"]],
                                           edited[int(r)][colix["dep_delay"]]))))
     positioned += [(pos, 1, row, mark) for pos, row, mark in extra]

@@ -22,6 +22,7 @@ from scalelab.data.ingest import file_name, ingest_file, ingest_plain_group
 from scalelab.data.meter import StageMeter, StageReport
 from scalelab.data.quarantine import validate
 from scalelab.data.split import split_by_time
+from scalelab.nets.flights import LABEL
 
 if TYPE_CHECKING:
     from scalelab.data.pipeline import RunConfig
@@ -70,7 +71,7 @@ def _ingest_validate(paths: list[Path], root: Path, names: list[str], dims: Dime
     good, q = validate(frame, carriers=dims.carriers, origins=dims.origins)
     # Computed here, two groups at once, deduplication's label and key hash were ~0.35 s of
     # its ~1 s on one thread at scale 10 (+ 9 bytes a row until then).
-    good = good.with_columns(delay_class().alias("delay_class"), key_hash())
+    good = good.with_columns(delay_class().alias(LABEL), key_hash())
     # One chunk per group, made here in parallel: deduplication over ~8 chunks a group
     # rechunked the whole table at once (~0.3 GB more peak memory at scale 10, and slower).
     return _GroupResult(rows_in=sum(i.rows_in for i in ings), rows_sound=frame.height,

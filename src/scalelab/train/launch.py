@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from scalelab.train.config import TrainConfig
 from scalelab.train.dataset import TENSORS_FILE, Source, prepare
 from scalelab.train.loop import FAILURE_FILE
 from scalelab.train.worker import CONFIG_FILE, FINAL_FILE, META_FILE, rank_file
+from scalelab.web.spawn import free_port
 
 LOG_FILE = "torchrun.log"
 
@@ -92,10 +92,8 @@ def plan_threads(nproc: int, threads: int | None, cores: int) -> tuple[int, str 
     return t, warn
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_free_port = free_port
+"""The rendezvous port (one free-port routine for the project: web.spawn's)."""
 
 
 def torchrun_command(lc: LaunchConfig, run_dir: Path) -> list[str]:
