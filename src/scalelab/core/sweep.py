@@ -29,6 +29,7 @@ from scalelab.core.fits import ScalingFit, fit_scaling
 from scalelab.core.knee import find_knee
 from scalelab.core.machine import Machine, current_machine
 from scalelab.core.records import Record, make_record
+from scalelab.core.usage import iowait_share, iowait_ticks
 
 Mode = Literal["strong", "weak"]
 
@@ -87,6 +88,8 @@ class RunResult:
     metric: float | None
     stdout_tail: str
     stderr_tail: str
+    iowait_share: float | None = None
+    """The machine's I/O-wait share of CPU time while the run ran (/proc/stat; None: not there)."""
 
     @property
     def ok(self) -> bool:
@@ -176,6 +179,7 @@ def run_once(
 ) -> RunResult:
     """Run one command to completion (or timeout) and measure its process tree."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    io_before = iowait_ticks()
     with (
         tempfile.NamedTemporaryFile(prefix="sweep-out-", delete=False) as out,
         tempfile.NamedTemporaryFile(prefix="sweep-err-", delete=False) as err,
@@ -233,6 +237,7 @@ def run_once(
             sampler.join()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        io_share = iowait_share(io_before, iowait_ticks())
         stdout = _tail(out_path, 1 << 20)
         value = parse_metric(metric, stdout) if metric and code == 0 else None
         return RunResult(
@@ -244,6 +249,7 @@ def run_once(
             metric=value,
             stdout_tail=stdout[-4000:],
             stderr_tail=_tail(err_path),
+            iowait_share=io_share,
         )
     finally:
         for p in (out_path, err_path):
@@ -326,6 +332,8 @@ def run_sweep(cfg: SweepConfig, *, on_run: ProgressFn | None = None) -> SweepRes
                         "metric": r.metric,
                         "command": cmd,
                         "cpu_busy_cores": r.cpu_s / r.wall_s if r.wall_s else None,
+                        **({"iowait_share": r.iowait_share}
+                           if r.iowait_share is not None else {}),
                     },
                 )
             )

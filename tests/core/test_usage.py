@@ -1,0 +1,30 @@
+"""CPU busy cores and I/O wait from the kernel's counters."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from scalelab.core.usage import UsageMeter, iowait_share, iowait_ticks
+
+
+def test_iowait_from_a_proc_stat_file(tmp_path: Path) -> None:
+    p = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    p.write_text("cpu  100 0 50 800 40 0 10 0 7 0\ncpu0 1 2 3 4 5 6 7 8\n")
+    assert iowait_ticks(p) == (40, 1000)  # guests are already inside user/nice
+    assert iowait_share((40, 1000), (70, 1200)) == 30 / 200
+    assert iowait_share((40, 1000), (40, 1000)) is None
+    assert iowait_ticks(tmp_path / "none") is None
+    p.write_text("intr 1 2 3\n")
+    assert iowait_ticks(p) is None
+
+
+def test_children_cpu_time_is_counted() -> None:
+    with UsageMeter() as m:
+        subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"],
+                       check=True)
+    u = m.usage
+    assert u.cpu_s > 0 and u.wall_s > 0
+    assert u.busy_cores == u.cpu_s / u.wall_s
+    extras = u.extras()
+    assert extras["cpu_s"] == u.cpu_s and extras["cpu_busy_cores"] == u.busy_cores
