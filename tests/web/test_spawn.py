@@ -1,8 +1,8 @@
 """Spawning a real server on a free loopback port, waiting until ready, stopping it."""
 
 import sys
-from collections.abc import Callable
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
