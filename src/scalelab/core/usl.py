@@ -12,7 +12,7 @@ uncertainty and repeat the measurement.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,6 +103,39 @@ def _param(value: float, se: float | None, tq: float | None, lo: float, hi: floa
     )
 
 
+def _jacobian(n: np.ndarray, gamma: float, alpha: float, beta: float) -> np.ndarray:
+    """dX/d(γ, α, β) at every N, in original units (for the covariance of the estimates)."""
+    d = 1.0 + alpha * (n - 1.0) + beta * n * (n - 1.0)
+    return np.column_stack(
+        [n / d, -gamma * n * (n - 1.0) / d**2, -gamma * n * n * (n - 1.0) / d**2]
+    )
+
+
+def _refit_pinned(
+    resid: Callable[[np.ndarray], np.ndarray], g: float, alpha: float, beta: float, *,
+    pin_a: bool, pin_b: bool,
+) -> tuple[float, float, float, float] | None:
+    """The least-squares fit with α and/or β held at the given values: (g, α, β, cost)."""
+    free = [0] + ([] if pin_a else [1]) + ([] if pin_b else [2])
+    start = np.array([g, alpha, beta])
+
+    def full(q: np.ndarray) -> np.ndarray:
+        p = start.copy()
+        p[free] = q
+        return p
+
+    lo = np.zeros(len(free))
+    hi = np.array([np.inf, 1.0, 1.0])[free]
+    r = optimize.least_squares(
+        lambda q: resid(full(q)), x0=np.clip(start[free], lo, hi), bounds=(lo, hi),
+        method="trf", x_scale="jac", xtol=1e-14, ftol=1e-14, gtol=1e-14, max_nfev=5000,
+    )
+    if not r.success and r.status <= 0:
+        return None
+    p = full(r.x)
+    return float(p[0]), float(p[1]), float(p[2]), float(r.cost)
+
+
 def fit_usl(
     n: Sequence[float] | np.ndarray, x: Sequence[float] | np.ndarray, *, confidence: float = 0.95
 ) -> UslFit:
@@ -134,11 +167,22 @@ def fit_usl(
             if best is None or r.cost < best.cost:
                 best = r
     assert best is not None
-    gamma, alpha, beta = float(best.x[0] * scale), float(best.x[1]), float(best.x[2])
-    # The optimiser approaches a bound asymptotically; below these, α and β change X(N) by
-    # less than 1e-4 relative at any N up to 10^4, so they are zero.
+    g, alpha, beta = (float(v) for v in best.x)
+    # The optimiser approaches a bound asymptotically, so a penalty that the data do not support
+    # ends a hair above zero (how far depends on the scipy release). Pin it at its bound when the
+    # fit with it pinned is as good to float precision: the simpler model, exactly.
+    for pin_a, pin_b in ((True, True), (False, True), (True, False)):
+        if (not pin_a or alpha == 0.0) and (not pin_b or beta == 0.0):
+            continue  # pinning would change nothing
+        pinned = _refit_pinned(resid, g, 0.0 if pin_a else alpha, 0.0 if pin_b else beta,
+                               pin_a=pin_a, pin_b=pin_b)
+        if pinned is not None and pinned[3] <= best.cost * (1 + 1e-9) + 1e-24:
+            g, alpha, beta = pinned[0], pinned[1], pinned[2]
+            break
+    # Below these, α and β change X(N) by less than 1e-4 relative at any N up to 10^4.
     alpha = 0.0 if alpha < 1e-9 else alpha
     beta = 0.0 if beta < 1e-12 else beta
+    gamma = g * scale
     fitted = usl(na, gamma, alpha, beta)
     rss = float(np.sum((fitted - xa) ** 2))
     dof = len(na) - 3
@@ -149,8 +193,7 @@ def fit_usl(
         rse = math.sqrt(rss / dof)
         tq = float(stats.t.ppf(0.5 + confidence / 2, dof))
         # Covariance s²(JᵀJ)⁻¹ with J in original units (rescale the γ column back).
-        jac = best.jac * scale
-        jac[:, 0] /= scale
+        jac = _jacobian(na, gamma, alpha, beta)
         try:
             cov = np.linalg.inv(jac.T @ jac) * (rss / dof)
             se = [math.sqrt(v) if v >= 0 else None for v in np.diag(cov)]
