@@ -88,11 +88,12 @@ stages: {{{off}, llm: {{url: "{slots_server}", levels: [1, 4], requests: 8,
     one, four = recs
     assert one.rate_unit == "output tokens/s" and one.extras["engine_scrapes"] >= 1
     # One stream never waits (TTFT 20 ms); four streams share two slots, so half of them
-    # wait a whole 90 ms stream for a slot: TTFT p95 >= 110 ms, and the server said so.
+    # wait a whole 90 ms stream for a slot: TTFT p95 near 110 ms (less the few ms by which the
+    # four sends are staggered, since the slot's holder started first), and the server said so.
     assert one.latency is not None and one.latency.p95_ms is not None
     assert 20 * 0.999 <= one.latency.p95_ms < 60
     assert four.latency is not None and four.latency.p95_ms is not None
-    assert four.latency.p95_ms >= 110 * 0.999
+    assert four.latency.p95_ms >= 100
     assert four.extras["engine_waiting_max"] >= 1
     assert four.extras["limiting_signal"] == "batch-slots"
     stage = next(s for s in doc["verdict"]["stages"] if s["stage"] == "llm")
