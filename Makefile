@@ -35,7 +35,7 @@ typecheck: $(DEV)
 	$(VENV)/bin/mypy
 
 test: lint typecheck
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q -m "not slow" --durations=25
 
 test-slow: $(DEV)
 	$(VENV)/bin/pytest -q -m "slow"
