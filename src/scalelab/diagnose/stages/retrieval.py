@@ -135,12 +135,15 @@ def advise(inp: AdviceInput, *, shard_bytes: int = 8 * 2**30) -> Advice:
             predicted.append(shards[1])
         pq = [(s, max(rs, key=lambda r: r.level)) for s, rs in inp.by_series.items()
               if "PQ" in s.upper()]
+        smaller: list[tuple[float, str]] = []
         for s, r in pq:
             mv, rc = r.extras.get("memory_vs_raw"), r.quality.get("recall_at_10")
             if isinstance(mv, int | float) and mv < 1:
-                parts.append(f"compress embeddings when memory binds: {s}")
+                smaller.append((float(rc) if isinstance(rc, int | float) else -1.0, s))
                 predicted.append(f"{s}: {mv:.2f}x the raw vectors at recall@10 "
                                  f"{num_text(rc)} (measured)")
+        if smaller:  # one action: the compressed index that kept the most recall
+            parts.append(f"compress embeddings when memory binds: {max(smaller)[1]}")
         q_ms = top.extras.get("query_embed_ms")
         s_ms = top.extras.get("search_ms")
         if isinstance(q_ms, int | float) and isinstance(s_ms, int | float) and q_ms > s_ms:
