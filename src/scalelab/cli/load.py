@@ -357,7 +357,7 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
                     extras={"invalid_reasons": r.invalid_reasons, "lag_p99_ms": r.lag_p99_ms})
         recs.append(to_record(r, experiment=exp, url=url, slo=objective.label,
                               extra={"payload": kind, "capacity_step": len(recs),
-                                     "verdict": step.verdict}))
+                                     "verdict": step.verdict, "requests_needed": needed}))
         return step
 
     res = search(run_step, cfg)
