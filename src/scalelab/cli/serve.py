@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import DefaultGroup, emit, json_option
+from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.units import parse_size
 
 repo_option = click.option("--model-repo", "model_repo", required=True,
@@ -70,12 +71,14 @@ def app() -> None:
                    "--access-log-rate lines/s (successes and errors each) when not, or all.")
 @click.option("--access-log-rate", "access_log_rate", default=20.0, show_default=True,
               type=float, help="Lines per second in sampled mode.")
+@trace_options
 def run_cmd(model_repo: Path, host: str, port: int, workers: int, admin_token: str | None,
             max_body: str, sample_dir: Path | None, sample_rate: float, sample_max_rows: int,
             sample_max_files: int, graceful_seconds: float, read_timeout: float,
             torch_threads: int | None,
             poll_seconds: float, log_level: str, http: str, loop: str, access_log: str,
-            access_log_rate: float) -> None:
+            access_log_rate: float, trace_sample: float, trace_out: str | None,
+            otlp_endpoint: str | None) -> None:
     """Serve every model in --model-repo until interrupted (Ctrl-C drains in-flight requests)."""
     from scalelab.serve.config import ServerSettings
     from scalelab.serve.server import serve
@@ -87,7 +90,8 @@ def run_cmd(model_repo: Path, host: str, port: int, workers: int, admin_token: s
         sample_max_files=sample_max_files, graceful_s=graceful_seconds,
         read_timeout_s=read_timeout,
         torch_threads=torch_threads, poll_s=poll_seconds, log_level=log_level, http=http,
-        loop=loop, access_log=access_log, access_log_per_second=access_log_rate)
+        loop=loop, access_log=access_log, access_log_per_second=access_log_rate,
+        trace=trace_config(trace_sample, trace_out, otlp_endpoint))
     serve(settings)
 
 

@@ -107,6 +107,8 @@ def _api(ctx: ServeContext, infer: InferHandler) -> FastAPI:
         watcher.cancel()
         await asyncio.gather(*ctx.background, return_exceptions=True)
         await repo.close()
+        if ctx.tracing is not None:
+            ctx.tracing.shutdown()  # export the spans still queued
 
     api = FastAPI(title="scalelab serve", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url="/openapi.json")

@@ -7,7 +7,7 @@ field is reported with its path, e.g. `dynamic_batching.max_queue_size: must be 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.nets.repository import CONFIG_FILE, read_json
+from scalelab.web.trace import TraceConfig
 
 Datatype = Literal["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"]
 
@@ -206,9 +207,12 @@ class ServerSettings:
     """off, sampled (every request while light, at most access_log_per_second lines a second
     for successes and as many for errors when not) or full (one line per request)."""
     access_log_per_second: float = 20.0
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    """Request tracing (off unless it has somewhere to send spans; see web.trace)."""
 
     def __post_init__(self) -> None:
         self.model_repo = Path(self.model_repo)
+        self.trace = TraceConfig.of(self.trace)  # a dict when it came through JSON
         if self.sample_dir is not None:
             self.sample_dir = Path(self.sample_dir)
         if not 0 < self.port < 65536:

@@ -12,6 +12,7 @@ from scalelab.serve.metrics import Metrics
 from scalelab.serve.repository import ModelRepository
 from scalelab.serve.sampling import RequestSampler, SamplingConfig
 from scalelab.web.access import AccessLog
+from scalelab.web.trace import Tracing
 
 ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
 
@@ -24,6 +25,8 @@ class ServeContext:
     access: AccessLog
     token: str | None
     """Bearer token of the admin endpoints; None = they answer 403."""
+    tracing: Tracing | None = None
+    """Request tracing; None = off (the handlers test this one field, nothing else)."""
     started: bool = False
     draining: bool = False
     background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -44,7 +47,8 @@ class ServeContext:
         access = AccessLog("scalelab.serve.access", settings.access_log,
                            per_second=settings.access_log_per_second)
         token = settings.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
-        return cls(settings=settings, repo=repo, metrics=metrics, access=access, token=token)
+        return cls(settings=settings, repo=repo, metrics=metrics, access=access, token=token,
+                   tracing=Tracing.build(settings.trace, "scalelab-serve"))
 
     def ready(self) -> bool:
         repo = self.repo

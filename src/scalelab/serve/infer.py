@@ -42,6 +42,7 @@ from scalelab.serve.protocol import (
 from scalelab.serve.repository import ModelEntry
 from scalelab.serve.scheduler import Job, Outputs, VersionWorker
 from scalelab.web.guard import REQUEST_ID_HEADER, BodyTooLarge, admit, send_error
+from scalelab.web.trace import RequestTrace, ns_mono
 
 log = logging.getLogger("scalelab.serve")
 
@@ -110,6 +111,21 @@ def check_vocabulary(entry: ModelEntry, worker: VersionWorker, arrays: list[np.n
                 raise ServeError(400, f"input 'categorical': {why}")
 
 
+def trace_job(trace: RequestTrace, worker: VersionWorker, job: Job) -> None:
+    """The queue, batch and compute spans of one traced job (what reached the batcher)."""
+    if not job.picked_at:
+        return
+    trace.span("queue wait", ns_mono(job.enqueued_at), ns_mono(job.picked_at))
+    b = job.batch
+    if b is None:
+        return
+    attrs = {"scalelab.model": worker.model, "scalelab.model.version": worker.version,
+             "scalelab.batch.id": b.batch_id, "scalelab.batch.size": b.rows,
+             "scalelab.batch.requests": b.requests}
+    trace.span("batch formation", ns_mono(job.picked_at), ns_mono(b.dispatched_at), attrs)
+    trace.span("model compute", ns_mono(b.compute_start), ns_mono(b.compute_end), attrs)
+
+
 def labels_of(out: Outputs) -> np.ndarray | None:
     if "label" in out:
         return np.asarray(out["label"]).reshape(-1)
@@ -171,6 +187,14 @@ class InferHandler:
         ctx = self.ctx
         repo = ctx.repo
         status, served = 500, ""
+        trace: RequestTrace | None = None
+        encode_at = 0.0
+        if ctx.tracing is not None:
+            trace = ctx.tracing.begin("POST /v2/models/{name}/infer", scope["headers"],
+                                      ns_mono(t0), attributes={"scalelab.model": name,
+                                                               "scalelab.request_id": rid})
+            if trace is not None:  # the response names the server's span to the client
+                tags = [*tags, (b"traceparent", trace.traceparent().encode())]
         # a name that is not loaded is counted under model "": client-chosen names must not
         # grow the metric series without bound
         label = name if name in repo.models else ""
@@ -200,7 +224,11 @@ class InferHandler:
             worker = repo.route(name, version, rid)
             check_vocabulary(entry, worker, arrays)
             served = str(worker.version)
-            outputs = await self._compute(entry, worker, arrays, rid, deadline)
+            if trace is not None:
+                trace.span("admission", ns_mono(t0), ns_mono(time.monotonic()))
+            outputs = await self._compute(entry, worker, arrays, rid, deadline, trace)
+            if trace is not None:
+                encode_at = time.monotonic()
             shadow = repo.shadow_worker(name) if version is None else None
             if shadow is not None and shadow is not worker:
                 task = asyncio.create_task(self._shadow(entry, shadow, arrays, rid, outputs))
@@ -231,33 +259,48 @@ class InferHandler:
             self._count(label, served, status, dt)
             ctx.access.log(status, "infer", request_id=rid, model=name, version=served,
                            latency_ms=round(dt * 1000, 3))
+            if trace is not None:
+                end = time.monotonic()
+                if encode_at:
+                    trace.span("post-processing", ns_mono(encode_at), ns_mono(end))
+                trace.end(status, ns_mono(end),
+                          {"scalelab.model.version": int(served)} if served else None)
 
     # -- compute: queue, cache, coalescing, shadow ----------------------------------------------
 
     @staticmethod
     async def _run(worker: VersionWorker, arrays: list[np.ndarray], rid: str, deadline: float,
-                   *, log_sample: bool = True) -> Outputs:
+                   *, log_sample: bool = True, trace: RequestTrace | None = None) -> Outputs:
         loop = asyncio.get_running_loop()
         job = Job(inputs=arrays, rows=arrays[0].shape[0], request_id=rid,
                   enqueued_at=time.monotonic(), deadline=deadline, future=loop.create_future(),
                   log_sample=log_sample)
+        if trace is None:
+            worker.submit(job)
+            return await job.future
+        job.traced = worker.traced = True
         worker.submit(job)
-        return await job.future
+        try:
+            return await job.future
+        finally:
+            trace_job(trace, worker, job)
 
     async def _compute(self, entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray],
-                       rid: str, deadline: float) -> Outputs:
+                       rid: str, deadline: float, trace: RequestTrace | None = None) -> Outputs:
         assert entry.config is not None
         metrics = self.ctx.metrics
         labels = (entry.name, str(worker.version))
         use_cache = entry.cache is not None
         coalesce = entry.config.cache.coalesce
         if not (use_cache or coalesce):
-            return await self._run(worker, arrays, rid, deadline)
+            return await self._run(worker, arrays, rid, deadline, trace=trace)
         key = (entry.name, worker.version, digest(arrays))
         if entry.cache is not None:
             hit = entry.cache.get(key)
             if hit is not None:
                 metrics.cache_hits.labels(*labels).inc()
+                if trace is not None:
+                    trace.root.set_attribute("scalelab.cache.hit", True)
                 return hit
             metrics.cache_misses.labels(*labels).inc()
         if coalesce:
@@ -277,7 +320,7 @@ class InferHandler:
                     # the leader's client went away; compute this one ourselves
             lead = entry.coalescer.lead(key)
             try:
-                out = await self._run(worker, arrays, rid, deadline)
+                out = await self._run(worker, arrays, rid, deadline, trace=trace)
                 lead.set_result(out)
             except Exception as e:
                 lead.set_exception(e)
@@ -285,7 +328,7 @@ class InferHandler:
             finally:
                 entry.coalescer.finish(key, lead)
         else:
-            out = await self._run(worker, arrays, rid, deadline)
+            out = await self._run(worker, arrays, rid, deadline, trace=trace)
         if entry.cache is not None:
             entry.cache.put(key, out)
         return out

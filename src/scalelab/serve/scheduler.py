@@ -49,6 +49,24 @@ class Job:
     picked_at: float = 0.0
     log_sample: bool = True
     """False for shadow mirrors, which must not double the request sample."""
+    traced: bool = False
+    """Its request is sampled for tracing: the batcher leaves `batch` on it."""
+    batch: BatchMarks | None = None
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class BatchMarks:
+    """What a traced job's batch looked like (monotonic seconds): the batch is shared by many
+    requests, so each traced request's spans carry its id and size rather than a span of its
+    own (see docs/observe.md)."""
+
+    batch_id: int
+    """Per version worker, counted over traced batches only."""
+    rows: int
+    requests: int
+    dispatched_at: float
+    compute_start: float
+    compute_end: float
 
 
 # architectures without data-dependent control flow or Python side effects (the fault ones in
@@ -111,6 +129,11 @@ class VersionWorker:
         milliseconds while the thread waits for a core."""
         self.inline_below_s = cfg.inline_below_ms / 1000.0
         self.idle_dispatch = db.dispatch_when_idle
+        self.traced = False
+        """Set by the first traced job; until then (tracing off) the batcher does no trace
+        bookkeeping beyond testing this flag once per batch."""
+        self._traced_batches = 0
+        self._window = (0.0, 0.0)
         self._task: asyncio.Task[None] | None = None
         self._labels = lb = (model, str(version))
         # metric children looked up once: .labels() takes a lock and builds a key every call
@@ -167,6 +190,8 @@ class VersionWorker:
                     results = self._compute(batch)
                 else:
                     results = await loop.run_in_executor(self.executor, self._compute, batch)
+                if self.traced:
+                    self._mark(batch, now)
                 for j, r in zip(batch, results, strict=True):
                     if j.future.done():
                         continue
@@ -178,6 +203,17 @@ class VersionWorker:
                 raise
             except Exception:  # the batcher must outlive any single bad batch
                 log.exception("batcher for %s/%s failed a round; continuing", *self._labels)
+
+    def _mark(self, batch: list[Job], dispatched_at: float) -> None:
+        traced = [j for j in batch if j.traced]
+        if not traced:
+            return
+        self._traced_batches += 1
+        marks = BatchMarks(batch_id=self._traced_batches, rows=sum(j.rows for j in batch),
+                           requests=len(batch), dispatched_at=dispatched_at,
+                           compute_start=self._window[0], compute_end=self._window[1])
+        for j in traced:
+            j.batch = marks
 
     def inline(self, cpu_s: float, wall_s: float) -> bool:
         """Compute on the event loop? Only once a batch has been timed (on the thread), while
@@ -222,6 +258,7 @@ class VersionWorker:
 
     def _compute(self, batch: list[Job]) -> list[Outputs | BaseException]:
         t0, c0 = time.perf_counter(), time.thread_time()
+        m0 = time.monotonic() if self.traced else 0.0
         rows = sum(j.rows for j in batch)
         results: list[Outputs | BaseException]
         try:
@@ -236,6 +273,8 @@ class VersionWorker:
             # one bad input must not fail its batch-mates: retry each alone
             results = [self._one(j) for j in batch] if len(batch) > 1 else [self._one(batch[0])]
         dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+        if self.traced:  # the forward's own window, on the clock the request's spans use
+            self._window = (m0, time.monotonic())
         self.batch_s_ewma = dt if not self.batch_s_ewma else 0.8 * self.batch_s_ewma + 0.2 * dt
         self.batch_cpu_ewma = dc if not self.batch_cpu_ewma else \
             0.8 * self.batch_cpu_ewma + 0.2 * dc

@@ -1,0 +1,293 @@
+"""The one tracing layer every server uses: OpenTelemetry spans, head-sampled, to OTLP or JSONL.
+
+Off by default, and off costs one `is None` check per request: a server holds `Tracing | None`
+and never calls a tracer when it is None (not even a no-op one). On, each request asks the
+sampler once, at its root span: `ParentBased(TraceIdRatioBased(sample))`, so a client's sampled
+`traceparent` is always followed and an unsampled one never is, and requests without one are
+sampled at `sample`. An unsampled request gets no `RequestTrace` and records nothing more.
+
+Spans are written after the fact from timestamps the server already keeps (enqueue, pick-up,
+compute, first token...), with explicit start and end times: the hot path takes a few clock
+readings per traced request and no span objects until the response is on its way. Servers
+keep `time.monotonic()` / `time.perf_counter()`; `ns_mono` / `ns_perf` map them to the epoch
+nanoseconds spans carry, through offsets read once at import.
+
+Export: OTLP/HTTP when an endpoint is given (`opentelemetry-exporter-otlp-proto-http`), else
+one JSON object per span per line in a local file (`JsonlSpanExporter`), both behind the SDK's
+BatchSpanProcessor (a queue and a background thread; a full queue drops spans rather than block
+requests). Needs `pip install 'scalelab[trace]'`; the import is deferred until tracing is on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from scalelab.core.errors import BadUsageError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span
+
+INSTALL_HINT = "pip install 'scalelab[trace]'"
+_TP, _TS = b"traceparent", b"tracestate"
+_MONO_NS = time.time_ns() - time.monotonic_ns()
+_PERF_NS = time.time_ns() - time.perf_counter_ns()
+
+Attributes = Mapping[str, str | bool | int | float | Sequence[str]]
+
+
+def ns_mono(t: float) -> int:
+    """Epoch nanoseconds of a `time.monotonic()` reading."""
+    return int(t * 1e9) + _MONO_NS
+
+
+def ns_perf(t: float) -> int:
+    """Epoch nanoseconds of a `time.perf_counter()` reading."""
+    return int(t * 1e9) + _PERF_NS
+
+
+@dataclass(kw_only=True, frozen=True)
+class TraceConfig:
+    """Tracing for one server process (the `--trace-*` flags; JSON-friendly fields only)."""
+
+    sample: float = 0.0
+    """Share of requests without a sampled `traceparent` that start a trace, in [0, 1]. A
+    client's sampled traceparent is followed whatever this is."""
+    out: str | None = None
+    """JSON Lines file the spans are appended to (when no OTLP endpoint is given)."""
+    otlp_endpoint: str | None = None
+    """OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces; wins over `out`."""
+    flush_ms: int = 1000
+    """Longest a finished span waits in the batch queue before it is exported."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sample <= 1.0:
+            raise BadUsageError(f"--trace-sample {self.sample} must lie in [0, 1]")
+        if self.sample > 0 and not (self.out or self.otlp_endpoint):
+            raise BadUsageError("--trace-sample needs somewhere to send spans: "
+                                "--trace-out FILE.jsonl or --otlp-endpoint URL")
+        if self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://")):
+            raise BadUsageError(f"--otlp-endpoint {self.otlp_endpoint!r} must be an http(s) "
+                                "URL, e.g. http://127.0.0.1:4318/v1/traces")
+        if self.flush_ms < 1:
+            raise BadUsageError("the trace flush interval must be >= 1 ms")
+
+    @property
+    def enabled(self) -> bool:
+        """Tracing is on when spans have somewhere to go (even at sample 0, to follow clients'
+        sampled traceparents)."""
+        return bool(self.out or self.otlp_endpoint)
+
+    @classmethod
+    def of(cls, raw: TraceConfig | Mapping[str, Any] | None) -> TraceConfig:
+        """From a settings field that travelled through JSON (a dict) or is already one."""
+        if raw is None:
+            return cls()
+        return raw if isinstance(raw, TraceConfig) else cls(**raw)
+
+
+def _sdk() -> Any:
+    try:
+        import opentelemetry.sdk.trace as sdk
+    except ImportError as e:
+        raise BadUsageError(f"tracing needs the OpenTelemetry SDK: {INSTALL_HINT}") from e
+    return sdk
+
+
+def _hex(n: int, width: int) -> str:
+    return format(n, f"0{width}x")
+
+
+def span_record(span: ReadableSpan) -> dict[str, Any]:
+    """One span as the JSON Lines exporter writes it (and `observe.traces` reads it)."""
+    ctx = span.get_span_context()
+    parent = span.parent
+    status = span.status.status_code.name.lower()
+    service = span.resource.attributes.get("service.name") if span.resource else None
+    rec: dict[str, Any] = {
+        "trace_id": _hex(ctx.trace_id, 32), "span_id": _hex(ctx.span_id, 16),
+        "parent_id": _hex(parent.span_id, 16) if parent is not None else None,
+        "name": span.name, "kind": span.kind.name.lower(),
+        "start_ns": span.start_time, "end_ns": span.end_time,
+        "attributes": {k: list(v) if isinstance(v, tuple) else v
+                       for k, v in (span.attributes or {}).items()},
+        "status": status, "service": service,
+    }
+    if span.links:
+        rec["links"] = [{"trace_id": _hex(lk.context.trace_id, 32),
+                         "span_id": _hex(lk.context.span_id, 16)} for lk in span.links]
+    return rec
+
+
+def jsonl_exporter(path: str | Path) -> SpanExporter:
+    """A SpanExporter appending one JSON line per span to `path`.
+
+    Each export is one os.write on an O_APPEND descriptor, so several worker processes may
+    share the file: the kernel places each write whole at the end (local file systems)."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class JsonlSpanExporter(SpanExporter):
+        def __init__(self) -> None:
+            p = Path(path)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self.path = p
+            self._fd: int | None = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._lock = threading.Lock()
+
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            data = "".join(json.dumps(span_record(s), separators=(",", ":")) + "\n"
+                           for s in spans).encode()
+            with self._lock:
+                if self._fd is None:
+                    return SpanExportResult.FAILURE
+                os.write(self._fd, data)
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            with self._lock:
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return True
+
+    return JsonlSpanExporter()
+
+
+class Tracing:
+    """One server process's tracer: its provider, sampler and exporter.
+
+    `exporter` replaces the configured one (tests pass the SDK's InMemorySpanExporter and get
+    a synchronous processor, so spans are readable as soon as a request ends)."""
+
+    def __init__(self, cfg: TraceConfig, service: str, *,
+                 exporter: SpanExporter | None = None) -> None:
+        sdk = _sdk()
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.cfg = cfg
+        self.service = service
+        # A provider of our own, not the global one: two servers in one process (tests) or a
+        # user's own OpenTelemetry setup never see each other's spans.
+        self.provider = sdk.TracerProvider(
+            sampler=ParentBased(TraceIdRatioBased(cfg.sample)),
+            resource=Resource.create({"service.name": service}), shutdown_on_exit=False)
+        if exporter is not None:
+            self.provider.add_span_processor(SimpleSpanProcessor(exporter))
+        else:
+            self.provider.add_span_processor(
+                BatchSpanProcessor(self._exporter(cfg), schedule_delay_millis=cfg.flush_ms))
+        self.tracer = self.provider.get_tracer("scalelab")
+        self._propagator = TraceContextTextMapPropagator()
+        self._closed = False
+
+    @staticmethod
+    def _exporter(cfg: TraceConfig) -> SpanExporter:
+        if cfg.otlp_endpoint:
+            try:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                    OTLPSpanExporter,
+                )
+            except ImportError as e:
+                raise BadUsageError(f"--otlp-endpoint needs the OTLP exporter: {INSTALL_HINT}"
+                                    ) from e
+            exp: SpanExporter = OTLPSpanExporter(endpoint=cfg.otlp_endpoint)
+            return exp
+        assert cfg.out is not None
+        return jsonl_exporter(cfg.out)
+
+    @classmethod
+    def build(cls, cfg: TraceConfig, service: str) -> Tracing | None:
+        """The tracer for `cfg`, or None when tracing is off (what servers keep and test)."""
+        return cls(cfg, service) if cfg.enabled else None
+
+    def begin(self, name: str, headers: Iterable[tuple[bytes, bytes]], start_ns: int, *,
+              attributes: Attributes | None = None) -> RequestTrace | None:
+        """Ask the sampler about one request (its ASGI headers carry any traceparent); a
+        `RequestTrace` to record into when sampled, else None (nothing more to do)."""
+        from opentelemetry.trace import SpanKind
+
+        carrier: dict[str, str] | None = None
+        for k, v in headers:
+            if k in (_TP, _TS):
+                if carrier is None:
+                    carrier = {}
+                carrier[k.decode()] = v.decode("latin-1")
+        parent = self._propagator.extract(carrier) if carrier else None
+        span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER,
+                                      attributes=attributes, start_time=start_ns)
+        if not span.is_recording():
+            return None
+        return RequestTrace(self, span)
+
+    def flush(self) -> None:
+        self.provider.force_flush()
+
+    def shutdown(self) -> None:
+        """Export what is queued and close the exporter (the server's lifespan end)."""
+        if not self._closed:
+            self._closed = True
+            self.provider.shutdown()
+
+
+class RequestTrace:
+    """The spans of one sampled request: a root (server) span and children under it."""
+
+    def __init__(self, tracing: Tracing, root: Span) -> None:
+        from opentelemetry import trace as api
+
+        self.tracing = tracing
+        self.root = root
+        self._api = api
+        self._ctx = api.set_span_in_context(root)
+        c = root.get_span_context()
+        self.trace_id = _hex(c.trace_id, 32)
+        self.span_id = _hex(c.span_id, 16)
+
+    def traceparent(self, span: Span | None = None) -> str:
+        """The header naming `span` (default: the root) as the parent of a downstream call."""
+        c = (span or self.root).get_span_context()
+        return f"00-{_hex(c.trace_id, 32)}-{_hex(c.span_id, 16)}-01"
+
+    def span(self, name: str, start_ns: int, end_ns: int, attributes: Attributes | None = None,
+             *, parent: Span | None = None) -> None:
+        """Record a finished phase of this request (start and end already known)."""
+        ctx = self._ctx if parent is None else self._api.set_span_in_context(parent)
+        s = self.tracing.tracer.start_span(name, context=ctx, attributes=attributes,
+                                           start_time=start_ns)
+        s.end(end_time=max(start_ns, end_ns))
+
+    def start(self, name: str, *, client: bool = False, attributes: Attributes | None = None,
+              start_ns: int | None = None) -> Span:
+        """Open a span now (end it with `.end()`): for a call whose traceparent must name it,
+        e.g. a request to another server."""
+        from opentelemetry.trace import SpanKind
+
+        return self.tracing.tracer.start_span(
+            name, context=self._ctx, kind=SpanKind.CLIENT if client else SpanKind.INTERNAL,
+            attributes=attributes, start_time=start_ns)
+
+    def end(self, status: int, end_ns: int | None = None,
+            attributes: Attributes | None = None) -> None:
+        """Close the root with the HTTP status (5xx marks the trace as an error)."""
+        from opentelemetry.trace import Status, StatusCode
+
+        root = self.root
+        root.set_attribute("http.response.status_code", status)
+        if attributes:
+            root.set_attributes(attributes)
+        if status >= 500:
+            root.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+        root.end(end_time=end_ns)
