@@ -48,7 +48,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Data-parallel training under torchrun; bench, scaling law.",
     ),
     "serve": ("scalelab.cli.serve", "app", "The Open Inference Protocol model server."),
-    "deploy": ("scalelab.cli.deploy", "app", "Kubernetes manifests for the model server."),
+    "deploy": (
+        "scalelab.cli.deploy",
+        "app",
+        "Kubernetes manifests; Grafana dashboard and alert rules.",
+    ),
     "load": ("scalelab.cli.load", "app", "Open-loop load tests and capacity search."),
     "autoscale": ("scalelab.cli.autoscale", "app", "Replay traffic against the HPA algorithm."),
     "compress": ("scalelab.cli.model", "compress", "Compression and routing variants of a model."),

@@ -1,4 +1,5 @@
-"""`scalelab deploy k8s`: Kubernetes manifests for the model server."""
+"""`scalelab deploy k8s`: Kubernetes manifests for the model server; `scalelab deploy grafana`:
+its dashboard and alerting rules."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from scalelab.core.errors import BadUsageError
 
 @click.group()
 def app() -> None:
-    """Write deployment manifests for the model server."""
+    """Write deployment manifests for the model server, and its dashboard and alert rules."""
 
 
 @app.command("k8s")
@@ -57,6 +58,46 @@ def k8s_cmd(model_repo: Path, out: Path, name: str, image: str, claim: str, min_
     emit(data, as_json, lambda c: c.print(
         f"wrote {', '.join(str(p) for p in paths)} (startup {startup:.1f} s"
         f"{' measured here' if measured else ''}; scaling on {signal})"))
+
+
+@app.command("grafana")
+@click.option("--out", required=True, type=click.Path(path_type=Path, file_okay=False),
+              help="Folder for dashboard.json and rules.yaml.")
+@click.option("--datasource", default="Prometheus", show_default=True,
+              help="Name of the Grafana Prometheus data source the dashboard selects first.")
+@click.option("--slo-file", "slo_file", default=None,
+              type=click.Path(path_type=Path, dir_okay=False),
+              help="Objectives file (diagnose's scalelab.yaml format) the SLOs come from; "
+                   "diagnose's defaults when omitted.")
+@json_option
+def grafana_cmd(out: Path, datasource: str, slo_file: Path | None, as_json: bool) -> None:
+    """Grafana dashboard + Prometheus recording and burn-rate alerting rules."""
+    import json
+
+    import yaml
+
+    from scalelab.observe.dashboards import dashboard
+    from scalelab.observe.rules import read_objectives, rules_document, slos_from_objectives
+
+    if not datasource.strip():
+        raise BadUsageError("--datasource is empty; name the Grafana Prometheus data source")
+    slos = slos_from_objectives(read_objectives(slo_file))
+    board = dashboard(slos, datasource=datasource)
+    rules = rules_document(slos)
+    out.mkdir(parents=True, exist_ok=True)
+    board_path, rules_path = out / "dashboard.json", out / "rules.yaml"
+    board_path.write_text(json.dumps(board, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    rules_path.write_text(yaml.safe_dump(rules, sort_keys=False, allow_unicode=True,
+                                         width=100), "utf-8")
+    n_rules = sum(len(g["rules"]) for g in rules["groups"])
+    data = {"files": [str(board_path), str(rules_path)],
+            "panels": sum(1 for p in board["panels"] if p["type"] != "row"),
+            "rules": n_rules,
+            "slos": [{"name": s.name, "objective": s.label, "target": s.target,
+                      "boundary_s": s.boundary_s} for s in slos]}
+    emit(data, as_json, lambda c: c.print(
+        f"wrote {board_path} ({data['panels']} panels) and {rules_path} ({n_rules} rules: "
+        + ", ".join(s.label for s in slos) + ")"))
 
 
 from scalelab.cli.deploy_train import train_job_cmd  # noqa: E402

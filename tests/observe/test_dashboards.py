@@ -1,0 +1,245 @@
+"""The Grafana dashboard and the Prometheus rules: the dashboard model's schema, every
+expression parsed (promtool where installed, the project's parser always), the burn-rate
+windows, and the metric names against what the servers really expose."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+import yaml
+from prometheus_client import generate_latest
+
+from scalelab.cli import run
+from scalelab.core.errors import BadInputError
+from scalelab.observe.catalog import METRICS, metric_of, series_names
+from scalelab.observe.dashboards import SCHEMA_VERSION, dashboard, metrics_used
+from scalelab.observe.promql import metric_names, parse
+from scalelab.observe.rules import (
+    latency_slo,
+    le_matcher,
+    read_objectives,
+    recorded_names,
+    slos_from_objectives,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "serve"))
+
+from serve_fixtures import add_model, infer_body, start_server
+
+# Grafana's dashboard model, as much of it as a dashboard JSON file must hold to import.
+TARGET = {"type": "object", "required": ["refId", "expr", "datasource"],
+          "properties": {"refId": {"type": "string", "pattern": "^[A-Z]$"},
+                         "expr": {"type": "string", "minLength": 1},
+                         "legendFormat": {"type": "string"}}}
+GRID = {"type": "object", "required": ["h", "w", "x", "y"],
+        "properties": {"h": {"type": "integer", "minimum": 1},
+                       "w": {"type": "integer", "minimum": 1, "maximum": 24},
+                       "x": {"type": "integer", "minimum": 0, "maximum": 23},
+                       "y": {"type": "integer", "minimum": 0}}}
+PANEL = {"type": "object", "required": ["id", "type", "title", "gridPos"],
+         "properties": {"id": {"type": "integer"}, "title": {"type": "string", "minLength": 1},
+                        "type": {"enum": ["row", "timeseries", "stat", "gauge", "table"]},
+                        "gridPos": GRID},
+         "if": {"properties": {"type": {"const": "row"}}},
+         "then": {"required": ["panels", "collapsed"]},
+         "else": {"required": ["targets", "datasource", "fieldConfig"],
+                  "properties": {"targets": {"type": "array", "minItems": 1, "items": TARGET}}}}
+DASHBOARD = {"type": "object",
+             "required": ["uid", "title", "schemaVersion", "panels", "templating", "time"],
+             "properties": {"schemaVersion": {"type": "integer", "minimum": 39},
+                            "uid": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,40}$"},
+                            "panels": {"type": "array", "minItems": 1, "items": PANEL},
+                            "templating": {"type": "object", "required": ["list"]}}}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
+    out = tmp_path_factory.mktemp("grafana")
+    assert run(["deploy", "grafana", "--out", str(out), "--datasource", "prom-main"]) == 0
+    board = json.loads((out / "dashboard.json").read_text("utf-8"))
+    rules = yaml.safe_load((out / "rules.yaml").read_text("utf-8"))
+    return board, rules
+
+
+def test_dashboard_matches_the_schema_and_tiles_without_overlap(
+        written: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    board, _ = written
+    jsonschema.validate(board, DASHBOARD)
+    assert board["schemaVersion"] == SCHEMA_VERSION
+    assert board["templating"]["list"][0]["current"]["value"] == "prom-main"
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for p in board["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24
+        here = {(x, y) for x in range(g["x"], g["x"] + g["w"])
+                for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & here, p["title"]
+        cells |= here
+
+
+def test_every_panel_the_issue_asks_for_is_there(
+        written: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    board, _ = written
+    exprs = "\n".join(t["expr"] for p in board["panels"] for t in p.get("targets", []))
+    for q in ("0.5", "0.95", "0.99"):
+        assert f"histogram_quantile({q}, sum by (le, model) (rate(" \
+               "scalelab_request_duration_seconds_bucket[$__rate_interval])))" in exprs
+    for name in ("scalelab_queue_depth", "scalelab_batch_size_bucket",
+                 "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_hits_total", "retrieval_request_seconds_bucket",
+                 "scalelab:budget_used:ratio", "scalelab_governance_refusals_total",
+                 "scalelab:slo_serve_availability_errors:ratio_rate1h"):
+        assert name in exprs, name
+
+
+def test_every_expression_parses_and_reads_only_known_series(
+        written: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    board, rules = written
+    recorded = recorded_names(rules)
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    for e in exprs:
+        assert parse(e).type == "vector", e
+        for name in metric_names(e):
+            assert name in recorded or metric_of(name) is not None, (name, e)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="promtool absent (apt-get install prometheus); the parser test runs")
+def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
+    out = tmp_path / "g"
+    assert run(["deploy", "grafana", "--out", str(out)]) == 0
+    done = subprocess.run(["promtool", "check", "rules", str(out / "rules.yaml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 31 rules found" in done.stdout
+
+
+@pytest.mark.parametrize("bad", [
+    "rate(x_total)", "sum(rate(x[5m])", "x[5m] / 2", "histogram_quantile(x, y)",
+    "nosuchfn(x)", 'x{le=5}', 'x{le=~"("}', "sum by (le) (x[5m])", "x and 1", "",
+])
+def test_the_parser_refuses_what_prometheus_refuses(bad: str) -> None:
+    with pytest.raises(BadInputError):
+        parse(bad)
+
+
+def test_burn_rate_alerts_are_the_workbooks_windows(
+        written: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    _, rules = written
+    group = next(g for g in rules["groups"] if g["name"] == "scalelab-slo-serve_availability")
+    records = [r["record"] for r in group["rules"] if "record" in r]
+    assert records == [f"scalelab:slo_serve_availability_errors:ratio_rate{w}"
+                       for w in ("5m", "30m", "1h", "6h", "3d")]
+    alerts = {r["labels"]["severity"]: r["expr"] for r in group["rules"] if "alert" in r}
+    r = "scalelab:slo_serve_availability_errors:ratio_rate"
+    assert alerts["page"] == (f"({r}1h > (14.4 * 0.001) and {r}5m > (14.4 * 0.001)) or "
+                              f"({r}6h > (6 * 0.001) and {r}30m > (6 * 0.001))")
+    assert alerts["ticket"] == f"({r}3d > (1 * 0.001) and {r}6h > (1 * 0.001))"
+    ratio = next(x["expr"] for x in group["rules"] if x.get("record") == f"{r}5m")
+    assert ratio == ('(sum by (model) (rate(scalelab_responses_total{status=~"5..|429"}[5m]))) '
+                     "/ (sum by (model) (rate(scalelab_responses_total[5m])))")
+
+
+def test_latency_slo_is_the_share_above_a_bucket_boundary() -> None:
+    slo = latency_slo("serve", {"metric": "p95_ms", "max": 50})
+    assert (slo.target, slo.boundary_s) == (0.95, 0.05)
+    assert slo.budget == pytest.approx(0.05, abs=1e-15)
+    assert 'le="0.05"' in slo.bad
+    # 2 s is no TTFT bucket boundary: read at the largest below it (1.0), stricter
+    ttft = latency_slo("llm", {"metric": "p95_ms", "max": 2000})
+    assert ttft.boundary_s == 1.0
+    assert 'le=~"1|1.0"' in ttft.bad
+    assert le_matcher(10.0) == 'le=~"10|10.0"'
+    with pytest.raises(BadInputError, match="smallest bucket"):
+        latency_slo("serve", {"metric": "p99_ms", "max": 0.1})
+
+
+def test_slo_targets_come_from_the_objectives_file(tmp_path: Path) -> None:
+    f = tmp_path / "objectives.yaml"
+    f.write_text(yaml.safe_dump({"stages": {"serve": {"objectives": [
+        {"metric": "p99_ms", "max": 200}, {"metric": "availability", "min": 0.99}]}}}))
+    slos = {s.name: s for s in slos_from_objectives(read_objectives(f))}
+    assert (slos["serve_latency"].target, slos["serve_latency"].boundary_s) == (0.99, 0.2)
+    assert slos["serve_availability"].target == 0.99
+    assert slos["llm_ttft"].target == 0.95  # from the defaults: the file left llm alone
+    out = tmp_path / "g"
+    assert run(["deploy", "grafana", "--out", str(out), "--slo-file", str(f)]) == 0
+    text = (out / "rules.yaml").read_text("utf-8")
+    assert "(14.4 * 0.01)" in text and 'le="0.2"' in text
+    f.write_text("stages: [1, 2]\n")
+    assert run(["deploy", "grafana", "--out", str(out), "--slo-file", str(f)]) == 2
+
+
+def _exposed(text: str) -> set[str]:
+    """Sample names a scrape holds: from the samples, and from each family's TYPE line (a
+    labelled family with no child yet shows only that)."""
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+             if line and not line.startswith("#")}
+    for kind_line in re.findall(r"^# TYPE (\S+) (\w+)$", text, re.M):
+        name, kind = kind_line
+        if kind == "counter":  # prometheus-client writes a counter's TYPE with _total
+            names.add(name if name.endswith("_total") else f"{name}_total")
+        elif kind == "histogram":
+            names |= {f"{name}_bucket", f"{name}_count", f"{name}_sum"}
+        else:
+            names.add(name)
+    return names
+
+
+def _les(text: str, family: str) -> list[float]:
+    return sorted({float(v) for v in re.findall(rf'^{re.escape(family)}_bucket{{.*le="([^"]+)"',
+                                                 text, re.M) if v != "+Inf"})
+
+
+def test_tabular_server_exposes_every_name_the_dashboard_reads(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    add_model(repo, "flights", {1: 1}, cache={"enabled": True, "max_entries": 10, "ttl_s": 60})
+    srv = start_server(repo, tmp_path / "server.log")
+    try:
+        r = httpx.post(f"{srv.url}/v2/models/flights/infer", json=infer_body(2), timeout=10)
+        assert r.status_code == 200
+        text = httpx.get(f"{srv.url}/metrics", timeout=10).text
+    finally:
+        srv.stop()
+    board = dashboard(slos_from_objectives(read_objectives(None)))
+    used = metrics_used(board)["serve"]
+    assert len(used) >= 10
+    assert used <= _exposed(text)
+    # the SLO reads the boundary as the server writes it, and the catalog's buckets are real
+    assert 'scalelab_request_duration_seconds_bucket{le="0.05",model="flights",version="1"}' \
+           in text
+    assert _les(text, "scalelab_request_duration_seconds") == \
+           list(METRICS["scalelab_request_duration_seconds"].buckets)
+
+
+def test_generation_and_retrieval_registries_expose_the_catalogs_names() -> None:
+    from scalelab.generate.metrics import EngineMetrics
+    from scalelab.retrieval.server import _Metrics
+
+    engine = EngineMetrics("tiny")
+    engine.ttft.labels("tiny").observe(0.3)
+    text = generate_latest(engine.registry).decode()
+    retrieval = _Metrics()
+    retrieval.seconds.labels("retrieve").observe(0.003)
+    rtext = generate_latest(retrieval.registry).decode()
+    exposed = {"generate": _exposed(text), "retrieval": _exposed(rtext)}
+    for m in METRICS.values():
+        if m.server in exposed:
+            assert set(series_names(m)) <= exposed[m.server], m.name
+    assert _les(text, "vllm:time_to_first_token_seconds") == \
+           list(METRICS["vllm:time_to_first_token_seconds"].buckets)
+    assert _les(rtext, "retrieval_request_seconds") == \
+           list(METRICS["retrieval_request_seconds"].buckets)
