@@ -72,6 +72,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "app",
         "Retrieval: corpus with ground truth, embeddings, indexes, serve, bench.",
     ),
+    "trace": ("scalelab.cli.trace", "app", "Request traces: slowest as waterfalls, p99 by span."),
 }
 
 

@@ -190,9 +190,9 @@ class InferHandler:
         trace: RequestTrace | None = None
         encode_at = 0.0
         if ctx.tracing is not None:
-            trace = ctx.tracing.begin("POST /v2/models/{name}/infer", scope["headers"],
-                                      ns_mono(t0), attributes={"scalelab.model": name,
-                                                               "scalelab.request_id": rid})
+            trace = ctx.tracing.begin("infer", scope["headers"], ns_mono(t0), attributes={
+                "http.request.method": "POST", "http.route": "/v2/models/{name}/infer",
+                "scalelab.model": name, "scalelab.request_id": rid})
             if trace is not None:  # the response names the server's span to the client
                 tags = [*tags, (b"traceparent", trace.traceparent().encode())]
         # a name that is not loaded is counted under model "": client-chosen names must not

@@ -41,7 +41,8 @@ _TP, _TS = b"traceparent", b"tracestate"
 _MONO_NS = time.time_ns() - time.monotonic_ns()
 _PERF_NS = time.time_ns() - time.perf_counter_ns()
 
-Attributes = Mapping[str, str | bool | int | float | Sequence[str]]
+Attributes = Mapping[str, Any]
+"""Span attributes: str, bool, int, float or a list of one of those."""
 
 
 def ns_mono(t: float) -> int:
@@ -109,6 +110,7 @@ def _hex(n: int, width: int) -> str:
 def span_record(span: ReadableSpan) -> dict[str, Any]:
     """One span as the JSON Lines exporter writes it (and `observe.traces` reads it)."""
     ctx = span.get_span_context()
+    assert ctx is not None  # an SDK span always has one
     parent = span.parent
     status = span.status.status_code.name.lower()
     service = span.resource.attributes.get("service.name") if span.resource else None
