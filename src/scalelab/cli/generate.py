@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
+from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option
 from scalelab.core.units import parse_size
 
@@ -90,7 +92,9 @@ def _engine_dict(kv_cache_bytes: str, block_size: int, max_num_seqs: int,
               help="Seconds a client may take to send one whole request.")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def serve_cmd(model: str, kv_cache_bytes: str, block_size: int, max_num_seqs: int,
+@governance_option
+def serve_cmd(governance: Path | None,
+              model: str, kv_cache_bytes: str, block_size: int, max_num_seqs: int,
               max_batched_tokens: int, max_model_len: int, prefix_cache: bool,
               speculative: bool, num_draft: int, contiguous: bool, torch_threads: int | None,
               seed: int, host: str, port: int, max_waiting: int, max_prompt_tokens: int | None,
@@ -108,7 +112,7 @@ def serve_cmd(model: str, kv_cache_bytes: str, block_size: int, max_num_seqs: in
         max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens,
         max_output_tokens=max_output_tokens, request_timeout_s=request_timeout,
         max_body_bytes=parse_size(max_body, what="--max-body"), torch_threads=torch_threads,
-        seed=seed,
+        seed=seed, governance_file=governance_file(governance),
     )
     if model not in ("smollm2-135m", "tiny") and not model.endswith(".gguf"):
         from scalelab.core.errors import BadUsageError

@@ -16,6 +16,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option, parse_list
 from scalelab.core.errors import BadUsageError
 
@@ -172,7 +173,9 @@ def query_cmd(index_dir: Path, query: str, k: int, cache: Path | None, no_cache:
 @click.option("--generate-url", default=None,
               help="OpenAI-compatible server for /v1/answer (e.g. scalelab generate serve).")
 @click.option("--generate-model", default="default", show_default=True)
-def serve_cmd(index_dir: Path, host: str, port: int, cache: Path | None, no_cache: bool,
+@governance_option
+def serve_cmd(governance: Path | None,
+              index_dir: Path, host: str, port: int, cache: Path | None, no_cache: bool,
               max_k: int, max_inflight: int, max_body_bytes: int, generate_url: str | None,
               generate_model: str) -> None:
     """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
@@ -186,7 +189,8 @@ def serve_cmd(index_dir: Path, host: str, port: int, cache: Path | None, no_cach
     c = _cache(cache, no_cache)
     s = RetrievalSettings(index_dir=str(index_dir.resolve()), cache=str(c) if c else None,
                           max_k=max_k, max_inflight=max_inflight, max_body_bytes=max_body_bytes,
-                          generate_url=generate_url, generate_model=generate_model)
+                          generate_url=generate_url, generate_model=generate_model,
+                          governance_file=governance_file(governance))
     os.environ[SETTINGS_ENV] = json.dumps(s.__dict__)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     run("scalelab.retrieval.server:app_from_env", RunConfig(host=host, port=port))

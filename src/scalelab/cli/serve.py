@@ -16,6 +16,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import DefaultGroup, emit, json_option
 from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.units import parse_size
@@ -71,8 +72,10 @@ def app() -> None:
                    "--access-log-rate lines/s (successes and errors each) when not, or all.")
 @click.option("--access-log-rate", "access_log_rate", default=20.0, show_default=True,
               type=float, help="Lines per second in sampled mode.")
+@governance_option
 @trace_options
-def run_cmd(model_repo: Path, host: str, port: int, workers: int, admin_token: str | None,
+def run_cmd(governance: Path | None,
+            model_repo: Path, host: str, port: int, workers: int, admin_token: str | None,
             max_body: str, sample_dir: Path | None, sample_rate: float, sample_max_rows: int,
             sample_max_files: int, graceful_seconds: float, read_timeout: float,
             torch_threads: int | None,
@@ -84,6 +87,7 @@ def run_cmd(model_repo: Path, host: str, port: int, workers: int, admin_token: s
     from scalelab.serve.server import serve
 
     settings = ServerSettings(
+        governance_file=governance_file(governance),
         model_repo=model_repo, host=host, port=port, workers=workers, admin_token=admin_token,
         max_body_bytes=parse_size(max_body, what="--max-body"), sample_dir=sample_dir,
         sample_rate=sample_rate, sample_max_rows=sample_max_rows,

@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.generate.engine import Engine, EngineConfig
@@ -40,9 +40,12 @@ from scalelab.generate.protocol import (
     usage,
 )
 from scalelab.generate.sequence import SamplingParams
+from scalelab.web.governance import governed, report_usage
 from scalelab.web.guard import Guard
 
 SETTINGS_ENV = "SCALELAB_GENERATE_SETTINGS"
+ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
+WORK_ROUTES = ("/v1/completions", "/v1/chat/completions")
 
 
 @dataclass(kw_only=True)
@@ -70,6 +73,9 @@ class ApiSettings:
     torch_threads: int | None = None
     seed: int = 0
     """Seed of the tiny model's weights."""
+    governance_file: str | None = None
+    """Rate limits, budgets (tokens reported per request) and kill switches (web.governance);
+    None = no governance layer."""
 
     def __post_init__(self) -> None:
         if self.max_waiting < 0 or self.max_output_tokens < 1 or self.request_timeout_s <= 0:
@@ -320,7 +326,7 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         if body.stream:
             include = bool(body.stream_options and body.stream_options.include_usage)
             return _Stream(
-                _stream(h, rid, chat, include),
+                _stream(h, rid, chat, include, request.scope),
                 on_close=lambda: _release(h),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
@@ -369,12 +375,14 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         if ev.finish_reason == "error":
             raise ApiError(503, "the engine stopped while generating", "server_error")
         use = usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
+        report_usage(request.scope, "tokens", use["total_tokens"])
         doc = (chat_doc if chat else completion_doc)(
             rid, engine.name, "".join(texts), ev.finish_reason, use
         )
         return JSONResponse(doc)
 
-    async def _stream(h: Handle, rid: str, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    async def _stream(h: Handle, rid: str, chat: bool, include_usage: bool, scope: Scope
+                      ) -> AsyncIterator[bytes]:
         created = int(time.time())
         first = True
         try:
@@ -398,6 +406,7 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
                     first = False
                 if ev.finished:
                     use = usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
+                    report_usage(scope, "tokens", use["total_tokens"])
                     last = chunk_doc(
                         chat,
                         rid,
@@ -458,12 +467,20 @@ def engine_from_settings(settings: ApiSettings) -> Engine:
     )
 
 
-def wrap(app: FastAPI, settings: ApiSettings) -> Guard:
-    """Body limit and request ids around the app (errors in OpenAI's shape)."""
-    return Guard(app, max_body=settings.max_body_bytes, error_body=_error_body)
+def wrap(app: FastAPI, settings: ApiSettings) -> ASGIApp:
+    """Body limit and request ids around the app (errors in OpenAI's shape), and governance
+    outside both when configured (the one model this server serves is every request's)."""
+    name = app.state.service.engine.name
+
+    def route(scope: Scope) -> str | None:
+        return name if scope["method"] == "POST" and scope["path"] in WORK_ROUTES else None
+
+    return governed(Guard(app, max_body=settings.max_body_bytes, error_body=_error_body),
+                    settings.governance_file, route=route,
+                    admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None, error_body=_error_body)
 
 
-def create_app() -> Guard:
+def create_app() -> ASGIApp:
     """uvicorn factory: the app for the settings in $SCALELAB_GENERATE_SETTINGS."""
     raw = os.environ.get(SETTINGS_ENV)
     settings = ApiSettings.from_json(raw) if raw else ApiSettings()

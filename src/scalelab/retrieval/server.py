@@ -41,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from scalelab.core.errors import BadUsageError, ScalelabError
+from scalelab.web.governance import governed
 from scalelab.web.guard import Guard, request_id
 
 log = logging.getLogger("scalelab.retrieval")
@@ -70,6 +71,8 @@ class RetrievalSettings:
     generate_model: str = "default"
     generate_timeout_s: float = 60.0
     answer_max_tokens: int = 64
+    governance_file: str | None = None
+    """Rate limits, budgets and kill switches (web.governance); None = no governance layer."""
 
     def __post_init__(self) -> None:
         if self.max_k < 1 or self.max_query_chars < 1 or self.max_queries < 1:
@@ -305,7 +308,14 @@ def create_app(settings: RetrievalSettings) -> Any:
         Route("/health/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ])
-    return Guard(app, max_body=s.max_body_bytes)
+    model = Path(s.index_dir).name  # the "model" a budget or kill switch names: the index
+
+    def work(scope: Any) -> str | None:
+        return model if scope["method"] == "POST" and scope["path"] in (
+            "/v1/retrieve", "/v1/answer") else None
+
+    return governed(Guard(app, max_body=s.max_body_bytes), s.governance_file, route=work,
+                    admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None)
 
 
 def app_from_env() -> Any:

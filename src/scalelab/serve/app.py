@@ -34,6 +34,7 @@ from scalelab.serve.context import ADMIN_TOKEN_ENV, ServeContext
 from scalelab.serve.health import health_router
 from scalelab.serve.infer import InferHandler, infer_target
 from scalelab.serve.protocol import InferenceRequest, ServeError
+from scalelab.web.governance import governed
 from scalelab.web.guard import Guard
 
 __all__ = ["ADMIN_TOKEN_ENV", "ServeApp", "create_app"]
@@ -163,4 +164,15 @@ class ServeApp:
 
 def create_app(settings: ServerSettings) -> ASGIApp:
     """The whole server for `settings`."""
-    return ServeApp(ServeContext.build(settings))
+    ctx = ServeContext.build(settings)
+    return governed(ServeApp(ctx), settings.governance_file, route=governed_model,
+                    admin_token=ctx.token)
+
+
+def governed_model(scope: Scope) -> str | None:
+    """The model an infer POST works for (governance applies to those, not to health,
+    metrics or admin routes)."""
+    if scope["method"] != "POST":
+        return None
+    target = infer_target(scope["path"])
+    return None if target is None else target[0]

@@ -207,6 +207,9 @@ class ServerSettings:
     """off, sampled (every request while light, at most access_log_per_second lines a second
     for successes and as many for errors when not) or full (one line per request)."""
     access_log_per_second: float = 20.0
+    governance_file: str | None = None
+    """A governance file (rate limits, budgets, kill switches; web.governance); None = no
+    governance layer at all."""
     trace: TraceConfig = field(default_factory=TraceConfig)
     """Request tracing (off unless it has somewhere to send spans; see web.trace)."""
 
