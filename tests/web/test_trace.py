@@ -80,7 +80,7 @@ def test_config_checks() -> None:
     assert Tracing.build(TraceConfig(), "svc") is None
     with pytest.raises(BadUsageError, match=r"--trace-sample 1.5 must lie in \[0, 1\]"):
         TraceConfig(sample=1.5, out="t.jsonl")
-    with pytest.raises(BadUsageError, match="--trace-out FILE.jsonl or --otlp-endpoint"):
+    with pytest.raises(BadUsageError, match=r"--trace-out FILE\.jsonl or --otlp-endpoint"):
         TraceConfig(sample=0.1)
     with pytest.raises(BadUsageError, match="must be an http"):
         TraceConfig(otlp_endpoint="localhost:4318")
