@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.generate import spans
 from scalelab.generate.engine import Engine, EngineConfig
 from scalelab.generate.loop import EngineLoop, Event, Handle
 from scalelab.generate.metrics import EngineMetrics
@@ -42,6 +43,7 @@ from scalelab.generate.protocol import (
 from scalelab.generate.sequence import SamplingParams
 from scalelab.web.governance import governed, report_usage
 from scalelab.web.guard import Guard
+from scalelab.web.trace import TraceConfig, Tracing
 
 SETTINGS_ENV = "SCALELAB_GENERATE_SETTINGS"
 ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
@@ -73,6 +75,8 @@ class ApiSettings:
     torch_threads: int | None = None
     seed: int = 0
     """Seed of the tiny model's weights."""
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    """Request tracing (web.trace): admission, queue, prefill, decode spans per request."""
     governance_file: str | None = None
     """Rate limits, budgets (tokens reported per request) and kill switches (web.governance);
     None = no governance layer."""
@@ -80,6 +84,7 @@ class ApiSettings:
     def __post_init__(self) -> None:
         if self.max_waiting < 0 or self.max_output_tokens < 1 or self.request_timeout_s <= 0:
             raise BadUsageError("max_waiting >= 0, max_output_tokens >= 1, timeout > 0 needed")
+        self.trace = TraceConfig.of(self.trace)  # a dict when it came through JSON
         EngineConfig(**self.engine)  # fail here, in the CLI, not in the server process
 
     def to_json(self) -> str:
@@ -189,15 +194,19 @@ class Service:
 
 def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
     svc = Service(settings, engine)
+    tracing = Tracing.build(settings.trace, "scalelab-generate")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc.loop.start()
         yield
         svc.loop.stop()
+        if tracing is not None:
+            tracing.shutdown()
 
     app = FastAPI(title="scalelab generate", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = svc
+    app.state.tracing = tracing
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError) -> JSONResponse:
@@ -314,7 +323,18 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         params: SamplingParams,
         chat: bool,
     ) -> Response:
-        svc.check(body.model, ids, params)
+        g: spans.GenTrace | None = None
+        if tracing is not None:
+            g = spans.begin(tracing, request.scope, chat=chat, model=body.model, params=params,
+                            stream=bool(body.stream), start=time.perf_counter())
+        try:
+            svc.check(body.model, ids, params)
+        except ApiError as e:
+            if g is not None:
+                g.rt.end(e.status)
+            raise
+        if g is not None:
+            spans.admitted(g)
         svc.outstanding += 1
         try:
             timeout = min(body.timeout or settings.request_timeout_s, settings.request_timeout_s)
@@ -323,15 +343,21 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
             svc.outstanding -= 1
             raise
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        if g is not None:
+            g.response_id, h.trace = rid, g
         if body.stream:
             include = bool(body.stream_options and body.stream_options.include_usage)
             return _Stream(
                 _stream(h, rid, chat, include, request.scope),
                 on_close=lambda: _release(h),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
+                headers={"Cache-Control": "no-cache",
+                         **({"traceparent": g.rt.traceparent()} if g is not None else {})},
             )
-        return await _whole(h, rid, chat, request)
+        resp = await _whole(h, rid, chat, request)
+        if g is not None:
+            resp.headers["traceparent"] = g.rt.traceparent()
+        return resp
 
     def _release(h: Handle) -> None:
         if h.released:
@@ -339,6 +365,8 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         h.released = True
         svc.loop.abort(h)  # no-op when it already finished
         svc.outstanding -= 1
+        if h.trace is not None:
+            spans.finish(h.trace, h.seq, model=engine.name)
 
     async def _whole(h: Handle, rid: str, chat: bool, request: Request) -> Response:
         texts: list[str] = []

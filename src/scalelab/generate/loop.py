@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from scalelab.generate.engine import Engine
 from scalelab.generate.sequence import SamplingParams, Sequence
@@ -44,6 +45,8 @@ class Handle:
     aborted: bool = field(default=False)
     released: bool = False
     """The server has stopped counting it (set once, whichever way the request ended)."""
+    trace: Any = None
+    """The server's `spans.GenTrace` when this request is traced (the engine never reads it)."""
 
 
 class EngineLoop:
