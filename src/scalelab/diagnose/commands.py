@@ -190,6 +190,8 @@ class ServeRun(Command):
     model_repo: Path
     host: str = "127.0.0.1"
     port: int
+    workers: int | None = None
+    torch_threads: int | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
 
 

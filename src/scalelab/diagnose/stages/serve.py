@@ -11,8 +11,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import shutil
+import subprocess
+import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -20,7 +24,7 @@ from typing import Literal
 import psutil
 from pydantic import Field
 
-from scalelab.core.errors import RunFailedError
+from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.core.knee import find_knee
 from scalelab.core.objectives import Objective
 from scalelab.core.records import Cost, Record
@@ -30,8 +34,17 @@ from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_
 from scalelab.diagnose.commands import LoadCapacity, LoadRun, ServeRun
 from scalelab.diagnose.schema import StageSettings
 from scalelab.diagnose.stages.base import Artifact, Context, Stage
+from scalelab.diagnose.stages.serve_curve import (
+    CAPACITY,
+    REPLICAS,
+    THREADS,
+    replica_advice,
+    searches,
+    sweep_points,
+)
 from scalelab.diagnose.stages.train import FEATURES, SERVED_MODEL
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
+from scalelab.load.capacity import step_requests
 from scalelab.nets.registry import read_spec, write_spec
 from scalelab.nets.repository import CONFIG_FILE, write_json
 from scalelab.serve.config import ModelConfig, load_model_config
@@ -68,7 +81,21 @@ class ServeSettings(StageSettings):
     capacity_max_steps: int = Field(default=8, ge=2, le=40)
     """Bound on the capacity search's steps (each one a short load level)."""
     capacity_step: str = "2s"
-    """Longest capacity step (the search's --max-step; --min-step is half of it)."""
+    """Shortest "longest capacity step" (the search's --max-step, raised so the first rate can
+    reach the requests the step rule needs; --min-step is half of this)."""
+    capacity_availability: bool = False
+    """Also judge the availability objective in every capacity step. Off by default: showing
+    99.9% at 95% confidence takes 3,688 requests a step (92 s at 40 requests/s), so the search
+    decides on the latency objective and availability is judged on the level sweep."""
+    replicas: list[int] = Field(default_factory=lambda: [1, 2])
+    """Replica counts of the replica sweep (server processes behind one port, 1 torch thread
+    each), each a capacity search at the objectives (series 'replicas=N capacity'); counts
+    above the machine's cores are dropped. Runs only with `capacity`; [] turns it off."""
+    threads: bool = True
+    """Also the vertical series: one process with T torch threads for each count T > 1 of
+    `replicas` (series 'threads=T capacity'), on the same cores as T replicas."""
+    replicas_batching: Literal["off", "on"] = "on"
+    """The batching setting the replica sweep replicates."""
     serial_ms: float = Field(default=0.0, ge=0, le=10_000)
     """An artificial serial section added to every forward call of the served model (the
     "delay_mlp" architecture): throttles serving on purpose, to rehearse the verdict."""
@@ -167,9 +194,10 @@ class ServerMeter:
         return r.model_copy(update=update)
 
 
-CAPACITY = " capacity"
-"""Suffix of the series that holds a capacity search's steps (e.g. 'batching=off capacity')."""
 _LATENCY = {"p50_ms": "p50", "p95_ms": "p95", "p99_ms": "p99"}
+_QUANTILE = {"p50_ms": 0.5, "p95_ms": 0.95, "p99_ms": 0.99}
+SEARCH_CONFIDENCE = 0.95
+"""`load capacity`'s default confidence, which the stage's searches keep."""
 
 
 def capacity_slo(objectives: list[Objective]) -> tuple[str, str | None] | None:
@@ -186,25 +214,40 @@ def capacity_slo(objectives: list[Objective]) -> tuple[str, str | None] | None:
     return f"{_LATENCY[o.metric]}<{o.max:g}ms", budget
 
 
+def budget_requests(budget: float, confidence: float = SEARCH_CONFIDENCE) -> int:
+    """Fewest requests, all successful, whose Clopper-Pearson interval on the failure share
+    lies under `budget` (how `load capacity` decides an availability target passed):
+    n >= ln((1 - confidence) / 2) / ln(1 - budget). 3,688 for 99.9% at 95%."""
+    if not (0.0 < budget < 1.0 and 0.0 < confidence < 1.0):
+        raise BadUsageError(
+            f"stages.serve: an availability budget of {budget:.6g} (confidence {confidence:g}) "
+            "cannot be shown by a finite capacity step; both must lie in (0, 1): lower the "
+            "availability objective's min under 1 or set capacity_availability: false")
+    return math.ceil(math.log((1.0 - confidence) / 2.0) / math.log1p(-budget))
+
+
+def search_requests(objectives: list[Objective], *, availability: bool) -> int:
+    """Requests one capacity step needs before it can decide: the latency quantile's rule
+    (`load.capacity.step_requests`) and, when the search also judges availability, the
+    budget's."""
+    lat = next(o for o in objectives if o.metric in _LATENCY and o.max is not None)
+    need = step_requests(_QUANTILE[lat.metric], SEARCH_CONFIDENCE)
+    slo = capacity_slo(objectives)
+    if availability and slo is not None and slo[1] is not None:
+        need = max(need, budget_requests(float(slo[1].rstrip("%")) / 100.0))
+    return need
+
+
+def step_seconds(needed: int, start_rps: float, floor_s: float) -> float:
+    """Longest capacity step: long enough for the first (lowest) rate to reach `needed`
+    requests with a quarter to spare for Poisson arrivals, never under `floor_s`."""
+    return max(floor_s, math.ceil(needed * 1.25 / start_rps * 10) / 10)
+
+
 def measured_capacity(by_series: dict[str, list[SheetRow]]) -> list[str]:
-    """From capacity-search steps (series '<setting> capacity'): the highest rate that passed."""
-    out = []
-    for name, rows in sorted(by_series.items()):
-        if not name.endswith(CAPACITY):
-            continue
-        passed = [r.level for r in rows if r.extras.get("verdict") == "pass"]
-        failed = [r.level for r in rows if r.extras.get("verdict") == "fail"]
-        setting = name[: -len(CAPACITY)]
-        if passed:
-            above = min((f for f in failed if f > max(passed)), default=None)
-            out.append(
-                f"{setting}: capacity at the objective {max(passed):.4g} requests/s measured"
-                + (f" (fails at {above:.4g})" if above is not None else "")
-                + f", {len(rows)} search steps"
-            )
-        else:
-            out.append(f"{setting}: no searched rate met the objective ({len(rows)} steps)")
-    return out
+    """From capacity-search steps (series '<setting> capacity'): the highest rate decided to
+    pass, and every undecided step with its requests against the rule's."""
+    return [o.text() for o in searches(by_series)]
 
 
 def advise(inp: AdviceInput) -> Advice:
@@ -228,14 +271,24 @@ def advise(inp: AdviceInput) -> Advice:
             f"{num_text(base_cap)} to {best_cap:g} requests/s (measured)"
         )
     cap = best_cap if best_cap is not None else base_cap
-    if cap:
+    sweep = replica_advice(sweep_points(inp.by_series, REPLICAS),
+                           sweep_points(inp.by_series, THREADS), target_level,
+                           config=replicated(inp.by_series))
+    if sweep is not None and sweep.replicas is not None:
+        parts.append(f"run {sweep.replicas} replica(s)"
+                     + ("" if sweep.measured else " (read off the replica curve: extrapolated)"))
+    elif cap:
         replicas = math.ceil(target_level / cap)
         parts.append(f"run {replicas} replica(s)")
         predicted.append(
             f"{replicas} replica(s) of {best_s or 'this configuration'} hold the "
             f"{goal.target_multiple:g}× peak of {target_level:g} requests/s at "
-            f"{cap:g} requests/s each (linear in replicas: measure to confirm)"
+            f"{cap:g} requests/s each (linear in replicas from one replica, not measured"
+            + ("" if sweep is not None else ": stages.serve.replicas measures the curve") + ")"
         )
+    if sweep is not None:
+        predicted += sweep.lines
+    if cap or (sweep is not None and sweep.replicas is not None):
         parts.append("autoscale on queue depth (it leads latency; CPU lags a saturated batcher)")
     elif inp.base:
         parts.append(
@@ -247,6 +300,16 @@ def advise(inp: AdviceInput) -> Advice:
         predicted.append(knee)
     predicted += measured_capacity(inp.by_series)
     return Advice(intervention="; ".join(parts), predicted="; ".join(predicted))
+
+
+def replicated(by_series: dict[str, list[SheetRow]]) -> str:
+    """The configuration the replica sweep replicated (its records say), e.g. 'batching=on'."""
+    for name, rows in by_series.items():
+        if name.startswith(REPLICAS):
+            for r in rows:
+                if r.extras.get("replicated"):
+                    return str(r.extras["replicated"])
+    return "the server"
 
 
 def throughput_knee(rows: list[SheetRow]) -> str:
@@ -273,12 +336,73 @@ def _measured(r: Record, *, meter: ServerMeter, repeat: int) -> Record:
     return meter.tag(restage(r, stage="serve", repeat=repeat))
 
 
+def _swept(r: Record, *, extras: dict[str, object]) -> Record:
+    r = restage(r, stage="serve")
+    return r.model_copy(update={"extras": {**r.extras, **extras}})
+
+
+def _all_started(proc: subprocess.Popen[bytes], prom_dir: Path, workers: int) -> bool:
+    """Wait until `workers` processes finished start-up (see `worker_pids`); False when the
+    server exits or the wait runs out."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < WORKERS_READY_S:
+        if proc.poll() is not None:
+            return False
+        if len(worker_pids(prom_dir)) >= workers:
+            return True
+        # The files are the only signal a worker gives; 0.1 s bounds how late we notice.
+        time.sleep(0.1)
+    return False
+
+
 def _user_endpoint(r: Record) -> Record:
     return restage(r, stage="serve").model_copy(update={"recovery": RECOVERY_UNKNOWN})
 
 
-def _serve_cmd(repo: Path, port: int) -> list[str]:
-    return scalelab_cmd(ServeRun(model_repo=repo, port=port).to_argv())
+def _serve_cmd(repo: Path, port: int, *, workers: int | None = None,
+               torch_threads: int | None = None) -> list[str]:
+    return scalelab_cmd(ServeRun(model_repo=repo, port=port, workers=workers,
+                                 torch_threads=torch_threads).to_argv())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """One point of the replica sweep: processes behind the one port × torch threads each."""
+
+    processes: int
+    threads: int
+
+    @property
+    def series(self) -> str:
+        if self.processes == 1 and self.threads > 1:
+            return f"{THREADS}{self.threads}"
+        return f"{REPLICAS}{self.processes}"
+
+
+def sweep_shapes(s: ServeSettings, cores: int) -> list[Shape]:
+    """The replica sweep's servers (pure): each count up to `cores` as that many 1-thread
+    processes, and with `threads` each count above 1 as one process with that many threads."""
+    counts = sorted({n for n in s.replicas if 1 <= n <= cores})
+    out = [Shape(processes=n, threads=1) for n in counts]
+    if s.threads:
+        out += [Shape(processes=1, threads=n) for n in counts if n > 1]
+    return out
+
+
+def worker_pids(prom_dir: Path) -> set[int]:
+    """Worker processes that finished start-up: each writes prometheus-client's multiprocess
+    files (`histogram_<pid>.db`, ...) from its lifespan, after its models loaded."""
+    out = set()
+    for f in prom_dir.glob("*.db"):
+        tail = f.stem.rsplit("_", 1)[-1]
+        if tail.isdigit():
+            out.add(int(tail))
+    return out
+
+
+WORKERS_READY_S = 120.0
+"""How long the sweep waits for every worker of a server to finish start-up (the first one
+answering ready says nothing of the others, which share its port)."""
 
 
 class ServeStage(Stage[ServeSettings]):
@@ -290,7 +414,8 @@ class ServeStage(Stage[ServeSettings]):
 
     def count(self, s: ServeSettings, repeats: int) -> int:
         searches = 1 if s.capacity and capacity_slo(s.built_objectives()) else 0
-        return 1 if s.url else len(s.batching) * (repeats * len(s.levels) + searches)
+        sweep = searches * len(sweep_shapes(s, os.cpu_count() or 1))
+        return 1 if s.url else len(s.batching) * (repeats * len(s.levels) + searches) + sweep
 
     def _load(
         self, s: ServeSettings, url: str, rec: Path, rates: list[float],
@@ -351,24 +476,67 @@ class ServeStage(Stage[ServeSettings]):
                                test_rows)
             finally:
                 stop_group(spawned.proc, grace_s=5.0)
+        self._sweep(s, ctx, repo, test_rows)
 
     def _capacity(self, s: ServeSettings, ctx: Context, series: str, url: str, repo: Path,
-                  data: Path | None) -> None:
-        slo = capacity_slo(s.built_objectives())
+                  data: Path | None, tag: Callable[[Record], Record] | None = None) -> None:
+        objectives = s.built_objectives()
+        slo = capacity_slo(objectives)
         if not s.capacity or slo is None:
             return
-        step_s = parse_duration(s.capacity_step)
+        floor_s = parse_duration(s.capacity_step)
+        # Sized by the rule: a step shorter than the requests its quantile needs can only end
+        # undecided, and an undecided step says nothing about the rate (it is not a miss).
+        need = search_requests(objectives, availability=s.capacity_availability)
+        step_s = step_seconds(need, s.base_rate, floor_s)
         rec = ctx.records(f"serve-capacity-{series}")
-        cmd = LoadCapacity(url=url, slo=slo[0], error_budget=slo[1], start=s.base_rate,
-                           max_rate=s.base_rate * max(s.levels) * 20,
-                           min_step=f"{step_s / 2:g}s", max_step=f"{step_s:g}s",
+        cmd = LoadCapacity(url=url, slo=slo[0],
+                           error_budget=slo[1] if s.capacity_availability else None,
+                           start=s.base_rate, max_rate=s.base_rate * max(s.levels) * 20,
+                           min_step=f"{floor_s / 2:g}s", max_step=f"{step_s:g}s",
                            max_steps=s.capacity_max_steps, warmup="0.5s", records=rec,
                            payload="flights", model=MODEL, model_repo=repo, data=data)
         ctx.run(
             Step(stage=self.name, label=f"serve {series} capacity", command=cmd, records=rec,
-                 series=series + CAPACITY, tag=functools.partial(restage, stage=self.name),
-                 timeout_s=600)
+                 series=series + CAPACITY,
+                 tag=tag or functools.partial(restage, stage=self.name), timeout_s=600)
         )
+
+    def _sweep(self, s: ServeSettings, ctx: Context, repo: Path, data: Path | None) -> None:
+        """The replica sweep: one server per shape, each a capacity search at the objectives."""
+        shapes = sweep_shapes(s, os.cpu_count() or 1)
+        if not (s.capacity and capacity_slo(s.built_objectives()) and shapes):
+            return
+        setting = s.replicas_batching
+        srepo = batching_repo(repo, ctx.work / f"repo-replicas-{setting}",
+                              batching=setting == "on", serial_ms=s.serial_ms)
+        for shape in shapes:
+            label = f"serve {shape.series} capacity"
+            prom = ctx.work / f"prom-{shape.series}"
+            shutil.rmtree(prom, ignore_errors=True)
+            prom.mkdir(parents=True)
+            env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom)}
+            try:
+                spawned = start_server(
+                    functools.partial(_serve_cmd, srepo, workers=shape.processes,
+                                      torch_threads=shape.threads),
+                    log=ctx.logs / f"server-{shape.series}.log", env=env,
+                    timeout_s=WORKERS_READY_S)
+            except RunFailedError as e:
+                ctx.fail(Step(stage=self.name, label=label, command=None), str(e))
+                continue
+            try:
+                if not _all_started(spawned.proc, prom, shape.processes):
+                    ctx.fail(Step(stage=self.name, label=label, command=None),
+                             f"{shape.processes} workers did not all start within "
+                             f"{WORKERS_READY_S:g} s; see {ctx.logs}/server-{shape.series}.log")
+                    continue
+                extras = {"replicated": SERIES[setting], "server_processes": shape.processes,
+                          "torch_threads": shape.threads, "ready_s": spawned.ready_s}
+                self._capacity(s, ctx, shape.series, f"{spawned.url}/v2/models/{MODEL}/infer",
+                               repo, data, tag=functools.partial(_swept, extras=extras))
+            finally:
+                stop_group(spawned.proc, grace_s=5.0)
 
     def goals(self, s: ServeSettings) -> list[StageGoal]:
         return [

@@ -1,0 +1,220 @@
+"""What the serve stage's capacity searches measured, said plainly (pure: sheet rows in, text out).
+
+- `search_outcome` reads one search from its steps' verdicts: the highest *decided* pass, the
+  lowest decided fail above it, and every undecided step with the requests it measured beside
+  the requests the step rule needs (`load.capacity.step_requests`: LoadGen's early-stopping
+  count, 230 for p95 and 1,164 for p99 at 95%). An undecided step is never read as a miss.
+- `replica_advice` turns the searches of the replica sweep (series "replicas=N capacity", one
+  torch thread per process, and "threads=T capacity", one process with T threads) into the
+  measured replica curve, what its points can and cannot tell (two give one efficiency and an
+  exact Karp–Flatt fraction; three or more a linear / Amdahl / USL fit chosen by AIC), the
+  replicas a peak needs, and horizontal against vertical on the same cores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from scalelab.core.fits import fit_scaling
+from scalelab.core.sheet import SheetRow
+
+CAPACITY = " capacity"
+"""Suffix of the series that holds a capacity search's steps (e.g. 'batching=off capacity')."""
+REPLICAS = "replicas="
+THREADS = "threads="
+MAX_PREDICTED_REPLICAS = 1024
+"""Largest replica count a prediction searches before saying no count reaches the peak."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Undecided:
+    """A search step that stopped before the rule could decide it."""
+
+    rate: float
+    requests: int | None
+    """Requests it measured."""
+    needed: int | None
+    """Requests the step rule needs before it may decide (None in records that predate it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOutcome:
+    """One capacity search, from decided steps only."""
+
+    setting: str
+    capacity_rps: float | None
+    """Highest rate decided to pass."""
+    fails_at: float | None
+    """Lowest rate decided to fail above it (or the lowest decided fail without a pass)."""
+    steps: int
+    rule: str
+    """The quantile the steps were judged on, e.g. 'p95'."""
+    undecided: list[Undecided] = field(default_factory=list)
+
+    def text(self) -> str:
+        if self.capacity_rps is not None:
+            head = (f"{self.setting}: capacity at the objective {self.capacity_rps:.4g} "
+                    "requests/s measured"
+                    + (f" (fails at {self.fails_at:.4g})" if self.fails_at is not None else ""))
+        elif self.fails_at is not None:
+            head = (f"{self.setting}: every decided step missed the objective (the lowest at "
+                    f"{self.fails_at:.4g} requests/s)")
+        else:
+            head = f"{self.setting}: the search was undecided (no step measured enough to decide)"
+        return head + f", {self.steps} search steps" + self._undecided_text()
+
+    def _undecided_text(self) -> str:
+        if not self.undecided:
+            return ""
+        shown = [self._one(u) for u in self.undecided[:3]]
+        more = len(self.undecided) - len(shown)
+        return (f"; {len(self.undecided)} undecided: " + ", ".join(shown)
+                + (f" and {more} more" if more > 0 else ""))
+
+    def _one(self, u: Undecided) -> str:
+        n = "?" if u.requests is None else f"{u.requests:,}"
+        if u.needed is None:
+            why = f"{n} requests"
+        elif u.requests is not None and u.requests >= u.needed:
+            why = f"{n} requests: the interval still straddles the objective"
+        else:
+            why = f"{n} requests, the {self.rule} rule needs {u.needed:,}"
+        return f"{u.rate:.4g} requests/s ({why})"
+
+
+def _int(v: object) -> int | None:
+    return int(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def search_outcome(setting: str, rows: list[SheetRow]) -> SearchOutcome:
+    """The answer of one search whose steps are `rows` (a '<setting> capacity' series)."""
+    passed = [r.level for r in rows if r.extras.get("verdict") == "pass"]
+    failed = [r.level for r in rows if r.extras.get("verdict") == "fail"]
+    cap = max(passed) if passed else None
+    fails = min((f for f in failed if cap is None or f > cap), default=None)
+    slo = next((str(r.extras["slo"]) for r in rows if r.extras.get("slo")), "")
+    rule = slo.split("<")[0] if "<" in slo else "step"
+    undecided = [
+        Undecided(rate=r.level, requests=_int(r.input_volume),
+                  needed=_int(r.extras.get("requests_needed")))
+        for r in sorted(rows, key=lambda r: r.level)
+        if str(r.extras.get("verdict", "")).startswith("undecided")
+    ]
+    return SearchOutcome(setting=setting, capacity_rps=cap, fails_at=fails, steps=len(rows),
+                         rule=rule, undecided=undecided)
+
+
+def searches(by_series: dict[str, list[SheetRow]]) -> list[SearchOutcome]:
+    """Every capacity search in a stage's series, by name."""
+    return [search_outcome(name[: -len(CAPACITY)], rows)
+            for name, rows in sorted(by_series.items()) if name.endswith(CAPACITY)]
+
+
+def sweep_points(by_series: dict[str, list[SheetRow]], prefix: str) -> dict[int, float | None]:
+    """Count -> decided capacity of the searches named '<prefix><count> capacity'."""
+    out: dict[int, float | None] = {}
+    for o in searches(by_series):
+        if o.setting.startswith(prefix) and o.setting[len(prefix):].isdigit():
+            out[int(o.setting[len(prefix):])] = o.capacity_rps
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaAdvice:
+    replicas: int | None
+    """Replicas the peak needs (None: no measured or predicted count reaches it)."""
+    measured: bool
+    """Whether that count's capacity was measured (False: read off a fit, extrapolated)."""
+    lines: list[str]
+
+
+def _curve(points: dict[int, float]) -> tuple[str, Callable[[float], float], float | None]:
+    """(what the points tell, X(N) to predict with, the curve's ceiling or None)."""
+    ns = sorted(points)
+    n1, x1 = ns[0], points[ns[0]]
+    if len(ns) == 2:
+        n2, x2 = ns[1], points[ns[1]]
+        p, s = n2 / n1, x2 / x1
+        e = (1 / s - 1 / p) / (1 - 1 / p)
+        tell = (f"two replica counts give one efficiency ({s / p:.2f} at {n2}) and one "
+                f"Karp–Flatt serial fraction ({e:.3f}, exact through both points): they cannot "
+                "tell contention from coherency (the USL needs 3 or more counts) nor show where "
+                "adding replicas stops paying; the count below is read off Amdahl through the "
+                "two points")
+        if e <= 0:
+            per = min(x1 / n1, x2 / n2)
+            return tell, lambda n: per * n, None
+        return tell, lambda n: x1 * (n / n1) / (1 + e * (n / n1 - 1)), x1 / e
+    fit = fit_scaling([float(n) for n in ns], [points[n] for n in ns])
+    m = fit.model(fit.chosen)
+    assert m is not None  # the chosen model is one of the fitted ones
+    g, a, b = m.params.get("gamma", 0.0), m.params.get("alpha", 0.0), m.params.get("beta", 0.0)
+
+    def x_of(n: float) -> float:
+        return g * n / (1 + a * (n - 1) + b * n * (n - 1))
+
+    if fit.chosen == "usl" and fit.usl is not None and math.isfinite(fit.usl.n_peak) \
+            and b > 0:
+        tell = (f"the usl fit over {len(ns)} replica counts (chosen by AIC over linear and "
+                f"Amdahl) peaks at ≈{fit.usl.n_peak:.3g} replicas with "
+                f"{fit.usl.x_peak:.4g} requests/s")
+        return tell, x_of, fit.usl.x_peak
+    if fit.chosen in ("usl", "amdahl") and a > 0:
+        tell = (f"the {fit.chosen} fit over {len(ns)} replica counts (chosen by AIC) has a "
+                f"ceiling of {g / a:.4g} requests/s (serial fraction {a:.3f})")
+        return tell, x_of, g / a
+    tell = (f"the linear fit over {len(ns)} replica counts (chosen by AIC) shows no ceiling "
+            f"({g:.4g} requests/s per replica)")
+    return tell, x_of, None
+
+
+def replica_advice(replicas: dict[int, float | None], threads: dict[int, float | None],
+                   target_rps: float, *, config: str) -> ReplicaAdvice | None:
+    """The measured replica curve and the replicas `target_rps` needs; None without a sweep.
+
+    `replicas`: replica count -> capacity at the objective (None: undecided or no pass);
+    `threads`: torch threads of one process -> its capacity; `config` names what was replicated.
+    """
+    if not replicas:
+        return None
+    listed = ", ".join(f"{n} → " + ("undecided" if x is None else f"{x:.4g}")
+                       for n, x in replicas.items())
+    lines = [f"replicas of {config} measured at the objective (1 torch thread each): "
+             f"{listed} requests/s"]
+    pts = {n: x for n, x in replicas.items() if x is not None and x > 0}
+    for t, xt in threads.items():
+        xr = replicas.get(t)
+        if xt is not None and xr is not None and xt > 0:
+            lines.append(f"on {t} cores, {t} replicas × 1 thread hold {xr:.4g} requests/s and 1 "
+                         f"replica × {t} threads {xt:.4g} (horizontal is {xr / xt:.2f}× "
+                         "vertical, measured)")
+        elif t in replicas:
+            lines.append(f"on {t} cores, horizontal vs vertical is undecided ({t} replicas: "
+                         f"{'undecided' if xr is None else f'{xr:.4g}'}, {t} threads: "
+                         f"{'undecided' if xt is None else f'{xt:.4g}'})")
+    held = [n for n, x in pts.items() if x >= target_rps]
+    if held:
+        n = min(held)
+        lines.append(f"{n} replica(s) hold the peak of {target_rps:g} requests/s "
+                     f"({pts[n]:.4g} measured at {n})")
+        return ReplicaAdvice(replicas=n, measured=True, lines=lines)
+    if len(pts) < 2:
+        lines.append(f"one decided replica count cannot predict the count the peak of "
+                     f"{target_rps:g} requests/s needs: measure 2 or more")
+        return ReplicaAdvice(replicas=None, measured=False, lines=lines)
+    tell, x_of, ceiling = _curve(pts)
+    lines.append(tell)
+    top = max(pts)
+    need = next((n for n in range(top + 1, MAX_PREDICTED_REPLICAS + 1)
+                 if x_of(n) >= target_rps), None)
+    if need is None:
+        lines.append(f"no replica count reaches the peak of {target_rps:g} requests/s on this "
+                     "curve" + (f" (its ceiling is {ceiling:.4g})" if ceiling else "")
+                     + ": cut per-request compute or the serial section first")
+        return ReplicaAdvice(replicas=None, measured=False, lines=lines)
+    lines.append(f"{need} replica(s) hold the peak of {target_rps:g} requests/s "
+                 f"({x_of(need):.4g} predicted, extrapolated {need / top:.3g}× beyond the "
+                 f"{top} measured)")
+    return ReplicaAdvice(replicas=need, measured=False, lines=lines)
