@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,14 @@ from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.records import read_records
 from scalelab.core.units import parse_duration
 from scalelab.load.autoscale import (
+    EXTERNAL_SIGNALS,
     SIGNALS,
     ReplicaModel,
     SimConfig,
     SimResult,
     default_target,
     rank,
+    scale_to_zero,
     simulate,
 )
 from scalelab.load.slo import parse_slo
@@ -45,8 +48,17 @@ def app() -> None:
 @click.option("--design-load", default="70%", show_default=True,
               help="Default targets hold each replica at this share of its SLO capacity.")
 @click.option("--slo", help='Latency objective, e.g. "p95<50ms" (default: the records\').')
-@click.option("--startup", default="30s", show_default=True, help="Replica startup delay.")
-@click.option("--min", "min_replicas", type=int, default=1, show_default=True)
+@click.option("--startup", default="30s", show_default=True,
+              help="Replica startup delay, or 'measure': start the server on --model-repo here "
+                   "and time it to ready.")
+@click.option("--model-repo", type=click.Path(path_type=Path, file_okay=False),
+              help="Model repository whose server start-up --startup measure times.")
+@click.option("--min", "min_replicas", type=int, default=1, show_default=True,
+              help="minReplicas; 0 scales to zero (needs --external) and reports the cold "
+                   "starts against the same run at --min 1.")
+@click.option("--external", is_flag=True,
+              help="Read --signal as one External metric (the total, which sees requests "
+                   "waiting while no pod runs), as the HPA needs for --min 0.")
 @click.option("--max", "max_replicas", type=int, default=20, show_default=True)
 @click.option("--metric-window", default="15s", show_default=True,
               help="The HPA sees metrics averaged over this window.")
@@ -60,7 +72,8 @@ def app() -> None:
 @click.option("--plot", type=click.Path(path_type=Path), help="Write replicas over time (PNG/SVG).")
 @json_option
 def simulate_cmd(capacity: Path, trace: str, signal: str, target: float | None, design_load: str,
-                 slo: str | None, startup: str, min_replicas: int, max_replicas: int,
+                 slo: str | None, startup: str, model_repo: Path | None, min_replicas: int,
+                 external: bool, max_replicas: int,
                  metric_window: str, price: float, base_rate: float | None,
                  peak_rate: float | None, compare_signals: bool, experiment: str | None,
                  plot: Path | None, as_json: bool) -> None:
@@ -92,15 +105,20 @@ def simulate_cmd(capacity: Path, trace: str, signal: str, target: float | None, 
     if target is not None and compare_signals:
         raise BadUsageError("--target applies to one --signal; drop it with --compare-signals")
     signals = list(model.signals()) if compare_signals else [signal]
+    if external and compare_signals:
+        signals = [s for s in signals if s in EXTERNAL_SIGNALS]
+    startup_s, measured = _startup(startup, model_repo)
     results: list[SimResult] = []
+    floor: list[SimResult] = []
     for s in signals:
         tgt = target if target is not None else default_target(s, model, obj, design)  # type: ignore[arg-type]
         cfg = SimConfig(signal=s, target=tgt, slo=obj, min_replicas=min_replicas,  # type: ignore[arg-type]
-                        max_replicas=max_replicas,
-                        startup_s=parse_duration(startup, what="--startup"),
+                        max_replicas=max_replicas, startup_s=startup_s,
                         metric_window_s=parse_duration(metric_window, what="--metric-window"),
-                        price_per_replica_hour=price)
+                        price_per_replica_hour=price, external=external)
         results.append(simulate(tr, model, cfg))
+        if min_replicas == 0:
+            floor.append(simulate(tr, model, dataclasses.replace(cfg, min_replicas=1)))
     if plot is not None:
         _plot(results, tr.name, plot)
     doc: dict[str, Any] = {
@@ -110,13 +128,31 @@ def simulate_cmd(capacity: Path, trace: str, signal: str, target: float | None, 
         "results": [_result_json(r) for r in results],
         "ranking": rank(results) if compare_signals else None,
         "plot": str(plot) if plot else None,
+        "startup_s": startup_s, "startup_measured": measured,
+        "scale_to_zero": [scale_to_zero(z, one, price) for z, one in zip(results, floor,
+                                                                         strict=True)]
+        if floor else None,
     }
     emit(doc, as_json, lambda c: _render(c, doc))
 
 
+def _startup(text: str, repo: Path | None) -> tuple[float, bool]:
+    """(seconds, measured): a duration, or 'measure' (the server's start-up on this machine)."""
+    if text.strip() != "measure":
+        if repo is not None:
+            raise BadUsageError("--model-repo is only read by --startup measure")
+        return parse_duration(text, what="--startup"), False
+    if repo is None:
+        raise BadUsageError("--startup measure needs --model-repo DIR (the server to time)")
+    from scalelab.serve.k8s import measure_startup
+
+    return measure_startup(repo), True
+
+
 def _result_json(r: SimResult) -> dict[str, Any]:
-    d = {k: v for k, v in r.__dict__.items() if k != "decisions"}
+    d = {k: v for k, v in r.__dict__.items() if k not in ("decisions", "cold_start")}
     d["decisions"] = [x.__dict__ for x in r.decisions]
+    d["cold_start"] = dataclasses.asdict(r.cold_start) if r.cold_start is not None else None
     return d
 
 
@@ -140,8 +176,24 @@ def _render(c: Console, doc: dict[str, Any]) -> None:
         c.print("ranking (fewest SLO-violating requests, then cost): "
                 + " > ".join(x["signal"] for x in doc["ranking"])
                 + f"; pick {best['signal']}")
+    for z in doc["scale_to_zero"] or []:
+        c.print(_zero_text(z, doc["startup_s"], doc["startup_measured"]))
     if doc["plot"]:
         c.print(f"plot written to {doc['plot']}")
+
+
+def _zero_text(z: dict[str, Any], startup_s: float, measured: bool) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v / 1e3:.1f} s"
+
+    how = "measured" if measured else "given"
+    return (f"scale to zero ({z['signal']}, start-up {startup_s:.1f} s {how}): "
+            f"{z['cold_requests']:.0f} requests met no ready replica in {z['episodes']} cold "
+            f"start(s), waiting p50 {ms(z['added_p50_ms'])}, p99 {ms(z['added_p99_ms'])} more"
+            + (f" ({z['unserved']:.0f} still waiting at the end)" if z["unserved"] else "")
+            + f"; {z['zero_seconds'] / 3600:.2f} h at zero saves "
+            f"{z['replica_seconds_saved'] / 3600:.2f} replica-h ({z['cost_saved']:.2f} at "
+            f"--price) vs --min 1, for {z['added_violating_requests']:.0f} more slow requests")
 
 
 def _plot(results: list[SimResult], name: str, path: Path) -> None:

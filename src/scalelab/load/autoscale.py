@@ -21,6 +21,13 @@ signals a generation engine exports:
 - kv: KV-cache usage %, the engine's own measured mean at the served rate (interpolated;
   needs records taken with --metrics-url), 100 while a backlog waits.
 
+Scale to zero (min replicas 0): the HPA scales from zero only on an Object or External metric
+(a per-pod metric vanishes with the last pod), so with `external` the signal is one External
+value, the total over the ready pods plus what waits while none is (the backlog of a queue in
+front of the service, or the arrival rate for rps/tokens), against an AverageValue target per
+pod. Requests that arrive while no replica is ready wait for the first one, start-up included
+(`load.coldstart`); the result reports them beside the replica-seconds.
+
 The controller is `scalelab.core.hpa.HpaController` unchanged (sync period, tolerance,
 stabilisation windows, scale-up limits, behavior, CPU readiness rules); it sees each metric
 averaged over the last `metric_window_s` seconds, like metrics-server's window.
@@ -42,6 +49,7 @@ import numpy as np
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.hpa import HpaController, HpaSpec, MetricTarget, PodSample
 from scalelab.core.records import Record
+from scalelab.load.coldstart import ColdStart, cold_start
 from scalelab.load.slo import LatencyObjective
 from scalelab.load.traces import Trace
 
@@ -49,6 +57,8 @@ Signal = Literal["cpu", "queue", "inflight", "rps", "sequences", "tokens", "kv"]
 SIGNALS: tuple[Signal, ...] = ("cpu", "queue", "inflight", "rps", "sequences", "tokens", "kv")
 LLM_SIGNALS: tuple[Signal, ...] = ("sequences", "tokens", "kv")
 """Signals only streaming-LLM records carry the data for."""
+EXTERNAL_SIGNALS: tuple[Signal, ...] = ("queue", "inflight", "rps", "sequences", "tokens")
+"""Signals that have a total while no pod runs (cpu and kv are shares of a pod's own)."""
 _QS = (0.5, 0.9, 0.95, 0.99, 0.999)
 _OVERLOAD = 0.95
 """A record whose throughput is under this share of its offered rate was overloaded: it tells
@@ -211,22 +221,34 @@ class SimConfig:
     """Cost of one replica for one hour (any currency)."""
     hpa: HpaSpec | None = None
     """A full HPA spec (behavior, controller flags); its metrics are replaced by `signal`."""
+    external: bool = False
+    """Read the signal as one External metric (total, AverageValue target per pod), which can
+    see demand while no pod runs: what min_replicas 0 needs."""
 
     def __post_init__(self) -> None:
         if self.signal not in SIGNALS:
             raise BadUsageError(f"--signal must be one of {', '.join(SIGNALS)}")
         if not (self.target > 0 and math.isfinite(self.target)):
             raise BadUsageError(f"--target must be positive, got {self.target}")
-        if not (1 <= self.min_replicas <= self.max_replicas):
-            raise BadUsageError("need 1 <= --min <= --max")
+        if not (0 <= self.min_replicas <= self.max_replicas and self.max_replicas >= 1):
+            raise BadUsageError("need 0 <= --min <= --max and --max >= 1")
+        if self.external and self.signal not in EXTERNAL_SIGNALS:
+            raise BadUsageError(f"--external takes a signal with a total while no pod runs "
+                                f"({', '.join(EXTERNAL_SIGNALS)}), not {self.signal}")
+        if self.min_replicas == 0 and not self.external:
+            raise BadUsageError(
+                "--min 0 (scale to zero) needs --external: the HPA scales from zero only on an "
+                "Object or External metric, since a per-pod metric vanishes with the last pod "
+                "(e.g. --signal queue --external: the queue in front of the service)")
         if self.startup_s < 0 or self.metric_window_s < 1:
             raise BadUsageError("--startup must be >= 0 and the metric window >= 1 s")
 
     def spec(self) -> HpaSpec:
         metric = (MetricTarget(name="cpu", target=float(round(self.target)))
                   if self.signal == "cpu" else
-                  MetricTarget(name=self.signal, source="Pods", target_type="AverageValue",
-                               target=self.target))
+                  MetricTarget(name=self.signal,
+                               source="External" if self.external else "Pods",
+                               target_type="AverageValue", target=self.target))
         if self.hpa is None:
             return HpaSpec(min_replicas=self.min_replicas, max_replicas=self.max_replicas,
                            metrics=(metric,))
@@ -277,6 +299,14 @@ class SimResult:
     decisions: list[Decision]
     timeline: dict[str, list[float]] = field(repr=False)
     """Every `timeline_step_s`: t_s, rate, replicas, ready, quantile_ms, signal."""
+    min_replicas: int = 1
+    startup_s: float = 0.0
+    cold_start: ColdStart | None = None
+    """Requests that met no ready replica and their wait (see `load.coldstart`)."""
+
+    @property
+    def replica_seconds(self) -> float:
+        return self.replica_hours * 3600.0
 
 
 def default_target(signal: Signal, model: ReplicaModel, slo: LatencyObjective,
@@ -344,11 +374,13 @@ def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
     tl: dict[str, list[float]] = {k: [] for k in
                                   ("t_s", "rate", "replicas", "ready", "quantile_ms", "signal")}
     next_tl = 0.0
+    ready_per_s = np.zeros(n_steps, dtype=int)
     for step in range(n_steps):
         t = float(step)
         rate = float(rates[step])
         ready = [p for p in pods if p.ready_s <= t]
         n = len(ready)
+        ready_per_s[step] = n
         cap = n * sat
         incoming = rate + backlog
         served = min(incoming, cap)
@@ -377,11 +409,16 @@ def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
             value = 100.0 if backlog > 0 else 100.0 * model.kv_at(min(lam, sat))
         else:
             value = lam * max(0.0, model.mean_latency_ms(lam) - base_mean) / 1e3 + share
+        if cfg.external:
+            # One value for the whole service; with no pod ready it is what waits in front
+            # (or arrives), which is how an External metric sees demand at zero replicas.
+            value = value * n if n else _demand_at_zero(cfg.signal, rate, backlog, model)
         window.append(value)
         if hpa.due(t):
             metric = float(np.mean(window))
             samples = [_sample(p, t, cfg.signal, metric) for p in pods]
-            d = hpa.step(t, len(pods), samples)
+            d = hpa.step(t, len(pods), samples,
+                         values={cfg.signal: metric} if cfg.external else None)
             if d is not None and d.rescale:
                 decisions.append(Decision(t_s=t, current=len(pods), desired=d.desired_replicas,
                                           reason=d.reason, usage_ratio=d.usage_ratio))
@@ -411,8 +448,17 @@ def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
         oscillations=_direction_changes(decisions), scale_events=len(decisions),
         max_replicas=int(max([n0, *[d.desired for d in decisions]])),
         mean_replicas=pod_seconds / n_steps, decisions=decisions,
-        timeline=tl if counts else {},
+        timeline=tl if counts else {}, min_replicas=cfg.min_replicas, startup_s=cfg.startup_s,
+        cold_start=cold_start(rates.tolist(), ready_per_s.tolist()),
     )
+
+
+def _demand_at_zero(signal: Signal, rate: float, backlog: float, model: ReplicaModel) -> float:
+    if signal == "rps":
+        return rate
+    if signal == "tokens":
+        return rate * (model.tokens_per_request or 0.0)
+    return backlog  # queue, inflight, sequences: every waiting request counts
 
 
 def _sample(p: _Pod, t: float, signal: Signal, metric: float) -> PodSample:
@@ -428,6 +474,24 @@ def _sample(p: _Pod, t: float, signal: Signal, metric: float) -> PodSample:
 def _direction_changes(decisions: Sequence[Decision]) -> int:
     dirs = [1 if d.desired > d.current else -1 for d in decisions if d.desired != d.current]
     return sum(1 for a, b in itertools.pairwise(dirs) if a != b)
+
+
+def scale_to_zero(zero: SimResult, one: SimResult, price_per_replica_hour: float
+                  ) -> dict[str, Any]:
+    """What min 0 buys against min 1 on the same trace and signal: the replica-seconds saved
+    (their cost at the price) and what the cold starts cost the requests (pure)."""
+    cs = zero.cold_start or cold_start([], [])
+    saved = one.replica_seconds - zero.replica_seconds
+    return {
+        "signal": zero.signal, "startup_s": zero.startup_s, "cold_requests": cs.requests,
+        "episodes": cs.episodes, "zero_seconds": cs.zero_seconds,
+        "added_p50_ms": cs.added_p50_ms, "added_p99_ms": cs.added_p99_ms,
+        "added_max_ms": cs.added_max_ms, "unserved": cs.unserved,
+        "replica_seconds_min0": zero.replica_seconds, "replica_seconds_min1": one.replica_seconds,
+        "replica_seconds_saved": saved, "cost_min0": zero.cost, "cost_min1": one.cost,
+        "cost_saved": saved / 3600.0 * price_per_replica_hour,
+        "added_violating_requests": zero.violating_requests - one.violating_requests,
+    }
 
 
 def rank(results: Sequence[SimResult]) -> list[dict[str, Any]]:
