@@ -94,6 +94,13 @@ class SheetRow:
     """From measured signals only (`measured_limit`), never a stage's own label."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Medians of the numeric extras across repeats (e.g. cpu_busy_cores, comm_share)."""
+    governance: str | None = None
+    """What the stage's server enforced (rate limits, budgets, kill switches engaged), from the
+    records' `governance` extra; None = the stage does not serve."""
+    energy_per_unit_j: float | None = None
+    """Joules per `cost_unit` (median over repeats), from the records' energy extras."""
+    energy_basis: str | None = None
+    """How that energy was obtained: "measured (RAPL)" or "estimated (model: N W/core)"."""
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -189,6 +196,10 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
                     memory_bytes=use[0].machine.memory_bytes,
                 ),
                 extras=extras,
+                governance=_mode(str(r.extras["governance"]) for r in use
+                                 if r.extras.get("governance")),
+                energy_per_unit_j=_num(extras, "energy_per_unit_j"),
+                energy_basis=_mode(str(r.extras.get("energy_basis") or "") for r in use),
             )
         )
     return rows

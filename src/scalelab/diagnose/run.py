@@ -22,6 +22,7 @@ from scalelab.core.records import Record, new_experiment_id, read_records
 from scalelab.core.sheet import SheetRow, build_sheet
 from scalelab.core.verdict import Verdict, judge
 from scalelab.diagnose.config import DiagnoseConfig, Mode
+from scalelab.diagnose.energy import energy_tagger
 from scalelab.diagnose.goals import stage_goals
 from scalelab.diagnose.stages import STAGES
 from scalelab.diagnose.stages.base import Artifact, Context
@@ -78,7 +79,8 @@ class Runner:
         if self.progress:
             self.progress(step.label, self._n, self._total)
         res = run_step(
-            step, logs=self.ctx.logs, experiment=self.diagnosis.experiment, sink=self.sink
+            energy_tagger(step, self.cfg.prices), logs=self.ctx.logs,
+            experiment=self.diagnosis.experiment, sink=self.sink
         )
         self.diagnosis.steps.append(res)
         return res

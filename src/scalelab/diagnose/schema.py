@@ -44,6 +44,9 @@ class Prices(Strict):
     """On-demand price of one data-centre GPU-hour."""
     gb_month_usd: float = Field(default=0.023, ge=0)
     """Object storage per GB-month."""
+    watts_per_core: float = Field(default=3.5, gt=0)
+    """Watts of one busy core, for energy where RAPL is not readable: core-seconds × this
+    (Cloud Carbon Footprint's AWS figure for a vCPU at full load; see core/energy.py)."""
 
 
 class StageSettings(Strict):

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from scalelab.core.economics import review_lines, unit_costs
 from scalelab.core.machine import Machine
 from scalelab.core.serialize import jsonable
 from scalelab.core.sheet import SheetRow
@@ -57,6 +58,7 @@ SHEET_COLUMNS = [
     "quality",
     "cost/unit",
     "recovery",
+    "energy/unit",
 ]
 
 
@@ -90,7 +92,38 @@ def sheet_cells(r: SheetRow) -> list[str]:
         q,
         cost,
         r.recovery or "none",
+        energy_cell(r),
     ]
+
+
+def energy_cell(r: SheetRow) -> str:
+    """Joules per cost unit and whether they were measured or estimated."""
+    if r.energy_per_unit_j is None:
+        return NOT_MEASURED
+    basis = "measured" if (r.energy_basis or "").startswith("measured") else "estimated"
+    return f"{r.energy_per_unit_j:.3g} J/{r.cost_unit or 'unit'} ({basis})"
+
+
+def economics_html(sheet: list[SheetRow]) -> list[str]:
+    """The weekly review's table: cost and energy per unit at every measured level."""
+    e = html.escape
+    costs = unit_costs(sheet)
+    if not costs:
+        return []
+    out = ["<h2>Unit economics (weekly review)</h2><ul>",
+           *(f"<li>{e(line)}</li>" for line in review_lines(costs)),
+           "</ul><table><tr>" + "".join(
+               f"<th class='l'>{c}</th>" for c in ("stage", "series", "level", "unit",
+                                                   "$ / unit", "J / unit", "energy basis",
+                                                   "$ / run", "J / run")) + "</tr>"]
+    for u in costs:
+        cells = [u.stage, u.series or "—", f"{u.variable} {u.level:g}", u.unit,
+                 f"{u.usd_per_unit:.3g}", _fmt(u.j_per_unit, ".3g"), u.energy_basis or "—",
+                 _fmt(u.usd_per_run, ".3g"), _fmt(u.j_per_run, ".3g")]
+        out.append("<tr>" + "".join(f"<td class='l'>{e(c)}</td>" for c in cells) + "</tr>")
+    out.append("</table><p class='muted'>From the one price table; energy estimated as "
+               "core-seconds × watts per core where RAPL is not readable.</p>")
+    return out
 
 
 def verdict_lines(v: Verdict) -> list[str]:
@@ -173,6 +206,8 @@ def report_json(
             "stages": [_stage_json(s) for s in verdict.stages],
         },
         "sheet": jsonable(sheet),
+        "unit_economics": {"review": review_lines(unit_costs(sheet)),
+                           "rows": jsonable(unit_costs(sheet))},
     }
 
 
@@ -193,6 +228,12 @@ td.l,th.l{text-align:left}
 .muted{color:#667}
 code{background:#f2f4f8;padding:0 .2rem}
 """
+
+
+def stage_governance(rows: list[SheetRow]) -> str | None:
+    """The governance cell of a stage's rows (its server's limits, budgets and kill switches),
+    or None when the stage serves nothing."""
+    return next((r.governance for r in rows if r.governance), None)
 
 
 def _plain_quality(rows: list[SheetRow], objective_key: str | None) -> str | None:
@@ -258,6 +299,9 @@ def render_html(
             out.append(f"<li>predicted: {e(s.predicted)}</li>")
         if s.tightest:
             out.append(f"<li>least headroom: {e(s.tightest)}</li>")
+        gov = stage_governance(rows)
+        if gov:
+            out.append(f"<li>governance: {e(gov)}</li>")
         out.append("</ul><div class='plots'>")
         objs = g.objectives if g else []
         figures: tuple[str | None, ...]
@@ -275,6 +319,7 @@ def render_html(
             if svg:
                 out.append(f"<figure>{svg}</figure>")
         out.append("</div>")
+    out += economics_html(sheet)
     out.append(
         "<h2>Diagnostic sheet</h2><table><tr>"
         + "".join(f"<th class='l'>{e(c)}</th>" for c in SHEET_COLUMNS)
@@ -314,6 +359,13 @@ def render_markdown(
         f"- {ln.strip()}" if ln.startswith("  ") else f"**{ln}**" if i == 0 else f"- {ln}"
         for i, ln in enumerate(verdict_lines(verdict))
     ]
+    review = review_lines(unit_costs(sheet))
+    if review:
+        lines += ["", "## Unit economics (weekly review)", "", *(f"- {ln}" for ln in review)]
+    governed = [(s, g) for s in dict.fromkeys(r.stage for r in sheet)
+                if (g := stage_governance([r for r in sheet if r.stage == s]))]
+    if governed:
+        lines += ["", "## Governance", "", *(f"- {s}: {g}" for s, g in governed)]
     lines += [
         "",
         "## Sheet",
