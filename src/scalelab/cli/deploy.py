@@ -26,8 +26,12 @@ def app() -> None:
 @click.option("--image", default="scalelab:latest", show_default=True)
 @click.option("--claim", default="scalelab-models", show_default=True,
               help="PersistentVolumeClaim with the model repository (mounted at /models).")
-@click.option("--min", "min_replicas", default=1, show_default=True, type=int)
+@click.option("--min", "min_replicas", default=1, show_default=True, type=int,
+              help="minReplicas; 0 (scale to zero) needs --external-metric.")
 @click.option("--max", "max_replicas", default=10, show_default=True, type=int)
+@click.option("--external-metric", default=None,
+              help="Scale on this External metric (one value that exists while no pod runs, "
+                   "e.g. a gateway's queued requests), --target per pod.")
 @click.option("--signal", default="queue", show_default=True,
               type=click.Choice(["queue", "inflight", "cpu"]),
               help="Scale on queue depth or in-flight requests per pod, or on CPU.")
@@ -38,19 +42,22 @@ def app() -> None:
 @click.option("--port", default=8000, show_default=True, type=int)
 @json_option
 def k8s_cmd(model_repo: Path, out: Path, name: str, image: str, claim: str, min_replicas: int,
-            max_replicas: int, signal: str, target: float | None, startup_seconds: float | None,
-            port: int, as_json: bool) -> None:
+            max_replicas: int, external_metric: str | None, signal: str, target: float | None,
+            startup_seconds: float | None, port: int, as_json: bool) -> None:
     """Deployment + Service + autoscaling/v2 HPA with probes and startup-aware behavior."""
     from scalelab.serve import k8s
 
     if not model_repo.is_dir():
         raise BadUsageError(f"--model-repo {model_repo} is not a directory")
+    problem = k8s.scale_to_zero_problem(min_replicas, signal, external_metric)
+    if problem:  # before the start-up measurement, which takes seconds
+        raise BadUsageError(problem)
     measured = startup_seconds is None
     startup = k8s.measure_startup(model_repo) if startup_seconds is None else startup_seconds
     spec = k8s.DeploySpec(name=name, image=image, claim=claim, port=port,
                           min_replicas=min_replicas, max_replicas=max_replicas,
                           signal=signal,  # type: ignore[arg-type]
-                          target=target, startup_s=startup)
+                          target=target, startup_s=startup, external_metric=external_metric)
     paths = k8s.write(spec, out)
     data = {"files": [str(p) for p in paths], "startup_seconds": round(startup, 3),
             "startup_measured": measured, "signal": signal,

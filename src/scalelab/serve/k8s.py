@@ -7,6 +7,14 @@ plus slack) before liveness may kill it. Behavior: the HPA must not add pods aga
 last ones could have become ready (their load is not yet off the metric), so the scale-up period
 is at least the startup time; scale-down waits several startup times, since a pod removed too
 early costs a full startup to get back.
+
+Scale to zero (min replicas 0): the HPA accepts minReplicas 0 only with an Object or External
+metric (and the HPAScaleToZero feature gate on the cluster), because a per-pod metric vanishes
+with the last pod and nothing would ever scale it up again. The server's own queue depth is
+such a per-pod metric, so min 0 needs a metric of what waits *in front of* the service (a
+gateway's or message queue's backlog) served by an external-metrics adapter; without one the
+manifests are refused with that said. Every request that arrives at zero waits the start-up
+time: `scalelab autoscale simulate --min 0 --external` counts them and what min 0 saves.
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ class DeploySpec:
     max_replicas: int = 10
     signal: Signal = "queue"
     """What the HPA follows: queue depth, in-flight requests (per pod) or CPU utilisation."""
+    external_metric: str | None = None
+    """An External metric that exists while no pod runs (e.g. a gateway's queued requests for
+    this service), AverageValue target per pod; needed for min_replicas 0."""
     target: float | None = None
     """Per-pod target: queue depth (default 8), in-flight (default 16) or CPU percent (70)."""
     startup_s: float = 10.0
@@ -49,9 +60,12 @@ class DeploySpec:
     """Seconds a terminating pod has to finish in-flight requests."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_replicas <= self.max_replicas:
-            raise BadUsageError(f"need 1 <= --min ({self.min_replicas}) <= --max "
-                                f"({self.max_replicas})")
+        if not (0 <= self.min_replicas <= self.max_replicas and self.max_replicas >= 1):
+            raise BadUsageError(f"need 0 <= --min ({self.min_replicas}) <= --max "
+                                f"({self.max_replicas}) and --max >= 1")
+        problem = scale_to_zero_problem(self.min_replicas, self.signal, self.external_metric)
+        if problem:
+            raise BadUsageError(problem)
         if self.signal not in ("queue", "inflight", "cpu"):
             raise BadUsageError(f"--signal {self.signal!r} must be queue, inflight or cpu")
         if self.startup_s <= 0 or not math.isfinite(self.startup_s):
@@ -65,6 +79,25 @@ class DeploySpec:
         if self.target is not None:
             return self.target
         return {"queue": 8.0, "inflight": 16.0, "cpu": 70.0}[self.signal]
+
+
+def scale_to_zero_problem(min_replicas: int, signal: str, external_metric: str | None
+                          ) -> str | None:
+    """Why these settings cannot scale to zero (or from it), or None (pure)."""
+    if external_metric is not None and not external_metric.strip():
+        return "--external-metric must name a metric"
+    if min_replicas > 0:
+        return None
+    if signal == "cpu":
+        return ("--min 0 cannot scale on cpu: a pod's CPU does not exist while no pod runs; "
+                "use --signal queue with --external-metric NAME")
+    if external_metric is None:
+        return ("--min 0 needs --external-metric NAME: the HPA scales from zero only on an "
+                f"Object or External metric, and the server's own {METRIC[signal]} vanishes "
+                "with its last pod; name a metric of what waits in front of the service (your "
+                "gateway's or queue's backlog, served by an external-metrics adapter) and "
+                "enable the HPAScaleToZero feature gate")
+    return None
 
 
 def behavior(startup_s: float) -> dict[str, Any]:
@@ -134,8 +167,15 @@ def manifests(spec: DeploySpec) -> dict[str, dict[str, Any]]:
                  "ports": [{"name": "http", "port": spec.port, "targetPort": "http"}]},
     }
     t = spec.target_value()
-    if spec.signal == "cpu":
-        metric: dict[str, Any] = {"type": "Resource", "resource": {
+    if spec.external_metric is not None:
+        # One value for the whole service (it can see demand with no pod running), divided by
+        # the replica count against the per-pod target.
+        metric: dict[str, Any] = {"type": "External", "external": {
+            "metric": {"name": spec.external_metric,
+                       "selector": {"matchLabels": {"service": spec.name}}},
+            "target": {"type": "AverageValue", "averageValue": _quantity(t)}}}
+    elif spec.signal == "cpu":
+        metric = {"type": "Resource", "resource": {
             "name": "cpu", "target": {"type": "Utilization", "averageUtilization": round(t)}}}
     else:
         metric = {"type": "Pods", "pods": {
