@@ -18,6 +18,7 @@ import click
 
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option
+from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.units import parse_size
 
 
@@ -93,13 +94,15 @@ def _engine_dict(kv_cache_bytes: str, block_size: int, max_num_seqs: int,
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @governance_option
+@trace_options
 def serve_cmd(governance: Path | None,
               model: str, kv_cache_bytes: str, block_size: int, max_num_seqs: int,
               max_batched_tokens: int, max_model_len: int, prefix_cache: bool,
               speculative: bool, num_draft: int, contiguous: bool, torch_threads: int | None,
               seed: int, host: str, port: int, max_waiting: int, max_prompt_tokens: int | None,
               max_output_tokens: int, request_timeout: float, max_body: str,
-              read_timeout: float, log_level: str) -> None:
+              read_timeout: float, log_level: str, trace_sample: float, trace_out: str | None,
+              otlp_endpoint: str | None) -> None:
     """Serve /v1/completions, /v1/chat/completions (stream or not), /v1/models, /health,
     /metrics until interrupted."""
     from scalelab.generate.api import SETTINGS_ENV, ApiSettings
@@ -113,6 +116,7 @@ def serve_cmd(governance: Path | None,
         max_output_tokens=max_output_tokens, request_timeout_s=request_timeout,
         max_body_bytes=parse_size(max_body, what="--max-body"), torch_threads=torch_threads,
         seed=seed, governance_file=governance_file(governance),
+        trace=trace_config(trace_sample, trace_out, otlp_endpoint),
     )
     if model not in ("smollm2-135m", "tiny") and not model.endswith(".gguf"):
         from scalelab.core.errors import BadUsageError

@@ -7,6 +7,7 @@ the lineage store is --lineage, else $SCALELAB_LINEAGE, else ./.scalelab/lineage
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -18,6 +19,7 @@ from rich.table import Table
 
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option, parse_list
+from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.errors import BadUsageError
 
 cache_option = click.option(
@@ -174,10 +176,12 @@ def query_cmd(index_dir: Path, query: str, k: int, cache: Path | None, no_cache:
               help="OpenAI-compatible server for /v1/answer (e.g. scalelab generate serve).")
 @click.option("--generate-model", default="default", show_default=True)
 @governance_option
+@trace_options
 def serve_cmd(governance: Path | None,
               index_dir: Path, host: str, port: int, cache: Path | None, no_cache: bool,
               max_k: int, max_inflight: int, max_body_bytes: int, generate_url: str | None,
-              generate_model: str) -> None:
+              generate_model: str, trace_sample: float, trace_out: str | None,
+              otlp_endpoint: str | None) -> None:
     """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
     import logging
 
@@ -190,8 +194,9 @@ def serve_cmd(governance: Path | None,
     s = RetrievalSettings(index_dir=str(index_dir.resolve()), cache=str(c) if c else None,
                           max_k=max_k, max_inflight=max_inflight, max_body_bytes=max_body_bytes,
                           generate_url=generate_url, generate_model=generate_model,
-                          governance_file=governance_file(governance))
-    os.environ[SETTINGS_ENV] = json.dumps(s.__dict__)
+                          governance_file=governance_file(governance),
+                          trace=trace_config(trace_sample, trace_out, otlp_endpoint))
+    os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(s))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     run("scalelab.retrieval.server:app_from_env", RunConfig(host=host, port=port))
 

@@ -28,8 +28,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from starlette.routing import Route
 from scalelab.core.errors import BadUsageError, ScalelabError
 from scalelab.web.governance import governed
 from scalelab.web.guard import Guard, request_id
+from scalelab.web.trace import RequestTrace, TraceConfig, Tracing, ns_perf
 
 log = logging.getLogger("scalelab.retrieval")
 ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
@@ -73,8 +75,12 @@ class RetrievalSettings:
     answer_max_tokens: int = 64
     governance_file: str | None = None
     """Rate limits, budgets and kill switches (web.governance); None = no governance layer."""
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    """Request tracing (web.trace): embed and search spans; /v1/answer's call to the
+    generation server carries the trace on."""
 
     def __post_init__(self) -> None:
+        self.trace = TraceConfig.of(self.trace)  # a dict when it came through JSON
         if self.max_k < 1 or self.max_query_chars < 1 or self.max_queries < 1:
             raise BadUsageError("max_k, max_query_chars and max_queries must be >= 1")
         if self.max_inflight < 1 or self.max_body_bytes < 1:
@@ -115,6 +121,11 @@ async def _json_object(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise HTTPError(422, "the body must be a JSON object")
     return body
+
+
+def _trace_of(request: Request) -> RequestTrace | None:
+    """The request's trace when it is sampled (set by the route wrapper)."""
+    return getattr(request.state, "trace", None)
 
 
 def prompt_messages(question: str, texts: list[str]) -> list[dict[str, str]]:
@@ -160,10 +171,20 @@ class RetrievalService:
         self.metrics.vectors.set(self.retriever.index.ntotal)
         self.inflight = 0
 
-    def retrieve(self, queries: list[str], k: int) -> list[list[dict[str, Any]]]:
+    def retrieve(self, queries: list[str], k: int, trace: RequestTrace | None = None
+                 ) -> list[list[dict[str, Any]]]:
+        t0 = time.perf_counter()
         vecs = self.retriever.embedder.embed(queries)
+        t1 = time.perf_counter()
         with self.lock:
             hits = self.retriever.search_vectors(vecs, k)
+        if trace is not None:  # search includes the wait for the index lock (an add holds it)
+            t2 = time.perf_counter()
+            index = self.retriever.index
+            trace.span("embed", ns_perf(t0), ns_perf(t1), {"scalelab.queries": len(queries)})
+            trace.span("search", ns_perf(t1), ns_perf(t2), {
+                "scalelab.index.kind": index.spec, "scalelab.index.ntotal": index.ntotal,
+                "scalelab.k": k, "scalelab.queries": len(queries)})
         return [[asdict(h) for h in row] for row in hits]
 
     def add(self, docs: list[tuple[str, str]]) -> int:
@@ -178,10 +199,27 @@ def create_app(settings: RetrievalSettings) -> Any:
     svc = RetrievalService(settings)
     s = settings
     m = svc.metrics
+    tracing = Tracing.build(s.trace, "scalelab-retrieval")
 
     def route(name: str, fn: Callable[[Request], Awaitable[dict[str, Any]]]
               ) -> Callable[[Request], Awaitable[Response]]:
         async def handler(request: Request) -> Response:
+            if tracing is None:
+                return await work(request)
+            trace = tracing.begin(f"POST {request.url.path}", request.scope["headers"],
+                                  ns_perf(time.perf_counter()), attributes={
+                                      "http.request.method": "POST",
+                                      "http.route": request.url.path,
+                                      "scalelab.request_id": request_id(request.scope)})
+            if trace is None:
+                return await work(request)
+            request.state.trace = trace  # the routes read it (`_trace_of`)
+            resp = await work(request)
+            resp.headers["traceparent"] = trace.traceparent()
+            trace.end(resp.status_code)
+            return resp
+
+        async def work(request: Request) -> Response:
             t0 = time.perf_counter()
             rid = request_id(request.scope)
             if svc.inflight >= s.max_inflight:
@@ -207,6 +245,7 @@ def create_app(settings: RetrievalSettings) -> Any:
             if status >= 400:
                 log.info("%s %s -> %d (%s)", name, rid, status, resp.body[:200])
             return resp
+
         return handler
 
     async def retrieve(request: Request) -> dict[str, Any]:
@@ -231,7 +270,7 @@ def create_app(settings: RetrievalSettings) -> Any:
                        for i, q in enumerate(qs)]
         k = _int_field(body, "k", 10, 1, s.max_k)
         t0 = time.perf_counter()
-        results = await run_in_threadpool(svc.retrieve, queries, k)
+        results = await run_in_threadpool(svc.retrieve, queries, k, _trace_of(request))
         return {"results": results, "k": k, "index": svc.retriever.index.spec,
                 "ntotal": svc.retriever.index.ntotal,
                 "retrieve_ms": (time.perf_counter() - t0) * 1e3}
@@ -246,20 +285,33 @@ def create_app(settings: RetrievalSettings) -> Any:
             raise HTTPError(503, "no generation server configured; start with "
                                  "--generate-url URL (an OpenAI-compatible server)")
         t0 = time.perf_counter()
-        hits = (await run_in_threadpool(svc.retrieve, [question], k))[0]
+        trace = _trace_of(request)
+        hits = (await run_in_threadpool(svc.retrieve, [question], k, trace))[0]
         t1 = time.perf_counter()
         payload = {"model": s.generate_model, "temperature": 0,
                    "max_tokens": s.answer_max_tokens,
                    "messages": prompt_messages(question, [h["text"] for h in hits])}
         url = s.generate_url.rstrip("/") + "/v1/chat/completions"
+        headers: dict[str, str] = {}
+        call = None
+        if trace is not None:  # the generation server's spans join this trace
+            call = trace.start("generate", client=True, attributes={
+                "gen_ai.operation.name": "chat", "gen_ai.request.model": s.generate_model,
+                "server.address": s.generate_url})
+            headers["traceparent"] = trace.traceparent(call)
         try:
             async with httpx.AsyncClient(timeout=s.generate_timeout_s) as client:
-                r = await client.post(url, json=payload)
+                r = await client.post(url, json=payload, headers=headers)
+            if call is not None:
+                call.set_attribute("http.response.status_code", r.status_code)
             r.raise_for_status()
             text = r.json()["choices"][0]["message"]["content"]
         except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
             raise HTTPError(502, f"the generation server at {url} failed: "
                                  f"{type(e).__name__}: {e}") from None
+        finally:
+            if call is not None:
+                call.end()
         return {"answer": text, "sources": hits,
                 "retrieve_ms": (t1 - t0) * 1e3, "generate_ms": (time.perf_counter() - t1) * 1e3}
 
@@ -300,7 +352,13 @@ def create_app(settings: RetrievalSettings) -> Any:
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(m.registry), media_type="text/plain; version=0.0.4")
 
-    app = Starlette(routes=[
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        if tracing is not None:
+            tracing.shutdown()  # export the spans still queued
+
+    app = Starlette(lifespan=lifespan, routes=[
         Route("/v1/retrieve", route("retrieve", retrieve), methods=["POST"]),
         Route("/v1/answer", route("answer", answer), methods=["POST"]),
         Route("/v1/documents", route("documents", documents), methods=["POST"]),
