@@ -11,6 +11,7 @@ from scalelab.core.objectives import Objective
 from scalelab.core.sheet import build_sheet
 from scalelab.core.verdict import StageGoal, judge
 from scalelab.diagnose.stages import serve
+from scalelab.diagnose.stages import serve_curve as curve
 from scalelab.diagnose.stages.serve_curve import replica_advice, search_outcome
 
 P95 = Objective(metric="p95_ms", max=50)
@@ -51,14 +52,14 @@ def test_decided_pass_and_fail_around_an_undecided_step() -> None:
 def test_steps_are_sized_by_the_rule() -> None:
     # Zero failures in n requests: the Clopper-Pearson upper bound 1 - 0.025^(1/n) <= 0.1%
     # first at n = 3688 (ln 0.025 / ln 0.999 = 3687.1).
-    assert serve.budget_requests(0.001) == 3688
+    assert curve.budget_requests(0.001) == 3688
     avail = Objective(metric="availability", min=0.999)
-    assert serve.search_requests([P95, avail], availability=False) == 230
-    assert serve.search_requests([P95, avail], availability=True) == 3688
-    assert serve.search_requests([Objective(metric="p99_ms", max=200)], availability=False) == 1164
+    assert curve.search_requests([P95, avail], availability=False) == 230
+    assert curve.search_requests([P95, avail], availability=True) == 3688
+    assert curve.search_requests([Objective(metric="p99_ms", max=200)], availability=False) == 1164
     # 230 × 1.25 / 40 req/s = 7.1875 s, rounded up to the tenth; a long floor wins.
-    assert serve.step_seconds(230, 40.0, 1.0) == 7.2
-    assert serve.step_seconds(230, 400.0, 2.0) == 2.0
+    assert curve.step_seconds(230, 40.0, 1.0) == 7.2
+    assert curve.step_seconds(230, 400.0, 2.0) == 2.0
 
 
 def test_two_replica_counts_give_one_efficiency_and_an_amdahl_count() -> None:
@@ -140,4 +141,4 @@ def test_sweep_shapes_stop_at_the_cores(tmp_path: Path) -> None:
 @pytest.mark.parametrize("bad", [0.0, 1.0])
 def test_budget_requests_rejects_a_budget_outside_0_1(bad: float) -> None:
     with pytest.raises(BadUsageError, match="capacity_availability: false"):
-        serve.budget_requests(bad)
+        curve.budget_requests(bad)

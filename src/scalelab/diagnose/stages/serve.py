@@ -24,9 +24,8 @@ from typing import Literal
 import psutil
 from pydantic import Field
 
-from scalelab.core.errors import BadUsageError, RunFailedError
+from scalelab.core.errors import RunFailedError
 from scalelab.core.knee import find_knee
-from scalelab.core.objectives import Objective
 from scalelab.core.records import Cost, Record
 from scalelab.core.sheet import SheetRow
 from scalelab.core.units import parse_duration
@@ -38,16 +37,19 @@ from scalelab.diagnose.stages.serve_curve import (
     CAPACITY,
     REPLICAS,
     THREADS,
+    capacity_slo,
     replica_advice,
+    search_requests,
     searches,
+    step_seconds,
     sweep_points,
 )
 from scalelab.diagnose.stages.train import FEATURES, SERVED_MODEL
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
-from scalelab.load.capacity import step_requests
 from scalelab.nets.registry import read_spec, write_spec
 from scalelab.nets.repository import CONFIG_FILE, write_json
 from scalelab.serve.config import ModelConfig, load_model_config
+from scalelab.web.governance import server_governance
 from scalelab.web.spawn import start_server, stop_group
 
 SERIES = {"off": "batching=off", "on": "batching=on"}
@@ -184,6 +186,9 @@ class ServerMeter:
         served = n1 - self._n0 if n1 is not None and self._n0 is not None else None
         offered_s = (r.wall_s or self.duration_s) + WARMUP_S
         extras = {**r.extras, "server_cpu_s": cpu, "cpu_busy_cores": cpu / offered_s}
+        gov = server_governance(self.url)  # the sheet's governance cell, as the server says
+        if gov is not None:
+            extras["governance"] = gov
         update: dict[str, object] = {"extras": extras, "recovery": RECOVERY_REFERENCE,
                                      "peak_memory_bytes": max(self._rss0, rss1) or None}
         if served:
@@ -192,56 +197,6 @@ class ServerMeter:
             update["cost"] = Cost(usd=usd, per_unit_usd=usd / served * 1000.0,
                                   unit="1,000 predictions")
         return r.model_copy(update=update)
-
-
-_LATENCY = {"p50_ms": "p50", "p95_ms": "p95", "p99_ms": "p99"}
-_QUANTILE = {"p50_ms": 0.5, "p95_ms": 0.95, "p99_ms": 0.99}
-SEARCH_CONFIDENCE = 0.95
-"""`load capacity`'s default confidence, which the stage's searches keep."""
-
-
-def capacity_slo(objectives: list[Objective]) -> tuple[str, str | None] | None:
-    """(--slo, --error-budget) for `load capacity` from the stage's objectives: the tightest
-    latency bound and the availability objective; None without a latency objective (pure)."""
-    lat = [o for o in objectives if o.metric in _LATENCY and o.max is not None]
-    if not lat:
-        return None
-    o = lat[0]
-    avail = next((a for a in objectives if a.metric == "availability" and a.min is not None),
-                 None)
-    budget = f"{(1 - avail.min) * 100:.6g}%" if avail is not None and avail.min is not None \
-        else None
-    return f"{_LATENCY[o.metric]}<{o.max:g}ms", budget
-
-
-def budget_requests(budget: float, confidence: float = SEARCH_CONFIDENCE) -> int:
-    """Fewest requests, all successful, whose Clopper-Pearson interval on the failure share
-    lies under `budget` (how `load capacity` decides an availability target passed):
-    n >= ln((1 - confidence) / 2) / ln(1 - budget). 3,688 for 99.9% at 95%."""
-    if not (0.0 < budget < 1.0 and 0.0 < confidence < 1.0):
-        raise BadUsageError(
-            f"stages.serve: an availability budget of {budget:.6g} (confidence {confidence:g}) "
-            "cannot be shown by a finite capacity step; both must lie in (0, 1): lower the "
-            "availability objective's min under 1 or set capacity_availability: false")
-    return math.ceil(math.log((1.0 - confidence) / 2.0) / math.log1p(-budget))
-
-
-def search_requests(objectives: list[Objective], *, availability: bool) -> int:
-    """Requests one capacity step needs before it can decide: the latency quantile's rule
-    (`load.capacity.step_requests`) and, when the search also judges availability, the
-    budget's."""
-    lat = next(o for o in objectives if o.metric in _LATENCY and o.max is not None)
-    need = step_requests(_QUANTILE[lat.metric], SEARCH_CONFIDENCE)
-    slo = capacity_slo(objectives)
-    if availability and slo is not None and slo[1] is not None:
-        need = max(need, budget_requests(float(slo[1].rstrip("%")) / 100.0))
-    return need
-
-
-def step_seconds(needed: int, start_rps: float, floor_s: float) -> float:
-    """Longest capacity step: long enough for the first (lowest) rate to reach `needed`
-    requests with a quarter to spare for Poisson arrivals, never under `floor_s`."""
-    return max(floor_s, math.ceil(needed * 1.25 / start_rps * 10) / 10)
 
 
 def measured_capacity(by_series: dict[str, list[SheetRow]]) -> list[str]:

@@ -1,5 +1,9 @@
-"""What the serve stage's capacity searches measured, said plainly (pure: sheet rows in, text out).
+"""The serve stage's capacity searches: how long a step must be, and what the searches measured,
+said plainly (pure: objectives or sheet rows in, numbers and text out).
 
+- `search_requests` / `step_seconds` size a step by the rule it is judged by, so a step can
+  decide at all: the latency quantile's count and, when availability is judged too, the
+  failure budget's (3,688 requests for 99.9% at 95%).
 - `search_outcome` reads one search from its steps' verdicts: the highest *decided* pass, the
   lowest decided fail above it, and every undecided step with the requests it measured beside
   the requests the step rule needs (`load.capacity.step_requests`: LoadGen's early-stopping
@@ -17,8 +21,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from scalelab.core.errors import BadUsageError
 from scalelab.core.fits import fit_scaling
+from scalelab.core.objectives import Objective
 from scalelab.core.sheet import SheetRow
+from scalelab.load.capacity import step_requests
 
 CAPACITY = " capacity"
 """Suffix of the series that holds a capacity search's steps (e.g. 'batching=off capacity')."""
@@ -26,6 +33,56 @@ REPLICAS = "replicas="
 THREADS = "threads="
 MAX_PREDICTED_REPLICAS = 1024
 """Largest replica count a prediction searches before saying no count reaches the peak."""
+
+
+_LATENCY = {"p50_ms": "p50", "p95_ms": "p95", "p99_ms": "p99"}
+_QUANTILE = {"p50_ms": 0.5, "p95_ms": 0.95, "p99_ms": 0.99}
+SEARCH_CONFIDENCE = 0.95
+"""`load capacity`'s default confidence, which the stage's searches keep."""
+
+
+def capacity_slo(objectives: list[Objective]) -> tuple[str, str | None] | None:
+    """(--slo, --error-budget) for `load capacity` from the stage's objectives: the tightest
+    latency bound and the availability objective; None without a latency objective (pure)."""
+    lat = [o for o in objectives if o.metric in _LATENCY and o.max is not None]
+    if not lat:
+        return None
+    o = lat[0]
+    avail = next((a for a in objectives if a.metric == "availability" and a.min is not None),
+                 None)
+    budget = f"{(1 - avail.min) * 100:.6g}%" if avail is not None and avail.min is not None \
+        else None
+    return f"{_LATENCY[o.metric]}<{o.max:g}ms", budget
+
+
+def budget_requests(budget: float, confidence: float = SEARCH_CONFIDENCE) -> int:
+    """Fewest requests, all successful, whose Clopper-Pearson interval on the failure share
+    lies under `budget` (how `load capacity` decides an availability target passed):
+    n >= ln((1 - confidence) / 2) / ln(1 - budget). 3,688 for 99.9% at 95%."""
+    if not (0.0 < budget < 1.0 and 0.0 < confidence < 1.0):
+        raise BadUsageError(
+            f"stages.serve: an availability budget of {budget:.6g} (confidence {confidence:g}) "
+            "cannot be shown by a finite capacity step; both must lie in (0, 1): lower the "
+            "availability objective's min under 1 or set capacity_availability: false")
+    return math.ceil(math.log((1.0 - confidence) / 2.0) / math.log1p(-budget))
+
+
+def search_requests(objectives: list[Objective], *, availability: bool) -> int:
+    """Requests one capacity step needs before it can decide: the latency quantile's rule
+    (`load.capacity.step_requests`) and, when the search also judges availability, the
+    budget's."""
+    lat = next(o for o in objectives if o.metric in _LATENCY and o.max is not None)
+    need = step_requests(_QUANTILE[lat.metric], SEARCH_CONFIDENCE)
+    slo = capacity_slo(objectives)
+    if availability and slo is not None and slo[1] is not None:
+        need = max(need, budget_requests(float(slo[1].rstrip("%")) / 100.0))
+    return need
+
+
+def step_seconds(needed: int, start_rps: float, floor_s: float) -> float:
+    """Longest capacity step: long enough for the first (lowest) rate to reach `needed`
+    requests with a quarter to spare for Poisson arrivals, never under `floor_s`."""
+    return max(floor_s, math.ceil(needed * 1.25 / start_rps * 10) / 10)
 
 
 @dataclass(frozen=True, kw_only=True)
