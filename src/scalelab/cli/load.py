@@ -79,6 +79,10 @@ def _request_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--realtime", is_flag=True,
                      help="Run the generator in SCHED_FIFO (Linux, root or CAP_SYS_NICE): "
                           "on-time sends on a busy machine."),
+        click.option("--trace-sample", "trace_sample", type=float, default=0.0,
+                     show_default=True,
+                     help="Share of measured requests sent with a fresh sampled W3C "
+                          "traceparent; their trace ids are in the result (--json)."),
     ]
     return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
 
@@ -124,7 +128,9 @@ def _engine(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any],
                         warmup_s=warmup_s, timeout_s=timeout_s,
                         max_connections=kw["max_connections"],
                         loop_impl=resolve_loop(kw.get("loop_impl") or "auto"),
-                        realtime=bool(kw.get("realtime")))
+                        realtime=bool(kw.get("realtime")),
+                        trace_sample=float(kw.get("trace_sample") or 0.0),
+                        trace_seed=int(kw.get("seed") or 0))
 
 
 def _check_ran(r: LoadResult, url: str) -> None:
@@ -257,6 +263,9 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
                   "/".join(_ms(lv[k]) for k in ("lag_p50_ms", "lag_p99_ms", "lag_max_ms")),
                   "yes" if lv["valid"] else "NO")
     c.print(t)
+    traced = sum(lv["traced_requests"] for lv in doc["levels"])
+    if traced:
+        c.print(f"traced: {traced} requests carried a sampled traceparent (ids in --json)")
     for lv in doc["levels"]:
         if lv["cold_start_ms"] is not None:
             c.print(f"cold start (first request, fresh connection): {lv['cold_start_ms']:.1f} ms")

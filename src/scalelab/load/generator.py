@@ -34,6 +34,7 @@ from scalelab.core.errors import BadUsageError
 from scalelab.load.clock import LATE_S, LagRecorder, LoopImpl, now, sleep_until
 from scalelab.load.connection import HttpConnection, Target
 from scalelab.load.histogram import LatencyHistogram
+from scalelab.load.trace_sample import TraceSampler
 
 Mode = Literal["open", "closed"]
 LAG_THRESHOLD_S = LATE_S
@@ -83,6 +84,9 @@ class PartResult:
     stopped_early: bool = False
     cold_start_s: float | None = None
     cold_start_error: str | None = None
+    traced: int = 0
+    """Measured requests sent with a sampled traceparent."""
+    trace_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -113,6 +117,10 @@ class EngineConfig:
     """Event loop: uvloop when installed ("auto"), or plain asyncio."""
     realtime: bool = False
     """Run the generator in SCHED_FIFO (see `clock.realtime`): precise on a busy machine."""
+    trace_sample: float = 0.0
+    """Share of measured requests sent with a fresh sampled traceparent (0 = none)."""
+    trace_seed: int = 0
+    """Seed of which requests those are."""
 
     def __post_init__(self) -> None:
         if not self.requests:
@@ -127,6 +135,8 @@ class EngineConfig:
             raise BadUsageError(f"--warmup must be >= 0, got {self.warmup_s}")
         if self.max_connections < 1:
             raise BadUsageError(f"--max-connections must be at least 1, got {self.max_connections}")
+        if not 0.0 <= self.trace_sample <= 1.0:
+            raise BadUsageError(f"--trace-sample must lie in [0, 1], got {self.trace_sample}")
 
 
 class Engine:
@@ -159,6 +169,8 @@ class Engine:
         self._closed_left: int | None = None
         self._warm_end = 0.0
         self.stop_requested = False
+        self._tracer = (TraceSampler(cfg.trace_sample, seed=cfg.trace_seed)
+                        if cfg.trace_sample > 0 else None)
 
     # ---- responses and failures (hot path) ----
 
@@ -199,6 +211,8 @@ class Engine:
     def _send(self, conn: HttpConnection, due: float, measured: bool) -> None:
         req = self.cfg.requests[self._next_req]
         self._next_req = (self._next_req + 1) % self._nreq
+        if self._tracer is not None and measured:
+            req = self._tracer.mark(req)
         conn.send(req, (due, measured))
 
     def _fail(self, kind: str, measured: bool) -> None:
@@ -479,4 +493,6 @@ class Engine:
         self._lat_us = array("q")
         res.hist_blob = self.hist.encode()
         res.lag_blob = self.lag.histogram().encode()
+        if self._tracer is not None:
+            res.traced, res.trace_ids = self._tracer.count, self._tracer.trace_ids
         return res

@@ -104,6 +104,10 @@ class LoadResult:
     """A stopping rule ended the run before its schedule did."""
     hist_blob: str = field(repr=False)
     """Merged HdrHistogram (base64), so any threshold can be evaluated later."""
+    traced_requests: int = 0
+    """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
+    trace_ids: list[str] = field(default_factory=list)
+    """Their trace ids (the first 1,000 per process): look them up in the server's spans."""
 
 
 def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
@@ -172,6 +176,8 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
         cold_start_error=None if cold is None else cold.cold_start_error,
         warmup_requests=sum(p.warmup_requests for p in parts), stopped_early=stopped,
         hist_blob=hist.encode(),
+        traced_requests=sum(p.traced for p in parts),
+        trace_ids=[t for p in parts for t in p.trace_ids],
     )
 
 

@@ -1,0 +1,74 @@
+"""`scalelab load --trace-sample`: the marked requests' trace ids are exactly the traces the
+tabular server (tracing on at sample 0: it follows clients only) wrote; TraceSampler's choice."""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from inproc import serving
+from serve_fixtures import add_model
+
+from scalelab.cli import run
+from scalelab.core.errors import BadUsageError
+from scalelab.load.trace_sample import TraceSampler
+from scalelab.observe.traces import assemble, read_spans
+from scalelab.serve.app import ServeApp
+from scalelab.serve.config import ServerSettings
+from scalelab.serve.context import ServeContext
+from scalelab.web.trace import TraceConfig
+from scalelab.web.traceparent import parse
+
+REQ = b"POST /v2/models/m/infer HTTP/1.1\r\nhost: x\r\n\r\n{}"
+
+
+def test_sampler_marks_a_seeded_share() -> None:
+    s = TraceSampler(0.25, seed=3, keep=5)
+    marked = [s.mark(REQ) for _ in range(400)]
+    again = TraceSampler(0.25, seed=3, keep=5)
+    assert [m != REQ for m in marked] == [again.mark(REQ) != REQ for _ in range(400)]
+    assert s.count == sum(m != REQ for m in marked) and 60 < s.count < 140
+    assert len(s.trace_ids) == 5  # listed up to `keep`, counted past it
+    first = next(m for m in marked if m != REQ)
+    header = first.split(b"\r\n")[1].decode()
+    tp = parse(header.removeprefix("traceparent: "))
+    assert tp is not None and tp.sampled and tp.trace_id == s.trace_ids[0]
+    with pytest.raises(BadUsageError, match="--trace-sample"):
+        TraceSampler(0.0)
+
+
+def test_load_trace_ids_are_the_servers_traces(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    repo = tmp_path / "repo"
+    add_model(repo, "flights", {1: 1})
+    out = tmp_path / "spans.jsonl"
+    ctx = ServeContext.build(ServerSettings(model_repo=repo, access_log="off",
+                                            trace=TraceConfig(out=str(out))))
+    switch = sys.getswitchinterval()
+    try:
+        with serving(ServeApp(ctx)) as url:
+            rc = run(["load", f"{url}/v2/models/flights/infer", "--model", "flights",
+                      "--payload", "oip", "--concurrency", "2", "--requests", "40",
+                      "--warmup", "0s", "--no-cold-start", "--trace-sample", "0.5",
+                      "--seed", "7", "--json"])
+            cap = capsys.readouterr()
+            assert rc == 0, cap.err
+            assert ctx.tracing is not None
+            ctx.tracing.flush()
+    finally:
+        sys.setswitchinterval(switch)
+        gc.unfreeze()
+    (level,) = json.loads(cap.out)["levels"]
+    assert level["successes"] == 40
+    ids = level["trace_ids"]
+    assert level["traced_requests"] == len(ids) and 0 < len(ids) < 40
+    traces = assemble(read_spans([out]))
+    assert sorted(t.trace_id for t in traces) == sorted(ids)
+    assert all(len(t.spans) == 6 for t in traces)
