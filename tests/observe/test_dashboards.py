@@ -28,12 +28,15 @@ from scalelab.observe.rules import (
     le_matcher,
     read_objectives,
     recorded_names,
+    rules_document,
     slos_from_objectives,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "serve"))
 
 from serve_fixtures import add_model, infer_body, start_server
+
+KEY = "sk-metered-0123456789"
 
 # Grafana's dashboard model, as much of it as a dashboard JSON file must hold to import.
 TARGET = {"type": "object", "required": ["refId", "expr", "datasource"],
@@ -207,17 +210,36 @@ def _les(text: str, family: str) -> list[float]:
 def test_tabular_server_exposes_every_name_the_dashboard_reads(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     add_model(repo, "flights", {1: 1}, cache={"enabled": True, "max_entries": 10, "ttl_s": 60})
-    srv = start_server(repo, tmp_path / "server.log")
+    gov = tmp_path / "governance.json"
+    gov.write_text(json.dumps({"governance": {"clients": {"metered": {
+        "keys": [KEY], "budgets": [{"unit": "requests", "period": "day", "limit": 1}]}}}}))
+    srv = start_server(repo, tmp_path / "server.log", "--governance", str(gov))
     try:
-        r = httpx.post(f"{srv.url}/v2/models/flights/infer", json=infer_body(2), timeout=10)
-        assert r.status_code == 200
+        url = f"{srv.url}/v2/models/flights/infer"
+        first = httpx.post(url, json=infer_body(2), headers={"X-API-Key": KEY}, timeout=10)
+        assert first.status_code == 200
+        refused = httpx.post(url, json=infer_body(2), headers={"X-API-Key": KEY}, timeout=10)
+        assert refused.status_code == 429  # the budget of one request is spent
         text = httpx.get(f"{srv.url}/metrics", timeout=10).text
     finally:
         srv.stop()
-    board = dashboard(slos_from_objectives(read_objectives(None)))
-    used = metrics_used(board)["serve"]
-    assert len(used) >= 10
-    assert used <= _exposed(text)
+    slos = slos_from_objectives(read_objectives(None))
+    used = metrics_used(dashboard(slos))
+    rules = rules_document(slos)
+    read_by_rules: dict[str, set[str]] = {}
+    for g in rules["groups"]:
+        for r in g["rules"]:
+            for n in metric_names(r["expr"]):
+                if (m := metric_of(n)) is not None:
+                    read_by_rules.setdefault(m.server, set()).add(n)
+    exposed = _exposed(text)
+    assert len(used["serve"]) >= 10
+    assert used["serve"] <= exposed
+    governance = used["governance"] | read_by_rules["governance"]
+    assert governance == {"scalelab_budget_used", "scalelab_budget_limit",
+                          "scalelab_governance_refusals_total"}
+    assert governance <= exposed
+    assert read_by_rules["serve"] <= exposed
     # the SLO reads the boundary as the server writes it, and the catalog's buckets are real
     assert 'scalelab_request_duration_seconds_bucket{le="0.05",model="flights",version="1"}' \
            in text
