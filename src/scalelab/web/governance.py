@@ -15,7 +15,8 @@ The middleware also serves, for every server alike:
   `?wait_s=S` waits up to S seconds for them to drain and says how many are left;
 - `GET /metrics`: the app's own metrics with the governance families appended
   (`scalelab_budget_used`, `scalelab_budget_limit`, `scalelab_governance_refusals_total`,
-  `scalelab_governance_stopped`, `scalelab_governance_inflight`).
+  `scalelab_governance_stopped`, `scalelab_governance_inflight`, and
+  `scalelab_governance_info{summary=...}`, which the serve stage reads into the sheet).
 
 Admin routes need the server's admin token (`Authorization: Bearer TOKEN`): none configured =
 403, none sent = 401, a wrong one = 403. No governance configured = no middleware at all
@@ -41,6 +42,7 @@ from scalelab.web.governor import Governor, GovernorCollector
 from scalelab.web.guard import REQUEST_ID_HEADER, ErrorBody, accept_request_id, json_error
 
 ADMIN_PREFIX = "/admin/governance"
+NONE_CONFIGURED = "none configured"
 USAGE_KEY = "governance_usage"
 MAX_WAIT_S = 600.0
 _RID = REQUEST_ID_HEADER.encode()
@@ -241,4 +243,30 @@ def governance_summary(app: object) -> str:
     """The sheet's governance cell for an app built by `governed`."""
     if isinstance(app, Governance):
         return app.governor.summary()
-    return "none configured"
+    return NONE_CONFIGURED
+
+
+def governance_from_metrics(text: str) -> str:
+    """The governance cell from a server's /metrics text: the `scalelab_governance_info`
+    summary, or "none configured" when the server runs without the middleware (pure)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if "scalelab_governance_info" not in text:
+        return NONE_CONFIGURED
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "scalelab_governance_info":
+            for sample in fam.samples:
+                return str(sample.labels.get("summary", NONE_CONFIGURED))
+    return NONE_CONFIGURED
+
+
+def server_governance(base_url: str, timeout_s: float = 5.0) -> str | None:
+    """What governance the server at `base_url` enforces now (read from its /metrics, which
+    needs no token), or None when /metrics cannot be read."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as r:
+            return governance_from_metrics(r.read().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None

@@ -167,7 +167,7 @@ class Governor:
 
     def admit(self, client: ClientState, model: str) -> Refusal | None:
         """None and the request counts in flight (call `release` when it ends), or why not."""
-        if model in self.stopped_models:
+        if self.stopped_models and model in self.stopped_models:
             return self._refuse(client, model, Refusal(
                 503, "stopped_model", f"model '{model}' is stopped by an operator (kill "
                                       "switch); requests are refused until it is released"))
@@ -176,38 +176,37 @@ class Governor:
                 self.config.client_stop_status, "stopped_client",
                 f"client '{client.name}' is stopped by an operator (kill switch); its requests "
                 "are refused until it is released"))
-        mm = self.model_meters.get(model)
+        mm = self.model_meters.get(model) if self.model_meters else None
         if client.meters or mm:
             wall = self.wall()
             for m in (*client.meters, *(mm or ())):
                 m.roll(wall)
                 if exhausted(m.used, m.limit, m.unit):
                     return self._refuse(client, model, m.refusal(wall))
-        if client.cap is not None and client.inflight >= client.cap:
+        cap = client.cap
+        if cap is not None and client.inflight >= cap:
             return self._refuse(client, model, Refusal(
                 429, "concurrency", f"client '{client.name}' over its concurrency cap of "
-                                    f"{client.cap} requests in flight", 1))
-        now = self.clock()
-        if client.rate is not None:
-            client.bucket, wait = take(client.bucket, now, client.rate, client.burst)
+                                    f"{cap} requests in flight", 1))
+        rate = client.rate
+        if rate is not None:
+            client.bucket, wait = take(client.bucket, self.clock(), rate, client.burst)
             if wait:
                 return self._refuse(client, model, Refusal(
                     429, "rate", f"client '{client.name}' over its rate limit of "
-                                 f"{client.rate:g} req/s (burst {client.burst:g})",
-                    retry_after(wait)))
-        for m in client.meters:
-            if m.unit == "requests":
-                m.used += 1
-        if mm:
-            for m in mm:
+                                 f"{rate:g} req/s (burst {client.burst:g})", retry_after(wait)))
+        if client.meters or mm:
+            for m in (*client.meters, *(mm or ())):
                 if m.unit == "requests":
                     m.used += 1
         client.inflight += 1
         mi = self.model_inflight
         mi[model] = mi.get(model, 0) + 1
-        if self.cpu_metered and not self.tick_counts and now - self.tick_at >= self.tick_s:
-            # the first request after a quiet spell: CPU burnt while idle is nobody's
-            self.cpu_at, self.tick_at = self.cpu(), now
+        if self.cpu_metered and not self.tick_counts:
+            now = self.clock()
+            if now - self.tick_at >= self.tick_s:
+                # the first request after a quiet spell: CPU burnt while idle is nobody's
+                self.cpu_at, self.tick_at = self.cpu(), now
         return None
 
     def _refuse(self, client: ClientState, model: str, r: Refusal) -> Refusal:
@@ -345,7 +344,10 @@ class Governor:
                                      "flight per client", labels=["client"])
         for name, st in self.clients.items():
             inflight.add_metric([name], st.inflight)
-        yield from (used, limit, refused, stopped, inflight)
+        info = GaugeMetricFamily("scalelab_governance_info", "What governance this process "
+                                 "enforces (the sheet's governance cell)", labels=["summary"])
+        info.add_metric([self.summary()], 1.0)
+        yield from (used, limit, refused, stopped, inflight, info)
 
 
 class GovernorCollector(Collector):
