@@ -97,9 +97,6 @@ class SheetRow:
     governance: str | None = None
     """What the stage's server enforced (rate limits, budgets, kill switches engaged), from the
     records' `governance` extra; None = the stage does not serve."""
-    governance: str | None = None
-    """What the stage's server enforced (rate limits, budgets, kill switches engaged), from the
-    records' `governance` extra; None = the stage does not serve."""
     energy_per_unit_j: float | None = None
     """Joules per `cost_unit` (median over repeats), from the records' energy extras."""
     energy_basis: str | None = None
@@ -199,8 +196,6 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
                     memory_bytes=use[0].machine.memory_bytes,
                 ),
                 extras=extras,
-                governance=_mode(str(r.extras["governance"]) for r in use
-                                 if r.extras.get("governance")),
                 governance=_mode(str(r.extras["governance"]) for r in use
                                  if r.extras.get("governance")),
                 energy_per_unit_j=_num(extras, "energy_per_unit_j"),

@@ -236,12 +236,6 @@ def stage_governance(rows: list[SheetRow]) -> str | None:
     return next((r.governance for r in rows if r.governance), None)
 
 
-def stage_governance(rows: list[SheetRow]) -> str | None:
-    """The governance cell of a stage's rows (its server's limits, budgets and kill switches),
-    or None when the stage serves nothing."""
-    return next((r.governance for r in rows if r.governance), None)
-
-
 def _plain_quality(rows: list[SheetRow], objective_key: str | None) -> str | None:
     """The absolute quality metric behind a delta objective (e.g. macro_f1 for its delta)."""
     keys = {k for r in rows for k in r.quality}
@@ -308,9 +302,6 @@ def render_html(
         gov = stage_governance(rows)
         if gov:
             out.append(f"<li>governance: {e(gov)}</li>")
-        gov = stage_governance(rows)
-        if gov:
-            out.append(f"<li>governance: {e(gov)}</li>")
         out.append("</ul><div class='plots'>")
         objs = g.objectives if g else []
         figures: tuple[str | None, ...]
@@ -371,10 +362,6 @@ def render_markdown(
     review = review_lines(unit_costs(sheet))
     if review:
         lines += ["", "## Unit economics (weekly review)", "", *(f"- {ln}" for ln in review)]
-    governed = [(s, g) for s in dict.fromkeys(r.stage for r in sheet)
-                if (g := stage_governance([r for r in sheet if r.stage == s]))]
-    if governed:
-        lines += ["", "## Governance", "", *(f"- {s}: {g}" for s, g in governed)]
     governed = [(s, g) for s in dict.fromkeys(r.stage for r in sheet)
                 if (g := stage_governance([r for r in sheet if r.stage == s]))]
     if governed:

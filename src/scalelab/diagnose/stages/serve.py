@@ -50,7 +50,6 @@ from scalelab.nets.registry import read_spec, write_spec
 from scalelab.nets.repository import CONFIG_FILE, write_json
 from scalelab.serve.config import ModelConfig, load_model_config
 from scalelab.web.governance import server_governance
-from scalelab.web.governance import server_governance
 from scalelab.web.spawn import start_server, stop_group
 
 SERIES = {"off": "batching=off", "on": "batching=on"}
@@ -187,9 +186,6 @@ class ServerMeter:
         served = n1 - self._n0 if n1 is not None and self._n0 is not None else None
         offered_s = (r.wall_s or self.duration_s) + WARMUP_S
         extras = {**r.extras, "server_cpu_s": cpu, "cpu_busy_cores": cpu / offered_s}
-        gov = server_governance(self.url)  # the sheet's governance cell, as the server says
-        if gov is not None:
-            extras["governance"] = gov
         gov = server_governance(self.url)  # the sheet's governance cell, as the server says
         if gov is not None:
             extras["governance"] = gov
