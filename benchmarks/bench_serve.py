@@ -282,18 +282,25 @@ class Started:
     url: str
 
 
-def start(name: str, work: Path, weights: Path, *, workers: int = 1) -> Started:
+def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: int = 1
+          ) -> Started:
     port = free_port()
     env = {**os.environ, "BENCH_WEIGHTS": str(weights), "BENCH_PARAMS": json.dumps(PARAMS),
            "BENCH_MAX_BATCH": str(MAX_BATCH), "BENCH_DELAY_MS": str(DELAY_MS),
            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    log = (work / f"{name}-{workers}.log").open("wb")
+    log = (work / f"{name}-{workers}x{threads}.log").open("wb")
     ready = "/v2/health/ready"
+    prom = work / f"prom-{name}-{workers}x{threads}"
     if name in ("scalelab", "nobatch"):
+        # the first worker answering ready says nothing of the others behind the one port;
+        # each writes its multiprocess metric files once started (see wait below)
+        shutil.rmtree(prom, ignore_errors=True)
+        prom.mkdir(parents=True)
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(prom)
         repo = make_repo(work, f"repo-{name}", MAX_BATCH if name == "scalelab" else 1)
         # a user's defaults, but quiet logs; --workers shares one port between processes
         cmd = [sys.executable, "-c", "from scalelab.cli import main; main()", "serve",
-               "--model-repo", str(repo), "--port", str(port), "--torch-threads", "1",
+               "--model-repo", str(repo), "--port", str(port), "--torch-threads", str(threads),
                "--log-level", "warning", "--workers", str(workers)]
     elif name == "bare":
         (work / "bare_app.py").write_text(BARE_APP)
@@ -326,12 +333,15 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1) -> Started:
     url = f"http://127.0.0.1:{port}"
     import httpx
 
+    from scalelab.diagnose.stages.serve import worker_pids
+
     t0 = time.monotonic()
     while time.monotonic() - t0 < 180:
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited {proc.returncode}; see {log.name}")
         try:
-            if httpx.get(url + ready, timeout=2).status_code == 200:
+            if httpx.get(url + ready, timeout=2).status_code == 200 and (
+                    name not in ("scalelab", "nobatch") or len(worker_pids(prom)) >= workers):
                 return Started(name, proc, url)
         except httpx.TransportError:
             pass
@@ -577,9 +587,13 @@ def part_tail(args: argparse.Namespace, work: Path, weights: Path, jsonl: Path,
 
 def part_replicas(args: argparse.Namespace, work: Path, weights: Path, jsonl: Path
                   ) -> dict[str, Any]:
+    """Horizontal (N worker processes x 1 torch thread) and, for N > 1, vertical (1 process x
+    N threads) on the same cores: capacity at the SLO of each shape."""
     out: dict[str, Any] = {}
-    for w in [int(x) for x in args.workers.split(",")]:
-        srv = start("scalelab", work, weights, workers=w)
+    counts = [int(x) for x in args.workers.split(",")]
+    shapes = [(w, 1) for w in counts] + [(1, w) for w in counts if w > 1 and args.threads]
+    for w, t in shapes:
+        srv = start("scalelab", work, weights, workers=w, threads=t)
         try:
             level(srv.url, jsonl, 50, 1)
             cap = capacity(srv.url, jsonl, args.slo, args)
@@ -588,17 +602,20 @@ def part_replicas(args: argparse.Namespace, work: Path, weights: Path, jsonl: Pa
                                "8", "--requests", "2000", "--warmup", "0s", "--no-cold-start",
                                "--requests-file", str(jsonl))["levels"][0]
             counted = responses_200(srv.url) - before
-            out[str(w)] = {"capacity": cap, "client_ok": lv["successes"], "metrics_200": counted}
-            print(f"  workers {w}: {cap['capacity_rps']} req/s; 200s client {lv['successes']} "
-                  f"metrics {counted:.0f}", file=sys.stderr)
+            key = f"{w}x{t}"
+            out[key] = {"workers": w, "threads": t, "capacity": cap,
+                        "client_ok": lv["successes"], "metrics_200": counted}
+            print(f"  {w} workers x {t} threads: {cap['capacity_rps']} req/s; 200s client "
+                  f"{lv['successes']} metrics {counted:.0f}", file=sys.stderr)
         finally:
             stop(srv.proc)
-    print(f"\nreplicas on one port (uvicorn workers), capacity at {args.slo}; metrics merged "
-          "across workers (prometheus multiprocess mode)\n")
-    _row(["workers", "max req/s", "200s the client got", "200s in merged /metrics", "load avg"])
-    _row(["---:", "---:", "---:", "---:", "---"])
-    for w, r in out.items():
-        _row([w, f"{r['capacity']['capacity_rps'] or 0:.0f}", str(r["client_ok"]),
+    print(f"\nreplicas on one port (uvicorn workers x torch threads), capacity at {args.slo}; "
+          "metrics merged across workers (prometheus multiprocess mode)\n")
+    _row(["workers x threads", "max req/s", "200s the client got", "200s in merged /metrics",
+          "load avg"])
+    _row(["---", "---:", "---:", "---:", "---"])
+    for k, r in out.items():
+        _row([k, f"{r['capacity']['capacity_rps'] or 0:.0f}", str(r["client_ok"]),
               f"{r['metrics_200']:.0f}", r["capacity"]["load"]])
     return out
 
@@ -618,6 +635,8 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=12)
     ap.add_argument("--level-seconds", type=float, default=5.0)
     ap.add_argument("--workers", default="1,2", help="worker counts for the replicas part")
+    ap.add_argument("--threads", action=argparse.BooleanOptionalAction, default=True,
+                    help="replicas part: also 1 process x N torch threads for each count N > 1")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args()
     PARAMS["hidden"] = [int(h) for h in args.hidden.split(",")]

@@ -31,7 +31,7 @@ def app() -> None:
 @click.option("--max", "max_replicas", default=10, show_default=True, type=int)
 @click.option("--external-metric", default=None,
               help="Scale on this External metric (one value that exists while no pod runs, "
-                   "e.g. a gateway's queued requests), --target per pod.")
+                   "e.g. a gateway's in-flight requests), --target per pod.")
 @click.option("--signal", default="queue", show_default=True,
               type=click.Choice(["queue", "inflight", "cpu"]),
               help="Scale on queue depth or in-flight requests per pod, or on CPU.")

@@ -11,9 +11,11 @@ early costs a full startup to get back.
 Scale to zero (min replicas 0): the HPA accepts minReplicas 0 only with an Object or External
 metric (and the HPAScaleToZero feature gate on the cluster), because a per-pod metric vanishes
 with the last pod and nothing would ever scale it up again. The server's own queue depth is
-such a per-pod metric, so min 0 needs a metric of what waits *in front of* the service (a
-gateway's or message queue's backlog) served by an external-metrics adapter; without one the
-manifests are refused with that said. Every request that arrives at zero waits the start-up
+such a per-pod metric, so min 0 needs a metric of the demand *in front of* the service (a
+gateway's in-flight requests or request rate) served by an external-metrics adapter; without one
+the manifests are refused with that said. A backlog alone will not do: under light load nothing
+waits, the metric reads 0 and the HPA removes the last pod while traffic still flows (the
+simulator shows the thrashing). Every request that arrives at zero waits the start-up
 time: `scalelab autoscale simulate --min 0 --external` counts them and what min 0 saves.
 """
 
@@ -48,7 +50,7 @@ class DeploySpec:
     signal: Signal = "queue"
     """What the HPA follows: queue depth, in-flight requests (per pod) or CPU utilisation."""
     external_metric: str | None = None
-    """An External metric that exists while no pod runs (e.g. a gateway's queued requests for
+    """An External metric that exists while no pod runs (e.g. a gateway's in-flight requests for
     this service), AverageValue target per pod; needed for min_replicas 0."""
     target: float | None = None
     """Per-pod target: queue depth (default 8), in-flight (default 16) or CPU percent (70)."""
@@ -94,9 +96,11 @@ def scale_to_zero_problem(min_replicas: int, signal: str, external_metric: str |
     if external_metric is None:
         return ("--min 0 needs --external-metric NAME: the HPA scales from zero only on an "
                 f"Object or External metric, and the server's own {METRIC[signal]} vanishes "
-                "with its last pod; name a metric of what waits in front of the service (your "
-                "gateway's or queue's backlog, served by an external-metrics adapter) and "
-                "enable the HPAScaleToZero feature gate")
+                "with its last pod; name a metric of the demand in front of the service that "
+                "exists without pods (your gateway's in-flight requests or request rate, served "
+                "by an external-metrics adapter; a backlog alone falls to 0 under light load and "
+                "scales the last pod away while traffic flows) and enable the HPAScaleToZero "
+                "feature gate")
     return None
 
 
