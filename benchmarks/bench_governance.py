@@ -1,0 +1,205 @@
+"""What governance costs the tabular server's hot path, side by side in one run.
+
+Run: .venv/bin/python benchmarks/bench_governance.py [--requests 300] [--rounds 15] [--out FILE]
+
+Two measurements, both in one process so the series share the machine's moments:
+
+- middleware: the governance layer alone around an ASGI app that answers at once, in CPU
+  microseconds per request (`off` = the bare app), for the default class (one bucket), an API
+  key (SHA-256 of the key, bucket and concurrency cap) and a bucket plus a requests/day budget;
+- server: `scalelab serve`'s whole app (bare-ASGI infer path, dynamic batching, a 1-row flights
+  MLP), driven straight over ASGI one request after another (no sockets, no client process: on
+  a shared 2-core machine a load generator's own noise would swamp a few microseconds), with
+  governance off and on with generous limits (nothing is refused). Reported as requests/s and
+  CPU microseconds per request per series, and each as a ratio to off (median of the rounds'
+  paired ratios).
+
+Series are interleaved round by round and the median round is reported; the machine's load
+average is printed beside the numbers (this 2-core box is shared and busy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests" / "serve"))
+
+from scalelab.web.governance import Governance  # noqa: E402
+from scalelab.web.governance_config import parse_governance  # noqa: E402
+from scalelab.web.governor import Governor  # noqa: E402
+
+KEY = "sk-bench-0123456789"
+GENEROUS: dict[str, Any] = {"default": {"rate": 1e9, "burst": 10**9, "max_concurrency": 10**6,
+                                        "budgets": [{"unit": "requests", "period": "day",
+                                                     "limit": 1e12}]}}
+MIDDLEWARE: dict[str, dict[str, Any] | None] = {
+    "off": None,
+    "default class: bucket": {"default": {"rate": 1e9, "burst": 10**9}},
+    "API key: sha256 + bucket + cap": {"clients": {"c": {"keys": [KEY], "rate": 1e9,
+                                                         "burst": 10**9,
+                                                         "max_concurrency": 10**6}}},
+    "bucket + requests/day budget": {"default": {"rate": 1e9, "burst": 10**9,
+                                                 "budgets": [{"unit": "requests",
+                                                              "period": "day",
+                                                              "limit": 1e12}]}},
+}
+
+App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+
+async def _noop(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+def _route(scope: dict[str, Any]) -> str | None:
+    return "flights" if scope["method"] == "POST" else None
+
+
+def _scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    return {"type": "http", "method": "POST", "path": "/v2/models/flights/infer",
+            "headers": headers, "query_string": b"", "state": {}, "http_version": "1.1",
+            "scheme": "http", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000),
+            "root_path": "", "raw_path": b"/v2/models/flights/infer", "asgi": {"version": "3.0"}}
+
+
+async def _requests(app: App, headers: list[tuple[bytes, bytes]], body: bytes, n: int
+                    ) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) per request, n requests one after
+    another. CPU time is what a busy shared machine distorts least: waiting for a core shows
+    in wall time, not in CPU time."""
+    status: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.start":
+            status.append(msg["status"])
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        await app(_scope(headers), receive, send)
+    dt, dc = (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
+    bad = [s for s in status if s != 200]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {n} requests failed (status {bad[0]})")
+    return dt, dc
+
+
+async def middleware(n: int, rounds: int) -> dict[str, float]:
+    """Median CPU microseconds per request for each middleware series."""
+    apps: dict[str, App] = {
+        k: _noop if v is None else Governance(_noop, Governor(parse_governance(v, "bench")),
+                                              route=_route, admin_token=None)
+        for k, v in MIDDLEWARE.items()}
+    hdr = [(b"content-type", b"application/json"), (b"x-api-key", KEY.encode())]
+    got: dict[str, list[float]] = {k: [] for k in apps}
+    for _ in range(rounds):
+        for k, app in apps.items():
+            got[k].append((await _requests(app, hdr, b"", n * 10))[1])
+    return {k: statistics.median(v) * 1e6 for k, v in got.items()}
+
+
+async def _lifespan(app: App) -> tuple[asyncio.Task[None], asyncio.Queue[dict[str, Any]]]:
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    await inbox.put({"type": "lifespan.startup"})
+    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"},
+                                    "state": {}}, inbox.get, outbox.put))
+    msg = await outbox.get()
+    if msg["type"] != "lifespan.startup.complete":
+        raise RuntimeError(f"server did not start: {msg}")
+    return task, inbox
+
+
+async def server(n: int, rounds: int, repo: Path, gov_file: Path) -> dict[str, Any]:
+    from serve_fixtures import infer_body
+
+    from scalelab.serve.app import create_app
+    from scalelab.serve.config import ServerSettings
+
+    base = {"model_repo": repo, "access_log": "off", "torch_threads": 1}
+    apps: dict[str, App] = {
+        "off": create_app(ServerSettings(**base)),  # type: ignore[dict-item]
+        "on (generous limits)": create_app(ServerSettings(  # type: ignore[dict-item]
+            **base, governance_file=str(gov_file))),
+    }
+    running = [await _lifespan(a) for a in apps.values()]
+    body = json.dumps(infer_body(1)).encode()
+    hdr = [(b"content-type", b"application/json"),
+           (b"content-length", str(len(body)).encode())]
+    for app in apps.values():
+        await _requests(app, hdr, body, 200)  # warm: first batches, the inline decision
+    got: dict[str, list[tuple[float, float]]] = {k: [] for k in apps}
+    for _ in range(rounds):
+        for k, app in apps.items():
+            got[k].append(await _requests(app, hdr, body, n))
+    for task, inbox in running:
+        await inbox.put({"type": "lifespan.shutdown"})
+        await asyncio.wait_for(task, 30)
+    off = got["off"]
+    out: dict[str, Any] = {}
+    for k, v in got.items():
+        # paired by round: each round's series ran back to back, in the same moment
+        wall_ratio = statistics.median(o[0] / x[0] for o, x in zip(off, v, strict=True))
+        cpu_ratio = statistics.median(o[1] / x[1] for o, x in zip(off, v, strict=True))
+        out[k] = {"req_per_s": round(1.0 / statistics.median(x[0] for x in v), 1),
+                  "cpu_us_per_request": round(statistics.median(x[1] for x in v) * 1e6, 1),
+                  "throughput_ratio_to_off": round(wall_ratio, 4),
+                  "cpu_throughput_ratio_to_off": round(cpu_ratio, 4),
+                  "rounds_req_per_s": [round(1.0 / x[0], 1) for x in v]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=300, help="Requests per series a round.")
+    ap.add_argument("--rounds", type=int, default=15,
+                    help="Rounds; the series alternate every round, so short rounds share "
+                         "the machine's moments.")
+    ap.add_argument("--out", type=Path, default=HERE / "out" / "governance.json")
+    a = ap.parse_args()
+    from serve_fixtures import add_model
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gov-"))
+    repo = tmp / "repo"
+    add_model(repo, "flights", {1: 1})
+    gov = tmp / "governance.json"
+    gov.write_text(json.dumps({"governance": GENEROUS}), encoding="utf-8")
+    load0 = os.getloadavg()
+    mw = asyncio.run(middleware(a.requests, a.rounds))
+    srv = asyncio.run(server(a.requests, a.rounds, repo, gov))
+    load1 = os.getloadavg()
+    print(f"machine: {os.cpu_count()} cores; load average before {load0[0]:.2f}, after "
+          f"{load1[0]:.2f} (shared, busy)")
+    print("middleware alone (CPU us/request, median of rounds):")
+    for k, v in mw.items():
+        print(f"  {k:34s} {v:7.2f}  (+{v - mw['off']:.2f} over off)")
+    print("tabular server over ASGI, 1-row requests one after another:")
+    for k, v in srv.items():
+        print(f"  {k:22s} {v['req_per_s']:8.1f} req/s (x{v['throughput_ratio_to_off']:.3f} "
+              f"of off, paired rounds)  {v['cpu_us_per_request']:8.1f} CPU us/request "
+              f"(x{v['cpu_throughput_ratio_to_off']:.3f} of off)")
+        print(f"  {'':22s} rounds: {v['rounds_req_per_s']}")
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({"load_average": [load0, load1], "middleware_us": mw,
+                                 "server": srv, "requests": a.requests, "rounds": a.rounds},
+                                indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
