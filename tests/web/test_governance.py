@@ -229,3 +229,51 @@ def test_load_governance_reads_yaml_and_names_unreadable_files(tmp_path: Path) -
         load_governance(f)
     with pytest.raises(BadInputError, match="cannot read it"):
         load_governance(tmp_path / "missing.yaml")
+
+
+def _asgi(app: Any, method: str, path: str, **kw: Any) -> Any:
+    import asyncio
+
+    import httpx
+
+    async def go() -> Any:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as c:
+            return await c.request(method, path, **kw)
+
+    return asyncio.run(go())
+
+
+def test_no_config_means_no_layer_and_admin_routes_say_what_is_wrong() -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from scalelab.web.governance import governed
+
+    async def ok(_: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    async def metrics(_: Any) -> PlainTextResponse:
+        return PlainTextResponse("app_up 1.0\n")
+
+    app = Starlette(routes=[Route("/work", ok, methods=["POST"]), Route("/metrics", metrics)])
+    assert governed(app, None, route=lambda s: None, admin_token="t") is app
+    g = governed(app, parse_governance({"default": {"rate": 1, "burst": 1}}, "f"),
+                 route=lambda s: "m" if s["path"] == "/work" else None, admin_token="t")
+    auth = {"Authorization": "Bearer t"}
+    assert _asgi(g, "POST", "/work").status_code == 200
+    refused = _asgi(g, "POST", "/work")
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    text = _asgi(g, "GET", "/metrics").text
+    assert text.startswith("app_up 1.0\n") and "scalelab_governance_refusals_total" in text
+    assert _asgi(g, "POST", "/admin/governance", headers=auth).status_code == 405
+    assert _asgi(g, "GET", "/admin/governance/models/m/stop", headers=auth).status_code == 405
+    bad = _asgi(g, "POST", "/admin/governance/models/m/pause", headers=auth)
+    assert bad.status_code == 404 and "stop|release" in bad.json()["error"]
+    wait = _asgi(g, "POST", "/admin/governance/models/m/stop?wait_s=-1", headers=auth)
+    assert wait.status_code == 400 and "wait_s" in wait.json()["error"]
+    assert _asgi(g, "POST", "/admin/governance/models/bad%20name/stop",
+                 headers=auth).status_code == 404
+    off = governed(app, parse_governance({}, "f"), route=lambda s: None, admin_token=None)
+    assert _asgi(off, "GET", "/admin/governance", headers=auth).status_code == 403
