@@ -63,6 +63,7 @@ def test_sampling_zero_creates_no_spans_and_unsampled_parents_are_followed() -> 
     tr1, mem1 = tracing(1.0)
     assert tr1.begin("infer", headers(CLIENT[:-2] + "00"), T0) is None  # client said no
     assert tr1.begin("infer", headers("garbage"), T0) is not None  # malformed: a new trace
+    assert tr.begin("infer", headers("garbage"), T0) is None  # ... drawn at the sample rate
     assert mem.get_finished_spans() == () and mem1.get_finished_spans() == ()
 
 

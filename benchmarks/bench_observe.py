@@ -1,0 +1,326 @@
+"""What tracing costs the tabular server, side by side in one run: off, sampled 1%, sampled 100%.
+
+Run: .venv/bin/python benchmarks/bench_observe.py [--parts asgi,http] [--series off,1%,100%]
+        [--rounds 9] [--requests 400] [--seconds 3] [--connections 16] [--out FILE]
+
+Parts (series interleaved round by round, so they share the machine's moments; the median
+round is reported, with the ratio to `off` taken per round and its median printed):
+
+- asgi: `scalelab serve`'s whole app (bare-ASGI infer path, dynamic batching, the 1-row
+  flights MLP) driven straight over ASGI in this process, one request after another: no
+  sockets and no client process, whose noise on a shared 2-core machine would swamp a few
+  microseconds per request. This is the hot path's own cost.
+- http: one real server process per series on 127.0.0.1 (torch threads 1), loaded by a
+  closed loop of --connections clients (`wrk -t1`, Debian's wrk; else `scalelab load --loop
+  closed`) for --seconds a round. The client shares the two cores with the server.
+
+Series are a table (`SERIES` below: name -> extra ServerSettings fields and the matching CLI
+flags); `--series` picks and orders them. The hook for more: add an entry, e.g.
+"limiter on": Series(settings={"governance_file": F}, flags=["--governance", F]) with a
+generous governance file, and the same run measures it beside tracing.
+
+Targets: off costs nothing measurable (it is the baseline: no tracer exists when off; the
+check is one `is None` per request); sampled 1% costs < 5% throughput. The load average is
+printed beside every number: this machine is shared and busy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests" / "serve"))
+
+INFER = "/v2/models/flights/infer"
+App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Series:
+    """One server configuration: `settings` for the in-process app, `flags` for the process.
+    `{spans}` in either is replaced by this series' span file."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+
+
+SERIES: dict[str, Series] = {
+    "off": Series(),
+    "1%": Series(settings={"trace": {"sample": 0.01, "out": "{spans}"}},
+                 flags=["--trace-sample", "0.01", "--trace-out", "{spans}"]),
+    "100%": Series(settings={"trace": {"sample": 1.0, "out": "{spans}"}},
+                   flags=["--trace-sample", "1", "--trace-out", "{spans}"]),
+}
+
+
+def _fill(v: Any, spans: str) -> Any:
+    if isinstance(v, str):
+        return v.replace("{spans}", spans)
+    if isinstance(v, dict):
+        return {k: _fill(x, spans) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_fill(x, spans) for x in v]
+    return v
+
+
+def load_avg() -> float:
+    return os.getloadavg()[0]
+
+
+def spans_in(path: Path) -> int:
+    return sum(1 for _ in path.open()) if path.exists() else 0
+
+
+# -- asgi ----------------------------------------------------------------------------------------
+
+def _scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    return {"type": "http", "method": "POST", "path": INFER, "headers": headers,
+            "query_string": b"", "http_version": "1.1", "scheme": "http",
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000), "root_path": "",
+            "raw_path": INFER.encode(), "asgi": {"version": "3.0"}}
+
+
+async def _requests(app: App, headers: list[tuple[bytes, bytes]], body: bytes, n: int) -> float:
+    """Seconds per request, n requests one after another."""
+    status: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.start":
+            status.append(msg["status"])
+
+    t0 = time.perf_counter()
+    for _ in range(n):
+        await app(_scope(headers), receive, send)
+    dt = (time.perf_counter() - t0) / n
+    bad = [s for s in status if s != 200]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {n} requests failed (status {bad[0]})")
+    return dt
+
+
+async def _lifespan(app: App) -> tuple[asyncio.Task[None], asyncio.Queue[dict[str, Any]]]:
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    await inbox.put({"type": "lifespan.startup"})
+    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"},
+                                    "state": {}}, inbox.get, outbox.put))
+    msg = await outbox.get()
+    if msg["type"] != "lifespan.startup.complete":
+        raise RuntimeError(f"server did not start: {msg}")
+    return task, inbox
+
+
+async def part_asgi(names: list[str], repo: Path, work: Path, n: int, rounds: int
+                    ) -> dict[str, Any]:
+    from serve_fixtures import infer_body
+
+    from scalelab.serve.app import create_app
+    from scalelab.serve.config import ServerSettings
+
+    base = {"model_repo": repo, "access_log": "off", "torch_threads": 1}
+    files = {k: work / f"asgi-{i}.jsonl" for i, k in enumerate(names)}
+    apps: dict[str, App] = {k: create_app(ServerSettings(  # type: ignore[misc]
+        **base, **_fill(SERIES[k].settings, str(files[k])))) for k in names}
+    running = [await _lifespan(a) for a in apps.values()]
+    body = json.dumps(infer_body(1)).encode()
+    hdr = [(b"content-type", b"application/json"),
+           (b"content-length", str(len(body)).encode())]
+    for app in apps.values():
+        await _requests(app, hdr, body, 200)  # warm: first batches, the inline decision
+    got: dict[str, list[float]] = {k: [] for k in apps}
+    loads = []
+    for _ in range(rounds):
+        loads.append(load_avg())
+        for k, app in apps.items():
+            got[k].append(await _requests(app, hdr, body, n))
+    for task, inbox in running:
+        await inbox.put({"type": "lifespan.shutdown"})
+        await asyncio.wait_for(task, 30)
+    return _table(names, {k: [1.0 / x for x in v] for k, v in got.items()}, loads, files,
+                  total=n * rounds + 200)
+
+
+# -- http ----------------------------------------------------------------------------------------
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(repo: Path, flags: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _port()
+    cmd = [sys.executable, "-m", "scalelab", "serve", "--model-repo", str(repo), "--port",
+           str(port), "--torch-threads", "1", "--access-log", "off", *flags]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 180:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/v2/health/ready", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"server not ready: {log.read_text()[-2000:]}")
+
+
+def _bodies(n: int) -> list[str]:
+    from serve_fixtures import infer_body
+
+    return [json.dumps(infer_body(1, seed=i), separators=(",", ":")) for i in range(n)]
+
+
+def _closed(url: str, seconds: float, conns: int, lua: Path, jsonl: Path) -> float:
+    if shutil.which("wrk"):
+        out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "-s", str(lua),
+                              url + INFER], capture_output=True, text=True, check=True).stdout
+        bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        if bad:
+            raise RuntimeError(f"{bad.group(1)} non-2xx responses from {url}")
+        m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+        assert m is not None, out
+        return float(m.group(1))
+    p = subprocess.run([sys.executable, "-m", "scalelab", "load", "run", url + INFER, "--loop",
+                        "closed", "--concurrency", str(conns), "--duration", f"{seconds:g}s",
+                        "--requests-file", str(jsonl), "--no-cold-start", "--json"],
+                       capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    return float(json.loads(p.stdout)["levels"][0]["throughput_rps"])
+
+
+def part_http(names: list[str], repo: Path, work: Path, rounds: int, seconds: float,
+              conns: int) -> dict[str, Any]:
+    bodies = _bodies(500)
+    jsonl = work / "requests.jsonl"
+    jsonl.write_text("".join(json.dumps({"body": json.loads(b)}) + "\n" for b in bodies))
+    lua = work / "post.lua"
+    lua.write_text("\n".join(["local bodies = {"] + [f"  [[{b}]]," for b in bodies] + [
+        "}", "local i = 0", 'wrk.method = "POST"',
+        'wrk.headers["Content-Type"] = "application/json"', "request = function()",
+        "  i = i % #bodies + 1", "  return wrk.format(nil, nil, nil, bodies[i])", "end"]) + "\n")
+    files = {k: work / f"http-{i}.jsonl" for i, k in enumerate(names)}
+    servers = {k: _start(repo, _fill(SERIES[k].flags, str(files[k])), work / f"srv-{i}.log")
+               for i, k in enumerate(names)}
+    try:
+        for _, url in servers.values():
+            _closed(url, 1, conns, lua, jsonl)  # warm
+        got: dict[str, list[float]] = {k: [] for k in names}
+        loads = []
+        for _ in range(rounds):
+            loads.append(load_avg())
+            for k, (_, url) in servers.items():
+                got[k].append(_closed(url, seconds, conns, lua, jsonl))
+    finally:
+        for proc, _ in servers.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc, _ in servers.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    client = f"wrk -t1 -c{conns}" if shutil.which("wrk") else "scalelab load --loop closed"
+    out = _table(names, got, loads, files, total=None)
+    out["client"] = client
+    return out
+
+
+# -- report --------------------------------------------------------------------------------------
+
+def _table(names: list[str], rps: dict[str, list[float]], loads: list[float],
+           files: dict[str, Path], *, total: int | None) -> dict[str, Any]:
+    first = names[0]
+    rows = {}
+    for k in names:
+        ratios = [x / b for x, b in zip(rps[k], rps[first], strict=True)]
+        rows[k] = {"req_per_s": round(statistics.median(rps[k]), 1),
+                   "ratio_to_" + first: round(statistics.median(ratios), 4),
+                   "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4),
+                   "rounds_req_per_s": [round(x, 1) for x in rps[k]],
+                   "spans_written": spans_in(files[k])}
+    return {"series": rows, "baseline": first, "load_average_per_round": loads,
+            "requests_per_series": total}
+
+
+def render(title: str, part: dict[str, Any]) -> None:
+    base = part["baseline"]
+    print(f"\n{title}" + (f" ({part['client']})" if "client" in part else ""))
+    print(f"| series | req/s (median round) | ratio to {base} (median, min–max) | spans written |")
+    print("|---|---:|---:|---:|")
+    for k, r in part["series"].items():
+        print(f"| {k} | {r['req_per_s']:.0f} | {r['ratio_to_' + base]:.3f} "
+              f"({r['ratio_min']:.3f}–{r['ratio_max']:.3f}) | {r['spans_written']} |")
+    la = part["load_average_per_round"]
+    print(f"load average (1 min) at each round: {', '.join(f'{x:.1f}' for x in la)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="asgi,http")
+    ap.add_argument("--series", default=",".join(SERIES),
+                    help=f"Comma list from {', '.join(SERIES)} (the first is the baseline).")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--requests", type=int, default=400, help="asgi: requests per series a "
+                    "round.")
+    ap.add_argument("--seconds", type=float, default=3.0, help="http: seconds per series a "
+                    "round.")
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--out", type=Path, default=HERE / "out" / "observe.json")
+    a = ap.parse_args()
+    names = [s.strip() for s in a.series.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SERIES]
+    if unknown:
+        raise SystemExit(f"--series: unknown {unknown}; known: {', '.join(SERIES)}")
+    parts = [p.strip() for p in a.parts.split(",") if p.strip()]
+    from serve_fixtures import add_model
+
+    work = Path(tempfile.mkdtemp(prefix="bench-observe-"))
+    repo = work / "repo"
+    add_model(repo, "flights", {1: 1})
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()} at the start "
+          "(shared and busy: other work runs beside this benchmark)")
+    results: dict[str, Any] = {"cores": os.cpu_count(), "series": names}
+    if "asgi" in parts:
+        results["asgi"] = asyncio.run(part_asgi(names, repo, work, a.requests, a.rounds))
+        render(f"tabular server over ASGI, 1-row requests one after another, {a.rounds} rounds "
+               f"of {a.requests}", results["asgi"])
+    if "http" in parts:
+        results["http"] = part_http(names, repo, work, a.rounds, a.seconds, a.connections)
+        render(f"tabular server processes, closed loop, {a.rounds} rounds of {a.seconds:g} s",
+               results["http"])
+    print(f"load average at the end: {os.getloadavg()}")
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    print(f"written to {a.out}")
+
+
+if __name__ == "__main__":
+    main()
