@@ -277,3 +277,13 @@ def test_no_config_means_no_layer_and_admin_routes_say_what_is_wrong() -> None:
                  headers=auth).status_code == 404
     off = governed(app, parse_governance({}, "f"), route=lambda s: None, admin_token=None)
     assert _asgi(off, "GET", "/admin/governance", headers=auth).status_code == 403
+
+
+def test_governance_refuses_several_workers(tmp_path: Path) -> None:
+    from scalelab.core.errors import BadUsageError
+    from scalelab.serve.config import ServerSettings
+
+    s = ServerSettings(model_repo=tmp_path, governance_file="g.yaml")
+    assert ServerSettings.from_json(s.to_json()).governance_file == "g.yaml"  # to the workers
+    with pytest.raises(BadUsageError, match="--governance keeps its state in one process"):
+        ServerSettings(model_repo=tmp_path, workers=2, governance_file="g.yaml")

@@ -222,6 +222,11 @@ class ServerSettings:
             raise BadUsageError(f"--port {self.port} must lie in 1..65535")
         if self.workers < 1:
             raise BadUsageError("--workers must be >= 1")
+        if self.governance_file and self.workers > 1:
+            # each worker would keep its own buckets, budgets and kill switches, and an admin
+            # call reaches one of them: a kill switch that stops 1 of N workers is worse than none
+            raise BadUsageError("--governance keeps its state in one process: use --workers 1 "
+                                "(or one governed server per process behind a gateway)")
         if self.max_body_bytes < 1024:
             raise BadUsageError("--max-body must be at least 1 KiB")
         if not 0 < self.sample_rate <= 1:
