@@ -127,7 +127,7 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
     done = subprocess.run(["promtool", "check", "rules", str(out / "rules.yaml")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 31 rules found" in done.stdout
+    assert "SUCCESS: 32 rules found" in done.stdout
 
 
 @pytest.mark.parametrize("bad", [
@@ -170,7 +170,8 @@ def test_latency_slo_is_the_share_above_a_bucket_boundary() -> None:
         latency_slo("serve", {"metric": "p99_ms", "max": 0.1})
 
 
-def test_slo_targets_come_from_the_objectives_file(tmp_path: Path) -> None:
+def test_slo_targets_come_from_the_objectives_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "objectives.yaml"
     f.write_text(yaml.safe_dump({"stages": {"serve": {"objectives": [
         {"metric": "p99_ms", "max": 200}, {"metric": "availability", "min": 0.99}]}}}))
@@ -182,6 +183,12 @@ def test_slo_targets_come_from_the_objectives_file(tmp_path: Path) -> None:
     assert run(["deploy", "grafana", "--out", str(out), "--slo-file", str(f)]) == 0
     text = (out / "rules.yaml").read_text("utf-8")
     assert "(14.4 * 0.01)" in text and 'le="0.2"' in text
+    capsys.readouterr()
+    assert run(["deploy", "grafana", "--out", str(out), "--slo-file", str(f), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["panels"], doc["rules"]) == (21, 32)
+    assert doc["slos"][0] == {"name": "serve_latency", "objective": "p99 ≤ 200 ms",
+                              "target": 0.99, "boundary_s": 0.2}
     f.write_text("stages: [1, 2]\n")
     assert run(["deploy", "grafana", "--out", str(out), "--slo-file", str(f)]) == 2
 
@@ -237,7 +244,8 @@ def test_tabular_server_exposes_every_name_the_dashboard_reads(tmp_path: Path) -
     assert used["serve"] <= exposed
     governance = used["governance"] | read_by_rules["governance"]
     assert governance == {"scalelab_budget_used", "scalelab_budget_limit",
-                          "scalelab_governance_refusals_total"}
+                          "scalelab_governance_refusals_total", "scalelab_governance_stopped",
+                          "scalelab_governance_inflight"}
     assert governance <= exposed
     assert read_by_rules["serve"] <= exposed
     # the SLO reads the boundary as the server writes it, and the catalog's buckets are real

@@ -101,6 +101,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
        "Budget of the current period"),
     _m("scalelab_governance_refusals_total", "counter", "governance",
        ("client", "model", "reason"), "Requests refused by a limit, budget or kill switch"),
+    _m("scalelab_governance_stopped", "gauge", "governance", ("kind", "name"),
+       "Kill switch engaged (1) or released (0), per model or client"),
+    _m("scalelab_governance_inflight", "gauge", "governance", ("client",),
+       "Admitted requests in flight per client"),
 )}
 
 

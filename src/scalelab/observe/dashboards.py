@@ -162,6 +162,11 @@ def _governance(b: _Builder) -> None:
         ("{{client}} {{model}} {{reason}}",
          f"sum by (client, model, reason) (rate(scalelab_governance_refusals_total[{RATE}]))")],
         unit="reqps", description="Rate limits, concurrency caps, budgets and kill switches.")
+    b.panel("Kill switches and in-flight per client", [
+        ("stopped {{kind}} {{name}}", "max by (kind, name) (scalelab_governance_stopped)"),
+        ("in flight {{client}}", "sum by (client) (scalelab_governance_inflight)")],
+        unit="short", description="1 while an operator's kill switch holds a model or a "
+                                  "client's traffic (reversible: /admin/governance/.../release).")
 
 
 def _budgets(b: _Builder, slos: list[Slo]) -> None:

@@ -269,6 +269,11 @@ def budget_group() -> dict[str, Any]:
          "annotations": {"summary": "{{ $labels.client }} has spent "
                                     "{{ $value | humanizePercentage }} of its "
                                     "{{ $labels.period }} budget on {{ $labels.model }}"}},
+        {"alert": "ScalelabKillSwitchEngaged",
+         "expr": "max by (kind, name) (scalelab_governance_stopped) == 1",
+         "labels": {"severity": "ticket"},
+         "annotations": {"summary": "the kill switch holds {{ $labels.kind }} "
+                                    "{{ $labels.name }}: release it when the cause is fixed"}},
     ]}
 
 
