@@ -142,3 +142,15 @@ def test_sweep_shapes_stop_at_the_cores(tmp_path: Path) -> None:
 def test_budget_requests_rejects_a_budget_outside_0_1(bad: float) -> None:
     with pytest.raises(BadUsageError, match="capacity_availability: false"):
         curve.budget_requests(bad)
+
+
+def test_a_falling_replica_curve_is_not_fitted() -> None:
+    # The busy 2-core machine: 2 co-located replicas held less than 1 (the generator shares
+    # the cores). No Amdahl count is read off such a curve.
+    adv = replica_advice({1: 320.0, 2: 160.0}, {2: 320.0}, 400.0, config="batching=on")
+    assert adv is not None and adv.replicas is None
+    assert adv.lines[-1].startswith("capacity falls from 1 to 2 replicas (320 → 160 requests/s, "
+                                    "measured): replicas on the same cores contend for them")
+    assert "horizontal is 0.50× vertical, measured" in adv.lines[1]
+    assert curve.sweep_start([80.0, 240.0, 160.0], 40.0) == 120.0
+    assert curve.sweep_start([], 40.0) == 40.0 and curve.sweep_start([60.0], 40.0) == 40.0

@@ -26,7 +26,7 @@ from pydantic import Field
 
 from scalelab.core.errors import RunFailedError
 from scalelab.core.knee import find_knee
-from scalelab.core.records import Cost, Record
+from scalelab.core.records import Cost, Record, read_records
 from scalelab.core.sheet import SheetRow
 from scalelab.core.units import parse_duration
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
@@ -43,16 +43,23 @@ from scalelab.diagnose.stages.serve_curve import (
     searches,
     step_seconds,
     sweep_points,
+    sweep_start,
 )
 from scalelab.diagnose.stages.train import FEATURES, SERVED_MODEL
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
 from scalelab.nets.registry import read_spec, write_spec
 from scalelab.nets.repository import CONFIG_FILE, write_json
 from scalelab.serve.config import ModelConfig, load_model_config
+from scalelab.web import trace as web_trace
 from scalelab.web.governance import server_governance
 from scalelab.web.spawn import start_server, stop_group
 
 SERIES = {"off": "batching=off", "on": "batching=on"}
+TRACE_SAMPLE = 0.05
+"""Share of the highest level's requests the load generator sends with a sampled traceparent;
+the batching servers follow them into OUT/traces/serve-batching-<setting>.jsonl, which the
+report attributes (its p99 lines)."""
+TRACES = "traces"
 MODEL = "flights"
 BATCH_MAX = 64
 """The largest batch the batching series may form."""
@@ -239,7 +246,8 @@ def advise(inp: AdviceInput) -> Advice:
             f"{replicas} replica(s) of {best_s or 'this configuration'} hold the "
             f"{goal.target_multiple:g}× peak of {target_level:g} requests/s at "
             f"{cap:g} requests/s each (linear in replicas from one replica, not measured"
-            + ("" if sweep is not None else ": stages.serve.replicas measures the curve") + ")"
+            + (": stages.serve.replicas measures the curve" if sweep is None else
+               ", each on cores of its own: the co-located sweep did not reach the peak") + ")"
         )
     if sweep is not None:
         predicted += sweep.lines
@@ -315,9 +323,9 @@ def _user_endpoint(r: Record) -> Record:
 
 
 def _serve_cmd(repo: Path, port: int, *, workers: int | None = None,
-               torch_threads: int | None = None) -> list[str]:
+               torch_threads: int | None = None, trace_out: Path | None = None) -> list[str]:
     return scalelab_cmd(ServeRun(model_repo=repo, port=port, workers=workers,
-                                 torch_threads=torch_threads).to_argv())
+                                 torch_threads=torch_threads, trace_out=trace_out).to_argv())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -374,12 +382,13 @@ class ServeStage(Stage[ServeSettings]):
 
     def _load(
         self, s: ServeSettings, url: str, rec: Path, rates: list[float],
-        repo: Path | None = None, data: Path | None = None,
+        repo: Path | None = None, data: Path | None = None, trace_sample: float | None = None,
     ) -> LoadRun:
         flights = repo is not None
         return LoadRun(url=url, rates=rates, duration=s.duration, warmup=f"{WARMUP_S:g}s",
                        records=rec, payload="flights" if flights else None,
-                       model=MODEL if flights else None, model_repo=repo, data=data)
+                       model=MODEL if flights else None, model_repo=repo, data=data,
+                       trace_sample=trace_sample)
 
     def run(self, s: ServeSettings, ctx: Context) -> None:
         if s.url:
@@ -402,9 +411,14 @@ class ServeStage(Stage[ServeSettings]):
                                   batching=setting == "on", serial_ms=s.serial_ms)
             log = ctx.logs / f"server-{srepo.name}.log"
             ctx.logs.mkdir(parents=True, exist_ok=True)
+            # tracing follows only the requests the highest level's load marks (sample 0)
+            spans = ctx.work.parent / TRACES / f"serve-batching-{setting}.jsonl"
+            spans.unlink(missing_ok=True)
+            traced = web_trace.available()
             try:
-                spawned = start_server(functools.partial(_serve_cmd, srepo), log=log,
-                                       timeout_s=90.0)
+                spawned = start_server(functools.partial(
+                    _serve_cmd, srepo, trace_out=spans if traced else None), log=log,
+                    timeout_s=90.0)
             except RunFailedError as e:
                 ctx.fail(Step(stage=self.name, label=f"serve {series}", command=None), str(e))
                 continue
@@ -416,7 +430,8 @@ class ServeStage(Stage[ServeSettings]):
                         rec = ctx.records(f"serve-{setting}-{rep}-{m:g}")
                         url = f"{spawned.url}/v2/models/{MODEL}/infer"
                         cmd = self._load(s, url, rec, [s.base_rate * m], repo=repo,
-                                         data=test_rows)
+                                         data=test_rows, trace_sample=TRACE_SAMPLE if (
+                                             traced and m == max(s.levels)) else None)
                         meter = ServerMeter(pid=spawned.proc.pid, url=spawned.url,
                                             core_hour_usd=ctx.prices.core_hour_usd,
                                             duration_s=parse_duration(s.duration))
@@ -434,7 +449,8 @@ class ServeStage(Stage[ServeSettings]):
         self._sweep(s, ctx, repo, test_rows)
 
     def _capacity(self, s: ServeSettings, ctx: Context, series: str, url: str, repo: Path,
-                  data: Path | None, tag: Callable[[Record], Record] | None = None) -> None:
+                  data: Path | None, tag: Callable[[Record], Record] | None = None,
+                  start: float | None = None) -> None:
         objectives = s.built_objectives()
         slo = capacity_slo(objectives)
         if not s.capacity or slo is None:
@@ -443,11 +459,12 @@ class ServeStage(Stage[ServeSettings]):
         # Sized by the rule: a step shorter than the requests its quantile needs can only end
         # undecided, and an undecided step says nothing about the rate (it is not a miss).
         need = search_requests(objectives, availability=s.capacity_availability)
-        step_s = step_seconds(need, s.base_rate, floor_s)
+        first = start or s.base_rate
+        step_s = step_seconds(need, first, floor_s)
         rec = ctx.records(f"serve-capacity-{series}")
         cmd = LoadCapacity(url=url, slo=slo[0],
                            error_budget=slo[1] if s.capacity_availability else None,
-                           start=s.base_rate, max_rate=s.base_rate * max(s.levels) * 20,
+                           start=first, max_rate=s.base_rate * max(s.levels) * 20,
                            min_step=f"{floor_s / 2:g}s", max_step=f"{step_s:g}s",
                            max_steps=s.capacity_max_steps, warmup="0.5s", records=rec,
                            payload="flights", model=MODEL, model_repo=repo, data=data)
@@ -465,6 +482,12 @@ class ServeStage(Stage[ServeSettings]):
         setting = s.replicas_batching
         srepo = batching_repo(repo, ctx.work / f"repo-replicas-{setting}",
                               batching=setting == "on", serial_ms=s.serial_ms)
+        # The one-server search of the same setting already bracketed the capacity: starting
+        # at half of it skips the slow low-rate steps (40 req/s needs 7 s for 230 requests).
+        done = ctx.work / "records" / f"serve-capacity-{SERIES[setting]}.jsonl"
+        passed = [r.level for r in (read_records(done) if done.is_file() else [])
+                  if r.extras.get("verdict") == "pass"]
+        start = sweep_start(passed, s.base_rate)
         for shape in shapes:
             label = f"serve {shape.series} capacity"
             prom = ctx.work / f"prom-{shape.series}"
@@ -489,7 +512,8 @@ class ServeStage(Stage[ServeSettings]):
                 extras = {"replicated": SERIES[setting], "server_processes": shape.processes,
                           "torch_threads": shape.threads, "ready_s": spawned.ready_s}
                 self._capacity(s, ctx, shape.series, f"{spawned.url}/v2/models/{MODEL}/infer",
-                               repo, data, tag=functools.partial(_swept, extras=extras))
+                               repo, data, tag=functools.partial(_swept, extras=extras),
+                               start=start)
             finally:
                 stop_group(spawned.proc, grace_s=5.0)
 

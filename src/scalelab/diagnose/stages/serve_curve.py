@@ -141,6 +141,13 @@ class SearchOutcome:
         return f"{u.rate:.4g} requests/s ({why})"
 
 
+def sweep_start(passed_rps: list[float], base_rps: float) -> float:
+    """First rate of a replica-sweep search: half the highest rate one server of the same
+    setting was decided to hold (more replicas hold at least about that), never under the
+    stage's base rate; the base rate without such a pass."""
+    return max(base_rps, max(passed_rps, default=0.0) / 2.0)
+
+
 def _int(v: object) -> int | None:
     return int(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
@@ -260,6 +267,13 @@ def replica_advice(replicas: dict[int, float | None], threads: dict[int, float |
     if len(pts) < 2:
         lines.append(f"one decided replica count cannot predict the count the peak of "
                      f"{target_rps:g} requests/s needs: measure 2 or more")
+        return ReplicaAdvice(replicas=None, measured=False, lines=lines)
+    lo, hi = min(pts), max(pts)
+    if pts[hi] < pts[lo]:
+        lines.append(f"capacity falls from {lo} to {hi} replicas ({pts[lo]:.4g} → "
+                     f"{pts[hi]:.4g} requests/s, measured): replicas on the same cores contend "
+                     "for them (the load generator runs there too), so no count is read off "
+                     "this curve; replicas on cores of their own (separate pods) are unmeasured")
         return ReplicaAdvice(replicas=None, measured=False, lines=lines)
     tell, x_of, ceiling = _curve(pts)
     lines.append(tell)
