@@ -14,7 +14,8 @@ Two measurements, both in one process so the series share the machine's moments:
   CPU microseconds per request per series, and each as a ratio to off (median of the rounds'
   paired ratios).
 
-Series are interleaved round by round and the median round is reported; the machine's load
+Series are interleaved round by round (the order reversed every other round) and the median
+round is reported; the machine's load
 average is printed beside the numbers (this 2-core box is shared and busy).
 """
 
@@ -99,6 +100,12 @@ async def _requests(app: App, headers: list[tuple[bytes, bytes]], body: bytes, n
     return dt, dc
 
 
+def _order(names: list[str], i: int) -> list[str]:
+    """The series in round i: reversed every other round, so neither always runs first (the
+    first of a round ran right after the other's garbage and cache traffic)."""
+    return names if i % 2 == 0 else names[::-1]
+
+
 async def middleware(n: int, rounds: int) -> dict[str, float]:
     """Median CPU microseconds per request for each middleware series."""
     apps: dict[str, App] = {
@@ -107,9 +114,9 @@ async def middleware(n: int, rounds: int) -> dict[str, float]:
         for k, v in MIDDLEWARE.items()}
     hdr = [(b"content-type", b"application/json"), (b"x-api-key", KEY.encode())]
     got: dict[str, list[float]] = {k: [] for k in apps}
-    for _ in range(rounds):
-        for k, app in apps.items():
-            got[k].append((await _requests(app, hdr, b"", n * 10))[1])
+    for i in range(rounds):
+        for k in _order(list(apps), i):
+            got[k].append((await _requests(apps[k], hdr, b"", n * 10))[1])
     return {k: statistics.median(v) * 1e6 for k, v in got.items()}
 
 
@@ -144,9 +151,9 @@ async def server(n: int, rounds: int, repo: Path, gov_file: Path) -> dict[str, A
     for app in apps.values():
         await _requests(app, hdr, body, 200)  # warm: first batches, the inline decision
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in apps}
-    for _ in range(rounds):
-        for k, app in apps.items():
-            got[k].append(await _requests(app, hdr, body, n))
+    for i in range(rounds):
+        for k in _order(list(apps), i):
+            got[k].append(await _requests(apps[k], hdr, body, n))
     for task, inbox in running:
         await inbox.put({"type": "lifespan.shutdown"})
         await asyncio.wait_for(task, 30)
