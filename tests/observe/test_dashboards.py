@@ -4,6 +4,7 @@ windows, and the metric names against what the servers really expose."""
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import shutil
@@ -31,10 +32,14 @@ from scalelab.observe.rules import (
     rules_document,
     slos_from_objectives,
 )
+from scalelab.serve.app import create_app
+from scalelab.serve.config import ServerSettings
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "serve"))
+for helpers in ("serve", "web"):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / helpers))
 
-from serve_fixtures import add_model, infer_body, start_server
+from inproc import serving  # noqa: E402
+from serve_fixtures import add_model, infer_body  # noqa: E402
 
 KEY = "sk-metered-0123456789"
 
@@ -220,16 +225,22 @@ def test_tabular_server_exposes_every_name_the_dashboard_reads(tmp_path: Path) -
     gov = tmp_path / "governance.json"
     gov.write_text(json.dumps({"governance": {"clients": {"metered": {
         "keys": [KEY], "budgets": [{"unit": "requests", "period": "day", "limit": 1}]}}}}))
-    srv = start_server(repo, tmp_path / "server.log", "--governance", str(gov))
+    # the whole server as `scalelab serve` builds it, on uvicorn in a thread of this process
+    app = create_app(ServerSettings(model_repo=repo, access_log="off",
+                                    governance_file=str(gov)))
+    switch = sys.getswitchinterval()
     try:
-        url = f"{srv.url}/v2/models/flights/infer"
-        first = httpx.post(url, json=infer_body(2), headers={"X-API-Key": KEY}, timeout=10)
-        assert first.status_code == 200
-        refused = httpx.post(url, json=infer_body(2), headers={"X-API-Key": KEY}, timeout=10)
-        assert refused.status_code == 429  # the budget of one request is spent
-        text = httpx.get(f"{srv.url}/metrics", timeout=10).text
-    finally:
-        srv.stop()
+        with serving(app) as base:
+            url = f"{base}/v2/models/flights/infer"
+            first = httpx.post(url, json=infer_body(2), headers={"X-API-Key": KEY}, timeout=10)
+            assert first.status_code == 200
+            refused = httpx.post(url, json=infer_body(2), headers={"X-API-Key": KEY},
+                                 timeout=10)
+            assert refused.status_code == 429  # the budget of one request is spent
+            text = httpx.get(f"{base}/metrics", timeout=10).text
+    finally:  # the server's lifespan tunes these for a server process, not a test run
+        sys.setswitchinterval(switch)
+        gc.unfreeze()
     slos = slos_from_objectives(read_objectives(None))
     used = metrics_used(dashboard(slos))
     rules = rules_document(slos)
