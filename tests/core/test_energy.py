@@ -126,3 +126,22 @@ def test_runner_tagger_uses_rapl_when_readable_else_the_model(tmp_path: Path) ->
     model = EnergyTagger(None, prices, records, root=tmp_path / "none")(b)
     assert model.extras["energy_j"] == pytest.approx(10.5, rel=1e-12)  # 3 core-s × 3.5 W
     assert model.extras["energy_basis"] == "estimated (model: 3.5 W/core)"
+
+
+def test_a_one_record_step_priced_by_its_stage_gets_all_the_joules(tmp_path: Path) -> None:
+    prices = Prices(core_hour_usd=0.036, watts_per_core=3.5)
+    records = tmp_path / "level.jsonl"
+    raw = rec("serve", "rate", 40)  # the load generator's record: the stage's tagger prices it
+    append_records(records, [raw])
+    root = tmp_path / "powercap"
+    p0 = zone(root, "intel-rapl:0", "package-0", 0)
+
+    def price(r: Record) -> Record:
+        return r.model_copy(update={"cost": Cost(usd=1e-5, per_unit_usd=2e-6, unit="1,000 "
+                                                 "predictions")})
+
+    tagger = EnergyTagger(price, prices, records, root=root)
+    (p0 / "energy_uj").write_text("4000000\n")  # 4 J over the level
+    tagged = tagger(raw)
+    assert (tagged.extras["energy_j"], tagged.extras["energy_basis"]) == (4.0, MEASURED)
+    assert tagged.extras["energy_per_unit_j"] == pytest.approx(0.8, rel=1e-12)  # over 5 units

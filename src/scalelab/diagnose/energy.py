@@ -4,8 +4,9 @@ per core.
 
 The runner wraps each step's tagger with `energy_tagger`; the meter starts when the step is
 about to run and is read when its first record is tagged (the step's process has exited by
-then). A step that writes several records (levels, variants) measured them in one interval, so
-its joules are shared out in proportion to the core-seconds each record charged.
+then). A step that writes one record gets all of its joules; one that writes several (levels,
+variants) measured them in one interval, so its joules are shared out in proportion to the
+core-seconds each record's own cost charged (none: the model applies).
 """
 
 from __future__ import annotations
@@ -44,9 +45,12 @@ class EnergyTagger:
                     raw = read_records(self.records)
                 except BadInputError:
                     raw = []
-                core = [charged_core_seconds(x, self.prices.core_hour_usd) for x in raw]
-                for x, j in zip(raw, share_by_core_seconds(joules, core), strict=True):
-                    self._shares[_key(x)] = j
+                if len(raw) == 1:  # e.g. a serving level, priced only by its stage's tagger
+                    self._shares[_key(raw[0])] = joules
+                else:
+                    core = [charged_core_seconds(x, self.prices.core_hour_usd) for x in raw]
+                    for x, j in zip(raw, share_by_core_seconds(joules, core), strict=True):
+                        self._shares[_key(x)] = j
         return self._shares.get(_key(r))
 
     def __call__(self, r: Record) -> Record:
