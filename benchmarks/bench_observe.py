@@ -1,4 +1,5 @@
-"""What tracing costs the tabular server, side by side in one run: off, sampled 1%, sampled 100%.
+"""What tracing costs the tabular server, side by side in one run: off, sampled 1%, sampled 100%
+(and the governance limiter on, with generous limits).
 
 Run: .venv/bin/python benchmarks/bench_observe.py [--parts asgi,http] [--series off,1%,100%]
         [--rounds 9] [--requests 400] [--seconds 3] [--connections 16] [--out FILE]
@@ -68,6 +69,9 @@ SERIES: dict[str, Series] = {
                  flags=["--trace-sample", "0.01", "--trace-out", "{spans}"]),
     "100%": Series(settings={"trace": {"sample": 1.0, "out": "{spans}"}},
                    flags=["--trace-sample", "1", "--trace-out", "{spans}"]),
+    # governance with every check on every request and nothing refused (docs/governance.md)
+    "limiter on": Series(settings={"governance_file": str(HERE / "governance-generous.yaml")},
+                         flags=["--governance", str(HERE / "governance-generous.yaml")]),
 }
 
 
