@@ -133,6 +133,18 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 32 rules found" in done.stdout
+    # promtool parses the dashboard's expressions too, as recording rules (Grafana substitutes
+    # $__rate_interval before Prometheus sees a query)
+    board = json.loads((out / "dashboard.json").read_text("utf-8"))
+    exprs = [t["expr"].replace("$__rate_interval", "5m")
+             for p in board["panels"] for t in p.get("targets", [])]
+    panels = tmp_path / "panels.yaml"
+    panels.write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": [
+        {"record": f"panel:expr_{i}:check", "expr": e} for i, e in enumerate(exprs)]}]}))
+    done = subprocess.run(["promtool", "check", "rules", str(panels)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in done.stdout
 
 
 @pytest.mark.parametrize("bad", [
