@@ -151,9 +151,16 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
     "rate(x_total)", "sum(rate(x[5m])", "x[5m] / 2", "histogram_quantile(x, y)",
     "nosuchfn(x)", 'x{le=5}', 'x{le=~"("}', "sum by (le) (x[5m])", "x and 1", "",
 ])
-def test_the_parser_refuses_what_prometheus_refuses(bad: str) -> None:
+def test_the_parser_refuses_what_prometheus_refuses(bad: str, tmp_path: Path) -> None:
     with pytest.raises(BadInputError):
         parse(bad)
+    if shutil.which("promtool") is not None:  # and Prometheus itself refuses it too
+        f = tmp_path / "bad.yaml"
+        f.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [
+            {"record": "bad:expr:check", "expr": bad}]}]}))
+        done = subprocess.run(["promtool", "check", "rules", str(f)], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode != 0, bad
 
 
 def test_burn_rate_alerts_are_the_workbooks_windows(
