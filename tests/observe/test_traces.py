@@ -162,3 +162,28 @@ def test_trace_show_bad_line_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "s.jsonl:2: not JSON" in " ".join(err.split()) and "Traceback" not in err
     assert run(["trace", "show", str(tmp_path / "missing.jsonl")]) == 2
     assert "no such span file" in capsys.readouterr().err
+
+
+def test_the_report_shows_each_stage_p99_line(tmp_path: Path, serve_records: list[Any]) -> None:
+    from recordkit import M
+
+    from scalelab.core.objectives import Objective
+    from scalelab.core.sheet import build_sheet
+    from scalelab.core.verdict import StageGoal, judge
+    from scalelab.report.document import write_report
+
+    (tmp_path / "traces").mkdir()
+    write(tmp_path / "traces" / "serve-batching-on.jsonl", [as_line(s) for s in spans()])
+    write(tmp_path / "traces" / "serve-batching-off.jsonl", ["oops"])
+    sheet = build_sheet(serve_records)
+    goals = [StageGoal(stage="serve", objectives=[Objective(metric="p95_ms", max=50)],
+                       baseline_series="batching=off")]
+    verdict = judge(goals, sheet, cores=M.cores, memory_bytes=M.memory_bytes)
+    files = write_report(tmp_path, sheet, verdict, goals, M, {"mode": "quick"})
+    line = "p99 (10 ms, 1 trace): 60% queue wait, 20% model compute"
+    assert f"traces (batching-on, highest level): {line}" in files.html.read_text()
+    md = files.markdown.read_text()
+    assert f"- serve (batching-on): {line}" in md
+    assert "- serve (batching-off): unreadable: " in md and "serve-batching-off.jsonl:1" in md
+    doc = json.loads(files.json.read_text())
+    assert [t["tag"] for t in doc["traces"]["serve"]] == ["batching-off", "batching-on"]

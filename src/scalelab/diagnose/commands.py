@@ -146,6 +146,7 @@ class LoadRun(_LoadTarget):
     path = ("load", "run")
     rates: list[float]
     duration: str
+    trace_sample: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,6 +194,7 @@ class ServeRun(Command):
     workers: int | None = None
     torch_threads: int | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    trace_out: Path | None = None
 
 
 COMMANDS: tuple[type[Command], ...] = (

@@ -285,3 +285,23 @@ def summary(spans: Sequence[SpanRec], *, top: int = 5, q: float = 0.99,
                      "spans": [r.__dict__ for r in waterfall(t, width)]}
                     for t in slowest(traces, top)],
     }
+
+
+TRACES_DIR = "traces"
+"""Where a diagnosis keeps span files: OUT/traces/<stage>-<tag>.jsonl."""
+
+
+def diagnosis_attributions(out_dir: Path, q: float = 0.99) -> dict[str, list[tuple[str, str]]]:
+    """stage -> [(tag, attribution line)] for the span files a diagnosis left in
+    OUT/traces; a file that cannot be read says so in its line (the report never fails on
+    one)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for f in sorted((Path(out_dir) / TRACES_DIR).glob("*.jsonl")):
+        stage, _, tag = f.stem.partition("-")
+        try:
+            att = attribute(assemble(read_spans([f])), q)
+            line = "no traces recorded" if att is None else att.line()
+        except BadInputError as e:
+            line = f"unreadable: {e}"
+        out.setdefault(stage, []).append((tag or stage, line))
+    return out

@@ -19,6 +19,7 @@ from scalelab.core.serialize import jsonable
 from scalelab.core.sheet import SheetRow
 from scalelab.core.units import format_bytes
 from scalelab.core.verdict import StageGoal, StageVerdict, Verdict
+from scalelab.observe.traces import diagnosis_attributions
 from scalelab.report import plots
 
 NOT_MEASURED = "not measured"
@@ -256,6 +257,7 @@ def render_html(
     goals: list[StageGoal],
     machine: Machine,
     meta: dict[str, Any],
+    traces: dict[str, list[tuple[str, str]]] | None = None,
 ) -> str:
     e = html.escape
     out: list[str] = [
@@ -302,6 +304,8 @@ def render_html(
         gov = stage_governance(rows)
         if gov:
             out.append(f"<li>governance: {e(gov)}</li>")
+        for tag, line in (traces or {}).get(s.stage, []):
+            out.append(f"<li>traces ({e(tag)}, highest level): {e(line)}</li>")
         out.append("</ul><div class='plots'>")
         objs = g.objectives if g else []
         figures: tuple[str | None, ...]
@@ -344,7 +348,8 @@ def render_html(
 
 
 def render_markdown(
-    sheet: list[SheetRow], verdict: Verdict, machine: Machine, meta: dict[str, Any]
+    sheet: list[SheetRow], verdict: Verdict, machine: Machine, meta: dict[str, Any],
+    traces: dict[str, list[tuple[str, str]]] | None = None,
 ) -> str:
     lines = [
         "# scalelab diagnosis",
@@ -366,6 +371,10 @@ def render_markdown(
                 if (g := stage_governance([r for r in sheet if r.stage == s]))]
     if governed:
         lines += ["", "## Governance", "", *(f"- {s}: {g}" for s, g in governed)]
+    if traces:
+        lines += ["", "## Traces (p99 attribution, highest level)", "",
+                  *(f"- {s} ({tag}): {line}" for s, rows in traces.items()
+                    for tag, line in rows)]
     lines += [
         "",
         "## Sheet",
@@ -394,10 +403,14 @@ def write_report(
         html=out_dir / "report.html", markdown=out_dir / "report.md", json=out_dir / "report.json"
     )
     paths = {"html": str(files.html), "markdown": str(files.markdown), "json": str(files.json)}
-    run = {**(run or {}), "out": str(out_dir), "report": paths}
+    # the span files the stages left (OUT/traces): where each stage's p99 went
+    traces = diagnosis_attributions(out_dir)
+    run = {**(run or {}), "out": str(out_dir), "report": paths,
+           "traces": {s: [{"tag": t, "line": ln} for t, ln in rows]
+                      for s, rows in traces.items()}}
     for path, text in (
-        (files.html, render_html(sheet, verdict, goals, machine, meta)),
-        (files.markdown, render_markdown(sheet, verdict, machine, meta)),
+        (files.html, render_html(sheet, verdict, goals, machine, meta, traces)),
+        (files.markdown, render_markdown(sheet, verdict, machine, meta, traces)),
         (
             files.json,
             json.dumps(

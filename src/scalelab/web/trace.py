@@ -100,6 +100,16 @@ class TraceConfig:
         return raw if isinstance(raw, TraceConfig) else cls(**raw)
 
 
+def available() -> bool:
+    """Whether the SDK is installed (callers that can run without traces check first)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("opentelemetry.sdk.trace") is not None
+    except ModuleNotFoundError:
+        return False
+
+
 @functools.cache
 def _otel() -> SimpleNamespace:
     """The SDK's pieces, imported once when tracing is first turned on (never when it is off;
