@@ -116,8 +116,14 @@ class ApiError(Exception):
         self.headers = headers
 
 
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error",
+                429: "rate_limit_exceeded", 503: "server_error"}
+"""OpenAI's error type for the statuses the guard and governance answer (else a bad request)."""
+
+
 def _error_body(status: int, message: str) -> bytes:
-    return json.dumps(error_doc(message, "invalid_request_error")).encode()
+    return json.dumps(error_doc(message, _ERROR_TYPES.get(status, "invalid_request_error"))
+                      ).encode()
 
 
 def _sse(doc: dict[str, Any]) -> bytes:
