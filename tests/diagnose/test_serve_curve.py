@@ -154,3 +154,14 @@ def test_a_falling_replica_curve_is_not_fitted() -> None:
     assert "horizontal is 0.50× vertical, measured" in adv.lines[1]
     assert curve.sweep_start([80.0, 240.0, 160.0], 40.0) == 120.0
     assert curve.sweep_start([], 40.0) == 40.0 and curve.sweep_start([60.0], 40.0) == 40.0
+
+
+def test_a_retried_rate_counts_the_verdict_the_search_counted() -> None:
+    # 960 req/s: the first step passed but was invalid (generator lag), its retry failed; the
+    # search counted the retry, so 960 is a fail and the capacity is 640.
+    recs = steps("replicas=1 capacity", (640, "pass", 900), (960, "pass", 1450),
+                 (960, "fail", 1438), rate_verdict=None)
+    for r in recs:
+        r.extras["rate_verdict"] = "fail" if r.level == 960 else "pass"
+    o = search_outcome("replicas=1", build_sheet(recs))
+    assert (o.capacity_rps, o.fails_at, o.steps) == (640, 960, 2)

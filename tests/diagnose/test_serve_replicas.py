@@ -43,6 +43,8 @@ def test_replica_sweep_measures_each_count(tmp_path: Path,
     first = min((r for r in recs if r.extras["series"] == "replicas=1 capacity"),
                 key=lambda r: r.level)
     assert first.extras["requests_needed"] == 230 and (first.input_volume or 0) >= 230
+    assert all(r.extras["rate_verdict"] in ("pass", "fail", "undecided-pass", "undecided-fail")
+               for r in swept.values())
     serve = next(s for s in doc["verdict"]["stages"] if s["stage"] == "serve")
     assert "replicas of batching=on measured at the objective (1 torch thread each): 1 → " \
         in serve["predicted"]

@@ -370,6 +370,12 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
         return step
 
     res = search(run_step, cfg)
+    # A rate is tried again only when its step was invalid, and then the last try is the one
+    # the search counted: every record of a rate carries that verdict, so a reader grouping
+    # records by rate (the diagnose sheet) sees what the search decided.
+    counted = {s.rate: s.verdict for s in res.steps}
+    recs = [r.model_copy(update={"extras": {**r.extras, "rate_verdict": counted[s.rate]}})
+            for r, s in zip(recs, res.steps, strict=True)]
     if records is not None:
         append_records(records, recs)
     if plot is not None:

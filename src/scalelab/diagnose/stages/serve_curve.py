@@ -152,10 +152,17 @@ def _int(v: object) -> int | None:
     return int(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
 
+def _verdict(r: SheetRow) -> object:
+    # A retried rate (its first step was invalid) has several records; `rate_verdict` is the
+    # one the search counted, which the sheet's first-record pick of `verdict` may not be.
+    return r.extras.get("rate_verdict", r.extras.get("verdict", ""))
+
+
 def search_outcome(setting: str, rows: list[SheetRow]) -> SearchOutcome:
     """The answer of one search whose steps are `rows` (a '<setting> capacity' series)."""
-    passed = [r.level for r in rows if r.extras.get("verdict") == "pass"]
-    failed = [r.level for r in rows if r.extras.get("verdict") == "fail"]
+    verdicts = [(r, str(_verdict(r))) for r in rows]
+    passed = [r.level for r, v in verdicts if v == "pass"]
+    failed = [r.level for r, v in verdicts if v == "fail"]
     cap = max(passed) if passed else None
     fails = min((f for f in failed if cap is None or f > cap), default=None)
     slo = next((str(r.extras["slo"]) for r in rows if r.extras.get("slo")), "")
@@ -163,8 +170,7 @@ def search_outcome(setting: str, rows: list[SheetRow]) -> SearchOutcome:
     undecided = [
         Undecided(rate=r.level, requests=_int(r.input_volume),
                   needed=_int(r.extras.get("requests_needed")))
-        for r in sorted(rows, key=lambda r: r.level)
-        if str(r.extras.get("verdict", "")).startswith("undecided")
+        for r, v in sorted(verdicts, key=lambda t: t[0].level) if v.startswith("undecided")
     ]
     return SearchOutcome(setting=setting, capacity_rps=cap, fails_at=fails, steps=len(rows),
                          rule=rule, undecided=undecided)
