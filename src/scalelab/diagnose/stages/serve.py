@@ -1,9 +1,14 @@
-"""The serving stage: the model server under growing arrival rate, dynamic batching off and on.
+"""The serving stage: the model server under growing arrival rate, dynamic batching off and on,
+and a replica sweep (N processes × 1 thread against 1 process × N threads, capacity searches).
 
 Each batching setting gets its own copy of the trained model's repository (its serving config
 rewritten through serve's own config model) and its own server process on a free loopback
-port; the load generator runs as a separate step per repeat. With `url`, the user's endpoint
-is loaded instead and nothing is started.
+port; the load generator runs as a separate step per repeat. With `capacity`, each setting's
+server is then searched for the highest rate meeting the objectives, and the replica sweep
+starts one server per shape (uvicorn workers behind the one port, `--torch-threads`), waits
+until every worker has started, and searches each, so "N replicas hold X requests/s" is a
+measurement (`serve_curve` reads the searches). With `url`, the user's endpoint is loaded
+instead and nothing is started.
 """
 
 from __future__ import annotations
