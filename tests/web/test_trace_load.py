@@ -71,4 +71,4 @@ def test_load_trace_ids_are_the_servers_traces(tmp_path: Path,
     assert level["traced_requests"] == len(ids) and 0 < len(ids) < 40
     traces = assemble(read_spans([out]))
     assert sorted(t.trace_id for t in traces) == sorted(ids)
-    assert all(len(t.spans) == 6 for t in traces)
+    assert all(len(t.spans) == 8 for t in traces)

@@ -26,8 +26,8 @@ from scalelab.serve.context import ServeContext
 from scalelab.web.trace import TraceConfig
 
 CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-SPANS = ["infer", "admission", "queue wait", "batch formation", "model compute",
-         "post-processing"]
+SPANS = ["infer", "admission", "queue wait", "batch formation", "thread hand-off",
+         "model compute", "wake-up", "post-processing"]
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_client_trace_through_the_tabular_server(
     compute = by["model compute"].attributes
     assert (compute["scalelab.model"], compute["scalelab.batch.size"]) == ("flights", 3)
     assert compute["scalelab.batch.requests"] == 1
-    order = ["admission", "queue wait", "batch formation", "model compute", "post-processing"]
+    order = SPANS[1:]
     starts = [by[n].start_ns for n in order]
     assert starts == sorted(starts)
     assert root.start_ns <= starts[0] and by["post-processing"].end_ns <= root.end_ns

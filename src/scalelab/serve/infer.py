@@ -123,7 +123,12 @@ def trace_job(trace: RequestTrace, worker: VersionWorker, job: Job) -> None:
              "scalelab.batch.id": b.batch_id, "scalelab.batch.size": b.rows,
              "scalelab.batch.requests": b.requests}
     trace.span("batch formation", ns_mono(job.picked_at), ns_mono(b.dispatched_at), attrs)
+    # the two hand-offs around the forward (to the inference thread, and the event loop
+    # waking this request once the batch's futures are set) are named: on a busy machine
+    # they can outweigh the forward itself, and unnamed they would be the root's self time
+    trace.span("thread hand-off", ns_mono(b.dispatched_at), ns_mono(b.compute_start))
     trace.span("model compute", ns_mono(b.compute_start), ns_mono(b.compute_end), attrs)
+    trace.span("wake-up", ns_mono(b.compute_end), ns_mono(time.monotonic()))
 
 
 def labels_of(out: Outputs) -> np.ndarray | None:
