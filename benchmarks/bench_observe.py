@@ -227,7 +227,7 @@ def part_http(names: list[str], repo: Path, work: Path, rounds: int, seconds: fl
     jsonl = work / "requests.jsonl"
     jsonl.write_text("".join(json.dumps({"body": json.loads(b)}) + "\n" for b in bodies))
     lua = work / "post.lua"
-    lua.write_text("\n".join(["local bodies = {"] + [f"  [[{b}]]," for b in bodies] + [
+    lua.write_text("\n".join(["local bodies = {"] + [f"  [==[{b}]==]," for b in bodies] + [
         "}", "local i = 0", 'wrk.method = "POST"',
         'wrk.headers["Content-Type"] = "application/json"', "request = function()",
         "  i = i % #bodies + 1", "  return wrk.format(nil, nil, nil, bodies[i])", "end"]) + "\n")
