@@ -4,8 +4,9 @@
 Run: .venv/bin/python benchmarks/bench_observe.py [--parts asgi,http] [--series off,1%,100%]
         [--rounds 9] [--requests 400] [--seconds 3] [--connections 16] [--out FILE]
 
-Parts (series interleaved round by round, so they share the machine's moments; the median
-round is reported, with the ratio to `off` taken per round and its median printed):
+Parts (series interleaved round by round, so they share the machine's moments, each round
+starting with the next series; the median round is reported, with the ratio to `off` taken
+per round and its median printed):
 
 - asgi: `scalelab serve`'s whole app (bare-ASGI infer path, dynamic batching, the 1-row
   flights MLP) driven straight over ASGI in this process, one request after another: no
@@ -85,6 +86,13 @@ def _fill(v: Any, spans: str) -> Any:
     return v
 
 
+def rotated(names: list[str], r: int) -> list[str]:
+    """Round r starts with series r mod n: a machine getting busier through a round would
+    otherwise always land on the same (last) series."""
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
 def load_avg() -> float:
     return os.getloadavg()[0]
 
@@ -154,10 +162,10 @@ async def part_asgi(names: list[str], repo: Path, work: Path, n: int, rounds: in
         await _requests(app, hdr, body, 200)  # warm: first batches, the inline decision
     got: dict[str, list[float]] = {k: [] for k in apps}
     loads = []
-    for _ in range(rounds):
+    for r in range(rounds):
         loads.append(load_avg())
-        for k, app in apps.items():
-            got[k].append(await _requests(app, hdr, body, n))
+        for k in rotated(names, r):
+            got[k].append(await _requests(apps[k], hdr, body, n))
     for task, inbox in running:
         await inbox.put({"type": "lifespan.shutdown"})
         await asyncio.wait_for(task, 30)
@@ -239,10 +247,10 @@ def part_http(names: list[str], repo: Path, work: Path, rounds: int, seconds: fl
             _closed(url, 1, conns, lua, jsonl)  # warm
         got: dict[str, list[float]] = {k: [] for k in names}
         loads = []
-        for _ in range(rounds):
+        for r in range(rounds):
             loads.append(load_avg())
-            for k, (_, url) in servers.items():
-                got[k].append(_closed(url, seconds, conns, lua, jsonl))
+            for k in rotated(names, r):
+                got[k].append(_closed(servers[k][1], seconds, conns, lua, jsonl))
     finally:
         for proc, _ in servers.values():
             proc.send_signal(signal.SIGTERM)
