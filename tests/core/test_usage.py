@@ -4,7 +4,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalelab.core.usage import UsageMeter, iowait_share, iowait_ticks
+from scalelab.core.usage import (
+    UsageMeter,
+    busy_cores,
+    busy_ticks,
+    iowait_share,
+    iowait_ticks,
+    sched_times,
+)
 
 
 def test_iowait_from_a_proc_stat_file(tmp_path: Path) -> None:
@@ -17,6 +24,27 @@ def test_iowait_from_a_proc_stat_file(tmp_path: Path) -> None:
     assert iowait_ticks(tmp_path / "none") is None
     p.write_text("intr 1 2 3\n")
     assert iowait_ticks(p) is None
+
+
+def test_machine_busy_cores_from_a_proc_stat_file(tmp_path: Path) -> None:
+    p = tmp_path / "stat"
+    p.write_text("cpu  100 0 50 800 40 0 10 0 7 0\ncpu0 1 2 3 4 5 6 7 8\n"
+                 "cpu1 1 2 3 4 5 6 7 8\ncpufreq 9\nintr 1\n")
+    # busy = total 1000 - idle 800 - iowait 40; two cpuN lines (cpufreq is not one).
+    assert busy_ticks(p) == (160, 1000, 2)
+    assert busy_cores((160, 1000, 2), (310, 1200, 2)) == 150 / 200 * 2
+    assert busy_cores((160, 1000, 2), (160, 1000, 2)) is None
+    assert busy_cores(None, (160, 1000, 2)) is None
+    assert busy_ticks(tmp_path / "none") is None
+
+
+def test_run_queue_wait_from_a_schedstat_file(tmp_path: Path) -> None:
+    p = tmp_path / "schedstat"
+    p.write_text("1500000000 250000000 42\n")  # ns on CPU, ns waiting on a run queue, slices
+    assert sched_times(p) == (1.5, 0.25)
+    p.write_text("")
+    assert sched_times(p) is None
+    assert sched_times(tmp_path / "none") is None
 
 
 def test_children_cpu_time_is_counted() -> None:

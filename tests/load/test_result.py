@@ -1,7 +1,14 @@
 """The validity rule as a pure function, with exact limits."""
 
 from scalelab.load.clock import LagStats
-from scalelab.load.result import validity
+from scalelab.load.generator import PartResult
+from scalelab.load.result import (
+    SATURATED_CORE_SHARE,
+    STARVED_WAIT_SHARE,
+    GeneratorCpu,
+    generator_cpu,
+    validity,
+)
 
 
 def _lag(p99_ms: float) -> LagStats:
@@ -54,3 +61,54 @@ def test_closed_loop_and_empty_levels_are_not_judged_here() -> None:
     empty = LagStats(count=0, p50_ms=None, p99_ms=None, max_ms=None, late=0)
     assert validity(mode="open", offered_rps=100, sent_rps=0.0, scheduled_rps=0.0, lag=empty,
                     pool_waits=0, slo_threshold_s=None) == []
+
+
+def _cpu(busy: float, wait: float | None, machine: float | None = 1.98) -> GeneratorCpu:
+    return GeneratorCpu(busy_cores=busy, wait_share=wait, machine_busy_cores=machine,
+                        machine_cores=2)
+
+
+def test_a_cpu_starved_generator_is_named_even_when_requests_queued_for_connections() -> None:
+    # The starved loop read its responses late, so 120 requests found every connection busy;
+    # the cause is the CPU (it waited for a core 85% of the run), not the connection cap.
+    r = validity(mode="open", offered_rps=2000, sent_rps=900, scheduled_rps=2000,
+                 lag=_lag(40.0), pool_waits=120, slo_threshold_s=None,
+                 cpu=_cpu(0.14, 0.85))
+    fix = ("the generator was CPU-starved (its loop ran 0.14 busy cores, waited for a core 85% "
+           "of the run, the machine's cores were 1.98 of 2 busy): add --processes (now 1), use "
+           "--realtime, or run the generator on a quieter machine")
+    assert len(r) == 2 and all(x.endswith(fix) for x in r), r
+    assert not any("--max-connections" in x for x in r)
+    # A process running its core flat out is starved too (it waited for nothing).
+    flat = validity(mode="open", offered_rps=20000, sent_rps=9000, scheduled_rps=20000,
+                    lag=_lag(0.1), pool_waits=0, slo_threshold_s=None, processes=2,
+                    realtime=True, cpu=_cpu(1.81, 0.02, machine=None))
+    assert flat == ["generator fell behind: sent 9000.0 req/s of the 20000.0 scheduled (55.0% "
+                    "short, limit 2%); the generator was CPU-starved (its loop ran 1.81 busy "
+                    "cores, waited for a core 2% of the run): add --processes (now 2), or run "
+                    "the generator on a quieter machine"]
+
+
+def test_starvation_limits_are_exact_and_a_fed_generator_keeps_the_connection_advice() -> None:
+    assert GeneratorCpu(busy_cores=0.5, wait_share=STARVED_WAIT_SHARE, machine_busy_cores=None,
+                        machine_cores=None).starved(1)
+    assert not _cpu(0.5, 0.2499).starved(1)
+    assert _cpu(SATURATED_CORE_SHARE * 2, None).starved(2)
+    assert not _cpu(SATURATED_CORE_SHARE * 2 - 0.01, None).starved(2)
+    # Waiting 3% of the run for a core is a fed generator: the queue was for connections.
+    r = validity(mode="open", offered_rps=100, sent_rps=50, scheduled_rps=100, lag=_lag(0.1),
+                 pool_waits=7, slo_threshold_s=None, cpu=_cpu(0.2, 0.03))
+    assert r[0].endswith("7 requests waited for a free connection: raise --max-connections")
+
+
+def test_generator_cpu_merges_the_processes_readings() -> None:
+    a = PartResult(cpu_s=0.5, cpu_wait_s=1.5, cpu_span_s=2.0, machine_busy_cores=1.9)
+    b = PartResult(cpu_s=0.25, cpu_wait_s=0.5, cpu_span_s=1.0, machine_busy_cores=1.5)
+    g = generator_cpu([a, b], cores=2)
+    assert g == GeneratorCpu(busy_cores=0.375, wait_share=2.0 / 3.0, machine_busy_cores=1.9,
+                             machine_cores=2)
+    # No schedstat: the wait is unknown, busy cores still count.
+    c = PartResult(cpu_s=0.0, cpu_wait_s=None, cpu_span_s=2.0)
+    assert generator_cpu([c], cores=4) == GeneratorCpu(busy_cores=0.0, wait_share=None,
+                                                       machine_busy_cores=None, machine_cores=4)
+    assert generator_cpu([PartResult()]) is None

@@ -46,6 +46,46 @@ def iowait_share(before: tuple[int, int] | None, after: tuple[int, int] | None) 
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
+def busy_ticks(path: Path = PROC_STAT) -> tuple[int, int, int] | None:
+    """(busy, total) clock ticks of all CPUs from /proc/stat's first line and the number of
+    CPUs it sums (its cpuN lines), or None: busy is everything but idle and I/O wait."""
+    try:
+        lines = path.read_text(encoding="ascii").split("\n")
+    except OSError:
+        return None
+    first = lines[0].split()
+    if not first or first[0] != "cpu" or len(first) < 6:
+        return None
+    ticks = [int(x) for x in first[1:9]]
+    total = sum(ticks)
+    cpus = sum(1 for ln in lines[1:] if ln.startswith("cpu") and ln[3:4].isdigit())
+    return total - ticks[3] - ticks[4], total, max(1, cpus)
+
+
+def busy_cores(before: tuple[int, int, int] | None,
+               after: tuple[int, int, int] | None) -> float | None:
+    """How many of the machine's cores were busy between two `busy_ticks` readings (pure)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1]) * after[2]
+
+
+SCHEDSTAT = Path("/proc/thread-self/schedstat")
+
+
+def sched_times(path: Path = SCHEDSTAT) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable but waiting for a CPU) of the calling thread so
+    far, from the kernel's schedstat, or None where the kernel does not keep it. The wait is
+    what a starved process cannot see in its own CPU time: it was ready and got no core."""
+    try:
+        fields = path.read_text(encoding="ascii").split()
+    except OSError:
+        return None
+    if len(fields) < 2:
+        return None
+    return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+
+
 @dataclass(frozen=True, kw_only=True)
 class Usage:
     cpu_s: float

@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from scalelab.core.errors import BadUsageError
+from scalelab.core.usage import busy_cores, busy_ticks, sched_times
 from scalelab.load.clock import LATE_S, LagRecorder, LoopImpl, now, sleep_until
 from scalelab.load.connection import HttpConnection, Target
 from scalelab.load.histogram import LatencyHistogram
@@ -84,6 +85,14 @@ class PartResult:
     stopped_early: bool = False
     cold_start_s: float | None = None
     cold_start_error: str | None = None
+    cpu_s: float = 0.0
+    """Seconds the loop's thread ran on a CPU from the start to the end of the run."""
+    cpu_wait_s: float | None = None
+    """Seconds it was ready to run but waited for a CPU (None: the kernel keeps no schedstat)."""
+    cpu_span_s: float = 0.0
+    """Wall seconds those two cover."""
+    machine_busy_cores: float | None = None
+    """Busy cores of the whole machine over the same span (/proc/stat), this process included."""
     traced: int = 0
     """Measured requests sent with a sampled traceparent."""
     trace_ids: list[str] = field(default_factory=list)
@@ -169,6 +178,8 @@ class Engine:
         self._closed_left: int | None = None
         self._warm_end = 0.0
         self.stop_requested = False
+        self._cpu0: tuple[float, tuple[float, float] | None, tuple[int, int, int] | None] = (
+            now(), None, None)
         self._tracer = (TraceSampler(cfg.trace_sample, seed=cfg.trace_seed)
                         if cfg.trace_sample > 0 else None)
 
@@ -345,6 +356,7 @@ class Engine:
         n = len(times)
         i = 0
         await sleep_until(start_at)
+        self._cpu_start()
         try:
             while i < n and not self.stop_requested:
                 rel = clock() - start_at
@@ -400,6 +412,7 @@ class Engine:
         self._closed_left = cfg.max_requests
         sweeper = self.loop.create_task(self._sweep(stop_check))
         await sleep_until(start_at)
+        self._cpu_start()
         try:
             idle, self._idle = self._idle, []
             for conn in idle[: cfg.concurrency]:
@@ -485,7 +498,20 @@ class Engine:
         self._conns.clear()
         self._idle.clear()
 
+    def _cpu_start(self) -> None:
+        # Whether the generator was starved of CPU decides what a late run's reason advises.
+        self._cpu0 = (now(), sched_times(), busy_ticks())
+
+    def _cpu_stop(self) -> None:
+        t0, s0, b0 = self._cpu0
+        s1, res = sched_times(), self.res
+        res.cpu_span_s = now() - t0
+        if s0 is not None and s1 is not None:
+            res.cpu_s, res.cpu_wait_s = s1[0] - s0[0], s1[1] - s0[1]
+        res.machine_busy_cores = busy_cores(b0, busy_ticks())
+
     def _finish(self) -> PartResult:
+        self._cpu_stop()
         res = self.res
         res.errors_by_status = dict(self._status)
         res.errors_by_kind = dict(self._kinds)

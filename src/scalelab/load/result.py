@@ -9,13 +9,20 @@ second than asked, or arrivals bunched together. `validity` flags a level when
   percentile send went out after the next request was due, so arrivals were bunched; or
 - lag p99 exceeded `LAG_OBJECTIVE_SHARE` of the SLO threshold: the generator's own lateness
   is a material part of the latency being judged.
-Each reason says what to change. A level far below the generator's capacity passes all three
-on a busy machine: its gaps are long and its lag is a fraction of a millisecond.
+Each reason says what to change, from what was measured: when the generator's own thread
+waited for a core for `STARVED_WAIT_SHARE` of the run or more (kernel schedstat), or ran its
+core near flat out (`SATURATED_CORE_SHARE`), the generator was CPU-starved and the fix is more
+processes, --realtime or a quieter machine, even where requests also queued for a connection
+(a starved loop reads its responses late, so its connections look busy); otherwise requests
+that queued for a connection ask for --max-connections. A level far below the generator's
+capacity passes all three on a busy machine: its gaps are long and its lag is a fraction of a
+millisecond.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,6 +39,52 @@ LAG_FLOOR_S = 0.002
 """The bunching rule never asks for lag p99 under this (2 ms), however short the gap."""
 LAG_OBJECTIVE_SHARE = 0.10
 """A level is invalid when lag p99 is more than this share of the SLO's latency threshold."""
+STARVED_WAIT_SHARE = 0.25
+"""The generator was CPU-starved when its thread waited for a core this share of the run."""
+SATURATED_CORE_SHARE = 0.90
+"""... or when each generator process kept this share of a core busy (it ran flat out)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneratorCpu:
+    """What the generator's processes got of the CPU over the run (from `PartResult`s)."""
+
+    busy_cores: float
+    """On-CPU seconds of every process's loop thread over the run's wall span."""
+    wait_share: float | None
+    """Seconds those threads were ready but waited for a core, over the summed spans."""
+    machine_busy_cores: float | None
+    """Busy cores of the whole machine over the run (the busiest process's reading)."""
+    machine_cores: int | None
+    """Cores the machine has (the one the generator ran on)."""
+
+    def starved(self, processes: int) -> bool:
+        """The starvation rule (module doc): it waited for cores, or ran its cores flat out."""
+        waited = self.wait_share is not None and self.wait_share >= STARVED_WAIT_SHARE
+        return waited or self.busy_cores >= SATURATED_CORE_SHARE * max(1, processes)
+
+    def describe(self) -> str:
+        parts = [f"its loop ran {self.busy_cores:.2f} busy cores"]
+        if self.wait_share is not None:
+            parts.append(f"waited for a core {self.wait_share:.0%} of the run")
+        if self.machine_busy_cores is not None:
+            of = f" of {self.machine_cores}" if self.machine_cores else ""
+            parts.append(f"the machine's cores were {self.machine_busy_cores:.2f}{of} busy")
+        return ", ".join(parts)
+
+
+def generator_cpu(parts: Sequence[PartResult], cores: int | None = None) -> GeneratorCpu | None:
+    """Merge the processes' CPU readings; None when none was measured."""
+    span = max((p.cpu_span_s for p in parts), default=0.0)
+    if span <= 0:
+        return None
+    waits = [p.cpu_wait_s for p in parts if p.cpu_wait_s is not None]
+    spans = sum(p.cpu_span_s for p in parts if p.cpu_wait_s is not None)
+    machine = [p.machine_busy_cores for p in parts if p.machine_busy_cores is not None]
+    return GeneratorCpu(busy_cores=sum(p.cpu_s for p in parts) / span,
+                        wait_share=sum(waits) / spans if waits and spans > 0 else None,
+                        machine_busy_cores=max(machine) if machine else None,
+                        machine_cores=cores if cores is not None else os.cpu_count())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +155,8 @@ class LoadResult:
     """Requests sent during warm-up (excluded)."""
     stopped_early: bool
     """A stopping rule ended the run before its schedule did."""
+    generator_cpu: GeneratorCpu | None
+    """What the generator got of the CPU (None where it was not measured)."""
     hist_blob: str = field(repr=False)
     """Merged HdrHistogram (base64), so any threshold can be evaluated later."""
     traced_requests: int = 0
@@ -148,12 +203,13 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
     lstats = lag_stats([LatencyHistogram.decode(p.lag_blob) for p in parts if p.lag_blob],
                        late=lag)
     pool_waits = sum(p.pool_waits for p in parts)
+    gcpu = generator_cpu(parts)
     sent_rps = sent / send_span if send_span else 0.0
     scheduled_rps = sent / sched_span if sched_span else 0.0
     reasons = validity(mode=mode, offered_rps=offered_rps, sent_rps=sent_rps,
                        scheduled_rps=scheduled_rps, lag=lstats, pool_waits=pool_waits,
                        slo_threshold_s=slo_threshold_s, processes=len(parts),
-                       realtime=realtime)
+                       realtime=realtime, cpu=gcpu)
     if sent == 0:
         reasons.append("no request was measured; lengthen --duration or shorten --warmup")
     cold = next((p for p in parts if p.cold_start_s is not None or p.cold_start_error), None)
@@ -175,6 +231,7 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
         cold_start_ms=cold_ms,
         cold_start_error=None if cold is None else cold.cold_start_error,
         warmup_requests=sum(p.warmup_requests for p in parts), stopped_early=stopped,
+        generator_cpu=gcpu,
         hist_blob=hist.encode(),
         traced_requests=sum(p.traced for p in parts),
         trace_ids=[t for p in parts for t in p.trace_ids],
@@ -183,15 +240,20 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
 
 def validity(*, mode: Mode, offered_rps: float | None, sent_rps: float, scheduled_rps: float,
              lag: LagStats, pool_waits: int, slo_threshold_s: float | None,
-             processes: int = 1, realtime: bool = False) -> list[str]:
+             processes: int = 1, realtime: bool = False,
+             cpu: GeneratorCpu | None = None) -> list[str]:
     """Why a level did not offer the asked-for load (empty: it did). Pure; see the module doc."""
     if mode != "open" or not offered_rps or lag.count == 0:
         return []
-    fix = (f"{pool_waits} requests waited for a free connection: raise --max-connections"
-           if pool_waits else
-           f"add --processes (now {processes}), lower --rate, "
-           + ("" if realtime else "use --realtime, ")
-           + "or run the generator on a quieter machine")
+    realtime_hint = "" if realtime else "use --realtime, "
+    if cpu is not None and cpu.starved(processes):
+        fix = (f"the generator was CPU-starved ({cpu.describe()}): add --processes (now "
+               f"{processes}), {realtime_hint}or run the generator on a quieter machine")
+    elif pool_waits:
+        fix = f"{pool_waits} requests waited for a free connection: raise --max-connections"
+    else:
+        fix = (f"add --processes (now {processes}), lower --rate, {realtime_hint}"
+               "or run the generator on a quieter machine")
     out: list[str] = []
     if scheduled_rps > 0 and sent_rps < scheduled_rps * (1.0 - RATE_TOLERANCE):
         out.append(f"generator fell behind: sent {sent_rps:.1f} req/s of the {scheduled_rps:.1f} "
@@ -228,6 +290,7 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         "pool_waits": r.pool_waits, "connections": r.connections,
         "cold_start_ms": r.cold_start_ms, "warmup_requests": r.warmup_requests,
         "invalid_reasons": r.invalid_reasons, "hdr_histogram": r.hist_blob,
+        "generator_cpu": None if r.generator_cpu is None else asdict(r.generator_cpu),
     }
     if budget is not None:
         extras["budget"] = [asdict(b) for b in budget]
