@@ -47,3 +47,15 @@ def test_time_split(splits: tuple[pl.DataFrame, pl.DataFrame]) -> None:
     assert set(train["month"].unique().to_list()) == {float(m) for m in range(1, 11)}
     assert set(test["month"].unique().to_list()) == {11.0, 12.0}
     assert train.height + test.height == 336_776
+
+
+def test_one_process_parses_the_raw_files_once(splits: tuple[pl.DataFrame, pl.DataFrame],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from scalelab.train import rawdata
+
+    def fail() -> pl.DataFrame:
+        raise AssertionError("the raw files were parsed again")
+
+    monkeypatch.setattr(rawdata, "feature_table", fail)
+    again = train_test()
+    assert again[0] is splits[0] and again[1] is splits[1]
