@@ -166,7 +166,6 @@ def test_trace_show_bad_line_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_the_report_shows_each_stage_p99_line(tmp_path: Path, serve_records: list[Any]) -> None:
     from recordkit import M
-
     from scalelab.core.objectives import Objective
     from scalelab.core.sheet import build_sheet
     from scalelab.core.verdict import StageGoal, judge
