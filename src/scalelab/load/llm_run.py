@@ -12,85 +12,39 @@ passing step delivered.
 from __future__ import annotations
 
 import asyncio
-import math
-import multiprocessing as mp
-import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
-
-import numpy as np
 
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.load.capacity import CapacityResult, SearchConfig, Step, search
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm_result import LlmResult, merge, samples_of
-from scalelab.load.multiproc import split_list
-from scalelab.load.schedule import Arrival, schedule
+from scalelab.load.multiproc import LevelPlan, ProcessSettings, run_processes
 from scalelab.load.stream import StopCheck, StreamConfig, StreamEngine, StreamPart
 from scalelab.load.token_slo import TokenStepRule
 
-_START_MARGIN_S = 0.25
-
 
 @dataclass(kw_only=True)
-class LlmPlan:
-    """One streaming load level."""
+class LlmPlan(LevelPlan):
+    """One streaming load level (rate, length, seed and processes as in `LevelPlan`)."""
 
     stream: StreamConfig
     """Target, requests, mode, concurrency, timeouts."""
-    rate: float | None = None
-    """Open loop: arrivals per second."""
-    arrival: Arrival = "constant"
-    """Open loop: constant or poisson spacing."""
-    duration_s: float | None = None
-    """Measured length (warm-up on top); this or `requests`."""
-    requests: int | None = None
-    """Measured requests (warm-up on top); this or `duration_s`."""
-    seed: int = 0
-    """Poisson schedule seed."""
-    processes: int = 1
-    """Generator processes."""
 
     def __post_init__(self) -> None:
-        if self.processes < 1:
-            raise BadUsageError(f"--processes must be at least 1, got {self.processes}")
-        if (self.duration_s is None) == (self.requests is None):
-            raise BadUsageError("give exactly one of --duration or --requests")
-        if self.stream.mode == "open" and self.rate is None:
-            raise BadUsageError("open loop needs --rate")
-        if self.stream.mode == "closed" and self.processes > self.stream.concurrency:
-            raise BadUsageError(f"--processes {self.processes} is more than --concurrency "
-                                f"{self.stream.concurrency}; each process needs a client")
+        self._check()
 
-    def times(self) -> np.ndarray:
-        assert self.rate is not None
-        warm = self.stream.warmup_s
-        if self.duration_s is not None:
-            return schedule(self.rate, duration_s=warm + self.duration_s, arrival=self.arrival,
-                            seed=self.seed)
-        assert self.requests is not None
-        n_warm = math.ceil(warm * self.rate - 1e-9) if warm > 0 else 0
-        return schedule(self.rate, requests=self.requests + n_warm, arrival=self.arrival,
-                        seed=self.seed)
-
-    def window_s(self) -> float | None:
-        if self.stream.mode != "open" or self.duration_s is not None:
-            return self.duration_s
-        assert self.rate is not None and self.requests is not None
-        return self.requests / self.rate
+    def settings(self) -> ProcessSettings:
+        c = self.stream
+        return ProcessSettings(c.mode, c.warmup_s, c.concurrency, c.timeout_s)
 
 
 def _config_for(plan: LlmPlan, index: int) -> StreamConfig:
     cfg = plan.stream
     if cfg.mode == "open":
         return cfg
-    p = plan.processes
-    conc = cfg.concurrency // p + (1 if index < cfg.concurrency % p else 0)
-    n = None if plan.requests is None else plan.requests // p + (
-        1 if index < plan.requests % p else 0)
-    dur = None if plan.duration_s is None else plan.duration_s + cfg.warmup_s
+    conc, n, dur = plan.share(index)
     return replace(cfg, concurrency=conc, max_requests=n, duration_s=dur)
 
 
@@ -104,18 +58,9 @@ async def _run_one(cfg: StreamConfig, times: list[float] | None, start: Callable
     return await eng.run_closed(start_at, stop_check)
 
 
-def _worker(plan: LlmPlan, index: int, times: list[float] | None, ready: Any, go: Any,
-            start_at: Any, out: Any) -> None:
-    def start() -> float:
-        ready.wait()
-        go.wait()
-        return float(start_at.value)
-
-    try:
-        out.put((index, asyncio.run(_run_one(_config_for(plan, index), times, start, None)),
-                 None))
-    except BaseException as e:
-        out.put((index, None, f"{type(e).__name__}: {e}"))
+def _stream_part(plan: LlmPlan, index: int, times: list[float] | None,
+                 start: Callable[[], float]) -> StreamPart:
+    return asyncio.run(_run_one(_config_for(plan, index), times, start, None))
 
 
 def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None) -> LlmResult:
@@ -128,53 +73,10 @@ def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None) -> LlmResult:
     else:
         if stop_check is not None:
             raise BadUsageError("a stopping rule needs a single generator process")
-        parts = _run_many(plan, times)
+        parts = run_processes(_stream_part, plan, times)
     return merge(parts, mode=cfg.mode, offered_rps=plan.rate if cfg.mode == "open" else None,
                  concurrency=cfg.concurrency if cfg.mode == "closed" else None,
                  arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s())
-
-
-def _run_many(plan: LlmPlan, times: list[float] | None) -> list[StreamPart]:
-    ctx = mp.get_context("spawn")
-    p = plan.processes
-    ready, go = ctx.Barrier(p + 1), ctx.Barrier(p + 1)
-    start_at = ctx.Value("d", 0.0)
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, daemon=True, args=(
-        plan, i, None if times is None else split_list(times, p, i), ready, go, start_at, out))
-        for i in range(p)]
-    for pr in procs:
-        pr.start()
-    try:
-        ready.wait(timeout=120)
-        start_at.value = time.monotonic() + _START_MARGIN_S
-        go.wait(timeout=30)
-        length = (plan.duration_s or 0.0) + plan.stream.warmup_s
-        if plan.requests is not None and plan.rate:
-            length += plan.requests / plan.rate
-        deadline = time.monotonic() + length + plan.stream.timeout_s + 120
-        results: dict[int, StreamPart] = {}
-        while len(results) < p:
-            try:
-                i, res, err = out.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                raise RunFailedError("generator processes did not report back in time; rerun "
-                                     "with fewer --processes or a shorter --duration") from None
-            if err is not None:
-                raise RunFailedError(f"generator process {i} failed: {err}")
-            results[i] = res
-        return [results[i] for i in range(p)]
-    except RunFailedError:
-        raise
-    except Exception as e:
-        raise RunFailedError(f"could not run {p} generator processes: {type(e).__name__}: {e}") \
-            from e
-    finally:
-        for pr in procs:
-            pr.join(timeout=5)
-            if pr.is_alive():
-                pr.kill()
-                pr.join(timeout=5)
 
 
 def check_ran(r: LlmResult, url: str) -> None:

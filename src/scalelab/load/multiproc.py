@@ -8,13 +8,14 @@ CLOCK_MONOTONIC instant (system-wide on Linux), and merges their histograms.
 
 from __future__ import annotations
 
+import abc
 import math
 import multiprocessing as mp
 import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -28,12 +29,21 @@ _START_MARGIN_S = 0.25
 """Between the last worker reporting ready and the common start."""
 
 
-@dataclass(kw_only=True)
-class LoadPlan:
-    """One load level: the engine settings plus rate or concurrency and length."""
+class ProcessSettings(NamedTuple):
+    """What a plan's per-process config says about the level."""
 
-    engine: EngineConfig
-    """Target, requests, timeouts (mode and closed-loop length live here too)."""
+    mode: str
+    warmup_s: float
+    concurrency: int
+    timeout_s: float
+
+
+@dataclass(kw_only=True)
+class LevelPlan(abc.ABC):
+    """What every load level has, whatever drives it (plain HTTP here, token streams in
+    `llm_run`): the rate or clients, the length, the seed and the processes. Subclasses add
+    the per-process settings (`mode`, `warmup_s`, `concurrency` come from them)."""
+
     rate: float | None = None
     """Open loop: arrivals per second."""
     arrival: Arrival = "constant"
@@ -46,25 +56,28 @@ class LoadPlan:
     """Poisson schedule seed."""
     processes: int = 1
     """Generator processes."""
-    cold_start: bool = True
-    """Time one request on a fresh connection first (reported apart)."""
 
-    def __post_init__(self) -> None:
+    @abc.abstractmethod
+    def settings(self) -> ProcessSettings:
+        """Mode, warm-up, closed-loop clients and timeout of the per-process config."""
+
+    def _check(self) -> None:
+        mode, _, concurrency, _ = self.settings()
         if self.processes < 1:
             raise BadUsageError(f"--processes must be at least 1, got {self.processes}")
         if (self.duration_s is None) == (self.requests is None):
             raise BadUsageError("give exactly one of --duration or --requests")
-        if self.engine.mode == "open" and self.rate is None:
+        if mode == "open" and self.rate is None:
             raise BadUsageError("open loop needs --rate")
-        if self.engine.mode == "closed" and self.processes > self.engine.concurrency:
+        if mode == "closed" and self.processes > concurrency:
             raise BadUsageError(
                 f"--processes {self.processes} is more than --concurrency "
-                f"{self.engine.concurrency}; each process needs at least one client")
+                f"{concurrency}; each process needs at least one client")
 
     def times(self) -> np.ndarray:
         """The whole open-loop schedule (warm-up included), seconds from the start."""
         assert self.rate is not None
-        warm = self.engine.warmup_s
+        warm = self.settings().warmup_s
         if self.duration_s is not None:
             return schedule(self.rate, duration_s=warm + self.duration_s, arrival=self.arrival,
                             seed=self.seed)
@@ -74,23 +87,52 @@ class LoadPlan:
                         seed=self.seed)
 
     def window_s(self) -> float | None:
-        if self.engine.mode != "open":
-            return self.duration_s
-        if self.duration_s is not None:
+        if self.settings().mode != "open" or self.duration_s is not None:
             return self.duration_s
         assert self.rate is not None and self.requests is not None
         return self.requests / self.rate
+
+    def share(self, index: int) -> tuple[int, int | None, float | None]:
+        """Closed loop: process `index`'s (clients, measured requests, duration incl. warm-up)."""
+        _, warm, concurrency, _ = self.settings()
+        p = self.processes
+        conc = concurrency // p + (1 if index < concurrency % p else 0)
+        n = None if self.requests is None else self.requests // p + (
+            1 if index < self.requests % p else 0)
+        dur = None if self.duration_s is None else self.duration_s + warm
+        return conc, n, dur
+
+    def length_s(self) -> float:
+        """The planned span from the common start (warm-up included), for the report-back
+        deadline."""
+        length = (self.duration_s or 0.0) + self.settings().warmup_s
+        if self.requests is not None and self.rate:
+            length += self.requests / self.rate
+        return length
+
+
+@dataclass(kw_only=True)
+class LoadPlan(LevelPlan):
+    """One load level: the engine settings plus rate or concurrency and length."""
+
+    engine: EngineConfig
+    """Target, requests, timeouts (mode and closed-loop length live here too)."""
+    cold_start: bool = True
+    """Time one request on a fresh connection first (reported apart)."""
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def settings(self) -> ProcessSettings:
+        e = self.engine
+        return ProcessSettings(e.mode, e.warmup_s, e.concurrency, e.timeout_s)
 
 
 def _engine_for(plan: LoadPlan, index: int) -> EngineConfig:
     cfg = plan.engine
     if cfg.mode == "open":
         return cfg
-    p = plan.processes
-    conc = cfg.concurrency // p + (1 if index < cfg.concurrency % p else 0)
-    n = None if plan.requests is None else plan.requests // p + (
-        1 if index < plan.requests % p else 0)
-    dur = None if plan.duration_s is None else plan.duration_s + cfg.warmup_s
+    conc, n, dur = plan.share(index)
     return replace(cfg, concurrency=conc, max_requests=n, duration_s=dur)
 
 
@@ -108,19 +150,28 @@ async def _run_one(cfg: EngineConfig, times: list[float] | None, cold: bool,
     return await eng.run_closed(start_at, stop_check)
 
 
-def _worker(plan: LoadPlan, index: int, times: list[float] | None, ready: Any, go: Any,
-            start_at: Any, out: Any) -> None:
+def _load_part(plan: LoadPlan, index: int, times: list[float] | None,
+               start: Callable[[], float]) -> Any:
+    with clock.realtime(plan.engine.realtime):
+        return clock.run(_run_one(_engine_for(plan, index), times,
+                                  plan.cold_start and index == 0, start, None),
+                         plan.engine.loop_impl)
+
+
+PlanT = TypeVar("PlanT", bound=LevelPlan)
+PartRunner = Callable[[PlanT, int, "list[float] | None", Callable[[], float]], Any]
+"""Runs process `index`'s share of a plan (a module-level function: it crosses a spawn)."""
+
+
+def _worker(run_part: PartRunner[PlanT], plan: PlanT, index: int, times: list[float] | None,
+            ready: Any, go: Any, start_at: Any, out: Any) -> None:
     def start() -> float:
         ready.wait()
         go.wait()
         return float(start_at.value)
 
     try:
-        with clock.realtime(plan.engine.realtime):
-            res = clock.run(_run_one(_engine_for(plan, index), times,
-                                     plan.cold_start and index == 0, start, None),
-                            plan.engine.loop_impl)
-        out.put((index, res, None))
+        out.put((index, run_part(plan, index, times, start), None))
     except BaseException as e:
         out.put((index, None, f"{type(e).__name__}: {e}"))
 
@@ -141,14 +192,17 @@ def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = 
     else:
         if stop_check is not None:
             raise BadUsageError("a stopping rule needs a single generator process")
-        parts = _run_many(plan, times)
+        parts = run_processes(_load_part, plan, times)
     return merge(parts, mode=cfg.mode, offered_rps=plan.rate if cfg.mode == "open" else None,
                  concurrency=cfg.concurrency if cfg.mode == "closed" else None,
                  arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s(),
                  slo_threshold_s=cfg.slo_threshold_s, realtime=cfg.realtime)
 
 
-def _run_many(plan: LoadPlan, times: list[float] | None) -> list[Any]:
+def run_processes(run_part: PartRunner[PlanT], plan: PlanT,
+                  times: list[float] | None) -> list[Any]:
+    """Run `plan.processes` spawned workers, each `run_part` on every P-th due time (or its
+    share of the clients), all started at one CLOCK_MONOTONIC instant; their parts in order."""
     ctx = mp.get_context("spawn")
     p = plan.processes
     ready = ctx.Barrier(p + 1)
@@ -157,7 +211,8 @@ def _run_many(plan: LoadPlan, times: list[float] | None) -> list[Any]:
     out = ctx.Queue()
     procs = [
         ctx.Process(target=_worker, daemon=True, args=(
-            plan, i, None if times is None else split_list(times, p, i), ready, go, start_at, out))
+            run_part, plan, i, None if times is None else split_list(times, p, i), ready, go,
+            start_at, out))
         for i in range(p)
     ]
     for pr in procs:
@@ -166,10 +221,7 @@ def _run_many(plan: LoadPlan, times: list[float] | None) -> list[Any]:
         ready.wait(timeout=120)
         start_at.value = clock.now() + _START_MARGIN_S
         go.wait(timeout=30)
-        length = (plan.duration_s or 0.0) + plan.engine.warmup_s
-        if plan.requests is not None and plan.rate:
-            length += plan.requests / plan.rate
-        deadline = time.monotonic() + length + plan.engine.timeout_s + 120
+        deadline = time.monotonic() + plan.length_s() + plan.settings().timeout_s + 120
         results: dict[int, Any] = {}
         while len(results) < p:
             try:
@@ -182,9 +234,9 @@ def _run_many(plan: LoadPlan, times: list[float] | None) -> list[Any]:
                 raise RunFailedError(f"generator process {i} failed: {err}")
             results[i] = res
         return [results[i] for i in range(p)]
+    except RunFailedError:
+        raise
     except Exception as e:
-        if isinstance(e, RunFailedError):
-            raise
         raise RunFailedError(f"could not run {p} generator processes: {type(e).__name__}: {e}") \
             from e
     finally:
