@@ -491,13 +491,16 @@ class ServeStage(Stage[ServeSettings]):
         # at half of it skips the slow low-rate steps (40 req/s needs 7 s for 230 requests).
         done = ctx.work / "records" / f"serve-capacity-{SERIES[setting]}.jsonl"
         passed = [r.level for r in (read_records(done) if done.is_file() else [])
-                  if r.extras.get("verdict") == "pass"]
+                  if r.extras.get("rate_verdict", r.extras.get("verdict")) == "pass"]
         start = sweep_start(passed, s.base_rate)
+        ctx.logs.mkdir(parents=True, exist_ok=True)
         for shape in shapes:
             label = f"serve {shape.series} capacity"
             prom = ctx.work / f"prom-{shape.series}"
             shutil.rmtree(prom, ignore_errors=True)
             prom.mkdir(parents=True)
+            # Every shape, one worker included, keeps its metrics in multiprocess mode, so the
+            # sweep's points pay the same metrics cost and each worker shows up as files.
             env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom)}
             try:
                 spawned = start_server(
