@@ -67,6 +67,14 @@ def test_sampling_zero_creates_no_spans_and_unsampled_parents_are_followed() -> 
     assert mem.get_finished_spans() == () and mem1.get_finished_spans() == ()
 
 
+def test_roots_are_drawn_at_the_sample_rate() -> None:
+    tr, _ = tracing(0.5)
+    n = sum(tr.begin("infer", headers(None), T0) is not None for _ in range(400))
+    assert 120 < n < 280  # binomial(400, 0.5): 8 standard deviations either side
+    tr1, _ = tracing(1.0)
+    assert all(tr1.begin("infer", headers(None), T0) is not None for _ in range(50))
+
+
 def test_a_5xx_marks_the_root_as_an_error() -> None:
     tr, mem = tracing(1.0)
     rt = tr.begin("infer", [], T0)
@@ -120,3 +128,51 @@ def test_traceparent_helpers() -> None:
     req = b"POST /x HTTP/1.1\r\nhost: a\r\n\r\n{}"
     assert traceparent.with_header(req, CLIENT) == (
         b"POST /x HTTP/1.1\r\ntraceparent: " + CLIENT.encode() + b"\r\nhost: a\r\n\r\n{}")
+
+
+def test_otlp_http_export_reaches_a_collector() -> None:
+    """--otlp-endpoint: spans leave as OTLP/HTTP protobuf (a stand-in collector on 127.0.0.1
+    decodes them with the OTLP proto package)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from typing import Any, ClassVar
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    class Collector(BaseHTTPRequestHandler):
+        got: ClassVar[list[tuple[str, str, bytes]]] = []
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            Collector.got.append((self.path, self.headers["content-type"], body))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/v1/traces"
+        tr = Tracing(TraceConfig(sample=1.0, otlp_endpoint=url), "scalelab-otlp")
+        rt = tr.begin("infer", headers(CLIENT), T0)
+        assert rt is not None
+        rt.span("model compute", T0 + 10, T0 + 20)
+        rt.end(200, T0 + 30)
+        tr.shutdown()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    (path, ctype, body), *_ = Collector.got
+    assert path == "/v1/traces" and ctype == "application/x-protobuf"
+    req = ExportTraceServiceRequest.FromString(body)
+    spans = [s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert sorted(s.name for s in spans) == ["infer", "model compute"]
+    assert {s.trace_id.hex() for s in spans} == {"0af7651916cd43dd8448eb211c80319c"}
+    svc = {a.key: a.value.string_value for a in req.resource_spans[0].resource.attributes}
+    assert svc["service.name"] == "scalelab-otlp"
