@@ -176,3 +176,20 @@ def test_otlp_http_export_reaches_a_collector() -> None:
     assert {s.trace_id.hex() for s in spans} == {"0af7651916cd43dd8448eb211c80319c"}
     svc = {a.key: a.value.string_value for a in req.resource_spans[0].resource.attributes}
     assert svc["service.name"] == "scalelab-otlp"
+
+
+def test_trace_settings_survive_the_json_hop_to_workers(tmp_path: Path) -> None:
+    """Servers pass their settings to uvicorn workers as JSON: the trace config comes back."""
+    import dataclasses
+    import json
+
+    from scalelab.generate.api import ApiSettings
+    from scalelab.retrieval.server import RetrievalSettings
+    from scalelab.serve.config import ServerSettings
+
+    cfg = TraceConfig(sample=0.25, out=str(tmp_path / "s.jsonl"))
+    s = ServerSettings(model_repo=tmp_path, trace=cfg)
+    assert ServerSettings.from_json(s.to_json()).trace == cfg
+    assert ApiSettings.from_json(ApiSettings(model="tiny", trace=cfg).to_json()).trace == cfg
+    r = RetrievalSettings(index_dir=str(tmp_path), trace=cfg)
+    assert RetrievalSettings(**json.loads(json.dumps(dataclasses.asdict(r)))).trace == cfg
