@@ -110,8 +110,13 @@ def _scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
             "raw_path": INFER.encode(), "asgi": {"version": "3.0"}}
 
 
-async def _requests(app: App, headers: list[tuple[bytes, bytes]], body: bytes, n: int) -> float:
-    """Seconds per request, n requests one after another."""
+async def _requests(app: App, headers: list[tuple[bytes, bytes]], body: bytes, n: int,
+                    flush: Callable[[], None] | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this whole process) per request, n requests one after
+    another. The CPU figure counts the inference thread and the span exporter's thread too,
+    and is far less disturbed than wall time by other work on a shared machine. `flush`
+    (the series' span exporter) runs inside the timed window: its spans are exported on its
+    own clock, not during the next series' round."""
     status: list[int] = []
 
     async def receive() -> dict[str, Any]:
@@ -121,14 +126,26 @@ async def _requests(app: App, headers: list[tuple[bytes, bytes]], body: bytes, n
         if msg["type"] == "http.response.start":
             status.append(msg["status"])
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(n):
         await app(_scope(headers), receive, send)
-    dt = (time.perf_counter() - t0) / n
+    if flush is not None:
+        flush()
+    dt, dc = (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
     bad = [s for s in status if s != 200]
     if bad:
         raise RuntimeError(f"{len(bad)} of {n} requests failed (status {bad[0]})")
-    return dt
+    return dt, dc
+
+
+def _flusher(app: Any) -> Callable[[], None] | None:
+    """The tracer's flush of a serve app (under any middleware that keeps it as `.app`)."""
+    from scalelab.serve.app import ServeApp
+
+    while not isinstance(app, ServeApp) and hasattr(app, "app"):
+        app = app.app
+    tracing = app.ctx.tracing if isinstance(app, ServeApp) else None
+    return None if tracing is None else tracing.flush
 
 
 async def _lifespan(app: App) -> tuple[asyncio.Task[None], asyncio.Queue[dict[str, Any]]]:
@@ -155,22 +172,31 @@ async def part_asgi(names: list[str], repo: Path, work: Path, n: int, rounds: in
     apps: dict[str, App] = {k: create_app(ServerSettings(  # type: ignore[misc]
         **base, **_fill(SERIES[k].settings, str(files[k])))) for k in names}
     running = [await _lifespan(a) for a in apps.values()]
+    flushes = {k: _flusher(a) for k, a in apps.items()}
     body = json.dumps(infer_body(1)).encode()
     hdr = [(b"content-type", b"application/json"),
            (b"content-length", str(len(body)).encode())]
     for app in apps.values():
         await _requests(app, hdr, body, 200)  # warm: first batches, the inline decision
-    got: dict[str, list[float]] = {k: [] for k in apps}
+    got: dict[str, list[tuple[float, float]]] = {k: [] for k in apps}
     loads = []
     for r in range(rounds):
         loads.append(load_avg())
         for k in rotated(names, r):
-            got[k].append(await _requests(apps[k], hdr, body, n))
+            got[k].append(await _requests(apps[k], hdr, body, n, flushes[k]))
     for task, inbox in running:
         await inbox.put({"type": "lifespan.shutdown"})
         await asyncio.wait_for(task, 30)
-    return _table(names, {k: [1.0 / x for x in v] for k, v in got.items()}, loads, files,
-                  total=n * rounds + 200)
+    out = _table(names, {k: [1.0 / w for w, _ in v] for k, v in got.items()}, loads, files,
+                 total=n * rounds + 200)
+    base = [c for _, c in got[names[0]]]
+    for k in names:
+        cpu = [c for _, c in got[k]]
+        out["series"][k]["cpu_us_per_request"] = round(statistics.median(cpu) * 1e6, 1)
+        # CPU per request relative to the baseline, per round: > 1 costs more
+        out["series"][k]["cpu_ratio"] = round(statistics.median(
+            [c / b for c, b in zip(cpu, base, strict=True)]), 4)
+    return out
 
 
 # -- http ----------------------------------------------------------------------------------------
@@ -290,6 +316,11 @@ def render(title: str, part: dict[str, Any]) -> None:
     for k, r in part["series"].items():
         print(f"| {k} | {r['req_per_s']:.0f} | {r['ratio_to_' + base]:.3f} "
               f"({r['ratio_min']:.3f}–{r['ratio_max']:.3f}) | {r['spans_written']} |")
+    if any("cpu_us_per_request" in r for r in part["series"].values()):
+        print(f"| series | CPU us/request (median round) | CPU ratio to {base} |")
+        print("|---|---:|---:|")
+        for k, r in part["series"].items():
+            print(f"| {k} | {r['cpu_us_per_request']:.0f} | {r['cpu_ratio']:.3f} |")
     la = part["load_average_per_round"]
     print(f"load average (1 min) at each round: {', '.join(f'{x:.1f}' for x in la)}")
 
