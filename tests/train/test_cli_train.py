@@ -96,7 +96,8 @@ def test_bench_writes_valid_records(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_scaling_law_fits_and_plans(capsys: pytest.CaptureFixture[str]) -> None:
     rc = run(["train", "scaling-law", "--widths", "4,8", "--data", "0.25,0.5,1",
-              "--limit", "2000", "--batch", "64", "--budget", "1e10", "--json"])
+              "--limit", "2000", "--batch", "64", "--budget", "1e10", "--threads", "1",
+              "--json"])
     assert rc == 0
     out = _json(capsys)
     points = out["points"]
