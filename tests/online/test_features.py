@@ -9,8 +9,8 @@ import polars as pl
 
 from scalelab.core.gate import compare, evaluation
 from scalelab.nets.feature_version import feature_version
+from scalelab.nets.flights import CATEGORICAL, NUMERIC
 from scalelab.online.features import FeatureSpec, linf, psi, skew
-from scalelab.online.stream import CATEGORICAL, NUMERIC
 
 
 def _frame(n: int, carrier: str = "UA", distance: float = 100.0) -> pl.DataFrame:

@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from scalelab.core.errors import BadInputError
+from scalelab.nets.flights import FEATURES
 from scalelab.online.ingest import (
     REJECT_SCHEMA,
     ColumnRule,
@@ -18,7 +19,7 @@ from scalelab.online.ingest import (
     validate_events,
     validate_labels,
 )
-from scalelab.online.stream import FEATURES, StreamConfig, build_stream, parse_fault
+from scalelab.online.stream import StreamConfig, build_stream, parse_fault
 
 T = datetime(2013, 1, 1, 5)
 

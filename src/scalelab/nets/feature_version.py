@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scalelab.nets.repository import PREPROCESS_FILE
+
 KEY = "feature_version"
 """The model.json field holding the feature version the weights were trained on."""
-PREPROCESS_FILE = "preprocess.json"
 
 
 def feature_version(preprocess: Mapping[str, Any]) -> str:

@@ -24,10 +24,8 @@ import polars as pl
 
 from scalelab.core.errors import BadInputError
 from scalelab.core.jsonfile import read_json_object
-from scalelab.nets.repository import write_json
+from scalelab.nets.repository import PREPROCESS_FILE, write_json
 
-PREPROCESS_FILE = "preprocess.json"
-"""The encoding of a model version, beside its weights: REPO/<model>/<version>/preprocess.json."""
 CATEGORICAL: tuple[str, ...] = ("carrier", "origin", "dest", "plane_model")
 NUMERIC: tuple[str, ...] = (
     "month", "day_of_week", "sched_dep_hour", "sched_arr_hour", "distance", "plane_year",

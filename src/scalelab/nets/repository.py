@@ -23,6 +23,8 @@ from scalelab.core.manifest import atomic_write_bytes
 
 CONFIG_FILE = "config.json"
 MANIFEST_FILE = "manifest.json"
+PREPROCESS_FILE = "preprocess.json"
+"""The encoding of a model version, beside its weights: REPO/<model>/<version>/preprocess.json."""
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 
 from scalelab.nets.feature_version import feature_version
-from scalelab.online.stream import CATEGORICAL, CLASSES, LABEL, NUMERIC
+from scalelab.nets.flights import CATEGORICAL, CLASSES, LABEL, NUMERIC
 
 UNK = "<UNK>"
 BINS = 10

@@ -26,16 +26,9 @@ import numpy as np
 import polars as pl
 
 from scalelab.core.errors import BadInputError
+from scalelab.nets.flights import CLASSES, FEATURES, LABEL
 from scalelab.online.log import Appended, EventLog
-from scalelab.online.stream import (
-    CLASSES,
-    EVENT_COLUMNS,
-    EVENT_ID,
-    EVENT_TIME,
-    FEATURES,
-    LABEL,
-    LABEL_TIME,
-)
+from scalelab.online.stream import EVENT_COLUMNS, EVENT_ID, EVENT_TIME, LABEL_TIME
 
 SCHEMA_FORMAT = "scalelab.schema/1"
 REJECT_SCHEMA = pl.Schema({

@@ -21,9 +21,9 @@ from torch import nn
 from scalelab.core.errors import BadInputError
 from scalelab.nets import registry, repository
 from scalelab.nets.feature_version import KEY as FEATURE_VERSION_KEY
+from scalelab.nets.flights import CATEGORICAL, CLASSES, NUMERIC
 from scalelab.nets.tabular import TabularConfig, TabularNet
 from scalelab.online.features import FeatureSpec
-from scalelab.online.stream import CATEGORICAL, CLASSES, NUMERIC
 
 ARCH = "tabular_mlp"
 

@@ -31,7 +31,8 @@ import numpy as np
 import polars as pl
 
 from scalelab.core.errors import BadInputError
-from scalelab.online.stream import EVENT_ID, EVENT_TIME, LABEL, LABEL_TIME
+from scalelab.nets.flights import LABEL
+from scalelab.online.stream import EVENT_ID, EVENT_TIME, LABEL_TIME
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches(

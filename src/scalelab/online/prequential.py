@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from scalelab.core.gate import evaluation
+from scalelab.nets.flights import CLASSES
 from scalelab.online.ingest import ColumnRule
 from scalelab.online.policy import Policy
-from scalelab.online.stream import CLASSES
 from scalelab.online.updater import (
     Decision,
     Publisher,

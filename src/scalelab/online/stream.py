@@ -38,17 +38,11 @@ import numpy as np
 import polars as pl
 
 from scalelab.core.errors import BadInputError
+from scalelab.nets.flights import CLASSES, FEATURES, LABEL, NUMERIC
 
-CATEGORICAL: tuple[str, ...] = ("carrier", "origin", "dest", "plane_model")
-NUMERIC: tuple[str, ...] = (
-    "month", "day_of_week", "sched_dep_hour", "sched_arr_hour", "distance", "plane_year",
-    "plane_seats", "temp", "dewp", "humid", "wind_speed", "precip", "pressure", "visib")
-LABEL = "delay_class"
-CLASSES: tuple[str, ...] = ("on_time", "late_15_60", "late_60_plus", "cancelled")
 EVENT_ID = "event_id"
 EVENT_TIME = "event_time"
 LABEL_TIME = "label_time"
-FEATURES: tuple[str, ...] = (*CATEGORICAL, *NUMERIC)
 EVENT_COLUMNS: tuple[str, ...] = (EVENT_ID, EVENT_TIME, *FEATURES)
 """What a feature event carries (no label: it is not known yet)."""
 LABEL_COLUMNS: tuple[str, ...] = (EVENT_ID, LABEL, LABEL_TIME)

@@ -22,11 +22,12 @@ import polars as pl
 
 from scalelab.core.errors import BadInputError
 from scalelab.core.gate import Evaluation, compare, evaluation
+from scalelab.nets.flights import CLASSES, LABEL
 from scalelab.online.features import FeatureSpec, skew
 from scalelab.online.ingest import REJECT_SCHEMA, ColumnRule, reconcile
 from scalelab.online.learner import Cost, Learner, TrainConfig
 from scalelab.online.policy import Policy
-from scalelab.online.stream import CLASSES, EVENT_ID, EVENT_TIME, LABEL, LABEL_TIME
+from scalelab.online.stream import EVENT_ID, EVENT_TIME, LABEL_TIME
 from scalelab.online.window import HOUR_US, WindowSpec, sliding_mask
 
 NO_LABEL = np.iinfo(np.int64).max

@@ -18,12 +18,11 @@ import torch
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.gate import Evaluation, compare, evaluation, per_class_f1  # noqa: F401
 from scalelab.nets import registry
+from scalelab.nets.flights import LABEL
 from scalelab.nets.repository import check_version, version_dir, versions
 from scalelab.serve import faults  # noqa: F401  (fault architectures can be evaluated too)
 from scalelab.serve.canary import Routing, current_version, promote, read_routing
 from scalelab.serve.features import encode, load_preprocess
-
-LABEL = "delay_class"
 
 
 @dataclass(kw_only=True)
