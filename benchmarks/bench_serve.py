@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from scalelab.web.spawn import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -211,12 +212,6 @@ class Flights(MLModel):
             NumpyCodec.encode_output("label", probs.argmax(1).astype(np.int64))])
 ''')
 
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def load_avg() -> str:
