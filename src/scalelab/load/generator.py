@@ -99,13 +99,14 @@ class PartResult:
 
 
 @dataclass(kw_only=True)
-class EngineConfig:
-    """How one process drives the load (the CLI builds it; validated here)."""
+class SendConfig:
+    """What one generator process sends and how, for plain requests and token streams alike
+    (`EngineConfig` here, `stream.StreamConfig`); validated at construction."""
 
     target: Target
     """Where to connect."""
     requests: list[bytes]
-    """Encoded HTTP requests, used round-robin."""
+    """Encoded requests, used round-robin."""
     mode: Mode = "open"
     """Open loop (schedule) or closed loop (concurrency)."""
     concurrency: int = 1
@@ -120,6 +121,26 @@ class EngineConfig:
     """A request not answered this long after its due time fails with kind "timeout"."""
     max_connections: int = 1024
     """Open loop: most connections to open; past it requests wait for one (still timed)."""
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            raise BadUsageError("no requests to send; the payload (or workload) produced nothing")
+        if self.mode not in ("open", "closed"):
+            raise BadUsageError(f"mode must be open or closed, got {self.mode!r}")
+        if self.concurrency < 1:
+            raise BadUsageError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if not (self.timeout_s > 0):
+            raise BadUsageError(f"--timeout must be positive, got {self.timeout_s}")
+        if self.warmup_s < 0:
+            raise BadUsageError(f"--warmup must be >= 0, got {self.warmup_s}")
+        if self.max_connections < 1:
+            raise BadUsageError(f"--max-connections must be at least 1, got {self.max_connections}")
+
+
+@dataclass(kw_only=True)
+class EngineConfig(SendConfig):
+    """How one process drives plain HTTP load (the CLI builds it; validated here)."""
+
     slo_threshold_s: float | None = None
     """Count successes at or under this latency (goodput)."""
     loop_impl: LoopImpl = "auto"
@@ -132,18 +153,7 @@ class EngineConfig:
     """Seed of which requests those are."""
 
     def __post_init__(self) -> None:
-        if not self.requests:
-            raise BadUsageError("no requests to send; the payload produced nothing")
-        if self.mode not in ("open", "closed"):
-            raise BadUsageError(f"mode must be open or closed, got {self.mode!r}")
-        if self.concurrency < 1:
-            raise BadUsageError(f"--concurrency must be at least 1, got {self.concurrency}")
-        if not (self.timeout_s > 0):
-            raise BadUsageError(f"--timeout must be positive, got {self.timeout_s}")
-        if self.warmup_s < 0:
-            raise BadUsageError(f"--warmup must be >= 0, got {self.warmup_s}")
-        if self.max_connections < 1:
-            raise BadUsageError(f"--max-connections must be at least 1, got {self.max_connections}")
+        super().__post_init__()
         if not 0.0 <= self.trace_sample <= 1.0:
             raise BadUsageError(f"--trace-sample must lie in [0, 1], got {self.trace_sample}")
 

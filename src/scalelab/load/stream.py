@@ -27,10 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from scalelab.core.errors import BadUsageError
 from scalelab.load.clock import LagRecorder, now, sleep_until
-from scalelab.load.connection import Target
-from scalelab.load.generator import Mode
+from scalelab.load.generator import SendConfig
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.sse import Answer, SseConnection, StreamLost
 from scalelab.load.tokens import timing, tokens_per_event
@@ -75,41 +73,13 @@ class StreamPart:
 
 
 @dataclass(kw_only=True)
-class StreamConfig:
-    """How one process drives streaming load (validated here)."""
+class StreamConfig(SendConfig):
+    """How one process drives streaming load: `SendConfig`'s settings, where one stream holds
+    its connection for the whole answer (so `max_connections` caps streams at once) and a
+    stream not finished `timeout_s` after its due time fails with kind "timeout"."""
 
-    target: Target
-    """Where to connect."""
-    requests: list[bytes]
-    """Encoded requests, used round-robin."""
-    mode: Mode = "open"
-    """Open loop (schedule) or closed loop (concurrency)."""
-    concurrency: int = 1
-    """Closed loop: clients, each with one stream outstanding."""
-    duration_s: float | None = None
-    """Closed loop: how long to send (warm-up included); None with `max_requests`."""
-    max_requests: int | None = None
-    """Closed loop: measured requests to send."""
-    warmup_s: float = 0.0
-    """Requests due (open) or sent (closed) in the first `warmup_s` are not measured."""
     timeout_s: float = 60.0
-    """A stream not finished this long after its due time fails with kind "timeout"."""
-    max_connections: int = 1024
-    """Open loop: most streams (connections) at once; past it requests wait (still timed)."""
-
-    def __post_init__(self) -> None:
-        if not self.requests:
-            raise BadUsageError("no requests to send; the workload produced nothing")
-        if self.mode not in ("open", "closed"):
-            raise BadUsageError(f"mode must be open or closed, got {self.mode!r}")
-        if self.concurrency < 1:
-            raise BadUsageError(f"--concurrency must be at least 1, got {self.concurrency}")
-        if not (self.timeout_s > 0):
-            raise BadUsageError(f"--timeout must be positive, got {self.timeout_s}")
-        if self.warmup_s < 0:
-            raise BadUsageError(f"--warmup must be >= 0, got {self.warmup_s}")
-        if self.max_connections < 1:
-            raise BadUsageError(f"--max-connections must be at least 1, got {self.max_connections}")
+    """Streams last seconds: a longer default than a plain request's."""
 
 
 StopCheck = Callable[[StreamPart, float], bool]
