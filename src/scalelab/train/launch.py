@@ -96,16 +96,59 @@ _free_port = free_port
 """The rendezvous port (one free-port routine for the project: web.spawn's)."""
 
 
-def torchrun_command(lc: LaunchConfig, run_dir: Path) -> list[str]:
+def torchrun_command(lc: LaunchConfig, run_dir: Path, *, worker: str = "scalelab.train.worker",
+                     tag: str = "scalelab") -> list[str]:
+    """torchrun running `python -m WORKER RUN_DIR` per process (the flights trainer's worker by
+    default; the transformer trainer's with its own rendezvous-id `tag`)."""
     endpoint = lc.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
     cmd = [sys.executable, "-m", "torch.distributed.run",
            "--nnodes", lc.nnodes, "--nproc-per-node", str(lc.nproc),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-           "--rdzv-id", lc.rdzv_id or f"scalelab-{os.getpid()}-{int(time.time())}",
+           "--rdzv-id", lc.rdzv_id or f"{tag}-{os.getpid()}-{int(time.time())}",
            "--max-restarts", str(lc.max_restarts), "--monitor-interval", "0.1"]
     if lc.rdzv_endpoint is None:
         cmd += ["--local-addr", "127.0.0.1"]
-    return [*cmd, "-m", "scalelab.train.worker", str(run_dir)]
+    return [*cmd, "-m", worker, str(run_dir)]
+
+
+def worker_env(threads: int, restarts: bool) -> dict[str, str]:
+    """The workers' environment: `threads` intra-op threads, unbuffered logs, deterministic
+    cuBLAS; with restarts, a fresh TCP store per restarted group."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    if restarts:
+        # See the module doc: restarted gloo groups reusing the agent's store were unreliable.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    return env
+
+
+def run_group(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float, *,
+              train_less: str) -> float:
+    """Run torchrun in its own process group to completion, logging to `log`; the wall
+    seconds. On timeout or interruption the whole group is killed. Raises RunFailedError
+    naming the last worker error; `train_less` names the flags that shorten a run."""
+    t0 = time.perf_counter()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise RunFailedError(
+                f"training did not finish within --timeout {timeout_s:g}s; all its processes "
+                f"were killed. Raise --timeout or train less ({train_less}). "
+                f"Log: {log}") from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise RunFailedError(f"training failed (torchrun exit status {rc}): {_tail(log)} "
+                             f"(full log: {log})")
+    return wall
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -176,34 +219,9 @@ def prepare_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
 
 def run_torchrun(lc: LaunchConfig, prep: Prepared, *, rehearse: bool) -> float:
     """Run the workers to completion; returns the wall seconds. Raises RunFailedError."""
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = str(prep.threads)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    if lc.max_restarts > 0 or rehearse:
-        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    cmd = torchrun_command(lc, prep.run_dir)
-    log = prep.run_dir / LOG_FILE
-    t0 = time.perf_counter()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=lc.timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise RunFailedError(
-                f"training did not finish within --timeout {lc.timeout_s:g}s; all its processes "
-                f"were killed. Raise --timeout or train less (--steps, --limit). "
-                f"Log: {log}") from None
-        except BaseException:
-            _kill_group(proc)
-            raise
-    wall = time.perf_counter() - t0
-    if rc != 0:
-        raise RunFailedError(f"training failed (torchrun exit status {rc}): {_tail(log)} "
-                             f"(full log: {log})")
-    return wall
+    return run_group(torchrun_command(lc, prep.run_dir),
+                     worker_env(prep.threads, lc.max_restarts > 0 or rehearse),
+                     prep.run_dir / LOG_FILE, lc.timeout_s, train_less="--steps, --limit")
 
 
 def read_rank_reports(run_dir: Path, world: int) -> list[dict[str, Any]]:

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +22,11 @@ from scalelab.core.memory import MemoryQuery, plan_memory
 from scalelab.train.launch import (
     LOG_FILE,
     LaunchConfig,
-    _free_port,
-    _kill_group,
-    _tail,
     plan_threads,
+    run_group,
+    worker_env,
 )
+from scalelab.train.launch import torchrun_command as launch_command
 from scalelab.train.parallel.config import ParallelConfig
 from scalelab.train.parallel.loop import FAILURE_FILE
 from scalelab.train.parallel.worker import (
@@ -43,26 +40,9 @@ from scalelab.train.text import VOCAB_SIZE, Corpus, load_corpus
 
 
 def torchrun_command(lc: LaunchConfig, run_dir: Path) -> list[str]:
-    endpoint = lc.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
-    cmd = [sys.executable, "-m", "torch.distributed.run",
-           "--nnodes", lc.nnodes, "--nproc-per-node", str(lc.nproc),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-           "--rdzv-id", lc.rdzv_id or f"scalelab-tf-{os.getpid()}-{int(time.time())}",
-           "--max-restarts", str(lc.max_restarts), "--monitor-interval", "0.1"]
-    if lc.rdzv_endpoint is None:
-        cmd += ["--local-addr", "127.0.0.1"]
-    return [*cmd, "-m", "scalelab.train.parallel.worker", str(run_dir)]
-
-
-def worker_env(threads: int, restarts: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = str(threads)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    if restarts:
-        # See train.launch: restarted gloo groups that reuse the agent's store were unreliable.
-        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    return env
+    """train.launch's torchrun command, running the transformer trainer's worker."""
+    return launch_command(lc, run_dir, worker="scalelab.train.parallel.worker",
+                          tag="scalelab-tf")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,27 +82,9 @@ def prepare(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
 
 def run_torchrun(lc: LaunchConfig, prep: Prepared, *, restarts: bool) -> float:
     """Run the workers to completion; the wall seconds. Raises RunFailedError."""
-    log = prep.run_dir / LOG_FILE
-    t0 = time.perf_counter()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(torchrun_command(lc, prep.run_dir), stdout=out,
-                                stderr=subprocess.STDOUT,
-                                env=worker_env(prep.threads, restarts or lc.max_restarts > 0),
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=lc.timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise RunFailedError(
-                f"training did not finish within --timeout {lc.timeout_s:g}s; all its processes "
-                f"were killed. Raise --timeout or train less (--steps). Log: {log}") from None
-        except BaseException:
-            _kill_group(proc)
-            raise
-    if rc != 0:
-        raise RunFailedError(f"training failed (torchrun exit status {rc}): {_tail(log)} "
-                             f"(full log: {log})")
-    return time.perf_counter() - t0
+    return run_group(torchrun_command(lc, prep.run_dir),
+                     worker_env(prep.threads, restarts or lc.max_restarts > 0),
+                     prep.run_dir / LOG_FILE, lc.timeout_s, train_less="--steps")
 
 
 def read_reports(run_dir: Path, world: int) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalelab.core.errors import RunFailedError
-from scalelab.train.launch import LaunchConfig, _free_port
+from scalelab.train.launch import LaunchConfig, _free_port, worker_env
 from scalelab.train.parallel import ckpt
 from scalelab.train.parallel.config import ParallelConfig
 from scalelab.train.parallel.job import (
@@ -42,7 +42,6 @@ from scalelab.train.parallel.job import (
     run_parallel,
     summarize,
     weights_diff,
-    worker_env,
 )
 
 
