@@ -8,9 +8,11 @@ request without one starts a trace with probability `sample`, drawn here before 
 called at all (the SDK's unsampled root costs ~20 us on this machine under load, a random draw
 well under 1). An unsampled request gets no `RequestTrace` and records nothing more.
 
-Spans are written after the fact from timestamps the server already keeps (enqueue, pick-up,
-compute, first token...), with explicit start and end times: the hot path takes a few clock
-readings per traced request and no span objects until the response is on its way. Servers
+The root is a live SDK span from arrival (its context is what a response's or an outgoing
+call's `traceparent` names); the children are written after the fact from timestamps the
+server already keeps (enqueue, pick-up, compute, first token...), as finished spans handed
+straight to the span processor: a traced request takes a few clock readings on the hot path
+and builds its children as it ends. Servers
 keep `time.monotonic()` / `time.perf_counter()`; `ns_mono` / `ns_perf` map them to the epoch
 nanoseconds spans carry, through offsets read once at import.
 
