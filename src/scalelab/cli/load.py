@@ -12,7 +12,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, parse_list
+from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
+from scalelab.cli._sweep import levels
 from scalelab.core.errors import BadInputError, BadUsageError, RunFailedError
 from scalelab.core.records import Record, append_records, new_experiment_id, read_records
 from scalelab.core.units import parse_duration
@@ -143,25 +144,6 @@ def _check_ran(r: LoadResult, url: str) -> None:
                              f"{kinds}); is the server up at that address?")
 
 
-def _levels(rate: float | None, rates: str | None, concurrency: str | None, base: float | None,
-            loop: str, multiples: str) -> tuple[Mode, list[float]]:
-    given = [x is not None for x in (rate, rates, concurrency, base)]
-    if sum(given) > 1:
-        raise BadUsageError("give one of --rate, --rates, --concurrency or --base")
-    if rate is not None:
-        return "open", [rate]
-    if rates is not None:
-        return "open", parse_list(rates, what="--rates")
-    if concurrency is not None:
-        return "closed", [float(c) for c in parse_list(concurrency, what="--concurrency", kind=int)]
-    if base is not None:
-        ms = parse_list(multiples, what="--multiples")
-        mode: Mode = "closed" if loop == "closed" else "open"
-        return mode, [round(base * m) if mode == "closed" else base * m for m in ms]
-    raise BadUsageError("say how much load: --rate R (open loop), --rates 100,200,500, "
-                        "--concurrency 1,2,5,10 (closed loop) or --base B (1x,2x,5x,10x)")
-
-
 @app.command("run")
 @click.argument("url")
 @click.option("--rate", type=float, help="Open loop: arrivals per second.")
@@ -193,7 +175,7 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
         no_cold_start: bool, as_json: bool, **kw: Any) -> None:
     """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag."""
-    mode, levels = _levels(rate, rates, concurrency, base, loop, multiples)
+    mode, sweep = levels(rate, rates, concurrency, base, loop, multiples)
     if duration is not None and n_requests is not None:
         raise BadUsageError("give --duration or --requests, not both")
     dur = None if n_requests is not None else parse_duration(duration or "10s", what="--duration")
@@ -203,7 +185,7 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     target, reqs, kind = _requests(url, kw)
     exp = experiment or new_experiment_id("load")
     out: list[dict[str, Any]] = []
-    for i, level in enumerate(levels):
+    for i, level in enumerate(sweep):
         if level <= 0:
             raise BadUsageError(f"levels must be positive, got {level}")
         conc = int(level) if mode == "closed" else 1

@@ -18,7 +18,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, parse_list
+from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
+from scalelab.cli._sweep import levels
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
 from scalelab.core.records import Record, append_records, new_experiment_id
@@ -70,6 +71,10 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="A stream unfinished this long after its due time is a timeout."),
         click.option("--max-connections", type=int, default=1024, show_default=True,
                      help="Most streams at once per process."),
+        click.option("--trace-sample", "trace_sample", type=float, default=0.0,
+                     show_default=True,
+                     help="Share of measured requests sent with a fresh sampled W3C "
+                          "traceparent; their trace ids are in the result (--json)."),
         click.option("--core-hour-usd", type=float, default=0.048, show_default=True,
                      help="Price of one core-hour, for cost per 1k tokens."),
         click.option("--cores", type=int, help="Cores the server uses (default: this machine's)."),
@@ -127,25 +132,9 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
             concurrency: int = 1) -> StreamConfig:
     return StreamConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
                         warmup_s=warm, timeout_s=parse_duration(kw["timeout"], what="--timeout"),
-                        max_connections=kw["max_connections"])
-
-
-def _levels(rate: float | None, rates: str | None, concurrency: str | None, base: float | None,
-            loop: str, multiples: str) -> tuple[Mode, list[float]]:
-    if sum(x is not None for x in (rate, rates, concurrency, base)) > 1:
-        raise BadUsageError("give one of --rate, --rates, --concurrency or --base")
-    if rate is not None:
-        return "open", [rate]
-    if rates is not None:
-        return "open", parse_list(rates, what="--rates")
-    if concurrency is not None:
-        return "closed", [float(c) for c in parse_list(concurrency, what="--concurrency", kind=int)]
-    if base is not None:
-        ms = parse_list(multiples, what="--multiples")
-        mode: Mode = "closed" if loop == "closed" else "open"
-        return mode, [float(round(base * m)) if mode == "closed" else base * m for m in ms]
-    raise BadUsageError("say how much load: --rate R (open loop), --rates 1,2,5, "
-                        "--concurrency 1,4,16 (closed loop) or --base B (1x,2x,5x,10x)")
+                        max_connections=kw["max_connections"],
+                        trace_sample=float(kw.get("trace_sample") or 0.0),
+                        trace_seed=int(kw.get("seed") or 0))
 
 
 @llm.command("run")
@@ -180,7 +169,8 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         records: Path | None, experiment: str | None, metrics_url: str | None,
         series: str | None, server_pid: int | None, as_json: bool, **kw: Any) -> None:
     """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput."""
-    mode, levels = _levels(rate, rates, concurrency, base, loop, multiples)
+    mode, sweep = levels(rate, rates, concurrency, base, loop, multiples,
+                         examples="--rates 1,2,5, --concurrency 1,4,16")
     if duration is not None and n_requests is not None:
         raise BadUsageError("give --duration or --requests, not both")
     dur = None if n_requests is not None else parse_duration(duration or "10s", what="--duration")
@@ -190,7 +180,7 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     target, wl, reqs = _workload(url, kw)
     exp = experiment or new_experiment_id("llm")
     out: list[dict[str, Any]] = []
-    for i, level in enumerate(levels):
+    for i, level in enumerate(sweep):
         if level <= 0:
             raise BadUsageError(f"levels must be positive, got {level}")
         conc = int(level) if mode == "closed" else 1
