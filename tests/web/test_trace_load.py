@@ -72,3 +72,37 @@ def test_load_trace_ids_are_the_servers_traces(tmp_path: Path,
     traces = assemble(read_spans([out]))
     assert sorted(t.trace_id for t in traces) == sorted(ids)
     assert all(len(t.spans) == 8 for t in traces)
+
+
+def test_load_llm_trace_ids_are_the_generative_servers_traces(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    from scalelab.generate.api import ApiSettings, build_app
+    from scalelab.generate.engine import Engine, EngineConfig
+    from scalelab.generate.tokenizer import byte_tokenizer
+    from scalelab.nets.llama import build_tiny
+
+    out = tmp_path / "spans.jsonl"
+    cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 512}
+    app = build_app(ApiSettings(model="tiny", engine=cfg, trace=TraceConfig(out=str(out))),
+                    Engine(build_tiny(seed=1), byte_tokenizer(), EngineConfig(**cfg),
+                           name="tiny-llama"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with serving(app) as url:
+            rc = run(["load", "llm", url, "--model", "tiny-llama", "--concurrency", "2",
+                      "--requests", "12", "--warmup", "0s", "--output-tokens", "4",
+                      "--prompt-tokens", "fixed:8",
+                      "--trace-sample", "0.5", "--seed", "3", "--json"])
+            cap = capsys.readouterr()
+            assert rc == 0, cap.err
+    finally:
+        torch.set_num_threads(threads)
+    (level,) = json.loads(cap.out)["levels"]
+    ids = level["trace_ids"]
+    assert level["successes"] == 12 and level["traced_requests"] == len(ids) and 0 < len(ids) < 12
+    traces = assemble(read_spans([out]))  # the server flushed when it stopped
+    assert sorted(t.trace_id for t in traces) == sorted(ids)
+    assert all({s.name for s in t.spans} >= {"queue", "prefill", "decode"} for t in traces)

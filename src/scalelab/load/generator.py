@@ -121,6 +121,10 @@ class SendConfig:
     """A request not answered this long after its due time fails with kind "timeout"."""
     max_connections: int = 1024
     """Open loop: most connections to open; past it requests wait for one (still timed)."""
+    trace_sample: float = 0.0
+    """Share of measured requests sent with a fresh sampled traceparent (0 = none)."""
+    trace_seed: int = 0
+    """Seed of which requests those are."""
 
     def __post_init__(self) -> None:
         if not self.requests:
@@ -135,6 +139,8 @@ class SendConfig:
             raise BadUsageError(f"--warmup must be >= 0, got {self.warmup_s}")
         if self.max_connections < 1:
             raise BadUsageError(f"--max-connections must be at least 1, got {self.max_connections}")
+        if not 0.0 <= self.trace_sample <= 1.0:
+            raise BadUsageError(f"--trace-sample must lie in [0, 1], got {self.trace_sample}")
 
 
 @dataclass(kw_only=True)
@@ -147,15 +153,6 @@ class EngineConfig(SendConfig):
     """Event loop: uvloop when installed ("auto"), or plain asyncio."""
     realtime: bool = False
     """Run the generator in SCHED_FIFO (see `clock.realtime`): precise on a busy machine."""
-    trace_sample: float = 0.0
-    """Share of measured requests sent with a fresh sampled traceparent (0 = none)."""
-    trace_seed: int = 0
-    """Seed of which requests those are."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0.0 <= self.trace_sample <= 1.0:
-            raise BadUsageError(f"--trace-sample must lie in [0, 1], got {self.trace_sample}")
 
 
 class Engine:

@@ -114,6 +114,10 @@ class LlmResult:
     """Merged HdrHistograms (base64) of ttft, itl, tpot, e2e."""
     samples: Samples = field(repr=False)
     """Per-request values, for goodput under any SLO."""
+    traced_requests: int = 0
+    """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
+    trace_ids: list[str] = field(default_factory=list)
+    """Their trace ids (the first 1,000 per process)."""
 
     def itl_within(self, thresholds: Sequence[float]) -> dict[float, tuple[int, int]]:
         h = LatencyHistogram.decode(self.blobs["itl"])
@@ -228,6 +232,8 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
         stopped_early=stopped, blobs=blobs,
         samples=Samples(ttft_us=ttft, tpot_us=tpot, e2e_us=e2e, output_tokens=out_t,
                         requests=ok + failures, itl_within={}),
+        traced_requests=sum(p.traced for p in parts),
+        trace_ids=[t for p in parts for t in p.trace_ids],
     )
 
 

@@ -32,6 +32,7 @@ from scalelab.load.generator import SendConfig
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.sse import Answer, SseConnection, StreamLost
 from scalelab.load.tokens import timing, tokens_per_event
+from scalelab.load.trace_sample import TraceSampler
 
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "dropped", "protocol", "server-error",
                "empty", "other")
@@ -45,6 +46,9 @@ class StreamPart:
     ok: int = 0
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     errors_by_status: dict[str, int] = field(default_factory=dict)
+    traced: int = 0
+    """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
+    trace_ids: list[str] = field(default_factory=list)
     ttft_us: array[int] = field(default_factory=lambda: array("q"))
     """Per successful request, in completion order (as are the next four)."""
     e2e_us: array[int] = field(default_factory=lambda: array("q"))
@@ -108,6 +112,8 @@ class StreamEngine:
         self._end = float("inf")
         self._left: int | None = None
         self.stop_requested = False
+        self._tracer = (TraceSampler(cfg.trace_sample, seed=cfg.trace_seed)
+                        if cfg.trace_sample > 0 else None)
 
     # ---- the connection pool ----
 
@@ -179,6 +185,8 @@ class StreamEngine:
     async def _one(self, start: float, measured: bool, dispatched: float | None) -> None:
         res = self.res
         req = self._request_bytes()
+        if self._tracer is not None and measured:
+            req = self._tracer.mark(req)
         self._in_flight += 1
         if self._in_flight > res.max_in_flight:
             res.max_in_flight = self._in_flight
@@ -368,5 +376,7 @@ class StreamEngine:
         res.itl_blob = h.encode()
         res.lag_blob = self._lag.histogram().encode()
         res.lag_late = self._lag.late
+        if self._tracer is not None:
+            res.traced, res.trace_ids = self._tracer.count, self._tracer.trace_ids
         return res
 
