@@ -104,6 +104,7 @@ def test_admin_disabled_without_a_configured_token(world: Path, tmp_path: Path) 
                             {"Authorization": "Bearer"}):
                 r = httpx.request(method, srv.url + path, headers=headers, timeout=30)
                 assert r.status_code == 403, (path, headers, r.text)
+                assert "disabled" in r.json()["error"], r.text
         listening = [c.laddr for c in psutil.Process(srv.proc.pid).net_connections("inet")
                      if c.status == psutil.CONN_LISTEN]
         assert listening, "no listening socket found"
