@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import math
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,12 +28,14 @@ from scalelab.web.spawn import free_port
 TOKEN = "adm1n-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 KEYS = {name: f"sk-{name}-0123456789" for name in
-        ("bursty", "capped", "metered", "stoppable")}
+        ("bursty", "quick", "capped", "metered", "stoppable")}
 GOVERNANCE = {"governance": {
     "client_header": "X-Client-Id",
     "clients": {
-        # 2 s to earn a token back: the burst is exact even on a busy machine
-        "bursty": {"keys": [KEYS["bursty"]], "rate": 0.5, "burst": 3},
+        # 10 s to earn a token back: the burst is exact unless 4 requests take 10 s
+        "bursty": {"keys": [KEYS["bursty"]], "rate": 0.1, "burst": 3},
+        # a token every 0.25 s: refused when two requests come close, released soon after
+        "quick": {"keys": [KEYS["quick"]], "rate": 4, "burst": 1},
         "capped": {"keys": [KEYS["capped"]], "max_concurrency": 1},
         "metered": {"keys": [KEYS["metered"]],
                     "budgets": [{"unit": "requests", "period": "day", "limit": 2}]},
@@ -59,8 +63,8 @@ def key(name: str) -> dict[str, str]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("govrepo")
     add_model(root, "flights", {1: 1})
-    # one request holds the model 400 ms: long enough to be seen in flight
-    add_model(root, "slow", {1: 3}, arch="delay_mlp", extra_params={"batch_ms": 400,
+    # one request holds the model 1.5 s: long enough to be seen in flight on a busy machine
+    add_model(root, "slow", {1: 3}, arch="delay_mlp", extra_params={"batch_ms": 1500,
                                                                    "row_ms": 0},
               max_batch_size=1, dynamic_batching={"default_timeout_ms": 10000})
     gov = root.parent / "governance.json"
@@ -91,17 +95,25 @@ def in_background(fn: Callable[[], httpx.Response]) -> cf.Future[httpx.Response]
 
 
 def test_burst_plus_one_is_429_naming_the_limit_and_refill_releases(server: Server) -> None:
+    t0 = time.monotonic()
     statuses = [infer(server, headers=key("bursty")) for _ in range(4)]
+    elapsed = time.monotonic() - t0
     assert [r.status_code for r in statuses] == [200, 200, 200, 429]
     refused = statuses[3]
-    assert refused.headers["retry-after"] == "2"  # 1 token at 0.5/s
-    assert refused.json() == {"error": "client 'bursty' over its rate limit of 0.5 req/s "
+    # one token at 0.1/s is 10 s away less the time the burst took, rounded up
+    assert math.ceil(10 - elapsed) <= int(refused.headers["retry-after"]) <= 10
+    assert refused.json() == {"error": "client 'bursty' over its rate limit of 0.1 req/s "
                                        "(burst 3)"}
     assert refused.headers["x-request-id"]
-    wait_for(lambda: infer(server, headers=key("bursty")).status_code == 200,
+    # the refill, on a client that earns a token every 0.25 s: refused once, then let in
+    quick = [infer(server, headers=key("quick")).status_code for _ in range(2)]
+    while quick[-1] != 429 and len(quick) < 50:  # back-to-back requests: ms apart
+        quick.append(infer(server, headers=key("quick")).status_code)
+    assert quick[0] == 200 and quick[-1] == 429
+    wait_for(lambda: infer(server, headers=key("quick")).status_code == 200,
              "a token to refill", deadline_s=10)
     assert metric(server.url, "scalelab_governance_refusals_total", client="bursty",
-                   reason="rate") >= 1
+                   reason="rate") == 1
 
 
 def test_concurrency_cap_refuses_the_second_in_flight(server: Server) -> None:
