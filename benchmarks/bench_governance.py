@@ -28,8 +28,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "serve"))
 
+from asgi_driver import App, timed_requests  # noqa: E402
 from scalelab.web.governance import Governance  # noqa: E402
 from scalelab.web.governance_config import parse_governance  # noqa: E402
 from scalelab.web.governor import Governor  # noqa: E402
@@ -57,7 +56,6 @@ MIDDLEWARE: dict[str, dict[str, Any] | None] = {
                                                               "limit": 1e12}]}},
 }
 
-App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 
 async def _noop(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -67,37 +65,6 @@ async def _noop(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 def _route(scope: dict[str, Any]) -> str | None:
     return "flights" if scope["method"] == "POST" else None
-
-
-def _scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
-    return {"type": "http", "method": "POST", "path": "/v2/models/flights/infer",
-            "headers": headers, "query_string": b"", "state": {}, "http_version": "1.1",
-            "scheme": "http", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000),
-            "root_path": "", "raw_path": b"/v2/models/flights/infer", "asgi": {"version": "3.0"}}
-
-
-async def _requests(app: App, headers: list[tuple[bytes, bytes]], body: bytes, n: int
-                    ) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this process) per request, n requests one after
-    another. CPU time is what a busy shared machine distorts least: waiting for a core shows
-    in wall time, not in CPU time."""
-    status: list[int] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(msg: dict[str, Any]) -> None:
-        if msg["type"] == "http.response.start":
-            status.append(msg["status"])
-
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(n):
-        await app(_scope(headers), receive, send)
-    dt, dc = (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
-    bad = [s for s in status if s != 200]
-    if bad:
-        raise RuntimeError(f"{len(bad)} of {n} requests failed (status {bad[0]})")
-    return dt, dc
 
 
 def _order(names: list[str], i: int) -> list[str]:
@@ -116,7 +83,7 @@ async def middleware(n: int, rounds: int) -> dict[str, float]:
     got: dict[str, list[float]] = {k: [] for k in apps}
     for i in range(rounds):
         for k in _order(list(apps), i):
-            got[k].append((await _requests(apps[k], hdr, b"", n * 10))[1])
+            got[k].append((await timed_requests(apps[k], hdr, b"", n * 10))[1])
     return {k: statistics.median(v) * 1e6 for k, v in got.items()}
 
 
@@ -149,11 +116,11 @@ async def server(n: int, rounds: int, repo: Path, gov_file: Path) -> dict[str, A
     hdr = [(b"content-type", b"application/json"),
            (b"content-length", str(len(body)).encode())]
     for app in apps.values():
-        await _requests(app, hdr, body, 200)  # warm: first batches, the inline decision
+        await timed_requests(app, hdr, body, 200)  # warm: first batches, the inline decision
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in apps}
     for i in range(rounds):
         for k in _order(list(apps), i):
-            got[k].append(await _requests(apps[k], hdr, body, n))
+            got[k].append(await timed_requests(apps[k], hdr, body, n))
     for task, inbox in running:
         await inbox.put({"type": "lifespan.shutdown"})
         await asyncio.wait_for(task, 30)

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +51,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "serve"))
 
-INFER = "/v2/models/flights/infer"
-App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+from asgi_driver import INFER, App, timed_requests  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -103,41 +102,6 @@ def spans_in(path: Path) -> int:
 
 # -- asgi ----------------------------------------------------------------------------------------
 
-def _scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
-    return {"type": "http", "method": "POST", "path": INFER, "headers": headers,
-            "query_string": b"", "http_version": "1.1", "scheme": "http",
-            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000), "root_path": "",
-            "raw_path": INFER.encode(), "asgi": {"version": "3.0"}}
-
-
-async def _requests(app: App, headers: list[tuple[bytes, bytes]], body: bytes, n: int,
-                    flush: Callable[[], None] | None = None) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this whole process) per request, n requests one after
-    another. The CPU figure counts the inference thread and the span exporter's thread too,
-    and is far less disturbed than wall time by other work on a shared machine. `flush`
-    (the series' span exporter) runs inside the timed window: its spans are exported on its
-    own clock, not during the next series' round."""
-    status: list[int] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(msg: dict[str, Any]) -> None:
-        if msg["type"] == "http.response.start":
-            status.append(msg["status"])
-
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(n):
-        await app(_scope(headers), receive, send)
-    if flush is not None:
-        flush()
-    dt, dc = (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
-    bad = [s for s in status if s != 200]
-    if bad:
-        raise RuntimeError(f"{len(bad)} of {n} requests failed (status {bad[0]})")
-    return dt, dc
-
-
 def _flusher(app: Any) -> Callable[[], None] | None:
     """The tracer's flush of a serve app (under any middleware that keeps it as `.app`)."""
     from scalelab.serve.app import ServeApp
@@ -177,13 +141,13 @@ async def part_asgi(names: list[str], repo: Path, work: Path, n: int, rounds: in
     hdr = [(b"content-type", b"application/json"),
            (b"content-length", str(len(body)).encode())]
     for app in apps.values():
-        await _requests(app, hdr, body, 200)  # warm: first batches, the inline decision
+        await timed_requests(app, hdr, body, 200)  # warm: first batches, the inline decision
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in apps}
     loads = []
     for r in range(rounds):
         loads.append(load_avg())
         for k in rotated(names, r):
-            got[k].append(await _requests(apps[k], hdr, body, n, flushes[k]))
+            got[k].append(await timed_requests(apps[k], hdr, body, n, flushes[k]))
     for task, inbox in running:
         await inbox.put({"type": "lifespan.shutdown"})
         await asyncio.wait_for(task, 30)
@@ -329,7 +293,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="asgi,http")
     ap.add_argument("--series", default=",".join(SERIES),
-                    help=f"Comma list from {', '.join(SERIES)} (the first is the baseline).")
+                    help=f"Comma list from {', '.join(SERIES)} (the first is the baseline)."
+                    .replace("%", "%%"))  # argparse expands % in help
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--requests", type=int, default=400, help="asgi: requests per series a "
                     "round.")
