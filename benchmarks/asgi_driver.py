@@ -7,6 +7,7 @@ cost is not lost in the HTTP stack's.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -49,3 +50,32 @@ async def timed_requests(app: App, headers: list[tuple[bytes, bytes]], body: byt
     if bad:
         raise RuntimeError(f"{len(bad)} of {n} requests failed (status {bad[0]})")
     return dt, dc
+
+
+def rotated(names: list[str], r: int) -> list[str]:
+    """The series in round r, starting with series r mod n: neither the first of a round (run
+    right after the others' garbage and cache traffic) nor the last (a machine getting busier
+    through a round) is always the same series."""
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+async def start_lifespan(app: App) -> tuple[asyncio.Task[None], asyncio.Queue[dict[str, Any]]]:
+    """Run the app's lifespan startup; (its task, its inbox) for `stop_lifespan`."""
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    await inbox.put({"type": "lifespan.startup"})
+    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"},
+                                    "state": {}}, inbox.get, outbox.put))
+    msg = await outbox.get()
+    if msg["type"] != "lifespan.startup.complete":
+        raise RuntimeError(f"server did not start: {msg}")
+    return task, inbox
+
+
+async def stop_lifespan(running: list[tuple[asyncio.Task[None], asyncio.Queue[dict[str, Any]]]]
+                        ) -> None:
+    """Shut down every app `start_lifespan` started."""
+    for task, inbox in running:
+        await inbox.put({"type": "lifespan.shutdown"})
+        await asyncio.wait_for(task, 30)

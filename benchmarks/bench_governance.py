@@ -14,7 +14,7 @@ Two measurements, both in one process so the series share the machine's moments:
   CPU microseconds per request per series, and each as a ratio to off (median of the rounds'
   paired ratios).
 
-Series are interleaved round by round (the order reversed every other round) and the median
+Series are interleaved round by round (round r starts with series r mod n) and the median
 round is reported; the machine's load
 average is printed beside the numbers (this 2-core box is shared and busy).
 """
@@ -36,7 +36,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "serve"))
 
-from asgi_driver import App, timed_requests  # noqa: E402
+from asgi_driver import App, rotated, start_lifespan, stop_lifespan, timed_requests  # noqa: E402
 from scalelab.web.governance import Governance  # noqa: E402
 from scalelab.web.governance_config import parse_governance  # noqa: E402
 from scalelab.web.governor import Governor  # noqa: E402
@@ -67,12 +67,6 @@ def _route(scope: dict[str, Any]) -> str | None:
     return "flights" if scope["method"] == "POST" else None
 
 
-def _order(names: list[str], i: int) -> list[str]:
-    """The series in round i: reversed every other round, so neither always runs first (the
-    first of a round ran right after the other's garbage and cache traffic)."""
-    return names if i % 2 == 0 else names[::-1]
-
-
 async def middleware(n: int, rounds: int) -> dict[str, float]:
     """Median CPU microseconds per request for each middleware series."""
     apps: dict[str, App] = {
@@ -82,21 +76,9 @@ async def middleware(n: int, rounds: int) -> dict[str, float]:
     hdr = [(b"content-type", b"application/json"), (b"x-api-key", KEY.encode())]
     got: dict[str, list[float]] = {k: [] for k in apps}
     for i in range(rounds):
-        for k in _order(list(apps), i):
+        for k in rotated(list(apps), i):
             got[k].append((await timed_requests(apps[k], hdr, b"", n * 10))[1])
     return {k: statistics.median(v) * 1e6 for k, v in got.items()}
-
-
-async def _lifespan(app: App) -> tuple[asyncio.Task[None], asyncio.Queue[dict[str, Any]]]:
-    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    await inbox.put({"type": "lifespan.startup"})
-    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"},
-                                    "state": {}}, inbox.get, outbox.put))
-    msg = await outbox.get()
-    if msg["type"] != "lifespan.startup.complete":
-        raise RuntimeError(f"server did not start: {msg}")
-    return task, inbox
 
 
 async def server(n: int, rounds: int, repo: Path, gov_file: Path) -> dict[str, Any]:
@@ -111,7 +93,7 @@ async def server(n: int, rounds: int, repo: Path, gov_file: Path) -> dict[str, A
         "on (generous limits)": create_app(ServerSettings(  # type: ignore[dict-item]
             **base, governance_file=str(gov_file))),
     }
-    running = [await _lifespan(a) for a in apps.values()]
+    running = [await start_lifespan(a) for a in apps.values()]
     body = json.dumps(infer_body(1)).encode()
     hdr = [(b"content-type", b"application/json"),
            (b"content-length", str(len(body)).encode())]
@@ -119,11 +101,9 @@ async def server(n: int, rounds: int, repo: Path, gov_file: Path) -> dict[str, A
         await timed_requests(app, hdr, body, 200)  # warm: first batches, the inline decision
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in apps}
     for i in range(rounds):
-        for k in _order(list(apps), i):
+        for k in rotated(list(apps), i):
             got[k].append(await timed_requests(apps[k], hdr, body, n))
-    for task, inbox in running:
-        await inbox.put({"type": "lifespan.shutdown"})
-        await asyncio.wait_for(task, 30)
+    await stop_lifespan(running)
     off = got["off"]
     out: dict[str, Any] = {}
     for k, v in got.items():

@@ -51,7 +51,14 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "serve"))
 
-from asgi_driver import INFER, App, timed_requests  # noqa: E402
+from asgi_driver import (  # noqa: E402
+    INFER,
+    App,
+    rotated,
+    start_lifespan,
+    stop_lifespan,
+    timed_requests,
+)
 
 
 @dataclass(frozen=True)
@@ -85,13 +92,6 @@ def _fill(v: Any, spans: str) -> Any:
     return v
 
 
-def rotated(names: list[str], r: int) -> list[str]:
-    """Round r starts with series r mod n: a machine getting busier through a round would
-    otherwise always land on the same (last) series."""
-    k = r % len(names)
-    return names[k:] + names[:k]
-
-
 def load_avg() -> float:
     return os.getloadavg()[0]
 
@@ -112,18 +112,6 @@ def _flusher(app: Any) -> Callable[[], None] | None:
     return None if tracing is None else tracing.flush
 
 
-async def _lifespan(app: App) -> tuple[asyncio.Task[None], asyncio.Queue[dict[str, Any]]]:
-    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    await inbox.put({"type": "lifespan.startup"})
-    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"},
-                                    "state": {}}, inbox.get, outbox.put))
-    msg = await outbox.get()
-    if msg["type"] != "lifespan.startup.complete":
-        raise RuntimeError(f"server did not start: {msg}")
-    return task, inbox
-
-
 async def part_asgi(names: list[str], repo: Path, work: Path, n: int, rounds: int
                     ) -> dict[str, Any]:
     from serve_fixtures import infer_body
@@ -135,7 +123,7 @@ async def part_asgi(names: list[str], repo: Path, work: Path, n: int, rounds: in
     files = {k: work / f"asgi-{i}.jsonl" for i, k in enumerate(names)}
     apps: dict[str, App] = {k: create_app(ServerSettings(  # type: ignore[misc]
         **base, **_fill(SERIES[k].settings, str(files[k])))) for k in names}
-    running = [await _lifespan(a) for a in apps.values()]
+    running = [await start_lifespan(a) for a in apps.values()]
     flushes = {k: _flusher(a) for k, a in apps.items()}
     body = json.dumps(infer_body(1)).encode()
     hdr = [(b"content-type", b"application/json"),
@@ -148,9 +136,7 @@ async def part_asgi(names: list[str], repo: Path, work: Path, n: int, rounds: in
         loads.append(load_avg())
         for k in rotated(names, r):
             got[k].append(await timed_requests(apps[k], hdr, body, n, flushes[k]))
-    for task, inbox in running:
-        await inbox.put({"type": "lifespan.shutdown"})
-        await asyncio.wait_for(task, 30)
+    await stop_lifespan(running)
     out = _table(names, {k: [1.0 / w for w, _ in v] for k, v in got.items()}, loads, files,
                  total=n * rounds + 200)
     base = [c for _, c in got[names[0]]]

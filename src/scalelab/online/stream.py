@@ -208,6 +208,8 @@ def corrupt(frame: pl.DataFrame, mask: np.ndarray, rng: np.random.Generator) -> 
     if idx.size == 0:
         return frame
     targets = ["distance", "sched_dep_hour", "temp", "carrier", "origin"]
+    # each value breaks one rule of the schema: negative, out of range, NaN, not a carrier code,
+    # not an airport of the feature vocabulary ("XXX" is such a code, not a placeholder)
     bad: dict[str, Any] = {"distance": -1.0, "sched_dep_hour": 99.0, "temp": float("nan"),
                            "carrier": "#?", "origin": "XXX"}
     first = rng.integers(0, len(targets), size=idx.size)
