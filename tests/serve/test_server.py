@@ -9,17 +9,23 @@ from pathlib import Path
 import httpx
 import pytest
 from serve_client import fire, samples, wait_for
-from serve_fixtures import infer_body, start_server
+from serve_fixtures import add_model, infer_body, start_server
 
 
-def test_sigterm_finishes_in_flight_requests(repo: Path, tmp_path: Path) -> None:
+def test_sigterm_finishes_in_flight_requests(tmp_path: Path) -> None:
+    # 6 serial requests of 0.5 s each: at least 3 stay in flight for about 1.5 s, a window
+    # that a poll every 50 ms catches even on a loaded machine (40 ms rows left ~0.1 s)
+    repo = tmp_path / "repo"
+    add_model(repo, "drain", {1: 3}, arch="delay_mlp", extra_params={"batch_ms": 500, "row_ms": 0},
+              max_batch_size=1, dynamic_batching={"max_queue_size": 8, "max_queue_delay_ms": 1,
+                                                  "default_timeout_ms": 30000})
     srv = start_server(repo, tmp_path / "server.log")
     try:
         results: list[httpx.Response] = []
         t = threading.Thread(target=lambda: results.extend(
-            fire(f"{srv.url}/v2/models/slow/infer", 6, lambda i: infer_body(1, seed=i))))
+            fire(f"{srv.url}/v2/models/drain/infer", 6, lambda i: infer_body(1, seed=i))))
         t.start()
-        wait_for(lambda: samples(srv.url, "scalelab_inflight_requests", model="slow") >= 3,
+        wait_for(lambda: samples(srv.url, "scalelab_inflight_requests", model="drain") >= 3,
                  "requests in flight")
         rc = srv.stop()
         t.join(timeout=60)
