@@ -10,7 +10,7 @@ import pytest
 
 from scalelab.cli import run
 from scalelab.core.errors import BadUsageError
-from scalelab.core.records import Latency, append_records, make_record
+from scalelab.core.records import Latency, append_records, make_record, read_records
 from scalelab.load.autoscale import ReplicaModel, SimConfig, scale_to_zero, simulate
 from scalelab.load.coldstart import cold_start, weighted_quantile
 from scalelab.load.slo import parse_slo
@@ -97,9 +97,12 @@ def test_cli_min_zero_reports_cold_starts(tmp_path: Path,
     tr.write_text("time,rate\n0,0\n99,0\n100,100\n399,100\n400,0\n1200,0\n")
     argv = ["autoscale", "simulate", "--capacity", str(recs), "--trace", str(tr), "--signal",
             "rps", "--target", "50", "--startup", "20s", "--metric-window", "1s"]
-    assert run([*argv, "--min", "0", "--external", "--price", "3.6", "--json"]) == 0
+    # a replica of 75 cores at the table's $0.048 per core-hour costs $3.6 an hour
+    assert run([*argv, "--min", "0", "--external", "--replica-cores", "75", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     z = doc["scale_to_zero"][0]
+    assert doc["price"]["replica_hour_usd"] == pytest.approx(3.6)
+    assert z["cost_saved"] == pytest.approx(0.601)  # 601 s at $3.6 a replica-hour
     assert (doc["startup_s"], doc["startup_measured"]) == (20.0, False)
     assert (z["cold_requests"], z["added_p50_ms"], z["added_p99_ms"]) == (2500.0, 13000.0,
                                                                           25000.0)
@@ -108,6 +111,16 @@ def test_cli_min_zero_reports_cold_starts(tmp_path: Path,
     assert run([*argv, "--min", "0", "--external"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "2500 requests met no ready replica in 1 cold start(s)" in out
+    # the table from a scalelab.yaml's prices: section; the records' machine gives the cores
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text("prices:\n  core_hour_usd: 1.5\nstages: {}\n")
+    assert run([*argv, "--prices", str(cfg), "--json"]) == 0
+    cores = read_records(recs)[0].machine.cores
+    assert json.loads(capsys.readouterr().out)["price"]["replica_hour_usd"] == \
+        pytest.approx(1.5 * cores)
+    cfg.write_text("prices:\n  core_hour_usd: cheap\n")
+    assert run([*argv, "--prices", str(cfg)]) == 2
+    assert "core_hour_usd" in capsys.readouterr().err
     assert run([*argv, "--min", "0"]) == 2
     assert "needs --external" in capsys.readouterr().err
     assert run([*argv[:-4], "--startup", "measure"]) == 2

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, json_option
+from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.records import read_records
 from scalelab.core.units import parse_duration
@@ -62,8 +63,12 @@ def app() -> None:
 @click.option("--max", "max_replicas", type=int, default=20, show_default=True)
 @click.option("--metric-window", default="15s", show_default=True,
               help="The HPA sees metrics averaged over this window.")
-@click.option("--price", type=float, default=1.0, show_default=True,
-              help="Cost of one replica-hour.")
+@prices_option
+@click.option("--replica-cores", type=click.FloatRange(min=0, min_open=True),
+              help="vCPUs one replica is priced at (default: the cores of the machine the "
+                   "records were measured on).")
+@click.option("--replica-gpus", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="GPUs one replica is priced at.")
 @click.option("--base-rate", type=float, help="Built-in traces: lowest rate (default: 1 replica "
                                                  "at the design load).")
 @click.option("--peak-rate", type=float, help="Built-in traces: highest rate (default: 8× base).")
@@ -74,7 +79,8 @@ def app() -> None:
 def simulate_cmd(capacity: Path, trace: str, signal: str, target: float | None, design_load: str,
                  slo: str | None, startup: str, model_repo: Path | None, min_replicas: int,
                  external: bool, max_replicas: int,
-                 metric_window: str, price: float, base_rate: float | None,
+                 metric_window: str, prices_file: Path | None, replica_cores: float | None,
+                 replica_gpus: float, base_rate: float | None,
                  peak_rate: float | None, compare_signals: bool, experiment: str | None,
                  plot: Path | None, as_json: bool) -> None:
     """Replay TRACE; report replicas, SLO violations, cost and oscillations per signal."""
@@ -82,6 +88,10 @@ def simulate_cmd(capacity: Path, trace: str, signal: str, target: float | None, 
             if r.stage.startswith(("load", "llm"))  # llm: `load llm` records (latency = TTFT)
             and (experiment is None or r.experiment == experiment)]
     model = ReplicaModel.from_records(recs)
+    # A replica-hour is priced from the one price table, at the cores the replica was measured on.
+    cores = replica_cores if replica_cores is not None else max(r.machine.cores for r in recs)
+    table = resolve_prices(prices_file)
+    price = table.hourly_usd(cores, replica_gpus)
     slo_text = slo or next((str(r.extras["slo"]) for r in recs
                             if r.extras.get("slo") and r.stage.startswith("load")), None)
     if not slo_text:
@@ -129,6 +139,8 @@ def simulate_cmd(capacity: Path, trace: str, signal: str, target: float | None, 
         "ranking": rank(results) if compare_signals else None,
         "plot": str(plot) if plot else None,
         "startup_s": startup_s, "startup_measured": measured,
+        "price": {"replica_hour_usd": price, "replica_cores": cores, "replica_gpus": replica_gpus,
+                  "core_hour_usd": table.core_hour_usd, "gpu_hour_usd": table.gpu_hour_usd},
         "scale_to_zero": [scale_to_zero(z, one, price) for z, one in zip(results, floor,
                                                                          strict=True)]
         if floor else None,
@@ -176,6 +188,12 @@ def _render(c: Console, doc: dict[str, Any]) -> None:
         c.print("ranking (fewest SLO-violating requests, then cost): "
                 + " > ".join(x["signal"] for x in doc["ranking"])
                 + f"; pick {best['signal']}")
+    pr = doc["price"]
+    cores = pr["replica_cores"]
+    c.print(f"cost: replica-hours × ${pr['replica_hour_usd']:.4g} ({cores:g} "
+            f"{'core' if cores == 1 else 'cores'} × ${pr['core_hour_usd']:g}"
+            + (f" + {pr['replica_gpus']:g} GPUs × ${pr['gpu_hour_usd']:g}"
+               if pr["replica_gpus"] else "") + "; --prices, --replica-cores)")
     for z in doc["scale_to_zero"] or []:
         c.print(_zero_text(z, doc["startup_s"], doc["startup_measured"]))
     if doc["plot"]:
@@ -192,8 +210,8 @@ def _zero_text(z: dict[str, Any], startup_s: float, measured: bool) -> str:
             f"start(s), waiting p50 {ms(z['added_p50_ms'])}, p99 {ms(z['added_p99_ms'])} more"
             + (f" ({z['unserved']:.0f} still waiting at the end)" if z["unserved"] else "")
             + f"; {z['zero_seconds'] / 3600:.2f} h at zero saves "
-            f"{z['replica_seconds_saved'] / 3600:.2f} replica-h ({z['cost_saved']:.2f} at "
-            f"--price) vs --min 1, for {z['added_violating_requests']:.0f} more slow requests")
+            f"{z['replica_seconds_saved'] / 3600:.2f} replica-h (${z['cost_saved']:.2f}) "
+            f"vs --min 1, for {z['added_violating_requests']:.0f} more slow requests")
 
 
 def _plot(results: list[SimResult], name: str, path: Path) -> None:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, json_option, jsonable, parse_list
+from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.core.units import format_bytes
 
 
@@ -142,17 +143,18 @@ def run_cmd(input_: Path, out: Path, engine: str, address: str | None, workers: 
 @click.option("--sample", type=int, default=None,
               help="About SAMPLE flights per copy instead of all 336,776.")
 @click.option("--defects", default=None, help="Defects injected (default: bench defects).")
-@click.option("--price-per-core-hour", type=float, default=None,
-              help="USD per core-hour for the cost (default 0.048).")
+@prices_option
+@click.option("--price-per-core-hour", type=float,
+              help="Overrides the price table's core_hour_usd for this run (--prices).")
 @click.option("--repeats", type=int, default=1, show_default=True)
 @json_option
 def bench_cmd(scale: str, engine: str, workers: int | None, address: str | None,
               records: Path | None, work: Path | None, sample: int | None, defects: str | None,
-              price_per_core_hour: float | None, repeats: int, as_json: bool) -> None:
+              prices_file: Path | None, price_per_core_hour: float | None, repeats: int,
+              as_json: bool) -> None:
     """Time the pipeline at each scale; write one record (stage "data") per level."""
     from scalelab.data.bench import (
         DEFAULT_DEFECTS,
-        DEFAULT_PRICE_PER_CORE_HOUR,
         BenchConfig,
         run_bench,
     )
@@ -161,8 +163,8 @@ def bench_cmd(scale: str, engine: str, workers: int | None, address: str | None,
         scales=tuple(parse_list(scale, what="--scale", kind=int)), engine=engine,
         workers=workers, address=address, work=work, sample=sample,
         defects=DEFAULT_DEFECTS if defects is None else defects, repeats=repeats,
-        price_per_core_hour=(DEFAULT_PRICE_PER_CORE_HOUR if price_per_core_hour is None
-                             else price_per_core_hour))
+        price_per_core_hour=resolve_prices(
+            prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
     recs = run_bench(cfg, records)
     data = [jsonable(r) for r in recs]
 

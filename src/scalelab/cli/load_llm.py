@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
+from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._sweep import levels
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
@@ -75,11 +76,13 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True,
                      help="Share of measured requests sent with a fresh sampled W3C "
                           "traceparent; their trace ids are in the result (--json)."),
-        click.option("--core-hour-usd", type=float, default=0.048, show_default=True,
-                     help="Price of one core-hour, for cost per 1k tokens."),
+        prices_option,
+        click.option("--core-hour-usd", type=float,
+                     help="Overrides the price table's core_hour_usd (--prices), for cost "
+                          "per 1k tokens."),
         click.option("--cores", type=int, help="Cores the server uses (default: this machine's)."),
-        click.option("--gpu-hour-usd", type=float, default=3.0, show_default=True,
-                     help="Price of one GPU-hour."),
+        click.option("--gpu-hour-usd", type=float,
+                     help="Overrides the price table's gpu_hour_usd (--prices)."),
         click.option("--gpus", type=int, default=0, show_default=True,
                      help="GPUs the server uses."),
     ]
@@ -121,11 +124,13 @@ def _workload(url: str, kw: dict[str, Any]) -> tuple[Target, Workload, list[byte
 
 
 def price_per_hour(kw: dict[str, Any]) -> float:
-    """The server's hourly price: cores × core-hour + GPUs × GPU-hour."""
+    """The server's hourly price from the one price table: cores × core-hour + GPUs × GPU-hour."""
     cores = kw.get("cores") or available_cores()
-    if cores < 1 or kw["gpus"] < 0 or kw["core_hour_usd"] < 0 or kw["gpu_hour_usd"] < 0:
-        raise BadUsageError("--cores must be >= 1; --gpus and prices must be >= 0")
-    return cores * kw["core_hour_usd"] + kw["gpus"] * kw["gpu_hour_usd"]
+    if cores < 1 or kw["gpus"] < 0:
+        raise BadUsageError("--cores must be >= 1 and --gpus >= 0")
+    table = resolve_prices(kw.get("prices_file"), core_hour_usd=kw.get("core_hour_usd"),
+                           gpu_hour_usd=kw.get("gpu_hour_usd"))
+    return table.hourly_usd(cores, kw["gpus"])
 
 
 def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], warm: float,

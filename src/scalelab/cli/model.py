@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option, parse_list
+from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.core.errors import BadUsageError
 from scalelab.core.records import (
     Latency,
@@ -136,8 +137,11 @@ def _render_compress(out: dict[str, Any]) -> Any:
               help="torch threads while timing (a serving worker's).")
 @click.option("--rounds", type=int, default=3, show_default=True,
               help="Timing rounds, variants interleaved; the median round is reported.")
-@click.option("--price-per-core-hour", type=float, default=0.04, show_default=True)
-@click.option("--price-per-gpu-hour", type=float, default=3.0, show_default=True)
+@prices_option
+@click.option("--price-per-core-hour", type=float,
+              help="Overrides the price table's core_hour_usd for this run (--prices).")
+@click.option("--price-per-gpu-hour", type=float,
+              help="Overrides the price table's gpu_hour_usd for this run (--prices).")
 @click.option("--cache-ttl", default="5s", show_default=True, help="Cache entry lifetime.")
 @click.option("--cache-rate", type=float, default=200.0, show_default=True,
               help="Request rate of the cache's stream (per second).")
@@ -152,8 +156,9 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
              max_train_rows: int, max_test_rows: int, epochs: int, finetune_epochs: int,
              temperature: float, alpha: float, student_hidden: str, transfer_fraction: float,
              taus: str, cascade_max_loss: float, tolerance: float, batch_sizes: str,
-             calls: int, threads: int, rounds: int, price_per_core_hour: float,
-             price_per_gpu_hour: float, cache_ttl: str, cache_rate: float, cache_zipf: float,
+             calls: int, threads: int, rounds: int, prices_file: Path | None,
+             price_per_core_hour: float | None, price_per_gpu_hour: float | None,
+             cache_ttl: str, cache_rate: float, cache_zipf: float,
              cache_capacity: int, cache_requests: int, as_json: bool) -> None:
     """Build compressed variants of a flights model and measure each on the same test rows.
 
@@ -169,6 +174,8 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
     if cache_rate <= 0 or cache_requests < 1:
         raise BadUsageError("--cache-rate must be > 0 and --cache-requests >= 1")
     dev = resolve_device(device)
+    prices = resolve_prices(prices_file, core_hour_usd=price_per_core_hour,
+                            gpu_hour_usd=price_per_gpu_hour)
     cfg = CompressConfig(
         variants=parse_list(variants, what="--variants", kind=str), device=dev,
         max_train_rows=max_train_rows, max_test_rows=max_test_rows,
@@ -182,8 +189,8 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
         measure=MeasureConfig(batch_sizes=parse_list(batch_sizes, what="--batch-sizes",
                                                      kind=int),
                               calls=calls, threads=threads, rounds=rounds,
-                              price_per_core_hour=price_per_core_hour,
-                              price_per_gpu_hour=price_per_gpu_hour),
+                              price_per_core_hour=prices.core_hour_usd,
+                              price_per_gpu_hour=prices.gpu_hour_usd),
         cache_requests=cache_requests, cache_zipf_s=cache_zipf, cache_rate_per_s=cache_rate,
         cache_ttl_s=parse_duration(cache_ttl, what="--cache-ttl"),
         cache_capacity=cache_capacity)

@@ -16,6 +16,7 @@ import click
 from rich.console import Console
 
 from scalelab.cli._output import emit, json_option
+from scalelab.cli._prices import prices_option, resolve_prices
 
 start_option = click.option("--start", default=None,
                             help="First hour replayed, ISO (e.g. 2013-01-01T00); default: all.")
@@ -259,7 +260,9 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
 @click.option("--policies", default="never,monthly,weekly,daily,drift", show_default=True,
               help="Comma-separated policies.")
 @click.option("--drift-threshold", default=50.0, show_default=True, type=float)
-@click.option("--price-per-core-hour", default=0.048, show_default=True, type=float)
+@prices_option
+@click.option("--price-per-core-hour", type=float,
+              help="Overrides the price table's core_hour_usd for this run (--prices).")
 @click.option("--records", "records_path", default=None,
               type=click.Path(dir_okay=False, path_type=Path),
               help="Append one record per policy (JSON Lines) here.")
@@ -270,7 +273,8 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
 @delay_option
 @seed_option
 @json_option
-def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, price_per_core_hour: float,
+def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, prices_file: Path | None,
+              price_per_core_hour: float | None,
               records_path: Path | None, bootstrap_days: float, lookback_hours: float,
               tick_hours: float, tolerance: float, rollback_tolerance: float,
               start: str | None, end: str | None, faults: tuple[str, ...], label_delay: float,
@@ -286,7 +290,8 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, price_per_co
                       updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
                                               tolerance, rollback_tolerance),
                       drift_threshold=drift_threshold,
-                      price_per_core_hour=price_per_core_hour)
+                      price_per_core_hour=resolve_prices(
+                          prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
     res = run_bench(cfg, out_dir, new_experiment_id("online"))
     if records_path is not None:
         append_records(records_path, res["records"])

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option, parse_list
+from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.errors import BadUsageError
 
@@ -218,14 +219,17 @@ def serve_cmd(governance: Path | None,
               help="Queries/s of the fixed-rate latency run at each operating point.")
 @click.option("--fresh-singles", type=int, default=20, show_default=True,
               help="Single new documents timed from text to answerable.")
-@click.option("--price-per-core-hour", type=float, default=0.04, show_default=True)
+@prices_option
+@click.option("--price-per-core-hour", type=float,
+              help="Overrides the price table's core_hour_usd for this run (--prices).")
 @click.option("--seed", type=int, default=13, show_default=True)
 @click.option("--records", type=click.Path(path_type=Path), default=None,
               help="Append records here (default OUT/records.jsonl).")
 @json_option
 def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: str,
               embedder: str, cache: Path | None, recall_target: float, arrival_rate: float,
-              fresh_singles: int, price_per_core_hour: float, seed: int,
+              fresh_singles: int, prices_file: Path | None,
+              price_per_core_hour: float | None, seed: int,
               records: Path | None, as_json: bool) -> None:
     """ann-benchmarks style: one thread, one query at a time, a parameter grid per index."""
     from scalelab.retrieval.bench import BenchConfig, render_bench, run_bench, split_indexes
@@ -234,6 +238,8 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
                       questions=questions, indexes=split_indexes(indexes), embedder=embedder,
                       cache=_cache(cache, False), out=out, recall_target=recall_target,
                       arrival_rate=arrival_rate, fresh_singles=fresh_singles,
-                      price_per_core_hour=price_per_core_hour, seed=seed, records=records)
+                      price_per_core_hour=resolve_prices(
+                          prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
+                      seed=seed, records=records)
     result = run_bench(cfg)
     emit(result, as_json, lambda con: render_bench(con, result))

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option, parse_list
+from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli.train_transformer import (
     run_transformer,
     run_transformer_bench,
@@ -281,12 +283,15 @@ def _render_bench(b: Any) -> Callable[[Console], None]:
 @click.option("--steps", type=int, default=40, show_default=True, help="Steps per level.")
 @click.option("--records", type=click.Path(dir_okay=False), default=None,
               help="Append the records to this JSON Lines file.")
+@prices_option
 @click.option("--price-per-core-hour", type=click.FloatRange(min=0), default=None,
-              help="USD per core-hour: each level's cost from the CPU-seconds it used.")
+              help="Overrides the price table's core_hour_usd (--prices): each level's "
+                   "cost from the CPU-seconds it used.")
 @json_option
 @click.pass_context
 def bench(ctx: click.Context, nprocs: str, batches: str, steps: int, records: str | None,
-          as_json: bool, timeout: str, price_per_core_hour: float | None,
+          as_json: bool, timeout: str, prices_file: Path | None,
+          price_per_core_hour: float | None,
           **common: Any) -> None:
     """Sweep worker processes: throughput, efficiency, communication share, Karp–Flatt, USL.
 
@@ -309,7 +314,8 @@ def bench(ctx: click.Context, nprocs: str, batches: str, steps: int, records: st
         experiment=new_experiment_id("train-bench"),
         timeout_s=parse_duration(timeout, what="--timeout"),
         on_level=lambda msg: err_console.print(f"[dim]running {msg}[/]", markup=True),
-        on_warning=_warn, price_per_core_hour=price_per_core_hour)
+        on_warning=_warn, price_per_core_hour=resolve_prices(
+            prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
     if records:
         append_records(records, result.records)
     emit({"experiment": result.experiment, "sweeps": result.sweeps,

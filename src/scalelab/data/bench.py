@@ -18,6 +18,7 @@ from pathlib import Path
 
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
+from scalelab.core.prices import DEFAULT as DEFAULT_PRICES
 from scalelab.core.records import Cost, Record, append_records, make_record, new_experiment_id
 from scalelab.core.usage import UsageMeter
 from scalelab.data.generate import GenerateConfig, base_flights, generate_one, parse_defects
@@ -25,7 +26,7 @@ from scalelab.data.pipeline import RunConfig, run_pipeline
 
 DEFAULT_DEFECTS = ("duplicates=0.01,out_of_range=0.005,nulls=0.005,unparsable=0.002,"
                    "label_conflicts=0.001")
-DEFAULT_PRICE_PER_CORE_HOUR = 0.048
+DEFAULT_PRICE_PER_CORE_HOUR = DEFAULT_PRICES.core_hour_usd
 """USD per core-hour: roughly an on-demand general-purpose cloud vCPU in 2024-2026
 (e.g. 2 vCPU / 8 GiB at ~$0.096/h); pass --price-per-core-hour for yours."""
 

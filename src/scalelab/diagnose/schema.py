@@ -10,6 +10,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scalelab.core.objectives import Objective
+from scalelab.core.prices import Prices
+
+__all__ = ["ObjectiveSpec", "Prices", "StageSettings", "Strict"]
 
 
 class Strict(BaseModel):
@@ -33,20 +36,6 @@ class ObjectiveSpec(Strict):
 
     def build(self) -> Objective:
         return Objective(metric=self.metric, min=self.min, max=self.max, label=self.label)
-
-
-class Prices(Strict):
-    """The one price table every stage's cost is computed from."""
-
-    core_hour_usd: float = Field(default=0.048, ge=0)
-    """On-demand price of one vCPU-hour (a c7i-class core)."""
-    gpu_hour_usd: float = Field(default=3.0, ge=0)
-    """On-demand price of one data-centre GPU-hour."""
-    gb_month_usd: float = Field(default=0.023, ge=0)
-    """Object storage per GB-month."""
-    watts_per_core: float = Field(default=3.5, gt=0)
-    """Watts of one busy core, for energy where RAPL is not readable: core-seconds × this
-    (Cloud Carbon Footprint's AWS figure for a vCPU at full load; see core/energy.py)."""
 
 
 class StageSettings(Strict):

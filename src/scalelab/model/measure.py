@@ -25,6 +25,7 @@ from torch import nn
 
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import current_machine
+from scalelab.core.prices import DEFAULT as DEFAULT_PRICES
 from scalelab.nets.onnx import OnnxNet
 
 Predictor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -48,9 +49,9 @@ class MeasureConfig:
     """torch intra-op threads while timing. One, as in a serving worker (replicas, not threads,
     scale a tiny model; and on a shared machine a second thread that is not scheduled stalls
     every parallel region by milliseconds). Cost counts this many cores."""
-    price_per_core_hour: float = 0.04
+    price_per_core_hour: float = DEFAULT_PRICES.core_hour_usd
     """USD per CPU core-hour (roughly an on-demand cloud vCPU)."""
-    price_per_gpu_hour: float = 3.0
+    price_per_gpu_hour: float = DEFAULT_PRICES.gpu_hour_usd
     """USD per GPU-hour, used when the device is CUDA."""
 
     def __post_init__(self) -> None:

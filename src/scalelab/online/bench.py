@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadInputError
+from scalelab.core.prices import DEFAULT as DEFAULT_PRICES
 from scalelab.core.records import Cost, Latency, Record, make_record
 from scalelab.online.ingest import ingest_source, load_rules
 from scalelab.online.log import EventLog
@@ -40,7 +41,7 @@ class BenchConfig:
     drift_delta: float = 0.005
     drift_min_gap: int = 1
     batch_size: int = 4096
-    price_per_core_hour: float = 0.048
+    price_per_core_hour: float = DEFAULT_PRICES.core_hour_usd
     schema: Path | None = None
     """A schema file; None infers one from the clean replay (scalelab data infer)."""
 

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.core.errors import BadUsageError
+from scalelab.core.prices import DEFAULT as DEFAULT_PRICES
 from scalelab.core.records import (
     Cost,
     Latency,
@@ -104,7 +105,7 @@ class BenchConfig:
     recall_target: float = 0.95
     arrival_rate: float = 100.0
     """Queries/s of the fixed-rate (open-loop) run at each operating point."""
-    price_per_core_hour: float = 0.04
+    price_per_core_hour: float = DEFAULT_PRICES.core_hour_usd
     seed: int = 13
     fresh_singles: int = 20
     """Single new documents timed from text to answerable."""
