@@ -2,19 +2,28 @@
 validated ingestion on one core.
 
 Run: .venv/bin/python benchmarks/bench_online.py [--policies never,monthly,weekly,daily,drift,...]
-         [--end 2014-01-01T06] [--river-model hoeffding] [--skip-river] [--out FILE]
+         [--calibration-end 2013-05-01T00] [--thresholds 25,50,...] [--budget 0.3333]
+         [--start HOUR] [--end HOUR] [--river-model hoeffding] [--skip-river] [--out FILE]
+A quiet re-run of everything (calibration, evaluation, ingestion, river): about 15-20 minutes
+on 2 cores (measured: see docs/online.md); --skip-river saves ~3 of them.
 
 Parts:
+- calibration (`online.calibrate`): the drift threshold is chosen by a stated rule on a period
+  the evaluation never sees -- 2013-01-01 up to --calibration-end (January-April by default;
+  its own log, schema and 28-day bootstrap): replay monthly / weekly / daily and drift:T for
+  each T of --thresholds, take the best fixed period by macro F1, and pick the T with the best
+  macro F1 within --budget (1/3) of its update compute. --no-calibration skips it.
+- policies (the evaluation replay, from --start, default --calibration-end, to --end):
+  prequential macro F1 (4 classes, every flight after the 28-day bootstrap, scored when its
+  label arrives 6 h after departure), accuracy, update attempts, compute (rows x epochs trained
+  by updates; CPU seconds) for never / monthly / weekly / daily / drift-triggered at the
+  default threshold (50) and at the calibrated one, all on one log, torch on one thread.
+  Target: drift within 1 macro-F1 point of the best fixed period at <= 1/3 of its update
+  compute.
 - ingestion: `scalelab online ingest` pinned to one core (taskset -c 0, POLARS_MAX_THREADS=1)
-  on the whole year, at two batch sizes: validated events/s (wall) and per CPU second. Target:
-  >= 50,000 events/s validated on one core.
-- policies: prequential macro F1 (4 classes, every flight after the 28-day bootstrap, scored
-  when its label arrives 6 h after departure), accuracy, update attempts, compute (rows x epochs
-  trained by updates; CPU seconds) for never / monthly / weekly / daily / drift-triggered
-  (Page-Hinkley threshold 50, the default, and 150 and 400: how the trade-off moves), all on
-  one log, torch on one thread. Target: drift within 1 macro-F1 point of the best fixed period
-  at <= 1/3 of its update compute.
-- river: river 0.26.1's evaluate.progressive_val_score on the same accepted events, same
+  on the whole year (its own schema), at two batch sizes: validated events/s (wall) and per
+  CPU second. Target: >= 50,000 events/s validated on one core.
+- river: river 0.26.1's evaluate.progressive_val_score on the evaluation's accepted events, same
   6 h label delay (moment = departure hour), the river model first taught the same bootstrap
   month with learn_one, so both sides predict the same flights with the same knowledge. river
   lives in benchmarks/.venvs/river, created here on first use, never a project dependency.
@@ -113,10 +122,26 @@ def ingestion(schema: Path, end: str | None, batch: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--policies", default="never,monthly,weekly,daily,drift,drift:150,drift:400")
-    ap.add_argument("--end", default=None, help="Stop the replay before this hour (ISO).")
-    ap.add_argument("--drift-threshold", type=float, default=50.0)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 2)[2])
+    ap.add_argument("--policies", default="never,monthly,weekly,daily,drift",
+                    help="Evaluation policies; the calibrated drift:T is added (default: "
+                         "%(default)s).")
+    ap.add_argument("--calibration-end", default="2013-05-01T00",
+                    help="The calibration period is 2013-01-01 up to this hour (ISO; default "
+                         "%(default)s).")
+    ap.add_argument("--no-calibration", action="store_true", help="Skip the calibration.")
+    ap.add_argument("--thresholds", default="25,50,100,150,200,300,400",
+                    help="Page-Hinkley thresholds tried on the calibration period.")
+    ap.add_argument("--budget", type=float, default=1 / 3,
+                    help="Calibration budget: share of the best fixed period's update compute.")
+    ap.add_argument("--start", default=None,
+                    help="First hour of the evaluation replay (ISO; default: --calibration-end, "
+                         "or 2013-01-01 with --no-calibration).")
+    ap.add_argument("--end", default=None, help="Stop the evaluation replay before this hour.")
+    ap.add_argument("--drift-threshold", type=float, default=50.0,
+                    help="The `drift` policy's threshold (the product's default).")
     ap.add_argument("--river-model", default="hoeffding", choices=["hoeffding", "softmax"])
     ap.add_argument("--skip-river", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "scalelab-out" / "bench_online.json")
@@ -126,6 +151,8 @@ def main() -> None:
 
     from scalelab.core.machine import current_machine
     from scalelab.online.bench import BenchConfig, compare_policies, run_bench
+    from scalelab.online.calibrate import CalibrationConfig, run_calibration
+    from scalelab.online.schema import write_schema
     from scalelab.online.stream import StreamConfig
 
     torch.set_num_threads(1)
@@ -133,28 +160,56 @@ def main() -> None:
     print(f"machine: {m.cores} cores, {m.memory_bytes / 2**30:.0f} GiB, {m.device}; "
           f"load average {load()} (shared, busy machine)")
     work = ROOT / "scalelab-out" / "bench-online"
+    policies = args.policies.split(",")
+    start = args.start
+    calibration: dict[str, Any] | None = None
+    if not args.no_calibration:
+        start = start or args.calibration_end
+        ccfg = CalibrationConfig(thresholds=[float(t) for t in args.thresholds.split(",")],
+                                 budget=args.budget)
+        t0 = time.perf_counter()
+        choice, cres = run_calibration(
+            ccfg, BenchConfig(stream=StreamConfig(end=args.calibration_end)),
+            work / "calibration", "bench-online-calibration")
+        print(f"\ncalibration on 2013-01-01 .. {args.calibration_end} (its own log, schema "
+              f"and bootstrap; {cres['span_days']:.0f} days, {time.perf_counter() - t0:.0f} s, "
+              f"load {load()}):")
+        for tr in choice.trials:
+            mark = " <- chosen" if tr.policy == choice.policy else ""
+            print(f"  {tr.policy:>10} macro F1 {tr.macro_f1:.4f}  update samples "
+                  f"{tr.update_samples:>10,d}{mark}")
+        print(f"  rule: {choice.reason}; best fixed {choice.reference} "
+              f"({choice.reference_macro_f1:.4f}), budget {choice.budget_samples:,.0f} samples "
+              f"-> threshold {choice.threshold:g}")
+        calibration = {**choice.to_dict(), "period": ["2013-01-01T00", args.calibration_end],
+                       "stream": cres["stream"]}
+        if choice.policy not in policies:
+            policies.append(choice.policy)
     t0 = time.perf_counter()
-    cfg = BenchConfig(policies=args.policies.split(","), stream=StreamConfig(end=args.end),
+    cfg = BenchConfig(policies=policies, stream=StreamConfig(start=start, end=args.end),
                       drift_threshold=args.drift_threshold)
     res = run_bench(cfg, work, "bench-online")
     rows = [p["result"] for p in res["policies"]]
-    print(f"\npolicies ({res['span_days']:.0f} days, {time.perf_counter() - t0:.0f} s, load "
-          f"{load()}):")
-    print(f"{'policy':>8} {'macroF1':>8} {'acc':>7} {'upd/30d':>8} {'prom':>5} {'ref':>5} "
+    print(f"\npolicies ({start or '2013-01-01T00'} .. {args.end or 'end of 2013'}: "
+          f"{res['span_days']:.0f} days, {time.perf_counter() - t0:.0f} s, load {load()}):")
+    print(f"{'policy':>9} {'macroF1':>8} {'acc':>7} {'upd/30d':>8} {'prom':>5} {'ref':>5} "
           f"{'rb':>4} {'upd samples':>12} {'train CPU s':>11} {'stale h':>8}")
     for r in rows:
-        print(f"{r['policy']:>8} {r['macro_f1']:8.4f} {r['accuracy']:7.4f} "
+        print(f"{r['policy']:>9} {r['macro_f1']:8.4f} {r['accuracy']:7.4f} "
               f"{r['updates_per_30d']:8.2f} {r['promoted']:5d} {r['refused']:5d} "
               f"{r['rolled_back']:4d} {r['update_samples']:12,d} {r['train_cpu_s']:11.1f} "
               f"{r['staleness_h']:8.0f}")
     cmp_ = compare_policies(rows)
     for d in cmp_.get("drift", []):
-        print(f"{d['policy']}: {-d['gap_points']:+.2f} macro-F1 points vs the best fixed period "
-              f"({cmp_['best_fixed']}) at {d['compute_ratio']:.2f}x its update compute -> "
-              f"target {'met' if d['target_met'] else 'MISSED'} (>= -1 point at <= 0.33x)")
+        tag = " (calibrated)" if calibration and d["policy"] == calibration["policy"] else ""
+        print(f"{d['policy']}{tag}: {-d['gap_points']:+.2f} macro-F1 points vs the best fixed "
+              f"period ({cmp_['best_fixed']}) at {d['compute_ratio']:.2f}x its update compute "
+              f"-> target {'met' if d['target_met'] else 'MISSED'} (>= -1 point at <= 0.33x)")
 
-    ing = [ingestion(Path(res["schema"]), args.end, b) for b in (256, 4096)]
-    print("\ningestion, validated, one core:")
+    year_schema = write_schema(work / "schema-ingest.json", StreamConfig(end=args.end))
+    ing = [ingestion(year_schema, args.end, b) for b in (256, 4096)]
+    print("\ningestion, validated, one core (2013-01-01 .. "
+          f"{args.end or 'end of 2013'}):")
     for i in ing:
         print(f"  batch {i['batch']:5d}: {i['events_per_s']:10,.0f} events/s wall, "
               f"{i['events_per_cpu_s']:10,.0f} per CPU s ({i['events']:,} events, "
@@ -187,7 +242,8 @@ def main() -> None:
               f"{river['macro_f1']:.4f}, accuracy {river['accuracy']:.4f} on {river['scored']:,} "
               f"flights, {river['cpu_s']:.0f} CPU s (load {load()})")
     doc = {"machine": {"cores": m.cores, "memory_bytes": m.memory_bytes, "device": m.device},
-           "policies": rows, "drift_vs_best_fixed": cmp_, "ingestion": ing, "river": river,
+           "calibration": calibration, "policies": rows, "drift_vs_best_fixed": cmp_,
+           "ingestion": ing, "river": river,
            "stream": res["stream"], "load_after": load()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2, default=str))

@@ -68,3 +68,24 @@ def test_replay_publishes_through_serve_canary_promote_and_rollback(
     assert routing.get("candidate") is None  # no canary left open
     if out["promoted"]:
         assert routing["current"] in versions
+
+
+def test_calibrate_json_and_bad_input(tmp_path: Path, week_schema: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["online", "calibrate", "--out", str(tmp_path / "cal"), "--schema", str(week_schema),
+            "--end", "2013-01-05T00", "--bootstrap-days", "3", "--lookback-hours", "48",
+            "--references", "daily", "--thresholds", "50", "--json"]
+    assert run(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["reference"] == "daily" and out["period"]["end"] == "2013-01-05T00"
+    assert [t["policy"] for t in out["trials"]] == ["daily", "drift:50"]
+    # one window after the bootstrap: daily fine-tunes once, Page-Hinkley has too little
+    # evidence to fire, so drift:50 spends nothing and fits the budget
+    assert out["trials"][0]["update_samples"] > 0 and out["trials"][1]["update_samples"] == 0
+    assert out["policy"] == "drift:50" and out["within_budget"] is True
+    assert out["budget_samples"] == out["trials"][0]["update_samples"] / 3
+    assert run([*args, "--budget", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "budget 0.0 must lie in (0, 1]" in err and "Traceback" not in err
+    assert run([*args, "--references", "drift"]) == 2
+    assert "'drift' must be a fixed period" in capsys.readouterr().err

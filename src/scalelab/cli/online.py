@@ -4,6 +4,7 @@
     scalelab online ingest --log log.sqlite --schema schema.json [--fault KIND@HOUR...]
     scalelab online replay --log log.sqlite --schema schema.json --policy drift [--model-repo R]
     scalelab online bench  [--policies never,monthly,weekly,daily,drift]
+    scalelab online calibrate --end 2013-05-01T00 [--thresholds 25,50,...] [--budget 0.3333]
 """
 
 from __future__ import annotations
@@ -321,5 +322,67 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, prices_file:
         if cmp_:
             c.print(f"drift: {-cmp_['gap_points']:+.2f} macro-F1 points vs the best fixed period "
                     f"({cmp_['best_fixed']}) at {cmp_['compute_ratio']:.2f}x its update compute")
+
+    emit(out, as_json, render)
+
+
+@app.command("calibrate")
+@click.option("--out", "out_dir", default=Path("scalelab-out/online-calibration"),
+              show_default=True, type=click.Path(path_type=Path, file_okay=False),
+              help="Work folder (the calibration period's own log and schema).")
+@click.option("--thresholds", default="25,50,100,150,200,300,400", show_default=True,
+              help="Page-Hinkley thresholds tried (errors of evidence).")
+@click.option("--references", default="monthly,weekly,daily", show_default=True,
+              help="Fixed periods; the best by macro F1 sets the budget.")
+@click.option("--budget", default=1 / 3, show_default="0.3333", type=float,
+              help="Largest update compute allowed, as a share of the best fixed period's.")
+@click.option("--schema", "schema_path", default=None,
+              type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Schema JSON; default: inferred from the calibration period itself.")
+@click.option("--records", "records_path", default=None,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Append one record per replayed policy (JSON Lines) here.")
+@_updater_options
+@start_option
+@end_option
+@delay_option
+@seed_option
+@json_option
+def calibrate_cmd(out_dir: Path, thresholds: str, references: str, budget: float,
+                  schema_path: Path | None, records_path: Path | None,
+                  bootstrap_days: float, lookback_hours: float,
+                  tick_hours: float, tolerance: float, rollback_tolerance: float,
+                  start: str | None, end: str | None, label_delay: float, seed: int,
+                  as_json: bool) -> None:
+    """Choose the drift threshold on a calibration period (--start/--end: one the evaluation
+    will not replay): the best macro F1 within --budget of the best fixed period's update
+    compute. Then replay or bench with --policy drift:T."""
+    from scalelab.cli._output import parse_list
+    from scalelab.core.records import append_records, new_experiment_id
+    from scalelab.online.bench import BenchConfig
+    from scalelab.online.calibrate import CalibrationConfig, run_calibration
+
+    _one_torch_thread()
+    ccfg = CalibrationConfig(thresholds=parse_list(thresholds, what="--thresholds"),
+                             references=parse_list(references, what="--references", kind=str),
+                             budget=budget)
+    bench = BenchConfig(stream=_stream_config(start, end, (), label_delay, seed),
+                        updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
+                                                tolerance, rollback_tolerance),
+                        schema=schema_path)
+    choice, res = run_calibration(ccfg, bench, out_dir, new_experiment_id("online-calibrate"))
+    if records_path is not None:
+        append_records(records_path, res["records"])
+    out = {**choice.to_dict(), "period": {"start": start, "end": end},
+           "span_days": res["span_days"], "stream": res["stream"]}
+
+    def render(c: Console) -> None:
+        for t in choice.trials:
+            mark = "  <- chosen" if t.policy == choice.policy else ""
+            c.print(f"{t.policy:>10}  macro F1 {t.macro_f1:.4f}  update samples "
+                    f"{t.update_samples:>10,d}{mark}")
+        c.print(f"{choice.reason}; best fixed period {choice.reference} "
+                f"({choice.reference_macro_f1:.4f}); threshold {choice.threshold:g}: "
+                f"use --policy {choice.policy}")
 
     emit(out, as_json, render)
