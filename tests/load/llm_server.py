@@ -1,7 +1,7 @@
 """A deterministic OpenAI-compatible streaming server for the LLM load tests (127.0.0.1).
 
     python tests/load/llm_server.py [--ttft-ms MS] [--gap-ms MS] [--tokens-per-chunk K]
-        [--max-streams M] [--stall-period-s S --stall-s S] [--drop-every N]
+        [--max-streams M] [--stall-period-s S --stall-s S] [--drop-every N] [--diverge-at N]
 
 prints "PORT <n>" once listening. POST /v1/chat/completions or /v1/completions with
 "stream": true answers `max_tokens` (or `max_completion_tokens`) tokens (default 16) as SSE:
@@ -17,6 +17,11 @@ stream's start is max(arrival, the earliest slot's end)), so capacity is exactly
 M / (TTFT + (chunks - 1) × gap) requests/s. --stall-*: every period the server freezes for
 stall seconds (from period/2 on): any send due in a freeze goes out when it ends.
 --drop-every N: every N-th request's connection is closed after half of its chunks.
+--diverge-at N: deterministic text that changes with concurrency, for the greedy-agreement
+probe: token t is " " + a letter fixed by the prompt (crc32) and t; when the chunk carrying
+token N is sent while another stream is between its arrival and its last chunk, tokens N,
+N+1, ... are upper-case instead. One request at a time never diverges (a client sends its
+next request only after the last chunk of its previous one); overlapping streams diverge.
 GET /v1/models lists one model "test-llm"; GET /health answers 200; GET /metrics gives
 vllm:num_requests_running / _waiting and vllm:kv_cache_usage_perc (a pool of 2 × max-streams).
 """
@@ -29,6 +34,7 @@ import heapq
 import json
 import math
 import time
+import zlib
 
 
 def _response(status: int, body: bytes, ctype: str = "application/json") -> bytes:
@@ -63,6 +69,8 @@ class Server:
         self.period = a.stall_period_s
         self.stall = a.stall_s
         self.drop_every = a.drop_every
+        self.diverge_at = a.diverge_at
+        self.active = 0  # streams between their arrival and their last chunk (--diverge-at)
         self.slots = [0.0] * a.max_streams if a.max_streams else []
         self.max_streams = a.max_streams
         self.t0 = time.monotonic()
@@ -166,10 +174,20 @@ class Handler(asyncio.Protocol):
         else:
             prompt = str(req.get("prompt", ""))
         limit = req.get("max_tokens") or req.get("max_completion_tokens") or 16
-        self.stream(chat, len(prompt.split()), int(limit), req.get("stream_options") or {})
+        self.stream(chat, prompt, int(limit), req.get("stream_options") or {})
 
-    def stream(self, chat: bool, prompt_tokens: int, max_tokens: int, so: dict[str, bool]) -> None:
+    def stream(self, chat: bool, prompt: str, max_tokens: int, so: dict[str, bool]) -> None:
         s = self.s
+        prompt_tokens = len(prompt.split())
+        seed = zlib.crc32(prompt.encode())
+        state = {"diverged": False}
+
+        def text_of(first: int, tokens: int) -> str:
+            if s.diverge_at < 0:
+                return " t" * tokens
+            return "".join(" " + (str.upper if state["diverged"] and t >= s.diverge_at else
+                                  str.lower)(chr(97 + (seed + 7 * t) % 26))
+                           for t in range(first, first + tokens))
         s.count += 1
         drop = bool(s.drop_every) and s.count % s.drop_every == 0
         now = self.loop.time()
@@ -180,7 +198,7 @@ class Handler(asyncio.Protocol):
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(tokens: int, done_so_far: int, finish: str | None) -> dict[str, object]:
-            text = " t" * tokens
+            text = text_of(done_so_far - tokens, tokens)
             choice: dict[str, object] = {"index": 0, "finish_reason": finish}
             if chat:
                 choice["delta"] = {"content": text}
@@ -199,26 +217,43 @@ class Handler(asyncio.Protocol):
                                         "choices": [{"index": 0, "delta": {"role": "assistant"},
                                                      "finish_reason": None}]}
             self.write(_event(first))
+        def payload(j: int, k: int, done: int) -> bytes:
+            out = _event(chunk(k, done, "length" if done == max_tokens else None))
+            if j == n_chunks - 1:
+                if final_usage:
+                    out += _event({"id": "x", "object": obj, "model": "test-llm",
+                                   "choices": [], "usage": {
+                                       "prompt_tokens": prompt_tokens,
+                                       "completion_tokens": max_tokens,
+                                       "total_tokens": prompt_tokens + max_tokens}})
+                out += _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+            return out
+
+        def send_late(j: int, k: int, done: int) -> None:
+            # The text is decided when its chunk goes out: who else is streaming then.
+            if done - k <= s.diverge_at < done and s.active > 1:
+                state["diverged"] = True
+            self.write(payload(j, k, done))
+            if j == n_chunks - 1:
+                s.active -= 1
+
+        s.active += 1
         done = 0
         for j in range(n_chunks):
             k = min(s.k, max_tokens - done)
             done += k
-            payload = _event(chunk(k, done, "length" if done == max_tokens else None))
-            if j == n_chunks - 1:
-                if final_usage:
-                    payload += _event({"id": "x", "object": obj, "model": "test-llm",
-                                       "choices": [], "usage": {
-                                           "prompt_tokens": prompt_tokens,
-                                           "completion_tokens": max_tokens,
-                                           "total_tokens": prompt_tokens + max_tokens}})
-                payload += _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
             at = s.unstall(start + s.ttft + j * s.gap)
             if drop and j >= n_chunks // 2:
-                self.loop.call_at(at, self.cut)
+                self.loop.call_at(at, self.cut, s.diverge_at >= 0)
                 return
-            self.loop.call_at(at, self.write, payload)
+            if s.diverge_at >= 0:
+                self.loop.call_at(at, send_late, j, k, done)
+            else:
+                self.loop.call_at(at, self.write, payload(j, k, done))
 
-    def cut(self) -> None:
+    def cut(self, release: bool = False) -> None:
+        if release:
+            self.s.active -= 1
         if self.transport is not None and not self.dead:
             self.transport.close()
 
@@ -232,6 +267,7 @@ async def main() -> None:
     p.add_argument("--stall-period-s", type=float, default=1.0)
     p.add_argument("--stall-s", type=float, default=0.0)
     p.add_argument("--drop-every", type=int, default=0)
+    p.add_argument("--diverge-at", type=int, default=-1)
     p.add_argument("--port", type=int, default=0)
     a = p.parse_args()
     server = Server(a)

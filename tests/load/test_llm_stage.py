@@ -27,9 +27,11 @@ SERVER = Path(__file__).with_name("llm_server.py")
 
 @pytest.fixture
 def slots_server() -> Iterator[str]:
-    """Two decoding slots, 20 ms to first token then 10 ms a token: four streams queue."""
+    """Two decoding slots, 20 ms to first token then 10 ms a token: four streams queue. The
+    text depends on the prompt, never on the load (--diverge-at past max_tokens)."""
     proc = subprocess.Popen([sys.executable, str(SERVER), "--max-streams", "2", "--ttft-ms",
-                             "20", "--gap-ms", "10"], stdout=subprocess.PIPE, text=True)
+                             "20", "--gap-ms", "10", "--diverge-at", "1000"],
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("PORT "), line
@@ -96,6 +98,10 @@ stages: {{{off}, llm: {{url: "{slots_server}", levels: [1, 4], requests: 8,
     assert four.latency.p95_ms >= 100
     assert four.extras["engine_waiting_max"] >= 1
     assert four.extras["limiting_signal"] == "batch-slots"
+    # Quality: the stage's default probe (3 prompts) agrees exactly at both levels.
+    assert [r.quality for r in recs] == [{"greedy_identical_share": 1.0,
+                                          "greedy_prefix_agreement": 1.0}] * 2
+    assert four.extras["quality_probe"]["compared"] == 3
     stage = next(s for s in doc["verdict"]["stages"] if s["stage"] == "llm")
     assert stage["miss"]["multiple"] == 4.0
     assert "--max-num-seqs" in stage["intervention"]

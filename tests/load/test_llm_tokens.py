@@ -32,9 +32,9 @@ def _chat(text: str | None, usage: dict | None = None, finish: str | None = None
 
 def test_parse_event_reads_chat_completions_done_and_errors() -> None:
     e = parse_event(_chat(" a b", {"prompt_tokens": 7, "completion_tokens": 2}, "length"))
-    assert e == Event(4, 2, 7, True, None)
+    assert e == Event(4, 2, 7, True, None, " a b")
     c = parse_event(b'{"choices":[{"text":"xyz","finish_reason":null}]}')
-    assert c == Event(3, None, None, False, None)
+    assert c == Event(3, None, None, False, None, "xyz")
     assert parse_event(b"[DONE]") is None
     err = parse_event(b'{"error":{"message":"out of KV blocks"}}')
     assert err is not None and err.error == "out of KV blocks"

@@ -28,12 +28,13 @@ from scalelab.core.units import parse_duration
 from scalelab.load.capacity import SearchConfig
 from scalelab.load.connection import Target
 from scalelab.load.generator import LAG_INVALID_SHARE, Mode
+from scalelab.load.llm_quality import Agreement, agreement
 from scalelab.load.llm_result import LlmResult, cost_of, summary, to_record
-from scalelab.load.llm_run import LlmPlan, capacity, check_ran, run_llm
+from scalelab.load.llm_run import LlmPlan, capacity, check_ran, reference_answers, run_llm
 from scalelab.load.schedule import ARRIVALS
 from scalelab.load.scrape import Sampler, limiting_signal
 from scalelab.load.slo import parse_percent
-from scalelab.load.stream import StreamConfig
+from scalelab.load.stream import ProbeAnswer, StreamConfig
 from scalelab.load.token_slo import TokenSlo, TokenStepRule, parse_token_slo
 from scalelab.load.workload import APIS, PATHS, USAGE_MODES, LengthDist, Workload
 
@@ -68,6 +69,8 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Distinct requests built (used round-robin)."),
         click.option("--seed", type=int, default=0, show_default=True,
                      help="Seed of the workload and of Poisson arrivals."),
+        click.option("--temperature", type=float, default=0.0, show_default=True,
+                     help="Sampling temperature of every request (0: greedy)."),
         click.option("--timeout", default="60s", show_default=True,
                      help="A stream unfinished this long after its due time is a timeout."),
         click.option("--max-connections", type=int, default=1024, show_default=True,
@@ -112,7 +115,7 @@ def _workload(url: str, kw: dict[str, Any]) -> tuple[Target, Workload, list[byte
                   output=LengthDist.parse(kw["output_tokens"], what="--output-tokens"),
                   prompts_file=kw.get("prompts"), shared_prefix_words=kw["shared_prefix"],
                   ignore_eos=kw["ignore_eos"], usage=kw["usage"], seed=kw["seed"],
-                  distinct=kw["distinct"])
+                  distinct=kw["distinct"], temperature=kw["temperature"])
     target = Target.parse(url)
     if target.path in ("", "/"):
         target = Target(scheme=target.scheme, host=target.host, port=target.port,
@@ -134,12 +137,12 @@ def price_per_hour(kw: dict[str, Any]) -> float:
 
 
 def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], warm: float,
-            concurrency: int = 1) -> StreamConfig:
+            concurrency: int = 1, probe: list[bytes] | None = None) -> StreamConfig:
     return StreamConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
                         warmup_s=warm, timeout_s=parse_duration(kw["timeout"], what="--timeout"),
                         max_connections=kw["max_connections"],
                         trace_sample=float(kw.get("trace_sample") or 0.0),
-                        trace_seed=int(kw.get("seed") or 0))
+                        trace_seed=int(kw.get("seed") or 0), probe_requests=probe or [])
 
 
 @llm.command("run")
@@ -166,14 +169,20 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
 @click.option("--series", help="Tag the records with this series name (e.g. an engine setting).")
 @click.option("--server-pid", type=int, help="Sample this local server process tree's CPU "
               "(cpu_busy_cores) and peak memory during each level.")
+@click.option("--quality-probe", "quality_probe", type=int, default=0, show_default=True,
+              help="Output quality: answer the first N workload prompts one at a time first, "
+                   "then send them as each level's first requests and report greedy agreement "
+                   "with those answers (0: off).")
 @_workload_options
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         records: Path | None, experiment: str | None, metrics_url: str | None,
-        series: str | None, server_pid: int | None, as_json: bool, **kw: Any) -> None:
-    """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput."""
+        series: str | None, server_pid: int | None, quality_probe: int, as_json: bool,
+        **kw: Any) -> None:
+    """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput,
+    and with --quality-probe the greedy agreement with one-at-a-time answers."""
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples,
                          examples="--rates 1,2,5, --concurrency 1,4,16")
     if duration is not None and n_requests is not None:
@@ -183,13 +192,22 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     objective = parse_token_slo(slo) if slo else None
     price = price_per_hour(kw)
     target, wl, reqs = _workload(url, kw)
+    if not 0 <= quality_probe <= len(reqs):
+        raise BadUsageError(f"--quality-probe must lie in [0, --distinct={len(reqs)}], got "
+                            f"{quality_probe}")
+    probe = reqs[:quality_probe]
     exp = experiment or new_experiment_id("llm")
+    reference: list[ProbeAnswer] = []
+    if probe and wl.temperature == 0:
+        if not as_json:
+            err_console.print(f"[dim]quality probe: {len(probe)} prompts one at a time ...[/]")
+        reference = reference_answers(_stream(target, reqs, "closed", kw, 0.0, 1, probe))
     out: list[dict[str, Any]] = []
     for i, level in enumerate(sweep):
         if level <= 0:
             raise BadUsageError(f"levels must be positive, got {level}")
         conc = int(level) if mode == "closed" else 1
-        plan = LlmPlan(stream=_stream(target, reqs, mode, kw, warm, conc),
+        plan = LlmPlan(stream=_stream(target, reqs, mode, kw, warm, conc, probe),
                        rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
                        duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
                        processes=processes)
@@ -204,10 +222,13 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         else:
             r = run_llm(plan)
         check_ran(r, url)
-        out.append({**level_json(r, objective, price), "engine": engine})
+        agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
+        out.append({**level_json(r, objective, price), "engine": engine,
+                    "quality": quality_json(agree)})
         if records is not None:
             extra: dict[str, Any] = {**engine, "model": wl.model,
-                                     **({"series": series} if series else {})}
+                                     **({"series": series} if series else {}),
+                                     **(agree.extras() if agree else {})}
             limit = limiting_signal(engine) if engine.get("engine_scrapes") else None
             if limit:
                 extra["limiting_signal"] = limit
@@ -215,12 +236,22 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
             append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
                                                slo=objective, price_per_hour_usd=price,
                                                extra=extra, limiting_resource=limit,
-                                               peak_memory_bytes=int(rss) if rss else None)])
+                                               peak_memory_bytes=int(rss) if rss else None,
+                                               quality=agree.quality() if agree else None)])
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "experiment": exp,
            "mode": mode, "slo": objective.label if objective else None,
            "price_per_hour_usd": price, "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: render_levels(c, doc))
+
+
+def quality_json(a: Agreement | None) -> dict[str, Any] | None:
+    """A level's greedy agreement for the JSON document (None: no probe was asked for)."""
+    if a is None:
+        return None
+    return {"identical_share": a.identical_share, "prefix_agreement": a.prefix_agreement,
+            "compared": a.compared, "failed": a.failed, "prompts": a.prompts, "basis": a.basis,
+            "not_measured": a.not_measured}
 
 
 def level_json(r: LlmResult, slo: TokenSlo | None, price: float) -> dict[str, Any]:
@@ -259,6 +290,9 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
             "e2e p99", "err", "lag p99", "$/1k tok"]
     if doc["slo"]:
         cols += ["good/s", "SLO"]
+    probed = any(lv.get("quality") for lv in doc["levels"])
+    if probed:
+        cols += ["same", "agree"]
     for col in cols:
         t.add_column(col, justify="right")
     for lv in doc["levels"]:
@@ -272,9 +306,21 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
                "-" if c1k is None else f"{c1k:.5f}"]
         if doc["slo"]:
             row += [f"{lv['goodput']['goodput_rps']:.1f}", "met" if lv["slo_met"] else "MISSED"]
+        if probed:
+            q = lv.get("quality") or {}
+            ident, pre = q.get("identical_share"), q.get("prefix_agreement")
+            row += ["-" if ident is None else f"{ident:.2f}", "-" if pre is None else f"{pre:.3f}"]
         t.add_row(*row)
     _wide(c, 132).print(t)
+    if probed:
+        q0 = next(lv["quality"] for lv in doc["levels"] if lv.get("quality"))
+        c.print(f"[dim]same / agree: greedy agreement with the same {q0['prompts']} prompts "
+                "answered one at a time (share identical / mean share of tokens before the "
+                f"first divergence; {q0['basis']})[/]")
     for lv in doc["levels"]:
+        q = lv.get("quality") or {}
+        if q.get("not_measured"):
+            c.print(f"[yellow]quality not measured:[/] {q['not_measured']}")
         for reason in lv["invalid_reasons"]:
             c.print(f"[yellow]invalid:[/] {reason}")
         for note in lv["notes"]:

@@ -20,7 +20,7 @@ from scalelab.core.records import Cost, Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
 from scalelab.load.generator import LAG_INVALID_SHARE, Mode
 from scalelab.load.histogram import LatencyHistogram, Percentiles
-from scalelab.load.stream import StreamPart
+from scalelab.load.stream import ProbeAnswer, StreamPart
 from scalelab.load.token_slo import (
     Goodput,
     ObjectiveLine,
@@ -118,6 +118,8 @@ class LlmResult:
     """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
     trace_ids: list[str] = field(default_factory=list)
     """Their trace ids (the first 1,000 per process)."""
+    probe: list[ProbeAnswer] = field(default_factory=list, repr=False)
+    """The greedy-agreement probe's answers at this level (llm_quality.py)."""
 
     def itl_within(self, thresholds: Sequence[float]) -> dict[float, tuple[int, int]]:
         h = LatencyHistogram.decode(self.blobs["itl"])
@@ -234,6 +236,7 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
                         requests=ok + failures, itl_within={}),
         traced_requests=sum(p.traced for p in parts),
         trace_ids=[t for p in parts for t in p.trace_ids],
+        probe=[a for p in parts for a in p.probe],
     )
 
 
@@ -244,7 +247,8 @@ def pct_dict(p: Percentiles) -> dict[str, float | None]:
 
 def summary(r: LlmResult) -> dict[str, Any]:
     """The level as plain JSON (no histograms or per-request arrays)."""
-    d: dict[str, Any] = {k: v for k, v in r.__dict__.items() if k not in ("blobs", "samples")}
+    d: dict[str, Any] = {k: v for k, v in r.__dict__.items()
+                         if k not in ("blobs", "samples", "probe")}
     for k in ("ttft", "itl", "tpot", "e2e"):
         d[k] = pct_dict(getattr(r, k))
     d["lag"] = asdict(r.lag)
@@ -255,7 +259,8 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
               slo: TokenSlo | None = None, price_per_hour_usd: float | None = None,
               extra: dict[str, Any] | None = None, stage: str = "llm",
               limiting_resource: str | None = None,
-              peak_memory_bytes: int | None = None) -> Record:
+              peak_memory_bytes: int | None = None,
+              quality: dict[str, float] | None = None) -> Record:
     """One record for this level: stage "llm", variable rate or concurrency, rate in output
     tokens/s, latency = TTFT percentiles; ITL/TPOT/e2e percentiles, goodput and cost in extras."""
     variable = "rate" if r.mode == "open" else "concurrency"
@@ -306,7 +311,7 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         latency=r.ttft.latency(), failures=r.failures, failure_rate=r.failure_rate,
         recovery="replica", ok=r.valid, error="; ".join(r.invalid_reasons) or None,
         cost=cost, limiting_resource=limiting_resource, peak_memory_bytes=peak_memory_bytes,
-        extras=_finite(extras),
+        quality=quality or {}, extras=_finite(extras),
     )
 
 

@@ -21,7 +21,7 @@ from scalelab.load.capacity import CapacityResult, SearchConfig, Step, search
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm_result import LlmResult, merge, samples_of
 from scalelab.load.multiproc import LevelPlan, ProcessSettings, run_processes
-from scalelab.load.stream import StopCheck, StreamConfig, StreamEngine, StreamPart
+from scalelab.load.stream import ProbeAnswer, StopCheck, StreamConfig, StreamEngine, StreamPart
 from scalelab.load.token_slo import TokenStepRule
 
 
@@ -42,6 +42,8 @@ class LlmPlan(LevelPlan):
 
 def _config_for(plan: LlmPlan, index: int) -> StreamConfig:
     cfg = plan.stream
+    if index > 0 and cfg.probe_requests:
+        cfg = replace(cfg, probe_requests=[])  # the probe is sent once, by the first process
     if cfg.mode == "open":
         return cfg
     conc, n, dur = plan.share(index)
@@ -77,6 +79,18 @@ def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None) -> LlmResult:
     return merge(parts, mode=cfg.mode, offered_rps=plan.rate if cfg.mode == "open" else None,
                  concurrency=cfg.concurrency if cfg.mode == "closed" else None,
                  arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s())
+
+
+def reference_answers(cfg: StreamConfig) -> list[ProbeAnswer]:
+    """The quality probe's prompts answered one at a time (concurrency 1, no warm-up, no
+    tracing): the unbatched reference every level is compared with (llm_quality.py)."""
+    probe = cfg.probe_requests
+    if not probe:
+        return []
+    ref = replace(cfg, requests=probe, mode="closed", concurrency=1, warmup_s=0.0,
+                  duration_s=None, max_requests=len(probe), trace_sample=0.0)
+    part = asyncio.run(_run_one(ref, None, lambda: time.monotonic() + 0.01, None))
+    return part.probe
 
 
 def check_ran(r: LlmResult, url: str) -> None:

@@ -31,11 +31,31 @@ from scalelab.load.clock import LagRecorder, now, sleep_until
 from scalelab.load.generator import SendConfig
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.sse import Answer, SseConnection, StreamLost
-from scalelab.load.tokens import timing, tokens_per_event
+from scalelab.load.tokens import TokenSource, timing, tokens_per_event
 from scalelab.load.trace_sample import TraceSampler
 
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "dropped", "protocol", "server-error",
                "empty", "other")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeAnswer:
+    """One quality-probe request's answer: its text as streamed, event by event."""
+
+    index: int
+    """Which probe prompt (its position in `StreamConfig.probe_requests`)."""
+    pieces: list[str]
+    """The text of each event that carried any, in order."""
+    tokens: list[int]
+    """Tokens each of those events carried (see tokens.py for how they were known)."""
+    source: TokenSource | None
+    """How the tokens per event were known; None for a failed request."""
+    error: str | None = None
+    """The failure's kind (timeout, dropped, ...); None when the stream completed."""
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
 
 
 @dataclass(kw_only=True)
@@ -74,6 +94,8 @@ class StreamPart:
     last_send: float = 0.0
     last_done: float = 0.0
     stopped_early: bool = False
+    probe: list[ProbeAnswer] = field(default_factory=list)
+    """The quality probe's answers, in completion order."""
 
 
 @dataclass(kw_only=True)
@@ -84,6 +106,10 @@ class StreamConfig(SendConfig):
 
     timeout_s: float = 60.0
     """Streams last seconds: a longer default than a plain request's."""
+    probe_requests: list[bytes] = field(default_factory=list)
+    """The greedy-agreement probe: sent as the first measured requests, in this order, so
+    every level answers the same prompts under its own load; their texts are kept
+    (`StreamPart.probe`). Measured like any other request."""
 
 
 StopCheck = Callable[[StreamPart, float], bool]
@@ -108,6 +134,7 @@ class StreamEngine:
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_req = 0
+        self._next_probe = 0
         self._warm_end = 0.0
         self._end = float("inf")
         self._left: int | None = None
@@ -177,14 +204,19 @@ class StreamEngine:
 
     # ---- one request ----
 
-    def _request_bytes(self) -> bytes:
+    def _request_bytes(self, measured: bool) -> tuple[bytes, int | None]:
+        """The next request, and its probe index when it is one of the probe's prompts."""
+        probe = self.cfg.probe_requests
+        if measured and self._next_probe < len(probe):
+            self._next_probe += 1
+            return probe[self._next_probe - 1], self._next_probe - 1
         req = self.cfg.requests[self._next_req]
         self._next_req = (self._next_req + 1) % len(self.cfg.requests)
-        return req
+        return req, None
 
     async def _one(self, start: float, measured: bool, dispatched: float | None) -> None:
         res = self.res
-        req = self._request_bytes()
+        req, probe = self._request_bytes(measured)
         if self._tracer is not None and measured:
             req = self._tracer.mark(req)
         self._in_flight += 1
@@ -202,19 +234,21 @@ class StreamEngine:
                 ans = await conn.request(req)
             self._release(conn)
             conn = None
-            self._record(start, ans, measured)
+            kind = self._record(start, ans, measured)
+            if probe is not None:
+                self._keep_probe(probe, ans, kind)
         except TimeoutError:
-            self._fail("timeout", measured)
+            self._fail("timeout", measured, probe)
         except StreamLost as e:
-            self._fail(e.kind, measured)
+            self._fail(e.kind, measured, probe)
             if measured and e.events:
                 res.failed_output_tokens += sum(tokens_per_event(e.events)[0])
         except ConnectionRefusedError:
-            self._fail("refused", measured)
+            self._fail("refused", measured, probe)
         except (ConnectionResetError, BrokenPipeError):
-            self._fail("reset", measured)
+            self._fail("reset", measured, probe)
         except OSError:
-            self._fail("other", measured)
+            self._fail("other", measured, probe)
         finally:
             self._in_flight -= 1
             if conn is not None:
@@ -222,23 +256,39 @@ class StreamEngine:
                 conn.abort()
                 self._release(conn)
 
-    def _fail(self, kind: str, measured: bool) -> None:
+    def _fail(self, kind: str, measured: bool, probe: int | None = None) -> None:
         if measured:
             self._kinds[kind] += 1
             self.res.last_done = now()
         else:
             self.res.warmup_requests += 1
+        if probe is not None:
+            self.res.probe.append(ProbeAnswer(index=probe, pieces=[], tokens=[], source=None,
+                                              error=kind))
 
-    def _record(self, start: float, ans: Answer, measured: bool) -> None:
+    def _keep_probe(self, index: int, ans: Answer, kind: str | None) -> None:
+        # A second pass over the probe's few events (tokens_per_event is cheap next to a
+        # stream) keeps the hot path of every other request unchanged.
+        if kind is not None:
+            self.res.probe.append(ProbeAnswer(index=index, pieces=[], tokens=[], source=None,
+                                              error=kind))
+            return
+        tokens, source, _ = tokens_per_event(ans.events)
+        kept = [(e.text, k) for e, k in zip(ans.events, tokens, strict=True) if e.text]
+        self.res.probe.append(ProbeAnswer(index=index, pieces=[t for t, _ in kept],
+                                          tokens=[k for _, k in kept], source=source))
+
+    def _record(self, start: float, ans: Answer, measured: bool) -> str | None:
+        """Record a measured answer; returns its failure kind (None: a success)."""
         if not measured:
             self.res.warmup_requests += 1
-            return
+            return None
         res = self.res
         res.last_done = now()
         if not 200 <= ans.status < 300:
             self._status[str(ans.status)] += 1
             self._kinds["status"] += 1
-            return
+            return "status"
         tokens, source, prompt = tokens_per_event(ans.events)
         finished = ans.done or any(e.finished for e in ans.events)
         kind = None
@@ -254,7 +304,7 @@ class StreamEngine:
         if kind is not None or tm is None:
             self._kinds[kind or "empty"] += 1
             res.failed_output_tokens += sum(tokens)
-            return
+            return kind or "empty"
         res.ok += 1
         self._sources[source] += 1
         res.ttft_us.append(int(tm.ttft_s * 1e6))
@@ -263,6 +313,7 @@ class StreamEngine:
         res.output_tokens.append(tm.output_tokens)
         res.prompt_tokens.append(-1 if prompt is None else prompt)
         self._gaps_us.extend(int(g * 1e6) for g in tm.gaps_s)
+        return None
 
     # ---- open loop ----
 

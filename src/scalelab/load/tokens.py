@@ -42,6 +42,8 @@ class Event:
     """A choice carried a finish_reason."""
     error: str | None
     """The server sent an error object instead of a chunk."""
+    text: str = ""
+    """The generated text itself (all choices), for the greedy-agreement probe."""
 
 
 def parse_event(data: bytes) -> Event | None:
@@ -56,6 +58,7 @@ def parse_event(data: bytes) -> Event | None:
         msg = err.get("message") if isinstance(err, dict) else err
         return Event(0, None, None, False, str(msg)[:200])
     chars = 0
+    parts: list[str] = []
     finished = False
     for ch in obj.get("choices") or ():
         if not isinstance(ch, dict):
@@ -64,6 +67,7 @@ def parse_event(data: bytes) -> Event | None:
         text: Any = delta.get("content") if isinstance(delta, dict) else ch.get("text")
         if isinstance(text, str):
             chars += len(text)
+            parts.append(text)
         if ch.get("finish_reason"):
             finished = True
     usage = obj.get("usage")
@@ -72,7 +76,7 @@ def parse_event(data: bytes) -> Event | None:
         c, p = usage.get("completion_tokens"), usage.get("prompt_tokens")
         ct = int(c) if isinstance(c, int | float) else None
         pt = int(p) if isinstance(p, int | float) else None
-    return Event(chars, ct, pt, finished, None)
+    return Event(chars, ct, pt, finished, None, "".join(parts))
 
 
 def tokens_per_event(events: list[Event]) -> tuple[list[int], TokenSource, int | None]:

@@ -134,6 +134,9 @@ class Workload:
     chunk are exact; final: only the OpenAI-standard final usage chunk; none: neither."""
     seed: int = 0
     """Seed of every draw."""
+    temperature: float = 0.0
+    """Sampling temperature sent with every request; 0 is greedy (deterministic, and what the
+    greedy-agreement quality probe needs)."""
     distinct: int = 256
     """Distinct requests to build (used round-robin; more costs memory, not accuracy)."""
 
@@ -144,6 +147,8 @@ class Workload:
             raise BadUsageError(f"--usage must be one of {', '.join(USAGE_MODES)}")
         if self.shared_prefix_words < 0:
             raise BadUsageError("--shared-prefix must be >= 0 words")
+        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 2.0):
+            raise BadUsageError(f"--temperature must lie in [0, 2], got {self.temperature}")
         if not (1 <= self.distinct <= MAX_DISTINCT):
             raise BadUsageError(f"--distinct must be in [1, {MAX_DISTINCT}], got {self.distinct}")
 
@@ -173,7 +178,7 @@ class Workload:
         out: list[tuple[dict[str, object], int, int]] = []
         for text, mt in zip(prompts, outs.tolist(), strict=True):
             body: dict[str, object] = {"model": self.model, "stream": True, "max_tokens": int(mt),
-                                       "temperature": 0.0}
+                                       "temperature": self.temperature}
             if self.api == "chat":
                 msgs = [{"role": "system", "content": prefix}] if prefix else []
                 body["messages"] = [*msgs, {"role": "user", "content": text}]

@@ -5,10 +5,12 @@ speculative decoding on, a smaller KV pool, ... as flags of `scalelab generate s
 own server process on a free loopback port, and `scalelab load llm` streams chat requests at
 1×, 2×, 5×, 10× of the base concurrency while sampling the engine's Prometheus signals
 (running and waiting sequences, KV-cache usage, preemptions). Records: rate in output tokens/s,
-latency = TTFT, ITL/TPOT percentiles and the engine's signals in extras. The model is the real
-SmolLM2-135M when its package is installed, else the tiny seeded model of the same
-architecture (the records and the report say which). With `url`, the user's own
-OpenAI-compatible endpoint is loaded instead (its /metrics sampled when it has one).
+latency = TTFT, ITL/TPOT percentiles and the engine's signals in extras; quality = the greedy
+agreement of a few seeded prompts under each level's load with the same prompts answered one
+at a time (load/llm_quality.py). The model is the real SmolLM2-135M when its package is
+installed, else the tiny seeded model of the same architecture (the records and the report
+say which). With `url`, the user's own OpenAI-compatible endpoint is loaded instead (its
+/metrics sampled when it has one).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class LoadLlmRun(Command):
     metrics_url: str | None = None
     server_pid: int | None = None
     core_hour_usd: float | None = None
+    quality_probe: int | None = None
     records: Path | None = None
 
 
@@ -96,6 +99,9 @@ class LlmSettings(StageSettings):
     """The user's own OpenAI-compatible endpoint (base URL) instead of the reference engine."""
     api: Literal["chat", "completions"] = "chat"
     """Which OpenAI API to stream."""
+    quality_probe: int = Field(default=3, ge=0)
+    """Output quality: this many workload prompts answered one at a time first, then sent as
+    each level's first requests; the sheet's quality is their greedy agreement (0: off)."""
 
     @model_validator(mode="after")
     def _series_known(self) -> LlmSettings:
@@ -203,7 +209,7 @@ class LlmStage(Stage[LlmSettings]):
                           prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
                           shared_prefix=s.shared_prefix or None, api=s.api, model_name=model,
                           metrics_url=metrics, server_pid=pid, core_hour_usd=price,
-                          records=rec)
+                          quality_probe=s.quality_probe or None, records=rec)
 
     def run(self, s: LlmSettings, ctx: Context) -> None:
         price = ctx.prices.core_hour_usd
