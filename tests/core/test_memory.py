@@ -10,6 +10,7 @@ from scalelab.core.memory import (
     head_elements,
     llama_layer_elements,
     plan_memory,
+    plan_peak_rss,
     rope_elements,
 )
 
@@ -102,3 +103,22 @@ def test_pp_busiest_stage_and_schedules() -> None:
 def test_bad_queries_name_the_flag(kw: dict[str, object], needle: str) -> None:
     with pytest.raises(BadUsageError, match=needle):
         q(**kw)
+
+
+def test_peak_rss_adds_the_measured_runtime_the_data_and_the_strategys_buffers() -> None:
+    dp = plan_peak_rss(q(strategy="dp", world=4), runtime_bytes=300_000_000, data_bytes=1_000)
+    # DDP's bucket is every gradient again: 4 bytes x 1,000,000.
+    assert (dp.tensor_bytes, dp.buffer_bytes) == (16_000_000 + 11_654_144, 4_000_000)
+    assert dp.peak_rss_bytes == 300_000_000 + 1_000 + 27_654_144 + 4_000_000
+    # Ψ_layer = (1,000,000 - 2 x 256 x 128 - 128) / 4 = 233,584; FSDP holds two blocks'
+    # parameters and one block's gradients whole: (8 + 4) x 233,584.
+    assert plan_peak_rss(q(strategy="fsdp", world=4), runtime_bytes=0).buffer_bytes == 2_803_008
+    # Pipeline, m = 4: 256 tokens per micro-batch, a width-128 fp32 receive buffer for the
+    # activations and one for their gradients, per micro-batch: 2 x 4 x 256 x 128 x 4.
+    pp = plan_peak_rss(q(strategy="pp", world=2, micro_batches=4), runtime_bytes=0)
+    assert pp.buffer_bytes == 1_048_576
+    assert plan_peak_rss(q(strategy="tp", world=2), runtime_bytes=0).buffer_bytes == 0
+    assert plan_peak_rss(q(strategy="dp", world=1), runtime_bytes=5).peak_rss_bytes == \
+        5 + plan_memory(q(strategy="dp", world=1)).total_bytes
+    with pytest.raises(BadUsageError, match="--runtime-bytes"):
+        plan_peak_rss(q(strategy="dp", world=1), runtime_bytes=-1)

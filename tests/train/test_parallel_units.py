@@ -11,7 +11,14 @@ from scalelab.nets.llama import LlamaForCausalLM, init_weights
 from scalelab.train.parallel.config import ParallelConfig
 from scalelab.train.parallel.dims import ParallelDims
 from scalelab.train.parallel.measure import ActivationMeter, comm_from_events, kind_of_c10d
-from scalelab.train.parallel.pipeline import StageModule, bubble_theory, stage_layers
+from scalelab.train.parallel.pipeline import (
+    StageModule,
+    bubble_floor,
+    bubble_theory,
+    replay,
+    replay_bubble,
+    stage_layers,
+)
 from scalelab.train.text import EOS, batch_at, decode, load_corpus
 
 
@@ -131,3 +138,41 @@ def test_config_rejects_bad_values() -> None:
         ParallelConfig(strategy="zz")  # type: ignore[arg-type]
     with pytest.raises(BadUsageError, match="--layers must be >= 1"):
         ParallelConfig(layers=0)
+
+
+def test_bubble_floor_is_theory_with_a_core_per_stage_else_the_cpu_share() -> None:
+    assert bubble_floor(2, 8, 2) == pytest.approx(1 / 9)
+    assert bubble_floor(4, 8, 4) == pytest.approx(3 / 11)
+    # 4 stages on 2 cores: each is busy at most half the step, whatever the schedule.
+    assert bubble_floor(4, 8, 2) == pytest.approx(0.5)
+    assert bubble_floor(4, 2, 2) == pytest.approx(3 / 5)
+    with pytest.raises(BadUsageError, match="cores must be >= 1"):
+        bubble_floor(2, 8, 0)
+
+
+def _gpipe(p: int, m: int, f: float, b: float) -> list[list[tuple[str, int, float]]]:
+    return [[("F", j, f) for j in range(m)] + [("B", j, b) for j in range(m)] for _ in range(p)]
+
+
+def test_replay_of_equal_chunks_is_the_theory() -> None:
+    # GPipe, 2 stages, 4 micro-batches, F 1 s, B 2 s: (m + p - 1)(f + b) = 15 s, busy 12 s.
+    makespan, busy = replay(_gpipe(2, 4, 1.0, 2.0))
+    assert (makespan, busy) == (15.0, [12.0, 12.0])
+    assert replay_bubble(_gpipe(2, 4, 1.0, 2.0)) == pytest.approx(bubble_theory(2, 4))
+    assert replay_bubble(_gpipe(4, 8, 1.0, 2.0)) == pytest.approx(bubble_theory(4, 8))
+    # 1F1B on 2 stages, 2 micro-batches (stage 0: F0 F1 B0 B1; stage 1: F0 B0 F1 B1), F 1, B 1:
+    # stage 1 runs F0 at 1-2, B0 2-3, F1 3-4, B1 4-5; stage 0 B0 at 3-4, B1 at 5-6.
+    one_f_one_b = [[("F", 0, 1.0), ("F", 1, 1.0), ("B", 0, 1.0), ("B", 1, 1.0)],
+                   [("F", 0, 1.0), ("B", 0, 1.0), ("F", 1, 1.0), ("B", 1, 1.0)]]
+    assert replay(one_f_one_b) == (6.0, [4.0, 4.0])
+
+
+def test_replay_charges_an_unequal_stage_to_the_schedule_not_to_transfers() -> None:
+    # The last stage's forward costs 2 s (the head and the loss): stage 0 waits on it.
+    orders = [[("F", 0, 1.0), ("F", 1, 1.0), ("B", 0, 1.0), ("B", 1, 1.0)],
+              [("F", 0, 2.0), ("F", 1, 2.0), ("B", 0, 1.0), ("B", 1, 1.0)]]
+    # Stage 1: F0 1-3, F1 3-5, B0 5-6, B1 6-7; stage 0: B0 6-7, B1 7-8.
+    assert replay(orders) == (8.0, [4.0, 6.0])
+    assert replay_bubble(orders) == pytest.approx(((1 - 4 / 8) + (1 - 6 / 8)) / 2)
+    with pytest.raises(ValueError, match="deadlock"):
+        replay([[("B", 0, 1.0)], [("F", 0, 1.0), ("B", 1, 1.0)]])

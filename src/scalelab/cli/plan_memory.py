@@ -1,4 +1,5 @@
-"""`scalelab plan memory`: bytes per rank of a transformer's training, by strategy (core.memory)."""
+"""`scalelab plan memory`: bytes per rank of a transformer's training, by strategy (core.memory),
+and with --peak-rss the process's peak RSS (the baseline measured by train.parallel.runtime)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,18 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, json_option
-from scalelab.core.memory import STRATEGIES, MemoryPlan, MemoryQuery, plan_memory
+from scalelab.core.memory import (
+    STRATEGIES,
+    MemoryPlan,
+    MemoryQuery,
+    PeakPlan,
+    plan_memory,
+    plan_peak_rss,
+)
 from scalelab.core.units import format_bytes
 
 
-def _render(p: MemoryPlan) -> Callable[[Console], None]:
+def _render(p: MemoryPlan, peak: PeakPlan | None) -> Callable[[Console], None]:
     def render(c: Console) -> None:
         t = Table(title=f"memory per rank: {p.strategy} over {p.world} rank(s), {p.precision}")
         t.add_column("what")
@@ -30,6 +38,11 @@ def _render(p: MemoryPlan) -> Callable[[Console], None]:
         c.print(t)
         c.print(f"{p.params_per_rank:,} parameters on this rank; {p.formulas['state_variant']}; "
                 f"{p.tokens_per_micro_batch:,} tokens per micro-batch, {p.in_flight} in flight")
+        if peak is not None:
+            c.print(f"peak RSS {format_bytes(peak.peak_rss_bytes)} = process baseline "
+                    f"{format_bytes(peak.runtime_bytes)} + data {format_bytes(peak.data_bytes)}"
+                    f" + tensors {format_bytes(peak.tensor_bytes)} + buffers "
+                    f"{format_bytes(peak.buffer_bytes)} ({peak.buffer_formula})")
     return render
 
 
@@ -53,10 +66,20 @@ def _render(p: MemoryPlan) -> Callable[[Console], None]:
               help="Pipeline micro-batches per step.")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default="1f1b",
               show_default=True, help="Pipeline schedule.")
+@click.option("--peak-rss", is_flag=True,
+              help="Also predict the process's peak RSS: measure the process baseline here (a "
+                   "probe process, cached per machine and torch version) and add it, the data "
+                   "and the strategy's buffers.")
+@click.option("--runtime-bytes", type=int, default=None,
+              help="The process baseline in bytes (e.g. measured on the target machine); "
+                   "implies --peak-rss without probing.")
+@click.option("--data-bytes", type=int, default=0, show_default=True,
+              help="Training data each rank holds in memory (with --peak-rss).")
 @json_option
 def plan_memory_cmd(params: int, layers: int, hidden: int, seq: int, batch: int, strategy: str,
                     world: int, heads: int | None, kv_heads: int | None, ffn: int | None,
                     vocab: int, tied: bool, precision: str, micro_batches: int, schedule: str,
+                    peak_rss: bool, runtime_bytes: int | None, data_bytes: int,
                     as_json: bool) -> None:
     """Bytes per rank (parameters, gradients, optimizer, activations) of a transformer's training.
 
@@ -70,4 +93,19 @@ def plan_memory_cmd(params: int, layers: int, hidden: int, seq: int, batch: int,
                     micro_batches=micro_batches,
                     schedule=schedule)  # type: ignore[arg-type]
     p = plan_memory(q)
-    emit(p.to_dict(), as_json, _render(p))
+    peak = None
+    doc = p.to_dict()
+    if peak_rss or runtime_bytes is not None:
+        baseline = None
+        if runtime_bytes is None:
+            from scalelab.core.machine import available_cores
+            from scalelab.train.launch import plan_threads
+            from scalelab.train.parallel.runtime import measure_baseline
+
+            threads, _ = plan_threads(world, None, available_cores())
+            baseline = measure_baseline(strategy, threads=threads)
+            runtime_bytes = baseline.peak_rss_bytes
+        peak = plan_peak_rss(q, runtime_bytes=runtime_bytes, data_bytes=data_bytes)
+        doc["peak_rss"] = {**peak.to_dict(),
+                           "baseline": baseline.to_dict() if baseline is not None else None}
+    emit(doc, as_json, _render(p, peak))

@@ -26,10 +26,18 @@ instead of the a·s² score matrix: the 5as/h term becomes a/h.
 
 Pipeline activations: GPipe runs every micro-batch's forward before any backward, so every
 stage holds m micro-batches of b/m sequences at once; under 1F1B stage i holds min(p − i, m)
-(Narayanan et al. 2021): the first min(p, m), the last one. Not counted: the runtime itself (a
-torch process is ~300 MiB of RSS before any tensor), allocator fragmentation, communication
-buffers, and FSDP's transient all-gathered layer (one block's parameters and gradients while it
-runs).
+(Narayanan et al. 2021): the first min(p, m), the last one. `plan_memory` counts these tensors
+only; the process around them is `plan_peak_rss`'s (below).
+
+Peak RSS (`plan_peak_rss`): what a user reads as a rank's peak is the process's resident set,
+not its tensors. The plan adds, to the tensors above: the process baseline — the interpreter,
+torch and the backend before the first tensor, which the planner cannot derive and takes as a
+measured input (train.parallel.runtime measures it on the machine at hand and caches it) —, the
+data the rank loads, and each strategy's communication buffers (DDP's bucket: a flat copy of
+every gradient; FSDP's unsharded blocks: while block i runs backward, its parameters and
+gradients whole and block i − 1's parameters prefetched; the pipeline's receive buffers: one
+activation and one gradient per micro-batch). What it still leaves out is the allocator's
+retention (freed memory glibc keeps mapped), which the benchmark measures as the remainder.
 """
 
 from __future__ import annotations
@@ -279,3 +287,57 @@ def plan_memory(q: MemoryQuery) -> MemoryPlan:
         param_bytes=pb * psi, grad_bytes=gb * psi, optimizer_bytes=k * psi,
         activation_bytes=act_bytes, total_bytes=(pb + gb + k) * psi + act_bytes,
         tokens_per_micro_batch=tokens, in_flight=in_flight, formulas=formulas)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeakPlan:
+    """Predicted peak resident bytes of the busiest rank's process."""
+
+    runtime_bytes: int
+    """The process baseline before any tensor (measured, an input)."""
+    data_bytes: int
+    """The training data the rank holds in memory (an input)."""
+    tensor_bytes: int
+    """plan_memory's total: parameters, gradients, optimizer state, saved activations."""
+    buffer_bytes: int
+    """The strategy's communication buffers (see the module doc)."""
+    peak_rss_bytes: int
+    """The four together."""
+    buffer_formula: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def buffer_bytes(q: MemoryQuery) -> tuple[int, str]:
+    """The strategy's communication buffers on the busiest rank, and their formula."""
+    pb, gb, _ = STATE_BYTES[q.precision]
+    ab = ACT_BYTES[q.precision]
+    layer = math.ceil((q.params - q.embedding_params() - q.hidden) / q.layers)
+    if q.world == 1:
+        return 0, "0 (one rank)"
+    if q.strategy == "dp":
+        return gb * q.params, f"{gb}·Ψ (DDP's bucket: every gradient, flat)"
+    if q.strategy == "fsdp":
+        return ((2 * pb + gb) * layer,
+                f"({2 * pb} + {gb})·Ψ_layer (a block's parameters and gradients whole, the next "
+                "block's parameters prefetched)")
+    if q.strategy == "pp":
+        tokens = q.seq * q.batch // q.micro_batches
+        return (2 * q.micro_batches * tokens * q.hidden * ab,
+                f"2·m·(s·b/m)·h·{ab} (a receive buffer per micro-batch, activations and "
+                "gradients)")
+    return 0, "0 (TP's collectives work on the activations counted above)"
+
+
+def plan_peak_rss(q: MemoryQuery, *, runtime_bytes: int, data_bytes: int = 0) -> PeakPlan:
+    """plan_memory's tensors plus the measured process baseline, the data and the strategy's
+    buffers: the busiest rank's predicted peak RSS."""
+    if runtime_bytes < 0 or data_bytes < 0:
+        raise BadUsageError(f"--runtime-bytes and --data-bytes must be >= 0; got "
+                            f"{runtime_bytes}, {data_bytes}")
+    tensors = plan_memory(q).total_bytes
+    buf, formula = buffer_bytes(q)
+    return PeakPlan(runtime_bytes=runtime_bytes, data_bytes=data_bytes, tensor_bytes=tensors,
+                    buffer_bytes=buf, peak_rss_bytes=runtime_bytes + data_bytes + tensors + buf,
+                    buffer_formula=formula)

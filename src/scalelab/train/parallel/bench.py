@@ -17,11 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from scalelab.core.errors import BadUsageError
+from scalelab.core.machine import available_cores
 from scalelab.core.records import Record, make_record
 from scalelab.train.launch import LaunchConfig
 from scalelab.train.parallel.config import STRATEGIES, ParallelConfig
 from scalelab.train.parallel.job import ParallelResult, run_parallel
+from scalelab.train.parallel.pipeline import bubble_floor, replay_bubble
 
 
 def state_bytes(rank: dict[str, Any]) -> int:
@@ -33,6 +37,30 @@ def tracked_bytes(rank: dict[str, Any]) -> int:
     """What the memory planner predicts: parameters, gradients, optimizer state, activations."""
     return sum(int(rank[k]) for k in ("param_bytes", "grad_bytes", "optimizer_bytes",
                                       "activation_bytes"))
+
+
+def peak_rss_error(result: ParallelResult) -> float | None:
+    """Relative error of the planned peak RSS (plan["peak_rss"]) against the busiest rank's
+    measured peak RSS (VmHWM before the profiler)."""
+    if result.plan is None or "peak_rss" not in result.plan:
+        return None
+    measured = max(int(r["peak_rss_bytes"]) for r in result.ranks)
+    return (int(result.plan["peak_rss"]["peak_rss_bytes"]) - measured) / measured
+
+
+def replayed_bubble(result: ParallelResult) -> float | None:
+    """The bubble of this run's own chunks replayed with a core per stage and free transfers
+    (pipeline.replay on their CPU seconds; wall seconds when a rank ran more than one thread),
+    the median over the steps every stage kept."""
+    pipes = [r.get("pipeline") for r in result.ranks]
+    if not pipes or any(p is None or not p.get("chunks_by_step") for p in pipes):
+        return None
+    col = 2 if result.threads == 1 else 3
+    steps = set.intersection(*(set(p["chunks_by_step"]) for p in pipes if p is not None))
+    vals = [replay_bubble([[(op[0], int(op[1]), float(op[col]))
+                            for op in p["chunks_by_step"][k]] for p in pipes if p is not None])
+            for k in sorted(steps)]
+    return float(np.median(vals)) if vals else None
 
 
 def plan_error(result: ParallelResult) -> float | None:
@@ -60,7 +88,15 @@ class Level:
     comm_ms_by_kind: dict[str, float]
     bubble_measured: float | None
     bubble_theory: float | None
+    bubble_replay: float | None
+    """The run's own chunk costs replayed with a core per stage and free transfers."""
+    bubble_floor: float | None
+    """The least bubble p stages can have on this machine's cores (pipeline.bubble_floor)."""
+    descheduled_share: float | None
+    """Mean over stages: share of the step spent inside a chunk but off the CPU."""
     plan_error: float | None
+    peak_rss_planned: int | None
+    peak_rss_error: float | None
     final_loss: float
 
 
@@ -78,12 +114,17 @@ def _comm(result: ParallelResult) -> tuple[float | None, dict[str, float]]:
     return share, {k: v["ms"] for k, v in (r0.get("comm") or {}).items()}
 
 
-def level_of(result: ParallelResult, ddp: ParallelResult | None) -> Level:
+def level_of(result: ParallelResult, ddp: ParallelResult | None,
+             cores: int | None = None) -> Level:
+    """One run against DDP's at the same process count; `cores` (default: this machine's)
+    sets the pipeline's bubble floor."""
     busiest = max(result.ranks, key=state_bytes)
     share, kinds = _comm(result)
     pipe = next((r["pipeline"] for r in result.ranks if r.get("pipeline")), None)
     bubbles = [r["pipeline"]["bubble_measured"] for r in result.ranks if r.get("pipeline")]
     ddp_state = max(state_bytes(r) for r in ddp.ranks) if ddp is not None else None
+    desched = [r["pipeline"]["descheduled_share"] for r in result.ranks
+               if r.get("pipeline") and r["pipeline"].get("descheduled_share") is not None]
     return Level(
         strategy=result.strategy, nproc=result.world, tokens_per_s=result.tokens_per_s,
         vs_ddp_throughput=(result.tokens_per_s / ddp.tokens_per_s) if ddp is not None else None,
@@ -94,7 +135,14 @@ def level_of(result: ParallelResult, ddp: ParallelResult | None) -> Level:
         comm_share=share, comm_ms_by_kind=kinds,
         bubble_measured=sum(bubbles) / len(bubbles) if bubbles else None,
         bubble_theory=pipe["bubble_theory"] if pipe else None,
-        plan_error=plan_error(result), final_loss=result.losses[-1])
+        bubble_replay=replayed_bubble(result),
+        bubble_floor=(bubble_floor(pipe["stages"], pipe["micro_batches"],
+                                   cores or available_cores()) if pipe else None),
+        descheduled_share=(float(np.mean(desched)) if desched else None),
+        plan_error=plan_error(result),
+        peak_rss_planned=(int(result.plan["peak_rss"]["peak_rss_bytes"])
+                          if result.plan and "peak_rss" in result.plan else None),
+        peak_rss_error=peak_rss_error(result), final_loss=result.losses[-1])
 
 
 def record_of(result: ParallelResult, level: Level, *, experiment: str, repeat: int = 0) -> Record:
@@ -115,6 +163,10 @@ def record_of(result: ParallelResult, level: Level, *, experiment: str, repeat: 
                 "vs_ddp_state": level.vs_ddp_state, "vs_ddp_throughput": level.vs_ddp_throughput,
                 "comm_share": level.comm_share, "comm_ms_by_kind": level.comm_ms_by_kind,
                 "bubble_measured": level.bubble_measured, "bubble_theory": level.bubble_theory,
+                "bubble_replay": level.bubble_replay, "bubble_floor": level.bubble_floor,
+                "descheduled_share": level.descheduled_share,
+                "peak_rss_planned": level.peak_rss_planned,
+                "peak_rss_error": level.peak_rss_error,
                 "plan": result.plan, "plan_error": level.plan_error,
                 "ranks": result.ranks})
 

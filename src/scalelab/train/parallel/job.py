@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from scalelab.core.errors import RunFailedError
 from scalelab.core.machine import available_cores
-from scalelab.core.memory import MemoryQuery, plan_memory
+from scalelab.core.memory import MemoryQuery, plan_memory, plan_peak_rss
 from scalelab.train.launch import (
     LOG_FILE,
     LaunchConfig,
@@ -29,6 +29,7 @@ from scalelab.train.launch import (
 from scalelab.train.launch import torchrun_command as launch_command
 from scalelab.train.parallel.config import ParallelConfig
 from scalelab.train.parallel.loop import FAILURE_FILE
+from scalelab.train.parallel.runtime import RuntimeBaseline, measure_baseline
 from scalelab.train.parallel.worker import (
     CONFIG_FILE,
     DATA_FILE,
@@ -97,8 +98,10 @@ def read_reports(run_dir: Path, world: int) -> list[dict[str, Any]]:
     return out
 
 
-def planned(cfg: ParallelConfig, world: int, n_params: int) -> dict[str, Any] | None:
-    """The memory planner's prediction for this run (None where it has no formula: fsdp+tp)."""
+def planned(cfg: ParallelConfig, world: int, n_params: int, *,
+            baseline: RuntimeBaseline | None = None, data_bytes: int = 0) -> dict[str, Any] | None:
+    """The memory planner's prediction for this run (None where it has no formula: fsdp+tp);
+    with a measured process `baseline`, also the peak RSS (`peak_rss`)."""
     strategy = {"single": "dp", "dp": "dp", "fsdp": "fsdp", "tp": "tp", "pp": "pp"}.get(
         cfg.strategy)
     if strategy is None:
@@ -108,7 +111,12 @@ def planned(cfg: ParallelConfig, world: int, n_params: int) -> dict[str, Any] | 
                     world=world, heads=cfg.heads, kv_heads=cfg.kv_heads, ffn=cfg.ffn,
                     vocab=VOCAB_SIZE, micro_batches=cfg.micro_batches if strategy == "pp" else 1,
                     schedule=cfg.schedule)
-    return plan_memory(q).to_dict()
+    out = plan_memory(q).to_dict()
+    if baseline is not None:
+        out["peak_rss"] = {**plan_peak_rss(q, runtime_bytes=baseline.peak_rss_bytes,
+                                           data_bytes=data_bytes).to_dict(),
+                           "baseline": baseline.to_dict()}
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,8 +146,15 @@ class ParallelResult:
     run_dir: str
 
 
+def corpus_bytes(run_dir: Path) -> int:
+    """Bytes of the corpus tensors a worker loads (train and held-out, both kept)."""
+    return sum(int(v.numel() * v.element_size())
+               for v in load_file(str(run_dir / DATA_FILE)).values())
+
+
 def summarize(cfg: ParallelConfig, reports: list[dict[str, Any]], run_dir: Path,
-              wall: float, warning: str | None, threads: int) -> ParallelResult:
+              wall: float, warning: str | None, threads: int,
+              baseline: RuntimeBaseline | None = None) -> ParallelResult:
     r0 = reports[0]
     world = len(reports)
     # Every rank runs every step in lockstep; the slowest rank's median is the step time.
@@ -148,26 +163,34 @@ def summarize(cfg: ParallelConfig, reports: list[dict[str, Any]], run_dir: Path,
     meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
     fail = run_dir / FAILURE_FILE
     keys = ("rank", "param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes",
-            "peak_rss_bytes", "rss_before_model_bytes", "n_params_local", "compute_ms_per_step",
-            "comm_ms_per_step", "profiled_step_ms", "comm", "pipeline")
+            "peak_rss_bytes", "peak_rss_profiled_bytes", "rss_before_model_bytes",
+            "n_params_local", "compute_ms_per_step", "comm_ms_per_step", "profiled_step_ms",
+            "comm", "pipeline", "rss_timeline")
     return ParallelResult(
         strategy=cfg.strategy, world=world, threads=int(r0.get("threads", threads)),
         steps=cfg.steps, batch=cfg.batch, seq=cfg.seq, n_params=full_params,
         losses=[float(v) for _, v in r0["losses"]], median_step_s=med,
         tokens_per_s=cfg.batch * cfg.seq / med if med > 0 else 0.0,
         ranks=[{k: r.get(k) for k in keys} for r in reports],
-        plan=planned(cfg, world, full_params), corpus=meta["corpus"], wall_s=wall,
+        plan=planned(cfg, world, full_params, baseline=baseline,
+                     data_bytes=corpus_bytes(run_dir) if baseline is not None else 0),
+        corpus=meta["corpus"], wall_s=wall,
         failure=json.loads(fail.read_text(encoding="utf-8")) if fail.is_file() else None,
         resumed_from=r0.get("resumed_from"), warning=warning, run_dir=str(run_dir))
 
 
 def run_parallel(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path,
-                 *, restarts: bool = False) -> ParallelResult:
-    """Train `cfg` under torchrun in `run_dir` and summarise it."""
+                 *, restarts: bool = False, plan_rss: bool = False) -> ParallelResult:
+    """Train `cfg` under torchrun in `run_dir` and summarise it. With `plan_rss` (CPU runs),
+    the plan also predicts the peak RSS from the process baseline measured on this machine
+    (runtime.measure_baseline: a child process the first time, ~10 s; cached after)."""
     prep = prepare(cfg, lc, run_dir)
     wall = run_torchrun(lc, prep, restarts=restarts)
     reports = read_reports(run_dir, lc.nproc * lc.min_nodes())
-    return summarize(cfg, reports, run_dir, wall, prep.warning, prep.threads)
+    baseline = (measure_baseline(cfg.strategy, threads=prep.threads,
+                                 deterministic=cfg.deterministic)
+                if plan_rss and not lc.cuda else None)
+    return summarize(cfg, reports, run_dir, wall, prep.warning, prep.threads, baseline)
 
 
 def final_weights(run_dir: Path) -> dict[str, Any]:

@@ -41,11 +41,18 @@ from scalelab.train.parallel.measure import (
     optimizer_bytes,
     param_bytes,
     profiler_events,
+    rss_status,
 )
 from scalelab.train.parallel.pipeline import StageModule, bubble_theory, build_schedule
 from scalelab.train.text import VOCAB_SIZE, batch_at
 
 FAILURE_FILE = "failure.json"
+
+
+def _peak_rss() -> int:
+    """This process's peak RSS: VmHWM where Linux has it. ru_maxrss survives exec, so a worker
+    forked from a larger torchrun agent would report the agent's peak as its own."""
+    return rss_status().get("hwm") or peak_rss_bytes()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,8 +179,10 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
           run_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
     """Train; returns this rank's report and (rank 0) the full final weights."""
     torch.manual_seed(cfg.seed)
-    rss_before = peak_rss_bytes()
+    rss_before = _peak_rss()
+    timeline = [("before model", rss_status())]
     rep = Replica(cfg, r)
+    timeline.append(("model built", rss_status()))
     run_key = cfg.run_key(r.world)
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
     start, resumed = 0, None
@@ -187,16 +196,20 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
     meter = ActivationMeter(rep.model)
     local_losses: list[float | None] = []
     step_s: list[float] = []
-    busy_s: list[float] = []
+    busy_s: list[tuple[float, float, list[list[Any]], float]] = []
+    """Per step, pipeline only: chunk wall, chunk CPU, the chunks, process CPU over the step."""
     sched_s: list[float] = []
     """Forward + backward only (the pipeline schedule's step, without the optimizer)."""
     comm = CommStats()
     profiled: list[float] = []
     states: dict[str, int] = {}
     # Activations are counted on the second step (the first also runs the pipeline's shape
-    # inference and warms caches), the profiler runs on the steps after it.
+    # inference and warms caches). The profiler runs on the last steps: its event buffers add
+    # ~130 MiB of RSS that the allocator keeps after it stops, so the training's own peak RSS
+    # (`peak_rss_bytes`, what the planner predicts) is read just before it starts.
     meter_step = min(start + 1, cfg.steps - 1)
-    prof_range = range(meter_step + 1, meter_step + 1 + cfg.profile_steps)
+    prof_range = range(max(meter_step + 1, cfg.steps - cfg.profile_steps), cfg.steps)
+    train_peak: int | None = None
     first_step_unix = None
     for step in range(start, cfg.steps):
         if (cfg.fail_at_step is not None and r.restart == 0 and step == cfg.fail_at_step
@@ -208,12 +221,14 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
             os.kill(os.getpid(), signal.SIGKILL)
         batch = batch_at(data, step, cfg.batch)
         prof = None
+        if step in prof_range and train_peak is None:
+            train_peak = _peak_rss()
         if step in prof_range:
             from torch.profiler import ProfilerActivity, profile
 
             prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
             prof.__enter__()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         if step == meter_step:
             meter.reset()
             with meter.track():
@@ -222,6 +237,7 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
         else:
             loss = rep.step(batch)
         sched_s.append(time.perf_counter() - t0)
+        step_cpu = time.process_time() - cpu0
         grads = grad_bytes(rep.model)
         rep.optimizer.step()
         rep.optimizer.zero_grad(set_to_none=True)
@@ -238,8 +254,11 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
             states.update(param_bytes=param_bytes(rep.model), grad_bytes=grads,
                           optimizer_bytes=optimizer_bytes(rep.optimizer))
         step_s.append(wall)
+        timeline.append((f"step {step}" + (" (profiled)" if prof is not None else "")
+                         + (" (activations counted)" if step == meter_step else ""),
+                         rss_status()))
         if rep.clock is not None:
-            busy_s.append(rep.clock.take())
+            busy_s.append((*rep.clock.take_all(), step_cpu))
         local_losses.append(loss)
         if first_step_unix is None:
             first_step_unix = time.time()
@@ -258,7 +277,10 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
         "resumed_from": resumed, "first_step_unix": first_step_unix,
         "n_params_local": sum(int(p.numel()) for p in rep.model.parameters()),
         **states,
-        "peak_rss_bytes": peak_rss_bytes(), "rss_before_model_bytes": rss_before,
+        "peak_rss_bytes": _peak_rss() if train_peak is None else train_peak,
+        "peak_rss_profiled_bytes": _peak_rss(), "rss_before_model_bytes": rss_before,
+        "rss_timeline": [[label, st.get("rss"), st.get("hwm"), st.get("malloc_free")]
+                         for label, st in timeline],
         "profiled_steps": n_prof, "profiled_step_ms": None if prof_wall is None
         else 1e3 * prof_wall,
         "comm_ms_per_step": None if comm_s is None else 1e3 * comm_s,
@@ -272,13 +294,26 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
         # between stages), the activation-counting step and the profiled ones (hooks and the
         # profiler slow compute, not the transfers).
         skip = {0, meter_step - start, *(i - start for i in prof_range)}
-        all_pairs = list(zip(sched_s, busy_s, strict=True))
-        pairs = [p for i, p in enumerate(all_pairs) if i not in skip] or all_pairs[1:] \
-            or all_pairs
+        kept = [i for i in range(len(sched_s)) if i not in skip] or list(range(1, len(sched_s))) \
+            or list(range(len(sched_s)))
+        step_wall = [sched_s[i] for i in kept]
+        busy = [busy_s[i][0] for i in kept]
+        cpu = [busy_s[i][1] for i in kept]
         report["pipeline"] = {
             "stages": r.world, "micro_batches": cfg.micro_batches, "schedule": cfg.schedule,
             "bubble_theory": bubble_theory(r.world, cfg.micro_batches),
-            "bubble_measured": float(np.median([1 - b / w for w, b in pairs])),
-            "busy_ms_per_step": 1e3 * float(np.median([b for _, b in pairs])),
+            "bubble_measured": float(np.median([1 - b / w for w, b in zip(step_wall, busy,
+                                                                           strict=True)])),
+            "busy_ms_per_step": 1e3 * float(np.median(busy)),
+            "busy_cpu_ms_per_step": 1e3 * float(np.median(cpu)),
+            # Inside a chunk but off the CPU (another process had the core), as a share of the
+            # step: idle time theory does not know and a core per stage would not have.
+            "descheduled_share": float(np.median([(b - c) / w for w, b, c in zip(
+                step_wall, busy, cpu, strict=True)])),
+            "process_cpu_share": float(np.median([busy_s[i][3] / sched_s[i] for i in kept])),
+            "step_ms": [1e3 * w for w in step_wall],
+            # Each kept step's chunks, [kind, micro-batch, cpu_s, wall_s], in the order run:
+            # the summary replays every stage's together (pipeline.replay).
+            "chunks_by_step": {str(start + i): busy_s[i][2] for i in kept},
         }
     return report, rep.full_state()

@@ -19,6 +19,7 @@ what is live is what the memory planner predicts.
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from collections import deque
 from collections.abc import Iterator
@@ -117,6 +118,48 @@ def profiler_events(prof: Any) -> list[tuple[str, float, float, list[Any], list[
             out.append((name, e.start_ns() / 1e9, e.duration_ns() / 1e9, list(e.shapes()),
                         list(e.dtypes())))
     return out
+
+
+def rss_status() -> dict[str, int]:
+    """This process's resident set now (VmRSS) and its high-water mark (VmHWM), in bytes.
+
+    ru_maxrss is the same high-water mark; /proc/self/status has both, so a timeline of the
+    two says which phase of a run set the peak. Empty off Linux.
+    """
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    key, value = line.split(":", 1)
+                    out["rss" if key == "VmRSS" else "hwm"] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    free = allocator_free_bytes()
+    if free is not None:
+        out["malloc_free"] = free
+    return out
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                "usmblks", "fsmblks", "uordblks", "fordblks",
+                                                "keepcost")]
+
+
+def allocator_free_bytes() -> int | None:
+    """Bytes glibc's malloc holds free (freed by the program, kept by the allocator: counted in
+    RSS wherever they were touched), from mallinfo2 (glibc >= 2.33); None elsewhere.
+
+    torch's CPU allocator is malloc, so this is the part of a peak RSS that is neither runtime
+    nor live tensors: what the planner leaves out."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    info = fn()
+    return int(info.fordblks + info.fsmblks)
 
 
 def local_bytes(t: torch.Tensor) -> int:

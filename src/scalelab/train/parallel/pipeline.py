@@ -8,9 +8,12 @@ comparisons line up with every other strategy's without a translation table.
 The bubble: with p stages and m micro-batches of equal cost, each stage idles for p − 1 of the
 m + p − 1 slots of a GPipe step, a fraction (p − 1)/(m + p − 1) (Huang et al. 2019); 1F1B
 (Narayanan et al. 2021) has the same bubble and holds fewer micro-batches' activations. The
-measured bubble of a stage is 1 − (time inside its forward and backward chunks) / (step wall
-time); what separates it from theory is the point-to-point transfers and the schedule's own
-bookkeeping, which theory counts as zero.
+measured bubble of a stage is 1 − (wall time inside its forward and backward chunks and its
+loss) / (step wall time). What separates it from theory, each measured: the stages' unequal
+costs (`replay` of the chunks' CPU times on a core per stage with free transfers), the
+machine (stages off the CPU while inside a chunk: chunk wall − CPU time; `bubble_floor`: p
+stages on C < p cores cannot all be busy), and the point-to-point transfers and the schedule's
+bookkeeping (the rest).
 """
 
 from __future__ import annotations
@@ -31,6 +34,57 @@ def bubble_theory(stages: int, micro_batches: int) -> float:
     if stages < 1 or micro_batches < 1:
         raise BadUsageError("stages and micro-batches must be >= 1")
     return (stages - 1) / (micro_batches + stages - 1)
+
+
+def bubble_floor(stages: int, micro_batches: int, cores: int) -> float:
+    """The least idle fraction of a stage when p equal stages share C cores: a step takes at
+    least (m + p − 1) chunk slots (the schedule) and at least p·m chunks' work spread over C
+    cores, so a stage is busy m slots of max(m + p − 1, p·m/C):
+    1 − min(m/(m + p − 1), C/p). With a core per stage (C ≥ p) it is the theory."""
+    if cores < 1:
+        raise BadUsageError(f"cores must be >= 1; got {cores}")
+    theory = bubble_theory(stages, micro_batches)
+    return max(theory, 1 - cores / stages)
+
+
+Op = tuple[str, int, float]
+"""One chunk a stage ran: kind ("F" forward, "B" backward), micro-batch, seconds."""
+
+
+def replay(orders: list[list[Op]]) -> tuple[float, list[float]]:
+    """The step a pipeline would take with a core per stage and free transfers: stage i runs
+    its chunks in the order it ran them, F(i, j) after F(i − 1, j) and B(i, j) after
+    B(i + 1, j) (the data each needs). Returns (makespan, each stage's busy seconds).
+
+    Fed the chunks' measured CPU seconds, it separates what the schedule and the stages'
+    unequal costs make idle (the bubble this pipeline has on a machine with a core per stage)
+    from what transfers and a shared CPU add."""
+    p = len(orders)
+    done: dict[tuple[str, int, int], float] = {}
+    clock = [0.0] * p
+    nxt = [0] * p
+    while any(nxt[i] < len(orders[i]) for i in range(p)):
+        progressed = False
+        for i in range(p):
+            while nxt[i] < len(orders[i]):
+                kind, mb, secs = orders[i][nxt[i]]
+                dep = (("F", i - 1, mb) if kind == "F" and i > 0 else
+                       ("B", i + 1, mb) if kind == "B" and i < p - 1 else None)
+                if dep is not None and dep not in done:
+                    break
+                start = max(clock[i], done[dep] if dep is not None else 0.0)
+                clock[i] = done[(kind, i, mb)] = start + secs
+                nxt[i] += 1
+                progressed = True
+        if not progressed:
+            raise ValueError("the chunk orders deadlock: a stage waits on a chunk never run")
+    return max(clock), [sum(op[2] for op in ops) for ops in orders]
+
+
+def replay_bubble(orders: list[list[Op]]) -> float:
+    """Mean over stages of 1 − busy / makespan of `replay`."""
+    makespan, busy = replay(orders)
+    return sum(1 - b / makespan for b in busy) / len(busy) if makespan > 0 else 0.0
 
 
 def stage_layers(layers: int, stages: int, stage: int) -> range:
@@ -73,23 +127,46 @@ class StageModule(nn.Module):
 
 
 class BusyClock:
-    """Seconds a stage spends inside its forward and backward chunks (its compute)."""
+    """Time a stage spends inside its forward and backward chunks (and the last stage's loss):
+    wall seconds, this thread's CPU seconds, and each chunk in the order it ran (for `replay`).
+
+    With one intra-op thread (the default when processes >= cores) the chunk's compute runs on
+    the calling thread, so its thread CPU time is the compute itself and wall − CPU is time the
+    stage wanted a core and did not have one. Gloo's transfers run on gloo's own threads."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.cpu_seconds = 0.0
+        self.ops: list[list[Any]] = []
+        """[kind, micro-batch, cpu_s, wall_s] per chunk since the last `take_all`."""
 
-    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(self, fn: Callable[..., Any], kind: str = "F") -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+                self.seconds += wall
+                self.cpu_seconds += cpu
+                if kind == "L" and self.ops:
+                    # The loss is the last stage's forward compute, run by the schedule just
+                    # after forward_one_chunk: charged to that chunk.
+                    self.ops[-1][2] += cpu
+                    self.ops[-1][3] += wall
+                else:
+                    mb = args[0] if args and isinstance(args[0], int) else -1
+                    self.ops.append([kind, mb, cpu, wall])
         return timed
 
     def take(self) -> float:
-        s, self.seconds = self.seconds, 0.0
-        return s
+        return self.take_all()[0]
+
+    def take_all(self) -> tuple[float, float, list[list[Any]]]:
+        """(wall, cpu, chunks) since the last take; resets."""
+        out = (self.seconds, self.cpu_seconds, self.ops)
+        self.seconds, self.cpu_seconds, self.ops = 0.0, 0.0, []
+        return out
 
 
 def build_schedule(module: StageModule, *, stage: int, stages: int, micro_batches: int,
@@ -104,7 +181,8 @@ def build_schedule(module: StageModule, *, stage: int, stages: int, micro_batche
                             f"({stages}); got --micro-batches {micro_batches}")
     ps = PipelineStage(module, stage, stages, device, group=group)
     clock = BusyClock()
-    ps.forward_one_chunk = clock.wrap(ps.forward_one_chunk)  # type: ignore[method-assign]
-    ps.backward_one_chunk = clock.wrap(ps.backward_one_chunk)  # type: ignore[method-assign]
+    ps.forward_one_chunk = clock.wrap(ps.forward_one_chunk, "F")  # type: ignore[method-assign]
+    ps.backward_one_chunk = clock.wrap(ps.backward_one_chunk, "B")  # type: ignore[method-assign]
     cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-    return cls(ps, n_microbatches=micro_batches, loss_fn=loss_fn, scale_grads=True), clock
+    return cls(ps, n_microbatches=micro_batches, loss_fn=clock.wrap(loss_fn, "L"),
+               scale_grads=True), clock
