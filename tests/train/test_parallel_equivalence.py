@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from scalelab.train.launch import LaunchConfig
-from scalelab.train.parallel.bench import tracked_bytes
+from scalelab.train.parallel.bench import peak_rss_error, replayed_bubble, tracked_bytes
 from scalelab.train.parallel.config import ParallelConfig
 from scalelab.train.parallel.job import ParallelResult, final_weights, run_parallel
 from scalelab.train.parallel.loop import Rank, train
@@ -41,9 +41,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[float], di
     return [v for _, v in report["losses"]], state
 
 
-def launch(tmp: Path, strategy: str, nproc: int, **kw: Any) -> ParallelResult:
+def launch(tmp: Path, strategy: str, nproc: int, plan_rss: bool = False,
+           **kw: Any) -> ParallelResult:
     cfg = dataclasses.replace(TINY, strategy=strategy, **kw)  # type: ignore[arg-type]
-    return run_parallel(cfg, LaunchConfig(nproc=nproc, timeout_s=240), tmp)
+    return run_parallel(cfg, LaunchConfig(nproc=nproc, timeout_s=240), tmp, plan_rss=plan_rss)
 
 
 def assert_matches(res: ParallelResult, tmp: Path,
@@ -84,7 +85,7 @@ def test_tensor_parallel_matches_single_and_halves_the_weights(
 ])
 def test_strategy_matches_single(tmp_path: Path, reference: tuple[list[float], dict[str, Any]],
                                  strategy: str, nproc: int, kw: dict[str, Any]) -> None:
-    res = launch(tmp_path, strategy, nproc, **kw)
+    res = launch(tmp_path, strategy, nproc, plan_rss=strategy in ("dp", "pp"), **kw)
     assert_matches(res, tmp_path, reference)
     if strategy in ("fsdp", "fsdp+tp"):
         n = sum(int(v.numel()) for v in reference[1].values())
@@ -94,6 +95,20 @@ def test_strategy_matches_single(tmp_path: Path, reference: tuple[list[float], d
         assert pipe["bubble_theory"] == pytest.approx(1 / 3)
         assert 0 <= pipe["bubble_measured"] < 1
         assert res.ranks[0]["comm"]["p2p"]["calls"] > 0
+        # Every kept step ran each micro-batch's forward and backward once on every stage.
+        for r in res.ranks:
+            for ops in r["pipeline"]["chunks_by_step"].values():
+                assert sorted((k, mb) for k, mb, *_ in ops) == [("B", 0), ("B", 1), ("F", 0),
+                                                                ("F", 1)]
+                assert all(cpu >= 0 and wall > 0 for *_, cpu, wall in ops)
+        replayed = replayed_bubble(res)
+        assert replayed is not None and 0 <= replayed < 1
+    if strategy in ("dp", "pp"):
+        # The planned peak RSS (the probe's baseline + data + tensors + buffers) against the
+        # busiest rank's VmHWM.
+        assert res.plan is not None and res.plan["peak_rss"]["runtime_bytes"] > 0
+        err = peak_rss_error(res)
+        assert err is not None and abs(err) <= 0.15
     if res.plan is not None:
         measured = max(tracked_bytes(r) for r in res.ranks)
         assert abs(res.plan["total_bytes"] - measured) / measured <= 0.15
