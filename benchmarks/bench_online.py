@@ -4,8 +4,9 @@ validated ingestion on one core.
 Run: .venv/bin/python benchmarks/bench_online.py [--policies never,monthly,weekly,daily,drift,...]
          [--calibration-end 2013-05-01T00] [--thresholds 25,50,...] [--budget 0.3333]
          [--start HOUR] [--end HOUR] [--river-model hoeffding] [--skip-river] [--out FILE]
-A quiet re-run of everything (calibration, evaluation, ingestion, river): about 15-20 minutes
-on 2 cores (measured: see docs/online.md); --skip-river saves ~3 of them.
+The whole run (calibration, evaluation, ingestion, river) took 14 min of wall time on the shared
+2-core VM at load 6-9, 5 min 36 s with --skip-river at load 5-8 (docs/online.md); the first
+run also creates benchmarks/.venvs/river (pip install river==0.26.1).
 
 Parts:
 - calibration (`online.calibrate`): the drift threshold is chosen by a stated rule on a period
