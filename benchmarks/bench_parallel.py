@@ -20,7 +20,8 @@ width 256, 4 heads, SwiGLU 512: ~2.8 M parameters), the same global batch and st
 - Beside the bubble, what separates it from theory: `replay` (this run's own chunk CPU times
   replayed with a core per stage and free transfers: the stages' unequal costs), `floor` (the
   least bubble p stages can have on this machine's C cores, 1 − min(m/(m+p−1), C/p)), and
-  `off-CPU` (share of the step a stage spent inside a chunk without a core).
+  `off-CPU` (share of the step a stage spent inside a chunk without a core), and the CPU time
+  each stage process had, as a share of the step (1.0 with an idle core per stage).
 The peer is DDP itself (PyTorch's own data parallel, the project's dependency). Numbers depend on
 load: the machine has 2 cores and other work; the script prints the load average beside them.
 """
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                     "comm_ms": lv.comm_ms_by_kind, "bubble": lv.bubble_measured,
                     "bubble_theory": lv.bubble_theory, "bubble_replay": lv.bubble_replay,
                     "bubble_floor": lv.bubble_floor, "descheduled": lv.descheduled_share,
+                    "process_cpu_share": _cpu_share(res),
                     "micro_batches": cfg.micro_batches,
                     "peak_rss_planned": lv.peak_rss_planned, "peak_rss_error": lv.peak_rss_error,
                     "rss_baseline": (res.plan or {}).get("peak_rss", {}).get("runtime_bytes"),
@@ -143,6 +145,14 @@ def main(argv: list[str] | None = None) -> int:
                                     encoding="utf-8")
     print(f"load average at the end: {load()}")
     return 0
+
+
+def _cpu_share(res: ParallelResult) -> float | None:
+    """Mean over stages of the process's CPU time / the step's wall time: how much of a core
+    each stage had (1.0 on an idle machine with a core per stage)."""
+    shares = [r["pipeline"]["process_cpu_share"] for r in res.ranks
+              if r.get("pipeline") and r["pipeline"].get("process_cpu_share") is not None]
+    return sum(shares) / len(shares) if shares else None
 
 
 def _malloc_at_peak(res: ParallelResult) -> int | None:
@@ -190,7 +200,8 @@ def _line(r: dict[str, Any]) -> str:
         parts.append(f"bubble {r['bubble']:.1%} vs theory {r['bubble_theory']:.1%} "
                      f"({gap:+.1f} points{' OK' if abs(gap) <= 5 else ' MISSED'}); "
                      f"replay {_pct(r['bubble_replay'])}, floor on this machine "
-                     f"{_pct(r['bubble_floor'])}, off-CPU {_pct(r['descheduled'])}")
+                     f"{_pct(r['bubble_floor'])}, off-CPU {_pct(r['descheduled'])}, CPU per stage "
+                     f"{_pct(r['process_cpu_share'])} of the step")
     parts.append(f"load {r['load']}")
     return "; ".join(parts)
 
