@@ -127,7 +127,9 @@ def _rank_rows(t: Table, r: Any) -> None:
         if rk.get("pipeline"):
             p = rk["pipeline"]
             t.add_row(f"rank {rk['rank']} bubble ({p['schedule']}, m={p['micro_batches']})",
-                      f"{p['bubble_measured']:.1%} measured, {p['bubble_theory']:.1%} theory")
+                      f"{p['bubble_measured']:.1%} measured, {p['bubble_theory']:.1%} theory"
+                      + (f"; off the CPU {p['descheduled_share']:.1%} of the step"
+                         if p.get("descheduled_share") is not None else ""))
 
 
 def _render(r: Any, rehearsal: Any) -> Callable[[Console], None]:
