@@ -53,3 +53,18 @@ def test_run_key_ignores_how_long_and_how_saved() -> None:
     assert a.run_key(2) == TrainConfig(max_steps=99, keep=1).run_key(2)
     assert a.run_key(2) != a.run_key(4)
     assert a.run_key(2) != TrainConfig(lr=1.0).run_key(2)
+
+
+def test_peak_rss_is_this_processs_own_not_its_parents() -> None:
+    # ru_maxrss survives fork and exec: a child of a 300 MiB parent reports 300 MiB there
+    import subprocess
+    import sys
+
+    big = bytearray(300 * 2**20)
+    big[::4096] = b"\x01" * len(big[::4096])
+    code = ("import resource; from scalelab.train.metrics import peak_rss_bytes; "
+            "print(peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    own, inherited = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                             text=True, check=True).stdout.split())
+    assert inherited >= 300 * 2**20 > own > 0
+    del big

@@ -72,7 +72,16 @@ class CommClock:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set size (Linux reports KiB)."""
+    """This process's peak resident set size: VmHWM where Linux has it. ru_maxrss (the
+    fallback; KiB) survives fork and exec, so a torchrun worker would report its larger
+    agent's peak as its own."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 

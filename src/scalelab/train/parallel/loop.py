@@ -49,10 +49,6 @@ from scalelab.train.text import VOCAB_SIZE, batch_at
 FAILURE_FILE = "failure.json"
 
 
-def _peak_rss() -> int:
-    """This process's peak RSS: VmHWM where Linux has it. ru_maxrss survives exec, so a worker
-    forked from a larger torchrun agent would report the agent's peak as its own."""
-    return rss_status().get("hwm") or peak_rss_bytes()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,7 +175,7 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
           run_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
     """Train; returns this rank's report and (rank 0) the full final weights."""
     torch.manual_seed(cfg.seed)
-    rss_before = _peak_rss()
+    rss_before = peak_rss_bytes()
     timeline = [("before model", rss_status())]
     rep = Replica(cfg, r)
     timeline.append(("model built", rss_status()))
@@ -222,7 +218,7 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
         batch = batch_at(data, step, cfg.batch)
         prof = None
         if step in prof_range and train_peak is None:
-            train_peak = _peak_rss()
+            train_peak = peak_rss_bytes()
         if step in prof_range:
             from torch.profiler import ProfilerActivity, profile
 
@@ -277,8 +273,8 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
         "resumed_from": resumed, "first_step_unix": first_step_unix,
         "n_params_local": sum(int(p.numel()) for p in rep.model.parameters()),
         **states,
-        "peak_rss_bytes": _peak_rss() if train_peak is None else train_peak,
-        "peak_rss_profiled_bytes": _peak_rss(), "rss_before_model_bytes": rss_before,
+        "peak_rss_bytes": peak_rss_bytes() if train_peak is None else train_peak,
+        "peak_rss_profiled_bytes": peak_rss_bytes(), "rss_before_model_bytes": rss_before,
         "rss_timeline": [[label, st.get("rss"), st.get("hwm"), st.get("malloc_free")]
                          for label, st in timeline],
         "profiled_steps": n_prof, "profiled_step_ms": None if prof_wall is None
