@@ -3,6 +3,7 @@
 Run: .venv/bin/python benchmarks/bench_generate.py [--model smollm2-135m|tiny] [--requests 16]
                                                    [--only batching,paged,prefix,spec,llamacpp]
                                                    [--threads 2] [--out FILE]
+     .venv/bin/python benchmarks/bench_generate.py --only step [--threads 1]   (~1 min)
 
 Sections (each prints ratios; all results go to --out as one JSON document):
 - batching: continuous batching (our engine) vs static batching (Hugging Face `generate` on the
@@ -15,6 +16,8 @@ Sections (each prints ratios; all results go to --out as one JSON document):
   prefix cache on vs off.
 - spec: batch 1, prompt-lookup speculative decoding vs plain greedy on a repetitive (quoting)
   and on a non-repetitive workload: tokens/s ratio and acceptance rate.
+- step (only when named): one decode step at 1 and at 8 running sequences, wall and CPU
+  time, and its CPU split (matrix products / paged attention / the rest) from torch.profiler.
 - llamacpp: llama-cpp-python (built from its sdist into benchmarks/.venvs/llamacpp, wheel kept
   in benchmarks/.venvs/wheels) on the same GGUF, 1 stream and 8 requests (its server runs one
   request at a time, so 8 streams are served in turn), vs our engine at 1 and 8.
@@ -193,6 +196,60 @@ def section_batching(
         flush=True,
     )
     return res
+
+
+ATTENTION_OPS = ("scaled_dot_product", "index_select", "index_copy")
+
+
+def section_step(lm: LoadedModel, steps: int) -> dict[str, Any]:
+    """One decode step at 1 and at 8 running sequences (prompts 40-150 tokens, all past their
+    prefill): median wall and CPU time per step, and where the step's CPU time goes (matrix
+    products, the paged attention's gather + SDPA, everything else) from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    la = loadavg()
+    out: dict[str, Any] = {}
+    for nseq in (1, 8):
+        e = engine(lm, max_num_seqs=nseq)
+        rng = random.Random(3)
+        for _ in range(nseq):
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 150)))
+            e.add(lm.tokenizer.encode(text), SamplingParams(max_tokens=4 * steps, ignore_eos=True))
+        while e.scheduler.waiting or any(s.in_prefill for s in e.scheduler.running):
+            e.step()
+        e.step()
+        wall, cpu = [], []
+        for _ in range(steps):
+            t0, c0 = time.perf_counter(), time.process_time()
+            e.step()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                e.step()
+        ops = {k.key: k.self_cpu_time_total for k in prof.key_averages()}
+        total = sum(ops.values()) or 1.0
+        mm = sum(v for k, v in ops.items() if k in ("aten::mm", "aten::addmm", "aten::bmm"))
+        att = sum(v for k, v in ops.items() if any(a in k for a in ATTENTION_OPS))
+        out[f"{nseq}_seqs"] = {
+            "step_ms": round(1e3 * statistics.median(wall), 1),
+            "step_cpu_ms": round(1e3 * statistics.median(cpu), 1),
+            "ms_per_token": round(1e3 * statistics.median(wall) / nseq, 1),
+            "share_matmul": round(mm / total, 3),
+            "share_attention": round(att / total, 3),
+            "share_other": round(1 - (mm + att) / total, 3),
+        }
+    one, eight = out["1_seqs"], out["8_seqs"]
+    out["per_token_speedup_8_vs_1"] = round(one["ms_per_token"] / eight["ms_per_token"], 2)
+    out["load"] = la
+    print(
+        f"[step] decode step {one['step_ms']} ms at 1 sequence, {eight['step_ms']} ms at 8 "
+        f"({out['per_token_speedup_8_vs_1']}x per token); at 8: matmul "
+        f"{eight['share_matmul']:.0%}, attention {eight['share_attention']:.0%}, other "
+        f"{eight['share_other']:.0%} of CPU time; load {la:.1f}",
+        flush=True,
+    )
+    return out
 
 
 def section_paged(
@@ -460,15 +517,25 @@ def section_llamacpp(lm: LoadedModel, n_tokens: int, threads: int) -> dict[str, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument(
         "--batch", type=int, default=8, help="continuous max_num_seqs and the static batch size"
     )
-    ap.add_argument("--only", default="batching,paged,prefix,spec,llamacpp")
+    ap.add_argument(
+        "--only",
+        default="batching,paged,prefix,spec,llamacpp",
+        help="comma-separated sections; 'step' (decode-step time and its split at 1 and 8 "
+        "sequences) runs only when named",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spec-tokens", type=int, default=48)
+    ap.add_argument(
+        "--step-count", type=int, default=10, help="decode steps timed per batch size (step)"
+    )
     ap.add_argument("--out", type=Path, default=HERE / "out" / "generate.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -493,6 +560,7 @@ def main() -> None:
         "prefix": lambda: section_prefix(lm, 6),
         "spec": lambda: section_spec(lm, args.spec_tokens),
         "batching": lambda: section_batching(lm, work, args.batch),
+        "step": lambda: section_step(lm, args.step_count),
         "llamacpp": lambda: section_llamacpp(lm, 32, args.threads),
     }
     for name, fn in sections.items():
