@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from scalelab.core.errors import BadInputError
-from scalelab.online.policy import Drift, PageHinkley, Periodic, make_policy, page_hinkley
+from scalelab.online.policy import (
+    Drift,
+    PageHinkley,
+    Periodic,
+    backoff_wait,
+    make_policy,
+    page_hinkley,
+)
 from scalelab.online.window import HOUR_US, WindowSpec, closes, sliding_mask, tumbling_index
 
 
@@ -54,6 +61,62 @@ def test_drift_waits_for_a_signal_and_its_min_gap() -> None:
     assert d.decide(3, 2)[0] is False and d.detector.n == 0
     aged = Drift(max_age=5)
     assert aged.decide(4, None)[0] is True and aged.decide(4, 0)[0] is False
+
+
+def test_backoff_schedule() -> None:
+    assert [backoff_wait(r) for r in range(6)] == [1, 2, 4, 7, 7, 7]
+    assert [backoff_wait(r, min_gap=2, factor=1.5, cap=10) for r in range(6)] == \
+        [2, 3, 5, 7, 10, 10]  # ceil(2 x 1.5**r): 2, 3, 4.5, 6.75, 10.125
+    assert [backoff_wait(r, factor=1.0) for r in range(3)] == [1, 1, 1]  # no back-off
+    assert backoff_wait(3, min_gap=9, cap=7) == 9  # the gap is a floor, the cap is not
+    assert backoff_wait(10_000) == 7  # long runs do not overflow
+    with pytest.raises(BadInputError, match="factor >= 1"):
+        backoff_wait(1, factor=0.5)
+    with pytest.raises(BadInputError, match="factor >= 1"):
+        Drift(backoff=0.5)
+
+
+def _signal(d: Drift) -> None:
+    # 0, 0, 1, 1 at delta 0, threshold 1.1: one signal at the last value (test above)
+    d.observe(np.array([0, 0, 1, 1.0]))
+
+
+def test_drift_backs_off_after_refusals_and_restarts_on_a_promotion() -> None:
+    d = Drift(detector=PageHinkley(delta=0.0, threshold=1.1, min_samples=1), max_wait=7)
+    attempts, last = [], None
+    for k in range(30):
+        _signal(d)  # a signal every window: only the back-off holds attempts back
+        do, _ = d.decide(k, last)
+        if do:
+            attempts.append(k)
+            last = k
+            d.refused()
+    # after 1, 2, 3, ... refusals the waits are 2, 4, 7, 7, 7: the exact schedule
+    assert attempts == [0, 2, 6, 13, 20, 27]
+    assert d.refusals == 6
+    assert d.decide(29, 27) == (False, "drift: backing off 7 windows after 6 refused "
+                                "attempt(s) in a row")
+    d.updated()  # a promotion: the next signal is answered at once again
+    assert d.refusals == 0 and d.wait() == 1
+    _signal(d)
+    assert d.decide(29, 27) == (True, "Page-Hinkley signalled an error-rate rise (1 signal(s))")
+
+
+def test_drift_rearms_only_on_errors_observed_after_a_refusal() -> None:
+    d = Drift(detector=PageHinkley(delta=0.0, threshold=1.1, min_samples=1))
+    d.observe(np.array([0, 0, 1]))  # building up, no signal yet
+    assert d.pending is None and d.detector.n == 3
+    _signal(d)
+    assert d.decide(0, None)[0] is True
+    d.refused()
+    # the evidence before the refusal is gone: neither a pending signal nor the detector's sums
+    assert d.pending is None and (d.detector.n, d.detector.cum) == (0, 0.0)
+    assert d.decide(5, 0) == (False, "no drift signalled")  # past the wait, yet no new signal
+    d.observe(np.array([0, 0, 1]))
+    assert d.decide(5, 0)[0] is False
+    d.observe(np.array([1.0]))  # the fresh sequence 0, 0, 1, 1 signals
+    do, why = d.decide(5, 0)
+    assert do and why.endswith("after 1 refused attempt(s) in a row and a 2-window back-off")
 
 
 def test_windows() -> None:

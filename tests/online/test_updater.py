@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from online_fixtures import SCHEMA_END
 
 from scalelab.online.ingest import ingest_source, load_rules
 from scalelab.online.log import EventLog
-from scalelab.online.policy import make_policy
+from scalelab.online.policy import Policy, make_policy
 from scalelab.online.prequential import PrequentialResult, run
 from scalelab.online.stream import StreamConfig, build_stream, parse_fault
 from scalelab.online.updater import StreamData, UpdaterConfig
@@ -23,8 +24,35 @@ RESCALED = {6, 7, 8}  # 2013-01-21 .. 01-23
 FLIPPED = {15, 16, 17}  # 2013-01-30 .. 02-01
 
 
+class Recording:
+    """A policy that delegates and records what the updater told it after each attempt."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner, self.name, self.calls = inner, inner.name, list[str]()
+
+    def observe(self, errors: np.ndarray) -> None:
+        self.inner.observe(errors)
+
+    def decide(self, window: int, last_update: int | None) -> tuple[bool, str]:
+        return self.inner.decide(window, last_update)
+
+    def updated(self) -> None:
+        self.calls.append("updated")
+        self.inner.updated()
+
+    def refused(self) -> None:
+        self.calls.append("refused")
+        self.inner.refused()
+
+
 @pytest.fixture(scope="module")
-def result(tmp_path_factory: pytest.TempPathFactory, week_schema: Path) -> PrequentialResult:
+def policy() -> Recording:
+    return Recording(make_policy("daily"))
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory, week_schema: Path,
+           policy: Recording) -> PrequentialResult:
     cfg = StreamConfig(end=SCHEMA_END, faults=[
         parse_fault("corrupt@2013-01-17T15"),
         parse_fault("rescale@2013-01-21T00:hours=72:column=distance:scale=1.609"),
@@ -37,7 +65,25 @@ def result(tmp_path_factory: pytest.TempPathFactory, week_schema: Path) -> Prequ
         data = StreamData.from_frames(log.read("events"), log.labels(), log.quarantine())
     ucfg = UpdaterConfig(bootstrap_hours=14 * 24, lookback=WindowSpec(kind="time", size=72),
                          rollback_min_labels=500)
-    return run(data, rules, make_policy("daily"), ucfg)
+    return run(data, rules, policy, ucfg)
+
+
+def test_the_policy_hears_of_each_refusal_and_each_change_of_live_model(
+        result: PrequentialResult, policy: Recording) -> None:
+    # a refusal (gate, skew or too little evidence) leaves the old model live: refused();
+    # a promotion or a rollback changes it: updated()
+    told = {"promoted": "updated", "rolled_back": "updated", "refused": "refused"}
+    expected = [told[d.action] for d in result.decisions if d.action in told]
+    assert policy.calls == expected
+    assert {"updated", "refused"} <= set(expected)
+
+
+def test_lookback_windows() -> None:
+    assert UpdaterConfig().lookback_windows() == 7  # 168 h of 24 h ticks
+    assert UpdaterConfig(lookback=WindowSpec(kind="time", size=36)).lookback_windows() == 2
+    assert UpdaterConfig(tick_hours=6, lookback=WindowSpec(kind="time", size=3)
+                         ).lookback_windows() == 1
+    assert UpdaterConfig(lookback=WindowSpec(kind="count", size=5000)).lookback_windows() == 7
 
 
 def test_a_corrupted_window_is_quarantined_and_never_trained_on(

@@ -203,7 +203,7 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
     rules = load_rules(schema_path)
     ucfg = _updater_config(bootstrap_days, lookback_hours, tick_hours, tolerance,
                            rollback_tolerance)
-    pol = make_policy(policy, threshold=drift_threshold)
+    pol = make_policy(policy, threshold=drift_threshold, max_wait=ucfg.lookback_windows())
     with EventLog(log_path) as log:
         ingested = None
         if log.totals("events")["batches"] == 0:

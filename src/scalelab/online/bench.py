@@ -40,6 +40,8 @@ class BenchConfig:
     drift_threshold: float = 50.0
     drift_delta: float = 0.005
     drift_min_gap: int = 1
+    drift_backoff: float = 2.0
+    """The drift policy's back-off factor after refused attempts (1: none; `policy.Drift`)."""
     batch_size: int = 4096
     price_per_core_hour: float = DEFAULT_PRICES.core_hour_usd
     schema: Path | None = None
@@ -89,7 +91,8 @@ def run_bench(cfg: BenchConfig, work: Path, experiment: str) -> dict[str, Any]:
     records: list[Record] = []
     for name in cfg.policies:
         policy = make_policy(name, threshold=cfg.drift_threshold, delta=cfg.drift_delta,
-                             min_gap=cfg.drift_min_gap)
+                             min_gap=cfg.drift_min_gap, backoff=cfg.drift_backoff,
+                             max_wait=cfg.updater.lookback_windows())
         r = run(data, rules, policy, cfg.updater)
         boot = r.decisions[0].cost.get("samples", 0)
         upd_samples = r.samples_trained - boot

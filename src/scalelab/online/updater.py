@@ -11,6 +11,7 @@ labels show worse than its predecessor.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -81,6 +82,13 @@ class UpdaterConfig:
                                 f"{self.holdout_fraction}")
         if not 0 <= self.tolerance < 1 or not 0 <= self.rollback_tolerance < 1:
             raise BadInputError("tolerances must lie in [0, 1)")
+
+    def lookback_windows(self) -> int:
+        """The lookback's span in ticks (at least 1): the drift policy's longest back-off. A
+        count lookback's span is not known ahead: the default 7-day lookback's 7 daily ticks."""
+        if self.lookback.kind == "time":
+            return max(1, math.ceil(self.lookback.size / self.tick_hours))
+        return 7
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -238,10 +246,15 @@ class Updater:
         if not do:
             out.append(self._decision(base, "no_update", [why]))
         else:
-            out.append(self._update(k, end_us, why, base))
-            # An attempt answers the signal, promoted or not: a drift policy re-arms instead of
-            # retraining every window on what the gate just refused.
-            self.policy.updated()
+            dec = self._update(k, end_us, why, base)
+            out.append(dec)
+            # An attempt answers the signal, promoted or not; a refusal also tells the policy the
+            # stale model stays live (the drift policy backs off instead of paying every window
+            # for candidates the gate refuses for the same reason).
+            if dec.action == "promoted":
+                self.policy.updated()
+            else:
+                self.policy.refused()
             self.last_update = k
         self.decisions += out
         return out
