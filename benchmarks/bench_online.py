@@ -5,8 +5,10 @@ Run: .venv/bin/python benchmarks/bench_online.py [--policies never,monthly,weekl
          [--calibration-end 2013-05-01T00] [--thresholds 25,50,...] [--budget 0.3333]
          [--start HOUR] [--end HOUR] [--river-model hoeffding] [--skip-river] [--out FILE]
 The whole run (calibration, evaluation, ingestion, river) took 14 min of wall time on the shared
-2-core VM at load 6-9, 5 min 36 s with --skip-river at load 5-8 (docs/online.md); the first
-run also creates benchmarks/.venvs/river (pip install river==0.26.1).
+2-core VM at load 6-9, 5 min 36 s with --skip-river at load 5-8, 8 min 2 s with --skip-river
+at load 4-17 (docs/online.md); the first run also creates benchmarks/.venvs/river (pip install
+river==0.26.1). The drift policy backs off after refused candidates (policy.Drift; defaults by
+rule, not tuned here).
 
 Parts:
 - calibration (`online.calibrate`): the drift threshold is chosen by a stated rule on a period

@@ -156,8 +156,8 @@ class Drift:
     """After r refused attempts in a row, wait min_gap x backoff**r windows before the next
     (1: no back-off). 2 by rule, the usual exponential back-off: the waits after a run of
     refusals add up to under twice the last one, so it at most doubles the reaction time to a
-    drift that a later candidate would answer, while attempts grow with log2 of a refusal run
-    instead of its length."""
+    drift that a later candidate would answer, while a long run of refusals costs one attempt
+    per `max_wait` windows instead of one per window."""
     max_wait: int = 7
     """The longest back-off, in windows: the lookback's span (7 daily windows for the default
     7-day lookback; `UpdaterConfig.lookback_windows`). By then the lookback holds only labels
