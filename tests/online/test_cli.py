@@ -45,6 +45,10 @@ def test_bad_input_exits_2_with_the_fix(tmp_path: Path, week_schema: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_replay(tmp_path, week_schema, "--policy", "hourly")) == 2
     assert "drift:THRESHOLD" in capsys.readouterr().err
+    assert run(_replay(tmp_path, week_schema, "--drift-backoff", "0.5")) == 2
+    assert "back-off factor must be >= 1" in capsys.readouterr().err
+    assert run(["online", "bench", "--drift-backoff", "0", "--out", str(tmp_path / "b")]) == 2
+    assert "back-off factor must be >= 1" in capsys.readouterr().err
     assert run(_replay(tmp_path, week_schema, "--fault", "corrupt")) == 2
     assert "KIND@START" in capsys.readouterr().err
     assert run(["online", "ingest", "--log", str(tmp_path / "l.sqlite"), "--schema",

@@ -70,10 +70,12 @@ def test_backoff_schedule() -> None:
     assert [backoff_wait(r, factor=1.0) for r in range(3)] == [1, 1, 1]  # no back-off
     assert backoff_wait(3, min_gap=9, cap=7) == 9  # the gap is a floor, the cap is not
     assert backoff_wait(10_000) == 7  # long runs do not overflow
-    with pytest.raises(BadInputError, match="factor >= 1"):
+    with pytest.raises(BadInputError, match="back-off factor must be >= 1"):
         backoff_wait(1, factor=0.5)
-    with pytest.raises(BadInputError, match="factor >= 1"):
+    with pytest.raises(BadInputError, match="back-off factor must be >= 1"):
         Drift(backoff=0.5)
+    with pytest.raises(BadInputError, match="max_wait >= 1"):
+        make_policy("daily", max_wait=0)
 
 
 def _signal(d: Drift) -> None:

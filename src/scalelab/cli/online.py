@@ -164,6 +164,9 @@ def _updater_options(f: Any) -> Any:
               help="never, monthly, weekly, daily, every-K (K windows) or drift.")
 @click.option("--drift-threshold", default=50.0, show_default=True, type=float,
               help="Page-Hinkley threshold (errors of evidence) of the drift policy.")
+@click.option("--drift-backoff", default=2.0, show_default=True, type=float,
+              help="After r refused candidates in a row the drift policy waits min_gap x "
+                   "FACTOR**r windows (at most the lookback's); 1: no back-off.")
 @click.option("--model-repo", default=None, type=click.Path(path_type=Path, file_okay=False),
               help="Publish versions here through `scalelab serve canary/promote/rollback`.")
 @click.option("--model", "model_name", default="flights-online", show_default=True,
@@ -182,6 +185,7 @@ def _updater_options(f: Any) -> Any:
 @seed_option
 @json_option
 def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: float,
+               drift_backoff: float,
                model_repo: Path | None, model_name: str, decisions_path: Path | None,
                records_path: Path | None, bootstrap_days: float, lookback_hours: float,
                tick_hours: float, tolerance: float, rollback_tolerance: float,
@@ -203,7 +207,8 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
     rules = load_rules(schema_path)
     ucfg = _updater_config(bootstrap_days, lookback_hours, tick_hours, tolerance,
                            rollback_tolerance)
-    pol = make_policy(policy, threshold=drift_threshold, max_wait=ucfg.lookback_windows())
+    pol = make_policy(policy, threshold=drift_threshold, backoff=drift_backoff,
+                      max_wait=ucfg.lookback_windows())
     with EventLog(log_path) as log:
         ingested = None
         if log.totals("events")["batches"] == 0:
@@ -261,6 +266,9 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
 @click.option("--policies", default="never,monthly,weekly,daily,drift", show_default=True,
               help="Comma-separated policies.")
 @click.option("--drift-threshold", default=50.0, show_default=True, type=float)
+@click.option("--drift-backoff", default=2.0, show_default=True, type=float,
+              help="After r refused candidates in a row the drift policy waits min_gap x "
+                   "FACTOR**r windows (at most the lookback's); 1: no back-off.")
 @prices_option
 @click.option("--price-per-core-hour", type=float,
               help="Overrides the price table's core_hour_usd for this run (--prices).")
@@ -274,7 +282,8 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
 @delay_option
 @seed_option
 @json_option
-def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, prices_file: Path | None,
+def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backoff: float,
+              prices_file: Path | None,
               price_per_core_hour: float | None,
               records_path: Path | None, bootstrap_days: float, lookback_hours: float,
               tick_hours: float, tolerance: float, rollback_tolerance: float,
@@ -290,7 +299,7 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, prices_file:
                       stream=_stream_config(start, end, faults, label_delay, seed),
                       updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
                                               tolerance, rollback_tolerance),
-                      drift_threshold=drift_threshold,
+                      drift_threshold=drift_threshold, drift_backoff=drift_backoff,
                       price_per_core_hour=resolve_prices(
                           prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
     res = run_bench(cfg, out_dir, new_experiment_id("online"))
@@ -336,6 +345,9 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, prices_file:
               help="Fixed periods; the best by macro F1 sets the budget.")
 @click.option("--budget", default=1 / 3, show_default="0.3333", type=float,
               help="Largest update compute allowed, as a share of the best fixed period's.")
+@click.option("--drift-backoff", default=2.0, show_default=True, type=float,
+              help="After r refused candidates in a row the drift policy waits min_gap x "
+                   "FACTOR**r windows (at most the lookback's); 1: no back-off.")
 @click.option("--schema", "schema_path", default=None,
               type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Schema JSON; default: inferred from the calibration period itself.")
@@ -349,6 +361,7 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, prices_file:
 @seed_option
 @json_option
 def calibrate_cmd(out_dir: Path, thresholds: str, references: str, budget: float,
+                  drift_backoff: float,
                   schema_path: Path | None, records_path: Path | None,
                   bootstrap_days: float, lookback_hours: float,
                   tick_hours: float, tolerance: float, rollback_tolerance: float,
@@ -369,7 +382,7 @@ def calibrate_cmd(out_dir: Path, thresholds: str, references: str, budget: float
     bench = BenchConfig(stream=_stream_config(start, end, (), label_delay, seed),
                         updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
                                                 tolerance, rollback_tolerance),
-                        schema=schema_path)
+                        schema=schema_path, drift_backoff=drift_backoff)
     choice, res = run_calibration(ccfg, bench, out_dir, new_experiment_id("online-calibrate"))
     if records_path is not None:
         append_records(records_path, res["records"])

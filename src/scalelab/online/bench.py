@@ -51,7 +51,7 @@ class BenchConfig:
         if not self.policies:
             raise BadInputError("give at least one policy")
         for p in self.policies:
-            make_policy(p)
+            make_policy(p, backoff=self.drift_backoff, max_wait=self.updater.lookback_windows())
 
 
 def series_of(policy: str) -> str:

@@ -91,9 +91,12 @@ def backoff_wait(refusals: int, *, min_gap: int = 1, factor: float = 2.0,
     """Windows to wait after an attempt, given the refusals in a row so far (pure):
     min_gap x factor**refusals, at most `cap` (but never under min_gap).
     min_gap 1, factor 2, cap 7: 1, 2, 4, 7, 7, ..."""
-    if refusals < 0 or min_gap < 1 or factor < 1 or cap < 1:
-        raise BadInputError(f"back-off needs refusals >= 0, min_gap >= 1, factor >= 1 and "
-                            f"cap >= 1; got {refusals}, {min_gap}, {factor}, {cap}")
+    if not factor >= 1:
+        raise BadInputError(f"the drift back-off factor must be >= 1 (1: no back-off, 2: the "
+                            f"default doubling), got {factor}")
+    if refusals < 0 or min_gap < 1 or cap < 1:
+        raise BadInputError(f"back-off needs refusals >= 0, min_gap >= 1 and max_wait >= 1 "
+                            f"window; got {refusals}, {min_gap}, {cap}")
     # compare in floats before ceil: factor**refusals overflows int conversion for long runs
     grown = min_gap * factor ** min(refusals, 64)
     return max(min_gap, min(cap, math.ceil(grown)))
@@ -220,6 +223,7 @@ def make_policy(name: str, *, threshold: float = 50.0, delta: float = 0.005,
                 max_wait: int = 7) -> Policy:
     """never, daily, weekly, monthly, every-K (K daily windows), drift (Page-Hinkley at
     `threshold`) or drift:T (threshold T); `backoff` and `max_wait` as in `Drift`."""
+    backoff_wait(0, min_gap=min_gap, factor=backoff, cap=max_wait)  # bad values fail for any name
     if name == "never":
         return Never()
     if name in PERIODS:
