@@ -2,8 +2,9 @@
 
 Run: .venv/bin/python benchmarks/bench_llm_load.py [--seconds 10] [--agree-rate 5]
          [--rates 5,10,20,50,100,200] [--peers guidellm,aiperf] [--out FILE]
-Short form (~5 min on 2 cores): --seconds 5 --rates 5,20,50
-Full form (~25 min): the defaults.
+Short form (~5 min on 2 cores; agreement and the TTFT split, its 5 s windows are too short for
+the ladder's 95% served rule): --seconds 5 --rates 5,20
+Full form (~15 min, 792 s measured at load 4-15, plus ~2 min per venv on first use): defaults.
 
 The endpoint is tests/load/llm_server.py, the deterministic OpenAI-compatible SSE server
 (one asyncio process on 127.0.0.1, no capacity limit): TTFT 50 ms, then one token every 10 ms,
@@ -285,8 +286,8 @@ def _f(v: float | None, spec: str = ".2f") -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 epilog="Short form (~5 min): --seconds 5 --rates 5,20,50; "
-                                        "full form (~25 min): the defaults.")
+                                 epilog="Short form (~5 min): --seconds 5 --rates 5,20; "
+                                        "full form (~15 min): the defaults.")
     ap.add_argument("--seconds", type=float, default=10.0, help="Measured seconds per run.")
     ap.add_argument("--agree-rate", type=float, default=5.0, help="Rate of the agreement run.")
     ap.add_argument("--rates", default="5,10,20,50,100,200", help="The sustainable-rate ladder.")
