@@ -30,6 +30,10 @@ fault_option = click.option(
 delay_option = click.option("--label-delay", default=6.0, show_default=True, type=float,
                             help="Hours after departure before a flight's label arrives.")
 seed_option = click.option("--seed", default=0, show_default=True, type=int)
+backoff_option = click.option(
+    "--drift-backoff", default=2.0, show_default=True, type=float,
+    help="After r refused candidates in a row the drift policy waits min_gap x FACTOR**r "
+         "windows (at most the lookback's); 1: no back-off.")
 
 
 def _stream_config(start: str | None, end: str | None, faults: tuple[str, ...],
@@ -164,9 +168,7 @@ def _updater_options(f: Any) -> Any:
               help="never, monthly, weekly, daily, every-K (K windows) or drift.")
 @click.option("--drift-threshold", default=50.0, show_default=True, type=float,
               help="Page-Hinkley threshold (errors of evidence) of the drift policy.")
-@click.option("--drift-backoff", default=2.0, show_default=True, type=float,
-              help="After r refused candidates in a row the drift policy waits min_gap x "
-                   "FACTOR**r windows (at most the lookback's); 1: no back-off.")
+@backoff_option
 @click.option("--model-repo", default=None, type=click.Path(path_type=Path, file_okay=False),
               help="Publish versions here through `scalelab serve canary/promote/rollback`.")
 @click.option("--model", "model_name", default="flights-online", show_default=True,
@@ -266,9 +268,7 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
 @click.option("--policies", default="never,monthly,weekly,daily,drift", show_default=True,
               help="Comma-separated policies.")
 @click.option("--drift-threshold", default=50.0, show_default=True, type=float)
-@click.option("--drift-backoff", default=2.0, show_default=True, type=float,
-              help="After r refused candidates in a row the drift policy waits min_gap x "
-                   "FACTOR**r windows (at most the lookback's); 1: no back-off.")
+@backoff_option
 @prices_option
 @click.option("--price-per-core-hour", type=float,
               help="Overrides the price table's core_hour_usd for this run (--prices).")
@@ -345,9 +345,7 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
               help="Fixed periods; the best by macro F1 sets the budget.")
 @click.option("--budget", default=1 / 3, show_default="0.3333", type=float,
               help="Largest update compute allowed, as a share of the best fixed period's.")
-@click.option("--drift-backoff", default=2.0, show_default=True, type=float,
-              help="After r refused candidates in a row the drift policy waits min_gap x "
-                   "FACTOR**r windows (at most the lookback's); 1: no back-off.")
+@backoff_option
 @click.option("--schema", "schema_path", default=None,
               type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Schema JSON; default: inferred from the calibration period itself.")
