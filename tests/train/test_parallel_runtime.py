@@ -37,3 +37,8 @@ def test_the_probe_measures_a_torch_process_and_caches_it(tmp_path: Path,
     again = measure_baseline("dp", deterministic=False)
     assert again.cached and again.peak_rss_bytes == first.peak_rss_bytes
     assert len(json.loads(cache_path().read_text(encoding="utf-8"))) == 1
+    # an entry of another shape (an older version's fields) is re-measured, not trusted
+    key = next(iter(json.loads(cache_path().read_text(encoding="utf-8"))))
+    cache_path().write_text(json.dumps({key: {"peak": 1}}), encoding="utf-8")
+    third = measure_baseline("dp", deterministic=False)
+    assert not third.cached and third.peak_rss_bytes > 100 * 2**20

@@ -150,7 +150,10 @@ def measure_baseline(strategy: str = "dp", *, backend: str = "gloo", threads: in
         except (OSError, ValueError):
             cache = {}  # a corrupt cache is re-measured, not trusted
     if use_cache and isinstance(cache.get(key), dict):
-        return RuntimeBaseline(**{**cache[key], "cached": True})
+        try:
+            return RuntimeBaseline(**{**cache[key], "cached": True})
+        except TypeError:
+            pass  # an entry of another version's shape is re-measured, not trusted
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     try:
         out = subprocess.run([sys.executable, "-c", _CHILD, backend, str(threads),
