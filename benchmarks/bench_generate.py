@@ -1,14 +1,23 @@
 """The generation engine side by side with its baselines, on the same weights and prompts.
 
-Run: .venv/bin/python benchmarks/bench_generate.py [--model smollm2-135m|tiny] [--requests 16]
+Run: .venv/bin/python benchmarks/bench_generate.py [--model smollm2-135m|tiny] [--requests 12]
                                                    [--only batching,paged,prefix,spec,llamacpp]
                                                    [--threads 2] [--out FILE]
+     .venv/bin/python benchmarks/bench_generate.py --only batching [--sweep 1,2,4,8,12]
+                                                   [--tpot-objective 0.25|2.5x] [--arrival-rate 0.2]
      .venv/bin/python benchmarks/bench_generate.py --only step [--threads 1]   (~1 min)
 
 Sections (each prints ratios; all results go to --out as one JSON document):
-- batching: continuous batching (our engine) vs static batching (Hugging Face `generate` on the
-  same weights, fixed batches padded and run to the longest request) vs one request at a time
-  (our engine with max_num_seqs=1): output tokens/s and p95 TPOT, all requests arriving at once.
+- batching: output tokens/s at a p95 TPOT objective (--tpot-objective). Three modes: continuous
+  batching (our engine), static batching (Hugging Face `generate` on the same weights: the
+  requests that have arrived, up to the batch size, left-padded and run to the longest) and one
+  request at a time (our engine at max_num_seqs=1). The concurrency setting is swept (--sweep:
+  max_num_seqs for continuous, the batch size for static, the two alternating at each setting)
+  and each mode's best tokens/s among the settings whose p95 TPOT meets the objective is
+  reported, with ratios. TPOT is the same for all: per request, first to last output token over
+  n - 1, from its own token times (static's are stamped at every generate step, so a request's
+  first token is the end of its batch's prefill). All requests arrive at once; --arrival-rate
+  adds the same sweep with seeded Poisson arrivals. The section prints its own duration.
 - paged: the same KV byte budget as paged blocks vs contiguous max-length reservation (the
   engine with one max_model_len block per sequence): most concurrent sequences and the share
   of reserved KV slots holding no token.
@@ -45,6 +54,14 @@ import torch
 
 from scalelab.generate.engine import Engine, EngineConfig
 from scalelab.generate.models import LoadedModel, load_model
+from scalelab.generate.objective import (
+    Objective,
+    SweepPoint,
+    best_under_objective,
+    parse_objective,
+    quantile,
+    request_tpot,
+)
 from scalelab.generate.runner import kv_bytes_per_token
 from scalelab.generate.sequence import SamplingParams, Sequence
 from scalelab.generate.speculative import SpecConfig
@@ -58,17 +75,12 @@ _VOCAB = (
     "story money water engine market city data model train serve scale"
 )
 WORDS = _VOCAB.split()
+Work = list[tuple[list[int], int]]
+"""(prompt ids, output length) per request."""
 
 
 def loadavg() -> float:
     return os.getloadavg()[0]
-
-
-def p(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def workload(lm: LoadedModel, n: int, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -87,37 +99,8 @@ def engine(lm: LoadedModel, **kw: Any) -> Engine:
     return Engine(lm.model, lm.tokenizer, EngineConfig(**cfg), name=lm.name)
 
 
-def run_engine(e: Engine, work: list[tuple[list[int], int]]) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    seqs = e.generate(
-        [w[0] for w in work], [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in work]
-    )
-    wall = time.perf_counter() - t0
-    return summary(seqs, wall, e)
-
-
-def tpot(s: Sequence) -> float:
-    assert s.first_token_at is not None and s.last_token_at is not None
-    return (s.last_token_at - s.first_token_at) / max(1, s.num_output - 1)
-
-
-def summary(seqs: list[Sequence], wall: float, e: Engine | None = None) -> dict[str, Any]:
-    toks = sum(s.num_output for s in seqs)
-    d: dict[str, Any] = {
-        "output_tokens": toks,
-        "wall_s": round(wall, 2),
-        "tokens_per_s": round(toks / wall, 2),
-        "p95_tpot_s": round(p([tpot(s) for s in seqs], 0.95), 4),
-        "p50_ttft_s": round(p([(s.first_token_at or 0) - s.arrival for s in seqs], 0.5), 3),
-    }
-    if e is not None:
-        d["mean_tokens_per_step"] = round(statistics.mean(e.stats.tokens_per_step), 2)
-        d["max_batch"] = e.stats.max_running
-    return d
-
-
-def static_hf(lm: LoadedModel, work: list[tuple[list[int], int]], batch: int) -> dict[str, Any]:
-    """Hugging Face generate over fixed batches: each batch waits for its longest request."""
+def build_hf(lm: LoadedModel) -> Any:
+    """transformers' LlamaForCausalLM holding our exact fp32 tensors (the static baseline)."""
     import transformers
 
     c = lm.model.cfg
@@ -136,17 +119,129 @@ def static_hf(lm: LoadedModel, work: list[tuple[list[int], int]], batch: int) ->
         )
     ).eval()
     hf.load_state_dict(lm.model.state_dict(), strict=False)
+    return hf
+
+
+def poisson_arrivals(n: int, rate: float | None, seed: int = 0) -> list[float]:
+    """Seconds after the start at which each request arrives: all at 0, or a seeded Poisson
+    process of `rate` requests per second (exponential gaps)."""
+    if not rate:
+        return [0.0] * n
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def _wait_until(t: float) -> None:
+    # An idle server waits for its next request; this is the arrival process, not a sync.
+    dt = t - time.perf_counter()
+    if dt > 0:
+        time.sleep(dt)
+
+
+def _point(
+    mode: str,
+    setting: int,
+    toks: int,
+    wall: float,
+    tpots: list[float | None],
+    ttfts: list[float],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    gaps = [x for x in tpots if x is not None]
+    return {
+        "mode": mode,
+        "setting": setting,
+        "output_tokens": toks,
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(toks / wall, 2),
+        "p50_tpot_s": round(quantile(gaps, 0.5), 4),
+        "p95_tpot_s": round(quantile(gaps, 0.95), 4),
+        "p50_ttft_s": round(quantile(ttfts, 0.5), 3),
+        "p95_ttft_s": round(quantile(ttfts, 0.95), 3),
+        **(extra or {}),
+    }
+
+
+def continuous_run(
+    lm: LoadedModel, work: Work, max_num_seqs: int, arrivals: list[float]
+) -> dict[str, Any]:
+    """Our engine; requests join at the first step after they arrive. TPOT from each
+    sequence's own first/last token clocks, TTFT from its (scheduled) arrival."""
+    e = engine(lm, max_num_seqs=max_num_seqs)
     t0 = time.perf_counter()
-    tpots: list[float] = []
-    toks = 0
-    for i in range(0, len(work), batch):
-        chunk = work[i : i + batch]
+    due = [t0 + a for a in arrivals]
+    seqs: list[Sequence] = []
+    while len(seqs) < len(work) or e.has_work():
+        now = time.perf_counter()
+        while len(seqs) < len(work) and due[len(seqs)] <= now:
+            ids, n = work[len(seqs)]
+            seqs.append(e.add(ids, SamplingParams(max_tokens=n, ignore_eos=True)))
+        if e.has_work():
+            e.step()
+        else:
+            _wait_until(due[len(seqs)])
+    wall = time.perf_counter() - t0
+    # The engine stamps each sequence's first and last token: (last - first) / (n - 1) is
+    # request_tpot over all of its token times (their gaps sum to last - first).
+    tpots = [
+        None
+        if s.num_output < 2 or s.first_token_at is None or s.last_token_at is None
+        else (s.last_token_at - s.first_token_at) / (s.num_output - 1)
+        for s in seqs
+    ]
+    ttfts = [(s.first_token_at or 0.0) - d for s, d in zip(seqs, due, strict=True)]
+    return _point(
+        "continuous",
+        max_num_seqs,
+        sum(s.num_output for s in seqs),
+        wall,
+        tpots,
+        ttfts,
+        {
+            "mean_tokens_per_step": round(statistics.mean(e.stats.tokens_per_step), 2),
+            "max_batch": e.stats.max_running,
+        },
+    )
+
+
+def static_run(hf: Any, work: Work, batch: int, arrivals: list[float]) -> dict[str, Any]:
+    """Hugging Face `generate` over fixed batches, as its users run it: a batch takes the
+    requests that have arrived (up to `batch`), left-padded, and runs to its longest request
+    before the next batch starts. Each step's wall time is stamped (a StoppingCriteria HF calls
+    after every new token), so request i's k-th token is the batch's k-th stamp: its first
+    token is the end of its batch's prefill, and it could be streamed at that pace."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Stamp(StoppingCriteria):
+        def __init__(self) -> None:
+            self.t: list[float] = []
+
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kw: Any) -> torch.Tensor:
+            self.t.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    t0 = time.perf_counter()
+    due = [t0 + a for a in arrivals]
+    tpots: list[float | None] = []
+    ttfts: list[float] = []
+    toks, i = 0, 0
+    while i < len(work):
+        _wait_until(due[i])
+        now = time.perf_counter()
+        j = i + 1
+        while j < len(work) and j - i < batch and due[j] <= now:
+            j += 1
+        chunk = work[i:j]
         width = max(len(w[0]) for w in chunk)
         pad = 0
         ids = torch.tensor([[pad] * (width - len(w[0])) + w[0] for w in chunk])
         mask = torch.tensor([[0] * (width - len(w[0])) + [1] * len(w[0]) for w in chunk])
         longest = max(n for _, n in chunk)
-        tb = time.perf_counter()
+        stamp = Stamp()
         with torch.inference_mode():
             hf.generate(
                 input_ids=ids,
@@ -155,47 +250,107 @@ def static_hf(lm: LoadedModel, work: list[tuple[list[int], int]], batch: int) ->
                 min_new_tokens=longest,
                 do_sample=False,
                 pad_token_id=pad,
+                stopping_criteria=StoppingCriteriaList([stamp]),
             )
-        dt = time.perf_counter() - tb
-        # Every request in the batch is held until the longest finishes: its useful tokens
-        # arrive at the batch's pace, and it is answered only at the end.
-        tpots += [dt / longest] * len(chunk)
-        toks += sum(n for _, n in chunk)
+        assert len(stamp.t) == longest, (len(stamp.t), longest)
+        for k, (_, n) in enumerate(chunk):
+            tpots.append(request_tpot(stamp.t[:n]))
+            ttfts.append(stamp.t[0] - due[i + k])
+            toks += n
+        i = j
     wall = time.perf_counter() - t0
-    return {
-        "output_tokens": toks,
-        "wall_s": round(wall, 2),
-        "tokens_per_s": round(toks / wall, 2),
-        "p95_tpot_s": round(p(tpots, 0.95), 4),
-        "batch": batch,
-    }
+    return _point("static", batch, toks, wall, tpots, ttfts)
+
+
+def _sweep(
+    lm: LoadedModel, hf: Any, work: Work, settings: list[int], arrivals: list[float]
+) -> list[dict[str, Any]]:
+    rows = []
+    for s in settings:  # the two modes alternate at each setting: drift hits both alike
+        for row in (continuous_run(lm, work, s, arrivals), static_run(hf, work, s, arrivals)):
+            row["load"] = round(loadavg(), 2)
+            rows.append(row)
+            print(
+                f"  {row['mode']:>10} {s:>3}: {row['tokens_per_s']:7.2f} tok/s, p95 TPOT "
+                f"{row['p95_tpot_s']:.3f} s, p95 TTFT {row['p95_ttft_s']:.2f} s, wall "
+                f"{row['wall_s']:.1f} s; load {row['load']:.1f}",
+                flush=True,
+            )
+    return rows
 
 
 def section_batching(
-    lm: LoadedModel, work: list[tuple[list[int], int]], batch: int
+    lm: LoadedModel,
+    work: Work,
+    settings: list[int],
+    objective: Objective,
+    rate: float | None,
 ) -> dict[str, Any]:
+    """Output tokens/s at a p95 TPOT objective: each mode's best over the concurrency sweep
+    (max_num_seqs for continuous, the batch size for static; one at a time is our engine at
+    max_num_seqs=1, the sweep's setting 1), all requests arriving at once and, with
+    --arrival-rate, as a seeded Poisson process."""
+    hf = build_hf(lm)
+    t_start = time.perf_counter()
     la = loadavg()
-    cont = run_engine(engine(lm, max_num_seqs=batch), work)
-    one = run_engine(engine(lm, max_num_seqs=1), work)
-    static = static_hf(lm, work, batch)
-    res = {
-        "continuous": cont,
-        "static_hf_generate": static,
-        "one_at_a_time": one,
-        "continuous_vs_one": round(cont["tokens_per_s"] / one["tokens_per_s"], 2),
-        "continuous_vs_static": round(cont["tokens_per_s"] / static["tokens_per_s"], 2),
-        "load_before": la,
-        "load_after": loadavg(),
-    }
-    print(
-        f"[batching] continuous {cont['tokens_per_s']} tok/s (p95 TPOT "
-        f"{cont['p95_tpot_s']} s), static {static['tokens_per_s']} (p95 TPOT "
-        f"{static['p95_tpot_s']}), one-at-a-time {one['tokens_per_s']} (p95 TPOT "
-        f"{one['p95_tpot_s']}): {res['continuous_vs_one']}x one, "
-        f"{res['continuous_vs_static']}x static; load {la:.1f}",
-        flush=True,
-    )
-    return res
+    # Warm both engines (first-call allocations, lazy imports) outside the timed runs.
+    continuous_run(lm, work[:1], 1, [0.0])
+    static_run(hf, work[:1], 1, [0.0])
+    out: dict[str, Any] = {"settings": settings, "objective": str(objective), "load_before": la}
+    variants = [("all_at_once", None)] + ([(f"poisson_{rate:g}_per_s", rate)] if rate else [])
+    for name, r in variants:
+        print(f"[batching] {name}: sweep {settings}, objective p95 TPOT <= {objective}", flush=True)
+        rows = _sweep(lm, hf, work, settings, poisson_arrivals(len(work), r, seed=0))
+        one = next((x for x in rows if x["mode"] == "continuous" and x["setting"] == 1), None)
+        bound = objective.bound(one["p95_tpot_s"] if one else None)
+        pts = {
+            mode: [
+                SweepPoint(
+                    mode=mode,
+                    setting=x["setting"],
+                    tokens_per_s=x["tokens_per_s"],
+                    p95_tpot_s=x["p95_tpot_s"],
+                )
+                for x in rows
+                if x["mode"] == mode
+            ]
+            for mode in ("continuous", "static")
+        }
+        best = {m: best_under_objective(v, bound) for m, v in pts.items()}
+        if one is not None and one["p95_tpot_s"] <= bound:
+            best["one_at_a_time"] = SweepPoint(
+                mode="one_at_a_time",
+                setting=1,
+                tokens_per_s=one["tokens_per_s"],
+                p95_tpot_s=one["p95_tpot_s"],
+            )
+        else:
+            best["one_at_a_time"] = None
+        res: dict[str, Any] = {
+            "arrival_rate_per_s": r,
+            "tpot_bound_s": round(bound, 4),
+            "rows": rows,
+            "best": {m: (None if b is None else vars(b)) for m, b in best.items()},
+        }
+        c, s, o = best["continuous"], best["static"], best["one_at_a_time"]
+        res["continuous_vs_static"] = round(c.tokens_per_s / s.tokens_per_s, 2) if c and s else None
+        res["continuous_vs_one"] = round(c.tokens_per_s / o.tokens_per_s, 2) if c and o else None
+
+        def show(b: SweepPoint | None) -> str:
+            return "none meets it" if b is None else f"{b.tokens_per_s} tok/s at {b.setting}"
+
+        print(
+            f"[batching] {name}, p95 TPOT <= {bound:.3f} s ({objective}): continuous "
+            f"{show(c)}, static {show(s)}, one at a time {show(o)}: "
+            f"{res['continuous_vs_static']}x static, {res['continuous_vs_one']}x one; "
+            f"load {loadavg():.1f}",
+            flush=True,
+        )
+        out[name] = res
+    out["load_after"] = loadavg()
+    out["section_wall_s"] = round(time.perf_counter() - t_start, 1)
+    print(f"[batching] section took {out['section_wall_s']:.0f} s", flush=True)
+    return out
 
 
 ATTENTION_OPS = ("scaled_dot_product", "index_select", "index_copy")
@@ -325,7 +480,7 @@ def section_prefix(lm: LoadedModel, n: int) -> dict[str, Any]:
             (s,) = e.generate([system + q], SamplingParams(max_tokens=4, ignore_eos=True))
             ttfts.append((s.first_token_at or 0) - s.arrival)
         out[name] = {
-            "p50_ttft_s": round(p(ttfts, 0.5), 4),
+            "p50_ttft_s": round(quantile(ttfts, 0.5), 4),
             "prefill_tokens": e.stats.prefill_tokens,
             "hit_rate": round(e.blocks.stats.hit_rate, 3),
         }
@@ -523,7 +678,24 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument(
-        "--batch", type=int, default=8, help="continuous max_num_seqs and the static batch size"
+        "--sweep",
+        default="1,2,4,8,12",
+        help="batching: the concurrency settings swept (max_num_seqs for continuous, the batch "
+        "size for static; 1 is also the one-at-a-time mode); shorten with e.g. 1,8",
+    )
+    ap.add_argument(
+        "--tpot-objective",
+        default="0.25",
+        help="batching: the p95 TPOT objective, seconds (0.25) or a multiple of the "
+        "one-at-a-time p95 TPOT measured in the same run (2.5x); default 0.25 s, about 2.5x "
+        "one-at-a-time's p95 TPOT on the quiet two-core machine (0.09-0.12 s at 2 threads)",
+    )
+    ap.add_argument(
+        "--arrival-rate",
+        type=float,
+        default=0.0,
+        help="batching: also sweep with requests arriving as a seeded Poisson process of this "
+        "many requests per second (0: only all at once)",
     )
     ap.add_argument(
         "--only",
@@ -538,6 +710,14 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=HERE / "out" / "generate.json")
     args = ap.parse_args()
+    objective = parse_objective(args.tpot_objective)
+    try:
+        settings = sorted({int(x) for x in args.sweep.split(",") if x.strip()})
+    except ValueError:
+        ap.error(f"--sweep {args.sweep!r}: give comma-separated positive integers, e.g. 1,2,4,8")
+    if not settings or settings[0] < 1:
+        ap.error(f"--sweep {args.sweep!r}: give comma-separated positive integers, e.g. 1,2,4,8")
+    t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, max_model_len=1024)
     work = workload(lm, args.requests)
@@ -559,7 +739,9 @@ def main() -> None:
         "paged": lambda: section_paged(lm, workload(lm, 96, seed=2), 512, 8, steps=3),
         "prefix": lambda: section_prefix(lm, 6),
         "spec": lambda: section_spec(lm, args.spec_tokens),
-        "batching": lambda: section_batching(lm, work, args.batch),
+        "batching": lambda: section_batching(
+            lm, work, settings, objective, args.arrival_rate or None
+        ),
         "step": lambda: section_step(lm, args.step_count),
         "llamacpp": lambda: section_llamacpp(lm, 32, args.threads),
     }
@@ -570,7 +752,12 @@ def main() -> None:
         res["load_end"] = loadavg()
         # Written after every section: a long run that is stopped keeps what it measured.
         args.out.write_text(json.dumps(res, indent=2))
-    print(f"wrote {args.out}; load average at the end {loadavg():.1f}")
+    res["bench_wall_s"] = round(time.perf_counter() - t_start, 1)
+    args.out.write_text(json.dumps(res, indent=2))
+    print(
+        f"wrote {args.out}; took {res['bench_wall_s']:.0f} s; load average at the end "
+        f"{loadavg():.1f}"
+    )
 
 
 if __name__ == "__main__":
