@@ -356,29 +356,70 @@ def section_batching(
 ATTENTION_OPS = ("scaled_dot_product", "index_select", "index_copy")
 
 
+class HFDecoder:
+    """Hugging Face's own decode step on the same weights: prefill a left-padded batch into its
+    DynamicCache once, then each `step()` is one forward of one new token per row plus the
+    greedy argmax (what `generate` does per step, minus its logits processors)."""
+
+    def __init__(self, hf: Any, prompts: list[list[int]]) -> None:
+        width = max(len(x) for x in prompts)
+        ids = torch.tensor([[0] * (width - len(x)) + x for x in prompts])
+        self.hf = hf
+        self.mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompts])
+        with torch.inference_mode():
+            out = hf(input_ids=ids, attention_mask=self.mask, use_cache=True)
+        self.past = out.past_key_values
+        self.next = out.logits[:, -1].argmax(-1, keepdim=True)
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        pos = self.mask.sum(-1, keepdim=True) - 1
+        out = self.hf(
+            input_ids=self.next,
+            attention_mask=self.mask,
+            position_ids=pos,
+            past_key_values=self.past,
+            use_cache=True,
+        )
+        self.past = out.past_key_values
+        self.next = out.logits[:, -1].argmax(-1, keepdim=True)
+
+
 def section_step(lm: LoadedModel, steps: int) -> dict[str, Any]:
     """One decode step at 1 and at 8 running sequences (prompts 40-150 tokens, all past their
     prefill): median wall and CPU time per step, and where the step's CPU time goes (matrix
-    products, the paged attention's gather + SDPA, everything else) from torch.profiler."""
+    products, the paged attention's gather + SDPA, everything else) from torch.profiler; and
+    Hugging Face's decode step on the same weights and prompts, timed alternately with ours
+    (ours is the engine's whole step: scheduling, forward, sampling, detokenization)."""
     from torch.profiler import ProfilerActivity, profile
 
     la = loadavg()
+    hf = build_hf(lm)
     out: dict[str, Any] = {}
     for nseq in (1, 8):
         e = engine(lm, max_num_seqs=nseq)
         rng = random.Random(3)
+        prompts = []
         for _ in range(nseq):
             text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 150)))
-            e.add(lm.tokenizer.encode(text), SamplingParams(max_tokens=4 * steps, ignore_eos=True))
+            # Clipped for the byte tokenizer of --model tiny (SmolLM2 prompts stay whole).
+            prompts.append(lm.tokenizer.encode(text)[:200])
+            e.add(prompts[-1], SamplingParams(max_tokens=4 * steps + 8, ignore_eos=True))
         while e.scheduler.waiting or any(s.in_prefill for s in e.scheduler.running):
             e.step()
         e.step()
-        wall, cpu = [], []
-        for _ in range(steps):
+        ref = HFDecoder(hf, prompts)
+        ref.step()
+        wall, cpu, hf_wall = [], [], []
+        for _ in range(steps):  # alternating: a load change hits both alike
             t0, c0 = time.perf_counter(), time.process_time()
             e.step()
             wall.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
+            t0 = time.perf_counter()
+            ref.step()
+            hf_wall.append(time.perf_counter() - t0)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(3):
                 e.step()
@@ -390,6 +431,8 @@ def section_step(lm: LoadedModel, steps: int) -> dict[str, Any]:
             "step_ms": round(1e3 * statistics.median(wall), 1),
             "step_cpu_ms": round(1e3 * statistics.median(cpu), 1),
             "ms_per_token": round(1e3 * statistics.median(wall) / nseq, 1),
+            "hf_step_ms": round(1e3 * statistics.median(hf_wall), 1),
+            "ours_vs_hf_step": round(statistics.median(hf_wall) / statistics.median(wall), 2),
             "share_matmul": round(mm / total, 3),
             "share_attention": round(att / total, 3),
             "share_other": round(1 - (mm + att) / total, 3),
@@ -398,8 +441,10 @@ def section_step(lm: LoadedModel, steps: int) -> dict[str, Any]:
     out["per_token_speedup_8_vs_1"] = round(one["ms_per_token"] / eight["ms_per_token"], 2)
     out["load"] = la
     print(
-        f"[step] decode step {one['step_ms']} ms at 1 sequence, {eight['step_ms']} ms at 8 "
-        f"({out['per_token_speedup_8_vs_1']}x per token); at 8: matmul "
+        f"[step] decode step {one['step_ms']} ms at 1 sequence (HF {one['hf_step_ms']} ms), "
+        f"{eight['step_ms']} ms at 8 (HF {eight['hf_step_ms']} ms; "
+        f"{out['per_token_speedup_8_vs_1']}x per token); HF step / ours "
+        f"{one['ours_vs_hf_step']}x at 1, {eight['ours_vs_hf_step']}x at 8; at 8: matmul "
         f"{eight['share_matmul']:.0%}, attention {eight['share_attention']:.0%}, other "
         f"{eight['share_other']:.0%} of CPU time; load {la:.1f}",
         flush=True,
