@@ -11,7 +11,10 @@ routing by regex, dependency resolution, Request/Response objects and exception 
 cost about half the main thread's time under a 1-row load (py-spy, issue 16).
 
 Metric children are looked up once per label set and kept: prometheus-client's `.labels()`
-takes a lock and builds a key on every call.
+takes a lock and builds a key on every call. The per-request metrics (in-flight gauge,
+latency histogram, responses counter) are gathered over one event-loop turn and written once
+at the start of the next (and before every /metrics exposition): a batch's requests finish in
+the same turn, and in multiprocess mode each write is an mmap update under a lock (~4 us).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from starlette.types import Receive, Scope, Send
 from scalelab.serve.cache import digest
 from scalelab.serve.context import ServeContext
 from scalelab.serve.features import out_of_vocabulary
+from scalelab.serve.metrics import observe_many
 from scalelab.serve.protocol import (
     ServeError,
     decode_inputs,
@@ -152,6 +156,11 @@ class InferHandler:
         self._inflight: dict[str, Gauge] = {}
         self._latency: dict[tuple[str, str], Histogram] = {}
         self._responses: dict[tuple[str, str, int], Counter] = {}
+        self._turn: list[tuple[str, str, int, float]] = []
+        """(model label, version, status, seconds) of the requests finished this loop turn."""
+        self._inflight_delta: dict[str, int] = {}
+        self._flush_due = False
+        ctx.metrics.flushers.append(self.flush)
 
     # -- metric children, looked up once ---------------------------------------------------------
 
@@ -161,18 +170,42 @@ class InferHandler:
             g = self._inflight[model] = self.ctx.metrics.inflight.labels(model)
         return g
 
-    def _count(self, model: str, version: str, status: int, seconds: float) -> None:
+    def _later(self) -> None:
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write the metrics gathered since the last flush: the in-flight deltas and the
+        latencies first, the responses counter last (a reader that sees a response counted
+        sees its latency too)."""
+        self._flush_due = False
+        if self._inflight_delta:
+            for model, d in self._inflight_delta.items():
+                if d:
+                    self._inflight_of(model).inc(d)
+            self._inflight_delta.clear()
+        if not self._turn:
+            return
+        done, self._turn = self._turn, []
         m = self.ctx.metrics
-        if version:
+        seconds: dict[tuple[str, str], list[float]] = {}
+        counts: dict[tuple[str, str, int], int] = {}
+        for model, version, status, dt in done:
+            if version:
+                seconds.setdefault((model, version), []).append(dt)
+            key = (model, version, status)
+            counts[key] = counts.get(key, 0) + 1
+        for (model, version), dts in seconds.items():
             h = self._latency.get((model, version))
             if h is None:
                 h = self._latency[(model, version)] = m.request_seconds.labels(model, version)
-            h.observe(seconds)
-        key = (model, version, status)
-        c = self._responses.get(key)
-        if c is None:
-            c = self._responses[key] = m.responses.labels(model, version, str(status))
-        c.inc()
+            observe_many(h, dts)
+        for key, n in counts.items():
+            c = self._responses.get(key)
+            if c is None:
+                c = self._responses[key] = m.responses.labels(key[0], key[1], str(key[2]))
+            c.inc(n)
 
     # -- the request -----------------------------------------------------------------------------
 
@@ -203,8 +236,8 @@ class InferHandler:
         # a name that is not loaded is counted under model "": client-chosen names must not
         # grow the metric series without bound
         label = name if name in repo.models else ""
-        inflight = self._inflight_of(label)
-        inflight.inc()
+        self._inflight_delta[label] = self._inflight_delta.get(label, 0) + 1
+        self._later()
         try:
             entry = repo.entry(name)
             if entry.config is None:
@@ -259,9 +292,10 @@ class InferHandler:
             await send_error(send, 500, "internal server error; see the server log",
                              extra_headers=tags)
         finally:
-            inflight.dec()
             dt = time.monotonic() - t0
-            self._count(label, served, status, dt)
+            self._inflight_delta[label] = self._inflight_delta.get(label, 0) - 1
+            self._turn.append((label, served, status, dt))
+            self._later()
             ctx.access.log(status, "infer", request_id=rid, model=name, version=served,
                            latency_ms=round(dt * 1000, 3))
             if trace is not None:

@@ -10,10 +10,11 @@ over live processes ("livesum").
 
 from __future__ import annotations
 
+import bisect
 import gc
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -30,6 +31,33 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
                    5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 MV = ("model", "version")
+
+
+def observe_many(child: Histogram, amounts: Sequence[float]) -> None:
+    """`child.observe(a)` for every a in `amounts`, writing each touched bucket and the sum
+    once. Why: in multiprocess mode (replicas, the benchmark) every bucket or sum update is
+    an mmap write under a lock, ~4 us here (a whole observe ~7.5 us, ~2 in one process), and
+    the batcher observes two waits per job — 16 jobs a batch cost 32 observes; this costs
+    one write per distinct bucket plus one. Same counts and sum as the loop (tested); falls
+    back to it should prometheus-client's histogram internals (`_upper_bounds`, `_buckets`,
+    `_sum`) ever change."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for a in amounts:
+            child.observe(a)
+        return
+    if not amounts:
+        return
+    counts: dict[int, int] = {}
+    for a in amounts:  # observe() puts a in the first bucket whose bound is >= a
+        if a == a:  # a NaN is in no bucket (observe's `<=` is false for all), but in the sum
+            i = bisect.bisect_left(bounds, a)
+            counts[i] = counts.get(i, 0) + 1
+    total.inc(sum(amounts))
+    for i, n in counts.items():
+        buckets[i].inc(n)
 
 
 class Metrics:
@@ -76,6 +104,9 @@ class Metrics:
         self.shadow_disagreed = Counter("scalelab_shadow_disagreed",
                                         "Rows where the shadow candidate's label differed", MV,
                                         registry=r)
+        self.flushers: list[Callable[[], None]] = []
+        """Called before every exposition: parts that gather a loop turn's updates and write
+        them once (serve.infer) flush here, so /metrics never misses a finished request."""
 
     def watch_gc(self) -> Callable[[str, dict[str, Any]], None]:
         """Time every collection into gc_pause_seconds; returns the callback (remove it from
@@ -96,6 +127,8 @@ class Metrics:
 
     def expose(self) -> bytes:
         """The /metrics body; merges all worker processes in multiprocess mode."""
+        for flush in self.flushers:
+            flush()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             merged = CollectorRegistry()
             multiprocess.MultiProcessCollector(merged)

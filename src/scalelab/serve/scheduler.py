@@ -26,7 +26,7 @@ from torch import nn
 from scalelab.serve.batching import BatchPolicy, collect
 from scalelab.serve.config import ModelConfig
 from scalelab.serve.features import Preprocess
-from scalelab.serve.metrics import Metrics
+from scalelab.serve.metrics import Metrics, observe_many
 from scalelab.serve.protocol import NP_DTYPES, ServeError
 from scalelab.serve.sampling import RequestSampler
 
@@ -142,6 +142,9 @@ class VersionWorker:
         self._batch_wait = metrics.batch_wait_seconds.labels(*lb)
         self._compute_s = metrics.compute_seconds.labels(*lb)
         self._batch_rows = metrics.batch_size.labels(*lb)
+        self._depth_due = False
+        """A queue-depth update is scheduled for this loop turn (submit sets the gauge once a
+        turn, not once a job: in multiprocess mode every set is an mmap write)."""
 
     # -- event-loop side -----------------------------------------------------------------------
 
@@ -166,6 +169,12 @@ class VersionWorker:
             raise ServeError(429, f"model '{self.model}' version {self.version}: queue full "
                                   f"({self.queue.maxsize} waiting); retry later",
                              {"Retry-After": str(self.retry_after_s())}) from None
+        if not self._depth_due:  # one gauge write per loop turn, however many arrive in it
+            self._depth_due = True
+            asyncio.get_running_loop().call_soon(self._depth_now)
+
+    def _depth_now(self) -> None:
+        self._depth_due = False
         self._depth.set(self.depth())
 
     async def _loop(self) -> None:
@@ -183,9 +192,8 @@ class VersionWorker:
                 self._depth.set(self.depth())
                 if not batch:
                     continue
-                for j in batch:
-                    self._queue_wait.observe(j.picked_at - j.enqueued_at)
-                    self._batch_wait.observe(now - j.picked_at)
+                observe_many(self._queue_wait, [j.picked_at - j.enqueued_at for j in batch])
+                observe_many(self._batch_wait, [now - j.picked_at for j in batch])
                 if self.inline(self.batch_cpu_ewma, self.batch_s_ewma):
                     results = self._compute(batch)
                 else:
