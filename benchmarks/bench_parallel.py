@@ -52,6 +52,9 @@ def runs_for(world: int, bubble_m: list[int]) -> list[tuple[str, dict[str, Any]]
     out: list[tuple[str, dict[str, Any]]] = [("dp", {}), ("fsdp", {}), ("tp", {}),
                                              ("pp", {"schedule": "gpipe"}),
                                              ("pp", {"schedule": "1f1b"})]
+    if world == 2:
+        # The ablation: torch's schedules posting each receive when they use it.
+        out += [("pp", {"schedule": sch, "recv_ahead": False}) for sch in ("gpipe", "1f1b")]
     if world == 4:
         out.append(("fsdp+tp", {"tp": 2}))
     out += [("pp", {"schedule": "gpipe", "micro_batches": m}) for m in bubble_m]
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             for strategy, kw in runs_for(world, bubble_m):
                 cfg = dataclasses.replace(base, strategy=strategy, **kw)  # type: ignore[arg-type]
                 name = strategy + (f"/{kw['schedule']}" if "schedule" in kw else "") + (
-                    f" m={kw['micro_batches']}" if "micro_batches" in kw else "")
+                    f" m={kw['micro_batches']}" if "micro_batches" in kw else "") + (
+                    " torch-recv" if kw.get("recv_ahead") is False else "")
                 try:
                     cfg.check_world(world)
                 except Exception as e:  # a split this model cannot take is reported, not fatal

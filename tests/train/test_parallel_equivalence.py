@@ -4,8 +4,8 @@ real gloo process groups under torchrun, and the memory planner against what was
 Tolerance: the strategies change the order of floating-point sums (gradient all-reduce,
 row-parallel partial sums, micro-batch gradient accumulation), never the math, so losses agree
 to |Δ| ≤ 1e-5 (on losses ≈ 5.5, about 2 ulp-scale float32 roundings per step) and weights to
-1e-4 after the steps. Only the default test (tensor parallel over 2 ranks) runs in `make test`;
-the rest are `slow`.
+1e-4 after the steps. Only tensor parallel over 2 ranks and the pipeline (1F1B, receives posted
+ahead) run in `make test`; the rest are `slow`.
 """
 
 from __future__ import annotations
@@ -75,12 +75,27 @@ def test_tensor_parallel_matches_single_and_halves_the_weights(
     assert abs(res.plan["total_bytes"] - measured) / measured <= 0.15
 
 
+def test_pipeline_with_receives_posted_ahead_matches_single(
+        tmp_path: Path, reference: tuple[list[float], dict[str, Any]]) -> None:
+    # 1F1B over 4 micro-batches: each stage has up to 4 receives from its peer outstanding at
+    # once (pipeline.RecvAhead), matched in the order posted; a mismatch would feed a stage the
+    # wrong micro-batch's activations or gradients and move the losses.
+    res = launch(tmp_path, "pp", 2, schedule="1f1b", micro_batches=4)
+    assert_matches(res, tmp_path, reference)
+    for r in res.ranks:
+        assert r["pipeline"]["recv_ahead"] is True
+        for ops in r["pipeline"]["chunks_by_step"].values():
+            assert sorted((k, mb) for k, mb, *_ in ops) == [(k, mb) for k in "BF"
+                                                            for mb in range(4)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy, nproc, kw", [
     ("dp", 2, {}),
     ("fsdp", 2, {}),
     ("pp", 2, {"schedule": "gpipe"}),
     ("pp", 2, {"schedule": "1f1b"}),
+    ("pp", 2, {"schedule": "gpipe", "recv_ahead": False}),
     ("fsdp+tp", 4, {"tp": 2, "batch": 4}),
 ])
 def test_strategy_matches_single(tmp_path: Path, reference: tuple[list[float], dict[str, Any]],

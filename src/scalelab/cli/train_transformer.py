@@ -25,7 +25,7 @@ from scalelab.core.units import format_bytes, format_duration, parse_duration
 from scalelab.train.parallel.config import STRATEGIES
 
 TRANSFORMER_KEYS = ("model", "strategy", "tp", "layers", "heads", "kv_heads", "ffn", "seq",
-                    "tokens", "micro_batches", "schedule", "profile_steps")
+                    "tokens", "micro_batches", "schedule", "recv_ahead", "profile_steps")
 DEFAULT_BATCH = 8
 DEFAULT_HIDDEN = 64
 
@@ -58,6 +58,9 @@ def transformer_options(*, sweep: bool) -> Callable[[Callable[..., Any]], Callab
                          help="Transformer, pipeline: micro-batches per step."),
             click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default="1f1b",
                          show_default=True, help="Transformer, pipeline: schedule."),
+            click.option("--recv-ahead/--no-recv-ahead", default=True, show_default=True,
+                         help="Transformer, pipeline: post each step's receives ahead of need "
+                              "(--no-recv-ahead: when torch's schedule uses them)."),
             click.option("--profile-steps", type=int, default=2, show_default=True,
                          help="Transformer: steps timed under torch.profiler for the "
                               "communication split."),
@@ -104,7 +107,7 @@ def _config(ctx: click.Context, t: dict[str, Any], *, batch: int, steps: int, se
         strategy=t["strategy"], tp=t["tp"], hidden=_width(ctx, hidden), layers=t["layers"],
         heads=t["heads"], kv_heads=t["kv_heads"], ffn=t["ffn"], seq=t["seq"],
         tokens=t["tokens"], batch=batch, steps=steps, lr=lr, seed=seed,
-        micro_batches=t["micro_batches"], schedule=t["schedule"],
+        micro_batches=t["micro_batches"], schedule=t["schedule"], recv_ahead=t["recv_ahead"],
         profile_steps=t["profile_steps"], threads=threads, **extra)
 
 

@@ -49,6 +49,9 @@ class ParallelConfig:
     micro_batches: int = 4
     """Pipeline micro-batches per step."""
     schedule: Schedule = "1f1b"
+    recv_ahead: bool = True
+    """Pipeline: post a step's receives ahead of need (pipeline.RecvAhead); False keeps torch's
+    schedules posting each when they use it."""
     checkpoint_every: int = 0
     """Save a distributed checkpoint every N steps (0: never)."""
     checkpoint_dir: str | None = None

@@ -95,7 +95,7 @@ class Replica:
                 stage, stage=r.rank, stages=r.world, micro_batches=cfg.micro_batches,
                 schedule=cfg.schedule, loss_fn=_loss,
                 group=mesh.get_group() if mesh is not None else None,
-                device=torch.device(r.device))
+                device=torch.device(r.device), recv_ahead=cfg.recv_ahead)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0,
                                            foreach=False)
 
@@ -297,6 +297,7 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
         cpu = [busy_s[i][1] for i in kept]
         report["pipeline"] = {
             "stages": r.world, "micro_batches": cfg.micro_batches, "schedule": cfg.schedule,
+            "recv_ahead": cfg.recv_ahead,
             "bubble_theory": bubble_theory(r.world, cfg.micro_batches),
             "bubble_measured": float(np.median([1 - b / w for w, b in zip(step_wall, busy,
                                                                            strict=True)])),
