@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", default="2,4")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=10,
+                    help="optimizer steps a run (the bubble is the median of the steps after the "
+                         "first, the activation-counting and the 2 profiled ones)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--ffn", type=int, default=512)
