@@ -368,7 +368,7 @@ class HFDecoder:
         self.mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompts])
         with torch.inference_mode():
             out = hf(input_ids=ids, attention_mask=self.mask, use_cache=True)
-        self.past = out.past_key_values
+        self.cache = out.cache
         self.next = out.logits[:, -1].argmax(-1, keepdim=True)
 
     @torch.inference_mode()
@@ -379,10 +379,10 @@ class HFDecoder:
             input_ids=self.next,
             attention_mask=self.mask,
             position_ids=pos,
-            past_key_values=self.past,
+            cache=self.cache,
             use_cache=True,
         )
-        self.past = out.past_key_values
+        self.cache = out.cache
         self.next = out.logits[:, -1].argmax(-1, keepdim=True)
 
 
