@@ -180,6 +180,7 @@ class VersionWorker:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            batch: list[Job] = []
             try:
                 formed = await collect(self.queue, self.pending, self.policy,
                                        dispatch_when_idle=self.idle_dispatch)
@@ -211,6 +212,10 @@ class VersionWorker:
                 raise
             except Exception:  # the batcher must outlive any single bad batch
                 log.exception("batcher for %s/%s failed a round; continuing", *self._labels)
+                # the round's jobs left the queue: answer them, or their requests wait forever
+                for j in batch:
+                    _fail(j, ServeError(500, "internal server error while batching this "
+                                             "request; see the server log"))
 
     def _mark(self, batch: list[Job], dispatched_at: float) -> None:
         traced = [j for j in batch if j.traced]
