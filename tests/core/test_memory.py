@@ -72,6 +72,30 @@ def test_tp_keeps_the_norms_replicated() -> None:
     assert p.activation_bytes == 4 * 5_868_544 + 16 * 1024
 
 
+def test_fsdp_tp_shards_the_tensor_parallel_split_over_the_fsdp_groups() -> None:
+    p = plan_memory(q(strategy="fsdp+tp", world=4, tp=2))
+    # TP of 2: ⌈(1,000,000 − 1152)/2⌉ + 1152 = 500,576; FSDP over 4/2 = 2 groups: 250,288.
+    assert p.params_per_rank == 250_288
+    assert p.total_bytes - p.activation_bytes == 16 * 250_288
+    # 512 tokens a rank (the batch split over 2 groups); per layer 512 x 770 + 512 x 1882 / 2 =
+    # 876,032; x 4 layers + rope 512 x 128 + head 512 x 641 = 3,897,856 elements; + int64 ids.
+    assert p.tokens_per_micro_batch == 512
+    assert p.activation_bytes == 4 * 3_897_856 + 16 * 512
+    # Degenerate meshes are the one-dimensional strategies.
+    tp = plan_memory(q(strategy="tp", world=4))
+    one_group = plan_memory(q(strategy="fsdp+tp", world=4, tp=4))
+    assert (one_group.params_per_rank, one_group.activation_bytes) == (tp.params_per_rank,
+                                                                       tp.activation_bytes)
+    fsdp = plan_memory(q(strategy="fsdp", world=4))
+    no_tp = plan_memory(q(strategy="fsdp+tp", world=4, tp=1))
+    assert (no_tp.params_per_rank, no_tp.activation_bytes) == (fsdp.params_per_rank,
+                                                               fsdp.activation_bytes)
+    # FSDP's whole blocks are TP shards: Ψ_layer 233,584 → ⌈(233,584 − 256)/2⌉ + 256 = 116,920,
+    # two blocks' parameters and one's gradients: 12 x 116,920.
+    buf = plan_peak_rss(q(strategy="fsdp+tp", world=4, tp=2), runtime_bytes=0).buffer_bytes
+    assert buf == 1_403_040
+
+
 def test_pp_busiest_stage_and_schedules() -> None:
     # Ψ_layer = (1,000,000 − 2·256·128 − 128)/4 = 233,584; 2 stages of 2 layers.
     # first: 467,168 + 32,768 = 499,936; last: 467,168 + 128 + 32,768 = 500,064.
@@ -99,6 +123,9 @@ def test_pp_busiest_stage_and_schedules() -> None:
     ({"strategy": "dp", "world": 1, "params": 60_000}, "embedding tables"),
     ({"strategy": "zz", "world": 1}, "--strategy must be one of"),
     ({"strategy": "pp", "world": 2, "micro_batches": 3}, "--micro-batches 3"),
+    ({"strategy": "fsdp+tp", "world": 4, "tp": 3}, "groups of --tp 3"),
+    ({"strategy": "fsdp+tp", "world": 4, "tp": 2, "batch": 3}, "the 2 FSDP groups"),
+    ({"strategy": "fsdp+tp", "world": 4, "tp": 0}, "--tp must be >= 1"),
 ])
 def test_bad_queries_name_the_flag(kw: dict[str, object], needle: str) -> None:
     with pytest.raises(BadUsageError, match=needle):

@@ -66,6 +66,8 @@ def _render(p: MemoryPlan, peak: PeakPlan | None) -> Callable[[Console], None]:
               help="Pipeline micro-batches per step.")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default="1f1b",
               show_default=True, help="Pipeline schedule.")
+@click.option("--tp", type=int, default=2, show_default=True,
+              help="fsdp+tp: the tensor-parallel degree t (FSDP over the --world / t groups).")
 @click.option("--peak-rss", is_flag=True,
               help="Also predict the process's peak RSS: measure the process baseline here (a "
                    "probe process, cached per machine and torch version) and add it, the data "
@@ -79,7 +81,7 @@ def _render(p: MemoryPlan, peak: PeakPlan | None) -> Callable[[Console], None]:
 def plan_memory_cmd(params: int, layers: int, hidden: int, seq: int, batch: int, strategy: str,
                     world: int, heads: int | None, kv_heads: int | None, ffn: int | None,
                     vocab: int, tied: bool, precision: str, micro_batches: int, schedule: str,
-                    peak_rss: bool, runtime_bytes: int | None, data_bytes: int,
+                    tp: int, peak_rss: bool, runtime_bytes: int | None, data_bytes: int,
                     as_json: bool) -> None:
     """Bytes per rank (parameters, gradients, optimizer, activations) of a transformer's training.
 
@@ -91,7 +93,8 @@ def plan_memory_cmd(params: int, layers: int, hidden: int, seq: int, batch: int,
                     world=world, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab, tied=tied,
                     precision=precision,  # type: ignore[arg-type]
                     micro_batches=micro_batches,
-                    schedule=schedule)  # type: ignore[arg-type]
+                    schedule=schedule,  # type: ignore[arg-type]
+                    tp=tp)
     p = plan_memory(q)
     peak = None
     doc = p.to_dict()

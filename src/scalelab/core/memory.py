@@ -10,6 +10,8 @@ copy, momentum, variance). The trainer here runs in fp32 on CPU, so its variant 
 - fsdp (ZeRO-3): each rank holds 1/W of parameters, gradients and optimizer state.
 - tp (Megatron-style, tensor-parallel degree W): every weight matrix and the embedding/output
   tables are split W ways; the RMSNorm weights ((2L + 1)·h of them) stay replicated.
+- fsdp+tp (a 2-D mesh, W = d·t: TP of degree t inside each of d FSDP groups): the tp split
+  above, then every tensor-parallel shard (and the replicated norms) sharded d ways.
 - pp (W stages): a rank holds its ⌈L/W⌉ layers, plus the embedding on the first stage and the
   final norm and output head on the last; the plan reports the largest stage.
 
@@ -48,10 +50,10 @@ from typing import Any, Literal
 
 from scalelab.core.errors import BadUsageError
 
-Strategy = Literal["dp", "fsdp", "tp", "pp"]
+Strategy = Literal["dp", "fsdp", "tp", "pp", "fsdp+tp"]
 Precision = Literal["fp32", "mixed"]
 Schedule = Literal["gpipe", "1f1b"]
-STRATEGIES: tuple[str, ...] = ("dp", "fsdp", "tp", "pp")
+STRATEGIES: tuple[str, ...] = ("dp", "fsdp", "tp", "pp", "fsdp+tp")
 
 # Bytes per parameter: (parameters, gradients, optimizer state K).
 STATE_BYTES: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
@@ -90,9 +92,12 @@ class MemoryQuery:
     """Micro-batches per step m (pipeline only)."""
     schedule: Schedule = "1f1b"
     """Pipeline schedule: gpipe holds m micro-batches in flight, 1f1b at most min(p, m)."""
+    tp: int = 2
+    """Tensor-parallel degree t of fsdp+tp (the rest of `world` is FSDP's d = W/t)."""
 
     def __post_init__(self) -> None:
-        for name in ("params", "layers", "hidden", "seq", "batch", "world", "micro_batches"):
+        for name in ("params", "layers", "hidden", "seq", "batch", "world", "micro_batches",
+                     "tp"):
             if getattr(self, name) < 1:
                 raise BadUsageError(f"--{name.replace('_', '-')} must be >= 1; "
                                     f"got {getattr(self, name)}")
@@ -123,6 +128,12 @@ class MemoryQuery:
                                 f"{self.micro_batches}")
         if self.strategy in ("dp", "fsdp") and self.batch % self.world:
             raise BadUsageError(f"--batch {self.batch} does not split over --world {self.world}")
+        if self.strategy == "fsdp+tp" and self.world % self.tp:
+            raise BadUsageError(f"fsdp+tp: --world {self.world} does not split into "
+                                f"tensor-parallel groups of --tp {self.tp}")
+        if self.strategy == "fsdp+tp" and self.batch % (self.world // self.tp):
+            raise BadUsageError(f"--batch {self.batch} does not split over the "
+                                f"{self.world // self.tp} FSDP groups (--world / --tp)")
         if self.embedding_params() >= self.params:
             raise BadUsageError(f"--params {self.params} is not more than the embedding tables "
                                 f"alone ({self.embedding_params()} = vocab × hidden)")
@@ -244,6 +255,13 @@ def plan_memory(q: MemoryQuery) -> MemoryPlan:
         tokens = q.seq * q.batch
         act_b = whole_model(tokens, tp=w)
         f_psi, f_act = "⌈(Ψ − (2L+1)h)/W⌉ + (2L+1)h", "L·layer_t(s·b) + rope + head + ids"
+    elif q.strategy == "fsdp+tp":
+        t, dp = q.tp, w // q.tp
+        psi = math.ceil((math.ceil((q.params - norms) / t) + norms) / dp)
+        tokens = q.seq * q.batch // dp
+        act_b = whole_model(tokens, tp=t)
+        f_psi = "⌈(⌈(Ψ − (2L+1)h)/t⌉ + (2L+1)h)/d⌉"
+        f_act = "L·layer_t(s·b/d) + rope + head + ids"
     else:
         # Stages take ⌈L/W⌉ layers from the front; the first stage also holds the embedding
         # (and the token ids), the last the final norm, the output head (its own copy when
@@ -322,6 +340,14 @@ def buffer_bytes(q: MemoryQuery) -> tuple[int, str]:
         return ((2 * pb + gb) * layer,
                 f"({2 * pb} + {gb})·Ψ_layer (a block's parameters and gradients whole, the next "
                 "block's parameters prefetched)")
+    if q.strategy == "fsdp+tp":
+        # FSDP's unsharded blocks, each a tensor-parallel shard (the block's norms whole).
+        shard = math.ceil((layer - 2 * q.hidden) / q.tp) + 2 * q.hidden
+        if q.world == q.tp:
+            return 0, "0 (one FSDP group: nothing to gather)"
+        return ((2 * pb + gb) * shard,
+                f"({2 * pb} + {gb})·(⌈(Ψ_layer − 2h)/t⌉ + 2h) (FSDP's whole block and the next "
+                "one's parameters, each the tensor-parallel shard)")
     if q.strategy == "pp":
         tokens = q.seq * q.batch // q.micro_batches
         return (2 * q.micro_batches * tokens * q.hidden * ab,

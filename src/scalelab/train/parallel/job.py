@@ -99,18 +99,15 @@ def read_reports(run_dir: Path, world: int) -> list[dict[str, Any]]:
 
 
 def planned(cfg: ParallelConfig, world: int, n_params: int, *,
-            baseline: RuntimeBaseline | None = None, data_bytes: int = 0) -> dict[str, Any] | None:
-    """The memory planner's prediction for this run (None where it has no formula: fsdp+tp);
-    with a measured process `baseline`, also the peak RSS (`peak_rss`)."""
-    strategy = {"single": "dp", "dp": "dp", "fsdp": "fsdp", "tp": "tp", "pp": "pp"}.get(
-        cfg.strategy)
-    if strategy is None:
-        return None
+            baseline: RuntimeBaseline | None = None, data_bytes: int = 0) -> dict[str, Any]:
+    """The memory planner's prediction for this run; with a measured process `baseline`, also
+    the peak RSS (`peak_rss`)."""
+    strategy = "dp" if cfg.strategy == "single" else cfg.strategy
     q = MemoryQuery(params=n_params, layers=cfg.layers, hidden=cfg.hidden, seq=cfg.seq,
                     batch=cfg.batch, strategy=strategy,  # type: ignore[arg-type]
                     world=world, heads=cfg.heads, kv_heads=cfg.kv_heads, ffn=cfg.ffn,
                     vocab=VOCAB_SIZE, micro_batches=cfg.micro_batches if strategy == "pp" else 1,
-                    schedule=cfg.schedule)
+                    schedule=cfg.schedule, tp=cfg.tp if strategy == "fsdp+tp" else 2)
     out = plan_memory(q).to_dict()
     if baseline is not None:
         out["peak_rss"] = {**plan_peak_rss(q, runtime_bytes=baseline.peak_rss_bytes,
