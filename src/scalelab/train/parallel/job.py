@@ -104,7 +104,7 @@ def planned(cfg: ParallelConfig, world: int, n_params: int, *,
     the peak RSS (`peak_rss`)."""
     strategy = "dp" if cfg.strategy == "single" else cfg.strategy
     q = MemoryQuery(params=n_params, layers=cfg.layers, hidden=cfg.hidden, seq=cfg.seq,
-                    batch=cfg.batch, strategy=strategy,  # type: ignore[arg-type]
+                    batch=cfg.batch, strategy=strategy,
                     world=world, heads=cfg.heads, kv_heads=cfg.kv_heads, ffn=cfg.ffn,
                     vocab=VOCAB_SIZE, micro_batches=cfg.micro_batches if strategy == "pp" else 1,
                     schedule=cfg.schedule, tp=cfg.tp if strategy == "fsdp+tp" else 2)
