@@ -4,6 +4,10 @@ per-loop-turn gathering of the per-request metrics against a real server's /metr
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from serve_client import fire, samples
@@ -69,3 +73,29 @@ def test_a_batch_of_requests_is_counted_exactly_once_each(server: Server) -> Non
     after = {n: samples(url, n, model="flights") for n in names}
     assert {n: after[n] - before[n] for n in names} == dict.fromkeys(names, 16.0)
     assert samples(url, "scalelab_inflight_requests", model="flights") == 0
+
+
+GC_IN_THE_LOCK = """
+import gc, sys
+from scalelab.serve.metrics import Metrics
+m = Metrics()
+m.watch_gc()
+gc.set_threshold(1)  # a collection at nearly every allocation: inside the lock too
+for i in range(300):  # a new label set builds its mmap entry under the global lock
+    m.responses.labels("m", "1", str(i)).inc()
+gc.set_threshold(700)
+text = m.expose().decode()
+count = [ln for ln in text.splitlines()
+         if ln.startswith('scalelab_gc_pause_seconds_count{generation="0"}')]
+print(count[0].split()[-1])
+"""
+
+
+def test_gc_timing_cannot_deadlock_multiprocess_metrics(tmp_path: Path) -> None:
+    # before: the gc callback observed into a histogram, and in multiprocess mode a collection
+    # that began inside prometheus-client's global lock waited on it forever
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", GC_IN_THE_LOCK], capture_output=True, text=True,
+                       env=env, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    assert float(p.stdout.strip()) >= 300  # the collections are still timed, after the fact

@@ -180,6 +180,7 @@ class InferHandler:
         latencies first, the responses counter last (a reader that sees a response counted
         sees its latency too)."""
         self._flush_due = False
+        self.ctx.metrics.flush_gc()
         if self._inflight_delta:
             for model, d in self._inflight_delta.items():
                 if d:

@@ -31,6 +31,9 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
                    5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 MV = ("model", "version")
+GC_PENDING_MAX = 10_000
+"""Collections noted between flushes beyond this are not timed (a server nobody scrapes and
+that serves nothing still allocates a little; the list must not grow without bound)."""
 
 
 def observe_many(child: Histogram, amounts: Sequence[float]) -> None:
@@ -104,26 +107,44 @@ class Metrics:
         self.shadow_disagreed = Counter("scalelab_shadow_disagreed",
                                         "Rows where the shadow candidate's label differed", MV,
                                         registry=r)
-        self.flushers: list[Callable[[], None]] = []
+        self._gc_pauses: list[tuple[int, float]] = []
+        self._gc_children = [self.gc_pause_seconds.labels(str(g)) for g in range(3)]
+        self.flushers: list[Callable[[], None]] = [self.flush_gc]
         """Called before every exposition: parts that gather a loop turn's updates and write
         them once (serve.infer) flush here, so /metrics never misses a finished request."""
 
     def watch_gc(self) -> Callable[[str, dict[str, Any]], None]:
         """Time every collection into gc_pause_seconds; returns the callback (remove it from
         gc.callbacks to stop). Costs two calls per collection, which at ~50 allocations per
-        request is one every ~14 requests for generation 0."""
-        children = [self.gc_pause_seconds.labels(str(g)) for g in range(3)]
+        request is one every ~14 requests for generation 0.
+
+        The callback only appends to a list; `flush_gc` (run before every exposition and by
+        the infer handler once a loop turn) observes them. Why: a collection can start inside
+        prometheus-client's own critical section — in multiprocess mode one global,
+        non-reentrant lock, held while a new label set's mmap entry is built, which allocates
+        — and a callback observing there waits on a lock its own thread holds: the whole
+        server stopped answering (seen in the benchmark, a fresh server's first seconds)."""
         started = [0.0]
+        pauses = self._gc_pauses
 
         def callback(phase: str, info: dict[str, Any]) -> None:
             if phase == "start":
                 started[0] = time.perf_counter()
-            else:
-                children[min(int(info.get("generation", 2)), 2)].observe(
-                    time.perf_counter() - started[0])
+            elif len(pauses) < GC_PENDING_MAX:
+                pauses.append((min(int(info.get("generation", 2)), 2),
+                               time.perf_counter() - started[0]))
 
         gc.callbacks.append(callback)
         return callback
+
+    def flush_gc(self) -> None:
+        """Observe the collections the gc callback noted since the last flush."""
+        if not self._gc_pauses:
+            return
+        pending = self._gc_pauses[:]
+        del self._gc_pauses[:len(pending)]  # the callback may append meanwhile: keep those
+        for gen, seconds in pending:
+            self._gc_children[gen].observe(seconds)
 
     def expose(self) -> bytes:
         """The /metrics body; merges all worker processes in multiprocess mode."""
