@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from scalelab.core.errors import ScalelabError
 from scalelab.generate.engine import Engine, EngineConfig
 from scalelab.generate.models import LoadedModel, load_model
 from scalelab.generate.objective import (
@@ -755,7 +756,10 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=HERE / "out" / "generate.json")
     args = ap.parse_args()
-    objective = parse_objective(args.tpot_objective)
+    try:
+        objective = parse_objective(args.tpot_objective)
+    except ScalelabError as e:
+        ap.error(str(e))
     try:
         settings = sorted({int(x) for x in args.sweep.split(",") if x.strip()})
     except ValueError:
