@@ -26,7 +26,8 @@ Sections (each prints ratios; all results go to --out as one JSON document):
 - spec: batch 1, prompt-lookup speculative decoding vs plain greedy on a repetitive (quoting)
   and on a non-repetitive workload: tokens/s ratio and acceptance rate.
 - step (only when named): one decode step at 1 and at 8 running sequences, wall and CPU
-  time, and its CPU split (matrix products / paged attention / the rest) from torch.profiler.
+  time, and its CPU split (matrix products / paged attention / the rest) from torch.profiler;
+  beside it Hugging Face's decode step on the same weights and prompts, timed alternately.
 - llamacpp: llama-cpp-python (built from its sdist into benchmarks/.venvs/llamacpp, wheel kept
   in benchmarks/.venvs/wheels) on the same GGUF, 1 stream and 8 requests (its server runs one
   request at a time, so 8 streams are served in turn), vs our engine at 1 and 8.
