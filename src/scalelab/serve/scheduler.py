@@ -3,9 +3,8 @@
 Requests become `Job`s on the event loop; the batcher (batching.collect) forms batches; the
 forward pass runs on this version's own single thread, so the event loop keeps accepting and
 answering while torch computes, and a slow or broken model only ever blocks its own queue —
-except for models whose batches take less than `inline_below_ms`, which compute on the loop
-itself (the hand-off would cost more than the forward). A
-batch that raises is retried one job at a time, so one bad input fails alone.
+except for models whose batches take less than `inline_below_ms` (InlinePolicy), which compute
+on the loop itself (the hand-off would cost more than the forward). A batch that raises is retried one job at a time, so one bad input fails alone.
 """
 
 from __future__ import annotations
@@ -34,6 +33,8 @@ log = logging.getLogger("scalelab.serve")
 
 Outputs = dict[str, np.ndarray]
 OUTPUT_KINDS = ("probabilities", "label", "logits")
+COMPUTED = ("logits", "probabilities", "label")
+"""The order of WithOutputs' results."""
 
 
 @dataclass(kw_only=True, eq=False)
@@ -74,27 +75,46 @@ class BatchMarks:
 TRACE_SAFE = frozenset({"tabular_mlp"})
 
 
+class WithOutputs(nn.Module):
+    """The network and the outputs this server computes from its logits, as one module.
+    Why: traced together, the forward pass, softmax and argmax are one graph the inference
+    thread enters once — each torch call made from Python instead takes the GIL back, and
+    beside a busy event loop each take can wait out a switch interval."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = self.net(*inputs).float()
+        probs = torch.softmax(logits, dim=1)
+        return logits, probs, probs.argmax(dim=1)
+
+
 def trace(module: nn.Module, cfg: ModelConfig) -> nn.Module:
-    """TorchScript-trace `module` on zero inputs shaped by the config; the eager module if the
-    trace fails or disagrees with it. Why: eager torch releases and re-takes the GIL at every
-    op, and each re-take waits out the switch interval while the event loop runs Python."""
+    """TorchScript-trace `WithOutputs(module)` on zero inputs shaped by the config; the eager
+    wrapper if the trace fails or disagrees with it. Why: eager torch releases and re-takes
+    the GIL at every op, and each re-take waits out the switch interval while the event loop
+    runs Python."""
+    wrapped = module if isinstance(module, WithOutputs) else WithOutputs(module)
     example = tuple(torch.zeros([2 if d == -1 else d for d in t.shape],
                                 dtype=getattr(torch, NP_DTYPES[t.datatype].name))
                     for t in cfg.inputs)
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            traced = torch.jit.freeze(torch.jit.trace(module, example, check_trace=False).eval())
-            want = module(*example)
+            traced = torch.jit.freeze(torch.jit.trace(wrapped, example, check_trace=False).eval())
+            want = wrapped(*example)
             for _ in range(3):  # the profiling executor optimises after a few runs
                 got = traced(*example)
-        if not torch.allclose(want, got, atol=1e-5):
+        if not all(torch.allclose(w.float(), g.float(), atol=1e-5)
+                   for w, g in zip(want, got, strict=True)):
             log.warning("trace of %s disagrees with eager; serving eagerly", cfg.name)
-            return module
+            return wrapped
         return traced
     except Exception as e:  # a model that cannot be traced is still served, eagerly
         log.warning("model %s cannot be traced (%s); serving eagerly", cfg.name, e)
-        return module
+        return wrapped
 
 
 def check_outputs(cfg: ModelConfig) -> None:
@@ -104,13 +124,71 @@ def check_outputs(cfg: ModelConfig) -> None:
                          f"{list(OUTPUT_KINDS)} from the network's logits")
 
 
+def _ewma(old: float, new: float) -> float:
+    return new if not old else 0.8 * old + 0.2 * new
+
+
+@dataclass(kw_only=True)
+class InlinePolicy:
+    """Where a version's next batch computes: on the event loop ("inline") or on its thread.
+
+    Inline while the CPU per batch *measured inline* stays under `below_s` (and the wall time
+    under 10x it: a model that sleeps or waits is not CPU-bound and stays off the loop). Why
+    each mode keeps its own estimate: the same batch costs more CPU on the thread (the GIL
+    changing hands, caches cold on the other core — ~1.0-1.1 ms against 0.85 inline for 16
+    rows of the benchmark's MLP), so one estimate fed from whichever mode ran settles in
+    either mode near the threshold, and which one a server ended in decided its throughput
+    (closed loop 270 vs 360 CPU us a request, repeats of the same run). The first batch runs
+    on the thread, which times it; while on the thread, every `probe_every`-th batch (the
+    second one first) runs inline to measure the inline cost, but only while the thread's
+    cost is under twice the threshold, so a slow model never blocks the loop to be probed."""
+
+    below_s: float
+    probe_every: int = 32
+    inline_cpu_s: float = 0.0
+    inline_wall_s: float = 0.0
+    thread_cpu_s: float = 0.0
+    thread_wall_s: float = 0.0
+    _since_probe: int = -1
+
+    def _fits(self, cpu_s: float, wall_s: float) -> bool:
+        return 0.0 < cpu_s < self.below_s and wall_s < 10 * self.below_s
+
+    def next_inline(self) -> bool:
+        if self.below_s <= 0:
+            return False
+        if self.inline_cpu_s and self._fits(self.inline_cpu_s, self.inline_wall_s):
+            return True
+        if not self.thread_cpu_s:
+            return False  # nothing timed on the thread yet
+        if self._since_probe < 0:
+            self._since_probe = self.probe_every - 1  # probe at the next chance
+        self._since_probe += 1
+        if self._since_probe >= self.probe_every and self._fits(self.thread_cpu_s / 2,
+                                                                 self.thread_wall_s / 2):
+            self._since_probe = 0
+            return True
+        return False
+
+    def record(self, *, inline: bool, cpu_s: float, wall_s: float) -> None:
+        if inline:
+            self.inline_cpu_s = _ewma(self.inline_cpu_s, cpu_s)
+            self.inline_wall_s = _ewma(self.inline_wall_s, wall_s)
+        else:
+            self.thread_cpu_s = _ewma(self.thread_cpu_s, cpu_s)
+            self.thread_wall_s = _ewma(self.thread_wall_s, wall_s)
+
+
 class VersionWorker:
     """Queue + batcher + thread for one (model, version)."""
 
     def __init__(self, *, model: str, version: int, module: nn.Module, cfg: ModelConfig,
                  pre: Preprocess | None, metrics: Metrics, sampler: RequestSampler | None) -> None:
         check_outputs(cfg)
+        if not isinstance(module, (WithOutputs, torch.jit.ScriptModule)):
+            module = WithOutputs(module)  # a ScriptModule here is trace()'s, already wrapped
         self.model, self.version, self.module, self.cfg, self.pre = model, version, module, cfg, pre
+        self._wanted = [(COMPUTED.index(t.name), t.name) for t in cfg.outputs]
         self.metrics = metrics
         self.sampler = sampler
         db = cfg.dynamic_batching
@@ -123,11 +201,12 @@ class VersionWorker:
                                            thread_name_prefix=f"infer-{model}-{version}")
         self.closing = False
         self.batch_s_ewma = 0.0
-        self.batch_cpu_ewma = 0.0
-        """CPU seconds per batch (the thread's own clock): what computing inline would block
-        the loop for. Wall time is no guide on a busy machine, where a 50 us forward can take
-        milliseconds while the thread waits for a core."""
-        self.inline_below_s = cfg.inline_below_ms / 1000.0
+        """Wall seconds per batch, either mode (Retry-After's estimate)."""
+        self.placement = InlinePolicy(below_s=cfg.inline_below_ms / 1000.0)
+        """Inline or on the thread, from CPU per batch (the computing thread's own clock:
+        wall time is no guide on a busy machine, where a 50 us forward can take milliseconds
+        while the thread waits for a core)."""
+        self.inline_batches = 0
         self.idle_dispatch = db.dispatch_when_idle
         self.traced = False
         """Set by the first traced job; until then (tracing off) the batcher does no trace
@@ -195,10 +274,18 @@ class VersionWorker:
                     continue
                 observe_many(self._queue_wait, [j.picked_at - j.enqueued_at for j in batch])
                 observe_many(self._batch_wait, [now - j.picked_at for j in batch])
-                if self.inline(self.batch_cpu_ewma, self.batch_s_ewma):
-                    results = self._compute(batch)
+                inline = self.placement.next_inline()
+                if inline:
+                    self.inline_batches += 1
+                    done = self._compute(batch)
                 else:
-                    results = await loop.run_in_executor(self.executor, self._compute, batch)
+                    done = await loop.run_in_executor(self.executor, self._compute, batch)
+                self.placement.record(inline=inline, cpu_s=done.cpu_seconds,
+                                      wall_s=done.seconds)
+                self._compute_s.observe(done.seconds)
+                self._batch_rows.observe(done.rows)
+                results = done.results if done.results is not None else \
+                    split(batch, done.joined)
                 if self.traced:
                     self._mark(batch, now)
                 for j, r in zip(batch, results, strict=True):
@@ -228,12 +315,6 @@ class VersionWorker:
         for j in traced:
             j.batch = marks
 
-    def inline(self, cpu_s: float, wall_s: float) -> bool:
-        """Compute on the event loop? Only once a batch has been timed (on the thread), while
-        the recent CPU per batch is under the threshold and the wall time under 10x it (the
-        slack is for a busy machine; a model that sleeps or waits is past it)."""
-        return 0.0 < cpu_s < self.inline_below_s and wall_s < 10 * self.inline_below_s
-
     async def stop(self, *, drain_s: float = 30.0) -> None:
         """Refuse new jobs, let queued ones finish (bounded), then free the thread."""
         self.closing = True
@@ -256,11 +337,8 @@ class VersionWorker:
     def forward(self, arrays: list[np.ndarray]) -> Outputs:
         tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
         with torch.inference_mode():
-            logits = self.module(*tensors).float()
-            probs = torch.softmax(logits, dim=1)
-        out: Outputs = {"logits": logits.numpy(), "probabilities": probs.numpy(),
-                        "label": probs.argmax(dim=1).numpy().astype(np.int64)}
-        return {t.name: out[t.name] for t in self.cfg.outputs}
+            computed = self.module(*tensors)
+        return {name: computed[i].numpy() for i, name in self._wanted}
 
     def _one(self, job: Job) -> Outputs | BaseException:
         try:
@@ -269,32 +347,30 @@ class VersionWorker:
             return ServeError(500, f"model '{self.model}' version {self.version} failed on this "
                                    f"request: {type(e).__name__}: {e}")
 
-    def _compute(self, batch: list[Job]) -> list[Outputs | BaseException]:
+    def _compute(self, batch: list[Job]) -> Computed:
+        """The batch's forward pass (on the version's thread, or inline). Only the forward
+        and the sample write run here; the loop splits the outputs per job and observes the
+        metrics, so the thread holds the GIL as briefly as it can."""
         t0, c0 = time.perf_counter(), time.thread_time()
         m0 = time.monotonic() if self.traced else 0.0
         rows = sum(j.rows for j in batch)
-        results: list[Outputs | BaseException]
+        joined: Outputs | None = None
+        results: list[Outputs | BaseException] | None = None
         try:
             n_in = len(batch[0].inputs)
-            joined = [np.concatenate([j.inputs[i] for j in batch]) if len(batch) > 1
-                      else batch[0].inputs[i] for i in range(n_in)]
-            out = self.forward(joined)
-            bounds = np.cumsum([0] + [j.rows for j in batch])
-            results = [{k: v[bounds[i]:bounds[i + 1]] for k, v in out.items()}
-                       for i in range(len(batch))]
+            joined = self.forward([np.concatenate([j.inputs[i] for j in batch])
+                                   if len(batch) > 1 else batch[0].inputs[i]
+                                   for i in range(n_in)])
         except Exception:
             # one bad input must not fail its batch-mates: retry each alone
-            results = [self._one(j) for j in batch] if len(batch) > 1 else [self._one(batch[0])]
+            results = [self._one(j) for j in batch]
         dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         if self.traced:  # the forward's own window, on the clock the request's spans use
             self._window = (m0, time.monotonic())
-        self.batch_s_ewma = dt if not self.batch_s_ewma else 0.8 * self.batch_s_ewma + 0.2 * dt
-        self.batch_cpu_ewma = dc if not self.batch_cpu_ewma else \
-            0.8 * self.batch_cpu_ewma + 0.2 * dc
-        self._compute_s.observe(dt)
-        self._batch_rows.observe(rows)
+        self.batch_s_ewma = _ewma(self.batch_s_ewma, dt)
         if self.sampler is not None:
-            for j, r in zip(batch, results, strict=True):
+            per_job = results if results is not None else split(batch, joined)
+            for j, r in zip(batch, per_job, strict=True):
                 if j.log_sample and not isinstance(r, BaseException):
                     try:
                         self.sampler.record(request_id=j.request_id, model=self.model,
@@ -303,7 +379,33 @@ class VersionWorker:
                                             inputs=j.inputs, outputs=r, pre=self.pre)
                     except OSError:
                         log.exception("request sample write failed; serving continues")
-        return results
+        return Computed(joined=joined, results=results, rows=rows, seconds=dt, cpu_seconds=dc)
+
+
+@dataclass(frozen=True, slots=True)
+class Computed:
+    """A batch's outcome: the joined outputs, or (after a failed batch) one result per job."""
+
+    joined: Outputs | None
+    results: list[Outputs | BaseException] | None
+    rows: int
+    seconds: float
+    cpu_seconds: float
+    """The computing thread's own CPU clock over the batch."""
+
+
+def split(batch: list[Job], joined: Outputs | None) -> list[Outputs | BaseException]:
+    """Each job's rows of the batch's outputs (views, no copies)."""
+    assert joined is not None
+    if len(batch) == 1:
+        return [joined]
+    out: list[Outputs | BaseException] = []
+    start = 0
+    for j in batch:
+        end = start + j.rows
+        out.append({k: v[start:end] for k, v in joined.items()})
+        start = end
+    return out
 
 
 def _fail(job: Job, err: ServeError) -> None:
