@@ -176,3 +176,37 @@ def test_settings_from_json_build_the_spec_config() -> None:
     assert e.cfg.spec == SpecConfig(num_draft=2)
     (s,) = e.generate([TOK.encode("abab abab abab")], GREEDY)
     assert s.output_ids == greedy_reference(MODEL, TOK.encode("abab abab abab"), 12)
+
+
+def test_incremental_detokenization_equals_the_whole_decode() -> None:
+    """decode_next's pieces, fed 1-3 tokens at a time (a step's accepted drafts), concatenate
+    to decode(all): on text whose characters span 2-4 byte tokens, and on arbitrary bytes
+    (invalid UTF-8 included); no piece but the last ends inside a character."""
+    import random
+
+    rng = random.Random(0)
+    texts = ["héllo wörld", "漢字かな交じり文", "emoji 🙂🚀 and ascii", "a" * 40 + "é" * 7]
+    cases = [TOK.encode(t) for t in texts]
+    cases += [[rng.randrange(256) for _ in range(rng.randrange(1, 60))] for _ in range(300)]
+    for ids in cases:
+        whole = TOK.decode(ids)
+        got, prefix, read, n = "", 0, 0, 0
+        while n < len(ids):
+            n = min(len(ids), n + rng.randint(1, 3))
+            piece, prefix, read = TOK.decode_next(ids[:n], prefix, read, final=n == len(ids))
+            if n < len(ids) and piece:
+                valid = TOK.decode(ids[:read]) == got + piece
+                assert valid
+            got += piece
+        assert got == whole, (ids, got, whole)
+    for t, ids in zip(texts, cases, strict=False):  # valid text: nothing held back wrongly
+        assert TOK.decode(ids) == t
+
+
+def test_engine_text_is_the_decode_of_its_tokens_with_multibyte_output() -> None:
+    # the tiny model emits arbitrary bytes: its texts are full of split characters
+    e = engine(speculative=True, spec=SpecConfig(num_draft=3))
+    seqs = e.generate(prompts(6), SamplingParams(max_tokens=40, ignore_eos=True))
+    for s in seqs:
+        assert s.text == TOK.decode(s.output_ids)
+    assert e.blocks.is_whole()

@@ -266,12 +266,21 @@ class Engine:
         elif self.metrics and added:
             self.metrics.inter_token(seq, now)
         seq.last_token_at = now
-        seq.text = self.tokenizer.decode(seq.output_ids)
-        for stop in seq.params.stop:
-            at = seq.text.find(stop)
-            if at >= 0:
-                seq.text = seq.text[:at]
-                reason = "stop"
+        checked = len(seq.text)
+        base = seq.num_prompt  # offsets are into the output; no copy of it a step
+        piece, prefix, read = self.tokenizer.decode_next(
+            seq.token_ids, base + seq.detok_prefix, base + seq.detok_read,
+            final=reason is not None)
+        seq.detok_prefix, seq.detok_read = prefix - base, read - base
+        seq.text += piece
+        if piece and seq.params.stop:
+            # only where the new text could complete a stop string: O(new), not O(text)
+            since = max(0, checked - max(len(s) for s in seq.params.stop) + 1)
+            for stop in seq.params.stop:
+                at = seq.text.find(stop, since)
+                if at >= 0:
+                    seq.text = seq.text[:at]
+                    reason = "stop"
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._generators.pop(seq.seq_id, None)

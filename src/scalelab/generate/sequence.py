@@ -78,6 +78,9 @@ class Sequence:
     """Output text so far (stop strings cut off)."""
     sent_chars: int = 0
     """Characters of `text` already handed to the caller."""
+    detok_prefix: int = 0
+    detok_read: int = 0
+    """Incremental detokenization's offsets into the output ids (TextTokenizer.decode_next)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
