@@ -4,7 +4,8 @@ Requests become `Job`s on the event loop; the batcher (batching.collect) forms b
 forward pass runs on this version's own single thread, so the event loop keeps accepting and
 answering while torch computes, and a slow or broken model only ever blocks its own queue —
 except for models whose batches take less than `inline_below_ms` (InlinePolicy), which compute
-on the loop itself (the hand-off would cost more than the forward). A batch that raises is retried one job at a time, so one bad input fails alone.
+on the loop itself (the hand-off would cost more than the forward). A batch that raises is
+retried one job at a time, so one bad input fails alone.
 """
 
 from __future__ import annotations
