@@ -21,6 +21,9 @@ from scalelab.model import ort
 from scalelab.nets import folded, onnx, registry
 from scalelab.nets.repository import write_json
 from scalelab.nets.tabular import TabularConfig, TabularNet
+from scalelab.serve.config import ModelConfig
+from scalelab.serve.metrics import Metrics
+from scalelab.serve.scheduler import VersionWorker
 
 
 def test_folded_and_onnx_versions_answer_like_their_source(tmp_path: Path) -> None:
@@ -48,5 +51,31 @@ def test_folded_and_onnx_versions_answer_like_their_source(tmp_path: Path) -> No
             assert r.status_code == 200, r.text
             probs = np.array(r.json()["outputs"][0]["data"], dtype=np.float32).reshape(5, 4)
             np.testing.assert_allclose(probs, want, rtol=1e-4, atol=1e-5)
+            assert r.json()["outputs"][1]["data"] == want.argmax(1).tolist()
     finally:
         srv.stop()
+
+
+def test_an_onnx_version_runs_its_graph_with_outputs_appended(tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    net = TabularNet(TabularConfig(cardinalities=[5, 7], n_numeric=3)).eval()
+    graph = ort.tabular(net, tmp_path / "export", int8=False, n_categorical=2, n_numeric=3)
+    cfg = ModelConfig.model_validate({
+        "name": "tab", "inputs": [{"name": "categorical", "datatype": "INT64", "shape": [-1, 2]},
+                                  {"name": "numeric", "datatype": "FP32", "shape": [-1, 3]}],
+        "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, 2]},
+                    {"name": "label", "datatype": "INT64", "shape": [-1]}],
+        "max_batch_size": 8})
+    worker = VersionWorker(model="tab", version=1, module=graph, cfg=cfg, pre=None,
+                           metrics=Metrics(), sampler=None)
+    assert worker.onnx is not None  # the fast path, not the eager wrapper
+    c = np.array([[1, 2], [4, 6], [0, 3]], np.int64)
+    x = np.random.default_rng(0).normal(size=(3, 3)).astype(np.float32)
+    out = worker.forward([c, x])
+    with torch.inference_mode():
+        want = torch.softmax(net(torch.from_numpy(c), torch.from_numpy(x)), 1).numpy()
+    np.testing.assert_allclose(out["probabilities"], want, atol=1e-6)
+    assert out["label"].tolist() == want.argmax(1).tolist()
+    assert set(out) == {"probabilities", "label"}

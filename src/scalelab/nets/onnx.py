@@ -63,6 +63,49 @@ class OnnxNet(nn.Module):
         return len(self.graph)
 
 
+class OnnxOutputs:
+    """A classifier graph (one output: logits, shape [batch, classes]) with its softmax and
+    argmax appended, in one session: `run` returns (logits, probabilities, label) as numpy
+    arrays. The server's path for ONNX versions: no torch tensors on either side and one
+    native call a batch (OnnxNet's forward goes numpy -> session -> torch, then softmax and
+    argmax as separate torch calls). Needs the `onnx` package besides onnxruntime."""
+
+    def __init__(self, net: OnnxNet) -> None:
+        try:
+            import onnx
+            from onnx import TensorProto, helper
+        except ImportError as e:
+            raise BadUsageError(f"appending outputs to an ONNX graph needs onnx ({e}); "
+                                f"{INSTALL_HINT}") from None
+        model = onnx.load_from_string(net.graph)
+        g = model.graph
+        if len(g.output) != 1:
+            raise BadInputError(f"the graph has {len(g.output)} outputs; expected one (logits)")
+        out = g.output[0]
+        if out.type.tensor_type.elem_type != TensorProto.FLOAT or \
+                len(out.type.tensor_type.shape.dim) != 2:
+            raise BadInputError("the graph's output is not float32 logits of shape "
+                                "[batch, classes]")
+        probs, label = "scalelab_probabilities", "scalelab_label"
+        g.node.extend([helper.make_node("Softmax", [out.name], [probs], axis=1),
+                       helper.make_node("ArgMax", [probs], [label], axis=1, keepdims=0)])
+        g.output.extend([helper.make_tensor_value_info(probs, TensorProto.FLOAT, None),
+                         helper.make_tensor_value_info(label, TensorProto.INT64, None)])
+        ort = runtime()
+        opts = net.session.get_session_options()
+        self.session = ort.InferenceSession(model.SerializeToString(), sess_options=opts,
+                                            providers=["CPUExecutionProvider"])
+        self.input_names = net.input_names
+
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        if len(arrays) != len(self.input_names):
+            raise BadInputError(f"the ONNX graph takes {len(self.input_names)} inputs "
+                                f"({', '.join(self.input_names)}), got {len(arrays)}")
+        got: list[np.ndarray] = self.session.run(
+            None, dict(zip(self.input_names, arrays, strict=True)))
+        return got
+
+
 def load(directory: Path, params: dict[str, Any]) -> OnnxNet:
     """Open DIR/model.onnx (params are informational: what was exported, how)."""
     path = directory / FILE
