@@ -290,7 +290,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
         # the first worker answering ready says nothing of the others behind the one port;
         # each writes its multiprocess metric files once started (see wait below)
         # (one worker runs as a user's `scalelab serve` does: metrics in process)
-        if workers > 1 or os.environ.get("BENCH_MP"):
+        if workers > 1:
             shutil.rmtree(prom, ignore_errors=True)
             prom.mkdir(parents=True)
             env["PROMETHEUS_MULTIPROC_DIR"] = str(prom)

@@ -79,3 +79,4 @@ def test_an_onnx_version_runs_its_graph_with_outputs_appended(tmp_path: Path) ->
     np.testing.assert_allclose(out["probabilities"], want, atol=1e-6)
     assert out["label"].tolist() == want.argmax(1).tolist()
     assert set(out) == {"probabilities", "label"}
+    assert worker.module is None  # the eager net and its session are not kept beside it

@@ -216,7 +216,10 @@ class VersionWorker:
         """An ONNX version's graph with its outputs appended: forward runs it directly."""
         if not isinstance(module, (WithOutputs, torch.jit.ScriptModule)):
             module = WithOutputs(module)  # a ScriptModule here is trace()'s, already wrapped
-        self.model, self.version, self.module, self.cfg, self.pre = model, version, module, cfg, pre
+        self.module: nn.Module | None = None if self.onnx is not None else module
+        """None while `onnx` runs the graph: the eager net and its own session are let go
+        (one copy of the weights, not two)."""
+        self.model, self.version, self.cfg, self.pre = model, version, cfg, pre
         self._wanted = [(COMPUTED.index(t.name), t.name) for t in cfg.outputs]
         self.metrics = metrics
         self.sampler = sampler
@@ -367,6 +370,7 @@ class VersionWorker:
         if self.onnx is not None:
             got = self.onnx.run([np.ascontiguousarray(a) for a in arrays])
             return {name: got[i] for i, name in self._wanted}
+        assert self.module is not None
         tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
         with torch.inference_mode():
             computed = self.module(*tensors)
