@@ -294,6 +294,8 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
             shutil.rmtree(prom, ignore_errors=True)
             prom.mkdir(parents=True)
             env["PROMETHEUS_MULTIPROC_DIR"] = str(prom)
+        else:  # not one inherited from the caller's shell either
+            env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         repo = make_repo(work, f"repo-{name}", MAX_BATCH if name == "scalelab" else 1)
         # a user's defaults, but quiet logs; --workers shares one port between processes
         cmd = [sys.executable, "-c", "from scalelab.cli import main; main()", "serve",

@@ -405,8 +405,9 @@ class VersionWorker:
             self._window = (m0, time.monotonic())
         self.batch_s_ewma = _ewma(self.batch_s_ewma, dt)
         if self.sampler is not None:
-            per_job = results if results is not None else split(batch, joined)
-            for j, r in zip(batch, per_job, strict=True):
+            if results is None:  # split here once; the loop then uses these
+                results = split(batch, joined)
+            for j, r in zip(batch, results, strict=True):
                 if j.log_sample and not isinstance(r, BaseException):
                     try:
                         self.sampler.record(request_id=j.request_id, model=self.model,
@@ -420,7 +421,8 @@ class VersionWorker:
 
 @dataclass(frozen=True, slots=True)
 class Computed:
-    """A batch's outcome: the joined outputs, or (after a failed batch) one result per job."""
+    """A batch's outcome: the joined outputs, and one result per job when they were already
+    split (a failed batch retried job by job, or the request sample) — else the loop splits."""
 
     joined: Outputs | None
     results: list[Outputs | BaseException] | None
