@@ -356,6 +356,8 @@ def section_batching(
 
 
 ATTENTION_OPS = ("scaled_dot_product", "index_select", "index_copy")
+# The engine's linears run as oneDNN's packed matmul (EngineConfig.packed_weights); HF's as mm.
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
 
 
 class HFDecoder:
@@ -427,7 +429,7 @@ def section_step(lm: LoadedModel, steps: int) -> dict[str, Any]:
                 e.step()
         ops = {k.key: k.self_cpu_time_total for k in prof.key_averages()}
         total = sum(ops.values()) or 1.0
-        mm = sum(v for k, v in ops.items() if k in ("aten::mm", "aten::addmm", "aten::bmm"))
+        mm = sum(v for k, v in ops.items() if k in MATMUL_OPS)
         att = sum(v for k, v in ops.items() if any(a in k for a in ATTENTION_OPS))
         out[f"{nseq}_seqs"] = {
             "step_ms": round(1e3 * statistics.median(wall), 1),

@@ -210,3 +210,38 @@ def test_engine_text_is_the_decode_of_its_tokens_with_multibyte_output() -> None
     for s in seqs:
         assert s.text == TOK.decode(s.output_ids)
     assert e.blocks.is_whole()
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN not in this torch")
+def test_packed_weights_keep_the_plain_logits_state_dict_and_greedy_output() -> None:
+    """The engine's oneDNN-blocked linears (EngineConfig.packed_weights) against the plain
+    nn.Linear model: the state dict is bit-identical, logits agree to fp32 rounding, greedy
+    engines with and without packing give the same tokens, and packing twice is a no-op."""
+    import copy
+
+    from scalelab.generate.engine import Engine, EngineConfig
+    from scalelab.generate.runner import PackedLinear, pack_linears
+    from scalelab.nets.llama import build_tiny
+
+    plain = build_tiny(seed=4)
+    packed = copy.deepcopy(plain)
+    assert pack_linears(packed) == 7 * plain.cfg.num_layers + 1  # q k v o gate up down, head
+    assert pack_linears(packed) == 0
+    assert not any(type(m) is torch.nn.Linear for m in packed.modules())
+    want, got = plain.state_dict(), packed.state_dict()
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, plain.cfg.vocab_size, (2, 20), generator=gen)
+    with torch.inference_mode():
+        ref, out = plain(ids), packed(ids)
+        assert torch.allclose(out, ref, atol=1e-5, rtol=1e-4)
+        assert torch.equal(copy.deepcopy(packed)(ids), out)  # a copy repacks the same weights
+    cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 256}
+    ps = prompts(6)
+    a = Engine(plain, TOK, EngineConfig(**cfg, packed_weights=False)).generate(ps, GREEDY)
+    e = Engine(copy.deepcopy(plain), TOK, EngineConfig(**cfg))
+    assert isinstance(e.model.lm_head, PackedLinear)
+    b = e.generate(ps, GREEDY)
+    assert [s.output_ids for s in a] == [s.output_ids for s in b]
+    assert type(plain.lm_head) is torch.nn.Linear  # packed_weights=False left it alone
