@@ -26,6 +26,20 @@ def test_complete_json_is_one_document(capsys: pytest.CaptureFixture[str]) -> No
     assert doc["completion_tokens"] <= 5
 
 
+def test_plain_weights_complete_like_packed(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    texts = []
+    for flag, packed in (("--packed-weights", torch.backends.mkldnn.is_available()),
+                         ("--plain-weights", False)):
+        assert run(["generate", "complete", "abc", "--model", "tiny", "--max-tokens", "8",
+                    flag, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["packed_weights"] is packed
+        texts.append(doc["text"])
+    assert texts[0] == texts[1] and texts[0]
+
+
 def test_bad_model_is_exit_2() -> None:
     assert run(["generate", "complete", "x", "--model", "nope"]) == 2
 

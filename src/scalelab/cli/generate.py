@@ -52,6 +52,10 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Most draft tokens per step with --speculative."),
         click.option("--contiguous", is_flag=True,
                      help="Baseline: reserve max-model-len slots per sequence (no paging)."),
+        click.option("--packed-weights/--plain-weights", "packed_weights", default=True,
+                     show_default=True,
+                     help="Run the linear layers from oneDNN-packed fp32 weights on CPU "
+                          "(faster decode steps); --plain-weights keeps torch's nn.Linear."),
         click.option("--torch-threads", default=None, type=int,
                      help="torch intra-op threads (default: torch's choice)."),
         click.option("--seed", default=0, show_default=True, type=int,
@@ -64,13 +68,15 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _engine_dict(kv_cache_bytes: str, block_size: int, max_num_seqs: int,
                  max_batched_tokens: int, max_model_len: int, prefix_cache: bool,
-                 speculative: bool, num_draft: int, contiguous: bool) -> dict[str, Any]:
+                 speculative: bool, num_draft: int, contiguous: bool,
+                 packed_weights: bool) -> dict[str, Any]:
     return {
         "kv_cache_bytes": parse_size(kv_cache_bytes, what="--kv-cache-bytes"),
         "block_size": block_size, "max_num_seqs": max_num_seqs,
         "max_batched_tokens": max_batched_tokens, "max_model_len": max_model_len,
         "prefix_caching": prefix_cache, "speculative": speculative,
         "spec": {"num_draft": num_draft}, "contiguous": contiguous,
+        "packed_weights": packed_weights,
     }
 
 
@@ -98,8 +104,9 @@ def _engine_dict(kv_cache_bytes: str, block_size: int, max_num_seqs: int,
 def serve_cmd(governance: Path | None,
               model: str, kv_cache_bytes: str, block_size: int, max_num_seqs: int,
               max_batched_tokens: int, max_model_len: int, prefix_cache: bool,
-              speculative: bool, num_draft: int, contiguous: bool, torch_threads: int | None,
-              seed: int, host: str, port: int, max_waiting: int, max_prompt_tokens: int | None,
+              speculative: bool, num_draft: int, contiguous: bool, packed_weights: bool,
+              torch_threads: int | None, seed: int, host: str, port: int, max_waiting: int,
+              max_prompt_tokens: int | None,
               max_output_tokens: int, request_timeout: float, max_body: str,
               read_timeout: float, log_level: str, trace_sample: float, trace_out: str | None,
               otlp_endpoint: str | None) -> None:
@@ -111,7 +118,8 @@ def serve_cmd(governance: Path | None,
     settings = ApiSettings(
         model=model,
         engine=_engine_dict(kv_cache_bytes, block_size, max_num_seqs, max_batched_tokens,
-                            max_model_len, prefix_cache, speculative, num_draft, contiguous),
+                            max_model_len, prefix_cache, speculative, num_draft, contiguous,
+                            packed_weights),
         max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens,
         max_output_tokens=max_output_tokens, request_timeout_s=request_timeout,
         max_body_bytes=parse_size(max_body, what="--max-body"), torch_threads=torch_threads,
@@ -141,8 +149,8 @@ def serve_cmd(governance: Path | None,
 def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
                  max_num_seqs: int, max_batched_tokens: int, max_model_len: int,
                  prefix_cache: bool, speculative: bool, num_draft: int, contiguous: bool,
-                 torch_threads: int | None, seed: int, chat: bool, max_tokens: int,
-                 temperature: float, top_p: float, sample_seed: int | None,
+                 packed_weights: bool, torch_threads: int | None, seed: int, chat: bool,
+                 max_tokens: int, temperature: float, top_p: float, sample_seed: int | None,
                  stop: tuple[str, ...], as_json: bool) -> None:
     """Generate one completion offline (no server) and print it with its timings."""
     import torch
@@ -155,7 +163,8 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
     if torch_threads:
         torch.set_num_threads(torch_threads)
     d = _engine_dict(kv_cache_bytes, block_size, max_num_seqs, max_batched_tokens,
-                     max_model_len, prefix_cache, speculative, num_draft, contiguous)
+                     max_model_len, prefix_cache, speculative, num_draft, contiguous,
+                     packed_weights)
     d["spec"] = SpecConfig(**d["spec"])
     cfg = EngineConfig(**d)
     t0 = time.perf_counter()
@@ -177,6 +186,7 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
         "generate_s": round(gen_s, 4),
         "tokens_per_s": round(seq.num_output / gen_s, 2) if gen_s > 0 else None,
         "spec_acceptance_rate": eng.stats.acceptance_rate if speculative else None,
+        "packed_weights": eng.runner.packed,
     }
 
     def render(c: Any) -> None:
