@@ -86,6 +86,15 @@ def pack_linears(model: nn.Module) -> int:
             if type(child) is nn.Linear and child.bias is None:
                 setattr(mod, name, PackedLinear(child))
                 n += 1
+    if n:
+        # Weights loaded from safetensors are views of one file mapping, which stays mapped (and
+        # its touched pages resident) while any view lives. Copying out what stays plain (the
+        # embedding, the norms) lets the mapping close: packed SmolLM2 then holds only the tied
+        # output layer's blocked copy more than the plain model (RSS 1.02 against 0.90 GB after a
+        # short generation; 1.45 GB with the mapping kept).
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data = p.data.clone()
     return n
 
 
