@@ -239,9 +239,12 @@ def test_packed_weights_keep_the_plain_logits_state_dict_and_greedy_output() -> 
         assert torch.equal(copy.deepcopy(packed)(ids), out)  # a copy repacks the same weights
     cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 256}
     ps = prompts(6)
-    a = Engine(plain, TOK, EngineConfig(**cfg, packed_weights=False)).generate(ps, GREEDY)
+    off = Engine(plain, TOK, EngineConfig(**cfg, packed_weights=False))
+    a = off.generate(ps, GREEDY)
     e = Engine(copy.deepcopy(plain), TOK, EngineConfig(**cfg))
-    assert isinstance(e.model.lm_head, PackedLinear)
+    assert isinstance(e.model.lm_head, PackedLinear) and e.runner.packed
     b = e.generate(ps, GREEDY)
     assert [s.output_ids for s in a] == [s.output_ids for s in b]
-    assert type(plain.lm_head) is torch.nn.Linear  # packed_weights=False left it alone
+    assert type(plain.lm_head) is torch.nn.Linear and not off.runner.packed
+    # An engine asked for plain weights on a model another engine packed says what runs.
+    assert Engine(e.model, TOK, EngineConfig(**cfg, packed_weights=False)).runner.packed

@@ -187,14 +187,15 @@ class ModelRunner:
         packed: bool = True,
     ) -> None:
         """packed: run the linear layers from oneDNN-blocked weights where `can_pack` (the
-        model is changed in place, once; see `PackedLinear`)."""
+        model is changed in place, once, and stays so; see `PackedLinear`)."""
         if num_blocks < 1:
             raise BadUsageError("the KV cache budget holds no block; raise --kv-cache-bytes")
         cfg = model.cfg
         self.model = model.eval()
-        self.packed = packed and can_pack(model)
-        if self.packed:
+        if packed and can_pack(model):
             pack_linears(model)
+        # What runs, not what was asked: a model an earlier engine packed stays packed.
+        self.packed = any(isinstance(m, PackedLinear) for m in model.modules())
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = (cfg.num_layers, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
