@@ -6,7 +6,7 @@ import asyncio
 
 import numpy as np
 
-from scalelab.serve.cache import Coalescer, TtlLru, digest
+from scalelab.serve.cache import SMALL_KEY_BYTES, Coalescer, TtlLru, digest, input_key
 
 
 def test_lru_evicts_least_recent_and_expires() -> None:
@@ -26,6 +26,21 @@ def test_digest_sees_dtype_and_shape() -> None:
     assert digest([a]) == digest([a.copy()])
     assert digest([a]) != digest([a.reshape(2, 2)])
     assert digest([a]) != digest([a.astype(np.int32)])
+
+
+def test_input_key_is_exact_for_small_inputs_and_a_digest_for_large_ones() -> None:
+    a = np.arange(4, dtype=np.int64)
+    f = np.linspace(0, 1, 14, dtype=np.float32)
+    assert input_key([a, f]) == input_key([a.copy(), f.copy()])
+    assert hash(input_key([a, f])) == hash(input_key([a.copy(), f.copy()]))
+    for other in ([a.reshape(2, 2), f], [a.astype(np.int32), f], [a, f[::-1].copy()], [f, a],
+                  [a]):
+        assert input_key(other) != input_key([a, f])
+    # the same bytes under another dtype or shape are another key
+    assert input_key([a.view(np.float64)]) != input_key([a])
+    assert input_key([a[::2]]) == input_key([a[::2].copy()])  # strided views by their values
+    big = np.zeros(SMALL_KEY_BYTES // 8 + 1, dtype=np.int64)
+    assert input_key([big]) == digest([big]) and input_key([big[:-1]]) != digest([big[:-1]])
 
 
 def test_coalescer_shares_one_future() -> None:

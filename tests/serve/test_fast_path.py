@@ -110,6 +110,11 @@ def mutations() -> list[tuple[str, Any]]:
         ("nan", m(lambda b: b["inputs"][1]["data"].__setitem__(0, float("nan")))),
         ("batch disagree", m(lambda b: b["inputs"][1].update(shape=[2, 14],
                                                                data=[0.0] * 28))),
+        ("bool dim", m(lambda b: b["inputs"][0].update(shape=[1, True, 4]))),
+        ("bools for floats", m(lambda b: b["inputs"][1].update(data=[True] * 14))),
+        ("infinity", m(lambda b: b["inputs"][1]["data"].__setitem__(3, float("inf")))),
+        ("beyond FP32", m(lambda b: b["inputs"][1]["data"].__setitem__(5, 1e39))),
+        ("null value", m(lambda b: b["inputs"][1]["data"].__setitem__(0, None))),
     ]
 
 
@@ -125,6 +130,7 @@ def test_bad_requests_are_declined_and_the_full_path_names_them(what: str, mutat
 @pytest.mark.parametrize("mutate", [
     lambda b: b["inputs"][0].update(shape=[1.0, 4]),  # pydantic's lax ints
     lambda b: b["inputs"][0].update(shape=["1", 4]),
+    lambda b: b["inputs"][0].update(shape=[True, 4]),
 ])
 def test_unusual_but_valid_requests_fall_back_and_succeed(mutate: Any) -> None:
     body = infer_body(1)
@@ -132,6 +138,68 @@ def test_unusual_but_valid_requests_fall_back_and_succeed(mutate: Any) -> None:
     fast, full = both(json.dumps(body).encode())
     assert fast is None and not isinstance(full, ServeError)
     assert full[0][0].shape == (1, 4)
+
+
+def test_large_finite_values_are_accepted_on_either_path() -> None:
+    """The fast path's finiteness check (a dot product) overflows for values near the FP32
+    limit and declines; the full path then accepts them: the answer never changes."""
+    body = infer_body(1)
+    body["inputs"][1]["data"][0] = 3e38
+    fast, full = both(json.dumps(body).encode())
+    assert not isinstance(full, ServeError) and full[0][1][0, 0] == np.float32(3e38)
+    assert fast is None or np.array_equal(fast[0][1], full[0][1])
+    body["inputs"][1]["data"][0] = 1e15  # large, but its square fits FP32: fast
+    same(*both(json.dumps(body).encode()))
+
+
+def test_fp16_inputs_check_finiteness_element_by_element() -> None:
+    """FP16's squares overflow for ordinary values (300 ** 2 > 65504): its check is the
+    element-wise one, so the fast path keeps such requests."""
+    cfg = ModelConfig.model_validate(flights_config("half", inputs=[
+        {"name": "x", "datatype": "FP16", "shape": [-1, 3]}]))
+    for data, ok in (([300.0, -2000.0, 60000.0], True), ([1.0, 70000.0, 1.0], False),
+                     ([1.0, float("nan"), 1.0], False)):
+        raw = {"inputs": [{"name": "x", "datatype": "FP16", "shape": [1, 3], "data": data}]}
+        got = fast_decode(parse_json_fast(json.dumps(raw).encode()), cfg, b"")
+        if ok:
+            assert got is not None
+            assert np.array_equal(got[0][0], np.array([data], dtype=np.float16))
+        else:
+            assert got is None
+
+
+def test_random_requests_agree_with_the_full_path() -> None:
+    """Seeded random edits of a valid body (values, types, shapes, names): whatever the fast
+    path accepts, the full path accepts with the same arrays; what it declines, the full path
+    decides."""
+    rng = np.random.default_rng(7)
+    pool: list[Any] = [0, 1, -1, 2.5, 1e300, -0.0, True, None, "1", [1], 2**63, 4, 14, 65]
+    accepted = declined = 0
+    for _ in range(400):
+        body = infer_body(int(rng.integers(1, 4)), seed=int(rng.integers(0, 100)))
+        for _ in range(int(rng.integers(0, 3))):
+            inp = body["inputs"][int(rng.integers(0, 2))]
+            where = int(rng.integers(0, 4))
+            value = pool[int(rng.integers(0, len(pool)))]
+            if where == 0:
+                data = inp["data"]
+                i = int(rng.integers(0, len(data)))
+                if isinstance(data[i], list):
+                    data, i = data[i], int(rng.integers(0, len(data[i])))
+                data[i] = value
+            elif where == 1:
+                inp["shape"][int(rng.integers(0, 2))] = value
+            elif where == 2:
+                inp["datatype"] = ["INT64", "FP32", "FP64", "BOOL"][int(rng.integers(0, 4))]
+            elif all(isinstance(r, list) for r in inp["data"]):
+                inp["data"] = [x for r in inp["data"] for x in r]  # flat is fine too
+        fast, full = both(json.dumps(body).encode())
+        if fast is None:
+            declined += 1
+        else:
+            accepted += 1
+            same(fast, full)
+    assert accepted > 50 and declined > 50  # both sides of the check were exercised
 
 
 def test_non_dict_and_unparseable_bodies_are_declined() -> None:

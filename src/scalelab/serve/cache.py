@@ -1,5 +1,5 @@
-"""A response cache (LRU with a TTL) and request coalescing, both keyed by model, version and a
-digest of the input tensors.
+"""A response cache (LRU with a TTL) and request coalescing, both keyed by model, version and the
+input tensors (`input_key`: their bytes themselves when small, else a SHA-256 digest).
 
 The cache saves the forward pass for repeated inputs, at the cost of memory (max_entries
 responses) and staleness bounded by the TTL. Coalescing makes identical requests that arrive
@@ -12,13 +12,29 @@ import asyncio
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 import numpy as np
 
 V = TypeVar("V")
-Key = tuple[str, int, str]
+Key = tuple[str, int, Hashable]
+
+SMALL_KEY_BYTES = 1024
+"""Inputs up to this many bytes in all are keyed by their bytes (exact, and ~3x cheaper than
+hashing them: a 1-row flights request is 88 bytes); larger ones by their digest, so a cache
+entry's key stays small."""
+
+
+def input_key(arrays: Sequence[np.ndarray]) -> Hashable:
+    """A key equal for equal tensor lists (dtype, shape and values) and different otherwise:
+    the tensors' (dtype, shape, bytes) when they are small, else `digest` (SHA-256)."""
+    size = 0
+    for a in arrays:
+        size += a.nbytes
+    if size > SMALL_KEY_BYTES:
+        return digest(arrays)
+    return tuple([(a.dtype, a.shape, a.tobytes()) for a in arrays])  # dtypes hash by value
 
 
 def digest(arrays: Sequence[np.ndarray]) -> str:

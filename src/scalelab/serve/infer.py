@@ -28,11 +28,12 @@ from prometheus_client import Counter, Gauge, Histogram
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
-from scalelab.serve.cache import digest
+from scalelab.serve.cache import input_key
 from scalelab.serve.context import ServeContext
 from scalelab.serve.features import out_of_vocabulary
 from scalelab.serve.metrics import observe_many
 from scalelab.serve.protocol import (
+    JSON_HEADERS,
     ServeError,
     decode_inputs,
     encode_outputs,
@@ -54,6 +55,7 @@ TIMEOUT_HEADER = b"x-request-timeout-ms"
 BINARY_HEADER = b"inference-header-content-length"
 _PREFIX, _SUFFIX = "/v2/models/", "/infer"
 _RID = REQUEST_ID_HEADER.encode()
+_CT_JSON = (b"content-type", JSON_HEADERS["content-type"].encode())
 
 
 def infer_target(path: str) -> tuple[str, str | None] | None:
@@ -260,7 +262,7 @@ class InferHandler:
             else:
                 arrays, want = fast
             deadline = t0 + timeout_s(tmo, cfg.dynamic_batching.default_timeout_ms)
-            worker = repo.route(name, version, rid)
+            worker = repo.route(name, version, rid, entry)
             check_vocabulary(entry, worker, arrays)
             served = str(worker.version)
             if trace is not None:
@@ -276,7 +278,8 @@ class InferHandler:
             payload, headers = encode_outputs(model=name, version=worker.version, wanted=want,
                                               outputs=outputs, cfg=cfg)
             status = 200
-            raw_headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+            raw_headers = [_CT_JSON] if headers is JSON_HEADERS else \
+                [(k.lower().encode(), v.encode()) for k, v in headers.items()]
             raw_headers.append((b"content-length", str(len(payload)).encode()))
             raw_headers += tags
             await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
@@ -297,8 +300,9 @@ class InferHandler:
             self._inflight_delta[label] = self._inflight_delta.get(label, 0) - 1
             self._turn.append((label, served, status, dt))
             self._later()
-            ctx.access.log(status, "infer", request_id=rid, model=name, version=served,
-                           latency_ms=round(dt * 1000, 3))
+            if ctx.access.admit(status):
+                ctx.access.write(status, "infer", request_id=rid, model=name, version=served,
+                                 latency_ms=round(dt * 1000, 3))
             if trace is not None:
                 end = time.monotonic()
                 if encode_at:
@@ -334,7 +338,7 @@ class InferHandler:
         coalesce = entry.config.cache.coalesce
         if not (use_cache or coalesce):
             return await self._run(worker, arrays, rid, deadline, trace=trace)
-        key = (entry.name, worker.version, digest(arrays))
+        key = (entry.name, worker.version, input_key(arrays))
         if entry.cache is not None:
             hit = entry.cache.get(key)
             if hit is not None:

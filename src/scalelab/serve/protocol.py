@@ -195,7 +195,8 @@ def decode_inputs(req: InferenceRequest, cfg: ModelConfig, tail: bytes) -> list[
             if raw.size and raw.dtype.kind not in _KINDS[spec.datatype]:
                 raise ServeError(400, f"input '{inp.name}': values of kind {raw.dtype.name} "
                                       f"are not {spec.datatype}")
-            arr = raw.astype(dtype, copy=False)
+            with np.errstate(over="ignore"):  # beyond the dtype's range: inf, refused below
+                arr = raw.astype(dtype, copy=False)
             if dtype.kind == "f" and not np.isfinite(arr).all():
                 raise ServeError(400, f"input '{inp.name}': values must be finite numbers")
         arrays[inp.name] = arr.reshape(inp.shape)
@@ -223,6 +224,10 @@ def wanted(req: InferenceRequest) -> Wanted:
                   binary=wants_binary(req), request_id=req.id)
 
 
+_ALL_JSON = Wanted(names=None, binary={"*": False}, request_id=None)
+_ALL_BINARY = Wanted(names=None, binary={"*": True}, request_id=None)
+
+
 def _fast_outputs(raw: dict[str, Any]) -> Wanted | None:
     params = raw.get("parameters")
     if params is not None and type(params) is not dict:
@@ -230,11 +235,13 @@ def _fast_outputs(raw: dict[str, Any]) -> Wanted | None:
     rid = raw.get("id")
     if rid is not None and type(rid) is not str:
         return None
-    default = bool((params or {}).get("binary_data_output", False))
+    default = bool(params.get("binary_data_output", False)) if params else False
     outs = raw.get("outputs")
     if not outs:
         if outs is not None and type(outs) is not list:
             return None
+        if rid is None:  # the common request: one shared answer (Wanted is frozen)
+            return _ALL_BINARY if default else _ALL_JSON
         return Wanted(names=None, binary={"*": default}, request_id=rid)
     if type(outs) is not list:
         return None
@@ -251,42 +258,84 @@ def _fast_outputs(raw: dict[str, Any]) -> Wanted | None:
     return Wanted(names=names, binary=binary, request_id=rid)
 
 
+@dataclass(slots=True, frozen=True)
+class _In:
+    """One input of a model as the fast path checks it (precomputed from its TensorSpec)."""
+
+    index: int
+    datatype: str
+    dims: tuple[int, ...]
+    """The spec's dimensions after the batch one (-1 = any)."""
+    dtype: np.dtype[Any]
+    wire: np.dtype[Any]
+    """The little-endian dtype binary tensors arrive in."""
+    kinds: str
+    limit: float
+    """The largest magnitude the dtype holds (0 for non-float inputs: nothing to check)."""
+
+
+_PLANS: dict[int, tuple[ModelConfig, dict[str, _In]]] = {}
+
+
+def _plan(cfg: ModelConfig) -> dict[str, _In]:
+    """Input name -> _In for `cfg`, built once per config object (keyed by identity: a
+    reloaded config is a new object; the table keeps at most 64)."""
+    hit = _PLANS.get(id(cfg))
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    plan = {}
+    for i, t in enumerate(cfg.inputs):
+        dt = NP_DTYPES[t.datatype]
+        plan[t.name] = _In(index=i, datatype=t.datatype, dims=tuple(t.shape[1:]), dtype=dt,
+                           wire=dt.newbyteorder("<") if dt.itemsize > 1 else dt,
+                           kinds=_KINDS[t.datatype],
+                           limit=float(np.finfo(dt).max) if dt.kind == "f" else 0.0)
+    if len(_PLANS) >= 64:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[id(cfg)] = (cfg, plan)
+    return plan
+
+
 def fast_decode(raw: Any, cfg: ModelConfig, tail: bytes
                 ) -> tuple[list[np.ndarray], Wanted] | None:
     """The request's tensors (in cfg.inputs order) and what it wants back, if `raw` (from
     `parse_json_fast`) has the plain form; None otherwise — the caller then runs the full
     path, which either accepts it too or raises the error that names the field. Never raises
-    for a bad request."""
+    for a bad request.
+
+    Floating-point data is checked before it is cast, so no cast overflows (numpy would warn):
+    flat data by Python's own sum, min and max over the parsed list (a NaN or an infinity makes
+    the sum non-finite; a sum that overflows declines to the full path, which decides
+    exactly), nested data element-wise."""
     if type(raw) is not dict:
         return None
     inputs = raw.get("inputs")
-    specs = cfg.inputs
-    if type(inputs) is not list or len(inputs) != len(specs):
+    plan = _plan(cfg)
+    n = len(plan)
+    if type(inputs) is not list or len(inputs) != n:
         return None
     want = _fast_outputs(raw)
     if want is None:
         return None
-    by_name: dict[str, np.ndarray] = {}
-    offset, rows = 0, -1
+    got: list[Any] = [None] * n
+    offset, rows, max_batch = 0, -1, cfg.max_batch_size
     for inp in inputs:  # request order: binary tensors follow each other in this order
         if type(inp) is not dict:
             return None
-        name = inp.get("name")
-        spec = next((t for t in specs if t.name == name), None)
-        if spec is None or spec.name in by_name or inp.get("datatype") != spec.datatype:
+        p = plan.get(inp.get("name"))  # type: ignore[arg-type]
+        if p is None or got[p.index] is not None or inp.get("datatype") != p.datatype:
             return None
         shape = inp.get("shape")
-        if type(shape) is not list or len(shape) != len(spec.shape):
+        if type(shape) is not list or len(shape) != len(p.dims) + 1:
             return None
-        count = 1
-        for d, want_d in zip(shape, spec.shape, strict=True):
+        b = shape[0]
+        if type(b) is not int or b < 1 or b > max_batch or (rows != -1 and b != rows):
+            return None
+        rows = count = b
+        for d, want_d in zip(shape[1:], p.dims):  # noqa: B905 (lengths checked above)
             if type(d) is not int or d < 1 or (want_d != -1 and d != want_d):
                 return None
             count *= d
-        if shape[0] > cfg.max_batch_size or (rows != -1 and shape[0] != rows):
-            return None
-        rows = shape[0]
-        dtype = NP_DTYPES[spec.datatype]
         params = inp.get("parameters")
         size = None
         if params is not None:
@@ -294,11 +343,11 @@ def fast_decode(raw: Any, cfg: ModelConfig, tail: bytes
                 return None
             size = params.get("binary_data_size")
         if size is not None:
-            if type(size) is not int or size != count * dtype.itemsize or \
+            if type(size) is not int or size != count * p.dtype.itemsize or \
                     offset + size > len(tail):
                 return None
-            le = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
-            arr = np.frombuffer(tail, dtype=le, count=count, offset=offset).astype(dtype)
+            arr = np.frombuffer(tail, dtype=p.wire, count=count, offset=offset)
+            arr = arr.astype(p.dtype)
             offset += size
         else:
             data = inp.get("data")
@@ -308,15 +357,21 @@ def fast_decode(raw: Any, cfg: ModelConfig, tail: bytes
                 arr = np.asarray(data)
             except (ValueError, TypeError, OverflowError):
                 return None
-            if arr.size != count or arr.dtype.kind not in _KINDS[spec.datatype]:
+            if arr.size != count or arr.dtype.kind not in p.kinds:
                 return None
-            arr = arr.astype(dtype, copy=False)
-            if dtype.kind == "f" and not np.isfinite(arr).all():
-                return None
-        by_name[spec.name] = arr.reshape(shape)
+            if p.limit:
+                lim = p.limit
+                if arr.ndim == 1:
+                    if not (math.isfinite(sum(data)) and -lim <= min(data) and max(data) <= lim):
+                        return None
+                elif not (np.isfinite(arr).all() and np.abs(arr).max() <= lim):
+                    return None
+            if arr.dtype != p.dtype:
+                arr = arr.astype(p.dtype)
+        got[p.index] = arr.reshape(shape)
     if offset != len(tail):
         return None
-    return [by_name[t.name] for t in specs], want
+    return got, want
 
 
 def wants_binary(req: InferenceRequest) -> dict[str, bool]:
@@ -336,25 +391,47 @@ def encode_response(*, model: str, version: int, request_id: str | None,
         names=w.names, binary=w.binary, request_id=request_id), outputs=outputs, cfg=cfg)
 
 
-_JSON = {"content-type": "application/json"}
+JSON_HEADERS = {"content-type": "application/json"}
+"""The headers of a JSON response (`encode_outputs` returns this very dict for one)."""
+
+
+_OUT_PLANS: dict[int, tuple[ModelConfig, dict[str, tuple[str, np.dtype[Any]]], list[str]]] = {}
+
+
+def _out_plan(cfg: ModelConfig) -> tuple[dict[str, tuple[str, np.dtype[Any]]], list[str]]:
+    """(output name -> (datatype, dtype), the output names in config order) for `cfg`, built
+    once per config object like `_plan`."""
+    hit = _OUT_PLANS.get(id(cfg))
+    if hit is not None and hit[0] is cfg:
+        return hit[1], hit[2]
+    specs: dict[str, tuple[str, np.dtype[Any]]] = {
+        t.name: (t.datatype, NP_DTYPES[t.datatype]) for t in cfg.outputs}
+    if len(_OUT_PLANS) >= 64:
+        _OUT_PLANS.pop(next(iter(_OUT_PLANS)))
+    _OUT_PLANS[id(cfg)] = (cfg, specs, list(specs))
+    return specs, list(specs)
 
 
 def encode_outputs(*, model: str, version: int, wanted: Wanted, outputs: dict[str, np.ndarray],
                    cfg: ModelConfig) -> tuple[bytes, dict[str, str]]:
     """The response body (JSON, or JSON header + binary tail) and its extra headers."""
     binary = wanted.binary
-    names = wanted.names if wanted.names is not None else [t.name for t in cfg.outputs]
-    unknown = [n for n in names if n not in outputs]
-    if unknown:
-        raise ServeError(400, f"output '{unknown[0]}' is not an output of model '{model}'; "
-                              f"its outputs are {[t.name for t in cfg.outputs]}")
+    specs, all_names = _out_plan(cfg)
+    names = wanted.names if wanted.names is not None else all_names
+    for n in names:
+        if n not in outputs:
+            raise ServeError(400, f"output '{n}' is not an output of model '{model}'; "
+                                  f"its outputs are {all_names}")
+    default = binary.get("*", False)
     out_json: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for n in names:
-        spec = next(t for t in cfg.outputs if t.name == n)
-        arr = np.ascontiguousarray(outputs[n], dtype=NP_DTYPES[spec.datatype])
-        entry: dict[str, Any] = {"name": n, "datatype": spec.datatype, "shape": list(arr.shape)}
-        if binary.get(n, binary.get("*", False)):
+        datatype, dtype = specs[n]
+        arr = outputs[n]
+        if arr.dtype != dtype or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr, dtype=dtype)
+        entry: dict[str, Any] = {"name": n, "datatype": datatype, "shape": list(arr.shape)}
+        if binary.get(n, default):
             blob = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
@@ -366,6 +443,6 @@ def encode_outputs(*, model: str, version: int, wanted: Wanted, outputs: dict[st
         doc["id"] = wanted.request_id
     head = codec.dumps(doc)
     if not blobs:
-        return head, _JSON
+        return head, JSON_HEADERS
     return head + b"".join(blobs), {"content-type": "application/octet-stream",
                                     HEADER_LENGTH: str(len(head))}

@@ -183,24 +183,33 @@ class ModelRepository:
     # -- lookup and routing --------------------------------------------------------------------
 
     def entry(self, name: str) -> ModelEntry:
+        found = self.models.get(name)
+        if found is not None:  # every loaded name passed check_model_name in load()
+            return found
         try:
             check_model_name(name)
         except ScalelabError as e:
             raise ServeError(400, str(e)) from None
-        found = self.models.get(name)
-        if found is None:
-            raise ServeError(404, f"model '{name}' is not loaded; see POST /v2/repository/index")
-        return found
+        raise ServeError(404, f"model '{name}' is not loaded; see POST /v2/repository/index")
+
+    @staticmethod
+    def _default_state(entry: ModelEntry) -> VersionState:
+        """The version an unversioned request goes to before any canary split: routing's
+        current one while it is ready, else the newest ready one (503 when none is)."""
+        cur = entry.routing.current
+        s = entry.versions.get(cur) if cur is not None else None
+        if s is not None and s.state == "READY":
+            return s
+        ready = entry.ready()
+        if not ready:
+            raise ServeError(503, f"model '{entry.name}' has no ready version"
+                                  + (f": {entry.reason}" if entry.reason else ""))
+        return entry.versions[ready[-1]]
 
     def version_state(self, name: str, version: str | None) -> VersionState:
         entry = self.entry(name)
         if version is None:
-            ready = entry.ready()
-            if not ready:
-                raise ServeError(503, f"model '{name}' has no ready version"
-                                      + (f": {entry.reason}" if entry.reason else ""))
-            cur = entry.routing.current if entry.routing.current in ready else ready[-1]
-            return entry.versions[cur]
+            return self._default_state(entry)
         try:
             v = check_version(version)
         except ScalelabError as e:
@@ -211,11 +220,14 @@ class ModelRepository:
                                   f"{sorted(entry.versions)}")
         return s
 
-    def route(self, name: str, version: str | None, request_id: str) -> VersionWorker:
-        """The worker that answers: the asked version, else the canary split over current."""
-        entry = self.entry(name)
+    def route(self, name: str, version: str | None, request_id: str,
+              entry: ModelEntry | None = None) -> VersionWorker:
+        """The worker that answers: the asked version, else the canary split over current.
+        `entry` is `self.entry(name)` when the caller already holds it."""
+        if entry is None:
+            entry = self.entry(name)
         if version is None:
-            default = self.version_state(name, None).version
+            default = self._default_state(entry).version
             chosen = choose(entry.routing, request_id, default)
             s = entry.versions.get(chosen)
             if s is None or s.worker is None:

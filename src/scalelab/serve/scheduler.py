@@ -39,7 +39,7 @@ COMPUTED = ("logits", "probabilities", "label")
 """The order of WithOutputs' results."""
 
 
-@dataclass(kw_only=True, eq=False)
+@dataclass(kw_only=True, eq=False, slots=True)
 class Job:
     """One request's tensors on their way through the queue."""
 

@@ -74,6 +74,14 @@ class AccessLog:
 
     def log(self, status: int, msg: str = "request", **fields: Any) -> bool:
         """Record one finished request; True when a line was written."""
+        if not self.admit(status):
+            return False
+        self.write(status, msg, **fields)
+        return True
+
+    def admit(self, status: int) -> bool:
+        """Whether the request just finished gets a line (and, if so, its token is spent):
+        a hot path asks this before it builds the line's fields, then calls `write`."""
         if self.mode == "off":
             return False
         if self.mode == "sampled":
@@ -81,9 +89,12 @@ class AccessLog:
             if not bucket.take(self.clock()):
                 self.skipped += 1
                 return False
-            if self.skipped:
-                fields["skipped"] = self.skipped
-                self.skipped = 0
+        return True
+
+    def write(self, status: int, msg: str = "request", **fields: Any) -> None:
+        """Write the line `admit` said yes to (with the count skipped since the last one)."""
+        if self.skipped:
+            fields["skipped"] = self.skipped
+            self.skipped = 0
         fields["status"] = status
         self.logger.info(msg, extra=fields)
-        return True
