@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from scalelab.serve.cache import SMALL_KEY_BYTES, Coalescer, TtlLru, digest, input_key
 
@@ -43,16 +44,47 @@ def test_input_key_is_exact_for_small_inputs_and_a_digest_for_large_ones() -> No
     assert input_key([big]) == digest([big]) and input_key([big[:-1]]) != digest([big[:-1]])
 
 
-def test_coalescer_shares_one_future() -> None:
+def test_coalescer_shares_one_result() -> None:
     async def go() -> None:
         co: Coalescer[int] = Coalescer()
         key = ("m", 1, "k")
         assert co.join(key) is None
         lead = co.lead(key)
+        assert lead.future is None  # no follower yet: no future made
         follower = co.join(key)
-        assert follower is lead
-        lead.set_result(5)
-        co.finish(key, lead)
+        assert follower is not None and co.join(key) is follower
+        co.resolve(key, lead, 5)
         assert await follower == 5 and co.join(key) is None
+        # a leader nobody followed leaves nothing behind
+        alone = co.lead(key)
+        co.resolve(key, alone, 6)
+        assert alone.future is None and co.join(key) is None
+
+    asyncio.run(go())
+
+
+def test_coalescer_failure_and_departure() -> None:
+    async def go() -> None:
+        co: Coalescer[int] = Coalescer()
+        key = ("m", 1, "k")
+        lead = co.lead(key)
+        follower = co.join(key)
+        assert follower is not None
+        co.fail(key, lead, ValueError("boom"))
+        with pytest.raises(ValueError, match="boom"):
+            await follower
+        lead = co.lead(key)
+        follower = co.join(key)
+        assert follower is not None
+        co.fail(key, lead, None)  # the leader's client went away
+        assert follower.cancelled() and co.join(key) is None
+        # a stale leader finishing after a new one registered leaves the new one in place
+        old, new = co.lead(key), None
+        new = co.lead(key)
+        co.resolve(key, old, 1)
+        waiting = co.join(key)
+        assert waiting is not None and new.future is waiting
+        co.resolve(key, new, 2)
+        assert await waiting == 2
 
     asyncio.run(go())

@@ -80,25 +80,57 @@ class TtlLru(Generic[V]):
         return len(self._items)
 
 
-class Coalescer(Generic[V]):
-    """Identical concurrent computations share one future (the first caller computes)."""
+class Lead(Generic[V]):
+    """A leader's registration for one key: the future its followers share, made only when
+    the first follower joins (most requests have none, and then cost no future at all)."""
+
+    __slots__ = ("future",)
 
     def __init__(self) -> None:
-        self._inflight: dict[Key, asyncio.Future[V]] = {}
+        self.future: asyncio.Future[V] | None = None
+
+
+class Coalescer(Generic[V]):
+    """Identical concurrent computations share one result (the first caller computes)."""
+
+    def __init__(self) -> None:
+        self._inflight: dict[Key, Lead[V]] = {}
 
     def join(self, key: Key) -> asyncio.Future[V] | None:
-        """The in-flight future for `key`, or None if the caller must compute it."""
-        return self._inflight.get(key)
+        """The in-flight result for `key` to await, or None if the caller must compute it."""
+        lead = self._inflight.get(key)
+        if lead is None:
+            return None
+        if lead.future is None:
+            lead.future = asyncio.get_running_loop().create_future()
+        return lead.future
 
-    def lead(self, key: Key) -> asyncio.Future[V]:
-        fut: asyncio.Future[V] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = fut
-        return fut
+    def lead(self, key: Key) -> Lead[V]:
+        """Register the caller as computing `key`; it must then `resolve` or `fail`."""
+        lead: Lead[V] = Lead()
+        self._inflight[key] = lead
+        return lead
 
-    def finish(self, key: Key, fut: asyncio.Future[V]) -> None:
-        if self._inflight.get(key) is fut:
+    def _drop(self, key: Key, lead: Lead[V]) -> asyncio.Future[V] | None:
+        if self._inflight.get(key) is lead:
             del self._inflight[key]
-        if not fut.done():
+        fut = lead.future
+        return None if fut is None or fut.done() else fut
+
+    def resolve(self, key: Key, lead: Lead[V], value: V) -> None:
+        """The leader's result: every follower gets it."""
+        fut = self._drop(key, lead)
+        if fut is not None:
+            fut.set_result(value)
+
+    def fail(self, key: Key, lead: Lead[V], error: Exception | None) -> None:
+        """The leader failed with `error` (followers get it too), or went away (None: their
+        wait is cancelled and each computes for itself)."""
+        fut = self._drop(key, lead)
+        if fut is None:
+            return
+        if error is None:
             fut.cancel()
-        elif not fut.cancelled():
+        else:
+            fut.set_exception(error)
             fut.exception()  # mark retrieved: followers may all have gone away

@@ -365,12 +365,13 @@ class InferHandler:
             lead = entry.coalescer.lead(key)
             try:
                 out = await self._run(worker, arrays, rid, deadline, trace=trace)
-                lead.set_result(out)
             except Exception as e:
-                lead.set_exception(e)
+                entry.coalescer.fail(key, lead, e)
                 raise
-            finally:
-                entry.coalescer.finish(key, lead)
+            except BaseException:  # cancelled: this client went away, followers compute
+                entry.coalescer.fail(key, lead, None)
+                raise
+            entry.coalescer.resolve(key, lead, out)
         else:
             out = await self._run(worker, arrays, rid, deadline, trace=trace)
         if entry.cache is not None:

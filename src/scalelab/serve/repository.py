@@ -200,11 +200,11 @@ class ModelRepository:
         s = entry.versions.get(cur) if cur is not None else None
         if s is not None and s.state == "READY":
             return s
-        ready = entry.ready()
-        if not ready:
+        newest = max((v for v, s in entry.versions.items() if s.state == "READY"), default=None)
+        if newest is None:
             raise ServeError(503, f"model '{entry.name}' has no ready version"
                                   + (f": {entry.reason}" if entry.reason else ""))
-        return entry.versions[ready[-1]]
+        return entry.versions[newest]
 
     def version_state(self, name: str, version: str | None) -> VersionState:
         entry = self.entry(name)
