@@ -137,6 +137,20 @@ def trace_job(trace: RequestTrace, worker: VersionWorker, job: Job) -> None:
     trace.span("wake-up", ns_mono(b.compute_end), ns_mono(time.monotonic()))
 
 
+def enqueue(worker: VersionWorker, arrays: list[np.ndarray], rid: str, deadline: float, *,
+            log_sample: bool = True, traced: bool = False) -> Job:
+    """Queue one request's tensors on `worker` (ServeError 429/503 when it cannot take
+    them); the caller awaits `job.future`."""
+    job = Job(inputs=arrays, rows=arrays[0].shape[0], request_id=rid,
+              enqueued_at=time.monotonic(), deadline=deadline,
+              future=asyncio.get_running_loop().create_future(), log_sample=log_sample,
+              traced=traced)
+    if traced:
+        worker.traced = True
+    worker.submit(job)
+    return job
+
+
 def labels_of(out: Outputs) -> np.ndarray | None:
     if "label" in out:
         return np.asarray(out["label"]).reshape(-1)
@@ -263,8 +277,9 @@ class InferHandler:
                 arrays, want = fast
             deadline = t0 + timeout_s(tmo, cfg.dynamic_batching.default_timeout_ms)
             worker = repo.route(name, version, rid, entry)
-            check_vocabulary(entry, worker, arrays)
-            served = str(worker.version)
+            if worker.pre is not None:
+                check_vocabulary(entry, worker, arrays)
+            served = worker.version_label
             if trace is not None:
                 trace.span("admission", ns_mono(t0), ns_mono(time.monotonic()))
             outputs = await self._compute(entry, worker, arrays, rid, deadline, trace)
@@ -315,15 +330,9 @@ class InferHandler:
     @staticmethod
     async def _run(worker: VersionWorker, arrays: list[np.ndarray], rid: str, deadline: float,
                    *, log_sample: bool = True, trace: RequestTrace | None = None) -> Outputs:
-        loop = asyncio.get_running_loop()
-        job = Job(inputs=arrays, rows=arrays[0].shape[0], request_id=rid,
-                  enqueued_at=time.monotonic(), deadline=deadline, future=loop.create_future(),
-                  log_sample=log_sample)
         if trace is None:
-            worker.submit(job)
-            return await job.future
-        job.traced = worker.traced = True
-        worker.submit(job)
+            return await enqueue(worker, arrays, rid, deadline, log_sample=log_sample).future
+        job = enqueue(worker, arrays, rid, deadline, log_sample=log_sample, traced=True)
         try:
             return await job.future
         finally:
@@ -364,7 +373,10 @@ class InferHandler:
                     # the leader's client went away; compute this one ourselves
             lead = entry.coalescer.lead(key)
             try:
-                out = await self._run(worker, arrays, rid, deadline, trace=trace)
+                if trace is None:  # _run's untraced path, one coroutine fewer
+                    out = await enqueue(worker, arrays, rid, deadline).future
+                else:
+                    out = await self._run(worker, arrays, rid, deadline, trace=trace)
             except Exception as e:
                 entry.coalescer.fail(key, lead, e)
                 raise

@@ -220,6 +220,8 @@ class VersionWorker:
         """None while `onnx` runs the graph: the eager net and its own session are let go
         (one copy of the weights, not two)."""
         self.model, self.version, self.cfg, self.pre = model, version, cfg, pre
+        self.version_label = str(version)
+        """The version as metrics and responses spell it."""
         self._wanted = [(COMPUTED.index(t.name), t.name) for t in cfg.outputs]
         self.metrics = metrics
         self.sampler = sampler
