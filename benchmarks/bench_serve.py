@@ -31,6 +31,7 @@ a floor for every server alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -328,7 +329,10 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
         ready = "/v2/models/flights/ready"
     else:
         raise SystemExit(f"unknown server {name}; choose from {', '.join(LABELS)}")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
+    # its own session: stop() signals the whole group, so a peer's spawned workers (LitServe's
+    # uvicorn processes) cannot outlive it and load the machine for the next measurements
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     import httpx
 
@@ -351,13 +355,17 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT the server's process group (graceful), SIGKILL whatever is left after 30 s."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    with contextlib.suppress(ProcessLookupError):  # workers that outlived their parent
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def bodies(n: int, seed: int = 0) -> list[str]:
