@@ -115,6 +115,8 @@ def mutations() -> list[tuple[str, Any]]:
         ("infinity", m(lambda b: b["inputs"][1]["data"].__setitem__(3, float("inf")))),
         ("beyond FP32", m(lambda b: b["inputs"][1]["data"].__setitem__(5, 1e39))),
         ("null value", m(lambda b: b["inputs"][1]["data"].__setitem__(0, None))),
+        ("name list", m(lambda b: b["inputs"][0].update(name=["categorical"]))),
+        ("name object", m(lambda b: b["inputs"][0].update(name={"x": 1}))),
     ]
 
 
@@ -152,9 +154,24 @@ def test_large_finite_values_are_accepted_on_either_path() -> None:
     same(*both(json.dumps(body).encode()))
 
 
-def test_fp16_inputs_check_finiteness_element_by_element() -> None:
-    """FP16's squares overflow for ordinary values (300 ** 2 > 65504): its check is the
-    element-wise one, so the fast path keeps such requests."""
+def test_large_flat_float_data_is_checked_element_wise() -> None:
+    """Beyond a small list the range check is numpy's: the same answers either way."""
+    cfg = ModelConfig.model_validate(flights_config("wide", inputs=[
+        {"name": "x", "datatype": "FP32", "shape": [-1, 300]}]))
+    for bad, ok in ((None, True), (float("inf"), False), (1e39, False), (-1e39, False)):
+        data = [0.5] * 300
+        if bad is not None:
+            data[123] = bad
+        raw = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 300], "data": data}]}
+        got = fast_decode(parse_json_fast(json.dumps(raw).encode()), cfg, b"")
+        assert (got is not None) == ok
+        if ok:
+            assert got is not None and np.array_equal(got[0][0], np.full((1, 300), 0.5, np.float32))
+
+
+def test_fp16_inputs_are_range_checked_before_the_cast() -> None:
+    """FP16 holds magnitudes up to 65504: values within it are kept (a square-based check
+    would overflow at 256), beyond it or NaN the fast path declines."""
     cfg = ModelConfig.model_validate(flights_config("half", inputs=[
         {"name": "x", "datatype": "FP16", "shape": [-1, 3]}]))
     for data, ok in (([300.0, -2000.0, 60000.0], True), ([1.0, 70000.0, 1.0], False),

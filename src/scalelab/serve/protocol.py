@@ -276,6 +276,10 @@ class _In:
 
 _PLANS: dict[int, tuple[ModelConfig, dict[str, _In]]] = {}
 
+_PY_CHECK_MAX = 256
+"""Flat float data up to this many values is range-checked in Python (cheaper than three numpy
+calls for a small list); larger tensors by numpy, element-wise."""
+
 
 def _plan(cfg: ModelConfig) -> dict[str, _In]:
     """Input name -> _In for `cfg`, built once per config object (keyed by identity: a
@@ -304,9 +308,9 @@ def fast_decode(raw: Any, cfg: ModelConfig, tail: bytes
     for a bad request.
 
     Floating-point data is checked before it is cast, so no cast overflows (numpy would warn):
-    flat data by Python's own sum, min and max over the parsed list (a NaN or an infinity makes
-    the sum non-finite; a sum that overflows declines to the full path, which decides
-    exactly), nested data element-wise."""
+    a small flat list by Python's own sum, min and max (a NaN or an infinity makes the sum
+    non-finite; a sum that overflows declines to the full path, which decides exactly), other
+    data element-wise."""
     if type(raw) is not dict:
         return None
     inputs = raw.get("inputs")
@@ -322,7 +326,10 @@ def fast_decode(raw: Any, cfg: ModelConfig, tail: bytes
     for inp in inputs:  # request order: binary tensors follow each other in this order
         if type(inp) is not dict:
             return None
-        p = plan.get(inp.get("name"))  # type: ignore[arg-type]
+        name = inp.get("name")
+        if type(name) is not str:  # (a list or an object here is unhashable)
+            return None
+        p = plan.get(name)
         if p is None or got[p.index] is not None or inp.get("datatype") != p.datatype:
             return None
         shape = inp.get("shape")
@@ -361,7 +368,7 @@ def fast_decode(raw: Any, cfg: ModelConfig, tail: bytes
                 return None
             if p.limit:
                 lim = p.limit
-                if arr.ndim == 1:
+                if arr.ndim == 1 and count <= _PY_CHECK_MAX:
                     if not (math.isfinite(sum(data)) and -lim <= min(data) and max(data) <= lim):
                         return None
                 elif not (np.isfinite(arr).all() and np.abs(arr).max() <= lim):
