@@ -200,7 +200,7 @@ class ModelRepository:
         s = entry.versions.get(cur) if cur is not None else None
         if s is not None and s.state == "READY":
             return s
-        newest = max((v for v, s in entry.versions.items() if s.state == "READY"), default=None)
+        newest = max((v for v, vs in entry.versions.items() if vs.state == "READY"), default=None)
         if newest is None:
             raise ServeError(503, f"model '{entry.name}' has no ready version"
                                   + (f": {entry.reason}" if entry.reason else ""))
