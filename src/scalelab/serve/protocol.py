@@ -274,30 +274,45 @@ class _In:
     """The largest magnitude the dtype holds (0 for non-float inputs: nothing to check)."""
 
 
-_PLANS: dict[int, tuple[ModelConfig, dict[str, _In]]] = {}
-
 _PY_CHECK_MAX = 256
 """Flat float data up to this many values is range-checked in Python (cheaper than three numpy
 calls for a small list); larger tensors by numpy, element-wise."""
 
 
-def _plan(cfg: ModelConfig) -> dict[str, _In]:
-    """Input name -> _In for `cfg`, built once per config object (keyed by identity: a
-    reloaded config is a new object; the table keeps at most 64)."""
-    hit = _PLANS.get(id(cfg))
+@dataclass(slots=True, frozen=True)
+class _Tables:
+    """What the hot path looks up in a model's config, precomputed once per config."""
+
+    inputs: dict[str, _In]
+    outputs: dict[str, tuple[str, np.dtype[Any]]]
+    """Output name -> (datatype, dtype), in config order."""
+    output_names: list[str]
+
+
+_TABLES: dict[int, tuple[ModelConfig, _Tables]] = {}
+
+
+def _tables(cfg: ModelConfig) -> _Tables:
+    """`cfg`'s tables, built once per config object (keyed by identity and holding the config,
+    so an id is never reused while its entry lives; a reloaded config is a new object; at most
+    64 kept)."""
+    hit = _TABLES.get(id(cfg))
     if hit is not None and hit[0] is cfg:
         return hit[1]
-    plan = {}
+    inputs = {}
     for i, t in enumerate(cfg.inputs):
         dt = NP_DTYPES[t.datatype]
-        plan[t.name] = _In(index=i, datatype=t.datatype, dims=tuple(t.shape[1:]), dtype=dt,
-                           wire=dt.newbyteorder("<") if dt.itemsize > 1 else dt,
-                           kinds=_KINDS[t.datatype],
-                           limit=float(np.finfo(dt).max) if dt.kind == "f" else 0.0)
-    if len(_PLANS) >= 64:
-        _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[id(cfg)] = (cfg, plan)
-    return plan
+        inputs[t.name] = _In(index=i, datatype=t.datatype, dims=tuple(t.shape[1:]), dtype=dt,
+                             wire=dt.newbyteorder("<") if dt.itemsize > 1 else dt,
+                             kinds=_KINDS[t.datatype],
+                             limit=float(np.finfo(dt).max) if dt.kind == "f" else 0.0)
+    outputs: dict[str, tuple[str, np.dtype[Any]]] = {
+        t.name: (t.datatype, NP_DTYPES[t.datatype]) for t in cfg.outputs}
+    tables = _Tables(inputs=inputs, outputs=outputs, output_names=list(outputs))
+    if len(_TABLES) >= 64:
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[id(cfg)] = (cfg, tables)
+    return tables
 
 
 def fast_decode(raw: Any, cfg: ModelConfig, tail: bytes
@@ -314,7 +329,7 @@ def fast_decode(raw: Any, cfg: ModelConfig, tail: bytes
     if type(raw) is not dict:
         return None
     inputs = raw.get("inputs")
-    plan = _plan(cfg)
+    plan = _tables(cfg).inputs
     n = len(plan)
     if type(inputs) is not list or len(inputs) != n:
         return None
@@ -402,28 +417,12 @@ JSON_HEADERS = {"content-type": "application/json"}
 """The headers of a JSON response (`encode_outputs` returns this very dict for one)."""
 
 
-_OUT_PLANS: dict[int, tuple[ModelConfig, dict[str, tuple[str, np.dtype[Any]]], list[str]]] = {}
-
-
-def _out_plan(cfg: ModelConfig) -> tuple[dict[str, tuple[str, np.dtype[Any]]], list[str]]:
-    """(output name -> (datatype, dtype), the output names in config order) for `cfg`, built
-    once per config object like `_plan`."""
-    hit = _OUT_PLANS.get(id(cfg))
-    if hit is not None and hit[0] is cfg:
-        return hit[1], hit[2]
-    specs: dict[str, tuple[str, np.dtype[Any]]] = {
-        t.name: (t.datatype, NP_DTYPES[t.datatype]) for t in cfg.outputs}
-    if len(_OUT_PLANS) >= 64:
-        _OUT_PLANS.pop(next(iter(_OUT_PLANS)))
-    _OUT_PLANS[id(cfg)] = (cfg, specs, list(specs))
-    return specs, list(specs)
-
-
 def encode_outputs(*, model: str, version: int, wanted: Wanted, outputs: dict[str, np.ndarray],
                    cfg: ModelConfig) -> tuple[bytes, dict[str, str]]:
     """The response body (JSON, or JSON header + binary tail) and its extra headers."""
     binary = wanted.binary
-    specs, all_names = _out_plan(cfg)
+    t = _tables(cfg)
+    specs, all_names = t.outputs, t.output_names
     names = wanted.names if wanted.names is not None else all_names
     for n in names:
         if n not in outputs:
