@@ -79,7 +79,7 @@ def test_coalescer_failure_and_departure() -> None:
         co.fail(key, lead, None)  # the leader's client went away
         assert follower.cancelled() and co.join(key) is None
         # a stale leader finishing after a new one registered leaves the new one in place
-        old, new = co.lead(key), None
+        old = co.lead(key)
         new = co.lead(key)
         co.resolve(key, old, 1)
         waiting = co.join(key)
