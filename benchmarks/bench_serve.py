@@ -17,7 +17,8 @@ Parts (each prints a markdown table; the load average is printed beside every nu
   confidence rule), then one open-loop level at that rate for p50/p95/p99. Rows: every server
   in --only, plus scalelab with max_batch_size 1 ("no batching"). The bare app's row is the
   limit: no model, no validation. Every body is distinct (no cache or coalescing can help).
-- tail: open loop at 10/20/40/60/80% of scalelab's capacity: p50, p99 and p99/p50.
+- tail: open loop at 10/20/40/60/80% of scalelab's capacity: p50, p99 and p99/p50, and the
+  bare ASGI app at the same rates beside it (the tail the load generator and machine leave).
 - replicas: scalelab with --workers 1..N on one port: capacity per worker count, and the
   merged /metrics count of 200s against the requests the client got answered.
 
@@ -572,25 +573,38 @@ def part_capacity(args: argparse.Namespace, work: Path, weights: Path, jsonl: Pa
 
 def part_tail(args: argparse.Namespace, work: Path, weights: Path, jsonl: Path,
               cap: float | None) -> dict[str, Any]:
-    srv = start("scalelab", work, weights)
+    """scalelab at fractions of its capacity, and the bare ASGI app at the same rates beside
+    it (alternating rate by rate): what the load generator and this machine leave of a tail
+    to a server that does nothing."""
+    shares = (0.1, 0.2, 0.4, 0.6, 0.8)
+    servers = {n: start(n, work, weights) for n in ("scalelab", "bare")}
+    rows: dict[str, list[dict[str, Any]]] = {n: [] for n in servers}
     try:
-        level(srv.url, jsonl, 50, 1)
+        for s in servers.values():
+            level(s.url, jsonl, 50, 1)
         if not cap:
-            cap = capacity(srv.url, jsonl, args.slo, args)["capacity_rps"] or 100.0
-        rows = [level(srv.url, jsonl, f * cap, args.level_seconds)
-                for f in (0.1, 0.2, 0.4, 0.6, 0.8)]
+            cap = capacity(servers["scalelab"].url, jsonl, args.slo, args)["capacity_rps"] or 100.0
+        for f in shares:
+            for n, s in servers.items():
+                rows[n].append(level(s.url, jsonl, f * cap, args.level_seconds))
     finally:
-        stop(srv.proc)
+        for s in servers.values():
+            stop(s.proc)
     print(f"\nbelow the knee: scalelab at fractions of its capacity {cap:.0f} req/s "
-          f"({args.level_seconds:g} s each, Poisson)\n")
-    _row(["share", "req/s", "p50 ms", "p99 ms", "p99 / p50", "load avg"])
-    _row(["---:", "---:", "---:", "---:", "---:", "---"])
-    for f, lv in zip((0.1, 0.2, 0.4, 0.6, 0.8), rows, strict=True):
+          f"({args.level_seconds:g} s each, Poisson), the bare ASGI app at the same rates\n")
+    _row(["share", "req/s", "p50 ms", "p99 ms", "p99 / p50", "bare p50 ms", "bare p99 ms",
+          "bare p99 / p50", "load avg"])
+    _row(["---:"] * 8 + ["---"])
+    for f, lv, bare in zip(shares, rows["scalelab"], rows["bare"], strict=True):
         _row([f"{f:.0%}", f"{lv['rate']:.0f}", _ms(lv["p50_ms"]), _ms(lv["p99_ms"]),
-              f"{lv['p99_ms'] / lv['p50_ms']:.1f}", lv["load"]])
-    worst = max(lv["p99_ms"] / lv["p50_ms"] for lv in rows)
-    print(f"\nworst p99/p50 at 80% of capacity and below: {worst:.1f} (target <= 3)")
-    return {"capacity_rps": cap, "levels": rows, "worst_ratio": worst}
+              f"{lv['p99_ms'] / lv['p50_ms']:.1f}", _ms(bare["p50_ms"]), _ms(bare["p99_ms"]),
+              f"{bare['p99_ms'] / bare['p50_ms']:.1f}", lv["load"]])
+    worst = max(lv["p99_ms"] / lv["p50_ms"] for lv in rows["scalelab"])
+    floor = max(lv["p99_ms"] / lv["p50_ms"] for lv in rows["bare"])
+    print(f"\nworst p99/p50 at 80% of capacity and below: {worst:.1f} (target <= 3); the bare "
+          f"app's at the same rates: {floor:.1f}")
+    return {"capacity_rps": cap, "levels": rows["scalelab"], "worst_ratio": worst,
+            "bare_levels": rows["bare"], "bare_worst_ratio": floor}
 
 
 def part_replicas(args: argparse.Namespace, work: Path, weights: Path, jsonl: Path
