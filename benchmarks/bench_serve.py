@@ -64,6 +64,7 @@ PARAMS: dict[str, Any] = {"cardinalities": [17, 4, 105, 150], "embedding_dims": 
 MAX_BATCH, DELAY_MS = 64, 2.0
 INFER = "/v2/models/flights/infer"
 LABELS = {"scalelab": "scalelab serve (batching)", "nobatch": "scalelab serve, max_batch_size 1",
+          "torch": "scalelab serve, runtime torch (batching)",
           "bare": "bare ASGI app (limit: parse + fixed response)",
           "fastapi": "plain FastAPI (no batching)", "litserve": "LitServe 0.2.19 (batching)",
           "mlserver": "MLServer 1.7.1 (adaptive batching)"}
@@ -234,9 +235,10 @@ def peer_python(name: str) -> Path:
     return py
 
 
-def make_repo(work: Path, name: str, max_batch: int) -> Path:
+def make_repo(work: Path, name: str, max_batch: int, runtime: str = "auto") -> Path:
     """A scalelab repository holding the benchmark net (seed 0, so every repo has the same
-    weights) under model name 'flights'."""
+    weights) under model name 'flights', served by `runtime` (config.json's; auto = what a
+    user gets: ONNX Runtime for this net when onnx and onnxruntime are installed)."""
     import torch
 
     from scalelab.nets.registry import save_module
@@ -256,7 +258,7 @@ def make_repo(work: Path, name: str, max_batch: int) -> Path:
         "max_batch_size": max_batch,
         "dynamic_batching": {"max_queue_delay_ms": DELAY_MS, "max_queue_size": 1024,
                              "default_timeout_ms": 5000},
-        "version_policy": {"latest": {"num_versions": 1}}})
+        "version_policy": {"latest": {"num_versions": 1}}, "runtime": runtime})
     return repo
 
 
@@ -288,7 +290,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
     log = (work / f"{name}-{workers}x{threads}.log").open("wb")
     ready = "/v2/health/ready"
     prom = work / f"prom-{name}-{workers}x{threads}"
-    if name in ("scalelab", "nobatch"):
+    if name in ("scalelab", "nobatch", "torch"):
         # the first worker answering ready says nothing of the others behind the one port;
         # each writes its multiprocess metric files once started (see wait below)
         # (one worker runs as a user's `scalelab serve` does: metrics in process)
@@ -298,7 +300,8 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
             env["PROMETHEUS_MULTIPROC_DIR"] = str(prom)
         else:  # not one inherited from the caller's shell either
             env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        repo = make_repo(work, f"repo-{name}", MAX_BATCH if name == "scalelab" else 1)
+        repo = make_repo(work, f"repo-{name}", 1 if name == "nobatch" else MAX_BATCH,
+                         "torch" if name == "torch" else "auto")
         # a user's defaults, but quiet logs; --workers shares one port between processes
         cmd = [sys.executable, "-c", "from scalelab.cli import main; main()", "serve",
                "--model-repo", str(repo), "--port", str(port), "--torch-threads", str(threads),
@@ -345,7 +348,8 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
             raise RuntimeError(f"{name} exited {proc.returncode}; see {log.name}")
         try:
             if httpx.get(url + ready, timeout=2).status_code == 200 and (
-                    name not in ("scalelab", "nobatch") or "PROMETHEUS_MULTIPROC_DIR" not in env
+                    name not in ("scalelab", "nobatch", "torch") or
+                    "PROMETHEUS_MULTIPROC_DIR" not in env
                     or len(worker_pids(prom)) >= workers):
                 return Started(name, proc, url)
         except httpx.TransportError:
@@ -479,7 +483,9 @@ def _ms(x: float | None) -> str:
 
 def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
                 jsonl: Path) -> dict[str, Any]:
-    servers = {n: start(n, work, weights) for n in ("bare", "scalelab")}
+    # scalelab as a user gets it (runtime auto: ONNX Runtime for this net) and with runtime
+    # torch, so what the runtime contributes is read in the same run
+    servers = {n: start(n, work, weights) for n in ("bare", "scalelab", "torch")}
     try:
         for s in servers.values():  # warm: connections, first batches, the inline decision
             closed_loop(s.url, 1, args.connections, lua, jsonl)
@@ -501,22 +507,29 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
     finally:
         for s in servers.values():
             stop(s.proc)
-    ratios = [a["rps"] / b["rps"] for a, b in zip(runs["scalelab"], runs["bare"], strict=True)]
+    ratios = {n: [a["rps"] / b["rps"] for a, b in zip(runs[n], runs["bare"], strict=True)]
+              for n in ("scalelab", "torch")}
     print(f"\nclosed loop, 1-row OIP, {args.connections} connections, {args.closed_seconds:g} s "
-          f"x {args.repeats} (alternating), client: {runs['bare'][0]['client']}\n")
-    _row(["repeat", "bare ASGI req/s", "scalelab req/s", "scalelab / bare",
-          "bare CPU us/req", "scalelab CPU us/req", "load avg"])
-    _row(["---:", "---:", "---:", "---:", "---:", "---:", "---"])
-    for i, (a, b) in enumerate(zip(runs["bare"], runs["scalelab"], strict=True)):
-        _row([str(i + 1), f"{a['rps']:.0f}", f"{b['rps']:.0f}", f"{ratios[i]:.2f}",
-              f"{a['cpu_us_per_req']:.0f}", f"{b['cpu_us_per_req']:.0f}",
-              f"{a['load']} / {b['load']}"])
-    cpu = statistics.median(a["cpu_us_per_req"] for a in runs["bare"]) / statistics.median(
-        b["cpu_us_per_req"] for b in runs["scalelab"])
-    print(f"\nmedian req/s ratio {statistics.median(ratios):.2f} (target >= 0.70); "
-          f"CPU per request, bare / scalelab: {cpu:.2f}")
-    return {"runs": runs, "ratios": ratios, "median_ratio": statistics.median(ratios),
-            "cpu_ratio": cpu}
+          f"x {args.repeats} (alternating), client: {runs['bare'][0]['client']}; scalelab "
+          "serves the net by ONNX Runtime (runtime auto), 'torch' by torch (runtime torch)\n")
+    _row(["repeat", "bare ASGI req/s", "scalelab req/s", "scalelab / bare", "torch req/s",
+          "torch / bare", "CPU us/req bare / scalelab / torch", "load avg (bare)"])
+    _row(["---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"])
+    for i, (a, b, c) in enumerate(zip(runs["bare"], runs["scalelab"], runs["torch"],
+                                      strict=True)):
+        _row([str(i + 1), f"{a['rps']:.0f}", f"{b['rps']:.0f}", f"{ratios['scalelab'][i]:.2f}",
+              f"{c['rps']:.0f}", f"{ratios['torch'][i]:.2f}",
+              f"{a['cpu_us_per_req']:.0f} / {b['cpu_us_per_req']:.0f} / "
+              f"{c['cpu_us_per_req']:.0f}", a["load"]])
+    med_cpu = {n: statistics.median(r["cpu_us_per_req"] for r in runs[n]) for n in runs}
+    cpu = med_cpu["bare"] / med_cpu["scalelab"]
+    print(f"\nmedian req/s ratio {statistics.median(ratios['scalelab']):.2f} (target >= 0.70; "
+          f"runtime torch {statistics.median(ratios['torch']):.2f}); CPU per request, "
+          f"bare / scalelab: {cpu:.2f} (runtime torch {med_cpu['bare'] / med_cpu['torch']:.2f})")
+    return {"runs": runs, "ratios": ratios["scalelab"], "torch_ratios": ratios["torch"],
+            "median_ratio": statistics.median(ratios["scalelab"]),
+            "torch_median_ratio": statistics.median(ratios["torch"]), "cpu_ratio": cpu,
+            "median_cpu_us_per_req": med_cpu}
 
 
 def part_capacity(args: argparse.Namespace, work: Path, weights: Path, jsonl: Path,

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from scalelab.core.errors import BadUsageError
-from scalelab.nets.onnx import OnnxNet
+from scalelab.nets.onnx import OnnxNet, export_graph
 
 INSTALL_HINT = "pip install onnx onnxruntime (or: .venv/bin/pip install onnx onnxruntime)"
 
@@ -44,15 +44,10 @@ def available() -> bool:
 def export(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path, *,
            input_names: list[str], output_names: list[str],
            dynamic_axes: dict[str, dict[int, str]]) -> Path:
-    """Export `module` (on CPU) to ONNX at `path`."""
+    """Export `module` (on CPU) to ONNX at `path` (`nets.onnx.export_graph`)."""
     _require()
-    with warnings.catch_warnings():
-        # The TorchScript exporter is deprecated in favour of dynamo; it still works and
-        # avoids a dependency on onnxscript.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module.cpu().eval(), example, str(path), dynamo=False,
-                          input_names=input_names, output_names=output_names,
-                          dynamic_axes=dynamic_axes, opset_version=17)
+    path.write_bytes(export_graph(module, example, input_names=input_names,
+                                  output_names=output_names, dynamic_axes=dynamic_axes))
     return path
 
 

@@ -11,6 +11,9 @@ Needs the optional packages onnx + onnxruntime (`pip install 'scalelab[minilm]'`
 
 from __future__ import annotations
 
+import importlib.util
+import io
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,28 @@ def runtime() -> Any:
     return onnxruntime
 
 
+def available() -> bool:
+    """Whether onnx and onnxruntime are both installed (exporting and appending outputs need
+    onnx; running needs onnxruntime). Looks them up without importing either."""
+    return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxruntime"))
+
+
+def export_graph(module: nn.Module, example: tuple[torch.Tensor, ...], *,
+                 input_names: list[str], output_names: list[str],
+                 dynamic_axes: dict[str, dict[int, str]]) -> bytes:
+    """`module` (on CPU, in eval mode) as ONNX graph bytes, opset 17. torch's TorchScript-based
+    exporter (`dynamo=False`) needs only the `onnx` package, where the dynamo one would also
+    pull onnxscript; like a trace it records the ops `example` runs through."""
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        # the TorchScript exporter writes to a file object too (typed for paths only)
+        torch.onnx.export(module.cpu().eval(), example, buf, dynamo=False,  # type: ignore[arg-type]
+                          input_names=input_names, output_names=output_names,
+                          dynamic_axes=dynamic_axes, opset_version=17)
+    return buf.getvalue()
+
+
 class OnnxNet(nn.Module):
     """An ONNX graph (inputs in order, first output = logits) behind a torch-style forward."""
 
@@ -44,6 +69,9 @@ class OnnxNet(nn.Module):
         opts.intra_op_num_threads = threads or torch.get_num_threads()
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
+        # idle pool threads sleep rather than spin: beside an event loop on few cores a spinning
+        # worker takes the core the loop needs (no effect with one thread: no pool)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self.session = ort.InferenceSession(graph, sess_options=opts,
                                                 providers=["CPUExecutionProvider"])

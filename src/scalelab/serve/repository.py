@@ -18,6 +18,9 @@ from typing import Any
 
 from scalelab.core.errors import ScalelabError
 from scalelab.nets import feature_version, registry
+from scalelab.nets.onnx import INSTALL_HINT as ONNX_HINT
+from scalelab.nets.onnx import OnnxNet
+from scalelab.nets.onnx import available as onnx_available
 from scalelab.nets.repository import (
     CONFIG_FILE,
     check_model_name,
@@ -35,7 +38,14 @@ from scalelab.serve.features import load_preprocess
 from scalelab.serve.metrics import Metrics
 from scalelab.serve.protocol import ServeError
 from scalelab.serve.sampling import RequestSampler
-from scalelab.serve.scheduler import TRACE_SAFE, Outputs, VersionWorker, check_outputs, trace
+from scalelab.serve.scheduler import (
+    TRACE_SAFE,
+    Outputs,
+    VersionWorker,
+    check_outputs,
+    to_onnx_runtime,
+    trace,
+)
 
 log = logging.getLogger("scalelab.serve")
 
@@ -155,7 +165,9 @@ class ModelRepository:
                 raise ScalelabError(mismatch)
             module = await asyncio.to_thread(registry.load_module, vdir)
             arch = registry.read_spec(vdir)["architecture"]
-            if cfg.trace or (cfg.trace is None and arch in TRACE_SAFE):
+            module = await self._runtime(module, arch, cfg, f"model {name} version {v}")
+            if not isinstance(module, OnnxNet) and (
+                    cfg.trace or (cfg.trace is None and arch in TRACE_SAFE)):
                 module = await asyncio.to_thread(trace, module, cfg)
             pre = load_preprocess(vdir)
         except Exception as e:  # any failure marks this version unavailable, never the server
@@ -165,6 +177,30 @@ class ModelRepository:
                                metrics=self.metrics, sampler=self.sampler)
         worker.start()
         return VersionState(version=v, state="READY", worker=worker)
+
+    @staticmethod
+    async def _runtime(module: Any, arch: str, cfg: ModelConfig, what: str) -> Any:
+        """The network as ONNX Runtime runs it where config.json's `runtime` asks for that
+        (auto: trace-safe architectures, when onnx and onnxruntime are installed and the
+        export agrees with torch), else `module` unchanged. ScalelabError when `runtime` is
+        onnxruntime and the export cannot be used."""
+        if isinstance(module, OnnxNet) or cfg.runtime == "torch":
+            return module
+        if cfg.runtime == "auto" and (arch not in TRACE_SAFE or not onnx_available()):
+            return module
+        if not onnx_available():
+            raise ScalelabError(f"config.json asks for runtime onnxruntime, but onnx and "
+                                f"onnxruntime are not both installed; {ONNX_HINT}")
+        try:
+            net = await asyncio.to_thread(to_onnx_runtime, module, cfg)
+        except ValueError as e:
+            if cfg.runtime == "onnxruntime":
+                raise ScalelabError(f"runtime onnxruntime: {e}; set \"runtime\": \"torch\" "
+                                    "in config.json to serve it with torch") from None
+            log.warning("%s: served by torch, not ONNX Runtime: %s", what, e)
+            return module
+        log.info("%s: served by ONNX Runtime (exported from %s, agrees with torch)", what, arch)
+        return net
 
     async def _stop(self, entry: ModelEntry) -> None:
         await asyncio.gather(*(s.worker.stop(drain_s=self.drain_s)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from scalelab.nets.onnx import OnnxNet, OnnxOutputs
+from scalelab.nets.onnx import OnnxNet, OnnxOutputs, export_graph
 from scalelab.serve.batching import BatchPolicy, collect
 from scalelab.serve.config import ModelConfig
 from scalelab.serve.features import Preprocess
@@ -122,6 +122,52 @@ def _example(cfg: ModelConfig) -> tuple[torch.Tensor, ...]:
     return tuple(torch.zeros([2 if d == -1 else d for d in t.shape],
                              dtype=getattr(torch, NP_DTYPES[t.datatype].name))
                  for t in cfg.inputs)
+
+
+def _check_batches(cfg: ModelConfig) -> list[tuple[torch.Tensor, ...]]:
+    """Inputs the exported graph must agree with torch on: zeros of 2 rows (what it was
+    exported on), then 1 and 7 rows (the batch dimension really is free) with seeded normal
+    floats — integer inputs stay 0, the one index every embedding table has."""
+    g = torch.Generator().manual_seed(0)
+    out = [_example(cfg)]
+    for rows in (1, 7):
+        batch = []
+        for t in cfg.inputs:
+            shape = [rows if i == 0 else (3 if d == -1 else d) for i, d in enumerate(t.shape)]
+            dtype = getattr(torch, NP_DTYPES[t.datatype].name)
+            batch.append(torch.randn(shape, generator=g).to(dtype) if dtype.is_floating_point
+                         else torch.zeros(shape, dtype=dtype))
+        out.append(tuple(batch))
+    return out
+
+
+def to_onnx_runtime(module: nn.Module, cfg: ModelConfig) -> OnnxNet:
+    """`module` exported to ONNX and opened in ONNX Runtime (threads as torch's), after its
+    logits agree with the module's own on `_check_batches` (rtol 1e-4, atol 1e-5). Raises
+    ValueError saying why not (an op the exporter lacks, disagreement, onnx missing).
+    Measured on the benchmark MLP: a 12-row batch 29 us against 59 for the traced torch net
+    alone, and the server's CPU per 1-row request 115 us against 131 (closed loop)."""
+    example = _example(cfg)
+    names = [t.name for t in cfg.inputs]
+    axes = {t.name: {i: f"{t.name}_{i}" for i, d in enumerate(t.shape) if d == -1}
+            for t in cfg.inputs}
+    axes["logits"] = {0: "batch"}
+    module = module.eval()
+    try:
+        graph = export_graph(module, example, input_names=names, output_names=["logits"],
+                             dynamic_axes=axes)
+        net = OnnxNet(graph)
+    except Exception as e:  # the exporter and onnxruntime raise their own types
+        raise ValueError(f"ONNX export failed: {type(e).__name__}: {e}") from None
+    with torch.inference_mode():
+        for batch in _check_batches(cfg):
+            want = module(*batch).float()
+            got = net(*batch).float()
+            if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+                worst = (got - want).abs().max().item() if got.shape == want.shape else None
+                raise ValueError(f"the exported graph disagrees with torch on a {len(batch[0])}"
+                                 f"-row check batch (largest logit difference {worst})")
+    return net
 
 
 def onnx_outputs(net: OnnxNet, cfg: ModelConfig) -> OnnxOutputs | None:
