@@ -12,10 +12,17 @@ from scalelab.serve.config import ModelConfig
 from scalelab.serve.protocol import (
     HEADER_LENGTH,
     ServeError,
+    Wanted,
+    _all_json,
+    _tables,
     decode_inputs,
+    encode_outputs,
     encode_response,
+    fast_decode,
+    parse_json_fast,
     parse_request,
 )
+from scalelab.web import codec
 
 CFG = ModelConfig.model_validate(flights_config("flights"))
 
@@ -98,3 +105,54 @@ def test_response_json_and_binary() -> None:
     head = json.loads(body[:n])
     assert head["outputs"][0]["parameters"]["binary_data_size"] == 16
     assert np.frombuffer(body[n:], dtype="<i8").tolist() == [0, 3]
+
+
+def _plain_want() -> Wanted:
+    """What the hot path decodes a request without outputs, parameters or id into."""
+    fast = fast_decode(parse_json_fast(json.dumps(infer_body(1)).encode()), CFG, b"")
+    assert fast is not None
+    return fast[1]
+
+
+def _document(model: str, version: int, outputs: dict[str, np.ndarray]) -> bytes:
+    """The response as one JSON document in the codec (what the joined bytes must equal)."""
+    return codec.dumps({"model_name": model, "model_version": str(version), "outputs": [
+        {"name": n, "datatype": dt, "shape": list(outputs[n].shape),
+         "data": outputs[n].reshape(-1)}
+        for n, dt in (("probabilities", "FP32"), ("label", "INT64"))]})
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_a_plain_json_answer_is_the_documents_bytes(rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    batch = {"probabilities": rng.random((rows + 2, 4)).astype(np.float32),
+             "label": rng.integers(0, 4, rows + 2)}
+    outputs = {k: v[1:rows + 1] for k, v in batch.items()}  # a job's rows of its batch: views
+    body, headers = encode_outputs(model="flights", version=12, wanted=_plain_want(),
+                                   outputs=outputs, cfg=CFG)
+    assert headers == {"content-type": "application/json"}
+    assert body == _document("flights", 12, outputs)
+    assert _all_json(_tables(CFG), _tables(CFG).json_plan or (), "flights", 12, outputs) == body
+    doc = json.loads(body)
+    assert doc["outputs"][0]["shape"] == [rows, 4]
+    assert np.array(doc["outputs"][0]["data"], np.float32).tolist() == \
+        outputs["probabilities"].reshape(-1).tolist()
+    assert doc["outputs"][1]["data"] == outputs["label"].tolist()
+
+
+def test_outputs_off_their_spec_take_the_document_path() -> None:
+    want = _plain_want()
+    probs = np.full((2, 4), 0.5)  # float64: converted to the spec's FP32
+    label = np.array([1, 2], dtype=np.int64)
+    body, _ = encode_outputs(model="flights", version=1, wanted=want,
+                             outputs={"probabilities": probs, "label": label}, cfg=CFG)
+    assert body == _document("flights", 1, {"probabilities": probs.astype(np.float32),
+                                            "label": label})
+    wide = np.arange(16, dtype=np.float32).reshape(4, 4)[:, ::2]  # not contiguous, 2 columns
+    body, _ = encode_outputs(model="flights", version=1, wanted=want,
+                             outputs={"probabilities": wide, "label": label}, cfg=CFG)
+    assert json.loads(body)["outputs"][0] == {"name": "probabilities", "datatype": "FP32",
+                                              "shape": [4, 2], "data": [0, 2, 4, 6, 8, 10, 12, 14]}
+    with pytest.raises(ServeError, match="output 'label' is not an output"):
+        encode_outputs(model="flights", version=1, wanted=want,
+                       outputs={"probabilities": probs}, cfg=CFG)

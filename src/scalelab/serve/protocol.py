@@ -287,6 +287,39 @@ class _Tables:
     outputs: dict[str, tuple[str, np.dtype[Any]]]
     """Output name -> (datatype, dtype), in config order."""
     output_names: list[str]
+    json_plan: tuple[_JsonOut, ...] | None
+    """How `encode_outputs` writes every output as JSON without building the document (None
+    when an output's dimensions after the batch one are not all fixed)."""
+    prefixes: dict[tuple[str, int], bytes]
+    """(model, version) -> the document's bytes before its first output (filled on use)."""
+
+
+@dataclass(slots=True, frozen=True)
+class _JsonOut:
+    """One output's fixed JSON bytes around its batch size and data, as `codec.dumps` writes
+    the same entry: `head` rows `mid` data, then the next output's head or the closing bytes."""
+
+    name: str
+    dtype: np.dtype[Any]
+    dims: tuple[int, ...]
+    head: bytes
+    """`{"name":…,"datatype":…,"shape":[` (after `},` for every output but the first)."""
+    mid: bytes
+    """The fixed dimensions and `],"data":`."""
+
+
+def _json_plan(cfg: ModelConfig) -> tuple[_JsonOut, ...] | None:
+    plan = []
+    for i, t in enumerate(cfg.outputs):
+        dims = tuple(t.shape[1:])
+        if t.shape[0] != -1 or any(d < 1 for d in dims):
+            return None
+        head = codec.dumps({"name": t.name, "datatype": t.datatype, "shape": []})
+        head = head[:-2]  # up to and including the shape's "["
+        mid = b"".join(b"," + str(d).encode() for d in dims) + b'],"data":'
+        plan.append(_JsonOut(name=t.name, dtype=NP_DTYPES[t.datatype], dims=dims,
+                             head=(b"},{" if i else b"{") + head[1:], mid=mid))
+    return tuple(plan)
 
 
 _TABLES: dict[int, tuple[ModelConfig, _Tables]] = {}
@@ -308,7 +341,8 @@ def _tables(cfg: ModelConfig) -> _Tables:
                              limit=float(np.finfo(dt).max) if dt.kind == "f" else 0.0)
     outputs: dict[str, tuple[str, np.dtype[Any]]] = {
         t.name: (t.datatype, NP_DTYPES[t.datatype]) for t in cfg.outputs}
-    tables = _Tables(inputs=inputs, outputs=outputs, output_names=list(outputs))
+    tables = _Tables(inputs=inputs, outputs=outputs, output_names=list(outputs),
+                     json_plan=_json_plan(cfg), prefixes={})
     if len(_TABLES) >= 64:
         _TABLES.pop(next(iter(_TABLES)))
     _TABLES[id(cfg)] = (cfg, tables)
@@ -422,6 +456,10 @@ def encode_outputs(*, model: str, version: int, wanted: Wanted, outputs: dict[st
     """The response body (JSON, or JSON header + binary tail) and its extra headers."""
     binary = wanted.binary
     t = _tables(cfg)
+    if wanted is _ALL_JSON and t.json_plan is not None:
+        body = _all_json(t, t.json_plan, model, version, outputs)
+        if body is not None:
+            return body, JSON_HEADERS
     specs, all_names = t.outputs, t.output_names
     names = wanted.names if wanted.names is not None else all_names
     for n in names:
@@ -452,3 +490,26 @@ def encode_outputs(*, model: str, version: int, wanted: Wanted, outputs: dict[st
         return head, JSON_HEADERS
     return head + b"".join(blobs), {"content-type": "application/octet-stream",
                                     HEADER_LENGTH: str(len(head))}
+
+
+def _all_json(t: _Tables, plan: tuple[_JsonOut, ...], model: str, version: int,
+              outputs: dict[str, np.ndarray]) -> bytes | None:
+    """Every output as JSON, the bytes `encode_outputs` would write from the document, joined
+    from fixed pieces (the common request, about 2 us less of the hot path); None (build the
+    document) when an output is missing or not of its spec's dtype, dimensions or layout."""
+    prefix = t.prefixes.get((model, version))
+    if prefix is None:
+        doc = codec.dumps({"model_name": model, "model_version": str(version), "outputs": []})
+        prefix = t.prefixes[(model, version)] = doc[:-2]  # up to and including "outputs":[
+        if len(t.prefixes) > 64:  # versions come and go: keep the newest few
+            t.prefixes.pop(next(iter(t.prefixes)))
+    parts = [prefix]
+    for o in plan:
+        arr = outputs.get(o.name)
+        if arr is None or arr.dtype != o.dtype or arr.shape[1:] != o.dims or \
+                not arr.flags.c_contiguous:
+            return None
+        parts += (o.head, str(arr.shape[0]).encode(), o.mid,
+                  codec.dumps(arr.reshape(-1) if arr.ndim != 1 else arr))
+    parts.append(b"}]}")
+    return b"".join(parts)
