@@ -120,12 +120,14 @@ async def _arrivals(queue: asyncio.Queue[J], pending: list[J], policy: BatchPoli
                     clock: Callable[[], float]) -> int:
     """Let the loop run IDLE_YIELDS turns; move what reached the queue into `pending`."""
     got = 0
+    rows = sum(j.rows for j in pending)
     for _ in range(IDLE_YIELDS):
         await asyncio.sleep(0)
-        while sum(j.rows for j in pending) < policy.max_batch_size and not queue.empty():
+        while rows < policy.max_batch_size and not queue.empty():
             job = queue.get_nowait()
             job.picked_at = clock()
             pending.append(job)
+            rows += job.rows
             got += 1
     return got
 
