@@ -62,6 +62,8 @@ PEERS = {"litserve": ["torch==2.13.0", "numpy", "litserve==0.2.19"],
 PARAMS: dict[str, Any] = {"cardinalities": [17, 4, 105, 150], "embedding_dims": [],
                           "n_numeric": 14, "hidden": [128, 128], "n_classes": 4, "dropout": 0.0}
 MAX_BATCH, DELAY_MS = 64, 2.0
+RUNTIME = ["auto"]
+"""config.json's runtime for the scalelab and nobatch servers (--runtime)."""
 INFER = "/v2/models/flights/infer"
 LABELS = {"scalelab": "scalelab serve (batching)", "nobatch": "scalelab serve, max_batch_size 1",
           "torch": "scalelab serve, runtime torch (batching)",
@@ -301,7 +303,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
         else:  # not one inherited from the caller's shell either
             env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         repo = make_repo(work, f"repo-{name}", 1 if name == "nobatch" else MAX_BATCH,
-                         "torch" if name == "torch" else "auto")
+                         "torch" if name == "torch" else RUNTIME[0])
         # a user's defaults, but quiet logs; --workers shares one port between processes
         cmd = [sys.executable, "-c", "from scalelab.cli import main; main()", "serve",
                "--model-repo", str(repo), "--port", str(port), "--torch-threads", str(threads),
@@ -662,6 +664,9 @@ def main() -> None:
                     help=f"servers for the capacity part, from {', '.join(LABELS)}")
     ap.add_argument("--hidden", default="128,128", help="hidden widths of the MLP")
     ap.add_argument("--repeats", type=int, default=1, help="alternating repeats per part")
+    ap.add_argument("--runtime", default="auto", choices=["auto", "torch", "onnxruntime"],
+                    help="config.json's runtime for the scalelab and nobatch servers ('torch' "
+                         "is always runtime torch)")
     ap.add_argument("--slo", default="p95<50ms")
     ap.add_argument("--closed-seconds", type=float, default=5.0)
     ap.add_argument("--connections", type=int, default=16)
@@ -675,6 +680,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args()
     PARAMS["hidden"] = [int(h) for h in args.hidden.split(",")]
+    RUNTIME[0] = args.runtime
     parts = args.parts.split(",")
     from scalelab.core.machine import current_machine
 
