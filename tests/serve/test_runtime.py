@@ -136,3 +136,22 @@ def test_an_export_that_freezes_a_branch_is_refused() -> None:
     x = torch.randn(4, 3)
     with torch.inference_mode():
         torch.testing.assert_close(net(x), plain(x), rtol=1e-5, atol=1e-6)
+
+
+class _TwoRowsOnly(nn.Module):
+    """Runs on exactly 2 rows (the export's), fails on any other count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).view(2, 2)
+
+
+def test_a_check_batch_that_fails_to_run_is_a_refusal_not_a_crash() -> None:
+    cfg = ModelConfig.model_validate({
+        "name": "b", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 2]}]})
+    with pytest.raises(ValueError, match=r"^a 1-row check batch failed: RuntimeError"):
+        to_onnx_runtime(_TwoRowsOnly(), cfg)

@@ -6,7 +6,7 @@ its weights inside; loading it runs no Python code from the file, so it keeps th
 bench can hold it like the others: forward hands the tensors to an InferenceSession (CPU,
 threads as many as torch uses) and wraps the result back into a tensor.
 
-Needs the optional packages onnx + onnxruntime (`pip install 'scalelab[minilm]'`).
+Needs the optional packages onnx + onnxruntime (`pip install 'scalelab[serve]'`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from scalelab.core.errors import BadInputError, BadUsageError
 
 ARCH = "onnx"
 FILE = "model.onnx"
-INSTALL_HINT = "pip install onnx onnxruntime (or: pip install 'scalelab[minilm]')"
+INSTALL_HINT = "pip install onnx onnxruntime (or: pip install 'scalelab[serve]')"
 
 
 def runtime() -> Any:

@@ -162,8 +162,12 @@ def to_onnx_runtime(module: nn.Module, cfg: ModelConfig) -> OnnxNet:
         raise ValueError(f"ONNX export failed: {type(e).__name__}: {e}") from None
     with torch.inference_mode():
         for batch in _check_batches(cfg):
-            want = module(*batch).float()
-            got = net(*batch).float()
+            try:
+                want = module(*batch).float()
+                got = net(*batch).float()
+            except Exception as e:  # a graph that cannot run a free batch size, say
+                raise ValueError(f"a {len(batch[0])}-row check batch failed: "
+                                 f"{type(e).__name__}: {e}") from None
             if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
                 worst = (got - want).abs().max().item() if got.shape == want.shape else None
                 raise ValueError(f"the exported graph disagrees with torch on a {len(batch[0])}"
