@@ -64,6 +64,8 @@ PARAMS: dict[str, Any] = {"cardinalities": [17, 4, 105, 150], "embedding_dims": 
 MAX_BATCH, DELAY_MS = 64, 2.0
 RUNTIME = ["auto"]
 """config.json's runtime for the scalelab and nobatch servers (--runtime)."""
+OURS = ("scalelab", "nobatch", "torch")
+"""The rows that are this server (a scalelab repository, multiprocess metrics)."""
 INFER = "/v2/models/flights/infer"
 LABELS = {"scalelab": "scalelab serve (batching)", "nobatch": "scalelab serve, max_batch_size 1",
           "torch": "scalelab serve, runtime torch (batching)",
@@ -292,7 +294,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
     log = (work / f"{name}-{workers}x{threads}.log").open("wb")
     ready = "/v2/health/ready"
     prom = work / f"prom-{name}-{workers}x{threads}"
-    if name in ("scalelab", "nobatch", "torch"):
+    if name in OURS:
         # the first worker answering ready says nothing of the others behind the one port;
         # each writes its multiprocess metric files once started (see wait below)
         # (one worker runs as a user's `scalelab serve` does: metrics in process)
@@ -350,8 +352,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
             raise RuntimeError(f"{name} exited {proc.returncode}; see {log.name}")
         try:
             if httpx.get(url + ready, timeout=2).status_code == 200 and (
-                    name not in ("scalelab", "nobatch", "torch") or
-                    "PROMETHEUS_MULTIPROC_DIR" not in env
+                    name not in OURS or "PROMETHEUS_MULTIPROC_DIR" not in env
                     or len(worker_pids(prom)) >= workers):
                 return Started(name, proc, url)
         except httpx.TransportError:
@@ -485,8 +486,8 @@ def _ms(x: float | None) -> str:
 
 def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
                 jsonl: Path) -> dict[str, Any]:
-    # scalelab as a user gets it (runtime auto: ONNX Runtime for this net) and with runtime
-    # torch, so what the runtime contributes is read in the same run
+    # scalelab as --runtime sets it (auto, what a user gets: ONNX Runtime for this net) and
+    # with runtime torch, so what the runtime contributes is read in the same run
     servers = {n: start(n, work, weights) for n in ("bare", "scalelab", "torch")}
     try:
         for s in servers.values():  # warm: connections, first batches, the inline decision
@@ -513,7 +514,7 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
               for n in ("scalelab", "torch")}
     print(f"\nclosed loop, 1-row OIP, {args.connections} connections, {args.closed_seconds:g} s "
           f"x {args.repeats} (alternating), client: {runs['bare'][0]['client']}; scalelab "
-          "serves the net by ONNX Runtime (runtime auto), 'torch' by torch (runtime torch)\n")
+          f"with runtime {RUNTIME[0]}, 'torch' with runtime torch\n")
     _row(["repeat", "bare ASGI req/s", "scalelab req/s", "scalelab / bare", "torch req/s",
           "torch / bare", "CPU us/req bare / scalelab / torch", "load avg (bare)"])
     _row(["---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"])

@@ -184,17 +184,19 @@ class ModelRepository:
         (auto: trace-safe architectures, when onnx and onnxruntime are installed and the
         export agrees with torch), else `module` unchanged. ScalelabError when `runtime` is
         onnxruntime and the export cannot be used."""
-        if isinstance(module, OnnxNet) or cfg.runtime == "torch":
-            return module
-        if cfg.runtime == "auto" and (arch not in TRACE_SAFE or not onnx_available()):
+        auto = cfg.runtime == "auto"
+        if isinstance(module, OnnxNet) or cfg.runtime == "torch" or (
+                auto and arch not in TRACE_SAFE):
             return module
         if not onnx_available():
+            if auto:
+                return module
             raise ScalelabError(f"config.json asks for runtime onnxruntime, but onnx and "
                                 f"onnxruntime are not both installed; {ONNX_HINT}")
         try:
             net = await asyncio.to_thread(to_onnx_runtime, module, cfg)
         except ValueError as e:
-            if cfg.runtime == "onnxruntime":
+            if not auto:
                 raise ScalelabError(f"runtime onnxruntime: {e}; set \"runtime\": \"torch\" "
                                     "in config.json to serve it with torch") from None
             log.warning("%s: served by torch, not ONNX Runtime: %s", what, e)
