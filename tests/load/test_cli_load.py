@@ -41,7 +41,7 @@ def test_rate_sweep_writes_one_valid_record_per_level(
                                      "lag_p99_max_gaps": 1.0,
                                      "lag_p99_max_objective_share": 0.1}
     for lv in doc["levels"]:
-        assert lv["lag_p50_ms"] <= lv["lag_p99_ms"] <= lv["lag_max_ms"] + 0.01
+        assert lv["lag_p50_ms"] <= lv["lag_p99_ms"] <= lv["lag_max_ms"]
 
     rc = run(["load", "budget", "--slo", "p99<1s", "--records", str(recs), "--json"])
     assert rc == 0

@@ -1,12 +1,14 @@
 """The validity rule as a pure function, with exact limits."""
 
-from scalelab.load.clock import LagStats
+from scalelab.load.clock import LagRecorder, LagStats
 from scalelab.load.generator import PartResult
+from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.result import (
     SATURATED_CORE_SHARE,
     STARVED_WAIT_SHARE,
     GeneratorCpu,
     generator_cpu,
+    merge,
     validity,
 )
 
@@ -112,3 +114,21 @@ def test_generator_cpu_merges_the_processes_readings() -> None:
     assert generator_cpu([c], cores=4) == GeneratorCpu(busy_cores=0.0, wait_share=None,
                                                        machine_busy_cores=None, machine_cores=4)
     assert generator_cpu([PartResult()]) is None
+
+
+def test_lag_quantiles_never_read_above_the_exact_worst() -> None:
+    # 23,187 µs sits in HdrHistogram's 16 µs-wide bucket [23,184, 23,199]; the histogram reads
+    # every quantile there as 23,199 µs, above the exact worst 23.187355 ms the generator kept.
+    lag = LagRecorder()
+    for late_s in (0.0002, 0.0002, 0.023187355):
+        lag.add(late_s)
+    assert lag.stats().p99_ms == 23.199
+    lat = LatencyHistogram()
+    lat.record(0.020)
+    part = PartResult(sent=3, ok=3, within=3, hist_blob=lat.encode(), lag_count=1,
+                      lag_max_s=0.023187355, lag_blob=lag.histogram().encode(), last_send=0.04,
+                      last_done=0.06)
+    r = merge([part], mode="open", offered_rps=50.0, concurrency=None, arrival="constant",
+              window_s=0.06, slo_threshold_s=None)
+    assert r.lag_max_ms == 23.187355
+    assert r.lag_p99_ms == 23.187355 and r.lag_p50_ms == 0.2
