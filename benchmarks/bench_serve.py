@@ -3,7 +3,7 @@ FastAPI, LitServe, MLServer), all serving the same TabularNet weights, side by s
 
 Run: .venv/bin/python benchmarks/bench_serve.py [--parts closed,capacity,tail,replicas]
         [--only scalelab,bare,fastapi,litserve,mlserver] [--hidden 128,128] [--repeats 1]
-        [--slo "p95<50ms"] [--out FILE]
+        [--slo "p95<50ms"] [--pin] [--capacity RPS] [--out FILE]
 
 Parts (each prints a markdown table; the load average is printed beside every number):
 
@@ -26,7 +26,9 @@ Each server is one process (torch threads 1, 127.0.0.1). Peers live in
 benchmarks/.venvs/{litserve,mlserver}, created on first use with the same torch (2.13.0 CPU),
 never project dependencies; they load the same weights through torch.load(weights_only=True).
 The load generator shares the machine's cores with the server: on a 2-core box every number is
-a floor for every server alike.
+a floor for every server alike. --pin puts every server on the last CPU and the clients (wrk,
+`scalelab load`) on the others, so neither waits for the other's core; the header line says
+which setup a run used.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +67,8 @@ PARAMS: dict[str, Any] = {"cardinalities": [17, 4, 105, 150], "embedding_dims": 
 MAX_BATCH, DELAY_MS = 64, 2.0
 RUNTIME = ["auto"]
 """config.json's runtime for the scalelab and nobatch servers (--runtime)."""
+PIN: dict[str, set[int]] = {}
+"""--pin: the CPUs the servers run on ("server") and the clients ("client"); empty: unpinned."""
 OURS = ("scalelab", "nobatch", "torch")
 """The rows that are this server (a scalelab repository, multiprocess metrics)."""
 INFER = "/v2/models/flights/infer"
@@ -340,7 +345,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
     # its own session: stop() signals the whole group, so a peer's spawned workers (LitServe's
     # uvicorn processes) cannot outlive it and load the machine for the next measurements
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_pinned("server"))
     url = f"http://127.0.0.1:{port}"
     import httpx
 
@@ -360,6 +365,12 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
         time.sleep(0.2)
     stop(proc)
     raise RuntimeError(f"{name} not ready in 180 s; see {log.name}")
+
+
+def _pinned(role: str) -> Callable[[], None] | None:
+    """The child's CPU affinity under --pin (None: inherit the bench's)."""
+    cpus = PIN.get(role)
+    return None if not cpus else lambda: os.sched_setaffinity(0, cpus)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -407,7 +418,8 @@ def write_inputs(work: Path, payloads: list[str]) -> tuple[Path, Path]:
 def scalelab_load(*args: str, timeout: float = 900) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "scalelab", "load", *args, "--json"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
-                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                       preexec_fn=_pinned("client"))
     if p.returncode != 0:
         raise RuntimeError(f"scalelab load {' '.join(args[:3])} failed: {p.stderr[-600:]}")
     return dict(json.loads(p.stdout))
@@ -420,7 +432,7 @@ def closed_loop(url: str, seconds: float, conns: int, lua: Path, jsonl: Path) ->
     if shutil.which("wrk"):
         out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--latency",
                               "-s", str(lua), url + INFER], capture_output=True, text=True,
-                             check=True).stdout
+                             check=True, preexec_fn=_pinned("client")).stdout
         rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
         bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
         errs = re.search(r"Socket errors: (.*)", out)
@@ -675,6 +687,11 @@ def main() -> None:
     ap.add_argument("--max-step", type=float, default=6.0, help="longest capacity step (s)")
     ap.add_argument("--max-steps", type=int, default=12)
     ap.add_argument("--level-seconds", type=float, default=5.0)
+    ap.add_argument("--capacity", type=float, default=None,
+                    help="tail part: shares of this req/s instead of a capacity search")
+    ap.add_argument("--pin", action="store_true",
+                    help="servers on the last CPU, load generators (wrk, scalelab load) on the "
+                         "others: the client off the server's core")
     ap.add_argument("--workers", default="1,2", help="worker counts for the replicas part")
     ap.add_argument("--threads", action=argparse.BooleanOptionalAction, default=True,
                     help="replicas part: also 1 process x N torch threads for each count N > 1")
@@ -682,12 +699,19 @@ def main() -> None:
     args = ap.parse_args()
     PARAMS["hidden"] = [int(h) for h in args.hidden.split(",")]
     RUNTIME[0] = args.runtime
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            raise SystemExit(f"--pin needs two CPUs or more; this process may use {cpus}")
+        PIN.update(server={cpus[-1]}, client=set(cpus[:-1]))
     parts = args.parts.split(",")
     from scalelab.core.machine import current_machine
 
     machine = current_machine()
     print(f"machine: {machine}; load average at start {load_avg()}; hidden {PARAMS['hidden']};"
-          f" batch <= {MAX_BATCH}, delay {DELAY_MS} ms; 1 row per request")
+          f" batch <= {MAX_BATCH}, delay {DELAY_MS} ms; 1 row per request; "
+          + (f"servers pinned to CPU {sorted(PIN['server'])}, clients to {sorted(PIN['client'])}"
+             if PIN else "unpinned"))
     results: dict[str, Any] = {"machine": str(machine), "hidden": PARAMS["hidden"]}
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         work = Path(tmp)
@@ -695,7 +719,7 @@ def main() -> None:
         jsonl, lua = write_inputs(work, bodies(2000))
         if "closed" in parts:
             results["closed"] = part_closed(args, work, weights, lua, jsonl)
-        cap = None
+        cap = args.capacity
         if "capacity" in parts:
             results["capacity"] = part_capacity(args, work, weights, jsonl,
                                                 args.only.split(","))
