@@ -93,7 +93,7 @@ def test_a_level_far_below_capacity_is_valid_and_reports_lag(
     assert r.requests == 100 and r.failures == 0
     assert r.valid and r.invalid_reasons == []
     assert r.lag_p50_ms is not None and r.lag_p99_ms is not None and r.lag_max_ms >= 0
-    assert r.lag_p50_ms <= r.lag_p99_ms <= r.lag_max_ms + 0.01
+    assert r.lag_p50_ms <= r.lag_p99_ms <= r.lag_max_ms
 
 
 _HOG = """
