@@ -451,7 +451,10 @@ def capacity(url: str, jsonl: Path, slo: str, args: argparse.Namespace) -> dict[
                         "--max-step", f"{args.max_step:g}s", "--precision", "5%",
                         "--max-steps", str(args.max_steps), "--warmup", "0.5s")
     return {"capacity_rps": doc["capacity_rps"], "interval_rps": doc["interval_rps"],
-            "converged": doc["converged"], "steps": len(doc["steps"]), "load": load_avg()}
+            "converged": doc["converged"], "steps": len(doc["steps"]), "load": load_avg(),
+            # each step's rate, verdict and validity: why a search ended unconverged
+            "step_log": [{k: st.get(k) for k in ("rate", "verdict", "valid", "quantile_ms")}
+                         for st in doc["steps"]]}
 
 
 def level(url: str, jsonl: Path, rate: float, seconds: float) -> dict[str, Any]:
