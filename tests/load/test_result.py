@@ -1,4 +1,4 @@
-"""The validity rule as a pure function, with exact limits."""
+"""The validity rule and the merge of lag readings, as pure functions with exact limits."""
 
 from scalelab.load.clock import LagRecorder, LagStats
 from scalelab.load.generator import PartResult
