@@ -56,6 +56,19 @@ def _die_with_agent() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def exit_now(code: int) -> None:
+    """End a worker whose process group is already destroyed without interpreter teardown.
+
+    Why: after destroy_process_group, exit could still abort (SIGABRT, "terminate called
+    without an active exception") when a C++ thread of gloo or the autograd engine was
+    destroyed while joinable during static destruction — seen once in the sharded-optimizer
+    test, after the rank had written its report. Every file this worker writes is closed by
+    then, so only the standard streams need flushing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if argv is None:
@@ -93,4 +106,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

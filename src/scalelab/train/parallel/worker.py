@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from scalelab.train.parallel.config import ParallelConfig
 from scalelab.train.parallel.loop import Rank, train
-from scalelab.train.worker import _die_with_agent
+from scalelab.train.worker import _die_with_agent, exit_now
 
 CONFIG_FILE = "config.json"
 META_FILE = "meta.json"
@@ -78,4 +78,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
