@@ -479,6 +479,18 @@ def server_cpu_s(proc: subprocess.Popen[bytes]) -> float:
         return 0.0
 
 
+def loop_thread_cpu_s(proc: subprocess.Popen[bytes]) -> float:
+    """User + system CPU seconds of the server's main thread (its event loop: parsing, the
+    handler, inline batches), apart from the inference thread and the runtime's pools."""
+    import psutil
+
+    try:
+        return next((t.user_time + t.system_time for t in psutil.Process(proc.pid).threads()
+                     if t.id == proc.pid), 0.0)
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
 def responses_200(url: str) -> float:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
@@ -511,13 +523,19 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
         for r in range(args.repeats):
             order = list(servers) if r % 2 == 0 else list(servers)[::-1]  # alternate sides
             for n in order:
-                c0 = server_cpu_s(servers[n].proc)
+                c0, m0 = server_cpu_s(servers[n].proc), loop_thread_cpu_s(servers[n].proc)
+                t0 = time.monotonic()
                 res = closed_loop(servers[n].url, args.closed_seconds, args.connections, lua,
                                   jsonl)
+                wall = time.monotonic() - t0
                 # CPU the server spent per answered request: steadier than req/s when other
                 # work shares the cores, and what bounds req/s once the server is CPU-bound
-                res["cpu_us_per_req"] = (server_cpu_s(servers[n].proc) - c0) / max(
-                    1.0, res["rps"] * args.closed_seconds) * 1e6
+                answered = max(1.0, res["rps"] * args.closed_seconds)
+                res["cpu_us_per_req"] = (server_cpu_s(servers[n].proc) - c0) / answered * 1e6
+                # the event loop's own thread: near 100% of the wall, it is the bottleneck
+                loop_s = loop_thread_cpu_s(servers[n].proc) - m0
+                res["loop_us_per_req"] = loop_s / answered * 1e6
+                res["loop_busy"] = loop_s / wall
                 res["load"] = load_avg()
                 runs[n].append(res)
                 print(f"  closed {n:9s} {res['rps']:8.0f} req/s  load {res['load']}",
@@ -531,14 +549,16 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
           f"x {args.repeats} (alternating), client: {runs['bare'][0]['client']}; scalelab "
           f"with runtime {RUNTIME[0]}, 'torch' with runtime torch\n")
     _row(["repeat", "bare ASGI req/s", "scalelab req/s", "scalelab / bare", "torch req/s",
-          "torch / bare", "CPU us/req bare / scalelab / torch", "load avg (bare)"])
-    _row(["---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"])
+          "torch / bare", "CPU us/req bare / scalelab / torch",
+          "scalelab loop thread us/req (busy)", "load avg (bare)"])
+    _row(["---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"])
     for i, (a, b, c) in enumerate(zip(runs["bare"], runs["scalelab"], runs["torch"],
                                       strict=True)):
         _row([str(i + 1), f"{a['rps']:.0f}", f"{b['rps']:.0f}", f"{ratios['scalelab'][i]:.2f}",
               f"{c['rps']:.0f}", f"{ratios['torch'][i]:.2f}",
               f"{a['cpu_us_per_req']:.0f} / {b['cpu_us_per_req']:.0f} / "
-              f"{c['cpu_us_per_req']:.0f}", a["load"]])
+              f"{c['cpu_us_per_req']:.0f}",
+              f"{b['loop_us_per_req']:.0f} ({b['loop_busy']:.0%})", a["load"]])
     med_cpu = {n: statistics.median(r["cpu_us_per_req"] for r in runs[n]) for n in runs}
     cpu = med_cpu["bare"] / med_cpu["scalelab"]
     print(f"\nmedian req/s ratio {statistics.median(ratios['scalelab']):.2f} (target >= 0.70; "
