@@ -3,7 +3,7 @@
 Reads the run directory the launcher prepared (config.json, data.safetensors, meta.json), joins
 the process group (gloo on CPU, nccl on CUDA), trains, and writes rank-<r>.json plus, on rank 0,
 final.safetensors. A barrier precedes destroy_process_group so no rank tears down a group that
-another rank is still using for its last collective.
+another rank is still using for its last collective; then `exit_now` skips interpreter teardown.
 """
 
 from __future__ import annotations
