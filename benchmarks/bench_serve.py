@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from scalelab.core.errors import BadUsageError
 from scalelab.web.spawn import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -887,8 +888,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         work = Path(tmp)
         weights = make_weights(work)
-        jsonl, lua = write_inputs(work, minilm_bodies(2000) if args.net == "minilm"
-                                  else bodies(2000))
+        try:
+            payloads = minilm_bodies(2000) if args.net == "minilm" else bodies(2000)
+        except BadUsageError as e:  # the minilm extra is not installed: say how to get it
+            raise SystemExit(f"--net minilm: {e}") from None
+        jsonl, lua = write_inputs(work, payloads)
         if "closed" in parts:
             results["closed"] = part_closed(args, work, weights, lua, jsonl)
         cap = args.capacity
