@@ -264,7 +264,8 @@ def peer_python(name: str) -> Path:
 def make_repo(work: Path, name: str, max_batch: int, runtime: str = "auto") -> Path:
     """A scalelab repository holding the benchmark net (seed 0, so every repo has the same
     weights) under model name 'flights', served by `runtime` (config.json's; auto = what a
-    user gets: ONNX Runtime for this net when onnx and onnxruntime are installed)."""
+    user gets: ONNX Runtime for this net when onnx and onnxruntime are installed); with --net
+    minilm, the MiniLM classifier's repository instead (`make_minilm_repo`)."""
     if NET[0] == "minilm":
         return make_minilm_repo(work, name, max_batch)
     import torch
@@ -361,8 +362,9 @@ def make_minilm_repo(work: Path, name: str, max_batch: int) -> Path:
 
 
 def minilm_bodies(n: int) -> list[str]:
-    """n distinct 1-sentence OIP bodies: the retrieval corpus's documents, tokenized by the
-    model's own tokenizer to TOKENS (padded, truncated)."""
+    """Up to n 1-sentence OIP bodies, one per distinct document of the retrieval corpus
+    (2,000 at its base size), tokenized by the model's own tokenizer to TOKENS (padded,
+    truncated)."""
     from scalelab.nets.minilm import load_sentence_model
     from scalelab.retrieval.corpus import CorpusSpec, build_corpus
 
@@ -859,6 +861,9 @@ def main() -> None:
                              "measures scalelab with and without batching, so use --parts "
                              "capacity and --only scalelab,nobatch (the peers and the bare app "
                              "serve the flights MLP)")
+        if args.runtime != "auto":
+            raise SystemExit(f"--net minilm with --runtime {args.runtime}: its version is an "
+                             "ONNX graph, which ONNX Runtime runs (drop --runtime)")
         if not 1 <= args.tokens <= 256:
             raise SystemExit(f"--tokens {args.tokens} must lie in 1..256 (MiniLM's limit)")
         TOKENS[0] = args.tokens
