@@ -261,6 +261,14 @@ def peer_python(name: str) -> Path:
     return py
 
 
+def batching(max_batch: int) -> dict[str, Any]:
+    """config.json's batching, queue and version settings, the same for every model served."""
+    return {"max_batch_size": max_batch,
+            "dynamic_batching": {"max_queue_delay_ms": DELAY_MS, "max_queue_size": 1024,
+                                 "default_timeout_ms": 5000},
+            "version_policy": {"latest": {"num_versions": 1}}}
+
+
 def make_repo(work: Path, name: str, max_batch: int, runtime: str = "auto") -> Path:
     """A scalelab repository holding the benchmark net (seed 0, so every repo has the same
     weights) under model name 'flights', served by `runtime` (config.json's; auto = what a
@@ -284,10 +292,7 @@ def make_repo(work: Path, name: str, max_batch: int, runtime: str = "auto") -> P
                    {"name": "numeric", "datatype": "FP32", "shape": [-1, 14]}],
         "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, 4]},
                     {"name": "label", "datatype": "INT64", "shape": [-1]}],
-        "max_batch_size": max_batch,
-        "dynamic_batching": {"max_queue_delay_ms": DELAY_MS, "max_queue_size": 1024,
-                             "default_timeout_ms": 5000},
-        "version_policy": {"latest": {"num_versions": 1}}, "runtime": runtime})
+        **batching(max_batch), "runtime": runtime})
     return repo
 
 
@@ -354,10 +359,7 @@ def make_minilm_repo(work: Path, name: str, max_batch: int) -> Path:
         "outputs": [{"name": "probabilities", "datatype": "FP32",
                      "shape": [-1, MINILM_CLASSES]},
                     {"name": "label", "datatype": "INT64", "shape": [-1]}],
-        "max_batch_size": max_batch,
-        "dynamic_batching": {"max_queue_delay_ms": DELAY_MS, "max_queue_size": 1024,
-                             "default_timeout_ms": 5000},
-        "version_policy": {"latest": {"num_versions": 1}}})
+        **batching(max_batch)})
     return repo
 
 
