@@ -85,13 +85,16 @@ def test_a_rate_beyond_reach_is_invalid_with_the_reason(server: Callable[..., st
 
 
 def test_a_level_far_below_capacity_is_valid_and_reports_lag(
-        server: Callable[..., str]) -> None:
+        server: Callable[..., str], realtime_ok: bool) -> None:
     # 50 req/s is ~1% of what one generator process offers; its 20 ms gaps leave lag far
-    # inside every limit even on a busy machine (the 40 req/s level was flagged).
+    # inside every limit (the 40 req/s level was flagged by an older rule). In its
+    # precise mode where the machine allows it: a normal generator on a busy shared machine
+    # can wait for a core past a 20 ms gap twice in 100 sends, and is rightly flagged for it
+    # (a CI run with the other test worker busy: 1.37 of 2 cores, 4% of the run waiting).
     url = server("fixed", "--service-ms", "10")
-    r = _run(url, rate=50, duration_s=2.0, warmup_s=0.2)
+    r = _run(url, rate=50, duration_s=2.0, warmup_s=0.2, realtime=realtime_ok)
     assert r.requests == 100 and r.failures == 0
-    assert r.valid and r.invalid_reasons == []
+    assert r.invalid_reasons == [] and r.valid  # a failure shows the reasons, not a repr
     assert r.lag_p50_ms is not None and r.lag_p99_ms is not None and r.lag_max_ms >= 0
     assert r.lag_p50_ms <= r.lag_p99_ms <= r.lag_max_ms
 
