@@ -88,9 +88,9 @@ def test_a_level_far_below_capacity_is_valid_and_reports_lag(
         server: Callable[..., str], realtime_ok: bool) -> None:
     # 50 req/s is ~1% of what one generator process offers; its 20 ms gaps leave lag far
     # inside every limit (the 40 req/s level was flagged by an older rule). In its
-    # precise mode where the machine allows it: a normal generator on a busy shared machine
-    # can wait for a core past a 20 ms gap twice in 100 sends, and is rightly flagged for it
-    # (a CI run with the other test worker busy: 1.37 of 2 cores, 4% of the run waiting).
+    # precise mode where the machine allows it: a CI run flagged this level with the other
+    # test worker busy (1.37 of 2 cores; the generator waited for a core 4% of the run), and
+    # a normal generator that waits for a core past a 20 ms gap is rightly flagged for it.
     url = server("fixed", "--service-ms", "10")
     r = _run(url, rate=50, duration_s=2.0, warmup_s=0.2, realtime=realtime_ok)
     assert r.requests == 100 and r.failures == 0
