@@ -210,9 +210,11 @@ def serve_cmd(governance: Path | None,
 @click.option("--levels", default="1,10", show_default=True)
 @click.option("--base-docs", type=int, default=2000, show_default=True)
 @click.option("--questions", type=int, default=200, show_default=True)
-@click.option("--indexes", default="faiss:HNSW32,hnswlib:M=16,ef_construction=200,ivfpq",
+@click.option("--indexes",
+              default="faiss:HNSW32,hnswlib:M=16,ef_construction=200,ivfpq,qdrant",
               show_default=True,
-              help="Approximate indexes ('ivfpq' sizes IVF lists to the corpus; each is "
+              help="Indexes to measure ('ivfpq' sizes IVF lists to the corpus; 'qdrant' is "
+                   "embedded Qdrant, qdrant+http://HOST:6333/COLLECTION a server; each is "
                    "measured over its parameter grid beside exact numpy and faiss Flat).")
 @embedder_option
 @cache_option
