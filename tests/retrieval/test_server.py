@@ -72,7 +72,7 @@ def server(small, chat: str, tmp_path_factory: pytest.TempPathFactory
         return [sys.executable, "-m", "scalelab", "retrieval", "serve", str(out), "--port",
                 str(port), "--cache", str(cache), "--max-k", "50", "--max-body-bytes", "20000",
                 "--max-inflight", "1",
-                "--generate-url", chat]
+                "--generate-url", chat, "--generate-model", "fake-chat"]
 
     with spawned_server(cmd, ready_path="/health/ready", env=env,
                         log=tmp / "server.log") as s:
@@ -142,6 +142,7 @@ def test_answer_path_posts_context_to_chat_completions(server: Spawned, small) -
     assert body["answer"] == f"[1] {body['sources'][0]['text']}"
     sent = _FakeChat.seen[-1]
     assert sent["path"] == "/v1/chat/completions"
+    assert sent["body"]["model"] == "fake-chat"  # the flag's, so /v1/models is never asked
     assert sent["body"]["messages"] == prompt_messages(q.text, [s["text"] for s in
                                                                 body["sources"]])
     assert _post(server, "/v1/answer", {"question": ""}).status_code == 422

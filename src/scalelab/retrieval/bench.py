@@ -16,6 +16,7 @@ Every number lands in a `core.records` record (stage ``retrieval``, variable
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -57,7 +58,8 @@ def split_indexes(text: str) -> list[str]:
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        if part.startswith(("exact", "faiss:", "hnswlib:", "ivfpq", "ivfflat")) or not out:
+        if part.startswith(("exact", "faiss:", "hnswlib:", "qdrant", "ivfpq", "ivfflat")) \
+                or not out:
             out.append(part)
         else:
             out[-1] += "," + part
@@ -81,7 +83,7 @@ def resolve_spec(spec: str, n: int, dim: int) -> str:
 
 def grid_for(spec: str) -> tuple[str | None, list[float]]:
     s = spec.upper()
-    if "HNSW" in s:
+    if "HNSW" in s or s.startswith("QDRANT+"):  # a Qdrant server searches its HNSW graph
         return GRIDS["hnsw"]
     if "IVF" in s:
         return GRIDS["ivf"]
@@ -97,7 +99,8 @@ class BenchConfig:
     base_docs: int = 2000
     questions: int = 200
     """Queries per measurement (the corpus's questions; one at a time)."""
-    indexes: Sequence[str] = ("faiss:HNSW32", "hnswlib:M=16,ef_construction=200", "ivfpq")
+    indexes: Sequence[str] = ("faiss:HNSW32", "hnswlib:M=16,ef_construction=200", "ivfpq",
+                              "qdrant")
     """Approximate indexes; exact numpy and faiss Flat are always measured beside them."""
     embedder: str = "minilm"
     cache: Path | None = None
@@ -233,7 +236,7 @@ def measure_index(spec: str, x: np.ndarray, q: np.ndarray, *, exact_kth: np.ndar
                       memory_bytes=index.memory_bytes(), raw_bytes=int(x.nbytes),
                       points=points, operating=op)
     res.open_loop = open_loop(index, q, K, cfg.arrival_rate)
-    d = workdir / f"x{level:g}" / index.spec.replace(":", "_").replace(",", "_").replace("=", "")
+    d = workdir / f"x{level:g}" / re.sub(r"[^A-Za-z0-9_.-]+", "_", index.spec).strip("_")
     t1 = time.perf_counter()
     save_index(index, d, embedder=cfg.embedder, corpus_dir=None, corpus_digest=None,
                build_s=build_s, search_params={param: chosen.value} if param else None)
