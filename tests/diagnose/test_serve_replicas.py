@@ -43,9 +43,25 @@ def check_sweep(recs: list[Record]) -> dict[str, Record]:
     return swept
 
 
-def test_two_replicas_swept_on_a_small_model(tmp_path: Path) -> None:
+def responses_by_worker(prom: Path) -> dict[int, float]:
+    """200 responses each worker process counted, from its own multiprocess metrics file."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    out = {}
+    for f in prom.glob("counter_*.db"):
+        out[int(f.stem.rsplit("_", 1)[-1])] = sum(
+            s.value for m in MultiProcessCollector.merge([str(f)], accumulate=True)
+            for s in m.samples
+            if s.name == "scalelab_responses_total" and s.labels["status"] == "200")
+    return out
+
+
+def test_two_replicas_swept_on_a_small_model(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The sweep alone: no level series, the served model given; two capacity steps of ~1 s
-    per count (230 requests at 250 req/s, what the p95 step rule needs)."""
+    per count (230 requests at 250 req/s, what the p95 step rule needs). Both replicas of the
+    second server answered, and the server's /metrics merge (`Metrics.expose`, run here on the
+    files they left) counts every response of both."""
     repo = tmp_path / "repo"
     add_model(repo, "flights", {1: 1})
     cfg_path = tmp_path / "scalelab.yaml"
@@ -63,6 +79,18 @@ def test_two_replicas_swept_on_a_small_model(tmp_path: Path) -> None:
     first = min((r for r in recs if r.extras["series"] == "replicas=1 capacity"),
                 key=lambda r: r.level)
     assert first.level == 250 and first.extras["requests_needed"] == 230
+    by_worker = responses_by_worker(tmp_path / "out" / "work" / "prom-replicas=2")
+    assert len(by_worker) == 2 and min(by_worker.values()) > 0
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from scalelab.serve.metrics import Metrics
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "out" / "work" /
+                                                       "prom-replicas=2"))
+    merged = sum(s.value for fam in text_string_to_metric_families(
+        Metrics().expose().decode()) for s in fam.samples
+        if s.name == "scalelab_responses_total" and s.labels.get("status") == "200")
+    assert merged == sum(by_worker.values())
     assert d.verdict is not None
     serve = next(s for s in d.verdict.stages if s.stage == "serve")
     assert "replicas of batching=on measured at the objective (1 torch thread each): 1 → " \
