@@ -81,7 +81,7 @@ def test_cold_starts_follow_the_measured_startup(tmp_path: Path,
                 "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     startup = doc["startup_s"]
-    assert doc["startup_measured"] is True and 0 < startup < 120
+    assert doc["startup_measured"] is True and startup > 0
     (zero,) = doc["scale_to_zero"]
     waited = 5 + math.ceil(startup)
     assert zero["startup_s"] == startup
