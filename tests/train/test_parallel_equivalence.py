@@ -5,7 +5,9 @@ Tolerance: the strategies change the order of floating-point sums (gradient all-
 row-parallel partial sums, micro-batch gradient accumulation), never the math, so losses agree
 to |Δ| ≤ 1e-5 (on losses ≈ 5.5, about 2 ulp-scale float32 roundings per step) and weights to
 1e-4 after the steps. Only tensor parallel over 2 ranks and the pipeline (1F1B, receives posted
-ahead) run in `make test`; the rest are `slow`.
+ahead) run in `make test` here; FSDP's fast form shares the launches of the crash rehearsal
+(test_parallel_recovery.py::test_fsdp_matches_one_process_and_shards_the_state); the rest are
+`slow`.
 """
 
 from __future__ import annotations
