@@ -35,14 +35,23 @@ def _run(url: str, *, mode: Mode = "open", rate: float | None = None, concurrenc
 
 def test_fixed_service_time_gives_p50_near_20ms(server: Callable[..., str]) -> None:
     url = server("fixed", "--service-ms", "20")
-    for r in (_run(url, rate=100, duration_s=2.0, warmup_s=0.3),
-              _run(url, mode="closed", concurrency=4, duration_s=2.0, warmup_s=0.3)):
-        assert r.failures == 0 and r.successes > 100
+    open_, closed = (_run(url, rate=100, duration_s=1.0, warmup_s=0.3),
+                     _run(url, mode="closed", concurrency=4, duration_s=1.0, warmup_s=0.3))
+    assert open_.requests == open_.successes == 100
+    for r in (open_, closed):
+        assert r.failures == 0 and r.successes >= 50
         assert r.latency.p50_ms is not None
-        # 20 ms of service + loopback + timer slack; never less than the service time.
-        assert 19.9 <= r.latency.p50_ms <= 30.0
+        # never less than the service time (what loopback and timers add depends on the
+        # machine's load, so no upper bound in milliseconds)
+        assert r.latency.p50_ms >= 19.9
         assert r.cold_start_ms is not None and r.cold_start_ms >= 19.9
         assert r.warmup_requests > 0
+    # Little's law: 4 closed-loop clients keep 4 requests in flight, so throughput x mean
+    # latency is 4 whatever the machine's speed; a latency measured too long (or throughput
+    # counted short) breaks it. The clients' own turnaround between a response and the next
+    # send is the slack below 4.
+    assert closed.latency.mean_ms is not None
+    assert 4 * 0.9 <= closed.throughput_rps * closed.latency.mean_ms / 1e3 <= 4 * 1.02
 
 
 def test_open_loop_shows_a_stall_that_closed_loop_hides(server: Callable[..., str]) -> None:
@@ -56,7 +65,8 @@ def test_open_loop_shows_a_stall_that_closed_loop_hides(server: Callable[..., st
     # ...but in open loop everything due during it waited (>= 1/6 of requests), so p99 is
     # most of the freeze; closed loop sent one request per client into it among thousands.
     assert open_.latency.p99_ms is not None and open_.latency.p99_ms > 500
-    assert closed.latency.p99_ms is not None and closed.latency.p99_ms < 100
+    # (under 1% of closed-loop requests were caught in a freeze: its p99 is not one of them)
+    assert closed.latency.p99_ms is not None and closed.latency.p99_ms < 500
     assert open_.latency.p90_ms is not None and open_.latency.p90_ms > 100
 
 
@@ -177,7 +187,10 @@ def test_refused_connections_are_counted(server: Callable[..., str]) -> None:
         port = s.getsockname()[1]
     r = _run(f"http://127.0.0.1:{port}", rate=100, requests=10)
     assert r.errors_by_kind == {"refused": 10}
-    assert r.cold_start_error is not None
+    # the cold-start probe met the same refusal, and there is no cold-start time to report
+    assert r.cold_start_error is not None and r.cold_start_error.startswith(
+        "ConnectionRefusedError:"), r.cold_start_error
+    assert r.cold_start_ms is None and r.successes == 0
 
 
 def test_two_processes_split_the_schedule_and_merge(server: Callable[..., str]) -> None:

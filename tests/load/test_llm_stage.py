@@ -95,9 +95,9 @@ stages: {{{off}, llm: {{url: "{slots_server}", levels: [1, 4], requests: 20,
     # Twenty requests a level: p95 is the 19th, so one send a busy machine stalls (CI's two
     # cores, another test's processes on them) is not what the p95 reads.
     assert one.latency is not None and one.latency.p95_ms is not None
-    assert 20 * 0.999 <= one.latency.p95_ms < 60
-    assert one.extras["engine_waiting_max"] == 0
     assert four.latency is not None and four.latency.p95_ms is not None
+    assert 20 * 0.999 <= one.latency.p95_ms < four.latency.p95_ms
+    assert one.extras["engine_waiting_max"] == 0
     assert four.latency.p95_ms >= 100
     assert four.extras["engine_waiting_max"] >= 1
     assert four.extras["limiting_signal"] == "batch-slots"
