@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from figurekit import assert_image, capture, lines
 from scalelab.cli import run
 from scalelab.core.records import read_records
 from scalelab.load.connection import Target
@@ -174,6 +175,30 @@ def test_unreachable_server_and_wrong_path_exit_2(llm_server: Callable[..., str]
     assert run(["load", "llm", url + "/v1/embeddings", "--concurrency", "1", "--requests",
                 "1"]) == 2
     assert "does not match --api" in capsys.readouterr().err
+
+
+def test_capacity_plot_draws_the_steps(llm_server: Callable[..., str], tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # Two short steps: what is drawn must be the JSON's steps, whatever they decided.
+    url = llm_server("--max-streams", "2", "--ttft-ms", "20", "--gap-ms", "10")
+    saved = capture(monkeypatch)
+    out = tmp_path / "capacity.png"
+    assert run(["load", "llm", "capacity", url, "--slo", "ttft_p90<100ms", "--start", "4",
+                "--arrival", "constant", "--output-tokens", "4", "--min-step", "0.5s",
+                "--max-step", "1s", "--max-steps", "2", "--warmup", "0s", "--plot", str(out),
+                "--json"]) == 0
+    doc = _json(capsys)
+    assert_image(out)
+    [(fig, _)] = saved
+    drawn = lines(fig.axes[0])
+    steps = sorted(doc["steps"], key=lambda s: s["rate"])
+    assert len(steps) == 2
+    rates = [s["rate"] for s in steps]
+    for metric in ("ttft", "tpot"):
+        for q in ("p50", "p95", "p99"):
+            assert drawn[f"{metric.upper()} {q}"] == (rates, [s[metric][f"{q}_ms"]
+                                                              for s in steps])
 
 
 @pytest.mark.slow  # four 1.5-3 s steps: ~15 s of wall time

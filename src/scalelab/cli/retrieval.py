@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._governance import governance_file, governance_option
-from scalelab.cli._output import emit, json_option, parse_list
+from scalelab.cli._output import emit, json_option, parse_list, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.errors import BadUsageError
@@ -230,12 +230,13 @@ def serve_cmd(governance: Path | None,
 @click.option("--seed", type=int, default=13, show_default=True)
 @click.option("--records", type=click.Path(path_type=Path), default=None,
               help="Append records here (default OUT/records.jsonl).")
+@plot_option("the recall-QPS frontier: every index over its parameter grid, per level")
 @json_option
 def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: str,
               embedder: str, cache: Path | None, recall_target: float, arrival_rate: float,
               fresh_singles: int, prices_file: Path | None,
               price_per_core_hour: float | None, seed: int,
-              records: Path | None, as_json: bool) -> None:
+              records: Path | None, plot: Path | None, as_json: bool) -> None:
     """ann-benchmarks style: one thread, one query at a time, a parameter grid per index."""
     from scalelab.retrieval.bench import BenchConfig, render_bench, run_bench, split_indexes
 
@@ -247,4 +248,18 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
                           prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
                       seed=seed, records=records)
     result = run_bench(cfg)
+    result["plot"] = str(plot) if plot else None
+    if plot is not None:
+        plot_frontier(result, plot)
     emit(result, as_json, lambda con: render_bench(con, result))
+
+
+def plot_frontier(result: dict[str, Any], path: Path) -> None:
+    """Recall against QPS for every index and level of the bench's JSON."""
+    from scalelab.report import figures
+
+    series = {f"{ix['spec']} x{lv['level']:g}": [(p["recall"], p["qps"]) for p in ix["points"]]
+              for lv in result["levels"] for ix in lv["indexes"]}
+    figures.save(figures.frontier_figure(
+        series, title=f"recall-QPS ({result['embedder']})", target=result["recall_target"]),
+        path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from scalelab.cli._output import emit, err_console, json_option, parse_list
+from scalelab.cli._output import emit, err_console, json_option, parse_list, plot_option
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.core.records import append_records, new_experiment_id
 from scalelab.core.sweep import RunResult, SweepConfig, SweepResult, level_summary, run_sweep
@@ -82,6 +83,24 @@ def _render(res: SweepResult, records_path: Path) -> Any:
     return render
 
 
+def _plot(levels: Sequence[Mapping[str, Any]], variable: str, experiment: str, path: Path) -> None:
+    from scalelab.report import figures
+
+    # The median per level (the JSON's throughput_median): the same points the fit is made on.
+    rows = [r for r in levels if r["throughput_median"] is not None]
+    curve = figures.Curve(
+        name=experiment,
+        x=[float(r["level"]) for r in rows],
+        y=[float(r["throughput_median"]) for r in rows],
+    )
+    figures.save(
+        figures.scaling_figure(
+            [curve], variable=variable, ylabel="throughput", title=f"sweep of {variable}"
+        ),
+        path,
+    )
+
+
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option(
     "--var",
@@ -114,6 +133,7 @@ def _render(res: SweepResult, records_path: Path) -> Any:
     help="Records file (JSON Lines) to append to.",
 )
 @click.option("--experiment", help="Experiment id (default: sweep-<time>-<random>).")
+@plot_option("throughput per level (median, range of the repeats) and the chosen fit")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def sweep(
@@ -124,6 +144,7 @@ def sweep(
     timeout: str,
     records_path: Path,
     experiment: str | None,
+    plot: Path | None,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -178,7 +199,10 @@ def sweep(
         "fit_error": res.fit_error,
         "records_file": str(records_path),
         "records": res.records,
+        "plot": str(plot) if plot else None,
     }
+    if plot is not None:
+        _plot(level_summary(res), name, cfg.experiment, plot)
     emit(data, as_json, _render(res, records_path))
     if not any(r.ok for r in res.records):
         raise RunFailedError(
