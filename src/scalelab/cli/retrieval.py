@@ -99,7 +99,8 @@ def corpus_cmd(out: Path, level: str, base_docs: int, questions: int, seed: int,
               help="Index directory (index.bin + manifest.json).")
 @click.option("--index", "spec", default="faiss:HNSW32", show_default=True,
               help="exact | faiss:<factory> (Flat, HNSW32, IVF64,PQ16np) | "
-                   "hnswlib:M=16,ef_construction=200")
+                   "hnswlib:M=16,ef_construction=200 | qdrant (embedded) | "
+                   "qdrant+http://HOST:6333/COLLECTION (a Qdrant server)")
 @embedder_option
 @cache_option
 @no_cache_option
