@@ -173,8 +173,8 @@ def _governance_test() -> dict[str, Any]:
     ]}
 
 
-def _deploy(out: Path) -> dict[str, Any]:
-    assert run(["deploy", "grafana", "--out", str(out)]) == 0
+def _deploy(out: Path, *extra: str) -> dict[str, Any]:
+    assert run(["deploy", "grafana", "--out", str(out), *extra]) == 0
     rules: dict[str, Any] = yaml.safe_load((out / "rules.yaml").read_text("utf-8"))
     return rules
 
@@ -223,3 +223,31 @@ def test_promtool_reports_an_alert_that_does_not_fire(tmp_path: Path) -> None:
                           timeout=60, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "ScalelabServeAvailabilityErrorBudgetBurnPage" in done.stdout + done.stderr
+
+
+def test_the_objectives_file_sets_the_budgets_the_alerts_burn(tmp_path: Path) -> None:
+    """Serve at availability >= 99% and p99 <= 200 ms: budgets of 1%, the latency read at the
+    0.2 s bucket. A steady 3% of failures opens a ticket and does not page, where the default
+    99.9% objective (30x its budget) would page."""
+    tool = promtool()
+    objectives = tmp_path / "objectives.yaml"
+    objectives.write_text(yaml.safe_dump({"stages": {"serve": {"objectives": [
+        {"metric": "p99_ms", "max": 200}, {"metric": "availability", "min": 0.99}]}}}))
+    rules = _deploy(tmp_path, "--slo-file", str(objectives))
+    notes = _annotations(rules)
+    cases = [
+        Case("serve_availability", "ScalelabServeAvailabilityErrorBudgetBurn", 0.01,
+             {"model": "flights", "slo": "serve_availability", "stage": "serve"},
+             _serve_availability),
+        Case("serve_latency", "ScalelabServeLatencyErrorBudgetBurn", 0.01,
+             {"model": "flights", "slo": "serve_latency", "stage": "serve"},
+             _histogram("scalelab_request_duration_seconds", 'model="flights",version="1"',
+                        "0.2", "0.1")),
+    ]
+    tests = [t for c in cases for t in _slo_tests(c, notes)]
+    spec = tmp_path / "rules_test.yaml"
+    spec.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "5m",
+                                    "tests": tests}, allow_unicode=True), "utf-8")
+    done = subprocess.run([tool, "test", "rules", str(spec)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -213,9 +213,7 @@ def test_slo_targets_come_from_the_objectives_file(
     assert slos["serve_availability"].target == 0.99
     assert slos["llm_ttft"].target == 0.95  # from the defaults: the file left llm alone
     out = tmp_path / "g"
-    assert run(["deploy", "grafana", "--out", str(out), "--slo-file", str(f)]) == 0
-    text = (out / "rules.yaml").read_text("utf-8")
-    assert "(14.4 * 0.01)" in text and 'le="0.2"' in text
+    # what the file's budgets do to the alerts is promtool's test in test_alert_rules.py
     capsys.readouterr()
     assert run(["deploy", "grafana", "--out", str(out), "--slo-file", str(f), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
