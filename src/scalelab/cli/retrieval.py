@@ -20,6 +20,7 @@ from rich.table import Table
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option, parse_list, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._progress import live_progress
 from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.errors import BadUsageError
 
@@ -242,7 +243,9 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
                       price_per_core_hour=resolve_prices(
                           prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
                       seed=seed, records=records)
-    result = run_bench(cfg)
+    with live_progress("retrieval bench",
+                       total=len(cfg.levels) * (3 + len(cfg.indexes))) as progress:
+        result = run_bench(cfg, on_step=lambda what: progress.advance(what))
     result["plot"] = str(plot) if plot else None
     if plot is not None:
         plot_frontier(result, plot)
