@@ -185,7 +185,6 @@ def serve_cmd(governance: Path | None,
               generate_model: str, trace_sample: float, trace_out: str | None,
               otlp_endpoint: str | None) -> None:
     """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
-    import logging
 
     from scalelab.retrieval.server import SETTINGS_ENV, RetrievalSettings
     from scalelab.retrieval.store import index_info
@@ -199,7 +198,9 @@ def serve_cmd(governance: Path | None,
                           governance_file=governance_file(governance),
                           trace=trace_config(trace_sample, trace_out, otlp_endpoint))
     os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(s))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from scalelab.web.logs import configure
+
+    configure("info")  # JSON lines on stderr, each with its request's trace id
     run("scalelab.retrieval.server:app_from_env", RunConfig(host=host, port=port))
 
 
