@@ -261,7 +261,7 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
             extras={"policy": policy, "promoted": result.promoted, "refused": result.refused,
                     "rolled_back": result.rolled_back,
                     "samples_trained": result.samples_trained,
-                    "staleness_h": result.staleness_h})])
+                    "staleness_h": result.staleness_h, "monthly": result.monthly})])
     out = {"log": str(log_path), "ingested": ingested, "log_totals": totals, **summary,
            "published": pub.versions if pub is not None else None,
            "plot": str(plot) if plot else None}

@@ -136,7 +136,9 @@ def run_bench(cfg: BenchConfig, work: Path, experiment: str,
                     "staleness_h": r.staleness_h,
                     "rollback_ms": max(r.rollback_s) * 1000 if r.rollback_s else None,
                     "cost_per_update_usd": row["cost_per_update_usd"],
-                    "feature_version": r.feature_version}))
+                    "feature_version": r.feature_version,
+                    # quality over time: the report draws it (as --plot does)
+                    "monthly": r.monthly}))
     return {"stream": stream.manifest(), "schema": str(schema), "ingest": ingest,
             "span_days": span_days, "policies": results, "records": records}
 
