@@ -16,7 +16,7 @@ OUT    ?= scalelab-out
 # module's shared server or trained model is still built once.
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow test-reliability lint typecheck bench clean constraints
+.PHONY: demo test test-slow test-reliability lint typecheck promtool bench clean constraints
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -50,7 +50,11 @@ lint: $(DEV)
 typecheck: $(DEV)
 	$(VENV)/bin/mypy
 
-test: lint typecheck
+# Prometheus's promtool for the alert-rule tests, from Debian's package (see .ci/promtool).
+promtool: | $(PY)
+	@.ci/promtool $(VENV)/bin
+
+test: lint typecheck promtool
 	$(VENV)/bin/pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 test-slow: $(DEV)

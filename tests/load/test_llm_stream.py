@@ -28,7 +28,6 @@ from scalelab.load.workload import LengthDist, UsageMode, Workload
 
 SERVER = Path(__file__).with_name("llm_server.py")
 PREC = 0.999  # HdrHistogram at 3 significant digits reads at most 0.1% low
-JITTER_MS = 8.0  # timer wake-up on a loaded 2-core machine, server and client together
 
 
 @pytest.fixture
@@ -68,18 +67,19 @@ def test_ttft_itl_tpot_match_a_server_sending_three_tokens_per_chunk(
     r = _run(url)
     assert (r.successes, r.failures, r.output_tokens) == (20, 0, 20 * 12)
     assert r.token_sources == {"usage-continuous": 20} and r.prompt_tokens == 20 * 128
-    # 12 tokens = chunks of 3 at 40, 52, 64, 76 ms: 2 zero gaps + 9 gaps of 4 ms per request.
-    assert r.ttft.p50_ms is not None and 40 * PREC <= r.ttft.p50_ms <= 40 + JITTER_MS
+    # 12 tokens = chunks of 3 at 40, 52, 64, 76 ms. The server's timers are lower bounds (what
+    # a loaded machine adds on top is not this test's to bound in milliseconds).
+    assert r.ttft.p50_ms is not None and r.ttft.p50_ms >= 40 * PREC
+    assert r.e2e.p50_ms is not None and r.e2e.p50_ms >= 76 * PREC
     assert r.itl.count == 20 * 11
     # A late chunk lengthens its gap and shortens the next: gaps have no lower bound, but they
-    # sum to (last token - first token), so their mean is TPOT's (to µs rounding).
-    assert r.itl.p50_ms is not None and abs(r.itl.p50_ms - 4) <= JITTER_MS / 3
+    # sum to (last token - first token), so their mean is TPOT's (to µs rounding) ...
     assert r.itl.mean_ms is not None and r.tpot.mean_ms is not None
     assert abs(r.itl.mean_ms - r.tpot.mean_ms) < 0.01
-    tpot = 36 / 11  # (76 - 40) / (12 - 1)
-    # TPOT has no lower bound either (a late first token shortens it).
-    assert r.tpot.p50_ms is not None and abs(r.tpot.p50_ms - tpot) <= JITTER_MS / 11
-    assert r.e2e.p50_ms is not None and 76 * PREC <= r.e2e.p50_ms <= 76 + JITTER_MS
+    # ... and TPOT is (e2e - TTFT) over the 11 tokens after the first, request by request,
+    # so the means obey it exactly whatever the timing was.
+    assert r.e2e.mean_ms is not None and r.ttft.mean_ms is not None
+    assert r.e2e.mean_ms - r.ttft.mean_ms == pytest.approx(11 * r.tpot.mean_ms, abs=0.01)
 
 
 def test_final_usage_still_counts_every_token_and_no_usage_undercounts(
@@ -100,8 +100,9 @@ def test_a_stall_shows_in_ttft_p99_in_open_loop(llm_server: Callable[..., str]) 
     r = _run(url, out=4, mode="open", rate=40, requests=None, duration_s=2.0)
     assert r.requests == 80 and r.successes == 80, (r.errors_by_kind, r.invalid_reasons)
     # Freezes of 600 ms every 2 s: ~30% of requests due in one wait up to 600 ms for a token.
-    assert r.ttft.p50_ms is not None and r.ttft.p50_ms < 200
+    # The tail waited out a freeze; the median request did not.
     assert r.ttft.p99_ms is not None and r.ttft.p99_ms >= 400
+    assert r.ttft.p50_ms is not None and r.ttft.p50_ms < r.ttft.p99_ms / 2
 
 
 def test_dropped_streams_are_errors_not_fast_requests(llm_server: Callable[..., str]) -> None:

@@ -77,11 +77,13 @@ def test_replay_publishes_through_serve_canary_promote_and_rollback(
     versions = sorted(int(p.name) for p in (repo / "fl").iterdir() if p.name.isdigit())
     assert versions == sorted(out["published"].values())
     assert all(mismatch(repo / "fl" / str(v)) is None for v in versions)
-    routing = json.loads((repo / "fl" / "serving.json").read_text()) \
-        if (repo / "fl" / "serving.json").exists() else {}
-    assert routing.get("candidate") is None  # no canary left open
-    if out["promoted"]:
-        assert routing["current"] in versions
+    # the daily policy over these 3 days: the bootstrap, then each published candidate went
+    # through a canary and `serve promote`; the attempt refused on its holdout published nothing
+    assert (out["promoted"], out["refused"], out["rolled_back"]) == (2, 1, 0)
+    assert versions == [1, 2, 3]
+    routing = json.loads((repo / "fl" / "serving.json").read_text())
+    assert routing["candidate"] is None and routing["weight"] == 0.0  # no canary left open
+    assert (routing["current"], routing["previous"]) == (3, 2)  # each promotion moved it on
 
 
 def test_calibrate_json_and_bad_input(tmp_path: Path, week_schema: Path,

@@ -100,7 +100,8 @@ def corpus_cmd(out: Path, level: str, base_docs: int, questions: int, seed: int,
               help="Index directory (index.bin + manifest.json).")
 @click.option("--index", "spec", default="faiss:HNSW32", show_default=True,
               help="exact | faiss:<factory> (Flat, HNSW32, IVF64,PQ16np) | "
-                   "hnswlib:M=16,ef_construction=200")
+                   "hnswlib:M=16,ef_construction=200 | qdrant (embedded) | "
+                   "qdrant+http://HOST:6333/COLLECTION (a Qdrant server)")
 @embedder_option
 @cache_option
 @no_cache_option
@@ -176,13 +177,15 @@ def query_cmd(index_dir: Path, query: str, k: int, cache: Path | None, no_cache:
 @click.option("--max-body-bytes", type=int, default=256 * 1024, show_default=True)
 @click.option("--generate-url", default=None,
               help="OpenAI-compatible server for /v1/answer (e.g. scalelab generate serve).")
-@click.option("--generate-model", default="default", show_default=True)
+@click.option("--generate-model", default=None,
+              help="The model field of /v1/answer's chat requests (default: the one model "
+                   "the --generate-url server lists at GET /v1/models).")
 @governance_option
 @trace_options
 def serve_cmd(governance: Path | None,
               index_dir: Path, host: str, port: int, cache: Path | None, no_cache: bool,
               max_k: int, max_inflight: int, max_body_bytes: int, generate_url: str | None,
-              generate_model: str, trace_sample: float, trace_out: str | None,
+              generate_model: str | None, trace_sample: float, trace_out: str | None,
               otlp_endpoint: str | None) -> None:
     """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
 
@@ -210,9 +213,11 @@ def serve_cmd(governance: Path | None,
 @click.option("--levels", default="1,10", show_default=True)
 @click.option("--base-docs", type=int, default=2000, show_default=True)
 @click.option("--questions", type=int, default=200, show_default=True)
-@click.option("--indexes", default="faiss:HNSW32,hnswlib:M=16,ef_construction=200,ivfpq",
+@click.option("--indexes",
+              default="faiss:HNSW32,hnswlib:M=16,ef_construction=200,ivfpq,qdrant",
               show_default=True,
-              help="Approximate indexes ('ivfpq' sizes IVF lists to the corpus; each is "
+              help="Indexes to measure ('ivfpq' sizes IVF lists to the corpus; 'qdrant' is "
+                   "embedded Qdrant, qdrant+http://HOST:6333/COLLECTION a server; each is "
                    "measured over its parameter grid beside exact numpy and faiss Flat).")
 @embedder_option
 @cache_option
