@@ -13,6 +13,8 @@ EXTRAS: dict[str, str] = {
     "distributed": "dask",
     "faiss": "retrieval",
     "hnswlib": "retrieval",
+    "qdrant_client": "retrieval",
+    "grafana_foundation_sdk": "observe",
     "gguf": "generate",
     "tokenizers": "generate",
     "jinja2": "generate",

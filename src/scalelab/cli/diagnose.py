@@ -10,10 +10,10 @@ import click
 import yaml
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option
+from scalelab.cli._progress import live_progress
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.jsonfile import read_json_object
 from scalelab.core.sheet import SheetRow
@@ -95,22 +95,13 @@ def diagnose(
     cfg = load_config(config_path, m)
     if out.exists() and not out.is_dir():
         raise BadUsageError(f"--out {out} is a file; give a directory")
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=False,
-    ) as progress:
-        task = progress.add_task("diagnose", total=1)
+    with live_progress("diagnose", total=1) as progress:
 
         def on_step(label: str, i: int, total: int) -> None:
-            progress.update(task, total=total, completed=i - 1, description=label)
+            progress.update(total=total, completed=i - 1, note=label)
 
         runner = Runner(cfg, out, m, progress=on_step)
         outcome = runner.run()
-        progress.update(task, completed=progress.tasks[0].total, description="done")
     assert outcome.verdict is not None and outcome.files is not None
     failed = [s for s in outcome.steps if not s.ok]
     for s in failed:

@@ -133,6 +133,9 @@ def serve_cmd(governance: Path | None,
     cfg = RunConfig(host=host, port=port, workers=1, read_timeout_s=read_timeout,
                     log_level=log_level)
     os.environ[SETTINGS_ENV] = settings.to_json()
+    from scalelab.web.logs import configure
+
+    configure(log_level)  # JSON lines on stderr, each with its request's trace id
     run("scalelab.generate.api:create_app", cfg, factory=True)
 
 

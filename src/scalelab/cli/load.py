@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
+from scalelab.cli._progress import live_progress
+from scalelab.cli._progress import shown as progress_shown
 from scalelab.cli._sweep import levels
 from scalelab.core.errors import BadInputError, BadUsageError, RunFailedError
 from scalelab.core.records import Record, append_records, new_experiment_id, read_records
@@ -185,31 +187,34 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     target, reqs, kind = _requests(url, kw)
     exp = experiment or new_experiment_id("load")
     out: list[dict[str, Any]] = []
-    for i, level in enumerate(sweep):
-        if level <= 0:
-            raise BadUsageError(f"levels must be positive, got {level}")
-        conc = int(level) if mode == "closed" else 1
-        plan = LoadPlan(engine=_engine(target, reqs, mode, kw, warm, conc),
-                        rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
-                        duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
-                        processes=processes, cold_start=not no_cold_start)
-        if not as_json:
+    with live_progress("load", total=len(sweep)) as progress:
+        for i, level in enumerate(sweep):
+            if level <= 0:
+                raise BadUsageError(f"levels must be positive, got {level}")
+            conc = int(level) if mode == "closed" else 1
+            plan = LoadPlan(engine=_engine(target, reqs, mode, kw, warm, conc),
+                            rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
+                            duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
+                            processes=processes, cold_start=not no_cold_start)
             what = f"{level:g} req/s" if mode == "open" else f"{conc} clients"
-            err_console.print(f"[dim]load {url}: {what} ...[/]")
-        thr = objective.latency[0].threshold_s if objective and objective.latency else None
-        r = run_load(plan, slo_threshold_s=thr)
-        _check_ran(r, url)
-        lines = None
-        if objective is not None:
-            lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
-                           successes=r.successes, failures=r.failures, wall_s=r.wall_s,
-                           period_s=period_s)
-        out.append(_level_json(r, lines))
-        if records is not None:
-            # One level at a time: what was measured stays even if a later level is cut short.
-            append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
-                                               slo=objective.label if objective else None,
-                                               extra={"payload": kind})])
+            progress.update(note=f"load {url}: {what}")
+            if not as_json and not progress_shown():
+                err_console.print(f"[dim]load {url}: {what} ...[/]")
+            thr = objective.latency[0].threshold_s if objective and objective.latency else None
+            r = run_load(plan, slo_threshold_s=thr)
+            _check_ran(r, url)
+            lines = None
+            if objective is not None:
+                lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
+                               successes=r.successes, failures=r.failures, wall_s=r.wall_s,
+                               period_s=period_s)
+            out.append(_level_json(r, lines))
+            progress.advance()
+            if records is not None:
+                # One level at a time: what was measured stays even if a later level is cut short.
+                append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
+                                                   slo=objective.label if objective else None,
+                                                   extra={"payload": kind})])
     doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
            "slo": objective.label if objective else None,
            "validity_rules": VALIDITY_RULES, "levels": out,
@@ -330,7 +335,8 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
     recs: list[Record] = []
 
     def run_step(rate: float) -> Step:
-        if not as_json:
+        progress.advance(f"capacity step: {rate:.1f} req/s")
+        if not as_json and not progress_shown():
             err_console.print(f"[dim]capacity step: {rate:.1f} req/s ...[/]")
         plan = LoadPlan(engine=_engine(target, reqs, "open", kw, warm), rate=rate,
                         arrival=arrival, duration_s=rule.max_step_s,  # type: ignore[arg-type]
@@ -351,7 +357,8 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
                                      "verdict": step.verdict, "requests_needed": needed}))
         return step
 
-    res = search(run_step, cfg)
+    with live_progress("capacity", total=max_steps) as progress:
+        res = search(run_step, cfg)
     # A rate is tried again only when its step was invalid, and then the last try is the one
     # the search counted: every record of a rate carries that verdict, so a reader grouping
     # records by rate (the diagnose sheet) sees what the search decided.

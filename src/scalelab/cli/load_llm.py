@@ -20,6 +20,8 @@ from rich.table import Table
 
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._progress import live_progress
+from scalelab.cli._progress import shown as progress_shown
 from scalelab.cli._sweep import levels
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
@@ -203,41 +205,44 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
             err_console.print(f"[dim]quality probe: {len(probe)} prompts one at a time ...[/]")
         reference = reference_answers(_stream(target, reqs, "closed", kw, 0.0, 1, probe))
     out: list[dict[str, Any]] = []
-    for i, level in enumerate(sweep):
-        if level <= 0:
-            raise BadUsageError(f"levels must be positive, got {level}")
-        conc = int(level) if mode == "closed" else 1
-        plan = LlmPlan(stream=_stream(target, reqs, mode, kw, warm, conc, probe),
-                       rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
-                       duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
-                       processes=processes)
-        if not as_json:
+    with live_progress("load", total=len(sweep)) as progress:
+        for i, level in enumerate(sweep):
+            if level <= 0:
+                raise BadUsageError(f"levels must be positive, got {level}")
+            conc = int(level) if mode == "closed" else 1
+            plan = LlmPlan(stream=_stream(target, reqs, mode, kw, warm, conc, probe),
+                           rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
+                           duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
+                           processes=processes)
             what = f"{level:g} req/s" if mode == "open" else f"{conc} streams"
-            err_console.print(f"[dim]load llm {target.base}{target.path}: {what} ...[/]")
-        engine: dict[str, Any] = {}
-        if metrics_url or server_pid:
-            with Sampler(metrics_url, pid=server_pid) as sampler:
+            progress.update(note=f"load llm {target.base}{target.path}: {what}")
+            if not as_json and not progress_shown():
+                err_console.print(f"[dim]load llm {target.base}{target.path}: {what} ...[/]")
+            engine: dict[str, Any] = {}
+            if metrics_url or server_pid:
+                with Sampler(metrics_url, pid=server_pid) as sampler:
+                    r = run_llm(plan)
+                engine = sampler.extras()
+            else:
                 r = run_llm(plan)
-            engine = sampler.extras()
-        else:
-            r = run_llm(plan)
-        check_ran(r, url)
-        agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
-        out.append({**level_json(r, objective, price), "engine": engine,
-                    "quality": quality_json(agree)})
-        if records is not None:
-            extra: dict[str, Any] = {**engine, "model": wl.model,
-                                     **({"series": series} if series else {}),
-                                     **(agree.extras() if agree else {})}
-            limit = limiting_signal(engine) if engine.get("engine_scrapes") else None
-            if limit:
-                extra["limiting_signal"] = limit
-            rss = engine.get("server_peak_rss_bytes")
-            append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
-                                               slo=objective, price_per_hour_usd=price,
-                                               extra=extra, limiting_resource=limit,
-                                               peak_memory_bytes=int(rss) if rss else None,
-                                               quality=agree.quality() if agree else None)])
+            check_ran(r, url)
+            agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
+            out.append({**level_json(r, objective, price), "engine": engine,
+                        "quality": quality_json(agree)})
+            progress.advance()
+            if records is not None:
+                extra: dict[str, Any] = {**engine, "model": wl.model,
+                                         **({"series": series} if series else {}),
+                                         **(agree.extras() if agree else {})}
+                limit = limiting_signal(engine) if engine.get("engine_scrapes") else None
+                if limit:
+                    extra["limiting_signal"] = limit
+                rss = engine.get("server_peak_rss_bytes")
+                append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
+                                                   slo=objective, price_per_hour_usd=price,
+                                                   extra=extra, limiting_resource=limit,
+                                                   peak_memory_bytes=int(rss) if rss else None,
+                                                   quality=agree.quality() if agree else None)])
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "experiment": exp,
            "mode": mode, "slo": objective.label if objective else None,
            "price_per_hour_usd": price, "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,
@@ -372,11 +377,14 @@ def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: s
                        arrival=arrival, duration_s=rule.max_step_s,  # type: ignore[arg-type]
                        seed=kw["seed"] + i)
 
-    def on_step(rate: float) -> None:
-        if not as_json:
-            err_console.print(f"[dim]capacity step: {rate:.2f} req/s ...[/]")
+    with live_progress("capacity", total=max_steps) as progress:
 
-    res = capacity(make_plan, rule, cfg, on_step=on_step, url=url)
+        def on_step(rate: float) -> None:
+            progress.advance(f"capacity step: {rate:.2f} req/s")
+            if not as_json and not progress_shown():
+                err_console.print(f"[dim]capacity step: {rate:.2f} req/s ...[/]")
+
+        res = capacity(make_plan, rule, cfg, on_step=on_step, url=url)
     recs: list[Record] = []
     for i, (s, r) in enumerate(zip(res.result.steps, res.levels, strict=True)):
         recs.append(to_record(r, experiment=exp, url=url, workload=wl.label(), slo=objective,

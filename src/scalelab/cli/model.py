@@ -12,6 +12,8 @@ from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option, parse_list
 from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._progress import live_progress
+from scalelab.cli._progress import shown as progress_shown
 from scalelab.core.errors import BadUsageError
 from scalelab.core.records import (
     Latency,
@@ -194,9 +196,11 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
         cache_requests=cache_requests, cache_zipf_s=cache_zipf, cache_rate_per_s=cache_rate,
         cache_ttl_s=parse_duration(cache_ttl, what="--cache-ttl"),
         cache_capacity=cache_capacity)
-    if not as_json:
+    if not as_json and not progress_shown():
         err_console.print(f"building {', '.join(cfg.variants)} on {dev} ...")
-    result = run_bench(model_path, data_dir, cfg)
+    with live_progress(f"compress on {dev}") as progress:
+        result = run_bench(model_path, data_dir, cfg,
+                           on_step=lambda what: progress.update(note=f"compress: {what}"))
     base = result.variants[0]
     out: dict[str, Any] = {
         "experiment": result.experiment, "model": str(model_path), "data": str(data_dir),

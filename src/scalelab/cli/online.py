@@ -18,6 +18,7 @@ from rich.console import Console
 
 from scalelab.cli._output import emit, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._progress import live_progress
 
 start_option = click.option("--start", default=None,
                             help="First hour replayed, ISO (e.g. 2013-01-01T00); default: all.")
@@ -235,10 +236,13 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
     pub = None
     if model_repo is not None:
         pub = RepositoryPublisher(model_repo, model_name, tolerance=tolerance)
-    result = run(data, rules, pol, ucfg, publish=pub,
-                 rolled_back=pub.rolled_back if pub is not None else None,
-                 on_bootstrap=(lambda lr: pub.bootstrap(lr, {"source": "scalelab online"}))
-                 if pub is not None else None)
+    with live_progress(f"replay {policy}") as progress:
+        result = run(data, rules, pol, ucfg, publish=pub,
+                     rolled_back=pub.rolled_back if pub is not None else None,
+                     on_bootstrap=(lambda lr: pub.bootstrap(lr, {"source": "scalelab online"}))
+                     if pub is not None else None,
+                     on_window=lambda k, n: progress.update(
+                         completed=k, total=n, note=f"replay {policy}: window {k}/{n}"))
     if decisions_path is not None:
         decisions_path.parent.mkdir(parents=True, exist_ok=True)
         with decisions_path.open("w", encoding="utf-8") as f:
@@ -257,7 +261,7 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
             extras={"policy": policy, "promoted": result.promoted, "refused": result.refused,
                     "rolled_back": result.rolled_back,
                     "samples_trained": result.samples_trained,
-                    "staleness_h": result.staleness_h})])
+                    "staleness_h": result.staleness_h, "monthly": result.monthly})])
     out = {"log": str(log_path), "ingested": ingested, "log_totals": totals, **summary,
            "published": pub.versions if pub is not None else None,
            "plot": str(plot) if plot else None}
@@ -318,7 +322,14 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
                       drift_threshold=drift_threshold, drift_backoff=drift_backoff,
                       price_per_core_hour=resolve_prices(
                           prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
-    res = run_bench(cfg, out_dir, new_experiment_id("online"))
+    with live_progress("online bench: ingest") as progress:
+
+        def on_window(name: str, k: int, n: int) -> None:
+            i = cfg.policies.index(name)
+            progress.update(completed=i * n + k, total=n * len(cfg.policies),
+                            note=f"policy {name}: window {k}/{n}")
+
+        res = run_bench(cfg, out_dir, new_experiment_id("online"), on_window=on_window)
     if records_path is not None:
         append_records(records_path, res["records"])
     rows = [p["result"] for p in res["policies"]]

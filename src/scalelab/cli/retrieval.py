@@ -20,6 +20,7 @@ from rich.table import Table
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option, parse_list, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._progress import live_progress
 from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.errors import BadUsageError
 
@@ -187,7 +188,6 @@ def serve_cmd(governance: Path | None,
               generate_model: str | None, trace_sample: float, trace_out: str | None,
               otlp_endpoint: str | None) -> None:
     """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
-    import logging
 
     from scalelab.retrieval.server import SETTINGS_ENV, RetrievalSettings
     from scalelab.retrieval.store import index_info
@@ -201,7 +201,9 @@ def serve_cmd(governance: Path | None,
                           governance_file=governance_file(governance),
                           trace=trace_config(trace_sample, trace_out, otlp_endpoint))
     os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(s))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from scalelab.web.logs import configure
+
+    configure("info")  # JSON lines on stderr, each with its request's trace id
     run("scalelab.retrieval.server:app_from_env", RunConfig(host=host, port=port))
 
 
@@ -247,7 +249,9 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
                       price_per_core_hour=resolve_prices(
                           prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
                       seed=seed, records=records)
-    result = run_bench(cfg)
+    with live_progress("retrieval bench",
+                       total=len(cfg.levels) * (3 + len(cfg.indexes))) as progress:
+        result = run_bench(cfg, on_step=lambda what: progress.advance(what))
     result["plot"] = str(plot) if plot else None
     if plot is not None:
         plot_frontier(result, plot)

@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option, parse_list, plot_option
+from scalelab.cli._progress import live_progress
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.core.records import append_records, new_experiment_id
 from scalelab.core.sweep import RunResult, SweepConfig, SweepResult, level_summary, run_sweep
@@ -169,23 +169,11 @@ def sweep(
             f"only through the environment variable SCALELAB_{name.upper()}"
         )
     total = len(levels) * repeats
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=total < 2,
-    ) as progress:
-        task = progress.add_task(f"sweep {name}", total=total)
+    with live_progress(f"sweep {name}", total=total) as progress:
 
         def on_run(level: float, rep: int, r: RunResult) -> None:
-            progress.update(
-                task,
-                advance=1,
-                description=f"{name}={level:g} #{rep + 1}: "
-                f"{'ok' if r.ok else 'FAILED'} {r.wall_s:.2f}s",
+            progress.advance(
+                f"{name}={level:g} #{rep + 1}: {'ok' if r.ok else 'FAILED'} {r.wall_s:.2f}s"
             )
 
         res = run_sweep(cfg, on_run=on_run)

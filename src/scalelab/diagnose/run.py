@@ -164,5 +164,5 @@ def rebuild(
         read_json_object(out / RUN_INFO) if (out / RUN_INFO).is_file() else {}
     )
     meta = {"mode": mode, "records": len(records)}
-    files = write_report(out, sheet, verdict, goals, m, meta, run=run_info)
+    files = write_report(out, sheet, verdict, goals, m, meta, run=run_info, records=records)
     return sheet, verdict, files

@@ -41,6 +41,7 @@ from scalelab.generate.protocol import (
     usage,
 )
 from scalelab.generate.sequence import SamplingParams
+from scalelab.web.access import AccessLog
 from scalelab.web.governance import governed, report_usage
 from scalelab.web.guard import Guard
 from scalelab.web.trace import TraceConfig, Tracing
@@ -509,7 +510,8 @@ def wrap(app: FastAPI, settings: ApiSettings) -> ASGIApp:
     def route(scope: Scope) -> str | None:
         return name if scope["method"] == "POST" and scope["path"] in WORK_ROUTES else None
 
-    return governed(Guard(app, max_body=settings.max_body_bytes, error_body=_error_body),
+    return governed(Guard(app, max_body=settings.max_body_bytes, error_body=_error_body,
+                          access=AccessLog("scalelab.generate.access")),
                     settings.governance_file, route=route,
                     admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None, error_body=_error_body)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from scalelab.core.economics import review_lines, unit_costs
 from scalelab.core.machine import Machine
+from scalelab.core.records import Record
 from scalelab.core.serialize import jsonable
 from scalelab.core.sheet import SheetRow
 from scalelab.core.units import format_bytes
@@ -260,6 +261,7 @@ def render_html(
     machine: Machine,
     meta: dict[str, Any],
     traces: dict[str, list[tuple[str, str]]] | None = None,
+    records: list[Record] | None = None,
 ) -> str:
     e = html.escape
     out: list[str] = [
@@ -320,6 +322,8 @@ def render_html(
                 plots.throughput_plot(s.stage, rows, objs),
                 plots.latency_plot(s.stage, rows, objs),
                 plots.cost_plot(s.stage, rows),
+                plots.frontier_plot(s.stage, records or []),
+                plots.monthly_plot(s.stage, records or []),
             )
         for svg in figures:
             if svg:
@@ -398,6 +402,7 @@ def write_report(
     meta: dict[str, Any],
     *,
     run: dict[str, Any] | None = None,
+    records: list[Record] | None = None,
 ) -> ReportFiles:
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {**meta, "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
@@ -411,7 +416,7 @@ def write_report(
            "traces": {s: [{"tag": t, "line": ln} for t, ln in rows]
                       for s, rows in traces.items()}}
     for path, text in (
-        (files.html, render_html(sheet, verdict, goals, machine, meta, traces)),
+        (files.html, render_html(sheet, verdict, goals, machine, meta, traces, records)),
         (files.markdown, render_markdown(sheet, verdict, machine, meta, traces)),
         (
             files.json,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,7 +290,7 @@ def _fresh(index: VectorIndex, emb: CachedEmbedder, fresh_texts: list[str],
             "fresh_hit_at_10": hit_rate(ids, shifted, K)}
 
 
-def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+def run_bench(cfg: BenchConfig, on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run every level; append records to OUT/records.jsonl; return the whole result.
 
     Everything runs on one thread: faiss's OpenMP pool, numpy's BLAS (an idle multi-threaded
@@ -300,16 +300,17 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     limit_threads(1)
     with threadpool_limits(limits=1):
-        return _run_bench(cfg)
+        return _run_bench(cfg, on_step or (lambda _: None))
 
 
-def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
+def _run_bench(cfg: BenchConfig, on_step: Callable[[str], None]) -> dict[str, Any]:
     cfg.out.mkdir(parents=True, exist_ok=True)
     exp = new_experiment_id("retrieval")
     emb = CachedEmbedder(embedder=make_embedder(cfg.embedder, threads=1), path=cfg.cache)
     levels: list[dict[str, Any]] = []
     records: list[Record] = []
     for level in cfg.levels:
+        on_step(f"x{level:g}: corpus and embeddings")
         spec = CorpusSpec(level=level, base_docs=cfg.base_docs, questions=cfg.questions,
                           seed=cfg.seed)
         corpus = build_corpus(spec)
@@ -339,6 +340,7 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
         fresh_truth = [fk[qq.doc_key] for qq in corpus.fresh_questions]
         results: list[IndexResult] = []
         for s in ["exact", "faiss:Flat", *cfg.indexes]:
+            on_step(f"x{level:g}: {s}")
             full = resolve_spec(s, x.shape[0], x.shape[1])
             res, index = measure_index(full, x, q, exact_kth=exact_kth, truth=truth,
                                        answers=answers, texts=texts, level=level, cfg=cfg,

@@ -42,6 +42,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from scalelab.core.errors import BadUsageError, ScalelabError
+from scalelab.web.access import AccessLog
 from scalelab.web.governance import governed
 from scalelab.web.guard import Guard, request_id
 from scalelab.web.trace import RequestTrace, TraceConfig, Tracing, ns_perf
@@ -412,7 +413,9 @@ def create_app(settings: RetrievalSettings) -> Any:
         return model if scope["method"] == "POST" and scope["path"] in (
             "/v1/retrieve", "/v1/answer") else None
 
-    return governed(Guard(app, max_body=s.max_body_bytes), s.governance_file, route=work,
+    return governed(Guard(app, max_body=s.max_body_bytes,
+                          access=AccessLog("scalelab.retrieval.access")), s.governance_file,
+                    route=work,
                     admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None)
 
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from scalelab.core.errors import BadUsageError
 from scalelab.web.codec import dumps
+from scalelab.web.logs import bind_trace
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
@@ -295,6 +296,8 @@ class RequestTrace:
         c = root.get_span_context()
         self.trace_id = _hex(c.trace_id, 32)
         self.span_id = _hex(c.span_id, 16)
+        # A trace started here (no traceparent came): the request's log lines name it too.
+        bind_trace(self.trace_id)
 
     def traceparent(self, span: Span | None = None) -> str:
         """The header naming `span` (default: the root) as the parent of a downstream call."""
