@@ -25,16 +25,18 @@ TOK = byte_tokenizer()
 
 
 @contextlib.contextmanager
-def generate_server(log: Path, *flags: str, max_model_len: int) -> Iterator[Spawned]:
-    """`scalelab generate serve --model tiny` (seed 0, one torch thread) with `flags`."""
+def generate_server(log: Path, *flags: str, max_model_len: int,
+                    env: dict[str, str] | None = None) -> Iterator[Spawned]:
+    """`scalelab generate serve --model tiny` (seed 0, one torch thread) with `flags`, and
+    `env` added to this process's environment."""
 
     def command(port: int) -> list[str]:
         return [sys.executable, "-m", "scalelab", "generate", "serve", "--model", "tiny",
                 "--port", str(port), "--torch-threads", "1",
                 "--max-model-len", str(max_model_len), *flags]
 
-    env = {**os.environ, "SCALELAB_CACHE": str(log.parent)}
-    with spawned_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
+    full = {**os.environ, "SCALELAB_CACHE": str(log.parent), **(env or {})}
+    with spawned_server(command, ready_path="/health", log=log, env=full, timeout_s=180) as s:
         yield s
 
 
