@@ -14,8 +14,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import polars as pl
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "online"))
@@ -25,7 +27,14 @@ from online_fixtures import END, SCHEMA_END, START
 from scalelab.online.ingest import ingest_source, load_rules
 from scalelab.online.log import EventLog
 from scalelab.online.schema import write_schema
-from scalelab.online.stream import CACHE_ENV, EVENT_ID, StreamConfig, build_stream, parse_fault
+from scalelab.online.stream import (
+    CACHE_ENV,
+    EVENT_ID,
+    LABEL_TIME,
+    StreamConfig,
+    build_stream,
+    parse_fault,
+)
 from scalelab.online.updater import StreamData
 
 pytestmark = pytest.mark.reliability
@@ -125,3 +134,49 @@ def test_sigkill_mid_window_loses_nothing_and_counts_nothing_twice(
     assert da.events.equals(db.events) and da.rejects.sort(EVENT_ID).equals(
         db.rejects.sort(EVENT_ID))
     assert (da.label >= 0).sum() == len(ev)  # type: ignore[arg-type]  # every stored event labelled
+
+
+def test_labels_past_the_horizon_are_counted_not_used_and_the_log_stays_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every 7th label arrives 48 h late; with a 24 h horizon those are counted past the
+    horizon and treated as never arrived; labels of quarantined events are counted unjoined.
+    stored = joined + past_horizon + unjoined, and the log's own totals still reconcile."""
+    from scalelab.cli import run
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    schema = write_schema(tmp_path / "schema.json", StreamConfig(end=SCHEMA_END))
+    stream = build_stream(StreamConfig(start=START, end=END, faults=[parse_fault(FAULT)]))
+    labels = stream.label_events()
+    late = pl.col(EVENT_ID) % 7 == 0
+    labels = labels.with_columns(
+        pl.when(late).then(pl.col(LABEL_TIME) + pl.duration(hours=48))
+        .otherwise(pl.col(LABEL_TIME)).alias(LABEL_TIME)).sort([LABEL_TIME, EVENT_ID])
+    log_path = tmp_path / "log.sqlite"
+    with EventLog(log_path) as log:
+        ingest_source(log, load_rules(schema), "events", stream.feature_events(),
+                      batch_size=BATCH)
+        ingest_source(log, load_rules(schema), "labels", labels, batch_size=BATCH)
+        stored = set(log.read("events").get_column(EVENT_ID).to_list())
+        quarantined = set(log.quarantine("events").get_column(EVENT_ID).to_list())
+        lt = log.totals("labels")
+    rows = stream.events.height
+    assert lt["received"] == lt["accepted"] + lt["quarantined"] == rows
+    n_late = len([i for i in stored if i % 7 == 0])
+
+    def replay(*extra: str) -> dict[str, Any]:
+        assert run(["online", "replay", "--log", str(log_path), "--schema", str(schema),
+                    "--bootstrap-days", "4", "--policy", "never", "--json", *extra]) == 0
+        return dict(json.loads(capsys.readouterr().out))
+
+    h = replay("--label-horizon-hours", "24")
+    assert h["labels"] == {"log_accepted": rows, "stored": rows, "joined": len(stored) - n_late,
+                           "past_horizon": n_late, "unjoined": len(quarantined),
+                           "horizon_h": 24.0}
+    assert n_late > 0 and len(quarantined) > 0
+    every = replay()  # no horizon: the late labels are used
+    assert every["labels"]["past_horizon"] == 0
+    assert every["labels"]["joined"] == len(stored) == rows - len(quarantined)
+    assert h["scored"] < every["scored"]  # the late labels scored nothing under the horizon
+    with EventLog(log_path) as log:  # reading never changes the log
+        assert log.totals("labels") == lt
