@@ -185,6 +185,9 @@ def plot_monthly(results: list[dict[str, Any]], path: Path) -> None:
               help="Publish versions here through `scalelab serve canary/promote/rollback`.")
 @click.option("--model", "model_name", default="flights-online", show_default=True,
               help="Model name in --model-repo (must be new).")
+@click.option("--label-horizon-hours", "label_horizon", default=None, type=float,
+              help="Labels arriving later than this after their event are counted "
+                   "(labels.past_horizon) and not used; default: every label is used.")
 @click.option("--decisions", "decisions_path", default=None,
               type=click.Path(dir_okay=False, path_type=Path),
               help="Write every decision as one JSON line here.")
@@ -201,7 +204,8 @@ def plot_monthly(results: list[dict[str, Any]], path: Path) -> None:
 @json_option
 def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: float,
                drift_backoff: float,
-               model_repo: Path | None, model_name: str, decisions_path: Path | None,
+               model_repo: Path | None, model_name: str, label_horizon: float | None,
+               decisions_path: Path | None,
                records_path: Path | None, bootstrap_days: float, lookback_hours: float,
                tick_hours: float, tolerance: float, rollback_tolerance: float,
                start: str | None, end: str | None, faults: tuple[str, ...], label_delay: float,
@@ -231,8 +235,10 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
             ingested = {n: ingest_source(log, rules, n, src) for n, src in
                         (("events", stream.feature_events()),
                          ("labels", stream.label_events()))}
-        data = StreamData.from_frames(log.read("events"), log.labels(), log.quarantine())
+        data = StreamData.from_frames(log.read("events"), log.labels(), log.quarantine(),
+                                      horizon_h=label_horizon)
         totals = log.totals("events")
+        label_totals = log.totals("labels")
     pub = None
     if model_repo is not None:
         pub = RepositoryPublisher(model_repo, model_name, tolerance=tolerance)
@@ -262,7 +268,11 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
                     "rolled_back": result.rolled_back,
                     "samples_trained": result.samples_trained,
                     "staleness_h": result.staleness_h, "monthly": result.monthly})])
-    out = {"log": str(log_path), "ingested": ingested, "log_totals": totals, **summary,
+    labels = {"log_accepted": label_totals["accepted"], "stored": data.labels_stored,
+              "joined": data.labels_joined, "past_horizon": data.past_horizon,
+              "unjoined": data.unjoined, "horizon_h": label_horizon}
+    out = {"log": str(log_path), "ingested": ingested, "log_totals": totals, "labels": labels,
+           **summary,
            "published": pub.versions if pub is not None else None,
            "plot": str(plot) if plot else None}
     if plot is not None:
@@ -275,6 +285,8 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
                 f"{result.rolled_back} rolled back; {result.quarantined_windows} window(s) "
                 f"quarantined; {result.samples_trained:,} samples trained "
                 f"({result.train_cpu_s:.1f} CPU s); mean staleness {result.staleness_h:.0f} h")
+        c.print(f"labels: {data.labels_joined:,} used, {data.past_horizon:,} past the "
+                f"horizon, {data.unjoined:,} for events not in the log")
         c.print(f"feature version {result.feature_version}"
                 + (f"; decisions in {decisions_path}" if decisions_path else ""))
 

@@ -22,7 +22,7 @@ from scalelab.cli._output import emit, json_option, parse_list, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 from scalelab.cli._tracing import trace_config, trace_options
-from scalelab.core.errors import BadUsageError
+from scalelab.core.errors import BadInputError, BadUsageError
 
 cache_option = click.option(
     "--cache", type=click.Path(path_type=Path), default=None,
@@ -193,7 +193,15 @@ def serve_cmd(governance: Path | None,
     from scalelab.retrieval.store import index_info
     from scalelab.web.runner import RunConfig, run
 
-    index_info(index_dir)  # fail here, with a clear line, before uvicorn starts
+    # fail here, with one line, before uvicorn starts: a missing or unreadable manifest, or a
+    # corpus that is gone (nothing to answer with, nothing to rebuild a refused file from); a
+    # damaged index file with its corpus in place is rebuilt by the server before it is ready
+    info = index_info(index_dir)
+    corpus = info.corpus.get("path")
+    if not corpus or not Path(corpus).is_dir():
+        raise BadInputError(f"{index_dir}: its corpus {corpus} is gone (the documents the ids "
+                            "point at); re-create the corpus and rebuild the index: scalelab "
+                            f"retrieval index --corpus DIR --out {index_dir} --index {info.spec}")
     c = _cache(cache, no_cache)
     s = RetrievalSettings(index_dir=str(index_dir.resolve()), cache=str(c) if c else None,
                           max_k=max_k, max_inflight=max_inflight, max_body_bytes=max_body_bytes,

@@ -273,12 +273,19 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
     async def pool() -> dict[str, Any]:
         """Block-pool state (what the fault tests assert returns to whole)."""
         b = engine.blocks
+        try:
+            problems = b.problems()
+        except RuntimeError:  # the engine thread changed the free queue while we read it
+            problems = ["read while the engine was changing it; ask again"]
         return {
             "num_blocks": b.num_blocks,
             "free": b.num_free,
             "used": b.num_used,
-            "whole": b.num_free == b.num_blocks,
+            "whole": b.num_free == b.num_blocks and not problems,
+            "problems": problems,
+            "cached_blocks": len(b.cached),
             "outstanding": svc.outstanding,
+            "live": svc.loop.num_live,
             "running": engine.num_running,
             "waiting": engine.num_waiting,
             "prefix_hit_rate": b.stats.hit_rate,

@@ -78,6 +78,27 @@ class BlockManager:
         """Every block free and unreferenced (what a drained engine must look like)."""
         return len(self.free) == len(self.blocks) and all(b.ref_count == 0 for b in self.blocks)
 
+    def problems(self) -> list[str]:
+        """Broken invariants of the pool and its prefix cache (empty when consistent): a free
+        block with references, a referenced block missing from both, a cache entry pointing
+        at a block keyed otherwise. A fault test asserts this is empty after every failure."""
+        out: list[str] = []
+        free = set(self.free)
+        if len(free) != len(self.free) or not free <= set(range(len(self.blocks))):
+            out.append("the free queue holds duplicate or unknown block ids")
+        for b in self.blocks:
+            if b.ref_count < 0:
+                out.append(f"block {b.block_id} has ref_count {b.ref_count}")
+            elif (b.ref_count == 0) != (b.block_id in free):
+                out.append(f"block {b.block_id}: ref_count {b.ref_count}, "
+                           f"{'in' if b.block_id in free else 'not in'} the free queue")
+            if (b.key is None) != (not b.tokens):
+                out.append(f"block {b.block_id}: key and tokens disagree")
+        for key, block_id in self.cached.items():
+            if self.blocks[block_id].key != key:
+                out.append(f"prefix cache entry {key} -> block {block_id} keyed otherwise")
+        return out
+
     def _take_free(self) -> int:
         block_id, _ = self.free.popitem(last=False)
         block = self.blocks[block_id]

@@ -8,6 +8,7 @@ single-threaded by design: the server drives it from one thread and talks to it 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +25,7 @@ from scalelab.generate.tokenizer import TextTokenizer
 from scalelab.nets.llama import LlamaForCausalLM
 
 MiB = 1 << 20
+STEP_HISTORY = 100_000
 
 
 @dataclass(kw_only=True)
@@ -69,8 +71,10 @@ class EngineStats:
     prefill_tokens: int = 0
     """Prompt (or recomputed) tokens run through the model, prefix-cache hits excluded."""
     decode_tokens: int = 0
-    tokens_per_step: list[int] = field(default_factory=list)
-    seqs_per_step: list[int] = field(default_factory=list)
+    tokens_per_step: deque[int] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
+    """Tokens of each of the last STEP_HISTORY steps (a server steps for weeks: a list grew
+    without bound; the Prometheus histograms keep the whole run)."""
+    seqs_per_step: deque[int] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
     max_running: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0

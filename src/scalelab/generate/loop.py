@@ -68,6 +68,11 @@ class EngineLoop:
         self._thread.join(timeout=30)
 
     @property
+    def num_live(self) -> int:
+        """Requests the engine thread still delivers to (0 once every one has ended)."""
+        return len(self._live)
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
