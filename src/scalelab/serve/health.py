@@ -16,6 +16,9 @@ from scalelab import __version__
 from scalelab.serve.context import ServeContext
 from scalelab.serve.protocol import ServeError
 
+EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics"]
+"""The OIP/Triton extensions this server implements (server metadata lists them)."""
+
 
 def health_router(ctx: ServeContext) -> APIRouter:
     r = APIRouter()
@@ -32,8 +35,30 @@ def health_router(ctx: ServeContext) -> APIRouter:
 
     @r.get("/v2")
     async def server_metadata() -> dict[str, Any]:
-        return {"name": "scalelab", "version": __version__,
-                "extensions": ["binary_tensor_data", "model_repository"]}
+        return {"name": "scalelab", "version": __version__, "extensions": EXTENSIONS}
+
+    def _stats(names: list[str], version: str | None) -> dict[str, Any]:
+        out = []
+        for name in names:
+            entry = repo.entry(name)
+            states = [repo.version_state(name, version)] if version is not None else \
+                [entry.versions[v] for v in sorted(entry.versions)]
+            out += [s.worker.stats.doc(name, str(s.version)) for s in states
+                    if s.worker is not None]
+        return {"model_stats": out}
+
+    # before /v2/models/{name}: "stats" here is the extension, not a model's name
+    @r.get("/v2/models/stats")
+    async def all_stats() -> dict[str, Any]:
+        return _stats(sorted(repo.models), None)
+
+    @r.get("/v2/models/{name}/stats")
+    async def model_stats(name: str) -> dict[str, Any]:
+        return _stats([name], None)
+
+    @r.get("/v2/models/{name}/versions/{version}/stats")
+    async def version_stats(name: str, version: str) -> dict[str, Any]:
+        return _stats([name], version)
 
     def _metadata(name: str, version: str | None) -> dict[str, Any]:
         entry = repo.entry(name)

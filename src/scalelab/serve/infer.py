@@ -46,6 +46,7 @@ from scalelab.serve.protocol import (
 )
 from scalelab.serve.repository import ModelEntry
 from scalelab.serve.scheduler import Job, Outputs, VersionWorker
+from scalelab.serve.text import check_utf8
 from scalelab.web.guard import REQUEST_ID_HEADER, BodyTooLarge, admit, send_error
 from scalelab.web.trace import RequestTrace, ns_mono
 
@@ -103,6 +104,17 @@ async def read_body(receive: Receive, limit: int | None) -> bytes:
         parts.append(chunk)
         if not msg.get("more_body", False):
             return b"".join(parts)
+
+
+def check_inputs(entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray]) -> None:
+    """What only the routed version can check: a text model's text is UTF-8, and flights'
+    vocabulary indices are in range (400 naming the input, not the model's 500)."""
+    if worker.text is not None and entry.config is not None:
+        why = check_utf8(arrays[0], entry.config.inputs[0].name)
+        if why is not None:
+            raise ServeError(400, why)
+    if worker.pre is not None:
+        check_vocabulary(entry, worker, arrays)
 
 
 def check_vocabulary(entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray]) -> None:
@@ -242,6 +254,7 @@ class InferHandler:
         ctx = self.ctx
         repo = ctx.repo
         status, served = 500, ""
+        worker: VersionWorker | None = None
         trace: RequestTrace | None = None
         encode_at = 0.0
         if ctx.tracing is not None:
@@ -277,8 +290,7 @@ class InferHandler:
                 arrays, want = fast
             deadline = t0 + timeout_s(tmo, cfg.dynamic_batching.default_timeout_ms)
             worker = repo.route(name, version, rid, entry)
-            if worker.pre is not None:
-                check_vocabulary(entry, worker, arrays)
+            check_inputs(entry, worker, arrays)
             served = worker.version_label
             if trace is not None:
                 trace.span("admission", ns_mono(t0), ns_mono(time.monotonic()))
@@ -312,6 +324,8 @@ class InferHandler:
                              extra_headers=tags)
         finally:
             dt = time.monotonic() - t0
+            if worker is not None:
+                (worker.stats.success if status == 200 else worker.stats.fail).add(int(dt * 1e9))
             self._inflight_delta[label] = self._inflight_delta.get(label, 0) - 1
             self._turn.append((label, served, status, dt))
             self._later()
@@ -349,7 +363,10 @@ class InferHandler:
             return await self._run(worker, arrays, rid, deadline, trace=trace)
         key = (entry.name, worker.version, input_key(arrays))
         if entry.cache is not None:
+            t_look = time.perf_counter_ns()
             hit = entry.cache.get(key)
+            (worker.stats.cache_hit if hit is not None else worker.stats.cache_miss).add(
+                time.perf_counter_ns() - t_look)
             if hit is not None:
                 metrics.cache_hits.labels(*labels).inc()
                 if trace is not None:
