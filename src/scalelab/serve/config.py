@@ -215,6 +215,9 @@ class ServerSettings:
     host: str = "127.0.0.1"
     """Bind address; only listen beyond this machine when told to."""
     port: int = 8000
+    grpc_port: int | None = None
+    """Also serve the KServe v2 gRPC protocol on this port, bound to `host` (None = off).
+    With several workers each binds it (SO_REUSEPORT) and the kernel spreads connections."""
     workers: int = 1
     """uvicorn worker processes (metrics merge through PROMETHEUS_MULTIPROC_DIR)."""
     admin_token: str | None = None
@@ -266,6 +269,10 @@ class ServerSettings:
             self.sample_dir = Path(self.sample_dir)
         if not 0 < self.port < 65536:
             raise BadUsageError(f"--port {self.port} must lie in 1..65535")
+        if self.grpc_port is not None and not (0 < self.grpc_port < 65536
+                                               and self.grpc_port != self.port):
+            raise BadUsageError(f"--grpc-port {self.grpc_port} must lie in 1..65535 and differ "
+                                "from --port")
         if self.workers < 1:
             raise BadUsageError("--workers must be >= 1")
         if self.governance_file and self.workers > 1:

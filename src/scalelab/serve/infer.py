@@ -236,6 +236,34 @@ class InferHandler:
                 c = self._responses[key] = m.responses.labels(key[0], key[1], str(key[2]))
             c.inc(n)
 
+    # -- per-request accounting, shared with the gRPC service -----------------------------------
+
+    def begin(self, name: str) -> str:
+        """Count a request in flight; returns its model label for `end`. A name that is not
+        loaded is counted under model "": client-chosen names must not grow the metric
+        series without bound."""
+        label = name if name in self.ctx.repo.models else ""
+        self._inflight_delta[label] = self._inflight_delta.get(label, 0) + 1
+        self._later()
+        return label
+
+    def end(self, label: str, name: str, worker: VersionWorker | None, status: int, t0: float,
+            rid: str, *, served: str, route: str = "infer") -> float:
+        """A request begun at `t0` ended with `status` (HTTP's, or gRPC's mapped to it): the
+        metrics (under version `served`, "" = none), the statistics of the `worker` it was
+        routed to, and the access log. Returns its seconds."""
+        dt = time.monotonic() - t0
+        if worker is not None:
+            (worker.stats.success if status == 200 else worker.stats.fail).add(int(dt * 1e9))
+        self._inflight_delta[label] = self._inflight_delta.get(label, 0) - 1
+        self._turn.append((label, served, status, dt))
+        self._later()
+        access = self.ctx.access
+        if access.admit(status):
+            access.write(status, route, request_id=rid, model=name, version=served,
+                         latency_ms=round(dt * 1000, 3))
+        return dt
+
     # -- the request -----------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str,
@@ -263,11 +291,7 @@ class InferHandler:
                 "scalelab.model": name, "scalelab.request_id": rid})
             if trace is not None:  # the response names the server's span to the client
                 tags = [*tags, (b"traceparent", trace.traceparent().encode())]
-        # a name that is not loaded is counted under model "": client-chosen names must not
-        # grow the metric series without bound
-        label = name if name in repo.models else ""
-        self._inflight_delta[label] = self._inflight_delta.get(label, 0) + 1
-        self._later()
+        label = self.begin(name)
         try:
             entry = repo.entry(name)
             if entry.config is None:
@@ -294,7 +318,7 @@ class InferHandler:
             served = worker.version_label
             if trace is not None:
                 trace.span("admission", ns_mono(t0), ns_mono(time.monotonic()))
-            outputs = await self._compute(entry, worker, arrays, rid, deadline, trace)
+            outputs = await self.compute(entry, worker, arrays, rid, deadline, trace)
             if trace is not None:
                 encode_at = time.monotonic()
             shadow = repo.shadow_worker(name) if version is None else None
@@ -323,15 +347,7 @@ class InferHandler:
             await send_error(send, 500, "internal server error; see the server log",
                              extra_headers=tags)
         finally:
-            dt = time.monotonic() - t0
-            if worker is not None:
-                (worker.stats.success if status == 200 else worker.stats.fail).add(int(dt * 1e9))
-            self._inflight_delta[label] = self._inflight_delta.get(label, 0) - 1
-            self._turn.append((label, served, status, dt))
-            self._later()
-            if ctx.access.admit(status):
-                ctx.access.write(status, "infer", request_id=rid, model=name, version=served,
-                                 latency_ms=round(dt * 1000, 3))
+            self.end(label, name, worker, status, t0, rid, served=served)
             if trace is not None:
                 end = time.monotonic()
                 if encode_at:
@@ -352,7 +368,7 @@ class InferHandler:
         finally:
             trace_job(trace, worker, job)
 
-    async def _compute(self, entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray],
+    async def compute(self, entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray],
                        rid: str, deadline: float, trace: RequestTrace | None = None) -> Outputs:
         assert entry.config is not None
         metrics = self.ctx.metrics
