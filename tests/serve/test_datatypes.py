@@ -28,15 +28,18 @@ from scalelab.serve.tensors import (
 
 httpclient = pytest.importorskip("tritonclient.http")
 
-WIDE: dict[str, Any] = {"inputs": [{"name": "categorical", "datatype": "UINT32", "shape": [-1, 4]},
-                   {"name": "numeric", "datatype": "BF16", "shape": [-1, 14]}],
-        "outputs": [{"name": "probabilities", "datatype": "BF16", "shape": [-1, 4]},
-                    {"name": "label", "datatype": "UINT64", "shape": [-1]}]}
-NARROW: dict[str, Any] = {"inputs": [{"name": "categorical", "datatype": "UINT16", "shape": [-1, 4]},
-                     {"name": "numeric", "datatype": "FP32", "shape": [-1, 14]}],
-          "outputs": [{"name": "label", "datatype": "UINT32", "shape": [-1]}]}
-BIG: dict[str, Any] = {"inputs": [{"name": "categorical", "datatype": "UINT64", "shape": [-1, 4]},
-                  {"name": "numeric", "datatype": "FP32", "shape": [-1, 14]}]}
+WIDE: dict[str, Any] = {
+    "inputs": [{"name": "categorical", "datatype": "UINT32", "shape": [-1, 4]},
+               {"name": "numeric", "datatype": "BF16", "shape": [-1, 14]}],
+    "outputs": [{"name": "probabilities", "datatype": "BF16", "shape": [-1, 4]},
+                {"name": "label", "datatype": "UINT64", "shape": [-1]}]}
+NARROW: dict[str, Any] = {
+    "inputs": [{"name": "categorical", "datatype": "UINT16", "shape": [-1, 4]},
+               {"name": "numeric", "datatype": "FP32", "shape": [-1, 14]}],
+    "outputs": [{"name": "label", "datatype": "UINT32", "shape": [-1]}]}
+BIG: dict[str, Any] = {
+    "inputs": [{"name": "categorical", "datatype": "UINT64", "shape": [-1, 4]},
+               {"name": "numeric", "datatype": "FP32", "shape": [-1, 14]}]}
 
 
 # -- the conversions, exactly -------------------------------------------------------------------
