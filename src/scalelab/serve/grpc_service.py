@@ -77,7 +77,7 @@ class InferenceService:
     """The servicer: one coroutine per method, over the HTTP app's context and handler."""
 
     def __init__(self, ctx: ServeContext, handler: InferHandler) -> None:
-        from scalelab.serve.grpc_schema import message
+        from scalelab.web.oip_grpc import message
 
         self.ctx, self.handler = ctx, handler
         self._msg = message
@@ -193,7 +193,7 @@ def make_server(ctx: ServeContext, handler: InferHandler, host: str, port: int) 
         import grpc
     except ImportError as e:
         raise BadUsageError(f"--grpc-port needs grpcio ({e}); {INSTALL_HINT}") from None
-    from scalelab.serve.grpc_schema import METHODS, PACKAGE, SERVICE
+    from scalelab.web.oip_grpc import METHODS, PACKAGE, SERVICE
 
     service = InferenceService(ctx, handler)
     handlers = {

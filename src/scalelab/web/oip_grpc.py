@@ -1,5 +1,6 @@
 """The KServe v2 / Open Inference Protocol gRPC schema (package `inference`, service
-`GRPCInferenceService`), as protobuf descriptors built in code.
+`GRPCInferenceService`), as protobuf descriptors built in code; the server (serve.grpc_service)
+and the load generator (load.grpc_client) both speak it. Needs only protobuf, not grpcio.
 
 The messages, field numbers and types are those of the published `grpc_predict_v2.proto`
 (KServe, Apache-2.0: github.com/kserve/kserve, python/kserve/kserve/protocol/grpc/; Triton's
