@@ -160,9 +160,7 @@ def _engine(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any],
     return EngineConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
                         warmup_s=warmup_s, timeout_s=timeout_s,
                         max_connections=kw["max_connections"],
-                        # grpc.aio runs on asyncio's own loop (uvloop is not supported by it)
-                        loop_impl=resolve_loop("asyncio" if target.scheme == "grpc"
-                                               else kw.get("loop_impl") or "auto"),
+                        loop_impl=resolve_loop(kw.get("loop_impl") or "auto"),
                         realtime=bool(kw.get("realtime")),
                         trace_sample=float(kw.get("trace_sample") or 0.0),
                         trace_seed=int(kw.get("seed") or 0))
