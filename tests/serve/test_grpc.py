@@ -213,3 +213,56 @@ def test_full_queue_is_resource_exhausted(grpc_server: tuple[Server, str]) -> No
            f'{float(len(errors))}' in metrics
     assert f'scalelab_responses_total{{model="slow",status="200",version="1"}} ' \
            f'{float(len(ok))}' in metrics
+
+
+def test_schema_matches_tritons_published_one() -> None:
+    """Every message written out in web.oip_grpc has Triton's field names, numbers, types and
+    labels (tritonclient's compiled grpc_service.proto is the reference); only the statistics'
+    memory and per-response fields are left out."""
+    from scalelab.web.oip_grpc import _POOL, PACKAGE
+
+    ours = _POOL.FindFileByName("scalelab/grpc_predict_v2.proto")
+    checked = 0
+
+    def fields(d: object) -> list[tuple[str, int, int, bool, str]]:
+        return sorted((f.name, f.number, f.type, f.is_repeated,
+                       f.message_type.name if f.message_type else "")
+                      for f in d.fields)  # type: ignore[attr-defined]
+
+    left_out = {"inference.ModelStatistics": {"memory_usage", "response_stats"}}
+
+    def walk(mine: object, theirs: object) -> None:
+        nonlocal checked
+        a, b = set(fields(mine)), set(fields(theirs))
+        name = mine.full_name  # type: ignore[attr-defined]
+        assert a <= b, (name, a - b)
+        assert {f[0] for f in b - a} == left_out.get(name, set()), name
+        checked += 1
+        for nested in mine.nested_types:  # type: ignore[attr-defined]
+            walk(nested, theirs.nested_types_by_name[nested.name])  # type: ignore[attr-defined]
+
+    for name, d in ours.message_types_by_name.items():
+        walk(d, service_pb2.DESCRIPTOR.message_types_by_name[name])
+    assert checked == 29 and ours.package == PACKAGE == service_pb2.DESCRIPTOR.package
+
+
+def test_raw_and_typed_contents_are_checked() -> None:
+    from scalelab.serve.grpc_service import http_request
+    from scalelab.serve.protocol import ServeError
+    from scalelab.web.oip_grpc import message
+
+    req = message("ModelInferRequest")(model_name="m")
+    req.inputs.add(name="a", datatype="INT64", shape=[1])
+    req.inputs.add(name="b", datatype="FP16", shape=[1])
+    with pytest.raises(ServeError, match="input 'b': FP16 has no typed contents field; send it "
+                                         "in raw_input_contents"):
+        http_request(req)
+    req.raw_input_contents.append(b"\x00" * 8)
+    with pytest.raises(ServeError, match="raw_input_contents has 1 entries for 2 inputs"):
+        http_request(req)
+    req.raw_input_contents.append(b"\x00" * 2)
+    doc, tail = http_request(req)
+    assert doc == {"inputs": [
+        {"name": "a", "datatype": "INT64", "shape": [1], "parameters": {"binary_data_size": 8}},
+        {"name": "b", "datatype": "FP16", "shape": [1], "parameters": {"binary_data_size": 2}}]}
+    assert tail == b"\x00" * 10
