@@ -273,6 +273,11 @@ class ServerSettings:
                                                and self.grpc_port != self.port):
             raise BadUsageError(f"--grpc-port {self.grpc_port} must lie in 1..65535 and differ "
                                 "from --port")
+        if self.grpc_port is not None and self.governance_file:
+            # the governance layer wraps the HTTP app: gRPC calls would pass its limits,
+            # budgets and kill switches by
+            raise BadUsageError("--governance applies to HTTP only; drop --grpc-port (or "
+                                "--governance) so no call bypasses it")
         if self.workers < 1:
             raise BadUsageError("--workers must be >= 1")
         if self.governance_file and self.workers > 1:
