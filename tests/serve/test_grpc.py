@@ -266,3 +266,17 @@ def test_raw_and_typed_contents_are_checked() -> None:
         {"name": "a", "datatype": "INT64", "shape": [1], "parameters": {"binary_data_size": 8}},
         {"name": "b", "datatype": "FP16", "shape": [1], "parameters": {"binary_data_size": 2}}]}
     assert tail == b"\x00" * 10
+
+
+def test_a_busy_grpc_port_exits_2(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from scalelab.cli import run
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert run(["serve", "--model-repo", str(repo), "--port", str(free_port()),
+                    "--grpc-port", str(port)]) == 2
+    assert f"--grpc-port {port}: cannot bind 127.0.0.1:{port}" in capsys.readouterr().err

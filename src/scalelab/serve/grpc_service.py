@@ -202,8 +202,11 @@ def make_server(ctx: ServeContext, handler: InferHandler, host: str, port: int) 
                                                response_serializer=resp.SerializeToString)
         for m, (req, resp) in METHODS.items()}
     limit = ctx.settings.max_body_bytes
+    # several workers share the port (the kernel spreads connections); one server must not
+    # silently share it with another process that set SO_REUSEPORT too
+    reuse = 1 if ctx.settings.workers > 1 else 0
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                      ("grpc.so_reuseport", 1)])
+                                      ("grpc.so_reuseport", reuse)])
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(f"{PACKAGE}.{SERVICE}", handlers),))
     bound = server.add_insecure_port(f"{host}:{port}")
