@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -90,8 +91,39 @@ def _request_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
 
 
+def _grpc_requests(target: Target, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
+    """grpc://HOST:PORT/MODEL: OIP payloads (random from ModelMetadata, or flights rows) as
+    serialized ModelInferRequests."""
+    from scalelab.load import grpc_client
+
+    kind = kw["payload"]
+    if kind == "auto":
+        kind = "flights" if kw.get("model_repo") else "oip"
+    if kind not in ("oip", "flights"):
+        raise BadUsageError(f"--payload {kind} is HTTP-only; a grpc:// URL sends OIP infer "
+                            "requests (--payload oip or flights)")
+    if kw.get("trace_sample"):
+        raise BadUsageError("--trace-sample marks HTTP requests; it does not apply to grpc://")
+    model = grpc_client.model_of(target, kw.get("model"))
+    version = kw.get("model_version")
+    plain = dataclasses.replace(target, path="/")
+    if kind == "flights":
+        if not kw.get("model_repo"):
+            raise BadUsageError("--payload flights needs --model-repo REPO")
+        specs = payloads.flights(plain, model=model, repo=kw["model_repo"], data=kw.get("data"),
+                                 version=version, batch=kw["batch"], seed=kw["seed"])
+    else:
+        meta = grpc_client.fetch_metadata(target, model)
+        specs = payloads.oip_random(plain, model, meta, batch=kw["batch"], seed=kw["seed"],
+                                    version=version)
+    return target, [grpc_client.encode_infer(model, version, s.body or b"{}")
+                    for s in specs], f"{kind} (grpc)"
+
+
 def _requests(url: str, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
     target = Target.parse(url)
+    if target.scheme == "grpc":
+        return _grpc_requests(target, kw)
     kind = kw["payload"]
     if kind == "auto":
         kind = "flights" if kw.get("model_repo") else ("oip" if kw.get("model") else "get")
