@@ -1,5 +1,7 @@
 """The OpenAI-compatible HTTP API over the engine: /v1/completions, /v1/chat/completions (both
-streaming as Server-Sent Events), /v1/models, /health, /metrics.
+streaming as Server-Sent Events), /v1/models, /health, /metrics, and vLLM's /tokenize,
+/detokenize and /version (generate.endpoints). With an API key, /v1/* needs it as a Bearer
+token (generate.auth).
 
 Admission: at most max_num_seqs running plus max_waiting waiting requests are held; the next
 one gets 429 with Retry-After at once instead of an unbounded queue. Every request carries a
@@ -28,19 +30,23 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.generate import spans
+from scalelab.generate.auth import API_KEY_ENV, ApiKeyGuard
+from scalelab.generate.endpoints import add_endpoints
 from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.logprobs import chat_logprobs, completion_logprobs
 from scalelab.generate.loop import EngineLoop, Event, Handle
 from scalelab.generate.metrics import EngineMetrics
 from scalelab.generate.protocol import (
     ChatRequest,
     CompletionRequest,
+    FieldError,
     chat_doc,
     chunk_doc,
     completion_doc,
     error_doc,
     usage,
 )
-from scalelab.generate.sequence import SamplingParams
+from scalelab.generate.sequence import SamplingParams, TokenLogprob
 from scalelab.web.governance import governed, report_usage
 from scalelab.web.guard import Guard
 from scalelab.web.trace import TraceConfig, Tracing
@@ -161,12 +167,14 @@ class Service:
                 seed=req.seed,
                 stop=req.stops(),
                 ignore_eos=req.ignore_eos,
+                logprobs=req.logprobs if isinstance(req, CompletionRequest) else
+                req.num_logprobs(),
             )
         except BadInputError as e:
             raise ApiError(400, str(e), param="stop") from e
 
-    def check(self, model: str, prompt_ids: list[int], params: SamplingParams) -> None:
-        if model != self.engine.name:
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.engine.name:
             raise ApiError(
                 404,
                 f"model {model!r} does not exist; this server serves "
@@ -174,6 +182,27 @@ class Service:
                 param="model",
                 code="model_not_found",
             )
+
+    def model_card(self) -> dict[str, Any]:
+        return {"id": self.engine.name, "object": "model", "created": 0, "owned_by": "scalelab",
+                "root": self.engine.name, "parent": None,
+                "max_model_len": self.engine.cfg.max_model_len}
+
+    def chat_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                 kwargs: dict[str, Any] | None = None, *,
+                 add_special_tokens: bool = False) -> list[int]:
+        """The prompt ids of a chat: the template's text, tokenized without a BOS of our own
+        (the template writes `bos_token` where the model wants it), as vLLM does."""
+        tok = self.engine.tokenizer
+        try:
+            text = tok.render_chat(messages, add_generation_prompt=add_generation_prompt,
+                                   kwargs=kwargs)
+        except BadInputError as e:
+            raise ApiError(400, str(e), param="messages") from e
+        return tok.encode(text, add_special_tokens=add_special_tokens)
+
+    def check(self, model: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.check_model(model)
         if len(prompt_ids) > self.max_prompt:
             raise ApiError(
                 400,
@@ -227,9 +256,15 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         if first.get("type") == "json_invalid":
             msg = f"the body is not valid JSON: {first.get('msg')}"
+        elif first.get("type") == "extra_forbidden":  # OpenAI's words for an unknown field
+            msg = f"Unrecognized request argument supplied: {'.'.join(loc)}"
         else:
             msg = f"{'.'.join(loc) or 'body'}: {first.get('msg')}"
         return JSONResponse(error_doc(msg, "invalid_request_error", ".".join(loc) or None), 400)
+
+    @app.exception_handler(FieldError)
+    async def _field(request: Request, e: FieldError) -> JSONResponse:
+        return JSONResponse(error_doc(e.message, "invalid_request_error", e.param), 400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -247,18 +282,14 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": engine.name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "scalelab",
-                    "max_model_len": engine.cfg.max_model_len,
-                }
-            ],
-        }
+        return {"object": "list", "data": [svc.model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        svc.check_model(model_id)
+        return svc.model_card()
+
+    add_endpoints(app, svc)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -287,8 +318,7 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        if body.echo:
-            raise ApiError(400, "echo is not supported; send echo=false", param="echo")
+        body.refuse_unsupported()
         p = body.prompt
         if isinstance(p, list) and p and isinstance(p[0], str):
             if len(p) != 1:
@@ -311,8 +341,9 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Response:
-        text = engine.tokenizer.render_chat([m.model_dump() for m in body.messages])
-        ids = engine.tokenizer.encode(text)
+        body.refuse_unsupported()
+        ids = svc.chat_ids(body.template_messages(), body.add_generation_prompt,
+                           body.chat_template_kwargs)
         n = (
             body.max_completion_tokens
             if body.max_completion_tokens is not None
@@ -352,9 +383,11 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         if g is not None:
             g.response_id, h.trace = rid, g
         if body.stream:
-            include = bool(body.stream_options and body.stream_options.include_usage)
+            so = body.stream_options
+            include = bool(so and so.include_usage)
+            continuous = bool(include and so and so.continuous_usage_stats)
             return _Stream(
-                _stream(h, rid, chat, include, request.scope),
+                _stream(h, rid, chat, include, continuous, request.scope),
                 on_close=lambda: _release(h),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache",
@@ -376,11 +409,13 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
 
     async def _whole(h: Handle, rid: str, chat: bool, request: Request) -> Response:
         texts: list[str] = []
+        lps: list[TokenLogprob] = []
 
         async def collect() -> Event:
             while True:
                 ev = await h.events.get()
                 texts.append(ev.text)
+                lps.extend(ev.logprobs)
                 if ev.finished:
                     return ev
 
@@ -410,18 +445,46 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
             raise ApiError(503, "the engine stopped while generating", "server_error")
         use = usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
         report_usage(request.scope, "tokens", use["total_tokens"])
-        doc = (chat_doc if chat else completion_doc)(
-            rid, engine.name, "".join(texts), ev.finish_reason, use
-        )
+        tok = engine.tokenizer
+        if chat:
+            lp = chat_logprobs(tok, lps) if h.params.logprobs is not None else None
+            doc = chat_doc(rid, engine.name, "".join(texts), ev.finish_reason, use, lp)
+        else:
+            lp = completion_logprobs(tok, lps) if h.params.logprobs is not None else None
+            doc = completion_doc(rid, engine.name, "".join(texts), ev.finish_reason, use, lp)
         return JSONResponse(doc)
 
-    async def _stream(h: Handle, rid: str, chat: bool, include_usage: bool, scope: Scope
-                      ) -> AsyncIterator[bytes]:
+    async def _stream(h: Handle, rid: str, chat: bool, include_usage: bool, continuous: bool,
+                      scope: Scope) -> AsyncIterator[bytes]:
+        """OpenAI's stream: chunks, then (include_usage) one chunk with empty `choices` and
+        the usage, then [DONE]. With include_usage every other chunk says `usage: null`, or,
+        with vLLM's continuous_usage_stats, carries the usage so far."""
         created = int(time.time())
         first = True
+        want_lp = h.params.logprobs is not None
+        offset = 0  # completions' text_offset continues across chunks
+        prompt_tokens = len(h.prompt_ids)
+
+        def out(doc: dict[str, Any], completion: int, cached: int) -> bytes:
+            if continuous:
+                doc["usage"] = usage(prompt_tokens, completion, cached)
+            elif include_usage:
+                doc["usage"] = None
+            return _sse(doc)
+
+        def lp_doc(ev: Event) -> dict[str, Any] | None:
+            nonlocal offset
+            if not want_lp:
+                return None
+            if chat:
+                return chat_logprobs(engine.tokenizer, ev.logprobs)
+            d = completion_logprobs(engine.tokenizer, ev.logprobs, offset)
+            offset += sum(len(t) for t in d["tokens"])
+            return d
+
         try:
             if chat:
-                yield _sse(chunk_doc(True, rid, engine.name, created, "", None, True))
+                yield out(chunk_doc(True, rid, engine.name, created, "", None, True), 0, 0)
                 first = False
             while True:
                 ev = await h.events.get()
@@ -435,34 +498,20 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
                         )
                     )
                     break
-                if ev.text:
-                    yield _sse(chunk_doc(chat, rid, engine.name, created, ev.text, None, first))
+                lp = lp_doc(ev) if ev.logprobs else None
+                if ev.text or lp is not None:
+                    yield out(chunk_doc(chat, rid, engine.name, created, ev.text, None, first,
+                                        lp), ev.completion_tokens, ev.cached_tokens)
                     first = False
                 if ev.finished:
                     use = usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
                     report_usage(scope, "tokens", use["total_tokens"])
-                    last = chunk_doc(
-                        chat,
-                        rid,
-                        engine.name,
-                        created,
-                        None if chat else "",
-                        ev.finish_reason,
-                        first,
-                    )
-                    last["usage"] = use
-                    yield _sse(last)
+                    last = chunk_doc(chat, rid, engine.name, created, None if chat else "",
+                                     ev.finish_reason, first)
+                    yield out(last, ev.completion_tokens, ev.cached_tokens)
                     if include_usage:
-                        yield _sse(
-                            {
-                                "id": rid,
-                                "object": last["object"],
-                                "created": created,
-                                "model": engine.name,
-                                "choices": [],
-                                "usage": use,
-                            }
-                        )
+                        yield _sse({"id": rid, "object": last["object"], "created": created,
+                                    "model": engine.name, "choices": [], "usage": use})
                     break
             yield b"data: [DONE]\n\n"
         finally:
@@ -497,21 +546,26 @@ def engine_from_settings(settings: ApiSettings) -> Engine:
     cfg = EngineConfig(**settings.engine)
     loaded = load_model(settings.model, cfg.max_model_len, seed=settings.seed)
     return Engine(
-        loaded.model, loaded.tokenizer, cfg, name=loaded.name, metrics=EngineMetrics(loaded.name)
+        loaded.model, loaded.tokenizer, cfg, name=loaded.name,
+        metrics=EngineMetrics(loaded.name, max_model_len=cfg.max_model_len)
     )
 
 
 def wrap(app: FastAPI, settings: ApiSettings) -> ASGIApp:
-    """Body limit and request ids around the app (errors in OpenAI's shape), and governance
-    outside both when configured (the one model this server serves is every request's)."""
+    """Body limit and request ids around the app (errors in OpenAI's shape), governance
+    outside both when configured (the one model this server serves is every request's), and
+    the API key ($SCALELAB_API_KEY, set by --api-key) outside everything."""
     name = app.state.service.engine.name
 
     def route(scope: Scope) -> str | None:
         return name if scope["method"] == "POST" and scope["path"] in WORK_ROUTES else None
 
-    return governed(Guard(app, max_body=settings.max_body_bytes, error_body=_error_body),
-                    settings.governance_file, route=route,
-                    admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None, error_body=_error_body)
+    inner = governed(Guard(app, max_body=settings.max_body_bytes, error_body=_error_body),
+                     settings.governance_file, route=route,
+                     admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None, error_body=_error_body)
+    key = os.environ.get(API_KEY_ENV)
+    # Outermost: a request without the key costs no body read and no governance budget.
+    return ApiKeyGuard(inner, key) if key else inner
 
 
 def create_app() -> ASGIApp:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from scalelab.generate.sequence import SamplingParams
+from scalelab.generate.sequence import SamplingParams, TokenLogprob
+
+LOGPROB_FLOOR = -9999.0
+"""Stands in for -inf (a token top-p or a -inf logit rules out): JSON has no infinity."""
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -39,3 +42,17 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
     else:
         gen.seed()
     return gen
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprob]:
+    """Log-probabilities of `tokens[i]` under `logits[i]` (rows of (n, vocab)) with the k most
+    likely tokens of each row: one log_softmax and one topk over the rows asked for."""
+    lp = torch.log_softmax(logits[: len(tokens)].float(), dim=-1).clamp_min(LOGPROB_FLOOR)
+    chosen = lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+    if k > 0:
+        vals, ids = lp.topk(k, dim=-1)
+        tops = [tuple(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), vals.tolist(),
+                                                               strict=True)]
+    else:
+        tops = [() for _ in tokens]
+    return [TokenLogprob(t, c, top) for t, c, top in zip(tokens, chosen, tops, strict=True)]
