@@ -90,7 +90,10 @@ class TextTokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (a control token: its UTF-8 text). Byte-level BPE
-        spells bytes as printable characters; a token may hold part of a character."""
+        spells bytes as printable characters; a token may hold part of a character. An id
+        past the vocabulary (a model's embedding table may be padded beyond it) is empty."""
+        if not 0 <= token_id < len(self.vocab):
+            return b""
         text = self.vocab[token_id]
         if text in self._special_set:
             return text.encode()
