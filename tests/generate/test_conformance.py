@@ -118,6 +118,34 @@ def test_completions_whole_with_logprobs_match_a_plain_forward(client: Any) -> N
     assert plain.choices[0].message.content == chat.choices[0].message.content
 
 
+def test_logit_bias_and_penalties_steer_the_choice(client: Any) -> None:
+    z = ord("z")
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                            "max_tokens": 6, "temperature": 0, "logprobs": True,
+                            "top_logprobs": 20, "extra_body": {
+                                "ignore_eos": True, "return_tokens_as_token_ids": True}}
+    forced = client.chat.completions.create(**body, logit_bias={str(z): 100})
+    assert forced.choices[0].message.content == "zzzzzz"
+    bias, freq, pres = 5.0, 2.0, 2.0
+    r = client.chat.completions.create(**body, logit_bias={str(z): bias},
+                                       frequency_penalty=freq, presence_penalty=pres)
+    content = r.choices[0].logprobs.content
+    assert r.choices[0].message.content != "zzzzzz"  # the penalties broke the repetition
+    seen: list[int] = []
+    for e in content:
+        # logprobs are the raw model's (as vLLM's); greedy picked the best adjusted score
+        def score(tok: int, lp: float) -> float:
+            c = seen.count(tok)
+            return lp + (bias if tok == z else 0.0) - freq * c - (pres if c else 0.0)
+
+        def tid(token: str) -> int:
+            return int(token.removeprefix("token_id:"))
+
+        chosen = score(tid(e.token), e.logprob)
+        assert all(chosen >= score(tid(t.token), t.logprob) - 1e-5 for t in e.top_logprobs)
+        seen.append(tid(e.token))
+
+
 def test_stream_usage_comes_once_and_only_when_asked(client: Any, server: Spawned) -> None:
     body = {"model": MODEL, "prompt": "stream me", "max_tokens": 9, "temperature": 0,
             "extra_body": {"ignore_eos": True}}
@@ -173,9 +201,11 @@ def test_content_parts_and_every_role(client: Any) -> None:
 
 
 @pytest.mark.parametrize(("path", "extra", "param"), [
-    ("chat", {"presence_penalty": 0.5}, "presence_penalty"),
-    ("chat", {"frequency_penalty": 1.0}, "frequency_penalty"),
-    ("chat", {"logit_bias": {"5": 10}}, "logit_bias"),
+    ("chat", {"presence_penalty": 2.5}, "presence_penalty"),
+    ("chat", {"frequency_penalty": -3}, "frequency_penalty"),
+    ("chat", {"logit_bias": {"hello": 10}}, "logit_bias"),
+    ("chat", {"logit_bias": {"5": 101}}, "logit_bias"),
+    ("completions", {"logit_bias": {"99999": 1}}, "logit_bias"),
     ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
     ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("chat", {"n": 2}, "n"),

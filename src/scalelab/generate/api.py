@@ -167,6 +167,9 @@ class Service:
                 seed=req.seed,
                 stop=req.stops(),
                 ignore_eos=req.ignore_eos,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                logit_bias=req.bias(self.engine.tokenizer.vocab_size),
                 logprobs=req.logprobs if isinstance(req, CompletionRequest) else
                 req.num_logprobs(),
             )
@@ -387,13 +390,14 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
             include = bool(so and so.include_usage)
             continuous = bool(include and so and so.continuous_usage_stats)
             return _Stream(
-                _stream(h, rid, chat, include, continuous, request.scope),
+                _stream(h, rid, chat, include, continuous, body.return_tokens_as_token_ids,
+                        request.scope),
                 on_close=lambda: _release(h),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache",
                          **({"traceparent": g.rt.traceparent()} if g is not None else {})},
             )
-        resp = await _whole(h, rid, chat, request)
+        resp = await _whole(h, rid, chat, request, body.return_tokens_as_token_ids)
         if g is not None:
             resp.headers["traceparent"] = g.rt.traceparent()
         return resp
@@ -407,7 +411,8 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         if h.trace is not None:
             spans.finish(h.trace, h.seq, model=engine.name)
 
-    async def _whole(h: Handle, rid: str, chat: bool, request: Request) -> Response:
+    async def _whole(h: Handle, rid: str, chat: bool, request: Request, as_ids: bool
+                     ) -> Response:
         texts: list[str] = []
         lps: list[TokenLogprob] = []
 
@@ -447,15 +452,17 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         report_usage(request.scope, "tokens", use["total_tokens"])
         tok = engine.tokenizer
         if chat:
-            lp = chat_logprobs(tok, lps) if h.params.logprobs is not None else None
+            lp = (chat_logprobs(tok, lps, as_ids=as_ids) if h.params.logprobs is not None
+                  else None)
             doc = chat_doc(rid, engine.name, "".join(texts), ev.finish_reason, use, lp)
         else:
-            lp = completion_logprobs(tok, lps) if h.params.logprobs is not None else None
+            lp = (completion_logprobs(tok, lps, as_ids=as_ids) if h.params.logprobs is not None
+                  else None)
             doc = completion_doc(rid, engine.name, "".join(texts), ev.finish_reason, use, lp)
         return JSONResponse(doc)
 
     async def _stream(h: Handle, rid: str, chat: bool, include_usage: bool, continuous: bool,
-                      scope: Scope) -> AsyncIterator[bytes]:
+                      as_ids: bool, scope: Scope) -> AsyncIterator[bytes]:
         """OpenAI's stream: chunks, then (include_usage) one chunk with empty `choices` and
         the usage, then [DONE]. With include_usage every other chunk says `usage: null`, or,
         with vLLM's continuous_usage_stats, carries the usage so far."""
@@ -477,8 +484,8 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
             if not want_lp:
                 return None
             if chat:
-                return chat_logprobs(engine.tokenizer, ev.logprobs)
-            d = completion_logprobs(engine.tokenizer, ev.logprobs, offset)
+                return chat_logprobs(engine.tokenizer, ev.logprobs, as_ids=as_ids)
+            d = completion_logprobs(engine.tokenizer, ev.logprobs, offset, as_ids=as_ids)
             offset += sum(len(t) for t in d["tokens"])
             return d
 

@@ -16,7 +16,12 @@ from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.generate.blocks import BlockManager
 from scalelab.generate.metrics import EngineMetrics
 from scalelab.generate.runner import ModelRunner, SeqSlice, blocks_in_budget, kv_bytes_per_token
-from scalelab.generate.sampling import make_generator, sample_one, token_logprobs
+from scalelab.generate.sampling import (
+    adjust_logits,
+    make_generator,
+    sample_one,
+    token_logprobs,
+)
 from scalelab.generate.scheduler import Scheduler, SchedulerConfig
 from scalelab.generate.sequence import SamplingParams, Sequence
 from scalelab.generate.speculative import SpecConfig, accept_greedy, propose
@@ -179,7 +184,7 @@ class Engine:
             return {}
         out: dict[int, list[int]] = {}
         for seq in self.scheduler.running:
-            if seq.in_prefill or not seq.params.greedy:
+            if seq.in_prefill or not seq.params.greedy or seq.params.adjusts_logits:
                 continue
             room = min(
                 seq.params.max_tokens - seq.num_output - 1, self.cfg.max_model_len - len(seq) - 1
@@ -235,7 +240,9 @@ class Engine:
                 if self.metrics:
                     self.metrics.spec(len(s.drafts), len(new) - 1)
             else:
-                new = [sample_one(rows[0], seq.params, self._generators.get(seq.seq_id))]
+                choose_from = (adjust_logits(rows[0], seq.params, seq.output_ids)
+                               if seq.params.adjusts_logits else rows[0])
+                new = [sample_one(choose_from, seq.params, self._generators.get(seq.seq_id))]
             if seq.params.logprobs is not None:  # row i is the logits new[i] was chosen from
                 seq.logprobs.extend(token_logprobs(rows, new, seq.params.logprobs))
             outputs.append(self._append(seq, new, now))

@@ -52,8 +52,11 @@ class _Sampling(BaseModel):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
+    """Token id (as a string, OpenAI's JSON) -> bias in [-100, 100] added to its logit."""
     ignore_eos: bool = False
     """vLLM's extension: generate exactly max_tokens (load tests with fixed output lengths)."""
+    return_tokens_as_token_ids: bool = False
+    """vLLM's extension: logprobs name tokens "token_id:<id>" (exact, where text is lossy)."""
     timeout: float | None = Field(default=None, gt=0.0)
     """Extension: this request's deadline in seconds (at most the server's --request-timeout)."""
 
@@ -61,6 +64,18 @@ class _Sampling(BaseModel):
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def bias(self, vocab_size: int) -> dict[int, float]:
+        """logit_bias with int keys, each a token id of this model."""
+        out: dict[int, float] = {}
+        for k, v in (self.logit_bias or {}).items():
+            if not k.isdigit() or int(k) >= vocab_size:
+                raise FieldError("logit_bias", f"logit_bias key {k!r} is not a token id in "
+                                 f"[0, {vocab_size})")
+            if not -100.0 <= v <= 100.0:
+                raise FieldError("logit_bias", f"logit_bias[{k!r}] = {v} is outside [-100, 100]")
+            out[int(k)] = v
+        return out
 
     def refuse_unsupported(self) -> None:
         """FieldError for the first field set to something this server does not do."""
@@ -73,9 +88,6 @@ class _Sampling(BaseModel):
 
 _NOOPS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n": (lambda v: v == 1, "one choice per request; send n=1 (or several requests)"),
-    "presence_penalty": (lambda v: v == 0, "send 0 (no penalty)"),
-    "frequency_penalty": (lambda v: v == 0, "send 0 (no penalty)"),
-    "logit_bias": (lambda v: not v, "send no logit_bias"),
     "echo": (lambda v: v is False, "the prompt is not echoed; send echo=false"),
     "suffix": (lambda v: v is None, "no insertion (fill-in-the-middle) mode"),
     "best_of": (lambda v: v in (None, 1), "send best_of=1"),

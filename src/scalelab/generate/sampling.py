@@ -22,6 +22,22 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum(-1, keepdim=True)
 
 
+def adjust_logits(logits: torch.Tensor, params: SamplingParams,
+                  output_ids: list[int]) -> torch.Tensor:
+    """OpenAI's logit_bias, presence and frequency penalties on one (vocab,) row: a token seen
+    c times in the output loses c * frequency_penalty + (c > 0) * presence_penalty. A copy;
+    the raw row stays for logprobs (which vLLM reports before these too)."""
+    out = logits.float().clone()
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+        out[ids] += torch.tensor(list(params.logit_bias.values()))
+    if output_ids and (params.presence_penalty or params.frequency_penalty):
+        counts = torch.bincount(torch.tensor(output_ids), minlength=out.shape[-1])
+        counts = counts[: out.shape[-1]].float()
+        out -= counts * params.frequency_penalty + (counts > 0).float() * params.presence_penalty
+    return out
+
+
 def sample_one(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> int:

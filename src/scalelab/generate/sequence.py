@@ -47,6 +47,12 @@ class SamplingParams:
     """Generation ends before the first of these strings; the string is not returned."""
     ignore_eos: bool = False
     """Keep going past end-of-sequence tokens (benchmarks with fixed output lengths)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token already in the output (OpenAI's, -2..2)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it is already in the output (-2..2)."""
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    """Added to those tokens' logits before choosing (OpenAI's, -100..100)."""
     logprobs: int | None = None
     """Record each output token's log-probability and those of the `logprobs` most likely
     tokens at its position (0: the chosen token's only; None: nothing, no cost)."""
@@ -60,12 +66,22 @@ class SamplingParams:
             raise BadInputError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
             raise BadInputError("stop strings must be non-empty")
+        if not (-2.0 <= self.presence_penalty <= 2.0 and -2.0 <= self.frequency_penalty <= 2.0):
+            raise BadInputError("presence_penalty and frequency_penalty must be in [-2, 2]")
+        if any(not -100.0 <= b <= 100.0 for b in self.logit_bias.values()):
+            raise BadInputError("logit_bias values must be in [-100, 100]")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise BadInputError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Penalties or a bias change the logits before the choice (no draft verification:
+        a draft is checked against the unadjusted argmax)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
 
 _ids = itertools.count()
