@@ -17,16 +17,16 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope
 
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.generate import spans
@@ -41,12 +41,12 @@ from scalelab.generate.protocol import (
     CompletionRequest,
     FieldError,
     chat_doc,
-    chunk_doc,
     completion_doc,
     error_doc,
     usage,
 )
 from scalelab.generate.sequence import SamplingParams, TokenLogprob
+from scalelab.generate.stream import ReleasingStream, sse_stream
 from scalelab.web.governance import governed, report_usage
 from scalelab.web.guard import Guard
 from scalelab.web.trace import TraceConfig, Tracing
@@ -130,10 +130,6 @@ _ERROR_TYPES = {401: "authentication_error", 403: "permission_error",
 def _error_body(status: int, message: str) -> bytes:
     return json.dumps(error_doc(message, _ERROR_TYPES.get(status, "invalid_request_error"))
                       ).encode()
-
-
-def _sse(doc: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
 
 class Service:
@@ -389,9 +385,13 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
             so = body.stream_options
             include = bool(so and so.include_usage)
             continuous = bool(include and so and so.continuous_usage_stats)
-            return _Stream(
-                _stream(h, rid, chat, include, continuous, body.return_tokens_as_token_ids,
-                        request.scope),
+            scope = request.scope
+            return ReleasingStream(
+                sse_stream(h, rid=rid, chat=chat, model=engine.name, tokenizer=engine.tokenizer,
+                           include_usage=include, continuous=continuous,
+                           as_ids=body.return_tokens_as_token_ids,
+                           on_usage=lambda n: report_usage(scope, "tokens", n),
+                           release=lambda: _release(h)),
                 on_close=lambda: _release(h),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache",
@@ -461,86 +461,7 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
             doc = completion_doc(rid, engine.name, "".join(texts), ev.finish_reason, use, lp)
         return JSONResponse(doc)
 
-    async def _stream(h: Handle, rid: str, chat: bool, include_usage: bool, continuous: bool,
-                      as_ids: bool, scope: Scope) -> AsyncIterator[bytes]:
-        """OpenAI's stream: chunks, then (include_usage) one chunk with empty `choices` and
-        the usage, then [DONE]. With include_usage every other chunk says `usage: null`, or,
-        with vLLM's continuous_usage_stats, carries the usage so far."""
-        created = int(time.time())
-        first = True
-        want_lp = h.params.logprobs is not None
-        offset = 0  # completions' text_offset continues across chunks
-        prompt_tokens = len(h.prompt_ids)
-
-        def out(doc: dict[str, Any], completion: int, cached: int) -> bytes:
-            if continuous:
-                doc["usage"] = usage(prompt_tokens, completion, cached)
-            elif include_usage:
-                doc["usage"] = None
-            return _sse(doc)
-
-        def lp_doc(ev: Event) -> dict[str, Any] | None:
-            nonlocal offset
-            if not want_lp:
-                return None
-            if chat:
-                return chat_logprobs(engine.tokenizer, ev.logprobs, as_ids=as_ids)
-            d = completion_logprobs(engine.tokenizer, ev.logprobs, offset, as_ids=as_ids)
-            offset += sum(len(t) for t in d["tokens"])
-            return d
-
-        try:
-            if chat:
-                yield out(chunk_doc(True, rid, engine.name, created, "", None, True), 0, 0)
-                first = False
-            while True:
-                ev = await h.events.get()
-                if ev.finish_reason in ("timeout", "error"):
-                    kind = "timeout" if ev.finish_reason == "timeout" else "server_error"
-                    yield _sse(
-                        error_doc(
-                            f"generation ended early ({ev.finish_reason}) after "
-                            f"{ev.completion_tokens} tokens",
-                            kind,
-                        )
-                    )
-                    break
-                lp = lp_doc(ev) if ev.logprobs else None
-                if ev.text or lp is not None:
-                    yield out(chunk_doc(chat, rid, engine.name, created, ev.text, None, first,
-                                        lp), ev.completion_tokens, ev.cached_tokens)
-                    first = False
-                if ev.finished:
-                    use = usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
-                    report_usage(scope, "tokens", use["total_tokens"])
-                    last = chunk_doc(chat, rid, engine.name, created, None if chat else "",
-                                     ev.finish_reason, first)
-                    yield out(last, ev.completion_tokens, ev.cached_tokens)
-                    if include_usage:
-                        yield _sse({"id": rid, "object": last["object"], "created": created,
-                                    "model": engine.name, "choices": [], "usage": use})
-                    break
-            yield b"data: [DONE]\n\n"
-        finally:
-            _release(h)  # also when the client disconnected and the generator was closed
-
     return app
-
-
-class _Stream(StreamingResponse):
-    """A stream that releases its request however it ends: a client that disconnects before
-    the first chunk leaves the body generator unstarted, so its `finally` never runs."""
-
-    def __init__(self, content: AsyncIterator[bytes], *, on_close: Callable[[], None],
-                 media_type: str, headers: dict[str, str]) -> None:
-        super().__init__(content, media_type=media_type, headers=headers)
-        self.on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.on_close()
 
 
 def engine_from_settings(settings: ApiSettings) -> Engine:
