@@ -180,6 +180,34 @@ def test_stream_usage_comes_once_and_only_when_asked(client: Any, server: Spawne
     assert chat[-1].choices == [] and chat[-1].usage.completion_tokens == 4
 
 
+def test_n_choices_whole_and_streamed(client: Any, server: Spawned) -> None:
+    body: dict[str, Any] = {"model": MODEL, "prompt": "once", "max_tokens": 5,
+                            "temperature": 1.0, "seed": 7, "n": 3,
+                            "extra_body": {"ignore_eos": True}}
+    whole = client.completions.create(**body)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (4, 15)
+    texts = [c.text for c in whole.choices]
+    assert len(set(texts)) > 1  # seeds 7, 8, 9: different samples
+    # choice i is the single request with seed 7 + i
+    alone = client.completions.create(**{**body, "n": 1, "seed": 8})
+    assert alone.choices[0].text == texts[1]
+    chunks = list(client.completions.create(**body, stream=True,
+                                            stream_options={"include_usage": True}))
+    streamed = ["".join(ch.choices[0].text for ch in chunks
+                        if ch.choices and ch.choices[0].index == i) for i in range(3)]
+    assert streamed == texts
+    reasons = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert reasons.count("length") == 3
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 15
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0,
+        n=2, extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.content == chat.choices[1].message.content  # greedy
+    pool = httpx.get(server.url + "/v1/debug/pool", headers=AUTH, timeout=10).json()
+    assert pool["outstanding"] == 0
+
+
 def test_content_parts_and_every_role(client: Any) -> None:
     def ask(messages: list[dict[str, Any]]) -> Any:
         return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,
@@ -208,7 +236,7 @@ def test_content_parts_and_every_role(client: Any) -> None:
     ("completions", {"logit_bias": {"99999": 1}}, "logit_bias"),
     ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
     ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ("chat", {"n": 2}, "n"),
+    ("chat", {"n": 17}, "n"),
     ("chat", {"top_logprobs": 2}, "top_logprobs"),
     ("chat", {"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
     ("chat", {"reasoning_effort": "high"}, "reasoning_effort"),

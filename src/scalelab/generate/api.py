@@ -17,9 +17,9 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -40,7 +40,9 @@ from scalelab.generate.protocol import (
     ChatRequest,
     CompletionRequest,
     FieldError,
+    chat_choice,
     chat_doc,
+    completion_choice,
     completion_doc,
     error_doc,
     usage,
@@ -200,8 +202,13 @@ class Service:
             raise ApiError(400, str(e), param="messages") from e
         return tok.encode(text, add_special_tokens=add_special_tokens)
 
-    def check(self, model: str, prompt_ids: list[int], params: SamplingParams) -> None:
+    def check(self, model: str, prompt_ids: list[int], params: SamplingParams,
+              n: int = 1) -> None:
         self.check_model(model)
+        if n > self.limit:
+            raise ApiError(400, f"n={n} choices can never be admitted: this server holds "
+                           f"{self.limit} sequences (--max-num-seqs + --max-waiting)",
+                           param="n")
         if len(prompt_ids) > self.max_prompt:
             raise ApiError(
                 400,
@@ -216,7 +223,7 @@ class Service:
             raise ApiError(400, str(e), param="max_tokens", code="context_length_exceeded") from e
         if not self.loop.alive:
             raise ApiError(503, "the engine has stopped; see the server log", "server_error")
-        if self.outstanding >= self.limit:
+        if self.outstanding + n > self.limit:
             raise ApiError(
                 429,
                 f"{self.outstanding} requests are running or waiting (the limit"
@@ -363,41 +370,54 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         if tracing is not None:
             g = spans.begin(tracing, request.scope, chat=chat, model=body.model, params=params,
                             stream=bool(body.stream), start=time.perf_counter())
+        n = body.n
         try:
-            svc.check(body.model, ids, params)
+            svc.check(body.model, ids, params, n)
         except ApiError as e:
             if g is not None:
                 g.rt.end(e.status)
             raise
         if g is not None:
             spans.admitted(g)
-        svc.outstanding += 1
+        timeout = min(body.timeout or settings.request_timeout_s, settings.request_timeout_s)
+        handles: list[Handle] = []
         try:
-            timeout = min(body.timeout or settings.request_timeout_s, settings.request_timeout_s)
-            h = svc.loop.submit(ids, params, timeout)
+            for i in range(n):
+                # seeded choices differ from each other and repeat as a whole
+                p = params if i == 0 or params.seed is None else replace(params,
+                                                                         seed=params.seed + i)
+                handles.append(svc.loop.submit(ids, p, timeout))
+                svc.outstanding += 1
         except BaseException:
-            svc.outstanding -= 1
+            for h in handles:
+                _release(h)
             raise
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         if g is not None:
-            g.response_id, h.trace = rid, g
+            g.response_id, handles[0].trace = rid, g
+
+        def release_all() -> None:
+            for h in handles:
+                _release(h)
+
         if body.stream:
             so = body.stream_options
             include = bool(so and so.include_usage)
             continuous = bool(include and so and so.continuous_usage_stats)
             scope = request.scope
             return ReleasingStream(
-                sse_stream(h, rid=rid, chat=chat, model=engine.name, tokenizer=engine.tokenizer,
-                           include_usage=include, continuous=continuous,
-                           as_ids=body.return_tokens_as_token_ids,
-                           on_usage=lambda n: report_usage(scope, "tokens", n),
-                           release=lambda: _release(h)),
-                on_close=lambda: _release(h),
+                sse_stream(handles, rid=rid, chat=chat, model=engine.name,
+                           tokenizer=engine.tokenizer, include_usage=include,
+                           continuous=continuous, as_ids=body.return_tokens_as_token_ids,
+                           on_usage=lambda k: report_usage(scope, "tokens", k),
+                           release=release_all),
+                on_close=release_all,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache",
                          **({"traceparent": g.rt.traceparent()} if g is not None else {})},
             )
-        resp = await _whole(h, rid, chat, request, body.return_tokens_as_token_ids)
+        resp = await _whole(handles, rid, chat, request, body.return_tokens_as_token_ids,
+                            release_all)
         if g is not None:
             resp.headers["traceparent"] = g.rt.traceparent()
         return resp
@@ -411,16 +431,16 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         if h.trace is not None:
             spans.finish(h.trace, h.seq, model=engine.name)
 
-    async def _whole(h: Handle, rid: str, chat: bool, request: Request, as_ids: bool
-                     ) -> Response:
-        texts: list[str] = []
-        lps: list[TokenLogprob] = []
+    async def _whole(handles: list[Handle], rid: str, chat: bool, request: Request,
+                     as_ids: bool, release_all: Callable[[], None]) -> Response:
+        texts: list[list[str]] = [[] for _ in handles]
+        lps: list[list[TokenLogprob]] = [[] for _ in handles]
 
-        async def collect() -> Event:
+        async def collect(i: int, h: Handle) -> Event:
             while True:
                 ev = await h.events.get()
-                texts.append(ev.text)
-                lps.extend(ev.logprobs)
+                texts[i].append(ev.text)
+                lps[i].extend(ev.logprobs)
                 if ev.finished:
                     return ev
 
@@ -428,37 +448,45 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
 
-        work = asyncio.ensure_future(collect())
+        work: asyncio.Future[list[Event]] = asyncio.ensure_future(
+            asyncio.gather(*(collect(i, h) for i, h in enumerate(handles))))
         watch = asyncio.ensure_future(gone())
+        either: set[asyncio.Future[Any]] = {work, watch}
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
             if not work.done():
                 work.cancel()
-            _release(h)
+            release_all()
         if not work.done() or work.cancelled():
             return Response(status_code=499)  # nobody is listening any more
-        ev = work.result()
-        if ev.finish_reason == "timeout":
-            raise ApiError(
-                504,
-                f"the request's deadline passed after {ev.completion_tokens} tokens",
-                "timeout",
-            )
-        if ev.finish_reason == "error":
-            raise ApiError(503, "the engine stopped while generating", "server_error")
-        use = usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
+        evs: list[Event] = work.result()
+        for ev in evs:
+            if ev.finish_reason == "timeout":
+                raise ApiError(
+                    504,
+                    f"the request's deadline passed after {ev.completion_tokens} tokens",
+                    "timeout",
+                )
+            if ev.finish_reason == "error":
+                raise ApiError(503, "the engine stopped while generating", "server_error")
+        # the prompt is counted once however many choices share it (OpenAI's usage)
+        use = usage(evs[0].prompt_tokens, sum(ev.completion_tokens for ev in evs),
+                    max(ev.cached_tokens for ev in evs))
         report_usage(request.scope, "tokens", use["total_tokens"])
         tok = engine.tokenizer
-        if chat:
-            lp = (chat_logprobs(tok, lps, as_ids=as_ids) if h.params.logprobs is not None
-                  else None)
-            doc = chat_doc(rid, engine.name, "".join(texts), ev.finish_reason, use, lp)
-        else:
-            lp = (completion_logprobs(tok, lps, as_ids=as_ids) if h.params.logprobs is not None
-                  else None)
-            doc = completion_doc(rid, engine.name, "".join(texts), ev.finish_reason, use, lp)
+        want_lp = handles[0].params.logprobs is not None
+        choices = []
+        for i, ev in enumerate(evs):
+            text = "".join(texts[i])
+            if chat:
+                lp = chat_logprobs(tok, lps[i], as_ids=as_ids) if want_lp else None
+                choices.append(chat_choice(i, text, ev.finish_reason, lp))
+            else:
+                lp = completion_logprobs(tok, lps[i], as_ids=as_ids) if want_lp else None
+                choices.append(completion_choice(i, text, ev.finish_reason, lp))
+        doc = (chat_doc if chat else completion_doc)(rid, engine.name, choices, use)
         return JSONResponse(doc)
 
     return app

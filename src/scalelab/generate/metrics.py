@@ -9,7 +9,7 @@ vllm:request_time_per_output_token_seconds, vllm:e2e_request_latency_seconds,
 vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds (first schedule to first
 token), vllm:request_decode_time_seconds (first to last token),
 vllm:request_inference_time_seconds (first schedule to last token), vllm:request_prompt_tokens,
-vllm:request_generation_tokens, vllm:request_params_max_tokens, vllm:request_params_n,
+vllm:request_generation_tokens, vllm:request_params_max_tokens,
 vllm:iteration_tokens_total (tokens per step); gauges vllm:num_requests_running,
 vllm:num_requests_waiting, vllm:kv_cache_usage_perc; counters vllm:num_preemptions_total,
 vllm:prefix_cache_queries_total / _hits_total (in tokens, as vLLM counts them),
@@ -107,8 +107,6 @@ class EngineMetrics:
                                    "Generated tokens per request.", buckets=counts)
         self.req_max_tokens = hist("vllm:request_params_max_tokens",
                                    "The max_tokens request parameter.", buckets=counts)
-        self.req_n = hist("vllm:request_params_n", "The n request parameter.",
-                          buckets=(1, 2, 5, 10, 20))
         self.step_time = hist(
             "scalelab:step_duration_seconds", "One engine step (forward + sampling).",
             extra=("phase",)
@@ -203,7 +201,6 @@ class EngineMetrics:
         self.req_prompt.labels(m).observe(seq.num_prompt)
         self.req_generation.labels(m).observe(seq.num_output)
         self.req_max_tokens.labels(m).observe(seq.params.max_tokens)
-        self.req_n.labels(m).observe(1)
         reason = seq.finish_reason if seq.finish_reason in ("stop", "length") else "abort"
         self.success.labels(m, reason).inc()
 

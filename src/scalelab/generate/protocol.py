@@ -1,7 +1,7 @@
 """The OpenAI-compatible request bodies (validated at the boundary) and response documents.
 
 Every field OpenAI's API (or vLLM's extension of it) defines is either implemented, accepted
-only at its no-op value (`n=1`, `presence_penalty=0`, `response_format={"type": "text"}`, ...)
+only at its no-op value (`echo=false`, `best_of=1`, `response_format={"type": "text"}`, ...)
 with a 400 naming the field otherwise, or refused when present. A field no one defines is a 400
 too ("Unrecognized request argument supplied"), as OpenAI answers: nothing is ignored silently.
 """
@@ -15,6 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from scalelab.generate.sequence import MAX_LOGPROBS
+
+MAX_N = 16
+"""Most choices one request may ask for (each is a sequence the engine runs)."""
 
 
 class FieldError(Exception):
@@ -46,7 +49,9 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    """Choices per request: n sequences of one prompt (its KV blocks shared through the
+    prefix cache); with a seed, choice i samples with seed + i."""
     user: str | None = None
     """End-user id for abuse tracking: accepted, no effect here."""
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -87,7 +92,6 @@ class _Sampling(BaseModel):
 
 
 _NOOPS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "n": (lambda v: v == 1, "one choice per request; send n=1 (or several requests)"),
     "echo": (lambda v: v is False, "the prompt is not echoed; send echo=false"),
     "suffix": (lambda v: v is None, "no insertion (fill-in-the-middle) mode"),
     "best_of": (lambda v: v in (None, 1), "send best_of=1"),
@@ -223,39 +227,27 @@ def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     }
 
 
-def completion_doc(
-    rid: str, model: str, text: str, reason: str | None, use: dict[str, Any],
-    logprobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}],
-        "usage": use,
-    }
+def completion_choice(index: int, text: str, reason: str | None,
+                      logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
 
-def chat_doc(
-    rid: str, model: str, text: str, reason: str | None, use: dict[str, Any],
-    logprobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": reason,
-            }
-        ],
-        "usage": use,
-    }
+def chat_choice(index: int, text: str, reason: str | None,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs, "finish_reason": reason}
+
+
+def completion_doc(rid: str, model: str, choices: list[dict[str, Any]], use: dict[str, Any]
+                   ) -> dict[str, Any]:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": choices, "usage": use}
+
+
+def chat_doc(rid: str, model: str, choices: list[dict[str, Any]], use: dict[str, Any]
+             ) -> dict[str, Any]:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": choices, "usage": use}
 
 
 def chunk_doc(
@@ -267,15 +259,17 @@ def chunk_doc(
     reason: str | None,
     first: bool,
     logprobs: dict[str, Any] | None = None,
+    *,
+    index: int = 0,
 ) -> dict[str, Any]:
     if chat:
         delta: dict[str, Any] = {"content": text} if text is not None else {}
         if first:
             delta["role"] = "assistant"
-        choice: dict[str, Any] = {"index": 0, "delta": delta}
+        choice: dict[str, Any] = {"index": index, "delta": delta}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or ""}
+        choice = {"index": index, "text": text or ""}
         obj = "text_completion"
     choice["logprobs"] = logprobs
     choice["finish_reason"] = reason

@@ -9,6 +9,7 @@ chunk). A deadline or an engine stop mid-stream ends it with an error event, the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,69 +28,84 @@ def sse(doc: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def sse_stream(h: Handle, *, rid: str, chat: bool, model: str, tokenizer: TextTokenizer,
-                     include_usage: bool, continuous: bool, as_ids: bool,
-                     on_usage: Callable[[int], None],
+async def sse_stream(handles: list[Handle], *, rid: str, chat: bool, model: str,
+                     tokenizer: TextTokenizer, include_usage: bool, continuous: bool,
+                     as_ids: bool, on_usage: Callable[[int], None],
                      release: Callable[[], None]) -> AsyncIterator[bytes]:
-    """OpenAI's stream: chunks, then (include_usage) one chunk with empty `choices` and
-    the usage, then [DONE]. With include_usage every other chunk says `usage: null`, or,
-    with vLLM's continuous_usage_stats, carries the usage so far."""
+    """OpenAI's stream over one request's `n` choices (one engine sequence each, chunks
+    interleaved as they come, each naming its choice `index`): chunks, the finish chunk of
+    each choice, then (include_usage) one chunk with empty `choices` and the usage (the prompt
+    counted once, the completions summed), then [DONE]. With include_usage every other chunk
+    says `usage: null`, or, with vLLM's continuous_usage_stats, carries the usage so far."""
     created = int(time.time())
-    first = True
-    want_lp = h.params.logprobs is not None
-    offset = 0  # completions' text_offset continues across chunks
-    prompt_tokens = len(h.prompt_ids)
+    n = len(handles)
+    first = [True] * n
+    want_lp = handles[0].params.logprobs is not None
+    offsets = [0] * n  # completions' text_offset continues across a choice's chunks
+    generated = [0] * n
+    prompt_tokens = len(handles[0].prompt_ids)
+    cached = 0
+    merged: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
-    def out(doc: dict[str, Any], completion: int, cached: int) -> bytes:
+    async def pump(i: int, h: Handle) -> None:
+        while True:
+            ev = await h.events.get()
+            merged.put_nowait((i, ev))
+            if ev.finished:
+                return
+
+    def out(doc: dict[str, Any]) -> bytes:
         if continuous:
-            doc["usage"] = usage(prompt_tokens, completion, cached)
+            doc["usage"] = usage(prompt_tokens, sum(generated), cached)
         elif include_usage:
             doc["usage"] = None
         return sse(doc)
 
-    def lp_doc(ev: Event) -> dict[str, Any] | None:
-        nonlocal offset
+    def lp_doc(i: int, ev: Event) -> dict[str, Any] | None:
         if not want_lp:
             return None
         if chat:
             return chat_logprobs(tokenizer, ev.logprobs, as_ids=as_ids)
-        d = completion_logprobs(tokenizer, ev.logprobs, offset, as_ids=as_ids)
-        offset += sum(len(t) for t in d["tokens"])
+        d = completion_logprobs(tokenizer, ev.logprobs, offsets[i], as_ids=as_ids)
+        offsets[i] += sum(len(t) for t in d["tokens"])
         return d
 
+    pumps = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
     try:
         if chat:
-            yield out(chunk_doc(True, rid, model, created, "", None, True), 0, 0)
-            first = False
-        while True:
-            ev = await h.events.get()
+            for i in range(n):
+                yield out(chunk_doc(True, rid, model, created, "", None, True, index=i))
+                first[i] = False
+        finished = 0
+        while finished < n:
+            i, ev = await merged.get()
             if ev.finish_reason in ("timeout", "error"):
                 kind = "timeout" if ev.finish_reason == "timeout" else "server_error"
-                yield sse(
-                    error_doc(
-                        f"generation ended early ({ev.finish_reason}) after "
-                        f"{ev.completion_tokens} tokens",
-                        kind,
-                    )
-                )
+                yield sse(error_doc(f"generation ended early ({ev.finish_reason}) after "
+                                    f"{ev.completion_tokens} tokens", kind))
                 break
-            lp = lp_doc(ev) if ev.logprobs else None
+            generated[i], cached = ev.completion_tokens, max(cached, ev.cached_tokens)
+            lp = lp_doc(i, ev) if ev.logprobs else None
             if ev.text or lp is not None:
-                yield out(chunk_doc(chat, rid, model, created, ev.text, None, first,
-                                    lp), ev.completion_tokens, ev.cached_tokens)
-                first = False
+                yield out(chunk_doc(chat, rid, model, created, ev.text, None, first[i], lp,
+                                    index=i))
+                first[i] = False
             if ev.finished:
-                use = usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
-                on_usage(use["total_tokens"])
+                finished += 1
                 last = chunk_doc(chat, rid, model, created, None if chat else "",
-                                 ev.finish_reason, first)
-                yield out(last, ev.completion_tokens, ev.cached_tokens)
-                if include_usage:
-                    yield sse({"id": rid, "object": last["object"], "created": created,
-                                "model": model, "choices": [], "usage": use})
-                break
+                                 ev.finish_reason, first[i], index=i)
+                yield out(last)
+        else:
+            use = usage(prompt_tokens, sum(generated), cached)
+            on_usage(use["total_tokens"])
+            if include_usage:
+                yield sse({"id": rid, "object": "chat.completion.chunk" if chat else
+                           "text_completion", "created": created, "model": model,
+                           "choices": [], "usage": use})
         yield b"data: [DONE]\n\n"
     finally:
+        for t in pumps:
+            t.cancel()
         release()  # also when the client disconnected and the generator was closed
 
 
