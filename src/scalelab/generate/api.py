@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Scope
 
-from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.errors import BadInputError
 from scalelab.generate import spans
 from scalelab.generate.auth import API_KEY_ENV, ApiKeyGuard
 from scalelab.generate.endpoints import add_endpoints
@@ -48,59 +48,14 @@ from scalelab.generate.protocol import (
     usage,
 )
 from scalelab.generate.sequence import SamplingParams, TokenLogprob
+from scalelab.generate.settings import SETTINGS_ENV, ApiSettings
 from scalelab.generate.stream import ReleasingStream, sse_stream
 from scalelab.web.governance import governed, report_usage
 from scalelab.web.guard import Guard
-from scalelab.web.trace import TraceConfig, Tracing
+from scalelab.web.trace import Tracing
 
-SETTINGS_ENV = "SCALELAB_GENERATE_SETTINGS"
 ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
 WORK_ROUTES = ("/v1/completions", "/v1/chat/completions")
-
-
-@dataclass(kw_only=True)
-class ApiSettings:
-    """Everything `scalelab generate serve` configures (travels to uvicorn as JSON)."""
-
-    model: str = "smollm2-135m"
-    """smollm2-135m, tiny, or a Llama .gguf path."""
-    engine: dict[str, Any] = field(default_factory=dict)
-    """EngineConfig fields (kv_cache_bytes, block_size, max_num_seqs, ...)."""
-    max_waiting: int = 64
-    """Requests held beyond the running batch; the next one gets 429."""
-    max_prompt_tokens: int | None = None
-    """Longest prompt accepted (default: max_model_len - 1)."""
-    max_output_tokens: int = 1024
-    """Largest max_tokens accepted."""
-    default_max_tokens: int = 16
-    """max_tokens when a completion request gives none (OpenAI's default)."""
-    default_chat_max_tokens: int = 256
-    """max_tokens when a chat request gives none."""
-    request_timeout_s: float = 120.0
-    """Deadline from arrival; then the request is dropped (504, or an error event mid-stream)."""
-    max_body_bytes: int = 1 << 20
-    retry_after_s: int = 1
-    torch_threads: int | None = None
-    seed: int = 0
-    """Seed of the tiny model's weights."""
-    trace: TraceConfig = field(default_factory=TraceConfig)
-    """Request tracing (web.trace): admission, queue, prefill, decode spans per request."""
-    governance_file: str | None = None
-    """Rate limits, budgets (tokens reported per request) and kill switches (web.governance);
-    None = no governance layer."""
-
-    def __post_init__(self) -> None:
-        if self.max_waiting < 0 or self.max_output_tokens < 1 or self.request_timeout_s <= 0:
-            raise BadUsageError("max_waiting >= 0, max_output_tokens >= 1, timeout > 0 needed")
-        self.trace = TraceConfig.of(self.trace)  # a dict when it came through JSON
-        EngineConfig(**self.engine)  # fail here, in the CLI, not in the server process
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> ApiSettings:
-        return cls(**json.loads(text))
 
 
 class ApiError(Exception):
