@@ -208,6 +208,18 @@ def test_n_choices_whole_and_streamed(client: Any, server: Spawned) -> None:
     assert pool["outstanding"] == 0
 
 
+def test_null_fields_mean_their_defaults(server: Spawned) -> None:
+    r = httpx.post(server.url + "/v1/chat/completions", headers=AUTH, timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+        "n": None, "temperature": None, "top_p": None, "presence_penalty": None,
+        "logprobs": None, "stream": None, "tools": None, "stop": None, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 1 and r.json()["usage"]["completion_tokens"] == 2
+    missing = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=30,
+                         json={"model": None, "prompt": "x"})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "model"
+
+
 def test_content_parts_and_every_role(client: Any) -> None:
     def ask(messages: list[dict[str, Any]]) -> Any:
         return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scalelab.generate.sequence import MAX_LOGPROBS
 
@@ -64,6 +64,17 @@ class _Sampling(BaseModel):
     """vLLM's extension: logprobs name tokens "token_id:<id>" (exact, where text is lossy)."""
     timeout: float | None = Field(default=None, gt=0.0)
     """Extension: this request's deadline in seconds (at most the server's --request-timeout)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """`"temperature": null` means the default, as OpenAI's and vLLM's servers read it
+        (several client libraries send every field, unset ones as null)."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items()
+                if v is not None or k not in fields or fields[k].default is None}
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
