@@ -208,6 +208,20 @@ def test_n_choices_whole_and_streamed(client: Any, server: Spawned) -> None:
     assert pool["outstanding"] == 0
 
 
+def test_echo_prepends_the_prompt(client: Any) -> None:
+    body: dict[str, Any] = {"model": MODEL, "prompt": "echo me", "max_tokens": 4,
+                            "temperature": 0, "extra_body": {"ignore_eos": True}}
+    plain = client.completions.create(**body).choices[0].text
+    echoed = client.completions.create(**body, echo=True)
+    assert echoed.choices[0].text == "echo me" + plain
+    assert echoed.usage.completion_tokens == 4
+    chunks = list(client.completions.create(**body, echo=True, stream=True))
+    assert chunks[0].choices[0].text == "echo me"
+    assert "".join(ch.choices[0].text for ch in chunks) == "echo me" + plain
+    ids = client.completions.create(**{**body, "prompt": list(b"echo me")}, echo=True)
+    assert ids.choices[0].text == "echo me" + plain  # token ids echo as their text
+
+
 def test_null_fields_mean_their_defaults(server: Spawned) -> None:
     r = httpx.post(server.url + "/v1/chat/completions", headers=AUTH, timeout=30, json={
         "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
@@ -258,7 +272,7 @@ def test_content_parts_and_every_role(client: Any) -> None:
         {"type": "text", "text": "a"},
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, "messages.0.content.1"),
     ("chat", {"messages": [{"role": "narrator", "content": "a"}]}, "messages.0.role"),
-    ("completions", {"echo": True}, "echo"),
+    ("completions", {"echo": True, "logprobs": 1}, "echo"),
     ("completions", {"suffix": "end"}, "suffix"),
     ("completions", {"best_of": 3}, "best_of"),
     ("completions", {"logprobs": 21}, "logprobs"),

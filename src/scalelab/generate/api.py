@@ -283,7 +283,8 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         p = body.prompt
         if isinstance(p, list) and p and isinstance(p[0], str):
             if len(p) != 1:
-                raise ApiError(400, "one prompt per request (n=1): send a string", param="prompt")
+                raise ApiError(400, "one prompt per request: send a string (or one request "
+                               "per prompt)", param="prompt")
             p = p[0]
         if isinstance(p, str):
             ids = engine.tokenizer.encode(p)
@@ -298,7 +299,8 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         params = svc.params(body, body.max_tokens, settings.default_max_tokens)
-        return await _serve(body, request, ids, params, chat=False)
+        echo = (p if isinstance(p, str) else engine.tokenizer.decode(ids)) if body.echo else ""
+        return await _serve(body, request, ids, params, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Response:
@@ -320,7 +322,9 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         ids: list[int],
         params: SamplingParams,
         chat: bool,
+        echo: str = "",
     ) -> Response:
+        """echo: text every choice starts with (completions' `echo`: the prompt)."""
         g: spans.GenTrace | None = None
         if tracing is not None:
             g = spans.begin(tracing, request.scope, chat=chat, model=body.model, params=params,
@@ -364,7 +368,7 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
                 sse_stream(handles, rid=rid, chat=chat, model=engine.name,
                            tokenizer=engine.tokenizer, include_usage=include,
                            continuous=continuous, as_ids=body.return_tokens_as_token_ids,
-                           on_usage=lambda k: report_usage(scope, "tokens", k),
+                           echo=echo, on_usage=lambda k: report_usage(scope, "tokens", k),
                            release=release_all),
                 on_close=release_all,
                 media_type="text/event-stream",
@@ -372,7 +376,7 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
                          **({"traceparent": g.rt.traceparent()} if g is not None else {})},
             )
         resp = await _whole(handles, rid, chat, request, body.return_tokens_as_token_ids,
-                            release_all)
+                            release_all, echo)
         if g is not None:
             resp.headers["traceparent"] = g.rt.traceparent()
         return resp
@@ -387,7 +391,7 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
             spans.finish(h.trace, h.seq, model=engine.name)
 
     async def _whole(handles: list[Handle], rid: str, chat: bool, request: Request,
-                     as_ids: bool, release_all: Callable[[], None]) -> Response:
+                     as_ids: bool, release_all: Callable[[], None], echo: str) -> Response:
         texts: list[list[str]] = [[] for _ in handles]
         lps: list[list[TokenLogprob]] = [[] for _ in handles]
 
@@ -434,7 +438,7 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         want_lp = handles[0].params.logprobs is not None
         choices = []
         for i, ev in enumerate(evs):
-            text = "".join(texts[i])
+            text = echo + "".join(texts[i])
             if chat:
                 lp = chat_logprobs(tok, lps[i], as_ids=as_ids) if want_lp else None
                 choices.append(chat_choice(i, text, ev.finish_reason, lp))

@@ -103,7 +103,6 @@ class _Sampling(BaseModel):
 
 
 _NOOPS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "echo": (lambda v: v is False, "the prompt is not echoed; send echo=false"),
     "suffix": (lambda v: v is None, "no insertion (fill-in-the-middle) mode"),
     "best_of": (lambda v: v in (None, 1), "send best_of=1"),
     "response_format": (lambda v: v == {"type": "text"},
@@ -132,6 +131,12 @@ class CompletionRequest(_Sampling):
     """Log-probabilities of the chosen tokens and of the `logprobs` most likely ones."""
     suffix: str | None = None
     best_of: int | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.echo and self.logprobs is not None:
+            raise FieldError("echo", "echo with logprobs is not supported (the prompt's "
+                             "logprobs are not computed): send one of them")
 
 
 class ChatMessage(BaseModel):

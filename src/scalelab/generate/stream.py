@@ -30,7 +30,7 @@ def sse(doc: dict[str, Any]) -> bytes:
 
 async def sse_stream(handles: list[Handle], *, rid: str, chat: bool, model: str,
                      tokenizer: TextTokenizer, include_usage: bool, continuous: bool,
-                     as_ids: bool, on_usage: Callable[[int], None],
+                     as_ids: bool, on_usage: Callable[[int], None], echo: str = "",
                      release: Callable[[], None]) -> AsyncIterator[bytes]:
     """OpenAI's stream over one request's `n` choices (one engine sequence each, chunks
     interleaved as they come, each naming its choice `index`): chunks, the finish chunk of
@@ -72,9 +72,9 @@ async def sse_stream(handles: list[Handle], *, rid: str, chat: bool, model: str,
 
     pumps = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
     try:
-        if chat:
+        if chat or echo:  # a chat's role chunk; completions' echoed prompt
             for i in range(n):
-                yield out(chunk_doc(True, rid, model, created, "", None, True, index=i))
+                yield out(chunk_doc(chat, rid, model, created, echo, None, True, index=i))
                 first[i] = False
         finished = 0
         while finished < n:
