@@ -268,6 +268,8 @@ def test_content_parts_and_every_role(client: Any) -> None:
     ("chat", {"reasoning_effort": "high"}, "reasoning_effort"),
     ("chat", {"stream_options": {"include_usage": True}}, "stream_options"),
     ("chat", {"guided_json": {}}, "guided_json"),
+    ("chat", {"chat_template_kwargs": {"tools": [{"type": "function"}]}},
+     "chat_template_kwargs"),
     ("chat", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "a"},
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, "messages.0.content.1"),

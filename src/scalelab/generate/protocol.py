@@ -205,6 +205,11 @@ class ChatRequest(_Sampling):
         super().refuse_unsupported()
         if self.top_logprobs is not None and not self.logprobs:
             raise FieldError("top_logprobs", "top_logprobs needs logprobs=true")
+        reserved = {"messages", "add_generation_prompt", "tools", "documents"} & set(
+            self.chat_template_kwargs or {})
+        if reserved:
+            raise FieldError("chat_template_kwargs", f"chat_template_kwargs may not set "
+                             f"{sorted(reserved)}: the request's own fields say those")
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.for_template(f"messages.{i}") for i, m in enumerate(self.messages)]

@@ -87,14 +87,13 @@ def render(source: str, messages: Sequence[Mapping[str, Any]], *,
     from jinja2.exceptions import TemplateError
 
     template = compile_template(source)
-    # As transformers: the special tokens first, then the caller's variables over them.
-    variables = {**special_tokens, **(kwargs or {})}
-    variables.pop("messages", None)
-    variables.pop("add_generation_prompt", None)
+    # As transformers: the special tokens first, then the caller's variables over them; the
+    # conversation itself is not the caller's to replace.
+    context = {"tools": None, "documents": None, **special_tokens, **(kwargs or {}),
+               "messages": [dict(m) for m in messages],
+               "add_generation_prompt": add_generation_prompt}
     try:
-        text: str = template.render(messages=[dict(m) for m in messages], tools=None,
-                                    documents=None, add_generation_prompt=add_generation_prompt,
-                                    **variables)
+        text: str = template.render(context)
     except (TemplateError, TypeError, ValueError, KeyError, IndexError) as e:
         raise BadInputError(f"the chat template refused these messages: {e}") from e
     return text
