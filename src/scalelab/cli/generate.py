@@ -99,9 +99,12 @@ def _engine_dict(kv_cache_bytes: str, block_size: int, max_num_seqs: int,
               help="Seconds a client may take to send one whole request.")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--api-key", default=None, envvar="SCALELAB_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise); /health, "
+                   "/metrics, /tokenize, /detokenize, /version stay open.")
 @governance_option
 @trace_options
-def serve_cmd(governance: Path | None,
+def serve_cmd(governance: Path | None, api_key: str | None,
               model: str, kv_cache_bytes: str, block_size: int, max_num_seqs: int,
               max_batched_tokens: int, max_model_len: int, prefix_cache: bool,
               speculative: bool, num_draft: int, contiguous: bool, packed_weights: bool,
@@ -111,7 +114,7 @@ def serve_cmd(governance: Path | None,
               read_timeout: float, log_level: str, trace_sample: float, trace_out: str | None,
               otlp_endpoint: str | None) -> None:
     """Serve /v1/completions, /v1/chat/completions (stream or not), /v1/models, /health,
-    /metrics until interrupted."""
+    /metrics, /tokenize, /detokenize, /version until interrupted."""
     from scalelab.generate.api import SETTINGS_ENV, ApiSettings
     from scalelab.web.runner import RunConfig, run
 
@@ -136,6 +139,10 @@ def serve_cmd(governance: Path | None,
     from scalelab.web.logs import configure
 
     configure(log_level)  # JSON lines on stderr, each with its request's trace id
+    if api_key:
+        from scalelab.generate.auth import API_KEY_ENV
+
+        os.environ[API_KEY_ENV] = api_key
     run("scalelab.generate.api:create_app", cfg, factory=True)
 
 
@@ -175,7 +182,7 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
     load_s = time.perf_counter() - t0
     eng = Engine(loaded.model, loaded.tokenizer, cfg, name=loaded.name)
     text = loaded.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
-    ids = loaded.tokenizer.encode(text)
+    ids = loaded.tokenizer.encode(text, add_special_tokens=not chat)  # a template writes its BOS
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                             seed=sample_seed, stop=stop)
     t1 = time.perf_counter()

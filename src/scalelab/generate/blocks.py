@@ -36,6 +36,10 @@ class PrefixStats:
     hits: int = 0
     """Of those, found in the cache."""
     evictions: int = 0
+    query_tokens: int = 0
+    """Prompt tokens of the sequences looked up (vLLM's `prefix_cache_queries` unit)."""
+    hit_tokens: int = 0
+    """Of those, tokens found cached (whole blocks; vLLM's `prefix_cache_hits`)."""
 
     @property
     def hit_rate(self) -> float:
@@ -143,6 +147,8 @@ class BlockManager:
         if self.prefix_caching:
             self.stats.queries += (len(seq.token_ids) - 1) // self.block_size
             self.stats.hits += len(hits)
+            self.stats.query_tokens += len(seq.token_ids)
+            self.stats.hit_tokens += len(hits) * self.block_size
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
