@@ -80,7 +80,14 @@ def complete(url: str, prompt: list[int], n: int, **extra: Any) -> httpx.Respons
 
 
 def stream_text(lines: list[str]) -> tuple[str, dict[str, Any]]:
-    """The text and the last chunk's usage of a whole SSE completion stream."""
+    """The text and the usage of a whole SSE completion stream asked with
+    `stream_options: {include_usage: true}` (STREAM_USAGE): as OpenAI sends it, usage comes once,
+    in a last chunk whose `choices` is empty."""
     assert lines[-1] == "data: [DONE]", lines[-3:]
     docs = [json.loads(ln[6:]) for ln in lines[:-1]]
-    return "".join(d["choices"][0]["text"] for d in docs), docs[-1]["usage"]
+    assert docs[-1]["choices"] == [] and all(d.get("usage") is None for d in docs[:-1]), docs[-2:]
+    return "".join(d["choices"][0]["text"] for d in docs[:-1]), docs[-1]["usage"]
+
+
+STREAM_USAGE = {"stream": True, "stream_options": {"include_usage": True}}
+"""The fields of a streamed request whose usage `stream_text` reads."""

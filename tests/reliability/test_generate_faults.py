@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from generate_server import (
     MODEL,
+    STREAM_USAGE,
     TOK,
     assert_pool_whole,
     complete,
@@ -109,7 +110,7 @@ def test_200_client_disconnects_mid_stream_leave_the_pool_whole(roomy: Spawned) 
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == want
         with httpx.stream("POST", roomy.url + "/v1/completions", timeout=60, json={
                 "model": MODEL, "prompt": prompt, "max_tokens": 30, "temperature": 0,
-                "ignore_eos": True, "stream": True}) as s:
+                "ignore_eos": True, **STREAM_USAGE}) as s:
             text, use = stream_text([ln for ln in s.iter_lines() if ln])
         assert text == want and use["completion_tokens"] == 30
     assert_pool_whole(roomy.url)
@@ -139,7 +140,7 @@ def test_kv_pool_too_small_for_the_batch_preempts_and_answers_every_request(
             return r.status_code, r.json()["choices"][0]["text"] if r.status_code == 200 else ""
         with httpx.stream("POST", cramped.url + "/v1/completions", timeout=60, json={
                 "model": MODEL, "prompt": prompts[i], "max_tokens": n, "temperature": 0,
-                "ignore_eos": True, "stream": True}) as s:
+                "ignore_eos": True, **STREAM_USAGE}) as s:
             return s.status_code, stream_text([ln for ln in s.iter_lines() if ln])[0]
 
     with cf.ThreadPoolExecutor(len(prompts)) as ex:

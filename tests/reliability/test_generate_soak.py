@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from generate_server import (
     MODEL,
+    STREAM_USAGE,
     TOK,
     assert_pool_whole,
     complete,
@@ -81,7 +82,7 @@ def _one(url: str, i: int) -> str:
     elif kind == "stream":
         with httpx.stream("POST", url + "/v1/completions", timeout=60, json={
                 "model": MODEL, "prompt": prompt, "max_tokens": 12, "ignore_eos": True,
-                "stream": True}) as s:
+                **STREAM_USAGE}) as s:
             assert s.status_code == 200
             assert stream_text([ln for ln in s.iter_lines() if ln])[1]["completion_tokens"] == 12
     elif kind == "chat":
