@@ -18,6 +18,7 @@ import numpy as np
 
 from scalelab.core.records import Cost, Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
+from scalelab.load.cluster import ClusterLevel
 from scalelab.load.generator import LAG_INVALID_SHARE, Mode
 from scalelab.load.histogram import LatencyHistogram, Percentiles
 from scalelab.load.stream import ProbeAnswer, StreamPart
@@ -120,6 +121,8 @@ class LlmResult:
     """Their trace ids (the first 1,000 per process)."""
     probe: list[ProbeAnswer] = field(default_factory=list, repr=False)
     """The greedy-agreement probe's answers at this level (llm_quality.py)."""
+    cluster: ClusterLevel | None = None
+    """With --cluster: the scheduler and every worker's share, clock offset and validity."""
 
     def itl_within(self, thresholds: Sequence[float]) -> dict[float, tuple[int, int]]:
         h = LatencyHistogram.decode(self.blobs["itl"])
@@ -279,6 +282,7 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         "warmup_requests": r.warmup_requests, "invalid_reasons": r.invalid_reasons,
         "notes": r.notes,
         "hdr_histograms": r.blobs,
+        "cluster": None if r.cluster is None else asdict(r.cluster),
     }
     # Flat numbers too: the sheet keeps numeric extras (medians over repeats) and objectives
     # name them as extras:<key>, e.g. extras:tpot_p95_ms.

@@ -30,6 +30,7 @@ from typing import Any
 
 from scalelab.core.records import Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
+from scalelab.load.cluster import ClusterLevel
 from scalelab.load.generator import Mode, PartResult
 from scalelab.load.histogram import LatencyHistogram, Percentiles
 
@@ -163,6 +164,8 @@ class LoadResult:
     """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
     trace_ids: list[str] = field(default_factory=list)
     """Their trace ids (the first 1,000 per process): look them up in the server's spans."""
+    cluster: ClusterLevel | None = None
+    """With --cluster: the scheduler and every worker's share, clock offset and validity."""
 
 
 def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
@@ -294,6 +297,7 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         "cold_start_ms": r.cold_start_ms, "warmup_requests": r.warmup_requests,
         "invalid_reasons": r.invalid_reasons, "hdr_histogram": r.hist_blob,
         "generator_cpu": None if r.generator_cpu is None else asdict(r.generator_cpu),
+        "cluster": None if r.cluster is None else asdict(r.cluster),
     }
     if budget is not None:
         extras["budget"] = [asdict(b) for b in budget]
