@@ -230,3 +230,19 @@ def test_cli_bad_cluster_address_exits_2(capsys: pytest.CaptureFixture[str]) -> 
     assert rc == 2
     assert "tcp://HOST:PORT" in capsys.readouterr().err
 
+
+
+def test_sweep_runs_each_level_on_a_worker_and_records_its_host(
+        cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rec = tmp_path / "r.jsonl"
+    # The command reports where it ran and the level it got through the environment.
+    script = ("import json, os, socket; print(json.dumps({'n': int(os.environ['SCALELAB_N']), "
+              "'pid_host': socket.gethostname()}))")
+    rc = run(["sweep", "--var", "n=1,2", "--metric", "json:n", "--records", str(rec),
+              "--cluster", cluster.address, "--json", "--", sys.executable, "-c", script])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    recs = doc["records"]
+    assert [r["level"] for r in recs] == [1, 2] and [r["rate"] for r in recs] == [1, 2]
+    hosts = {c.host for c in cluster.clocks(cluster.workers(), rounds=1)}
+    assert all(r["ok"] and r["extras"]["host"] in hosts for r in recs)
