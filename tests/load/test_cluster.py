@@ -23,11 +23,13 @@ import pytest
 
 from scalelab.cli import run
 from scalelab.core.errors import RunFailedError
-from scalelab.load.cluster import Cluster
+from scalelab.load.clock import LagStats
+from scalelab.load.cluster import WORKERS, Cluster, WorkerClock, named_reasons, shares
 from scalelab.load.connection import Target, build_request
 from scalelab.load.generator import EngineConfig
 from scalelab.load.llm_run import LlmPlan, run_llm
 from scalelab.load.multiproc import LoadPlan, run_load, split_list
+from scalelab.load.result import validity
 from scalelab.load.stream import StreamConfig
 from scalelab.load.workload import LengthDist, Workload
 
@@ -246,3 +248,24 @@ def test_sweep_runs_each_level_on_a_worker_and_records_its_host(
     assert [r["level"] for r in recs] == [1, 2] and [r["rate"] for r in recs] == [1, 2]
     hosts = {c.host for c in cluster.clocks(cluster.workers(), rounds=1)}
     assert all(r["ok"] and r["extras"]["host"] in hosts for r in recs)
+
+
+def test_worker_shares_are_judged_alone_and_named() -> None:
+    clocks = [WorkerClock(address="tcp://a:1", host="ha", offset_s=0.002, rtt_s=0.004),
+              WorkerClock(address="tcp://b:2", host="hb", offset_s=-0.5, rtt_s=0.010)]
+    verdicts = {"pa": (10, 5.0, 0.2, []), "pb": (9, 4.0, 80.0, ["generator fell behind"])}
+    level = shares(["pa", "pb"], clocks, scheduler="tcp://s:8786", offered_rps=10.0,
+                   judge=lambda part, n: verdicts[part])
+    a, b = level.workers
+    assert (a.offered_rps, a.clock_offset_ms, a.clock_uncertainty_ms) == (5.0, 2.0, 2.0)
+    assert (b.clock_offset_ms, b.clock_uncertainty_ms) == (-500.0, 5.0)
+    assert a.valid and not b.valid and b.requests == 9
+    assert named_reasons(level) == ["worker 1 (tcp://b:2 on hb): generator fell behind"]
+
+
+def test_a_cluster_levels_fix_asks_for_workers_not_processes() -> None:
+    reasons = validity(mode="open", offered_rps=1000.0, sent_rps=500.0, scheduled_rps=1000.0,
+                       lag=LagStats(count=10, p50_ms=0.1, p99_ms=0.5, max_ms=1.0, late=0),
+                       pool_waits=0, slo_threshold_s=None, processes=2, more=WORKERS)
+    assert len(reasons) == 1 and "add Dask workers (now 2)" in reasons[0]
+    assert "--processes" not in reasons[0]

@@ -43,6 +43,8 @@ CLOCK_ROUNDS = 8
 """Round trips per worker per offset measurement; the shortest one is kept."""
 POLL_S = 0.25
 """How often the client looks for finished, failed or departed workers during a level."""
+WORKERS = "Dask workers"
+"""What a cluster level's fixes ask to add, where a local level asks for --processes."""
 _TIME_FIELDS = ("window_start", "last_send", "last_done", "last_due")
 """A part's CLOCK_MONOTONIC instants, moved into the client's clock before merging."""
 

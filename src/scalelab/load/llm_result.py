@@ -162,8 +162,10 @@ def samples_of(part: StreamPart) -> Samples:
 
 
 def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
-          concurrency: int | None, arrival: str | None, window_s: float | None) -> LlmResult:
-    """Merge per-process results; `window_s` is the planned measured span."""
+          concurrency: int | None, arrival: str | None, window_s: float | None,
+          more: str = "--processes") -> LlmResult:
+    """Merge per-process results; `window_s` is the planned measured span; `more` is what the
+    fix asks to add for more generators (--processes, or Dask workers)."""
     assert parts
     kinds: Counter[str] = Counter()
     status: Counter[str] = Counter()
@@ -200,7 +202,7 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
         reasons.append(
             f"generator lag: {very_late / sent:.1%} of sends were more than "
             f"{LLM_LATE_S * 1e3:.0f} ms late (limit {LAG_INVALID_SHARE:.0%}), so the offered "
-            "rate was not held; add --processes, raise --max-connections, lower --rate, or use "
+            f"rate was not held; add {more}, raise --max-connections, lower --rate, or use "
             "a quieter machine")
     if sent == 0:
         reasons.append("no request was measured; lengthen --duration or shorten --warmup")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.load.capacity import CapacityResult, SearchConfig, Step, search
-from scalelab.load.cluster import Cluster, named_reasons
+from scalelab.load.cluster import WORKERS, Cluster, named_reasons
 from scalelab.load.cluster import shares as cluster_shares
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm_result import LlmResult, merge, samples_of
@@ -86,12 +86,13 @@ def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None,
 
 
 def _merge(plan: LlmPlan, parts: list[StreamPart],
-           offered_rps: float | None = None) -> LlmResult:
+           offered_rps: float | None = None, more: str = "--processes") -> LlmResult:
     cfg = plan.stream
     rate = offered_rps if offered_rps is not None else plan.rate
     return merge(parts, mode=cfg.mode, offered_rps=rate if cfg.mode == "open" else None,
                  concurrency=cfg.concurrency if cfg.mode == "closed" else None,
-                 arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s())
+                 arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s(),
+                 more=more)
 
 
 def _run_on_cluster(plan: LlmPlan, times: list[float] | None, cluster: Cluster,
@@ -107,10 +108,11 @@ def _run_on_cluster(plan: LlmPlan, times: list[float] | None, cluster: Cluster,
     shares = [None if times is None else split_list(times, p, i) for i in range(p)]
     parts, clocks = cluster.run(_stream_part, plan, shares, workers,
                                 length_s=plan.length_s() + plan.stream.timeout_s)
-    r = _merge(plan, parts)
+    r = _merge(plan, parts, more=WORKERS)
 
     def judge(part: StreamPart, n: int) -> tuple[int, float, float | None, list[str]]:
-        one = _merge(plan, [part], offered_rps=None if plan.rate is None else plan.rate / n)
+        one = _merge(plan, [part], offered_rps=None if plan.rate is None else plan.rate / n,
+                     more=WORKERS)
         return one.requests, one.sent_rps, one.lag.p99_ms, one.invalid_reasons
 
     level = cluster_shares(parts, clocks, scheduler=cluster.address,

@@ -21,7 +21,7 @@ import numpy as np
 
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.load import clock
-from scalelab.load.cluster import Cluster, named_reasons
+from scalelab.load.cluster import WORKERS, Cluster, named_reasons
 from scalelab.load.cluster import shares as cluster_shares
 from scalelab.load.generator import Engine, EngineConfig, PartResult, Progress
 from scalelab.load.result import LoadResult, merge
@@ -202,13 +202,13 @@ def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = 
 
 
 def _merge(plan: LoadPlan, parts: list[PartResult],
-           offered_rps: float | None = None) -> LoadResult:
+           offered_rps: float | None = None, more: str = "--processes") -> LoadResult:
     cfg = plan.engine
     rate = offered_rps if offered_rps is not None else plan.rate
     return merge(parts, mode=cfg.mode, offered_rps=rate if cfg.mode == "open" else None,
                  concurrency=cfg.concurrency if cfg.mode == "closed" else None,
                  arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s(),
-                 slo_threshold_s=cfg.slo_threshold_s, realtime=cfg.realtime)
+                 slo_threshold_s=cfg.slo_threshold_s, realtime=cfg.realtime, more=more)
 
 
 def _cold_probe(plan: LoadPlan) -> tuple[float | None, str | None]:
@@ -239,10 +239,11 @@ def _run_on_cluster(plan: LoadPlan, times: list[float] | None, cluster: Cluster,
                                 length_s=plan.length_s() + plan.engine.timeout_s)
     if cold is not None:
         parts[0] = replace(parts[0], cold_start_s=cold[0], cold_start_error=cold[1])
-    r = _merge(plan, parts)
+    r = _merge(plan, parts, more=WORKERS)
 
     def judge(part: PartResult, n: int) -> tuple[int, float, float | None, list[str]]:
-        one = _merge(plan, [part], offered_rps=None if plan.rate is None else plan.rate / n)
+        one = _merge(plan, [part], offered_rps=None if plan.rate is None else plan.rate / n,
+                     more=WORKERS)
         return one.requests, one.sent_rps, one.lag_p99_ms, one.invalid_reasons
 
     level = cluster_shares(parts, clocks, scheduler=cluster.address,
