@@ -237,17 +237,26 @@ def test_cli_bad_cluster_address_exits_2(capsys: pytest.CaptureFixture[str]) -> 
 def test_sweep_runs_each_level_on_a_worker_and_records_its_host(
         cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rec = tmp_path / "r.jsonl"
-    # The command reports where it ran and the level it got through the environment.
-    script = ("import json, os, socket; print(json.dumps({'n': int(os.environ['SCALELAB_N']), "
-              "'pid_host': socket.gethostname()}))")
-    rc = run(["sweep", "--var", "n=1,2", "--metric", "json:n", "--records", str(rec),
+    # The command reports its parent process, the metric the sweep records: a worker, not us.
+    script = "import json, os; print(json.dumps({'ppid': os.getppid()}))"
+    rc = run(["sweep", "--var", "n=1,2", "--metric", "json:ppid", "--records", str(rec),
               "--cluster", cluster.address, "--json", "--", sys.executable, "-c", script])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     recs = doc["records"]
-    assert [r["level"] for r in recs] == [1, 2] and [r["rate"] for r in recs] == [1, 2]
+    worker_pids = set(cluster.client.run(os.getpid).values())
+    assert [r["level"] for r in recs] == [1, 2]
+    assert all(r["ok"] and int(r["rate"]) in worker_pids for r in recs), recs
     hosts = {c.host for c in cluster.clocks(cluster.workers(), rounds=1)}
-    assert all(r["ok"] and r["extras"]["host"] in hosts for r in recs)
+    assert all(r["extras"]["host"] in hosts for r in recs)
+
+
+def test_processes_with_a_cluster_is_refused(cluster: Cluster, http_url: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    rc = run(["load", "run", http_url, "--rate", "10", "--duration", "1s", "--processes", "2",
+              "--cluster", cluster.address])
+    assert rc == 2
+    assert "dask worker --nworkers N" in capsys.readouterr().err
 
 
 def test_worker_shares_are_judged_alone_and_named() -> None:
