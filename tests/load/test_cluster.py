@@ -50,10 +50,25 @@ def _dask(*args: str) -> subprocess.Popen[bytes]:
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _worker(sched_file: Path) -> subprocess.Popen[bytes]:
+def _worker(sched_file: Path, *extra: str) -> subprocess.Popen[bytes]:
     return _dask("worker", "--scheduler-file", str(sched_file), "--nthreads", "1",
                  "--no-nanny", "--host", "127.0.0.1", "--dashboard-address", ":0",
-                 "--death-timeout", "60")
+                 "--death-timeout", "60", *extra)
+
+
+HOG = """
+import sys, threading
+
+def _spin():
+    while True:
+        pass
+
+def dask_setup(worker):
+    # A thread that never gives the GIL back before the switch interval: the generator's loop
+    # runs only in 100 ms slices, so its sends go out up to 100 ms late.
+    sys.setswitchinterval(0.1)
+    threading.Thread(target=_spin, daemon=True).start()
+"""
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +227,31 @@ def test_a_worker_killed_mid_level_fails_the_level_naming_it(cluster: Cluster,
     r = run_load(_http_plan(http_url, rate=20, duration_s=1.0), cluster=cluster)
     assert r.requests == 20 and r.successes == 20 and r.cluster is not None
     assert len(r.cluster.workers) == 2
+
+
+def test_a_slow_worker_makes_the_level_invalid_naming_it(
+        cluster: Cluster, http_url: str, tmp_path: Path) -> None:
+    before = set(cluster.workers())
+    hog = tmp_path / "hog.py"
+    hog.write_text(HOG)
+    slow = _worker(cluster.sched_file, "--preload", str(hog))  # type: ignore[attr-defined]
+    try:
+        cluster.client.wait_for_workers(3, timeout=90)
+        (victim,) = set(cluster.workers()) - before
+        # 100 req/s a worker: its lag limit is one 10 ms gap; the slow one is up to 100 ms late.
+        r = run_load(_http_plan(http_url, rate=300, duration_s=2.0), cluster=cluster)
+    finally:
+        slow.kill()
+        slow.wait(timeout=10)
+    assert r.cluster is not None and r.requests == 600
+    (w,) = [w for w in r.cluster.workers if w.address == victim]
+    assert not w.valid and w.lag_p99_ms is not None and w.lag_p99_ms > 10.0
+    assert not r.valid
+    assert any(x.startswith(f"worker {w.index} ({victim} on ") for x in r.invalid_reasons)
+    deadline = time.monotonic() + 60
+    while set(cluster.workers()) != before:
+        assert time.monotonic() < deadline, "the slow worker did not leave"
+        time.sleep(0.1)
 
 
 def test_cli_llm_capacity_runs_each_step_on_the_cluster(
