@@ -229,6 +229,7 @@ def test_a_worker_killed_mid_level_fails_the_level_naming_it(cluster: Cluster,
     assert len(r.cluster.workers) == 2
 
 
+@pytest.mark.slow  # its GIL-hogging thread keeps a core busy for ~15 s on a 2-core CI machine
 def test_a_slow_worker_makes_the_level_invalid_naming_it(
         cluster: Cluster, http_url: str, tmp_path: Path) -> None:
     before = set(cluster.workers())
