@@ -152,7 +152,9 @@ def _remote_part(run_part: Callable[..., Any], plan: Any, index: int,
 
     def start() -> float:
         # The barrier: say ready (set-up and imports done), then wait for the client's start.
-        Queue(f"{level}-ready").put(index)
+        ready = Queue(f"{level}-ready")
+        ready.put(index)
+        ready.close()  # the scheduler drops a level's queue once every holder has closed it
         at = Variable(f"{level}-start").get(timeout=READY_TIMEOUT_S + 30)
         if at is None:
             raise RunFailedError("the client abandoned the level before its start")
@@ -266,6 +268,7 @@ class Cluster:
             self.client.cancel([f for i, f in futs.items() if i not in results])
             with contextlib.suppress(Exception):
                 start_v.delete()
+                ready_q.close()
         parts = [_to_client_clock(results[i], clocks[i].offset_s) for i in range(len(futs))]
         return parts, clocks
 
