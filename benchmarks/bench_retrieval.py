@@ -119,7 +119,8 @@ def main() -> int:
     ap.add_argument("--base-docs", type=int, default=2000)
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--embedder", default="minilm")
-    ap.add_argument("--indexes", default="faiss:HNSW32,hnswlib:M=16,ef_construction=200,ivfpq")
+    ap.add_argument("--indexes",
+                    default="faiss:HNSW32,hnswlib:M=16,ef_construction=200,ivfpq,qdrant")
     ap.add_argument("--variants", default="minilm-int8,hashing",
                     help="Embedders compared at 1x ('' for none).")
     ap.add_argument("--no-retrain", action="store_true")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from gen_helpers import MODEL, TOK, prompts
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from scalelab.cli import run
 from scalelab.generate.engine import Engine, EngineConfig
@@ -63,9 +64,10 @@ def test_metrics_follow_the_engine() -> None:
     text = generate_latest(m.registry).decode()
 
     def value(name: str) -> float:
-        found = re.search(rf'^{re.escape(name)}\{{model_name="tiny"\}} (\S+)$', text, re.M)
-        assert found, name
-        return float(found.group(1))
+        found = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+                 if s.name == name and s.labels == {"model_name": "tiny"}]
+        assert len(found) == 1, name
+        return float(found[0])
 
     assert value("vllm:num_preemptions_total") == e.scheduler.num_preemptions > 0
     assert value("vllm:iteration_tokens_total_count") == e.stats.steps

@@ -120,13 +120,16 @@ def test_speculative_greedy_is_token_for_token_plain_greedy() -> None:
     ps = [TOK.encode(f"{i} def f(x): return x + {i}\ndef f(x): return") for i in range(10)]
     ps += prompts(10)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
-    plain = [s.output_ids for s in engine().generate(ps, params)]
+    base = engine()
+    plain = [s.output_ids for s in base.generate(ps, params)]
     e = engine(speculative=True, spec=SpecConfig(num_draft=4))
     spec = [s.output_ids for s in e.generate(ps, params)]
     assert spec == plain
     assert e.stats.draft_tokens > 0 and e.stats.accepted_tokens > 0
     assert 0 < e.stats.acceptance_rate <= 1
-    assert e.stats.steps < engine().stats.steps + len(plain[0]) * len(ps)
+    # accepted drafts are tokens that took no decode step of their own: fewer steps than the
+    # plain engine took for the same outputs
+    assert e.stats.steps < base.stats.steps
     assert e.blocks.is_whole()
 
 

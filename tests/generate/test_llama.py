@@ -1,14 +1,21 @@
-"""nets/llama.py against transformers' LlamaForCausalLM built from the same tensors."""
+"""nets/llama.py against transformers' LlamaForCausalLM built from the same tensors.
+
+The README's promise that our Llama is transformers' Llama, held in `make test` on the tiny
+model (the same check on SmolLM2 itself is `slow`: tests/generate/test_smollm2.py). transformers
+is a dev dependency, imported plainly: a missing package fails here rather than skipping.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from scalelab.core.errors import BadInputError
+from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.sequence import SamplingParams
+from scalelab.generate.tokenizer import byte_tokenizer
 from scalelab.nets.llama import LlamaConfig, LlamaForCausalLM, build_tiny, tiny_config
-
-transformers = pytest.importorskip("transformers")
 
 
 def hf_twin(model: LlamaForCausalLM) -> torch.nn.Module:
@@ -54,6 +61,20 @@ def test_logits_and_greedy_tokens_match_transformers() -> None:
             b = int(hf(input_ids=seq).logits[0, -1].argmax())
             assert a == b
             seq = torch.cat([seq, torch.tensor([[a]])], dim=1)
+    # The serving path (paged KV cache, packed linears, a batch of two) continues the same
+    # prompts with transformers' greedy tokens, token for token.
+    eng = Engine(model, byte_tokenizer(), EngineConfig(kv_cache_bytes=1 << 20, block_size=4,
+                                                       max_model_len=256))
+    prompts = [ids[0].tolist(), ids[1, :13].tolist()]
+    got = eng.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    for p, s in zip(prompts, got, strict=True):
+        want, x = [], torch.tensor([p])
+        with torch.inference_mode():
+            for _ in range(12):
+                want.append(int(hf(input_ids=x).logits[0, -1].argmax()))
+                x = torch.cat([x, torch.tensor([[want[-1]]])], dim=1)
+        assert s.output_ids == want
+    assert eng.blocks.is_whole()
 
 
 def test_training_step_reduces_loss() -> None:

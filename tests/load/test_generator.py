@@ -35,28 +35,39 @@ def _run(url: str, *, mode: Mode = "open", rate: float | None = None, concurrenc
 
 def test_fixed_service_time_gives_p50_near_20ms(server: Callable[..., str]) -> None:
     url = server("fixed", "--service-ms", "20")
-    for r in (_run(url, rate=100, duration_s=2.0, warmup_s=0.3),
-              _run(url, mode="closed", concurrency=4, duration_s=2.0, warmup_s=0.3)):
-        assert r.failures == 0 and r.successes > 100
+    open_, closed = (_run(url, rate=100, duration_s=1.0, warmup_s=0.3),
+                     _run(url, mode="closed", concurrency=4, duration_s=1.0, warmup_s=0.3))
+    assert open_.requests == open_.successes == 100
+    for r in (open_, closed):
+        assert r.failures == 0 and r.successes >= 50
         assert r.latency.p50_ms is not None
-        # 20 ms of service + loopback + timer slack; never less than the service time.
-        assert 19.9 <= r.latency.p50_ms <= 30.0
+        # never less than the service time (what loopback and timers add depends on the
+        # machine's load, so no upper bound in milliseconds)
+        assert r.latency.p50_ms >= 19.9
         assert r.cold_start_ms is not None and r.cold_start_ms >= 19.9
         assert r.warmup_requests > 0
+    # Little's law: 4 closed-loop clients keep 4 requests in flight, so throughput x mean
+    # latency is 4 whatever the machine's speed; a latency measured too long (or throughput
+    # counted short) breaks it. The clients' own turnaround between a response and the next
+    # send is the slack below 4.
+    assert closed.latency.mean_ms is not None
+    assert 4 * 0.9 <= closed.throughput_rps * closed.latency.mean_ms / 1e3 <= 4 * 1.02
 
 
 def test_open_loop_shows_a_stall_that_closed_loop_hides(server: Callable[..., str]) -> None:
-    # The server freezes 1 s in every 4 s; 6 s of load always covers a whole freeze.
-    url = server("stall", "--service-ms", "5", "--period-s", "4", "--stall-s", "1")
-    open_ = _run(url, rate=100, duration_s=6.0)
-    closed = _run(url, mode="closed", concurrency=4, duration_s=6.0)
+    # The server freezes 0.6 s in every 2 s; 3 s of load always covers a whole freeze.
+    url = server("stall", "--service-ms", "5", "--period-s", "2", "--stall-s", "0.6")
+    open_ = _run(url, rate=100, duration_s=3.0)
+    closed = _run(url, mode="closed", concurrency=4, duration_s=3.0)
     assert open_.latency.max_ms is not None and closed.latency.max_ms is not None
     # Both saw the freeze...
     assert open_.latency.max_ms > 500 and closed.latency.max_ms > 500
-    # ...but in open loop everything due during it waited (>= 1/6 of requests), so p99 is
-    # most of the freeze; closed loop sent one request per client into it among thousands.
+    # ...but in open loop everything due during it waited: at least the 0.1 s of arrivals
+    # (1/30 of them) due in a freeze's first 100 ms waited > 500 ms, so p99 is in the freeze,
+    # and the 0.5 s due in its first 500 ms (1/6) waited > 100 ms; closed loop sent one
+    # request per client into each freeze among about two thousand (under 1%).
     assert open_.latency.p99_ms is not None and open_.latency.p99_ms > 500
-    assert closed.latency.p99_ms is not None and closed.latency.p99_ms < 100
+    assert closed.latency.p99_ms is not None and closed.latency.p99_ms < 500
     assert open_.latency.p90_ms is not None and open_.latency.p90_ms > 100
 
 
@@ -97,6 +108,26 @@ def test_a_level_far_below_capacity_is_valid_and_reports_lag(
     assert r.invalid_reasons == [] and r.valid  # a failure shows the reasons, not a repr
     assert r.lag_p50_ms is not None and r.lag_p99_ms is not None and r.lag_max_ms >= 0
     assert r.lag_p50_ms <= r.lag_p99_ms <= r.lag_max_ms
+
+
+def test_a_default_mode_level_is_judged_by_its_own_lag(server: Callable[..., str]) -> None:
+    # The default (not realtime) generator at the same far-below-capacity level. Whether it
+    # waited for a core past a gap depends on what else runs (CI runs two tests on two cores),
+    # so the test asserts what does not: the verdict is the rule applied to what the level
+    # measured — invalid exactly when the lag p99 passed one 20 ms gap or the sends fell more
+    # than 2% short — and a flagged level blames the generator (and offers --realtime), never
+    # the connection pool or the server.
+    url = server("fixed", "--service-ms", "10")
+    r = _run(url, rate=50, duration_s=1.0, warmup_s=0.1)
+    assert r.requests == 50 and r.failures == 0 and r.pool_waits == 0
+    assert r.lag_p99_ms is not None
+    late = r.lag_p99_ms > 20.0
+    behind = r.sent_rps < r.scheduled_rps * 0.98
+    assert len(r.invalid_reasons) == late + behind, (r.lag_p99_ms, r.invalid_reasons)
+    assert r.valid is (not late and not behind)
+    for reason in r.invalid_reasons:
+        assert reason.startswith(("generator lag p99", "generator fell behind")), reason
+        assert "use --realtime" in reason and "--max-connections" not in reason, reason
 
 
 _HOG = """
@@ -157,7 +188,10 @@ def test_refused_connections_are_counted(server: Callable[..., str]) -> None:
         port = s.getsockname()[1]
     r = _run(f"http://127.0.0.1:{port}", rate=100, requests=10)
     assert r.errors_by_kind == {"refused": 10}
-    assert r.cold_start_error is not None
+    # the cold-start probe met the same refusal, and there is no cold-start time to report
+    assert r.cold_start_error is not None and r.cold_start_error.startswith(
+        "ConnectionRefusedError:"), r.cold_start_error
+    assert r.cold_start_ms is None and r.successes == 0
 
 
 def test_two_processes_split_the_schedule_and_merge(server: Callable[..., str]) -> None:

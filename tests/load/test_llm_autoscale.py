@@ -74,5 +74,25 @@ def test_cli_ranks_the_llm_signals(tmp_path: Path, capsys: pytest.CaptureFixture
               "--json"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
-    assert sorted(r["signal"] for r in doc["ranking"]) == [
+    ranking = doc["ranking"]
+    assert sorted(r["signal"] for r in ranking) == [
         "cpu", "inflight", "kv", "queue", "rps", "sequences", "tokens"]
+    assert [r["rank"] for r in ranking] == list(range(1, 8))
+    # each row is that signal's simulation, and the rows go best first: fewest violating
+    # requests (to 0.01% of traffic), then the cheaper
+    results = {r["signal"]: r for r in doc["results"]}
+    for r in ranking:
+        sim = results[r["signal"]]
+        assert (r["violating_share"], r["cost"]) == (sim["violating_share"], sim["cost"])
+    keys = [(round(r["violating_share"], 4), r["cost"]) for r in ranking]
+    assert keys == sorted(keys)
+    assert len({k[0] for k in keys}) >= 3  # the trace separates the signals
+    # tokens/s is rps times the 32 tokens every request of these records produced: the same
+    # signal in other units, so the same replicas and the same violations
+    rps, tokens = results["rps"], results["tokens"]
+    assert (tokens["violating_share"], tokens["replica_hours"]) == \
+           (rps["violating_share"], rps["replica_hours"])
+    # CPU utilisation is capped at 100% of a replica, so past saturation it cannot say how far
+    # demand went beyond it; every other signal sees the spike's size, and CPU ranks last
+    assert ranking[-1]["signal"] == "cpu"
+    assert ranking[-1]["violating_share"] > max(r["violating_share"] for r in ranking[:-1])

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from figurekit import assert_image, capture
+from figurekit import lines as drawn_lines
 from scalelab.cli import run
 from scalelab.nets.feature_version import mismatch
 
@@ -18,14 +20,22 @@ def _replay(tmp: Path, schema: Path, *extra: str) -> list[str]:
 
 
 def test_replay_json_and_decisions(tmp_path: Path, week_schema: Path,
+                                   monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     dec = tmp_path / "decisions.jsonl"
     rec = tmp_path / "records.jsonl"
+    saved = capture(monkeypatch)
     code = run(_replay(tmp_path, week_schema, "--policy", "daily", "--lookback-hours", "48",
                        "--decisions", str(dec), "--records", str(rec),
-                       "--fault", "corrupt@2013-01-06T15"))
+                       "--fault", "corrupt@2013-01-06T15", "--plot", str(tmp_path / "f1.png")))
     out = json.loads(capsys.readouterr().out)
     assert code == 0
+    # --plot: macro F1 per month, the JSON's `monthly`, one line named by the policy.
+    assert_image(tmp_path / "f1.png")
+    [(fig, _)] = saved
+    assert drawn_lines(fig.axes[0]) == {"daily": ([float(m["month"]) for m in out["monthly"]],
+                                            [m["macro_f1"] for m in out["monthly"]])}
+    assert out["monthly"] and out["plot"] == str(tmp_path / "f1.png")
     assert out["ingested"]["events"]["quarantined"] > 0
     assert out["log_totals"]["accepted"] + out["log_totals"]["quarantined"] == \
         out["log_totals"]["received"]
@@ -67,11 +77,13 @@ def test_replay_publishes_through_serve_canary_promote_and_rollback(
     versions = sorted(int(p.name) for p in (repo / "fl").iterdir() if p.name.isdigit())
     assert versions == sorted(out["published"].values())
     assert all(mismatch(repo / "fl" / str(v)) is None for v in versions)
-    routing = json.loads((repo / "fl" / "serving.json").read_text()) \
-        if (repo / "fl" / "serving.json").exists() else {}
-    assert routing.get("candidate") is None  # no canary left open
-    if out["promoted"]:
-        assert routing["current"] in versions
+    # the daily policy over these 3 days: the bootstrap, then each published candidate went
+    # through a canary and `serve promote`; the attempt refused on its holdout published nothing
+    assert (out["promoted"], out["refused"], out["rolled_back"]) == (2, 1, 0)
+    assert versions == [1, 2, 3]
+    routing = json.loads((repo / "fl" / "serving.json").read_text())
+    assert routing["candidate"] is None and routing["weight"] == 0.0  # no canary left open
+    assert (routing["current"], routing["previous"]) == (3, 2)  # each promotion moved it on
 
 
 def test_calibrate_json_and_bad_input(tmp_path: Path, week_schema: Path,

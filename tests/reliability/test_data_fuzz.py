@@ -184,11 +184,14 @@ def _write_parquet(rows: list[list[str | None]], header: list[str], draw: Any
 
 
 @st.composite
-def flights_file(draw: Any) -> tuple[str, bytes, int]:
-    """(suffix, bytes, expected data rows or -1) of one mutated flights file."""
+def flights_file(draw: Any) -> tuple[str, bytes, int, bool]:
+    """(suffix, bytes, expected data rows or -1, must succeed) of one mutated flights file.
+
+    A file must succeed (exit 0, bad rows quarantined) when its header is the flights header
+    and it is whole and readable as text: only refusing the whole file is wrong there."""
     fmt = draw(st.sampled_from(["csv", "csv", "csv", "jsonl", "parquet"]))
     if fmt == "csv" and draw(st.integers(0, 19)) == 0:
-        return ".csv", b"", -1
+        return ".csv", b"", -1, False
     header = list(FLIGHT_COLUMNS)
     rows = [list(draw(st.sampled_from(BASE))) for _ in range(draw(st.integers(0, 8)))]
     for _ in range(draw(st.sampled_from([0, 0, 1, 2, 6]))):
@@ -216,6 +219,7 @@ def flights_file(draw: Any) -> tuple[str, bytes, int]:
             rows = [[r[k] for k in order] for r in rows]
         if not header:
             break
+    intact = header == list(FLIGHT_COLUMNS)
     if fmt == "csv":
         data, expected = _write_csv(rows, header, draw)
     elif fmt == "jsonl":
@@ -224,12 +228,17 @@ def flights_file(draw: Any) -> tuple[str, bytes, int]:
         if len(header) == 0:
             header, rows = ["year"], [[r[0] if r else None] for r in rows]
         data, expected = _write_parquet(rows, header, draw)
-    return f".{fmt}", data, expected
+    # a JSON-lines file without one object has no header to read: refusing it is right
+    whole = expected >= 0 and (fmt != "jsonl" or bool(rows))
+    return f".{fmt}", data, expected, intact and whole
 
 
-def _check(rc: int, out: str, err: str, ds: Path, expected: int) -> None:
+def _check(rc: int, out: str, err: str, ds: Path, expected: int,
+           must_succeed: bool = False) -> None:
     assert rc in (0, 2), f"exit {rc}: {err}"
     assert "Traceback" not in out + err
+    if must_succeed:  # a whole flights file: bad rows are quarantined, the file is not refused
+        assert rc == 0, err
     if rc == 2:
         lines = [line for line in err.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("error:"), err
@@ -254,8 +263,8 @@ def _check(rc: int, out: str, err: str, ds: Path, expected: int) -> None:
     assert set(q["rule"].to_list()) <= RULES
 
 
-def _prepare(tmp: Path, case: tuple[str, bytes, int]) -> tuple[Path, Path, int]:
-    suffix, data, expected = case
+def _prepare(tmp: Path, case: tuple[str, bytes, int, bool]) -> tuple[Path, Path, int]:
+    suffix, data, expected, _ = case
     for p in sorted(tmp.iterdir(), reverse=True) if tmp.exists() else []:
         if p.is_dir():
             import shutil
@@ -273,15 +282,15 @@ def _prepare(tmp: Path, case: tuple[str, bytes, int]) -> tuple[Path, Path, int]:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(case=flights_file())
-def test_bad_files_in_process(case: tuple[str, bytes, int], tmp_path: Path,
+def test_bad_files_in_process(case: tuple[str, bytes, int, bool], tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
     src, ds, expected = _prepare(tmp_path / "case", case)
     capsys.readouterr()
     rc = run(["data", "run", "--input", str(src), "--out", str(ds), "--no-register",
               "--no-stats", "--json"])
     cap = capsys.readouterr()
-    event(f"{case[0]} exit {rc}")
-    _check(rc, cap.out, cap.err, ds, expected)
+    event(f"{case[0]} exit {rc}{', must succeed' if case[3] else ''}")
+    _check(rc, cap.out, cap.err, ds, expected, case[3])
     if rc == 0:
         rec = json.loads(cap.out)["reconciliation"]
         event(f"rows_in {min(rec['rows_in'], 3)}+, quarantined {min(rec['quarantined'], 1)}+, "
@@ -292,14 +301,14 @@ def test_bad_files_in_process(case: tuple[str, bytes, int], tmp_path: Path,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(case=flights_file())
-def test_bad_files_subprocess(case: tuple[str, bytes, int], tmp_path: Path) -> None:
+def test_bad_files_subprocess(case: tuple[str, bytes, int, bool], tmp_path: Path) -> None:
     src, ds, expected = _prepare(tmp_path / "case", case)
     env = {k: v for k, v in os.environ.items() if k != "SCALELAB_DEBUG"}
     env["SCALELAB_LINEAGE"] = str(tmp_path / "lineage.db")
     p = subprocess.run([sys.executable, "-m", "scalelab", "data", "run", "--input", str(src),
                         "--out", str(ds), "--json"], capture_output=True, text=True,
                        env=env, timeout=120)
-    _check(p.returncode, p.stdout, p.stderr, ds, expected)
+    _check(p.returncode, p.stdout, p.stderr, ds, expected, case[3])
 
 
 def _base_csv(rows: list[str] | None = None, header: str | None = None) -> str:

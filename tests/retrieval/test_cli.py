@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from figurekit import assert_image, capture, lines
 from scalelab.cli import run
 
 
@@ -53,3 +54,24 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert run([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "Traceback" not in err
+
+
+def test_bench_plot_draws_every_grid_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    saved = capture(monkeypatch)
+    out = tmp_path / "frontier.svg"
+    r = _json(capsys, ["retrieval", "bench", "--out", str(tmp_path / "b"), "--levels", "1",
+                       "--base-docs", "100", "--questions", "10", "--embedder", "hashing",
+                       "--indexes", "hnswlib:M=8,ef_construction=50", "--fresh-singles", "2",
+                       "--arrival-rate", "2000", "--cache", str(tmp_path / "c.sqlite"),
+                       "--plot", str(out), "--json"])
+    assert_image(out)
+    [(fig, _)] = saved
+    drawn = lines(fig.axes[0])
+    [level] = r["levels"]  # type: ignore[index]
+    want = {f"{ix['spec']} x1": (sorted((p["recall"], p["qps"]) for p in ix["points"]))
+            for ix in level["indexes"]}
+    assert set(drawn) == set(want) | {"recall target 0.95"}
+    assert len(want) == 3  # exact, faiss Flat and the hnswlib grid
+    for name, pts in want.items():
+        assert drawn[name] == ([p[0] for p in pts], [p[1] for p in pts])

@@ -48,6 +48,7 @@ def test_recall_counts_ties_at_the_kth_place() -> None:
     ("hnswlib:M=16,ef_construction=100", {"ef": 64}, 0.95),
     ("faiss:IVF32,Flat", {"nprobe": 8}, 0.9),
     ("faiss:IVF32,PQ16np,RFlat", {"nprobe": 8, "k_factor": 8}, 0.85),
+    ("qdrant", {}, 1.0),  # qdrant-client's local mode scans every point: exact
 ])
 def test_approximate_indexes_against_exact(small, spec: str, params: dict[str, float],
                                            floor: float) -> None:  # type: ignore[no-untyped-def]
@@ -70,7 +71,7 @@ def test_a_tighter_search_recalls_less(small) -> None:  # type: ignore[no-untype
 
 
 @pytest.mark.parametrize("spec", ["exact", "faiss:Flat", "faiss:IVF32,PQ16np",
-                                  "hnswlib:M=16,ef_construction=100"])
+                                  "hnswlib:M=16,ef_construction=100", "qdrant"])
 def test_incremental_add_equals_a_fresh_build(small, spec: str) -> None:  # type: ignore[no-untyped-def]
     whole = make_index(spec, small.x.shape[1])
     if whole.needs_training:

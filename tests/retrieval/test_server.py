@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
+import numpy as np
 import pytest
 
 from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
@@ -72,7 +73,7 @@ def server(small, chat: str, tmp_path_factory: pytest.TempPathFactory
         return [sys.executable, "-m", "scalelab", "retrieval", "serve", str(out), "--port",
                 str(port), "--cache", str(cache), "--max-k", "50", "--max-body-bytes", "20000",
                 "--max-inflight", "1",
-                "--generate-url", chat]
+                "--generate-url", chat, "--generate-model", "fake-chat"]
 
     with spawned_server(cmd, ready_path="/health/ready", env=env,
                         log=tmp / "server.log") as s:
@@ -87,7 +88,10 @@ def _post(s: Spawned, path: str, body: Any, **kw: Any) -> httpx.Response:
 
 
 def test_retrieve_returns_the_ground_truth(server: Spawned, small) -> None:  # type: ignore[no-untyped-def]
-    q = small.corpus.questions[0]
+    # a question whose document a brute-force search over the same vectors puts in its top 10
+    top = np.argsort(-(small.q @ small.x.T), axis=1)[:, :10]
+    i = next(i for i, t in enumerate(small.truth) if t in top[i, :5])
+    q = small.corpus.questions[i]
     r = _post(server, "/v1/retrieve", {"query": q.text, "k": 10})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -96,6 +100,8 @@ def test_retrieve_returns_the_ground_truth(server: Spawned, small) -> None:  # t
     assert len(hits) == 10
     assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
     assert set(hits[0]) == {"id", "key", "score", "text"}
+    assert q.doc_key in [h["key"] for h in hits]
+    assert [h["id"] for h in hits] == [small.corpus.key_to_id()[h["key"]] for h in hits]
     assert r.headers["x-request-id"]
     many = _post(server, "/v1/retrieve", {"queries": [q.text, "plane N14228"], "k": 3}).json()
     assert [len(x) for x in many["results"]] == [3, 3]
@@ -142,6 +148,7 @@ def test_answer_path_posts_context_to_chat_completions(server: Spawned, small) -
     assert body["answer"] == f"[1] {body['sources'][0]['text']}"
     sent = _FakeChat.seen[-1]
     assert sent["path"] == "/v1/chat/completions"
+    assert sent["body"]["model"] == "fake-chat"  # the flag's, so /v1/models is never asked
     assert sent["body"]["messages"] == prompt_messages(q.text, [s["text"] for s in
                                                                 body["sources"]])
     assert _post(server, "/v1/answer", {"question": ""}).status_code == 422

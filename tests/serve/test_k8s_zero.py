@@ -1,15 +1,19 @@
-"""Scale to zero in the manifests: an External metric, or a refusal that names what is needed."""
+"""Scale to zero in the manifests: an External metric, or a refusal that names what is needed;
+and the cold starts it costs, from the real server's start-up measured on this machine."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import yaml
+from serve_fixtures import add_model
 
 from scalelab.cli import run
 from scalelab.core.errors import BadUsageError
+from scalelab.core.records import Latency, append_records, make_record
 from scalelab.serve.k8s import DeploySpec, manifests
 
 kv = pytest.importorskip("kubernetes_validate")
@@ -53,3 +57,34 @@ def test_cli_min_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     hpa = yaml.safe_load((tmp_path / "k8s" / "hpa.yaml").read_text())
     assert out["startup_seconds"] == 9 and hpa["spec"]["minReplicas"] == 0
     assert hpa["spec"]["metrics"][0]["type"] == "External"
+
+
+def test_cold_starts_follow_the_measured_startup(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`autoscale simulate --min 0 --startup measure`: the server is started here and timed to
+    ready, and the cold starts are those of that start-up. Nothing until t=99, 100 req/s for
+    t=100..399: the HPA's sync at t=105 asks for 2 pods from zero, ready ceil(S) s later, so
+    the requests of t=100..(104 + ceil(S)) wait, the first of them 5 + ceil(S) s."""
+    repo = tmp_path / "repo"
+    add_model(repo, "flights", {1: 1})
+    lat = Latency(p50_ms=10, p90_ms=12, p95_ms=15, p99_ms=20, p999_ms=25, max_ms=30)
+    recs = tmp_path / "cap.jsonl"
+    append_records(recs, [make_record(experiment="cap", stage="load", variable="rate", level=lv,
+                                      rate=lv, latency=lat,
+                                      extras={"offered_rps": lv, "mean_ms": 11.0,
+                                              "slo": "p95<50ms"}) for lv in (50.0, 100.0)])
+    tr = tmp_path / "t.csv"
+    tr.write_text("time,rate\n0,0\n99,0\n100,100\n399,100\n400,0\n1200,0\n")
+    assert run(["autoscale", "simulate", "--capacity", str(recs), "--trace", str(tr),
+                "--signal", "rps", "--target", "50", "--metric-window", "1s", "--min", "0",
+                "--external", "--startup", "measure", "--model-repo", str(repo),
+                "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    startup = doc["startup_s"]
+    assert doc["startup_measured"] is True and startup > 0
+    (zero,) = doc["scale_to_zero"]
+    waited = 5 + math.ceil(startup)
+    assert zero["startup_s"] == startup
+    assert (zero["cold_requests"], zero["added_max_ms"]) == (100.0 * waited, 1000.0 * waited)
+    assert [(d["t_s"], d["current"], d["desired"]) for d in doc["results"][0]["decisions"]] \
+        == [(105.0, 0, 2), (705.0, 2, 0)]

@@ -84,10 +84,10 @@ gc.set_threshold(1)  # a collection at nearly every allocation: inside the lock 
 for i in range(300):  # a new label set builds its mmap entry under the global lock
     m.responses.labels("m", "1", str(i)).inc()
 gc.set_threshold(700)
-text = m.expose().decode()
-count = [ln for ln in text.splitlines()
-         if ln.startswith('scalelab_gc_pause_seconds_count{generation="0"}')]
-print(count[0].split()[-1])
+from prometheus_client.parser import text_string_to_metric_families
+count = [s.value for f in text_string_to_metric_families(m.expose().decode()) for s in f.samples
+         if s.name == "scalelab_gc_pause_seconds_count" and s.labels == {"generation": "0"}]
+print(count[0])
 """
 
 

@@ -70,7 +70,18 @@ def test_run_metrics_are_complete(two: TrainResult) -> None:
     ev = two.evaluation
     assert [c.name for c in ev.per_class] == ["on_time", "late_15_60", "late_60_plus",
                                               "cancelled"]
-    assert 0 <= ev.ece <= 1 and len(ev.reliability) == 10
+    assert len(ev.reliability) == 10
+    # the bins partition the held-out rows, and their accuracies add up to the overall one
+    # (the exact math of `scores` is test_evaluate.py's; this checks the trained model's)
+    assert sum(b.count for b in ev.reliability) == ev.n == sum(c.support for c in ev.per_class)
+    assert sum(b.count * (b.accuracy or 0.0) for b in ev.reliability) / ev.n == \
+        pytest.approx(ev.accuracy, abs=1e-12)
+    assert ev.ece == pytest.approx(sum(b.count / ev.n * abs(b.confidence - b.accuracy)
+                                       for b in ev.reliability if b.count
+                                       if b.confidence is not None and b.accuracy is not None),
+                                   abs=1e-12)
+    # the top-class probability of 4 classes is at least 1/4: the bins below are empty
+    assert [b.count for b in ev.reliability[:2]] == [0, 0]
 
 
 def test_model_is_saved_in_the_serving_layout(two: TrainResult, repo: Path) -> None:

@@ -18,6 +18,7 @@ import click
 from rich.markup import escape
 
 from scalelab import __version__
+from scalelab.cli._extras import install_hint
 from scalelab.cli._output import err_console
 from scalelab.core.errors import ScalelabError
 
@@ -144,6 +145,9 @@ def run(argv: list[str] | None = None) -> int:
     except Exception as e:
         if os.environ.get("SCALELAB_DEBUG"):
             raise
+        hint = install_hint(e.name) if isinstance(e, ModuleNotFoundError) else None
+        if hint is not None:
+            return _fail(2, hint)
         return _fail(
             70, f"internal error: {type(e).__name__}: {e} (set SCALELAB_DEBUG=1 for the traceback)"
         )

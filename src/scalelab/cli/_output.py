@@ -10,6 +10,7 @@ import json
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -25,6 +26,25 @@ json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON document on stdout, nothing else."
 )
 """Decorator: every command that computes takes --json."""
+
+
+def _plot_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    if value is None:
+        return None
+    from scalelab.report.figures import check_path
+
+    return check_path(value)
+
+
+def plot_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--plot FILE: also draw `what` to FILE (.png or .svg), checked before any work runs."""
+    return click.option(
+        "--plot",
+        "plot",
+        type=click.Path(dir_okay=False, path_type=Path),
+        callback=_plot_path,
+        help=f"Also draw {what} to FILE (.png or .svg: the suffix picks the format).",
+    )
 
 
 def print_json(data: Any) -> None:

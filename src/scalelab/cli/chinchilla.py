@@ -13,7 +13,14 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from scalelab.cli._output import emit, err_console, json_option, jsonable, parse_list
+from scalelab.cli._output import (
+    emit,
+    err_console,
+    json_option,
+    jsonable,
+    parse_list,
+    plot_option,
+)
 from scalelab.core.chinchilla import (
     EPOCH_GRID,
     EPOCH_PARAMS,
@@ -123,10 +130,11 @@ def _render_fit(res: dict[str, Any], fit: ChinchillaFit) -> Callable[[Console], 
 @click.option("--bootstrap", default=100, show_default=True, type=click.IntRange(min=0),
               help="Resamples for standard errors (0 to skip).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap seed.")
+@plot_option("every run's loss against its compute and the fitted compute-optimal loss")
 @json_option
 def fit_chinchilla(csv_path: Path, n_col: str, d_col: str | None, c_col: str, loss_col: str,
                        drop_highest: int, grid_kind: str, grid_points: int, huber_delta: float,
-                       bootstrap: int, seed: int, as_json: bool) -> None:
+                       bootstrap: int, seed: int, plot: Path | None, as_json: bool) -> None:
     """Fit the Chinchilla law L(N, D) = E + A/N^alpha + B/D^beta (Hoffmann et al. Approach 3).
 
     Huber loss (delta 1e-3) on log loss, L-BFGS from a grid of starts, best kept. The --json
@@ -144,7 +152,14 @@ def fit_chinchilla(csv_path: Path, n_col: str, d_col: str | None, c_col: str, lo
     for w in fit.warnings:
         err_console.print(f"[yellow]warning:[/] {w}", markup=True, soft_wrap=True)
     res = {**jsonable(fit), "csv": str(csv_path), "rows_read": rows,
-           "dropped_highest": drop_highest, "d_source": d_source}
+           "dropped_highest": drop_highest, "d_source": d_source,
+           "plot": str(plot) if plot else None}
+    if plot is not None:
+        from scalelab.report import figures
+
+        figures.save(figures.chinchilla_figure(
+            n.tolist(), d.tolist(), loss.tolist(), fit.params,
+            title=f"Chinchilla fit of {csv_path.name} ({fit.n_points} runs)"), plot)
     emit(res, as_json, _render_fit(res, fit))
 
 

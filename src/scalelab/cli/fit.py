@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scalelab.cli._output import emit, json_option
+from scalelab.cli._output import emit, json_option, plot_option
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.fits import ScalingFit, fit_scaling
 from scalelab.core.knee import find_knee
@@ -150,6 +150,7 @@ def _render(fit: ScalingFit, knee: float | None, xs: list[float], ys: list[float
     "with --records, 'rate' (default) or a quality key.",
 )
 @click.option("--stage", help="With --records: only records of this stage.")
+@plot_option("the points and the chosen fit")
 @json_option
 def usl_cmd(
     csv_path: Path | None,
@@ -157,6 +158,7 @@ def usl_cmd(
     x_col: str | None,
     y_col: str | None,
     stage: str | None,
+    plot: Path | None,
     as_json: bool,
 ) -> None:
     """Fit the Universal Scalability Law, with Amdahl and linear fits compared by AIC.
@@ -187,7 +189,20 @@ def usl_cmd(
         "efficiency": fit.efficiency,
         "karp_flatt": fit.karp_flatt,
         "knee": knee,
+        "plot": str(plot) if plot else None,
     }
+    if plot is not None:
+        from scalelab.report import figures
+
+        figures.save(
+            figures.scaling_figure(
+                [figures.Curve(name=yname, x=xs, y=ys)],
+                variable=xname,
+                ylabel=yname,
+                title=f"{yname} vs {xname}: {fit.chosen} fit",
+            ),
+            plot,
+        )
     emit(data, as_json, _render(fit, knee, xs, ys))
 
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._cluster import cluster_option, open_cluster
-from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
+from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._sweep import levels
 from scalelab.core.errors import BadUsageError
@@ -361,23 +361,24 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 @click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per step.")
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
 @click.option("--experiment", help="Experiment id for the records.")
+@plot_option("TTFT and TPOT quantiles against the tried rates, and the capacity found")
 @cluster_option
 @_workload_options
 @json_option
 def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: str,
                  confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
-                 warmup: str, records: Path | None, experiment: str | None,
+                 warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
                  cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """The highest arrival rate meeting every token objective, in req/s and output tokens/s."""
     with open_cluster(cluster_address) as cluster:
         _capacity(url, slo, start, max_rate, precision, confidence, min_step, max_step,
-                  max_steps, arrival, warmup, records, experiment, as_json, kw, cluster)
+                  max_steps, arrival, warmup, records, experiment, plot, as_json, kw, cluster)
 
 
 def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
               confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
-              warmup: str, records: Path | None, experiment: str | None, as_json: bool,
-              kw: dict[str, Any], cluster: Cluster | None) -> None:
+              warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
+              as_json: bool, kw: dict[str, Any], cluster: Cluster | None) -> None:
     objective = parse_token_slo(slo)
     conf = _fraction(confidence, what="--confidence")
     rule = TokenStepRule(slo=objective, confidence=conf,
@@ -424,8 +425,27 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
            "converged": res.result.converged, "price_per_hour_usd": price,
            "cost_per_1k_output_tokens_usd": None if res.capacity_tps is None else
            cost_of(price, res.capacity_tps),
-           "steps": steps, "records": str(records) if records else None}
+           "steps": steps, "records": str(records) if records else None,
+           "plot": str(plot) if plot else None}
+    if plot is not None:
+        plot_capacity(doc, plot)
     emit(doc, as_json, lambda c: _render_capacity(c, doc))
+
+
+def plot_capacity(doc: dict[str, Any], path: Path) -> None:
+    """The steps of `doc` (capacity's JSON) in rate order: the report's latency figure."""
+    from scalelab.report import figures
+
+    steps = sorted(doc["steps"], key=lambda s: s["rate"])
+    x = [s["rate"] for s in steps]
+    curves = [figures.LatencyCurve(
+        name=metric.upper(), x=x,
+        quantiles={q: [s[metric][f"{q}_ms"] for s in steps] for q in ("p50", "p95", "p99")},
+        passed=[s["verdict"].endswith("pass") for s in steps]) for metric in ("ttft", "tpot")]
+    cap = doc["capacity_rps"]
+    figures.save(figures.latency_figure(
+        curves, variable="arrival rate (req/s)", title=f"capacity for {doc['slo']}",
+        marker_x=cap, marker_label="" if cap is None else f"capacity {cap:.2f} req/s"), path)
 
 
 def _fraction(text: str, *, what: str) -> float:

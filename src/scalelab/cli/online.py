@@ -16,7 +16,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from scalelab.cli._output import emit, json_option
+from scalelab.cli._output import emit, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
 
 start_option = click.option("--start", default=None,
@@ -159,6 +159,17 @@ def _updater_options(f: Any) -> Any:
     return f
 
 
+def plot_monthly(results: list[dict[str, Any]], path: Path) -> None:
+    """F1 over time per policy, from each result's `monthly` (as the JSON gives it)."""
+    from scalelab.report import figures
+
+    series = {r["policy"]: [(float(m["month"]), float(m["macro_f1"])) for m in r["monthly"]]
+              for r in results}
+    figures.save(figures.timeline_figure(
+        series, xlabel="month of 2013 (prediction time)", ylabel="prequential macro F1",
+        title="online: quality over time per update policy"), path)
+
+
 @app.command("replay")
 @click.option("--log", "log_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The event log; ingested first when empty.")
@@ -185,6 +196,7 @@ def _updater_options(f: Any) -> Any:
 @fault_option
 @delay_option
 @seed_option
+@plot_option("macro F1 per month of prediction")
 @json_option
 def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: float,
                drift_backoff: float,
@@ -192,7 +204,7 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
                records_path: Path | None, bootstrap_days: float, lookback_hours: float,
                tick_hours: float, tolerance: float, rollback_tolerance: float,
                start: str | None, end: str | None, faults: tuple[str, ...], label_delay: float,
-               seed: int, as_json: bool) -> None:
+               seed: int, plot: Path | None, as_json: bool) -> None:
     """Replay end to end: ingest (if the log is empty), then update under review, prequential."""
     import json
 
@@ -247,7 +259,10 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
                     "samples_trained": result.samples_trained,
                     "staleness_h": result.staleness_h})])
     out = {"log": str(log_path), "ingested": ingested, "log_totals": totals, **summary,
-           "published": pub.versions if pub is not None else None}
+           "published": pub.versions if pub is not None else None,
+           "plot": str(plot) if plot else None}
+    if plot is not None:
+        plot_monthly([out], plot)
 
     def render(c: Console) -> None:
         c.print(f"policy {policy}: prequential macro F1 {result.macro_f1:.4f}, accuracy "
@@ -281,6 +296,7 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
 @fault_option
 @delay_option
 @seed_option
+@plot_option("macro F1 per month of prediction, one line per policy")
 @json_option
 def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backoff: float,
               prices_file: Path | None,
@@ -288,7 +304,7 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
               records_path: Path | None, bootstrap_days: float, lookback_hours: float,
               tick_hours: float, tolerance: float, rollback_tolerance: float,
               start: str | None, end: str | None, faults: tuple[str, ...], label_delay: float,
-              seed: int, as_json: bool) -> None:
+              seed: int, plot: Path | None, as_json: bool) -> None:
     """Prequential quality and compute per update policy on one replay, side by side."""
     from scalelab.cli._output import parse_list
     from scalelab.core.records import append_records, new_experiment_id
@@ -309,6 +325,9 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
     out = {k: v for k, v in res.items() if k not in ("records", "policies")}
     out["results"] = rows
     out["drift_vs_best_fixed"] = compare_policies(rows)
+    out["plot"] = str(plot) if plot else None
+    if plot is not None:
+        plot_monthly(rows, plot)
 
     def render(c: Console) -> None:
         from rich.table import Table

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._governance import governance_file, governance_option
-from scalelab.cli._output import emit, json_option, parse_list
+from scalelab.cli._output import emit, json_option, parse_list, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.errors import BadUsageError
@@ -99,7 +99,8 @@ def corpus_cmd(out: Path, level: str, base_docs: int, questions: int, seed: int,
               help="Index directory (index.bin + manifest.json).")
 @click.option("--index", "spec", default="faiss:HNSW32", show_default=True,
               help="exact | faiss:<factory> (Flat, HNSW32, IVF64,PQ16np) | "
-                   "hnswlib:M=16,ef_construction=200")
+                   "hnswlib:M=16,ef_construction=200 | qdrant (embedded) | "
+                   "qdrant+http://HOST:6333/COLLECTION (a Qdrant server)")
 @embedder_option
 @cache_option
 @no_cache_option
@@ -175,13 +176,15 @@ def query_cmd(index_dir: Path, query: str, k: int, cache: Path | None, no_cache:
 @click.option("--max-body-bytes", type=int, default=256 * 1024, show_default=True)
 @click.option("--generate-url", default=None,
               help="OpenAI-compatible server for /v1/answer (e.g. scalelab generate serve).")
-@click.option("--generate-model", default="default", show_default=True)
+@click.option("--generate-model", default=None,
+              help="The model field of /v1/answer's chat requests (default: the one model "
+                   "the --generate-url server lists at GET /v1/models).")
 @governance_option
 @trace_options
 def serve_cmd(governance: Path | None,
               index_dir: Path, host: str, port: int, cache: Path | None, no_cache: bool,
               max_k: int, max_inflight: int, max_body_bytes: int, generate_url: str | None,
-              generate_model: str, trace_sample: float, trace_out: str | None,
+              generate_model: str | None, trace_sample: float, trace_out: str | None,
               otlp_endpoint: str | None) -> None:
     """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
     import logging
@@ -208,9 +211,11 @@ def serve_cmd(governance: Path | None,
 @click.option("--levels", default="1,10", show_default=True)
 @click.option("--base-docs", type=int, default=2000, show_default=True)
 @click.option("--questions", type=int, default=200, show_default=True)
-@click.option("--indexes", default="faiss:HNSW32,hnswlib:M=16,ef_construction=200,ivfpq",
+@click.option("--indexes",
+              default="faiss:HNSW32,hnswlib:M=16,ef_construction=200,ivfpq,qdrant",
               show_default=True,
-              help="Approximate indexes ('ivfpq' sizes IVF lists to the corpus; each is "
+              help="Indexes to measure ('ivfpq' sizes IVF lists to the corpus; 'qdrant' is "
+                   "embedded Qdrant, qdrant+http://HOST:6333/COLLECTION a server; each is "
                    "measured over its parameter grid beside exact numpy and faiss Flat).")
 @embedder_option
 @cache_option
@@ -225,12 +230,13 @@ def serve_cmd(governance: Path | None,
 @click.option("--seed", type=int, default=13, show_default=True)
 @click.option("--records", type=click.Path(path_type=Path), default=None,
               help="Append records here (default OUT/records.jsonl).")
+@plot_option("the recall-QPS frontier: every index over its parameter grid, per level")
 @json_option
 def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: str,
               embedder: str, cache: Path | None, recall_target: float, arrival_rate: float,
               fresh_singles: int, prices_file: Path | None,
               price_per_core_hour: float | None, seed: int,
-              records: Path | None, as_json: bool) -> None:
+              records: Path | None, plot: Path | None, as_json: bool) -> None:
     """ann-benchmarks style: one thread, one query at a time, a parameter grid per index."""
     from scalelab.retrieval.bench import BenchConfig, render_bench, run_bench, split_indexes
 
@@ -242,4 +248,18 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
                           prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
                       seed=seed, records=records)
     result = run_bench(cfg)
+    result["plot"] = str(plot) if plot else None
+    if plot is not None:
+        plot_frontier(result, plot)
     emit(result, as_json, lambda con: render_bench(con, result))
+
+
+def plot_frontier(result: dict[str, Any], path: Path) -> None:
+    """Recall against QPS for every index and level of the bench's JSON."""
+    from scalelab.report import figures
+
+    series = {f"{ix['spec']} x{lv['level']:g}": [(p["recall"], p["qps"]) for p in ix["points"]]
+              for lv in result["levels"] for ix in lv["indexes"]}
+    figures.save(figures.frontier_figure(
+        series, title=f"recall-QPS ({result['embedder']})", target=result["recall_target"]),
+        path)

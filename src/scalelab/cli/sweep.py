@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from scalelab.cli._cluster import open_cluster
-from scalelab.cli._output import emit, err_console, json_option, parse_list
+from scalelab.cli._output import emit, err_console, json_option, parse_list, plot_option
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.core.machine import Machine
 from scalelab.core.records import append_records, new_experiment_id
@@ -108,6 +109,24 @@ def _on_cluster(cluster: Cluster) -> Executor:
     return execute
 
 
+def _plot(levels: Sequence[Mapping[str, Any]], variable: str, experiment: str, path: Path) -> None:
+    from scalelab.report import figures
+
+    # The median per level (the JSON's throughput_median): the same points the fit is made on.
+    rows = [r for r in levels if r["throughput_median"] is not None]
+    curve = figures.Curve(
+        name=experiment,
+        x=[float(r["level"]) for r in rows],
+        y=[float(r["throughput_median"]) for r in rows],
+    )
+    figures.save(
+        figures.scaling_figure(
+            [curve], variable=variable, ylabel="throughput", title=f"sweep of {variable}"
+        ),
+        path,
+    )
+
+
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option(
     "--var",
@@ -140,6 +159,7 @@ def _on_cluster(cluster: Cluster) -> Executor:
     help="Records file (JSON Lines) to append to.",
 )
 @click.option("--experiment", help="Experiment id (default: sweep-<time>-<random>).")
+@plot_option("throughput per level (median, range of the repeats) and the chosen fit")
 @click.option("--cluster", "cluster_address", metavar="tcp://HOST:PORT",
               help="Run each level's command on a worker of this Dask cluster (one run at a "
                    "time, any free worker); each record names the host it ran on.")
@@ -153,6 +173,7 @@ def sweep(
     timeout: str,
     records_path: Path,
     experiment: str | None,
+    plot: Path | None,
     cluster_address: str | None,
     as_json: bool,
     command: tuple[str, ...],
@@ -209,7 +230,10 @@ def sweep(
         "fit_error": res.fit_error,
         "records_file": str(records_path),
         "records": res.records,
+        "plot": str(plot) if plot else None,
     }
+    if plot is not None:
+        _plot(level_summary(res), name, cfg.experiment, plot)
     emit(data, as_json, _render(res, records_path))
     if not any(r.ok for r in res.records):
         raise RunFailedError(

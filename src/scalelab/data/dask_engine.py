@@ -91,9 +91,9 @@ def skew(values: list[float]) -> float | None:
 def _client(address: str | None, workers: int) -> tuple[Any, Any]:
     try:
         from dask.distributed import Client, LocalCluster
-    except ImportError as e:  # pragma: no cover - dask is a dependency
-        raise BadInputError("the dask engine needs dask[distributed]; "
-                            "run: pip install 'dask[distributed]'") from e
+    except ImportError as e:  # Dask is an extra: the base install leaves it out.
+        raise BadInputError("--engine dask needs Dask, which the base install leaves out; "
+                            "run: pip install 'scalelab[dask]' (or use --engine local)") from e
     if address:
         try:
             return Client(address, timeout="10s"), None

@@ -10,8 +10,7 @@ step need a short period to be seen at all); a server without /metrics yields no
 
 from __future__ import annotations
 
-import math
-import re
+import logging
 import threading
 import time
 import urllib.error
@@ -20,29 +19,19 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from scalelab.web.exposition import ExpositionError, sample_sums
+
 GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
           "kv_usage": "vllm:kv_cache_usage_perc"}
 COUNTERS = {"preemptions": "vllm:num_preemptions_total",
             "generation_tokens": "vllm:generation_tokens_total"}
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+log = logging.getLogger("scalelab.load")
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Sum of each metric's samples over its labels (Prometheus text format; comments skipped)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        try:
-            v = float(m.group(3))
-        except ValueError:
-            continue
-        if math.isfinite(v):
-            out[m.group(1)] = out.get(m.group(1), 0.0) + v
-    return out
+def parse_metrics(text: str, source: str = "the /metrics text") -> dict[str, float]:
+    """Sum of each sample's values over its labels, read by prometheus-client's parser; an
+    `ExpositionError` naming `source` and the line when the text is not Prometheus text."""
+    return sample_sums(text, source)
 
 
 @dataclass(kw_only=True)
@@ -94,6 +83,8 @@ class Sampler:
         self.url = url
         self.period_s = period_s
         self.scrapes: list[dict[str, float]] = []
+        self.malformed = 0
+        """Scrapes that answered with text that is not Prometheus exposition (warned once)."""
         self.pid = pid
         self._cpu0: tuple[float, float] | None = None
         self._cpu1: tuple[float, float] | None = None
@@ -132,9 +123,15 @@ class Sampler:
             return
         try:
             with urllib.request.urlopen(self.url, timeout=2) as r:
-                self.scrapes.append(parse_metrics(r.read().decode("utf-8", "replace")))
+                text = r.read().decode("utf-8", "replace")
         except (OSError, urllib.error.URLError, ValueError):
-            pass
+            return  # a server without /metrics, or one too busy to answer: no sample
+        try:
+            self.scrapes.append(parse_metrics(text, self.url))
+        except ExpositionError as e:
+            self.malformed += 1
+            if self.malformed == 1:  # said once, not ten times a second
+                log.warning("engine signals: %s", e)
 
     def process_extras(self) -> dict[str, float | int]:
         """cpu_busy_cores (what the verdict reads) and server_peak_rss_bytes of the server."""

@@ -1,6 +1,7 @@
 """The Grafana dashboard of scalelab's servers, built from the metric catalog and the SLOs.
 
-One dashboard (Grafana's JSON model, schemaVersion 39), a row per server: the tabular model
+One dashboard, a row per server, built with grafana-foundation-sdk's builders (so its JSON is
+what Grafana's own typed models emit; the SDK's 11.6 release, schemaVersion 41): the tabular model
 server (latency percentiles from its histograms, request rate and errors, queue depth and
 in-flight requests, batch size, where a request's time goes, response-cache hit rate), the
 generation engine (TTFT and inter-token latency, tokens/s, running and waiting sequences, KV-cache
@@ -13,14 +14,15 @@ must be in the catalog or recorded by the rules, so a panel cannot point at noth
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from scalelab.core.errors import BadInputError
+from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.observe.catalog import metric_of
 from scalelab.observe.promql import metric_names
 from scalelab.observe.rules import PAGE, TICKET, Slo, recorded_names, rules_document
 
-SCHEMA_VERSION = 39
+INSTALL_HINT = "pip install 'scalelab[observe]'"
 UID = "scalelab-servers"
 RATE = "$__rate_interval"
 _WIDTH = 12
@@ -36,46 +38,74 @@ def quantiles(histogram: str, by: str, *, selector: str = "",
              f"(rate({histogram}_bucket{sel}[{RATE}])))") for q in qs]
 
 
-class _Builder:
-    def __init__(self, datasource: str) -> None:
-        self.ds = {"type": "prometheus", "uid": "${datasource}"}
-        self.datasource = datasource
-        self.panels: list[dict[str, Any]] = []
-        self.next_id = 1
-        self.y = 0
-        self.x = 0
+def _sdk() -> Any:
+    try:
+        import grafana_foundation_sdk
+    except ImportError as e:
+        raise BadUsageError(f"the Grafana dashboard is built with grafana-foundation-sdk "
+                            f"({e}); {INSTALL_HINT}") from None
+    return grafana_foundation_sdk
 
-    def _id(self) -> int:
+
+class _Builder:
+    """Rows and panels through grafana-foundation-sdk's builders, which lay them out on the
+    24-column grid (a row starts a new line, panels fill it left to right) and emit what
+    Grafana's own typed models emit."""
+
+    def __init__(self, datasource: str, title: str) -> None:
+        _sdk()
+        from grafana_foundation_sdk.builders import dashboard as db
+        from grafana_foundation_sdk.models import dashboard as dm
+
+        self.datasource = datasource
+        self.ds = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+        self.board = (
+            db.Dashboard(title).uid(UID).tags(["scalelab"]).timezone("utc").editable()
+            .tooltip(dm.DashboardCursorSync.CROSSHAIR).refresh("30s").time("now-1h", "now")
+            .version(1)
+            .with_variable(db.DatasourceVariable("datasource").label("Prometheus")
+                           .type("prometheus").current(dm.VariableOption(
+                               text=datasource, value=datasource))))
+        self.titles: dict[int, str] = {}
+        """Panel id -> title, for the metric check's messages."""
+        self.exprs: list[tuple[str, str]] = []
+        """(panel title, expression) of every target."""
+        self.next_id = 1
+
+    def _id(self, title: str) -> int:
         self.next_id += 1
+        self.titles[self.next_id - 1] = title
         return self.next_id - 1
 
     def row(self, title: str) -> None:
-        if self.x:
-            self.y += _HEIGHT
-            self.x = 0
-        self.panels.append({"id": self._id(), "type": "row", "title": title, "collapsed": False,
-                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}, "panels": []})
-        self.y += 1
+        from grafana_foundation_sdk.builders import dashboard as db
+
+        self.board.with_row(db.Row(title).id(self._id(title)).collapsed(False))
 
     def panel(self, title: str, targets: list[tuple[str, str]], *, unit: str,
-              description: str = "", kind: str = "timeseries") -> None:
-        panel: dict[str, Any] = {
-            "id": self._id(), "type": kind, "title": title, "description": description,
-            "datasource": self.ds,
-            "gridPos": {"h": _HEIGHT, "w": _WIDTH, "x": self.x, "y": self.y},
-            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-            "options": {"legend": {"displayMode": "list", "placement": "bottom",
-                                   "showLegend": True},
-                        "tooltip": {"mode": "multi", "sort": "desc"}},
-            "targets": [{"refId": chr(ord("A") + i), "datasource": self.ds, "expr": expr,
-                         "legendFormat": legend, "range": True}
-                        for i, (legend, expr) in enumerate(targets)],
-        }
-        self.panels.append(panel)
-        self.x += _WIDTH
-        if self.x >= 24:
-            self.x = 0
-            self.y += _HEIGHT
+              description: str = "") -> None:
+        from grafana_foundation_sdk.builders import common as cb
+        from grafana_foundation_sdk.builders import prometheus as pb
+        from grafana_foundation_sdk.builders import timeseries as ts
+        from grafana_foundation_sdk.models import common as cm
+
+        panel = (ts.Panel().id(self._id(title)).title(title).description(description)
+                 .datasource(self.ds).height(_HEIGHT).span(_WIDTH).unit(unit)
+                 .legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST)
+                         .placement(cm.LegendPlacement.BOTTOM).show_legend(True))
+                 .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
+                          .sort(cm.SortOrder.DESCENDING)))
+        for i, (legend, expr) in enumerate(targets):
+            panel.with_target(pb.Dataquery().ref_id(chr(ord("A") + i)).datasource(self.ds)
+                              .expr(expr).legend_format(legend).range())
+            self.exprs.append((title, expr))
+        self.board.with_panel(panel)
+
+    def json(self) -> dict[str, Any]:
+        from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+        out: dict[str, Any] = json.loads(json.dumps(self.board.build(), cls=JSONEncoder))
+        return out
 
 
 def _serve(b: _Builder) -> None:
@@ -192,31 +222,19 @@ def dashboard(slos: list[Slo], *, datasource: str = "Prometheus",
               title: str = "scalelab servers") -> dict[str, Any]:
     """The dashboard's JSON model; raises BadInputError if an expression does not parse or
     reads a metric that is neither exported (the catalog) nor recorded (the rules)."""
-    b = _Builder(datasource)
+    b = _Builder(datasource, title)
     _serve(b)
     _generate(b)
     _retrieval(b)
     _governance(b)
     _budgets(b, slos)
     known = recorded_names(rules_document(slos))
-    for p in b.panels:
-        for t in p.get("targets", []):
-            for name in metric_names(t["expr"]):
-                if name not in known and metric_of(name) is None:
-                    raise BadInputError(f"panel {p['title']!r} reads {name!r}, which no server "
-                                        "exports and no rule records")
-    return {
-        "uid": UID, "title": title, "tags": ["scalelab"], "timezone": "utc",
-        "schemaVersion": SCHEMA_VERSION, "version": 1, "editable": True,
-        "graphTooltip": 1, "refresh": "30s",
-        "time": {"from": "now-1h", "to": "now"},
-        "templating": {"list": [{
-            "name": "datasource", "label": "Prometheus", "type": "datasource",
-            "query": "prometheus", "current": {"text": datasource, "value": datasource},
-            "hide": 0, "refresh": 1, "options": [], "regex": ""}]},
-        "annotations": {"list": []},
-        "panels": b.panels,
-    }
+    for title_, expr in b.exprs:
+        for name in metric_names(expr):
+            if name not in known and metric_of(name) is None:
+                raise BadInputError(f"panel {title_!r} reads {name!r}, which no server "
+                                    "exports and no rule records")
+    return b.json()
 
 
 def metrics_used(board: dict[str, Any]) -> dict[str, set[str]]:

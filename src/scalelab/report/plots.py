@@ -1,5 +1,7 @@
 """Curves as inline SVG (matplotlib, Agg): throughput, latency and cost against the variable.
 
+Throughput and latency are figures.py's figures, the ones the commands' --plot writes.
+
 SVG text is embedded in the HTML, so the report needs no external files, scripts or fonts.
 """
 
@@ -8,18 +10,12 @@ from __future__ import annotations
 import io
 import math
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from scalelab.core.fits import fit_scaling
 from scalelab.core.objectives import Objective
 from scalelab.core.sheet import SheetRow
-from scalelab.core.usl import usl
-
-plt.rcParams.update({"svg.fonttype": "none", "font.family": "sans-serif", "font.size": 9})
+from scalelab.report.figures import Bound, Curve, LatencyCurve, latency_figure, scaling_figure
 
 
 def _svg(fig: Figure) -> str:
@@ -42,47 +38,33 @@ def throughput_plot(stage: str, rows: list[SheetRow], objectives: list[Objective
     series = {s: rs for s, rs in series.items() if rs}
     if not series:
         return None
-    fig, ax = plt.subplots(figsize=(5.2, 3.2))
-    for name, rs in series.items():
-        x = [r.level for r in rs]
-        y = [r.rate or 0.0 for r in rs]
-        lo = [(r.rate or 0) - (r.rate_min or r.rate or 0) for r in rs]
-        hi = [(r.rate_max or r.rate or 0) - (r.rate or 0) for r in rs]
-        line = ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=name)
-        if len(set(x)) >= 3:
-            try:
-                fit = fit_scaling(x, y)
-            except Exception:  # a degenerate curve still gets its points drawn
-                fit = None
-            if fit is not None and fit.usl is not None:
-                grid = [min(x) + (max(x) - min(x)) * i / 60 for i in range(61)]
-                m = fit.model(fit.chosen)
-                if m is not None:
-                    import numpy as np
-
-                    p = m.params
-                    yy = usl(np.asarray(grid), p["gamma"], p.get("alpha", 0.0), p.get("beta", 0.0))
-                    ax.plot(
-                        grid,
-                        yy,
-                        linestyle="--",
-                        color=line[0].get_color(),
-                        alpha=0.6,
-                        label=f"{name}: {fit.chosen} fit",
-                    )
+    curves = [
+        Curve(
+            name=name,
+            x=[r.level for r in rs],
+            y=[r.rate or 0.0 for r in rs],
+            low=[r.rate_min or r.rate or 0.0 for r in rs],
+            high=[r.rate_max or r.rate or 0.0 for r in rs],
+        )
+        for name, rs in series.items()
+    ]
+    bounds = []
     for o in objectives:
         if o.metric == "rate":
             bound = o.min if o.min is not None else o.max
             assert bound is not None
-            ax.axhline(bound, color="crimson", linestyle=":", label=f"objective {o.label}")
+            bounds.append(Bound(value=bound, label=o.label))
     unit = next((r.rate_unit for rs in series.values() for r in rs if r.rate_unit), "")
     var = next(iter(series.values()))[0].variable
-    ax.set_xlabel(var)
-    ax.set_ylabel(f"throughput ({unit})" if unit else "throughput")
-    ax.set_title(f"{stage}: throughput vs {var}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _svg(fig)
+    return _svg(
+        scaling_figure(
+            curves,
+            variable=var,
+            ylabel=f"throughput ({unit})" if unit else "throughput",
+            title=f"{stage}: throughput vs {var}",
+            bounds=bounds,
+        )
+    )
 
 
 def latency_plot(stage: str, rows: list[SheetRow], objectives: list[Objective]) -> str | None:
@@ -90,30 +72,23 @@ def latency_plot(stage: str, rows: list[SheetRow], objectives: list[Objective]) 
     series = {s: rs for s, rs in series.items() if rs}
     if not series:
         return None
-    fig, ax = plt.subplots(figsize=(5.2, 3.2))
-    for name, rs in series.items():
-        x = [r.level for r in rs]
-        for q, style in (("p50_ms", ":"), ("p95_ms", "-"), ("p99_ms", "--")):
-            y = [getattr(r, q) for r in rs]
-            if any(v is not None for v in y):
-                ax.plot(
-                    x,
-                    [math.nan if v is None else v for v in y],
-                    marker="o",
-                    linestyle=style,
-                    label=f"{name} {q[:3]}",
-                )
-    for o in objectives:
-        if o.metric in ("p50_ms", "p95_ms", "p99_ms") and o.max is not None:
-            ax.axhline(o.max, color="crimson", linestyle=":", label=f"objective {o.label}")
+    curves = [
+        LatencyCurve(
+            name=name,
+            x=[r.level for r in rs],
+            quantiles={q: [getattr(r, f"{q}_ms") for r in rs] for q in ("p50", "p95", "p99")},
+        )
+        for name, rs in series.items()
+    ]
+    bounds = [
+        Bound(value=o.max, label=o.label)
+        for o in objectives
+        if o.metric in ("p50_ms", "p95_ms", "p99_ms") and o.max is not None
+    ]
     var = next(iter(series.values()))[0].variable
-    ax.set_xlabel(var)
-    ax.set_ylabel("latency (ms)")
-    ax.set_yscale("log")
-    ax.set_title(f"{stage}: latency vs {var}")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    return _svg(fig)
+    return _svg(
+        latency_figure(curves, variable=var, title=f"{stage}: latency vs {var}", bounds=bounds)
+    )
 
 
 def cost_plot(stage: str, rows: list[SheetRow]) -> str | None:

@@ -1,4 +1,4 @@
-"""One small index interface over exact numpy, faiss and hnswlib (after faiss's `Index`).
+"""One small index interface over exact numpy, faiss, hnswlib and Qdrant (after faiss's `Index`).
 
 Every index stores unit vectors and ranks by inner product (= cosine). Ids are positions: the
 n-th vector added has id n-1, so a corpus that grows by appending keeps its ids and an index
@@ -7,7 +7,9 @@ grows by `add` without a rebuild. Indexes are named by a string the user can pas
 - ``exact`` numpy brute force (the recall reference; one matrix product per query batch);
 - ``faiss:<factory>`` any faiss `index_factory` string with inner product: ``faiss:Flat``,
   ``faiss:HNSW32``, ``faiss:IVF64,PQ16``, ``faiss:IVF64,PQ32,RFlat`` ...;
-- ``hnswlib:M=16,ef_construction=200``.
+- ``hnswlib:M=16,ef_construction=200``;
+- ``qdrant`` (embedded, qdrant-client's local mode) or ``qdrant+http://HOST:6333/COLLECTION``
+  (a Qdrant server), in `retrieval.qdrant`.
 
 Search-time knobs go through `set_params`: ``ef`` (HNSW's candidate list; faiss efSearch,
 hnswlib ef), ``nprobe`` (IVF lists visited), ``k_factor`` (re-ranked candidates of a refine
@@ -26,7 +28,7 @@ import numpy as np
 
 from scalelab.core.errors import BadInputError, BadUsageError
 
-INSTALL_HINT = "pip install 'scalelab[retrieval]' (faiss-cpu and hnswlib)"
+INSTALL_HINT = "pip install 'scalelab[retrieval]' (faiss-cpu, hnswlib and qdrant-client)"
 SEARCH_PARAMS = ("ef", "nprobe", "k_factor")
 
 
@@ -328,15 +330,23 @@ class HnswlibIndex(VectorIndex):
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
-    """'faiss:HNSW32' -> ('faiss', 'HNSW32'); 'exact' -> ('exact', '')."""
-    lib, _, rest = spec.strip().partition(":")
-    if lib == "exact" and not rest:
-        return "exact", ""
+    """'faiss:HNSW32' -> ('faiss', 'HNSW32'); 'exact' -> ('exact', ''); 'qdrant' -> ('qdrant',
+    ''); 'qdrant+http://h:6333/c' -> ('qdrant', 'qdrant+http://h:6333/c') (the server)."""
+    spec = spec.strip()
+    if spec in ("exact", "qdrant"):
+        return spec, ""
+    if spec.startswith(("qdrant+http://", "qdrant+https://")):
+        from scalelab.retrieval.qdrant import parse_server
+
+        parse_server(spec)
+        return "qdrant", spec
+    lib, _, rest = spec.partition(":")
     if lib in ("faiss", "hnswlib") and (rest or lib == "hnswlib"):
         return lib, rest
     raise BadUsageError(f"unknown index {spec!r}; use exact, faiss:<factory string> "
-                        "(faiss:Flat, faiss:HNSW32, faiss:IVF64,PQ16) or "
-                        "hnswlib:M=16,ef_construction=200")
+                        "(faiss:Flat, faiss:HNSW32, faiss:IVF64,PQ16), "
+                        "hnswlib:M=16,ef_construction=200, qdrant (embedded) or "
+                        "qdrant+http://HOST:6333/COLLECTION (a Qdrant server)")
 
 
 def make_index(spec: str, dim: int) -> VectorIndex:
@@ -346,6 +356,10 @@ def make_index(spec: str, dim: int) -> VectorIndex:
         return ExactIndex(dim)
     if lib == "faiss":
         return FaissIndex(dim, rest)
+    if lib == "qdrant":
+        from scalelab.retrieval.qdrant import QdrantIndex
+
+        return QdrantIndex(dim, rest or None)
     return HnswlibIndex(dim, rest)
 
 
@@ -355,6 +369,10 @@ def index_from_bytes(spec: str, dim: int, data: bytes) -> VectorIndex:
         return ExactIndex.from_bytes(dim, data)
     if lib == "faiss":
         return FaissIndex.from_bytes(dim, rest, data)
+    if lib == "qdrant":
+        from scalelab.retrieval.qdrant import QdrantIndex
+
+        return QdrantIndex.from_bytes(dim, rest or None, data)
     return HnswlibIndex.from_bytes(dim, rest, data)
 
 

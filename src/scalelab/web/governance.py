@@ -249,11 +249,11 @@ def governance_summary(app: object) -> str:
 def governance_from_metrics(text: str) -> str:
     """The governance cell from a server's /metrics text: the `scalelab_governance_info`
     summary, or "none configured" when the server runs without the middleware (pure)."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from scalelab.web.exposition import metric_families
 
     if "scalelab_governance_info" not in text:
         return NONE_CONFIGURED
-    for fam in text_string_to_metric_families(text):
+    for fam in metric_families(text, "the server's /metrics"):
         if fam.name == "scalelab_governance_info":
             for sample in fam.samples:
                 return str(sample.labels.get("summary", NONE_CONFIGURED))

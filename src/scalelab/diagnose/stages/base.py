@@ -63,6 +63,11 @@ class Context:
         p.unlink(missing_ok=True)
         return p
 
+    def provide(self, a: Artifact, path: Path | None) -> None:
+        """Use `path` as `a` instead of building it (an input made elsewhere, e.g. a test's
+        small model repository); None: the artifact is absent."""
+        self._built[a.name] = path
+
     def artifact(self, a: Artifact) -> Path | None:
         if a.name not in self._built:
             for dep in a.needs:

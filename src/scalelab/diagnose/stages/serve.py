@@ -56,6 +56,7 @@ from scalelab.nets.registry import read_spec, write_spec
 from scalelab.nets.repository import CONFIG_FILE, write_json
 from scalelab.serve.config import ModelConfig, load_model_config
 from scalelab.web import trace as web_trace
+from scalelab.web.exposition import sample_sums
 from scalelab.web.governance import server_governance
 from scalelab.web.spawn import start_server, stop_group
 
@@ -170,8 +171,7 @@ def served_responses(base_url: str) -> float | None:
     except OSError:
         return None
     # A labelled counter appears only after its first response: absent means 0 so far.
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("scalelab_responses_total"))
+    return sample_sums(text, f"{base_url}/metrics").get("scalelab_responses_total", 0.0)
 
 
 @dataclass(kw_only=True)

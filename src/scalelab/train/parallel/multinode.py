@@ -86,8 +86,20 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def rehearse_node_loss(cfg: ParallelConfig, run_dir: Path, *, nproc: int = 1,
-                       timeout_s: float = 600.0) -> NodeLoss:
+@dataclass(frozen=True, kw_only=True)
+class LostNode:
+    """The two-node run that lost a node and finished on its replacement (no reference yet)."""
+
+    cfg: ParallelConfig
+    """The job as it ran (resume on, checkpoints in the run directory)."""
+    result: ParallelResult
+    killed_after_checkpoint: int
+    resumed_from_step: int | None
+    recovery_s: float | None
+
+
+def lose_a_node(cfg: ParallelConfig, run_dir: Path, *, nproc: int = 1,
+                timeout_s: float = 600.0) -> LostNode:
     """Run `cfg` on two local "nodes", kill one after the first checkpoint, replace it."""
     if cfg.checkpoint_every < 1 or cfg.steps < cfg.checkpoint_every + 2:
         raise RunFailedError("the node-loss rehearsal needs --checkpoint-interval N with "
@@ -138,12 +150,29 @@ def rehearse_node_loss(cfg: ParallelConfig, run_dir: Path, *, nproc: int = 1,
                 _kill(p)
     reports = read_reports(run_dir, 2 * nproc)
     result = summarize(cfg, reports, run_dir, wall, prep.warning, prep.threads)
-    ref_cfg = dataclasses.replace(cfg, checkpoint_every=0)
-    reference = run_parallel(ref_cfg, LaunchConfig(nproc=2 * nproc, timeout_s=timeout_s),
-                             run_dir / "reference")
-    equal, diff = weights_diff(final_weights(run_dir), final_weights(run_dir / "reference"))
     first = reports[0].get("first_step_unix")
-    return NodeLoss(killed_after_checkpoint=killed_after,
+    return LostNode(cfg=cfg, result=result, killed_after_checkpoint=killed_after,
                     resumed_from_step=(result.resumed_from or {}).get("step"),
-                    recovery_s=(first - kill_time) if first else None, bitwise_equal=equal,
-                    max_abs_diff=diff, result=result, reference=reference)
+                    recovery_s=(first - kill_time) if first else None)
+
+
+def against(lost: LostNode, reference: ParallelResult) -> NodeLoss:
+    """`lost` against an uninterrupted run of the same job on one node (same world, so the
+    same rank → data mapping): bitwise equal final weights is the promise."""
+    equal, diff = weights_diff(final_weights(Path(lost.result.run_dir)),
+                               final_weights(Path(reference.run_dir)))
+    return NodeLoss(killed_after_checkpoint=lost.killed_after_checkpoint,
+                    resumed_from_step=lost.resumed_from_step, recovery_s=lost.recovery_s,
+                    bitwise_equal=equal, max_abs_diff=diff, result=lost.result,
+                    reference=reference)
+
+
+def rehearse_node_loss(cfg: ParallelConfig, run_dir: Path, *, nproc: int = 1,
+                       timeout_s: float = 600.0) -> NodeLoss:
+    """Run `cfg` on two local "nodes", kill one after the first checkpoint, replace it, and
+    compare with the same job run uninterrupted on one node (in run_dir/reference)."""
+    lost = lose_a_node(cfg, run_dir, nproc=nproc, timeout_s=timeout_s)
+    reference = run_parallel(dataclasses.replace(lost.cfg, checkpoint_every=0),
+                             LaunchConfig(nproc=2 * nproc, timeout_s=timeout_s),
+                             run_dir / "reference")
+    return against(lost, reference)
