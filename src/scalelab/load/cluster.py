@@ -195,6 +195,19 @@ class Cluster:
                                  f"some with `dask worker {self.address} --nthreads 1`")
         return ws
 
+    def call(self, fn: Callable[..., PartT], *args: Any, prefer: str,
+             timeout_s: float) -> PartT:
+        """`fn(*args)` on a worker (`prefer` if it is there; another if it leaves), bounded."""
+        fut = self.client.submit(fn, *args, workers=[prefer], allow_other_workers=True,
+                                 pure=False)
+        try:
+            out: PartT = fut.result(timeout=timeout_s)
+        except TimeoutError:
+            self.client.cancel([fut])
+            raise RunFailedError(f"the cluster did not run {fn.__name__} within {timeout_s:g} "
+                                 "s; check the workers (dask worker logs)") from None
+        return out
+
     def clocks(self, workers: Sequence[str], *, rounds: int = CLOCK_ROUNDS) -> list[WorkerClock]:
         """Every worker's clock offset from the client's (module doc), in `workers` order."""
         best: dict[str, tuple[float, float, str]] = {}

@@ -231,8 +231,8 @@ def _run_on_cluster(plan: LoadPlan, times: list[float] | None, cluster: Cluster,
     p = len(workers)
     # The cold-start probe runs apart, before the shares are handed out, so a slow first
     # request cannot make worker 0 miss the agreed start.
-    cold = cluster.client.submit(_cold_probe, plan, workers=[workers[0]], pure=False).result() \
-        if plan.cold_start else None
+    cold = cluster.call(_cold_probe, plan, prefer=workers[0],
+                        timeout_s=plan.engine.timeout_s * 2 + 60) if plan.cold_start else None
     plan = replace(plan, processes=p, cold_start=False)
     shares = [None if times is None else split_list(times, p, i) for i in range(p)]
     parts, clocks = cluster.run(_load_part, plan, shares, workers,
