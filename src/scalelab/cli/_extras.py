@@ -22,6 +22,7 @@ EXTRAS: dict[str, str] = {
     "onnx": "serve",
     "onnxruntime": "serve",
     "opentelemetry": "trace",
+    "grpc": "serve",
 }
 """Top-level module -> the scalelab extra that installs it."""
 

@@ -13,6 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
@@ -30,6 +31,7 @@ from scalelab.load.capacity import (
     search,
 )
 from scalelab.load.clock import LOOP_IMPLS, resolve_loop
+from scalelab.load.cluster import Cluster
 from scalelab.load.connection import Target
 from scalelab.load.generator import EngineConfig, Mode
 from scalelab.load.histogram import LatencyHistogram
@@ -201,14 +203,27 @@ def _check_ran(r: LoadResult, url: str) -> None:
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per level.")
 @click.option("--experiment", help="Experiment id for the records (default: generated).")
 @click.option("--no-cold-start", is_flag=True, help="Skip the first-request probe.")
+@cluster_option
 @_request_options
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
-        no_cold_start: bool, as_json: bool, **kw: Any) -> None:
+        no_cold_start: bool, cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag."""
+    with open_cluster(cluster_address) as cluster:
+        _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration, n_requests,
+             warmup, processes, slo, error_budget, period, records, experiment, no_cold_start,
+             as_json, kw, cluster)
+
+
+def _run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
+         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
+         n_requests: int | None, warmup: str, processes: int, slo: str | None,
+         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
+         no_cold_start: bool, as_json: bool, kw: dict[str, Any],
+         cluster: Cluster | None) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples)
     if duration is not None and n_requests is not None:
         raise BadUsageError("give --duration or --requests, not both")
@@ -233,7 +248,7 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
             if not as_json and not progress_shown():
                 err_console.print(f"[dim]load {url}: {what} ...[/]")
             thr = objective.latency[0].threshold_s if objective and objective.latency else None
-            r = run_load(plan, slo_threshold_s=thr)
+            r = run_load(plan, slo_threshold_s=thr, cluster=cluster)
             _check_ran(r, url)
             lines = None
             if objective is not None:
@@ -341,14 +356,26 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @click.option("--experiment", help="Experiment id for the records.")
 @click.option("--plot", type=click.Path(path_type=Path),
               help="Write the latency-throughput curve (PNG or SVG).")
+@cluster_option
 @_request_options
 @json_option
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
              precision: str, confidence: str, min_step: str, max_step: str, min_requests: str,
              max_steps: int, invalid_retries: int,
              arrival: str, warmup: str, records: Path | None, experiment: str | None,
-             plot: Path | None, as_json: bool, **kw: Any) -> None:
+             plot: Path | None, cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """Find the highest arrival rate meeting the SLO (exponential search, then bisection)."""
+    with open_cluster(cluster_address) as cluster:
+        _capacity(url, slo, error_budget, start, max_rate, precision, confidence, min_step,
+                  max_step, min_requests, max_steps, invalid_retries, arrival, warmup, records,
+                  experiment, plot, as_json, kw, cluster)
+
+
+def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
+              precision: str, confidence: str, min_step: str, max_step: str, min_requests: str,
+              max_steps: int, invalid_retries: int, arrival: str, warmup: str,
+              records: Path | None, experiment: str | None, plot: Path | None, as_json: bool,
+              kw: dict[str, Any], cluster: Cluster | None) -> None:
     objective = parse_slo(slo, error_budget=error_budget)
     conf = _fraction(confidence, what="--confidence")
     rule = StepRule(slo=objective, confidence=conf,
@@ -373,7 +400,9 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
         plan = LoadPlan(engine=_engine(target, reqs, "open", kw, warm), rate=rate,
                         arrival=arrival, duration_s=rule.max_step_s,  # type: ignore[arg-type]
                         seed=kw["seed"] + len(recs), cold_start=not recs)
-        r = run_load(plan, stop_check=rule.should_stop, slo_threshold_s=obj.threshold_s)
+        # Across hosts a step cannot be stopped early: it runs its full --max-step.
+        r = run_load(plan, stop_check=None if cluster else rule.should_stop,
+                     slo_threshold_s=obj.threshold_s, cluster=cluster)
         _check_ran(r, url)
         verdict = rule.step_verdict(sent=r.requests, ok=r.successes, within=r.within_slo,
                                     errors=r.failures)

@@ -18,6 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
@@ -28,6 +29,7 @@ from scalelab.core.machine import available_cores
 from scalelab.core.records import Record, append_records, new_experiment_id
 from scalelab.core.units import parse_duration
 from scalelab.load.capacity import SearchConfig
+from scalelab.load.cluster import Cluster
 from scalelab.load.connection import Target
 from scalelab.load.generator import LAG_INVALID_SHARE, Mode
 from scalelab.load.llm_quality import Agreement, agreement
@@ -175,16 +177,29 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
               help="Output quality: answer the first N workload prompts one at a time first, "
                    "then send them as each level's first requests and report greedy agreement "
                    "with those answers (0: off).")
+@cluster_option
 @_workload_options
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         records: Path | None, experiment: str | None, metrics_url: str | None,
-        series: str | None, server_pid: int | None, quality_probe: int, as_json: bool,
-        **kw: Any) -> None:
+        series: str | None, server_pid: int | None, quality_probe: int,
+        cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput,
     and with --quality-probe the greedy agreement with one-at-a-time answers."""
+    with open_cluster(cluster_address) as cluster:
+        _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration,
+             n_requests, warmup, processes, slo, records, experiment, metrics_url, series,
+             server_pid, quality_probe, as_json, kw, cluster)
+
+
+def _run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
+         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
+         n_requests: int | None, warmup: str, processes: int, slo: str | None,
+         records: Path | None, experiment: str | None, metrics_url: str | None,
+         series: str | None, server_pid: int | None, quality_probe: int, as_json: bool,
+         kw: dict[str, Any], cluster: Cluster | None) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples,
                          examples="--rates 1,2,5, --concurrency 1,4,16")
     if duration is not None and n_requests is not None:
@@ -221,10 +236,10 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
             engine: dict[str, Any] = {}
             if metrics_url or server_pid:
                 with Sampler(metrics_url, pid=server_pid) as sampler:
-                    r = run_llm(plan)
+                    r = run_llm(plan, cluster=cluster)
                 engine = sampler.extras()
             else:
-                r = run_llm(plan)
+                r = run_llm(plan, cluster=cluster)
             check_ran(r, url)
             agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
             out.append({**level_json(r, objective, price), "engine": engine,
@@ -352,13 +367,23 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
 @click.option("--experiment", help="Experiment id for the records.")
 @plot_option("TTFT and TPOT quantiles against the tried rates, and the capacity found")
+@cluster_option
 @_workload_options
 @json_option
 def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: str,
                  confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
                  warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
-                 as_json: bool, **kw: Any) -> None:
+                 cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """The highest arrival rate meeting every token objective, in req/s and output tokens/s."""
+    with open_cluster(cluster_address) as cluster:
+        _capacity(url, slo, start, max_rate, precision, confidence, min_step, max_step,
+                  max_steps, arrival, warmup, records, experiment, plot, as_json, kw, cluster)
+
+
+def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
+              confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
+              warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
+              as_json: bool, kw: dict[str, Any], cluster: Cluster | None) -> None:
     objective = parse_token_slo(slo)
     conf = _fraction(confidence, what="--confidence")
     rule = TokenStepRule(slo=objective, confidence=conf,
@@ -384,7 +409,7 @@ def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: s
             if not as_json and not progress_shown():
                 err_console.print(f"[dim]capacity step: {rate:.2f} req/s ...[/]")
 
-        res = capacity(make_plan, rule, cfg, on_step=on_step, url=url)
+        res = capacity(make_plan, rule, cfg, on_step=on_step, url=url, cluster=cluster)
     recs: list[Record] = []
     for i, (s, r) in enumerate(zip(res.result.steps, res.levels, strict=True)):
         recs.append(to_record(r, experiment=exp, url=url, workload=wl.label(), slo=objective,
