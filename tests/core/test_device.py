@@ -90,6 +90,7 @@ def test_classify_exit_paths() -> None:
 
 def test_vm_hwm_from_status_text() -> None:
     assert vm_hwm_bytes("Name:\tpython\nVmHWM:\t  265612 kB\nVmRSS:\t1 kB\n") == 265612 * 1024
+    assert vm_hwm_bytes("VmPeak:\t  785 kB\nVmHWM:\t 2 kB\n", "VmPeak") == 785 * 1024
     assert vm_hwm_bytes("Name:\tpython\n") is None
 
 
@@ -100,6 +101,7 @@ def test_child_runs_on_one_cpu_and_reports_itself() -> None:
     assert run.cpus == CPUS[:1]
     assert "scalelab" in run.stdout
     assert run.peak_rss_bytes is not None and run.peak_rss_bytes > 1 << 20
+    assert run.peak_vm_bytes is not None and run.peak_vm_bytes >= run.peak_rss_bytes
 
 
 def test_far_too_little_memory_is_no_fit_not_a_traceback() -> None:

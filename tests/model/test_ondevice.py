@@ -51,7 +51,7 @@ def test_every_model_variant_fits_and_reports_latency_and_rss(on_device: dict[st
 def test_a_cache_is_listed_as_not_measured(on_device: dict[str, Any]) -> None:
     r = next(r for r in on_device["variants"] if r["variant"] == "cache")
     assert r == {"variant": "cache", "fit": None, "measured": False,
-                 "reason": "not a standalone model (no model files to load)"}
+                 "reason": "not a standalone model (nothing to load)"}
 
 
 def test_model_time_in_process(flights: Flights, tmp_path: Path) -> None:

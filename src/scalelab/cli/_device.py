@@ -116,11 +116,12 @@ def _render(out: dict[str, Any], summary: Callable[[dict[str, Any]], str]
 
         p = out["profile"]
         t = Table(title=f"on device {p['label']} (memory limit: {out['mechanism']})")
-        for col in ("fit", "peak RSS", "CPUs", "threads", "result"):
+        for col in ("fit", "peak RSS", "peak VM", "CPUs", "threads", "result"):
             t.add_column(col)
         fit = {True: "yes", False: "NO", None: "error"}[out["fit"]]
         res = summary(out["result"]) if out["result"] is not None else out["reason"]
         t.add_row(fit, format_bytes(out["peak_rss_bytes"]) if out["peak_rss_bytes"] else "-",
+                  format_bytes(out["peak_vm_bytes"]) if out["peak_vm_bytes"] else "-",
                   ",".join(map(str, out["cpus"])) if out["cpus"] else "-",
                   str(out["threads"] or "-"), res)
         con.print(t)

@@ -259,8 +259,8 @@ def _on_device(result: Any, profile: DeviceProfile, model_path: Path, data_dir: 
 def _render_on_device(od: dict[str, Any], con: Console) -> None:
     t = Table(title=f"on device {od['profile']['label']} (memory limit: {od['mechanism']}), "
                     "batch 1")
-    for col in ("variant", "fit", "p50 ms", "p95 ms", "peak RSS", "CPUs", "threads",
-                "why not"):
+    for col in ("variant", "fit", "p50 ms", "p95 ms", "peak RSS", "peak VM", "CPUs",
+                "threads", "why not"):
         t.add_column(col, justify="left" if col in ("variant", "why not") else "right")
     for r in od["variants"]:
         fit = {True: "yes", False: "NO", None: "-" if not r["measured"] else "error"}[r["fit"]]
@@ -268,6 +268,7 @@ def _render_on_device(od: dict[str, Any], con: Console) -> None:
                   f"{r['p50_ms']:.3f}" if "p50_ms" in r else "-",
                   f"{r['p95_ms']:.3f}" if "p95_ms" in r else "-",
                   format_bytes(r["peak_rss_bytes"]) if r.get("peak_rss_bytes") else "-",
+                  format_bytes(r["peak_vm_bytes"]) if r.get("peak_vm_bytes") else "-",
                   ",".join(map(str, r["cpus"])) if r.get("cpus") else "-",
                   str(r.get("threads") or "-"), r["reason"])
     con.print(t)

@@ -217,6 +217,8 @@ class LimitedRun:
     wall_s: float
     peak_rss_bytes: int | None
     """The child's own peak resident set (VmHWM), as it reported at exit (None if it died)."""
+    peak_vm_bytes: int | None = None
+    """The child's peak address space (VmPeak): what RLIMIT_AS limits (None if it died)."""
     cpus: list[int] | None = None
     """The CPUs the child saw in its affinity at exit (None if it died before reporting)."""
     threads: int | None = None
@@ -231,7 +233,8 @@ class LimitedRun:
         return {"fit": self.fit, "reason": self.reason, "mechanism": self.mechanism,
                 "mechanism_note": self.mechanism_note, "exit_code": self.exit_code,
                 "signal": self.signal, "wall_s": round(self.wall_s, 3),
-                "peak_rss_bytes": self.peak_rss_bytes, "cpus": self.cpus,
+                "peak_rss_bytes": self.peak_rss_bytes, "peak_vm_bytes": self.peak_vm_bytes,
+                "cpus": self.cpus,
                 "threads": self.threads, "peak_cgroup_bytes": self.peak_cgroup_bytes}
 
 
@@ -348,7 +351,8 @@ def run_limited(argv: list[str], profile: DeviceProfile, *, timeout_s: float = 6
         signal=signal.Signals(-rc).name if rc < 0 else None,
         stdout=out.decode(errors="replace"),
         stderr_tail="\n".join(stderr.strip().splitlines()[-8:]), wall_s=wall,
-        peak_rss_bytes=seen.get("vm_hwm_bytes"), cpus=seen.get("cpus"),
+        peak_rss_bytes=seen.get("vm_hwm_bytes"), peak_vm_bytes=seen.get("vm_peak_bytes"),
+        cpus=seen.get("cpus"),
         threads=seen.get("torch_threads"), pid=proc.pid, peak_cgroup_bytes=peak_cg)
 
 

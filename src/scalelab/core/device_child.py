@@ -21,10 +21,11 @@ from typing import Any
 REPORT_ENV = "SCALELAB_DEVICE_REPORT"
 
 
-def vm_hwm_bytes(status: str) -> int | None:
-    """Peak resident set from /proc/<pid>/status text (pure)."""
+def vm_hwm_bytes(status: str, field: str = "VmHWM") -> int | None:
+    """Peak resident set (or another kB `field`, e.g. VmPeak: peak address space) from
+    /proc/<pid>/status text (pure)."""
     for ln in status.splitlines():
-        if ln.startswith("VmHWM:"):
+        if ln.startswith(field + ":"):
             return int(ln.split()[1]) * 1024
     return None
 
@@ -38,7 +39,9 @@ def _report() -> None:
     if torch is not None:
         seen["torch_threads"] = int(torch.get_num_threads())
     with contextlib.suppress(OSError):
-        seen["vm_hwm_bytes"] = vm_hwm_bytes(Path("/proc/self/status").read_text())
+        status = Path("/proc/self/status").read_text()
+        seen["vm_hwm_bytes"] = vm_hwm_bytes(status)
+        seen["vm_peak_bytes"] = vm_hwm_bytes(status, "VmPeak")
     Path(path).write_text(json.dumps(seen))
 
 

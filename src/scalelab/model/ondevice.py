@@ -63,7 +63,7 @@ def measure_on_device(variants: list[Any], profile: DeviceProfile, workdir: Path
         row: dict[str, Any] = {"variant": v.name}
         if v.arch is None or not isinstance(v.model, nn.Module):
             out.append({**row, "fit": None, "measured": False,
-                        "reason": "not a standalone model (no model files to load)"})
+                        "reason": "not a standalone model (nothing to load)"})
             continue
         d = workdir / v.name
         write_model_files(d, v.model, arch=v.arch, params=v.arch_params)
