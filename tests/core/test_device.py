@@ -80,8 +80,16 @@ def test_classify_exit_paths() -> None:
         False, "the memory limit refused an allocation: MemoryError")
     assert classify(70, "error: internal error: ImportError: libx.so: failed to map segment "
                         "from shared object (set SCALELAB_DEBUG=1 for the traceback)\n", 0) == (
-        False, "the memory limit refused an allocation: ImportError: libx.so: failed to map "
-               "segment from shared object")
+        False, "the memory limit refused an allocation: cannot map libx.so (failed to map "
+               "segment from shared object)")
+    assert classify(2, "error: ONNX models need onnxruntime (/v/lib/onnxruntime_pybind11_state"
+                       ".cpython-311-x86_64-linux-gnu.so: failed to map segment from shared "
+                       "object); pip install onnxruntime\n", 0) == (
+        False, "the memory limit refused an allocation: cannot map onnxruntime_pybind11_state"
+               ".cpython-311-x86_64-linux-gnu.so (failed to map segment from shared object)")
+    assert classify(1, "MemoryError: Cannot allocate memory (os error 12)\n", 0) == (
+        False, "the memory limit refused an allocation: MemoryError: Cannot allocate memory "
+               "(os error 12)")
     assert classify(-9, "", 0) == (False, "killed by SIGKILL (the kernel's OOM killer, most "
                                           "likely)")
     assert classify(2, "error: --model 'x': bad\n", 0) == (None, "exit 2: --model 'x': bad")

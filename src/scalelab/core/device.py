@@ -257,6 +257,12 @@ def classify(returncode: int, stderr: str, oom_kills: int) -> tuple[bool | None,
     for pat in NO_FIT_PATTERNS:
         hit = next((ln.strip() for ln in reversed(lines) if re.search(pat, ln)), None)
         if hit is not None:
+            # An import that cannot map its library is often re-raised wrapped in an install
+            # hint ("pip install ..."), which would mislead: name the library instead.
+            lib = re.search(r"([^\s(/]+\.so[^\s:]*): failed to map segment", hit)
+            if lib is not None:
+                return False, ("the memory limit refused an allocation: cannot map "
+                               f"{lib.group(1)} (failed to map segment from shared object)")
             return False, f"the memory limit refused an allocation: {_clean(hit)}"
     if returncode < 0:
         name = signal.Signals(-returncode).name
