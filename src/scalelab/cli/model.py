@@ -251,7 +251,10 @@ def _on_device(result: Any, profile: DeviceProfile, model_path: Path, data_dir: 
         rows = measure_on_device(result.variants, profile, Path(d),
                                  categorical=test.categorical, numeric=test.numeric,
                                  calls=calls)
-    mechanism, note = choose_mechanism(profile)
+    # What the children used (a cgroup that could not be made falls back to RLIMIT_AS).
+    measured = [r for r in rows if r["measured"]]
+    mechanism, note = ((measured[0]["mechanism"], measured[0]["mechanism_note"]) if measured
+                       else choose_mechanism(profile))
     return {"profile": profile.as_dict(), "mechanism": mechanism, "mechanism_note": note,
             "batch_size": 1, "calls": calls, "variants": rows}
 

@@ -11,7 +11,7 @@ The memory limit, in order of preference:
   process's own cgroup v2, where that cgroup delegates the memory controller to its children
   (``memory`` in ``cgroup.subtree_control``) and is writable. It limits what the work really
   uses (RSS + page cache) and the kernel's OOM killer ends the work when it is over.
-- ``rlimit_as``: ``RLIMIT_AS`` (address space) set in the child before it executes. Always
+- ``rlimit_as``: ``RLIMIT_AS`` (address space), set by the child on itself at start. Always
   available, but it counts *virtual* memory: every thread's stack reservation, glibc's per-thread
   malloc arenas and the shared libraries' mappings count in full, resident or not. A torch process
   reserves far more address space than it touches (docs/model.md measures 2.4-3x its peak RSS),
@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -38,13 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalelab.core.device_child import CGROUP_ENV, CPUS_ENV, REPORT_ENV, RLIMIT_ENV
 from scalelab.core.errors import BadUsageError
 from scalelab.core.units import parse_size
 
 KEYS = ("cores", "memory", "threads")
 CHILD_MODULE = "scalelab.core.device_child"
-REPORT_ENV = "SCALELAB_DEVICE_REPORT"
-"""Where the child writes what it saw of itself (affinity, threads, VmHWM) as it exits."""
 
 # What an allocation refused by the limit looks like in a Python/torch child's stderr.
 NO_FIT_PATTERNS = (
@@ -306,14 +304,14 @@ def run_limited(argv: list[str], profile: DeviceProfile, *, timeout_s: float = 6
                 _remove_cgroup(cgroup)
                 cgroup, mechanism = None, "rlimit_as"
                 note = f"cgroup v2 not usable ({base}: {e.strerror})"
-        mem = profile.memory_bytes
-
-        def limit_child() -> None:  # runs in the child between fork and exec
-            os.sched_setaffinity(0, cpus)
-            if cgroup is not None:
-                (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-            elif mem is not None:
-                resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        # The child applies the limits to itself first thing, before it imports anything
+        # heavy or starts a thread (device_child.apply_limits): a preexec_fn would run Python
+        # in a fork of this process, which is unsafe once torch has started its threads.
+        full_env[CPUS_ENV] = ",".join(map(str, cpus))
+        if cgroup is not None:
+            full_env[CGROUP_ENV] = str(cgroup)
+        elif mechanism == "rlimit_as" and profile.memory_bytes is not None:
+            full_env[RLIMIT_ENV] = str(profile.memory_bytes)
 
         t0 = time.perf_counter()
         out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
@@ -324,7 +322,7 @@ def run_limited(argv: list[str], profile: DeviceProfile, *, timeout_s: float = 6
                 proc = subprocess.Popen(
                     [sys.executable, "-m", CHILD_MODULE, *argv], env=full_env, cwd=cwd,
                     stdout=out_f, stderr=err_f, stdin=subprocess.DEVNULL,
-                    preexec_fn=limit_child, start_new_session=True)
+                    start_new_session=True)
             timed_out = False
             try:
                 proc.wait(timeout=timeout_s)
