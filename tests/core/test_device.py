@@ -110,6 +110,7 @@ def test_child_runs_on_one_cpu_and_reports_itself() -> None:
     assert "scalelab" in run.stdout
     assert run.peak_rss_bytes is not None and run.peak_rss_bytes > 1 << 20
     assert run.peak_vm_bytes is not None and run.peak_vm_bytes >= run.peak_rss_bytes
+    assert group_members(run.pid) == []
 
 
 def test_far_too_little_memory_is_no_fit_not_a_traceback() -> None:
@@ -122,6 +123,7 @@ def test_far_too_little_memory_is_no_fit_not_a_traceback() -> None:
                                   "killed by the cgroup's OOM killer"))
     assert "Traceback" not in run.reason
     assert run.stdout == ""
+    assert group_members(run.pid) == []
 
 
 def _state(pid: int) -> str | None:
