@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from scalelab.cli._device import on_device
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option
 from scalelab.cli._tracing import trace_config, trace_options
@@ -156,13 +157,18 @@ def serve_cmd(governance: Path | None, api_key: str | None,
 @click.option("--sample-seed", default=None, type=int, help="Seed of the sampler.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @json_option
+@on_device(lambda r: f"TTFT {r['ttft_s'] * 1000:.0f} ms, {r['tokens_per_s']} tokens/s, "
+           f"{r['completion_tokens']} tokens, load {r['load_s']} s")
 def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
                  max_num_seqs: int, max_batched_tokens: int, max_model_len: int,
                  prefix_cache: bool, speculative: bool, num_draft: int, contiguous: bool,
                  packed_weights: bool, torch_threads: int | None, seed: int, chat: bool,
                  max_tokens: int, temperature: float, top_p: float, sample_seed: int | None,
                  stop: tuple[str, ...], as_json: bool) -> None:
-    """Generate one completion offline (no server) and print it with its timings."""
+    """Generate one completion offline (no server) and print it with its timings.
+
+    With --device SPEC the same completion runs as a child held to that device (see
+    docs/generate.md, "On a target device")."""
     import torch
 
     from scalelab.generate.engine import Engine, EngineConfig
