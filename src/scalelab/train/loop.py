@@ -54,6 +54,7 @@ PROGRESS_EVERY_S = 0.5
 
 def write_progress(run_dir: Path, *, step: int, total: int, loss: float) -> None:
     """Atomically replace the progress file (a reader never sees half a document)."""
+    run_dir.mkdir(parents=True, exist_ok=True)  # the first write may precede any checkpoint's
     tmp = run_dir / f".{PROGRESS_FILE}.tmp"
     tmp.write_text(json.dumps({"step": step, "total": total, "loss": loss}), encoding="utf-8")
     tmp.replace(run_dir / PROGRESS_FILE)
