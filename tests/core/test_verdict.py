@@ -112,7 +112,12 @@ def test_no_miss_summary_reports_reach() -> None:
         memory_bytes=M.memory_bytes,
     )
     assert v.first is None
-    assert v.summary.startswith("no stage misses its objectives at the measured levels (data to 2×")
+    assert v.summary == (
+        "no stage misses its objectives at the measured levels; decided met: data to 2×; "
+        "least headroom — data: rate ≥ 10: 1000 at 1× (9900% headroom)"
+    )
+    assert v.outcome == "met"
+    assert v.stages[0].decided == "meets rate ≥ 10 up to 2×, as measured points"
 
 
 def test_cpu_saturation_is_cited_with_numbers() -> None:

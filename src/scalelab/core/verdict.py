@@ -84,6 +84,29 @@ class StageVerdict:
     cost: list[tuple[float, float, str]] = field(default_factory=list)
     """(multiple, cost per unit in USD, unit) per level of the baseline series."""
     checks: list[Check] = field(default_factory=list)
+    undecided: list[Check] = field(default_factory=list)
+    """Checks neither met nor missed (too few samples, a straddling spread, no sample size)
+    at the levels the verdict speaks for: up to the first miss, or all when none misses."""
+    not_measured: list[str] = field(default_factory=list)
+    """Objectives with no value at some level, each as 'label (at 1×, 2×)' or just 'label'
+    when no level measured it."""
+    decided: str = ""
+    """What was decided, e.g. 'meets p95 ≤ 50 ms, availability ≥ 99.9% up to 10×, decided
+    at 95%'; 'meets none of its objectives at any level' style text when nothing was."""
+    open_text: str = ""
+    """What was not decided, e.g. 'undecided at 10×: availability ≥ 99.9% (1,180 requests;
+    99.9% needs ≥ 2,995 without a failure)'; empty when everything was."""
+
+    @property
+    def outcome(self) -> str:
+        """'missed', 'met' (every check at every level met), 'undecided' or 'not measured'."""
+        if not self.measured:
+            return "not measured"
+        if self.miss is not None:
+            return "missed"
+        if self.undecided or self.not_measured:
+            return "undecided"
+        return "met"
 
 
 @dataclass(kw_only=True)
@@ -91,6 +114,15 @@ class Verdict:
     stages: list[StageVerdict]
     first: StageVerdict | None
     summary: str
+
+    @property
+    def outcome(self) -> str:
+        """'missed' when a stage missed, 'undecided' when any stage has an undecided or
+        unmeasured check (or measured nothing), else 'met': what `--fail-on` gates on."""
+        outs = {s.outcome for s in self.stages}
+        if "missed" in outs:
+            return "missed"
+        return "met" if outs <= {"met"} else "undecided"
 
 
 def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list[Evidence]:
@@ -296,6 +328,73 @@ def num_text(v: float | None) -> str:
     return "—" if v is None else f"{v:.4g}"
 
 
+def count_text(n: int) -> str:
+    return f"{n:,}"
+
+
+def decision_text(c: Check) -> str:
+    """A check's value with what it rests on: '0.99 on 1,000 requests, 95% bounds
+    0.9831–0.9946'; 'point, 1 repeat'; 'not measured'."""
+    d = c.decision
+    if d.value is None:
+        return "not measured"
+    shown = (format_bytes(d.value) if c.objective.metric == "peak_memory_bytes"
+             else f"{d.value:.4g}")
+    if d.confidence is not None:
+        if d.n is None:
+            return f"{shown}, sample size not recorded"
+        lo, hi = num_text(d.lower), num_text(d.upper)
+        return f"{shown} on {count_text(d.n)}, {d.confidence:.0%} bounds {lo}–{hi}"
+    if d.basis == "repeats":
+        return f"{shown}, {d.n} repeats {num_text(d.lower)}–{num_text(d.upper)}"
+    return f"{shown}, point" + (f" ({d.n} repeat{'s' if d.n != 1 else ''})" if d.n else "")
+
+
+def _decide_reach(v: StageVerdict) -> None:
+    """passed_up_to, the undecided and unmeasured checks, and the stage's two lines."""
+    levels = sorted({c.multiple for c in v.checks})
+    at: dict[float, list[Check]] = {m: [c for c in v.checks if c.multiple == m] for m in levels}
+    reach = None
+    for m in levels:  # only a contiguous run of fully met levels from the lowest counts
+        if not all(c.outcome == "met" for c in at[m]):
+            break
+        reach = m
+    v.passed_up_to = reach
+    limit = v.miss.multiple if v.miss is not None else math.inf
+    shown = [c for c in v.checks if c.multiple <= limit]
+    v.undecided = [c for c in shown if c.outcome == "undecided"]
+    gaps: dict[str, list[float]] = {}
+    for c in shown:
+        if c.outcome == "not measured":
+            gaps.setdefault(c.objective.label, []).append(c.multiple)
+    measured_at = {m for m in levels if m <= limit}
+    v.not_measured = [
+        label if set(ms) == measured_at else f"{label} (at {', '.join(f'{m:g}×' for m in ms)})"
+        for label, ms in gaps.items()
+    ]
+    if reach is not None:
+        met = at[reach]
+        labels = ", ".join(dict.fromkeys(c.objective.label for c in met))
+        stat = {c.decision.confidence for c in met if c.decision.confidence is not None}
+        points = sorted({c.objective.label for c in met if c.decision.confidence is None})
+        how = (
+            f", decided at {max(stat):.0%}" + (f" ({', '.join(points)} as measured points)"
+                                               if points else "")
+            if stat
+            else ", as measured points"
+        )
+        v.decided = f"meets {labels} up to {reach:g}×{how}"
+    else:
+        v.decided = "meets its objectives at no level (none decided met at the lowest)"
+    if v.undecided:
+        first = min(c.multiple for c in v.undecided)
+        parts = [f"{c.objective.label} ({c.decision.need or decision_text(c)})"
+                 for c in v.undecided if c.multiple == first]
+        more = sorted({c.multiple for c in v.undecided} - {first})
+        v.open_text = f"undecided at {first:g}×: " + "; ".join(parts) + (
+            f"; also undecided at {', '.join(f'{m:g}×' for m in more)}" if more else "")
+
+
 def judge_stage(
     goal: StageGoal, sheet: list[SheetRow], *, cores: int, memory_bytes: int
 ) -> StageVerdict:
@@ -317,11 +416,7 @@ def judge_stage(
         return v
     v.checks = check_rows(base, goal.objectives)
     v.miss = first_miss(v.checks)
-    passing = [
-        r.multiple for r in base if all(c.ok is not False for c in v.checks if c.level == r.level)
-    ]
-    below = [m for m in passing if v.miss is None or m < v.miss.multiple]
-    v.passed_up_to = max(below) if below else None
+    _decide_reach(v)
     v.limiting = infer_limits(base, cores=cores, memory_bytes=memory_bytes)
     v.cost = [
         (r.multiple, r.cost_per_unit_usd, r.cost_unit or "unit")
@@ -335,7 +430,9 @@ def judge_stage(
     v.intervention, v.predicted = advice.intervention, advice.predicted
     if v.miss is None:
         margins = [
-            (c.objective.margin(c.value), c) for c in v.checks if c.value is not None and c.ok
+            (c.objective.margin(c.value), c)
+            for c in v.checks
+            if c.value is not None and c.outcome == "met"
         ]
         if margins:
             m, c = min(margins, key=lambda t: t[0])
@@ -360,16 +457,28 @@ def judge(
         summary = (
             f"{first.stage} misses first: {first.miss.objective.label} fails at "
             f"{first.miss.multiple:g}× ({first.miss.objective.metric} = "
-            f"{num_text(first.miss.value)})"
+            f"{decision_text(first.miss)})"
             + (f"; limiting resource: {lim.resource} ({lim.detail})" if lim else "")
             + (f". Do: {first.intervention}" if first.intervention else "")
             + (f". Predicted: {first.predicted}" if first.predicted else "")
         )
     else:
         measured = [s for s in stages if s.measured]
-        reach = ", ".join(f"{s.stage} to {num_text(s.passed_up_to)}×" for s in measured)
-        tight = "; ".join(f"{s.stage}: {s.tightest}" for s in measured if s.tightest)
-        summary = f"no stage misses its objectives at the measured levels ({reach})" + (
-            f"; least headroom — {tight}" if tight else ""
+        met = [s for s in measured if s.outcome == "met"]
+        open_ = [s for s in measured if s.outcome != "met"]
+        reach = ", ".join(f"{s.stage} to {num_text(s.passed_up_to)}×" for s in met)
+        tight = "; ".join(f"{s.stage}: {s.tightest}" for s in met if s.tightest)
+        summary = (
+            "no stage misses its objectives at the measured levels"
+            + (f"; decided met: {reach}" if reach else "; none decided met at every level")
+            + "".join(
+                f"; {s.stage} met to {num_text(s.passed_up_to)}×, "
+                + (s.open_text or "")
+                + (("; " if s.open_text else "") + "not measured: " + ", ".join(s.not_measured)
+                   if s.not_measured else "")
+                for s in open_
+            )
+            + "".join(f"; {s.stage} not measured" for s in stages if not s.measured)
+            + (f"; least headroom — {tight}" if tight else "")
         )
     return Verdict(stages=stages, first=first, summary=summary)
