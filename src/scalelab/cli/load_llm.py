@@ -18,6 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._sweep import levels
@@ -182,7 +183,12 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         series: str | None, server_pid: int | None, quality_probe: int, as_json: bool,
         **kw: Any) -> None:
     """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput,
-    and with --quality-probe the greedy agreement with one-at-a-time answers."""
+    and with --quality-probe the greedy agreement with one-at-a-time answers.
+
+    \b
+    Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
+    stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
+    """
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples,
                          examples="--rates 1,2,5, --concurrency 1,4,16")
     if duration is not None and n_requests is not None:
@@ -243,6 +249,10 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
            "price_per_hour_usd": price, "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: render_levels(c, doc))
+    exit_if_missed([
+        f"{x['objective']} at "
+        f"{lv['offered_rps'] if lv['mode'] == 'open' else lv['concurrency']:g}"
+        for lv in out for x in lv.get("objectives", []) if not x["met"]])
 
 
 def quality_json(a: Agreement | None) -> dict[str, Any] | None:
@@ -353,7 +363,12 @@ def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: s
                  confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
                  warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
                  as_json: bool, **kw: Any) -> None:
-    """The highest arrival rate meeting every token objective, in req/s and output tokens/s."""
+    """The highest arrival rate meeting every token objective, in req/s and output tokens/s.
+
+    \b
+    Exit status: 0 a rate met the objectives; 1 no tried rate met them; 2 bad usage or
+    input; 70 internal error; 130 interrupted.
+    """
     objective = parse_token_slo(slo)
     conf = _fraction(confidence, what="--confidence")
     rule = TokenStepRule(slo=objective, confidence=conf,
@@ -405,6 +420,8 @@ def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: s
     if plot is not None:
         plot_capacity(doc, plot)
     emit(doc, as_json, lambda c: _render_capacity(c, doc))
+    if doc["capacity_rps"] is None:
+        exit_if_missed([f"{objective.label} at every rate tried"])
 
 
 def plot_capacity(doc: dict[str, Any], path: Path) -> None:
