@@ -44,6 +44,11 @@ class StageGoal:
     """The load (or resource) multiple the stage must reach, e.g. 10× today's volume."""
     advisor: Advisor | None = None
     """The stage's own advice (supplied by whoever defines the stage); None: `generic_advice`."""
+    candidate_metrics: frozenset[str] = frozenset()
+    """Metrics that compare a series with the baseline (recall@10 against exact search, an F1
+    delta against fp32, memory against the raw vectors): constant on the baseline by
+    construction, so their objectives are judged on every other series, never on the
+    baseline against itself."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +101,11 @@ class StageVerdict:
     open_text: str = ""
     """What was not decided, e.g. 'undecided at 10×: availability ≥ 99.9% (1,180 requests;
     99.9% needs ≥ 2,995 without a failure)'; empty when everything was."""
+    candidate_checks: list[Check] = field(default_factory=list)
+    """The goal's candidate objectives (`StageGoal.candidate_metrics`) on every series but the
+    baseline: what an alternative must keep to be recommended."""
+    candidates: list[str] = field(default_factory=list)
+    """One line per candidate series: what it misses, meets and left undecided."""
 
     @property
     def outcome(self) -> str:
@@ -414,9 +424,24 @@ def judge_stage(
     )
     if not base:
         return v
-    v.checks = check_rows(base, goal.objectives)
+    own = [o for o in goal.objectives if o.metric not in goal.candidate_metrics]
+    relative = [o for o in goal.objectives if o.metric in goal.candidate_metrics]
+    v.checks = check_rows(base, own)
     v.miss = first_miss(v.checks)
     _decide_reach(v)
+    if relative:
+        for name, rows in by_series.items():
+            if rows is base:
+                continue
+            cv = StageVerdict(stage=goal.stage, measured=True, miss=None, passed_up_to=None,
+                             target_multiple=goal.target_multiple,
+                             checks=check_rows(rows, relative))
+            cv.miss = first_miss(cv.checks)
+            _decide_reach(cv)
+            v.candidate_checks += cv.checks
+            head = (f"misses {cv.miss.objective.label} at {cv.miss.multiple:g}× "
+                    f"({decision_text(cv.miss)})" if cv.miss is not None else cv.decided)
+            v.candidates.append(f"{name}: {head}" + (f"; {cv.open_text}" if cv.open_text else ""))
     v.limiting = infer_limits(base, cores=cores, memory_bytes=memory_bytes)
     v.cost = [
         (r.multiple, r.cost_per_unit_usd, r.cost_unit or "unit")

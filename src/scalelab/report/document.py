@@ -162,6 +162,7 @@ def stage_head(s: StageVerdict) -> list[str]:
         out.append(f"  {s.open_text}")
     if s.not_measured:
         out.append("  not measured: " + ", ".join(s.not_measured))
+    out += [f"  candidate {line}" for line in s.candidates]
     return out
 
 
@@ -210,6 +211,7 @@ def _stage_json(s: StageVerdict) -> dict[str, Any]:
         "predicted": s.predicted,
         "tightest": s.tightest,
         "cost": [{"multiple": m, "usd_per_unit": c, "unit": u} for m, c, u in s.cost],
+        "candidates": s.candidates,
         "checks": [
             {
                 "level": c.level,
@@ -224,7 +226,7 @@ def _stage_json(s: StageVerdict) -> dict[str, Any]:
                 "rule": c.decision.basis,
                 "needs": c.decision.need,
             }
-            for c in s.checks
+            for c in [*s.checks, *s.candidate_checks]
         ],
     }
 
@@ -349,14 +351,14 @@ def render_html(
         for tag, line in (traces or {}).get(s.stage, []):
             out.append(f"<li>traces ({e(tag)}, highest level): {e(line)}</li>")
         out.append("</ul>")
-        if s.checks:
+        if s.checks or s.candidate_checks:
             out.append("<table><tr>" + "".join(f"<th class='l'>{e(c)}</th>"
-                                                for c in CHECK_COLUMNS[2:]) + "</tr>")
-            for c in s.checks:
-                cells = check_cells(c)[2:]
+                                                for c in CHECK_COLUMNS[1:]) + "</tr>")
+            for c in [*s.checks, *s.candidate_checks]:
+                cells = check_cells(c)[1:]
                 kind = {"missed": "miss", "met": "ok"}.get(c.outcome, "open")
                 out.append("<tr>" + "".join(
-                    f"<td class='l{' ' + kind if i == 2 else ''}'>{e(x)}</td>"
+                    f"<td class='l{' ' + kind if i == 3 else ''}'>{e(x)}</td>"
                     for i, x in enumerate(cells)) + "</tr>")
             out.append("</table>")
         out.append("<div class='plots'>")
@@ -417,7 +419,7 @@ def render_markdown(
         f"- {ln.strip()}" if ln.startswith("  ") else f"**{ln}**" if i == 0 else f"- {ln}"
         for i, ln in enumerate(verdict_lines(verdict))
     ]
-    checks = [c for s in verdict.stages for c in s.checks]
+    checks = [c for s in verdict.stages for c in [*s.checks, *s.candidate_checks]]
     if checks:
         lines += ["", "## Checks", "", "| " + " | ".join(CHECK_COLUMNS) + " |",
                   "|" + "---|" * len(CHECK_COLUMNS)]
