@@ -67,9 +67,33 @@ class AdviceInput:
     by_series: dict[str, list[SheetRow]]
     limits: list[Evidence]
     miss: Check | None
+    cores: int = 0
+    """The machine's cores (0: not known): a resource sweep past them only oversubscribes."""
 
 
 Advisor = Callable[[AdviceInput], Advice]
+
+RESOURCE_VARIABLES = ("workers", "nproc", "replicas", "processes", "threads")
+"""Variables that ask the machine for one core each: above the core count they share cores."""
+
+
+def oversubscription(rows: list[SheetRow], cores: int) -> Evidence | None:
+    """The hardware ceiling of a resource sweep: its highest level above the machine's cores,
+    e.g. '4 workers on 2 cores: oversubscribed ×2'; None when every level fits."""
+    if not rows or cores <= 0 or rows[0].variable not in RESOURCE_VARIABLES:
+        return None
+    top = max(r.level for r in rows)
+    if top <= cores:
+        return None
+    over = sorted({r.level for r in rows if r.level > cores})
+    var = rows[0].variable
+    return Evidence(
+        resource="cores",
+        detail=f"{top:g} {var} on {cores} cores: oversubscribed ×{top / cores:.3g}"
+        + (f" (levels {', '.join(f'{x:g}' for x in over)} exceed the cores; what they "
+           "measure is sharing, not scaling)" if len(over) > 1 else
+           " (what it measures is sharing, not scaling)"),
+    )
 
 
 @dataclass(kw_only=True)
@@ -146,6 +170,9 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
     if not rows:
         return ev
     rows = sorted(rows, key=lambda r: r.level)
+    ceiling = oversubscription(rows, cores)
+    if ceiling is not None:
+        ev.append(ceiling)
     last = rows[-1]
     at = f"at {last.variable}={last.level:g}"
     busy = metric_value(last, "extras:cpu_busy_cores")
@@ -193,10 +220,10 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
         ev.append(
             Evidence(resource="i/o", detail=f"{iow:.0%} of the machine's CPU time in I/O wait {at}")
         )
-    kf = _karp_flatt_trend(rows)
+    kf = _karp_flatt_trend([r for r in rows if ceiling is None or r.level <= cores])
     if kf is not None:
         ev.append(Evidence(resource="serial fraction", detail=kf))
-    if not ev:
+    if not [e for e in ev if e is not ceiling]:
         seen = [
             *([f"{busy:.2f} of {cores} cores busy"] if busy is not None else []),
             *([f"peak memory {mem:.0%} of RAM"] if mem is not None else []),
@@ -257,11 +284,24 @@ def extrapolation(at: float, last: float) -> str:
     return f"extrapolated {at / last:.3g}× beyond the last measured level"
 
 
-def curve_prediction(rows: list[SheetRow]) -> str:
+def curve_prediction(rows: list[SheetRow], *, cores: int = 0) -> str:
     """What the measured rate curve of one series supports saying about growing its variable.
 
     Only the model AIC chose is read (a USL peak on a straight line is not offered), and a
-    level beyond the measured ones says by how much it is extrapolated."""
+    level beyond the measured ones says by how much it is extrapolated. A resource sweep
+    (workers, processes, threads) is fitted only on levels within the machine's `cores`:
+    past them the levels share cores, and no fit is extrapolated through that ceiling."""
+    ceiling = oversubscription(rows, cores)
+    if ceiling is not None:
+        head = f"the ceiling is the machine's {cores} cores ({ceiling.detail.split(' (')[0]})"
+        within = [r for r in rows if r.level <= cores and r.rate]
+        if not within:
+            return head + ": no level within the cores measured a rate"
+        top = max(within, key=lambda r: r.level)
+        var, unit = rows[0].variable, rows[0].rate_unit or "units/s"
+        return head + (
+            f": {top.rate:.4g} {unit} measured at {var}={top.level:g}; no fit is extrapolated "
+            f"past the cores, where more {var} only take turns: add cores or machines to grow")
     pts = [(r.level, r.rate) for r in rows if r.rate]
     if len({n for n, _ in pts}) < 2:
         return ""
@@ -301,6 +341,8 @@ _ACTIONS = {
     "memory": "cut peak memory (stream or partition the input) or move to a larger machine",
     "queue": "add capacity (replicas or batching) or shed load before the queue grows",
     "communication": "communicate less per unit of work (larger batches, fewer exchanges)",
+    "cores": "run no more workers, threads or processes than cores (or add cores): beyond them "
+    "they only take turns",
     "serial fraction": "shorten the serial phase: more workers only add overhead",
     "disk spill": "give the stage more memory or smaller partitions so it stops spilling",
     "i/o": "move the data closer or to faster storage; prefetch while computing",
@@ -310,7 +352,7 @@ _ACTIONS = {
 def generic_advice(inp: AdviceInput) -> Advice:
     """Advice for a stage that brings no advisor of its own (e.g. a user's custom stage):
     the action that fits the strongest measured signal, or what to measure next."""
-    predicted = curve_prediction(inp.base)
+    predicted = curve_prediction(inp.base, cores=inp.cores)
     for ev in inp.limits:
         if ev.resource in _ACTIONS:
             action = f"{ev.resource}: {_ACTIONS[ev.resource]}"
@@ -450,7 +492,8 @@ def judge_stage(
     ]
     advisor = goal.advisor or generic_advice
     advice = advisor(
-        AdviceInput(goal=goal, base=base, by_series=by_series, limits=v.limiting, miss=v.miss)
+        AdviceInput(goal=goal, base=base, by_series=by_series, limits=v.limiting, miss=v.miss,
+                    cores=cores)
     )
     v.intervention, v.predicted = advice.intervention, advice.predicted
     if v.miss is None:
