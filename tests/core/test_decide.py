@@ -175,3 +175,15 @@ def test_verdict_never_rests_on_undecided_or_unmeasured_checks() -> None:
         "no stage misses its objectives at the measured levels; none decided met at every "
         "level; serve met to 2×, undecided at 10×: availability ≥ 99.9% (1,180 requests; "
         "99.9% needs ≥ 2,995 without a failure)")
+
+
+def test_a_stage_without_objectives_is_measured_not_judged() -> None:
+    recs = [_lrec(lvl, rate=lvl) for lvl in (1, 2)]
+    v = judge([StageGoal(stage="serve", objectives=[])], build_sheet(recs), cores=2,
+              memory_bytes=M.memory_bytes)
+    s = v.stages[0]
+    assert (s.outcome, s.decided, s.passed_up_to) == (
+        "no objectives", "no objectives to judge (measured only)", None)
+    assert v.outcome == "met"
+    assert v.summary == ("no stage misses its objectives at the measured levels; none decided "
+                         "met at every level")

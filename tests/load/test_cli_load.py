@@ -32,6 +32,7 @@ def test_rate_sweep_writes_one_valid_record_per_level(
     r = got[1]
     assert r.latency is not None and r.latency.p50_ms is not None and r.latency.p50_ms >= 19.9
     assert r.rate is not None and r.rate > 90 and r.failures == 0
+    assert r.extras["samples"] == 100  # the verdict's n: measured requests
     assert {"goodput_rps", "lag", "errors_by_kind", "hdr_histogram", "budget"} <= set(r.extras)
     assert {"p50_ms", "p99_ms", "max_ms", "count", "share"} <= set(r.extras["lag"])
     assert [b["objective"] for b in r.extras["budget"]] == ["p95<500ms", "avail>=99%"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from scalelab.core.decide import Decision, decide_point, decide_quantile, decide_rate, decide_spread
 from scalelab.core.errors import BadInputError
-from scalelab.core.sheet import SheetRow
+from scalelab.core.sheet import SAMPLES_UNIT_KEY, SheetRow
 
 METRICS = {
     "rate",
@@ -121,7 +121,8 @@ def decide(row: SheetRow, o: Objective, series_rows: list[SheetRow] | None = Non
     """One objective at one row, by the rule its metric calls for (see core.decide)."""
     rows = series_rows or [row]
     value = metric_value(row, o.metric, rows)
-    unit = row.input_unit if row.input_unit in ("requests", "queries", "events") else "requests"
+    said = row.extras.get(SAMPLES_UNIT_KEY)
+    unit = said if isinstance(said, str) and said else "requests"
     if o.metric in _QUANTILE_METRICS:
         return decide_quantile(_QUANTILE_METRICS[o.metric], row.quantiles_ms,
                                row.latency_samples, value=value, unit=unit,

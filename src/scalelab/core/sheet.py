@@ -129,6 +129,12 @@ SAMPLES_KEY = "samples"
 latency quantiles rest on; `failure_rate × samples` of them failed. Optional: a record without
 it reads as "sample size not recorded", which leaves statistical objectives undecided."""
 
+LATENCY_SAMPLES_KEY = "latency_samples"
+"""Record extra, optional: the latencies the quantiles rest on when they are not the
+successful trials (default: samples − failures)."""
+SAMPLES_UNIT_KEY = "samples_unit"
+"""Record extra, optional: what the samples count ("requests", "queries", "rows", "events")."""
+
 _QUANTILE_FIELDS = {0.5: "p50_ms", 0.9: "p90_ms", 0.95: "p95_ms", 0.99: "p99_ms",
                     0.999: "p999_ms", 1.0: "max_ms"}
 
@@ -139,12 +145,18 @@ def sample_count(r: Record) -> int | None:
 
 
 def _counts(recs: list[Record], use: list[Record]) -> tuple[int | None, int | None, int | None]:
-    """(latency samples, failure trials, failure events) of one level's records."""
+    """(latency samples, failure trials, failure events) of one level's records. A record
+    whose latencies count something else than its trials (e.g. model updates beside events)
+    says so in extras["latency_samples"]."""
     ns = [sample_count(r) for r in recs]
     if all(n is not None for n in ns):
         trials = [int(n) for n in ns if n is not None]
         failed = [round((r.failure_rate or 0.0) * n) for r, n in zip(recs, trials, strict=True)]
-        lat = [n - f for r, n, f in zip(recs, trials, failed, strict=True) if r in use]
+        lat = [
+            int(own) if isinstance(own := r.extras.get(LATENCY_SAMPLES_KEY), int) else n - f
+            for r, n, f in zip(recs, trials, failed, strict=True)
+            if r in use
+        ]
         return (min(lat) if lat else None), sum(trials), sum(failed)
     if not any(r.failure_rate is not None for r in recs):
         # The sheet's failure rate is then the share of failed repeats: n = the repeats.

@@ -133,9 +133,12 @@ class StageVerdict:
 
     @property
     def outcome(self) -> str:
-        """'missed', 'met' (every check at every level met), 'undecided' or 'not measured'."""
+        """'missed', 'met' (every check at every level met), 'undecided', 'not measured', or
+        'no objectives' (measured, nothing to judge)."""
         if not self.measured:
             return "not measured"
+        if not self.checks:
+            return "no objectives"
         if self.miss is not None:
             return "missed"
         if self.undecided or self.not_measured:
@@ -156,7 +159,7 @@ class Verdict:
         outs = {s.outcome for s in self.stages}
         if "missed" in outs:
             return "missed"
-        return "met" if outs <= {"met"} else "undecided"
+        return "met" if outs <= {"met", "no objectives"} else "undecided"
 
 
 def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list[Evidence]:
@@ -424,7 +427,9 @@ def _decide_reach(v: StageVerdict) -> None:
         label if set(ms) == measured_at else f"{label} (at {', '.join(f'{m:g}×' for m in ms)})"
         for label, ms in gaps.items()
     ]
-    if reach is not None:
+    if not v.checks:
+        v.decided = "no objectives to judge (measured only)"
+    elif reach is not None:
         met = at[reach]
         labels = ", ".join(dict.fromkeys(c.objective.label for c in met))
         stat = {c.decision.confidence for c in met if c.decision.confidence is not None}
@@ -531,7 +536,7 @@ def judge(
             + (f". Predicted: {first.predicted}" if first.predicted else "")
         )
     else:
-        measured = [s for s in stages if s.measured]
+        measured = [s for s in stages if s.measured and s.checks]
         met = [s for s in measured if s.outcome == "met"]
         open_ = [s for s in measured if s.outcome != "met"]
         reach = ", ".join(f"{s.stage} to {num_text(s.passed_up_to)}×" for s in met)
