@@ -187,3 +187,18 @@ def test_a_stage_without_objectives_is_measured_not_judged() -> None:
     assert v.outcome == "met"
     assert v.summary == ("no stage misses its objectives at the measured levels; none decided "
                          "met at every level")
+
+
+def test_the_decided_line_says_how_each_objective_was_decided() -> None:
+    lat = Latency(p50_ms=5, p90_ms=8, p95_ms=9, p99_ms=12, p999_ms=20, max_ms=30)
+    recs = [_lrec(lvl, repeat=i, rate=lvl * (1 + i / 10), latency=lat, failure_rate=0.0,
+                  quality={"f1": 0.8}, extras={"samples": 1000})
+            for lvl in (10, 20) for i in range(2)]
+    goal = StageGoal(stage="serve", objectives=[
+        Objective(metric="p95_ms", max=50, label="p95 ≤ 50 ms"),
+        Objective(metric="rate", min=5, label="rate ≥ 5/s"),
+        Objective(metric="quality:f1", min=0.5, label="F1 ≥ 0.5")])
+    s = judge([goal], build_sheet(recs), cores=2, memory_bytes=M.memory_bytes).stages[0]
+    assert s.outcome == "met"
+    assert s.decided == ("meets p95 ≤ 50 ms, rate ≥ 5/s, F1 ≥ 0.5 up to 2× (p95 ≤ 50 ms decided "
+                         "at 95%; rate ≥ 5/s over 2 repeats; F1 ≥ 0.5 as measured points)")

@@ -432,14 +432,15 @@ def _decide_reach(v: StageVerdict) -> None:
     elif reach is not None:
         met = at[reach]
         labels = ", ".join(dict.fromkeys(c.objective.label for c in met))
-        stat = {c.decision.confidence for c in met if c.decision.confidence is not None}
-        points = sorted({c.objective.label for c in met if c.decision.confidence is None})
-        how = (
-            f", decided at {max(stat):.0%}" + (f" ({', '.join(points)} as measured points)"
-                                               if points else "")
-            if stat
-            else ", as measured points"
-        )
+        groups: dict[str, list[str]] = {}
+        for c in met:
+            d = c.decision
+            how_one = (f"decided at {d.confidence:.0%}" if d.confidence is not None
+                       else f"over {d.n} repeats" if d.basis == "repeats"
+                       else "as measured points")
+            groups.setdefault(how_one, []).append(c.objective.label)
+        how = (f", {next(iter(groups))}" if len(groups) == 1 else " (" + "; ".join(
+            f"{', '.join(dict.fromkeys(ls))} {h}" for h, ls in groups.items()) + ")")
         v.decided = f"meets {labels} up to {reach:g}×{how}"
     else:
         v.decided = "meets its objectives at no level (none decided met at the lowest)"
