@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._cluster import cluster_option, open_cluster
+from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
@@ -211,7 +212,12 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
         no_cold_start: bool, cluster_address: str | None, as_json: bool, **kw: Any) -> None:
-    """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag."""
+    """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag.
+
+    \b
+    Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
+    stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
+    """
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration, n_requests,
              warmup, processes, slo, error_budget, period, records, experiment, no_cold_start,
@@ -267,6 +273,9 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
            "validity_rules": VALIDITY_RULES, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: _render_levels(c, doc))
+    exit_if_missed([
+        f"{b.objective} at {lv['offered_rps'] if lv['mode'] == 'open' else lv['concurrency']:g}"
+        for lv in out for b in (lv["budget"] or []) if not b.met])
 
 
 def _level_json(r: LoadResult, lines: list[Any] | None) -> dict[str, Any]:
@@ -364,7 +373,12 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
              max_steps: int, invalid_retries: int,
              arrival: str, warmup: str, records: Path | None, experiment: str | None,
              plot: Path | None, cluster_address: str | None, as_json: bool, **kw: Any) -> None:
-    """Find the highest arrival rate meeting the SLO (exponential search, then bisection)."""
+    """Find the highest arrival rate meeting the SLO (exponential search, then bisection).
+
+    \b
+    Exit status: 0 a rate met the objectives; 1 no tried rate met them; 2 bad usage or
+    input; 70 internal error; 130 interrupted.
+    """
     with open_cluster(cluster_address) as cluster:
         _capacity(url, slo, error_budget, start, max_rate, precision, confidence, min_step,
                   max_step, min_requests, max_steps, invalid_retries, arrival, warmup, records,
@@ -438,6 +452,8 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
            "steps": [s.__dict__ for s in res.steps],
            "records": str(records) if records else None, "plot": str(plot) if plot else None}
     emit(doc, as_json, lambda c: _render_capacity(c, res, doc))
+    if res.capacity_rps is None:
+        exit_if_missed([f"{objective.label} at every rate tried"])
 
 
 def _int(text: str, *, what: str) -> int:

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._cluster import cluster_option, open_cluster
+from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
@@ -187,7 +188,12 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         series: str | None, server_pid: int | None, quality_probe: int,
         cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput,
-    and with --quality-probe the greedy agreement with one-at-a-time answers."""
+    and with --quality-probe the greedy agreement with one-at-a-time answers.
+
+    \b
+    Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
+    stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
+    """
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration,
              n_requests, warmup, processes, slo, records, experiment, metrics_url, series,
@@ -263,6 +269,10 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
            "price_per_hour_usd": price, "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: render_levels(c, doc))
+    exit_if_missed([
+        f"{x['objective']} at "
+        f"{lv['offered_rps'] if lv['mode'] == 'open' else lv['concurrency']:g}"
+        for lv in out for x in lv.get("objectives", []) if not x["met"]])
 
 
 def quality_json(a: Agreement | None) -> dict[str, Any] | None:
@@ -374,7 +384,12 @@ def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: s
                  confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
                  warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
                  cluster_address: str | None, as_json: bool, **kw: Any) -> None:
-    """The highest arrival rate meeting every token objective, in req/s and output tokens/s."""
+    """The highest arrival rate meeting every token objective, in req/s and output tokens/s.
+
+    \b
+    Exit status: 0 a rate met the objectives; 1 no tried rate met them; 2 bad usage or
+    input; 70 internal error; 130 interrupted.
+    """
     with open_cluster(cluster_address) as cluster:
         _capacity(url, slo, start, max_rate, precision, confidence, min_step, max_step,
                   max_steps, arrival, warmup, records, experiment, plot, as_json, kw, cluster)
@@ -438,6 +453,8 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
     if plot is not None:
         plot_capacity(doc, plot)
     emit(doc, as_json, lambda c: _render_capacity(c, doc))
+    if doc["capacity_rps"] is None:
+        exit_if_missed([f"{objective.label} at every rate tried"])
 
 
 def plot_capacity(doc: dict[str, Any], path: Path) -> None:

@@ -275,6 +275,7 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         "arrival": r.arrival, "processes": r.processes, "offered_rps": r.offered_rps,
         "sent_rps": r.sent_rps, "throughput_rps": r.throughput_rps, "output_tps": r.output_tps,
         "total_tps": r.total_tps, "successes": r.successes, "output_tokens": r.output_tokens,
+        "samples": r.successes + r.failures,  # core.sheet.SAMPLES_KEY: the verdict's n
         "prompt_tokens": r.prompt_tokens, "failed_output_tokens": r.failed_output_tokens,
         "itl": pct_dict(r.itl), "tpot": pct_dict(r.tpot), "e2e": pct_dict(r.e2e),
         "ttft_mean_ms": r.ttft.mean_ms, "errors_by_kind": r.errors_by_kind,

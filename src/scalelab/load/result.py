@@ -291,6 +291,7 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         "offered_rps": r.offered_rps, "sent_rps": r.sent_rps, "goodput_rps": r.goodput_rps,
         "slo": slo, "slo_threshold_ms": r.slo_threshold_ms, "within_slo": r.within_slo,
         "successes": r.successes, "mean_ms": r.latency.mean_ms,
+        "samples": r.successes + r.failures,  # core.sheet.SAMPLES_KEY: the verdict's n
         "errors_by_kind": r.errors_by_kind, "errors_by_status": r.errors_by_status,
         "lag": {"count": r.lag_count, "share": r.lag_share, "max_ms": r.lag_max_ms,
                 "p50_ms": r.lag_p50_ms, "p99_ms": r.lag_p99_ms},

@@ -130,6 +130,10 @@ def run_bench(cfg: BenchConfig, work: Path, experiment: str,
             recovery="rollback to the previous version on late labels",
             limiting_resource="cpu (fine-tunes)" if r.promoted + r.refused else None,
             extras={"series": series_of(name), "policy": name, "promoted": r.promoted,
+                    # core.sheet: the events the quarantine rate rests on, the updates the
+                    # update-latency quantiles rest on
+                    "samples": ev["received"], "samples_unit": "events",
+                    "latency_samples": len(up_ms),
                     "refused": r.refused, "rolled_back": r.rolled_back,
                     "quarantined_windows": r.quarantined_windows,
                     "update_samples": upd_samples, "train_cpu_s": r.train_cpu_s,

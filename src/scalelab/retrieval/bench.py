@@ -196,7 +196,7 @@ def open_loop(index: VectorIndex, q: np.ndarray, k: int, rate: float) -> dict[st
         lat[i] = (time.perf_counter() - due) * 1e3
     p50, p95, p99 = _percentiles(lat)
     return {"rate_qps": rate, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99,
-            "max_ms": float(lat.max())}
+            "max_ms": float(lat.max()), "queries": float(q.shape[0])}
 
 
 def pareto(points: Sequence[Point]) -> list[Point]:
@@ -393,6 +393,8 @@ def _record(exp: str, r: IndexResult, cfg: BenchConfig, cost: dict[str, float]) 
                 "raw_bytes": r.raw_bytes,
                 "qps_one_at_a_time": p.qps, "speedup_vs_exact": r.speedup_vs_exact,
                 "arrival_rate_qps": r.open_loop["rate_qps"],
+                # core.sheet.SAMPLES_KEY: the queries the latency quantiles rest on
+                "samples": int(r.open_loop.get("queries", 0)), "samples_unit": "queries",
                 "new_doc_to_answerable_s": r.fresh.get("single_to_answerable_p50_s"),
                 "fresh_add_per_1000_s": r.fresh.get("add_per_1000_s"),
                 "reload_s": r.recovery.get("load_s"),
