@@ -43,7 +43,7 @@ from scalelab.generate.protocol import (
 from scalelab.generate.sequence import SamplingParams, TokenLogprob
 from scalelab.generate.settings import ApiSettings
 from scalelab.generate.stream import ReleasingStream, sse_stream
-from scalelab.web.governance import report_usage
+from scalelab.web.governance.middleware import report_usage
 from scalelab.web.hook import Hook, Inflight
 
 

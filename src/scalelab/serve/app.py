@@ -34,7 +34,7 @@ from scalelab.serve.context import ADMIN_TOKEN_ENV, ServeContext
 from scalelab.serve.health import health_router
 from scalelab.serve.infer import InferHandler, infer_target
 from scalelab.serve.protocol import InferenceRequest, ServeError
-from scalelab.web.governance import governed
+from scalelab.web.governance.middleware import governed
 from scalelab.web.guard import Guard
 
 __all__ = ["ADMIN_TOKEN_ENV", "ServeApp", "create_app"]

@@ -39,8 +39,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message
 
 from scalelab.web.access import AccessLog
-from scalelab.web.governance import Route, governed
-from scalelab.web.governance_config import GovernanceConfig
+from scalelab.web.governance.config import GovernanceConfig
+from scalelab.web.governance.middleware import Route, governed
 from scalelab.web.guard import ErrorBody, Guard, json_error
 from scalelab.web.trace import Attributes, RequestTrace, TraceConfig, Tracing, ns_perf
 
