@@ -344,7 +344,8 @@ class RetrievalService:
                 "scalelab.request_id": request_id(request.scope)})
             return hook.end(trace, await work(request))
 
-        return traced
+        # tracing off: the route is `work` itself, not a wrapper that asks on every request
+        return work if hook.tracing is None else traced
 
     @asynccontextmanager
     async def lifespan(self, _: Starlette) -> AsyncIterator[None]:
