@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "serve"))
 
 from asgi_driver import App, rotated, start_lifespan, stop_lifespan, timed_requests  # noqa: E402
-from scalelab.web.governance import Governance  # noqa: E402
-from scalelab.web.governance_config import parse_governance  # noqa: E402
-from scalelab.web.governor import Governor  # noqa: E402
+from scalelab.web.governance.config import parse_governance  # noqa: E402
+from scalelab.web.governance.governor import Governor  # noqa: E402
+from scalelab.web.governance.middleware import Governance  # noqa: E402
 
 KEY = "sk-bench-0123456789"
 GENEROUS = HERE / "governance-generous.yaml"

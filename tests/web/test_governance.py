@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scalelab.core.errors import BadInputError
-from scalelab.web.governance_config import load_governance, parse_governance
-from scalelab.web.governor import Governor, GovernorCollector, summary
+from scalelab.web.governance.config import load_governance, parse_governance
+from scalelab.web.governance.governor import Governor, GovernorCollector, summary
 
 DAY0 = 1_796_169_600.0  # 2026-12-02T00:00:00Z
 
@@ -249,7 +249,7 @@ def test_no_config_means_no_layer_and_admin_routes_say_what_is_wrong() -> None:
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
-    from scalelab.web.governance import governed
+    from scalelab.web.governance.middleware import governed
 
     async def ok(_: Any) -> PlainTextResponse:
         return PlainTextResponse("ok")

@@ -15,9 +15,9 @@ from scalelab.core.objectives import Objective
 from scalelab.core.sheet import build_sheet
 from scalelab.core.verdict import StageGoal, judge
 from scalelab.report.document import render_markdown, report_json, stage_governance
-from scalelab.web.governance import governance_from_metrics
-from scalelab.web.governance_config import parse_governance
-from scalelab.web.governor import Governor, GovernorCollector
+from scalelab.web.governance.config import parse_governance
+from scalelab.web.governance.governor import Governor, GovernorCollector
+from scalelab.web.governance.middleware import governance_from_metrics
 
 CELL = ("rate limits: 2 clients; budgets: requests/day default 1,000,000; kill switches: "
         "none engaged")

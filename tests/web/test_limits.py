@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scalelab.web.limits import (
+from scalelab.web.governance.limits import (
     amount,
     apportion,
     exhausted,

@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import Scope
+from starlette.requests import Request
 
+from scalelab.generate.loop import Handle
 from scalelab.generate.sequence import SamplingParams, Sequence
-from scalelab.web.trace import RequestTrace, Tracing, ns_perf
+from scalelab.web.hook import Hook
+from scalelab.web.trace import RequestTrace, ns_perf
 
 STATUS_OF = {"timeout": 504, "error": 503, "abort": 499}
 """HTTP status a request ended with, by finish reason (others: 200)."""
@@ -36,28 +38,53 @@ class GenTrace:
     response_id: str = ""
 
 
-def begin(tracing: Tracing, scope: Scope, *, chat: bool, model: str, params: SamplingParams,
-          stream: bool, start: float) -> GenTrace | None:
-    """Ask the sampler; a GenTrace when this request is traced. The span is named
-    '{operation} {model}' as the gen_ai conventions ask."""
+def begin(hook: Hook, request: Request, *, chat: bool, model: str, params: SamplingParams,
+          stream: bool) -> GenTrace | None:
+    """Ask the sampler (through the server's hook); a GenTrace when this request is traced,
+    None when it is not or tracing is off (every function here then does nothing). The span
+    is named '{operation} {model}' as the gen_ai conventions ask."""
+    if hook.tracing is None:  # off: not even the attributes are built
+        return None
+    start = time.perf_counter()
     op = "chat" if chat else "text_completion"
-    rt = tracing.begin(f"{op} {model}", scope["headers"], ns_perf(start), attributes={
+    rt = hook.begin(request, f"{op} {model}", start, {
         "gen_ai.operation.name": op, "gen_ai.provider.name": "scalelab",
         "gen_ai.request.model": model, "gen_ai.request.max_tokens": params.max_tokens,
         "gen_ai.request.temperature": params.temperature, "gen_ai.request.top_p": params.top_p,
-        "http.request.method": "POST", "http.route": str(scope.get("path", "")),
+        "http.request.method": "POST", "http.route": str(request.scope.get("path", "")),
         "scalelab.stream": stream})
     return None if rt is None else GenTrace(rt=rt, start=start)
 
 
-def admitted(g: GenTrace) -> None:
+def refused(g: GenTrace | None, status: int) -> None:
+    """The admission checks refused the request: close it with their status."""
+    if g is not None:
+        g.rt.end(status)
+
+
+def admitted(g: GenTrace | None) -> None:
     """The admission checks passed and the request goes to the engine now."""
-    g.submitted = time.perf_counter()
-    g.rt.span("admission", ns_perf(g.start), ns_perf(g.submitted))
+    if g is not None:
+        g.submitted = time.perf_counter()
+        g.rt.span("admission", ns_perf(g.start), ns_perf(g.submitted))
 
 
-def finish(g: GenTrace, seq: Sequence | None, *, model: str, status: int | None = None) -> None:
+def submitted(g: GenTrace | None, response_id: str, first: Handle) -> None:
+    """The request's sequences are in the engine; the first one's release closes the trace."""
+    if g is not None:
+        g.response_id, first.trace = response_id, g
+
+
+def headers(g: GenTrace | None) -> dict[str, str]:
+    """The response's `traceparent` (none when untraced)."""
+    return {} if g is None else {"traceparent": g.rt.traceparent()}
+
+
+def finish(g: GenTrace | None, seq: Sequence | None, *, model: str,
+           status: int | None = None) -> None:
     """Write queue / prefill / decode from the sequence's stamps and close the request."""
+    if g is None:
+        return
     end = time.perf_counter()
     rt = g.rt
     attrs: dict[str, Any] = {"gen_ai.response.id": g.response_id, "gen_ai.response.model": model}

@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,9 +43,9 @@ from starlette.routing import Route
 
 from scalelab.core.errors import BadUsageError, ScalelabError
 from scalelab.web.access import AccessLog
-from scalelab.web.governance import governed
-from scalelab.web.guard import Guard, request_id
-from scalelab.web.trace import RequestTrace, TraceConfig, Tracing, ns_perf
+from scalelab.web.guard import request_id
+from scalelab.web.hook import Hook, Inflight, admitted
+from scalelab.web.trace import RequestTrace, TraceConfig
 
 log = logging.getLogger("scalelab.retrieval")
 ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
@@ -140,11 +140,6 @@ def served_model(listing: Any, url: str) -> str:
     return str(ids[0])
 
 
-def _trace_of(request: Request) -> RequestTrace | None:
-    """The request's trace when it is sampled (set by the route wrapper)."""
-    return getattr(request.state, "trace", None)
-
-
 def prompt_messages(question: str, texts: list[str]) -> list[dict[str, str]]:
     """The chat messages for a retrieval-augmented answer (pure: tested as is)."""
     context = "\n".join(f"[{i + 1}] {t}" for i, t in enumerate(texts))
@@ -170,7 +165,10 @@ class _Metrics:
 
 
 class RetrievalService:
-    """The loaded retriever with its lock, limits and metrics (one per process)."""
+    """The retrieval server as an object: the loaded retriever with its lock, limits, metrics
+    and tracing (one per process), and one handler method per route. The work routes'
+    handlers take a `Request` and return the body as a dict or raise `HTTPError` (wrap them
+    with `route` for admission, metrics and tracing); the probes return a `Response`."""
 
     def __init__(self, settings: RetrievalSettings) -> None:
         from scalelab.retrieval.retriever import open_retriever
@@ -184,12 +182,177 @@ class RetrievalService:
         self.opened = opened
         # faiss and hnswlib searches may run together, but not beside an add.
         self.lock = threading.Lock()
-        self.metrics = _Metrics()
-        self.metrics.vectors.set(self.retriever.index.ntotal)
-        self.inflight = 0
+        self.prom = _Metrics()
+        """The Prometheus families GET /metrics shows."""
+        self.prom.vectors.set(self.retriever.index.ntotal)
+        self.inflight = Inflight(settings.max_inflight)
+        self.hook = Hook(settings.trace, "scalelab-retrieval")
         self.generate_model = settings.generate_model
         """The model /v1/answer asks for: the flag's, else the generate server's own (set on
         the first answer that could ask it, and kept)."""
+
+    # -- the work routes' handlers -------------------------------------------------------
+
+    async def retrieve(self, request: Request) -> dict[str, Any]:
+        """POST /v1/retrieve: the k nearest documents of each query."""
+        s = self.settings
+        body = await _json_object(request)
+        unknown = set(body) - {"query", "queries", "k"}
+        if unknown:
+            raise HTTPError(422, f"unknown field(s) {', '.join(sorted(unknown))}; "
+                                 "use query or queries, and k")
+        if ("query" in body) == ("queries" in body):
+            raise HTTPError(422, "give exactly one of field 'query' (a string) or 'queries' "
+                                 "(a list of strings)")
+        if "query" in body:
+            queries = [_text_field(body["query"], "query", s.max_query_chars)]
+        else:
+            qs = body["queries"]
+            if not isinstance(qs, list) or not qs:
+                raise HTTPError(422, "field 'queries' must be a non-empty list of strings")
+            if len(qs) > s.max_queries:
+                raise HTTPError(422, f"field 'queries' has {len(qs)} items; the limit is "
+                                     f"{s.max_queries}")
+            queries = [_text_field(q, f"queries[{i}]", s.max_query_chars)
+                       for i, q in enumerate(qs)]
+        k = _int_field(body, "k", 10, 1, s.max_k)
+        t0 = time.perf_counter()
+        results = await run_in_threadpool(self.search, queries, k, Hook.of(request))
+        return {"results": results, "k": k, "index": self.retriever.index.spec,
+                "ntotal": self.retriever.index.ntotal,
+                "retrieve_ms": (time.perf_counter() - t0) * 1e3}
+
+    async def answer(self, request: Request) -> dict[str, Any]:
+        """POST /v1/answer: retrieve, then ask the generation server with the documents."""
+        import httpx
+
+        s = self.settings
+        body = await _json_object(request)
+        question = _text_field(body.get("question"), "question", s.max_query_chars)
+        k = _int_field(body, "k", 5, 1, min(s.max_k, 20))
+        if not s.generate_url:
+            raise HTTPError(503, "no generation server configured; start with "
+                                 "--generate-url URL (an OpenAI-compatible server)")
+        t0 = time.perf_counter()
+        trace = Hook.of(request)
+        hits = (await run_in_threadpool(self.search, [question], k, trace))[0]
+        t1 = time.perf_counter()
+        url = s.generate_url.rstrip("/") + "/v1/chat/completions"
+        async with httpx.AsyncClient(timeout=s.generate_timeout_s) as client:
+            model = await self.model_for_answer(client)
+            payload = {"model": model, "temperature": 0, "max_tokens": s.answer_max_tokens,
+                       "messages": prompt_messages(question, [h["text"] for h in hits])}
+            # the generation server's spans join this trace
+            with self.hook.call(trace, "generate", {
+                    "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+                    "server.address": s.generate_url}) as call:
+                try:
+                    r = await client.post(url, json=payload, headers=call.headers)
+                    call.status(r.status_code)
+                    r.raise_for_status()
+                    text = r.json()["choices"][0]["message"]["content"]
+                except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+                    raise HTTPError(502, f"the generation server at {url} failed: "
+                                         f"{type(e).__name__}: {e}") from None
+        return {"answer": text, "sources": hits,
+                "retrieve_ms": (t1 - t0) * 1e3, "generate_ms": (time.perf_counter() - t1) * 1e3}
+
+    async def documents(self, request: Request) -> dict[str, Any]:
+        """POST /v1/documents (admin): embed and add documents, answerable at once."""
+        token = os.environ.get(ADMIN_TOKEN_ENV, "")
+        given = request.headers.get("authorization", "")
+        if not token:
+            raise HTTPError(403, f"admin routes are off: set {ADMIN_TOKEN_ENV} to enable them")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise HTTPError(401, "admin route: send Authorization: Bearer <admin token>")
+        body = await _json_object(request)
+        docs = body.get("documents")
+        if not isinstance(docs, list) or not docs or len(docs) > 1000:
+            raise HTTPError(422, "field 'documents' must be a list of 1..1000 {key, text}")
+        pairs = []
+        for i, d in enumerate(docs):
+            if not isinstance(d, dict):
+                raise HTTPError(422, f"field 'documents[{i}]' must be an object {{key, text}}")
+            pairs.append((_text_field(d.get("key"), f"documents[{i}].key", 200),
+                          _text_field(d.get("text"), f"documents[{i}].text",
+                                      self.settings.max_query_chars * 4)))
+        t0 = time.perf_counter()
+        try:
+            n, ntotal = await run_in_threadpool(self.add, pairs)
+        except BadUsageError as e:
+            raise HTTPError(409, str(e)) from None
+        return {"added": n, "ntotal": ntotal,
+                "add_ms": (time.perf_counter() - t0) * 1e3}
+
+    # -- the probes' handlers -----------------------------------------------------------
+
+    async def live(self, request: Request) -> Response:
+        """GET /health/live."""
+        return JSONResponse({"live": True})
+
+    async def ready(self, request: Request) -> Response:
+        """GET /health/ready: the index is loaded (it is before the service exists)."""
+        return JSONResponse({"ready": True, "index": self.retriever.index.spec,
+                             "ntotal": self.retriever.index.ntotal,
+                             "rebuilt_at_start": self.opened.rebuilt})
+
+    async def metrics(self, request: Request) -> Response:
+        """GET /metrics (Prometheus)."""
+        return Response(generate_latest(self.prom.registry),
+                        media_type="text/plain; version=0.0.4")
+
+    # -- around the handlers ------------------------------------------------------------
+
+    def route(self, name: str, handler: Callable[[Request], Awaitable[dict[str, Any]]]
+              ) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """`handler` as a work route: traced, admitted under `max_inflight` (503 past it),
+        its errors as `{"error": ...}` with their status, counted and timed as `name`."""
+        hook, s, m = self.hook, self.settings, self.prom
+        admission = self.inflight
+
+        async def work(request: Request) -> Response:
+            t0 = time.perf_counter()
+            rid = request_id(request.scope)
+            if admission.full():
+                m.rejected.inc()
+                m.requests.labels(name, "503").inc()
+                return JSONResponse({"error": f"busy: {admission.count} requests in flight "
+                                              f"(limit {s.max_inflight}); retry"},
+                                    status_code=503, headers={"Retry-After": "1"})
+            admission.enter()
+            m.inflight.set(admission.count)
+            try:
+                out = await handler(request)
+                status, resp = 200, JSONResponse(out)
+            except HTTPError as e:
+                status, resp = e.status, JSONResponse({"error": str(e)}, status_code=e.status)
+            except ScalelabError as e:
+                status, resp = 422, JSONResponse({"error": str(e)}, status_code=422)
+            finally:
+                admission.leave()
+                m.inflight.set(admission.count)
+            m.requests.labels(name, str(status)).inc()
+            m.seconds.labels(name).observe(time.perf_counter() - t0)
+            if status >= 400:
+                log.info("%s %s -> %d (%s)", name, rid, status, resp.body[:200])
+            return resp
+
+        async def traced(request: Request) -> Response:
+            path = request.url.path
+            trace = hook.begin(request, f"POST {path}", time.perf_counter(), {
+                "http.request.method": "POST", "http.route": path,
+                "scalelab.request_id": request_id(request.scope)})
+            return hook.end(trace, await work(request))
+
+        # tracing off: the route is `work` itself, not a wrapper that asks on every request
+        return work if hook.tracing is None else traced
+
+    @asynccontextmanager
+    async def lifespan(self, _: Starlette) -> AsyncIterator[None]:
+        yield
+        self.hook.shutdown()  # export the spans still queued
+
+    # -- the work itself ----------------------------------------------------------------
 
     async def model_for_answer(self, client: Any) -> str:
         """The model id for /v1/answer's chat request; asks the generate server once when no
@@ -212,20 +375,21 @@ class RetrievalService:
                      self.generate_model)
         return self.generate_model
 
-    def retrieve(self, queries: list[str], k: int, trace: RequestTrace | None = None
-                 ) -> list[list[dict[str, Any]]]:
+    def search(self, queries: list[str], k: int, trace: RequestTrace | None = None
+               ) -> list[list[dict[str, Any]]]:
+        """The k hits of each query (run in a worker thread: embedding and search block)."""
         t0 = time.perf_counter()
         vecs = self.retriever.embedder.embed(queries)
         t1 = time.perf_counter()
         with self.lock:
             hits = self.retriever.search_vectors(vecs, k)
-        if trace is not None:  # search includes the wait for the index lock (an add holds it)
-            t2 = time.perf_counter()
-            index = self.retriever.index
-            trace.span("embed", ns_perf(t0), ns_perf(t1), {"scalelab.queries": len(queries)})
-            trace.span("search", ns_perf(t1), ns_perf(t2), {
-                "scalelab.index.kind": index.spec, "scalelab.index.ntotal": index.ntotal,
-                "scalelab.k": k, "scalelab.queries": len(queries)})
+        # search includes the wait for the index lock (an add holds it)
+        t2 = time.perf_counter()
+        index = self.retriever.index
+        self.hook.child(trace, "embed", t0, t1, {"scalelab.queries": len(queries)})
+        self.hook.child(trace, "search", t1, t2, {
+            "scalelab.index.kind": index.spec, "scalelab.index.ntotal": index.ntotal,
+            "scalelab.k": k, "scalelab.queries": len(queries)})
         return [[asdict(h) for h in row] for row in hits]
 
     def add(self, docs: list[tuple[str, str]]) -> tuple[int, int]:
@@ -234,191 +398,32 @@ class RetrievalService:
         with self.lock:
             added = self.retriever.add(docs)
             ntotal = self.retriever.index.ntotal
-            self.metrics.vectors.set(ntotal)
+            self.prom.vectors.set(ntotal)
         return len(added), ntotal
 
 
 def create_app(settings: RetrievalSettings) -> Any:
-    """The ASGI app (guarded) for `settings`; loads the index before returning."""
+    """The ASGI app for `settings`: the service's handler methods on their routes, behind the
+    shared hook (web.hook); loads the index before returning."""
     svc = RetrievalService(settings)
-    s = settings
-    m = svc.metrics
-    tracing = Tracing.build(s.trace, "scalelab-retrieval")
-
-    def route(name: str, fn: Callable[[Request], Awaitable[dict[str, Any]]]
-              ) -> Callable[[Request], Awaitable[Response]]:
-        async def handler(request: Request) -> Response:
-            if tracing is None:
-                return await work(request)
-            trace = tracing.begin(f"POST {request.url.path}", request.scope["headers"],
-                                  ns_perf(time.perf_counter()), attributes={
-                                      "http.request.method": "POST",
-                                      "http.route": request.url.path,
-                                      "scalelab.request_id": request_id(request.scope)})
-            if trace is None:
-                return await work(request)
-            request.state.trace = trace  # the routes read it (`_trace_of`)
-            resp = await work(request)
-            resp.headers["traceparent"] = trace.traceparent()
-            trace.end(resp.status_code)
-            return resp
-
-        async def work(request: Request) -> Response:
-            t0 = time.perf_counter()
-            rid = request_id(request.scope)
-            if svc.inflight >= s.max_inflight:
-                m.rejected.inc()
-                m.requests.labels(name, "503").inc()
-                return JSONResponse({"error": f"busy: {svc.inflight} requests in flight "
-                                              f"(limit {s.max_inflight}); retry"},
-                                    status_code=503, headers={"Retry-After": "1"})
-            svc.inflight += 1
-            m.inflight.set(svc.inflight)
-            try:
-                out = await fn(request)
-                status, resp = 200, JSONResponse(out)
-            except HTTPError as e:
-                status, resp = e.status, JSONResponse({"error": str(e)}, status_code=e.status)
-            except ScalelabError as e:
-                status, resp = 422, JSONResponse({"error": str(e)}, status_code=422)
-            finally:
-                svc.inflight -= 1
-                m.inflight.set(svc.inflight)
-            m.requests.labels(name, str(status)).inc()
-            m.seconds.labels(name).observe(time.perf_counter() - t0)
-            if status >= 400:
-                log.info("%s %s -> %d (%s)", name, rid, status, resp.body[:200])
-            return resp
-
-        return handler
-
-    async def retrieve(request: Request) -> dict[str, Any]:
-        body = await _json_object(request)
-        unknown = set(body) - {"query", "queries", "k"}
-        if unknown:
-            raise HTTPError(422, f"unknown field(s) {', '.join(sorted(unknown))}; "
-                                 "use query or queries, and k")
-        if ("query" in body) == ("queries" in body):
-            raise HTTPError(422, "give exactly one of field 'query' (a string) or 'queries' "
-                                 "(a list of strings)")
-        if "query" in body:
-            queries = [_text_field(body["query"], "query", s.max_query_chars)]
-        else:
-            qs = body["queries"]
-            if not isinstance(qs, list) or not qs:
-                raise HTTPError(422, "field 'queries' must be a non-empty list of strings")
-            if len(qs) > s.max_queries:
-                raise HTTPError(422, f"field 'queries' has {len(qs)} items; the limit is "
-                                     f"{s.max_queries}")
-            queries = [_text_field(q, f"queries[{i}]", s.max_query_chars)
-                       for i, q in enumerate(qs)]
-        k = _int_field(body, "k", 10, 1, s.max_k)
-        t0 = time.perf_counter()
-        results = await run_in_threadpool(svc.retrieve, queries, k, _trace_of(request))
-        return {"results": results, "k": k, "index": svc.retriever.index.spec,
-                "ntotal": svc.retriever.index.ntotal,
-                "retrieve_ms": (time.perf_counter() - t0) * 1e3}
-
-    async def answer(request: Request) -> dict[str, Any]:
-        import httpx
-
-        body = await _json_object(request)
-        question = _text_field(body.get("question"), "question", s.max_query_chars)
-        k = _int_field(body, "k", 5, 1, min(s.max_k, 20))
-        if not s.generate_url:
-            raise HTTPError(503, "no generation server configured; start with "
-                                 "--generate-url URL (an OpenAI-compatible server)")
-        t0 = time.perf_counter()
-        trace = _trace_of(request)
-        hits = (await run_in_threadpool(svc.retrieve, [question], k, trace))[0]
-        t1 = time.perf_counter()
-        url = s.generate_url.rstrip("/") + "/v1/chat/completions"
-        async with httpx.AsyncClient(timeout=s.generate_timeout_s) as client:
-            model = await svc.model_for_answer(client)
-            payload = {"model": model, "temperature": 0, "max_tokens": s.answer_max_tokens,
-                       "messages": prompt_messages(question, [h["text"] for h in hits])}
-            headers: dict[str, str] = {}
-            call = None
-            if trace is not None:  # the generation server's spans join this trace
-                call = trace.start("generate", client=True, attributes={
-                    "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
-                    "server.address": s.generate_url})
-                headers["traceparent"] = trace.traceparent(call)
-            try:
-                r = await client.post(url, json=payload, headers=headers)
-                if call is not None:
-                    call.set_attribute("http.response.status_code", r.status_code)
-                r.raise_for_status()
-                text = r.json()["choices"][0]["message"]["content"]
-            except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
-                raise HTTPError(502, f"the generation server at {url} failed: "
-                                     f"{type(e).__name__}: {e}") from None
-            finally:
-                if call is not None:
-                    call.end()
-        return {"answer": text, "sources": hits,
-                "retrieve_ms": (t1 - t0) * 1e3, "generate_ms": (time.perf_counter() - t1) * 1e3}
-
-    async def documents(request: Request) -> dict[str, Any]:
-        token = os.environ.get(ADMIN_TOKEN_ENV, "")
-        given = request.headers.get("authorization", "")
-        if not token:
-            raise HTTPError(403, f"admin routes are off: set {ADMIN_TOKEN_ENV} to enable them")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise HTTPError(401, "admin route: send Authorization: Bearer <admin token>")
-        body = await _json_object(request)
-        docs = body.get("documents")
-        if not isinstance(docs, list) or not docs or len(docs) > 1000:
-            raise HTTPError(422, "field 'documents' must be a list of 1..1000 {key, text}")
-        pairs = []
-        for i, d in enumerate(docs):
-            if not isinstance(d, dict):
-                raise HTTPError(422, f"field 'documents[{i}]' must be an object {{key, text}}")
-            pairs.append((_text_field(d.get("key"), f"documents[{i}].key", 200),
-                          _text_field(d.get("text"), f"documents[{i}].text",
-                                      s.max_query_chars * 4)))
-        t0 = time.perf_counter()
-        try:
-            n, ntotal = await run_in_threadpool(svc.add, pairs)
-        except BadUsageError as e:
-            raise HTTPError(409, str(e)) from None
-        return {"added": n, "ntotal": ntotal,
-                "add_ms": (time.perf_counter() - t0) * 1e3}
-
-    async def live(request: Request) -> Response:
-        return JSONResponse({"live": True})
-
-    async def ready(request: Request) -> Response:
-        return JSONResponse({"ready": True, "index": svc.retriever.index.spec,
-                             "ntotal": svc.retriever.index.ntotal,
-                             "rebuilt_at_start": svc.opened.rebuilt})
-
-    async def metrics(request: Request) -> Response:
-        return Response(generate_latest(m.registry), media_type="text/plain; version=0.0.4")
-
-    @asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        yield
-        if tracing is not None:
-            tracing.shutdown()  # export the spans still queued
-
-    app = Starlette(lifespan=lifespan, routes=[
-        Route("/v1/retrieve", route("retrieve", retrieve), methods=["POST"]),
-        Route("/v1/answer", route("answer", answer), methods=["POST"]),
-        Route("/v1/documents", route("documents", documents), methods=["POST"]),
-        Route("/health/live", live, methods=["GET"]),
-        Route("/health/ready", ready, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+    app = Starlette(lifespan=svc.lifespan, routes=[
+        Route("/v1/retrieve", svc.route("retrieve", svc.retrieve), methods=["POST"]),
+        Route("/v1/answer", svc.route("answer", svc.answer), methods=["POST"]),
+        Route("/v1/documents", svc.route("documents", svc.documents), methods=["POST"]),
+        Route("/health/live", svc.live, methods=["GET"]),
+        Route("/health/ready", svc.ready, methods=["GET"]),
+        Route("/metrics", svc.metrics, methods=["GET"]),
     ])
-    model = Path(s.index_dir).name  # the "model" a budget or kill switch names: the index
+    app.state.service = svc
+    model = Path(settings.index_dir).name  # the "model" a budget or kill switch names: the index
 
     def work(scope: Any) -> str | None:
         return model if scope["method"] == "POST" and scope["path"] in (
             "/v1/retrieve", "/v1/answer") else None
 
-    return governed(Guard(app, max_body=s.max_body_bytes,
-                          access=AccessLog("scalelab.retrieval.access")), s.governance_file,
-                    route=work,
+    return admitted(app, max_body=settings.max_body_bytes,
+                    access=AccessLog("scalelab.retrieval.access"),
+                    governance=settings.governance_file, work=work,
                     admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None)
 
 

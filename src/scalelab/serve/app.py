@@ -2,8 +2,8 @@
 
 `create_app(settings)` builds a dispatcher: `POST .../infer` goes straight to the bare ASGI
 inference handler (`serve.infer`), everything else to the guard (`web.guard`) around a FastAPI
-app made of routers by concern (`serve.health`: health, metadata, routing, metrics;
-`serve.admin`: the repository extension), which also owns the lifespan and serves
+app whose routes are the handler methods of `serve.service.TabularService` (health, metadata,
+routing, metrics; the repository extension), which also owns the lifespan and serves
 /openapi.json — where the infer routes are documented (and routed to the same handler, should
 a request ever reach FastAPI). Every request, either way, gets the guard's body limit (413) and
 a request id (accepted from X-Request-Id or generated, echoed in the response and logged): the
@@ -20,21 +20,20 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import torch
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scalelab import __version__
 from scalelab.core.machine import available_cores
-from scalelab.serve.admin import admin_router
 from scalelab.serve.config import ServerSettings
 from scalelab.serve.context import ADMIN_TOKEN_ENV, ServeContext
-from scalelab.serve.health import health_router
 from scalelab.serve.infer import InferHandler, infer_target
 from scalelab.serve.protocol import InferenceRequest, ServeError
-from scalelab.web.governance import governed
+from scalelab.serve.service import TabularService
+from scalelab.web.governance.middleware import governed
 from scalelab.web.guard import Guard
 
 __all__ = ["ADMIN_TOKEN_ENV", "ServeApp", "create_app"]
@@ -77,18 +76,9 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-class _Delegate(Response):
-    """A FastAPI return value that hands the raw ASGI exchange to the infer handler."""
-
-    def __init__(self, handler: InferHandler, name: str, version: str | None) -> None:
-        super().__init__()
-        self.handler, self.name, self.version = handler, name, version
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.handler(scope, receive, send, self.name, self.version)
-
-
-def _api(ctx: ServeContext, infer: InferHandler) -> FastAPI:
+def _api(svc: TabularService) -> FastAPI:
+    ctx = svc.ctx
+    infer = svc.infer
     settings = ctx.settings
     repo = ctx.repo
 
@@ -137,19 +127,39 @@ def _api(ctx: ServeContext, infer: InferHandler) -> FastAPI:
         loc = ".".join(str(p) for p in err.get("loc", ()))
         return _error(422, f"field '{loc}': {err.get('msg')}")
 
-    api.include_router(health_router(ctx))
+    api.include_router(_health_routes(svc))
     doc = _infer_openapi()
-
-    @api.post("/v2/models/{name}/infer", openapi_extra=doc)
-    async def infer_route(name: str) -> Response:
-        return _Delegate(infer, name, None)
-
-    @api.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=doc)
-    async def infer_version_route(name: str, version: str) -> Response:
-        return _Delegate(infer, name, version)
-
-    api.include_router(admin_router(ctx))
+    api.post("/v2/models/{name}/infer", openapi_extra=doc)(svc.infer_route)
+    api.post("/v2/models/{name}/versions/{version}/infer", openapi_extra=doc)(
+        svc.infer_version_route)
+    api.include_router(_admin_routes(svc))
     return api
+
+
+def _health_routes(svc: TabularService) -> APIRouter:
+    r = APIRouter()
+    r.get("/v2/health/live")(svc.live)
+    r.get("/v2/health/ready")(svc.ready)
+    r.get("/v2")(svc.server_metadata)
+    # before /v2/models/{name}: "stats" here is the extension, not a model's name
+    r.get("/v2/models/stats")(svc.all_stats)
+    r.get("/v2/models/{name}/stats")(svc.one_model_stats)
+    r.get("/v2/models/{name}/versions/{version}/stats")(svc.version_stats)
+    r.get("/v2/models/{name}")(svc.model_metadata)
+    r.get("/v2/models/{name}/versions/{version}")(svc.version_metadata)
+    r.get("/v2/models/{name}/ready")(svc.model_ready)
+    r.get("/v2/models/{name}/versions/{version}/ready")(svc.version_ready)
+    r.get("/v2/models/{name}/routing")(svc.routing)
+    r.get("/metrics")(svc.prometheus)
+    return r
+
+
+def _admin_routes(svc: TabularService) -> APIRouter:
+    r = APIRouter()
+    r.api_route("/v2/repository/index", methods=["GET", "POST"])(svc.repo_index)
+    r.post("/v2/repository/models/{name}/load")(svc.repo_load)
+    r.post("/v2/repository/models/{name}/unload")(svc.repo_unload)
+    return r
 
 
 class ServeApp:
@@ -158,7 +168,8 @@ class ServeApp:
     def __init__(self, ctx: ServeContext) -> None:
         self.ctx = ctx
         self.infer = InferHandler(ctx)
-        self.api = _api(ctx, self.infer)
+        self.service = TabularService(ctx, self.infer)
+        self.api = _api(self.service)
         self.rest = Guard(self.api, max_body=ctx.settings.max_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

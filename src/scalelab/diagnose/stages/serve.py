@@ -57,7 +57,7 @@ from scalelab.nets.repository import CONFIG_FILE, write_json
 from scalelab.serve.config import ModelConfig, load_model_config
 from scalelab.web import trace as web_trace
 from scalelab.web.exposition import sample_sums
-from scalelab.web.governance import server_governance
+from scalelab.web.governance.middleware import server_governance
 from scalelab.web.spawn import start_server, stop_group
 
 SERIES = {"off": "batching=off", "on": "batching=on"}

@@ -2,7 +2,7 @@
 
 Nothing here reads a clock or keeps state: the caller passes `now` and gets the new state back,
 so every decision is tested with exact numbers (`tests/web/test_limits.py`). The middleware
-that applies them is `web.governance`.
+that applies them is `web.governance.middleware`.
 """
 
 from __future__ import annotations

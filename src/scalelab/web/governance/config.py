@@ -38,7 +38,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scalelab.core.errors import BadInputError
-from scalelab.web.limits import Period, Unit
+from scalelab.web.governance.limits import Period, Unit
 
 DEFAULT_CLIENT = "default"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"

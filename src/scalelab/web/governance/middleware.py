@@ -37,8 +37,8 @@ from urllib.parse import parse_qs
 from prometheus_client import CollectorRegistry, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from scalelab.web.governance_config import GovernanceConfig, load_governance
-from scalelab.web.governor import Governor, GovernorCollector
+from scalelab.web.governance.config import GovernanceConfig, load_governance
+from scalelab.web.governance.governor import Governor, GovernorCollector
 from scalelab.web.guard import REQUEST_ID_HEADER, ErrorBody, accept_request_id, json_error
 
 ADMIN_PREFIX = "/admin/governance"

@@ -5,7 +5,7 @@ client (the kill switch), an exhausted budget, a full concurrency cap or an empt
 refuse it (a `Refusal` naming the limit); otherwise it is counted in flight until `release`.
 The clocks are injected (monotonic for buckets and ticks, wall for the UTC budget windows, CPU
 for core-seconds), so tests drive every transition with exact numbers; the policies themselves
-are the pure functions of `web.limits`.
+are the pure functions of `web.governance.limits`.
 
 Costs on the hot path, per request: one dict lookup for the client (plus one SHA-256 of the
 key when clients have keys), one bucket update, two counters; budgets add one wall-clock read
@@ -25,8 +25,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from scalelab.web.governance_config import DEFAULT_CLIENT, NAME_PATTERN, GovernanceConfig, Limits
-from scalelab.web.limits import (
+from scalelab.web.governance.config import DEFAULT_CLIENT, NAME_PATTERN, GovernanceConfig, Limits
+from scalelab.web.governance.limits import (
     PERIOD_S,
     Bucket,
     amount,
