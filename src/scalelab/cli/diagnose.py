@@ -20,12 +20,15 @@ from scalelab.core.sheet import SheetRow
 from scalelab.core.units import format_bytes, format_si
 from scalelab.core.verdict import Verdict
 from scalelab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
-from scalelab.diagnose.run import CONFIG, RECORDS, Runner, rebuild
+from scalelab.diagnose.failures import failure_lines
+from scalelab.diagnose.run import CONFIG, RECORDS, Runner, failures, rebuild
 from scalelab.report.document import ReportFiles, verdict_lines
 
 
-def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict) -> None:
-    """The terminal's sheet (the report has every column) and the verdict."""
+def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict,
+                             failed: dict[str, str] | None = None) -> None:
+    """The terminal's sheet (the report has every column) and the verdict (a failed stage's
+    line says why it failed)."""
     t = Table(title="Diagnostic sheet (medians over repeats; full sheet in the report)")
     for col in ("stage", "series", "×", "rate", "p95 ms", "p99 ms", "fail", "mem", "limit"):
         t.add_column(
@@ -47,7 +50,7 @@ def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict
         )
     c.print(t)
     c.print("[bold]Verdict[/]", markup=True)
-    for i, line in enumerate(verdict_lines(verdict)):
+    for i, line in enumerate(failure_lines(verdict_lines(verdict), failed or {})):
         if i == 0:
             c.print(f"[bold yellow]{escape(line)}[/]", markup=True, highlight=False)
         else:
@@ -86,6 +89,10 @@ def diagnose(
     worker counts, the model server at growing arrival rates (batching off and on), and the
     compression variants; then prints the sheet and the verdict and writes OUT/report.html.
 
+    Exit codes: 0 measured and judged; 1 a stage failed (its system did not answer: refused
+    connections, every request an error, a server that never started); 2 bad usage or a bad
+    config (nothing ran); 130 interrupted.
+
     Example: scalelab diagnose --quick --out scalelab-out
     """
     if print_config:
@@ -111,7 +118,8 @@ def diagnose(
     if outcome.interrupted:
         err_console.print("interrupted: the report holds what was measured before Ctrl-C")
     def render(c: Console) -> None:
-        render_sheet_and_verdict(c, outcome.sheet, outcome.verdict)  # type: ignore[arg-type]
+        render_sheet_and_verdict(c, outcome.sheet, outcome.verdict,  # type: ignore[arg-type]
+                                 outcome.failures)
         c.print(
             f"report: {out / 'report.html'} (also report.md, report.json; "
             f"records in {out / RECORDS})"
@@ -121,6 +129,9 @@ def diagnose(
     if outcome.interrupted:
         # The report is written; the status still tells a script the run was cut short.
         raise click.exceptions.Exit(130)
+    if outcome.failures:
+        # A stage whose system under test did not answer is a failed run (1), not bad usage (2).
+        raise click.exceptions.Exit(1)
 
 
 @click.command()
@@ -159,7 +170,7 @@ def report(results_dir: Path, config_path: Path | None, as_json: bool) -> None:
     sheet, verdict, files = rebuild(results_dir, cfg, mode)
 
     def render(c: Console) -> None:
-        render_sheet_and_verdict(c, sheet, verdict)
+        render_sheet_and_verdict(c, sheet, verdict, failures(results_dir))
         c.print(f"report: {results_dir / 'report.html'}")
 
     emit(_written(files), as_json, render)
