@@ -12,12 +12,12 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, RootModel
+from pydantic import Field, RootModel, model_validator
 
 from scalelab.core.records import Record
 from scalelab.core.verdict import StageGoal
 from scalelab.diagnose.commands import Command, LoadRun, Sweep
-from scalelab.diagnose.schema import ObjectiveSpec, Strict
+from scalelab.diagnose.schema import Duration, HttpUrl, Levels, ObjectiveSpec, Strict
 from scalelab.diagnose.stages.base import Context, Stage
 from scalelab.diagnose.steps import Step, restage
 
@@ -37,26 +37,52 @@ class CustomStage(Strict):
     """kind=sweep: the command, with {VAR} where the level goes."""
     var: str = "workers"
     """kind=sweep: the variable's name (in the records and in {VAR})."""
-    levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
     """The levels of the variable (kind=load: multiples of base_rate)."""
     metric: str | None = None
     """kind=sweep: a rate the command prints ('json:KEY' or a regex); default 1/wall time."""
-    url: str | None = None
+    url: HttpUrl | None = None
     """kind=load: the URL to load (open loop, rates = levels × base_rate)."""
     body: str | None = None
     """kind=load: a JSON file POSTed as each request's body (default: GET)."""
     base_rate: float = 10.0
     """kind=load: requests/s at level 1."""
-    duration: str = "3s"
+    duration: Duration = "3s"
     """kind=load: measured time per level."""
     target_multiple: float = 10.0
     """The multiple of the smallest level the stage must reach."""
     objectives: list[ObjectiveSpec] = Field(default_factory=list)
     """What the stage must keep (see the objective metrics)."""
 
+    @model_validator(mode="after")
+    def _kind_needs(self) -> CustomStage:
+        if self.kind == "sweep" and not self.command:
+            raise ValueError(f"kind sweep needs command: the command to run per level, with "
+                             f"{{{self.var}}} where the level goes")
+        if self.kind == "load" and not self.url:
+            raise ValueError("kind load needs url: the HTTP endpoint to load, e.g. "
+                             "http://127.0.0.1:8000/predict")
+        if self.body is not None and not Path(self.body).is_file():
+            raise ValueError(f"body {self.body!r} is not a file; give a JSON file to POST")
+        return self
+
 
 class CustomStages(RootModel[list[CustomStage]]):
     """The `custom:` list."""
+
+    @model_validator(mode="after")
+    def _names(self) -> CustomStages:
+        from scalelab.diagnose.stages import SECTIONS
+
+        names = [c.name for c in self.root]
+        taken = {s.name for s in SECTIONS}
+        for n in names:
+            if names.count(n) > 1:
+                raise ValueError(f"two custom stages are named {n!r}; give each its own name")
+            if n in taken:
+                raise ValueError(f"custom stage name {n!r} is a built-in stage's; rename it "
+                                 f"(built-in: {', '.join(sorted(taken))})")
+        return self
 
 
 def _command(c: CustomStage, repeats: int, rec: Path) -> Command:

@@ -24,15 +24,17 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from scalelab.core.errors import RunFailedError
+from scalelab.core.errors import BadInputError, RunFailedError
 from scalelab.core.objectives import metric_value
 from scalelab.core.sheet import SheetRow
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import Command, flag, positional
-from scalelab.diagnose.schema import StageSettings
+from scalelab.diagnose.schema import HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Context, Stage
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
+from scalelab.load.connection import Target
 from scalelab.load.scrape import limiting_signal
+from scalelab.load.workload import PATHS, LengthDist
 from scalelab.web.spawn import start_server, stop_group
 
 SMOLLM2, TINY = "smollm2-135m", "tiny"
@@ -76,7 +78,7 @@ class LlmSettings(StageSettings):
 
     base_concurrency: int = Field(default=1, ge=1)
     """Streams at once at 1×."""
-    levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
     """Multiples of the base concurrency."""
     requests: int = Field(default=12, ge=1)
     """Measured requests per level."""
@@ -95,7 +97,7 @@ class LlmSettings(StageSettings):
     """Which of `engine_settings` to measure, each a series."""
     baseline: str = "continuous"
     """Which series is today's configuration; the others are candidate interventions."""
-    url: str | None = None
+    url: HttpUrl | None = None
     """The user's own OpenAI-compatible endpoint (base URL) instead of the reference engine."""
     api: Literal["chat", "completions"] = "chat"
     """Which OpenAI API to stream."""
@@ -112,6 +114,17 @@ class LlmSettings(StageSettings):
                              "name: [flags of scalelab generate serve]")
         if not self.url and self.baseline not in self.series:
             raise ValueError(f"baseline {self.baseline!r} is not one of series {self.series}")
+        if self.url:
+            path = Target.parse(self.url).path.rstrip("/")
+            if path and path != PATHS[self.api]:
+                raise ValueError(f"url path {path!r} does not match api {self.api} "
+                                 f"({PATHS[self.api]}); give the server's base URL, e.g. "
+                                 "http://127.0.0.1:8000")
+        for key in ("prompt_tokens", "output_tokens"):
+            try:
+                LengthDist.parse(getattr(self, key), what=key)
+            except BadInputError as e:
+                raise ValueError(str(e)) from None
         return self
 
 

@@ -36,7 +36,7 @@ from scalelab.core.sheet import SheetRow
 from scalelab.core.units import parse_duration
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import LoadCapacity, LoadRun, ServeRun
-from scalelab.diagnose.schema import StageSettings
+from scalelab.diagnose.schema import Duration, HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Artifact, Context, Stage
 from scalelab.diagnose.stages.serve_curve import (
     CAPACITY,
@@ -78,9 +78,9 @@ class ServeSettings(StageSettings):
 
     base_rate: float = Field(default=40.0, gt=0)
     """Arrival rate (requests/s) at 1×."""
-    levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
     """Multiples of the base rate."""
-    duration: str = "3s"
+    duration: Duration = "3s"
     """Measured time per level (after a 1 s warm-up)."""
     batching: list[Literal["off", "on"]] = Field(
         default_factory=lambda: ["off", "on"]  # type: ignore[arg-type]
@@ -88,14 +88,14 @@ class ServeSettings(StageSettings):
     """Batching settings to measure, each a series."""
     baseline: Literal["off", "on"] = "off"
     """Which batching setting is 'today's system'; the other is the candidate intervention."""
-    url: str | None = None
+    url: HttpUrl | None = None
     """The user's own HTTP endpoint instead of the reference model server."""
     capacity: bool = True
     """Also search the highest rate meeting the latency objective (`scalelab load capacity`),
     per batching setting: where serving stops meeting it, not only whether 10× passes."""
     capacity_max_steps: int = Field(default=8, ge=2, le=40)
     """Bound on the capacity search's steps (each one a short load level)."""
-    capacity_step: str = "2s"
+    capacity_step: Duration = "2s"
     """Shortest "longest capacity step" (the search's --max-step, raised so the first rate can
     reach the requests the step rule needs; --min-step is half of this)."""
     capacity_availability: bool = False
