@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, RootModel, model_validator
 
 from scalelab.core.records import Record
-from scalelab.core.verdict import StageGoal
+from scalelab.core.verdict import Advice, AdviceInput, StageGoal, generic_advice
 from scalelab.diagnose.commands import Command, LoadRun, Sweep
 from scalelab.diagnose.schema import Duration, HttpUrl, Levels, ObjectiveSpec, Strict
 from scalelab.diagnose.stages.base import Context, Stage
+from scalelab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
 from scalelab.diagnose.steps import Step, restage
 
 if TYPE_CHECKING:
@@ -95,11 +96,16 @@ def _command(c: CustomStage, repeats: int, rec: Path) -> Command:
                    payload="json" if c.body else None, body=Path(c.body) if c.body else None)
 
 
-def _tag(r: Record, *, stage: str, kind: str) -> Record:
+def _tag(r: Record, *, stage: str, kind: str, note: str | None = None) -> Record:
     """The user's stage name; recovery is the user's own, which the diagnosis cannot see."""
-    return restage(r, stage=stage).model_copy(
+    return noted(restage(r, stage=stage).model_copy(
         update={"recovery": r.recovery if kind == "sweep" and r.recovery else "none known"}
-    )
+    ), note=note)
+
+
+def _advise(inp: AdviceInput) -> Advice:
+    """Core's generic advice from the measured signals, and the stage's notes."""
+    return with_notes(generic_advice(inp), inp.base)
 
 
 class CustomStageSet(Stage[CustomStages]):
@@ -121,16 +127,18 @@ class CustomStageSet(Stage[CustomStages]):
     def run(self, s: CustomStages, ctx: Context) -> None:
         for c in s.root:
             rec = ctx.records(f"custom-{c.name}")
+            note = metrics_note(metrics_url(c.url)) if c.kind == "load" and c.url else None
             ctx.run(
                 Step(stage=c.name, label=f"{c.name} ({c.kind})",
                      command=_command(c, ctx.repeats, rec), records=rec,
-                     tag=functools.partial(_tag, stage=c.name, kind=c.kind), timeout_s=3600)
+                     tag=functools.partial(_tag, stage=c.name, kind=c.kind, note=note),
+                     timeout_s=3600)
             )
 
     def goals(self, s: CustomStages) -> list[StageGoal]:
         return [
             StageGoal(stage=c.name, objectives=[o.build() for o in c.objectives],
-                      target_multiple=c.target_multiple)
+                      target_multiple=c.target_multiple, advisor=_advise)
             for c in s.root
         ]
 

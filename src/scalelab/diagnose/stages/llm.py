@@ -26,11 +26,13 @@ from pydantic import Field, model_validator
 
 from scalelab.core.errors import BadInputError, RunFailedError
 from scalelab.core.objectives import metric_value
+from scalelab.core.records import Record
 from scalelab.core.sheet import SheetRow
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import Command, flag, positional
 from scalelab.diagnose.schema import HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Context, Stage
+from scalelab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
 from scalelab.load.connection import Target
 from scalelab.load.scrape import limiting_signal
@@ -193,7 +195,12 @@ def advise(inp: AdviceInput) -> Advice:
     elif inp.base:
         parts.append("even the base concurrency misses the objectives: cut per-token compute "
                      "(a smaller or quantized model, speculative decoding) before replicas")
-    return Advice(intervention="; ".join(parts), predicted="; ".join(predicted))
+    return with_notes(Advice(intervention="; ".join(parts), predicted="; ".join(predicted)),
+                      [r for rows in inp.by_series.values() for r in rows])
+
+
+def _user_endpoint(r: Record, *, note: str | None) -> Record:
+    return noted(restage(r, stage="llm"), note=note)
 
 
 def engine_available() -> bool:
@@ -229,10 +236,11 @@ class LlmStage(Stage[LlmSettings]):
         if s.url:
             rec = ctx.records("llm")
             base = s.url.rstrip("/")
+            note = metrics_note(metrics_url(base))
             ctx.run(Step(stage=self.name, label=f"load llm {s.url}",
-                         command=self._load(s, base, rec, base + "/metrics", None, price),
+                         command=self._load(s, base, rec, metrics_url(base), None, price),
                          records=rec, series=s.baseline,
-                         tag=functools.partial(restage, stage=self.name), timeout_s=900))
+                         tag=functools.partial(_user_endpoint, note=note), timeout_s=900))
             return
         model = resolve_model(s.model)
         for series in s.series:

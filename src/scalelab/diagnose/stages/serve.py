@@ -38,6 +38,7 @@ from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_
 from scalelab.diagnose.commands import LoadCapacity, LoadRun, ServeRun
 from scalelab.diagnose.schema import Duration, HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Artifact, Context, Stage
+from scalelab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
 from scalelab.diagnose.stages.serve_curve import (
     CAPACITY,
     REPLICAS,
@@ -267,7 +268,8 @@ def advise(inp: AdviceInput) -> Advice:
     if knee:
         predicted.append(knee)
     predicted += measured_capacity(inp.by_series)
-    return Advice(intervention="; ".join(parts), predicted="; ".join(predicted))
+    return with_notes(Advice(intervention="; ".join(parts), predicted="; ".join(predicted)),
+                      [r for rows in inp.by_series.values() for r in rows])
 
 
 def replicated(by_series: dict[str, list[SheetRow]]) -> str:
@@ -323,8 +325,9 @@ def _all_started(proc: subprocess.Popen[bytes], prom_dir: Path, workers: int) ->
     return False
 
 
-def _user_endpoint(r: Record) -> Record:
-    return restage(r, stage="serve").model_copy(update={"recovery": RECOVERY_UNKNOWN})
+def _user_endpoint(r: Record, *, note: str | None = None) -> Record:
+    return noted(restage(r, stage="serve").model_copy(update={"recovery": RECOVERY_UNKNOWN}),
+                 note=note)
 
 
 def _serve_cmd(repo: Path, port: int, *, workers: int | None = None,
@@ -399,11 +402,12 @@ class ServeStage(Stage[ServeSettings]):
         if s.url:
             rec = ctx.records("serve")
             rates = [s.base_rate * m for m in s.levels]
+            note = metrics_note(metrics_url(s.url))
             ctx.run(
                 Step(stage=self.name, label=f"load {s.url}",
                      command=self._load(s, s.url, rec, rates), records=rec,
-                     series=SERIES[s.baseline], tag=_user_endpoint,
-                     timeout_s=900)
+                     series=SERIES[s.baseline],
+                     tag=functools.partial(_user_endpoint, note=note), timeout_s=900)
             )
             return
         repo, dataset = ctx.artifact(SERVED_MODEL), ctx.artifact(FEATURES)
