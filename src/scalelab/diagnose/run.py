@@ -23,6 +23,7 @@ from scalelab.core.sheet import SheetRow, build_sheet
 from scalelab.core.verdict import Verdict, judge
 from scalelab.diagnose.config import DiagnoseConfig, Mode
 from scalelab.diagnose.energy import energy_tagger
+from scalelab.diagnose.evidence import with_stage_limits
 from scalelab.diagnose.failures import stage_failures, with_failures
 from scalelab.diagnose.goals import stage_goals
 from scalelab.diagnose.stages import STAGES
@@ -166,6 +167,7 @@ def rebuild(
     m = _machine(records)
     goals = stage_goals(cfg)
     verdict = judge(goals, sheet, cores=m.cores, memory_bytes=m.memory_bytes)
+    verdict = with_stage_limits(verdict, goals, sheet, cfg)
     run_info: dict[str, Any] = (
         read_json_object(out / RUN_INFO) if (out / RUN_INFO).is_file() else {}
     )

@@ -28,7 +28,7 @@ from scalelab.core.errors import BadInputError, RunFailedError
 from scalelab.core.objectives import metric_value
 from scalelab.core.records import Record
 from scalelab.core.sheet import SheetRow
-from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
+from scalelab.core.verdict import Advice, AdviceInput, Evidence, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import Command, flag, positional
 from scalelab.diagnose.schema import HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Context, Stage
@@ -142,6 +142,33 @@ def limiting(row: SheetRow) -> str | None:
     if not row.extras.get("engine_scrapes"):
         return None
     return limiting_signal(row.extras)
+
+
+def engine_evidence(rows: list[SheetRow]) -> list[Evidence]:
+    """The engine's limit at the highest level whose /metrics were sampled: the KV pool
+    (preemptions, or usage at 95%+) or batch slots (requests waited), with the numbers."""
+    sampled = [r for r in sorted(rows, key=lambda r: r.level) if r.extras.get("engine_scrapes")]
+    if not sampled:
+        return []
+    r = sampled[-1]
+    sig = limiting_signal(r.extras)
+    if sig == "compute":
+        return []  # the absence of the other signals, not a measurement of compute
+
+    def num(key: str) -> float | None:
+        v = r.extras.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    running, waiting = num("engine_running_max"), num("engine_waiting_max")
+    kv, pre = num("engine_kv_usage_max"), num("engine_preemptions")
+    seen = [
+        *([f"up to {running:g} sequences running"] if running is not None else []),
+        *([f"up to {waiting:g} waiting for a slot"] if waiting is not None else []),
+        *([f"KV cache {kv:.0%} used"] if kv is not None else []),
+        *([f"{pre:g} preemptions"] if pre else []),
+    ]
+    return [Evidence(resource=sig, detail=f"{', '.join(seen)} at {r.variable}={r.level:g} "
+                                          "(the engine's /metrics)")]
 
 
 _FIX = {
@@ -268,6 +295,9 @@ class LlmStage(Stage[LlmSettings]):
                                  timeout_s=900))
             finally:
                 stop_group(spawned.proc, grace_s=5.0)
+
+    def limits(self, s: LlmSettings, rows: list[SheetRow]) -> list[Evidence]:
+        return engine_evidence(rows)
 
     def goals(self, s: LlmSettings) -> list[StageGoal]:
         return [StageGoal(stage=self.name, objectives=s.built_objectives(),
