@@ -50,7 +50,7 @@ def test_metrics_note_says_404_and_bad_text(base: str) -> None:
 def test_a_missing_metrics_is_in_the_stage_notes_and_the_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], base: str
 ) -> None:
-    on = {"serve": f"{{url: '{base}/x', levels: [1], base_rate: 5, duration: 1s}}"}
+    on = {"serve": f"{{url: '{base}/x', levels: [1], base_rate: 5, duration: 1s, capacity: false}}"}
     stages = ", ".join(f"{s.name}: {on.get(s.name, '{enabled: false}')}" for s in SECTIONS)
     cfg = tmp_path / "scalelab.yaml"
     cfg.write_text(

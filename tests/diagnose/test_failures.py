@@ -63,7 +63,7 @@ def test_dead_and_broken_endpoints_fail_their_stages_and_the_run(
         f"""
 repeats: 1
 stages: {_stages(
-    serve=f"{{url: '{dead}/predict', levels: [1], base_rate: 5, duration: 1s}}",
+    serve=f"{{url: '{dead}/predict', levels: [1], base_rate: 5, duration: 1s, capacity: false}}",
     llm=f"{{url: '{dead}', levels: [1], requests: 2, quality_probe: 0}}")}
 custom:
   - {{name: mine, kind: load, url: "{dead}/mine", levels: [1], base_rate: 5, duration: 1s}}

@@ -30,18 +30,18 @@ def baseline_rows(goal: StageGoal, sheet: list[SheetRow]) -> list[SheetRow]:
 
 
 def with_stage_limits(
-    verdict: Verdict, goals: list[StageGoal], sheet: list[SheetRow], cfg: Any
+    verdict: Verdict, goals: list[StageGoal], sheet: list[SheetRow], cfg: Any, *, cores: int
 ) -> Verdict:
     """The verdict with each stage's own recorded limits leading its limiting lines (and in
     the summary when that stage misses first)."""
-    hooks = {st.name: st for st in STAGES}
+    hooks = {name: st for st in STAGES for name in st.stage_names(st.of(cfg))}
     summary = verdict.summary
     for goal in goals:
         st = hooks.get(goal.stage)
         sv = next((v for v in verdict.stages if v.stage == goal.stage), None)
         if st is None or sv is None:
             continue
-        own = st.limits(st.of(cfg), baseline_rows(goal, sheet))
+        own = st.limits(st.of(cfg), baseline_rows(goal, sheet), cores=cores)
         if not own:
             continue
         old = sv.limiting[0] if sv.limiting else None

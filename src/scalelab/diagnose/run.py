@@ -167,7 +167,7 @@ def rebuild(
     m = _machine(records)
     goals = stage_goals(cfg)
     verdict = judge(goals, sheet, cores=m.cores, memory_bytes=m.memory_bytes)
-    verdict = with_stage_limits(verdict, goals, sheet, cfg)
+    verdict = with_stage_limits(verdict, goals, sheet, cfg, cores=m.cores)
     run_info: dict[str, Any] = (
         read_json_object(out / RUN_INFO) if (out / RUN_INFO).is_file() else {}
     )

@@ -114,8 +114,12 @@ class Stage(ABC, Generic[S]):
     def goals(self, s: S) -> list[StageGoal]:
         """What the verdict judges: objectives, baseline series, target and advisor."""
 
-    def limits(self, s: S, rows: list[SheetRow]) -> list[Evidence]:
-        """Limits the stage's own recorded signals show in its baseline rows (e.g. the
-        engine's batch slots), each citing its numbers; they lead the stage's limiting lines
-        (diagnose.evidence). Default: none beyond what the verdict infers."""
+    def stage_names(self, s: S) -> list[str]:
+        """The names its rows and goals carry (the custom set: one per user stage)."""
+        return [self.name]
+
+    def limits(self, s: S, rows: list[SheetRow], *, cores: int) -> list[Evidence]:
+        """Limits the stage's own recorded signals or settings show in its baseline rows (the
+        engine's batch slots, more workers than `cores`), each citing its numbers; they lead
+        the stage's limiting lines (diagnose.evidence). Default: none beyond the verdict's."""
         return []

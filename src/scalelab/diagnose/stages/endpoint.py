@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from scalelab.core.records import Record
-from scalelab.core.sheet import SheetRow
-from scalelab.core.verdict import Advice
+from scalelab.core.objectives import Objective
+from scalelab.core.records import Record, read_records
+from scalelab.core.sheet import SheetRow, build_sheet
+from scalelab.core.verdict import Advice, capacity
 from scalelab.web.exposition import ExpositionError, sample_sums
 
 NOTE = "metrics_note"
@@ -40,8 +42,8 @@ def metrics_note(url: str, timeout_s: float = 5.0) -> str | None:
         return None
     try:
         sample_sums(text, url)
-    except ExpositionError as e:
-        return f"/metrics at {url} is not Prometheus text ({e}): engine signals not measured"
+    except ExpositionError:
+        return f"/metrics at {url} is not Prometheus text: engine signals not measured"
     return None
 
 
@@ -69,3 +71,12 @@ def with_notes(advice: Advice, rows: list[SheetRow]) -> Advice:
         return advice
     predicted = "; ".join([*([advice.predicted] if advice.predicted else []), *said])
     return Advice(intervention=advice.intervention, predicted=predicted)
+
+
+def grid_start(levels: Path, objectives: list[Objective], default: float) -> float:
+    """Where a capacity search starts: the highest rate the level sweep measured to meet the
+    objectives (the search skips the slow low-rate steps below it), never under `default`.
+    The level sweep's short levels and constant arrivals are kinder than the search's Poisson
+    ones, so the search starts below it: at the larger of half that rate and `default`."""
+    rows = build_sheet(read_records(levels)) if levels.is_file() else []
+    return max(default, (capacity(rows, objectives) or 0.0) / 2.0)

@@ -296,7 +296,7 @@ class LlmStage(Stage[LlmSettings]):
             finally:
                 stop_group(spawned.proc, grace_s=5.0)
 
-    def limits(self, s: LlmSettings, rows: list[SheetRow]) -> list[Evidence]:
+    def limits(self, s: LlmSettings, rows: list[SheetRow], *, cores: int) -> list[Evidence]:
         return engine_evidence(rows)
 
     def goals(self, s: LlmSettings) -> list[StageGoal]:

@@ -38,7 +38,13 @@ from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_
 from scalelab.diagnose.commands import LoadCapacity, LoadRun, ServeRun
 from scalelab.diagnose.schema import Duration, HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Artifact, Context, Stage
-from scalelab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
+from scalelab.diagnose.stages.endpoint import (
+    grid_start,
+    metrics_note,
+    metrics_url,
+    noted,
+    with_notes,
+)
 from scalelab.diagnose.stages.serve_curve import (
     CAPACITY,
     REPLICAS,
@@ -239,6 +245,12 @@ def advise(inp: AdviceInput) -> Advice:
             f"{num_text(base_cap)} to {best_cap:g} requests/s (measured)"
         )
     cap = best_cap if best_cap is not None else base_cap
+    # The search's decided capacity, where the series has one, is what a replica holds: the
+    # grid's highest passing level is only a lower bound (5 replicas where 3 hold).
+    searched = {o.setting: o.capacity_rps for o in searches(inp.by_series)}
+    cap_series = best_s or goal.baseline_series
+    if searched.get(cap_series):
+        cap = searched[cap_series]
     sweep = replica_advice(sweep_points(inp.by_series, REPLICAS),
                            sweep_points(inp.by_series, THREADS), target_level,
                            config=replicated(inp.by_series))
@@ -251,7 +263,10 @@ def advise(inp: AdviceInput) -> Advice:
         predicted.append(
             f"{replicas} replica(s) of {best_s or 'this configuration'} hold the "
             f"{goal.target_multiple:g}× peak of {target_level:g} requests/s at "
-            f"{cap:g} requests/s each (linear in replicas from one replica, not measured"
+            f"{cap:.4g} requests/s each ("
+            + ("its capacity search's, " if searched.get(cap_series) else
+               "the highest level measured to pass, ")
+            + "linear in replicas from one replica, not measured"
             + (": stages.serve.replicas measures the curve" if sweep is None else
                ", each on cores of its own: the co-located sweep did not reach the peak") + ")"
         )
@@ -386,7 +401,9 @@ class ServeStage(Stage[ServeSettings]):
     def count(self, s: ServeSettings, repeats: int) -> int:
         searches = 1 if s.capacity and capacity_slo(s.built_objectives()) else 0
         sweep = searches * len(sweep_shapes(s, os.cpu_count() or 1))
-        return 1 if s.url else len(s.batching) * (repeats * len(s.levels) + searches) + sweep
+        if s.url:
+            return 1 + searches
+        return len(s.batching) * (repeats * len(s.levels) + searches) + sweep
 
     def _load(
         self, s: ServeSettings, url: str, rec: Path, rates: list[float],
@@ -409,6 +426,11 @@ class ServeStage(Stage[ServeSettings]):
                      series=SERIES[s.baseline],
                      tag=functools.partial(_user_endpoint, note=note), timeout_s=900)
             )
+            # The user's endpoint gets the reference server's capacity search too: where it
+            # stops meeting the objective, which the replica advice divides the peak by.
+            self._capacity(s, ctx, SERIES[s.baseline], s.url, None, None,
+                           tag=functools.partial(_user_endpoint, note=note),
+                           start=grid_start(rec, s.built_objectives(), s.base_rate))
             return
         repo, dataset = ctx.artifact(SERVED_MODEL), ctx.artifact(FEATURES)
         if repo is None:
@@ -457,8 +479,9 @@ class ServeStage(Stage[ServeSettings]):
                 stop_group(spawned.proc, grace_s=5.0)
         self._sweep(s, ctx, repo, test_rows)
 
-    def _capacity(self, s: ServeSettings, ctx: Context, series: str, url: str, repo: Path,
-                  data: Path | None, tag: Callable[[Record], Record] | None = None,
+    def _capacity(self, s: ServeSettings, ctx: Context, series: str, url: str,
+                  repo: Path | None, data: Path | None,
+                  tag: Callable[[Record], Record] | None = None,
                   start: float | None = None) -> None:
         objectives = s.built_objectives()
         slo = capacity_slo(objectives)
@@ -476,7 +499,8 @@ class ServeStage(Stage[ServeSettings]):
                            start=first, max_rate=s.base_rate * max(s.levels) * 20,
                            min_step=f"{floor_s / 2:g}s", max_step=f"{step_s:g}s",
                            max_steps=s.capacity_max_steps, warmup="0.5s", records=rec,
-                           payload="flights", model=MODEL, model_repo=repo, data=data)
+                           payload="flights" if repo else None, model=MODEL if repo else None,
+                           model_repo=repo, data=data)
         ctx.run(
             Step(stage=self.name, label=f"serve {series} capacity", command=cmd, records=rec,
                  series=series + CAPACITY,
