@@ -193,7 +193,7 @@ class CustomStageSet(Stage[CustomStages]):
             rec = ctx.records(f"custom-{c.name}")
             note = metrics_note(metrics_url(c.url)) if c.kind == "load" and c.url else None
             tag = functools.partial(_tag, stage=c.name, kind=c.kind, note=note)
-            ctx.run(
+            levels = ctx.run(
                 Step(stage=c.name, label=f"{c.name} ({c.kind})",
                      command=_command(c, ctx.repeats, rec), records=rec, tag=tag,
                      series=LOAD if c.kind == "load" else None, timeout_s=3600)
@@ -201,7 +201,7 @@ class CustomStageSet(Stage[CustomStages]):
             cap = ctx.records(f"custom-{c.name}-capacity")
             search = _search(c, cap, grid_start(rec, [o.build() for o in c.objectives],
                                                  c.base_rate))
-            if search is not None:
+            if search is not None and levels.ok:
                 ctx.run(Step(stage=c.name, label=f"{c.name} capacity", command=search,
                              records=cap, tag=tag, series=LOAD + CAPACITY, timeout_s=900))
 

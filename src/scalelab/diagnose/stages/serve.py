@@ -420,17 +420,19 @@ class ServeStage(Stage[ServeSettings]):
             rec = ctx.records("serve")
             rates = [s.base_rate * m for m in s.levels]
             note = metrics_note(metrics_url(s.url))
-            ctx.run(
+            levels = ctx.run(
                 Step(stage=self.name, label=f"load {s.url}",
                      command=self._load(s, s.url, rec, rates), records=rec,
                      series=SERIES[s.baseline],
                      tag=functools.partial(_user_endpoint, note=note), timeout_s=900)
             )
             # The user's endpoint gets the reference server's capacity search too: where it
-            # stops meeting the objective, which the replica advice divides the peak by.
-            self._capacity(s, ctx, SERIES[s.baseline], s.url, None, None,
-                           tag=functools.partial(_user_endpoint, note=note),
-                           start=grid_start(rec, s.built_objectives(), s.base_rate))
+            # stops meeting the objective, which the replica advice divides the peak by
+            # (not after a failed sweep: an endpoint that did not answer has no capacity).
+            if levels.ok:
+                self._capacity(s, ctx, SERIES[s.baseline], s.url, None, None,
+                               tag=functools.partial(_user_endpoint, note=note),
+                               start=grid_start(rec, s.built_objectives(), s.base_rate))
             return
         repo, dataset = ctx.artifact(SERVED_MODEL), ctx.artifact(FEATURES)
         if repo is None:
