@@ -55,7 +55,7 @@ def test_an_llm_endpoint_with_four_slots_is_limited_by_its_batch_slots(
     cfg = _config(tmp_path, llm=(
         f"{{url: '{four_slots}', base_concurrency: 2, levels: [1, 2, 4], requests: 24,"
         " output_tokens: 'fixed:8', prompt_tokens: 'fixed:8', shared_prefix: 0,"
-        " quality_probe: 0, objectives: [{metric: p95_ms, max: 60}]}"))
+        " quality_probe: 0, capacity: false, objectives: [{metric: p95_ms, max: 60}]}"))
     out = tmp_path / "out"
     assert run(["diagnose", "--config", str(cfg), "--out", str(out), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -191,3 +191,34 @@ def test_a_serial_fraction_and_more_workers_than_cores_are_named(
         "workers share cores; rate ")
     # Karp–Flatt at 2 workers is exactly the serial fraction: (1/1.667 - 1/2) / (1 - 1/2).
     assert "e=0.20 at 2" in limits["serial fraction"]
+
+
+def test_the_llm_capacity_command_matches_the_cli() -> None:
+    import click
+
+    from scalelab.cli.load import app as load
+    from scalelab.diagnose.stages.llm import LoadLlmCapacity
+
+    llm = load.commands["llm"]
+    assert isinstance(llm, click.Group)
+    opts = {o for p in llm.commands["capacity"].params for o in getattr(p, "opts", [])}
+    assert set(LoadLlmCapacity.flags().values()) <= opts
+
+
+@pytest.mark.slow
+def test_an_llm_endpoint_gets_a_capacity_search(
+    four_slots: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _config(tmp_path, llm=(
+        f"{{url: '{four_slots}', base_concurrency: 2, levels: [1, 2, 4], requests: 24,"
+        " output_tokens: 'fixed:8', prompt_tokens: 'fixed:8', shared_prefix: 0,"
+        " quality_probe: 0, capacity_max_steps: 4, objectives: [{metric: p95_ms, max: 60}]}"))
+    out = tmp_path / "out"
+    assert run(["diagnose", "--config", str(cfg), "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    llm = next(s for s in doc["verdict"]["stages"] if s["stage"] == "llm")
+    assert llm["miss"]["multiple"] == 4.0  # the search's rows are not the concurrency grid's
+    steps = [r for r in read_records(out / "records.jsonl")
+             if r.extras.get("series") == "continuous capacity"]
+    assert 1 <= len(steps) <= 4 * 2 and all(r.variable == "rate" for r in steps)
+    assert "continuous: " in llm["predicted"] and "search steps" in llm["predicted"]

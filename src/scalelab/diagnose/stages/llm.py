@@ -25,15 +25,22 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from scalelab.core.errors import BadInputError, RunFailedError
-from scalelab.core.objectives import metric_value
-from scalelab.core.records import Record
-from scalelab.core.sheet import SheetRow
+from scalelab.core.objectives import Objective, metric_value
+from scalelab.core.records import Record, read_records
+from scalelab.core.sheet import SheetRow, build_sheet
 from scalelab.core.verdict import Advice, AdviceInput, Evidence, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import Command, flag, positional
 from scalelab.diagnose.schema import HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Context, Stage
 from scalelab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
+from scalelab.diagnose.stages.serve_curve import (
+    CAPACITY,
+    SEARCH_CONFIDENCE,
+    searches,
+    step_seconds,
+)
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
+from scalelab.load.capacity import step_requests
 from scalelab.load.connection import Target
 from scalelab.load.scrape import limiting_signal
 from scalelab.load.workload import PATHS, LengthDist
@@ -61,6 +68,26 @@ class LoadLlmRun(Command):
     server_pid: int | None = None
     core_hour_usd: float | None = None
     quality_probe: int | None = None
+    records: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadLlmCapacity(Command):
+    """`scalelab load llm capacity URL`: the highest request rate meeting a token objective."""
+
+    path = ("load", "llm", "capacity")
+    url: str = positional()
+    slo: str
+    start: float
+    max_rate: float
+    min_step: str
+    max_step: str
+    max_steps: int
+    warmup: str | None = None
+    prompt_tokens: str | None = None
+    output_tokens: str | None = None
+    shared_prefix: int | None = None
+    api: Literal["chat", "completions"] | None = None
     records: Path | None = None
 
 
@@ -103,6 +130,11 @@ class LlmSettings(StageSettings):
     """The user's own OpenAI-compatible endpoint (base URL) instead of the reference engine."""
     api: Literal["chat", "completions"] = "chat"
     """Which OpenAI API to stream."""
+    capacity: bool = True
+    """With `url`: also search the highest request rate (Poisson arrivals) whose TTFT meets
+    the latency objective (`scalelab load llm capacity`), after the concurrency levels."""
+    capacity_max_steps: int = Field(default=6, ge=2, le=40)
+    """Bound on that search's steps."""
     quality_probe: int = Field(default=3, ge=0)
     """Output quality: this many workload prompts answered one at a time first, then sent as
     each level's first requests; the sheet's quality is their greedy agreement (0: off)."""
@@ -128,6 +160,19 @@ class LlmSettings(StageSettings):
             except BadInputError as e:
                 raise ValueError(str(e)) from None
         return self
+
+
+_QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+
+
+def _ttft_slo(objectives: list[Objective]) -> tuple[str, str] | None:
+    """(quantile, `--slo` of load llm capacity) from the tightest latency (TTFT) objective."""
+    o = next((o for o in objectives if o.metric in ("p50_ms", "p95_ms", "p99_ms")
+              and o.max is not None), None)
+    if o is None or o.max is None:
+        return None
+    q = o.metric.removesuffix("_ms")
+    return q, f"ttft_{q}<{o.max:g}ms"
 
 
 def resolve_model(spec: str) -> str:
@@ -187,7 +232,8 @@ def advise(inp: AdviceInput) -> Advice:
     goal = inp.goal
     base_level = min((r.level for r in inp.base), default=0.0)
     target = base_level * goal.target_multiple
-    caps = {s: capacity(rs, goal.objectives) for s, rs in inp.by_series.items()}
+    caps = {s: capacity(rs, goal.objectives) for s, rs in inp.by_series.items()
+            if not s.endswith(CAPACITY)}
     base_cap = caps.get(goal.baseline_series)
     best_s, best_cap = max(((s, c) for s, c in caps.items() if c is not None),
                            key=lambda t: t[1], default=(None, None))
@@ -222,6 +268,7 @@ def advise(inp: AdviceInput) -> Advice:
     elif inp.base:
         parts.append("even the base concurrency misses the objectives: cut per-token compute "
                      "(a smaller or quantized model, speculative decoding) before replicas")
+    predicted += [o.text() for o in searches(inp.by_series)]
     return with_notes(Advice(intervention="; ".join(parts), predicted="; ".join(predicted)),
                       [r for rows in inp.by_series.values() for r in rows])
 
@@ -245,7 +292,29 @@ class LlmStage(Stage[LlmSettings]):
         return s.enabled and (bool(s.url) or engine_available())
 
     def count(self, s: LlmSettings, repeats: int) -> int:
-        return 1 if s.url else len(s.series) * repeats
+        search = 1 if s.capacity and _ttft_slo(s.built_objectives()) else 0
+        return 1 + search if s.url else len(s.series) * repeats
+
+    def _search(self, s: LlmSettings, url: str, levels: Path, rec: Path) -> LoadLlmCapacity | None:
+        """The user's endpoint's capacity search, started at half the request rate of the
+        highest concurrency the levels measured to meet the objectives."""
+        objectives = s.built_objectives()
+        slo = _ttft_slo(objectives)
+        if not s.capacity or slo is None:
+            return None
+        rows = build_sheet(read_records(levels)) if levels.is_file() else []
+        held = capacity(rows, objectives)
+        row = next((r for r in rows if r.level == held), None)
+        out_tokens = LengthDist.parse(s.output_tokens, what="output_tokens").mean
+        rps = (row.rate or 0.0) / out_tokens if row is not None else 0.0
+        start = max(0.5, rps / 2.0)
+        need = step_requests(_QUANTILES[slo[0]], SEARCH_CONFIDENCE)
+        return LoadLlmCapacity(url=url, slo=slo[1], start=round(start, 3),
+                               max_rate=round(start * 64, 3), min_step="1s",
+                               max_step=f"{step_seconds(need, start, 2.0):g}s",
+                               max_steps=s.capacity_max_steps, warmup="0.5s",
+                               prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
+                               shared_prefix=s.shared_prefix or None, api=s.api, records=rec)
 
     def _load(self, s: LlmSettings, url: str, rec: Path, metrics: str | None,
               model: str | None, price: float | None, pid: int | None = None) -> LoadLlmRun:
@@ -264,10 +333,17 @@ class LlmStage(Stage[LlmSettings]):
             rec = ctx.records("llm")
             base = s.url.rstrip("/")
             note = metrics_note(metrics_url(base))
-            ctx.run(Step(stage=self.name, label=f"load llm {s.url}",
-                         command=self._load(s, base, rec, metrics_url(base), None, price),
-                         records=rec, series=s.baseline,
-                         tag=functools.partial(_user_endpoint, note=note), timeout_s=900))
+            tag = functools.partial(_user_endpoint, note=note)
+            levels = ctx.run(Step(stage=self.name, label=f"load llm {s.url}",
+                                  command=self._load(s, base, rec, metrics_url(base), None,
+                                                     price),
+                                  records=rec, series=s.baseline, tag=tag, timeout_s=900))
+            cap = ctx.records("llm-capacity")
+            search = self._search(s, base, rec, cap)
+            if search is not None and levels.ok:
+                ctx.run(Step(stage=self.name, label=f"llm {s.url} capacity", command=search,
+                             records=cap, series=s.baseline + CAPACITY, tag=tag,
+                             timeout_s=900))
             return
         model = resolve_model(s.model)
         for series in s.series:
