@@ -163,6 +163,9 @@ class LlmSettings(StageSettings):
 
 
 _QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+MAX_STEP_S = 20.0
+"""Longest llm capacity step (load llm capacity's own default): a slow endpoint's low rates end
+undecided, and the search says so, rather than one step running for minutes."""
 
 
 def _ttft_slo(objectives: list[Objective]) -> tuple[str, str] | None:
@@ -311,7 +314,7 @@ class LlmStage(Stage[LlmSettings]):
         need = step_requests(_QUANTILES[slo[0]], SEARCH_CONFIDENCE)
         return LoadLlmCapacity(url=url, slo=slo[1], start=round(start, 3),
                                max_rate=round(start * 64, 3), min_step="1s",
-                               max_step=f"{step_seconds(need, start, 2.0):g}s",
+                               max_step=f"{min(step_seconds(need, start, 2.0), MAX_STEP_S):g}s",
                                max_steps=s.capacity_max_steps, warmup="0.5s",
                                prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
                                shared_prefix=s.shared_prefix or None, api=s.api, records=rec)
