@@ -77,7 +77,7 @@ def test_diagnose_llm_stage_on_a_users_endpoint_names_the_batch_slots(
     cfg = tmp_path / "scalelab.yaml"
     cfg.write_text(f"""
 repeats: 1
-stages: {{{off}, llm: {{url: "{slots_server}", levels: [1, 4], requests: 40,
+stages: {{{off}, llm: {{url: "{slots_server}", levels: [1, 4], requests: 40, capacity: false,
   output_tokens: "fixed:8", prompt_tokens: "fixed:8", shared_prefix: 0,
   objectives: [{{metric: p95_ms, max: 60, label: "TTFT p95 ≤ 60 ms"}}]}}}}
 """)

@@ -20,12 +20,15 @@ from scalelab.core.sheet import SheetRow
 from scalelab.core.units import format_bytes, format_si
 from scalelab.core.verdict import Verdict
 from scalelab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
-from scalelab.diagnose.run import CONFIG, RECORDS, Runner, rebuild
+from scalelab.diagnose.failures import failure_lines
+from scalelab.diagnose.run import CONFIG, RECORDS, Runner, failures, rebuild
 from scalelab.report.document import ReportFiles, verdict_lines
 
 
-def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict) -> None:
-    """The terminal's sheet (the report has every column) and the verdict."""
+def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict,
+                             failed: dict[str, str] | None = None) -> None:
+    """The terminal's sheet (the report has every column) and the verdict (a failed stage's
+    line says why it failed)."""
     t = Table(title="Diagnostic sheet (medians over repeats; full sheet in the report)")
     for col in ("stage", "series", "×", "rate", "p95 ms", "p99 ms", "fail", "mem", "limit"):
         t.add_column(
@@ -47,7 +50,7 @@ def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict
         )
     c.print(t)
     c.print("[bold]Verdict[/]", markup=True)
-    for i, line in enumerate(verdict_lines(verdict)):
+    for i, line in enumerate(failure_lines(verdict_lines(verdict), failed or {})):
         if i == 0:
             c.print(f"[bold yellow]{escape(line)}[/]", markup=True, highlight=False)
         else:
@@ -133,9 +136,10 @@ def diagnose(
     Example: scalelab diagnose --quick --out scalelab-out --fail-on miss
 
     \b
-    Exit status: 0 done (and the --fail-on gate, if any, passed); 1 the gate failed;
-    2 bad usage or input; 70 internal error; 130 interrupted (the report holds what was
-    measured).
+    Exit status: 0 measured and judged (and the --fail-on gate, if any, passed); 1 a stage
+    failed (its system did not answer: refused connections, every request an error, a server
+    that never started) or the gate failed; 2 bad usage or a bad config (nothing ran); 70
+    internal error; 130 interrupted (the report holds what was measured).
     """
     if print_config:
         sys.stdout.write(defaults_text())
@@ -160,7 +164,8 @@ def diagnose(
     if outcome.interrupted:
         err_console.print("interrupted: the report holds what was measured before Ctrl-C")
     def render(c: Console) -> None:
-        render_sheet_and_verdict(c, outcome.sheet, outcome.verdict)  # type: ignore[arg-type]
+        render_sheet_and_verdict(c, outcome.sheet, outcome.verdict,  # type: ignore[arg-type]
+                                 outcome.failures)
         c.print(
             f"report: {out / 'report.html'} (also report.md, report.json; "
             f"records in {out / RECORDS})"
@@ -170,6 +175,9 @@ def diagnose(
     if outcome.interrupted:
         # The report is written; the status still tells a script the run was cut short.
         raise click.exceptions.Exit(130)
+    if outcome.failures:
+        # A stage whose system under test did not answer is a failed run (1), not bad usage (2).
+        raise click.exceptions.Exit(1)
     _gate_exit(outcome.verdict, fail_on)
 
 
@@ -216,7 +224,7 @@ def report(
     sheet, verdict, files = rebuild(results_dir, cfg, mode)
 
     def render(c: Console) -> None:
-        render_sheet_and_verdict(c, sheet, verdict)
+        render_sheet_and_verdict(c, sheet, verdict, failures(results_dir))
         c.print(f"report: {results_dir / 'report.html'}")
 
     emit(_written(files), as_json, render)

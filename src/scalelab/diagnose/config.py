@@ -99,11 +99,25 @@ def load_config(path: Path | None, mode: Mode = "default") -> DiagnoseConfig:
     try:
         return DiagnoseConfig.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise BadInputError(
-            f"{where}: {loc}: {err['msg']}; see the README's Objectives "
-            "section (scalelab diagnose --print-config shows the defaults)"
-        ) from e
+        raise BadInputError(f"{where}: {config_error(e)}") from e
     except BadInputError as e:
         raise BadInputError(f"{where}: {e}") from e
+
+
+def config_error(e: ValidationError) -> str:
+    """One line: the key path of the first mistake, what is wrong, and how to fix it."""
+    err = e.errors()[0]
+    loc = [str(x) for x in err["loc"]]
+    # A model validator's error is located at its model; the union/wrapper parts of the
+    # path (e.g. "function-after[...]") say nothing to the person editing the file.
+    path = ".".join(x for x in loc if "[" not in x and "(" not in x) or "(top level)"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        if loc[:1] == ["stages"] and len(loc) == 2:
+            known = ", ".join(st.name for st in SECTIONS)
+            return f"{path}: no such stage; the stages are {known} (custom stages go under custom:)"
+        return (f"{path}: unknown key; check its spelling against "
+                "scalelab diagnose --print-config")
+    if err["type"] == "missing":
+        return f"{path}: required; see scalelab diagnose --print-config and docs/diagnose.md"
+    return f"{path}: {msg}"

@@ -23,6 +23,8 @@ from scalelab.core.sheet import SheetRow, build_sheet
 from scalelab.core.verdict import Verdict, judge
 from scalelab.diagnose.config import DiagnoseConfig, Mode
 from scalelab.diagnose.energy import energy_tagger
+from scalelab.diagnose.evidence import with_stage_limits
+from scalelab.diagnose.failures import stage_failures, with_failures
 from scalelab.diagnose.goals import stage_goals
 from scalelab.diagnose.stages import STAGES
 from scalelab.diagnose.stages.base import Artifact, Context
@@ -46,6 +48,8 @@ class Diagnosis:
     sheet: list[SheetRow] = field(default_factory=list)
     verdict: Verdict | None = None
     files: ReportFiles | None = None
+    failures: dict[str, str] = field(default_factory=dict)
+    """Stage -> why it failed (diagnose.failures): a failed run of the system under test."""
 
 
 Progress = Callable[[str, int, int], None]
@@ -141,10 +145,12 @@ class Runner:
         info = {
             "experiment": d.experiment,
             "interrupted": d.interrupted,
-            "failed_steps": [{"step": r.step.label, "error": r.error} for r in d.steps if not r.ok],
+            "failed_steps": [{"stage": r.step.stage, "step": r.step.label, "error": r.error}
+                             for r in d.steps if not r.ok],
         }
         (self.out / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n", "utf-8")
         d.sheet, d.verdict, d.files = rebuild(self.out, self.cfg, self.mode)
+        d.failures = failures(self.out)
         return d
 
 
@@ -162,17 +168,29 @@ def rebuild(
 ) -> tuple[list[SheetRow], Verdict, ReportFiles]:
     """Sheet, verdict and report from OUT's stored files: what `scalelab report OUT` calls.
 
-    Reads records.jsonl (and run.json, when the run wrote one); the report's JSON document is
-    what `scalelab diagnose --json` prints."""
+    Reads records.jsonl (and run.json, when the run wrote one: its failed steps fail their
+    stages, see diagnose.failures); the report's JSON document is what `scalelab diagnose
+    --json` prints."""
     sink = out / RECORDS
     records = read_records(sink) if sink.exists() else []
     sheet = build_sheet(records)
     m = _machine(records)
     goals = stage_goals(cfg)
     verdict = judge(goals, sheet, cores=m.cores, memory_bytes=m.memory_bytes)
+    verdict = with_stage_limits(verdict, goals, sheet, cfg, cores=m.cores)
     run_info: dict[str, Any] = (
         read_json_object(out / RUN_INFO) if (out / RUN_INFO).is_file() else {}
     )
+    failed = stage_failures(run_info, sheet)
+    verdict = with_failures(verdict, failed)
     meta = {"mode": mode, "records": len(records)}
-    files = write_report(out, sheet, verdict, goals, m, meta, run=run_info, records=records)
+    files = write_report(out, sheet, verdict, goals, m, meta,
+                         run={**run_info, "failed_stages": failed}, records=records)
     return sheet, verdict, files
+
+
+def failures(out: Path) -> dict[str, str]:
+    """Stage -> why it failed, from OUT's run.json and records (what `rebuild` reported)."""
+    doc = read_json_object(out / "report.json") if (out / "report.json").is_file() else {}
+    got = doc.get("failed_stages") or {}
+    return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}

@@ -7,12 +7,55 @@ file is read, so a typo names the field.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Annotated
 
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from scalelab.core.errors import ScalelabError
 from scalelab.core.objectives import Objective
 from scalelab.core.prices import Prices
+from scalelab.core.units import parse_duration
+from scalelab.load.connection import Target
 
-__all__ = ["ClientSettings", "ObjectiveSpec", "Prices", "StageSettings", "Strict"]
+__all__ = ["ClientSettings", "Duration", "HttpUrl", "Levels", "ObjectiveSpec", "Prices",
+           "StageSettings", "Strict"]
+
+
+def _levels(v: list[float]) -> list[float]:
+    if not v:
+        raise ValueError("needs at least one level, e.g. [1, 2, 5, 10]")
+    bad = [x for x in v if not x > 0]
+    if bad:
+        raise ValueError(f"levels must be > 0 (got {bad}); e.g. [1, 2, 5, 10]")
+    if len(set(v)) != len(v):
+        raise ValueError(f"levels {v} repeat a level; list each once, e.g. [1, 2, 5, 10]")
+    return v
+
+
+def _duration(v: str) -> str:
+    try:
+        seconds = parse_duration(v)
+    except ScalelabError as e:
+        raise ValueError(str(e)) from None
+    if seconds <= 0:
+        raise ValueError(f"{v!r} must be longer than 0 s, e.g. 3s")
+    return v
+
+
+def _http_url(v: str) -> str:
+    try:
+        Target.parse(v)
+    except ScalelabError as e:
+        raise ValueError(str(e)) from None
+    return v
+
+
+Levels = Annotated[list[float], AfterValidator(_levels)]
+"""Levels of what grows: at least one, each > 0, none repeated."""
+Duration = Annotated[str, AfterValidator(_duration)]
+"""A duration such as 3s, 500ms or 2m, longer than 0."""
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+"""An http(s) URL with a host (and a valid port)."""
 
 
 class Strict(BaseModel):
@@ -43,6 +86,11 @@ class ObjectiveSpec(Strict):
     label: str = ""
     """How people say it; generated from the metric and bound when empty."""
 
+    @model_validator(mode="after")
+    def _valid(self) -> ObjectiveSpec:
+        self.build()  # raises BadInputError naming the metric, before anything runs
+        return self
+
     def build(self) -> Objective:
         return Objective(metric=self.metric, min=self.min, max=self.max, label=self.label)
 
@@ -56,13 +104,6 @@ class StageSettings(Strict):
     """The multiple of today's load the stage must reach (e.g. 10× today's volume)."""
     objectives: list[ObjectiveSpec] = Field(default_factory=list)
     """What the stage must keep at every level up to the target."""
-
-    @field_validator("objectives")
-    @classmethod
-    def _valid(cls, v: list[ObjectiveSpec]) -> list[ObjectiveSpec]:
-        for o in v:
-            o.build()  # raises BadInputError naming the metric
-        return v
 
     def built_objectives(self) -> list[Objective]:
         return [o.build() for o in self.objectives]

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from scalelab.core.verdict import StageGoal
+from scalelab.core.sheet import SheetRow
+from scalelab.core.verdict import Evidence, StageGoal
 from scalelab.diagnose.schema import Prices
 from scalelab.diagnose.steps import Step, StepResult
 
@@ -112,3 +113,13 @@ class Stage(ABC, Generic[S]):
     @abstractmethod
     def goals(self, s: S) -> list[StageGoal]:
         """What the verdict judges: objectives, baseline series, target and advisor."""
+
+    def stage_names(self, s: S) -> list[str]:
+        """The names its rows and goals carry (the custom set: one per user stage)."""
+        return [self.name]
+
+    def limits(self, s: S, rows: list[SheetRow], *, cores: int) -> list[Evidence]:
+        """Limits the stage's own recorded signals or settings show in its baseline rows (the
+        engine's batch slots, more workers than `cores`), each citing its numbers; they lead
+        the stage's limiting lines (diagnose.evidence). Default: none beyond the verdict's."""
+        return []

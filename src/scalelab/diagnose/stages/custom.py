@@ -12,13 +12,29 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, RootModel
+from pydantic import Field, RootModel, model_validator
 
 from scalelab.core.records import Record
-from scalelab.core.verdict import StageGoal
-from scalelab.diagnose.commands import Command, LoadRun, Sweep
-from scalelab.diagnose.schema import ObjectiveSpec, Strict
+from scalelab.core.sheet import SheetRow
+from scalelab.core.units import parse_duration
+from scalelab.core.verdict import Advice, AdviceInput, Evidence, StageGoal, generic_advice
+from scalelab.diagnose.commands import Command, LoadCapacity, LoadRun, Sweep
+from scalelab.diagnose.schema import Duration, HttpUrl, Levels, ObjectiveSpec, Strict
 from scalelab.diagnose.stages.base import Context, Stage
+from scalelab.diagnose.stages.endpoint import (
+    grid_start,
+    metrics_note,
+    metrics_url,
+    noted,
+    with_notes,
+)
+from scalelab.diagnose.stages.serve import advise as serve_advice
+from scalelab.diagnose.stages.serve_curve import (
+    CAPACITY,
+    capacity_slo,
+    search_requests,
+    step_seconds,
+)
 from scalelab.diagnose.steps import Step, restage
 
 if TYPE_CHECKING:
@@ -37,26 +53,80 @@ class CustomStage(Strict):
     """kind=sweep: the command, with {VAR} where the level goes."""
     var: str = "workers"
     """kind=sweep: the variable's name (in the records and in {VAR})."""
-    levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
     """The levels of the variable (kind=load: multiples of base_rate)."""
     metric: str | None = None
     """kind=sweep: a rate the command prints ('json:KEY' or a regex); default 1/wall time."""
-    url: str | None = None
+    url: HttpUrl | None = None
     """kind=load: the URL to load (open loop, rates = levels × base_rate)."""
     body: str | None = None
     """kind=load: a JSON file POSTed as each request's body (default: GET)."""
     base_rate: float = 10.0
     """kind=load: requests/s at level 1."""
-    duration: str = "3s"
+    duration: Duration = "3s"
     """kind=load: measured time per level."""
+    capacity: bool = True
+    """kind=load: also search the highest rate meeting the latency objective (`scalelab load
+    capacity`, as the serve stage does); the replica advice divides the peak by it."""
+    capacity_max_steps: int = Field(default=8, ge=2, le=40)
+    """kind=load: bound on the capacity search's steps."""
+    capacity_step: Duration = "2s"
+    """kind=load: shortest "longest capacity step" (raised until the first rate can reach the
+    requests the step rule needs)."""
     target_multiple: float = 10.0
     """The multiple of the smallest level the stage must reach."""
     objectives: list[ObjectiveSpec] = Field(default_factory=list)
     """What the stage must keep (see the objective metrics)."""
 
+    @model_validator(mode="after")
+    def _kind_needs(self) -> CustomStage:
+        if self.kind == "sweep" and not self.command:
+            raise ValueError(f"kind sweep needs command: the command to run per level, with "
+                             f"{{{self.var}}} where the level goes")
+        if self.kind == "load" and not self.url:
+            raise ValueError("kind load needs url: the HTTP endpoint to load, e.g. "
+                             "http://127.0.0.1:8000/predict")
+        if self.body is not None and not Path(self.body).is_file():
+            raise ValueError(f"body {self.body!r} is not a file; give a JSON file to POST")
+        return self
+
 
 class CustomStages(RootModel[list[CustomStage]]):
     """The `custom:` list."""
+
+    @model_validator(mode="after")
+    def _names(self) -> CustomStages:
+        from scalelab.diagnose.stages import SECTIONS
+
+        names = [c.name for c in self.root]
+        taken = {s.name for s in SECTIONS}
+        for n in names:
+            if names.count(n) > 1:
+                raise ValueError(f"two custom stages are named {n!r}; give each its own name")
+            if n in taken:
+                raise ValueError(f"custom stage name {n!r} is a built-in stage's; rename it "
+                                 f"(built-in: {', '.join(sorted(taken))})")
+        return self
+
+
+LOAD = "load"
+"""The series of a load stage's levels ("load capacity": its capacity search's steps)."""
+
+
+def _search(c: CustomStage, rec: Path, start: float | None = None) -> LoadCapacity | None:
+    """kind=load with `capacity` and a latency objective: the capacity search's command."""
+    objectives = [o.build() for o in c.objectives]
+    slo = capacity_slo(objectives)
+    if c.kind != "load" or not c.capacity or slo is None:
+        return None
+    first = start or c.base_rate
+    floor_s = parse_duration(c.capacity_step)
+    step_s = step_seconds(search_requests(objectives, availability=False), first, floor_s)
+    return LoadCapacity(url=c.url or "", slo=slo[0], start=first,
+                        max_rate=c.base_rate * max(c.levels) * 20, min_step=f"{floor_s / 2:g}s",
+                        max_step=f"{step_s:g}s", max_steps=c.capacity_max_steps, warmup="0.5s",
+                        records=rec, payload="json" if c.body else None,
+                        body=Path(c.body) if c.body else None)
 
 
 def _command(c: CustomStage, repeats: int, rec: Path) -> Command:
@@ -69,11 +139,37 @@ def _command(c: CustomStage, repeats: int, rec: Path) -> Command:
                    payload="json" if c.body else None, body=Path(c.body) if c.body else None)
 
 
-def _tag(r: Record, *, stage: str, kind: str) -> Record:
+def _tag(r: Record, *, stage: str, kind: str, note: str | None = None) -> Record:
     """The user's stage name; recovery is the user's own, which the diagnosis cannot see."""
-    return restage(r, stage=stage).model_copy(
+    return noted(restage(r, stage=stage).model_copy(
         update={"recovery": r.recovery if kind == "sweep" and r.recovery else "none known"}
-    )
+    ), note=note)
+
+
+def _advise(inp: AdviceInput) -> Advice:
+    """Core's generic advice from the measured signals, and the stage's notes."""
+    return with_notes(generic_advice(inp), inp.base)
+
+
+PARALLEL_VARS = ("workers", "processes", "threads", "nproc", "procs", "jobs", "replicas")
+"""Sweep variables that count parallel workers, which the machine's cores bound."""
+
+
+def oversubscribed(rows: list[SheetRow], cores: int) -> list[Evidence]:
+    """The hardware ceiling: levels asking for more parallel workers than the machine has
+    cores, with the measured rates there (they share the cores: no fit runs through them)."""
+    over = sorted((r for r in rows if r.level > cores), key=lambda r: r.level)
+    if not over:
+        return []
+    at = ", ".join(f"{r.level:g}" for r in over)
+    at_cores = max((r for r in rows if r.level <= cores), key=lambda r: r.level, default=None)
+    rates = ""
+    if at_cores is not None and at_cores.rate and all(r.rate for r in over):
+        rates = (f"; rate {at_cores.rate:.4g} at {at_cores.level:g} → "
+                 + ", ".join(f"{r.rate:.4g} at {r.level:g}" for r in over if r.rate))
+    return [Evidence(resource="cores",
+                     detail=f"{over[0].variable}={at} asks for more than the machine's {cores} "
+                            f"cores: beyond {cores} the workers share cores{rates}")]
 
 
 class CustomStageSet(Stage[CustomStages]):
@@ -90,21 +186,40 @@ class CustomStageSet(Stage[CustomStages]):
         return bool(s.root)
 
     def count(self, s: CustomStages, repeats: int) -> int:
-        return len(s.root)
+        return len(s.root) + sum(1 for c in s.root if _search(c, Path("-")) is not None)
 
     def run(self, s: CustomStages, ctx: Context) -> None:
         for c in s.root:
             rec = ctx.records(f"custom-{c.name}")
-            ctx.run(
+            note = metrics_note(metrics_url(c.url)) if c.kind == "load" and c.url else None
+            tag = functools.partial(_tag, stage=c.name, kind=c.kind, note=note)
+            levels = ctx.run(
                 Step(stage=c.name, label=f"{c.name} ({c.kind})",
-                     command=_command(c, ctx.repeats, rec), records=rec,
-                     tag=functools.partial(_tag, stage=c.name, kind=c.kind), timeout_s=3600)
+                     command=_command(c, ctx.repeats, rec), records=rec, tag=tag,
+                     series=LOAD if c.kind == "load" else None, timeout_s=3600)
             )
+            cap = ctx.records(f"custom-{c.name}-capacity")
+            search = _search(c, cap, grid_start(rec, [o.build() for o in c.objectives],
+                                                 c.base_rate))
+            if search is not None and levels.ok:
+                ctx.run(Step(stage=c.name, label=f"{c.name} capacity", command=search,
+                             records=cap, tag=tag, series=LOAD + CAPACITY, timeout_s=900))
+
+    def stage_names(self, s: CustomStages) -> list[str]:
+        return [c.name for c in s.root]
+
+    def limits(self, s: CustomStages, rows: list[SheetRow], *, cores: int) -> list[Evidence]:
+        c = next((c for c in s.root if rows and c.name == rows[0].stage), None)
+        if c is None or c.kind != "sweep" or c.var not in PARALLEL_VARS:
+            return []
+        return oversubscribed(rows, cores)
 
     def goals(self, s: CustomStages) -> list[StageGoal]:
         return [
             StageGoal(stage=c.name, objectives=[o.build() for o in c.objectives],
-                      target_multiple=c.target_multiple)
+                      target_multiple=c.target_multiple,
+                      baseline_series=LOAD if c.kind == "load" else "",
+                      advisor=serve_advice if c.kind == "load" else _advise)
             for c in s.root
         ]
 

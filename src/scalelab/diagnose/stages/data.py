@@ -15,7 +15,7 @@ from scalelab.core.verdict import (
     extrapolation,
 )
 from scalelab.diagnose.commands import DataBench
-from scalelab.diagnose.schema import StageSettings
+from scalelab.diagnose.schema import Levels, StageSettings
 from scalelab.diagnose.stages.base import Context, Stage
 from scalelab.diagnose.steps import Step
 
@@ -23,7 +23,7 @@ from scalelab.diagnose.steps import Step
 class DataSettings(StageSettings):
     """`stages.data`: the pipeline over growing copies of the flights."""
 
-    levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
     """Multiples of the base volume."""
     sample_rows: int = Field(default=30000, ge=1000)
     """Rows of flights per copy at 1× (the whole year is 336,776)."""

@@ -24,15 +24,26 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from scalelab.core.errors import RunFailedError
-from scalelab.core.objectives import metric_value
-from scalelab.core.sheet import SheetRow
-from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
+from scalelab.core.errors import BadInputError, RunFailedError
+from scalelab.core.objectives import Objective, metric_value
+from scalelab.core.records import Record, read_records
+from scalelab.core.sheet import SheetRow, build_sheet
+from scalelab.core.verdict import Advice, AdviceInput, Evidence, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import Command, flag, positional
-from scalelab.diagnose.schema import StageSettings
+from scalelab.diagnose.schema import HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Context, Stage
+from scalelab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
+from scalelab.diagnose.stages.serve_curve import (
+    CAPACITY,
+    SEARCH_CONFIDENCE,
+    searches,
+    step_seconds,
+)
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
+from scalelab.load.capacity import step_requests
+from scalelab.load.connection import Target
 from scalelab.load.scrape import limiting_signal
+from scalelab.load.workload import PATHS, LengthDist
 from scalelab.web.spawn import start_server, stop_group
 
 SMOLLM2, TINY = "smollm2-135m", "tiny"
@@ -63,6 +74,26 @@ class LoadLlmRun(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoadLlmCapacity(Command):
+    """`scalelab load llm capacity URL`: the highest request rate meeting a token objective."""
+
+    path = ("load", "llm", "capacity")
+    url: str = positional()
+    slo: str
+    start: float
+    max_rate: float
+    min_step: str
+    max_step: str
+    max_steps: int
+    warmup: str | None = None
+    prompt_tokens: str | None = None
+    output_tokens: str | None = None
+    shared_prefix: int | None = None
+    api: Literal["chat", "completions"] | None = None
+    records: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class GenerateServe(Command):
     """`scalelab generate serve`: the reference engine's OpenAI-compatible server."""
 
@@ -78,7 +109,7 @@ class LlmSettings(StageSettings):
 
     base_concurrency: int = Field(default=1, ge=1)
     """Streams at once at 1×."""
-    levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
     """Multiples of the base concurrency."""
     requests: int = Field(default=12, ge=1)
     """Measured requests per level."""
@@ -97,10 +128,15 @@ class LlmSettings(StageSettings):
     """Which of `engine_settings` to measure, each a series."""
     baseline: str = "continuous"
     """Which series is today's configuration; the others are candidate interventions."""
-    url: str | None = None
+    url: HttpUrl | None = None
     """The user's own OpenAI-compatible endpoint (base URL) instead of the reference engine."""
     api: Literal["chat", "completions"] = "chat"
     """Which OpenAI API to stream."""
+    capacity: bool = True
+    """With `url`: also search the highest request rate (Poisson arrivals) whose TTFT meets
+    the latency objective (`scalelab load llm capacity`), after the concurrency levels."""
+    capacity_max_steps: int = Field(default=6, ge=2, le=40)
+    """Bound on that search's steps."""
     quality_probe: int = Field(default=3, ge=0)
     """Output quality: this many workload prompts answered one at a time first, then sent as
     each level's first requests; the sheet's quality is their greedy agreement (0: off)."""
@@ -114,7 +150,34 @@ class LlmSettings(StageSettings):
                              "name: [flags of scalelab generate serve]")
         if not self.url and self.baseline not in self.series:
             raise ValueError(f"baseline {self.baseline!r} is not one of series {self.series}")
+        if self.url:
+            path = Target.parse(self.url).path.rstrip("/")
+            if path and path != PATHS[self.api]:
+                raise ValueError(f"url path {path!r} does not match api {self.api} "
+                                 f"({PATHS[self.api]}); give the server's base URL, e.g. "
+                                 "http://127.0.0.1:8000")
+        for key in ("prompt_tokens", "output_tokens"):
+            try:
+                LengthDist.parse(getattr(self, key), what=key)
+            except BadInputError as e:
+                raise ValueError(str(e)) from None
         return self
+
+
+_QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+MAX_STEP_S = 20.0
+"""Longest llm capacity step (load llm capacity's own default): a slow endpoint's low rates end
+undecided, and the search says so, rather than one step running for minutes."""
+
+
+def _ttft_slo(objectives: list[Objective]) -> tuple[str, str] | None:
+    """(quantile, `--slo` of load llm capacity) from the tightest latency (TTFT) objective."""
+    o = next((o for o in objectives if o.metric in ("p50_ms", "p95_ms", "p99_ms")
+              and o.max is not None), None)
+    if o is None or o.max is None:
+        return None
+    q = o.metric.removesuffix("_ms")
+    return q, f"ttft_{q}<{o.max:g}ms"
 
 
 def resolve_model(spec: str) -> str:
@@ -129,6 +192,33 @@ def limiting(row: SheetRow) -> str | None:
     if not row.extras.get("engine_scrapes"):
         return None
     return limiting_signal(row.extras)
+
+
+def engine_evidence(rows: list[SheetRow]) -> list[Evidence]:
+    """The engine's limit at the highest level whose /metrics were sampled: the KV pool
+    (preemptions, or usage at 95%+) or batch slots (requests waited), with the numbers."""
+    sampled = [r for r in sorted(rows, key=lambda r: r.level) if r.extras.get("engine_scrapes")]
+    if not sampled:
+        return []
+    r = sampled[-1]
+    sig = limiting_signal(r.extras)
+    if sig == "compute":
+        return []  # the absence of the other signals, not a measurement of compute
+
+    def num(key: str) -> float | None:
+        v = r.extras.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    running, waiting = num("engine_running_max"), num("engine_waiting_max")
+    kv, pre = num("engine_kv_usage_max"), num("engine_preemptions")
+    seen = [
+        *([f"up to {running:g} sequences running"] if running is not None else []),
+        *([f"up to {waiting:g} waiting for a slot"] if waiting is not None else []),
+        *([f"KV cache {kv:.0%} used"] if kv is not None else []),
+        *([f"{pre:g} preemptions"] if pre else []),
+    ]
+    return [Evidence(resource=sig, detail=f"{', '.join(seen)} at {r.variable}={r.level:g} "
+                                          "(the engine's /metrics)")]
 
 
 _FIX = {
@@ -147,7 +237,8 @@ def advise(inp: AdviceInput) -> Advice:
     goal = inp.goal
     base_level = min((r.level for r in inp.base), default=0.0)
     target = base_level * goal.target_multiple
-    caps = {s: capacity(rs, goal.objectives) for s, rs in inp.by_series.items()}
+    caps = {s: capacity(rs, goal.objectives) for s, rs in inp.by_series.items()
+            if not s.endswith(CAPACITY)}
     base_cap = caps.get(goal.baseline_series)
     best_s, best_cap = max(((s, c) for s, c in caps.items() if c is not None),
                            key=lambda t: t[1], default=(None, None))
@@ -182,7 +273,13 @@ def advise(inp: AdviceInput) -> Advice:
     elif inp.base:
         parts.append("even the base concurrency misses the objectives: cut per-token compute "
                      "(a smaller or quantized model, speculative decoding) before replicas")
-    return Advice(intervention="; ".join(parts), predicted="; ".join(predicted))
+    predicted += [o.text() for o in searches(inp.by_series)]
+    return with_notes(Advice(intervention="; ".join(parts), predicted="; ".join(predicted)),
+                      [r for rows in inp.by_series.values() for r in rows])
+
+
+def _user_endpoint(r: Record, *, note: str | None) -> Record:
+    return noted(restage(r, stage="llm"), note=note)
 
 
 def engine_available() -> bool:
@@ -200,7 +297,29 @@ class LlmStage(Stage[LlmSettings]):
         return s.enabled and (bool(s.url) or engine_available())
 
     def count(self, s: LlmSettings, repeats: int) -> int:
-        return 1 if s.url else len(s.series) * repeats
+        search = 1 if s.capacity and _ttft_slo(s.built_objectives()) else 0
+        return 1 + search if s.url else len(s.series) * repeats
+
+    def _search(self, s: LlmSettings, url: str, levels: Path, rec: Path) -> LoadLlmCapacity | None:
+        """The user's endpoint's capacity search, started at half the request rate of the
+        highest concurrency the levels measured to meet the objectives."""
+        objectives = s.built_objectives()
+        slo = _ttft_slo(objectives)
+        if not s.capacity or slo is None:
+            return None
+        rows = build_sheet(read_records(levels)) if levels.is_file() else []
+        held = capacity(rows, objectives)
+        row = next((r for r in rows if r.level == held), None)
+        out_tokens = LengthDist.parse(s.output_tokens, what="output_tokens").mean
+        rps = (row.rate or 0.0) / out_tokens if row is not None else 0.0
+        start = max(0.5, rps / 2.0)
+        need = step_requests(_QUANTILES[slo[0]], SEARCH_CONFIDENCE)
+        return LoadLlmCapacity(url=url, slo=slo[1], start=round(start, 3),
+                               max_rate=round(start * 64, 3), min_step="1s",
+                               max_step=f"{min(step_seconds(need, start, 2.0), MAX_STEP_S):g}s",
+                               max_steps=s.capacity_max_steps, warmup="0.5s",
+                               prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
+                               shared_prefix=s.shared_prefix or None, api=s.api, records=rec)
 
     def _load(self, s: LlmSettings, url: str, rec: Path, metrics: str | None,
               model: str | None, price: float | None, pid: int | None = None) -> LoadLlmRun:
@@ -218,10 +337,18 @@ class LlmStage(Stage[LlmSettings]):
         if s.url:
             rec = ctx.records("llm")
             base = s.url.rstrip("/")
-            ctx.run(Step(stage=self.name, label=f"load llm {s.url}",
-                         command=self._load(s, base, rec, base + "/metrics", None, price),
-                         records=rec, series=s.baseline,
-                         tag=functools.partial(restage, stage=self.name), timeout_s=900))
+            note = metrics_note(metrics_url(base))
+            tag = functools.partial(_user_endpoint, note=note)
+            levels = ctx.run(Step(stage=self.name, label=f"load llm {s.url}",
+                                  command=self._load(s, base, rec, metrics_url(base), None,
+                                                     price),
+                                  records=rec, series=s.baseline, tag=tag, timeout_s=900))
+            cap = ctx.records("llm-capacity")
+            search = self._search(s, base, rec, cap)
+            if search is not None and levels.ok:
+                ctx.run(Step(stage=self.name, label=f"llm {s.url} capacity", command=search,
+                             records=cap, series=s.baseline + CAPACITY, tag=tag,
+                             timeout_s=900))
             return
         model = resolve_model(s.model)
         for series in s.series:
@@ -249,6 +376,9 @@ class LlmStage(Stage[LlmSettings]):
                                  timeout_s=900))
             finally:
                 stop_group(spawned.proc, grace_s=5.0)
+
+    def limits(self, s: LlmSettings, rows: list[SheetRow], *, cores: int) -> list[Evidence]:
+        return engine_evidence(rows)
 
     def goals(self, s: LlmSettings) -> list[StageGoal]:
         return [StageGoal(stage=self.name, objectives=s.built_objectives(),

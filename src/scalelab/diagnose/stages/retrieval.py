@@ -23,7 +23,7 @@ from scalelab.core.objectives import metric_value
 from scalelab.core.sheet import SheetRow
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, num_text
 from scalelab.diagnose.commands import Command
-from scalelab.diagnose.schema import StageSettings
+from scalelab.diagnose.schema import Levels, StageSettings
 from scalelab.diagnose.stages.base import Context, Stage
 from scalelab.diagnose.steps import Step, restage
 
@@ -55,7 +55,7 @@ class RetrievalBench(Command):
 class RetrievalSettings(StageSettings):
     """`stages.retrieval`: the corpus multiples and the indexes measured at each."""
 
-    levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
     """Corpus multiples (the questions stay the same; the haystack grows)."""
     base_docs: int = Field(default=500, ge=20)
     """Documents at 1x (embedding runs at a few hundred documents/s on two cores)."""

@@ -36,8 +36,15 @@ from scalelab.core.sheet import SheetRow
 from scalelab.core.units import parse_duration
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import LoadCapacity, LoadRun, ServeRun
-from scalelab.diagnose.schema import StageSettings
+from scalelab.diagnose.schema import Duration, HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Artifact, Context, Stage
+from scalelab.diagnose.stages.endpoint import (
+    grid_start,
+    metrics_note,
+    metrics_url,
+    noted,
+    with_notes,
+)
 from scalelab.diagnose.stages.serve_curve import (
     CAPACITY,
     REPLICAS,
@@ -78,9 +85,9 @@ class ServeSettings(StageSettings):
 
     base_rate: float = Field(default=40.0, gt=0)
     """Arrival rate (requests/s) at 1×."""
-    levels: list[float] = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
     """Multiples of the base rate."""
-    duration: str = "3s"
+    duration: Duration = "3s"
     """Measured time per level (after a 1 s warm-up)."""
     batching: list[Literal["off", "on"]] = Field(
         default_factory=lambda: ["off", "on"]  # type: ignore[arg-type]
@@ -88,14 +95,14 @@ class ServeSettings(StageSettings):
     """Batching settings to measure, each a series."""
     baseline: Literal["off", "on"] = "off"
     """Which batching setting is 'today's system'; the other is the candidate intervention."""
-    url: str | None = None
+    url: HttpUrl | None = None
     """The user's own HTTP endpoint instead of the reference model server."""
     capacity: bool = True
     """Also search the highest rate meeting the latency objective (`scalelab load capacity`),
     per batching setting: where serving stops meeting it, not only whether 10× passes."""
     capacity_max_steps: int = Field(default=8, ge=2, le=40)
     """Bound on the capacity search's steps (each one a short load level)."""
-    capacity_step: str = "2s"
+    capacity_step: Duration = "2s"
     """Shortest "longest capacity step" (the search's --max-step, raised so the first rate can
     reach the requests the step rule needs; --min-step is half of this)."""
     capacity_availability: bool = False
@@ -238,6 +245,12 @@ def advise(inp: AdviceInput) -> Advice:
             f"{num_text(base_cap)} to {best_cap:g} requests/s (measured)"
         )
     cap = best_cap if best_cap is not None else base_cap
+    # The search's decided capacity, where the series has one, is what a replica holds: the
+    # grid's highest passing level is only a lower bound (5 replicas where 3 hold).
+    searched = {o.setting: o.capacity_rps for o in searches(inp.by_series)}
+    cap_series = best_s or goal.baseline_series
+    if searched.get(cap_series):
+        cap = searched[cap_series]
     sweep = replica_advice(sweep_points(inp.by_series, REPLICAS),
                            sweep_points(inp.by_series, THREADS), target_level,
                            config=replicated(inp.by_series))
@@ -250,7 +263,10 @@ def advise(inp: AdviceInput) -> Advice:
         predicted.append(
             f"{replicas} replica(s) of {best_s or 'this configuration'} hold the "
             f"{goal.target_multiple:g}× peak of {target_level:g} requests/s at "
-            f"{cap:g} requests/s each (linear in replicas from one replica, not measured"
+            f"{cap:.4g} requests/s each ("
+            + ("its capacity search's, " if searched.get(cap_series) else
+               "the highest level measured to pass, ")
+            + "linear in replicas from one replica, not measured"
             + (": stages.serve.replicas measures the curve" if sweep is None else
                ", each on cores of its own: the co-located sweep did not reach the peak") + ")"
         )
@@ -267,7 +283,8 @@ def advise(inp: AdviceInput) -> Advice:
     if knee:
         predicted.append(knee)
     predicted += measured_capacity(inp.by_series)
-    return Advice(intervention="; ".join(parts), predicted="; ".join(predicted))
+    return with_notes(Advice(intervention="; ".join(parts), predicted="; ".join(predicted)),
+                      [r for rows in inp.by_series.values() for r in rows])
 
 
 def replicated(by_series: dict[str, list[SheetRow]]) -> str:
@@ -323,8 +340,9 @@ def _all_started(proc: subprocess.Popen[bytes], prom_dir: Path, workers: int) ->
     return False
 
 
-def _user_endpoint(r: Record) -> Record:
-    return restage(r, stage="serve").model_copy(update={"recovery": RECOVERY_UNKNOWN})
+def _user_endpoint(r: Record, *, note: str | None = None) -> Record:
+    return noted(restage(r, stage="serve").model_copy(update={"recovery": RECOVERY_UNKNOWN}),
+                 note=note)
 
 
 def _serve_cmd(repo: Path, port: int, *, workers: int | None = None,
@@ -383,7 +401,9 @@ class ServeStage(Stage[ServeSettings]):
     def count(self, s: ServeSettings, repeats: int) -> int:
         searches = 1 if s.capacity and capacity_slo(s.built_objectives()) else 0
         sweep = searches * len(sweep_shapes(s, os.cpu_count() or 1))
-        return 1 if s.url else len(s.batching) * (repeats * len(s.levels) + searches) + sweep
+        if s.url:
+            return 1 + searches
+        return len(s.batching) * (repeats * len(s.levels) + searches) + sweep
 
     def _load(
         self, s: ServeSettings, url: str, rec: Path, rates: list[float],
@@ -399,12 +419,20 @@ class ServeStage(Stage[ServeSettings]):
         if s.url:
             rec = ctx.records("serve")
             rates = [s.base_rate * m for m in s.levels]
-            ctx.run(
+            note = metrics_note(metrics_url(s.url))
+            levels = ctx.run(
                 Step(stage=self.name, label=f"load {s.url}",
                      command=self._load(s, s.url, rec, rates), records=rec,
-                     series=SERIES[s.baseline], tag=_user_endpoint,
-                     timeout_s=900)
+                     series=SERIES[s.baseline],
+                     tag=functools.partial(_user_endpoint, note=note), timeout_s=900)
             )
+            # The user's endpoint gets the reference server's capacity search too: where it
+            # stops meeting the objective, which the replica advice divides the peak by
+            # (not after a failed sweep: an endpoint that did not answer has no capacity).
+            if levels.ok:
+                self._capacity(s, ctx, SERIES[s.baseline], s.url, None, None,
+                               tag=functools.partial(_user_endpoint, note=note),
+                               start=grid_start(rec, s.built_objectives(), s.base_rate))
             return
         repo, dataset = ctx.artifact(SERVED_MODEL), ctx.artifact(FEATURES)
         if repo is None:
@@ -453,8 +481,9 @@ class ServeStage(Stage[ServeSettings]):
                 stop_group(spawned.proc, grace_s=5.0)
         self._sweep(s, ctx, repo, test_rows)
 
-    def _capacity(self, s: ServeSettings, ctx: Context, series: str, url: str, repo: Path,
-                  data: Path | None, tag: Callable[[Record], Record] | None = None,
+    def _capacity(self, s: ServeSettings, ctx: Context, series: str, url: str,
+                  repo: Path | None, data: Path | None,
+                  tag: Callable[[Record], Record] | None = None,
                   start: float | None = None) -> None:
         objectives = s.built_objectives()
         slo = capacity_slo(objectives)
@@ -472,7 +501,8 @@ class ServeStage(Stage[ServeSettings]):
                            start=first, max_rate=s.base_rate * max(s.levels) * 20,
                            min_step=f"{floor_s / 2:g}s", max_step=f"{step_s:g}s",
                            max_steps=s.capacity_max_steps, warmup="0.5s", records=rec,
-                           payload="flights", model=MODEL, model_repo=repo, data=data)
+                           payload="flights" if repo else None, model=MODEL if repo else None,
+                           model_repo=repo, data=data)
         ctx.run(
             Step(stage=self.name, label=f"serve {series} capacity", command=cmd, records=rec,
                  series=series + CAPACITY,
