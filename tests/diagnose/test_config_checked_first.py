@@ -53,7 +53,7 @@ def _config(tmp_path: Path, mistake: str) -> Path:
          "custom: two custom stages are named 'toucher'; give each its own name"),
         # URLs
         ("stages: {serve: {url: 'localhost:8000/predict'}}\nCUSTOM",
-         "stages.serve.url: URL 'localhost:8000/predict' is not an http(s) URL; give e.g."),
+         "stages.serve.url: URL 'localhost:8000/predict' is not an http(s) or grpc URL; give e.g."),
         ("stages: {llm: {url: 'http://127.0.0.1:8000/v1'}}\nCUSTOM",
          "stages.llm: url path '/v1' does not match api chat (/v1/chat/completions); give the"
          " server's base URL"),

@@ -186,9 +186,9 @@ def test_a_serial_fraction_and_more_workers_than_cores_are_named(
     limits = {e["resource"]: e["evidence"] for e in v["limiting"]}
     over = ", ".join(f"{lv:g}" for lv in levels if lv > cores)
     assert v["limiting"][0]["resource"] == "cores"
-    assert limits["cores"].startswith(
-        f"workers={over} asks for more than the machine's {cores} cores: beyond {cores} the "
-        "workers share cores; rate ")
+    assert limits["cores"] == (
+        f"{levels[-1]:g} workers on {cores} cores: oversubscribed ×{levels[-1] / cores:g} "
+        f"(levels {over} exceed the cores; what they measure is sharing, not scaling)")
     # Karp–Flatt at 2 workers is exactly the serial fraction: (1/1.667 - 1/2) / (1 - 1/2).
     assert "e=0.20 at 2" in limits["serial fraction"]
 

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, RootModel, model_validator
 
 from scalelab.core.records import Record
-from scalelab.core.sheet import SheetRow
 from scalelab.core.units import parse_duration
-from scalelab.core.verdict import Advice, AdviceInput, Evidence, StageGoal, generic_advice
+from scalelab.core.verdict import Advice, AdviceInput, StageGoal, generic_advice
 from scalelab.diagnose.commands import Command, LoadCapacity, LoadRun, Sweep
 from scalelab.diagnose.schema import Duration, HttpUrl, Levels, ObjectiveSpec, Strict
 from scalelab.diagnose.stages.base import Context, Stage
@@ -151,27 +150,6 @@ def _advise(inp: AdviceInput) -> Advice:
     return with_notes(generic_advice(inp), inp.base)
 
 
-PARALLEL_VARS = ("workers", "processes", "threads", "nproc", "procs", "jobs", "replicas")
-"""Sweep variables that count parallel workers, which the machine's cores bound."""
-
-
-def oversubscribed(rows: list[SheetRow], cores: int) -> list[Evidence]:
-    """The hardware ceiling: levels asking for more parallel workers than the machine has
-    cores, with the measured rates there (they share the cores: no fit runs through them)."""
-    over = sorted((r for r in rows if r.level > cores), key=lambda r: r.level)
-    if not over:
-        return []
-    at = ", ".join(f"{r.level:g}" for r in over)
-    at_cores = max((r for r in rows if r.level <= cores), key=lambda r: r.level, default=None)
-    rates = ""
-    if at_cores is not None and at_cores.rate and all(r.rate for r in over):
-        rates = (f"; rate {at_cores.rate:.4g} at {at_cores.level:g} → "
-                 + ", ".join(f"{r.rate:.4g} at {r.level:g}" for r in over if r.rate))
-    return [Evidence(resource="cores",
-                     detail=f"{over[0].variable}={at} asks for more than the machine's {cores} "
-                            f"cores: beyond {cores} the workers share cores{rates}")]
-
-
 class CustomStageSet(Stage[CustomStages]):
     """Every `custom:` entry, in the order written; each is judged as a stage of its own."""
 
@@ -207,12 +185,6 @@ class CustomStageSet(Stage[CustomStages]):
 
     def stage_names(self, s: CustomStages) -> list[str]:
         return [c.name for c in s.root]
-
-    def limits(self, s: CustomStages, rows: list[SheetRow], *, cores: int) -> list[Evidence]:
-        c = next((c for c in s.root if rows and c.name == rows[0].stage), None)
-        if c is None or c.kind != "sweep" or c.var not in PARALLEL_VARS:
-            return []
-        return oversubscribed(rows, cores)
 
     def goals(self, s: CustomStages) -> list[StageGoal]:
         return [
