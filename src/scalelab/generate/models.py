@@ -26,6 +26,7 @@ from scalelab.generate.quant import (
     install_blocks,
     quantize_int8,
     quantize_q4,
+    release_freed_memory,
 )
 from scalelab.generate.tokenizer import TextTokenizer, byte_tokenizer
 from scalelab.nets.llama import LlamaConfig, LlamaForCausalLM, build_tiny, tiny_config
@@ -60,6 +61,8 @@ def load_model(
             quantize_int8(model)
         elif weights == "q4":
             quantize_q4(model)
+        if weights != "fp32":
+            release_freed_memory()
         return LoadedModel("tiny-llama", model, byte_tokenizer(), f"build_tiny(seed={seed})",
                            weights)
     if spec == SMOLLM2:
@@ -93,6 +96,8 @@ def load_model(
         with torch.no_grad():  # let go of the safetensors mapping (see pack_linears)
             for p in model.parameters():
                 p.data = p.data.clone()
+    if weights != "fp32":
+        release_freed_memory()
     return LoadedModel(name, model.eval(), tok, str(path), weights)
 
 
