@@ -765,6 +765,14 @@ def main() -> None:
         "named",
     )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--weights",
+        default="fp32",
+        choices=["fp32", "int8", "q4"],
+        help="how our engine holds the weights in the llamacpp section (q4: the GGUF's own "
+        "blocks, the same Q4_1 llama.cpp reads); the other sections compare fp32 with HF's "
+        "fp32 and stay fp32",
+    )
     ap.add_argument("--spec-tokens", type=int, default=48)
     ap.add_argument(
         "--step-count", type=int, default=10, help="decode steps timed per batch size (step)"
@@ -788,6 +796,7 @@ def main() -> None:
     only = set(args.only.split(","))
     res: dict[str, Any] = {
         "model": lm.name,
+        "weights": args.weights,
         "threads": args.threads,
         "cores": os.cpu_count(),
         "requests": args.requests,
@@ -807,7 +816,11 @@ def main() -> None:
             lm, work, settings, objective, args.arrival_rate or None
         ),
         "step": lambda: section_step(lm, args.step_count),
-        "llamacpp": lambda: section_llamacpp(lm, 32, args.threads),
+        "llamacpp": lambda: section_llamacpp(
+            lm if args.weights == "fp32" else load_model(args.model, 1024, weights=args.weights),
+            32,
+            args.threads,
+        ),
         "weights": lambda: section_weights(args.model, args.threads),
     }
     for name, fn in sections.items():
