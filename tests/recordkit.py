@@ -41,8 +41,10 @@ def serve_records() -> list[Record]:
     for lvl, served, p95 in ((50, 50, 8), (100, 99, 20), (250, 140, 400), (500, 141, 2000)):
         for rep in range(2):
             out.append(
-                rec("serve", "rate", lvl, repeat=rep, rate=served, p95=p95, series="batching=off")
+                rec("serve", "rate", lvl, repeat=rep, rate=served, p95=p95, series="batching=off",
+                    extras={"samples": 1000})
             )
     for lvl, served, p95 in ((50, 50, 6), (100, 100, 9), (250, 249, 30), (500, 300, 900)):
-        out.append(rec("serve", "rate", lvl, rate=served, p95=p95, series="batching=on"))
+        out.append(rec("serve", "rate", lvl, rate=served, p95=p95, series="batching=on",
+                       extras={"samples": 1000}))
     return out

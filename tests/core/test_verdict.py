@@ -7,7 +7,13 @@ from scalelab.core.errors import BadInputError
 from scalelab.core.objectives import Objective, check_rows, efficiency, first_miss
 from scalelab.core.records import Record
 from scalelab.core.sheet import build_sheet
-from scalelab.core.verdict import StageGoal, judge
+from scalelab.core.verdict import (
+    StageGoal,
+    curve_prediction,
+    infer_limits,
+    judge,
+    oversubscription,
+)
 from scalelab.diagnose.stages import serve, train
 
 
@@ -94,7 +100,8 @@ def test_first_stage_to_miss_wins_and_headroom_is_reported(serve_records: list[R
     # train misses at 2× (efficiency 0.6), serving at 5×, data never: train is first.
     assert v.first is not None and v.first.stage == "train"
     assert v.first.miss is not None and v.first.miss.multiple == 2.0
-    assert v.first.limiting[0].resource == "communication"
+    # 4 workers on 2 cores: the ceiling is named first, then what was measured.
+    assert [e.resource for e in v.first.limiting[:2]] == ["cores", "communication"]
     assert "fix communication" in v.first.intervention
     data = next(s for s in v.stages if s.stage == "data")
     assert data.miss is None and data.passed_up_to == 10.0
@@ -112,7 +119,12 @@ def test_no_miss_summary_reports_reach() -> None:
         memory_bytes=M.memory_bytes,
     )
     assert v.first is None
-    assert v.summary.startswith("no stage misses its objectives at the measured levels (data to 2×")
+    assert v.summary == (
+        "no stage misses its objectives at the measured levels; decided met: data to 2×; "
+        "least headroom — data: rate ≥ 10: 1000 at 1× (9900% headroom)"
+    )
+    assert v.outcome == "met"
+    assert v.stages[0].decided == "meets rate ≥ 10 up to 2×, as measured points"
 
 
 def test_cpu_saturation_is_cited_with_numbers() -> None:
@@ -135,6 +147,35 @@ def test_cpu_saturation_is_cited_with_numbers() -> None:
     )
     s = v.stages[0]
     assert s.miss is not None and s.miss.level == 4.0
-    assert s.limiting[0].resource == "cpu"
-    assert s.limiting[0].detail == "1.99 of 2 cores busy at workers=4"
+    assert [e.resource for e in s.limiting[:2]] == ["cores", "cpu"]
+    assert s.limiting[1].detail == "1.99 of 2 cores busy at workers=4"
     assert "cores are saturated" in s.intervention
+
+
+def test_the_core_count_is_named_and_not_extrapolated_through() -> None:
+    # A job with a 20% serial phase over 1, 2, 4, 8 processes on 2 cores: Amdahl up to the
+    # cores, then the processes take turns (the rate stays at the 2-core value).
+    amdahl = {1: 100.0, 2: 100.0 / (0.2 + 0.8 / 2)}
+    rows = build_sheet([rec("job", "processes", n, rate=amdahl.get(n, amdahl[2]))
+                        for n in (1, 2, 4, 8)])
+    lim = infer_limits(rows, cores=2, memory_bytes=M.memory_bytes)
+    assert lim[0].resource == "cores"
+    assert lim[0].detail == ("8 processes on 2 cores: oversubscribed ×4 (levels 4, 8 exceed the "
+                             "cores; what they measure is sharing, not scaling)")
+    # Karp–Flatt only within the cores: e = (1/1.667 − 1/2)/(1 − 1/2) = 0.2 at 2.
+    assert lim[1].resource == "serial fraction" and "e=0.20 at 2" in lim[1].detail
+    assert "at 4" not in lim[1].detail
+    assert curve_prediction(rows, cores=2) == (
+        "the ceiling is the machine's 2 cores (8 processes on 2 cores: oversubscribed ×4): "
+        "166.7 units/s measured at processes=2; no fit is extrapolated past the cores, where "
+        "more processes only take turns: add cores or machines to grow")
+    # Without the core count (or within it) the curve is read as before.
+    assert "oversubscribed" not in curve_prediction(rows)
+    v = judge([StageGoal(stage="job", objectives=[Objective(metric="efficiency", min=0.7)])],
+              rows, cores=2, memory_bytes=M.memory_bytes)
+    assert v.stages[0].intervention.startswith("cores: run no more workers, threads or processes")
+    one = infer_limits(build_sheet([rec("job", "workers", n, rate=100.0) for n in (1, 2, 4)]),
+                       cores=2, memory_bytes=M.memory_bytes)
+    assert one[0].detail == ("4 workers on 2 cores: oversubscribed ×2 (what it measures is "
+                             "sharing, not scaling)")
+    assert oversubscription(rows, 8) is None

@@ -23,6 +23,8 @@ def test_bench_writes_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert r.stage == "data" and r.variable == "scale" and r.rate_unit == "rows/s"
         assert r.rate and r.rate > 0 and r.peak_memory_bytes and r.ok
         assert r.failures > 0 and 0 < (r.failure_rate or 0) < 0.1
+        # The verdict's n: the rows the quarantine rate rests on.
+        assert r.extras["samples"] == r.input_volume and r.extras["samples_unit"] == "rows"
         assert r.cost and r.cost.usd > 0 and r.cost.unit == "1M rows"
         assert set(r.extras["stage_seconds"]) >= {"ingest", "validate", "dedupe", "write"}
         assert r.extras["reconciliation"]["holds"]

@@ -4,8 +4,11 @@ import pytest
 from pydantic import ValidationError
 
 from scalelab.core.errors import BadInputError
+from scalelab.diagnose.commands import LoadRun, ServeRun
 from scalelab.diagnose.config import defaults_text, load_config
 from scalelab.diagnose.goals import stage_goals
+from scalelab.diagnose.run import on_cluster
+from scalelab.diagnose.steps import Step
 
 
 def test_defaults_and_modes() -> None:
@@ -55,6 +58,8 @@ def test_user_file_merges_over_defaults(tmp_path: Path) -> None:
         ("stages:\n  serve:\n    typo_field: 1\n", "typo_field"),
         ("stages:\n  data:\n    objectives: [{metric: p96_ms, max: 1}]\n", "unknown objective"),
         ("custom: [{name: mine, kind: telepathy}]\n", "custom.0.kind"),
+        ("client: {cluster: '127.0.0.1:8786'}\n", "client.cluster"),
+        ("client: {clustr: 'tcp://h:8786'}\n", "client.clustr"),
     ],
 )
 def test_bad_config_names_the_field(tmp_path: Path, text: str, needle: str) -> None:
@@ -82,3 +87,18 @@ def test_the_stages_section_comes_from_the_registry() -> None:
     # A stage's section is typed by its own settings model: unknown keys name the stage.
     with pytest.raises(ValidationError, match=r"stages\.train\.nope|train\.nope"):
         DiagnoseConfig.model_validate({"stages": {"train": {"nope": 1}}})
+
+
+def test_client_cluster_reaches_only_the_load_and_sweep_steps(tmp_path: Path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text("client: {cluster: 'tcp://10.0.0.5:8786'}\n")
+    addr = load_config(p).client.cluster
+    assert addr == "tcp://10.0.0.5:8786" and load_config(None).client.cluster is None
+    load = Step(stage="serve", label="l", command=LoadRun(url="http://h:1/", rates=[1.0],
+                                                          duration="1s"))
+    argv = on_cluster(load, addr).command.to_argv()  # type: ignore[union-attr]
+    assert argv == ["load", "run", "--json", "http://h:1/", "--cluster", "tcp://10.0.0.5:8786",
+                    "--rates", "1", "--duration", "1s"]
+    serve = Step(stage="serve", label="s", command=ServeRun(model_repo=Path("m"), port=1))
+    assert on_cluster(serve, addr) is serve
+    assert on_cluster(load, None) is load

@@ -54,7 +54,7 @@ custom:
   - name: serialjob
     kind: sweep
     var: workers
-    levels: [1, 2, 4]
+    levels: [1, 2]
     command: ["{sys.executable}", "{job}", "{{workers}}", "0.5"]
     metric: "json:rate"
     objectives: [{{metric: efficiency, min: 0.7}}]
@@ -74,9 +74,9 @@ custom:
     # Amdahl with s = 0.5: Karp–Flatt e = 0.5 at every level, and the evidence cites it.
     lim = stages["serialjob"]["limiting"][0]
     assert lim["resource"] == "serial fraction"
-    assert "e=0.50 at 2, e=0.50 at 4" in lim["evidence"]
+    assert "e=0.50 at 2" in lim["evidence"]
     recs = read_records(out / "records.jsonl")
-    assert {r.stage for r in recs} == {"parallel", "serialjob"} and len(recs) == 6
+    assert {r.stage for r in recs} == {"parallel", "serialjob"} and len(recs) == 5
     assert (out / "report.html").read_text().count("<svg") >= 2
 
     # `scalelab report` rebuilds the same verdict from the stored records.
@@ -85,6 +85,10 @@ custom:
     again = json.loads(capsys.readouterr().out)
     assert again["verdict"]["summary"] == v["summary"]
     assert (out / "report.html").exists()
+    # The gate: serialjob missed its objective, so CI fails on it.
+    assert run(["report", str(out), "--json", "--fail-on", "miss"]) == 1
+    assert "gate failed (--fail-on miss): serialjob misses efficiency ≥ 0.7 at 2×" in (
+        capsys.readouterr().err)
 
 
 def test_reference_system_quick_names_the_throttled_serving_stage(

@@ -87,3 +87,18 @@ def test_freed_cached_blocks_are_reused_then_evicted_lru() -> None:
 def test_bad_pool_is_a_usage_error() -> None:
     with pytest.raises(BadUsageError, match="KV cache budget"):
         BlockManager(num_blocks=0, block_size=16)
+
+
+def test_problems_names_each_broken_invariant_and_none_when_consistent() -> None:
+    bm = BlockManager(num_blocks=4, block_size=2)
+    s = seq([1, 2, 3, 4, 5])
+    assert bm.allocate(s)
+    s.num_computed = 4
+    bm.register_full_blocks(s)
+    assert bm.problems() == [] and len(bm.cached) == 2
+    bm.blocks[s.block_table[2]].ref_count = 0  # a leak: referenced by nobody, yet not free
+    bm.cached[12345] = s.block_table[0]  # a cache entry pointing at a block keyed otherwise
+    assert bm.problems() == [
+        f"block {s.block_table[2]}: ref_count 0, not in the free queue",
+        f"prefix cache entry 12345 -> block {s.block_table[0]} keyed otherwise",
+    ]

@@ -134,8 +134,11 @@ def test_cli_writes_llm_records_with_goodput_and_cost(
     rc = run(["load", "llm", url, "--concurrency", "1,2", "--requests", "6", "--warmup", "0s",
               "--output-tokens", "8", "--slo", "ttft_p95<1s,tpot_p95<1ms,avail>=99%",
               "--cores", "2", "--core-hour-usd", "1.8", "--records", str(recs), "--json"])
-    assert rc == 0
-    doc = _json(capsys)
+    # Every level misses TPOT (below): the whole document is printed, then exit status 1.
+    assert rc == 1
+    out = capsys.readouterr()
+    assert out.err.strip() == "objective missed: tpot_p95<1ms at 1; tpot_p95<1ms at 2"
+    doc = json.loads(out.out)
     assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
     lv = doc["levels"][0]
     assert lv["successes"] == 6 and lv["output_tokens"] == 48

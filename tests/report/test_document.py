@@ -39,3 +39,18 @@ def test_report_is_self_contained_and_consistent(
     assert len(doc["sheet"]) == 8
     md = files.markdown.read_text()
     assert md.startswith("# scalelab diagnosis") and "| serve | batching=off | 50 |" in md
+    # Every check with its outcome, value, n, bounds and rule (1,000 requests a level in the
+    # hand-made records; the p95 upper bound is read at p99, the lower at p50).
+    assert "| serve | batching=off | 2 | p95_ms ≤ 50 | met | 20 | 1,000 | 10–40 (95%) | " \
+        "order statistic | — |" in md
+    assert "| serve | batching=off | 5 | p95_ms ≤ 50 | missed | 400 | 1,000 | 200–800 (95%) | " \
+        "order statistic | — |" in md
+    assert "- serve: misses p95_ms ≤ 50 at 5× (400 on 1,000, 95% bounds 200–800)" in md
+    assert "- decided: meets p95_ms ≤ 50 up to 2×, decided at 95%" in md
+    check = serve["checks"][2]
+    assert {k: check[k] for k in ("multiple", "outcome", "value", "n", "lower", "upper",
+                                  "confidence", "rule")} == {
+        "multiple": 5.0, "outcome": "missed", "value": 400.0, "n": 1000, "lower": 200.0,
+        "upper": 800.0, "confidence": 0.95, "rule": "order statistic"}
+    assert serve["outcome"] == "missed" and doc["verdict"]["outcome"] == "missed"
+    assert "<td class='l miss'>missed</td>" in page

@@ -67,6 +67,7 @@ def test_records_hold_every_index_at_every_level(bench: tuple[dict[str, Any], Pa
             assert r.peak_memory_bytes >= r.extras["raw_bytes"]
             assert r.extras["memory_vs_raw"] == r.peak_memory_bytes / r.extras["raw_bytes"]
             assert r.extras["arrival_rate_qps"] == 2000.0
+            assert r.extras["samples"] == r.extras["open_loop"]["queries"] > 0
             lat = r.latency
             assert lat is not None and 0 < lat.p50_ms <= lat.p95_ms <= lat.p99_ms <= lat.max_ms
             assert r.extras["recovery"]["same_results"] == 1.0

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from serve_fixtures import flights_config
 
-from scalelab.core.errors import BadInputError
+from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.nets.repository import write_json
-from scalelab.serve.config import ModelConfig, VersionPolicy, load_model_config
+from scalelab.serve.config import ModelConfig, ServerSettings, VersionPolicy, load_model_config
 
 
 @pytest.mark.parametrize(("policy", "want"), [
@@ -48,3 +50,35 @@ def test_load_config_names_the_bad_field(tmp_path: Path) -> None:
     write_json(d / "config.json", cfg)
     with pytest.raises(BadInputError, match="batch and must be -1"):
         load_model_config(d)
+
+
+def test_grpc_port_is_checked(tmp_path: Path) -> None:
+    s = ServerSettings(model_repo=tmp_path, port=8000, grpc_port=8001)
+    assert ServerSettings.from_json(s.to_json()).grpc_port == 8001  # to the workers
+    with pytest.raises(BadUsageError, match=r"--grpc-port 8000 must lie in 1\.\.65535 and differ"):
+        ServerSettings(model_repo=tmp_path, port=8000, grpc_port=8000)
+    with pytest.raises(BadUsageError, match="--governance applies to HTTP only"):
+        ServerSettings(model_repo=tmp_path, grpc_port=8001, governance_file="g.yaml")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}]},
+     "inputs ['text'] are BYTES: add \"tokenizer\""),
+    ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1, 2]}],
+      "tokenizer": {"max_tokens": 8}}, "a text input is one string per row"),
+    ({"tokenizer": {"max_tokens": 8}}, "a model with a tokenizer takes exactly one input"),
+    ({"outputs": [{"name": "label", "datatype": "BYTES", "shape": [-1]}]},
+     "BYTES outputs are not supported"),
+])
+def test_text_models_are_checked(change: dict[str, object], message: str) -> None:
+    raw: dict[str, object] = {
+        "name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
+        "outputs": [{"name": "label", "datatype": "INT64", "shape": [-1]}], **change}
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        ModelConfig.model_validate(raw)
+    text = ModelConfig.model_validate({
+        "name": "m", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "label", "datatype": "INT64", "shape": [-1]}],
+        "tokenizer": {"max_tokens": 8}})
+    assert [(t.name, t.datatype, t.shape) for t in text.network_inputs()] == [
+        ("input_ids", "INT64", [-1, 8]), ("attention_mask", "INT64", [-1, 8])]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -75,13 +76,17 @@ def test_cold_starts_follow_the_measured_startup(tmp_path: Path,
                                               "slo": "p95<50ms"}) for lv in (50.0, 100.0)])
     tr = tmp_path / "t.csv"
     tr.write_text("time,rate\n0,0\n99,0\n100,100\n399,100\n400,0\n1200,0\n")
+    t0 = time.monotonic()
     assert run(["autoscale", "simulate", "--capacity", str(recs), "--trace", str(tr),
                 "--signal", "rps", "--target", "50", "--metric-window", "1s", "--min", "0",
                 "--external", "--startup", "measure", "--model-repo", str(repo),
                 "--json"]) == 0
+    elapsed = time.monotonic() - t0
     doc = json.loads(capsys.readouterr().out)
     startup = doc["startup_s"]
-    assert doc["startup_measured"] is True and startup > 0
+    # Measured within this call (a given or default start-up would not have to fit in it);
+    # no bound of its own: how fast a server starts depends on the machine.
+    assert doc["startup_measured"] is True and 0 < startup < elapsed
     (zero,) = doc["scale_to_zero"]
     waited = 5 + math.ceil(startup)
     assert zero["startup_s"] == startup

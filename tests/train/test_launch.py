@@ -55,3 +55,20 @@ def test_timeout_kills_every_process_of_the_run(tmp_path: Path) -> None:
     left = [p for p in psutil.process_iter(["cmdline"])
             if str(run_dir) in " ".join(p.info["cmdline"] or [])]
     assert left == []
+
+
+def test_run_group_polls_while_it_waits_and_still_times_out(tmp_path: Path) -> None:
+    import sys
+
+    from scalelab.train.launch import POLL_S, run_group
+
+    polls: list[int] = []
+    sleep = [sys.executable, "-c", "import time; time.sleep(1.6)"]
+    wall = run_group(sleep, {}, tmp_path / "a.log", 30, train_less="-",
+                     on_poll=lambda: polls.append(1))
+    assert wall >= 1.6 and len(polls) >= int(1.6 / POLL_S) - 1
+    polls.clear()
+    with pytest.raises(RunFailedError, match=r"did not finish within --timeout 1\.2s"):
+        run_group([sys.executable, "-c", "import time; time.sleep(30)"], {},
+                  tmp_path / "b.log", 1.2, train_less="-", on_poll=lambda: polls.append(1))
+    assert 1 <= len(polls) <= int(1.2 / POLL_S)

@@ -68,3 +68,13 @@ def test_peak_rss_is_this_processs_own_not_its_parents() -> None:
                                              text=True, check=True).stdout.split())
     assert inherited >= 300 * 2**20 > own > 0
     del big
+
+
+def test_rank_0_leaves_its_last_step_for_the_launchers_progress(tmp_path: Path) -> None:
+    from scalelab.train.loop import read_progress
+
+    r = _train(tmp_path, batch=64, base_batch=64)
+    last_step, last_loss = r["losses"][-1]  # type: ignore[index]
+    assert read_progress(tmp_path) == {"step": 8, "total": 8, "loss": last_loss}
+    assert last_step == 7
+    assert read_progress(tmp_path / "nowhere") is None

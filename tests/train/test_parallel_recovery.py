@@ -29,10 +29,11 @@ from scalelab.train.text import load_corpus
 TINY = ParallelConfig(strategy="dp", layers=2, hidden=32, heads=2, kv_heads=2, ffn=64, seq=32,
                       tokens=20_000, batch=4, steps=6, micro_batches=2, profile_steps=0,
                       checkpoint_every=2, threads=1)
-FAST = dataclasses.replace(TINY, strategy="fsdp", steps=14, checkpoint_every=3)
-"""The fast rehearsals' job: 14 steps leave the two-node kill (issued once the step-3
-checkpoint is seen) ~10 steps and 3 checkpoints of margin before the job could end; a step of
-this model is milliseconds, so the launches are what costs."""
+FAST = dataclasses.replace(TINY, strategy="fsdp", steps=24, checkpoint_every=3)
+"""The fast rehearsals' job. The two-node kill is issued once the step-3 checkpoint is seen
+(polled every 50 ms): 20 more steps and 6 checkpoints must not fit in that reaction time, or
+the job ends before the kill. A step of this model is milliseconds, so the launches are what
+costs, not the steps."""
 # Reordered sums (FSDP's reduce-scatter, TP's partial sums) against one process: see
 # test_parallel_equivalence.py for why these bounds.
 LOSS_TOL, WEIGHT_TOL = 1e-5, 1e-4
@@ -50,9 +51,10 @@ def test_fsdp_killed_rank_recovers_bitwise(fsdp: Rehearsal) -> None:
     r = fsdp
     assert r.result.failure is not None and r.result.failure["step"] == r.killed_at_step
     assert r.result.failure["rank"] == r.killed_rank
-    # Checkpoints land after steps 3, 6, 9, 12: the group resumed from the newest one before
-    # the kill, not an older one and not a fresh start.
-    assert 4 <= r.killed_at_step <= 13
+    # Checkpoints land after every 3rd step: the group resumed from the newest one before the
+    # kill, not an older one and not a fresh start (a replay from an older one would also end
+    # bitwise equal: the step is what shows which checkpoint was loaded).
+    assert FAST.checkpoint_every < r.killed_at_step < FAST.steps
     assert r.resumed_from_step == r.killed_at_step // 3 * 3
     assert r.result.losses == r.reference.losses[r.resumed_from_step:]
     assert r.bitwise_equal and r.max_abs_diff == 0.0

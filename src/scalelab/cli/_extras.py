@@ -13,6 +13,8 @@ EXTRAS: dict[str, str] = {
     "distributed": "dask",
     "faiss": "retrieval",
     "hnswlib": "retrieval",
+    "qdrant_client": "retrieval",
+    "grafana_foundation_sdk": "observe",
     "gguf": "generate",
     "tokenizers": "generate",
     "jinja2": "generate",
@@ -20,6 +22,7 @@ EXTRAS: dict[str, str] = {
     "onnx": "serve",
     "onnxruntime": "serve",
     "opentelemetry": "trace",
+    "grpc": "serve",
 }
 """Top-level module -> the scalelab extra that installs it."""
 

@@ -107,6 +107,8 @@ def grafana_cmd(out: Path, datasource: str, slo_file: Path | None, as_json: bool
         + ", ".join(s.label for s in slos) + ")"))
 
 
+from scalelab.cli.deploy_load import load_job_cmd  # noqa: E402
 from scalelab.cli.deploy_train import train_job_cmd  # noqa: E402
 
 app.add_command(train_job_cmd)
+app.add_command(load_job_cmd)

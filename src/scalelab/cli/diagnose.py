@@ -10,10 +10,10 @@ import click
 import yaml
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option
+from scalelab.cli._progress import live_progress
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.jsonfile import read_json_object
 from scalelab.core.sheet import SheetRow
@@ -54,6 +54,44 @@ def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict
             c.print(line, markup=False, highlight=False)
 
 
+fail_on_option = click.option(
+    "--fail-on",
+    type=click.Choice(["miss", "undecided"]),
+    default=None,
+    help="Exit 1 when a stage missed an objective (miss), or when any check was missed, "
+    "undecided or not measured (undecided); the report is written either way.",
+)
+
+
+def gate(verdict: Verdict, fail_on: str | None) -> str | None:
+    """Why the --fail-on gate fails (one line), or None when it passes or is not set."""
+    if fail_on is None:
+        return None
+    missed = [s for s in verdict.stages if s.miss is not None]
+    if missed:
+        return f"gate failed (--fail-on {fail_on}): " + "; ".join(
+            f"{s.stage} misses {s.miss.objective.label} at {s.miss.multiple:g}×"
+            for s in missed
+            if s.miss is not None
+        )
+    if fail_on == "undecided" and verdict.outcome != "met":
+        return "gate failed (--fail-on undecided): " + "; ".join(
+            f"{s.stage} {s.outcome}"
+            + (f" ({s.open_text})" if s.open_text else "")
+            + (f" (not measured: {', '.join(s.not_measured)})" if s.not_measured else "")
+            for s in verdict.stages
+            if s.outcome != "met"
+        )
+    return None
+
+
+def _gate_exit(verdict: Verdict, fail_on: str | None) -> None:
+    why = gate(verdict, fail_on)
+    if why is not None:
+        err_console.print(why, markup=False, highlight=False, soft_wrap=True)
+        raise click.exceptions.Exit(1)
+
+
 def _written(files: ReportFiles) -> dict[str, Any]:
     """The report's JSON document as written: `--json` prints exactly report.json."""
     return read_json_object(files.json)
@@ -76,9 +114,15 @@ def _written(files: ReportFiles) -> dict[str, Any]:
     help="Directory for records, logs, work files and the report.",
 )
 @click.option("--print-config", is_flag=True, help="Print the default objectives YAML and exit.")
+@fail_on_option
 @json_option
 def diagnose(
-    config_path: Path | None, mode: str | None, out: Path, print_config: bool, as_json: bool
+    config_path: Path | None,
+    mode: str | None,
+    out: Path,
+    print_config: bool,
+    fail_on: str | None,
+    as_json: bool,
 ) -> None:
     """Scale the reference ML system along its four bottlenecks and name the one that breaks.
 
@@ -86,7 +130,12 @@ def diagnose(
     worker counts, the model server at growing arrival rates (batching off and on), and the
     compression variants; then prints the sheet and the verdict and writes OUT/report.html.
 
-    Example: scalelab diagnose --quick --out scalelab-out
+    Example: scalelab diagnose --quick --out scalelab-out --fail-on miss
+
+    \b
+    Exit status: 0 done (and the --fail-on gate, if any, passed); 1 the gate failed;
+    2 bad usage or input; 70 internal error; 130 interrupted (the report holds what was
+    measured).
     """
     if print_config:
         sys.stdout.write(defaults_text())
@@ -95,22 +144,13 @@ def diagnose(
     cfg = load_config(config_path, m)
     if out.exists() and not out.is_dir():
         raise BadUsageError(f"--out {out} is a file; give a directory")
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=False,
-    ) as progress:
-        task = progress.add_task("diagnose", total=1)
+    with live_progress("diagnose", total=1) as progress:
 
         def on_step(label: str, i: int, total: int) -> None:
-            progress.update(task, total=total, completed=i - 1, description=label)
+            progress.update(total=total, completed=i - 1, note=label)
 
         runner = Runner(cfg, out, m, progress=on_step)
         outcome = runner.run()
-        progress.update(task, completed=progress.tasks[0].total, description="done")
     assert outcome.verdict is not None and outcome.files is not None
     failed = [s for s in outcome.steps if not s.ok]
     for s in failed:
@@ -130,6 +170,7 @@ def diagnose(
     if outcome.interrupted:
         # The report is written; the status still tells a script the run was cut short.
         raise click.exceptions.Exit(130)
+    _gate_exit(outcome.verdict, fail_on)
 
 
 @click.command()
@@ -140,11 +181,18 @@ def diagnose(
     type=click.Path(path_type=Path),
     help="Objectives to judge against (default: the ones the run stored).",
 )
+@fail_on_option
 @json_option
-def report(results_dir: Path, config_path: Path | None, as_json: bool) -> None:
+def report(
+    results_dir: Path, config_path: Path | None, fail_on: str | None, as_json: bool
+) -> None:
     """Rebuild the report (HTML, Markdown, JSON) from a results directory's records.
 
-    Example: scalelab report scalelab-out
+    Example: scalelab report scalelab-out --fail-on undecided
+
+    \b
+    Exit status: 0 done (and the --fail-on gate, if any, passed); 1 the gate failed;
+    2 bad usage or input; 70 internal error.
     """
     if not (results_dir / RECORDS).is_file():
         raise BadInputError(
@@ -172,3 +220,4 @@ def report(results_dir: Path, config_path: Path | None, as_json: bool) -> None:
         c.print(f"report: {results_dir / 'report.html'}")
 
     emit(_written(files), as_json, render)
+    _gate_exit(verdict, fail_on)

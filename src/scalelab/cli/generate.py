@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from scalelab.cli._device import on_device
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option
 from scalelab.cli._tracing import trace_config, trace_options
@@ -107,9 +108,12 @@ def _engine_dict(kv_cache_bytes: str, block_size: int, max_num_seqs: int,
               help="Seconds a client may take to send one whole request.")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--api-key", default=None, envvar="SCALELAB_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise); /health, "
+                   "/metrics, /tokenize, /detokenize, /version stay open.")
 @governance_option
 @trace_options
-def serve_cmd(governance: Path | None,
+def serve_cmd(governance: Path | None, api_key: str | None,
               model: str, kv_cache_bytes: str, block_size: int, max_num_seqs: int,
               max_batched_tokens: int, max_model_len: int, prefix_cache: bool,
               speculative: bool, num_draft: int, contiguous: bool, packed_weights: bool,
@@ -120,7 +124,7 @@ def serve_cmd(governance: Path | None,
               read_timeout: float, log_level: str, trace_sample: float, trace_out: str | None,
               otlp_endpoint: str | None) -> None:
     """Serve /v1/completions, /v1/chat/completions (stream or not), /v1/models, /health,
-    /metrics until interrupted."""
+    /metrics, /tokenize, /detokenize, /version until interrupted."""
     from scalelab.generate.api import SETTINGS_ENV, ApiSettings
     from scalelab.web.runner import RunConfig, run
 
@@ -142,6 +146,13 @@ def serve_cmd(governance: Path | None,
     cfg = RunConfig(host=host, port=port, workers=1, read_timeout_s=read_timeout,
                     log_level=log_level)
     os.environ[SETTINGS_ENV] = settings.to_json()
+    from scalelab.web.logs import configure
+
+    configure(log_level)  # JSON lines on stderr, each with its request's trace id
+    if api_key:
+        from scalelab.generate.auth import API_KEY_ENV
+
+        os.environ[API_KEY_ENV] = api_key
     run("scalelab.generate.api:create_app", cfg, factory=True)
 
 
@@ -155,6 +166,8 @@ def serve_cmd(governance: Path | None,
 @click.option("--sample-seed", default=None, type=int, help="Seed of the sampler.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @json_option
+@on_device(lambda r: f"TTFT {r['ttft_s'] * 1000:.0f} ms, {r['tokens_per_s']} tokens/s, "
+           f"{r['completion_tokens']} tokens, load {r['load_s']} s")
 def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
                  max_num_seqs: int, max_batched_tokens: int, max_model_len: int,
                  prefix_cache: bool, speculative: bool, num_draft: int, contiguous: bool,
@@ -162,7 +175,10 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
                  chat: bool,
                  max_tokens: int, temperature: float, top_p: float, sample_seed: int | None,
                  stop: tuple[str, ...], as_json: bool) -> None:
-    """Generate one completion offline (no server) and print it with its timings."""
+    """Generate one completion offline (no server) and print it with its timings.
+
+    With --device SPEC the same completion runs as a child held to that device (see
+    docs/generate.md, "On a target device")."""
     import torch
 
     from scalelab.generate.engine import Engine, EngineConfig
@@ -183,7 +199,7 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
     load_s = time.perf_counter() - t0
     eng = Engine(loaded.model, loaded.tokenizer, cfg, name=loaded.name)
     text = loaded.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
-    ids = loaded.tokenizer.encode(text)
+    ids = loaded.tokenizer.encode(text, add_special_tokens=not chat)  # a template writes its BOS
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                             seed=sample_seed, stop=stop)
     t1 = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._cluster import cluster_option, open_cluster
+from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
+from scalelab.cli._progress import live_progress
+from scalelab.cli._progress import shown as progress_shown
 from scalelab.cli._sweep import levels
 from scalelab.core.errors import BadInputError, BadUsageError, RunFailedError
 from scalelab.core.records import Record, append_records, new_experiment_id, read_records
@@ -27,6 +32,7 @@ from scalelab.load.capacity import (
     search,
 )
 from scalelab.load.clock import LOOP_IMPLS, resolve_loop
+from scalelab.load.cluster import Cluster
 from scalelab.load.connection import Target
 from scalelab.load.generator import EngineConfig, Mode
 from scalelab.load.histogram import LatencyHistogram
@@ -88,8 +94,39 @@ def _request_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
 
 
+def _grpc_requests(target: Target, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
+    """grpc://HOST:PORT/MODEL: OIP payloads (random from ModelMetadata, or flights rows) as
+    serialized ModelInferRequests."""
+    from scalelab.load import grpc_client
+
+    kind = kw["payload"]
+    if kind == "auto":
+        kind = "flights" if kw.get("model_repo") else "oip"
+    if kind not in ("oip", "flights"):
+        raise BadUsageError(f"--payload {kind} is HTTP-only; a grpc:// URL sends OIP infer "
+                            "requests (--payload oip or flights)")
+    if kw.get("trace_sample"):
+        raise BadUsageError("--trace-sample marks HTTP requests; it does not apply to grpc://")
+    model = grpc_client.model_of(target, kw.get("model"))
+    version = kw.get("model_version")
+    plain = dataclasses.replace(target, path="/")
+    if kind == "flights":
+        if not kw.get("model_repo"):
+            raise BadUsageError("--payload flights needs --model-repo REPO")
+        specs = payloads.flights(plain, model=model, repo=kw["model_repo"], data=kw.get("data"),
+                                 version=version, batch=kw["batch"], seed=kw["seed"])
+    else:
+        meta = grpc_client.fetch_metadata(target, model)
+        specs = payloads.oip_random(plain, model, meta, batch=kw["batch"], seed=kw["seed"],
+                                    version=version)
+    return target, [grpc_client.encode_infer(model, version, s.body or b"{}")
+                    for s in specs], f"{kind} (grpc)"
+
+
 def _requests(url: str, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
     target = Target.parse(url)
+    if target.scheme == "grpc":
+        return _grpc_requests(target, kw)
     kind = kw["payload"]
     if kind == "auto":
         kind = "flights" if kw.get("model_repo") else ("oip" if kw.get("model") else "get")
@@ -167,14 +204,32 @@ def _check_ran(r: LoadResult, url: str) -> None:
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per level.")
 @click.option("--experiment", help="Experiment id for the records (default: generated).")
 @click.option("--no-cold-start", is_flag=True, help="Skip the first-request probe.")
+@cluster_option
 @_request_options
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
-        no_cold_start: bool, as_json: bool, **kw: Any) -> None:
-    """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag."""
+        no_cold_start: bool, cluster_address: str | None, as_json: bool, **kw: Any) -> None:
+    """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag.
+
+    \b
+    Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
+    stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
+    """
+    with open_cluster(cluster_address) as cluster:
+        _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration, n_requests,
+             warmup, processes, slo, error_budget, period, records, experiment, no_cold_start,
+             as_json, kw, cluster)
+
+
+def _run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
+         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
+         n_requests: int | None, warmup: str, processes: int, slo: str | None,
+         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
+         no_cold_start: bool, as_json: bool, kw: dict[str, Any],
+         cluster: Cluster | None) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples)
     if duration is not None and n_requests is not None:
         raise BadUsageError("give --duration or --requests, not both")
@@ -185,36 +240,42 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     target, reqs, kind = _requests(url, kw)
     exp = experiment or new_experiment_id("load")
     out: list[dict[str, Any]] = []
-    for i, level in enumerate(sweep):
-        if level <= 0:
-            raise BadUsageError(f"levels must be positive, got {level}")
-        conc = int(level) if mode == "closed" else 1
-        plan = LoadPlan(engine=_engine(target, reqs, mode, kw, warm, conc),
-                        rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
-                        duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
-                        processes=processes, cold_start=not no_cold_start)
-        if not as_json:
+    with live_progress("load", total=len(sweep)) as progress:
+        for i, level in enumerate(sweep):
+            if level <= 0:
+                raise BadUsageError(f"levels must be positive, got {level}")
+            conc = int(level) if mode == "closed" else 1
+            plan = LoadPlan(engine=_engine(target, reqs, mode, kw, warm, conc),
+                            rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
+                            duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
+                            processes=processes, cold_start=not no_cold_start)
             what = f"{level:g} req/s" if mode == "open" else f"{conc} clients"
-            err_console.print(f"[dim]load {url}: {what} ...[/]")
-        thr = objective.latency[0].threshold_s if objective and objective.latency else None
-        r = run_load(plan, slo_threshold_s=thr)
-        _check_ran(r, url)
-        lines = None
-        if objective is not None:
-            lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
-                           successes=r.successes, failures=r.failures, wall_s=r.wall_s,
-                           period_s=period_s)
-        out.append(_level_json(r, lines))
-        if records is not None:
-            # One level at a time: what was measured stays even if a later level is cut short.
-            append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
-                                               slo=objective.label if objective else None,
-                                               extra={"payload": kind})])
+            progress.update(note=f"load {url}: {what}")
+            if not as_json and not progress_shown():
+                err_console.print(f"[dim]load {url}: {what} ...[/]")
+            thr = objective.latency[0].threshold_s if objective and objective.latency else None
+            r = run_load(plan, slo_threshold_s=thr, cluster=cluster)
+            _check_ran(r, url)
+            lines = None
+            if objective is not None:
+                lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
+                               successes=r.successes, failures=r.failures, wall_s=r.wall_s,
+                               period_s=period_s)
+            out.append(_level_json(r, lines))
+            progress.advance()
+            if records is not None:
+                # One level at a time: what was measured stays even if a later level is cut short.
+                append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
+                                                   slo=objective.label if objective else None,
+                                                   extra={"payload": kind})])
     doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
            "slo": objective.label if objective else None,
            "validity_rules": VALIDITY_RULES, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: _render_levels(c, doc))
+    exit_if_missed([
+        f"{b.objective} at {lv['offered_rps'] if lv['mode'] == 'open' else lv['concurrency']:g}"
+        for lv in out for b in (lv["budget"] or []) if not b.met])
 
 
 def _level_json(r: LoadResult, lines: list[Any] | None) -> dict[str, Any]:
@@ -304,14 +365,31 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @click.option("--experiment", help="Experiment id for the records.")
 @click.option("--plot", type=click.Path(path_type=Path),
               help="Write the latency-throughput curve (PNG or SVG).")
+@cluster_option
 @_request_options
 @json_option
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
              precision: str, confidence: str, min_step: str, max_step: str, min_requests: str,
              max_steps: int, invalid_retries: int,
              arrival: str, warmup: str, records: Path | None, experiment: str | None,
-             plot: Path | None, as_json: bool, **kw: Any) -> None:
-    """Find the highest arrival rate meeting the SLO (exponential search, then bisection)."""
+             plot: Path | None, cluster_address: str | None, as_json: bool, **kw: Any) -> None:
+    """Find the highest arrival rate meeting the SLO (exponential search, then bisection).
+
+    \b
+    Exit status: 0 a rate met the objectives; 1 no tried rate met them; 2 bad usage or
+    input; 70 internal error; 130 interrupted.
+    """
+    with open_cluster(cluster_address) as cluster:
+        _capacity(url, slo, error_budget, start, max_rate, precision, confidence, min_step,
+                  max_step, min_requests, max_steps, invalid_retries, arrival, warmup, records,
+                  experiment, plot, as_json, kw, cluster)
+
+
+def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
+              precision: str, confidence: str, min_step: str, max_step: str, min_requests: str,
+              max_steps: int, invalid_retries: int, arrival: str, warmup: str,
+              records: Path | None, experiment: str | None, plot: Path | None, as_json: bool,
+              kw: dict[str, Any], cluster: Cluster | None) -> None:
     objective = parse_slo(slo, error_budget=error_budget)
     conf = _fraction(confidence, what="--confidence")
     rule = StepRule(slo=objective, confidence=conf,
@@ -330,12 +408,15 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
     recs: list[Record] = []
 
     def run_step(rate: float) -> Step:
-        if not as_json:
+        progress.advance(f"capacity step: {rate:.1f} req/s")
+        if not as_json and not progress_shown():
             err_console.print(f"[dim]capacity step: {rate:.1f} req/s ...[/]")
         plan = LoadPlan(engine=_engine(target, reqs, "open", kw, warm), rate=rate,
                         arrival=arrival, duration_s=rule.max_step_s,  # type: ignore[arg-type]
                         seed=kw["seed"] + len(recs), cold_start=not recs)
-        r = run_load(plan, stop_check=rule.should_stop, slo_threshold_s=obj.threshold_s)
+        # Across hosts a step cannot be stopped early: it runs its full --max-step.
+        r = run_load(plan, stop_check=None if cluster else rule.should_stop,
+                     slo_threshold_s=obj.threshold_s, cluster=cluster)
         _check_ran(r, url)
         verdict = rule.step_verdict(sent=r.requests, ok=r.successes, within=r.within_slo,
                                     errors=r.failures)
@@ -351,7 +432,8 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
                                      "verdict": step.verdict, "requests_needed": needed}))
         return step
 
-    res = search(run_step, cfg)
+    with live_progress("capacity", total=max_steps) as progress:
+        res = search(run_step, cfg)
     # A rate is tried again only when its step was invalid, and then the last try is the one
     # the search counted: every record of a rate carries that verdict, so a reader grouping
     # records by rate (the diagnose sheet) sees what the search decided.
@@ -370,6 +452,8 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
            "steps": [s.__dict__ for s in res.steps],
            "records": str(records) if records else None, "plot": str(plot) if plot else None}
     emit(doc, as_json, lambda c: _render_capacity(c, res, doc))
+    if res.capacity_rps is None:
+        exit_if_missed([f"{objective.label} at every rate tried"])
 
 
 def _int(text: str, *, what: str) -> int:

@@ -18,14 +18,19 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._cluster import cluster_option, open_cluster
+from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._progress import live_progress
+from scalelab.cli._progress import shown as progress_shown
 from scalelab.cli._sweep import levels
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
 from scalelab.core.records import Record, append_records, new_experiment_id
 from scalelab.core.units import parse_duration
 from scalelab.load.capacity import SearchConfig
+from scalelab.load.cluster import Cluster
 from scalelab.load.connection import Target
 from scalelab.load.generator import LAG_INVALID_SHARE, Mode
 from scalelab.load.llm_quality import Agreement, agreement
@@ -173,16 +178,34 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
               help="Output quality: answer the first N workload prompts one at a time first, "
                    "then send them as each level's first requests and report greedy agreement "
                    "with those answers (0: off).")
+@cluster_option
 @_workload_options
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         records: Path | None, experiment: str | None, metrics_url: str | None,
-        series: str | None, server_pid: int | None, quality_probe: int, as_json: bool,
-        **kw: Any) -> None:
+        series: str | None, server_pid: int | None, quality_probe: int,
+        cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput,
-    and with --quality-probe the greedy agreement with one-at-a-time answers."""
+    and with --quality-probe the greedy agreement with one-at-a-time answers.
+
+    \b
+    Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
+    stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
+    """
+    with open_cluster(cluster_address) as cluster:
+        _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration,
+             n_requests, warmup, processes, slo, records, experiment, metrics_url, series,
+             server_pid, quality_probe, as_json, kw, cluster)
+
+
+def _run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
+         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
+         n_requests: int | None, warmup: str, processes: int, slo: str | None,
+         records: Path | None, experiment: str | None, metrics_url: str | None,
+         series: str | None, server_pid: int | None, quality_probe: int, as_json: bool,
+         kw: dict[str, Any], cluster: Cluster | None) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples,
                          examples="--rates 1,2,5, --concurrency 1,4,16")
     if duration is not None and n_requests is not None:
@@ -203,46 +226,53 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
             err_console.print(f"[dim]quality probe: {len(probe)} prompts one at a time ...[/]")
         reference = reference_answers(_stream(target, reqs, "closed", kw, 0.0, 1, probe))
     out: list[dict[str, Any]] = []
-    for i, level in enumerate(sweep):
-        if level <= 0:
-            raise BadUsageError(f"levels must be positive, got {level}")
-        conc = int(level) if mode == "closed" else 1
-        plan = LlmPlan(stream=_stream(target, reqs, mode, kw, warm, conc, probe),
-                       rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
-                       duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
-                       processes=processes)
-        if not as_json:
+    with live_progress("load", total=len(sweep)) as progress:
+        for i, level in enumerate(sweep):
+            if level <= 0:
+                raise BadUsageError(f"levels must be positive, got {level}")
+            conc = int(level) if mode == "closed" else 1
+            plan = LlmPlan(stream=_stream(target, reqs, mode, kw, warm, conc, probe),
+                           rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
+                           duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
+                           processes=processes)
             what = f"{level:g} req/s" if mode == "open" else f"{conc} streams"
-            err_console.print(f"[dim]load llm {target.base}{target.path}: {what} ...[/]")
-        engine: dict[str, Any] = {}
-        if metrics_url or server_pid:
-            with Sampler(metrics_url, pid=server_pid) as sampler:
-                r = run_llm(plan)
-            engine = sampler.extras()
-        else:
-            r = run_llm(plan)
-        check_ran(r, url)
-        agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
-        out.append({**level_json(r, objective, price), "engine": engine,
-                    "quality": quality_json(agree)})
-        if records is not None:
-            extra: dict[str, Any] = {**engine, "model": wl.model,
-                                     **({"series": series} if series else {}),
-                                     **(agree.extras() if agree else {})}
-            limit = limiting_signal(engine) if engine.get("engine_scrapes") else None
-            if limit:
-                extra["limiting_signal"] = limit
-            rss = engine.get("server_peak_rss_bytes")
-            append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
-                                               slo=objective, price_per_hour_usd=price,
-                                               extra=extra, limiting_resource=limit,
-                                               peak_memory_bytes=int(rss) if rss else None,
-                                               quality=agree.quality() if agree else None)])
+            progress.update(note=f"load llm {target.base}{target.path}: {what}")
+            if not as_json and not progress_shown():
+                err_console.print(f"[dim]load llm {target.base}{target.path}: {what} ...[/]")
+            engine: dict[str, Any] = {}
+            if metrics_url or server_pid:
+                with Sampler(metrics_url, pid=server_pid) as sampler:
+                    r = run_llm(plan, cluster=cluster)
+                engine = sampler.extras()
+            else:
+                r = run_llm(plan, cluster=cluster)
+            check_ran(r, url)
+            agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
+            out.append({**level_json(r, objective, price), "engine": engine,
+                        "quality": quality_json(agree)})
+            progress.advance()
+            if records is not None:
+                extra: dict[str, Any] = {**engine, "model": wl.model,
+                                         **({"series": series} if series else {}),
+                                         **(agree.extras() if agree else {})}
+                limit = limiting_signal(engine) if engine.get("engine_scrapes") else None
+                if limit:
+                    extra["limiting_signal"] = limit
+                rss = engine.get("server_peak_rss_bytes")
+                append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
+                                                   slo=objective, price_per_hour_usd=price,
+                                                   extra=extra, limiting_resource=limit,
+                                                   peak_memory_bytes=int(rss) if rss else None,
+                                                   quality=agree.quality() if agree else None)])
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "experiment": exp,
            "mode": mode, "slo": objective.label if objective else None,
            "price_per_hour_usd": price, "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: render_levels(c, doc))
+    exit_if_missed([
+        f"{x['objective']} at "
+        f"{lv['offered_rps'] if lv['mode'] == 'open' else lv['concurrency']:g}"
+        for lv in out for x in lv.get("objectives", []) if not x["met"]])
 
 
 def quality_json(a: Agreement | None) -> dict[str, Any] | None:
@@ -347,13 +377,28 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
 @click.option("--experiment", help="Experiment id for the records.")
 @plot_option("TTFT and TPOT quantiles against the tried rates, and the capacity found")
+@cluster_option
 @_workload_options
 @json_option
 def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: str,
                  confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
                  warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
-                 as_json: bool, **kw: Any) -> None:
-    """The highest arrival rate meeting every token objective, in req/s and output tokens/s."""
+                 cluster_address: str | None, as_json: bool, **kw: Any) -> None:
+    """The highest arrival rate meeting every token objective, in req/s and output tokens/s.
+
+    \b
+    Exit status: 0 a rate met the objectives; 1 no tried rate met them; 2 bad usage or
+    input; 70 internal error; 130 interrupted.
+    """
+    with open_cluster(cluster_address) as cluster:
+        _capacity(url, slo, start, max_rate, precision, confidence, min_step, max_step,
+                  max_steps, arrival, warmup, records, experiment, plot, as_json, kw, cluster)
+
+
+def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
+              confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
+              warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
+              as_json: bool, kw: dict[str, Any], cluster: Cluster | None) -> None:
     objective = parse_token_slo(slo)
     conf = _fraction(confidence, what="--confidence")
     rule = TokenStepRule(slo=objective, confidence=conf,
@@ -372,11 +417,14 @@ def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: s
                        arrival=arrival, duration_s=rule.max_step_s,  # type: ignore[arg-type]
                        seed=kw["seed"] + i)
 
-    def on_step(rate: float) -> None:
-        if not as_json:
-            err_console.print(f"[dim]capacity step: {rate:.2f} req/s ...[/]")
+    with live_progress("capacity", total=max_steps) as progress:
 
-    res = capacity(make_plan, rule, cfg, on_step=on_step, url=url)
+        def on_step(rate: float) -> None:
+            progress.advance(f"capacity step: {rate:.2f} req/s")
+            if not as_json and not progress_shown():
+                err_console.print(f"[dim]capacity step: {rate:.2f} req/s ...[/]")
+
+        res = capacity(make_plan, rule, cfg, on_step=on_step, url=url, cluster=cluster)
     recs: list[Record] = []
     for i, (s, r) in enumerate(zip(res.result.steps, res.levels, strict=True)):
         recs.append(to_record(r, experiment=exp, url=url, workload=wl.label(), slo=objective,
@@ -405,6 +453,8 @@ def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: s
     if plot is not None:
         plot_capacity(doc, plot)
     emit(doc, as_json, lambda c: _render_capacity(c, doc))
+    if doc["capacity_rps"] is None:
+        exit_if_missed([f"{objective.label} at every rate tried"])
 
 
 def plot_capacity(doc: dict[str, Any], path: Path) -> None:

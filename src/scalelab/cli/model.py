@@ -8,10 +8,14 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option, parse_list
 from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._progress import live_progress
+from scalelab.cli._progress import shown as progress_shown
+from scalelab.core.device import DeviceProfile
 from scalelab.core.errors import BadUsageError
 from scalelab.core.records import (
     Latency,
@@ -78,6 +82,8 @@ def _render_compress(out: dict[str, Any]) -> Any:
                 format_bytes(r["size_bytes"]) if r["size_bytes"] else "-",
                 f"{r['cost_per_1000_usd']:.1e}")
         con.print(t)
+        if out.get("on_device"):
+            _render_on_device(out["on_device"], con)
         for p in out["published"]:
             con.print(f"published {p['variant']} as {p['path']}")
         con.print("! = a class lost more F1 than the tolerance; × = fp32 p50 / variant p50")
@@ -98,8 +104,11 @@ def _render_compress(out: dict[str, Any]) -> Any:
 @click.option("--variants", default=DEFAULT_VARIANTS, show_default=True,
               help="Comma-separated: int8, prune-structured-<pct>, prune-unstructured-<pct>, "
                    "distill, cascade, cache, onnx, onnx-int8.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
-              show_default=True, help="Where to run (auto: CUDA when torch sees one).")
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|SPEC",
+              help="Where to run (auto: CUDA when torch sees one). A target-device SPEC "
+                   "(cores=1,memory=512MiB[,threads=1]) builds on this machine's CPU, then "
+                   "times every variant at batch 1 in a child held to that device: pinned "
+                   "CPUs, threads, memory limit (cgroup v2, else RLIMIT_AS); fit / no fit.")
 @click.option("--publish", "publish_repo", type=click.Path(file_okay=False, path_type=Path),
               help="Write each publishable variant as a new version in this model repository.")
 @click.option("--model-name", help="Model name in --publish REPO (default: the parent's).")
@@ -173,7 +182,8 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
         raise BadUsageError(f"--plot {plot}: use a .png or .svg file name")
     if cache_rate <= 0 or cache_requests < 1:
         raise BadUsageError("--cache-rate must be > 0 and --cache-requests >= 1")
-    dev = resolve_device(device)
+    profile = DeviceProfile.parse(device) if "=" in device else None
+    dev = "cpu" if profile is not None else resolve_device(device)
     prices = resolve_prices(prices_file, core_hour_usd=price_per_core_hour,
                             gpu_hour_usd=price_per_gpu_hour)
     cfg = CompressConfig(
@@ -194,9 +204,11 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
         cache_requests=cache_requests, cache_zipf_s=cache_zipf, cache_rate_per_s=cache_rate,
         cache_ttl_s=parse_duration(cache_ttl, what="--cache-ttl"),
         cache_capacity=cache_capacity)
-    if not as_json:
+    if not as_json and not progress_shown():
         err_console.print(f"building {', '.join(cfg.variants)} on {dev} ...")
-    result = run_bench(model_path, data_dir, cfg)
+    with live_progress(f"compress on {dev}") as progress:
+        result = run_bench(model_path, data_dir, cfg,
+                           on_step=lambda what: progress.update(note=f"compress: {what}"))
     base = result.variants[0]
     out: dict[str, Any] = {
         "experiment": result.experiment, "model": str(model_path), "data": str(data_dir),
@@ -206,6 +218,8 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
         "published": [], "records": str(records) if records else None,
         "plot": str(plot) if plot else None,
     }
+    if profile is not None:
+        out["on_device"] = _on_device(result, profile, model_path, data_dir, cfg, calls)
     if plot is not None:
         from scalelab.model.pareto import Point
         from scalelab.model.pareto import plot as draw
@@ -223,6 +237,45 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
     if records is not None:
         append_records(records, result.records)
     emit(out, as_json, _render_compress(out))
+
+
+def _on_device(result: Any, profile: DeviceProfile, model_path: Path, data_dir: Path,
+               cfg: Any, calls: int) -> dict[str, Any]:
+    from scalelab.core.device import choose_mechanism
+    from scalelab.model.features import Preprocess, load_split
+    from scalelab.model.ondevice import measure_on_device
+
+    test = load_split(data_dir, "test", Preprocess.read(model_path),
+                      max_rows=min(512, cfg.max_test_rows or 512))
+    with tempfile.TemporaryDirectory(prefix="scalelab-ondevice-") as d:
+        rows = measure_on_device(result.variants, profile, Path(d),
+                                 categorical=test.categorical, numeric=test.numeric,
+                                 calls=calls)
+    # What the children used (a cgroup that could not be made falls back to RLIMIT_AS).
+    measured = [r for r in rows if r["measured"]]
+    mechanism, note = ((measured[0]["mechanism"], measured[0]["mechanism_note"]) if measured
+                       else choose_mechanism(profile))
+    return {"profile": profile.as_dict(), "mechanism": mechanism, "mechanism_note": note,
+            "batch_size": 1, "calls": calls, "variants": rows}
+
+
+def _render_on_device(od: dict[str, Any], con: Console) -> None:
+    t = Table(title=f"on device {od['profile']['label']} (memory limit: {od['mechanism']}), "
+                    "batch 1")
+    for col in ("variant", "fit", "p50 ms", "p95 ms", "peak RSS", "peak VM", "CPUs",
+                "threads", "why not"):
+        t.add_column(col, justify="left" if col in ("variant", "why not") else "right")
+    for r in od["variants"]:
+        fit = {True: "yes", False: "NO", None: "-" if not r["measured"] else "error"}[r["fit"]]
+        t.add_row(r["variant"], fit,
+                  f"{r['p50_ms']:.3f}" if "p50_ms" in r else "-",
+                  f"{r['p95_ms']:.3f}" if "p95_ms" in r else "-",
+                  format_bytes(r["peak_rss_bytes"]) if r.get("peak_rss_bytes") else "-",
+                  format_bytes(r["peak_vm_bytes"]) if r.get("peak_vm_bytes") else "-",
+                  ",".join(map(str, r["cpus"])) if r.get("cpus") else "-",
+                  str(r.get("threads") or "-"), r["reason"])
+    con.print(t)
+    con.print(f"[dim]{escape(od['mechanism_note'])}[/]")
 
 
 def _publish(result: Any, parent: Path, repo: Path, name: str | None, lineage: Path | None,
@@ -324,3 +377,28 @@ def minilm(sentences: Path, backends: str, batch_sizes: str, calls: int, threads
                       format_bytes(row["size_bytes"]))
         con.print(t)
     emit(out, as_json, render)
+
+
+@app.command("time")
+@click.option("--model", "model_dir", required=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Model version directory (model.json + weights).")
+@click.option("--rows", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Rows to time on: safetensors with 'categorical' and 'numeric' tensors.")
+@click.option("--calls", type=int, default=200, show_default=True, help="Timed calls.")
+@click.option("--warmup", type=int, default=20, show_default=True, help="Untimed calls first.")
+@json_option
+def time_cmd(model_dir: Path, rows: Path, calls: int, warmup: int, as_json: bool) -> None:
+    """Load one model version and time it at batch 1 in this process (what `compress --device
+    SPEC` runs in each held child; useful alone under taskset or a container limit).
+
+    Example: scalelab model time --model repo/flights/1 --rows rows.safetensors
+    """
+    from scalelab.model.ondevice import time_version
+
+    if calls < 1 or warmup < 0:
+        raise BadUsageError("--calls must be >= 1 and --warmup >= 0")
+    out = time_version(model_dir, rows, calls=calls, warmup=warmup)
+    emit(out, as_json, lambda con: con.print(
+        f"{model_dir}: p50 {out['p50_ms']:.3f} ms, p95 {out['p95_ms']:.3f} ms at batch 1 "
+        f"({calls} calls, {out['torch_threads']} torch thread(s))"))

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from scalelab.cli._output import emit, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._progress import live_progress
 
 start_option = click.option("--start", default=None,
                             help="First hour replayed, ISO (e.g. 2013-01-01T00); default: all.")
@@ -184,6 +185,9 @@ def plot_monthly(results: list[dict[str, Any]], path: Path) -> None:
               help="Publish versions here through `scalelab serve canary/promote/rollback`.")
 @click.option("--model", "model_name", default="flights-online", show_default=True,
               help="Model name in --model-repo (must be new).")
+@click.option("--label-horizon-hours", "label_horizon", default=None, type=float,
+              help="Labels arriving later than this after their event are counted "
+                   "(labels.past_horizon) and not used; default: every label is used.")
 @click.option("--decisions", "decisions_path", default=None,
               type=click.Path(dir_okay=False, path_type=Path),
               help="Write every decision as one JSON line here.")
@@ -200,7 +204,8 @@ def plot_monthly(results: list[dict[str, Any]], path: Path) -> None:
 @json_option
 def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: float,
                drift_backoff: float,
-               model_repo: Path | None, model_name: str, decisions_path: Path | None,
+               model_repo: Path | None, model_name: str, label_horizon: float | None,
+               decisions_path: Path | None,
                records_path: Path | None, bootstrap_days: float, lookback_hours: float,
                tick_hours: float, tolerance: float, rollback_tolerance: float,
                start: str | None, end: str | None, faults: tuple[str, ...], label_delay: float,
@@ -230,15 +235,20 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
             ingested = {n: ingest_source(log, rules, n, src) for n, src in
                         (("events", stream.feature_events()),
                          ("labels", stream.label_events()))}
-        data = StreamData.from_frames(log.read("events"), log.labels(), log.quarantine())
+        data = StreamData.from_frames(log.read("events"), log.labels(), log.quarantine(),
+                                      horizon_h=label_horizon)
         totals = log.totals("events")
+        label_totals = log.totals("labels")
     pub = None
     if model_repo is not None:
         pub = RepositoryPublisher(model_repo, model_name, tolerance=tolerance)
-    result = run(data, rules, pol, ucfg, publish=pub,
-                 rolled_back=pub.rolled_back if pub is not None else None,
-                 on_bootstrap=(lambda lr: pub.bootstrap(lr, {"source": "scalelab online"}))
-                 if pub is not None else None)
+    with live_progress(f"replay {policy}") as progress:
+        result = run(data, rules, pol, ucfg, publish=pub,
+                     rolled_back=pub.rolled_back if pub is not None else None,
+                     on_bootstrap=(lambda lr: pub.bootstrap(lr, {"source": "scalelab online"}))
+                     if pub is not None else None,
+                     on_window=lambda k, n: progress.update(
+                         completed=k, total=n, note=f"replay {policy}: window {k}/{n}"))
     if decisions_path is not None:
         decisions_path.parent.mkdir(parents=True, exist_ok=True)
         with decisions_path.open("w", encoding="utf-8") as f:
@@ -257,8 +267,12 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
             extras={"policy": policy, "promoted": result.promoted, "refused": result.refused,
                     "rolled_back": result.rolled_back,
                     "samples_trained": result.samples_trained,
-                    "staleness_h": result.staleness_h})])
-    out = {"log": str(log_path), "ingested": ingested, "log_totals": totals, **summary,
+                    "staleness_h": result.staleness_h, "monthly": result.monthly})])
+    labels = {"log_accepted": label_totals["accepted"], "stored": data.labels_stored,
+              "joined": data.labels_joined, "past_horizon": data.past_horizon,
+              "unjoined": data.unjoined, "horizon_h": label_horizon}
+    out = {"log": str(log_path), "ingested": ingested, "log_totals": totals, "labels": labels,
+           **summary,
            "published": pub.versions if pub is not None else None,
            "plot": str(plot) if plot else None}
     if plot is not None:
@@ -271,6 +285,8 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
                 f"{result.rolled_back} rolled back; {result.quarantined_windows} window(s) "
                 f"quarantined; {result.samples_trained:,} samples trained "
                 f"({result.train_cpu_s:.1f} CPU s); mean staleness {result.staleness_h:.0f} h")
+        c.print(f"labels: {data.labels_joined:,} used, {data.past_horizon:,} past the "
+                f"horizon, {data.unjoined:,} for events not in the log")
         c.print(f"feature version {result.feature_version}"
                 + (f"; decisions in {decisions_path}" if decisions_path else ""))
 
@@ -318,7 +334,14 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
                       drift_threshold=drift_threshold, drift_backoff=drift_backoff,
                       price_per_core_hour=resolve_prices(
                           prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
-    res = run_bench(cfg, out_dir, new_experiment_id("online"))
+    with live_progress("online bench: ingest") as progress:
+
+        def on_window(name: str, k: int, n: int) -> None:
+            i = cfg.policies.index(name)
+            progress.update(completed=i * n + k, total=n * len(cfg.policies),
+                            note=f"policy {name}: window {k}/{n}")
+
+        res = run_bench(cfg, out_dir, new_experiment_id("online"), on_window=on_window)
     if records_path is not None:
         append_records(records_path, res["records"])
     rows = [p["result"] for p in res["policies"]]

@@ -20,8 +20,9 @@ from rich.table import Table
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option, parse_list, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._progress import live_progress
 from scalelab.cli._tracing import trace_config, trace_options
-from scalelab.core.errors import BadUsageError
+from scalelab.core.errors import BadInputError, BadUsageError
 
 cache_option = click.option(
     "--cache", type=click.Path(path_type=Path), default=None,
@@ -187,13 +188,20 @@ def serve_cmd(governance: Path | None,
               generate_model: str | None, trace_sample: float, trace_out: str | None,
               otlp_endpoint: str | None) -> None:
     """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
-    import logging
 
     from scalelab.retrieval.server import SETTINGS_ENV, RetrievalSettings
     from scalelab.retrieval.store import index_info
     from scalelab.web.runner import RunConfig, run
 
-    index_info(index_dir)  # fail here, with a clear line, before uvicorn starts
+    # fail here, with one line, before uvicorn starts: a missing or unreadable manifest, or a
+    # corpus that is gone (nothing to answer with, nothing to rebuild a refused file from); a
+    # damaged index file with its corpus in place is rebuilt by the server before it is ready
+    info = index_info(index_dir)
+    corpus = info.corpus.get("path")
+    if not corpus or not Path(corpus).is_dir():
+        raise BadInputError(f"{index_dir}: its corpus {corpus} is gone (the documents the ids "
+                            "point at); re-create the corpus and rebuild the index: scalelab "
+                            f"retrieval index --corpus DIR --out {index_dir} --index {info.spec}")
     c = _cache(cache, no_cache)
     s = RetrievalSettings(index_dir=str(index_dir.resolve()), cache=str(c) if c else None,
                           max_k=max_k, max_inflight=max_inflight, max_body_bytes=max_body_bytes,
@@ -201,7 +209,9 @@ def serve_cmd(governance: Path | None,
                           governance_file=governance_file(governance),
                           trace=trace_config(trace_sample, trace_out, otlp_endpoint))
     os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(s))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from scalelab.web.logs import configure
+
+    configure("info")  # JSON lines on stderr, each with its request's trace id
     run("scalelab.retrieval.server:app_from_env", RunConfig(host=host, port=port))
 
 
@@ -247,7 +257,9 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
                       price_per_core_hour=resolve_prices(
                           prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
                       seed=seed, records=records)
-    result = run_bench(cfg)
+    with live_progress("retrieval bench",
+                       total=len(cfg.levels) * (3 + len(cfg.indexes))) as progress:
+        result = run_bench(cfg, on_step=lambda what: progress.advance(what))
     result["plot"] = str(plot) if plot else None
     if plot is not None:
         plot_frontier(result, plot)

@@ -37,6 +37,9 @@ def app() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Bind address (0.0.0.0 to listen beyond this machine).")
 @click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--grpc-port", default=None, type=int,
+              help="Also answer the KServe v2 gRPC protocol on this port (same --host, same "
+                   "queues and batcher as HTTP); needs grpcio.")
 @click.option("--workers", default=1, show_default=True, type=int,
               help="uvicorn worker processes; metrics merge across them.")
 @click.option("--admin-token", default=None,
@@ -75,9 +78,10 @@ def app() -> None:
 @governance_option
 @trace_options
 def run_cmd(governance: Path | None,
-            model_repo: Path, host: str, port: int, workers: int, admin_token: str | None,
-            max_body: str, sample_dir: Path | None, sample_rate: float, sample_max_rows: int,
-            sample_max_files: int, graceful_seconds: float, read_timeout: float,
+            model_repo: Path, host: str, port: int, grpc_port: int | None, workers: int,
+            admin_token: str | None, max_body: str, sample_dir: Path | None,
+            sample_rate: float, sample_max_rows: int, sample_max_files: int,
+            graceful_seconds: float, read_timeout: float,
             torch_threads: int | None,
             poll_seconds: float, log_level: str, http: str, loop: str, access_log: str,
             access_log_rate: float, trace_sample: float, trace_out: str | None,
@@ -88,7 +92,8 @@ def run_cmd(governance: Path | None,
 
     settings = ServerSettings(
         governance_file=governance_file(governance),
-        model_repo=model_repo, host=host, port=port, workers=workers, admin_token=admin_token,
+        model_repo=model_repo, host=host, port=port, grpc_port=grpc_port, workers=workers,
+        admin_token=admin_token,
         max_body_bytes=parse_size(max_body, what="--max-body"), sample_dir=sample_dir,
         sample_rate=sample_rate, sample_max_rows=sample_max_rows,
         sample_max_files=sample_max_files, graceful_s=graceful_seconds,

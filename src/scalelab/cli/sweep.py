@@ -8,14 +8,25 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from scalelab.cli._cluster import open_cluster
 from scalelab.cli._output import emit, err_console, json_option, parse_list, plot_option
+from scalelab.cli._progress import live_progress
 from scalelab.core.errors import BadUsageError, RunFailedError
+from scalelab.core.machine import Machine
 from scalelab.core.records import append_records, new_experiment_id
-from scalelab.core.sweep import RunResult, SweepConfig, SweepResult, level_summary, run_sweep
+from scalelab.core.sweep import (
+    Executor,
+    RunResult,
+    SweepConfig,
+    SweepResult,
+    level_summary,
+    run_here,
+    run_sweep,
+)
 from scalelab.core.units import format_bytes, parse_duration
+from scalelab.load.cluster import Cluster
 
 
 def _parse_var(text: str) -> tuple[str, list[float]]:
@@ -83,6 +94,21 @@ def _render(res: SweepResult, records_path: Path) -> Any:
     return render
 
 
+def _on_cluster(cluster: Cluster) -> Executor:
+    def execute(cmd: list[str], extra_env: dict[str, str],
+                cfg: SweepConfig) -> tuple[RunResult, Machine, str]:
+        # The worker's own environment (its PATH, its venv) plus the level's variable.
+        fut = cluster.client.submit(run_here, cmd, extra_env, cfg, pure=False)
+        try:
+            out: tuple[RunResult, Machine, str] = fut.result(timeout=cfg.timeout_s + 60)
+        except Exception as e:
+            raise RunFailedError(f"the cluster could not run {cmd[0]!r}: "
+                                 f"{type(e).__name__}: {e}") from e
+        return out
+
+    return execute
+
+
 def _plot(levels: Sequence[Mapping[str, Any]], variable: str, experiment: str, path: Path) -> None:
     from scalelab.report import figures
 
@@ -134,6 +160,9 @@ def _plot(levels: Sequence[Mapping[str, Any]], variable: str, experiment: str, p
 )
 @click.option("--experiment", help="Experiment id (default: sweep-<time>-<random>).")
 @plot_option("throughput per level (median, range of the repeats) and the chosen fit")
+@click.option("--cluster", "cluster_address", metavar="tcp://HOST:PORT",
+              help="Run each level's command on a worker of this Dask cluster (one run at a "
+                   "time, any free worker); each record names the host it ran on.")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def sweep(
@@ -145,6 +174,7 @@ def sweep(
     records_path: Path,
     experiment: str | None,
     plot: Path | None,
+    cluster_address: str | None,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -169,26 +199,16 @@ def sweep(
             f"only through the environment variable SCALELAB_{name.upper()}"
         )
     total = len(levels) * repeats
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=total < 2,
-    ) as progress:
-        task = progress.add_task(f"sweep {name}", total=total)
+    with open_cluster(cluster_address) as cluster, \
+            live_progress(f"sweep {name}", total=total) as progress:
 
         def on_run(level: float, rep: int, r: RunResult) -> None:
-            progress.update(
-                task,
-                advance=1,
-                description=f"{name}={level:g} #{rep + 1}: "
-                f"{'ok' if r.ok else 'FAILED'} {r.wall_s:.2f}s",
+            progress.advance(
+                f"{name}={level:g} #{rep + 1}: {'ok' if r.ok else 'FAILED'} {r.wall_s:.2f}s"
             )
 
-        res = run_sweep(cfg, on_run=on_run)
+        res = run_sweep(cfg, on_run=on_run,
+                        execute=run_here if cluster is None else _on_cluster(cluster))
     append_records(records_path, res.records)
     data = {
         "experiment": cfg.experiment,

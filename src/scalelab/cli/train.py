@@ -16,6 +16,7 @@ from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option, parse_list
 from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._progress import live_progress
 from scalelab.cli.train_transformer import (
     run_transformer,
     run_transformer_bench,
@@ -240,8 +241,11 @@ def app(ctx: click.Context, epochs: int, steps: int | None, nproc: int, nnodes: 
     lc = LaunchConfig(nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
                       max_restarts=max_restarts, cuda=device == "cuda",
                       timeout_s=parse_duration(timeout, what="--timeout"), run_dir=run_dir)
-    result = run_training(cfg, lc, repo=repo, model_name=model_name,
-                          lineage=False if no_lineage else lineage, on_warning=_warn)
+    with live_progress(f"train on {nproc} process(es)") as progress:
+        result = run_training(
+            cfg, lc, repo=repo, model_name=model_name, lineage=False if no_lineage else lineage,
+            on_warning=_warn, on_progress=lambda step, total, loss: progress.update(
+                completed=step, total=total, note=f"train: step {step}/{total}, loss {loss:.4f}"))
     if records:
         from scalelab.core.records import append_records, new_experiment_id
         from scalelab.train.bench import run_record

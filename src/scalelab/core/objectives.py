@@ -9,10 +9,12 @@ to the smallest level), quality:<key>, extras:<key>.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from scalelab.core.decide import Decision, decide_point, decide_quantile, decide_rate, decide_spread
 from scalelab.core.errors import BadInputError
-from scalelab.core.sheet import SheetRow
+from scalelab.core.sheet import SAMPLES_UNIT_KEY, SheetRow
 
 METRICS = {
     "rate",
@@ -49,7 +51,8 @@ class Objective:
             object.__setattr__(self, "label", f"{self.metric} {op} {v:g}")
 
     def passes(self, value: float | None) -> bool | None:
-        """None when the row has no value for the metric (not measured: neither pass nor fail)."""
+        """The point test (no confidence): None when the row has no value for the metric.
+        A verdict decides with `decide` instead; this ranks alternatives by their values."""
         if value is None:
             return None
         if self.min is not None:
@@ -98,6 +101,57 @@ def metric_value(
     return None if v is None else float(v)
 
 
+_QUANTILE_METRICS = {"p50_ms": 0.5, "p95_ms": 0.95, "p99_ms": 0.99}
+_EXTRA_QUANTILE = re.compile(r"^extras:(?P<name>.+)_p(?P<q>50|90|95|99|999)_ms$")
+_Q = {"50": 0.5, "90": 0.9, "95": 0.95, "99": 0.99, "999": 0.999}
+
+
+def _efficiency_spread(row: SheetRow, rows: list[SheetRow]) -> tuple[float | None, float | None]:
+    """Efficiency of the row's slowest and fastest repeat against the base level's median."""
+    ok = sorted((r for r in rows if r.rate is not None and r.rate > 0), key=lambda r: r.level)
+    if not ok or row.rate_min is None or row.rate_max is None or not row.level:
+        return None, None
+    n0, x0 = ok[0].level, ok[0].rate
+    assert x0 is not None
+    scale = x0 * row.level / n0
+    return row.rate_min / scale, row.rate_max / scale
+
+
+def decide(row: SheetRow, o: Objective, series_rows: list[SheetRow] | None = None) -> Decision:
+    """One objective at one row, by the rule its metric calls for (see core.decide)."""
+    rows = series_rows or [row]
+    value = metric_value(row, o.metric, rows)
+    said = row.extras.get(SAMPLES_UNIT_KEY)
+    unit = said if isinstance(said, str) and said else "requests"
+    if o.metric in _QUANTILE_METRICS:
+        return decide_quantile(_QUANTILE_METRICS[o.metric], row.quantiles_ms,
+                               row.latency_samples, value=value, unit=unit,
+        minimum=o.min, maximum=o.max)
+    if (m := _EXTRA_QUANTILE.match(o.metric)) is not None:
+        # A quantile kept in the extras (e.g. TPOT p95): bracketed by its recorded siblings.
+        recorded = {
+            q: float(v)
+            for k, q in _Q.items()
+            if isinstance(v := row.extras.get(f"{m['name']}_p{k}_ms"), int | float)
+        }
+        return decide_quantile(_Q[m["q"]], recorded, row.latency_samples, value=value,
+                               unit=unit,
+        minimum=o.min, maximum=o.max)
+    if o.metric in ("failure_rate", "availability"):
+        return decide_rate(row.failure_events, row.failure_trials, value=value,
+                           complement=o.metric == "availability", unit=unit,
+        minimum=o.min, maximum=o.max)
+    if o.metric == "rate":
+        return decide_spread(value, row.rate_min, row.rate_max, repeats=row.repeats,
+        minimum=o.min, maximum=o.max)
+    if o.metric == "efficiency":
+        lo, hi = _efficiency_spread(row, rows)
+        return decide_spread(value, lo, hi, repeats=row.repeats,
+        minimum=o.min, maximum=o.max)
+    return decide_point(value, repeats=row.repeats,
+        minimum=o.min, maximum=o.max)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Check:
     stage: str
@@ -105,31 +159,35 @@ class Check:
     level: float
     multiple: float
     objective: Objective
-    value: float | None
-    ok: bool | None
+    decision: Decision
+    """Met, missed, undecided or not measured, with its value, sample size and bounds."""
+
+    @property
+    def value(self) -> float | None:
+        return self.decision.value
+
+    @property
+    def outcome(self) -> str:
+        return self.decision.outcome
 
 
 def check_rows(rows: list[SheetRow], objectives: list[Objective]) -> list[Check]:
     """Every objective at every level of one stage's series."""
-    out: list[Check] = []
-    for row in sorted(rows, key=lambda r: r.level):
-        for o in objectives:
-            v = metric_value(row, o.metric, rows)
-            out.append(
-                Check(
-                    stage=row.stage,
-                    series=row.series,
-                    level=row.level,
-                    multiple=row.multiple,
-                    objective=o,
-                    value=v,
-                    ok=o.passes(v),
-                )
-            )
-    return out
+    return [
+        Check(
+            stage=row.stage,
+            series=row.series,
+            level=row.level,
+            multiple=row.multiple,
+            objective=o,
+            decision=decide(row, o, rows),
+        )
+        for row in sorted(rows, key=lambda r: r.level)
+        for o in objectives
+    ]
 
 
 def first_miss(checks: list[Check]) -> Check | None:
-    """The failing check at the lowest multiple (ties: the first objective listed)."""
-    failing = [c for c in checks if c.ok is False]
-    return min(failing, key=lambda c: c.multiple) if failing else None
+    """The missed check at the lowest multiple (ties: the first objective listed)."""
+    missed = [c for c in checks if c.outcome == "missed"]
+    return min(missed, key=lambda c: c.multiple) if missed else None

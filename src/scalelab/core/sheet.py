@@ -101,6 +101,17 @@ class SheetRow:
     """Joules per `cost_unit` (median over repeats), from the records' energy extras."""
     energy_basis: str | None = None
     """How that energy was obtained: "measured (RAPL)" or "estimated (model: N W/core)"."""
+    latency_samples: int | None = None
+    """Latencies each quantile rests on: the fewest successful requests of any repeat (the
+    quantiles are medians over repeats); None when a record did not say its sample count."""
+    failure_trials: int | None = None
+    """Trials the failure rate rests on, summed over repeats: the records' sample counts, or the
+    repeats themselves when no record measured a failure rate; None when not recorded."""
+    failure_events: int | None = None
+    """Failed trials among `failure_trials`."""
+    quantiles_ms: dict[float, float] = field(default_factory=dict)
+    """Every recorded latency quantile (0.5, 0.9, 0.95, 0.99, 0.999, 1.0 = max; medians over
+    repeats): what the order-statistic rule brackets its bounds with."""
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -111,6 +122,46 @@ def _median(values: Iterable[float | None]) -> float | None:
 def _mode(values: Iterable[str | None]) -> str | None:
     v = [x for x in values if x]
     return max(set(v), key=v.count) if v else None
+
+
+SAMPLES_KEY = "samples"
+"""Record extra: how many trials (requests, queries, events) the record's failure rate and
+latency quantiles rest on; `failure_rate × samples` of them failed. Optional: a record without
+it reads as "sample size not recorded", which leaves statistical objectives undecided."""
+
+LATENCY_SAMPLES_KEY = "latency_samples"
+"""Record extra, optional: the latencies the quantiles rest on when they are not the
+successful trials (default: samples − failures)."""
+SAMPLES_UNIT_KEY = "samples_unit"
+"""Record extra, optional: what the samples count ("requests", "queries", "rows", "events")."""
+
+_QUANTILE_FIELDS = {0.5: "p50_ms", 0.9: "p90_ms", 0.95: "p95_ms", 0.99: "p99_ms",
+                    0.999: "p999_ms", 1.0: "max_ms"}
+
+
+def sample_count(r: Record) -> int | None:
+    v = r.extras.get(SAMPLES_KEY)
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _counts(recs: list[Record], use: list[Record]) -> tuple[int | None, int | None, int | None]:
+    """(latency samples, failure trials, failure events) of one level's records. A record
+    whose latencies count something else than its trials (e.g. model updates beside events)
+    says so in extras["latency_samples"]."""
+    ns = [sample_count(r) for r in recs]
+    if all(n is not None for n in ns):
+        trials = [int(n) for n in ns if n is not None]
+        failed = [round((r.failure_rate or 0.0) * n) for r, n in zip(recs, trials, strict=True)]
+        lat = [
+            int(own) if isinstance(own := r.extras.get(LATENCY_SAMPLES_KEY), int) else n - f
+            for r, n, f in zip(recs, trials, failed, strict=True)
+            if r in use
+        ]
+        return (min(lat) if lat else None), sum(trials), sum(failed)
+    if not any(r.failure_rate is not None for r in recs):
+        # The sheet's failure rate is then the share of failed repeats: n = the repeats.
+        return None, len(recs), sum(1 for r in recs if not r.ok)
+    return None, None, None
 
 
 def series_of(r: Record) -> str:
@@ -159,6 +210,7 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
         mem = [r.peak_memory_bytes for r in use if r.peak_memory_bytes is not None]
         fr = [r.failure_rate for r in recs if r.failure_rate is not None]
         extras = _numeric_extras(use)
+        lat_n, trials, events = _counts(recs, use)
         b = base[(stage, series, variable)]
         rows.append(
             SheetRow(
@@ -200,6 +252,14 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
                                  if r.extras.get("governance")),
                 energy_per_unit_j=_num(extras, "energy_per_unit_j"),
                 energy_basis=_mode(str(r.extras.get("energy_basis") or "") for r in use),
+                latency_samples=lat_n,
+                failure_trials=trials,
+                failure_events=events,
+                quantiles_ms={
+                    q: v
+                    for q, name in _QUANTILE_FIELDS.items()
+                    if (v := _median(getattr(x, name) for x in lat)) is not None
+                },
             )
         )
     return rows

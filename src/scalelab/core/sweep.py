@@ -14,6 +14,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -284,18 +285,30 @@ def throughput(cfg: SweepConfig, level: float, r: RunResult) -> float | None:
 ProgressFn = Callable[[float, int, RunResult], None]
 
 
-def run_sweep(cfg: SweepConfig, *, on_run: ProgressFn | None = None) -> SweepResult:
-    """Run every level × repeat, build records, then fit the curve over the successful runs."""
-    m = current_machine()
+Executor = Callable[[list[str], dict[str, str], "SweepConfig"], tuple["RunResult", Machine, str]]
+"""Runs one command with these extra environment variables somewhere; returns its result, the
+machine it ran on and that host's name (`run_here` locally; the CLI's --cluster on a worker)."""
+
+
+def run_here(cmd: list[str], extra_env: dict[str, str],
+             cfg: SweepConfig) -> tuple[RunResult, Machine, str]:
+    """Run on this machine: the default executor, and what a Dask worker calls for --cluster
+    (the worker's own environment, plus the level's variable)."""
+    env = {**os.environ, **extra_env}
+    r = run_once(cmd, timeout_s=cfg.timeout_s, env=env, metric=cfg.metric, poll_s=cfg.poll_s)
+    return r, current_machine(), socket.gethostname()
+
+
+def run_sweep(cfg: SweepConfig, *, on_run: ProgressFn | None = None,
+              execute: Executor = run_here) -> SweepResult:
+    """Run every level × repeat, build records, then fit the curve over the successful runs.
+    Each record's machine (and extras' host) is where `execute` ran the command."""
     result = SweepResult(config=cfg)
     for level in cfg.levels:
         cmd = substitute(cfg.command, cfg.variable, level)
-        env = dict(os.environ)
-        env[f"SCALELAB_{cfg.variable.upper()}"] = level_text(level)
+        extra_env = {f"SCALELAB_{cfg.variable.upper()}": level_text(level)}
         for rep in range(cfg.repeats):
-            r = run_once(
-                cmd, timeout_s=cfg.timeout_s, env=env, metric=cfg.metric, poll_s=cfg.poll_s
-            )
+            r, m, host = execute(cmd, extra_env, cfg)
             x = throughput(cfg, level, r)
             error = None
             if r.timed_out:
@@ -331,6 +344,7 @@ def run_sweep(cfg: SweepConfig, *, on_run: ProgressFn | None = None) -> SweepRes
                         "exit_code": r.exit_code,
                         "metric": r.metric,
                         "command": cmd,
+                        "host": host,
                         "cpu_busy_cores": r.cpu_s / r.wall_s if r.wall_s else None,
                         **({"iowait_share": r.iowait_share}
                            if r.iowait_share is not None else {}),

@@ -44,6 +44,11 @@ class StageGoal:
     """The load (or resource) multiple the stage must reach, e.g. 10× today's volume."""
     advisor: Advisor | None = None
     """The stage's own advice (supplied by whoever defines the stage); None: `generic_advice`."""
+    candidate_metrics: frozenset[str] = frozenset()
+    """Metrics that compare a series with the baseline (recall@10 against exact search, an F1
+    delta against fp32, memory against the raw vectors): constant on the baseline by
+    construction, so their objectives are judged on every other series, never on the
+    baseline against itself."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,9 +67,33 @@ class AdviceInput:
     by_series: dict[str, list[SheetRow]]
     limits: list[Evidence]
     miss: Check | None
+    cores: int = 0
+    """The machine's cores (0: not known): a resource sweep past them only oversubscribes."""
 
 
 Advisor = Callable[[AdviceInput], Advice]
+
+RESOURCE_VARIABLES = ("workers", "nproc", "replicas", "processes", "threads")
+"""Variables that ask the machine for one core each: above the core count they share cores."""
+
+
+def oversubscription(rows: list[SheetRow], cores: int) -> Evidence | None:
+    """The hardware ceiling of a resource sweep: its highest level above the machine's cores,
+    e.g. '4 workers on 2 cores: oversubscribed ×2'; None when every level fits."""
+    if not rows or cores <= 0 or rows[0].variable not in RESOURCE_VARIABLES:
+        return None
+    top = max(r.level for r in rows)
+    if top <= cores:
+        return None
+    over = sorted({r.level for r in rows if r.level > cores})
+    var = rows[0].variable
+    return Evidence(
+        resource="cores",
+        detail=f"{top:g} {var} on {cores} cores: oversubscribed ×{top / cores:.3g}"
+        + (f" (levels {', '.join(f'{x:g}' for x in over)} exceed the cores; what they "
+           "measure is sharing, not scaling)" if len(over) > 1 else
+           " (what it measures is sharing, not scaling)"),
+    )
 
 
 @dataclass(kw_only=True)
@@ -84,6 +113,37 @@ class StageVerdict:
     cost: list[tuple[float, float, str]] = field(default_factory=list)
     """(multiple, cost per unit in USD, unit) per level of the baseline series."""
     checks: list[Check] = field(default_factory=list)
+    undecided: list[Check] = field(default_factory=list)
+    """Checks neither met nor missed (too few samples, a straddling spread, no sample size)
+    at the levels the verdict speaks for: up to the first miss, or all when none misses."""
+    not_measured: list[str] = field(default_factory=list)
+    """Objectives with no value at some level, each as 'label (at 1×, 2×)' or just 'label'
+    when no level measured it."""
+    decided: str = ""
+    """What was decided, e.g. 'meets p95 ≤ 50 ms, availability ≥ 99.9% up to 10×, decided
+    at 95%'; 'meets none of its objectives at any level' style text when nothing was."""
+    open_text: str = ""
+    """What was not decided, e.g. 'undecided at 10×: availability ≥ 99.9% (1,180 requests;
+    99.9% needs ≥ 2,995 without a failure)'; empty when everything was."""
+    candidate_checks: list[Check] = field(default_factory=list)
+    """The goal's candidate objectives (`StageGoal.candidate_metrics`) on every series but the
+    baseline: what an alternative must keep to be recommended."""
+    candidates: list[str] = field(default_factory=list)
+    """One line per candidate series: what it misses, meets and left undecided."""
+
+    @property
+    def outcome(self) -> str:
+        """'missed', 'met' (every check at every level met), 'undecided', 'not measured', or
+        'no objectives' (measured, nothing to judge)."""
+        if not self.measured:
+            return "not measured"
+        if not self.checks:
+            return "no objectives"
+        if self.miss is not None:
+            return "missed"
+        if self.undecided or self.not_measured:
+            return "undecided"
+        return "met"
 
 
 @dataclass(kw_only=True)
@@ -91,6 +151,15 @@ class Verdict:
     stages: list[StageVerdict]
     first: StageVerdict | None
     summary: str
+
+    @property
+    def outcome(self) -> str:
+        """'missed' when a stage missed, 'undecided' when any stage has an undecided or
+        unmeasured check (or measured nothing), else 'met': what `--fail-on` gates on."""
+        outs = {s.outcome for s in self.stages}
+        if "missed" in outs:
+            return "missed"
+        return "met" if outs <= {"met", "no objectives"} else "undecided"
 
 
 def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list[Evidence]:
@@ -104,6 +173,9 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
     if not rows:
         return ev
     rows = sorted(rows, key=lambda r: r.level)
+    ceiling = oversubscription(rows, cores)
+    if ceiling is not None:
+        ev.append(ceiling)
     last = rows[-1]
     at = f"at {last.variable}={last.level:g}"
     busy = metric_value(last, "extras:cpu_busy_cores")
@@ -151,10 +223,10 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
         ev.append(
             Evidence(resource="i/o", detail=f"{iow:.0%} of the machine's CPU time in I/O wait {at}")
         )
-    kf = _karp_flatt_trend(rows)
+    kf = _karp_flatt_trend([r for r in rows if ceiling is None or r.level <= cores])
     if kf is not None:
         ev.append(Evidence(resource="serial fraction", detail=kf))
-    if not ev:
+    if not [e for e in ev if e is not ceiling]:
         seen = [
             *([f"{busy:.2f} of {cores} cores busy"] if busy is not None else []),
             *([f"peak memory {mem:.0%} of RAM"] if mem is not None else []),
@@ -215,11 +287,24 @@ def extrapolation(at: float, last: float) -> str:
     return f"extrapolated {at / last:.3g}× beyond the last measured level"
 
 
-def curve_prediction(rows: list[SheetRow]) -> str:
+def curve_prediction(rows: list[SheetRow], *, cores: int = 0) -> str:
     """What the measured rate curve of one series supports saying about growing its variable.
 
     Only the model AIC chose is read (a USL peak on a straight line is not offered), and a
-    level beyond the measured ones says by how much it is extrapolated."""
+    level beyond the measured ones says by how much it is extrapolated. A resource sweep
+    (workers, processes, threads) is fitted only on levels within the machine's `cores`:
+    past them the levels share cores, and no fit is extrapolated through that ceiling."""
+    ceiling = oversubscription(rows, cores)
+    if ceiling is not None:
+        head = f"the ceiling is the machine's {cores} cores ({ceiling.detail.split(' (')[0]})"
+        within = [r for r in rows if r.level <= cores and r.rate]
+        if not within:
+            return head + ": no level within the cores measured a rate"
+        top = max(within, key=lambda r: r.level)
+        var, unit = rows[0].variable, rows[0].rate_unit or "units/s"
+        return head + (
+            f": {top.rate:.4g} {unit} measured at {var}={top.level:g}; no fit is extrapolated "
+            f"past the cores, where more {var} only take turns: add cores or machines to grow")
     pts = [(r.level, r.rate) for r in rows if r.rate]
     if len({n for n, _ in pts}) < 2:
         return ""
@@ -259,6 +344,8 @@ _ACTIONS = {
     "memory": "cut peak memory (stream or partition the input) or move to a larger machine",
     "queue": "add capacity (replicas or batching) or shed load before the queue grows",
     "communication": "communicate less per unit of work (larger batches, fewer exchanges)",
+    "cores": "run no more workers, threads or processes than cores (or add cores): beyond them "
+    "they only take turns",
     "serial fraction": "shorten the serial phase: more workers only add overhead",
     "disk spill": "give the stage more memory or smaller partitions so it stops spilling",
     "i/o": "move the data closer or to faster storage; prefetch while computing",
@@ -268,7 +355,7 @@ _ACTIONS = {
 def generic_advice(inp: AdviceInput) -> Advice:
     """Advice for a stage that brings no advisor of its own (e.g. a user's custom stage):
     the action that fits the strongest measured signal, or what to measure next."""
-    predicted = curve_prediction(inp.base)
+    predicted = curve_prediction(inp.base, cores=inp.cores)
     for ev in inp.limits:
         if ev.resource in _ACTIONS:
             action = f"{ev.resource}: {_ACTIONS[ev.resource]}"
@@ -296,6 +383,76 @@ def num_text(v: float | None) -> str:
     return "—" if v is None else f"{v:.4g}"
 
 
+def count_text(n: int) -> str:
+    return f"{n:,}"
+
+
+def decision_text(c: Check) -> str:
+    """A check's value with what it rests on: '0.99 on 1,000 requests, 95% bounds
+    0.9831–0.9946'; 'point, 1 repeat'; 'not measured'."""
+    d = c.decision
+    if d.value is None:
+        return "not measured"
+    shown = (format_bytes(d.value) if c.objective.metric == "peak_memory_bytes"
+             else f"{d.value:.4g}")
+    if d.confidence is not None:
+        if d.n is None:
+            return f"{shown}, sample size not recorded"
+        lo, hi = num_text(d.lower), num_text(d.upper)
+        return f"{shown} on {count_text(d.n)}, {d.confidence:.0%} bounds {lo}–{hi}"
+    if d.basis == "repeats":
+        return f"{shown}, {d.n} repeats {num_text(d.lower)}–{num_text(d.upper)}"
+    return f"{shown}, point" + (f" ({d.n} repeat{'s' if d.n != 1 else ''})" if d.n else "")
+
+
+def _decide_reach(v: StageVerdict) -> None:
+    """passed_up_to, the undecided and unmeasured checks, and the stage's two lines."""
+    levels = sorted({c.multiple for c in v.checks})
+    at: dict[float, list[Check]] = {m: [c for c in v.checks if c.multiple == m] for m in levels}
+    reach = None
+    for m in levels:  # only a contiguous run of fully met levels from the lowest counts
+        if not all(c.outcome == "met" for c in at[m]):
+            break
+        reach = m
+    v.passed_up_to = reach
+    limit = v.miss.multiple if v.miss is not None else math.inf
+    shown = [c for c in v.checks if c.multiple <= limit]
+    v.undecided = [c for c in shown if c.outcome == "undecided"]
+    gaps: dict[str, list[float]] = {}
+    for c in shown:
+        if c.outcome == "not measured":
+            gaps.setdefault(c.objective.label, []).append(c.multiple)
+    measured_at = {m for m in levels if m <= limit}
+    v.not_measured = [
+        label if set(ms) == measured_at else f"{label} (at {', '.join(f'{m:g}×' for m in ms)})"
+        for label, ms in gaps.items()
+    ]
+    if not v.checks:
+        v.decided = "no objectives to judge (measured only)"
+    elif reach is not None:
+        met = at[reach]
+        labels = ", ".join(dict.fromkeys(c.objective.label for c in met))
+        groups: dict[str, list[str]] = {}
+        for c in met:
+            d = c.decision
+            how_one = (f"decided at {d.confidence:.0%}" if d.confidence is not None
+                       else f"over {d.n} repeats" if d.basis == "repeats"
+                       else "as measured points")
+            groups.setdefault(how_one, []).append(c.objective.label)
+        how = (f", {next(iter(groups))}" if len(groups) == 1 else " (" + "; ".join(
+            f"{', '.join(dict.fromkeys(ls))} {h}" for h, ls in groups.items()) + ")")
+        v.decided = f"meets {labels} up to {reach:g}×{how}"
+    else:
+        v.decided = "meets its objectives at no level (none decided met at the lowest)"
+    if v.undecided:
+        first = min(c.multiple for c in v.undecided)
+        parts = [f"{c.objective.label} ({c.decision.need or decision_text(c)})"
+                 for c in v.undecided if c.multiple == first]
+        more = sorted({c.multiple for c in v.undecided} - {first})
+        v.open_text = f"undecided at {first:g}×: " + "; ".join(parts) + (
+            f"; also undecided at {', '.join(f'{m:g}×' for m in more)}" if more else "")
+
+
 def judge_stage(
     goal: StageGoal, sheet: list[SheetRow], *, cores: int, memory_bytes: int
 ) -> StageVerdict:
@@ -315,13 +472,24 @@ def judge_stage(
     )
     if not base:
         return v
-    v.checks = check_rows(base, goal.objectives)
+    own = [o for o in goal.objectives if o.metric not in goal.candidate_metrics]
+    relative = [o for o in goal.objectives if o.metric in goal.candidate_metrics]
+    v.checks = check_rows(base, own)
     v.miss = first_miss(v.checks)
-    passing = [
-        r.multiple for r in base if all(c.ok is not False for c in v.checks if c.level == r.level)
-    ]
-    below = [m for m in passing if v.miss is None or m < v.miss.multiple]
-    v.passed_up_to = max(below) if below else None
+    _decide_reach(v)
+    if relative:
+        for name, rows in by_series.items():
+            if rows is base:
+                continue
+            cv = StageVerdict(stage=goal.stage, measured=True, miss=None, passed_up_to=None,
+                             target_multiple=goal.target_multiple,
+                             checks=check_rows(rows, relative))
+            cv.miss = first_miss(cv.checks)
+            _decide_reach(cv)
+            v.candidate_checks += cv.checks
+            head = (f"misses {cv.miss.objective.label} at {cv.miss.multiple:g}× "
+                    f"({decision_text(cv.miss)})" if cv.miss is not None else cv.decided)
+            v.candidates.append(f"{name}: {head}" + (f"; {cv.open_text}" if cv.open_text else ""))
     v.limiting = infer_limits(base, cores=cores, memory_bytes=memory_bytes)
     v.cost = [
         (r.multiple, r.cost_per_unit_usd, r.cost_unit or "unit")
@@ -330,12 +498,15 @@ def judge_stage(
     ]
     advisor = goal.advisor or generic_advice
     advice = advisor(
-        AdviceInput(goal=goal, base=base, by_series=by_series, limits=v.limiting, miss=v.miss)
+        AdviceInput(goal=goal, base=base, by_series=by_series, limits=v.limiting, miss=v.miss,
+                    cores=cores)
     )
     v.intervention, v.predicted = advice.intervention, advice.predicted
     if v.miss is None:
         margins = [
-            (c.objective.margin(c.value), c) for c in v.checks if c.value is not None and c.ok
+            (c.objective.margin(c.value), c)
+            for c in v.checks
+            if c.value is not None and c.outcome == "met"
         ]
         if margins:
             m, c = min(margins, key=lambda t: t[0])
@@ -360,16 +531,28 @@ def judge(
         summary = (
             f"{first.stage} misses first: {first.miss.objective.label} fails at "
             f"{first.miss.multiple:g}× ({first.miss.objective.metric} = "
-            f"{num_text(first.miss.value)})"
+            f"{decision_text(first.miss)})"
             + (f"; limiting resource: {lim.resource} ({lim.detail})" if lim else "")
             + (f". Do: {first.intervention}" if first.intervention else "")
             + (f". Predicted: {first.predicted}" if first.predicted else "")
         )
     else:
-        measured = [s for s in stages if s.measured]
-        reach = ", ".join(f"{s.stage} to {num_text(s.passed_up_to)}×" for s in measured)
-        tight = "; ".join(f"{s.stage}: {s.tightest}" for s in measured if s.tightest)
-        summary = f"no stage misses its objectives at the measured levels ({reach})" + (
-            f"; least headroom — {tight}" if tight else ""
+        measured = [s for s in stages if s.measured and s.checks]
+        met = [s for s in measured if s.outcome == "met"]
+        open_ = [s for s in measured if s.outcome != "met"]
+        reach = ", ".join(f"{s.stage} to {num_text(s.passed_up_to)}×" for s in met)
+        tight = "; ".join(f"{s.stage}: {s.tightest}" for s in met if s.tightest)
+        summary = (
+            "no stage misses its objectives at the measured levels"
+            + (f"; decided met: {reach}" if reach else "; none decided met at every level")
+            + "".join(
+                f"; {s.stage} met to {num_text(s.passed_up_to)}×, "
+                + (s.open_text or "")
+                + (("; " if s.open_text else "") + "not measured: " + ", ".join(s.not_measured)
+                   if s.not_measured else "")
+                for s in open_
+            )
+            + "".join(f"; {s.stage} not measured" for s in stages if not s.measured)
+            + (f"; least headroom — {tight}" if tight else "")
         )
     return Verdict(stages=stages, first=first, summary=summary)

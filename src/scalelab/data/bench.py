@@ -125,6 +125,8 @@ def run_bench(cfg: BenchConfig, records: Path | None = None) -> list[Record]:
                             "dominant_stage": r.dominant_stage, "partition_skew": skew,
                             "spilled_disk_bytes": (r.partitions or {}).get("spilled_disk_bytes"),
                             "price_per_core_hour": cfg.price_per_core_hour, "cores": cores,
+                            # core.sheet.SAMPLES_KEY: the rows the quarantine rate rests on
+                            "samples": r.rows_in, "samples_unit": "rows",
                             **usage.extras(),
                             "digest": r.digest, "reconciliation": r.reconciliation})
                 out.append(rec)

@@ -139,6 +139,8 @@ class _LoadTarget(Command):
     body: Path | None = None
     warmup: str | None = None
     records: Path | None = None
+    cluster: str | None = None
+    """A Dask scheduler whose workers generate the load (`client.cluster`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +183,8 @@ class Sweep(Command):
     repeats: int = 1
     metric: str | None = None
     records: Path | None = None
+    cluster: str | None = None
+    """A Dask scheduler whose workers run the command (`client.cluster`)."""
     command: list[str] = field(default_factory=list, metadata={"rest": True})
 
 

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from scalelab.core.errors import BadInputError
-from scalelab.diagnose.schema import Prices, Strict
+from scalelab.diagnose.schema import ClientSettings, Prices, Strict
 from scalelab.diagnose.stages import SECTIONS
 from scalelab.diagnose.stages.custom import CustomStages
 
@@ -39,6 +39,8 @@ class DiagnoseConfig(Strict):
 
     prices: Prices = Field(default_factory=Prices)
     """The one price table every stage's cost uses."""
+    client: ClientSettings = Field(default_factory=ClientSettings)
+    """Where the load generators run (a Dask cluster, or this machine)."""
     repeats: int = Field(default=2, ge=1, le=20)
     """Runs per level; the sheet shows medians and ranges."""
     stages: Stages = Field(default_factory=Stages)  # type: ignore[valid-type]

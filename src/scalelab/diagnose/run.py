@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,15 @@ Progress = Callable[[str, int, int], None]
 """(label of the step starting, index, total) — the CLI draws the bar."""
 
 
+def on_cluster(step: Step, address: str | None) -> Step:
+    """The step with its load generators (or sweep commands) on the `client.cluster` workers;
+    every other step, and every step without a cluster, unchanged."""
+    cmd = step.command
+    if address is None or cmd is None or "cluster" not in {f.name for f in fields(cmd)}:
+        return step
+    return replace(step, command=replace(cmd, cluster=address))  # type: ignore[call-arg]
+
+
 class Runner:
     """Plans and runs the steps of one diagnosis into OUT (records, logs, work files, report)."""
 
@@ -76,6 +85,7 @@ class Runner:
 
     def _run(self, step: Step) -> StepResult:
         self._n += 1
+        step = on_cluster(step, self.cfg.client.cluster)
         if self.progress:
             self.progress(step.label, self._n, self._total)
         res = run_step(
@@ -164,5 +174,5 @@ def rebuild(
         read_json_object(out / RUN_INFO) if (out / RUN_INFO).is_file() else {}
     )
     meta = {"mode": mode, "records": len(records)}
-    files = write_report(out, sheet, verdict, goals, m, meta, run=run_info)
+    files = write_report(out, sheet, verdict, goals, m, meta, run=run_info, records=records)
     return sheet, verdict, files

@@ -12,13 +12,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from scalelab.core.objectives import Objective
 from scalelab.core.prices import Prices
 
-__all__ = ["ObjectiveSpec", "Prices", "StageSettings", "Strict"]
+__all__ = ["ClientSettings", "ObjectiveSpec", "Prices", "StageSettings", "Strict"]
 
 
 class Strict(BaseModel):
     """A section of the objectives file: unknown keys are errors, not silently ignored."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class ClientSettings(Strict):
+    """Where the load stages' generators run (`client:`); the system under test runs where
+    each stage says (its `url`, or the server the stage starts)."""
+
+    cluster: str | None = Field(default=None, pattern=r"^(tcp|tls)://[^\s/:]+:[0-9]+$")
+    """A Dask scheduler, tcp://HOST:PORT: load, load capacity, load llm and sweep steps run
+    their generators (or commands) on its workers (`--cluster`). None: on this machine."""
 
 
 class ObjectiveSpec(Strict):

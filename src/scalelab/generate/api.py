@@ -1,5 +1,7 @@
 """The OpenAI-compatible HTTP API over the engine: /v1/completions, /v1/chat/completions (both
-streaming as Server-Sent Events), /v1/models, /health, /metrics.
+streaming as Server-Sent Events), /v1/models, /health, /metrics, and vLLM's /tokenize,
+/detokenize and /version (generate.endpoints). With an API key, /v1/* needs it as a Bearer
+token (generate.auth).
 
 Admission: at most max_num_seqs running plus max_waiting waiting requests are held; the next
 one gets 429 with Retry-After at once instead of an unbounded queue. Every request carries a
@@ -17,82 +19,44 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope
 
-from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.errors import BadInputError
 from scalelab.generate import spans
+from scalelab.generate.auth import API_KEY_ENV, ApiKeyGuard
+from scalelab.generate.endpoints import add_endpoints
 from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.logprobs import chat_logprobs, completion_logprobs
 from scalelab.generate.loop import EngineLoop, Event, Handle
 from scalelab.generate.metrics import EngineMetrics
 from scalelab.generate.protocol import (
     ChatRequest,
     CompletionRequest,
+    FieldError,
+    chat_choice,
     chat_doc,
-    chunk_doc,
+    completion_choice,
     completion_doc,
     error_doc,
     usage,
 )
-from scalelab.generate.sequence import SamplingParams
+from scalelab.generate.sequence import SamplingParams, TokenLogprob
+from scalelab.generate.settings import SETTINGS_ENV, ApiSettings
+from scalelab.generate.stream import ReleasingStream, sse_stream
+from scalelab.web.access import AccessLog
 from scalelab.web.governance import governed, report_usage
 from scalelab.web.guard import Guard
-from scalelab.web.trace import TraceConfig, Tracing
+from scalelab.web.trace import Tracing
 
-SETTINGS_ENV = "SCALELAB_GENERATE_SETTINGS"
 ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
 WORK_ROUTES = ("/v1/completions", "/v1/chat/completions")
-
-
-@dataclass(kw_only=True)
-class ApiSettings:
-    """Everything `scalelab generate serve` configures (travels to uvicorn as JSON)."""
-
-    model: str = "smollm2-135m"
-    """smollm2-135m, tiny, or a Llama .gguf path."""
-    engine: dict[str, Any] = field(default_factory=dict)
-    """EngineConfig fields (kv_cache_bytes, block_size, max_num_seqs, ...)."""
-    max_waiting: int = 64
-    """Requests held beyond the running batch; the next one gets 429."""
-    max_prompt_tokens: int | None = None
-    """Longest prompt accepted (default: max_model_len - 1)."""
-    max_output_tokens: int = 1024
-    """Largest max_tokens accepted."""
-    default_max_tokens: int = 16
-    """max_tokens when a completion request gives none (OpenAI's default)."""
-    default_chat_max_tokens: int = 256
-    """max_tokens when a chat request gives none."""
-    request_timeout_s: float = 120.0
-    """Deadline from arrival; then the request is dropped (504, or an error event mid-stream)."""
-    max_body_bytes: int = 1 << 20
-    retry_after_s: int = 1
-    torch_threads: int | None = None
-    seed: int = 0
-    """Seed of the tiny model's weights."""
-    trace: TraceConfig = field(default_factory=TraceConfig)
-    """Request tracing (web.trace): admission, queue, prefill, decode spans per request."""
-    governance_file: str | None = None
-    """Rate limits, budgets (tokens reported per request) and kill switches (web.governance);
-    None = no governance layer."""
-
-    def __post_init__(self) -> None:
-        if self.max_waiting < 0 or self.max_output_tokens < 1 or self.request_timeout_s <= 0:
-            raise BadUsageError("max_waiting >= 0, max_output_tokens >= 1, timeout > 0 needed")
-        self.trace = TraceConfig.of(self.trace)  # a dict when it came through JSON
-        EngineConfig(**self.engine)  # fail here, in the CLI, not in the server process
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> ApiSettings:
-        return cls(**json.loads(text))
 
 
 class ApiError(Exception):
@@ -126,10 +90,6 @@ def _error_body(status: int, message: str) -> bytes:
                       ).encode()
 
 
-def _sse(doc: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
-
-
 class Service:
     """The app's state: engine, its thread, and the admission count."""
 
@@ -161,12 +121,17 @@ class Service:
                 seed=req.seed,
                 stop=req.stops(),
                 ignore_eos=req.ignore_eos,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                logit_bias=req.bias(self.engine.tokenizer.vocab_size),
+                logprobs=req.logprobs if isinstance(req, CompletionRequest) else
+                req.num_logprobs(),
             )
         except BadInputError as e:
             raise ApiError(400, str(e), param="stop") from e
 
-    def check(self, model: str, prompt_ids: list[int], params: SamplingParams) -> None:
-        if model != self.engine.name:
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.engine.name:
             raise ApiError(
                 404,
                 f"model {model!r} does not exist; this server serves "
@@ -174,6 +139,32 @@ class Service:
                 param="model",
                 code="model_not_found",
             )
+
+    def model_card(self) -> dict[str, Any]:
+        return {"id": self.engine.name, "object": "model", "created": 0, "owned_by": "scalelab",
+                "root": self.engine.name, "parent": None,
+                "max_model_len": self.engine.cfg.max_model_len}
+
+    def chat_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                 kwargs: dict[str, Any] | None = None, *,
+                 add_special_tokens: bool = False) -> list[int]:
+        """The prompt ids of a chat: the template's text, tokenized without a BOS of our own
+        (the template writes `bos_token` where the model wants it), as vLLM does."""
+        tok = self.engine.tokenizer
+        try:
+            text = tok.render_chat(messages, add_generation_prompt=add_generation_prompt,
+                                   kwargs=kwargs)
+        except BadInputError as e:
+            raise ApiError(400, str(e), param="messages") from e
+        return tok.encode(text, add_special_tokens=add_special_tokens)
+
+    def check(self, model: str, prompt_ids: list[int], params: SamplingParams,
+              n: int = 1) -> None:
+        self.check_model(model)
+        if n > self.limit:
+            raise ApiError(400, f"n={n} choices can never be admitted: this server holds "
+                           f"{self.limit} sequences (--max-num-seqs + --max-waiting)",
+                           param="n")
         if len(prompt_ids) > self.max_prompt:
             raise ApiError(
                 400,
@@ -188,7 +179,7 @@ class Service:
             raise ApiError(400, str(e), param="max_tokens", code="context_length_exceeded") from e
         if not self.loop.alive:
             raise ApiError(503, "the engine has stopped; see the server log", "server_error")
-        if self.outstanding >= self.limit:
+        if self.outstanding + n > self.limit:
             raise ApiError(
                 429,
                 f"{self.outstanding} requests are running or waiting (the limit"
@@ -227,9 +218,15 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         if first.get("type") == "json_invalid":
             msg = f"the body is not valid JSON: {first.get('msg')}"
+        elif first.get("type") == "extra_forbidden":  # OpenAI's words for an unknown field
+            msg = f"Unrecognized request argument supplied: {'.'.join(loc)}"
         else:
             msg = f"{'.'.join(loc) or 'body'}: {first.get('msg')}"
         return JSONResponse(error_doc(msg, "invalid_request_error", ".".join(loc) or None), 400)
+
+    @app.exception_handler(FieldError)
+    async def _field(request: Request, e: FieldError) -> JSONResponse:
+        return JSONResponse(error_doc(e.message, "invalid_request_error", e.param), 400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -247,18 +244,14 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": engine.name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "scalelab",
-                    "max_model_len": engine.cfg.max_model_len,
-                }
-            ],
-        }
+        return {"object": "list", "data": [svc.model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        svc.check_model(model_id)
+        return svc.model_card()
+
+    add_endpoints(app, svc)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -272,12 +265,19 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
     async def pool() -> dict[str, Any]:
         """Block-pool state (what the fault tests assert returns to whole)."""
         b = engine.blocks
+        try:
+            problems = b.problems()
+        except RuntimeError:  # the engine thread changed the free queue while we read it
+            problems = ["read while the engine was changing it; ask again"]
         return {
             "num_blocks": b.num_blocks,
             "free": b.num_free,
             "used": b.num_used,
-            "whole": b.num_free == b.num_blocks,
+            "whole": b.num_free == b.num_blocks and not problems,
+            "problems": problems,
+            "cached_blocks": len(b.cached),
             "outstanding": svc.outstanding,
+            "live": svc.loop.num_live,
             "running": engine.num_running,
             "waiting": engine.num_waiting,
             "prefix_hit_rate": b.stats.hit_rate,
@@ -287,12 +287,12 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        if body.echo:
-            raise ApiError(400, "echo is not supported; send echo=false", param="echo")
+        body.refuse_unsupported()
         p = body.prompt
         if isinstance(p, list) and p and isinstance(p[0], str):
             if len(p) != 1:
-                raise ApiError(400, "one prompt per request (n=1): send a string", param="prompt")
+                raise ApiError(400, "one prompt per request: send a string (or one request "
+                               "per prompt)", param="prompt")
             p = p[0]
         if isinstance(p, str):
             ids = engine.tokenizer.encode(p)
@@ -307,12 +307,14 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         params = svc.params(body, body.max_tokens, settings.default_max_tokens)
-        return await _serve(body, request, ids, params, chat=False)
+        echo = (p if isinstance(p, str) else engine.tokenizer.decode(ids)) if body.echo else ""
+        return await _serve(body, request, ids, params, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Response:
-        text = engine.tokenizer.render_chat([m.model_dump() for m in body.messages])
-        ids = engine.tokenizer.encode(text)
+        body.refuse_unsupported()
+        ids = svc.chat_ids(body.template_messages(), body.add_generation_prompt,
+                           body.chat_template_kwargs)
         n = (
             body.max_completion_tokens
             if body.max_completion_tokens is not None
@@ -328,39 +330,61 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         ids: list[int],
         params: SamplingParams,
         chat: bool,
+        echo: str = "",
     ) -> Response:
+        """echo: text every choice starts with (completions' `echo`: the prompt)."""
         g: spans.GenTrace | None = None
         if tracing is not None:
             g = spans.begin(tracing, request.scope, chat=chat, model=body.model, params=params,
                             stream=bool(body.stream), start=time.perf_counter())
+        n = body.n
         try:
-            svc.check(body.model, ids, params)
+            svc.check(body.model, ids, params, n)
         except ApiError as e:
             if g is not None:
                 g.rt.end(e.status)
             raise
         if g is not None:
             spans.admitted(g)
-        svc.outstanding += 1
+        timeout = min(body.timeout or settings.request_timeout_s, settings.request_timeout_s)
+        handles: list[Handle] = []
         try:
-            timeout = min(body.timeout or settings.request_timeout_s, settings.request_timeout_s)
-            h = svc.loop.submit(ids, params, timeout)
+            for i in range(n):
+                # seeded choices differ from each other and repeat as a whole
+                p = params if i == 0 or params.seed is None else replace(params,
+                                                                         seed=params.seed + i)
+                handles.append(svc.loop.submit(ids, p, timeout))
+                svc.outstanding += 1
         except BaseException:
-            svc.outstanding -= 1
+            for h in handles:
+                _release(h)
             raise
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         if g is not None:
-            g.response_id, h.trace = rid, g
+            g.response_id, handles[0].trace = rid, g
+
+        def release_all() -> None:
+            for h in handles:
+                _release(h)
+
         if body.stream:
-            include = bool(body.stream_options and body.stream_options.include_usage)
-            return _Stream(
-                _stream(h, rid, chat, include, request.scope),
-                on_close=lambda: _release(h),
+            so = body.stream_options
+            include = bool(so and so.include_usage)
+            continuous = bool(include and so and so.continuous_usage_stats)
+            scope = request.scope
+            return ReleasingStream(
+                sse_stream(handles, rid=rid, chat=chat, model=engine.name,
+                           tokenizer=engine.tokenizer, include_usage=include,
+                           continuous=continuous, as_ids=body.return_tokens_as_token_ids,
+                           echo=echo, on_usage=lambda k: report_usage(scope, "tokens", k),
+                           release=release_all),
+                on_close=release_all,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache",
                          **({"traceparent": g.rt.traceparent()} if g is not None else {})},
             )
-        resp = await _whole(h, rid, chat, request)
+        resp = await _whole(handles, rid, chat, request, body.return_tokens_as_token_ids,
+                            release_all, echo)
         if g is not None:
             resp.headers["traceparent"] = g.rt.traceparent()
         return resp
@@ -374,13 +398,16 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
         if h.trace is not None:
             spans.finish(h.trace, h.seq, model=engine.name)
 
-    async def _whole(h: Handle, rid: str, chat: bool, request: Request) -> Response:
-        texts: list[str] = []
+    async def _whole(handles: list[Handle], rid: str, chat: bool, request: Request,
+                     as_ids: bool, release_all: Callable[[], None], echo: str) -> Response:
+        texts: list[list[str]] = [[] for _ in handles]
+        lps: list[list[TokenLogprob]] = [[] for _ in handles]
 
-        async def collect() -> Event:
+        async def collect(i: int, h: Handle) -> Event:
             while True:
                 ev = await h.events.get()
-                texts.append(ev.text)
+                texts[i].append(ev.text)
+                lps[i].extend(ev.logprobs)
                 if ev.finished:
                     return ev
 
@@ -388,103 +415,48 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
 
-        work = asyncio.ensure_future(collect())
+        work: asyncio.Future[list[Event]] = asyncio.ensure_future(
+            asyncio.gather(*(collect(i, h) for i, h in enumerate(handles))))
         watch = asyncio.ensure_future(gone())
+        either: set[asyncio.Future[Any]] = {work, watch}
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
             if not work.done():
                 work.cancel()
-            _release(h)
+            release_all()
         if not work.done() or work.cancelled():
             return Response(status_code=499)  # nobody is listening any more
-        ev = work.result()
-        if ev.finish_reason == "timeout":
-            raise ApiError(
-                504,
-                f"the request's deadline passed after {ev.completion_tokens} tokens",
-                "timeout",
-            )
-        if ev.finish_reason == "error":
-            raise ApiError(503, "the engine stopped while generating", "server_error")
-        use = usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
+        evs: list[Event] = work.result()
+        for ev in evs:
+            if ev.finish_reason == "timeout":
+                raise ApiError(
+                    504,
+                    f"the request's deadline passed after {ev.completion_tokens} tokens",
+                    "timeout",
+                )
+            if ev.finish_reason == "error":
+                raise ApiError(503, "the engine stopped while generating", "server_error")
+        # the prompt is counted once however many choices share it (OpenAI's usage)
+        use = usage(evs[0].prompt_tokens, sum(ev.completion_tokens for ev in evs),
+                    max(ev.cached_tokens for ev in evs))
         report_usage(request.scope, "tokens", use["total_tokens"])
-        doc = (chat_doc if chat else completion_doc)(
-            rid, engine.name, "".join(texts), ev.finish_reason, use
-        )
+        tok = engine.tokenizer
+        want_lp = handles[0].params.logprobs is not None
+        choices = []
+        for i, ev in enumerate(evs):
+            text = echo + "".join(texts[i])
+            if chat:
+                lp = chat_logprobs(tok, lps[i], as_ids=as_ids) if want_lp else None
+                choices.append(chat_choice(i, text, ev.finish_reason, lp))
+            else:
+                lp = completion_logprobs(tok, lps[i], as_ids=as_ids) if want_lp else None
+                choices.append(completion_choice(i, text, ev.finish_reason, lp))
+        doc = (chat_doc if chat else completion_doc)(rid, engine.name, choices, use)
         return JSONResponse(doc)
 
-    async def _stream(h: Handle, rid: str, chat: bool, include_usage: bool, scope: Scope
-                      ) -> AsyncIterator[bytes]:
-        created = int(time.time())
-        first = True
-        try:
-            if chat:
-                yield _sse(chunk_doc(True, rid, engine.name, created, "", None, True))
-                first = False
-            while True:
-                ev = await h.events.get()
-                if ev.finish_reason in ("timeout", "error"):
-                    kind = "timeout" if ev.finish_reason == "timeout" else "server_error"
-                    yield _sse(
-                        error_doc(
-                            f"generation ended early ({ev.finish_reason}) after "
-                            f"{ev.completion_tokens} tokens",
-                            kind,
-                        )
-                    )
-                    break
-                if ev.text:
-                    yield _sse(chunk_doc(chat, rid, engine.name, created, ev.text, None, first))
-                    first = False
-                if ev.finished:
-                    use = usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
-                    report_usage(scope, "tokens", use["total_tokens"])
-                    last = chunk_doc(
-                        chat,
-                        rid,
-                        engine.name,
-                        created,
-                        None if chat else "",
-                        ev.finish_reason,
-                        first,
-                    )
-                    last["usage"] = use
-                    yield _sse(last)
-                    if include_usage:
-                        yield _sse(
-                            {
-                                "id": rid,
-                                "object": last["object"],
-                                "created": created,
-                                "model": engine.name,
-                                "choices": [],
-                                "usage": use,
-                            }
-                        )
-                    break
-            yield b"data: [DONE]\n\n"
-        finally:
-            _release(h)  # also when the client disconnected and the generator was closed
-
     return app
-
-
-class _Stream(StreamingResponse):
-    """A stream that releases its request however it ends: a client that disconnects before
-    the first chunk leaves the body generator unstarted, so its `finally` never runs."""
-
-    def __init__(self, content: AsyncIterator[bytes], *, on_close: Callable[[], None],
-                 media_type: str, headers: dict[str, str]) -> None:
-        super().__init__(content, media_type=media_type, headers=headers)
-        self.on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.on_close()
 
 
 def engine_from_settings(settings: ApiSettings) -> Engine:
@@ -497,21 +469,27 @@ def engine_from_settings(settings: ApiSettings) -> Engine:
     cfg = EngineConfig(**settings.engine)
     loaded = load_model(settings.model, cfg.max_model_len, seed=settings.seed, weights=cfg.weights)
     return Engine(
-        loaded.model, loaded.tokenizer, cfg, name=loaded.name, metrics=EngineMetrics(loaded.name)
+        loaded.model, loaded.tokenizer, cfg, name=loaded.name,
+        metrics=EngineMetrics(loaded.name, max_model_len=cfg.max_model_len)
     )
 
 
 def wrap(app: FastAPI, settings: ApiSettings) -> ASGIApp:
-    """Body limit and request ids around the app (errors in OpenAI's shape), and governance
-    outside both when configured (the one model this server serves is every request's)."""
+    """Body limit and request ids around the app (errors in OpenAI's shape), governance
+    outside both when configured (the one model this server serves is every request's), and
+    the API key ($SCALELAB_API_KEY, set by --api-key) outside everything."""
     name = app.state.service.engine.name
 
     def route(scope: Scope) -> str | None:
         return name if scope["method"] == "POST" and scope["path"] in WORK_ROUTES else None
 
-    return governed(Guard(app, max_body=settings.max_body_bytes, error_body=_error_body),
-                    settings.governance_file, route=route,
-                    admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None, error_body=_error_body)
+    inner = governed(Guard(app, max_body=settings.max_body_bytes, error_body=_error_body,
+                           access=AccessLog("scalelab.generate.access")),
+                     settings.governance_file, route=route,
+                     admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None, error_body=_error_body)
+    key = os.environ.get(API_KEY_ENV)
+    # Outermost: a request without the key costs no body read and no governance budget.
+    return ApiKeyGuard(inner, key) if key else inner
 
 
 def create_app() -> ASGIApp:

@@ -36,6 +36,10 @@ class PrefixStats:
     hits: int = 0
     """Of those, found in the cache."""
     evictions: int = 0
+    query_tokens: int = 0
+    """Prompt tokens of the sequences looked up (vLLM's `prefix_cache_queries` unit)."""
+    hit_tokens: int = 0
+    """Of those, tokens found cached (whole blocks; vLLM's `prefix_cache_hits`)."""
 
     @property
     def hit_rate(self) -> float:
@@ -77,6 +81,27 @@ class BlockManager:
     def is_whole(self) -> bool:
         """Every block free and unreferenced (what a drained engine must look like)."""
         return len(self.free) == len(self.blocks) and all(b.ref_count == 0 for b in self.blocks)
+
+    def problems(self) -> list[str]:
+        """Broken invariants of the pool and its prefix cache (empty when consistent): a free
+        block with references, a referenced block missing from both, a cache entry pointing
+        at a block keyed otherwise. A fault test asserts this is empty after every failure."""
+        out: list[str] = []
+        free = set(self.free)
+        if len(free) != len(self.free) or not free <= set(range(len(self.blocks))):
+            out.append("the free queue holds duplicate or unknown block ids")
+        for b in self.blocks:
+            if b.ref_count < 0:
+                out.append(f"block {b.block_id} has ref_count {b.ref_count}")
+            elif (b.ref_count == 0) != (b.block_id in free):
+                out.append(f"block {b.block_id}: ref_count {b.ref_count}, "
+                           f"{'in' if b.block_id in free else 'not in'} the free queue")
+            if (b.key is None) != (not b.tokens):
+                out.append(f"block {b.block_id}: key and tokens disagree")
+        for key, block_id in self.cached.items():
+            if self.blocks[block_id].key != key:
+                out.append(f"prefix cache entry {key} -> block {block_id} keyed otherwise")
+        return out
 
     def _take_free(self) -> int:
         block_id, _ = self.free.popitem(last=False)
@@ -122,6 +147,8 @@ class BlockManager:
         if self.prefix_caching:
             self.stats.queries += (len(seq.token_ids) - 1) // self.block_size
             self.stats.hits += len(hits)
+            self.stats.query_tokens += len(seq.token_ids)
+            self.stats.hit_tokens += len(hits) * self.block_size
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:

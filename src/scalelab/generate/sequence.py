@@ -16,6 +16,21 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
+MAX_LOGPROBS = 20
+"""Most alternatives per position a request may ask for (vLLM's default max_logprobs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One output token's log-probability under the model (raw logits, before temperature and
+    top-p, as vLLM reports them) and the most likely tokens at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    """(token id, log-probability), most likely first."""
+
+
 @dataclass(kw_only=True)
 class SamplingParams:
     """How one request's tokens are chosen and when it stops (OpenAI's fields)."""
@@ -32,6 +47,15 @@ class SamplingParams:
     """Generation ends before the first of these strings; the string is not returned."""
     ignore_eos: bool = False
     """Keep going past end-of-sequence tokens (benchmarks with fixed output lengths)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token already in the output (OpenAI's, -2..2)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it is already in the output (-2..2)."""
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    """Added to those tokens' logits before choosing (OpenAI's, -100..100)."""
+    logprobs: int | None = None
+    """Record each output token's log-probability and those of the `logprobs` most likely
+    tokens at its position (0: the chosen token's only; None: nothing, no cost)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -42,10 +66,22 @@ class SamplingParams:
             raise BadInputError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
             raise BadInputError("stop strings must be non-empty")
+        if not (-2.0 <= self.presence_penalty <= 2.0 and -2.0 <= self.frequency_penalty <= 2.0):
+            raise BadInputError("presence_penalty and frequency_penalty must be in [-2, 2]")
+        if any(not -100.0 <= b <= 100.0 for b in self.logit_bias.values()):
+            raise BadInputError("logit_bias values must be in [-100, 100]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise BadInputError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Penalties or a bias change the logits before the choice (no draft verification:
+        a draft is checked against the unadjusted argmax)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
 
 _ids = itertools.count()
@@ -81,6 +117,8 @@ class Sequence:
     detok_prefix: int = 0
     detok_read: int = 0
     """Incremental detokenization's offsets into the output ids (TextTokenizer.decode_next)."""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One per output token when params.logprobs is set (the EOS that ended it excluded)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

@@ -6,12 +6,10 @@ vocabulary built in code (the tiny test model), both run by the `tokenizers` lib
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
-
-from scalelab.core.errors import BadInputError
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -57,6 +55,11 @@ class TextTokenizer:
     """Jinja template over `messages` and `add_generation_prompt` (Hugging Face's convention)."""
     split_digits: bool = True
     """Each digit is its own pre-token (SmolLM's `smollm` pre-tokenizer)."""
+    bos_token: str | None = None
+    """The beginning-of-sequence token's text, which chat templates see as `bos_token` (set
+    even when `bos_id` is None: a template may write it itself)."""
+    eos_token: str | None = None
+    """The end-of-sequence token's text (`eos_token` in chat templates)."""
 
     @cached_property
     def _tok(self):  # type: ignore[no-untyped-def]
@@ -76,9 +79,36 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return len(self.vocab)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; `add_special_tokens` prepends `bos_id` when the model has one
+        (off for a rendered chat, whose template writes its own `bos_token`, as transformers
+        and vLLM tokenize chats)."""
         ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
-        return [self.bos_id, *ids] if self.bos_id is not None else ids
+        if add_special_tokens and self.bos_id is not None:
+            return [self.bos_id, *ids]
+        return ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a control token: its UTF-8 text). Byte-level BPE
+        spells bytes as printable characters; a token may hold part of a character. An id
+        past the vocabulary (a model's embedding table may be padded beyond it) is empty."""
+        if not 0 <= token_id < len(self.vocab):
+            return b""
+        text = self.vocab[token_id]
+        if text in self._special_set:
+            return text.encode()
+        inverse = self._byte_of
+        if all(c in inverse for c in text):
+            return bytes(inverse[c] for c in text)
+        return text.encode()
+
+    @cached_property
+    def _special_set(self) -> frozenset[str]:
+        return frozenset(self.special)
+
+    @cached_property
+    def _byte_of(self) -> dict[str, int]:
+        return {c: b for b, c in bytes_to_unicode().items()}
 
     def decode(self, ids: Sequence[int]) -> str:
         # Control tokens are dropped from user-visible text (an EOS never reaches here anyway).
@@ -101,19 +131,17 @@ class TextTokenizer:
             return full[len(prefix):], read_offset, len(ids)
         return "", prefix_offset, read_offset
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        """The prompt text for a chat, ending with the assistant's turn opened."""
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], *,
+                    add_generation_prompt: bool = True,
+                    kwargs: Mapping[str, Any] | None = None) -> str:
+        """The prompt text for a chat (by default ending with the assistant's turn opened),
+        rendered as transformers' `apply_chat_template` renders it (generate.template)."""
+        from scalelab.generate.template import render
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        try:
-            text: str = env.from_string(self.chat_template).render(
-                messages=list(messages), add_generation_prompt=True
-            )
-        except TemplateError as e:
-            raise BadInputError(f"the chat template failed on these messages: {e}") from e
-        return text
+        special = {k: v for k, v in (("bos_token", self.bos_token),
+                                     ("eos_token", self.eos_token)) if v is not None}
+        return render(self.chat_template, messages, special_tokens=special,
+                      add_generation_prompt=add_generation_prompt, kwargs=kwargs)
 
 
 def byte_tokenizer() -> TextTokenizer:
@@ -130,4 +158,5 @@ def byte_tokenizer() -> TextTokenizer:
         special=special,
         eos_ids=frozenset({256, 258}),
         split_digits=False,
+        eos_token="<|endoftext|>",
     )

@@ -32,92 +32,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
-from scipy.stats import beta, binom
-
+# The interval math lives in core.decide (the verdict decides with it too); re-exported here.
+from scalelab.core.decide import TAIL_USE as TAIL_USE
+from scalelab.core.decide import clopper_pearson, quantile_ranks, step_requests
+from scalelab.core.decide import min_passing as min_passing
+from scalelab.core.decide import one_sided as one_sided
 from scalelab.core.errors import BadUsageError
 from scalelab.load.generator import Progress
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.slo import Slo
 
 Verdict = Literal["pass", "fail", "undecided-pass", "undecided-fail"]
-TAIL_USE = 0.5
-"""Step sizing: a step must be long enough to pass a server whose share of requests over the
-threshold is this fraction of the allowance (1 - q)."""
-
-
-def clopper_pearson(k: int, n: int, confidence: float) -> tuple[float, float]:
-    """Exact two-sided binomial interval for k successes in n trials."""
-    if n <= 0:
-        return 0.0, 1.0
-    a = 1.0 - confidence
-    lo = 0.0 if k <= 0 else float(beta.ppf(a / 2, k, n - k + 1))
-    hi = 1.0 if k >= n else float(beta.ppf(1 - a / 2, k + 1, n - k))
-    return lo, hi
-
-
-def one_sided(confidence: float) -> float:
-    """The one-sided level of each side of a two-sided `confidence` interval (0.95 -> 0.975)."""
-    return 1.0 - (1.0 - confidence) / 2.0
-
-
-def min_passing(overs: int, q: float, confidence: float) -> int:
-    """LoadGen's early-stopping count: the fewest requests within the threshold that, beside
-    `overs` requests over it, show at one-sided `confidence` that the q-quantile is under the
-    threshold, i.e. the smallest h with P(Binomial(h + overs, 1 - q) <= overs) <= 1 - confidence.
-
-    With no request over, h = ceil(ln(1 - c) / ln(q)): 459 for p99 at 99%, LoadGen's minimum.
-    """
-    if not (0.0 < q < 1.0 and 0.0 < confidence < 1.0) or overs < 0:
-        raise BadUsageError(f"min_passing needs 0 < q, confidence < 1 and overs >= 0; got "
-                            f"q={q}, confidence={confidence}, overs={overs}")
-    alpha = 1.0 - confidence
-
-    def fails(h: int) -> bool:
-        return float(binom.cdf(overs, h + overs, 1.0 - q)) > alpha
-
-    hi = 1
-    while fails(hi):
-        hi *= 2
-    lo = hi // 2 + 1 if hi > 1 else 1
-    while lo < hi:  # smallest h in [lo, hi] that does not fail
-        mid = (lo + hi) // 2
-        if fails(mid):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-def step_requests(q: float, confidence: float, tail_use: float = TAIL_USE) -> int:
-    """Measured requests one step needs before it may decide a q-quantile objective at two-sided
-    `confidence`: the smallest n with n >= min_passing(t) + t for t = floor(tail_use (1-q) n),
-    at the one-sided level the Clopper-Pearson pass test uses (so this is also the fewest
-    requests at which that test can pass such a server)."""
-    if not (0.0 < tail_use < 1.0):
-        raise BadUsageError(f"tail use must be in (0, 1), got {tail_use}")
-    alpha = 1.0 - one_sided(confidence)
-    p_over = 1.0 - q
-    start = 1
-    chunk = 65536
-    while start < 100_000_000:
-        n = np.arange(start, start + chunk)
-        t = np.floor(tail_use * p_over * n)
-        ok = binom.cdf(t, n, p_over) <= alpha
-        if ok.any():
-            return int(n[int(np.argmax(ok))])
-        start += chunk
-        chunk *= 2
-    raise BadUsageError(f"p{q * 100:g} at {confidence:.0%} needs more than 100,000,000 requests "
-                        "per step; lower --confidence")
-
-
-def quantile_ranks(n: int, q: float, confidence: float) -> tuple[int, int]:
-    """1-based ranks (l, u) so that [x_(l), x_(u)] covers the q-quantile with ≥ confidence."""
-    a = 1.0 - confidence
-    lo = int(binom.ppf(a / 2, n, q))
-    hi = int(binom.ppf(1 - a / 2, n, q)) + 1
-    return max(1, lo), min(n, hi)
 
 
 def quantile_ci_ms(hist: LatencyHistogram, q: float, confidence: float

@@ -13,10 +13,25 @@ import asyncio
 import ssl as _ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 from scalelab.core.errors import BadUsageError
+
+
+class Connection(Protocol):
+    """What the engine needs of a connection: HttpConnection, or load.grpc_client's
+    GrpcConnection for grpc:// targets."""
+
+    token: Any
+    closed: bool
+
+    def send(self, request: bytes, token: Any) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def close(self) -> None: ...
+
 
 ResponseCallback = Callable[["HttpConnection", int, Any, float], None]
 """(connection, status, token, completion time) once a whole response has arrived."""
@@ -29,7 +44,7 @@ class Target:
     """Where requests go: parsed from a URL once, before the run."""
 
     scheme: str
-    """"http" or "https"."""
+    """http, https or grpc (the KServe v2 gRPC protocol, load.grpc_client)."""
     host: str
     """Host name or IP to connect to."""
     port: int
@@ -42,12 +57,13 @@ class Target:
     @classmethod
     def parse(cls, url: str) -> Target:
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if parts.scheme not in ("http", "https", "grpc") or not parts.hostname:
             raise BadUsageError(
-                f"URL {url!r} is not an http(s) URL; give e.g. http://127.0.0.1:8000/v2/health/ready"
+                f"URL {url!r} is not an http(s) or grpc URL; give e.g. "
+                "http://127.0.0.1:8000/v2/health/ready or grpc://127.0.0.1:8001/MODEL"
             )
         try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
+            port = parts.port or {"https": 443, "grpc": 8001}.get(parts.scheme, 80)
         except ValueError as e:
             raise BadUsageError(f"URL {url!r} has a bad port: {e}") from e
         path = parts.path or "/"
@@ -119,6 +135,11 @@ class HttpConnection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.closed = True
             self.transport.abort()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf

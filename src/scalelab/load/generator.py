@@ -33,7 +33,7 @@ import numpy as np
 from scalelab.core.errors import BadUsageError
 from scalelab.core.usage import busy_cores, busy_ticks, sched_times
 from scalelab.load.clock import LATE_S, LagRecorder, LoopImpl, now, sleep_until
-from scalelab.load.connection import HttpConnection, Target
+from scalelab.load.connection import Connection, HttpConnection, Target
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.trace_sample import TraceSampler
 
@@ -169,11 +169,11 @@ class Engine:
         self._lat_us = array("q")
         self._status: defaultdict[str, int] = defaultdict(int)
         self._kinds: defaultdict[str, int] = defaultdict(int)
-        self._conns: set[HttpConnection] = set()
-        self._idle: list[HttpConnection] = []
+        self._conns: set[Connection] = set()
+        self._idle: list[Connection] = []
         # (due, measured, capped): capped entries found every connection busy at the cap.
         self._pending: deque[tuple[float, bool, bool]] = deque()
-        self._timed_out: set[HttpConnection] = set()
+        self._timed_out: set[Connection] = set()
         self._opening = 0
         self._outstanding = 0
         self._dispatching = True
@@ -192,7 +192,7 @@ class Engine:
 
     # ---- responses and failures (hot path) ----
 
-    def _on_response(self, conn: HttpConnection, status: int, token: Any, now: float) -> None:
+    def _on_response(self, conn: Connection, status: int, token: Any, now: float) -> None:
         due, measured = token
         self._outstanding -= 1
         if measured:
@@ -211,7 +211,7 @@ class Engine:
             self.res.warmup_requests += 1
         self._next(conn)
 
-    def _next(self, conn: HttpConnection) -> None:
+    def _next(self, conn: Connection) -> None:
         if conn.closed:
             return
         if self.cfg.mode == "closed":
@@ -226,7 +226,7 @@ class Engine:
         self._idle.append(conn)
         self._check_done()
 
-    def _send(self, conn: HttpConnection, due: float, measured: bool) -> None:
+    def _send(self, conn: Connection, due: float, measured: bool) -> None:
         req = self.cfg.requests[self._next_req]
         self._next_req = (self._next_req + 1) % self._nreq
         if self._tracer is not None and measured:
@@ -241,7 +241,7 @@ class Engine:
         else:
             self.res.warmup_requests += 1
 
-    def _on_lost(self, conn: HttpConnection, exc: BaseException | None, token: Any) -> None:
+    def _on_lost(self, conn: Connection, exc: BaseException | None, token: Any) -> None:
         self._conns.discard(conn)
         with contextlib.suppress(ValueError):
             self._idle.remove(conn)
@@ -273,14 +273,25 @@ class Engine:
             self._opening += 1
             self.loop.create_task(self._open())
 
-    async def _open(self) -> None:
+    async def _connect(self, on_response: Callable[..., None],
+                       on_lost: Callable[..., None]) -> Connection:
+        """A connection to the target: TCP for http(s), a gRPC channel for grpc://."""
         cfg = self.cfg
+        if cfg.target.scheme == "grpc":
+            from scalelab.load.grpc_client import GrpcConnection
+
+            return await GrpcConnection.connect(cfg.target, on_response, on_lost, now,
+                                                cfg.timeout_s)
+        _, conn = await asyncio.wait_for(
+            self.loop.create_connection(lambda: HttpConnection(on_response, on_lost, now),
+                                        cfg.target.host, cfg.target.port,
+                                        ssl=cfg.target.ssl_context()),
+            timeout=cfg.timeout_s)
+        return conn
+
+    async def _open(self) -> None:
         try:
-            _, conn = await asyncio.wait_for(
-                self.loop.create_connection(
-                    lambda: HttpConnection(self._on_response, self._on_lost, now),
-                    cfg.target.host, cfg.target.port, ssl=cfg.target.ssl_context()),
-                timeout=cfg.timeout_s)
+            conn = await self._connect(self._on_response, self._on_lost)
         except ConnectionRefusedError:
             self._opening -= 1
             self._connect_failed("refused")
@@ -396,7 +407,7 @@ class Engine:
             if self._closed_left is not None:
                 self._closed_left -= 1
 
-    def _closed_send(self, conn: HttpConnection) -> bool:
+    def _closed_send(self, conn: Connection) -> bool:
         if not self._closed_can_send():
             return False
         t = now()
@@ -443,7 +454,7 @@ class Engine:
         fut: asyncio.Future[float] = self.loop.create_future()
         t0 = now()
 
-        def on_resp(conn: HttpConnection, status: int, token: object, now: float) -> None:
+        def on_resp(conn: Connection, status: int, token: object, now: float) -> None:
             if not fut.done():
                 if 200 <= status < 300:
                     fut.set_result(now - t0)
@@ -451,15 +462,12 @@ class Engine:
                     fut.set_exception(RuntimeError(f"HTTP {status}"))
             conn.abort()
 
-        def on_lost(conn: HttpConnection, exc: BaseException | None, token: object) -> None:
+        def on_lost(conn: Connection, exc: BaseException | None, token: object) -> None:
             if not fut.done():
                 fut.set_exception(RuntimeError(f"connection closed: {exc!r}"))
 
         try:
-            _tr, conn = await asyncio.wait_for(self.loop.create_connection(
-                lambda: HttpConnection(on_resp, on_lost, now),
-                self.cfg.target.host, self.cfg.target.port,
-                ssl=self.cfg.target.ssl_context()), timeout=self.cfg.timeout_s)
+            conn = await self._connect(on_resp, on_lost)
             conn.send(self.cfg.requests[0], (t0, False))
             self.res.cold_start_s = await asyncio.wait_for(fut, timeout=self.cfg.timeout_s)
         except (OSError, RuntimeError, TimeoutError) as e:
@@ -499,9 +507,7 @@ class Engine:
 
     def _close_all(self) -> None:
         for conn in list(self._conns) + self._idle:
-            if conn.transport is not None and not conn.closed:
-                conn.closed = True
-                conn.transport.close()
+            conn.close()
         self._conns.clear()
         self._idle.clear()
 

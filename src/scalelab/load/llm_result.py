@@ -18,6 +18,7 @@ import numpy as np
 
 from scalelab.core.records import Cost, Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
+from scalelab.load.cluster import ClusterLevel
 from scalelab.load.generator import LAG_INVALID_SHARE, Mode
 from scalelab.load.histogram import LatencyHistogram, Percentiles
 from scalelab.load.stream import ProbeAnswer, StreamPart
@@ -120,6 +121,8 @@ class LlmResult:
     """Their trace ids (the first 1,000 per process)."""
     probe: list[ProbeAnswer] = field(default_factory=list, repr=False)
     """The greedy-agreement probe's answers at this level (llm_quality.py)."""
+    cluster: ClusterLevel | None = None
+    """With --cluster: the scheduler and every worker's share, clock offset and validity."""
 
     def itl_within(self, thresholds: Sequence[float]) -> dict[float, tuple[int, int]]:
         h = LatencyHistogram.decode(self.blobs["itl"])
@@ -159,8 +162,10 @@ def samples_of(part: StreamPart) -> Samples:
 
 
 def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
-          concurrency: int | None, arrival: str | None, window_s: float | None) -> LlmResult:
-    """Merge per-process results; `window_s` is the planned measured span."""
+          concurrency: int | None, arrival: str | None, window_s: float | None,
+          more: str = "--processes") -> LlmResult:
+    """Merge per-process results; `window_s` is the planned measured span; `more` is what the
+    fix asks to add for more generators (--processes, or Dask workers)."""
     assert parts
     kinds: Counter[str] = Counter()
     status: Counter[str] = Counter()
@@ -197,7 +202,7 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
         reasons.append(
             f"generator lag: {very_late / sent:.1%} of sends were more than "
             f"{LLM_LATE_S * 1e3:.0f} ms late (limit {LAG_INVALID_SHARE:.0%}), so the offered "
-            "rate was not held; add --processes, raise --max-connections, lower --rate, or use "
+            f"rate was not held; add {more}, raise --max-connections, lower --rate, or use "
             "a quieter machine")
     if sent == 0:
         reasons.append("no request was measured; lengthen --duration or shorten --warmup")
@@ -270,6 +275,7 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         "arrival": r.arrival, "processes": r.processes, "offered_rps": r.offered_rps,
         "sent_rps": r.sent_rps, "throughput_rps": r.throughput_rps, "output_tps": r.output_tps,
         "total_tps": r.total_tps, "successes": r.successes, "output_tokens": r.output_tokens,
+        "samples": r.successes + r.failures,  # core.sheet.SAMPLES_KEY: the verdict's n
         "prompt_tokens": r.prompt_tokens, "failed_output_tokens": r.failed_output_tokens,
         "itl": pct_dict(r.itl), "tpot": pct_dict(r.tpot), "e2e": pct_dict(r.e2e),
         "ttft_mean_ms": r.ttft.mean_ms, "errors_by_kind": r.errors_by_kind,
@@ -279,6 +285,7 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         "warmup_requests": r.warmup_requests, "invalid_reasons": r.invalid_reasons,
         "notes": r.notes,
         "hdr_histograms": r.blobs,
+        "cluster": None if r.cluster is None else asdict(r.cluster),
     }
     # Flat numbers too: the sheet keeps numeric extras (medians over repeats) and objectives
     # name them as extras:<key>, e.g. extras:tpot_p95_ms.

@@ -18,9 +18,11 @@ from dataclasses import dataclass, replace
 
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.load.capacity import CapacityResult, SearchConfig, Step, search
+from scalelab.load.cluster import WORKERS, Cluster, named_reasons
+from scalelab.load.cluster import shares as cluster_shares
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm_result import LlmResult, merge, samples_of
-from scalelab.load.multiproc import LevelPlan, ProcessSettings, run_processes
+from scalelab.load.multiproc import LevelPlan, ProcessSettings, run_processes, split_list
 from scalelab.load.stream import ProbeAnswer, StopCheck, StreamConfig, StreamEngine, StreamPart
 from scalelab.load.token_slo import TokenStepRule
 
@@ -65,10 +67,14 @@ def _stream_part(plan: LlmPlan, index: int, times: list[float] | None,
     return asyncio.run(_run_one(_config_for(plan, index), times, start, None))
 
 
-def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None) -> LlmResult:
-    """Run one level; `stop_check` (one process only) may end it early."""
+def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None,
+            cluster: Cluster | None = None) -> LlmResult:
+    """Run one level; `stop_check` (one process only) may end it early. With `cluster`, one
+    generator a Dask worker (`cluster.py`) instead of local processes."""
     cfg = plan.stream
     times = plan.times().tolist() if cfg.mode == "open" else None
+    if cluster is not None:
+        return _run_on_cluster(plan, times, cluster, stop_check)
     if plan.processes == 1:
         parts = [asyncio.run(_run_one(_config_for(plan, 0), times,
                                       lambda: time.monotonic() + 0.05, stop_check))]
@@ -76,9 +82,44 @@ def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None) -> LlmResult:
         if stop_check is not None:
             raise BadUsageError("a stopping rule needs a single generator process")
         parts = run_processes(_stream_part, plan, times)
-    return merge(parts, mode=cfg.mode, offered_rps=plan.rate if cfg.mode == "open" else None,
+    return _merge(plan, parts)
+
+
+def _merge(plan: LlmPlan, parts: list[StreamPart],
+           offered_rps: float | None = None, more: str = "--processes") -> LlmResult:
+    cfg = plan.stream
+    rate = offered_rps if offered_rps is not None else plan.rate
+    return merge(parts, mode=cfg.mode, offered_rps=rate if cfg.mode == "open" else None,
                  concurrency=cfg.concurrency if cfg.mode == "closed" else None,
-                 arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s())
+                 arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s(),
+                 more=more)
+
+
+def _run_on_cluster(plan: LlmPlan, times: list[float] | None, cluster: Cluster,
+                    stop_check: StopCheck | None) -> LlmResult:
+    if stop_check is not None:
+        raise BadUsageError("a stopping rule needs a single generator process, not a cluster")
+    if plan.processes != 1:
+        raise BadUsageError("with --cluster every Dask worker runs one generator; start more "
+                            "workers (dask worker --nworkers N) instead of --processes")
+    workers = cluster.workers()
+    p = len(workers)
+    plan = replace(plan, processes=p)
+    shares = [None if times is None else split_list(times, p, i) for i in range(p)]
+    parts, clocks = cluster.run(_stream_part, plan, shares, workers,
+                                length_s=plan.length_s() + plan.stream.timeout_s)
+    r = _merge(plan, parts, more=WORKERS)
+
+    def judge(part: StreamPart, n: int) -> tuple[int, float, float | None, list[str]]:
+        one = _merge(plan, [part], offered_rps=None if plan.rate is None else plan.rate / n,
+                     more=WORKERS)
+        return one.requests, one.sent_rps, one.lag.p99_ms, one.invalid_reasons
+
+    level = cluster_shares(parts, clocks, scheduler=cluster.address,
+                           offered_rps=plan.rate if plan.stream.mode == "open" else None,
+                           judge=judge)
+    reasons = r.invalid_reasons + named_reasons(level)
+    return replace(r, valid=not reasons, invalid_reasons=reasons, cluster=level)
 
 
 def reference_answers(cfg: StreamConfig) -> list[ProbeAnswer]:
@@ -127,8 +168,9 @@ class LlmCapacity:
 
 def capacity(make_plan: Callable[[float, int], LlmPlan], rule: TokenStepRule,
              cfg: SearchConfig, *, on_step: Callable[[float], None] | None = None,
-             url: str = "") -> LlmCapacity:
-    """Highest arrival rate meeting `rule.slo`; `make_plan(rate, step_index)` builds a step."""
+             url: str = "", cluster: Cluster | None = None) -> LlmCapacity:
+    """Highest arrival rate meeting `rule.slo`; `make_plan(rate, step_index)` builds a step.
+    With `cluster` each step is a cluster level and runs its full length (no early stop)."""
     levels: list[LlmResult] = []
 
     def stop(part: StreamPart, elapsed: float) -> bool:
@@ -137,7 +179,8 @@ def capacity(make_plan: Callable[[float, int], LlmPlan], rule: TokenStepRule,
     def run_step(rate: float) -> Step:
         if on_step is not None:
             on_step(rate)
-        r = run_llm(make_plan(rate, len(levels)), stop_check=stop)
+        r = run_llm(make_plan(rate, len(levels)), stop_check=None if cluster else stop,
+                    cluster=cluster)
         check_ran(r, url)
         levels.append(r)
         verdict, decided = rule.verdict(r.samples_for(rule.slo))

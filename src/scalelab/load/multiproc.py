@@ -21,7 +21,9 @@ import numpy as np
 
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.load import clock
-from scalelab.load.generator import Engine, EngineConfig, Progress
+from scalelab.load.cluster import WORKERS, Cluster, named_reasons
+from scalelab.load.cluster import shares as cluster_shares
+from scalelab.load.generator import Engine, EngineConfig, PartResult, Progress
 from scalelab.load.result import LoadResult, merge
 from scalelab.load.schedule import Arrival, schedule
 
@@ -177,13 +179,16 @@ def _worker(run_part: PartRunner[PlanT], plan: PlanT, index: int, times: list[fl
 
 
 def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = None,
-             slo_threshold_s: float | None = None) -> LoadResult:
-    """Run one level; `stop_check` (one process only) may end it early."""
+             slo_threshold_s: float | None = None, cluster: Cluster | None = None) -> LoadResult:
+    """Run one level; `stop_check` (one process only) may end it early. With `cluster`, one
+    generator a Dask worker (`cluster.py`) instead of local processes."""
     cfg = plan.engine
     if slo_threshold_s is not None:
         cfg = replace(cfg, slo_threshold_s=slo_threshold_s)
         plan = replace(plan, engine=cfg)
     times = plan.times().tolist() if cfg.mode == "open" else None
+    if cluster is not None:
+        return _run_on_cluster(plan, times, cluster, stop_check)
     if plan.processes == 1:
         with clock.realtime(cfg.realtime):
             parts = [clock.run(_run_one(_engine_for(plan, 0), times, plan.cold_start,
@@ -193,10 +198,59 @@ def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = 
         if stop_check is not None:
             raise BadUsageError("a stopping rule needs a single generator process")
         parts = run_processes(_load_part, plan, times)
-    return merge(parts, mode=cfg.mode, offered_rps=plan.rate if cfg.mode == "open" else None,
+    return _merge(plan, parts)
+
+
+def _merge(plan: LoadPlan, parts: list[PartResult],
+           offered_rps: float | None = None, more: str = "--processes") -> LoadResult:
+    cfg = plan.engine
+    rate = offered_rps if offered_rps is not None else plan.rate
+    return merge(parts, mode=cfg.mode, offered_rps=rate if cfg.mode == "open" else None,
                  concurrency=cfg.concurrency if cfg.mode == "closed" else None,
                  arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s(),
-                 slo_threshold_s=cfg.slo_threshold_s, realtime=cfg.realtime)
+                 slo_threshold_s=cfg.slo_threshold_s, realtime=cfg.realtime, more=more)
+
+
+def _cold_probe(plan: LoadPlan) -> tuple[float | None, str | None]:
+    async def probe() -> tuple[float | None, str | None]:
+        eng = Engine(plan.engine)
+        await eng.cold_start()
+        return eng.res.cold_start_s, eng.res.cold_start_error
+
+    return clock.run(probe(), plan.engine.loop_impl)
+
+
+def _run_on_cluster(plan: LoadPlan, times: list[float] | None, cluster: Cluster,
+                    stop_check: Callable[[Progress], bool] | None) -> LoadResult:
+    if stop_check is not None:
+        raise BadUsageError("a stopping rule needs a single generator process, not a cluster")
+    if plan.processes != 1:
+        raise BadUsageError("with --cluster every Dask worker runs one generator; start more "
+                            "workers (dask worker --nworkers N) instead of --processes")
+    workers = cluster.workers()
+    p = len(workers)
+    # The cold-start probe runs apart, before the shares are handed out, so a slow first
+    # request cannot make worker 0 miss the agreed start.
+    cold = cluster.call(_cold_probe, plan, prefer=workers[0],
+                        timeout_s=plan.engine.timeout_s * 2 + 60) if plan.cold_start else None
+    plan = replace(plan, processes=p, cold_start=False)
+    shares = [None if times is None else split_list(times, p, i) for i in range(p)]
+    parts, clocks = cluster.run(_load_part, plan, shares, workers,
+                                length_s=plan.length_s() + plan.engine.timeout_s)
+    if cold is not None:
+        parts[0] = replace(parts[0], cold_start_s=cold[0], cold_start_error=cold[1])
+    r = _merge(plan, parts, more=WORKERS)
+
+    def judge(part: PartResult, n: int) -> tuple[int, float, float | None, list[str]]:
+        one = _merge(plan, [part], offered_rps=None if plan.rate is None else plan.rate / n,
+                     more=WORKERS)
+        return one.requests, one.sent_rps, one.lag_p99_ms, one.invalid_reasons
+
+    level = cluster_shares(parts, clocks, scheduler=cluster.address,
+                           offered_rps=plan.rate if plan.engine.mode == "open" else None,
+                           judge=judge)
+    reasons = r.invalid_reasons + named_reasons(level)
+    return replace(r, valid=not reasons, invalid_reasons=reasons, cluster=level)
 
 
 def run_processes(run_part: PartRunner[PlanT], plan: PlanT,

@@ -30,6 +30,7 @@ from typing import Any
 
 from scalelab.core.records import Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
+from scalelab.load.cluster import ClusterLevel
 from scalelab.load.generator import Mode, PartResult
 from scalelab.load.histogram import LatencyHistogram, Percentiles
 
@@ -163,12 +164,16 @@ class LoadResult:
     """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
     trace_ids: list[str] = field(default_factory=list)
     """Their trace ids (the first 1,000 per process): look them up in the server's spans."""
+    cluster: ClusterLevel | None = None
+    """With --cluster: the scheduler and every worker's share, clock offset and validity."""
 
 
 def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
           concurrency: int | None, arrival: str | None, window_s: float | None,
-          slo_threshold_s: float | None, realtime: bool = False) -> LoadResult:
-    """Merge per-process results; `window_s` is the planned measured span (open loop)."""
+          slo_threshold_s: float | None, realtime: bool = False,
+          more: str = "--processes") -> LoadResult:
+    """Merge per-process results; `window_s` is the planned measured span (open loop);
+    `more` is what the fixes ask to add for more generators (--processes, or Dask workers)."""
     assert parts
     hist = LatencyHistogram()
     status: Counter[str] = Counter()
@@ -212,7 +217,7 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
     reasons = validity(mode=mode, offered_rps=offered_rps, sent_rps=sent_rps,
                        scheduled_rps=scheduled_rps, lag=lstats, pool_waits=pool_waits,
                        slo_threshold_s=slo_threshold_s, processes=len(parts),
-                       realtime=realtime, cpu=gcpu)
+                       realtime=realtime, cpu=gcpu, more=more)
     if sent == 0:
         reasons.append("no request was measured; lengthen --duration or shorten --warmup")
     cold = next((p for p in parts if p.cold_start_s is not None or p.cold_start_error), None)
@@ -243,19 +248,19 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
 
 def validity(*, mode: Mode, offered_rps: float | None, sent_rps: float, scheduled_rps: float,
              lag: LagStats, pool_waits: int, slo_threshold_s: float | None,
-             processes: int = 1, realtime: bool = False,
+             processes: int = 1, realtime: bool = False, more: str = "--processes",
              cpu: GeneratorCpu | None = None) -> list[str]:
     """Why a level did not offer the asked-for load (empty: it did). Pure; see the module doc."""
     if mode != "open" or not offered_rps or lag.count == 0:
         return []
     realtime_hint = "" if realtime else "use --realtime, "
     if cpu is not None and cpu.starved(processes):
-        fix = (f"the generator was CPU-starved ({cpu.describe()}): add --processes (now "
+        fix = (f"the generator was CPU-starved ({cpu.describe()}): add {more} (now "
                f"{processes}), {realtime_hint}or run the generator on a quieter machine")
     elif pool_waits:
         fix = f"{pool_waits} requests waited for a free connection: raise --max-connections"
     else:
-        fix = (f"add --processes (now {processes}), lower --rate, {realtime_hint}"
+        fix = (f"add {more} (now {processes}), lower --rate, {realtime_hint}"
                "or run the generator on a quieter machine")
     out: list[str] = []
     if scheduled_rps > 0 and sent_rps < scheduled_rps * (1.0 - RATE_TOLERANCE):
@@ -286,6 +291,7 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         "offered_rps": r.offered_rps, "sent_rps": r.sent_rps, "goodput_rps": r.goodput_rps,
         "slo": slo, "slo_threshold_ms": r.slo_threshold_ms, "within_slo": r.within_slo,
         "successes": r.successes, "mean_ms": r.latency.mean_ms,
+        "samples": r.successes + r.failures,  # core.sheet.SAMPLES_KEY: the verdict's n
         "errors_by_kind": r.errors_by_kind, "errors_by_status": r.errors_by_status,
         "lag": {"count": r.lag_count, "share": r.lag_share, "max_ms": r.lag_max_ms,
                 "p50_ms": r.lag_p50_ms, "p99_ms": r.lag_p99_ms},
@@ -294,6 +300,7 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         "cold_start_ms": r.cold_start_ms, "warmup_requests": r.warmup_requests,
         "invalid_reasons": r.invalid_reasons, "hdr_histogram": r.hist_blob,
         "generator_cpu": None if r.generator_cpu is None else asdict(r.generator_cpu),
+        "cluster": None if r.cluster is None else asdict(r.cluster),
     }
     if budget is not None:
         extras["budget"] = [asdict(b) for b in budget]

@@ -25,6 +25,7 @@ The baseline row ``fp32`` is always measured first; every delta and ratio is aga
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,8 @@ class Bench:
             raise BadInputError(f"{data_dir}/test.parquet has {len(self.test)} rows; need at "
                                 f"least {max(cfg.measure.batch_sizes)} to time the largest batch")
         self._student: FusedTabularNet | None = None
+        self.on_step: Callable[[str], None] = lambda _: None
+        """Told what starts next (a variant's build, quality, a timing round): progress."""
         self._tmp = tempfile.TemporaryDirectory(prefix="scalelab-compress-")
         self.workdir = Path(self._tmp.name)
 
@@ -211,6 +214,7 @@ class Bench:
                        model=self.teacher, arch=arch, arch_params=params,
                        device=self.cfg.device, requested=False)]
         for name in self.cfg.variants:
+            self.on_step(f"building {name}")
             out.extend(self._make(name, arch, params))
         return out
 
@@ -427,6 +431,7 @@ class Bench:
         base: Quality | None = None
         inputs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for v in variants:
+            self.on_step(f"quality of {v.name}")
             v.model = _on(v.model, v.device)
             if v.device not in inputs:
                 inputs[v.device] = (self.test.categorical.to(v.device),
@@ -438,8 +443,9 @@ class Bench:
             v.delta = compare(base, v.quality, tolerance_points=self.cfg.tolerance_points)
         runs: dict[str, list[Measurement]] = {v.name: [] for v in variants}
         cache_runs: list[dict[str, float]] = []
-        for _ in range(self.cfg.measure.rounds):
+        for rnd in range(self.cfg.measure.rounds):
             for v in variants:
+                self.on_step(f"timing round {rnd + 1}/{self.cfg.measure.rounds}: {v.name}")
                 c, x = inputs[v.device]
                 if v.name == "cache":
                     m, run = self._measure_cache(v.model, c, x)
@@ -521,13 +527,17 @@ class Bench:
                     "extras": v.extras})
 
 
-def run_bench(model_dir: Path, data_dir: Path, cfg: CompressConfig) -> BenchResult:
-    """Build every requested variant, evaluate and time it; returns variants and records."""
+def run_bench(model_dir: Path, data_dir: Path, cfg: CompressConfig,
+              on_step: Callable[[str], None] | None = None) -> BenchResult:
+    """Build every requested variant, evaluate and time it; returns variants and records.
+    `on_step` is told what starts next (for progress)."""
     # Tiny models train and run dispatch-bound: a second intra-op thread buys nothing and, on a
     # shared machine, stalls every parallel region waiting to be scheduled.
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.measure.threads)
     bench = Bench(model_dir, data_dir, cfg)
+    if on_step is not None:
+        bench.on_step = on_step
     try:
         bench.teacher = bench.teacher.to(cfg.device)
         variants = bench.build()

@@ -9,9 +9,11 @@ staleness, update time, rollback time. The variable is the update frequency: att
 
 from __future__ import annotations
 
+import functools
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +68,10 @@ def per_30d(r: PrequentialResult, tick_hours: float) -> float:
     return (r.promoted + r.refused) * 30.0 / days if days > 0 else 0.0
 
 
-def run_bench(cfg: BenchConfig, work: Path, experiment: str) -> dict[str, Any]:
+def run_bench(cfg: BenchConfig, work: Path, experiment: str,
+              on_window: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    """Ingest once, then replay every policy; `on_window(policy, done, total)` after each
+    window of each replay."""
     work.mkdir(parents=True, exist_ok=True)
     schema = cfg.schema or write_schema(work / "schema.json",
                                         StreamConfig(start=cfg.stream.start, end=cfg.stream.end))
@@ -93,7 +98,8 @@ def run_bench(cfg: BenchConfig, work: Path, experiment: str) -> dict[str, Any]:
         policy = make_policy(name, threshold=cfg.drift_threshold, delta=cfg.drift_delta,
                              min_gap=cfg.drift_min_gap, backoff=cfg.drift_backoff,
                              max_wait=cfg.updater.lookback_windows())
-        r = run(data, rules, policy, cfg.updater)
+        r = run(data, rules, policy, cfg.updater,
+                on_window=None if on_window is None else functools.partial(on_window, name))
         boot = r.decisions[0].cost.get("samples", 0)
         upd_samples = r.samples_trained - boot
         cpu = r.train_cpu_s + r.predict_cpu_s
@@ -124,13 +130,19 @@ def run_bench(cfg: BenchConfig, work: Path, experiment: str) -> dict[str, Any]:
             recovery="rollback to the previous version on late labels",
             limiting_resource="cpu (fine-tunes)" if r.promoted + r.refused else None,
             extras={"series": series_of(name), "policy": name, "promoted": r.promoted,
+                    # core.sheet: the events the quarantine rate rests on, the updates the
+                    # update-latency quantiles rest on
+                    "samples": ev["received"], "samples_unit": "events",
+                    "latency_samples": len(up_ms),
                     "refused": r.refused, "rolled_back": r.rolled_back,
                     "quarantined_windows": r.quarantined_windows,
                     "update_samples": upd_samples, "train_cpu_s": r.train_cpu_s,
                     "staleness_h": r.staleness_h,
                     "rollback_ms": max(r.rollback_s) * 1000 if r.rollback_s else None,
                     "cost_per_update_usd": row["cost_per_update_usd"],
-                    "feature_version": r.feature_version}))
+                    "feature_version": r.feature_version,
+                    # quality over time: the report draws it (as --plot does)
+                    "monthly": r.monthly}))
     return {"stream": stream.manifest(), "schema": str(schema), "ingest": ingest,
             "span_days": span_days, "policies": results, "records": records}
 

@@ -12,6 +12,7 @@ interleaving the two would give.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -70,9 +71,10 @@ class PrequentialResult:
 
 def run(data: StreamData, rules: dict[str, ColumnRule], policy: Policy, cfg: UpdaterConfig,
         *, publish: Publisher | None = None, rolled_back: Any = None,
-        on_bootstrap: Any = None) -> PrequentialResult:
+        on_bootstrap: Any = None,
+        on_window: Callable[[int, int], None] | None = None) -> PrequentialResult:
     """Replay `data` under `policy`; `publish`/`rolled_back`/`on_bootstrap` connect the updater
-    to a serving repository (online/publish.py)."""
+    to a serving repository (online/publish.py); `on_window(done, total)` after each window."""
     t0 = time.perf_counter()
     upd = Updater(data, rules, policy, cfg, publish=publish, rolled_back=rolled_back)
     tick = int(cfg.tick_hours * HOUR_US)
@@ -89,6 +91,7 @@ def run(data: StreamData, rules: dict[str, ColumnRule], policy: Policy, cfg: Upd
     t_label_sorted = data.t_label[order]
     last = int(data.t_event.max())
     k = 0
+    windows = (last - start) // tick + 1 if start <= last else 0
     while start <= last:
         end = start + tick
         i0, i1 = np.searchsorted(data.t_event, [start, end], side="left")
@@ -103,6 +106,8 @@ def run(data: StreamData, rules: dict[str, ColumnRule], policy: Policy, cfg: Upd
         errors = (pred[arrived] != data.label[arrived]).astype(np.float64)
         upd.close(k, start, end, arrived, errors, pred, version)
         start, k = end, k + 1
+        if on_window is not None:
+            on_window(k, windows)
     scored = (pred >= 0) & (data.label >= 0)
     y, p = data.label[scored], pred[scored]
     ev = evaluation(0, y, p, CLASSES)

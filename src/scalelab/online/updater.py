@@ -137,20 +137,44 @@ class StreamData:
     label: np.ndarray
     """The label that arrived (-1: none)."""
     t_label: np.ndarray
-    """When it arrived (NO_LABEL: never)."""
+    """When it arrived (NO_LABEL: never, or past the label horizon)."""
     rejects: pl.DataFrame
+    labels_stored: int = 0
+    """Labels in the log (each event id once): joined + past_horizon + unjoined."""
+    labels_joined: int = 0
+    """Labels of stored events that arrived within the horizon: what scoring and updates use."""
+    past_horizon: int = 0
+    """Labels of stored events that arrived later than `horizon_h` after their event: counted
+    here and otherwise treated as never arrived."""
+    unjoined: int = 0
+    """Labels of events the log does not hold (quarantined ones): nothing to join them to."""
 
     @classmethod
     def from_frames(cls, events: pl.DataFrame, labels: pl.DataFrame,
-                    rejects: pl.DataFrame | None = None) -> StreamData:
+                    rejects: pl.DataFrame | None = None, *,
+                    horizon_h: float | None = None) -> StreamData:
+        """`horizon_h`: labels arriving more than this many hours after their event are
+        counted in `past_horizon` and not used (None: every label is used, however late)."""
+        if horizon_h is not None and horizon_h <= 0:
+            raise BadInputError(f"the label horizon must be > 0 hours, got {horizon_h}")
         ev = events.sort([EVENT_TIME, EVENT_ID])
+        stored = unjoined = past = 0
         if labels.height:
             # A label may arrive for a quarantined event (nothing to join to) or twice (the
             # log refused the second): keep the first arrival per event.
             lab = labels.sort(LABEL_TIME).unique(EVENT_ID, keep="first")
+            stored = lab.height
             ev = ev.join(lab.select(EVENT_ID, pl.col(LABEL).alias("_label"),
                                     pl.col(LABEL_TIME).alias("_t_label")),
                          on=EVENT_ID, how="left", maintain_order="left")
+            unjoined = stored - int(ev.get_column("_t_label").is_not_null().sum())
+            if horizon_h is not None:
+                late = (pl.col("_t_label") - pl.col(EVENT_TIME)) > pl.duration(
+                    microseconds=int(horizon_h * HOUR_US))
+                past = int(ev.select(late.fill_null(False).sum()).item())
+                ev = ev.with_columns(
+                    pl.when(late).then(None).otherwise(pl.col("_label")).alias("_label"),
+                    pl.when(late).then(None).otherwise(pl.col("_t_label")).alias("_t_label"))
         else:
             ev = ev.with_columns(pl.lit(None, pl.Int8).alias("_label"),
                                  pl.lit(None, pl.Datetime("us")).alias("_t_label"))
@@ -161,7 +185,9 @@ class StreamData:
                    label=ev.get_column("_label").cast(pl.Int64).fill_null(-1).to_numpy(),
                    t_label=t_label,
                    rejects=rejects if rejects is not None and rejects.height
-                   else pl.DataFrame(schema=REJECT_SCHEMA))
+                   else pl.DataFrame(schema=REJECT_SCHEMA),
+                   labels_stored=stored, labels_joined=stored - unjoined - past,
+                   past_horizon=past, unjoined=unjoined)
 
 
 Publisher = Callable[[Learner, pl.DataFrame], tuple[bool, list[str]]]

@@ -15,10 +15,12 @@ from typing import Any
 
 from scalelab.core.economics import review_lines, unit_costs
 from scalelab.core.machine import Machine
+from scalelab.core.objectives import Check
+from scalelab.core.records import Record
 from scalelab.core.serialize import jsonable
 from scalelab.core.sheet import SheetRow
 from scalelab.core.units import format_bytes
-from scalelab.core.verdict import StageGoal, StageVerdict, Verdict
+from scalelab.core.verdict import StageGoal, StageVerdict, Verdict, decision_text
 from scalelab.observe.traces import diagnosis_attributions
 from scalelab.report import plots
 
@@ -129,18 +131,48 @@ def economics_html(sheet: list[SheetRow]) -> list[str]:
     return out
 
 
+CHECK_COLUMNS = ["stage", "series", "×", "objective", "outcome", "value", "n", "bounds", "rule",
+                 "what would decide it"]
+
+
+def check_cells(c: Check) -> list[str]:
+    """One check as text: its outcome, value, sample size, bounds and rule."""
+    d = c.decision
+    conf = f" ({d.confidence:.0%})" if d.confidence is not None else ""
+    bounds = "—" if d.lower is None and d.upper is None else (
+        f"{_fmt(d.lower)}–{_fmt(d.upper)}{conf}")
+    return [c.stage, c.series or "—", f"{c.multiple:g}", c.objective.label, d.outcome,
+            _fmt(d.value), "not recorded" if d.n is None and d.value is not None else (
+                "—" if d.n is None else f"{d.n:,}"),
+            bounds, d.basis, d.need or "—"]
+
+
+def stage_head(s: StageVerdict) -> list[str]:
+    """The stage's verdict lines: what missed or was decided, what was not, what was not
+    measured."""
+    if not s.measured:
+        return [f"{s.stage}: not measured"]
+    if s.miss is not None:
+        out = [f"{s.stage}: misses {s.miss.objective.label} at {s.miss.multiple:g}× "
+               f"({decision_text(s.miss)})"]
+        if s.passed_up_to is not None:
+            out.append(f"  decided: {s.decided}")
+    else:
+        out = [f"{s.stage}: {s.decided}"]
+    if s.open_text:
+        out.append(f"  {s.open_text}")
+    if s.not_measured:
+        out.append("  not measured: " + ", ".join(s.not_measured))
+    out += [f"  candidate {line}" for line in s.candidates]
+    return out
+
+
 def verdict_lines(v: Verdict) -> list[str]:
     lines = [v.summary]
     for s in v.stages:
+        lines += stage_head(s)
         if not s.measured:
-            lines.append(f"{s.stage}: not measured")
             continue
-        head = (
-            f"{s.stage}: misses {s.miss.objective.label} at {s.miss.multiple:g}×"
-            if s.miss
-            else f"{s.stage}: meets its objectives up to {_fmt(s.passed_up_to)}×"
-        )
-        lines.append(head)
         for e in s.limiting[:3]:
             lines.append(f"  limiting: {e.resource} — {e.detail}")
         if s.intervention:
@@ -169,22 +201,33 @@ def _stage_json(s: StageVerdict) -> dict[str, Any]:
             "level": s.miss.level,
             "value": s.miss.value,
         },
+        "outcome": s.outcome,
         "passed_up_to": s.passed_up_to,
+        "decided": s.decided,
+        "undecided": s.open_text,
+        "not_measured": s.not_measured,
         "target_multiple": s.target_multiple,
         "limiting": [{"resource": e.resource, "evidence": e.detail} for e in s.limiting],
         "intervention": s.intervention,
         "predicted": s.predicted,
         "tightest": s.tightest,
         "cost": [{"multiple": m, "usd_per_unit": c, "unit": u} for m, c, u in s.cost],
+        "candidates": s.candidates,
         "checks": [
             {
                 "level": c.level,
                 "multiple": c.multiple,
                 "objective": c.objective.label,
+                "outcome": c.decision.outcome,
                 "value": c.value,
-                "ok": c.ok,
+                "n": c.decision.n,
+                "lower": c.decision.lower,
+                "upper": c.decision.upper,
+                "confidence": c.decision.confidence,
+                "rule": c.decision.basis,
+                "needs": c.decision.need,
             }
-            for c in s.checks
+            for c in [*s.checks, *s.candidate_checks]
         ],
     }
 
@@ -205,6 +248,7 @@ def report_json(
         "meta": meta,
         "verdict": {
             "summary": verdict.summary,
+            "outcome": verdict.outcome,
             "first": None if verdict.first is None else verdict.first.stage,
             "stages": [_stage_json(s) for s in verdict.stages],
         },
@@ -226,6 +270,7 @@ td.l,th.l{text-align:left}
 .verdict{background:#fff6e5;border-left:4px solid #e8a200;padding:.8rem 1rem;font-size:1rem}
 .ok{color:#137333}
 .miss{color:#b3261e;font-weight:600}
+.open{color:#8a5a00;font-weight:600}
 .plots{display:flex;flex-wrap:wrap;gap:1rem}
 .plots svg{max-width:560px;height:auto}
 .muted{color:#667}
@@ -260,6 +305,7 @@ def render_html(
     machine: Machine,
     meta: dict[str, Any],
     traces: dict[str, list[tuple[str, str]]] | None = None,
+    records: list[Record] | None = None,
 ) -> str:
     e = html.escape
     out: list[str] = [
@@ -288,13 +334,11 @@ def render_html(
                 + ", ".join(f"<code>{e(o.label)}</code>" for o in g.objectives)
                 + f" · target {g.target_multiple:g}×</p>"
             )
-        status = (
-            f"<span class='miss'>misses {e(s.miss.objective.label)} at "
-            f"{s.miss.multiple:g}× (value {_fmt(s.miss.value)})</span>"
-            if s.miss
-            else f"<span class='ok'>meets its objectives up to {_fmt(s.passed_up_to)}×</span>"
-        )
-        out.append(f"<p>{status}</p><ul>")
+        head = stage_head(s)
+        cls = {"missed": "miss", "met": "ok"}.get(s.outcome, "open")
+        out.append(f"<p><span class='{cls}'>{e(head[0].split(': ', 1)[1])}</span></p><ul>")
+        for line in head[1:]:
+            out.append(f"<li>{e(line.strip())}</li>")
         for ev in s.limiting:
             out.append(f"<li>limiting: <b>{e(ev.resource)}</b> — {e(ev.detail)}</li>")
         if s.intervention:
@@ -308,7 +352,18 @@ def render_html(
             out.append(f"<li>governance: {e(gov)}</li>")
         for tag, line in (traces or {}).get(s.stage, []):
             out.append(f"<li>traces ({e(tag)}, highest level): {e(line)}</li>")
-        out.append("</ul><div class='plots'>")
+        out.append("</ul>")
+        if s.checks or s.candidate_checks:
+            out.append("<table><tr>" + "".join(f"<th class='l'>{e(c)}</th>"
+                                                for c in CHECK_COLUMNS[1:]) + "</tr>")
+            for c in [*s.checks, *s.candidate_checks]:
+                cells = check_cells(c)[1:]
+                kind = {"missed": "miss", "met": "ok"}.get(c.outcome, "open")
+                out.append("<tr>" + "".join(
+                    f"<td class='l{' ' + kind if i == 3 else ''}'>{e(x)}</td>"
+                    for i, x in enumerate(cells)) + "</tr>")
+            out.append("</table>")
+        out.append("<div class='plots'>")
         objs = g.objectives if g else []
         figures: tuple[str | None, ...]
         if rows and rows[0].variable == "variant":
@@ -320,6 +375,8 @@ def render_html(
                 plots.throughput_plot(s.stage, rows, objs),
                 plots.latency_plot(s.stage, rows, objs),
                 plots.cost_plot(s.stage, rows),
+                plots.frontier_plot(s.stage, records or []),
+                plots.monthly_plot(s.stage, records or []),
             )
         for svg in figures:
             if svg:
@@ -366,6 +423,12 @@ def render_markdown(
         f"- {ln.strip()}" if ln.startswith("  ") else f"**{ln}**" if i == 0 else f"- {ln}"
         for i, ln in enumerate(verdict_lines(verdict))
     ]
+    checks = [c for s in verdict.stages for c in [*s.checks, *s.candidate_checks]]
+    if checks:
+        lines += ["", "## Checks", "", "| " + " | ".join(CHECK_COLUMNS) + " |",
+                  "|" + "---|" * len(CHECK_COLUMNS)]
+        lines += ["| " + " | ".join(x.replace("|", "/") for x in check_cells(c)) + " |"
+                  for c in checks]
     review = review_lines(unit_costs(sheet))
     if review:
         lines += ["", "## Unit economics (weekly review)", "", *(f"- {ln}" for ln in review)]
@@ -398,6 +461,7 @@ def write_report(
     meta: dict[str, Any],
     *,
     run: dict[str, Any] | None = None,
+    records: list[Record] | None = None,
 ) -> ReportFiles:
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {**meta, "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
@@ -411,7 +475,7 @@ def write_report(
            "traces": {s: [{"tag": t, "line": ln} for t, ln in rows]
                       for s, rows in traces.items()}}
     for path, text in (
-        (files.html, render_html(sheet, verdict, goals, machine, meta, traces)),
+        (files.html, render_html(sheet, verdict, goals, machine, meta, traces, records)),
         (files.markdown, render_markdown(sheet, verdict, machine, meta, traces)),
         (
             files.json,

@@ -14,8 +14,17 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from scalelab.core.objectives import Objective
+from scalelab.core.records import Record
 from scalelab.core.sheet import SheetRow
-from scalelab.report.figures import Bound, Curve, LatencyCurve, latency_figure, scaling_figure
+from scalelab.report.figures import (
+    Bound,
+    Curve,
+    LatencyCurve,
+    frontier_figure,
+    latency_figure,
+    scaling_figure,
+    timeline_figure,
+)
 
 
 def _svg(fig: Figure) -> str:
@@ -144,3 +153,37 @@ def pareto_plot(stage: str, rows: list[SheetRow], quality_key: str | None) -> st
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _svg(fig)
+
+
+def frontier_plot(stage: str, records: list[Record]) -> str | None:
+    """The retrieval bench's recall-QPS frontier (each record's grid, as `retrieval bench
+    --plot` draws it from the command's JSON)."""
+    series = {
+        f"{r.extras['index']} x{r.level:g}": [(p["recall"], p["qps"]) for p in r.extras["grid"]]
+        for r in records
+        if r.stage == stage and r.ok and isinstance(r.extras.get("grid"), list)
+    }
+    if not series:
+        return None
+    return _svg(frontier_figure(series, title=f"{stage}: recall vs QPS"))
+
+
+def monthly_plot(stage: str, records: list[Record]) -> str | None:
+    """Macro F1 per month, one line per policy (as `online replay/bench --plot` draws it)."""
+    series = {
+        str(r.extras.get("policy", r.level)): [
+            (float(m["month"]), float(m["macro_f1"])) for m in r.extras["monthly"]
+        ]
+        for r in records
+        if r.stage == stage and r.ok and isinstance(r.extras.get("monthly"), list)
+    }
+    if not series:
+        return None
+    return _svg(
+        timeline_figure(
+            series,
+            xlabel="month of 2013 (prediction time)",
+            ylabel="prequential macro F1",
+            title=f"{stage}: quality over time per update policy",
+        )
+    )

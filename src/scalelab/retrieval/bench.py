@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,7 +196,7 @@ def open_loop(index: VectorIndex, q: np.ndarray, k: int, rate: float) -> dict[st
         lat[i] = (time.perf_counter() - due) * 1e3
     p50, p95, p99 = _percentiles(lat)
     return {"rate_qps": rate, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99,
-            "max_ms": float(lat.max())}
+            "max_ms": float(lat.max()), "queries": float(q.shape[0])}
 
 
 def pareto(points: Sequence[Point]) -> list[Point]:
@@ -290,7 +290,7 @@ def _fresh(index: VectorIndex, emb: CachedEmbedder, fresh_texts: list[str],
             "fresh_hit_at_10": hit_rate(ids, shifted, K)}
 
 
-def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+def run_bench(cfg: BenchConfig, on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run every level; append records to OUT/records.jsonl; return the whole result.
 
     Everything runs on one thread: faiss's OpenMP pool, numpy's BLAS (an idle multi-threaded
@@ -300,16 +300,17 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     limit_threads(1)
     with threadpool_limits(limits=1):
-        return _run_bench(cfg)
+        return _run_bench(cfg, on_step or (lambda _: None))
 
 
-def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
+def _run_bench(cfg: BenchConfig, on_step: Callable[[str], None]) -> dict[str, Any]:
     cfg.out.mkdir(parents=True, exist_ok=True)
     exp = new_experiment_id("retrieval")
     emb = CachedEmbedder(embedder=make_embedder(cfg.embedder, threads=1), path=cfg.cache)
     levels: list[dict[str, Any]] = []
     records: list[Record] = []
     for level in cfg.levels:
+        on_step(f"x{level:g}: corpus and embeddings")
         spec = CorpusSpec(level=level, base_docs=cfg.base_docs, questions=cfg.questions,
                           seed=cfg.seed)
         corpus = build_corpus(spec)
@@ -339,6 +340,7 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
         fresh_truth = [fk[qq.doc_key] for qq in corpus.fresh_questions]
         results: list[IndexResult] = []
         for s in ["exact", "faiss:Flat", *cfg.indexes]:
+            on_step(f"x{level:g}: {s}")
             full = resolve_spec(s, x.shape[0], x.shape[1])
             res, index = measure_index(full, x, q, exact_kth=exact_kth, truth=truth,
                                        answers=answers, texts=texts, level=level, cfg=cfg,
@@ -391,6 +393,8 @@ def _record(exp: str, r: IndexResult, cfg: BenchConfig, cost: dict[str, float]) 
                 "raw_bytes": r.raw_bytes,
                 "qps_one_at_a_time": p.qps, "speedup_vs_exact": r.speedup_vs_exact,
                 "arrival_rate_qps": r.open_loop["rate_qps"],
+                # core.sheet.SAMPLES_KEY: the queries the latency quantiles rest on
+                "samples": int(r.open_loop.get("queries", 0)), "samples_unit": "queries",
                 "new_doc_to_answerable_s": r.fresh.get("single_to_answerable_p50_s"),
                 "fresh_add_per_1000_s": r.fresh.get("add_per_1000_s"),
                 "reload_s": r.recovery.get("load_s"),

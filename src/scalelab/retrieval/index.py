@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.retrieval.hnsw_file import check_hnswlib_bytes
 
 INSTALL_HINT = "pip install 'scalelab[retrieval]' (faiss-cpu, hnswlib and qdrant-client)"
 SEARCH_PARAMS = ("ef", "nprobe", "k_factor")
@@ -159,8 +160,16 @@ class ExactIndex(VectorIndex):
         if len(data) % (4 * dim):
             raise BadInputError(f"exact index data of {len(data)} bytes is not whole "
                                 f"{dim}-float rows")
+        x = np.frombuffer(data, dtype=np.float32).reshape(-1, dim)
+        # the rows are unit vectors (or zero, for a text with no features): anything else is
+        # bytes that were never this index, even when a manifest vouches for them
+        finite = bool(np.isfinite(x).all())
+        norms = np.linalg.norm(x, axis=1) if finite else np.zeros(0, np.float32)
+        if not finite or not ((np.abs(norms - 1.0) < 1e-3) | (norms == 0.0)).all():
+            raise BadInputError(f"exact index data holds rows that are not unit vectors "
+                                f"({dim} float32 each)")
         idx = cls(dim)
-        idx.add(np.frombuffer(data, dtype=np.float32).reshape(-1, dim))
+        idx.add(x)
         return idx
 
 
@@ -318,6 +327,7 @@ class HnswlibIndex(VectorIndex):
     @classmethod
     def from_bytes(cls, dim: int, options: str, data: bytes) -> HnswlibIndex:
         hl = _hnswlib()
+        check_hnswlib_bytes(data, dim, _parse_kv(options, {"M": 16, "ef_construction": 200})["M"])
         with tempfile.TemporaryDirectory() as d:
             p = Path(d) / "index.bin"
             p.write_bytes(data)

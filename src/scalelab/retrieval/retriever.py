@@ -132,8 +132,10 @@ def open_retriever(index_dir: str | os.PathLike[str], *, embedder: Embedder | No
     info: IndexInfo = index_info(index_dir)
     corpus_dir = info.corpus.get("path")
     if not corpus_dir or not Path(corpus_dir).is_dir():
-        raise BadInputError(f"{index_dir}: its corpus {corpus_dir} is gone; re-create the "
-                            "corpus and rebuild the index")
+        raise BadInputError(f"{index_dir}: its corpus {corpus_dir} is gone (the documents the "
+                            "ids point at); re-create the corpus and rebuild the index: "
+                            f"scalelab retrieval index --corpus DIR --out {index_dir} "
+                            f"--index {info.spec}")
     corpus = read_corpus(corpus_dir)
     emb = embedder if embedder is not None else _embedder_for(info.embedder)
     if emb.name != info.embedder:

@@ -42,6 +42,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from scalelab.core.errors import BadUsageError, ScalelabError
+from scalelab.web.access import AccessLog
 from scalelab.web.governance import governed
 from scalelab.web.guard import Guard, request_id
 from scalelab.web.trace import RequestTrace, TraceConfig, Tracing, ns_perf
@@ -227,11 +228,14 @@ class RetrievalService:
                 "scalelab.k": k, "scalelab.queries": len(queries)})
         return [[asdict(h) for h in row] for row in hits]
 
-    def add(self, docs: list[tuple[str, str]]) -> int:
+    def add(self, docs: list[tuple[str, str]]) -> tuple[int, int]:
+        """(documents added, index size right after them): read under the lock, so concurrent
+        adds each report the size their own add made, never another's."""
         with self.lock:
             added = self.retriever.add(docs)
-            self.metrics.vectors.set(self.retriever.index.ntotal)
-        return len(added)
+            ntotal = self.retriever.index.ntotal
+            self.metrics.vectors.set(ntotal)
+        return len(added), ntotal
 
 
 def create_app(settings: RetrievalSettings) -> Any:
@@ -375,10 +379,10 @@ def create_app(settings: RetrievalSettings) -> Any:
                                       s.max_query_chars * 4)))
         t0 = time.perf_counter()
         try:
-            n = await run_in_threadpool(svc.add, pairs)
+            n, ntotal = await run_in_threadpool(svc.add, pairs)
         except BadUsageError as e:
             raise HTTPError(409, str(e)) from None
-        return {"added": n, "ntotal": svc.retriever.index.ntotal,
+        return {"added": n, "ntotal": ntotal,
                 "add_ms": (time.perf_counter() - t0) * 1e3}
 
     async def live(request: Request) -> Response:
@@ -412,7 +416,9 @@ def create_app(settings: RetrievalSettings) -> Any:
         return model if scope["method"] == "POST" and scope["path"] in (
             "/v1/retrieve", "/v1/answer") else None
 
-    return governed(Guard(app, max_body=s.max_body_bytes), s.governance_file, route=work,
+    return governed(Guard(app, max_body=s.max_body_bytes,
+                          access=AccessLog("scalelab.retrieval.access")), s.governance_file,
+                    route=work,
                     admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None)
 
 

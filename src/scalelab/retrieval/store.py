@@ -121,7 +121,13 @@ def load_index(directory: str | os.PathLike[str]) -> tuple[VectorIndex, IndexInf
                                 f"(truncated or replaced); {fix}")
     if hashlib.sha256(data).hexdigest() != m.extras.get("sha256"):
         raise IndexCorruptError(f"{p} does not match its manifest's sha256 (corrupted); {fix}")
-    index = index_from_bytes(info.spec, info.dim, data)
+    try:
+        index = index_from_bytes(info.spec, info.dim, data)
+    except IndexCorruptError:
+        raise
+    except BadInputError as e:  # bytes that match the manifest yet are not this index
+        raise IndexCorruptError(f"{p} matches its manifest but is not a {info.spec} index "
+                                f"({e}); {fix}") from None
     if index.ntotal != info.ntotal:
         raise IndexCorruptError(f"{p} holds {index.ntotal} vectors, its manifest says "
                                 f"{info.ntotal}; {fix}")

@@ -98,6 +98,12 @@ def _api(ctx: ServeContext, infer: InferHandler) -> FastAPI:
         torch.set_num_threads(threads)
         sys.setswitchinterval(settings.gil_switch_ms / 1000.0)
         await repo.load_all()
+        grpc_server = None
+        if settings.grpc_port is not None:  # on this loop: it shares the batchers' queues
+            from scalelab.serve.grpc_service import make_server
+
+            grpc_server = make_server(ctx, infer, settings.host, settings.grpc_port)
+            await grpc_server.start()
         freeze_heap()
         watched = ctx.metrics.watch_gc()
         watcher = asyncio.create_task(repo.watch())
@@ -105,6 +111,8 @@ def _api(ctx: ServeContext, infer: InferHandler) -> FastAPI:
         yield
         gc.callbacks.remove(watched)
         ctx.draining = True
+        if grpc_server is not None:  # in-flight calls finish (bounded), new ones are refused
+            await grpc_server.stop(settings.graceful_s)
         watcher.cancel()
         await asyncio.gather(*ctx.background, return_exceptions=True)
         await repo.close()

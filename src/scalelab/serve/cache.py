@@ -17,6 +17,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from scalelab.serve.tensors import bytes_blob
+
 V = TypeVar("V")
 Key = tuple[str, int, Hashable]
 
@@ -31,6 +33,8 @@ def input_key(arrays: Sequence[np.ndarray]) -> Hashable:
     the tensors' (dtype, shape, bytes) when they are small, else `digest` (SHA-256)."""
     size = 0
     for a in arrays:
+        if a.dtype.hasobject:  # BYTES: an object array's own bytes are pointers, not values
+            return digest(arrays)
         size += a.nbytes
     if size > SMALL_KEY_BYTES:
         return digest(arrays)
@@ -43,7 +47,7 @@ def digest(arrays: Sequence[np.ndarray]) -> str:
     for a in arrays:
         c = np.ascontiguousarray(a)
         h.update(f"{c.dtype.str}|{c.shape}|".encode())
-        h.update(c.tobytes())
+        h.update(bytes_blob(c) if c.dtype.hasobject else c.tobytes())
     return h.hexdigest()
 
 

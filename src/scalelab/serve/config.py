@@ -17,7 +17,10 @@ from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.nets.repository import CONFIG_FILE, read_json
 from scalelab.web.trace import TraceConfig
 
-Datatype = Literal["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"]
+Datatype = Literal["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+                   "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES"]
+TOKENIZER_FILE = "tokenizer.json"
+"""A text model's tokenizer, in each version directory (the `tokenizers` library's format)."""
 
 
 class _Strict(BaseModel):
@@ -94,6 +97,16 @@ class CacheConfig(_Strict):
     """Identical concurrent requests share one computation (costs one SHA-256 per request)."""
 
 
+class TokenizerConfig(_Strict):
+    """A text model: its one BYTES input is tokenized in the server (by the version's
+    tokenizer.json), and the network receives input_ids and attention_mask, INT64
+    [batch, max_tokens]. Why in the server: clients send text, and a client-side tokenizer
+    that drifts from the model's own silently changes the answers."""
+
+    max_tokens: int = Field(default=128, ge=1, le=8192)
+    """Every text is truncated or padded to this many tokens (the network's fixed width)."""
+
+
 class ModelConfig(_Strict):
     """REPO/<model>/config.json: inputs, outputs, batching, version policy, cache."""
 
@@ -108,6 +121,8 @@ class ModelConfig(_Strict):
     version_policy: VersionPolicy = Field(
         default_factory=lambda: VersionPolicy(latest={"num_versions": 1}))
     cache: CacheConfig = Field(default_factory=CacheConfig)
+    tokenizer: TokenizerConfig | None = None
+    """Set for a text model (one BYTES input, tokenized in the server); None otherwise."""
     inline_below_ms: float = Field(default=1.0, ge=0, le=1000)
     """Run a batch's forward pass on the event loop itself, not the version's thread, while
     batches take less than this much CPU and less than 10x this in wall time (recent averages;
@@ -136,6 +151,21 @@ class ModelConfig(_Strict):
         bad = [t.name for t in self.inputs if t.shape[0] != -1]
         if bad:
             raise ValueError(f"inputs {bad}: the first dimension is the batch and must be -1")
+        text = [t.name for t in self.inputs if t.datatype == "BYTES"]
+        if self.tokenizer is not None and (len(self.inputs) != 1 or not text):
+            raise ValueError("a model with a tokenizer takes exactly one input, of datatype "
+                             "BYTES (the text)")
+        if text and self.tokenizer is None:
+            raise ValueError(f"inputs {text} are BYTES: add \"tokenizer\": {{\"max_tokens\": "
+                             "N}} (and tokenizer.json in each version) so the server tokenizes "
+                             "them")
+        if text and self.inputs[0].shape not in ([-1], [-1, 1]):
+            raise ValueError(f"input '{text[0]}': a text input is one string per row, shape "
+                             "[-1] or [-1, 1]")
+        bytes_out = [t.name for t in self.outputs if t.datatype == "BYTES"]
+        if bytes_out:
+            raise ValueError(f"outputs {bytes_out}: this server computes numbers "
+                             "(logits, probabilities, label); BYTES outputs are not supported")
         pref = self.dynamic_batching.preferred_batch_sizes
         if any(p < 1 or p > self.max_batch_size for p in pref):
             raise ValueError(f"preferred_batch_sizes {pref} must lie in [1, max_batch_size]")
@@ -143,6 +173,14 @@ class ModelConfig(_Strict):
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)
+
+    def network_inputs(self) -> list[TensorSpec]:
+        """What the network takes: the inputs, or a text model's token ids and mask."""
+        if self.tokenizer is None:
+            return list(self.inputs)
+        shape = [-1, self.tokenizer.max_tokens]
+        return [TensorSpec(name="input_ids", datatype="INT64", shape=shape),
+                TensorSpec(name="attention_mask", datatype="INT64", shape=shape)]
 
 
 def _first_error(e: ValidationError) -> str:
@@ -177,6 +215,9 @@ class ServerSettings:
     host: str = "127.0.0.1"
     """Bind address; only listen beyond this machine when told to."""
     port: int = 8000
+    grpc_port: int | None = None
+    """Also serve the KServe v2 gRPC protocol on this port, bound to `host` (None = off).
+    With several workers each binds it (SO_REUSEPORT) and the kernel spreads connections."""
     workers: int = 1
     """uvicorn worker processes (metrics merge through PROMETHEUS_MULTIPROC_DIR)."""
     admin_token: str | None = None
@@ -228,6 +269,15 @@ class ServerSettings:
             self.sample_dir = Path(self.sample_dir)
         if not 0 < self.port < 65536:
             raise BadUsageError(f"--port {self.port} must lie in 1..65535")
+        if self.grpc_port is not None and not (0 < self.grpc_port < 65536
+                                               and self.grpc_port != self.port):
+            raise BadUsageError(f"--grpc-port {self.grpc_port} must lie in 1..65535 and differ "
+                                "from --port")
+        if self.grpc_port is not None and self.governance_file:
+            # the governance layer wraps the HTTP app: gRPC calls would pass its limits,
+            # budgets and kill switches by
+            raise BadUsageError("--governance applies to HTTP only; drop --grpc-port (or "
+                                "--governance) so no call bypasses it")
         if self.workers < 1:
             raise BadUsageError("--workers must be >= 1")
         if self.governance_file and self.workers > 1:

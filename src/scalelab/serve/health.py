@@ -15,6 +15,23 @@ from fastapi.responses import JSONResponse, Response
 from scalelab import __version__
 from scalelab.serve.context import ServeContext
 from scalelab.serve.protocol import ServeError
+from scalelab.serve.repository import ModelRepository
+
+EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics"]
+"""The OIP/Triton extensions this server implements (server metadata lists them)."""
+
+
+def model_stats(repo: ModelRepository, name: str | None, version: str | None
+                ) -> dict[str, Any]:
+    """The statistics extension's document: every loaded version of `name` (every model's
+    when None), or just `version`; ServeError 404 for a model or version not loaded."""
+    out = []
+    for n in ([name] if name is not None else sorted(repo.models)):
+        entry = repo.entry(n)
+        states = [repo.version_state(n, version)] if version is not None else \
+            [entry.versions[v] for v in sorted(entry.versions)]
+        out += [s.worker.stats.doc(n, str(s.version)) for s in states if s.worker is not None]
+    return {"model_stats": out}
 
 
 def health_router(ctx: ServeContext) -> APIRouter:
@@ -32,8 +49,20 @@ def health_router(ctx: ServeContext) -> APIRouter:
 
     @r.get("/v2")
     async def server_metadata() -> dict[str, Any]:
-        return {"name": "scalelab", "version": __version__,
-                "extensions": ["binary_tensor_data", "model_repository"]}
+        return {"name": "scalelab", "version": __version__, "extensions": EXTENSIONS}
+
+    # before /v2/models/{name}: "stats" here is the extension, not a model's name
+    @r.get("/v2/models/stats")
+    async def all_stats() -> dict[str, Any]:
+        return model_stats(repo, None, None)
+
+    @r.get("/v2/models/{name}/stats")
+    async def one_model_stats(name: str) -> dict[str, Any]:
+        return model_stats(repo, name, None)
+
+    @r.get("/v2/models/{name}/versions/{version}/stats")
+    async def version_stats(name: str, version: str) -> dict[str, Any]:
+        return model_stats(repo, name, version)
 
     def _metadata(name: str, version: str | None) -> dict[str, Any]:
         entry = repo.entry(name)

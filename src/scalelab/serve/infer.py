@@ -46,6 +46,7 @@ from scalelab.serve.protocol import (
 )
 from scalelab.serve.repository import ModelEntry
 from scalelab.serve.scheduler import Job, Outputs, VersionWorker
+from scalelab.serve.text import check_utf8
 from scalelab.web.guard import REQUEST_ID_HEADER, BodyTooLarge, admit, send_error
 from scalelab.web.trace import RequestTrace, ns_mono
 
@@ -103,6 +104,17 @@ async def read_body(receive: Receive, limit: int | None) -> bytes:
         parts.append(chunk)
         if not msg.get("more_body", False):
             return b"".join(parts)
+
+
+def check_inputs(entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray]) -> None:
+    """What only the routed version can check: a text model's text is UTF-8, and flights'
+    vocabulary indices are in range (400 naming the input, not the model's 500)."""
+    if worker.text is not None and entry.config is not None:
+        why = check_utf8(arrays[0], entry.config.inputs[0].name)
+        if why is not None:
+            raise ServeError(400, why)
+    if worker.pre is not None:
+        check_vocabulary(entry, worker, arrays)
 
 
 def check_vocabulary(entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray]) -> None:
@@ -224,6 +236,34 @@ class InferHandler:
                 c = self._responses[key] = m.responses.labels(key[0], key[1], str(key[2]))
             c.inc(n)
 
+    # -- per-request accounting, shared with the gRPC service -----------------------------------
+
+    def begin(self, name: str) -> str:
+        """Count a request in flight; returns its model label for `end`. A name that is not
+        loaded is counted under model "": client-chosen names must not grow the metric
+        series without bound."""
+        label = name if name in self.ctx.repo.models else ""
+        self._inflight_delta[label] = self._inflight_delta.get(label, 0) + 1
+        self._later()
+        return label
+
+    def end(self, label: str, name: str, worker: VersionWorker | None, status: int, t0: float,
+            rid: str, *, served: str, route: str = "infer") -> float:
+        """A request begun at `t0` ended with `status` (HTTP's, or gRPC's mapped to it): the
+        metrics (under version `served`, "" = none), the statistics of the `worker` it was
+        routed to, and the access log. Returns its seconds."""
+        dt = time.monotonic() - t0
+        if worker is not None:
+            (worker.stats.success if status == 200 else worker.stats.fail).add(int(dt * 1e9))
+        self._inflight_delta[label] = self._inflight_delta.get(label, 0) - 1
+        self._turn.append((label, served, status, dt))
+        self._later()
+        access = self.ctx.access
+        if access.admit(status):
+            access.write(status, route, request_id=rid, model=name, version=served,
+                         latency_ms=round(dt * 1000, 3))
+        return dt
+
     # -- the request -----------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str,
@@ -242,6 +282,7 @@ class InferHandler:
         ctx = self.ctx
         repo = ctx.repo
         status, served = 500, ""
+        worker: VersionWorker | None = None
         trace: RequestTrace | None = None
         encode_at = 0.0
         if ctx.tracing is not None:
@@ -250,11 +291,7 @@ class InferHandler:
                 "scalelab.model": name, "scalelab.request_id": rid})
             if trace is not None:  # the response names the server's span to the client
                 tags = [*tags, (b"traceparent", trace.traceparent().encode())]
-        # a name that is not loaded is counted under model "": client-chosen names must not
-        # grow the metric series without bound
-        label = name if name in repo.models else ""
-        self._inflight_delta[label] = self._inflight_delta.get(label, 0) + 1
-        self._later()
+        label = self.begin(name)
         try:
             entry = repo.entry(name)
             if entry.config is None:
@@ -277,12 +314,11 @@ class InferHandler:
                 arrays, want = fast
             deadline = t0 + timeout_s(tmo, cfg.dynamic_batching.default_timeout_ms)
             worker = repo.route(name, version, rid, entry)
-            if worker.pre is not None:
-                check_vocabulary(entry, worker, arrays)
+            check_inputs(entry, worker, arrays)
             served = worker.version_label
             if trace is not None:
                 trace.span("admission", ns_mono(t0), ns_mono(time.monotonic()))
-            outputs = await self._compute(entry, worker, arrays, rid, deadline, trace)
+            outputs = await self.compute(entry, worker, arrays, rid, deadline, trace)
             if trace is not None:
                 encode_at = time.monotonic()
             shadow = repo.shadow_worker(name) if version is None else None
@@ -311,13 +347,7 @@ class InferHandler:
             await send_error(send, 500, "internal server error; see the server log",
                              extra_headers=tags)
         finally:
-            dt = time.monotonic() - t0
-            self._inflight_delta[label] = self._inflight_delta.get(label, 0) - 1
-            self._turn.append((label, served, status, dt))
-            self._later()
-            if ctx.access.admit(status):
-                ctx.access.write(status, "infer", request_id=rid, model=name, version=served,
-                                 latency_ms=round(dt * 1000, 3))
+            self.end(label, name, worker, status, t0, rid, served=served)
             if trace is not None:
                 end = time.monotonic()
                 if encode_at:
@@ -338,7 +368,7 @@ class InferHandler:
         finally:
             trace_job(trace, worker, job)
 
-    async def _compute(self, entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray],
+    async def compute(self, entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray],
                        rid: str, deadline: float, trace: RequestTrace | None = None) -> Outputs:
         assert entry.config is not None
         metrics = self.ctx.metrics
@@ -349,7 +379,10 @@ class InferHandler:
             return await self._run(worker, arrays, rid, deadline, trace=trace)
         key = (entry.name, worker.version, input_key(arrays))
         if entry.cache is not None:
+            t_look = time.perf_counter_ns()
             hit = entry.cache.get(key)
+            (worker.stats.cache_hit if hit is not None else worker.stats.cache_miss).add(
+                time.perf_counter_ns() - t_look)
             if hit is not None:
                 metrics.cache_hits.labels(*labels).inc()
                 if trace is not None:

@@ -25,20 +25,21 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scalelab.serve.config import ModelConfig
+from scalelab.serve.tensors import (
+    KINDS,
+    NP_DTYPES,
+    TensorError,
+    check_feedable,
+    from_binary,
+    from_values,
+    to_json,
+    to_wire,
+)
 from scalelab.web import codec
 
+__all__ = ["NP_DTYPES", "ServeError", "decode_inputs", "encode_outputs", "fast_decode"]
+
 HEADER_LENGTH = "Inference-Header-Content-Length"
-
-NP_DTYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16), "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
-}
-# numpy kinds a JSON value list may arrive as, per datatype: ints are fine for floats, floats
-# are not fine for ints (1.5 is not an INT64), and booleans only for BOOL.
-_KINDS = {"BOOL": "b", "UINT8": "iu", "INT8": "iu", "INT16": "iu", "INT32": "iu", "INT64": "iu",
-          "FP16": "iuf", "FP32": "iuf", "FP64": "iuf"}
-
 
 class ServeError(Exception):
     """An answer other than 200: status, a message naming the problem, optional headers."""
@@ -169,36 +170,23 @@ def decode_inputs(req: InferenceRequest, cfg: ModelConfig, tail: bytes) -> list[
                                   f"model's {spec.datatype}")
         _check_shape(spec.shape, inp.shape, inp.name, cfg.max_batch_size)
         count = math.prod(inp.shape)
-        dtype = NP_DTYPES[spec.datatype]
         size = (inp.parameters or {}).get("binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or size != count * dtype.itemsize:
-                raise ServeError(400, f"input '{inp.name}': binary_data_size {size} is not "
-                                      f"{count} x {dtype.itemsize} bytes for shape {inp.shape}")
-            if offset + size > len(tail):
-                raise ServeError(400, f"input '{inp.name}': binary data ends early")
-            le = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
-            arr = np.frombuffer(tail, dtype=le, count=count, offset=offset).astype(dtype)
-            offset += size
-        else:
-            if not isinstance(inp.data, list):
-                raise ServeError(400, f"input '{inp.name}': 'data' must be a (flat or nested) "
-                                      "JSON array")
-            try:
-                raw = np.asarray(inp.data).reshape(-1)  # nested data is row-major, like flat
-            except (ValueError, TypeError):
-                raise ServeError(400, f"input '{inp.name}': nested data is ragged; every row "
-                                      "must have the same length") from None
-            if raw.size != count:
-                raise ServeError(400, f"input '{inp.name}': shape {inp.shape} needs {count} "
-                                      f"values, got {raw.size}")
-            if raw.size and raw.dtype.kind not in _KINDS[spec.datatype]:
-                raise ServeError(400, f"input '{inp.name}': values of kind {raw.dtype.name} "
-                                      f"are not {spec.datatype}")
-            with np.errstate(over="ignore"):  # beyond the dtype's range: inf, refused below
-                arr = raw.astype(dtype, copy=False)
-            if dtype.kind == "f" and not np.isfinite(arr).all():
-                raise ServeError(400, f"input '{inp.name}': values must be finite numbers")
+        try:
+            if size is not None:
+                if not isinstance(size, int) or size < 0:
+                    raise TensorError(f"binary_data_size {size!r} is not a byte count")
+                if offset + size > len(tail):
+                    raise TensorError(f"binary data ends early: binary_data_size {size} at "
+                                      f"byte {offset} of a {len(tail)}-byte tail")
+                arr = from_binary(tail, spec.datatype, count, offset=offset, size=size)
+                offset += size
+            else:
+                if not isinstance(inp.data, list):
+                    raise TensorError("'data' must be a (flat or nested) JSON array")
+                arr = from_values(inp.data, spec.datatype, inp.shape)
+            check_feedable(arr, spec.datatype)
+        except TensorError as e:
+            raise ServeError(400, f"input '{inp.name}': {e}") from None
         arrays[inp.name] = arr.reshape(inp.shape)
     if offset != len(tail):
         raise ServeError(400, f"binary data has {len(tail) - offset} bytes no input claims")
@@ -272,6 +260,8 @@ class _In:
     kinds: str
     limit: float
     """The largest magnitude the dtype holds (0 for non-float inputs: nothing to check)."""
+    irange: tuple[int, int] | None
+    """An integer dtype's [min, max] (values parsed as another dtype are checked against it)."""
 
 
 _PY_CHECK_MAX = 256
@@ -312,7 +302,7 @@ def _json_plan(cfg: ModelConfig) -> tuple[_JsonOut, ...] | None:
     plan = []
     for i, t in enumerate(cfg.outputs):
         dims = tuple(t.shape[1:])
-        if t.shape[0] != -1 or any(d < 1 for d in dims):
+        if t.shape[0] != -1 or any(d < 1 for d in dims) or t.datatype in _SPECIAL:
             return None
         head = codec.dumps({"name": t.name, "datatype": t.datatype, "shape": []})
         head = head[:-2]  # up to and including the shape's "["
@@ -323,6 +313,9 @@ def _json_plan(cfg: ModelConfig) -> tuple[_JsonOut, ...] | None:
 
 
 _TABLES: dict[int, tuple[ModelConfig, _Tables]] = {}
+_SPECIAL = frozenset({"BYTES", "BF16", "UINT64"})
+"""Datatypes the hot path leaves to the full one: held unlike their wire form (BYTES, BF16)
+or checked against the network's int64 (UINT64)."""
 
 
 def _tables(cfg: ModelConfig) -> _Tables:
@@ -332,13 +325,18 @@ def _tables(cfg: ModelConfig) -> _Tables:
     hit = _TABLES.get(id(cfg))
     if hit is not None and hit[0] is cfg:
         return hit[1]
-    inputs = {}
+    inputs: dict[str, _In] = {}
     for i, t in enumerate(cfg.inputs):
+        if t.datatype in _SPECIAL:  # the plan stays empty: fast_decode declines every request
+            inputs.clear()
+            break
         dt = NP_DTYPES[t.datatype]
         inputs[t.name] = _In(index=i, datatype=t.datatype, dims=tuple(t.shape[1:]), dtype=dt,
                              wire=dt.newbyteorder("<") if dt.itemsize > 1 else dt,
-                             kinds=_KINDS[t.datatype],
-                             limit=float(np.finfo(dt).max) if dt.kind == "f" else 0.0)
+                             kinds=KINDS[t.datatype],
+                             limit=float(np.finfo(dt).max) if dt.kind == "f" else 0.0,
+                             irange=(int(np.iinfo(dt).min), int(np.iinfo(dt).max))
+                             if dt.kind in "iu" else None)
     outputs: dict[str, tuple[str, np.dtype[Any]]] = {
         t.name: (t.datatype, NP_DTYPES[t.datatype]) for t in cfg.outputs}
     tables = _Tables(inputs=inputs, outputs=outputs, output_names=list(outputs),
@@ -365,7 +363,7 @@ def fast_decode(raw: Any, cfg: ModelConfig, tail: bytes
     inputs = raw.get("inputs")
     plan = _tables(cfg).inputs
     n = len(plan)
-    if type(inputs) is not list or len(inputs) != n:
+    if type(inputs) is not list or len(inputs) != n or not n:
         return None
     want = _fast_outputs(raw)
     if want is None:
@@ -423,6 +421,9 @@ def fast_decode(raw: Any, cfg: ModelConfig, tail: bytes
                 elif not (np.isfinite(arr).all() and np.abs(arr).max() <= lim):
                     return None
             if arr.dtype != p.dtype:
+                if p.irange is not None and arr.size and \
+                        not (p.irange[0] <= arr.min() and arr.max() <= p.irange[1]):
+                    return None
                 arr = arr.astype(p.dtype)
         got[p.index] = arr.reshape(shape)
     if offset != len(tail):
@@ -476,11 +477,12 @@ def encode_outputs(*, model: str, version: int, wanted: Wanted, outputs: dict[st
             arr = np.ascontiguousarray(arr, dtype=dtype)
         entry: dict[str, Any] = {"name": n, "datatype": datatype, "shape": list(arr.shape)}
         if binary.get(n, default):
-            blob = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+            blob = to_wire(arr, datatype) if datatype in _SPECIAL else \
+                arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
-        else:
-            entry["data"] = arr.reshape(-1)  # the codec writes arrays natively
+        else:  # the codec writes arrays natively
+            entry["data"] = to_json(arr, datatype) if datatype in _SPECIAL else arr.reshape(-1)
         out_json.append(entry)
     doc: dict[str, Any] = {"model_name": model, "model_version": str(version), "outputs": out_json}
     if wanted.request_id is not None:

@@ -33,7 +33,7 @@ from scalelab.nets.repository import (
 from scalelab.serve import faults  # noqa: F401  (registers the fault-injection architectures)
 from scalelab.serve.cache import Coalescer, TtlLru
 from scalelab.serve.canary import ROUTING_FILE, Routing, choose, read_routing
-from scalelab.serve.config import ModelConfig, load_model_config
+from scalelab.serve.config import TOKENIZER_FILE, ModelConfig, load_model_config
 from scalelab.serve.features import load_preprocess
 from scalelab.serve.metrics import Metrics
 from scalelab.serve.protocol import ServeError
@@ -46,6 +46,7 @@ from scalelab.serve.scheduler import (
     to_onnx_runtime,
     trace,
 )
+from scalelab.serve.text import TextEncoder
 
 log = logging.getLogger("scalelab.serve")
 
@@ -170,11 +171,13 @@ class ModelRepository:
                     cfg.trace or (cfg.trace is None and arch in TRACE_SAFE)):
                 module = await asyncio.to_thread(trace, module, cfg)
             pre = load_preprocess(vdir)
+            text = None if cfg.tokenizer is None else await asyncio.to_thread(
+                TextEncoder, vdir / TOKENIZER_FILE, cfg.tokenizer.max_tokens)
         except Exception as e:  # any failure marks this version unavailable, never the server
             log.error("model %s version %d not loaded: %s", name, v, e)
             return VersionState(version=v, state="UNAVAILABLE", reason=str(e))
         worker = VersionWorker(model=name, version=v, module=module, cfg=cfg, pre=pre,
-                               metrics=self.metrics, sampler=self.sampler)
+                               metrics=self.metrics, sampler=self.sampler, text=text)
         worker.start()
         return VersionState(version=v, state="READY", worker=worker)
 

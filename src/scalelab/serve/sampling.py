@@ -72,7 +72,7 @@ class RequestSampler:
         else:
             feats = None
         if feats is None:
-            feats = [{name: a[i].tolist() for name, a in zip(input_names, inputs, strict=True)}
+            feats = [{name: _plain(a[i]) for name, a in zip(input_names, inputs, strict=True)}
                      for i in range(n)]
         ts = time.time()
         lines = []
@@ -96,3 +96,13 @@ class RequestSampler:
                 i += len(chunk)
             for old in self._files()[:-self.cfg.max_files]:
                 old.unlink(missing_ok=True)
+
+
+def _plain(row: Any) -> Any:
+    """One row as JSON values (BYTES elements as UTF-8 text, undecodable bytes replaced)."""
+    v = row.tolist() if isinstance(row, np.ndarray) else row
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v

@@ -28,8 +28,11 @@ from scalelab.serve.batching import BatchPolicy, collect
 from scalelab.serve.config import ModelConfig
 from scalelab.serve.features import Preprocess
 from scalelab.serve.metrics import Metrics, observe_many
-from scalelab.serve.protocol import NP_DTYPES, ServeError
+from scalelab.serve.protocol import ServeError
 from scalelab.serve.sampling import RequestSampler
+from scalelab.serve.stats import VersionStats
+from scalelab.serve.tensors import FEED_DTYPES, NP_DTYPES
+from scalelab.serve.text import TextEncoder
 
 log = logging.getLogger("scalelab.serve")
 
@@ -118,10 +121,10 @@ def trace(module: nn.Module, cfg: ModelConfig) -> nn.Module:
 
 
 def _example(cfg: ModelConfig) -> tuple[torch.Tensor, ...]:
-    """Zero inputs shaped by the config (2 rows where the batch dimension is free)."""
+    """Zero network inputs shaped by the config (2 rows where the batch dimension is free)."""
     return tuple(torch.zeros([2 if d == -1 else d for d in t.shape],
-                             dtype=getattr(torch, NP_DTYPES[t.datatype].name))
-                 for t in cfg.inputs)
+                             dtype=getattr(torch, FEED_DTYPES[t.datatype].name))
+                 for t in cfg.network_inputs())
 
 
 def _check_batches(cfg: ModelConfig) -> list[tuple[torch.Tensor, ...]]:
@@ -132,9 +135,9 @@ def _check_batches(cfg: ModelConfig) -> list[tuple[torch.Tensor, ...]]:
     out = [_example(cfg)]
     for rows in (1, 7):
         batch = []
-        for t in cfg.inputs:
+        for t in cfg.network_inputs():
             shape = [rows if i == 0 else (3 if d == -1 else d) for i, d in enumerate(t.shape)]
-            dtype = getattr(torch, NP_DTYPES[t.datatype].name)
+            dtype = getattr(torch, FEED_DTYPES[t.datatype].name)
             batch.append(torch.randn(shape, generator=g).to(dtype) if dtype.is_floating_point
                          else torch.zeros(shape, dtype=dtype))
         out.append(tuple(batch))
@@ -149,9 +152,9 @@ def to_onnx_runtime(module: nn.Module, cfg: ModelConfig) -> OnnxNet:
     alone, and the server's CPU per 1-row request 104 us against 129 (closed loop, median of
     ten alternating runs)."""
     example = _example(cfg)
-    names = [t.name for t in cfg.inputs]
+    names = [t.name for t in cfg.network_inputs()]
     axes = {t.name: {i: f"{t.name}_{i}" for i, d in enumerate(t.shape) if d == -1}
-            for t in cfg.inputs}
+            for t in cfg.network_inputs()}
     axes["logits"] = {0: "batch"}
     module = module.eval()
     try:
@@ -261,7 +264,8 @@ class VersionWorker:
     """Queue + batcher + thread for one (model, version)."""
 
     def __init__(self, *, model: str, version: int, module: nn.Module, cfg: ModelConfig,
-                 pre: Preprocess | None, metrics: Metrics, sampler: RequestSampler | None) -> None:
+                 pre: Preprocess | None, metrics: Metrics, sampler: RequestSampler | None,
+                 text: TextEncoder | None = None) -> None:
         check_outputs(cfg)
         self.onnx = onnx_outputs(module, cfg) if isinstance(module, OnnxNet) else None
         """An ONNX version's graph with its outputs appended: forward runs it directly."""
@@ -271,6 +275,14 @@ class VersionWorker:
         """None while `onnx` runs the graph: the eager net and its own session are let go
         (one copy of the weights, not two)."""
         self.model, self.version, self.cfg, self.pre = model, version, cfg, pre
+        self.text = text
+        """A text model's tokenizer (its one BYTES input becomes the network's two)."""
+        self._casts = [FEED_DTYPES[t.datatype] if FEED_DTYPES[t.datatype] !=
+                       NP_DTYPES[t.datatype] else None for t in cfg.inputs]
+        """Per input, the dtype the network takes where it differs from the wire's."""
+        self._cast = any(c is not None for c in self._casts)
+        self.stats = VersionStats()
+        """Triton-style statistics (GET /v2/models/{name}/stats)."""
         self.version_label = str(version)
         """The version as metrics and responses spell it."""
         self._wanted = [(COMPUTED.index(t.name), t.name) for t in cfg.outputs]
@@ -369,6 +381,7 @@ class VersionWorker:
                                       wall_s=done.seconds)
                 self._compute_s.observe(done.seconds)
                 self._batch_rows.observe(done.rows)
+                t_out = time.perf_counter_ns()
                 results = done.results if done.results is not None else \
                     split(batch, done.joined)
                 if self.traced:
@@ -380,6 +393,11 @@ class VersionWorker:
                         j.future.set_exception(r)
                     else:
                         j.future.set_result(r)
+                self.stats.executed(
+                    rows=done.rows, requests=len(batch),
+                    queue_ns=int(sum(now - j.enqueued_at for j in batch) * 1e9),
+                    input_ns=done.input_ns, infer_ns=done.infer_ns,
+                    output_ns=time.perf_counter_ns() - t_out, at_ms=int(time.time() * 1000))
             except asyncio.CancelledError:
                 raise
             except Exception:  # the batcher must outlive any single bad batch
@@ -419,7 +437,17 @@ class VersionWorker:
 
     # -- inference thread side -----------------------------------------------------------------
 
+    def prepare(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """A request's (or batch's) tensors as the network takes them: a text model's text
+        tokenized, wider unsigned integers and BF16 widened (FEED_DTYPES)."""
+        if self.text is not None:
+            return self.text(arrays[0])
+        if not self._cast:
+            return arrays
+        return [a if c is None else a.astype(c) for a, c in zip(arrays, self._casts, strict=True)]
+
     def forward(self, arrays: list[np.ndarray]) -> Outputs:
+        """The outputs for network-ready tensors (`prepare`'s)."""
         if self.onnx is not None:
             got = self.onnx.run([np.ascontiguousarray(a) for a in arrays])
             return {name: got[i] for i, name in self._wanted}
@@ -431,7 +459,7 @@ class VersionWorker:
 
     def _one(self, job: Job) -> Outputs | BaseException:
         try:
-            return self.forward(job.inputs)
+            return self.forward(self.prepare(job.inputs))
         except Exception as e:
             return ServeError(500, f"model '{self.model}' version {self.version} failed on this "
                                    f"request: {type(e).__name__}: {e}")
@@ -445,14 +473,18 @@ class VersionWorker:
         rows = sum(j.rows for j in batch)
         joined: Outputs | None = None
         results: list[Outputs | BaseException] | None = None
+        t_in = t_infer = time.perf_counter_ns()
         try:
             n_in = len(batch[0].inputs)
-            joined = self.forward([np.concatenate([j.inputs[i] for j in batch])
-                                   if len(batch) > 1 else batch[0].inputs[i]
-                                   for i in range(n_in)])
+            ready = self.prepare([np.concatenate([j.inputs[i] for j in batch])
+                                  if len(batch) > 1 else batch[0].inputs[i]
+                                  for i in range(n_in)])
+            t_infer = time.perf_counter_ns()
+            joined = self.forward(ready)
         except Exception:
             # one bad input must not fail its batch-mates: retry each alone
             results = [self._one(j) for j in batch]
+        t_done = time.perf_counter_ns()
         dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         if self.traced:  # the forward's own window, on the clock the request's spans use
             self._window = (m0, time.monotonic())
@@ -469,7 +501,8 @@ class VersionWorker:
                                             inputs=j.inputs, outputs=r, pre=self.pre)
                     except OSError:
                         log.exception("request sample write failed; serving continues")
-        return Computed(joined=joined, results=results, rows=rows, seconds=dt, cpu_seconds=dc)
+        return Computed(joined=joined, results=results, rows=rows, seconds=dt, cpu_seconds=dc,
+                        input_ns=t_infer - t_in, infer_ns=t_done - t_infer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,6 +516,10 @@ class Computed:
     seconds: float
     cpu_seconds: float
     """The computing thread's own CPU clock over the batch."""
+    input_ns: int = 0
+    """Joining the requests' tensors and `prepare` (tokenizing, widening)."""
+    infer_ns: int = 0
+    """The forward pass (and, for a failed batch, the job-by-job retry)."""
 
 
 def split(batch: list[Job], joined: Outputs | None) -> list[Outputs | BaseException]:

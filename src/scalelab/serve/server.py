@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import tempfile
 
 from starlette.types import ASGIApp
@@ -54,10 +55,24 @@ def run_config(settings: ServerSettings) -> RunConfig:
                      log_level=settings.log_level)
 
 
+def check_free(host: str, port: int, flag: str) -> None:
+    """BadUsageError when host:port cannot be bound now (a plain bind, without SO_REUSEPORT,
+    so a listener that set it is found too). Why before starting: a gRPC port that fails to
+    bind inside the app's startup ends in uvicorn's traceback, not a message."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise BadUsageError(f"{flag} {port}: cannot bind {host}:{port} ({e.strerror}); "
+                                "pick a free port") from None
+
+
 def serve(settings: ServerSettings) -> None:
     """Serve until interrupted (blocks)."""
     if not settings.model_repo.is_dir():
         raise BadUsageError(f"--model-repo {settings.model_repo} is not a directory")
+    if settings.grpc_port is not None:
+        check_free(settings.host, settings.grpc_port, "--grpc-port")
     cfg = run_config(settings)
     if settings.workers > 1:
         _multiproc_dir()

@@ -67,11 +67,13 @@ def _weights_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tup
 
 
 def _one_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path,
-             on_warning: Callable[[str], None] | None) -> tuple[Any, RunSummary, float]:
+             on_warning: Callable[[str], None] | None,
+             on_progress: Callable[[int, int, float], None] | None = None,
+             ) -> tuple[Any, RunSummary, float]:
     prep = prepare_run(cfg, lc, run_dir)
     if prep.warning and on_warning is not None:
         on_warning(prep.warning)
-    wall = run_torchrun(lc, prep, rehearse=cfg.rehearse_failure)
+    wall = run_torchrun(lc, prep, rehearse=cfg.rehearse_failure, on_progress=on_progress)
     world = lc.nproc * lc.min_nodes()
     summary = summarize(cfg, read_rank_reports(run_dir, world), read_failure(run_dir))
     return prep, summary, wall
@@ -79,14 +81,15 @@ def _one_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path,
 
 def run_training(cfg: TrainConfig, lc: LaunchConfig, *, repo: str | None = None,
                  model_name: str = "flights", lineage: str | bool | None = None,
-                 on_warning: Callable[[str], None] | None = None) -> TrainResult:
+                 on_warning: Callable[[str], None] | None = None,
+                 on_progress: Callable[[int, int, float], None] | None = None) -> TrainResult:
     if cfg.rehearse_failure and lc.max_restarts < 1:
         raise BadUsageError("--rehearse-failure needs --max-restarts >= 1 so torchrun can "
                             "restart the killed worker's group")
     if cfg.rehearse_failure and not cfg.deterministic:
         raise BadUsageError("--rehearse-failure compares weights bitwise; drop --nondeterministic")
     with run_directory(lc.run_dir) as run_dir:
-        prep, summary, wall = _one_run(cfg, lc, run_dir, on_warning)
+        prep, summary, wall = _one_run(cfg, lc, run_dir, on_warning, on_progress)
         if cfg.rehearse_failure and summary.recovery is None:
             raise RunFailedError("the rehearsal killed no worker: the run is too short to fail "
                                  "after its first checkpoint; raise --steps or --epochs")

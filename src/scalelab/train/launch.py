@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,13 @@ from scalelab.core.machine import available_cores
 from scalelab.nets.flights import Preprocess
 from scalelab.train.config import TrainConfig
 from scalelab.train.dataset import TENSORS_FILE, Source, prepare
-from scalelab.train.loop import FAILURE_FILE
+from scalelab.train.loop import FAILURE_FILE, PROGRESS_FILE, read_progress
 from scalelab.train.worker import CONFIG_FILE, FINAL_FILE, META_FILE, rank_file
 from scalelab.web.spawn import free_port
 
 LOG_FILE = "torchrun.log"
+POLL_S = 0.5
+"""How often a waiting launcher reads rank 0's progress."""
 
 
 @dataclass(kw_only=True)
@@ -124,17 +127,34 @@ def worker_env(threads: int, restarts: bool) -> dict[str, str]:
     return env
 
 
+def _wait(proc: subprocess.Popen[bytes], timeout_s: float,
+          on_poll: Callable[[], None] | None) -> int:
+    """proc's exit status; `on_poll` every POLL_S while it runs. TimeoutExpired past timeout_s."""
+    if on_poll is None:
+        return proc.wait(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return proc.wait(timeout=max(0.0, min(POLL_S, left)))
+        except subprocess.TimeoutExpired:
+            if left <= POLL_S:
+                raise
+            on_poll()
+
+
 def run_group(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float, *,
-              train_less: str) -> float:
+              train_less: str, on_poll: Callable[[], None] | None = None) -> float:
     """Run torchrun in its own process group to completion, logging to `log`; the wall
     seconds. On timeout or interruption the whole group is killed. Raises RunFailedError
-    naming the last worker error; `train_less` names the flags that shorten a run."""
+    naming the last worker error; `train_less` names the flags that shorten a run; `on_poll`
+    is called every POLL_S while it runs (live progress)."""
     t0 = time.perf_counter()
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         try:
-            rc = proc.wait(timeout=timeout_s)
+            rc = _wait(proc, timeout_s, on_poll)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             raise RunFailedError(
@@ -205,7 +225,8 @@ def prepare_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
     threads, warning = plan_threads(lc.nproc, cfg.threads, available_cores())
     run_dir.mkdir(parents=True, exist_ok=True)
     # Leftovers of an earlier run in the same folder would be read as this run's results.
-    for stale in [*run_dir.glob("rank-*.json"), run_dir / FAILURE_FILE, run_dir / FINAL_FILE]:
+    for stale in [*run_dir.glob("rank-*.json"), run_dir / FAILURE_FILE, run_dir / FINAL_FILE,
+                  run_dir / PROGRESS_FILE]:
         stale.unlink(missing_ok=True)
     tensors.save(run_dir / TENSORS_FILE)
     cfg.write(run_dir / CONFIG_FILE)
@@ -217,11 +238,20 @@ def prepare_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
                     n_test=int(tensors.test_y.shape[0]), threads=threads, warning=warning)
 
 
-def run_torchrun(lc: LaunchConfig, prep: Prepared, *, rehearse: bool) -> float:
-    """Run the workers to completion; returns the wall seconds. Raises RunFailedError."""
+def run_torchrun(lc: LaunchConfig, prep: Prepared, *, rehearse: bool,
+                 on_progress: Callable[[int, int, float], None] | None = None) -> float:
+    """Run the workers to completion; returns the wall seconds. Raises RunFailedError.
+    `on_progress(step, total, loss)` with rank 0's latest step while they run."""
+
+    def poll() -> None:
+        doc = read_progress(prep.run_dir)
+        if doc is not None and on_progress is not None:
+            on_progress(int(doc["step"]), int(doc["total"]), float(doc["loss"]))
+
     return run_group(torchrun_command(lc, prep.run_dir),
                      worker_env(prep.threads, lc.max_restarts > 0 or rehearse),
-                     prep.run_dir / LOG_FILE, lc.timeout_s, train_less="--steps, --limit")
+                     prep.run_dir / LOG_FILE, lc.timeout_s, train_less="--steps, --limit",
+                     on_poll=poll if on_progress is not None else None)
 
 
 def read_rank_reports(run_dir: Path, world: int) -> list[dict[str, Any]]:

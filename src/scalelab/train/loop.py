@@ -47,6 +47,26 @@ from scalelab.train.saver import Saver, daly_interval
 from scalelab.train.schedule import default_warmup, lr_at
 
 FAILURE_FILE = "failure.json"
+PROGRESS_FILE = "progress.json"
+"""Rank 0's latest step, for the launcher's live progress (rewritten at most twice a second)."""
+PROGRESS_EVERY_S = 0.5
+
+
+def write_progress(run_dir: Path, *, step: int, total: int, loss: float) -> None:
+    """Atomically replace the progress file (a reader never sees half a document)."""
+    run_dir.mkdir(parents=True, exist_ok=True)  # the first write may precede any checkpoint's
+    tmp = run_dir / f".{PROGRESS_FILE}.tmp"
+    tmp.write_text(json.dumps({"step": step, "total": total, "loss": loss}), encoding="utf-8")
+    tmp.replace(run_dir / PROGRESS_FILE)
+
+
+def read_progress(run_dir: Path) -> dict[str, Any] | None:
+    """The latest progress rank 0 wrote, or None (not started, or a torn read)."""
+    try:
+        doc = json.loads((run_dir / PROGRESS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,6 +286,7 @@ def train(cfg: TrainConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
         return (ce * weights[y]).mean() if weights is not None else ce.mean()
 
     t_train = time.perf_counter()
+    last_progress = 0.0
     first_step_done: float | None = None
     auto_probe = min(max(2, total // 10), total - 1) if cfg.checkpoint_auto else -1
     save_cost = None
@@ -313,6 +334,9 @@ def train(cfg: TrainConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
         if first_step_done is None:
             first_step_done = time.time()
         done = step + 1
+        if d.rank == 0 and (t5 - last_progress >= PROGRESS_EVERY_S or done == total):
+            write_progress(run_dir, step=done, total=total, loss=step_loss)
+            last_progress = t5
         if saver is not None and done < total:
             if done == auto_probe:
                 _save(saver, rep, d, done, losses)

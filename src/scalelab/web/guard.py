@@ -2,7 +2,8 @@
 
 Every HTTP request gets an id: the client's `X-Request-Id` when it is a sane token (letters,
 digits, `._:-`, at most 128), else 32 random hex digits. The id is put in
-`scope["state"]["request_id"]` (read it with `request_id(scope)`) and echoed on the response.
+`scope["state"]["request_id"]` (read it with `request_id(scope)`) and echoed on the response;
+the log lines written while the request runs carry its trace id (web.logs).
 
 Bodies are bounded twice: a declared `Content-Length` above the limit is answered 413 before
 the app runs; a body without one (chunked) is counted while the app reads it, and the read that
@@ -18,10 +19,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Callable
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from scalelab.web.access import AccessLog
+from scalelab.web.logs import bind
 
 REQUEST_ID_HEADER = "x-request-id"
 _RID_BYTES = REQUEST_ID_HEADER.encode()
@@ -62,16 +67,20 @@ def admit(scope: Scope, max_body: int) -> tuple[str, int | None, bool]:
     and must be counted while read). Stores the id in scope["state"]."""
     given: bytes | None = None
     raw_cl: bytes | None = None
+    tp: bytes | None = None
     for k, v in scope["headers"]:
         if k == _RID_BYTES:
             given = v
         elif k == b"content-length":
             raw_cl = v
+        elif k == b"traceparent":
+            tp = v
     rid = accept_request_id(given)
     state = scope.get("state")
     if state is None:
         scope["state"] = state = {}
     state["request_id"] = rid
+    bind(rid, tp)
     if raw_cl is None or not raw_cl.isdigit():
         return rid, None, True
     n = int(raw_cl)
@@ -103,13 +112,15 @@ class Guard:
     """Body limit and request id for any ASGI app (cheaper than Starlette's BaseHTTPMiddleware,
     which runs the app in a task and copies every message through a stream)."""
 
-    def __init__(self, app: ASGIApp, *, max_body: int, error_body: ErrorBody = json_error
-                 ) -> None:
+    def __init__(self, app: ASGIApp, *, max_body: int, error_body: ErrorBody = json_error,
+                 access: AccessLog | None = None) -> None:
         if max_body < 1:
             raise ValueError(f"max_body {max_body} must be >= 1 byte")
         self.app = app
         self.max_body = max_body
         self.error_body = error_body
+        self.access = access
+        """One access line per request (method, path, status, ms; ids from web.logs), if set."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -123,12 +134,15 @@ class Guard:
                              error_body=self.error_body)
             return
         started = False
+        status = 500
         rid_header = (_RID_BYTES, rid.encode())
+        t0 = time.perf_counter()
 
         async def tagged(msg: Message) -> None:
-            nonlocal started
+            nonlocal started, status
             if msg["type"] == "http.response.start":
                 started = True
+                status = msg["status"]
                 msg["headers"] = [*msg.get("headers", ()), rid_header]
             await send(msg)
 
@@ -151,5 +165,11 @@ class Guard:
         except BodyTooLarge as e:
             if started:
                 raise
+            status = 413
             await send_error(send, 413, str(e.detail), request_id=rid,
                              error_body=self.error_body)
+        finally:
+            if self.access is not None and self.access.admit(status):
+                self.access.write(status, "request", method=scope.get("method", ""),
+                                  path=scope.get("path", ""), request_id=rid,
+                                  ms=round((time.perf_counter() - t0) * 1e3, 3))

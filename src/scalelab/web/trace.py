@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from scalelab.core.errors import BadUsageError
 from scalelab.web.codec import dumps
+from scalelab.web.logs import bind_trace
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
@@ -75,6 +76,10 @@ class TraceConfig:
     """OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces; wins over `out`."""
     flush_ms: int = 1000
     """Longest a finished span waits in the batch queue before it is exported."""
+    max_queue: int = 2048
+    """Finished spans held for export (the SDK's default). When the collector is slow or down
+    the queue fills and newer spans are dropped, never a request blocked: a dead collector
+    costs at most this many spans of memory."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sample <= 1.0:
@@ -87,6 +92,9 @@ class TraceConfig:
                                 "URL, e.g. http://127.0.0.1:4318/v1/traces")
         if self.flush_ms < 1:
             raise BadUsageError("the trace flush interval must be >= 1 ms")
+        if self.max_queue < 1:
+            raise BadUsageError(f"the trace export queue must hold >= 1 span (got "
+                                f"{self.max_queue})")
 
     @property
     def enabled(self) -> bool:
@@ -218,7 +226,9 @@ class Tracing:
             resource=o.Resource.create({"service.name": service}), shutdown_on_exit=False)
         self.processor: SpanProcessor = (
             o.SimpleSpanProcessor(exporter) if exporter is not None else
-            o.BatchSpanProcessor(self._exporter(cfg), schedule_delay_millis=cfg.flush_ms))
+            o.BatchSpanProcessor(self._exporter(cfg), schedule_delay_millis=cfg.flush_ms,
+                                 max_queue_size=cfg.max_queue,
+                                 max_export_batch_size=min(512, cfg.max_queue)))
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("scalelab")
         self.resource = self.provider.resource
@@ -274,6 +284,14 @@ class Tracing:
             return None
         return RequestTrace(self, span)
 
+    @property
+    def queued(self) -> int | None:
+        """Spans waiting in the batch processor's queue now (at most `cfg.max_queue`); None
+        with a synchronous exporter. Reads the SDK's private queue: a health probe for tests
+        and debugging, not an API the SDK promises."""
+        q = getattr(getattr(self.processor, "_batch_processor", None), "_queue", None)
+        return len(q) if q is not None else None
+
     def flush(self) -> None:
         self.provider.force_flush()
 
@@ -295,6 +313,8 @@ class RequestTrace:
         c = root.get_span_context()
         self.trace_id = _hex(c.trace_id, 32)
         self.span_id = _hex(c.span_id, 16)
+        # A trace started here (no traceparent came): the request's log lines name it too.
+        bind_trace(self.trace_id)
 
     def traceparent(self, span: Span | None = None) -> str:
         """The header naming `span` (default: the root) as the parent of a downstream call."""

@@ -58,6 +58,8 @@ class LoadLlmRun(Command):
     core_hour_usd: float | None = None
     quality_probe: int | None = None
     records: Path | None = None
+    cluster: str | None = None
+    """A Dask scheduler whose workers generate the load (`client.cluster`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

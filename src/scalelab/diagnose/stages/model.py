@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from scalelab.core.objectives import metric_value
+from scalelab.core.objectives import Objective, metric_value
 from scalelab.core.records import Record
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, num_text
 from scalelab.diagnose.commands import Compress
@@ -23,6 +23,12 @@ class ModelSettings(StageSettings):
 
     variants: list[str] = Field(default_factory=lambda: ["int8", "prune-structured-50", "distill"])
     """Variant names as `scalelab compress --variants` takes them."""
+
+
+def relative_metrics(objectives: list[Objective]) -> frozenset[str]:
+    """Quality deltas against fp32 are 0 on fp32 by construction: judged on the variants."""
+    return frozenset(o.metric for o in objectives
+                     if o.metric.startswith("quality:") and "delta" in o.metric)
 
 
 def variant_series(r: Record) -> Record:
@@ -87,7 +93,8 @@ class ModelStage(Stage[ModelSettings]):
     def goals(self, s: ModelSettings) -> list[StageGoal]:
         return [
             StageGoal(stage=self.name, objectives=s.built_objectives(), baseline_series=BASELINE,
-                      target_multiple=s.target_multiple, advisor=advise)
+                      target_multiple=s.target_multiple, advisor=advise,
+                      candidate_metrics=relative_metrics(s.built_objectives()))
         ]
 
 

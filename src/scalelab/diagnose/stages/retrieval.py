@@ -28,6 +28,9 @@ from scalelab.diagnose.stages.base import Context, Stage
 from scalelab.diagnose.steps import Step, restage
 
 BASELINE = "exact"
+RELATIVE = frozenset({"quality:recall_at_10", "extras:memory_vs_raw"})
+"""Metrics measured against exact search or the raw vectors: 1.0 on the baseline by
+construction, so the verdict judges them on the indexes only."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,7 +196,8 @@ class RetrievalStage(Stage[RetrievalSettings]):
     def goals(self, s: RetrievalSettings) -> list[StageGoal]:
         return [StageGoal(stage=self.name, objectives=s.built_objectives(),
                           baseline_series=BASELINE, target_multiple=s.target_multiple,
-                          advisor=functools.partial(advise, shard_bytes=s.shard_bytes))]
+                          advisor=functools.partial(advise, shard_bytes=s.shard_bytes),
+                          candidate_metrics=RELATIVE)]
 
 
 STAGE = RetrievalStage()

@@ -92,7 +92,7 @@ def advise(inp: AdviceInput) -> Advice:
         )
     else:
         text = "parallelize (data-parallel workers) and checkpoint on Daly's interval"
-    return Advice(intervention=text, predicted=curve_prediction(inp.base))
+    return Advice(intervention=text, predicted=curve_prediction(inp.base, cores=inp.cores))
 
 
 class TrainStage(Stage[TrainSettings]):
