@@ -87,6 +87,8 @@ def load_model(
     model.load_state_dict(state, assign=True, strict=not blocks)
     if cfg.tie_word_embeddings and "lm_head.weight" not in blocks:
         model.lm_head.weight = model.model.embed_tokens.weight
+    # The decoded codes (int16, twice the packed size) die here, before the heap is trimmed.
+    blocks.clear()
     model.model.rotary = type(model.model.rotary)(
         cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta
     )
