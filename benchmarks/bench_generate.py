@@ -28,6 +28,8 @@ Sections (each prints ratios; all results go to --out as one JSON document):
 - step (only when named): one decode step at 1 and at 8 running sequences, wall and CPU
   time, and its CPU split (matrix products / paged attention / the rest) from torch.profiler;
   beside it Hugging Face's decode step on the same weights and prompts, timed alternately.
+- weights (only when named): fp32 vs int8 vs q4 weights, tokens/s at 1 and 8 streams, weight
+  bytes, server RSS, perplexity and greedy agreement (benchmarks/bench_weights.py).
 - llamacpp: llama-cpp-python (built from its sdist into benchmarks/.venvs/llamacpp, wheel kept
   in benchmarks/.venvs/wheels) on the same GGUF, 1 stream and 8 requests (its server runs one
   request at a time, so 8 streams are served in turn), vs our engine at 1 and 8.
@@ -720,6 +722,15 @@ def section_llamacpp(lm: LoadedModel, n_tokens: int, threads: int) -> dict[str, 
     return out
 
 
+def section_weights(model: str, threads: int) -> dict[str, Any]:
+    """fp32 / int8 / q4 weights: tokens/s, memory, quality (benchmarks/bench_weights.py)."""
+    sys.path.insert(0, str(HERE))
+    import bench_weights
+
+    out: dict[str, Any] = bench_weights.run(model, threads, tokens=64, rounds=2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -750,9 +761,18 @@ def main() -> None:
         "--only",
         default="batching,paged,prefix,spec,llamacpp",
         help="comma-separated sections; 'step' (decode-step time and its split at 1 and 8 "
-        "sequences) runs only when named",
+        "sequences) and 'weights' (fp32/int8/q4: benchmarks/bench_weights.py) run only when "
+        "named",
     )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--weights",
+        default="fp32",
+        choices=["fp32", "int8", "q4"],
+        help="how our engine holds the weights in the llamacpp section (q4: the GGUF's own "
+        "blocks, the same Q4_1 llama.cpp reads); the other sections compare fp32 with HF's "
+        "fp32 and stay fp32",
+    )
     ap.add_argument("--spec-tokens", type=int, default=48)
     ap.add_argument(
         "--step-count", type=int, default=10, help="decode steps timed per batch size (step)"
@@ -776,6 +796,7 @@ def main() -> None:
     only = set(args.only.split(","))
     res: dict[str, Any] = {
         "model": lm.name,
+        "weights": args.weights,
         "threads": args.threads,
         "cores": os.cpu_count(),
         "requests": args.requests,
@@ -795,7 +816,12 @@ def main() -> None:
             lm, work, settings, objective, args.arrival_rate or None
         ),
         "step": lambda: section_step(lm, args.step_count),
-        "llamacpp": lambda: section_llamacpp(lm, 32, args.threads),
+        "llamacpp": lambda: section_llamacpp(
+            lm if args.weights == "fp32" else load_model(args.model, 1024, weights=args.weights),
+            32,
+            args.threads,
+        ),
+        "weights": lambda: section_weights(args.model, args.threads),
     }
     for name, fn in sections.items():
         if name not in only or (name == "llamacpp" and lm.name != "smollm2-135m"):

@@ -47,7 +47,7 @@ def test_plain_weights_complete_like_packed(capsys: pytest.CaptureFixture[str]) 
     for flag, packed in (("--packed-weights", torch.backends.mkldnn.is_available()),
                          ("--plain-weights", False)):
         assert run(["generate", "complete", "abc", "--model", "tiny", "--max-tokens", "8",
-                    flag, "--json"]) == 0
+                    flag, "--weights", "fp32", "--json"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["packed_weights"] is packed
         texts.append(doc["text"])

@@ -57,6 +57,11 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True,
                      help="Run the linear layers from oneDNN-packed fp32 weights on CPU "
                           "(faster decode steps); --plain-weights keeps torch's nn.Linear."),
+        click.option("--weights", default="q4", show_default=True,
+                     help="q4 (the GGUF's own Q4_0/Q4_1/Q8_0 blocks, not expanded to fp32; "
+                          "the fastest that passes the quality gate, docs/generate.md) | int8 "
+                          "(per-channel int8 from the fp32 weights) | fp32 (what transformers "
+                          "decodes). Quality against fp32: `scalelab generate quality`."),
         click.option("--torch-threads", default=None, type=int,
                      help="torch intra-op threads (default: torch's choice)."),
         click.option("--seed", default=0, show_default=True, type=int,
@@ -70,8 +75,11 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def _engine_dict(kv_cache_bytes: str, block_size: int, max_num_seqs: int,
                  max_batched_tokens: int, max_model_len: int, prefix_cache: bool,
                  speculative: bool, num_draft: int, contiguous: bool,
-                 packed_weights: bool) -> dict[str, Any]:
+                 packed_weights: bool, weights: str) -> dict[str, Any]:
+    from scalelab.generate.quant import check_weights
+
     return {
+        "weights": check_weights(weights),
         "kv_cache_bytes": parse_size(kv_cache_bytes, what="--kv-cache-bytes"),
         "block_size": block_size, "max_num_seqs": max_num_seqs,
         "max_batched_tokens": max_batched_tokens, "max_model_len": max_model_len,
@@ -109,7 +117,8 @@ def serve_cmd(governance: Path | None, api_key: str | None,
               model: str, kv_cache_bytes: str, block_size: int, max_num_seqs: int,
               max_batched_tokens: int, max_model_len: int, prefix_cache: bool,
               speculative: bool, num_draft: int, contiguous: bool, packed_weights: bool,
-              torch_threads: int | None, seed: int, host: str, port: int, max_waiting: int,
+              weights: str, torch_threads: int | None, seed: int, host: str, port: int,
+              max_waiting: int,
               max_prompt_tokens: int | None,
               max_output_tokens: int, request_timeout: float, max_body: str,
               read_timeout: float, log_level: str, trace_sample: float, trace_out: str | None,
@@ -123,7 +132,7 @@ def serve_cmd(governance: Path | None, api_key: str | None,
         model=model,
         engine=_engine_dict(kv_cache_bytes, block_size, max_num_seqs, max_batched_tokens,
                             max_model_len, prefix_cache, speculative, num_draft, contiguous,
-                            packed_weights),
+                            packed_weights, weights),
         max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens,
         max_output_tokens=max_output_tokens, request_timeout_s=request_timeout,
         max_body_bytes=parse_size(max_body, what="--max-body"), torch_threads=torch_threads,
@@ -162,7 +171,8 @@ def serve_cmd(governance: Path | None, api_key: str | None,
 def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
                  max_num_seqs: int, max_batched_tokens: int, max_model_len: int,
                  prefix_cache: bool, speculative: bool, num_draft: int, contiguous: bool,
-                 packed_weights: bool, torch_threads: int | None, seed: int, chat: bool,
+                 packed_weights: bool, weights: str, torch_threads: int | None, seed: int,
+                 chat: bool,
                  max_tokens: int, temperature: float, top_p: float, sample_seed: int | None,
                  stop: tuple[str, ...], as_json: bool) -> None:
     """Generate one completion offline (no server) and print it with its timings.
@@ -173,6 +183,7 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
 
     from scalelab.generate.engine import Engine, EngineConfig
     from scalelab.generate.models import load_model
+    from scalelab.generate.quant import weight_bytes
     from scalelab.generate.sequence import SamplingParams
     from scalelab.generate.speculative import SpecConfig
 
@@ -180,11 +191,11 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
         torch.set_num_threads(torch_threads)
     d = _engine_dict(kv_cache_bytes, block_size, max_num_seqs, max_batched_tokens,
                      max_model_len, prefix_cache, speculative, num_draft, contiguous,
-                     packed_weights)
+                     packed_weights, weights)
     d["spec"] = SpecConfig(**d["spec"])
     cfg = EngineConfig(**d)
     t0 = time.perf_counter()
-    loaded = load_model(model, cfg.max_model_len, seed=seed)
+    loaded = load_model(model, cfg.max_model_len, seed=seed, weights=cfg.weights)
     load_s = time.perf_counter() - t0
     eng = Engine(loaded.model, loaded.tokenizer, cfg, name=loaded.name)
     text = loaded.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
@@ -202,7 +213,8 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
         "generate_s": round(gen_s, 4),
         "tokens_per_s": round(seq.num_output / gen_s, 2) if gen_s > 0 else None,
         "spec_acceptance_rate": eng.stats.acceptance_rate if speculative else None,
-        "packed_weights": eng.runner.packed,
+        "packed_weights": eng.runner.packed, "weights": loaded.weights,
+        "weight_bytes": weight_bytes(loaded.model),
     }
 
     def render(c: Any) -> None:
@@ -212,3 +224,47 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
                 f"{loaded.name} loaded in {load_s:.1f} s[/]")
 
     emit(out, as_json, render)
+
+
+@app.command("quality")
+@click.option("--model", default="smollm2-135m", show_default=True,
+              help="smollm2-135m, tiny, or a Llama .gguf file.")
+@click.option("--weights", "settings", default="int8,q4", show_default=True,
+              help="Comma-separated settings to compare against fp32 (fp32, int8, q4).")
+@click.option("--tokens", default=64, show_default=True, type=int,
+              help="Greedy tokens per prompt for the agreement check.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Weights seed of tiny.")
+@json_option
+def quality_cmd(model: str, settings: str, tokens: int, seed: int, as_json: bool) -> None:
+    """Perplexity on the shipped held-out text and greedy agreement on its 24 prompts, each
+    setting against the fp32 model of the same source; exit 1 when one fails the gate
+    (q4: perplexity within 1% of fp32; int8: at most 1% higher)."""
+    from scalelab.core.errors import BadUsageError
+    from scalelab.generate.models import load_model
+    from scalelab.generate.quality import evaluate, greedy, heldout, perplexity
+    from scalelab.generate.quant import check_weights
+
+    names = [check_weights(w.strip()) for w in settings.split(",") if w.strip()]
+    if not names or tokens < 1:
+        raise BadUsageError("--weights needs at least one setting and --tokens at least 1")
+    doc = heldout()
+    ref = load_model(model, 512, seed=seed)
+    reference = (ref, perplexity(ref.model, ref.tokenizer, doc["text"]),
+                 greedy(ref, doc["prompts"], tokens))
+    rows = [evaluate(model, w, num_tokens=tokens, seed=seed, reference=reference).to_dict()
+            for w in names]
+    out = {"model": model, "source": ref.source, "text_bytes": len(doc["text"].encode()),
+           "results": rows, "passes": all(r["passes"] for r in rows)}
+
+    def render(c: Any) -> None:
+        for r in rows:
+            c.print(f"{r['weights']:>5}: perplexity {r['perplexity']:.3f} vs fp32 "
+                    f"{r['perplexity_fp32']:.3f} ({r['perplexity_change_pct']:+.2f}%), "
+                    f"greedy agreement {r['agreement']:.2f} ({r['identical']}/{r['prompts']} "
+                    f"identical over {r['tokens']} tokens), weights "
+                    f"{r['weight_bytes'] / 1e6:.1f} MB vs {r['weight_bytes_fp32'] / 1e6:.1f} MB"
+                    f" -> {'pass' if r['passes'] else 'FAIL'}")
+
+    emit(out, as_json, render)
+    if not out["passes"]:
+        raise SystemExit(1)

@@ -112,7 +112,7 @@ def engine_from_settings(settings: ApiSettings) -> Engine:
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     cfg = EngineConfig(**settings.engine)
-    loaded = load_model(settings.model, cfg.max_model_len, seed=settings.seed)
+    loaded = load_model(settings.model, cfg.max_model_len, seed=settings.seed, weights=cfg.weights)
     return Engine(
         loaded.model, loaded.tokenizer, cfg, name=loaded.name,
         metrics=EngineMetrics(loaded.name, max_model_len=cfg.max_model_len)

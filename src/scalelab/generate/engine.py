@@ -16,6 +16,7 @@ import torch
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.generate.blocks import BlockManager
 from scalelab.generate.metrics import EngineMetrics
+from scalelab.generate.quant import check_weights
 from scalelab.generate.runner import ModelRunner, SeqSlice, blocks_in_budget, kv_bytes_per_token
 from scalelab.generate.sampling import (
     adjust_logits,
@@ -57,10 +58,15 @@ class EngineConfig:
     """Run the linear layers from oneDNN-blocked copies of the weights on CPU (fp32): a SmolLM2
     decode step at 8 sequences in 0.69x the time. The model is converted in place once; its
     state dict is unchanged. Off: plain `nn.Linear` (the equivalence tests' reference)."""
+    weights: str = "fp32"
+    """How the linears hold their weights: fp32, int8 (per-channel, from fp32) or q4 (the
+    GGUF's own 4/8-bit blocks); applied when the model is loaded (`load_model(weights=...)`),
+    checked here (scalelab.generate.quant)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.spec, dict):  # from JSON settings (the server's environment)
             self.spec = SpecConfig(**self.spec)
+        check_weights(self.weights)
         if self.kv_cache_bytes < 1 or self.block_size < 1:
             raise BadUsageError("kv_cache_bytes and block_size must be >= 1")
         if self.contiguous:

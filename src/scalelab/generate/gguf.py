@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from scalelab.core.errors import BadInputError, ScalelabError
+from scalelab.generate.quant import BLOCK_TYPES, Blocks, blocks_from_gguf
 from scalelab.generate.tokenizer import TextTokenizer
 from scalelab.nets.llama import LlamaConfig
 
@@ -86,34 +87,62 @@ def read_config(reader: Any, max_positions: int | None = None) -> LlamaConfig:
     )
 
 
+def _hf_key(name: str) -> str | None:
+    if name.startswith("blk."):
+        _, layer, rest = name.split(".", 2)
+        if rest not in _PER_LAYER:
+            raise BadInputError(f"GGUF tensor {name!r} is not part of a Llama decoder block")
+        return f"model.layers.{layer}.{_PER_LAYER[rest]}"
+    if name in _TOP:
+        return _TOP[name]
+    if name.startswith("rope_"):
+        return None  # precomputed RoPE factors for long-context variants; ours computes them
+    raise BadInputError(f"GGUF tensor {name!r} is not part of a Llama model")
+
+
+def _rope_rows(key: str, cfg: LlamaConfig) -> int | None:
+    if key.endswith("q_proj.weight"):
+        return cfg.num_heads
+    if key.endswith("k_proj.weight"):
+        return cfg.num_kv_heads
+    return None
+
+
 def read_state_dict(reader: Any, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
     """Every tensor dequantized to fp32 (Q4_1/Q8_0 blocks expanded by gguf's own decoder)."""
+    state, _ = read_weights(reader, cfg, blocks=False)
+    return state
+
+
+def read_weights(
+    reader: Any, cfg: LlamaConfig, *, blocks: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, Blocks]]:
+    """(fp32 tensors, quantized blocks): with blocks=True, the Q4_0/Q4_1/Q8_0 weight matrices
+    stay blocks (scalelab.generate.quant) and only the other types are dequantized."""
     from gguf.quants import dequantize
 
     out: dict[str, torch.Tensor] = {}
+    kept: dict[str, Blocks] = {}
     for t in reader.tensors:
-        name: str = t.name
-        if name.startswith("blk."):
-            _, layer, rest = name.split(".", 2)
-            if rest not in _PER_LAYER:
-                raise BadInputError(f"GGUF tensor {name!r} is not part of a Llama decoder block")
-            key = f"model.layers.{layer}.{_PER_LAYER[rest]}"
-        elif name in _TOP:
-            key = _TOP[name]
-        elif name.startswith("rope_"):
-            continue  # precomputed RoPE factors for long-context variants; ours computes them
-        else:
-            raise BadInputError(f"GGUF tensor {name!r} is not part of a Llama model")
+        key = _hf_key(t.name)
+        if key is None:
+            continue
+        heads = _rope_rows(key, cfg)
+        if blocks and t.tensor_type.name in BLOCK_TYPES and len(t.data.shape) == 2:
+            b = blocks_from_gguf(np.asarray(t.data), t.tensor_type.name)
+            if heads is not None:
+                b = b.rows(unpermute_rope_rows(torch.arange(b.codes.shape[0]), heads))
+            kept[key] = b
+            continue
         arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         w = torch.from_numpy(arr.copy())
-        if key.endswith("q_proj.weight"):
-            w = unpermute_rope_rows(w, cfg.num_heads)
-        elif key.endswith("k_proj.weight"):
-            w = unpermute_rope_rows(w, cfg.num_kv_heads)
-        out[key] = w
+        out[key] = w if heads is None else unpermute_rope_rows(w, heads)
     if cfg.tie_word_embeddings:
-        out["lm_head.weight"] = out["model.embed_tokens.weight"]
-    return out
+        if "model.embed_tokens.weight" in kept:
+            kept["lm_head.weight"] = kept["model.embed_tokens.weight"]
+        else:
+            out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out, kept
 
 
 def read_tokenizer(reader: Any) -> TextTokenizer:

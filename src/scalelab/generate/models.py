@@ -11,8 +11,23 @@ from pathlib import Path
 
 import torch
 
-from scalelab.core.errors import BadUsageError
-from scalelab.generate.gguf import load_gguf, smollm2_path
+from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.generate.gguf import (
+    _reader,
+    load_gguf,
+    read_config,
+    read_tokenizer,
+    read_weights,
+    smollm2_path,
+)
+from scalelab.generate.quant import (
+    Blocks,
+    check_weights,
+    install_blocks,
+    quantize_int8,
+    quantize_q4,
+    release_freed_memory,
+)
 from scalelab.generate.tokenizer import TextTokenizer, byte_tokenizer
 from scalelab.nets.llama import LlamaConfig, LlamaForCausalLM, build_tiny, tiny_config
 
@@ -31,13 +46,27 @@ class LoadedModel:
     tokenizer: TextTokenizer
     source: str
     """Where the weights came from (a file path, or the tiny builder's seed)."""
+    weights: str = "fp32"
+    """How the linears hold their weights (scalelab.generate.quant.WEIGHTS)."""
 
 
-def load_model(spec: str, max_model_len: int = 2048, seed: int = 0) -> LoadedModel:
-    """`spec` is smollm2-135m, tiny, or a path to a Llama GGUF file."""
+def load_model(
+    spec: str, max_model_len: int = 2048, seed: int = 0, weights: str = "fp32"
+) -> LoadedModel:
+    """`spec` is smollm2-135m, tiny, or a path to a Llama GGUF file; `weights` one of
+    scalelab.generate.quant.WEIGHTS (fp32; int8 from the fp32 weights; q4: the file's own
+    4/8-bit blocks, or the tiny model quantized to SmolLM2's layout, Q4_1 + Q8_0)."""
+    check_weights(weights)
     if spec == TINY:
         model = build_tiny(seed=seed, cfg=tiny_config(max_position_embeddings=max_model_len))
-        return LoadedModel("tiny-llama", model, byte_tokenizer(), f"build_tiny(seed={seed})")
+        if weights == "int8":
+            quantize_int8(model)
+        elif weights == "q4":
+            quantize_q4(model)
+        if weights != "fp32":
+            release_freed_memory()
+        return LoadedModel("tiny-llama", model, byte_tokenizer(), f"build_tiny(seed={seed})",
+                           weights)
     if spec == SMOLLM2:
         path = smollm2_path()
         name = SMOLLM2
@@ -46,22 +75,94 @@ def load_model(spec: str, max_model_len: int = 2048, seed: int = 0) -> LoadedMod
         name = path.stem
     else:
         raise BadUsageError(f"--model {spec!r} is not one of: {MODEL_CHOICES}")
-    cfg, state, tok = _load_cached(path, max_model_len)
+    blocks: dict[str, Blocks] = {}
+    if weights == "q4":
+        cfg, state, blocks, tok = _load_blocks(path, max_model_len)
+    else:
+        cfg, state, tok = _load_cached(path, max_model_len)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
+    install_blocks(model, blocks)
     # assign=True adopts the dequantized tensors instead of copying into fresh ones.
-    model.load_state_dict(state, assign=True)
-    if cfg.tie_word_embeddings:
+    model.load_state_dict(state, assign=True, strict=not blocks)
+    if cfg.tie_word_embeddings and "lm_head.weight" not in blocks:
         model.lm_head.weight = model.model.embed_tokens.weight
+    # The decoded codes (int16, twice the packed size) die here, before the heap is trimmed.
+    blocks.clear()
     model.model.rotary = type(model.model.rotary)(
         cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta
     )
-    return LoadedModel(name, model.eval(), tok, str(path))
+    missing = [k for k, v in model.state_dict().items() if v.is_meta]
+    if missing:
+        raise BadInputError(f"{path}: the file holds no tensor for {', '.join(missing[:3])}")
+    if weights == "int8":
+        quantize_int8(model)
+        with torch.no_grad():  # let go of the safetensors mapping (see pack_linears)
+            for p in model.parameters():
+                p.data = p.data.clone()
+    if weights != "fp32":
+        release_freed_memory()
+    return LoadedModel(name, model.eval(), tok, str(path), weights)
+
+
+def _load_blocks(
+    path: Path, max_model_len: int
+) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, Blocks], TextTokenizer]:
+    """The file's quantized matrices as blocks, the rest dequantized; config and tokenizer
+    from the fp32 cache's sidecar when there is one (parsing the vocabulary is the slow part)."""
+    reader = _reader(path)
+    meta = _cached_meta(path, max_model_len)
+    if meta is None:
+        cfg, tok = read_config(reader), read_tokenizer(reader)
+    else:
+        cfg, tok = meta
+    cfg = dataclasses.replace(
+        cfg, max_position_embeddings=min(cfg.max_position_embeddings, max_model_len)
+    )
+    state, blocks = read_weights(reader, cfg, blocks=True)
+    return cfg, state, blocks, tok
 
 
 def cache_dir() -> Path:
     """Where dequantized weights are kept ($SCALELAB_CACHE, else ~/.cache/scalelab)."""
     return Path(os.environ.get("SCALELAB_CACHE") or Path.home() / ".cache" / "scalelab") / "gguf"
+
+
+def _cache_file(path: Path) -> Path:
+    st = path.stat()
+    # The version ends the key: a sidecar written before a field was added is rebuilt.
+    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_SIDECAR_VERSION}"
+    key = hashlib.sha256(ident.encode()).hexdigest()
+    return cache_dir() / f"{path.stem}-{key[:16]}.safetensors"
+
+
+def _cached_meta(path: Path, max_model_len: int) -> tuple[LlamaConfig, TextTokenizer] | None:
+    """Config and tokenizer from the cache's sidecar, or None when there is none."""
+    if os.environ.get("SCALELAB_NO_WEIGHT_CACHE"):
+        return None
+    meta = _cache_file(path).with_suffix(".json")
+    if not meta.is_file():
+        return None
+    doc = json.loads(meta.read_text())
+    cfg = LlamaConfig(
+        **{
+            **doc["config"],
+            "max_position_embeddings": min(doc["config"]["max_position_embeddings"], max_model_len),
+        }
+    )
+    t = doc["tokenizer"]
+    tok = TextTokenizer(
+        vocab=t["vocab"],
+        merges=[(a, b) for a, b in t["merges"]],
+        special=t["special"],
+        eos_ids=frozenset(t["eos_ids"]),
+        bos_id=t["bos_id"],
+        chat_template=t["chat_template"],
+        split_digits=t["split_digits"],
+        bos_token=t["bos_token"],
+        eos_token=t["eos_token"],
+    )
+    return cfg, tok
 
 
 def _load_cached(
@@ -77,36 +178,13 @@ def _load_cached(
         return load_gguf(path, max_positions=max_model_len)
     from safetensors.torch import load_file, save_file
 
-    st = path.stat()
-    # The version ends the key: a sidecar written before a field was added is rebuilt.
-    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_SIDECAR_VERSION}"
-    key = hashlib.sha256(ident.encode()).hexdigest()
-    cached = cache_dir() / f"{path.stem}-{key[:16]}.safetensors"
+    cached = _cache_file(path)
     # Config and tokenizer go in a sidecar too: parsing 98k vocabulary strings out of the GGUF
     # header costs more (~25 s on a busy machine) than decoding its weights.
     meta = cached.with_suffix(".json")
-    if cached.is_file() and meta.is_file():
-        doc = json.loads(meta.read_text())
-        cfg = LlamaConfig(
-            **{
-                **doc["config"],
-                "max_position_embeddings": min(
-                    doc["config"]["max_position_embeddings"], max_model_len
-                ),
-            }
-        )
-        t = doc["tokenizer"]
-        tok = TextTokenizer(
-            vocab=t["vocab"],
-            merges=[(a, b) for a, b in t["merges"]],
-            special=t["special"],
-            eos_ids=frozenset(t["eos_ids"]),
-            bos_id=t["bos_id"],
-            chat_template=t["chat_template"],
-            split_digits=t["split_digits"],
-            bos_token=t["bos_token"],
-            eos_token=t["eos_token"],
-        )
+    found = _cached_meta(path, max_model_len) if cached.is_file() else None
+    if found is not None:
+        cfg, tok = found
         state = load_file(cached)
         if cfg.tie_word_embeddings:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
