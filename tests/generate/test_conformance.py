@@ -34,6 +34,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
 
     def command(port: int) -> list[str]:
         return [sys.executable, "-m", "scalelab", "generate", "serve", "--model", "tiny",
+                # the fp32 weights the plain reference forward uses (the CLI default is q4)
+                "--weights", "fp32",
                 "--port", str(port), "--torch-threads", "1", "--max-num-seqs", "4",
                 "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-bytes", "4MiB",
                 "--block-size", "8", "--request-timeout", "60", "--api-key", KEY]

@@ -32,6 +32,8 @@ def generate_server(log: Path, *flags: str, max_model_len: int,
 
     def command(port: int) -> list[str]:
         return [sys.executable, "-m", "scalelab", "generate", "serve", "--model", "tiny",
+                # the fp32 weights the plain reference forward uses (the CLI default is q4)
+                "--weights", "fp32",
                 "--port", str(port), "--torch-threads", "1",
                 "--max-model-len", str(max_model_len), *flags]
 
