@@ -14,7 +14,7 @@ server already keeps (enqueue, pick-up, compute, first token...), as finished sp
 straight to the span processor: a traced request takes a few clock readings on the hot path
 and builds its children as it ends. Servers
 keep `time.monotonic()` / `time.perf_counter()`; `ns_mono` / `ns_perf` map them to the epoch
-nanoseconds spans carry, through offsets read once at import.
+nanoseconds spans carry, through offsets re-read at most once a second.
 
 Export: OTLP/HTTP when an endpoint is given (`opentelemetry-exporter-otlp-proto-http`), else
 one JSON object per span per line in a local file (`JsonlSpanExporter`), both behind the SDK's
@@ -29,7 +29,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,8 +46,22 @@ if TYPE_CHECKING:
 
 INSTALL_HINT = "pip install 'scalelab[trace]'"
 _TP, _TS = b"traceparent", b"tracestate"
-_MONO_NS = time.time_ns() - time.monotonic_ns()
-_PERF_NS = time.time_ns() - time.perf_counter_ns()
+# Offsets from the process's monotonic clocks to the epoch, re-read at most once a second: the
+# wall clock is slewed (NTP) against the monotonic ones, so an offset read once at import drifts
+# by milliseconds over a server's life, and its spans would start before their parent's in
+# another process. A request's spans are converted together when it ends, under one offset.
+_REANCHOR_NS = 1_000_000_000
+_offsets = {"mono": (time.time_ns() - time.monotonic_ns(), time.monotonic_ns()),
+            "perf": (time.time_ns() - time.perf_counter_ns(), time.monotonic_ns())}
+
+
+def _offset(kind: str, clock_ns: Callable[[], int]) -> int:
+    off, at = _offsets[kind]
+    now = time.monotonic_ns()
+    if now - at > _REANCHOR_NS:
+        off = time.time_ns() - clock_ns()
+        _offsets[kind] = (off, now)
+    return off
 
 Attributes = Mapping[str, Any]
 """Span attributes: str, bool, int, float or a list of one of those."""
@@ -55,12 +69,12 @@ Attributes = Mapping[str, Any]
 
 def ns_mono(t: float) -> int:
     """Epoch nanoseconds of a `time.monotonic()` reading."""
-    return int(t * 1e9) + _MONO_NS
+    return int(t * 1e9) + _offset("mono", time.monotonic_ns)
 
 
 def ns_perf(t: float) -> int:
     """Epoch nanoseconds of a `time.perf_counter()` reading."""
-    return int(t * 1e9) + _PERF_NS
+    return int(t * 1e9) + _offset("perf", time.perf_counter_ns)
 
 
 @dataclass(kw_only=True, frozen=True)
