@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from scalelab.train.launch import LaunchConfig
+from scalelab.train.loop import read_progress
 from scalelab.train.parallel import ckpt
 from scalelab.train.parallel.config import ParallelConfig
 from scalelab.train.parallel.job import Rehearsal, final_weights, rehearse, run_parallel
@@ -95,9 +96,16 @@ def test_fsdp_checkpoint_continues_under_tensor_parallel_fast(fsdp: Rehearsal,
     shutil.copytree(src, ckpt.step_dir(shared, 3))
     assert ckpt.complete_steps(shared, FAST.run_key(2)) == [3]
     tp = dataclasses.replace(FAST, strategy="tp", checkpoint_dir=str(shared))
-    res = run_parallel(tp, LaunchConfig(nproc=2, timeout_s=300), tmp_path / "tp")
+    seen: list[tuple[int, int]] = []
+    res = run_parallel(tp, LaunchConfig(nproc=2, timeout_s=300), tmp_path / "tp",
+                       on_progress=lambda step, total, loss: seen.append((step, total)))
     assert res.resumed_from is not None and res.resumed_from["step"] == 3
     assert len(res.losses) == FAST.steps - 3
+    # rank 0's live progress: its last word is the last step (what the launcher polled of it
+    # while the run went on came in order, after the resume)
+    last = read_progress(tmp_path / "tp")
+    assert last is not None and (last["step"], last["total"]) == (FAST.steps, FAST.steps)
+    assert seen == sorted(seen) and all(3 < s <= FAST.steps for s, _ in seen)
     ref = fsdp.reference
     assert max(abs(a - b) for a, b in zip(res.losses, ref.losses[3:], strict=True)) <= LOSS_TOL
     assert_weights_close(final_weights(tmp_path / "tp"), final_weights(Path(ref.run_dir)))

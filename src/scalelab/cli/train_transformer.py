@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, parse_list
+from scalelab.cli._progress import live_progress
 from scalelab.core.errors import BadUsageError
 from scalelab.core.units import format_bytes, format_duration, parse_duration
 from scalelab.train.parallel.config import STRATEGIES
@@ -191,7 +192,11 @@ def run_transformer(ctx: click.Context, t: dict[str, Any], *, as_json: bool, npr
             rehearsal = rehearse(cfg, lc, Path(rd))
             result = rehearsal.result
         else:
-            result = run_parallel(cfg, lc, Path(rd))
+            with live_progress(f"train {cfg.strategy} on {nproc} process(es)") as progress:
+                result = run_parallel(cfg, lc, Path(rd), on_progress=lambda step, total, loss:
+                                      progress.update(completed=step, total=total,
+                                                      note=f"train: step {step}/{total}, "
+                                                           f"loss {loss:.4f}"))
     if result.warning:
         err_console.print(f"[yellow]warning:[/] {result.warning}", markup=True, highlight=False)
     if records:

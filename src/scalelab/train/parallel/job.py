@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from scalelab.train.launch import (
     worker_env,
 )
 from scalelab.train.launch import torchrun_command as launch_command
+from scalelab.train.loop import read_progress
 from scalelab.train.parallel.config import ParallelConfig
 from scalelab.train.parallel.loop import FAILURE_FILE
 from scalelab.train.parallel.runtime import RuntimeBaseline, measure_baseline
@@ -81,11 +83,20 @@ def prepare(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
     return Prepared(run_dir=run_dir, corpus=corpus, threads=threads, warning=warning)
 
 
-def run_torchrun(lc: LaunchConfig, prep: Prepared, *, restarts: bool) -> float:
-    """Run the workers to completion; the wall seconds. Raises RunFailedError."""
+def run_torchrun(lc: LaunchConfig, prep: Prepared, *, restarts: bool,
+                 on_progress: Callable[[int, int, float], None] | None = None) -> float:
+    """Run the workers to completion; the wall seconds. Raises RunFailedError.
+    `on_progress(step, total, loss)` with rank 0's latest step while they run."""
+
+    def poll() -> None:
+        doc = read_progress(prep.run_dir)
+        if doc is not None and on_progress is not None:
+            on_progress(int(doc["step"]), int(doc["total"]), float(doc["loss"]))
+
     return run_group(torchrun_command(lc, prep.run_dir),
                      worker_env(prep.threads, restarts or lc.max_restarts > 0),
-                     prep.run_dir / LOG_FILE, lc.timeout_s, train_less="--steps")
+                     prep.run_dir / LOG_FILE, lc.timeout_s, train_less="--steps",
+                     on_poll=poll if on_progress is not None else None)
 
 
 def read_reports(run_dir: Path, world: int) -> list[dict[str, Any]]:
@@ -177,12 +188,13 @@ def summarize(cfg: ParallelConfig, reports: list[dict[str, Any]], run_dir: Path,
 
 
 def run_parallel(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path,
-                 *, restarts: bool = False, plan_rss: bool = False) -> ParallelResult:
+                 *, restarts: bool = False, plan_rss: bool = False,
+                 on_progress: Callable[[int, int, float], None] | None = None) -> ParallelResult:
     """Train `cfg` under torchrun in `run_dir` and summarise it. With `plan_rss` (CPU runs),
     the plan also predicts the peak RSS from the process baseline measured on this machine
     (runtime.measure_baseline: a child process the first time, ~10 s; cached after)."""
     prep = prepare(cfg, lc, run_dir)
-    wall = run_torchrun(lc, prep, restarts=restarts)
+    wall = run_torchrun(lc, prep, restarts=restarts, on_progress=on_progress)
     reports = read_reports(run_dir, lc.nproc * lc.min_nodes())
     baseline = (measure_baseline(cfg.strategy, threads=prep.threads,
                                  deterministic=cfg.deterministic)

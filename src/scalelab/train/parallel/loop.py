@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scalelab.nets.llama import LlamaForCausalLM, init_weights
+from scalelab.train.loop import PROGRESS_EVERY_S, write_progress
 from scalelab.train.metrics import peak_rss_bytes
 from scalelab.train.parallel import ckpt
 from scalelab.train.parallel.apply import apply_ddp, apply_fsdp, apply_tp
@@ -207,6 +208,7 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
     prof_range = range(max(meter_step + 1, cfg.steps - cfg.profile_steps), cfg.steps)
     train_peak: int | None = None
     first_step_unix = None
+    last_progress = 0.0
     for step in range(start, cfg.steps):
         if (cfg.fail_at_step is not None and r.restart == 0 and step == cfg.fail_at_step
                 and r.rank == cfg.fail_rank):
@@ -259,6 +261,12 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
         if first_step_unix is None:
             first_step_unix = time.time()
         done = step + 1
+        if r.rank == 0 and (time.perf_counter() - last_progress >= PROGRESS_EVERY_S
+                            or done == cfg.steps):
+            # for the launcher's live progress; a pipeline's rank 0 holds no loss (NaN)
+            write_progress(run_dir, step=done, total=cfg.steps,
+                           loss=float(loss) if isinstance(loss, int | float) else float("nan"))
+            last_progress = time.perf_counter()
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
             ckpt.save(root, done, rep.model, rep.optimizer, run_key=run_key, rank=r.rank,
                       meta={"world": r.world, "strategy": cfg.strategy})
