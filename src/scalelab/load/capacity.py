@@ -32,11 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-# The interval math lives in core.decide (the verdict decides with it too); re-exported here.
-from scalelab.core.decide import TAIL_USE as TAIL_USE
+# The interval math lives in core.decide (the verdict decides with it too).
 from scalelab.core.decide import clopper_pearson, quantile_ranks, step_requests
-from scalelab.core.decide import min_passing as min_passing
-from scalelab.core.decide import one_sided as one_sided
 from scalelab.core.errors import BadUsageError
 from scalelab.load.generator import Progress
 from scalelab.load.histogram import LatencyHistogram
