@@ -167,9 +167,12 @@ custom:
     )
 
     def sleepers() -> list[psutil.Process]:
+        # the sweep's command itself (`python -c ...`), not the `scalelab sweep` step whose
+        # argv holds the marker too: the step must stop what it started
         found = []
         for p in psutil.process_iter(["cmdline"]):
-            if marker in (p.info["cmdline"] or []):
+            cmd = p.info["cmdline"] or []
+            if marker in cmd and "-c" in cmd:
                 found.append(p)
         return found
 

@@ -233,6 +233,14 @@ def run_once(
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 code = None
+            except BaseException:
+                # Interrupted (Ctrl-C, or a diagnose stopping its step): the command runs in a
+                # session of its own, so nothing else would stop it.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                stop.set()
+                raise
             wall = time.perf_counter() - t0
             stop.set()
             sampler.join()

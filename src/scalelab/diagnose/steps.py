@@ -7,6 +7,9 @@ record behind and `scalelab report` can rebuild everything from that one file.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -82,7 +85,13 @@ def run_step(step: Step, *, logs: Path, experiment: str, sink: Path) -> StepResu
             stop_group(proc, grace_s=5.0)
             rc, error = None, f"timed out after {step.timeout_s:g} s"
         except KeyboardInterrupt:
-            # The step runs in its own session, so Ctrl-C reached only us: stop it too.
+            # The step runs in its own session, so Ctrl-C reached only us: pass it on (a step
+            # stops what it started in sessions of its own, e.g. a sweep's command), then stop
+            # whatever is left of its group.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5.0)
             stop_group(proc, grace_s=2.0)
             raise
     wall = time.perf_counter() - t0
