@@ -239,10 +239,13 @@ class Handler(asyncio.Protocol):
 
         s.active += 1
         done = 0
+        at = -math.inf
         for j in range(n_chunks):
             k = min(s.k, max_tokens - done)
             done += k
-            at = s.unstall(start + s.ttft + j * s.gap)
+            # Chunks held by a freeze all fall due when it ends; asyncio's timer heap does not
+            # keep the order of equal times, so each is a microsecond after the one before.
+            at = max(s.unstall(start + s.ttft + j * s.gap), at + 1e-6)
             if drop and j >= n_chunks // 2:
                 self.loop.call_at(at, self.cut, s.diverge_at >= 0)
                 return
