@@ -18,13 +18,25 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import cloudpickle
+import numpy as np
 import pytest
 
 from scalelab.cli import run
 from scalelab.core.errors import RunFailedError
+from scalelab.load import cluster as cluster_mod
 from scalelab.load.clock import LagStats
-from scalelab.load.cluster import WORKERS, Cluster, WorkerClock, named_reasons, shares
+from scalelab.load.cluster import (
+    WORKERS,
+    Cluster,
+    WorkerClock,
+    describe,
+    named_reasons,
+    share_times,
+    shares,
+)
 from scalelab.load.connection import Target, build_request
 from scalelab.load.generator import EngineConfig
 from scalelab.load.llm_run import LlmPlan, run_llm
@@ -129,11 +141,15 @@ def _llm_plan(url: str, *, requests: int, rate: float | None = None, concurrency
                    rate=rate, arrival="constant", requests=requests)
 
 
-def _http_plan(url: str, *, rate: float, duration_s: float) -> LoadPlan:
+def _http_plan(url: str, *, rate: float, duration_s: float | None = None,
+               requests: int | None = None, arrival: str = "constant", seed: int = 0,
+               warmup_s: float = 0.0, processes: int = 1) -> LoadPlan:
     t = Target.parse(url + "/")
     req = build_request(t, method="GET", path=t.path, body=None)
-    return LoadPlan(engine=EngineConfig(target=t, requests=[req], mode="open"), rate=rate,
-                    arrival="constant", duration_s=duration_s)
+    return LoadPlan(engine=EngineConfig(target=t, requests=[req], mode="open",
+                                        warmup_s=warmup_s),
+                    rate=rate, arrival=arrival, duration_s=duration_s,  # type: ignore[arg-type]
+                    requests=requests, seed=seed, processes=processes)
 
 
 def test_two_workers_merge_ttft_and_tpot_to_the_servers_truth(cluster: Cluster,
@@ -321,3 +337,76 @@ def test_a_cluster_levels_fix_asks_for_workers_not_processes() -> None:
                        pool_waits=0, slo_threshold_s=None, processes=2, more=WORKERS)
     assert len(reasons) == 1 and "add Dask workers (now 2)" in reasons[0]
     assert "--processes" not in reasons[0]
+
+
+@pytest.mark.parametrize(("arrival", "length"), [("constant", {"duration_s": 2.0}),
+                                                 ("poisson", {"duration_s": 2.0}),
+                                                 ("poisson", {"requests": 997})])
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_shares_rebuilt_from_their_description_are_the_schedule_split(
+        arrival: str, length: dict[str, float], p: int) -> None:
+    # What a worker does with its Share (no cluster needed: the same function runs there).
+    plan = _http_plan("http://127.0.0.1:9", rate=1234.5, arrival=arrival, seed=7,
+                      warmup_s=0.5, processes=p, **length)  # type: ignore[arg-type]
+    whole = plan.times()
+    got = [share_times(plan, sh) for sh in describe(whole, p)]
+    assert all(g is not None for g in got)
+    rebuilt = np.empty(len(whole))
+    for i, g in enumerate(got):
+        assert g is not None
+        rebuilt[i::p] = g
+    # Exact: the interleaved shares are the single-process schedule, and no due time is in two.
+    assert np.array_equal(rebuilt, whole)
+    assert sum(len(g or []) for g in got) == len(whole) == len(set(whole.tolist()))
+    assert all(not set(a or []) & set(b or []) for i, a in enumerate(got) for b in got[i + 1:])
+
+
+def test_a_share_rebuilt_differently_from_the_clients_fails_clearly() -> None:
+    client_plan = _http_plan("http://127.0.0.1:9", rate=100, duration_s=1.0, arrival="poisson",
+                             seed=1)
+    worker_plan = _http_plan("http://127.0.0.1:9", rate=100, duration_s=1.0, arrival="poisson",
+                             seed=2)
+    (sh,) = describe(client_plan.times(), 1)
+    with pytest.raises(RunFailedError, match=r"rebuilt a different schedule.*numpy versions"):
+        share_times(worker_plan, sh)
+    assert share_times(client_plan, sh) == client_plan.times().tolist()
+    assert share_times(client_plan, None) is None
+
+
+def test_workers_rebuild_their_shares_exactly(cluster: Cluster) -> None:
+    # The rebuild on the real worker processes (their own imports and numpy), not only here.
+    plan = _http_plan("http://127.0.0.1:9", rate=5000, duration_s=1.0, arrival="poisson",
+                      seed=3, processes=2)
+    whole = plan.times()
+    got = [cluster.call(share_times, plan, sh, prefer=w, timeout_s=60)
+           for sh, w in zip(describe(whole, 2), cluster.workers(), strict=True)]
+    assert got == [whole[0::2].tolist(), whole[1::2].tolist()]
+
+
+def test_a_slow_hand_out_of_shares_still_starts_the_level(
+        cluster: Cluster, http_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # At large offers the client took long to hand the shares out (each carried its due times):
+    # the first worker said ready, and closed the ready queue, before the client had opened it,
+    # so the scheduler dropped the queue with the worker's ready in it and the level failed
+    # "not ready 120 s after the level was handed out". Each hand-out is held back a second
+    # here, as a large share's pickling did; the tasks must also be small whatever the offer.
+    monkeypatch.setattr(cluster_mod, "READY_TIMEOUT_S", 20.0)
+    real_submit = cluster.client.submit
+    sizes: list[int] = []
+
+    def slow_submit(fn: Any, *args: Any, **kw: Any) -> Any:
+        if getattr(fn, "__name__", "") == "_remote_part":
+            sizes.append(len(cloudpickle.dumps(args)))
+        fut = real_submit(fn, *args, **kw)
+        time.sleep(1.0)
+        return fut
+
+    monkeypatch.setattr(cluster.client, "submit", slow_submit)
+    plan = _http_plan(http_url, rate=5000, duration_s=0.4)
+    r = run_load(plan, cluster=cluster)
+    assert r.cluster is not None
+    assert r.requests == 2000 and [w.requests for w in r.cluster.workers] == [1000, 1000]
+    # Two tasks, each a description of a few hundred bytes: 1,000 due times alone pickle to
+    # 9 kB, and a 120,000 req/s level's to megabytes.
+    assert len(sizes) == 2 and all(n < 2000 for n in sizes), sizes
+    assert len(cloudpickle.dumps(plan.times()[0::2].tolist())) > 9000

@@ -6,10 +6,22 @@ the union of the shares is exactly the single-process schedule; all start at one
 instant; each ships back the plain part it measured, and the caller merges the parts exactly as
 it merges local processes' (histograms added, counters summed).
 
+Shares. A worker is handed a `Share` — its index, the number of shares, and the length and
+SHA-256 of the whole schedule — never the due times: it rebuilds the schedule from the plan
+(rate, arrival, seed, length: a pure function) and keeps every P-th time from its index. A task
+stays a few kB at any offer (a 120,000 req/s level's times were megabytes a worker, pickled by
+the client one share after another and carried through the scheduler), and a host whose numpy
+draws a different Poisson schedule fails the level clearly instead of offering other arrivals.
+
 Start. Each worker, once its share is set up, says so on a Dask `Queue` and waits on a Dask
 `Variable`; when all have, the client sets it to its `now() + START_MARGIN_S`, and each worker
-moves that into its own clock. A worker that still starts late (a busy host) sends its share
-late, its lag says so, and the level is invalid with that worker's name on the reason.
+moves that into its own clock. The client opens the queue before it hands out any share: the
+scheduler drops a queue (and what is in it) when its last holder closes it, so a worker that
+said ready and closed the queue before the client had opened it was never heard (the "not
+ready 120 s after the level was handed out" failures at large offers, whose shares took long
+enough to pickle that the first worker got there first). A worker that still starts late (a
+busy host) sends its share late, its lag says so, and the level is invalid with that worker's
+name on the reason.
 
 Clocks. A part's times are CLOCK_MONOTONIC seconds of the host it ran on, and two hosts'
 monotonic clocks share no origin. Before each level the client measures every worker's offset
@@ -26,11 +38,15 @@ stopped), so the workers are free for the next level.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import socket
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
+
+import numpy as np
 
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.load import clock
@@ -103,6 +119,46 @@ class ClusterLevel:
     """One entry a worker, in share order."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Share:
+    """What a worker is handed for its part of an open-loop schedule: a description of it."""
+
+    index: int
+    """Its share: every `parts`-th due time of the schedule from this index."""
+    parts: int
+    """How many shares the schedule is split into (the level's workers)."""
+    count: int
+    """Due times in the whole schedule (warm-up included)."""
+    digest: str
+    """SHA-256 of the whole schedule's float64 bytes, as the client built it."""
+
+
+def _digest(times: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(times, dtype=np.float64).tobytes()).hexdigest()
+
+
+def describe(schedule: Sequence[float] | np.ndarray, parts: int) -> list[Share]:
+    """The `parts` shares of a whole open-loop schedule, as the workers are handed them."""
+    times = np.asarray(schedule, dtype=np.float64)
+    d = _digest(times)
+    return [Share(index=i, parts=parts, count=len(times), digest=d) for i in range(parts)]
+
+
+def share_times(plan: Any, share: Share | None) -> list[float] | None:
+    """A worker's due times, rebuilt from the plan (`plan.times()`, the whole schedule) and
+    checked against the client's; None for a closed loop (no schedule)."""
+    if share is None:
+        return None
+    times = plan.times()
+    if len(times) != share.count or _digest(times) != share.digest:
+        raise RunFailedError(
+            f"this worker ({socket.gethostname()}) rebuilt a different schedule than the client "
+            f"({len(times)} due times, the client {share.count}); the client's and the workers' "
+            "scalelab and numpy versions must match (Poisson arrivals are drawn by numpy)")
+    out: list[float] = times[share.index::share.parts].tolist()
+    return out
+
+
 Judge = Callable[[Any, int], tuple[int, float, "float | None", list[str]]]
 """(part, workers) -> (requests, sent_rps, lag p99 ms, invalid reasons) of that part alone."""
 
@@ -146,9 +202,11 @@ def _scheduler_workers(dask_scheduler: Any) -> list[str]:
     return list(dask_scheduler.workers)
 
 
-def _remote_part(run_part: Callable[..., Any], plan: Any, index: int,
-                 times: list[float] | None, offset_s: float, level: str) -> Any:
+def _remote_part(run_part: Callable[..., Any], plan: Any, index: int, share: Share | None,
+                 offset_s: float, level: str) -> Any:
     from distributed import Queue, Variable
+
+    times = share_times(plan, share)
 
     def start() -> float:
         # The barrier: say ready (set-up and imports done), then wait for the client's start.
@@ -223,9 +281,11 @@ class Cluster:
                 for w in workers]
 
     def run(self, run_part: Callable[[Any, int, list[float] | None, Callable[[], float]], PartT],
-            plan: Any, times: Sequence[list[float] | None], workers: Sequence[str],
-            *, length_s: float) -> tuple[list[PartT], list[WorkerClock]]:
-        """Run share `i` (`times[i]`) of `plan` on `workers[i]`, all from one agreed start.
+            plan: Any, workers: Sequence[str], *, schedule: Sequence[float] | np.ndarray | None,
+            length_s: float) -> tuple[list[PartT], list[WorkerClock]]:
+        """Run share `i` of `plan` on `workers[i]`, all from one agreed start: of `schedule`
+        (the whole open-loop schedule, `plan.times()`; None for a closed loop), every P-th due
+        time from `i`, which the worker rebuilds from `plan` (module doc).
 
         Returns the parts, their times in the client's clock, and the clocks measured. Raises
         `RunFailedError` naming the worker when one fails or leaves mid-level."""
@@ -233,29 +293,37 @@ class Cluster:
 
         clocks = self.clocks(workers)
         level = f"scalelab-load-{uuid.uuid4().hex[:8]}"
+        described = None if schedule is None else describe(schedule, len(clocks))
+        # Both before any share goes out: a worker's ready must find the client's queue open.
+        ready_q = Queue(f"{level}-ready", client=self.client)
+        start_v = Variable(f"{level}-start", client=self.client)
         futs = {
-            i: self.client.submit(_remote_part, run_part, plan, i, times[i], c.offset_s, level,
-                                  workers=[c.address], allow_other_workers=False, pure=False,
-                                  key=f"{level}-{i}")
+            i: self.client.submit(_remote_part, run_part, plan, i,
+                                  None if described is None else described[i], c.offset_s,
+                                  level, workers=[c.address], allow_other_workers=False,
+                                  pure=False, key=f"{level}-{i}")
             for i, c in enumerate(clocks)
         }
         results: dict[int, PartT] = {}
-        ready_q = Queue(f"{level}-ready", client=self.client)
-        start_v = Variable(f"{level}-start", client=self.client)
         released = False
         failure: str | None = None
         try:
             ready: set[int] = set()
             deadline = clock.now() + READY_TIMEOUT_S
             while len(ready) < len(futs) and failure is None:
-                with contextlib.suppress(TimeoutError):
-                    ready.add(int(ready_q.get(timeout=POLL_S)))
+                # All that is there, without waiting: a get that times out logs a traceback
+                # on the scheduler each time.
+                got = ready_q.get(batch=True)
+                ready.update(int(x) for x in got)
                 failure = self._failure(futs, results, clocks)
-                if failure is None and clock.now() > deadline:
-                    late = [clocks[i].address for i in futs if i not in ready]
-                    failure = (f"generator workers {', '.join(late)} were not ready "
-                               f"{READY_TIMEOUT_S:.0f} s after the level was handed out; "
-                               "check them (dask worker logs)")
+                if failure is None and len(ready) < len(futs):
+                    if clock.now() > deadline:
+                        late = [clocks[i].address for i in futs if i not in ready]
+                        failure = (f"generator workers {', '.join(late)} were not ready "
+                                   f"{READY_TIMEOUT_S:.0f} s after the level was handed out; "
+                                   "check them (dask worker logs)")
+                    elif not got:
+                        time.sleep(POLL_S)
             if failure is None:
                 start = clock.now() + START_MARGIN_S + max(c.rtt_s for c in clocks)
                 start_v.set(start)

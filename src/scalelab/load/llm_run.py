@@ -22,7 +22,7 @@ from scalelab.load.cluster import WORKERS, Cluster, named_reasons
 from scalelab.load.cluster import shares as cluster_shares
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm_result import LlmResult, merge, samples_of
-from scalelab.load.multiproc import LevelPlan, ProcessSettings, run_processes, split_list
+from scalelab.load.multiproc import LevelPlan, ProcessSettings, run_processes
 from scalelab.load.stream import ProbeAnswer, StopCheck, StreamConfig, StreamEngine, StreamPart
 from scalelab.load.token_slo import TokenStepRule
 
@@ -105,8 +105,7 @@ def _run_on_cluster(plan: LlmPlan, times: list[float] | None, cluster: Cluster,
     workers = cluster.workers()
     p = len(workers)
     plan = replace(plan, processes=p)
-    shares = [None if times is None else split_list(times, p, i) for i in range(p)]
-    parts, clocks = cluster.run(_stream_part, plan, shares, workers,
+    parts, clocks = cluster.run(_stream_part, plan, workers, schedule=times,
                                 length_s=plan.length_s() + plan.stream.timeout_s)
     r = _merge(plan, parts, more=WORKERS)
 

@@ -234,8 +234,7 @@ def _run_on_cluster(plan: LoadPlan, times: list[float] | None, cluster: Cluster,
     cold = cluster.call(_cold_probe, plan, prefer=workers[0],
                         timeout_s=plan.engine.timeout_s * 2 + 60) if plan.cold_start else None
     plan = replace(plan, processes=p, cold_start=False)
-    shares = [None if times is None else split_list(times, p, i) for i in range(p)]
-    parts, clocks = cluster.run(_load_part, plan, shares, workers,
+    parts, clocks = cluster.run(_load_part, plan, workers, schedule=times,
                                 length_s=plan.length_s() + plan.engine.timeout_s)
     if cold is not None:
         parts[0] = replace(parts[0], cold_start_s=cold[0], cold_start_error=cold[1])
