@@ -8,10 +8,11 @@ it merges local processes' (histograms added, counters summed).
 
 Shares. A worker is handed a `Share` — its index, the number of shares, and the length and
 SHA-256 of the whole schedule — never the due times: it rebuilds the schedule from the plan
-(rate, arrival, seed, length: a pure function) and keeps every P-th time from its index. A task
-stays a few kB at any offer (a 120,000 req/s level's times were megabytes a worker, pickled by
-the client one share after another and carried through the scheduler), and a host whose numpy
-draws a different Poisson schedule fails the level clearly instead of offering other arrivals.
+(rate, arrival, seed, length: a pure function) and keeps every P-th time from its index. A
+task's size does not grow with the offer (a 120,000 req/s level's times were megabytes a
+worker, pickled by the client one share after another and carried through the scheduler), and
+a host whose numpy draws a different Poisson schedule fails the level clearly instead of
+offering other arrivals.
 
 Start. Each worker, once its share is set up, says so on a Dask `Queue` and waits on a Dask
 `Variable`; when all have, the client sets it to its `now() + START_MARGIN_S`, and each worker
