@@ -100,7 +100,7 @@ def level(url: str, rate: float, seconds: float, cluster: Cluster | None) -> Loa
 def summary(r: LoadResult) -> dict[str, Any]:
     return {"sent_rps": r.sent_rps, "throughput_rps": r.throughput_rps,
             "p50_ms": r.latency.p50_ms, "p99_ms": r.latency.p99_ms, "valid": r.valid,
-            "lag_p99_ms": r.lag_p99_ms, "errors": r.failures,
+            "lag_p99_ms": r.lag_p99_ms, "errors": r.failures, "connections": r.connections,
             "workers": None if r.cluster is None else [
                 {"sent_rps": w.sent_rps, "lag_p99_ms": w.lag_p99_ms,
                  "clock_offset_ms": w.clock_offset_ms,
