@@ -10,11 +10,11 @@ import polars as pl
 import pytest
 
 from scalelab.cli import run
-from scalelab.core.manifest import dir_digest, parquet_digest
 from scalelab.data.features import FEATURE_COLUMNS, feature_schema
 from scalelab.data.generate import GenerateConfig, generate, parse_defects
 from scalelab.data.pipeline import RunConfig, run_pipeline
 from scalelab.data.split import LeakageError, check_leakage
+from scalelab.lineage.manifest import dir_digest, parquet_digest
 
 KEY = ["file", "row", "column", "rule"]
 

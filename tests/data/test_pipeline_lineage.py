@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 
 from scalelab.cli import run
-from scalelab.core.lineage import LineageStore
 from scalelab.data.generate import GenerateConfig, generate
 from scalelab.data.pipeline import RunConfig, run_pipeline
+from scalelab.lineage.store import LineageStore
 
 
 def _impacted(source: Path, db: Path, capsys: pytest.CaptureFixture[str]) -> dict:

@@ -115,7 +115,7 @@ def index_cmd(corpus_dir: Path, out: Path, spec: str, embedder: str, cache: Path
               no_cache: bool, ef: int | None, nprobe: int | None, k_factor: int | None,
               with_fresh: bool, lineage: Path | None, as_json: bool) -> None:
     """Embed a corpus and build an index, saved with its manifest and lineage."""
-    from scalelab.core.lineage import LineageStore
+    from scalelab.lineage.store import LineageStore
     from scalelab.retrieval.embed import CachedEmbedder, make_embedder
     from scalelab.retrieval.index import parse_spec
     from scalelab.retrieval.retriever import build_index_dir

@@ -27,7 +27,14 @@ from typing import Any
 import polars as pl
 
 from scalelab.core.errors import BadUsageError, RunFailedError
-from scalelab.core.manifest import (
+from scalelab.data.engine import EngineOutput
+from scalelab.data.features import FEATURE_COLUMNS, Dimensions
+from scalelab.data.flights import read_dimension
+from scalelab.data.ingest import list_inputs
+from scalelab.data.meter import MemorySampler, StageMeter, StageReport
+from scalelab.data.quarantine import sort_quarantine
+from scalelab.data.split import check_leakage
+from scalelab.lineage.manifest import (
     ContentDigest,
     Manifest,
     atomic_write_json,
@@ -37,13 +44,6 @@ from scalelab.core.manifest import (
     fsync_dir,
     table_row_group_digest,
 )
-from scalelab.data.engine import EngineOutput
-from scalelab.data.features import FEATURE_COLUMNS, Dimensions
-from scalelab.data.flights import read_dimension
-from scalelab.data.ingest import list_inputs
-from scalelab.data.meter import MemorySampler, StageMeter, StageReport
-from scalelab.data.quarantine import sort_quarantine
-from scalelab.data.split import check_leakage
 
 ENGINES = ("local", "dask")
 ROW_GROUP_SIZE = 65_536
@@ -266,7 +266,7 @@ def run_pipeline(config: RunConfig) -> RunResult:
     result.peak_memory_bytes = peak
     result.wall_s = time.perf_counter() - t_start
     if config.register:
-        from scalelab.core.lineage import LineageStore
+        from scalelab.lineage.store import LineageStore
 
         dim_files = [root / f"{d}.csv" for d in ("weather", "planes", "airlines")
                      if (root / f"{d}.csv").is_file()]

@@ -28,7 +28,7 @@ front of the service, or the arrival rate for rps/tokens), against an AverageVal
 pod. Requests that arrive while no replica is ready wait for the first one, start-up included
 (`load.coldstart`); the result reports them beside the replica-seconds.
 
-The controller is `scalelab.core.hpa.HpaController` unchanged (sync period, tolerance,
+The controller is `scalelab.hpa.HpaController` unchanged (sync period, tolerance,
 stabilisation windows, scale-up limits, behavior, CPU readiness rules); it sees each metric
 averaged over the last `metric_window_s` seconds, like metrics-server's window.
 Defaults put every signal's target at the same operating point, `design_load` × the SLO capacity
@@ -47,8 +47,8 @@ from typing import Any, Literal
 import numpy as np
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.hpa import HpaController, HpaSpec, MetricTarget, PodSample
 from scalelab.core.records import Record
+from scalelab.hpa import HpaController, HpaSpec, MetricTarget, PodSample
 from scalelab.load.coldstart import ColdStart, cold_start
 from scalelab.load.slo import LatencyObjective
 from scalelab.load.traces import Trace

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from scalelab.core.errors import RunFailedError
-from scalelab.core.manifest import atomic_write_json
+from scalelab.lineage.manifest import atomic_write_json
 from scalelab.online.stream import StreamConfig, build_stream
 
 NO_SKEW = ("month", "day_of_week", "temp", "dewp", "humid", "wind_speed", "precip", "pressure",

@@ -19,10 +19,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from scalelab.core.chinchilla import ChinchillaParams, compute_optimal
 from scalelab.core.errors import BadUsageError
 from scalelab.core.fits import fit_scaling
 from scalelab.core.usl import usl
+from scalelab.plan.chinchilla import ChinchillaParams, compute_optimal
 
 plt.rcParams.update({"svg.fonttype": "none", "font.family": "sans-serif", "font.size": 9})
 

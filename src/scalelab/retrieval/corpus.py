@@ -39,7 +39,7 @@ from typing import Any
 import polars as pl
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.manifest import (
+from scalelab.lineage.manifest import (
     Manifest,
     atomic_write_bytes,
     combine_digests,

@@ -2,8 +2,8 @@
 
 Writes model.json + model.safetensors (nets.registry), preprocess.json (vocabularies, numeric
 mean/std, classes: the server's input encoding), manifest.json (the datasets it was trained on,
-by content digest, core.manifest; code version; parameters; held-out metrics; registered as
-a node with dataset -> model edges in core.lineage) and, when absent, the model-level
+by content digest, lineage.manifest; code version; parameters; held-out metrics; registered as
+a node with dataset -> model edges in lineage.store) and, when absent, the model-level
 config.json of the feature contract. The version folder is built under a temporary name and
 renamed into place, so the server never sees a half-written version.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from scalelab.core.manifest import Manifest, dir_digest, file_entry
+from scalelab.lineage.manifest import Manifest, dir_digest, file_entry
 from scalelab.nets import registry, repository
 from scalelab.nets.flights import CATEGORICAL, CLASSES, NUMERIC, Preprocess
 from scalelab.nets.tabular import TabularConfig
@@ -42,7 +42,7 @@ def model_level_config(name: str) -> dict[str, Any]:
 
 def register_lineage(version_dir: Path, sources: list[Source], store_path: str | None) -> int:
     """Record the model version and its dataset -> model edges in the lineage store."""
-    from scalelab.core.lineage import LineageStore
+    from scalelab.lineage.store import LineageStore
 
     node = LineageStore(store_path).record(output=version_dir, inputs=[s.path for s in sources],
                                            kind="model")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalelab.core.hpa.state import Recommendation
+from scalelab.hpa.state import Recommendation
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -40,23 +40,23 @@ controller keeps them in memory; `sync()` forces one regardless of the period.
 
 from __future__ import annotations
 
-from scalelab.core.hpa.controller import (
+from scalelab.hpa.controller import (
     HpaController,
     decide,
 )
-from scalelab.core.hpa.decision import (
+from scalelab.hpa.decision import (
     Decision,
     MetricResult,
 )
-from scalelab.core.hpa.json_state import (
+from scalelab.hpa.json_state import (
     spec_from_json,
     state_from_json,
 )
-from scalelab.core.hpa.normalization import (
+from scalelab.hpa.normalization import (
     SCALE_UP_LIMIT_FACTOR,
     SCALE_UP_LIMIT_MINIMUM,
 )
-from scalelab.core.hpa.spec import (
+from scalelab.hpa.spec import (
     DEFAULT_SCALE_DOWN_POLICIES,
     DEFAULT_SCALE_UP_POLICIES,
     SOURCES,
@@ -68,7 +68,7 @@ from scalelab.core.hpa.spec import (
     ScalingPolicy,
     ScalingRules,
 )
-from scalelab.core.hpa.state import (
+from scalelab.hpa.state import (
     PHASES,
     HpaState,
     PodSample,

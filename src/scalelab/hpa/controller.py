@@ -6,11 +6,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.hpa.calculator import _object_metric, _pod_metric
-from scalelab.core.hpa.decision import Decision, MetricResult
-from scalelab.core.hpa.normalization import _normalize_behavior, _normalize_plain
-from scalelab.core.hpa.spec import HpaSpec
-from scalelab.core.hpa.state import HpaState, PodSample, Recommendation, ScaleEvent
+from scalelab.hpa.calculator import _object_metric, _pod_metric
+from scalelab.hpa.decision import Decision, MetricResult
+from scalelab.hpa.normalization import _normalize_behavior, _normalize_plain
+from scalelab.hpa.spec import HpaSpec
+from scalelab.hpa.state import HpaState, PodSample, Recommendation, ScaleEvent
 
 
 def decide(state: HpaState, now_s: float) -> Decision:
