@@ -154,7 +154,7 @@ def main() -> None:
     import torch
 
     from scalelab.core.machine import current_machine
-    from scalelab.online.bench import BenchConfig, compare_policies, run_bench
+    from scalelab.online.bench import OnlineBenchConfig, compare_policies, run_bench
     from scalelab.online.calibrate import (
         CalibrationConfig,
         calibrate,
@@ -178,7 +178,7 @@ def main() -> None:
                                  budget=args.budget)
         t0 = time.perf_counter()
         choice, cres = run_calibration(
-            ccfg, BenchConfig(stream=StreamConfig(end=args.calibration_end)),
+            ccfg, OnlineBenchConfig(stream=StreamConfig(end=args.calibration_end)),
             work / "calibration", "bench-online-calibration")
         print(f"\ncalibration on 2013-01-01 .. {args.calibration_end} (its own log, schema "
               f"and bootstrap; {cres['span_days']:.0f} days, {time.perf_counter() - t0:.0f} s, "
@@ -206,7 +206,7 @@ def main() -> None:
             if c.policy not in policies:
                 policies.append(c.policy)
     t0 = time.perf_counter()
-    cfg = BenchConfig(policies=policies, stream=StreamConfig(start=start, end=args.end),
+    cfg = OnlineBenchConfig(policies=policies, stream=StreamConfig(start=start, end=args.end),
                       drift_threshold=args.drift_threshold)
     res = run_bench(cfg, work, "bench-online")
     rows = [p["result"] for p in res["policies"]]

@@ -88,14 +88,14 @@ def test_tabular_server_access_lines(tmp_path: Path, log_lines: io.StringIO) -> 
 
 def test_generate_server_access_lines(log_lines: io.StringIO) -> None:
     from scalelab.generate.api import ApiSettings, build_app, wrap
-    from scalelab.generate.engine import Engine, EngineConfig
+    from scalelab.generate.engine import LlmEngine, LlmEngineConfig
     from scalelab.generate.tokenizer import byte_tokenizer
     from scalelab.nets.llama import build_tiny
 
     cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 512}
     settings = ApiSettings(model="tiny", engine=cfg, max_output_tokens=4)
-    app = wrap(build_app(settings, Engine(build_tiny(seed=1), byte_tokenizer(),
-                                          EngineConfig(**cfg), name="tiny-llama")), settings)
+    app = wrap(build_app(settings, LlmEngine(build_tiny(seed=1), byte_tokenizer(),
+                                          LlmEngineConfig(**cfg), name="tiny-llama")), settings)
     with serving(app) as base:
         assert httpx.get(f"{base}/v1/models", headers={"traceparent": TP}).status_code == 200
         r = httpx.post(f"{base}/v1/completions", headers={"x-request-id": "gen-3"},

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inproc import serving
 
 from scalelab.generate.api import ApiSettings, build_app
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.tokenizer import byte_tokenizer
 from scalelab.nets.llama import build_tiny
 from scalelab.observe.traces import assemble, read_spans
@@ -48,7 +48,7 @@ def test_answer_is_one_trace_across_retrieval_and_generation(tmp_path: Path) -> 
     cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 512}
     gen = build_app(ApiSettings(model="tiny", engine=cfg, max_output_tokens=8,
                                 trace=TraceConfig(out=str(out))),
-                    Engine(build_tiny(seed=1), byte_tokenizer(), EngineConfig(**cfg),
+                    LlmEngine(build_tiny(seed=1), byte_tokenizer(), LlmEngineConfig(**cfg),
                            name="tiny-llama"))
     with serving(gen) as gen_url:
         # sample 0 on both: only the client's sampled traceparent starts this trace

@@ -155,11 +155,11 @@ def bench_cmd(scale: str, engine: str, workers: int | None, address: str | None,
     """Time the pipeline at each scale; write one record (stage "data") per level."""
     from scalelab.data.bench import (
         DEFAULT_DEFECTS,
-        BenchConfig,
+        DataBenchConfig,
         run_bench,
     )
 
-    cfg = BenchConfig(
+    cfg = DataBenchConfig(
         scales=tuple(parse_list(scale, what="--scale", kind=int)), engine=engine,
         workers=workers, address=address, work=work, sample=sample,
         defects=DEFAULT_DEFECTS if defects is None else defects, repeats=repeats,

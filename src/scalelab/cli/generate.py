@@ -181,7 +181,7 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
     docs/generate.md, "On a target device")."""
     import torch
 
-    from scalelab.generate.engine import Engine, EngineConfig
+    from scalelab.generate.engine import LlmEngine, LlmEngineConfig
     from scalelab.generate.models import load_model
     from scalelab.generate.quant import weight_bytes
     from scalelab.generate.sequence import SamplingParams
@@ -193,11 +193,11 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
                      max_model_len, prefix_cache, speculative, num_draft, contiguous,
                      packed_weights, weights)
     d["spec"] = SpecConfig(**d["spec"])
-    cfg = EngineConfig(**d)
+    cfg = LlmEngineConfig(**d)
     t0 = time.perf_counter()
     loaded = load_model(model, cfg.max_model_len, seed=seed, weights=cfg.weights)
     load_s = time.perf_counter() - t0
-    eng = Engine(loaded.model, loaded.tokenizer, cfg, name=loaded.name)
+    eng = LlmEngine(loaded.model, loaded.tokenizer, cfg, name=loaded.name)
     text = loaded.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
     ids = loaded.tokenizer.encode(text, add_special_tokens=not chat)  # a template writes its BOS
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,

@@ -324,10 +324,10 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
     """Prequential quality and compute per update policy on one replay, side by side."""
     from scalelab.cli._output import parse_list
     from scalelab.core.records import append_records, new_experiment_id
-    from scalelab.online.bench import BenchConfig, compare_policies, run_bench
+    from scalelab.online.bench import OnlineBenchConfig, compare_policies, run_bench
 
     _one_torch_thread()
-    cfg = BenchConfig(policies=parse_list(policies, what="--policies", kind=str),
+    cfg = OnlineBenchConfig(policies=parse_list(policies, what="--policies", kind=str),
                       stream=_stream_config(start, end, faults, label_delay, seed),
                       updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
                                               tolerance, rollback_tolerance),
@@ -412,14 +412,14 @@ def calibrate_cmd(out_dir: Path, thresholds: str, references: str, budget: float
     compute. Then replay or bench with --policy drift:T."""
     from scalelab.cli._output import parse_list
     from scalelab.core.records import append_records, new_experiment_id
-    from scalelab.online.bench import BenchConfig
+    from scalelab.online.bench import OnlineBenchConfig
     from scalelab.online.calibrate import CalibrationConfig, run_calibration
 
     _one_torch_thread()
     ccfg = CalibrationConfig(thresholds=parse_list(thresholds, what="--thresholds"),
                              references=parse_list(references, what="--references", kind=str),
                              budget=budget)
-    bench = BenchConfig(stream=_stream_config(start, end, (), label_delay, seed),
+    bench = OnlineBenchConfig(stream=_stream_config(start, end, (), label_delay, seed),
                         updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
                                                 tolerance, rollback_tolerance),
                         schema=schema_path, drift_backoff=drift_backoff)

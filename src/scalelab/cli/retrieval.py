@@ -248,9 +248,14 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
               price_per_core_hour: float | None, seed: int,
               records: Path | None, plot: Path | None, as_json: bool) -> None:
     """ann-benchmarks style: one thread, one query at a time, a parameter grid per index."""
-    from scalelab.retrieval.bench import BenchConfig, render_bench, run_bench, split_indexes
+    from scalelab.retrieval.bench import (
+        RetrievalBenchConfig,
+        render_bench,
+        run_bench,
+        split_indexes,
+    )
 
-    cfg = BenchConfig(levels=parse_list(levels, what="--levels"), base_docs=base_docs,
+    cfg = RetrievalBenchConfig(levels=parse_list(levels, what="--levels"), base_docs=base_docs,
                       questions=questions, indexes=split_indexes(indexes), embedder=embedder,
                       cache=_cache(cache, False), out=out, recall_target=recall_target,
                       arrival_rate=arrival_rate, fresh_singles=fresh_singles,

@@ -32,7 +32,7 @@ DEFAULT_PRICE_PER_CORE_HOUR = DEFAULT_PRICES.core_hour_usd
 
 
 @dataclass(frozen=True, kw_only=True)
-class BenchConfig:
+class DataBenchConfig:
     """What `scalelab data bench` measures."""
 
     scales: tuple[int, ...] = (1, 2, 5, 10)
@@ -66,7 +66,7 @@ class BenchConfig:
         parse_defects(self.defects)
 
 
-def prepare_inputs(cfg: BenchConfig, work: Path, k: int) -> Path:
+def prepare_inputs(cfg: DataBenchConfig, work: Path, k: int) -> Path:
     """Generate WORK/gen/x{k} unless a matching one (seed, sample, defects) is already there."""
     gen = GenerateConfig(scales=(k,), out=work / "gen", seed=cfg.seed,
                          defects=parse_defects(cfg.defects), sample=cfg.sample)
@@ -83,7 +83,7 @@ def prepare_inputs(cfg: BenchConfig, work: Path, k: int) -> Path:
     return root
 
 
-def run_bench(cfg: BenchConfig, records: Path | None = None) -> list[Record]:
+def run_bench(cfg: DataBenchConfig, records: Path | None = None) -> list[Record]:
     """Measure every level; append the records to RECORDS if given; return them."""
     tmp = None
     if cfg.work is None:

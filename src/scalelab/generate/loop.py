@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from scalelab.generate.engine import Engine
+from scalelab.generate.engine import LlmEngine
 from scalelab.generate.sequence import SamplingParams, Sequence, TokenLogprob
 
 
@@ -52,7 +52,7 @@ class Handle:
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: LlmEngine) -> None:
         self.engine = engine
         self._commands: queue.SimpleQueue[tuple[str, Handle]] = queue.SimpleQueue()
         self._wake = threading.Event()

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 class EngineState(Protocol):
-    """What the gauges read of an engine (generate.engine.Engine is one): a protocol, so the
+    """What the gauges read of an engine (generate.engine.LlmEngine is one): a protocol, so the
     engine, which owns its metrics, is not imported back by them."""
 
     @property

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.models import LoadedModel, load_model
 from scalelab.generate.quant import check_weights, weight_bytes
 from scalelab.generate.sequence import SamplingParams
@@ -54,8 +54,8 @@ def perplexity(
 
 def greedy(loaded: LoadedModel, prompts: list[str], num_tokens: int) -> list[list[int]]:
     """Greedy continuations of exactly num_tokens (EOS ignored), all prompts batched."""
-    eng = Engine(loaded.model, loaded.tokenizer,
-                 EngineConfig(kv_cache_bytes=64 << 20, max_model_len=512,
+    eng = LlmEngine(loaded.model, loaded.tokenizer,
+                 LlmEngineConfig(kv_cache_bytes=64 << 20, max_model_len=512,
                               max_num_seqs=len(prompts)))
     ids = [loaded.tokenizer.encode(p) for p in prompts]
     seqs = eng.generate(ids, SamplingParams(max_tokens=num_tokens, ignore_eos=True))

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 import scalelab
 from scalelab.core.errors import BadInputError
 from scalelab.generate import spans
-from scalelab.generate.engine import Engine
+from scalelab.generate.engine import LlmEngine
 from scalelab.generate.logprobs import chat_logprobs, completion_logprobs
 from scalelab.generate.loop import EngineLoop, Event, Handle
 from scalelab.generate.protocol import (
@@ -74,7 +74,7 @@ class GenerationService:
     """The app's state (engine, its thread, the admission count, tracing) and its handlers.
     Handler methods keep the names FastAPI derives operation ids from (/openapi.json)."""
 
-    def __init__(self, settings: ApiSettings, engine: Engine) -> None:
+    def __init__(self, settings: ApiSettings, engine: LlmEngine) -> None:
         self.settings = settings
         self.engine = engine
         self.loop = EngineLoop(engine)

@@ -34,7 +34,7 @@ VARIABLE = "updates_per_30d"
 
 
 @dataclass(kw_only=True)
-class BenchConfig:
+class OnlineBenchConfig:
     policies: list[str] = field(default_factory=lambda: ["never", "monthly", "weekly", "daily",
                                                          "drift"])
     stream: StreamConfig = field(default_factory=StreamConfig)
@@ -68,7 +68,7 @@ def per_30d(r: PrequentialResult, tick_hours: float) -> float:
     return (r.promoted + r.refused) * 30.0 / days if days > 0 else 0.0
 
 
-def run_bench(cfg: BenchConfig, work: Path, experiment: str,
+def run_bench(cfg: OnlineBenchConfig, work: Path, experiment: str,
               on_window: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
     """Ingest once, then replay every policy; `on_window(policy, done, total)` after each
     window of each replay."""

@@ -98,7 +98,7 @@ def grid_for(spec: str) -> tuple[str | None, list[float]]:
 
 
 @dataclass(kw_only=True)
-class BenchConfig:
+class RetrievalBenchConfig:
     """What the benchmark scales and measures."""
 
     levels: Sequence[float] = (1, 10)
@@ -215,7 +215,7 @@ def operating_point(points: Sequence[Point], target: float) -> Point | None:
 
 def measure_index(spec: str, x: np.ndarray, q: np.ndarray, *, exact_kth: np.ndarray,
                   truth: list[int], answers: list[str], texts: list[str], level: float,
-                  cfg: BenchConfig, workdir: Path) -> tuple[IndexResult, VectorIndex]:
+                  cfg: RetrievalBenchConfig, workdir: Path) -> tuple[IndexResult, VectorIndex]:
     make_index(spec, x.shape[1])  # the library's first import and setup: not build time
     t0 = time.perf_counter()
     index = build_index(spec, x, seed=cfg.seed)
@@ -290,7 +290,9 @@ def _fresh(index: VectorIndex, emb: CachedEmbedder, fresh_texts: list[str],
             "fresh_hit_at_10": hit_rate(ids, shifted, K)}
 
 
-def run_bench(cfg: BenchConfig, on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_bench(
+    cfg: RetrievalBenchConfig, on_step: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Run every level; append records to OUT/records.jsonl; return the whole result.
 
     Everything runs on one thread: faiss's OpenMP pool, numpy's BLAS (an idle multi-threaded
@@ -303,7 +305,7 @@ def run_bench(cfg: BenchConfig, on_step: Callable[[str], None] | None = None) ->
         return _run_bench(cfg, on_step or (lambda _: None))
 
 
-def _run_bench(cfg: BenchConfig, on_step: Callable[[str], None]) -> dict[str, Any]:
+def _run_bench(cfg: RetrievalBenchConfig, on_step: Callable[[str], None]) -> dict[str, Any]:
     cfg.out.mkdir(parents=True, exist_ok=True)
     exp = new_experiment_id("retrieval")
     emb = CachedEmbedder(embedder=make_embedder(cfg.embedder, threads=1), path=cfg.cache)
@@ -367,7 +369,7 @@ def _run_bench(cfg: BenchConfig, on_step: Callable[[str], None]) -> dict[str, An
             "levels": levels, "records": str(sink)}
 
 
-def _record(exp: str, r: IndexResult, cfg: BenchConfig, cost: dict[str, float]) -> Record:
+def _record(exp: str, r: IndexResult, cfg: RetrievalBenchConfig, cost: dict[str, float]) -> Record:
     p = r.operating or max(r.points, key=lambda p: p.recall)
     per_1000_s = cost["query_embed_per_1000_s"] + 1000.0 / p.qps
     usd_1000 = per_1000_s / 3600.0 * cfg.price_per_core_hour
