@@ -364,8 +364,8 @@ def generate_one(config: GenerateConfig, scale: int, base: pl.DataFrame) -> dict
 
 
 def _pkg_digest(name: str) -> str:
-    from scalelab.data.flights import package_dir
     from scalelab.lineage.manifest import file_digest
+    from scalelab.nets.flights import package_dir
 
     p = package_dir() / (f"{name}.csv.zip" if name == "flights" else f"{name}.csv")
     return file_digest(p).digest

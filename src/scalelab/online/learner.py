@@ -21,7 +21,7 @@ from torch import nn
 from scalelab.core.errors import BadInputError
 from scalelab.nets import registry, repository
 from scalelab.nets.feature_version import KEY as FEATURE_VERSION_KEY
-from scalelab.nets.flights import CATEGORICAL, CLASSES, NUMERIC
+from scalelab.nets.flights import CLASSES, NUMERIC, serving_config
 from scalelab.nets.tabular import TabularConfig, TabularNet
 from scalelab.online.features import FeatureSpec
 
@@ -150,7 +150,7 @@ class Learner:
         mdir = repository.model_dir(root, name)
         mdir.mkdir(parents=True, exist_ok=True)
         if not (mdir / repository.CONFIG_FILE).exists():
-            repository.write_json(mdir / repository.CONFIG_FILE, model_config(name))
+            repository.write_json(mdir / repository.CONFIG_FILE, serving_config(name))
         version = repository.next_version(root, name)
         tmp = mdir / f".{version}.tmp"
         registry.save_module(tmp, self.net, arch=ARCH, params=self.net_config().to_dict(),
@@ -163,18 +163,3 @@ class Learner:
         final = repository.version_dir(root, name, version)
         tmp.rename(final)
         return final
-
-
-def model_config(name: str) -> dict[str, Any]:
-    """REPO/<model>/config.json for the flights feature contract's tensors."""
-    return {
-        "name": name, "platform": "scalelab-torch",
-        "inputs": [{"name": "categorical", "datatype": "INT64", "shape": [-1, len(CATEGORICAL)]},
-                   {"name": "numeric", "datatype": "FP32", "shape": [-1, len(NUMERIC)]}],
-        "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, len(CLASSES)]},
-                    {"name": "label", "datatype": "INT64", "shape": [-1]}],
-        "max_batch_size": 64,
-        "dynamic_batching": {"max_queue_delay_ms": 2, "preferred_batch_sizes": [],
-                             "max_queue_size": 256, "default_timeout_ms": 1000},
-        "version_policy": {"latest": {"num_versions": 2}},
-    }

@@ -18,26 +18,11 @@ from torch import nn
 
 from scalelab.lineage.manifest import Manifest, dir_digest, file_entry
 from scalelab.nets import registry, repository
-from scalelab.nets.flights import CATEGORICAL, CLASSES, NUMERIC, Preprocess
+from scalelab.nets.flights import CLASSES, Preprocess, serving_config
 from scalelab.nets.tabular import TabularConfig
 from scalelab.train.dataset import Source
 
 ARCH = "tabular_mlp"
-
-
-def model_level_config(name: str) -> dict[str, Any]:
-    """The feature contract's REPO/<model>/config.json."""
-    return {
-        "name": name, "platform": "scalelab-torch",
-        "inputs": [{"name": "categorical", "datatype": "INT64", "shape": [-1, len(CATEGORICAL)]},
-                   {"name": "numeric", "datatype": "FP32", "shape": [-1, len(NUMERIC)]}],
-        "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, len(CLASSES)]},
-                    {"name": "label", "datatype": "INT64", "shape": [-1]}],
-        "max_batch_size": 64,
-        "dynamic_batching": {"max_queue_delay_ms": 2, "preferred_batch_sizes": [],
-                             "max_queue_size": 256, "default_timeout_ms": 1000},
-        "version_policy": {"latest": {"num_versions": 2}},
-    }
 
 
 def register_lineage(version_dir: Path, sources: list[Source], store_path: str | None) -> int:
@@ -64,7 +49,7 @@ def save_version(*, repo: str | Path, name: str, net: nn.Module, net_config: Tab
     mdir.mkdir(parents=True, exist_ok=True)
     cfg_path = mdir / repository.CONFIG_FILE
     if not cfg_path.exists():
-        repository.write_json(cfg_path, model_level_config(name))
+        repository.write_json(cfg_path, serving_config(name))
     version = repository.next_version(root, name)
     final = repository.version_dir(root, name, version)
     tmp = mdir / f".{version}.tmp"
