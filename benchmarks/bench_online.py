@@ -207,7 +207,7 @@ def main() -> None:
                 policies.append(c.policy)
     t0 = time.perf_counter()
     cfg = OnlineBenchConfig(policies=policies, stream=StreamConfig(start=start, end=args.end),
-                      drift_threshold=args.drift_threshold)
+                            drift_threshold=args.drift_threshold)
     res = run_bench(cfg, work, "bench-online")
     rows = [p["result"] for p in res["policies"]]
     print(f"\npolicies ({start or '2013-01-01T00'} .. {args.end or 'end of 2013'}: "

@@ -48,7 +48,7 @@ def child(model: str, weights: str, threads: int, tokens: int, rounds: int) -> d
     torch.set_num_threads(threads)
     lm = load_model(model, 1024, weights=weights)
     eng = LlmEngine(lm.model, lm.tokenizer, LlmEngineConfig(kv_cache_bytes=128 << 20,
-                                                     max_model_len=1024, max_num_seqs=8))
+                                                            max_model_len=1024, max_num_seqs=8))
     ids = lm.tokenizer.encode(PROMPT)
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     eng.generate([ids], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up

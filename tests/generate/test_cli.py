@@ -72,7 +72,7 @@ def test_every_serve_flag_is_documented() -> None:
 def test_metrics_follow_the_engine() -> None:
     m = EngineMetrics("tiny", max_model_len=256)
     e = LlmEngine(MODEL, TOK, LlmEngineConfig(kv_cache_bytes=24 * 4 * 512, block_size=4,
-                                        max_model_len=256, max_num_seqs=6), metrics=m)
+                                              max_model_len=256, max_num_seqs=6), metrics=m)
     e.generate(prompts(6), SamplingParams(max_tokens=10, ignore_eos=True))
     text = generate_latest(m.registry).decode()
 

@@ -64,7 +64,7 @@ def test_logits_and_greedy_tokens_match_transformers() -> None:
     # The serving path (paged KV cache, packed linears, a batch of two) continues the same
     # prompts with transformers' greedy tokens, token for token.
     eng = LlmEngine(model, byte_tokenizer(), LlmEngineConfig(kv_cache_bytes=1 << 20, block_size=4,
-                                                       max_model_len=256))
+                                                             max_model_len=256))
     prompts = [ids[0].tolist(), ids[1, :13].tolist()]
     got = eng.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
     for p, s in zip(prompts, got, strict=True):

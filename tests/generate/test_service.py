@@ -38,7 +38,7 @@ def service(**kw: Any) -> GenerationService:
     engine_cfg = {**ENGINE, **kw.pop("engine", {})}
     return GenerationService(ApiSettings(model="tiny", engine=engine_cfg, **kw),
                              LlmEngine(build_tiny(seed=1), byte_tokenizer(),
-                                    LlmEngineConfig(**engine_cfg), name=MODEL))
+                                       LlmEngineConfig(**engine_cfg), name=MODEL))
 
 
 def running(svc: GenerationService, work: Callable[[], Awaitable[T]]) -> T:

@@ -26,9 +26,9 @@ BASE, QUESTIONS, SEED = 200, 30, 13
 def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("bench")
     cfg = RetrievalBenchConfig(levels=(1, 2), base_docs=BASE, questions=QUESTIONS,
-                      indexes=("faiss:HNSW32", "ivfflat"), embedder="hashing",
-                      cache=out / "cache.sqlite", out=out, recall_target=0.9,
-                      arrival_rate=2000.0, runs=1, fresh_singles=5, seed=SEED)
+                               indexes=("faiss:HNSW32", "ivfflat"), embedder="hashing",
+                               cache=out / "cache.sqlite", out=out, recall_target=0.9,
+                               arrival_rate=2000.0, runs=1, fresh_singles=5, seed=SEED)
     return run_bench(cfg), out
 
 

@@ -134,8 +134,8 @@ def test_the_bench_measures_a_qdrant_row(tmp_path: Path) -> None:
     assert grid_for("qdrant") == (None, [0.0])  # embedded: one exact point, no knob
     assert grid_for("qdrant+http://h:6333/c")[0] == "ef"
     cfg = RetrievalBenchConfig(levels=[1], base_docs=200, questions=30, indexes=["qdrant"],
-                      embedder="hashing", out=tmp_path, runs=1, fresh_singles=3,
-                      arrival_rate=2000)
+                               embedder="hashing", out=tmp_path, runs=1, fresh_singles=3,
+                               arrival_rate=2000)
     (level,) = run_bench(cfg)["levels"]
     rows = {r["spec"]: r for r in level["indexes"]}
     assert list(rows) == ["exact", "faiss:Flat", "qdrant"]

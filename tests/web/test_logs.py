@@ -95,7 +95,7 @@ def test_generate_server_access_lines(log_lines: io.StringIO) -> None:
     cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 512}
     settings = ApiSettings(model="tiny", engine=cfg, max_output_tokens=4)
     app = wrap(build_app(settings, LlmEngine(build_tiny(seed=1), byte_tokenizer(),
-                                          LlmEngineConfig(**cfg), name="tiny-llama")), settings)
+                                             LlmEngineConfig(**cfg), name="tiny-llama")), settings)
     with serving(app) as base:
         assert httpx.get(f"{base}/v1/models", headers={"traceparent": TP}).status_code == 200
         r = httpx.post(f"{base}/v1/completions", headers={"x-request-id": "gen-3"},

@@ -37,7 +37,7 @@ def gen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Pa
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tiny model's ops are microseconds: threads only hand off
     engine = LlmEngine(build_tiny(seed=1), byte_tokenizer(), LlmEngineConfig(**engine_cfg),
-                    name="tiny-llama")
+                       name="tiny-llama")
     app = build_app(settings, engine)
     try:
         with serving(app) as url:

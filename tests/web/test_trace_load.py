@@ -87,7 +87,7 @@ def test_load_llm_trace_ids_are_the_generative_servers_traces(
     cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 512}
     app = build_app(ApiSettings(model="tiny", engine=cfg, trace=TraceConfig(out=str(out))),
                     LlmEngine(build_tiny(seed=1), byte_tokenizer(), LlmEngineConfig(**cfg),
-                           name="tiny-llama"))
+                              name="tiny-llama"))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -49,7 +49,7 @@ def test_answer_is_one_trace_across_retrieval_and_generation(tmp_path: Path) -> 
     gen = build_app(ApiSettings(model="tiny", engine=cfg, max_output_tokens=8,
                                 trace=TraceConfig(out=str(out))),
                     LlmEngine(build_tiny(seed=1), byte_tokenizer(), LlmEngineConfig(**cfg),
-                           name="tiny-llama"))
+                              name="tiny-llama"))
     with serving(gen) as gen_url:
         # sample 0 on both: only the client's sampled traceparent starts this trace
         ret = create_app(RetrievalSettings(

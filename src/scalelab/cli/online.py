@@ -328,12 +328,12 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
 
     _one_torch_thread()
     cfg = OnlineBenchConfig(policies=parse_list(policies, what="--policies", kind=str),
-                      stream=_stream_config(start, end, faults, label_delay, seed),
-                      updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
-                                              tolerance, rollback_tolerance),
-                      drift_threshold=drift_threshold, drift_backoff=drift_backoff,
-                      price_per_core_hour=resolve_prices(
-                          prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
+                            stream=_stream_config(start, end, faults, label_delay, seed),
+                            updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
+                                                    tolerance, rollback_tolerance),
+                            drift_threshold=drift_threshold, drift_backoff=drift_backoff,
+                            price_per_core_hour=resolve_prices(
+                                prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
     with live_progress("online bench: ingest") as progress:
 
         def on_window(name: str, k: int, n: int) -> None:
@@ -420,9 +420,9 @@ def calibrate_cmd(out_dir: Path, thresholds: str, references: str, budget: float
                              references=parse_list(references, what="--references", kind=str),
                              budget=budget)
     bench = OnlineBenchConfig(stream=_stream_config(start, end, (), label_delay, seed),
-                        updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
-                                                tolerance, rollback_tolerance),
-                        schema=schema_path, drift_backoff=drift_backoff)
+                              updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
+                                                      tolerance, rollback_tolerance),
+                              schema=schema_path, drift_backoff=drift_backoff)
     choice, res = run_calibration(ccfg, bench, out_dir, new_experiment_id("online-calibrate"))
     if records_path is not None:
         append_records(records_path, res["records"])

@@ -256,12 +256,13 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
     )
 
     cfg = RetrievalBenchConfig(levels=parse_list(levels, what="--levels"), base_docs=base_docs,
-                      questions=questions, indexes=split_indexes(indexes), embedder=embedder,
-                      cache=_cache(cache, False), out=out, recall_target=recall_target,
-                      arrival_rate=arrival_rate, fresh_singles=fresh_singles,
-                      price_per_core_hour=resolve_prices(
-                          prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
-                      seed=seed, records=records)
+                               questions=questions, indexes=split_indexes(indexes),
+                               embedder=embedder, cache=_cache(cache, False), out=out,
+                               recall_target=recall_target,
+                               arrival_rate=arrival_rate, fresh_singles=fresh_singles,
+                               price_per_core_hour=resolve_prices(
+                                   prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
+                               seed=seed, records=records)
     with live_progress("retrieval bench",
                        total=len(cfg.levels) * (3 + len(cfg.indexes))) as progress:
         result = run_bench(cfg, on_step=lambda what: progress.advance(what))

@@ -55,8 +55,8 @@ def perplexity(
 def greedy(loaded: LoadedModel, prompts: list[str], num_tokens: int) -> list[list[int]]:
     """Greedy continuations of exactly num_tokens (EOS ignored), all prompts batched."""
     eng = LlmEngine(loaded.model, loaded.tokenizer,
-                 LlmEngineConfig(kv_cache_bytes=64 << 20, max_model_len=512,
-                              max_num_seqs=len(prompts)))
+                    LlmEngineConfig(kv_cache_bytes=64 << 20, max_model_len=512,
+                                    max_num_seqs=len(prompts)))
     ids = [loaded.tokenizer.encode(p) for p in prompts]
     seqs = eng.generate(ids, SamplingParams(max_tokens=num_tokens, ignore_eos=True))
     return [s.token_ids[s.num_prompt :] for s in seqs]
