@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, json_option, jsonable, parse_list
-from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
 from scalelab.core.units import format_bytes
 
 
@@ -144,8 +144,7 @@ def run_cmd(input_: Path, out: Path, engine: str, address: str | None, workers: 
               help="About SAMPLE flights per copy instead of all 336,776.")
 @click.option("--defects", default=None, help="Defects injected (default: bench defects).")
 @prices_option
-@click.option("--price-per-core-hour", type=float,
-              help="Overrides the price table's core_hour_usd for this run (--prices).")
+@core_hour_option
 @click.option("--repeats", type=int, default=1, show_default=True)
 @json_option
 def bench_cmd(scale: str, engine: str, workers: int | None, address: str | None,

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option, parse_list
-from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
 from scalelab.core.device import DeviceProfile
@@ -147,8 +147,7 @@ def _render_compress(out: dict[str, Any]) -> Any:
 @click.option("--rounds", type=int, default=3, show_default=True,
               help="Timing rounds, variants interleaved; the median round is reported.")
 @prices_option
-@click.option("--price-per-core-hour", type=float,
-              help="Overrides the price table's core_hour_usd for this run (--prices).")
+@core_hour_option
 @click.option("--price-per-gpu-hour", type=float,
               help="Overrides the price table's gpu_hour_usd for this run (--prices).")
 @click.option("--cache-ttl", default="5s", show_default=True, help="Cache entry lifetime.")

@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 
 from scalelab.cli._output import emit, json_option, plot_option
-from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 
 start_option = click.option("--start", default=None,
@@ -301,8 +301,7 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
 @click.option("--drift-threshold", default=50.0, show_default=True, type=float)
 @backoff_option
 @prices_option
-@click.option("--price-per-core-hour", type=float,
-              help="Overrides the price table's core_hour_usd for this run (--prices).")
+@core_hour_option
 @click.option("--records", "records_path", default=None,
               type=click.Path(dir_okay=False, path_type=Path),
               help="Append one record per policy (JSON Lines) here.")

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option, parse_list, plot_option
-from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.errors import BadInputError, BadUsageError
@@ -235,8 +235,7 @@ def serve_cmd(governance: Path | None,
 @click.option("--fresh-singles", type=int, default=20, show_default=True,
               help="Single new documents timed from text to answerable.")
 @prices_option
-@click.option("--price-per-core-hour", type=float,
-              help="Overrides the price table's core_hour_usd for this run (--prices).")
+@core_hour_option
 @click.option("--seed", type=int, default=13, show_default=True)
 @click.option("--records", type=click.Path(path_type=Path), default=None,
               help="Append records here (default OUT/records.jsonl).")
