@@ -161,10 +161,10 @@ print(json.dumps({"rows_in": rows_in, "rows_out": len(train) + len(test),
 OURS_SCRIPT = textwrap.dedent(r'''
 import json, sys, time
 from pathlib import Path
-from scalelab.data.pipeline import RunConfig, run_pipeline
+from scalelab.data.pipeline import PipelineConfig, run_pipeline
 t0 = time.perf_counter()
-r = run_pipeline(RunConfig(input=Path(sys.argv[1]), out=Path(sys.argv[2]), register=False,
-                           stats=False))
+r = run_pipeline(PipelineConfig(input=Path(sys.argv[1]), out=Path(sys.argv[2]), register=False,
+                                stats=False))
 import resource
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"rows_in": r.rows_in, "rows_out": r.rows_out,

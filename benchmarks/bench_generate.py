@@ -59,8 +59,8 @@ from scalelab.core.errors import ScalelabError
 from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.models import LoadedModel, load_model
 from scalelab.generate.objective import (
-    Objective,
     SweepPoint,
+    TpotBound,
     best_under_objective,
     parse_objective,
     quantile,
@@ -287,7 +287,7 @@ def section_batching(
     lm: LoadedModel,
     work: Work,
     settings: list[int],
-    objective: Objective,
+    objective: TpotBound,
     rate: float | None,
 ) -> dict[str, Any]:
     """Output tokens/s at a p95 TPOT objective: each mode's best over the concurrency sweep

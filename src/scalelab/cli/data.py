@@ -121,11 +121,11 @@ def run_cmd(input_: Path, out: Path, engine: str, address: str | None, workers: 
             partitions: int | None, test_months: int, lineage: Path | None, no_register: bool,
             no_stats: bool, as_json: bool) -> None:
     """Ingest -> validate -> quarantine -> dedupe -> join -> features -> split -> Parquet."""
-    from scalelab.data.pipeline import RunConfig, result_dict, run_pipeline
+    from scalelab.data.pipeline import PipelineConfig, result_dict, run_pipeline
 
-    cfg = RunConfig(input=input_, out=out, engine=engine, address=address, workers=workers,
-                    partitions=partitions, test_months=test_months, lineage=lineage,
-                    register=not no_register, stats=not no_stats)
+    cfg = PipelineConfig(input=input_, out=out, engine=engine, address=address, workers=workers,
+                         partitions=partitions, test_months=test_months, lineage=lineage,
+                         register=not no_register, stats=not no_stats)
     d = result_dict(run_pipeline(cfg))
     emit(d, as_json, lambda c: _render_run(c, d))
 

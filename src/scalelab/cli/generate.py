@@ -126,7 +126,7 @@ def serve_cmd(governance: Path | None, api_key: str | None,
     """Serve /v1/completions, /v1/chat/completions (stream or not), /v1/models, /health,
     /metrics, /tokenize, /detokenize, /version until interrupted."""
     from scalelab.generate.api import SETTINGS_ENV, ApiSettings
-    from scalelab.web.runner import RunConfig, run
+    from scalelab.web.runner import UvicornConfig, run
 
     settings = ApiSettings(
         model=model,
@@ -143,8 +143,8 @@ def serve_cmd(governance: Path | None, api_key: str | None,
         from scalelab.core.errors import BadUsageError
 
         raise BadUsageError(f"--model {model!r}: give smollm2-135m, tiny or a .gguf file")
-    cfg = RunConfig(host=host, port=port, workers=1, read_timeout_s=read_timeout,
-                    log_level=log_level)
+    cfg = UvicornConfig(host=host, port=port, workers=1, read_timeout_s=read_timeout,
+                        log_level=log_level)
     os.environ[SETTINGS_ENV] = settings.to_json()
     from scalelab.web.logs import configure
 

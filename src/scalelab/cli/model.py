@@ -220,14 +220,15 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
     if profile is not None:
         out["on_device"] = _on_device(result, profile, model_path, data_dir, cfg, calls)
     if plot is not None:
-        from scalelab.model.pareto import Point
+        from scalelab.model.pareto import ParetoPoint
         from scalelab.model.pareto import plot as draw
 
         pts = []
         for v in result.variants:
             t = v.measurement.at(1) if v.measurement else None
             if t is not None and v.quality is not None:
-                pts.append(Point(name=v.name, latency_ms=t.p50_ms, quality=v.quality.macro_f1))
+                pts.append(ParetoPoint(name=v.name, latency_ms=t.p50_ms,
+                                       quality=v.quality.macro_f1))
         draw(pts, plot, title=f"quality vs latency ({out['device']})",
              xlabel="p50 latency at batch 1 (ms)", ylabel="macro F1 (test)")
     if publish_repo is not None:

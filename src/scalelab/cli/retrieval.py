@@ -189,9 +189,9 @@ def serve_cmd(governance: Path | None,
               otlp_endpoint: str | None) -> None:
     """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
 
-    from scalelab.retrieval.server import SETTINGS_ENV, RetrievalSettings
+    from scalelab.retrieval.server import SETTINGS_ENV, RetrievalServerSettings
     from scalelab.retrieval.store import index_info
-    from scalelab.web.runner import RunConfig, run
+    from scalelab.web.runner import UvicornConfig, run
 
     # fail here, with one line, before uvicorn starts: a missing or unreadable manifest, or a
     # corpus that is gone (nothing to answer with, nothing to rebuild a refused file from); a
@@ -203,16 +203,17 @@ def serve_cmd(governance: Path | None,
                             "point at); re-create the corpus and rebuild the index: scalelab "
                             f"retrieval index --corpus DIR --out {index_dir} --index {info.spec}")
     c = _cache(cache, no_cache)
-    s = RetrievalSettings(index_dir=str(index_dir.resolve()), cache=str(c) if c else None,
-                          max_k=max_k, max_inflight=max_inflight, max_body_bytes=max_body_bytes,
-                          generate_url=generate_url, generate_model=generate_model,
-                          governance_file=governance_file(governance),
-                          trace=trace_config(trace_sample, trace_out, otlp_endpoint))
+    s = RetrievalServerSettings(index_dir=str(index_dir.resolve()), cache=str(c) if c else None,
+                                max_k=max_k, max_inflight=max_inflight,
+                                max_body_bytes=max_body_bytes,
+                                generate_url=generate_url, generate_model=generate_model,
+                                governance_file=governance_file(governance),
+                                trace=trace_config(trace_sample, trace_out, otlp_endpoint))
     os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(s))
     from scalelab.web.logs import configure
 
     configure("info")  # JSON lines on stderr, each with its request's trace id
-    run("scalelab.retrieval.server:app_from_env", RunConfig(host=host, port=port))
+    run("scalelab.retrieval.server:app_from_env", UvicornConfig(host=host, port=port))
 
 
 @app.command("bench")

@@ -22,7 +22,7 @@ from scalelab.core.prices import DEFAULT as DEFAULT_PRICES
 from scalelab.core.records import Cost, Record, append_records, make_record, new_experiment_id
 from scalelab.core.usage import UsageMeter
 from scalelab.data.generate import GenerateConfig, base_flights, generate_one, parse_defects
-from scalelab.data.pipeline import RunConfig, run_pipeline
+from scalelab.data.pipeline import PipelineConfig, run_pipeline
 
 DEFAULT_DEFECTS = ("duplicates=0.01,out_of_range=0.005,nulls=0.005,unparsable=0.002,"
                    "label_conflicts=0.001")
@@ -98,9 +98,9 @@ def run_bench(cfg: DataBenchConfig, records: Path | None = None) -> list[Record]
             root = prepare_inputs(cfg, work, k)
             for rep in range(cfg.repeats):
                 with UsageMeter() as meter:
-                    r = run_pipeline(RunConfig(input=root, out=work / "out" / f"x{k}",
-                                               engine=cfg.engine, workers=cfg.workers,
-                                               address=cfg.address, register=False))
+                    r = run_pipeline(PipelineConfig(input=root, out=work / "out" / f"x{k}",
+                                                    engine=cfg.engine, workers=cfg.workers,
+                                                    address=cfg.address, register=False))
                 # Cost from the CPU time the run really used (this process and the Dask
                 # workers it waited for), not from wall time x cores it may have left idle.
                 usage = meter.usage

@@ -63,7 +63,7 @@ def greedy(loaded: LoadedModel, prompts: list[str], num_tokens: int) -> list[lis
 
 
 @dataclass
-class Quality:
+class GenerationQuality:
     weights: str
     perplexity: float
     perplexity_fp32: float
@@ -95,7 +95,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, int]:
 def evaluate(
     model: str, weights: str, *, num_tokens: int = 64, seed: int = 0,
     reference: tuple[LoadedModel, float, list[list[int]]] | None = None,
-) -> Quality:
+) -> GenerationQuality:
     """Quality of `weights` against fp32 for one model spec (smollm2-135m, tiny, a .gguf).
     `reference` reuses an fp32 (model, perplexity, continuations) across settings."""
     check_weights(weights)
@@ -116,7 +116,7 @@ def evaluate(
     share, same = agreement(out, ref_out)
     change = (ppl / ref_ppl - 1) * 100
     ok = abs(change) <= GATE[weights] if weights == "q4" else change <= GATE[weights] + 1e-9
-    return Quality(
+    return GenerationQuality(
         weights=weights, perplexity=ppl, perplexity_fp32=ref_ppl,
         perplexity_change_pct=change, agreement=share, identical=same,
         prompts=len(doc["prompts"]), tokens=num_tokens, weight_bytes=weight_bytes(cand.model),

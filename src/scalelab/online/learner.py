@@ -61,7 +61,7 @@ class TrainConfig:
 
 
 @dataclass
-class Cost:
+class TrainingCost:
     """Compute spent: rows x epochs and CPU seconds (training and evaluation separately)."""
 
     samples: int = 0
@@ -69,7 +69,7 @@ class Cost:
     predictions: int = 0
     predict_cpu_s: float = 0.0
 
-    def add(self, other: Cost) -> None:
+    def add(self, other: TrainingCost) -> None:
         self.samples += other.samples
         self.train_cpu_s += other.train_cpu_s
         self.predictions += other.predictions
@@ -104,11 +104,11 @@ class Learner:
         return out
 
     def fit(self, cat: np.ndarray, num: np.ndarray, y: np.ndarray, *, epochs: int, lr: float,
-            seed: int) -> Cost:
+            seed: int) -> TrainingCost:
         """Minibatch Adam over the rows, `epochs` times, in a seeded order."""
         n = len(y)
         if n == 0:
-            return Cost()
+            return TrainingCost()
         c0 = time.process_time()
         tc, tn, ty = torch.from_numpy(cat), torch.from_numpy(num), torch.from_numpy(y)
         if self.cfg.class_weight_power and self.class_weight is None:
@@ -129,9 +129,9 @@ class Learner:
                 loss.backward()
                 opt.step()
         self.net.eval()
-        return Cost(samples=n * epochs, train_cpu_s=time.process_time() - c0)
+        return TrainingCost(samples=n * epochs, train_cpu_s=time.process_time() - c0)
 
-    def predict(self, cat: np.ndarray, num: np.ndarray) -> tuple[np.ndarray, Cost]:
+    def predict(self, cat: np.ndarray, num: np.ndarray) -> tuple[np.ndarray, TrainingCost]:
         c0 = time.process_time()
         out = []
         with torch.inference_mode():
@@ -140,7 +140,7 @@ class Learner:
                                   torch.from_numpy(num[s:s + 16384]))
                 out.append(logits.argmax(dim=1).numpy())
         pred = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-        return pred, Cost(predictions=len(pred), predict_cpu_s=time.process_time() - c0)
+        return pred, TrainingCost(predictions=len(pred), predict_cpu_s=time.process_time() - c0)
 
     def save(self, repo: str | Path, name: str, *, manifest: dict[str, Any]) -> Path:
         """Write this model as the next version of REPO/NAME in the serving layout: model.json

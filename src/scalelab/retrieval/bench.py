@@ -137,7 +137,7 @@ class RetrievalBenchConfig:
 
 
 @dataclass(kw_only=True)
-class Point:
+class OperatingPoint:
     param: str | None
     value: float
     qps: float
@@ -157,8 +157,8 @@ class IndexResult:
     build_s: float
     memory_bytes: int
     raw_bytes: int
-    points: list[Point]
-    operating: Point | None
+    points: list[OperatingPoint]
+    operating: OperatingPoint | None
     """Best QPS with recall >= target (None if no point reached it)."""
     open_loop: dict[str, float] = field(default_factory=dict)
     fresh: dict[str, float] = field(default_factory=dict)
@@ -199,16 +199,16 @@ def open_loop(index: VectorIndex, q: np.ndarray, k: int, rate: float) -> dict[st
             "max_ms": float(lat.max()), "queries": float(q.shape[0])}
 
 
-def pareto(points: Sequence[Point]) -> list[Point]:
+def pareto(points: Sequence[OperatingPoint]) -> list[OperatingPoint]:
     """The recall-QPS frontier: points no other point beats on both (pure)."""
-    best: list[Point] = []
+    best: list[OperatingPoint] = []
     for p in sorted(points, key=lambda p: (-p.recall, -p.qps)):
         if not best or p.qps > best[-1].qps:
             best.append(p)
     return best
 
 
-def operating_point(points: Sequence[Point], target: float) -> Point | None:
+def operating_point(points: Sequence[OperatingPoint], target: float) -> OperatingPoint | None:
     ok = [p for p in points if p.recall >= target]
     return max(ok, key=lambda p: p.qps) if ok else None
 
@@ -231,7 +231,7 @@ def measure_index(spec: str, x: np.ndarray, q: np.ndarray, *, exact_kth: np.ndar
             if again.sum() < ms.sum():
                 ms = again
         p50, p95, p99 = _percentiles(ms)
-        points.append(Point(
+        points.append(OperatingPoint(
             param=param, value=v, qps=float(len(ms) / (ms.sum() / 1e3)), p50_ms=p50,
             p95_ms=p95, p99_ms=p99, recall=recall_at_k(exact_kth, true_scores(x, q, ids), K),
             hit_at_10=hit_rate(ids, truth, K),

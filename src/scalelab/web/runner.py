@@ -62,7 +62,7 @@ def protocol_path(http: str) -> str:
 
 
 @dataclass(kw_only=True, frozen=True)
-class RunConfig:
+class UvicornConfig:
     """How uvicorn runs an app."""
 
     host: str = "127.0.0.1"
@@ -101,7 +101,7 @@ class RunConfig:
         resolve_loop(self.loop)
 
 
-def run(target: str, cfg: RunConfig, *, factory: bool = True) -> None:
+def run(target: str, cfg: UvicornConfig, *, factory: bool = True) -> None:
     """Serve `target` ("module:attr", an app factory when `factory`) until interrupted."""
     import inspect
 
