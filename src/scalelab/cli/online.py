@@ -39,9 +39,9 @@ backoff_option = click.option(
 
 def _stream_config(start: str | None, end: str | None, faults: tuple[str, ...],
                    label_delay: float, seed: int) -> Any:
-    from scalelab.online.stream import StreamConfig, parse_fault
+    from scalelab.online.stream import ReplayConfig, parse_fault
 
-    return StreamConfig(start=start, end=end, faults=[parse_fault(f) for f in faults],
+    return ReplayConfig(start=start, end=end, faults=[parse_fault(f) for f in faults],
                         label_delay_hours=label_delay, seed=seed)
 
 

@@ -21,12 +21,12 @@ from scalelab.core.units import format_duration, parse_duration
 from scalelab.hpa import (
     Behavior,
     ControllerConfig,
-    Decision,
     HpaSpec,
     HpaState,
     MetricTarget,
     PodSample,
     ScalingRules,
+    SyncDecision,
     decide,
     state_from_json,
 )
@@ -100,7 +100,7 @@ def _read_state(path: Path) -> tuple[HpaState, float]:
         raise BadInputError(f"{path}: {e}") from None
 
 
-def _render_hpa(d: Decision, detailed: bool) -> Any:
+def _render_hpa(d: SyncDecision, detailed: bool) -> Any:
     def render(c: Console) -> None:
         move = ("scale up" if d.desired_replicas > d.current_replicas else
                 "scale down" if d.desired_replicas < d.current_replicas else "no change")

@@ -23,7 +23,7 @@ cases. One sync of the controller is:
    scale events (selectPolicy Max, Min or Disabled), then [min, max].
 
 Pure use: `decide(HpaState(spec=..., current_replicas=..., pods=..., recommendations=...,
-scale_events=...), now_s) -> Decision`, with every intermediate number on the Decision.
+scale_events=...), now_s) -> SyncDecision`, with every intermediate number on the SyncDecision.
 
 Stepping in simulated time (the autoscaling simulator does this)::
 
@@ -45,8 +45,8 @@ from scalelab.hpa.controller import (
     decide,
 )
 from scalelab.hpa.decision import (
-    Decision,
     MetricResult,
+    SyncDecision,
 )
 from scalelab.hpa.json_state import (
     spec_from_json,
@@ -86,7 +86,6 @@ __all__ = [
     "TARGET_TYPES",
     "Behavior",
     "ControllerConfig",
-    "Decision",
     "HpaController",
     "HpaSpec",
     "HpaState",
@@ -97,6 +96,7 @@ __all__ = [
     "ScaleEvent",
     "ScalingPolicy",
     "ScalingRules",
+    "SyncDecision",
     "decide",
     "spec_from_json",
     "state_from_json",

@@ -30,7 +30,7 @@ class MetricResult:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Decision:
+class SyncDecision:
     """One sync's outcome and the numbers behind it."""
 
     now_s: float

@@ -26,7 +26,7 @@ from scalelab.online.log import EventLog
 from scalelab.online.policy import make_policy
 from scalelab.online.prequential import PrequentialResult, run
 from scalelab.online.schema import write_schema
-from scalelab.online.stream import StreamConfig, build_stream
+from scalelab.online.stream import ReplayConfig, build_stream
 from scalelab.online.updater import StreamData, UpdaterConfig
 
 STAGE = "online"
@@ -37,7 +37,7 @@ VARIABLE = "updates_per_30d"
 class OnlineBenchConfig:
     policies: list[str] = field(default_factory=lambda: ["never", "monthly", "weekly", "daily",
                                                          "drift"])
-    stream: StreamConfig = field(default_factory=StreamConfig)
+    stream: ReplayConfig = field(default_factory=ReplayConfig)
     updater: UpdaterConfig = field(default_factory=UpdaterConfig)
     drift_threshold: float = 50.0
     drift_delta: float = 0.005
@@ -74,7 +74,7 @@ def run_bench(cfg: OnlineBenchConfig, work: Path, experiment: str,
     window of each replay."""
     work.mkdir(parents=True, exist_ok=True)
     schema = cfg.schema or write_schema(work / "schema.json",
-                                        StreamConfig(start=cfg.stream.start, end=cfg.stream.end))
+                                        ReplayConfig(start=cfg.stream.start, end=cfg.stream.end))
     rules = load_rules(schema)
     stream = build_stream(cfg.stream)
     log_path = work / "log.sqlite"

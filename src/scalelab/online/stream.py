@@ -213,7 +213,7 @@ def corrupt(frame: pl.DataFrame, mask: np.ndarray, rng: np.random.Generator) -> 
 
 
 @dataclass(kw_only=True)
-class StreamConfig:
+class ReplayConfig:
     """What the replay shows."""
 
     label_delay_hours: float = 6.0
@@ -246,7 +246,7 @@ class Stream:
     (after any label flip), `true_label` what really happened."""
 
     events: pl.DataFrame
-    config: StreamConfig
+    config: ReplayConfig
     faults: list[Fault]
 
     def feature_events(self) -> pl.DataFrame:
@@ -264,7 +264,7 @@ class Stream:
                 "config": self.config.to_dict(), "faults": [asdict(f) for f in self.faults]}
 
 
-def build_stream(config: StreamConfig, table: pl.DataFrame | None = None) -> Stream:
+def build_stream(config: ReplayConfig, table: pl.DataFrame | None = None) -> Stream:
     """Select the replayed span, apply the faults (seeded) and attach label arrival times."""
     t = flights_table() if table is None else table
     if config.start is not None:
