@@ -161,10 +161,10 @@ print(json.dumps({"rows_in": rows_in, "rows_out": len(train) + len(test),
 OURS_SCRIPT = textwrap.dedent(r'''
 import json, sys, time
 from pathlib import Path
-from scalelab.data.pipeline import RunConfig, run_pipeline
+from scalelab.data.pipeline import PipelineConfig, run_pipeline
 t0 = time.perf_counter()
-r = run_pipeline(RunConfig(input=Path(sys.argv[1]), out=Path(sys.argv[2]), register=False,
-                           stats=False))
+r = run_pipeline(PipelineConfig(input=Path(sys.argv[1]), out=Path(sys.argv[2]), register=False,
+                                stats=False))
 import resource
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"rows_in": r.rows_in, "rows_out": r.rows_out,
@@ -238,7 +238,7 @@ def main() -> None:
         raise SystemExit("--repeat must be at least 1")
     sys.path.insert(0, str(ROOT / "src"))
     from scalelab.core.machine import current_machine
-    from scalelab.data.bench import DEFAULT_DEFECTS, BenchConfig, prepare_inputs
+    from scalelab.data.bench import DEFAULT_DEFECTS, DataBenchConfig, prepare_inputs
 
     peer_py = ensure_peer_venv()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-data-"))
@@ -247,7 +247,7 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f}")
     rows = []
     for k in [int(s) for s in args.scales.split(",")]:
-        cfg = BenchConfig(scales=(k,), work=work, sample=args.sample, defects=DEFAULT_DEFECTS)
+        cfg = DataBenchConfig(scales=(k,), work=work, sample=args.sample, defects=DEFAULT_DEFECTS)
         root = prepare_inputs(cfg, work, k)
         runs = []
         # The two sides alternate so that a busy spell on the shared machine falls on both.

@@ -56,11 +56,11 @@ from typing import Any
 import torch
 
 from scalelab.core.errors import ScalelabError
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.models import LoadedModel, load_model
 from scalelab.generate.objective import (
-    Objective,
     SweepPoint,
+    TpotBound,
     best_under_objective,
     parse_objective,
     quantile,
@@ -98,9 +98,9 @@ def workload(lm: LoadedModel, n: int, seed: int = 0) -> list[tuple[list[int], in
     return out
 
 
-def engine(lm: LoadedModel, **kw: Any) -> Engine:
+def engine(lm: LoadedModel, **kw: Any) -> LlmEngine:
     cfg = {"kv_cache_bytes": 512 << 20, "max_model_len": 512, **kw}
-    return Engine(lm.model, lm.tokenizer, EngineConfig(**cfg), name=lm.name)
+    return LlmEngine(lm.model, lm.tokenizer, LlmEngineConfig(**cfg), name=lm.name)
 
 
 def build_hf(lm: LoadedModel) -> Any:
@@ -287,7 +287,7 @@ def section_batching(
     lm: LoadedModel,
     work: Work,
     settings: list[int],
-    objective: Objective,
+    objective: TpotBound,
     rate: float | None,
 ) -> dict[str, Any]:
     """Output tokens/s at a p95 TPOT objective: each mode's best over the concurrency sweep
@@ -358,7 +358,7 @@ def section_batching(
 
 
 ATTENTION_OPS = ("scaled_dot_product", "index_select", "index_copy")
-# The engine's linears run as oneDNN's packed matmul (EngineConfig.packed_weights); HF's as mm.
+# The engine's linears run as oneDNN's packed matmul (LlmEngineConfig.packed_weights); HF's as mm.
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
 
 

@@ -154,7 +154,7 @@ def main() -> None:
     import torch
 
     from scalelab.core.machine import current_machine
-    from scalelab.online.bench import BenchConfig, compare_policies, run_bench
+    from scalelab.online.bench import OnlineBenchConfig, compare_policies, run_bench
     from scalelab.online.calibrate import (
         CalibrationConfig,
         calibrate,
@@ -162,7 +162,7 @@ def main() -> None:
         trials_from_rows,
     )
     from scalelab.online.schema import write_schema
-    from scalelab.online.stream import StreamConfig
+    from scalelab.online.stream import ReplayConfig
 
     torch.set_num_threads(1)
     m = current_machine()
@@ -178,7 +178,7 @@ def main() -> None:
                                  budget=args.budget)
         t0 = time.perf_counter()
         choice, cres = run_calibration(
-            ccfg, BenchConfig(stream=StreamConfig(end=args.calibration_end)),
+            ccfg, OnlineBenchConfig(stream=ReplayConfig(end=args.calibration_end)),
             work / "calibration", "bench-online-calibration")
         print(f"\ncalibration on 2013-01-01 .. {args.calibration_end} (its own log, schema "
               f"and bootstrap; {cres['span_days']:.0f} days, {time.perf_counter() - t0:.0f} s, "
@@ -206,8 +206,8 @@ def main() -> None:
             if c.policy not in policies:
                 policies.append(c.policy)
     t0 = time.perf_counter()
-    cfg = BenchConfig(policies=policies, stream=StreamConfig(start=start, end=args.end),
-                      drift_threshold=args.drift_threshold)
+    cfg = OnlineBenchConfig(policies=policies, stream=ReplayConfig(start=start, end=args.end),
+                            drift_threshold=args.drift_threshold)
     res = run_bench(cfg, work, "bench-online")
     rows = [p["result"] for p in res["policies"]]
     print(f"\npolicies ({start or '2013-01-01T00'} .. {args.end or 'end of 2013'}: "
@@ -230,7 +230,7 @@ def main() -> None:
               f"period ({cmp_['best_fixed']}) at {d['compute_ratio']:.2f}x its update compute "
               f"-> target {'met' if d['target_met'] else 'MISSED'} (>= -1 point at <= 0.33x)")
 
-    year_schema = write_schema(work / "schema-ingest.json", StreamConfig(end=args.end))
+    year_schema = write_schema(work / "schema-ingest.json", ReplayConfig(end=args.end))
     ing = [ingestion(year_schema, args.end, b) for b in (256, 4096)]
     print("\ningestion, validated, one core (2013-01-01 .. "
           f"{args.end or 'end of 2013'}):")

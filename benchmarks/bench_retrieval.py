@@ -130,16 +130,22 @@ def main() -> int:
 
     from rich.console import Console
 
-    from scalelab.retrieval.bench import BenchConfig, render_bench, run_bench, split_indexes
+    from scalelab.retrieval.bench import (
+        RetrievalBenchConfig,
+        render_bench,
+        run_bench,
+        split_indexes,
+    )
 
     con = Console(width=140)
     a.out.mkdir(parents=True, exist_ok=True)
     before = uptime()
     con.print(f"[dim]before: {before}[/]")
-    cfg = BenchConfig(levels=[float(x) for x in a.levels.split(",")], base_docs=a.base_docs,
-                      questions=a.questions, indexes=split_indexes(a.indexes),
-                      embedder=a.embedder, cache=a.out / "cache.sqlite", out=a.out,
-                      price_per_core_hour=a.price_per_core_hour)
+    cfg = RetrievalBenchConfig(levels=[float(x) for x in a.levels.split(",")],
+                               base_docs=a.base_docs, questions=a.questions,
+                               indexes=split_indexes(a.indexes), embedder=a.embedder,
+                               cache=a.out / "cache.sqlite", out=a.out,
+                               price_per_core_hour=a.price_per_core_hour)
     result = run_bench(cfg)
     render_bench(con, result)
     top = result["levels"][-1]

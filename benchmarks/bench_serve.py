@@ -440,8 +440,8 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
                "--log-level", "warning", "--workers", str(workers)]
     elif name == "bare":
         (work / "bare_app.py").write_text(BARE_APP)
-        cmd = [sys.executable, "-c", "from scalelab.web.runner import RunConfig, run; "
-               f"run('bare_app:factory', RunConfig(port={port}, log_level='warning'))"]
+        cmd = [sys.executable, "-c", "from scalelab.web.runner import UvicornConfig, run; "
+               f"run('bare_app:factory', UvicornConfig(port={port}, log_level='warning'))"]
     elif name == "fastapi":
         (work / "plain_app.py").write_text(FASTAPI_APP)
         cmd = [sys.executable, "-m", "uvicorn", "plain_app:app", "--port", str(port),

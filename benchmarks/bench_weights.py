@@ -40,15 +40,15 @@ def child(model: str, weights: str, threads: int, tokens: int, rounds: int) -> d
     """One setting's throughput and weight bytes (runs in its own process)."""
     import torch
 
-    from scalelab.generate.engine import Engine, EngineConfig
+    from scalelab.generate.engine import LlmEngine, LlmEngineConfig
     from scalelab.generate.models import load_model
     from scalelab.generate.quant import weight_bytes
     from scalelab.generate.sequence import SamplingParams
 
     torch.set_num_threads(threads)
     lm = load_model(model, 1024, weights=weights)
-    eng = Engine(lm.model, lm.tokenizer, EngineConfig(kv_cache_bytes=128 << 20,
-                                                     max_model_len=1024, max_num_seqs=8))
+    eng = LlmEngine(lm.model, lm.tokenizer, LlmEngineConfig(kv_cache_bytes=128 << 20,
+                                                            max_model_len=1024, max_num_seqs=8))
     ids = lm.tokenizer.encode(PROMPT)
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     eng.generate([ids], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up

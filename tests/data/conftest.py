@@ -9,8 +9,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from scalelab.data.flights import NULL_TOKEN, package_dir
+from scalelab.data.flights import NULL_TOKEN
 from scalelab.data.generate import GenerateConfig, generate, parse_defects
+from scalelab.nets.flights import package_dir
 
 ALL_DEFECTS = ("duplicates=0.01,out_of_range=0.005,nulls=0.01,unparsable=0.004,"
                "label_conflicts=0.003,rename_column=dep_delay:dep_dly,retype_column=distance:float")

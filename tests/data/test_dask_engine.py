@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from scalelab.data.dask_engine import skew
-from scalelab.data.pipeline import RunConfig, run_pipeline
+from scalelab.data.pipeline import PipelineConfig, run_pipeline
 
 pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore:.*:UserWarning"),
@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
 
 
 def test_local_and_dask_are_identical(defective: Path, tmp_path: Path) -> None:
-    local = run_pipeline(RunConfig(input=defective, out=tmp_path / "local", register=False))
-    dask = run_pipeline(RunConfig(input=defective, out=tmp_path / "dask", engine="dask",
-                                  workers=2, partitions=5, register=False))
+    local = run_pipeline(PipelineConfig(input=defective, out=tmp_path / "local", register=False))
+    dask = run_pipeline(PipelineConfig(input=defective, out=tmp_path / "dask", engine="dask",
+                                       workers=2, partitions=5, register=False))
     assert dask.file_digests == local.file_digests
     assert dask.digest == local.digest
     for name in ("train.parquet", "test.parquet", "quarantine.parquet", "stats.json"):
@@ -50,11 +50,11 @@ def test_existing_scheduler_by_address(clean: Path, tmp_path: Path) -> None:
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as cluster:
-        r = run_pipeline(RunConfig(input=clean, out=tmp_path / "d", engine="dask",
-                                   address=cluster.scheduler_address, partitions=3,
-                                   register=False, stats=False))
-    local = run_pipeline(RunConfig(input=clean, out=tmp_path / "l", register=False,
-                                   stats=False))
+        r = run_pipeline(PipelineConfig(input=clean, out=tmp_path / "d", engine="dask",
+                                        address=cluster.scheduler_address, partitions=3,
+                                        register=False, stats=False))
+    local = run_pipeline(PipelineConfig(input=clean, out=tmp_path / "l", register=False,
+                                        stats=False))
     assert r.file_digests == local.file_digests and r.partitions["buckets"] == 3
     assert r.partitions["workers"] == 1
     assert (tmp_path / "d" / "train.parquet").read_bytes() == (

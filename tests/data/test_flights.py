@@ -7,10 +7,10 @@ import sys
 from scalelab.data.flights import (
     FLIGHT_COLUMNS,
     FLIGHTS_ROWS,
-    package_dir,
     read_dimension,
     read_flights_raw,
 )
+from scalelab.nets.flights import package_dir
 
 
 def test_whole_flights_table_is_read_as_text() -> None:

@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 
 from scalelab.core.errors import BadUsageError
-from scalelab.core.manifest import file_digest
 from scalelab.data.generate import DefectSpec, GenerateConfig, generate, parse_defects
+from scalelab.lineage.manifest import file_digest
 
 
 def test_same_seed_same_bytes_and_scales_nest(tmp_path: Path) -> None:

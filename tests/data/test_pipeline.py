@@ -10,11 +10,11 @@ import polars as pl
 import pytest
 
 from scalelab.cli import run
-from scalelab.core.manifest import dir_digest, parquet_digest
 from scalelab.data.features import FEATURE_COLUMNS, feature_schema
 from scalelab.data.generate import GenerateConfig, generate, parse_defects
-from scalelab.data.pipeline import RunConfig, run_pipeline
+from scalelab.data.pipeline import PipelineConfig, run_pipeline
 from scalelab.data.split import LeakageError, check_leakage
+from scalelab.lineage.manifest import dir_digest, parquet_digest
 
 KEY = ["file", "row", "column", "rule"]
 
@@ -22,7 +22,7 @@ KEY = ["file", "row", "column", "rule"]
 @pytest.fixture(scope="module")
 def defective_run(defective: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("run") / "ds"
-    run_pipeline(RunConfig(input=defective, out=out, register=False))
+    run_pipeline(PipelineConfig(input=defective, out=out, register=False))
     return out
 
 
@@ -82,8 +82,8 @@ def test_formats_give_the_same_tables(clean: Path, tmp_path: Path) -> None:
     for fmt in ("csv", "parquet", "jsonl"):
         generate(GenerateConfig(scales=(1,), out=tmp_path / fmt, sample=4000, fmt=fmt,
                                 defects=parse_defects("nulls=0.01,unparsable=0.01")))
-        r = run_pipeline(RunConfig(input=tmp_path / fmt / "x1", out=tmp_path / f"o-{fmt}",
-                                   register=False, stats=False))
+        r = run_pipeline(PipelineConfig(input=tmp_path / fmt / "x1", out=tmp_path / f"o-{fmt}",
+                                        register=False, stats=False))
         assert r.reconciliation["holds"] and r.quarantined_rows > 0
         digests[fmt] = (r.file_digests["train.parquet"], r.file_digests["test.parquet"],
                         r.quarantined_rows)
@@ -91,7 +91,7 @@ def test_formats_give_the_same_tables(clean: Path, tmp_path: Path) -> None:
 
 
 def test_clean_data_has_no_quarantine(clean: Path, tmp_path: Path) -> None:
-    r = run_pipeline(RunConfig(input=clean, out=tmp_path / "o", register=False, stats=False))
+    r = run_pipeline(PipelineConfig(input=clean, out=tmp_path / "o", register=False, stats=False))
     assert r.quarantined_rows == 0 and r.exact_duplicates == 0 and r.rows_out == r.rows_in
 
 

@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 
 from scalelab.cli import run
-from scalelab.core.lineage import LineageStore
 from scalelab.data.generate import GenerateConfig, generate
-from scalelab.data.pipeline import RunConfig, run_pipeline
+from scalelab.data.pipeline import PipelineConfig, run_pipeline
+from scalelab.lineage.store import LineageStore
 
 
 def _impacted(source: Path, db: Path, capsys: pytest.CaptureFixture[str]) -> dict:
@@ -24,8 +24,8 @@ def test_impacted_after_one_cell(tmp_path: Path, capsys: pytest.CaptureFixture[s
     generate(GenerateConfig(scales=(1,), out=tmp_path / "a", seed=0, sample=3000))
     generate(GenerateConfig(scales=(1,), out=tmp_path / "b", seed=1, sample=3000))
     ds_a, ds_b = tmp_path / "ds-a", tmp_path / "ds-b"
-    run_pipeline(RunConfig(input=tmp_path / "a" / "x1", out=ds_a, lineage=db,
-                           row_group_size=500, stats=False))
+    run_pipeline(PipelineConfig(input=tmp_path / "a" / "x1", out=ds_a, lineage=db,
+                                row_group_size=500, stats=False))
     assert run(["data", "run", "--input", str(tmp_path / "b" / "x1"), "--out", str(ds_b),
                 "--lineage", str(db), "--no-stats", "--json"]) == 0
     capsys.readouterr()

@@ -9,8 +9,9 @@ import polars as pl
 import pytest
 
 from scalelab.core.errors import BadInputError
-from scalelab.data.schema import Anomaly, Schema, infer_schema, logical_type, validate
+from scalelab.data.schema import Anomaly, infer_schema, validate
 from scalelab.data.stats import DatasetStats, compute_stats
+from scalelab.nets.table_schema import Schema, logical_type
 
 
 @pytest.fixture(scope="module")

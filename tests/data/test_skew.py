@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from scalelab.core.errors import BadInputError
-from scalelab.data.schema import Schema, infer_schema
+from scalelab.data.schema import infer_schema
 from scalelab.data.skew import (
     PSI_EPSILON,
     compare,
@@ -20,6 +20,7 @@ from scalelab.data.skew import (
     psi,
 )
 from scalelab.data.stats import DatasetStats, compute_stats
+from scalelab.nets.table_schema import Schema
 
 COLUMNS = ["month", "dep_delay", "distance", "carrier", "origin", "tailnum", "time_hour"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.tokenizer import byte_tokenizer
 from scalelab.nets.llama import LlamaForCausalLM, build_tiny
 
@@ -12,9 +12,9 @@ TOK = byte_tokenizer()
 MODEL = build_tiny(seed=1)
 
 
-def engine(**kw: object) -> Engine:
+def engine(**kw: object) -> LlmEngine:
     cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 256, **kw}
-    return Engine(MODEL, TOK, EngineConfig(**cfg))  # type: ignore[arg-type]
+    return LlmEngine(MODEL, TOK, LlmEngineConfig(**cfg))  # type: ignore[arg-type]
 
 
 def greedy_reference(model: LlamaForCausalLM, prompt: list[int], n: int) -> list[int]:

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scalelab.cli import run
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.metrics import EngineMetrics
 from scalelab.generate.sequence import SamplingParams
 
@@ -71,8 +71,8 @@ def test_every_serve_flag_is_documented() -> None:
 
 def test_metrics_follow_the_engine() -> None:
     m = EngineMetrics("tiny", max_model_len=256)
-    e = Engine(MODEL, TOK, EngineConfig(kv_cache_bytes=24 * 4 * 512, block_size=4,
-                                        max_model_len=256, max_num_seqs=6), metrics=m)
+    e = LlmEngine(MODEL, TOK, LlmEngineConfig(kv_cache_bytes=24 * 4 * 512, block_size=4,
+                                              max_model_len=256, max_num_seqs=6), metrics=m)
     e.generate(prompts(6), SamplingParams(max_tokens=10, ignore_eos=True))
     text = generate_latest(m.registry).decode()
 

@@ -217,12 +217,12 @@ def test_engine_text_is_the_decode_of_its_tokens_with_multibyte_output() -> None
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN not in this torch")
 def test_packed_weights_keep_the_plain_logits_state_dict_and_greedy_output() -> None:
-    """The engine's oneDNN-blocked linears (EngineConfig.packed_weights) against the plain
+    """The engine's oneDNN-blocked linears (LlmEngineConfig.packed_weights) against the plain
     nn.Linear model: the state dict is bit-identical, logits agree to fp32 rounding, greedy
     engines with and without packing give the same tokens, and packing twice is a no-op."""
     import copy
 
-    from scalelab.generate.engine import Engine, EngineConfig
+    from scalelab.generate.engine import LlmEngine, LlmEngineConfig
     from scalelab.generate.runner import PackedLinear, pack_linears
     from scalelab.nets.llama import build_tiny
 
@@ -242,12 +242,12 @@ def test_packed_weights_keep_the_plain_logits_state_dict_and_greedy_output() -> 
         assert torch.equal(copy.deepcopy(packed)(ids), out)  # a copy repacks the same weights
     cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 256}
     ps = prompts(6)
-    off = Engine(plain, TOK, EngineConfig(**cfg, packed_weights=False))
+    off = LlmEngine(plain, TOK, LlmEngineConfig(**cfg, packed_weights=False))
     a = off.generate(ps, GREEDY)
-    e = Engine(copy.deepcopy(plain), TOK, EngineConfig(**cfg))
+    e = LlmEngine(copy.deepcopy(plain), TOK, LlmEngineConfig(**cfg))
     assert isinstance(e.model.lm_head, PackedLinear) and e.runner.packed
     b = e.generate(ps, GREEDY)
     assert [s.output_ids for s in a] == [s.output_ids for s in b]
     assert type(plain.lm_head) is torch.nn.Linear and not off.runner.packed
     # An engine asked for plain weights on a model another engine packed says what runs.
-    assert Engine(e.model, TOK, EngineConfig(**cfg, packed_weights=False)).runner.packed
+    assert LlmEngine(e.model, TOK, LlmEngineConfig(**cfg, packed_weights=False)).runner.packed

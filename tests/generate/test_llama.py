@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from scalelab.core.errors import BadInputError
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.sequence import SamplingParams
 from scalelab.generate.tokenizer import byte_tokenizer
 from scalelab.nets.llama import LlamaConfig, LlamaForCausalLM, build_tiny, tiny_config
@@ -63,8 +63,8 @@ def test_logits_and_greedy_tokens_match_transformers() -> None:
             seq = torch.cat([seq, torch.tensor([[a]])], dim=1)
     # The serving path (paged KV cache, packed linears, a batch of two) continues the same
     # prompts with transformers' greedy tokens, token for token.
-    eng = Engine(model, byte_tokenizer(), EngineConfig(kv_cache_bytes=1 << 20, block_size=4,
-                                                       max_model_len=256))
+    eng = LlmEngine(model, byte_tokenizer(), LlmEngineConfig(kv_cache_bytes=1 << 20, block_size=4,
+                                                             max_model_len=256))
     prompts = [ids[0].tolist(), ids[1, :13].tolist()]
     got = eng.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
     for p, s in zip(prompts, got, strict=True):

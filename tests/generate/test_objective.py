@@ -8,8 +8,8 @@ import pytest
 
 from scalelab.core.errors import BadUsageError
 from scalelab.generate.objective import (
-    Objective,
     SweepPoint,
+    TpotBound,
     best_under_objective,
     parse_objective,
     quantile,
@@ -51,12 +51,12 @@ def test_tie_goes_to_the_smaller_setting() -> None:
 
 
 def test_parse_objective_seconds_and_relative() -> None:
-    assert parse_objective("0.25") == Objective(value=0.25)
+    assert parse_objective("0.25") == TpotBound(value=0.25)
     rel = parse_objective(" 2.5X ")
-    assert rel == Objective(value=2.5, relative=True)
+    assert rel == TpotBound(value=2.5, relative=True)
     assert rel.bound(0.1) == pytest.approx(0.25)
-    assert Objective(value=0.3).bound(None) == 0.3
-    assert str(rel) == "2.5x one-at-a-time" and str(Objective(value=0.25)) == "0.25 s"
+    assert TpotBound(value=0.3).bound(None) == 0.3
+    assert str(rel) == "2.5x one-at-a-time" and str(TpotBound(value=0.25)) == "0.25 s"
 
 
 @pytest.mark.parametrize("bad", ["fast", "", "x", "0", "-1", "-2x"])
@@ -67,4 +67,4 @@ def test_parse_objective_rejects_bad_values(bad: str) -> None:
 
 def test_relative_objective_needs_the_reference() -> None:
     with pytest.raises(BadUsageError, match="keep 1 in --sweep"):
-        Objective(value=2.0, relative=True).bound(None)
+        TpotBound(value=2.0, relative=True).bound(None)

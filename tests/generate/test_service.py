@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 import scalelab
 from scalelab.generate.api import ApiSettings
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.protocol import (
     ChatMessage,
     ChatRequest,
@@ -37,8 +37,8 @@ T = TypeVar("T")
 def service(**kw: Any) -> GenerationService:
     engine_cfg = {**ENGINE, **kw.pop("engine", {})}
     return GenerationService(ApiSettings(model="tiny", engine=engine_cfg, **kw),
-                             Engine(build_tiny(seed=1), byte_tokenizer(),
-                                    EngineConfig(**engine_cfg), name=MODEL))
+                             LlmEngine(build_tiny(seed=1), byte_tokenizer(),
+                                       LlmEngineConfig(**engine_cfg), name=MODEL))
 
 
 def running(svc: GenerationService, work: Callable[[], Awaitable[T]]) -> T:

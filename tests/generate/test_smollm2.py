@@ -12,7 +12,7 @@ import pytest
 import torch
 from gen_helpers import greedy_reference
 
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.models import LoadedModel, load_model
 from scalelab.generate.sequence import SamplingParams
 
@@ -37,7 +37,7 @@ def test_tokenizer_and_engine_greedy_match_plain_forward(smol: LoadedModel) -> N
     chat = tok.encode(tok.render_chat([{"role": "user", "content": "Name a colour."}]))
     assert chat[:3] == [1, 9690, 198]  # <|im_start|>system\n
     prompt = tok.encode("The capital of France is")
-    eng = Engine(smol.model, tok, EngineConfig(kv_cache_bytes=8 << 20, max_model_len=256))
+    eng = LlmEngine(smol.model, tok, LlmEngineConfig(kv_cache_bytes=8 << 20, max_model_len=256))
     (seq,) = eng.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True))
     assert seq.output_ids == greedy_reference(smol.model, prompt, 4)
     assert eng.blocks.is_whole()

@@ -1,4 +1,4 @@
-"""The simulator against hand-computed HPA decisions (core.hpa drives it, unchanged)."""
+"""The simulator against hand-computed HPA decisions (hpa drives it, unchanged)."""
 
 from __future__ import annotations
 

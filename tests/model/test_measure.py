@@ -50,11 +50,11 @@ def test_device_resolution() -> None:
 
 
 def test_median_of_rounds_is_exact() -> None:
-    from scalelab.model.measure import Measurement, Timing, median_of
+    from scalelab.model.measure import BatchTiming, Measurement, median_of
 
     def m(p50: float, rate: float, cost: float) -> Measurement:
-        return Measurement(device="cpu: x", timings=[Timing(batch_size=1, p50_ms=p50,
-                                                            p95_ms=2 * p50, rows_per_s=rate)],
+        return Measurement(device="cpu: x", timings=[BatchTiming(batch_size=1, p50_ms=p50,
+                                                                 p95_ms=2 * p50, rows_per_s=rate)],
                            throughput_rows_per_s=rate, peak_memory_bytes=int(p50 * 10),
                            model_bytes=5, cost_per_1000_usd=cost, threads=1)
 

@@ -3,13 +3,13 @@ from pathlib import Path
 import pytest
 
 from scalelab.core.errors import BadUsageError
-from scalelab.model.pareto import Point, front, plot
+from scalelab.model.pareto import ParetoPoint, front, plot
 
-PTS = [Point(name="fp32", latency_ms=1.0, quality=0.80),
-       Point(name="int8", latency_ms=1.5, quality=0.80),
-       Point(name="student", latency_ms=0.3, quality=0.78),
-       Point(name="bad", latency_ms=0.5, quality=0.70),
-       Point(name="cache", latency_ms=0.1, quality=0.80)]
+PTS = [ParetoPoint(name="fp32", latency_ms=1.0, quality=0.80),
+       ParetoPoint(name="int8", latency_ms=1.5, quality=0.80),
+       ParetoPoint(name="student", latency_ms=0.3, quality=0.78),
+       ParetoPoint(name="bad", latency_ms=0.5, quality=0.70),
+       ParetoPoint(name="cache", latency_ms=0.1, quality=0.80)]
 
 
 def test_front_keeps_only_undominated_points() -> None:

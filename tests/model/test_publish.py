@@ -3,7 +3,7 @@ from pathlib import Path
 
 import torch
 
-from scalelab.core.lineage import LineageStore
+from scalelab.lineage.store import LineageStore
 from scalelab.model.publish import publish
 from scalelab.model.quantize import int8_variant
 from scalelab.nets import registry

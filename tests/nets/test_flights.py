@@ -9,7 +9,15 @@ import torch
 
 from scalelab.core.errors import BadInputError
 from scalelab.model.features import encode as model_encode
-from scalelab.nets.flights import CATEGORICAL, LABEL, NUMERIC, UNK, UNLABELLED, Preprocess
+from scalelab.nets.flights import (
+    CATEGORICAL,
+    LABEL,
+    NUMERIC,
+    UNK,
+    UNLABELLED,
+    Preprocess,
+    serving_config,
+)
 from scalelab.serve.features import decode, encode, load_preprocess
 from scalelab.train.dataset import encode_split
 
@@ -92,3 +100,16 @@ def test_labels_and_bad_input() -> None:
     with pytest.raises(BadInputError, match="std > 0"):
         Preprocess.from_dict({"categorical": {}, "numeric": {"x": {"mean": 0, "std": 0}},
                               "classes": ["a"]})
+
+
+def test_the_serving_config_is_one_the_server_reads(tmp_path: Path) -> None:
+    from scalelab.nets.repository import CONFIG_FILE, write_json
+    from scalelab.serve.config import load_model_config
+
+    write_json(tmp_path / "flights" / CONFIG_FILE, serving_config("flights"))
+    cfg = load_model_config(tmp_path / "flights")
+    assert cfg.name == "flights" and cfg.max_batch_size == 64
+    assert [(t.name, t.shape) for t in cfg.inputs] == [("categorical", [-1, 4]),
+                                                       ("numeric", [-1, 14])]
+    assert [(t.name, t.shape) for t in cfg.outputs] == [("probabilities", [-1, 4]),
+                                                        ("label", [-1])]

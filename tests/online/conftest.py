@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from online_fixtures import SCHEMA_END
 
 from scalelab.online.schema import write_schema
-from scalelab.online.stream import CACHE_ENV, StreamConfig
+from scalelab.online.stream import CACHE_ENV, ReplayConfig
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -37,4 +37,4 @@ def _cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def week_schema(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The schema of the clean events of 2013-01-01 .. SCHEMA_END (every test's span)."""
     return write_schema(tmp_path_factory.mktemp("schema") / "schema.json",
-                        StreamConfig(end=SCHEMA_END))
+                        ReplayConfig(end=SCHEMA_END))

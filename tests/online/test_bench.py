@@ -6,15 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from scalelab.core.records import Record
-from scalelab.online.bench import BenchConfig, compare_policies, run_bench
-from scalelab.online.stream import StreamConfig
+from scalelab.online.bench import OnlineBenchConfig, compare_policies, run_bench
+from scalelab.online.stream import ReplayConfig
 from scalelab.online.updater import UpdaterConfig
 
 
 def test_policies_side_by_side_with_records(tmp_path: Path, week_schema: Path) -> None:
-    cfg = BenchConfig(policies=["never", "weekly", "every-2", "drift"],
-                      stream=StreamConfig(end="2013-01-22T00"),
-                      updater=UpdaterConfig(bootstrap_hours=7 * 24), schema=week_schema)
+    cfg = OnlineBenchConfig(policies=["never", "weekly", "every-2", "drift"],
+                            stream=ReplayConfig(end="2013-01-22T00"),
+                            updater=UpdaterConfig(bootstrap_hours=7 * 24), schema=week_schema)
     res = run_bench(cfg, tmp_path, "test-online")
     rows = {p["result"]["policy"]: p["result"] for p in res["policies"]}
     assert rows["never"]["update_samples"] == 0 and rows["never"]["updates_per_30d"] == 0

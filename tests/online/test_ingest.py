@@ -19,7 +19,7 @@ from scalelab.online.ingest import (
     validate_events,
     validate_labels,
 )
-from scalelab.online.stream import StreamConfig, build_stream, parse_fault
+from scalelab.online.stream import ReplayConfig, build_stream, parse_fault
 
 T = datetime(2013, 1, 1, 5)
 
@@ -86,7 +86,7 @@ def test_reconcile_marks_a_window_over_its_quarantine_tolerance() -> None:
 
 def test_a_corrupted_hour_fails_the_real_schema(week_schema: Path) -> None:
     rules = load_rules(week_schema)
-    s = build_stream(StreamConfig(start="2013-01-02T00", end="2013-01-03T00",
+    s = build_stream(ReplayConfig(start="2013-01-02T00", end="2013-01-03T00",
                                   faults=[parse_fault("corrupt@2013-01-02T15")], seed=3))
     ev = s.feature_events()
     bad, rej = validate_events(ev, rules)

@@ -17,7 +17,7 @@ from online_fixtures import END, START
 from scalelab.core.errors import BadInputError
 from scalelab.online.ingest import ingest_source, load_rules
 from scalelab.online.log import EventLog
-from scalelab.online.stream import EVENT_ID, StreamConfig, build_stream
+from scalelab.online.stream import EVENT_ID, ReplayConfig, build_stream
 
 
 def _ingest_cmd(log: Path, schema: Path, *extra: str) -> list[str]:
@@ -61,12 +61,12 @@ def test_exactly_once_across_sigkill_and_a_full_resend(tmp_path: Path, week_sche
     assert t["consumed_ids"] == n
     assert t["accepted"] + t["quarantined"] == n
     assert len(ids) == t["accepted"] and len(np.unique(ids)) == len(ids)
-    expected = build_stream(StreamConfig(start=START, end=END)).events.get_column(EVENT_ID)
+    expected = build_stream(ReplayConfig(start=START, end=END)).events.get_column(EVENT_ID)
     assert set(ids.tolist()) == set(expected.to_list())  # a clean week: nothing quarantined
 
 
 def test_resume_continues_at_the_committed_offset(tmp_path: Path, week_schema: Path) -> None:
-    s = build_stream(StreamConfig(start=START, end=END))
+    s = build_stream(ReplayConfig(start=START, end=END))
     ev = s.feature_events()
     rules = load_rules(week_schema)
     with EventLog(tmp_path / "log.sqlite") as log:

@@ -17,7 +17,7 @@ import polars as pl
 from scalelab.nets.feature_version import mismatch
 from scalelab.online.features import FeatureSpec
 from scalelab.online.learner import Learner, TrainConfig
-from scalelab.online.stream import StreamConfig, build_stream
+from scalelab.online.stream import ReplayConfig, build_stream
 
 TOKEN = "online-test-token"
 
@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 
 def _repo(root: Path) -> tuple[str, str]:
-    s = build_stream(StreamConfig(start="2013-01-01T00", end="2013-01-03T00"))
+    s = build_stream(ReplayConfig(start="2013-01-01T00", end="2013-01-03T00"))
     ev = s.events
     a = FeatureSpec.fit(ev.filter(pl.col("origin") != "LGA"))
     b = FeatureSpec.fit(ev)  # other vocabularies: another feature version

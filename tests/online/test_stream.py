@@ -8,13 +8,13 @@ import polars as pl
 import pytest
 
 from scalelab.core.errors import BadInputError
-from scalelab.online.stream import StreamConfig, build_stream, parse_fault, replay
+from scalelab.online.stream import ReplayConfig, build_stream, parse_fault, replay
 
 SPAN = {"start": "2013-01-02T00", "end": "2013-01-04T00"}
 
 
 def test_labels_arrive_after_their_delay_and_ticks_cover_every_event() -> None:
-    s = build_stream(StreamConfig(label_delay_hours=5, **SPAN))
+    s = build_stream(ReplayConfig(label_delay_hours=5, **SPAN))
     ev, seen_labels = 0, 0
     arrived: set[int] = set()
     for tick in replay(s, step_hours=3):
@@ -31,9 +31,9 @@ def test_labels_arrive_after_their_delay_and_ticks_cover_every_event() -> None:
 def test_faults_are_seeded_and_recorded() -> None:
     faults = ["corrupt@2013-01-02T15", "label_flip@2013-01-03T00:hours=6",
               "rescale@2013-01-03T12:hours=12:column=distance:scale=2:offset=1"]
-    a = build_stream(StreamConfig(faults=[parse_fault(f) for f in faults], seed=1, **SPAN))
-    b = build_stream(StreamConfig(faults=[parse_fault(f) for f in faults], seed=1, **SPAN))
-    clean = build_stream(StreamConfig(**SPAN))
+    a = build_stream(ReplayConfig(faults=[parse_fault(f) for f in faults], seed=1, **SPAN))
+    b = build_stream(ReplayConfig(faults=[parse_fault(f) for f in faults], seed=1, **SPAN))
+    clean = build_stream(ReplayConfig(**SPAN))
     assert a.events.equals(b.events)
     assert [f.rows > 0 for f in a.faults] == [True, True, True]
     m = a.manifest()

@@ -14,7 +14,7 @@ from scalelab.online.ingest import ingest_source, load_rules
 from scalelab.online.log import EventLog
 from scalelab.online.policy import Policy, make_policy
 from scalelab.online.prequential import PrequentialResult, run
-from scalelab.online.stream import StreamConfig, build_stream, parse_fault
+from scalelab.online.stream import ReplayConfig, build_stream, parse_fault
 from scalelab.online.updater import StreamData, UpdaterConfig
 from scalelab.online.window import WindowSpec
 
@@ -53,7 +53,7 @@ def policy() -> Recording:
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory, week_schema: Path,
            policy: Recording) -> PrequentialResult:
-    cfg = StreamConfig(end=SCHEMA_END, faults=[
+    cfg = ReplayConfig(end=SCHEMA_END, faults=[
         parse_fault("corrupt@2013-01-17T15"),
         parse_fault("rescale@2013-01-21T00:hours=72:column=distance:scale=1.609"),
         parse_fault("label_flip@2013-01-30T00:hours=72")])

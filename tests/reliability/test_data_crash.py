@@ -35,8 +35,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from scalelab.cli import run
-from scalelab.core.manifest import dir_digest, read_manifest
 from scalelab.data.pipeline import recover
+from scalelab.lineage.manifest import dir_digest, read_manifest
 
 pytestmark = pytest.mark.reliability
 

@@ -31,7 +31,7 @@ from scalelab.online.stream import (
     CACHE_ENV,
     EVENT_ID,
     LABEL_TIME,
-    StreamConfig,
+    ReplayConfig,
     build_stream,
     parse_fault,
 )
@@ -80,8 +80,8 @@ def _contents(path: Path) -> dict[str, object]:
 def test_sigkill_mid_window_loses_nothing_and_counts_nothing_twice(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))  # the flights table: never in $HOME
-    schema = write_schema(tmp_path / "schema.json", StreamConfig(end=SCHEMA_END))
-    stream = build_stream(StreamConfig(start=START, end=END, faults=[parse_fault(FAULT)]))
+    schema = write_schema(tmp_path / "schema.json", ReplayConfig(end=SCHEMA_END))
+    stream = build_stream(ReplayConfig(start=START, end=END, faults=[parse_fault(FAULT)]))
     rows = stream.events.height
 
     killed = tmp_path / "killed.sqlite"
@@ -145,8 +145,8 @@ def test_labels_past_the_horizon_are_counted_not_used_and_the_log_stays_whole(
     from scalelab.cli import run
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    schema = write_schema(tmp_path / "schema.json", StreamConfig(end=SCHEMA_END))
-    stream = build_stream(StreamConfig(start=START, end=END, faults=[parse_fault(FAULT)]))
+    schema = write_schema(tmp_path / "schema.json", ReplayConfig(end=SCHEMA_END))
+    stream = build_stream(ReplayConfig(start=START, end=END, faults=[parse_fault(FAULT)]))
     labels = stream.label_events()
     late = pl.col(EVENT_ID) % 7 == 0
     labels = labels.with_columns(

@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from scalelab.cli import run
-from scalelab.core.manifest import MANIFEST_FILE
+from scalelab.lineage.manifest import MANIFEST_FILE
 from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
 from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.retrieval.retriever import build_index_dir

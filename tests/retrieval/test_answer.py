@@ -13,7 +13,7 @@ import pytest
 
 from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.retrieval.retriever import build_index_dir
-from scalelab.retrieval.server import HTTPError, RetrievalSettings, create_app, served_model
+from scalelab.retrieval.server import HTTPError, RetrievalServerSettings, create_app, served_model
 from scalelab.web.spawn import Spawned, free_port, spawned_server
 
 
@@ -62,7 +62,7 @@ def test_no_model_list_is_a_clear_502(index_dir: str) -> None:
     from starlette.testclient import TestClient
 
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    app = create_app(RetrievalSettings(index_dir=index_dir, generate_url=dead))
+    app = create_app(RetrievalServerSettings(index_dir=index_dir, generate_url=dead))
     with TestClient(app) as c:
         r = c.post("/v1/answer", json={"question": "Which airline is UA?"})
     assert r.status_code == 502

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from scalelab.core.records import read_records
-from scalelab.retrieval.bench import BenchConfig, run_bench
+from scalelab.retrieval.bench import RetrievalBenchConfig, run_bench
 from scalelab.retrieval.corpus import CorpusSpec, build_corpus
 from scalelab.retrieval.embed import HashingEmbedder
 from scalelab.retrieval.index import build_index, ivf_lists
@@ -25,10 +25,10 @@ BASE, QUESTIONS, SEED = 200, 30, 13
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("bench")
-    cfg = BenchConfig(levels=(1, 2), base_docs=BASE, questions=QUESTIONS,
-                      indexes=("faiss:HNSW32", "ivfflat"), embedder="hashing",
-                      cache=out / "cache.sqlite", out=out, recall_target=0.9,
-                      arrival_rate=2000.0, runs=1, fresh_singles=5, seed=SEED)
+    cfg = RetrievalBenchConfig(levels=(1, 2), base_docs=BASE, questions=QUESTIONS,
+                               indexes=("faiss:HNSW32", "ivfflat"), embedder="hashing",
+                               cache=out / "cache.sqlite", out=out, recall_target=0.9,
+                               arrival_rate=2000.0, runs=1, fresh_singles=5, seed=SEED)
     return run_bench(cfg), out
 
 

@@ -127,15 +127,15 @@ def test_an_unreachable_server_is_a_clear_error() -> None:
 
 
 def test_the_bench_measures_a_qdrant_row(tmp_path: Path) -> None:
-    from scalelab.retrieval.bench import BenchConfig, grid_for, run_bench, split_indexes
+    from scalelab.retrieval.bench import RetrievalBenchConfig, grid_for, run_bench, split_indexes
 
     assert split_indexes("faiss:HNSW32,qdrant,hnswlib:M=16") == [
         "faiss:HNSW32", "qdrant", "hnswlib:M=16"]
     assert grid_for("qdrant") == (None, [0.0])  # embedded: one exact point, no knob
     assert grid_for("qdrant+http://h:6333/c")[0] == "ef"
-    cfg = BenchConfig(levels=[1], base_docs=200, questions=30, indexes=["qdrant"],
-                      embedder="hashing", out=tmp_path, runs=1, fresh_singles=3,
-                      arrival_rate=2000)
+    cfg = RetrievalBenchConfig(levels=[1], base_docs=200, questions=30, indexes=["qdrant"],
+                               embedder="hashing", out=tmp_path, runs=1, fresh_singles=3,
+                               arrival_rate=2000)
     (level,) = run_bench(cfg)["levels"]
     rows = {r["spec"]: r for r in level["indexes"]}
     assert list(rows) == ["exact", "faiss:Flat", "qdrant"]

@@ -19,7 +19,7 @@ import pytest
 from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
 from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.retrieval.retriever import build_index_dir
-from scalelab.retrieval.server import HTTPError, RetrievalService, RetrievalSettings
+from scalelab.retrieval.server import HTTPError, RetrievalServerSettings, RetrievalService
 from scalelab.web.hook import local_request
 from scalelab.web.trace import TraceConfig
 
@@ -42,7 +42,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 def service(built: Built, **kw: Any) -> RetrievalService:
     idx, cache, _ = built
-    return RetrievalService(RetrievalSettings(index_dir=str(idx), cache=str(cache), **kw))
+    return RetrievalService(RetrievalServerSettings(index_dir=str(idx), cache=str(cache), **kw))
 
 
 def post(path: str, body: Any, headers: dict[str, str] | None = None) -> Any:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalelab.core.lineage import LineageStore
+from scalelab.lineage.store import LineageStore
 from scalelab.retrieval.corpus import DOCS_FILE, read_corpus
 from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.retrieval.retriever import build_index_dir, open_retriever

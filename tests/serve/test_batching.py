@@ -9,24 +9,24 @@ from dataclasses import dataclass
 
 import pytest
 
-from scalelab.serve.batching import BatchPolicy, Decision, collect, decide, take_prefix
+from scalelab.serve.batching import BatchDecision, BatchPolicy, collect, decide, take_prefix
 
 
 @pytest.mark.parametrize(("rows", "waited", "max_b", "delay", "pref", "want"), [
-    (0, 0.0, 8, 0.002, (), Decision(dispatch=0, wait_s=math.inf)),
-    (8, 0.0, 8, 0.002, (), Decision(dispatch=8, wait_s=0.0)),
-    (20, 0.0, 8, 0.002, (), Decision(dispatch=8, wait_s=0.0)),
-    (3, 0.0005, 8, 0.002, (), Decision(dispatch=0, wait_s=0.0015)),
-    (3, 0.002, 8, 0.002, (), Decision(dispatch=3, wait_s=0.0)),
-    (3, 0.5, 8, 0.002, (), Decision(dispatch=3, wait_s=0.0)),
-    (5, 0.0, 8, 0.002, (2, 4), Decision(dispatch=4, wait_s=0.0)),
-    (3, 0.0, 8, 0.002, (2, 4), Decision(dispatch=0, wait_s=0.002)),
-    (3, 0.002, 8, 0.002, (2, 4), Decision(dispatch=2, wait_s=0.0)),
-    (1, 0.002, 8, 0.002, (2, 4), Decision(dispatch=1, wait_s=0.0)),
-    (1, 0.0, 8, 0.0, (), Decision(dispatch=1, wait_s=0.0)),
+    (0, 0.0, 8, 0.002, (), BatchDecision(dispatch=0, wait_s=math.inf)),
+    (8, 0.0, 8, 0.002, (), BatchDecision(dispatch=8, wait_s=0.0)),
+    (20, 0.0, 8, 0.002, (), BatchDecision(dispatch=8, wait_s=0.0)),
+    (3, 0.0005, 8, 0.002, (), BatchDecision(dispatch=0, wait_s=0.0015)),
+    (3, 0.002, 8, 0.002, (), BatchDecision(dispatch=3, wait_s=0.0)),
+    (3, 0.5, 8, 0.002, (), BatchDecision(dispatch=3, wait_s=0.0)),
+    (5, 0.0, 8, 0.002, (2, 4), BatchDecision(dispatch=4, wait_s=0.0)),
+    (3, 0.0, 8, 0.002, (2, 4), BatchDecision(dispatch=0, wait_s=0.002)),
+    (3, 0.002, 8, 0.002, (2, 4), BatchDecision(dispatch=2, wait_s=0.0)),
+    (1, 0.002, 8, 0.002, (2, 4), BatchDecision(dispatch=1, wait_s=0.0)),
+    (1, 0.0, 8, 0.0, (), BatchDecision(dispatch=1, wait_s=0.0)),
 ])
 def test_decide_exact(rows: int, waited: float, max_b: int, delay: float,
-                      pref: tuple[int, ...], want: Decision) -> None:
+                      pref: tuple[int, ...], want: BatchDecision) -> None:
     got = decide(rows, waited, BatchPolicy(max_batch_size=max_b, max_delay_s=delay,
                                            preferred=pref))
     assert got.dispatch == want.dispatch

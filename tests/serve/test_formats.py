@@ -23,7 +23,7 @@ from scalelab.nets.repository import write_json
 from scalelab.nets.tabular import TabularConfig, TabularNet
 from scalelab.serve.config import ModelConfig
 from scalelab.serve.metrics import Metrics
-from scalelab.serve.scheduler import VersionWorker
+from scalelab.serve.worker import VersionWorker
 
 
 def test_folded_and_onnx_versions_answer_like_their_source(tmp_path: Path) -> None:

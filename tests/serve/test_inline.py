@@ -11,7 +11,7 @@ from torch import nn
 
 from scalelab.serve.config import ModelConfig
 from scalelab.serve.metrics import Metrics
-from scalelab.serve.scheduler import InlinePolicy, Job, VersionWorker
+from scalelab.serve.worker import InlinePolicy, Job, VersionWorker
 
 MS = 1e-3
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 from serve_fixtures import add_model, write_holdout
 
-from scalelab.serve.promote import Evaluation, compare, gate, per_class_f1
+from scalelab.core.gate import HoldoutQuality
+from scalelab.serve.promote import compare, gate, per_class_f1
 
 
 def test_per_class_f1_exact() -> None:
@@ -17,8 +18,8 @@ def test_per_class_f1_exact() -> None:
     assert per_class_f1(y, p, 4) == [0.5, 0.8, 2 / 3, None]
 
 
-def ev(acc: float, macro: float, per: dict[str, float | None]) -> Evaluation:
-    return Evaluation(version=1, rows=10, accuracy=acc, macro_f1=macro, per_class_f1=per)
+def ev(acc: float, macro: float, per: dict[str, float | None]) -> HoldoutQuality:
+    return HoldoutQuality(version=1, rows=10, accuracy=acc, macro_f1=macro, per_class_f1=per)
 
 
 def test_compare_refuses_any_class_beyond_tolerance() -> None:

@@ -17,7 +17,7 @@ from scalelab.serve import repository
 from scalelab.serve.config import ModelConfig
 from scalelab.serve.metrics import Metrics
 from scalelab.serve.repository import ModelRepository
-from scalelab.serve.scheduler import to_onnx_runtime
+from scalelab.serve.worker import to_onnx_runtime
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")

@@ -24,7 +24,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
     from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
     from scalelab.retrieval.retriever import build_index_dir
-    from scalelab.retrieval.server import RetrievalSettings, create_app
+    from scalelab.retrieval.server import RetrievalServerSettings, create_app
 
     tmp = tmp_path_factory.mktemp("retgov")
     corpus = write_corpus(build_corpus(CorpusSpec(level=1, base_docs=200, questions=10,
@@ -37,8 +37,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                    "        - {unit: requests, period: hour, limit: 2}\n", "utf-8")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SCALELAB_ADMIN_TOKEN", TOKEN)
-        app = create_app(RetrievalSettings(index_dir=str(tmp / "idx"), cache=str(cache),
-                                           governance_file=str(gov)))
+        app = create_app(RetrievalServerSettings(index_dir=str(tmp / "idx"), cache=str(cache),
+                                                 governance_file=str(gov)))
         port = free_port()
         srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                             log_config=None, access_log=False))

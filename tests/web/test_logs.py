@@ -88,14 +88,14 @@ def test_tabular_server_access_lines(tmp_path: Path, log_lines: io.StringIO) -> 
 
 def test_generate_server_access_lines(log_lines: io.StringIO) -> None:
     from scalelab.generate.api import ApiSettings, build_app, wrap
-    from scalelab.generate.engine import Engine, EngineConfig
+    from scalelab.generate.engine import LlmEngine, LlmEngineConfig
     from scalelab.generate.tokenizer import byte_tokenizer
     from scalelab.nets.llama import build_tiny
 
     cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 512}
     settings = ApiSettings(model="tiny", engine=cfg, max_output_tokens=4)
-    app = wrap(build_app(settings, Engine(build_tiny(seed=1), byte_tokenizer(),
-                                          EngineConfig(**cfg), name="tiny-llama")), settings)
+    app = wrap(build_app(settings, LlmEngine(build_tiny(seed=1), byte_tokenizer(),
+                                             LlmEngineConfig(**cfg), name="tiny-llama")), settings)
     with serving(app) as base:
         assert httpx.get(f"{base}/v1/models", headers={"traceparent": TP}).status_code == 200
         r = httpx.post(f"{base}/v1/completions", headers={"x-request-id": "gen-3"},
@@ -111,7 +111,7 @@ def test_retrieval_server_lines_with_a_trace_it_started(tmp_path: Path,
     from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
     from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
     from scalelab.retrieval.retriever import build_index_dir
-    from scalelab.retrieval.server import RetrievalSettings, create_app
+    from scalelab.retrieval.server import RetrievalServerSettings, create_app
     from scalelab.web.trace import TraceConfig
 
     corpus = write_corpus(build_corpus(CorpusSpec(base_docs=40, questions=2, fresh_questions=0)),
@@ -120,8 +120,9 @@ def test_retrieval_server_lines_with_a_trace_it_started(tmp_path: Path,
     build_index_dir(corpus, tmp_path / "idx", spec="exact", lineage=None,
                     embedder=CachedEmbedder(embedder=HashingEmbedder(), path=cache))
     # sample 1: a request without a traceparent starts a trace here; its lines name that trace
-    app = create_app(RetrievalSettings(index_dir=str(tmp_path / "idx"), cache=str(cache),
-                                       trace=TraceConfig(sample=1.0, out=str(tmp_path / "s"))))
+    app = create_app(RetrievalServerSettings(
+        index_dir=str(tmp_path / "idx"), cache=str(cache),
+        trace=TraceConfig(sample=1.0, out=str(tmp_path / "s"))))
     with serving(app) as base:
         a = httpx.post(f"{base}/v1/retrieve", json={"query": "JFK", "k": 2},
                        headers={"traceparent": TP})

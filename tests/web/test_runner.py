@@ -6,7 +6,7 @@ import pytest
 
 from scalelab.core.errors import BadUsageError
 from scalelab.web import runner
-from scalelab.web.runner import RunConfig, protocol_path, resolve_http, resolve_loop
+from scalelab.web.runner import UvicornConfig, protocol_path, resolve_http, resolve_loop
 
 
 def test_auto_prefers_the_compiled_pieces_and_falls_back(monkeypatch: pytest.MonkeyPatch
@@ -32,8 +32,8 @@ def test_protocols_are_importable_by_their_strings() -> None:
 
 def test_bad_settings() -> None:
     with pytest.raises(BadUsageError, match="--http 'spdy'"):
-        RunConfig(http="spdy")
+        UvicornConfig(http="spdy")
     with pytest.raises(BadUsageError, match="--port 0"):
-        RunConfig(port=0)
+        UvicornConfig(port=0)
     with pytest.raises(BadUsageError, match="--read-timeout"):
-        RunConfig(read_timeout_s=0)
+        UvicornConfig(read_timeout_s=0)

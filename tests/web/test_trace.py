@@ -184,12 +184,12 @@ def test_trace_settings_survive_the_json_hop_to_workers(tmp_path: Path) -> None:
     import json
 
     from scalelab.generate.api import ApiSettings
-    from scalelab.retrieval.server import RetrievalSettings
+    from scalelab.retrieval.server import RetrievalServerSettings
     from scalelab.serve.config import ServerSettings
 
     cfg = TraceConfig(sample=0.25, out=str(tmp_path / "s.jsonl"))
     s = ServerSettings(model_repo=tmp_path, trace=cfg)
     assert ServerSettings.from_json(s.to_json()).trace == cfg
     assert ApiSettings.from_json(ApiSettings(model="tiny", trace=cfg).to_json()).trace == cfg
-    r = RetrievalSettings(index_dir=str(tmp_path), trace=cfg)
-    assert RetrievalSettings(**json.loads(json.dumps(dataclasses.asdict(r)))).trace == cfg
+    r = RetrievalServerSettings(index_dir=str(tmp_path), trace=cfg)
+    assert RetrievalServerSettings(**json.loads(json.dumps(dataclasses.asdict(r)))).trace == cfg

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inproc import serving
 
 from scalelab.generate.api import ApiSettings, build_app
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.tokenizer import byte_tokenizer
 from scalelab.nets.llama import build_tiny
 from scalelab.observe.traces import Trace, assemble, read_spans
@@ -36,8 +36,8 @@ def gen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Pa
                            trace=TraceConfig(sample=1.0, out=str(out)))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tiny model's ops are microseconds: threads only hand off
-    engine = Engine(build_tiny(seed=1), byte_tokenizer(), EngineConfig(**engine_cfg),
-                    name="tiny-llama")
+    engine = LlmEngine(build_tiny(seed=1), byte_tokenizer(), LlmEngineConfig(**engine_cfg),
+                       name="tiny-llama")
     app = build_app(settings, engine)
     try:
         with serving(app) as url:

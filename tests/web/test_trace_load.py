@@ -79,15 +79,15 @@ def test_load_llm_trace_ids_are_the_generative_servers_traces(
     import torch
 
     from scalelab.generate.api import ApiSettings, build_app
-    from scalelab.generate.engine import Engine, EngineConfig
+    from scalelab.generate.engine import LlmEngine, LlmEngineConfig
     from scalelab.generate.tokenizer import byte_tokenizer
     from scalelab.nets.llama import build_tiny
 
     out = tmp_path / "spans.jsonl"
     cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 512}
     app = build_app(ApiSettings(model="tiny", engine=cfg, trace=TraceConfig(out=str(out))),
-                    Engine(build_tiny(seed=1), byte_tokenizer(), EngineConfig(**cfg),
-                           name="tiny-llama"))
+                    LlmEngine(build_tiny(seed=1), byte_tokenizer(), LlmEngineConfig(**cfg),
+                              name="tiny-llama"))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -16,14 +16,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inproc import serving
 
 from scalelab.generate.api import ApiSettings, build_app
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.tokenizer import byte_tokenizer
 from scalelab.nets.llama import build_tiny
 from scalelab.observe.traces import assemble, read_spans
 from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
 from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.retrieval.retriever import build_index_dir
-from scalelab.retrieval.server import RetrievalSettings, create_app
+from scalelab.retrieval.server import RetrievalServerSettings, create_app
 from scalelab.web.trace import TraceConfig
 
 CLIENT_TRACE, CLIENT_SPAN = "6cf92f3577b34da6a3ce929d0e0e4738", "11f067aa0ba902b8"
@@ -48,11 +48,11 @@ def test_answer_is_one_trace_across_retrieval_and_generation(tmp_path: Path) -> 
     cfg = {"kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 512}
     gen = build_app(ApiSettings(model="tiny", engine=cfg, max_output_tokens=8,
                                 trace=TraceConfig(out=str(out))),
-                    Engine(build_tiny(seed=1), byte_tokenizer(), EngineConfig(**cfg),
-                           name="tiny-llama"))
+                    LlmEngine(build_tiny(seed=1), byte_tokenizer(), LlmEngineConfig(**cfg),
+                              name="tiny-llama"))
     with serving(gen) as gen_url:
         # sample 0 on both: only the client's sampled traceparent starts this trace
-        ret = create_app(RetrievalSettings(
+        ret = create_app(RetrievalServerSettings(
             index_dir=str(tmp_path / "idx"), cache=str(cache), generate_url=gen_url,
             generate_model="tiny-llama", answer_max_tokens=4, trace=TraceConfig(out=str(out))))
         with serving(ret) as ret_url:

@@ -20,6 +20,11 @@ prices_option = click.option(
          f"gpu_hour_usd, ... (default: ${ENV}, else the built-in table that scalelab "
          "diagnose --print-config shows).")
 """Decorator: the command takes `prices_file: Path | None`."""
+core_hour_option = click.option(
+    "--price-per-core-hour", type=float,
+    help="Overrides the price table's core_hour_usd for this run (--prices).")
+"""Decorator: the command takes `price_per_core_hour: float | None` (pass it to resolve_prices
+as core_hour_usd)."""
 
 
 def resolve_prices(prices_file: Path | None, **overrides: float | None) -> Prices:

@@ -21,7 +21,9 @@ from scalelab.cli._output import (
     parse_list,
     plot_option,
 )
-from scalelab.core.chinchilla import (
+from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.jsonfile import read_json_object
+from scalelab.plan.chinchilla import (
     EPOCH_GRID,
     EPOCH_PARAMS,
     PARAM_NAMES,
@@ -35,11 +37,9 @@ from scalelab.core.chinchilla import (
     evaluate_model_size,
     params_from_values,
 )
-from scalelab.core.chinchilla import (
+from scalelab.plan.chinchilla import (
     fit_chinchilla as fit_law,
 )
-from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.jsonfile import read_json_object
 
 EPOCH_SOURCE = ("Epoch AI's estimates (Besiroglu et al. 2024, refit of Hoffmann et al. 2022); "
                 "pass --params or --fit to use your own")

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, json_option, jsonable, parse_list
-from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
 from scalelab.core.units import format_bytes
 
 
@@ -121,11 +121,11 @@ def run_cmd(input_: Path, out: Path, engine: str, address: str | None, workers: 
             partitions: int | None, test_months: int, lineage: Path | None, no_register: bool,
             no_stats: bool, as_json: bool) -> None:
     """Ingest -> validate -> quarantine -> dedupe -> join -> features -> split -> Parquet."""
-    from scalelab.data.pipeline import RunConfig, result_dict, run_pipeline
+    from scalelab.data.pipeline import PipelineConfig, result_dict, run_pipeline
 
-    cfg = RunConfig(input=input_, out=out, engine=engine, address=address, workers=workers,
-                    partitions=partitions, test_months=test_months, lineage=lineage,
-                    register=not no_register, stats=not no_stats)
+    cfg = PipelineConfig(input=input_, out=out, engine=engine, address=address, workers=workers,
+                         partitions=partitions, test_months=test_months, lineage=lineage,
+                         register=not no_register, stats=not no_stats)
     d = result_dict(run_pipeline(cfg))
     emit(d, as_json, lambda c: _render_run(c, d))
 
@@ -144,8 +144,7 @@ def run_cmd(input_: Path, out: Path, engine: str, address: str | None, workers: 
               help="About SAMPLE flights per copy instead of all 336,776.")
 @click.option("--defects", default=None, help="Defects injected (default: bench defects).")
 @prices_option
-@click.option("--price-per-core-hour", type=float,
-              help="Overrides the price table's core_hour_usd for this run (--prices).")
+@core_hour_option
 @click.option("--repeats", type=int, default=1, show_default=True)
 @json_option
 def bench_cmd(scale: str, engine: str, workers: int | None, address: str | None,
@@ -155,11 +154,11 @@ def bench_cmd(scale: str, engine: str, workers: int | None, address: str | None,
     """Time the pipeline at each scale; write one record (stage "data") per level."""
     from scalelab.data.bench import (
         DEFAULT_DEFECTS,
-        BenchConfig,
+        DataBenchConfig,
         run_bench,
     )
 
-    cfg = BenchConfig(
+    cfg = DataBenchConfig(
         scales=tuple(parse_list(scale, what="--scale", kind=int)), engine=engine,
         workers=workers, address=address, work=work, sample=sample,
         defects=DEFAULT_DEFECTS if defects is None else defects, repeats=repeats,

@@ -126,7 +126,7 @@ def serve_cmd(governance: Path | None, api_key: str | None,
     """Serve /v1/completions, /v1/chat/completions (stream or not), /v1/models, /health,
     /metrics, /tokenize, /detokenize, /version until interrupted."""
     from scalelab.generate.api import SETTINGS_ENV, ApiSettings
-    from scalelab.web.runner import RunConfig, run
+    from scalelab.web.runner import UvicornConfig, run
 
     settings = ApiSettings(
         model=model,
@@ -143,8 +143,8 @@ def serve_cmd(governance: Path | None, api_key: str | None,
         from scalelab.core.errors import BadUsageError
 
         raise BadUsageError(f"--model {model!r}: give smollm2-135m, tiny or a .gguf file")
-    cfg = RunConfig(host=host, port=port, workers=1, read_timeout_s=read_timeout,
-                    log_level=log_level)
+    cfg = UvicornConfig(host=host, port=port, workers=1, read_timeout_s=read_timeout,
+                        log_level=log_level)
     os.environ[SETTINGS_ENV] = settings.to_json()
     from scalelab.web.logs import configure
 
@@ -181,7 +181,7 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
     docs/generate.md, "On a target device")."""
     import torch
 
-    from scalelab.generate.engine import Engine, EngineConfig
+    from scalelab.generate.engine import LlmEngine, LlmEngineConfig
     from scalelab.generate.models import load_model
     from scalelab.generate.quant import weight_bytes
     from scalelab.generate.sequence import SamplingParams
@@ -193,11 +193,11 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
                      max_model_len, prefix_cache, speculative, num_draft, contiguous,
                      packed_weights, weights)
     d["spec"] = SpecConfig(**d["spec"])
-    cfg = EngineConfig(**d)
+    cfg = LlmEngineConfig(**d)
     t0 = time.perf_counter()
     loaded = load_model(model, cfg.max_model_len, seed=seed, weights=cfg.weights)
     load_s = time.perf_counter() - t0
-    eng = Engine(loaded.model, loaded.tokenizer, cfg, name=loaded.name)
+    eng = LlmEngine(loaded.model, loaded.tokenizer, cfg, name=loaded.name)
     text = loaded.tokenizer.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
     ids = loaded.tokenizer.encode(text, add_special_tokens=not chat)  # a template writes its BOS
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,

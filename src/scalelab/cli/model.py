@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option, parse_list
-from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
 from scalelab.core.device import DeviceProfile
@@ -147,8 +147,7 @@ def _render_compress(out: dict[str, Any]) -> Any:
 @click.option("--rounds", type=int, default=3, show_default=True,
               help="Timing rounds, variants interleaved; the median round is reported.")
 @prices_option
-@click.option("--price-per-core-hour", type=float,
-              help="Overrides the price table's core_hour_usd for this run (--prices).")
+@core_hour_option
 @click.option("--price-per-gpu-hour", type=float,
               help="Overrides the price table's gpu_hour_usd for this run (--prices).")
 @click.option("--cache-ttl", default="5s", show_default=True, help="Cache entry lifetime.")
@@ -221,14 +220,15 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
     if profile is not None:
         out["on_device"] = _on_device(result, profile, model_path, data_dir, cfg, calls)
     if plot is not None:
-        from scalelab.model.pareto import Point
+        from scalelab.model.pareto import ParetoPoint
         from scalelab.model.pareto import plot as draw
 
         pts = []
         for v in result.variants:
             t = v.measurement.at(1) if v.measurement else None
             if t is not None and v.quality is not None:
-                pts.append(Point(name=v.name, latency_ms=t.p50_ms, quality=v.quality.macro_f1))
+                pts.append(ParetoPoint(name=v.name, latency_ms=t.p50_ms,
+                                       quality=v.quality.macro_f1))
         draw(pts, plot, title=f"quality vs latency ({out['device']})",
              xlabel="p50 latency at batch 1 (ms)", ylabel="macro F1 (test)")
     if publish_repo is not None:

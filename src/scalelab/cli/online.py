@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 
 from scalelab.cli._output import emit, json_option, plot_option
-from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 
 start_option = click.option("--start", default=None,
@@ -39,9 +39,9 @@ backoff_option = click.option(
 
 def _stream_config(start: str | None, end: str | None, faults: tuple[str, ...],
                    label_delay: float, seed: int) -> Any:
-    from scalelab.online.stream import StreamConfig, parse_fault
+    from scalelab.online.stream import ReplayConfig, parse_fault
 
-    return StreamConfig(start=start, end=end, faults=[parse_fault(f) for f in faults],
+    return ReplayConfig(start=start, end=end, faults=[parse_fault(f) for f in faults],
                         label_delay_hours=label_delay, seed=seed)
 
 
@@ -301,8 +301,7 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
 @click.option("--drift-threshold", default=50.0, show_default=True, type=float)
 @backoff_option
 @prices_option
-@click.option("--price-per-core-hour", type=float,
-              help="Overrides the price table's core_hour_usd for this run (--prices).")
+@core_hour_option
 @click.option("--records", "records_path", default=None,
               type=click.Path(dir_okay=False, path_type=Path),
               help="Append one record per policy (JSON Lines) here.")
@@ -324,16 +323,16 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
     """Prequential quality and compute per update policy on one replay, side by side."""
     from scalelab.cli._output import parse_list
     from scalelab.core.records import append_records, new_experiment_id
-    from scalelab.online.bench import BenchConfig, compare_policies, run_bench
+    from scalelab.online.bench import OnlineBenchConfig, compare_policies, run_bench
 
     _one_torch_thread()
-    cfg = BenchConfig(policies=parse_list(policies, what="--policies", kind=str),
-                      stream=_stream_config(start, end, faults, label_delay, seed),
-                      updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
-                                              tolerance, rollback_tolerance),
-                      drift_threshold=drift_threshold, drift_backoff=drift_backoff,
-                      price_per_core_hour=resolve_prices(
-                          prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
+    cfg = OnlineBenchConfig(policies=parse_list(policies, what="--policies", kind=str),
+                            stream=_stream_config(start, end, faults, label_delay, seed),
+                            updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
+                                                    tolerance, rollback_tolerance),
+                            drift_threshold=drift_threshold, drift_backoff=drift_backoff,
+                            price_per_core_hour=resolve_prices(
+                                prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
     with live_progress("online bench: ingest") as progress:
 
         def on_window(name: str, k: int, n: int) -> None:
@@ -412,17 +411,17 @@ def calibrate_cmd(out_dir: Path, thresholds: str, references: str, budget: float
     compute. Then replay or bench with --policy drift:T."""
     from scalelab.cli._output import parse_list
     from scalelab.core.records import append_records, new_experiment_id
-    from scalelab.online.bench import BenchConfig
+    from scalelab.online.bench import OnlineBenchConfig
     from scalelab.online.calibrate import CalibrationConfig, run_calibration
 
     _one_torch_thread()
     ccfg = CalibrationConfig(thresholds=parse_list(thresholds, what="--thresholds"),
                              references=parse_list(references, what="--references", kind=str),
                              budget=budget)
-    bench = BenchConfig(stream=_stream_config(start, end, (), label_delay, seed),
-                        updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
-                                                tolerance, rollback_tolerance),
-                        schema=schema_path, drift_backoff=drift_backoff)
+    bench = OnlineBenchConfig(stream=_stream_config(start, end, (), label_delay, seed),
+                              updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
+                                                      tolerance, rollback_tolerance),
+                              schema=schema_path, drift_backoff=drift_backoff)
     choice, res = run_calibration(ccfg, bench, out_dir, new_experiment_id("online-calibrate"))
     if records_path is not None:
         append_records(records_path, res["records"])

@@ -1,4 +1,4 @@
-"""`scalelab plan memory`: bytes per rank of a transformer's training, by strategy (core.memory),
+"""`scalelab plan memory`: bytes per rank of a transformer's training, by strategy (plan.memory),
 and with --peak-rss the process's peak RSS (the baseline measured by train.parallel.runtime)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, json_option
-from scalelab.core.memory import (
+from scalelab.core.units import format_bytes
+from scalelab.plan.memory import (
     STRATEGIES,
     MemoryPlan,
     MemoryQuery,
@@ -18,7 +19,6 @@ from scalelab.core.memory import (
     plan_memory,
     plan_peak_rss,
 )
-from scalelab.core.units import format_bytes
 
 
 def _render(p: MemoryPlan, peak: PeakPlan | None) -> Callable[[Console], None]:

@@ -1,6 +1,6 @@
 """`scalelab plan hpa | checkpoint | lr`: the operational planning calculators.
 
-Thin: parse flags or the state file, call core.hpa / core.checkpoint / core.lr, print.
+Thin: parse flags or the state file, call hpa / core.checkpoint / core.lr, print.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ from rich.table import Table
 from scalelab.cli._output import emit, err_console, json_option
 from scalelab.core.checkpoint import CheckpointPlan, plan_checkpoints
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.hpa import (
+from scalelab.core.lr import LrScaling
+from scalelab.core.units import format_duration, parse_duration
+from scalelab.hpa import (
     Behavior,
     ControllerConfig,
-    Decision,
     HpaSpec,
     HpaState,
     MetricTarget,
     PodSample,
     ScalingRules,
+    SyncDecision,
     decide,
     state_from_json,
 )
-from scalelab.core.lr import LrScaling
-from scalelab.core.units import format_duration, parse_duration
 
 _UNBOUNDED = 2**31 - 1
 
@@ -100,7 +100,7 @@ def _read_state(path: Path) -> tuple[HpaState, float]:
         raise BadInputError(f"{path}: {e}") from None
 
 
-def _render_hpa(d: Decision, detailed: bool) -> Any:
+def _render_hpa(d: SyncDecision, detailed: bool) -> Any:
     def render(c: Console) -> None:
         move = ("scale up" if d.desired_replicas > d.current_replicas else
                 "scale down" if d.desired_replicas < d.current_replicas else "no change")

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option, parse_list, plot_option
-from scalelab.cli._prices import prices_option, resolve_prices
+from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.errors import BadInputError, BadUsageError
@@ -115,7 +115,7 @@ def index_cmd(corpus_dir: Path, out: Path, spec: str, embedder: str, cache: Path
               no_cache: bool, ef: int | None, nprobe: int | None, k_factor: int | None,
               with_fresh: bool, lineage: Path | None, as_json: bool) -> None:
     """Embed a corpus and build an index, saved with its manifest and lineage."""
-    from scalelab.core.lineage import LineageStore
+    from scalelab.lineage.store import LineageStore
     from scalelab.retrieval.embed import CachedEmbedder, make_embedder
     from scalelab.retrieval.index import parse_spec
     from scalelab.retrieval.retriever import build_index_dir
@@ -189,9 +189,9 @@ def serve_cmd(governance: Path | None,
               otlp_endpoint: str | None) -> None:
     """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
 
-    from scalelab.retrieval.server import SETTINGS_ENV, RetrievalSettings
+    from scalelab.retrieval.server import SETTINGS_ENV, RetrievalServerSettings
     from scalelab.retrieval.store import index_info
-    from scalelab.web.runner import RunConfig, run
+    from scalelab.web.runner import UvicornConfig, run
 
     # fail here, with one line, before uvicorn starts: a missing or unreadable manifest, or a
     # corpus that is gone (nothing to answer with, nothing to rebuild a refused file from); a
@@ -203,16 +203,17 @@ def serve_cmd(governance: Path | None,
                             "point at); re-create the corpus and rebuild the index: scalelab "
                             f"retrieval index --corpus DIR --out {index_dir} --index {info.spec}")
     c = _cache(cache, no_cache)
-    s = RetrievalSettings(index_dir=str(index_dir.resolve()), cache=str(c) if c else None,
-                          max_k=max_k, max_inflight=max_inflight, max_body_bytes=max_body_bytes,
-                          generate_url=generate_url, generate_model=generate_model,
-                          governance_file=governance_file(governance),
-                          trace=trace_config(trace_sample, trace_out, otlp_endpoint))
+    s = RetrievalServerSettings(index_dir=str(index_dir.resolve()), cache=str(c) if c else None,
+                                max_k=max_k, max_inflight=max_inflight,
+                                max_body_bytes=max_body_bytes,
+                                generate_url=generate_url, generate_model=generate_model,
+                                governance_file=governance_file(governance),
+                                trace=trace_config(trace_sample, trace_out, otlp_endpoint))
     os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(s))
     from scalelab.web.logs import configure
 
     configure("info")  # JSON lines on stderr, each with its request's trace id
-    run("scalelab.retrieval.server:app_from_env", RunConfig(host=host, port=port))
+    run("scalelab.retrieval.server:app_from_env", UvicornConfig(host=host, port=port))
 
 
 @app.command("bench")
@@ -235,8 +236,7 @@ def serve_cmd(governance: Path | None,
 @click.option("--fresh-singles", type=int, default=20, show_default=True,
               help="Single new documents timed from text to answerable.")
 @prices_option
-@click.option("--price-per-core-hour", type=float,
-              help="Overrides the price table's core_hour_usd for this run (--prices).")
+@core_hour_option
 @click.option("--seed", type=int, default=13, show_default=True)
 @click.option("--records", type=click.Path(path_type=Path), default=None,
               help="Append records here (default OUT/records.jsonl).")
@@ -248,15 +248,21 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
               price_per_core_hour: float | None, seed: int,
               records: Path | None, plot: Path | None, as_json: bool) -> None:
     """ann-benchmarks style: one thread, one query at a time, a parameter grid per index."""
-    from scalelab.retrieval.bench import BenchConfig, render_bench, run_bench, split_indexes
+    from scalelab.retrieval.bench import (
+        RetrievalBenchConfig,
+        render_bench,
+        run_bench,
+        split_indexes,
+    )
 
-    cfg = BenchConfig(levels=parse_list(levels, what="--levels"), base_docs=base_docs,
-                      questions=questions, indexes=split_indexes(indexes), embedder=embedder,
-                      cache=_cache(cache, False), out=out, recall_target=recall_target,
-                      arrival_rate=arrival_rate, fresh_singles=fresh_singles,
-                      price_per_core_hour=resolve_prices(
-                          prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
-                      seed=seed, records=records)
+    cfg = RetrievalBenchConfig(levels=parse_list(levels, what="--levels"), base_docs=base_docs,
+                               questions=questions, indexes=split_indexes(indexes),
+                               embedder=embedder, cache=_cache(cache, False), out=out,
+                               recall_target=recall_target,
+                               arrival_rate=arrival_rate, fresh_singles=fresh_singles,
+                               price_per_core_hour=resolve_prices(
+                                   prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
+                               seed=seed, records=records)
     with live_progress("retrieval bench",
                        total=len(cfg.levels) * (3 + len(cfg.indexes))) as progress:
         result = run_bench(cfg, on_step=lambda what: progress.advance(what))

@@ -14,7 +14,7 @@ import numpy as np
 
 
 @dataclass(kw_only=True, frozen=True)
-class Evaluation:
+class HoldoutQuality:
     """One version's quality on the holdout."""
 
     version: int
@@ -37,17 +37,17 @@ def per_class_f1(y: np.ndarray, pred: np.ndarray, n_classes: int) -> list[float 
 
 
 def evaluation(version: int, y: np.ndarray, pred: np.ndarray,
-               classes: list[str] | tuple[str, ...]) -> Evaluation:
+               classes: list[str] | tuple[str, ...]) -> HoldoutQuality:
     """Accuracy, macro F1 (mean over the classes where F1 is defined) and per-class F1."""
     f1 = per_class_f1(y, pred, len(classes))
     defined = [f for f in f1 if f is not None]
-    return Evaluation(version=version, rows=len(y),
-                      accuracy=float((pred == y).mean()) if len(y) else 0.0,
-                      macro_f1=float(np.mean(defined)) if defined else 0.0,
-                      per_class_f1=dict(zip(classes, f1, strict=True)))
+    return HoldoutQuality(version=version, rows=len(y),
+                          accuracy=float((pred == y).mean()) if len(y) else 0.0,
+                          macro_f1=float(np.mean(defined)) if defined else 0.0,
+                          per_class_f1=dict(zip(classes, f1, strict=True)))
 
 
-def compare(cur: Evaluation, cand: Evaluation, tolerance: float) -> list[str]:
+def compare(cur: HoldoutQuality, cand: HoldoutQuality, tolerance: float) -> list[str]:
     """Reasons to refuse `cand` (pure): any metric more than `tolerance` below `cur`'s."""
     reasons = []
     for what, a, b in (("accuracy", cur.accuracy, cand.accuracy),

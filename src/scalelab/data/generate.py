@@ -45,20 +45,20 @@ import numpy as np
 import polars as pl
 
 from scalelab.core.errors import BadUsageError
-from scalelab.core.manifest import (
-    Manifest,
-    atomic_write_json,
-    combine_digests,
-    dir_digest,
-    file_entry,
-    parquet_digest,
-)
 from scalelab.data.flights import (
     DIMENSIONS,
     FLIGHT_COLUMNS,
     NULL_TOKEN,
     dimension_path,
     read_flights_raw,
+)
+from scalelab.lineage.manifest import (
+    Manifest,
+    atomic_write_json,
+    combine_digests,
+    dir_digest,
+    file_entry,
+    parquet_digest,
 )
 from scalelab.nets.flights import LABEL
 
@@ -364,8 +364,8 @@ def generate_one(config: GenerateConfig, scale: int, base: pl.DataFrame) -> dict
 
 
 def _pkg_digest(name: str) -> str:
-    from scalelab.core.manifest import file_digest
-    from scalelab.data.flights import package_dir
+    from scalelab.lineage.manifest import file_digest
+    from scalelab.nets.flights import package_dir
 
     p = package_dir() / (f"{name}.csv.zip" if name == "flights" else f"{name}.csv")
     return file_digest(p).digest

@@ -25,7 +25,7 @@ from scalelab.data.split import split_by_time
 from scalelab.nets.flights import LABEL
 
 if TYPE_CHECKING:
-    from scalelab.data.pipeline import RunConfig
+    from scalelab.data.pipeline import PipelineConfig
 
 INGEST_THREADS = 2
 """File groups ingested and validated at once by the local engine (at most the cores)."""
@@ -80,7 +80,7 @@ def _ingest_validate(paths: list[Path], root: Path, names: list[str], dims: Dime
                         validate_s=time.perf_counter() - t1)
 
 
-def run_local(files: list[Path], root: Path, dims: Dimensions, config: RunConfig,
+def run_local(files: list[Path], root: Path, dims: Dimensions, config: PipelineConfig,
               meter: StageMeter, ingested: threading.Event | None = None) -> EngineOutput:
     """One process, polars multi-threaded inside each stage; sets INGESTED when every file has
     been read."""

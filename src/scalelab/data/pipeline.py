@@ -27,7 +27,14 @@ from typing import Any
 import polars as pl
 
 from scalelab.core.errors import BadUsageError, RunFailedError
-from scalelab.core.manifest import (
+from scalelab.data.engine import EngineOutput
+from scalelab.data.features import FEATURE_COLUMNS, Dimensions
+from scalelab.data.flights import read_dimension
+from scalelab.data.ingest import list_inputs
+from scalelab.data.meter import MemorySampler, StageMeter, StageReport
+from scalelab.data.quarantine import sort_quarantine
+from scalelab.data.split import check_leakage
+from scalelab.lineage.manifest import (
     ContentDigest,
     Manifest,
     atomic_write_json,
@@ -37,13 +44,6 @@ from scalelab.core.manifest import (
     fsync_dir,
     table_row_group_digest,
 )
-from scalelab.data.engine import EngineOutput
-from scalelab.data.features import FEATURE_COLUMNS, Dimensions
-from scalelab.data.flights import read_dimension
-from scalelab.data.ingest import list_inputs
-from scalelab.data.meter import MemorySampler, StageMeter, StageReport
-from scalelab.data.quarantine import sort_quarantine
-from scalelab.data.split import check_leakage
 
 ENGINES = ("local", "dask")
 ROW_GROUP_SIZE = 65_536
@@ -51,7 +51,7 @@ ROW_GROUP_SIZE = 65_536
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunConfig:
+class PipelineConfig:
     """What `scalelab data run` does."""
 
     input: Path
@@ -93,7 +93,7 @@ class RunConfig:
 
 
 @dataclass(kw_only=True)
-class RunResult:
+class PipelineResult:
     """What a run did: counts, reconciliation, stages, digests."""
 
     out: Path
@@ -227,7 +227,7 @@ def _publish(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def run_pipeline(config: RunConfig) -> RunResult:
+def run_pipeline(config: PipelineConfig) -> PipelineResult:
     """Run the pipeline end to end; raises BadInputError / RunFailedError (exit 2) on failure."""
     recover(config.out)
     root, files = list_inputs(config.input)
@@ -266,7 +266,7 @@ def run_pipeline(config: RunConfig) -> RunResult:
     result.peak_memory_bytes = peak
     result.wall_s = time.perf_counter() - t_start
     if config.register:
-        from scalelab.core.lineage import LineageStore
+        from scalelab.lineage.store import LineageStore
 
         dim_files = [root / f"{d}.csv" for d in ("weather", "planes", "airlines")
                      if (root / f"{d}.csv").is_file()]
@@ -275,9 +275,9 @@ def run_pipeline(config: RunConfig) -> RunResult:
     return result
 
 
-def _write(config: RunConfig, root: Path, files: list[Path],
+def _write(config: PipelineConfig, root: Path, files: list[Path],
            input_entries: Future[list[dict[str, Any]]], oc: EngineOutput, meter: StageMeter,
-           t_start: float, st: StageReport) -> RunResult:
+           t_start: float, st: StageReport) -> PipelineResult:
     assert tuple(oc.train.columns) == FEATURE_COLUMNS
     n_train, n_test = oc.train.height, oc.test.height
     rows_out = n_train + n_test
@@ -350,7 +350,7 @@ def _write(config: RunConfig, root: Path, files: list[Path],
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return RunResult(
+    return PipelineResult(
         out=out, engine=config.engine, rows_in=oc.rows_in, train_rows=n_train,
         test_rows=n_test, quarantined_rows=q_rows, quarantine_records=q.height,
         exact_duplicates=oc.exact_duplicates, key_duplicates=oc.key_duplicates,
@@ -361,7 +361,7 @@ def _write(config: RunConfig, root: Path, files: list[Path],
         input_files=len(files))
 
 
-def result_dict(r: RunResult) -> dict[str, Any]:
+def result_dict(r: PipelineResult) -> dict[str, Any]:
     """JSON-able summary of a run (what `data run --json` prints)."""
     return json.loads(json.dumps({
         "out": str(r.out), "engine": r.engine, "input_files": r.input_files,

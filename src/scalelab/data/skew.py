@@ -32,8 +32,9 @@ import numpy as np
 import polars as pl
 
 from scalelab.core.errors import BadInputError
-from scalelab.data.schema import Anomaly, Schema, SkewThresholds
+from scalelab.data.schema import Anomaly
 from scalelab.data.stats import ColumnStats, DatasetStats, QuantileSketch, compute_stats
+from scalelab.nets.table_schema import Schema, SkewThresholds
 
 PSI_EPSILON = 1e-4
 """Proportion used in place of 0 for an empty bin in PSI."""

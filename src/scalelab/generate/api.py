@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Scope
 
 from scalelab.generate.auth import API_KEY_ENV, ApiKeyGuard
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.metrics import EngineMetrics
 from scalelab.generate.protocol import FieldError, error_doc
 from scalelab.generate.service import ApiError, GenerationService
@@ -79,7 +79,7 @@ async def _http(request: Request, e: Exception) -> JSONResponse:
                         headers=getattr(e, "headers", None))
 
 
-def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
+def build_app(settings: ApiSettings, engine: LlmEngine) -> FastAPI:
     """The FastAPI app: the service's handler methods on their URLs, errors in OpenAI's shape
     (`app.state.service` is the service, `app.state.tracing` its tracer or None)."""
     svc = GenerationService(settings, engine)
@@ -104,16 +104,16 @@ def build_app(settings: ApiSettings, engine: Engine) -> FastAPI:
     return app
 
 
-def engine_from_settings(settings: ApiSettings) -> Engine:
+def engine_from_settings(settings: ApiSettings) -> LlmEngine:
     import torch
 
     from scalelab.generate.models import load_model
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    cfg = EngineConfig(**settings.engine)
+    cfg = LlmEngineConfig(**settings.engine)
     loaded = load_model(settings.model, cfg.max_model_len, seed=settings.seed, weights=cfg.weights)
-    return Engine(
+    return LlmEngine(
         loaded.model, loaded.tokenizer, cfg, name=loaded.name,
         metrics=EngineMetrics(loaded.name, max_model_len=cfg.max_model_len)
     )

@@ -35,7 +35,7 @@ STEP_HISTORY = 100_000
 
 
 @dataclass(kw_only=True)
-class EngineConfig:
+class LlmEngineConfig:
     kv_cache_bytes: int = 256 * MiB
     """Memory for keys and values, allocated once at start; sets how many blocks exist."""
     block_size: int = 16
@@ -104,12 +104,12 @@ class StepOutput:
     finished: bool
 
 
-class Engine:
+class LlmEngine:
     def __init__(
         self,
         model: LlamaForCausalLM,
         tokenizer: TextTokenizer,
-        cfg: EngineConfig,
+        cfg: LlmEngineConfig,
         *,
         name: str = "model",
         metrics: EngineMetrics | None = None,

@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from scalelab.generate.engine import Engine
+from scalelab.generate.engine import LlmEngine
 from scalelab.generate.sequence import SamplingParams, Sequence, TokenLogprob
 
 
 @dataclass
-class Event:
+class TextDelta:
     text: str
     num_new_tokens: int
     finished: bool
@@ -40,7 +40,7 @@ class Handle:
     params: SamplingParams
     deadline: float
     """time.monotonic() after which the engine drops it (reason 'timeout')."""
-    events: asyncio.Queue[Event]
+    events: asyncio.Queue[TextDelta]
     loop: asyncio.AbstractEventLoop
     seq: Sequence | None = None
     done: bool = False
@@ -52,7 +52,7 @@ class Handle:
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: LlmEngine) -> None:
         self.engine = engine
         self._commands: queue.SimpleQueue[tuple[str, Handle]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -90,14 +90,14 @@ class EngineLoop:
             self._commands.put(("abort", h))
             self._wake.set()
 
-    def _emit(self, h: Handle, ev: Event) -> None:
+    def _emit(self, h: Handle, ev: TextDelta) -> None:
         if ev.finished:
             h.done = True
         h.loop.call_soon_threadsafe(h.events.put_nowait, ev)
 
-    def _finish_event(self, h: Handle, reason: str) -> Event:
+    def _finish_event(self, h: Handle, reason: str) -> TextDelta:
         seq = h.seq
-        return Event(
+        return TextDelta(
             "",
             0,
             True,
@@ -157,7 +157,7 @@ class EngineLoop:
                     seq = out.seq
                     self._emit(
                         h,
-                        Event(
+                        TextDelta(
                             out.text,
                             out.num_new_tokens,
                             out.finished,

@@ -28,13 +28,27 @@ token-count histograms use vLLM's 1-2-5 buckets up to max_model_len.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from scalelab.generate.engine import Engine
+    from scalelab.generate.blocks import BlockManager
     from scalelab.generate.sequence import Sequence
+
+
+class EngineState(Protocol):
+    """What the gauges read of an engine (generate.engine.LlmEngine is one): a protocol, so the
+    engine, which owns its metrics, is not imported back by them."""
+
+    @property
+    def blocks(self) -> BlockManager: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
 
 _LATENCY = (
     0.001,
@@ -213,7 +227,7 @@ class EngineMetrics:
         self.accept_rate.labels(self.model_name).set(self._accepted / self._drafted)
 
     def step(
-        self, engine: Engine, tokens: int, prefill: int, decode: int, seconds: float,
+        self, engine: EngineState, tokens: int, prefill: int, decode: int, seconds: float,
         preempted: int, generated: int = 0,
     ) -> None:
         m = self.model_name
@@ -226,7 +240,7 @@ class EngineMetrics:
             self.preemptions.labels(m).inc(preempted)
         self.gauges(engine)
 
-    def gauges(self, engine: Engine) -> None:
+    def gauges(self, engine: EngineState) -> None:
         """Refresh the point-in-time gauges (also called after aborts)."""
         m, b = self.model_name, engine.blocks
         self.running.labels(m).set(engine.num_running)

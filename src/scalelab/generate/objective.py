@@ -44,7 +44,7 @@ class SweepPoint:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Objective:
+class TpotBound:
     """A p95 TPOT bound: absolute seconds, or a multiple of a reference mode's p95 TPOT."""
 
     value: float
@@ -69,7 +69,7 @@ class Objective:
         return f"{self.value:g}x one-at-a-time" if self.relative else f"{self.value:g} s"
 
 
-def parse_objective(text: str) -> Objective:
+def parse_objective(text: str) -> TpotBound:
     """'0.25' (seconds) or '2.5x' (times the one-at-a-time p95 TPOT of the same run)."""
     raw = text.strip().lower()
     relative = raw.endswith("x")
@@ -80,7 +80,7 @@ def parse_objective(text: str) -> Objective:
             f"--tpot-objective {text!r}: give seconds (0.25) or a multiple of the "
             "one-at-a-time p95 TPOT (2.5x)"
         ) from None
-    return Objective(value=value, relative=relative)
+    return TpotBound(value=value, relative=relative)
 
 
 def best_under_objective(points: Sequence[SweepPoint], bound_s: float) -> SweepPoint | None:

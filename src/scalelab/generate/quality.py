@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from scalelab.generate.engine import Engine, EngineConfig
+from scalelab.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.generate.models import LoadedModel, load_model
 from scalelab.generate.quant import check_weights, weight_bytes
 from scalelab.generate.sequence import SamplingParams
@@ -54,16 +54,16 @@ def perplexity(
 
 def greedy(loaded: LoadedModel, prompts: list[str], num_tokens: int) -> list[list[int]]:
     """Greedy continuations of exactly num_tokens (EOS ignored), all prompts batched."""
-    eng = Engine(loaded.model, loaded.tokenizer,
-                 EngineConfig(kv_cache_bytes=64 << 20, max_model_len=512,
-                              max_num_seqs=len(prompts)))
+    eng = LlmEngine(loaded.model, loaded.tokenizer,
+                    LlmEngineConfig(kv_cache_bytes=64 << 20, max_model_len=512,
+                                    max_num_seqs=len(prompts)))
     ids = [loaded.tokenizer.encode(p) for p in prompts]
     seqs = eng.generate(ids, SamplingParams(max_tokens=num_tokens, ignore_eos=True))
     return [s.token_ids[s.num_prompt :] for s in seqs]
 
 
 @dataclass
-class Quality:
+class GenerationQuality:
     weights: str
     perplexity: float
     perplexity_fp32: float
@@ -95,7 +95,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, int]:
 def evaluate(
     model: str, weights: str, *, num_tokens: int = 64, seed: int = 0,
     reference: tuple[LoadedModel, float, list[list[int]]] | None = None,
-) -> Quality:
+) -> GenerationQuality:
     """Quality of `weights` against fp32 for one model spec (smollm2-135m, tiny, a .gguf).
     `reference` reuses an fp32 (model, perplexity, continuations) across settings."""
     check_weights(weights)
@@ -116,7 +116,7 @@ def evaluate(
     share, same = agreement(out, ref_out)
     change = (ppl / ref_ppl - 1) * 100
     ok = abs(change) <= GATE[weights] if weights == "q4" else change <= GATE[weights] + 1e-9
-    return Quality(
+    return GenerationQuality(
         weights=weights, perplexity=ppl, perplexity_fp32=ref_ppl,
         perplexity_change_pct=change, agreement=share, identical=same,
         prompts=len(doc["prompts"]), tokens=num_tokens, weight_bytes=weight_bytes(cand.model),

@@ -25,9 +25,9 @@ from fastapi.responses import JSONResponse, Response
 import scalelab
 from scalelab.core.errors import BadInputError
 from scalelab.generate import spans
-from scalelab.generate.engine import Engine
+from scalelab.generate.engine import LlmEngine
 from scalelab.generate.logprobs import chat_logprobs, completion_logprobs
-from scalelab.generate.loop import EngineLoop, Event, Handle
+from scalelab.generate.loop import EngineLoop, Handle, TextDelta
 from scalelab.generate.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -74,7 +74,7 @@ class GenerationService:
     """The app's state (engine, its thread, the admission count, tracing) and its handlers.
     Handler methods keep the names FastAPI derives operation ids from (/openapi.json)."""
 
-    def __init__(self, settings: ApiSettings, engine: Engine) -> None:
+    def __init__(self, settings: ApiSettings, engine: LlmEngine) -> None:
         self.settings = settings
         self.engine = engine
         self.loop = EngineLoop(engine)
@@ -376,7 +376,7 @@ class GenerationService:
         texts: list[list[str]] = [[] for _ in handles]
         lps: list[list[TokenLogprob]] = [[] for _ in handles]
 
-        async def collect(i: int, h: Handle) -> Event:
+        async def collect(i: int, h: Handle) -> TextDelta:
             while True:
                 ev = await h.events.get()
                 texts[i].append(ev.text)
@@ -388,7 +388,7 @@ class GenerationService:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
 
-        work: asyncio.Future[list[Event]] = asyncio.ensure_future(
+        work: asyncio.Future[list[TextDelta]] = asyncio.ensure_future(
             asyncio.gather(*(collect(i, h) for i, h in enumerate(handles))))
         watch = asyncio.ensure_future(gone())
         either: set[asyncio.Future[Any]] = {work, watch}
@@ -401,7 +401,7 @@ class GenerationService:
             release_all()
         if not work.done() or work.cancelled():
             return Response(status_code=499)  # nobody is listening any more
-        evs: list[Event] = work.result()
+        evs: list[TextDelta] = work.result()
         for ev in evs:
             if ev.finish_reason == "timeout":
                 raise ApiError(

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scalelab.core.errors import BadUsageError
-from scalelab.generate.engine import EngineConfig
+from scalelab.generate.engine import LlmEngineConfig
 from scalelab.web.trace import TraceConfig
 
 SETTINGS_ENV = "SCALELAB_GENERATE_SETTINGS"
@@ -21,7 +21,7 @@ class ApiSettings:
     model: str = "smollm2-135m"
     """smollm2-135m, tiny, or a Llama .gguf path."""
     engine: dict[str, Any] = field(default_factory=dict)
-    """EngineConfig fields (kv_cache_bytes, block_size, max_num_seqs, ...)."""
+    """LlmEngineConfig fields (kv_cache_bytes, block_size, max_num_seqs, ...)."""
     max_waiting: int = 64
     """Requests held beyond the running batch; the next one gets 429."""
     max_prompt_tokens: int | None = None
@@ -49,7 +49,7 @@ class ApiSettings:
         if self.max_waiting < 0 or self.max_output_tokens < 1 or self.request_timeout_s <= 0:
             raise BadUsageError("max_waiting >= 0, max_output_tokens >= 1, timeout > 0 needed")
         self.trace = TraceConfig.of(self.trace)  # a dict when it came through JSON
-        EngineConfig(**self.engine)  # fail here, in the CLI, not in the server process
+        LlmEngineConfig(**self.engine)  # fail here, in the CLI, not in the server process
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

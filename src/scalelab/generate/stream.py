@@ -19,7 +19,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from scalelab.generate.logprobs import chat_logprobs, completion_logprobs
-from scalelab.generate.loop import Event, Handle
+from scalelab.generate.loop import Handle, TextDelta
 from scalelab.generate.protocol import chunk_doc, error_doc, usage
 from scalelab.generate.tokenizer import TextTokenizer
 
@@ -45,7 +45,7 @@ async def sse_stream(handles: list[Handle], *, rid: str, chat: bool, model: str,
     generated = [0] * n
     prompt_tokens = len(handles[0].prompt_ids)
     cached = 0
-    merged: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+    merged: asyncio.Queue[tuple[int, TextDelta]] = asyncio.Queue()
 
     async def pump(i: int, h: Handle) -> None:
         while True:
@@ -61,7 +61,7 @@ async def sse_stream(handles: list[Handle], *, rid: str, chat: bool, model: str,
             doc["usage"] = None
         return sse(doc)
 
-    def lp_doc(i: int, ev: Event) -> dict[str, Any] | None:
+    def lp_doc(i: int, ev: TextDelta) -> dict[str, Any] | None:
         if not want_lp:
             return None
         if chat:

@@ -28,7 +28,7 @@ front of the service, or the arrival rate for rps/tokens), against an AverageVal
 pod. Requests that arrive while no replica is ready wait for the first one, start-up included
 (`load.coldstart`); the result reports them beside the replica-seconds.
 
-The controller is `scalelab.core.hpa.HpaController` unchanged (sync period, tolerance,
+The controller is `scalelab.hpa.HpaController` unchanged (sync period, tolerance,
 stabilisation windows, scale-up limits, behavior, CPU readiness rules); it sees each metric
 averaged over the last `metric_window_s` seconds, like metrics-server's window.
 Defaults put every signal's target at the same operating point, `design_load` × the SLO capacity
@@ -47,8 +47,8 @@ from typing import Any, Literal
 import numpy as np
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.hpa import HpaController, HpaSpec, MetricTarget, PodSample
 from scalelab.core.records import Record
+from scalelab.hpa import HpaController, HpaSpec, MetricTarget, PodSample
 from scalelab.load.coldstart import ColdStart, cold_start
 from scalelab.load.slo import LatencyObjective
 from scalelab.load.traces import Trace
@@ -394,21 +394,8 @@ def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
             total += rate
             bad += rate * frac
             viol_s += int(q_ms > thr_ms)
-        share = backlog / n if n else 0.0
-        if cfg.signal == "cpu":
-            value = 100.0 * min(lam / sat, 1.0) if n else 0.0
-        elif cfg.signal == "rps":
-            value = rate / n if n else 0.0
-        elif cfg.signal == "inflight":
-            value = lam * model.mean_latency_ms(lam) / 1e3 + share
-        elif cfg.signal == "sequences":
-            value = lam * model.e2e_ms(min(lam, sat)) / 1e3 + share
-        elif cfg.signal == "tokens":
-            value = rate / n * (model.tokens_per_request or 0.0) if n else 0.0
-        elif cfg.signal == "kv":
-            value = 100.0 if backlog > 0 else 100.0 * model.kv_at(min(lam, sat))
-        else:
-            value = lam * max(0.0, model.mean_latency_ms(lam) - base_mean) / 1e3 + share
+        value = _pod_signal(cfg.signal, model, rate=rate, lam=lam, ready=n, backlog=backlog,
+                            base_mean_ms=base_mean)
         if cfg.external:
             # One value for the whole service; with no pod ready it is what waits in front
             # (or arrives), which is how an External metric sees demand at zero replicas.
@@ -451,6 +438,27 @@ def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
         timeline=tl if counts else {}, min_replicas=cfg.min_replicas, startup_s=cfg.startup_s,
         cold_start=cold_start(rates.tolist(), ready_per_s.tolist()),
     )
+
+
+def _pod_signal(signal: Signal, model: ReplicaModel, *, rate: float, lam: float, ready: int,
+                backlog: float, base_mean_ms: float) -> float:
+    """One second's value of the signal per ready pod: `lam` is what each pod serves, and the
+    backlog's share waits in front of each."""
+    n, sat = ready, model.saturation_rps
+    share = backlog / n if n else 0.0
+    if signal == "cpu":
+        return 100.0 * min(lam / sat, 1.0) if n else 0.0
+    if signal == "rps":
+        return rate / n if n else 0.0
+    if signal == "inflight":
+        return lam * model.mean_latency_ms(lam) / 1e3 + share
+    if signal == "sequences":
+        return lam * model.e2e_ms(min(lam, sat)) / 1e3 + share
+    if signal == "tokens":
+        return rate / n * (model.tokens_per_request or 0.0) if n else 0.0
+    if signal == "kv":
+        return 100.0 if backlog > 0 else 100.0 * model.kv_at(min(lam, sat))
+    return lam * max(0.0, model.mean_latency_ms(lam) - base_mean_ms) / 1e3 + share
 
 
 def _demand_at_zero(signal: Signal, rate: float, backlog: float, model: ReplicaModel) -> float:

@@ -167,7 +167,7 @@ class Variant:
 
 
 @dataclass(kw_only=True)
-class BenchResult:
+class CompressBenchResult:
     experiment: str
     classes: list[str]
     variants: list[Variant]
@@ -426,7 +426,7 @@ class Bench:
 
     # -- measuring ----------------------------------------------------------------------------
 
-    def evaluate_all(self, variants: list[Variant], experiment: str) -> BenchResult:
+    def evaluate_all(self, variants: list[Variant], experiment: str) -> CompressBenchResult:
         """Quality of every variant, then timing in interleaved rounds (median per variant)."""
         base: Quality | None = None
         inputs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -463,9 +463,9 @@ class Bench:
             base_size = base_size or v.size_bytes
             if v.size_bytes and base_size:
                 v.extras["size_ratio"] = v.size_bytes / base_size
-        return BenchResult(experiment=experiment, classes=self.classes, variants=variants,
-                           records=[self._record(i, v, variants[0], experiment)
-                                    for i, v in enumerate(variants)])
+        return CompressBenchResult(experiment=experiment, classes=self.classes, variants=variants,
+                                   records=[self._record(i, v, variants[0], experiment)
+                                            for i, v in enumerate(variants)])
 
     def _measure_cache(self, model: Any, c: torch.Tensor,
                        x: torch.Tensor) -> tuple[Measurement, dict[str, float]]:
@@ -528,7 +528,7 @@ class Bench:
 
 
 def run_bench(model_dir: Path, data_dir: Path, cfg: CompressConfig,
-              on_step: Callable[[str], None] | None = None) -> BenchResult:
+              on_step: Callable[[str], None] | None = None) -> CompressBenchResult:
     """Build every requested variant, evaluate and time it; returns variants and records.
     `on_step` is told what starts next (for progress)."""
     # Tiny models train and run dispatch-bound: a second intra-op thread buys nothing and, on a

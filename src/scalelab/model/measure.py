@@ -64,7 +64,7 @@ class MeasureConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Timing:
+class BatchTiming:
     batch_size: int
     p50_ms: float
     p95_ms: float
@@ -77,14 +77,14 @@ class Measurement:
 
     device: str
     """'cpu: <model>' or 'cuda: <name>'."""
-    timings: list[Timing]
+    timings: list[BatchTiming]
     throughput_rows_per_s: float
     peak_memory_bytes: int
     model_bytes: int
     cost_per_1000_usd: float
     threads: int
 
-    def at(self, batch_size: int) -> Timing | None:
+    def at(self, batch_size: int) -> BatchTiming | None:
         return next((t for t in self.timings if t.batch_size == batch_size), None)
 
 
@@ -183,9 +183,9 @@ def _measure(model: Predictor, categorical: torch.Tensor, numeric: torch.Tensor,
     for b in cfg.batch_sizes:
         ms = np.asarray(time_calls(model, categorical, numeric, batch_size=b, calls=cfg.calls,
                                    warmup=cfg.warmup, device=device))
-        timings.append(Timing(batch_size=b, p50_ms=float(np.percentile(ms, 50)),
-                              p95_ms=float(np.percentile(ms, 95)),
-                              rows_per_s=b * 1e3 / float(ms.mean())))
+        timings.append(BatchTiming(batch_size=b, p50_ms=float(np.percentile(ms, 50)),
+                                   p95_ms=float(np.percentile(ms, 95)),
+                                   rows_per_s=b * 1e3 / float(ms.mean())))
     top = max(timings, key=lambda t: t.batch_size)
     bmax = top.batch_size
     model_bytes = state_bytes(model)
@@ -220,10 +220,10 @@ def median_of(runs: list[Measurement]) -> Measurement:
     timings = []
     for t in first.timings:
         ts = [r.at(t.batch_size) or t for r in runs]
-        timings.append(Timing(batch_size=t.batch_size,
-                              p50_ms=float(np.median([x.p50_ms for x in ts])),
-                              p95_ms=float(np.median([x.p95_ms for x in ts])),
-                              rows_per_s=float(np.median([x.rows_per_s for x in ts]))))
+        timings.append(BatchTiming(batch_size=t.batch_size,
+                                   p50_ms=float(np.median([x.p50_ms for x in ts])),
+                                   p95_ms=float(np.median([x.p95_ms for x in ts])),
+                                   rows_per_s=float(np.median([x.rows_per_s for x in ts]))))
     top = max(timings, key=lambda t: t.batch_size)
     cost = (first.cost_per_1000_usd * first.throughput_rows_per_s / top.rows_per_s
             if top.rows_per_s > 0 else first.cost_per_1000_usd)

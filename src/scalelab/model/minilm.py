@@ -97,7 +97,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Agreement:
+class EmbeddingAgreement:
     cosine_mean: float
     cosine_min: float
     top1_agreement: float
@@ -114,7 +114,7 @@ def neighbours(emb: torch.Tensor, k: int) -> torch.Tensor:
     return sim.topk(k, dim=1).indices
 
 
-def agreement(reference: torch.Tensor, other: torch.Tensor, *, k: int = 5) -> Agreement:
+def agreement(reference: torch.Tensor, other: torch.Tensor, *, k: int = 5) -> EmbeddingAgreement:
     """Cosine to the reference embeddings and retrieval agreement with them."""
     if reference.shape != other.shape or reference.shape[0] < 2:
         raise BadInputError("agreement needs two embedding sets of the same shape, >= 2 rows")
@@ -126,8 +126,8 @@ def agreement(reference: torch.Tensor, other: torch.Tensor, *, k: int = 5) -> Ag
     top1 = float((nr[:, 0] == no[:, 0]).float().mean())
     overlap = float(np.mean([len(set(a.tolist()) & set(b.tolist())) / k
                              for a, b in zip(nr, no, strict=True)]))
-    return Agreement(cosine_mean=float(cos.mean()), cosine_min=float(cos.min()),
-                     top1_agreement=top1, topk_overlap=overlap, k=k)
+    return EmbeddingAgreement(cosine_mean=float(cos.mean()), cosine_min=float(cos.min()),
+                              top1_agreement=top1, topk_overlap=overlap, k=k)
 
 
 @dataclass(kw_only=True)
@@ -168,7 +168,7 @@ class BackendResult:
     latency_ms: dict[int, dict[str, float]]
     """Batch size -> {"p50_ms", "p95_ms", "sentences_per_s"}."""
     size_bytes: int
-    agreement: Agreement
+    agreement: EmbeddingAgreement
     device: str = "cpu"
 
 

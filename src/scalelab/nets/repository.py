@@ -19,7 +19,7 @@ from typing import Any
 
 from scalelab.core.errors import BadInputError
 from scalelab.core.jsonfile import read_json_object
-from scalelab.core.manifest import atomic_write_bytes
+from scalelab.lineage.manifest import atomic_write_bytes
 
 CONFIG_FILE = "config.json"
 MANIFEST_FILE = "manifest.json"

@@ -20,7 +20,7 @@ from typing import Any
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.observe.catalog import metric_of
 from scalelab.observe.promql import metric_names
-from scalelab.observe.rules import PAGE, TICKET, Slo, recorded_names, rules_document
+from scalelab.observe.rules import PAGE, TICKET, RatioSlo, recorded_names, rules_document
 
 INSTALL_HINT = "pip install 'scalelab[observe]'"
 UID = "scalelab-servers"
@@ -199,7 +199,7 @@ def _governance(b: _Builder) -> None:
                                   "client's traffic (reversible: /admin/governance/.../release).")
 
 
-def _budgets(b: _Builder, slos: list[Slo]) -> None:
+def _budgets(b: _Builder, slos: list[RatioSlo]) -> None:
     if not slos:
         return
     b.row("Error budgets (burn rate: 1 spends the budget exactly over the period)")
@@ -214,11 +214,11 @@ def _budgets(b: _Builder, slos: list[Slo]) -> None:
                         "over 3d and 6h (the SRE workbook's multi-window, multi-burn-rate).")
 
 
-def _by(slo: Slo) -> str:
+def _by(slo: RatioSlo) -> str:
     return {"serve": "model", "llm": "model_name"}.get(slo.stage, "")
 
 
-def dashboard(slos: list[Slo], *, datasource: str = "Prometheus",
+def dashboard(slos: list[RatioSlo], *, datasource: str = "Prometheus",
               title: str = "scalelab servers") -> dict[str, Any]:
     """The dashboard's JSON model; raises BadInputError if an expression does not parse or
     reads a metric that is neither exported (the catalog) nor recorded (the rules)."""

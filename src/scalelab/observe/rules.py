@@ -40,7 +40,7 @@ _PERCENTILE = {"p50_ms": 0.50, "p90_ms": 0.90, "p95_ms": 0.95, "p99_ms": 0.99}
 
 
 @dataclass(frozen=True, kw_only=True)
-class Source:
+class SloSource:
     """Where a stage's SLO is measured: the latency histogram and the responses counter."""
 
     histogram: str
@@ -54,20 +54,21 @@ class Source:
     latency_name: str = "latency"
 
 
-SOURCES: dict[str, Source] = {
-    "serve": Source(histogram="scalelab_request_duration_seconds", by=("model",),
-                    responses="scalelab_responses_total", failed='status=~"5..|429"'),
+SOURCES: dict[str, SloSource] = {
+    "serve": SloSource(histogram="scalelab_request_duration_seconds", by=("model",),
+                       responses="scalelab_responses_total", failed='status=~"5..|429"'),
     # the llm stage's latency objective is TTFT; the engine counts no failed responses
-    "llm": Source(histogram="vllm:time_to_first_token_seconds", by=("model_name",),
-                  latency_name="ttft"),
-    "retrieval": Source(histogram="retrieval_request_seconds", by=(), selector='route="retrieve"',
-                        responses="retrieval_requests_total", failed='code=~"5..|429"'),
+    "llm": SloSource(histogram="vllm:time_to_first_token_seconds", by=("model_name",),
+                     latency_name="ttft"),
+    "retrieval": SloSource(histogram="retrieval_request_seconds", by=(),
+                           selector='route="retrieve"', responses="retrieval_requests_total",
+                           failed='code=~"5..|429"'),
 }
 """The stages whose objectives become SLOs, and the server metrics that measure them."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class Slo:
+class RatioSlo:
     """One ratio SLO: the share of good events must stay at or above `target`."""
 
     name: str
@@ -115,7 +116,7 @@ def _sel(*parts: str) -> str:
     return "{" + inner + "}" if inner else ""
 
 
-def latency_slo(stage: str, objective: dict[str, Any]) -> Slo:
+def latency_slo(stage: str, objective: dict[str, Any]) -> RatioSlo:
     """The ratio SLO of a percentile objective `{metric: p95_ms, max: 50}` (pure)."""
     src = SOURCES[stage]
     metric, bound = objective["metric"], objective.get("max")
@@ -134,11 +135,11 @@ def latency_slo(stage: str, objective: dict[str, Any]) -> Slo:
     total = _sum(f"rate({h}_count{_sel(src.selector)}[W])", src.by)
     q = _PERCENTILE[metric]
     label = objective.get("label") or f"{metric.removesuffix('_ms')} ≤ {bound:g} ms"
-    return Slo(name=f"{stage}_{src.latency_name}", stage=stage, label=str(label), target=q,
-               bad=f"{total} - {good}", total=total, boundary_s=boundary)
+    return RatioSlo(name=f"{stage}_{src.latency_name}", stage=stage, label=str(label), target=q,
+                    bad=f"{total} - {good}", total=total, boundary_s=boundary)
 
 
-def availability_slo(stage: str, objective: dict[str, Any]) -> Slo | None:
+def availability_slo(stage: str, objective: dict[str, Any]) -> RatioSlo | None:
     """The SLO of `{metric: availability, min: 0.999}`; None where the server counts no
     failed responses (pure)."""
     src = SOURCES[stage]
@@ -152,16 +153,16 @@ def availability_slo(stage: str, objective: dict[str, Any]) -> Slo | None:
     bad = _sum(f"rate({c}{_sel(src.failed)}[W])", src.by)
     total = _sum(f"rate({c}[W])", src.by)
     label = objective.get("label") or f"availability ≥ {float(target):.3%}"
-    return Slo(name=f"{stage}_availability", stage=stage, label=str(label),
-               target=float(target), bad=bad, total=total)
+    return RatioSlo(name=f"{stage}_availability", stage=stage, label=str(label),
+                    target=float(target), bad=bad, total=total)
 
 
-def slos_from_objectives(doc: dict[str, Any]) -> list[Slo]:
+def slos_from_objectives(doc: dict[str, Any]) -> list[RatioSlo]:
     """Every SLO the objectives document's serve, llm and retrieval stages define (pure)."""
     stages = doc.get("stages") or {}
     if not isinstance(stages, dict):
         raise BadInputError("objectives file: 'stages' must be a mapping of stage sections")
-    out: list[Slo] = []
+    out: list[RatioSlo] = []
     for stage in SOURCES:
         section = stages.get(stage) or {}
         objectives = section.get("objectives") or [] if isinstance(section, dict) else []
@@ -223,14 +224,14 @@ def _camel(name: str) -> str:
     return "".join(p.capitalize() for p in name.split("_"))
 
 
-def _burn(slo: Slo, pairs: tuple[tuple[str, str, float], ...]) -> str:
+def _burn(slo: RatioSlo, pairs: tuple[tuple[str, str, float], ...]) -> str:
     b = f"{slo.budget:.6g}"
     terms = [f"({slo.record_name(long)} > ({rate:g} * {b}) and "
              f"{slo.record_name(short)} > ({rate:g} * {b}))" for long, short, rate in pairs]
     return " or ".join(terms)
 
 
-def slo_group(slo: Slo) -> dict[str, Any]:
+def slo_group(slo: RatioSlo) -> dict[str, Any]:
     """The recording rules and the two burn-rate alerts of one SLO (pure)."""
     rules: list[dict[str, Any]] = [
         {"record": slo.record_name(w), "expr": slo.ratio_expr(w)} for w in WINDOWS]
@@ -277,7 +278,7 @@ def budget_group() -> dict[str, Any]:
     ]}
 
 
-def rules_document(slos: list[Slo]) -> dict[str, Any]:
+def rules_document(slos: list[RatioSlo]) -> dict[str, Any]:
     """The whole rules file: one group per SLO, then governance's (pure)."""
     return {"groups": [*(slo_group(s) for s in slos), budget_group()]}
 

@@ -26,7 +26,7 @@ from scalelab.online.log import EventLog
 from scalelab.online.policy import make_policy
 from scalelab.online.prequential import PrequentialResult, run
 from scalelab.online.schema import write_schema
-from scalelab.online.stream import StreamConfig, build_stream
+from scalelab.online.stream import ReplayConfig, build_stream
 from scalelab.online.updater import StreamData, UpdaterConfig
 
 STAGE = "online"
@@ -34,10 +34,10 @@ VARIABLE = "updates_per_30d"
 
 
 @dataclass(kw_only=True)
-class BenchConfig:
+class OnlineBenchConfig:
     policies: list[str] = field(default_factory=lambda: ["never", "monthly", "weekly", "daily",
                                                          "drift"])
-    stream: StreamConfig = field(default_factory=StreamConfig)
+    stream: ReplayConfig = field(default_factory=ReplayConfig)
     updater: UpdaterConfig = field(default_factory=UpdaterConfig)
     drift_threshold: float = 50.0
     drift_delta: float = 0.005
@@ -68,13 +68,13 @@ def per_30d(r: PrequentialResult, tick_hours: float) -> float:
     return (r.promoted + r.refused) * 30.0 / days if days > 0 else 0.0
 
 
-def run_bench(cfg: BenchConfig, work: Path, experiment: str,
+def run_bench(cfg: OnlineBenchConfig, work: Path, experiment: str,
               on_window: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
     """Ingest once, then replay every policy; `on_window(policy, done, total)` after each
     window of each replay."""
     work.mkdir(parents=True, exist_ok=True)
     schema = cfg.schema or write_schema(work / "schema.json",
-                                        StreamConfig(start=cfg.stream.start, end=cfg.stream.end))
+                                        ReplayConfig(start=cfg.stream.start, end=cfg.stream.end))
     rules = load_rules(schema)
     stream = build_stream(cfg.stream)
     log_path = work / "log.sqlite"

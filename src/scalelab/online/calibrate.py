@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadInputError
-from scalelab.online.bench import BenchConfig, run_bench
+from scalelab.online.bench import OnlineBenchConfig, run_bench
 from scalelab.online.policy import PERIODS, Periodic, make_policy
 
 
@@ -148,7 +148,7 @@ def trials_from_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Trial]:
     return out
 
 
-def run_calibration(cfg: CalibrationConfig, bench: BenchConfig, work: Path,
+def run_calibration(cfg: CalibrationConfig, bench: OnlineBenchConfig, work: Path,
                     experiment: str) -> tuple[Choice, dict[str, Any]]:
     """Ingest `bench.stream` (the calibration period: its own log and inferred schema in
     `work`), replay every policy the rule needs on it, and choose. Returns the choice and the

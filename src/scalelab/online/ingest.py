@@ -3,8 +3,9 @@ quarantine what fails with its reasons, append the rest to the event log exactly
 reconcile per window.
 
 The rules are read from the schema file `scalelab data infer` writes (format scalelab.schema/1:
-per column its type, nullability, null-rate bound, [min, max] and domain); this part never
-imports the data part's code. Row rules (one quarantine record per failing row, column and rule):
+per column its type, nullability, null-rate bound, [min, max] and domain), through the one
+reader of that format (nets.table_schema); this part never imports the data part's code. Row
+rules (one quarantine record per failing row, column and rule):
 ``type`` (the column's dtype is not the schema's type: every row), ``missing_column``,
 ``required`` (null where the schema allows none), ``non_finite``, ``range``, ``domain``. Window
 rules (reconcile): a quarantine rate above the tolerance marks the whole window quarantined;
@@ -16,7 +17,6 @@ Every check is one polars expression over the whole batch (no per-event Python).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,10 +27,10 @@ import polars as pl
 
 from scalelab.core.errors import BadInputError
 from scalelab.nets.flights import CLASSES, FEATURES, LABEL
+from scalelab.nets.table_schema import Schema, logical_type, type_ok
 from scalelab.online.log import Appended, EventLog
 from scalelab.online.stream import EVENT_COLUMNS, EVENT_ID, EVENT_TIME, LABEL_TIME
 
-SCHEMA_FORMAT = "scalelab.schema/1"
 REJECT_SCHEMA = pl.Schema({
     EVENT_ID: pl.Int64(), EVENT_TIME: pl.Datetime("us"), "rule": pl.String(),
     "column": pl.String(), "value": pl.String()})
@@ -53,55 +53,24 @@ class ColumnRule:
     """Categorical skew threshold (L-infinity distance of value shares; None: off)."""
 
 
-def _logical(dtype: pl.DataType) -> str:
-    t = str(dtype)
-    if t.startswith(("Int", "UInt")):
-        return "integer"
-    if t.startswith(("Float", "Decimal")):
-        return "float"
-    if t in ("String", "Utf8") or t.startswith(("Categorical", "Enum")):
-        return "string"
-    if t.startswith("Datetime"):
-        return "datetime"
-    return "other"
-
-
 def load_rules(path: str | Path) -> dict[str, ColumnRule]:
     """The feature columns' rules from a scalelab.schema/1 file (other columns are ignored)."""
     p = Path(path)
-    try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInputError(f"schema {p} does not exist; write one with `scalelab data infer "
-                            "EVENTS.parquet --out schema.json`") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInputError(f"schema {p} is not valid JSON ({e})") from None
-    if not isinstance(raw, dict) or raw.get("format") != SCHEMA_FORMAT:
-        raise BadInputError(f"{p}: format must be {SCHEMA_FORMAT!r} (from `scalelab data "
-                            "infer`)")
-    rules: dict[str, ColumnRule] = {}
-    defaults = raw.get("skew_defaults") or {}
-    for i, c in enumerate(raw.get("columns") or []):
-        try:
-            name = str(c["name"])
-            dom = c.get("domain")
-            skew = {**defaults, **(c.get("skew") or {})}
-            rules[name] = ColumnRule(
-                name=name, type=str(c["type"]), nullable=bool(c.get("nullable", True)),
-                max_null_rate=None if c.get("max_null_rate") is None
-                else float(c["max_null_rate"]),
-                min=None if c.get("min") is None else float(c["min"]),
-                max=None if c.get("max") is None else float(c["max"]),
-                domain=None if dom is None else tuple(str(v) for v in dom),
-                psi=None if skew.get("psi") is None else float(skew["psi"]),
-                linf=None if skew.get("linf") is None else float(skew["linf"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise BadInputError(f"{p}: columns[{i}] is not a schema column ({e})") from None
-    missing = [c for c in FEATURES if c not in rules]
+    schema = Schema.load(p)
+    missing = [c for c in FEATURES if schema.column(c) is None]
     if missing:
         raise BadInputError(f"{p} has no rules for feature columns {', '.join(missing)}; infer "
                             "it from a table of feature events")
-    return {c: rules[c] for c in FEATURES}
+    rules: dict[str, ColumnRule] = {}
+    for name in FEATURES:
+        c = schema.column(name)
+        assert c is not None  # checked above
+        skew = schema.skew_for(name)
+        rules[name] = ColumnRule(
+            name=name, type=c.type, nullable=c.nullable, max_null_rate=c.max_null_rate,
+            min=c.min, max=c.max, domain=None if c.domain is None else tuple(c.domain),
+            psi=skew.psi, linf=skew.linf)
+    return rules
 
 
 def _violations(batch: pl.DataFrame, rules: dict[str, ColumnRule]
@@ -114,8 +83,8 @@ def _violations(batch: pl.DataFrame, rules: dict[str, ColumnRule]
         if c not in batch.columns:
             whole.append((c, "missing_column"))
             continue
-        actual = _logical(batch.schema[c])
-        if not (actual == r.type or (r.type == "float" and actual == "integer")):
+        actual = logical_type(batch.schema[c])
+        if not type_ok(r.type, actual):
             whole.append((c, "type"))
             continue
         col = pl.col(c)

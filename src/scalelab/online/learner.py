@@ -21,7 +21,7 @@ from torch import nn
 from scalelab.core.errors import BadInputError
 from scalelab.nets import registry, repository
 from scalelab.nets.feature_version import KEY as FEATURE_VERSION_KEY
-from scalelab.nets.flights import CATEGORICAL, CLASSES, NUMERIC
+from scalelab.nets.flights import CLASSES, NUMERIC, serving_config
 from scalelab.nets.tabular import TabularConfig, TabularNet
 from scalelab.online.features import FeatureSpec
 
@@ -61,7 +61,7 @@ class TrainConfig:
 
 
 @dataclass
-class Cost:
+class TrainingCost:
     """Compute spent: rows x epochs and CPU seconds (training and evaluation separately)."""
 
     samples: int = 0
@@ -69,7 +69,7 @@ class Cost:
     predictions: int = 0
     predict_cpu_s: float = 0.0
 
-    def add(self, other: Cost) -> None:
+    def add(self, other: TrainingCost) -> None:
         self.samples += other.samples
         self.train_cpu_s += other.train_cpu_s
         self.predictions += other.predictions
@@ -104,11 +104,11 @@ class Learner:
         return out
 
     def fit(self, cat: np.ndarray, num: np.ndarray, y: np.ndarray, *, epochs: int, lr: float,
-            seed: int) -> Cost:
+            seed: int) -> TrainingCost:
         """Minibatch Adam over the rows, `epochs` times, in a seeded order."""
         n = len(y)
         if n == 0:
-            return Cost()
+            return TrainingCost()
         c0 = time.process_time()
         tc, tn, ty = torch.from_numpy(cat), torch.from_numpy(num), torch.from_numpy(y)
         if self.cfg.class_weight_power and self.class_weight is None:
@@ -129,9 +129,9 @@ class Learner:
                 loss.backward()
                 opt.step()
         self.net.eval()
-        return Cost(samples=n * epochs, train_cpu_s=time.process_time() - c0)
+        return TrainingCost(samples=n * epochs, train_cpu_s=time.process_time() - c0)
 
-    def predict(self, cat: np.ndarray, num: np.ndarray) -> tuple[np.ndarray, Cost]:
+    def predict(self, cat: np.ndarray, num: np.ndarray) -> tuple[np.ndarray, TrainingCost]:
         c0 = time.process_time()
         out = []
         with torch.inference_mode():
@@ -140,7 +140,7 @@ class Learner:
                                   torch.from_numpy(num[s:s + 16384]))
                 out.append(logits.argmax(dim=1).numpy())
         pred = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-        return pred, Cost(predictions=len(pred), predict_cpu_s=time.process_time() - c0)
+        return pred, TrainingCost(predictions=len(pred), predict_cpu_s=time.process_time() - c0)
 
     def save(self, repo: str | Path, name: str, *, manifest: dict[str, Any]) -> Path:
         """Write this model as the next version of REPO/NAME in the serving layout: model.json
@@ -150,7 +150,7 @@ class Learner:
         mdir = repository.model_dir(root, name)
         mdir.mkdir(parents=True, exist_ok=True)
         if not (mdir / repository.CONFIG_FILE).exists():
-            repository.write_json(mdir / repository.CONFIG_FILE, model_config(name))
+            repository.write_json(mdir / repository.CONFIG_FILE, serving_config(name))
         version = repository.next_version(root, name)
         tmp = mdir / f".{version}.tmp"
         registry.save_module(tmp, self.net, arch=ARCH, params=self.net_config().to_dict(),
@@ -163,18 +163,3 @@ class Learner:
         final = repository.version_dir(root, name, version)
         tmp.rename(final)
         return final
-
-
-def model_config(name: str) -> dict[str, Any]:
-    """REPO/<model>/config.json for the flights feature contract's tensors."""
-    return {
-        "name": name, "platform": "scalelab-torch",
-        "inputs": [{"name": "categorical", "datatype": "INT64", "shape": [-1, len(CATEGORICAL)]},
-                   {"name": "numeric", "datatype": "FP32", "shape": [-1, len(NUMERIC)]}],
-        "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, len(CLASSES)]},
-                    {"name": "label", "datatype": "INT64", "shape": [-1]}],
-        "max_batch_size": 64,
-        "dynamic_batching": {"max_queue_delay_ms": 2, "preferred_batch_sizes": [],
-                             "max_queue_size": 256, "default_timeout_ms": 1000},
-        "version_policy": {"latest": {"num_versions": 2}},
-    }

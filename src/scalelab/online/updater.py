@@ -2,7 +2,7 @@
 watches the promoted model on late labels (and rolls it back when it is worse than the version it
 replaced), asks its policy whether to update, and if so fine-tunes a candidate on the labelled
 lookback, checks the lookback for skew, and gates the candidate against the live model on the
-held-out part of the latest labelled window before promoting it. Every step is a Decision.
+held-out part of the latest labelled window before promoting it. Every step is a UpdateDecision.
 
 What it never does: train on a quarantined window, promote a candidate the gate refused, promote
 on features that skewed from the feature version's reference, or keep a promoted model that live
@@ -22,11 +22,11 @@ import numpy as np
 import polars as pl
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.gate import Evaluation, compare, evaluation
+from scalelab.core.gate import HoldoutQuality, compare, evaluation
 from scalelab.nets.flights import CLASSES, LABEL
 from scalelab.online.features import FeatureSpec, skew
 from scalelab.online.ingest import REJECT_SCHEMA, ColumnRule, reconcile
-from scalelab.online.learner import Cost, Learner, TrainConfig
+from scalelab.online.learner import Learner, TrainConfig, TrainingCost
 from scalelab.online.policy import Policy
 from scalelab.online.stream import EVENT_ID, EVENT_TIME, LABEL_TIME
 from scalelab.online.window import HOUR_US, WindowSpec, sliding_mask
@@ -95,7 +95,7 @@ class UpdaterConfig:
 
 
 @dataclass(kw_only=True)
-class Decision:
+class UpdateDecision:
     """One record of what the updater did at a window close, and why."""
 
     window: int
@@ -123,7 +123,7 @@ def holdout_mask(ids: np.ndarray, fraction: float) -> np.ndarray:
     return h.astype(np.float64) / 2**32 < fraction
 
 
-def _eval_dict(e: Evaluation) -> dict[str, Any]:
+def _eval_dict(e: HoldoutQuality) -> dict[str, Any]:
     return asdict(e)
 
 
@@ -203,8 +203,8 @@ class Updater:
                  rolled_back: Callable[[Learner, Learner], None] | None = None) -> None:
         self.data, self.rules, self.policy, self.cfg = data, rules, policy, cfg
         self.publish, self.on_rollback = publish, rolled_back
-        self.decisions: list[Decision] = []
-        self.cost = Cost()
+        self.decisions: list[UpdateDecision] = []
+        self.cost = TrainingCost()
         self.quarantined: set[int] = set()
         self.window_of = np.zeros(0, dtype=np.int64)
         self.is_holdout = holdout_mask(data.ids, cfg.holdout_fraction)
@@ -239,7 +239,7 @@ class Updater:
         self.cost.add(self.live.fit(self.cat[idx], self.num[idx], d.label[idx],
                                     epochs=cfg.train.bootstrap_epochs, lr=cfg.train.lr,
                                     seed=cfg.train.seed))
-        self.decisions.append(Decision(
+        self.decisions.append(UpdateDecision(
             window=-1, start=from_us(origin_us).isoformat(), end=from_us(end).isoformat(),
             action="bootstrap", policy=self.policy.name, feature_version=spec.version,
             live_version=1, metrics={"rows": int(known.sum())},
@@ -257,10 +257,10 @@ class Updater:
         return pred, self.live.version
 
     def close(self, k: int, start_us: int, end_us: int, arrived: np.ndarray,
-              errors: np.ndarray, pred: np.ndarray, version: np.ndarray) -> list[Decision]:
+              errors: np.ndarray, pred: np.ndarray, version: np.ndarray) -> list[UpdateDecision]:
         """Window k = [start, end) has closed; `arrived`: events whose label came in it,
         `errors`: the live model's 0/1 errors on them in arrival order."""
-        out: list[Decision] = []
+        out: list[UpdateDecision] = []
         base = {"window": k, "start": from_us(start_us).isoformat(),
                 "end": from_us(end_us).isoformat(), "policy": self.policy.name}
         self.policy.observe(errors)
@@ -286,13 +286,13 @@ class Updater:
         return out
 
     def _decision(self, base: dict[str, Any], action: str, reasons: list[str],
-                  **kw: Any) -> Decision:
-        return Decision(**base, action=action, reasons=reasons,
-                        feature_version=self.live.spec.version, live_version=self.live.version,
-                        **kw)
+                  **kw: Any) -> UpdateDecision:
+        return UpdateDecision(**base, action=action, reasons=reasons,
+                              feature_version=self.live.spec.version,
+                              live_version=self.live.version, **kw)
 
     def _reconcile(self, k: int, start_us: int, end_us: int,
-                   base: dict[str, Any]) -> list[Decision]:
+                   base: dict[str, Any]) -> list[UpdateDecision]:
         d = self.data
         inside = (d.t_event >= start_us) & (d.t_event < end_us)
         t0, t1 = from_us(start_us), from_us(end_us)
@@ -306,7 +306,7 @@ class Updater:
         return []
 
     def _watch(self, now_us: int, pred: np.ndarray, version: np.ndarray,
-               base: dict[str, Any]) -> Decision | None:
+               base: dict[str, Any]) -> UpdateDecision | None:
         """Roll the promoted model back if late labels show it worse than its predecessor."""
         if self.previous is None or self.promoted_at is None:
             return None
@@ -329,7 +329,7 @@ class Updater:
                 self.rollback_s.append(time.perf_counter() - t0)
                 self.previous, self.promoted_at = None, None
                 self.policy.updated()
-                return Decision(**base, action="rolled_back", reasons=[
+                return UpdateDecision(**base, action="rolled_back", reasons=[
                     f"live macro F1 {live.macro_f1:.4f} < previous {prev.macro_f1:.4f} - "
                     f"tolerance {cfg.rollback_tolerance} on {n} late labels"],
                     feature_version=self.live.spec.version, live_version=self.live.version,
@@ -359,7 +359,7 @@ class Updater:
                 return {c: {**v, "window": int(w)} for c, v in flagged.items()}
         return {}
 
-    def _update(self, k: int, end_us: int, why: str, base: dict[str, Any]) -> Decision:
+    def _update(self, k: int, end_us: int, why: str, base: dict[str, Any]) -> UpdateDecision:
         d, cfg = self.data, self.cfg
         t_wall = time.perf_counter()
         clean = ~np.isin(self.window_of, np.fromiter(self.quarantined, dtype=np.int64))

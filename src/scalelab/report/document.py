@@ -322,72 +322,91 @@ def render_html(
     ]
     goal_by = {g.stage: g for g in goals}
     for s in verdict.stages:
-        g = goal_by.get(s.stage)
-        rows = [r for r in sheet if r.stage == s.stage]
         out.append(f"<h2>{e(s.stage)}</h2>")
         if not s.measured:
             out.append("<p class='muted'>not measured in this run</p>")
             continue
-        if g:
-            out.append(
-                "<p>Objectives: "
-                + ", ".join(f"<code>{e(o.label)}</code>" for o in g.objectives)
-                + f" · target {g.target_multiple:g}×</p>"
-            )
-        head = stage_head(s)
-        cls = {"missed": "miss", "met": "ok"}.get(s.outcome, "open")
-        out.append(f"<p><span class='{cls}'>{e(head[0].split(': ', 1)[1])}</span></p><ul>")
-        for line in head[1:]:
-            out.append(f"<li>{e(line.strip())}</li>")
-        for ev in s.limiting:
-            out.append(f"<li>limiting: <b>{e(ev.resource)}</b> — {e(ev.detail)}</li>")
-        if s.intervention:
-            out.append(f"<li>do: {e(s.intervention)}</li>")
-        if s.predicted:
-            out.append(f"<li>predicted: {e(s.predicted)}</li>")
-        if s.tightest:
-            out.append(f"<li>least headroom: {e(s.tightest)}</li>")
-        gov = stage_governance(rows)
-        if gov:
-            out.append(f"<li>governance: {e(gov)}</li>")
-        for tag, line in (traces or {}).get(s.stage, []):
-            out.append(f"<li>traces ({e(tag)}, highest level): {e(line)}</li>")
-        out.append("</ul>")
-        if s.checks or s.candidate_checks:
-            out.append("<table><tr>" + "".join(f"<th class='l'>{e(c)}</th>"
-                                                for c in CHECK_COLUMNS[1:]) + "</tr>")
-            for c in [*s.checks, *s.candidate_checks]:
-                cells = check_cells(c)[1:]
-                kind = {"missed": "miss", "met": "ok"}.get(c.outcome, "open")
-                out.append("<tr>" + "".join(
-                    f"<td class='l{' ' + kind if i == 3 else ''}'>{e(x)}</td>"
-                    for i, x in enumerate(cells)) + "</tr>")
-            out.append("</table>")
-        out.append("<div class='plots'>")
-        objs = g.objectives if g else []
-        figures: tuple[str | None, ...]
-        if rows and rows[0].variable == "variant":
-            # Variants are categories, not a scale: compare them on one quality-latency plane.
-            qkey = next((o.metric[8:] for o in objs if o.metric.startswith("quality:")), None)
-            figures = (plots.pareto_plot(s.stage, rows, _plain_quality(rows, qkey)),)
-        else:
-            figures = (
-                plots.throughput_plot(s.stage, rows, objs),
-                plots.latency_plot(s.stage, rows, objs),
-                plots.cost_plot(s.stage, rows),
-                plots.frontier_plot(s.stage, records or []),
-                plots.monthly_plot(s.stage, records or []),
-            )
-        for svg in figures:
-            if svg:
-                out.append(f"<figure>{svg}</figure>")
-        out.append("</div>")
+        rows = [r for r in sheet if r.stage == s.stage]
+        g = goal_by.get(s.stage)
+        out += _stage_findings_html(s, g, rows, (traces or {}).get(s.stage, []))
+        out += _stage_figures_html(s.stage, g, rows, records or [])
     out += economics_html(sheet)
-    out.append(
+    out += _sheet_html(sheet)
+    return "\n".join(out)
+
+
+def _stage_findings_html(s: StageVerdict, g: StageGoal | None, rows: list[SheetRow],
+                         traces: list[tuple[str, str]]) -> list[str]:
+    """A measured stage's objectives, outcome, evidence and checks."""
+    e = html.escape
+    out: list[str] = []
+    if g:
+        out.append(
+            "<p>Objectives: "
+            + ", ".join(f"<code>{e(o.label)}</code>" for o in g.objectives)
+            + f" · target {g.target_multiple:g}×</p>"
+        )
+    head = stage_head(s)
+    cls = {"missed": "miss", "met": "ok"}.get(s.outcome, "open")
+    out.append(f"<p><span class='{cls}'>{e(head[0].split(': ', 1)[1])}</span></p><ul>")
+    for line in head[1:]:
+        out.append(f"<li>{e(line.strip())}</li>")
+    for ev in s.limiting:
+        out.append(f"<li>limiting: <b>{e(ev.resource)}</b> — {e(ev.detail)}</li>")
+    if s.intervention:
+        out.append(f"<li>do: {e(s.intervention)}</li>")
+    if s.predicted:
+        out.append(f"<li>predicted: {e(s.predicted)}</li>")
+    if s.tightest:
+        out.append(f"<li>least headroom: {e(s.tightest)}</li>")
+    gov = stage_governance(rows)
+    if gov:
+        out.append(f"<li>governance: {e(gov)}</li>")
+    for tag, line in traces:
+        out.append(f"<li>traces ({e(tag)}, highest level): {e(line)}</li>")
+    out.append("</ul>")
+    if s.checks or s.candidate_checks:
+        out.append("<table><tr>" + "".join(f"<th class='l'>{e(c)}</th>"
+                                            for c in CHECK_COLUMNS[1:]) + "</tr>")
+        for c in [*s.checks, *s.candidate_checks]:
+            cells = check_cells(c)[1:]
+            kind = {"missed": "miss", "met": "ok"}.get(c.outcome, "open")
+            out.append("<tr>" + "".join(
+                f"<td class='l{' ' + kind if i == 3 else ''}'>{e(x)}</td>"
+                for i, x in enumerate(cells)) + "</tr>")
+        out.append("</table>")
+    return out
+
+
+def _stage_figures_html(stage: str, g: StageGoal | None, rows: list[SheetRow],
+                        records: list[Record]) -> list[str]:
+    """A measured stage's plots."""
+    objs = g.objectives if g else []
+    figures: tuple[str | None, ...]
+    if rows and rows[0].variable == "variant":
+        # Variants are categories, not a scale: compare them on one quality-latency plane.
+        qkey = next((o.metric[8:] for o in objs if o.metric.startswith("quality:")), None)
+        figures = (plots.pareto_plot(stage, rows, _plain_quality(rows, qkey)),)
+    else:
+        figures = (
+            plots.throughput_plot(stage, rows, objs),
+            plots.latency_plot(stage, rows, objs),
+            plots.cost_plot(stage, rows),
+            plots.frontier_plot(stage, records),
+            plots.monthly_plot(stage, records),
+        )
+    return ["<div class='plots'>", *(f"<figure>{svg}</figure>" for svg in figures if svg),
+            "</div>"]
+
+
+def _sheet_html(sheet: list[SheetRow]) -> list[str]:
+    """The diagnostic sheet as a table, and the closing of the page."""
+    e = html.escape
+    out = [
         "<h2>Diagnostic sheet</h2><table><tr>"
         + "".join(f"<th class='l'>{e(c)}</th>" for c in SHEET_COLUMNS)
         + "</tr>"
-    )
+    ]
     for r in sheet:
         cells = sheet_cells(r)
         out.append(
@@ -403,7 +422,7 @@ def render_html(
         "× is the multiple of the stage's smallest level. Rebuild with "
         "<code>scalelab report DIR</code>.</p></body></html>"
     )
-    return "\n".join(out)
+    return out
 
 
 def render_markdown(

@@ -17,12 +17,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from scalelab.core.chinchilla import ChinchillaParams, compute_optimal
 from scalelab.core.errors import BadUsageError
 from scalelab.core.fits import fit_scaling
 from scalelab.core.usl import usl
+from scalelab.plan.chinchilla import ChinchillaParams, compute_optimal
 
 plt.rcParams.update({"svg.fonttype": "none", "font.family": "sans-serif", "font.size": 9})
 
@@ -76,6 +77,19 @@ class Bound:
     label: str
 
 
+def _finish(fig: Figure, ax: Axes, *, title: str, xlabel: str | None = None,
+            ylabel: str | None = None, both_grids: bool = False) -> Figure:
+    """The house style every figure ends with: labels, title, a light grid, a small legend."""
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both" if both_grids else "major")
+    ax.legend(fontsize=7)
+    return fig
+
+
 def scaling_figure(curves: Sequence[Curve], *, variable: str, ylabel: str, title: str,
                    bounds: Sequence[Bound] = ()) -> Figure:
     """Throughput against the scaled variable; dashed: the law chosen by AIC, fitted."""
@@ -102,12 +116,7 @@ def scaling_figure(curves: Sequence[Curve], *, variable: str, ylabel: str, title
                         label=f"{c.name}: {fit.chosen} fit")
     for b in bounds:
         ax.axhline(b.value, color="crimson", linestyle=":", label=f"objective {b.label}")
-    ax.set_xlabel(variable)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return fig
+    return _finish(fig, ax, xlabel=variable, ylabel=ylabel, title=title)
 
 
 @dataclass(kw_only=True)
@@ -143,13 +152,9 @@ def latency_figure(curves: Sequence[LatencyCurve], *, variable: str, title: str,
         ax.axhline(b.value, color="crimson", linestyle=":", label=f"objective {b.label}")
     if marker_x is not None:
         ax.axvline(marker_x, color="tab:blue", linestyle="--", label=marker_label)
-    ax.set_xlabel(variable)
-    ax.set_ylabel("latency (ms)")
     ax.set_yscale("log")
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    return fig
+    return _finish(fig, ax, xlabel=variable, ylabel="latency (ms)", title=title,
+                   both_grids=True)
 
 
 def chinchilla_figure(n: Sequence[float], d: Sequence[float], loss: Sequence[float],
@@ -165,12 +170,8 @@ def chinchilla_figure(n: Sequence[float], d: Sequence[float], loss: Sequence[flo
         best = [compute_optimal(params, float(c)).loss for c in grid]
         ax.plot(grid, best, color="crimson", label="fitted law, compute-optimal")
     ax.set_xscale("log")
-    ax.set_xlabel("training compute C = 6ND (FLOP)")
-    ax.set_ylabel("loss")
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    return fig
+    return _finish(fig, ax, xlabel="training compute C = 6ND (FLOP)", ylabel="loss", title=title,
+                   both_grids=True)
 
 
 def frontier_figure(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str,
@@ -183,13 +184,9 @@ def frontier_figure(series: Mapping[str, Sequence[tuple[float, float]]], *, titl
         ax.plot([p[0] for p in ordered], [p[1] for p in ordered], marker="o", label=name)
     if target is not None:
         ax.axvline(target, color="crimson", linestyle=":", label=f"recall target {target:g}")
-    ax.set_xlabel("recall@10")
-    ax.set_ylabel("queries/s (one at a time)")
     ax.set_yscale("log")
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    return fig
+    return _finish(fig, ax, xlabel="recall@10", ylabel="queries/s (one at a time)", title=title,
+                   both_grids=True)
 
 
 def timeline_figure(series: Mapping[str, Sequence[tuple[float, float]]], *, xlabel: str,
@@ -198,9 +195,4 @@ def timeline_figure(series: Mapping[str, Sequence[tuple[float, float]]], *, xlab
     fig, ax = plt.subplots(figsize=(5.2, 3.2))
     for name, pts in series.items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return fig
+    return _finish(fig, ax, xlabel=xlabel, ylabel=ylabel, title=title)

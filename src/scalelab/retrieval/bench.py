@@ -98,7 +98,7 @@ def grid_for(spec: str) -> tuple[str | None, list[float]]:
 
 
 @dataclass(kw_only=True)
-class BenchConfig:
+class RetrievalBenchConfig:
     """What the benchmark scales and measures."""
 
     levels: Sequence[float] = (1, 10)
@@ -137,7 +137,7 @@ class BenchConfig:
 
 
 @dataclass(kw_only=True)
-class Point:
+class OperatingPoint:
     param: str | None
     value: float
     qps: float
@@ -157,8 +157,8 @@ class IndexResult:
     build_s: float
     memory_bytes: int
     raw_bytes: int
-    points: list[Point]
-    operating: Point | None
+    points: list[OperatingPoint]
+    operating: OperatingPoint | None
     """Best QPS with recall >= target (None if no point reached it)."""
     open_loop: dict[str, float] = field(default_factory=dict)
     fresh: dict[str, float] = field(default_factory=dict)
@@ -199,23 +199,23 @@ def open_loop(index: VectorIndex, q: np.ndarray, k: int, rate: float) -> dict[st
             "max_ms": float(lat.max()), "queries": float(q.shape[0])}
 
 
-def pareto(points: Sequence[Point]) -> list[Point]:
+def pareto(points: Sequence[OperatingPoint]) -> list[OperatingPoint]:
     """The recall-QPS frontier: points no other point beats on both (pure)."""
-    best: list[Point] = []
+    best: list[OperatingPoint] = []
     for p in sorted(points, key=lambda p: (-p.recall, -p.qps)):
         if not best or p.qps > best[-1].qps:
             best.append(p)
     return best
 
 
-def operating_point(points: Sequence[Point], target: float) -> Point | None:
+def operating_point(points: Sequence[OperatingPoint], target: float) -> OperatingPoint | None:
     ok = [p for p in points if p.recall >= target]
     return max(ok, key=lambda p: p.qps) if ok else None
 
 
 def measure_index(spec: str, x: np.ndarray, q: np.ndarray, *, exact_kth: np.ndarray,
                   truth: list[int], answers: list[str], texts: list[str], level: float,
-                  cfg: BenchConfig, workdir: Path) -> tuple[IndexResult, VectorIndex]:
+                  cfg: RetrievalBenchConfig, workdir: Path) -> tuple[IndexResult, VectorIndex]:
     make_index(spec, x.shape[1])  # the library's first import and setup: not build time
     t0 = time.perf_counter()
     index = build_index(spec, x, seed=cfg.seed)
@@ -231,7 +231,7 @@ def measure_index(spec: str, x: np.ndarray, q: np.ndarray, *, exact_kth: np.ndar
             if again.sum() < ms.sum():
                 ms = again
         p50, p95, p99 = _percentiles(ms)
-        points.append(Point(
+        points.append(OperatingPoint(
             param=param, value=v, qps=float(len(ms) / (ms.sum() / 1e3)), p50_ms=p50,
             p95_ms=p95, p99_ms=p99, recall=recall_at_k(exact_kth, true_scores(x, q, ids), K),
             hit_at_10=hit_rate(ids, truth, K),
@@ -290,7 +290,9 @@ def _fresh(index: VectorIndex, emb: CachedEmbedder, fresh_texts: list[str],
             "fresh_hit_at_10": hit_rate(ids, shifted, K)}
 
 
-def run_bench(cfg: BenchConfig, on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_bench(
+    cfg: RetrievalBenchConfig, on_step: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Run every level; append records to OUT/records.jsonl; return the whole result.
 
     Everything runs on one thread: faiss's OpenMP pool, numpy's BLAS (an idle multi-threaded
@@ -303,7 +305,7 @@ def run_bench(cfg: BenchConfig, on_step: Callable[[str], None] | None = None) ->
         return _run_bench(cfg, on_step or (lambda _: None))
 
 
-def _run_bench(cfg: BenchConfig, on_step: Callable[[str], None]) -> dict[str, Any]:
+def _run_bench(cfg: RetrievalBenchConfig, on_step: Callable[[str], None]) -> dict[str, Any]:
     cfg.out.mkdir(parents=True, exist_ok=True)
     exp = new_experiment_id("retrieval")
     emb = CachedEmbedder(embedder=make_embedder(cfg.embedder, threads=1), path=cfg.cache)
@@ -367,7 +369,7 @@ def _run_bench(cfg: BenchConfig, on_step: Callable[[str], None]) -> dict[str, An
             "levels": levels, "records": str(sink)}
 
 
-def _record(exp: str, r: IndexResult, cfg: BenchConfig, cost: dict[str, float]) -> Record:
+def _record(exp: str, r: IndexResult, cfg: RetrievalBenchConfig, cost: dict[str, float]) -> Record:
     p = r.operating or max(r.points, key=lambda p: p.recall)
     per_1000_s = cost["query_embed_per_1000_s"] + 1000.0 / p.qps
     usd_1000 = per_1000_s / 3600.0 * cfg.price_per_core_hour

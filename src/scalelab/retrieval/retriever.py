@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.lineage import LineageStore
-from scalelab.core.manifest import read_manifest
+from scalelab.lineage.manifest import read_manifest
+from scalelab.lineage.store import LineageStore
 from scalelab.retrieval.corpus import Corpus, Doc, read_corpus
 from scalelab.retrieval.embed import CachedEmbedder, Embedder, make_embedder
 from scalelab.retrieval.index import VectorIndex, build_index

@@ -53,7 +53,7 @@ SETTINGS_ENV = "SCALELAB_RETRIEVAL_SETTINGS"
 
 
 @dataclass(kw_only=True)
-class RetrievalSettings:
+class RetrievalServerSettings:
     """What the server serves and its limits."""
 
     index_dir: str
@@ -170,7 +170,7 @@ class RetrievalService:
     handlers take a `Request` and return the body as a dict or raise `HTTPError` (wrap them
     with `route` for admission, metrics and tracing); the probes return a `Response`."""
 
-    def __init__(self, settings: RetrievalSettings) -> None:
+    def __init__(self, settings: RetrievalServerSettings) -> None:
         from scalelab.retrieval.retriever import open_retriever
 
         self.settings = settings
@@ -402,7 +402,7 @@ class RetrievalService:
         return len(added), ntotal
 
 
-def create_app(settings: RetrievalSettings) -> Any:
+def create_app(settings: RetrievalServerSettings) -> Any:
     """The ASGI app for `settings`: the service's handler methods on their routes, behind the
     shared hook (web.hook); loads the index before returning."""
     svc = RetrievalService(settings)
@@ -434,4 +434,4 @@ def app_from_env() -> Any:
     if not raw:
         raise BadUsageError(f"{SETTINGS_ENV} is not set; start the server with "
                             "'scalelab retrieval serve'")
-    return create_app(RetrievalSettings(**json.loads(raw)))
+    return create_app(RetrievalServerSettings(**json.loads(raw)))

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.lineage import LineageStore
-from scalelab.core.manifest import (
+from scalelab.lineage.manifest import (
     MANIFEST_FILE,
     Manifest,
     atomic_write_bytes,
@@ -34,6 +33,7 @@ from scalelab.core.manifest import (
     read_manifest,
     write_manifest,
 )
+from scalelab.lineage.store import LineageStore
 from scalelab.retrieval.index import VectorIndex, index_from_bytes
 
 INDEX_FILE = "index.bin"

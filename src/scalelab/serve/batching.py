@@ -38,27 +38,27 @@ class BatchPolicy:
 
 
 @dataclass(kw_only=True, frozen=True)
-class Decision:
+class BatchDecision:
     """Dispatch `dispatch` rows now (> 0), or wait up to `wait_s` for more and decide again."""
 
     dispatch: int
     wait_s: float
 
 
-def decide(queued_rows: int, oldest_wait_s: float, policy: BatchPolicy) -> Decision:
+def decide(queued_rows: int, oldest_wait_s: float, policy: BatchPolicy) -> BatchDecision:
     """The batching decision, Triton's rules: full batch -> now; the largest preferred size
     formable -> now; the oldest waited max_delay -> the largest preferred size that fits, else
     everything queued (up to a full batch); otherwise wait out the oldest's remaining delay."""
     if queued_rows <= 0:
-        return Decision(dispatch=0, wait_s=math.inf)
+        return BatchDecision(dispatch=0, wait_s=math.inf)
     if queued_rows >= policy.max_batch_size:
-        return Decision(dispatch=policy.max_batch_size, wait_s=0.0)
+        return BatchDecision(dispatch=policy.max_batch_size, wait_s=0.0)
     if policy.preferred and queued_rows >= max(policy.preferred):
-        return Decision(dispatch=max(policy.preferred), wait_s=0.0)
+        return BatchDecision(dispatch=max(policy.preferred), wait_s=0.0)
     if oldest_wait_s >= policy.max_delay_s:
         fits = [p for p in policy.preferred if p <= queued_rows]
-        return Decision(dispatch=max(fits) if fits else queued_rows, wait_s=0.0)
-    return Decision(dispatch=0, wait_s=policy.max_delay_s - oldest_wait_s)
+        return BatchDecision(dispatch=max(fits) if fits else queued_rows, wait_s=0.0)
+    return BatchDecision(dispatch=0, wait_s=policy.max_delay_s - oldest_wait_s)
 
 
 class Batchable(Protocol):

@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.strict import StrictFrozenModel
 from scalelab.nets.repository import CONFIG_FILE, read_json
 from scalelab.web.trace import TraceConfig
 
@@ -23,11 +24,7 @@ TOKENIZER_FILE = "tokenizer.json"
 """A text model's tokenizer, in each version directory (the `tokenizers` library's format)."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TensorSpec(_Strict):
+class TensorSpec(StrictFrozenModel):
     """One input or output: its name, OIP datatype and shape (-1 = any size, first = batch)."""
 
     name: str = Field(min_length=1, max_length=128)
@@ -41,7 +38,7 @@ class TensorSpec(_Strict):
         return self
 
 
-class DynamicBatching(_Strict):
+class DynamicBatching(StrictFrozenModel):
     """How requests for one model version are grouped before the forward pass."""
 
     max_queue_delay_ms: float = Field(default=2.0, ge=0, le=10_000)
@@ -59,7 +56,7 @@ class DynamicBatching(_Strict):
     would pay it on every request for nothing. False = Triton's rule, the full delay."""
 
 
-class VersionPolicy(_Strict):
+class VersionPolicy(StrictFrozenModel):
     """Which versions on disk are loaded: exactly one of latest / all / specific."""
 
     latest: dict[Literal["num_versions"], int] | None = None
@@ -87,7 +84,7 @@ class VersionPolicy(_Strict):
         return avail[-n:]
 
 
-class CacheConfig(_Strict):
+class CacheConfig(StrictFrozenModel):
     """Optional response cache for this model (off unless enabled)."""
 
     enabled: bool = False
@@ -97,7 +94,7 @@ class CacheConfig(_Strict):
     """Identical concurrent requests share one computation (costs one SHA-256 per request)."""
 
 
-class TokenizerConfig(_Strict):
+class TokenizerConfig(StrictFrozenModel):
     """A text model: its one BYTES input is tokenized in the server (by the version's
     tokenizer.json), and the network receives input_ids and attention_mask, INT64
     [batch, max_tokens]. Why in the server: clients send text, and a client-side tokenizer
@@ -107,7 +104,7 @@ class TokenizerConfig(_Strict):
     """Every text is truncated or padded to this many tokens (the network's fixed width)."""
 
 
-class ModelConfig(_Strict):
+class ModelConfig(StrictFrozenModel):
     """REPO/<model>/config.json: inputs, outputs, batching, version policy, cache."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())

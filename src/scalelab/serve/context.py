@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from scalelab.serve.config import ServerSettings
 from scalelab.serve.metrics import Metrics
 from scalelab.serve.repository import ModelRepository
-from scalelab.serve.sampling import RequestSampler, SamplingConfig
+from scalelab.serve.request_sample import RequestSampleConfig, RequestSampler
 from scalelab.web.access import AccessLog
 from scalelab.web.trace import Tracing
 
@@ -39,7 +39,7 @@ class ServeContext:
             # each worker process samples into its own folder (files are not shared)
             sub = settings.sample_dir / f"pid-{os.getpid()}" if settings.workers > 1 \
                 else settings.sample_dir
-            sampler = RequestSampler(SamplingConfig(directory=sub, rate=settings.sample_rate,
+            sampler = RequestSampler(RequestSampleConfig(directory=sub, rate=settings.sample_rate,
                                                     max_rows=settings.sample_max_rows,
                                                     max_files=settings.sample_max_files))
         repo = ModelRepository(settings.model_repo, metrics=metrics, sampler=sampler,

@@ -45,8 +45,8 @@ from scalelab.serve.protocol import (
     wanted,
 )
 from scalelab.serve.repository import ModelEntry
-from scalelab.serve.scheduler import Job, Outputs, VersionWorker
 from scalelab.serve.text import check_utf8
+from scalelab.serve.worker import Job, Outputs, VersionWorker
 from scalelab.web.guard import REQUEST_ID_HEADER, BodyTooLarge, admit, send_error
 from scalelab.web.trace import RequestTrace, ns_mono
 

@@ -2,7 +2,7 @@
 holdout, overall (accuracy and macro F1) or for any single class (per-class F1), beyond a
 tolerance. The holdout is a table in the flights feature contract; each version encodes it with
 its own preprocess.json, exactly as a client of that version would. The pure rule (compare,
-per_class_f1, Evaluation) lives in core/gate.py, shared with the online updater; it is
+per_class_f1, HoldoutQuality) lives in core/gate.py, shared with the online updater; it is
 re-exported here.
 """
 
@@ -16,7 +16,7 @@ import polars as pl
 import torch
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.gate import Evaluation, compare, evaluation, per_class_f1  # noqa: F401
+from scalelab.core.gate import HoldoutQuality, compare, evaluation, per_class_f1  # noqa: F401
 from scalelab.nets import registry
 from scalelab.nets.flights import LABEL
 from scalelab.nets.repository import check_version, version_dir, versions
@@ -26,9 +26,9 @@ from scalelab.serve.features import encode, load_preprocess
 
 
 @dataclass(kw_only=True)
-class Decision:
-    current: Evaluation
-    candidate: Evaluation
+class PromotionDecision:
+    current: HoldoutQuality
+    candidate: HoldoutQuality
     tolerance: float
     accepted: bool
     reasons: list[str] = field(default_factory=list)
@@ -37,7 +37,7 @@ class Decision:
     """The routing written when accepted (None on refusal or dry run)."""
 
 
-def evaluate(repo: Path, model: str, version: int, frame: pl.DataFrame) -> Evaluation:
+def evaluate(repo: Path, model: str, version: int, frame: pl.DataFrame) -> HoldoutQuality:
     vdir = version_dir(repo, model, version)
     pre = load_preprocess(vdir)
     if pre is None:
@@ -58,7 +58,7 @@ def evaluate(repo: Path, model: str, version: int, frame: pl.DataFrame) -> Evalu
 
 
 def gate(repo: Path, model: str, candidate: int, holdout: Path, *, tolerance: float = 0.01,
-         dry_run: bool = False) -> Decision:
+         dry_run: bool = False) -> PromotionDecision:
     """Evaluate candidate and current on `holdout`; promote (write serving.json) if not worse."""
     if not 0 <= tolerance < 1:
         raise BadUsageError(f"--tolerance {tolerance} must lie in [0, 1)")
@@ -79,8 +79,8 @@ def gate(repo: Path, model: str, candidate: int, holdout: Path, *, tolerance: fl
     e_cur = evaluate(repo, model, cur, frame)
     e_cand = evaluate(repo, model, cand, frame)
     reasons = compare(e_cur, e_cand, tolerance)
-    d = Decision(current=e_cur, candidate=e_cand, tolerance=tolerance, accepted=not reasons,
-                 reasons=reasons)
+    d = PromotionDecision(current=e_cur, candidate=e_cand, tolerance=tolerance,
+                          accepted=not reasons, reasons=reasons)
     if d.accepted and not dry_run:
         d.routing = promote(repo, model, cand)
     return d

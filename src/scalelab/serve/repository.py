@@ -37,16 +37,16 @@ from scalelab.serve.config import TOKENIZER_FILE, ModelConfig, load_model_config
 from scalelab.serve.features import load_preprocess
 from scalelab.serve.metrics import Metrics
 from scalelab.serve.protocol import ServeError
-from scalelab.serve.sampling import RequestSampler
-from scalelab.serve.scheduler import (
+from scalelab.serve.request_sample import RequestSampler
+from scalelab.serve.text import TextEncoder
+from scalelab.serve.worker import (
     TRACE_SAFE,
     Outputs,
     VersionWorker,
     check_outputs,
     to_onnx_runtime,
-    trace,
+    to_torchscript,
 )
-from scalelab.serve.text import TextEncoder
 
 log = logging.getLogger("scalelab.serve")
 
@@ -169,7 +169,7 @@ class ModelRepository:
             module = await self._runtime(module, arch, cfg, f"model {name} version {v}")
             if not isinstance(module, OnnxNet) and (
                     cfg.trace or (cfg.trace is None and arch in TRACE_SAFE)):
-                module = await asyncio.to_thread(trace, module, cfg)
+                module = await asyncio.to_thread(to_torchscript, module, cfg)
             pre = load_preprocess(vdir)
             text = None if cfg.tokenizer is None else await asyncio.to_thread(
                 TextEncoder, vdir / TOKENIZER_FILE, cfg.tokenizer.max_tokens)

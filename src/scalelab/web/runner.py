@@ -35,25 +35,24 @@ def has_module(name: str) -> bool:
 
 def resolve_http(choice: str) -> str:
     """'httptools' or 'h11' for a choice of auto / httptools / h11."""
-    if choice not in HTTP_CHOICES:
-        raise BadUsageError(f"--http {choice!r} is not one of {', '.join(HTTP_CHOICES)}")
-    if choice == "auto":
-        return "httptools" if has_module("httptools") else "h11"
-    if choice == "httptools" and not has_module("httptools"):
-        raise BadUsageError("--http httptools needs the httptools package: "
-                            "pip install 'scalelab[serve]' (or --http h11)")
-    return choice
+    return _resolve("http", choice, HTTP_CHOICES, fast="httptools", plain="h11")
 
 
 def resolve_loop(choice: str) -> str:
     """'uvloop' or 'asyncio' for a choice of auto / uvloop / asyncio."""
-    if choice not in LOOP_CHOICES:
-        raise BadUsageError(f"--loop {choice!r} is not one of {', '.join(LOOP_CHOICES)}")
+    return _resolve("loop", choice, LOOP_CHOICES, fast="uvloop", plain="asyncio")
+
+
+def _resolve(flag: str, choice: str, choices: tuple[str, ...], *, fast: str, plain: str) -> str:
+    """auto: `fast` when its package (of the same name) is installed, else `plain`; `fast` asked
+    for by name must be installed."""
+    if choice not in choices:
+        raise BadUsageError(f"--{flag} {choice!r} is not one of {', '.join(choices)}")
     if choice == "auto":
-        return "uvloop" if has_module("uvloop") else "asyncio"
-    if choice == "uvloop" and not has_module("uvloop"):
-        raise BadUsageError("--loop uvloop needs the uvloop package: "
-                            "pip install 'scalelab[serve]' (or --loop asyncio)")
+        return fast if has_module(fast) else plain
+    if choice == fast and not has_module(fast):
+        raise BadUsageError(f"--{flag} {fast} needs the {fast} package: "
+                            f"pip install 'scalelab[serve]' (or --{flag} {plain})")
     return choice
 
 
@@ -63,7 +62,7 @@ def protocol_path(http: str) -> str:
 
 
 @dataclass(kw_only=True, frozen=True)
-class RunConfig:
+class UvicornConfig:
     """How uvicorn runs an app."""
 
     host: str = "127.0.0.1"
@@ -102,7 +101,7 @@ class RunConfig:
         resolve_loop(self.loop)
 
 
-def run(target: str, cfg: RunConfig, *, factory: bool = True) -> None:
+def run(target: str, cfg: UvicornConfig, *, factory: bool = True) -> None:
     """Serve `target` ("module:attr", an app factory when `factory`) until interrupted."""
     import inspect
 

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -22,10 +22,18 @@ from scalelab.core.verdict import Evidence, StageGoal
 from scalelab.diagnose.schema import Prices
 from scalelab.diagnose.steps import Step, StepResult
 
-if TYPE_CHECKING:
-    from scalelab.diagnose.config import DiagnoseConfig
-
 S = TypeVar("S")
+
+
+class WholeConfig(Protocol):
+    """What a stage reads of the whole objectives file (diagnose.config.DiagnoseConfig is one):
+    a protocol, because the config's `stages:` section is built from the stages."""
+
+    @property
+    def stages(self) -> Any: ...
+
+    @property
+    def custom(self) -> Any: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +98,7 @@ class Stage(ABC, Generic[S]):
     """Whether its settings are the `stages.<name>` section (False: the stage reads its own
     top-level key, like `custom:`)."""
 
-    def of(self, cfg: DiagnoseConfig) -> S:
+    def of(self, cfg: WholeConfig) -> S:
         """This stage's settings out of the whole config."""
         value: S = getattr(cfg.stages, self.name)
         return value

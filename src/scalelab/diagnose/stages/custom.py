@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field, RootModel, model_validator
 
@@ -19,7 +19,7 @@ from scalelab.core.units import parse_duration
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, generic_advice
 from scalelab.diagnose.commands import Command, LoadCapacity, LoadRun, Sweep
 from scalelab.diagnose.schema import Duration, HttpUrl, Levels, ObjectiveSpec, Strict
-from scalelab.diagnose.stages.base import Context, Stage
+from scalelab.diagnose.stages.base import Context, Stage, WholeConfig
 from scalelab.diagnose.stages.endpoint import (
     grid_start,
     metrics_note,
@@ -35,9 +35,6 @@ from scalelab.diagnose.stages.serve_curve import (
     step_seconds,
 )
 from scalelab.diagnose.steps import Step, restage
-
-if TYPE_CHECKING:
-    from scalelab.diagnose.config import DiagnoseConfig
 
 
 class CustomStage(Strict):
@@ -157,8 +154,9 @@ class CustomStageSet(Stage[CustomStages]):
     settings = CustomStages
     section = False
 
-    def of(self, cfg: DiagnoseConfig) -> CustomStages:
-        return cfg.custom
+    def of(self, cfg: WholeConfig) -> CustomStages:
+        value: CustomStages = cfg.custom
+        return value
 
     def enabled(self, s: CustomStages) -> bool:
         return bool(s.root)

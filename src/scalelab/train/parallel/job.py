@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from scalelab.core.errors import RunFailedError
 from scalelab.core.machine import available_cores
-from scalelab.core.memory import MemoryQuery, plan_memory, plan_peak_rss
+from scalelab.plan.memory import MemoryQuery, plan_memory, plan_peak_rss
 from scalelab.train.launch import (
     LOG_FILE,
     LaunchConfig,

@@ -35,20 +35,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from scalelab.core.errors import BadInputError
+from scalelab.core.strict import StrictFrozenModel
 from scalelab.web.governance.limits import Period, Unit
 
 DEFAULT_CLIENT = "default"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Budget(_Strict):
+class Budget(StrictFrozenModel):
     """A cost budget: at most `limit` of `unit` per fixed UTC `period`."""
 
     unit: Unit
@@ -60,7 +57,7 @@ class Budget(_Strict):
     limit: float = Field(gt=0)
 
 
-class Limits(_Strict):
+class Limits(StrictFrozenModel):
     """What one client class may do. Every limit is optional; none given = not limited."""
 
     rate: float | None = Field(default=None, gt=0, le=1e9)
@@ -108,13 +105,13 @@ class Client(Limits):
             [d.lower() for d in self.keys_sha256]
 
 
-class ModelBudgets(_Strict):
+class ModelBudgets(StrictFrozenModel):
     """Budgets one model's traffic shares, whichever client sends it."""
 
     budgets: list[Budget] = Field(min_length=1)
 
 
-class GovernanceConfig(_Strict):
+class GovernanceConfig(StrictFrozenModel):
     """The whole `governance:` section."""
 
     client_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$")

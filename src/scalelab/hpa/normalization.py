@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from scalelab.core.hpa.spec import ScalingRules
-from scalelab.core.hpa.state import HpaState, ScaleEvent
+from scalelab.hpa.spec import ScalingRules
+from scalelab.hpa.state import HpaState, ScaleEvent
 
 SCALE_UP_LIMIT_FACTOR = 2.0
 SCALE_UP_LIMIT_MINIMUM = 4.0

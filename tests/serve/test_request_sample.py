@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from scalelab.serve.sampling import RequestSampler, SamplingConfig
+from scalelab.serve.request_sample import RequestSampleConfig, RequestSampler
 
 
 def test_rotation_keeps_at_most_max_files(tmp_path: Path) -> None:
-    s = RequestSampler(SamplingConfig(directory=tmp_path, max_rows=5, max_files=3))
+    s = RequestSampler(RequestSampleConfig(directory=tmp_path, max_rows=5, max_files=3))
     for i in range(10):
         s.record(request_id=f"r{i}", model="m", version=1, input_names=["x"],
                  inputs=[np.full((2, 3), i, dtype=np.float32)],

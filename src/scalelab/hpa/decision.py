@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalelab.core.hpa.state import Recommendation
+from scalelab.hpa.state import Recommendation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,7 +30,7 @@ class MetricResult:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Decision:
+class SyncDecision:
     """One sync's outcome and the numbers behind it."""
 
     now_s: float

@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalelab.core.chinchilla import (
+from scalelab.core.errors import BadInputError
+from scalelab.plan.chinchilla import (
     EPOCH_GRID,
     EPOCH_PARAMS,
     ChinchillaFit,
@@ -18,7 +19,6 @@ from scalelab.core.chinchilla import (
     objective,
     params_from_values,
 )
-from scalelab.core.errors import BadInputError
 
 EPOCH_CSV = Path(__file__).parent / "data" / "chinchilla_epoch.csv"
 FAST = StartGrid(points=2)  # 28 starts: reaches the same optimum as Epoch's 4500 on this data

@@ -23,7 +23,7 @@ cases. One sync of the controller is:
    scale events (selectPolicy Max, Min or Disabled), then [min, max].
 
 Pure use: `decide(HpaState(spec=..., current_replicas=..., pods=..., recommendations=...,
-scale_events=...), now_s) -> Decision`, with every intermediate number on the Decision.
+scale_events=...), now_s) -> SyncDecision`, with every intermediate number on the SyncDecision.
 
 Stepping in simulated time (the autoscaling simulator does this)::
 
@@ -40,23 +40,23 @@ controller keeps them in memory; `sync()` forces one regardless of the period.
 
 from __future__ import annotations
 
-from scalelab.core.hpa.controller import (
+from scalelab.hpa.controller import (
     HpaController,
     decide,
 )
-from scalelab.core.hpa.decision import (
-    Decision,
+from scalelab.hpa.decision import (
     MetricResult,
+    SyncDecision,
 )
-from scalelab.core.hpa.json_state import (
+from scalelab.hpa.json_state import (
     spec_from_json,
     state_from_json,
 )
-from scalelab.core.hpa.normalization import (
+from scalelab.hpa.normalization import (
     SCALE_UP_LIMIT_FACTOR,
     SCALE_UP_LIMIT_MINIMUM,
 )
-from scalelab.core.hpa.spec import (
+from scalelab.hpa.spec import (
     DEFAULT_SCALE_DOWN_POLICIES,
     DEFAULT_SCALE_UP_POLICIES,
     SOURCES,
@@ -68,7 +68,7 @@ from scalelab.core.hpa.spec import (
     ScalingPolicy,
     ScalingRules,
 )
-from scalelab.core.hpa.state import (
+from scalelab.hpa.state import (
     PHASES,
     HpaState,
     PodSample,
@@ -86,7 +86,6 @@ __all__ = [
     "TARGET_TYPES",
     "Behavior",
     "ControllerConfig",
-    "Decision",
     "HpaController",
     "HpaSpec",
     "HpaState",
@@ -97,6 +96,7 @@ __all__ = [
     "ScaleEvent",
     "ScalingPolicy",
     "ScalingRules",
+    "SyncDecision",
     "decide",
     "spec_from_json",
     "state_from_json",

@@ -13,7 +13,7 @@ import torch
 from scalelab.serve.config import ModelConfig
 from scalelab.serve.metrics import Metrics
 from scalelab.serve.protocol import ServeError
-from scalelab.serve.scheduler import Job, VersionWorker
+from scalelab.serve.worker import Job, VersionWorker
 
 
 class BrokenSampler:

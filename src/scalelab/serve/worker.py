@@ -29,7 +29,7 @@ from scalelab.serve.config import ModelConfig
 from scalelab.serve.features import Preprocess
 from scalelab.serve.metrics import Metrics, observe_many
 from scalelab.serve.protocol import ServeError
-from scalelab.serve.sampling import RequestSampler
+from scalelab.serve.request_sample import RequestSampler
 from scalelab.serve.stats import VersionStats
 from scalelab.serve.tensors import FEED_DTYPES, NP_DTYPES
 from scalelab.serve.text import TextEncoder
@@ -96,7 +96,7 @@ class WithOutputs(nn.Module):
         return logits, probs, probs.argmax(dim=1)
 
 
-def trace(module: nn.Module, cfg: ModelConfig) -> nn.Module:
+def to_torchscript(module: nn.Module, cfg: ModelConfig) -> nn.Module:
     """TorchScript-trace `WithOutputs(module)` on zero inputs shaped by the config; the eager
     wrapper if the trace fails or disagrees with it. Why: eager torch releases and re-takes
     the GIL at every op, and each re-take waits out the switch interval while the event loop
@@ -270,7 +270,7 @@ class VersionWorker:
         self.onnx = onnx_outputs(module, cfg) if isinstance(module, OnnxNet) else None
         """An ONNX version's graph with its outputs appended: forward runs it directly."""
         if not isinstance(module, (WithOutputs, torch.jit.ScriptModule)):
-            module = WithOutputs(module)  # a ScriptModule here is trace()'s, already wrapped
+            module = WithOutputs(module)  # a ScriptModule: to_torchscript()'s, already wrapped
         self.module: nn.Module | None = None if self.onnx is not None else module
         """None while `onnx` runs the graph: the eager net and its own session are let go
         (one copy of the weights, not two)."""

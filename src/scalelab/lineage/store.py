@@ -4,14 +4,14 @@ Nodes are artifact *versions*: (path, content digest). Edges say "input -> outpu
 registers what it wrote, after the atomic rename that published it (a half-written output is
 never registered: `record` refuses a path that does not exist and digests what is on disk)::
 
-    from scalelab.core.lineage import LineageStore
+    from scalelab.lineage.store import LineageStore
 
     store = LineageStore()                       # $SCALELAB_LINEAGE or ./.scalelab/lineage.db
     store.record(output="REPO/flights/3", inputs=["out/flights-x5"], kind="model")
     store.impacted("gen/x5/flights/part-c000-m01.csv")   # -> Impact: what to rebuild
 
 `record(output=PATH, inputs=[PATH, ...], kind=None)` digests each path with
-`scalelab.core.manifest` (a directory: every file but manifest.json and hidden files; a file:
+`scalelab.lineage.manifest` (a directory: every file but manifest.json and hidden files; a file:
 per row group or line block), stores the directory's manifest.json (if any) with the node, and
 adds the edges. `kind` defaults to the manifest's "kind", else "dataset" for a directory and
 "source" for a file. Recording the same (path, digest) twice is a no-op that marks it latest.
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.manifest import MANIFEST_FILE, ContentDigest, dir_digest, file_digest
+from scalelab.lineage.manifest import MANIFEST_FILE, ContentDigest, dir_digest, file_digest
 
 ENV_VAR = "SCALELAB_LINEAGE"
 DEFAULT_PATH = Path(".scalelab") / "lineage.db"

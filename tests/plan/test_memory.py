@@ -1,11 +1,11 @@
-"""core.memory: bytes per rank by strategy, against values derived by hand."""
+"""plan.memory: bytes per rank by strategy, against values derived by hand."""
 
 from __future__ import annotations
 
 import pytest
 
 from scalelab.core.errors import BadUsageError
-from scalelab.core.memory import (
+from scalelab.plan.memory import (
     MemoryQuery,
     head_elements,
     llama_layer_elements,

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.manifest import (
+from scalelab.lineage.manifest import (
     LINES_PER_PART,
     Manifest,
     code_version,

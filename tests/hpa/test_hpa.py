@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.hpa import (
+from scalelab.hpa import (
     Behavior,
     ControllerConfig,
     HpaController,

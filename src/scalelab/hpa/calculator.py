@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.hpa.decision import MetricResult
-from scalelab.core.hpa.spec import _INT32_MAX, ControllerConfig, MetricTarget, _milli
-from scalelab.core.hpa.state import HpaState, PodSample
+from scalelab.hpa.decision import MetricResult
+from scalelab.hpa.spec import _INT32_MAX, ControllerConfig, MetricTarget, _milli
+from scalelab.hpa.state import HpaState, PodSample
 
 
 def _within(ratio: float, tol: tuple[float, float]) -> bool:

@@ -6,21 +6,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.hpa.calculator import _object_metric, _pod_metric
-from scalelab.core.hpa.decision import Decision, MetricResult
-from scalelab.core.hpa.normalization import _normalize_behavior, _normalize_plain
-from scalelab.core.hpa.spec import HpaSpec
-from scalelab.core.hpa.state import HpaState, PodSample, Recommendation, ScaleEvent
+from scalelab.hpa.calculator import _object_metric, _pod_metric
+from scalelab.hpa.decision import MetricResult, SyncDecision
+from scalelab.hpa.normalization import _normalize_behavior, _normalize_plain
+from scalelab.hpa.spec import HpaSpec
+from scalelab.hpa.state import HpaState, PodSample, Recommendation, ScaleEvent
 
 
-def decide(state: HpaState, now_s: float) -> Decision:
+def decide(state: HpaState, now_s: float) -> SyncDecision:
     """One reconcile of the HPA at time `now_s` (same clock as the state's timestamps)."""
     spec, cur = state.spec, state.current_replicas
     tol = spec.tolerances()
-    d = Decision(now_s=now_s, current_replicas=cur, desired_replicas=cur, rescale=False,
-                 reason="", message="", usage_ratio=None, proposal=None, stabilized=None,
-                 limited=None, metric=None, able_to_scale="ReadyForNewScale",
-                 scaling_limited="DesiredWithinRange", tolerances=tol)
+    d = SyncDecision(now_s=now_s, current_replicas=cur, desired_replicas=cur, rescale=False,
+                     reason="", message="", usage_ratio=None, proposal=None, stabilized=None,
+                     limited=None, metric=None, able_to_scale="ReadyForNewScale",
+                     scaling_limited="DesiredWithinRange", tolerances=tol)
     if cur == 0 and spec.min_replicas != 0:
         return replace(d, desired_replicas=0, reason="ScalingDisabled",
                        message="scaling is disabled since the replica count of the target is zero")
@@ -86,7 +86,7 @@ class HpaController:
         self.recommendations: list[Recommendation] = []
         self.scale_events: list[ScaleEvent] = []
         self.last_sync_s: float | None = None
-        self.last: Decision | None = None
+        self.last: SyncDecision | None = None
 
     def due(self, now_s: float) -> bool:
         """Whether a sync is due: the first call, then every sync_period_s."""
@@ -94,14 +94,14 @@ class HpaController:
                 or now_s >= self.last_sync_s + self.spec.controller.sync_period_s)
 
     def step(self, now_s: float, current_replicas: int, pods: Sequence[PodSample] = (),
-             values: Mapping[str, float] | None = None) -> Decision | None:
+             values: Mapping[str, float] | None = None) -> SyncDecision | None:
         """Sync if one is due at `now_s`, else None. Pods and values as in `HpaState`."""
         if not self.due(now_s):
             return None
         return self.sync(now_s, current_replicas, pods, values)
 
     def sync(self, now_s: float, current_replicas: int, pods: Sequence[PodSample] = (),
-             values: Mapping[str, float] | None = None) -> Decision:
+             values: Mapping[str, float] | None = None) -> SyncDecision:
         """One reconcile now; records what the controller records and assumes the scale ran."""
         if self.last_sync_s is not None and now_s < self.last_sync_s:
             raise BadInputError(

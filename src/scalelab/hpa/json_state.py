@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.hpa.spec import (
+from scalelab.hpa.spec import (
     Behavior,
     ControllerConfig,
     HpaSpec,
@@ -16,7 +16,7 @@ from scalelab.core.hpa.spec import (
     ScalingRules,
     _check,
 )
-from scalelab.core.hpa.state import HpaState, PodSample, Recommendation, ScaleEvent
+from scalelab.hpa.state import HpaState, PodSample, Recommendation, ScaleEvent
 
 _NUM = (int, float)
 _WANT = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",

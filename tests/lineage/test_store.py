@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from scalelab.core.errors import BadInputError
-from scalelab.core.lineage import LineageStore, default_lineage_path
+from scalelab.lineage.store import LineageStore, default_lineage_path
 
 
 def _build(tmp_path: Path) -> tuple[LineageStore, dict[str, Path]]:

@@ -24,7 +24,7 @@ from scalelab.serve.features import Preprocess, decode
 
 
 @dataclass(kw_only=True, frozen=True)
-class SamplingConfig:
+class RequestSampleConfig:
     """Where and how much of the traffic is logged."""
 
     directory: Path
@@ -42,7 +42,7 @@ class SamplingConfig:
 
 
 class RequestSampler:
-    def __init__(self, cfg: SamplingConfig) -> None:
+    def __init__(self, cfg: RequestSampleConfig) -> None:
         self.cfg = cfg
         cfg.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
