@@ -42,7 +42,7 @@ from scalelab.diagnose.stages.serve_curve import (
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
 from scalelab.load.capacity import step_requests
 from scalelab.load.connection import Target
-from scalelab.load.scrape import limiting_signal
+from scalelab.load.scrape import engine_seen, limiting_signal
 from scalelab.load.workload import PATHS, LengthDist
 from scalelab.web.spawn import start_server, stop_group
 
@@ -204,21 +204,8 @@ def engine_evidence(rows: list[SheetRow]) -> list[Evidence]:
     sig = limiting_signal(r.extras)
     if sig == "compute":
         return []  # the absence of the other signals, not a measurement of compute
-
-    def num(key: str) -> float | None:
-        v = r.extras.get(key)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-    running, waiting = num("engine_running_max"), num("engine_waiting_max")
-    kv, pre = num("engine_kv_usage_max"), num("engine_preemptions")
-    seen = [
-        *([f"up to {running:g} sequences running"] if running is not None else []),
-        *([f"up to {waiting:g} waiting for a slot"] if waiting is not None else []),
-        *([f"KV cache {kv:.0%} used"] if kv is not None else []),
-        *([f"{pre:g} preemptions"] if pre else []),
-    ]
-    return [Evidence(resource=sig, detail=f"{', '.join(seen)} at {r.variable}={r.level:g} "
-                                          "(the engine's /metrics)")]
+    return [Evidence(resource=sig, detail=f"{', '.join(engine_seen(r.extras))} at "
+                                          f"{r.variable}={r.level:g} (the engine's /metrics)")]
 
 
 _FIX = {
