@@ -30,6 +30,7 @@ from scalelab.core.records import Record, read_records
 from scalelab.core.sheet import SheetRow, build_sheet
 from scalelab.core.verdict import Advice, AdviceInput, Evidence, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import Command, flag, positional
+from scalelab.diagnose.scaling_signal import choose_signal
 from scalelab.diagnose.schema import HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Context, Stage
 from scalelab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
@@ -255,8 +256,9 @@ def advise(inp: AdviceInput) -> Advice:
                          f"× target of {target:g} streams (linear in replicas: measure to "
                          "confirm)")
     if cap:
-        parts.append("autoscale on running+waiting sequences (they lead TTFT; CPU is flat "
-                     "once the batch is full)")
+        rows = inp.by_series.get(best_s or goal.baseline_series) or inp.base
+        parts.append(choose_signal(rows, goal.objectives, target_multiple=goal.target_multiple,
+                                   candidates=("sequences", "cpu"), llm=True).text)
     elif inp.base:
         parts.append("even the base concurrency misses the objectives: cut per-token compute "
                      "(a smaller or quantized model, speculative decoding) before replicas")

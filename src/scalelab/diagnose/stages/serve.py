@@ -36,6 +36,7 @@ from scalelab.core.sheet import SheetRow
 from scalelab.core.units import parse_duration
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import LoadCapacity, LoadRun, ServeRun
+from scalelab.diagnose.scaling_signal import choose_signal
 from scalelab.diagnose.schema import Duration, HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Artifact, Context, Stage
 from scalelab.diagnose.stages.endpoint import (
@@ -273,7 +274,10 @@ def advise(inp: AdviceInput) -> Advice:
     if sweep is not None:
         predicted += sweep.lines
     if cap or (sweep is not None and sweep.replicas is not None):
-        parts.append("autoscale on queue depth (it leads latency; CPU lags a saturated batcher)")
+        # One replica's levels of the configuration advised, replayed: which signal to scale on.
+        rows = inp.by_series.get(cap_series) or inp.base
+        parts.append(choose_signal(rows, goal.objectives, target_multiple=goal.target_multiple,
+                                   candidates=("queue", "cpu")).text)
     elif inp.base:
         parts.append(
             "reduce per-request compute (batching, a smaller model) before adding "
