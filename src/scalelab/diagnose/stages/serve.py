@@ -301,14 +301,22 @@ def replicated(by_series: dict[str, list[SheetRow]]) -> str:
     return "the server"
 
 
+KEPT_UP = 0.95
+"""A level whose served rate is at least this share of its offered rate kept up with it."""
+
+
 def throughput_knee(rows: list[SheetRow]) -> str:
-    """Where the served rate stops following the offered rate (Kneedle on the measured curve),
-    or that it still follows at the highest level measured."""
+    """Where the served rate stops following the offered rate (Kneedle on the measured curve;
+    on a curve too short for Kneedle's threshold, the last level that kept up before one
+    that did not), or that it still follows at the highest level measured."""
     pts = sorted((r.level, r.rate) for r in rows if r.rate is not None)
     if len(pts) < 3:
         return ""
     knee = find_knee([x for x, _ in pts], [y for _, y in pts], curve="concave")
     top_offered, top_served = pts[-1]
+    behind = next((i for i, (x, y) in enumerate(pts) if x > 0 and y < KEPT_UP * x), None)
+    if knee is None and behind is not None and behind > 0:
+        knee = pts[behind - 1][0]
     if knee is None:
         return (
             f"no knee in the throughput curve up to {top_offered:g} requests/s offered "
@@ -318,6 +326,8 @@ def throughput_knee(rows: list[SheetRow]) -> str:
     return (
         f"the throughput curve bends at {knee:g} requests/s offered ({served:.4g} served, "
         f"measured): beyond it the served rate stops following the offered rate"
+        + (f" ({top_offered:g} offered, {top_served:.4g} served)" if top_offered > knee
+           else "")
     )
 
 
