@@ -135,11 +135,13 @@ class Sampler:
                 log.warning("engine signals: %s", e)
 
     def process_extras(self) -> dict[str, float | int]:
-        """cpu_busy_cores (what the verdict reads) and server_peak_rss_bytes of the server."""
+        """cpu_busy_cores (what the verdict reads), server_cpu_s (what energy is estimated
+        from) and server_peak_rss_bytes of the server."""
         if self._cpu0 is None or self._cpu1 is None or self._cpu1[0] <= self._cpu0[0]:
             return {}
         wall = self._cpu1[0] - self._cpu0[0]
-        return {"cpu_busy_cores": (self._cpu1[1] - self._cpu0[1]) / wall,
+        cpu = self._cpu1[1] - self._cpu0[1]
+        return {"cpu_busy_cores": cpu / wall, "server_cpu_s": cpu,
                 "server_peak_rss_bytes": self.peak_rss}
 
     def _loop(self) -> None:
