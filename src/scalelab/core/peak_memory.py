@@ -54,32 +54,64 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
+class TreeSampler:
+    """The largest resident memory of a process tree, sampled every `period_s` between
+    `start()` and `stop()` (e.g. a server's over one load level, read from outside it)."""
+
+    def __init__(self, pid: int | None = None, period_s: float = 0.02) -> None:
+        self.period_s = period_s
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        try:
+            self._proc: psutil.Process | None = psutil.Process(pid)
+        except psutil.Error:
+            self._proc = None
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="peak-memory")
+
+    def _sample(self) -> None:
+        if self._proc is not None:
+            self.peak_bytes = max(self.peak_bytes, tree_rss(self._proc))
+
+    def _loop(self) -> None:
+        while True:
+            self._sample()
+            # A tree whose root has exited has nothing left to sample (a step that never
+            # reached stop() must not leave the thread polling).
+            if self._stop.wait(self.period_s) or not self._alive():
+                return
+
+    def _alive(self) -> bool:
+        try:
+            return self._proc is not None and self._proc.is_running()
+        except psutil.Error:
+            return False
+
+    def start(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """Stop sampling; the peak in bytes (0: nothing could be read)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sample()
+        return self.peak_bytes
+
+
 class PeakMemory:
     """`with PeakMemory() as m: work()` then `m.peak_bytes`: see the module docstring."""
 
     def __init__(self, period_s: float = 0.02) -> None:
-        self.period_s = period_s
         self.peak_bytes = 0
-        self._sampled = 0
         self._reset = False
-        self._stop = threading.Event()
-        self._proc = psutil.Process()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="peak-memory")
-
-    def _loop(self) -> None:
-        while True:
-            self._sampled = max(self._sampled, tree_rss(self._proc))
-            if self._stop.wait(self.period_s):
-                return
+        self._sampler = TreeSampler(period_s=period_s)
 
     def __enter__(self) -> PeakMemory:
         self._reset = reset_high_water()
-        self._thread.start()
+        self._sampler.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._sampled = max(self._sampled, tree_rss(self._proc))
+        sampled = self._sampler.stop()
         hwm = high_water() if self._reset else None
-        self.peak_bytes = max(self._sampled, hwm or 0)
+        self.peak_bytes = max(sampled, hwm or 0)

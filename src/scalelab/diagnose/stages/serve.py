@@ -31,6 +31,7 @@ from pydantic import Field
 
 from scalelab.core.errors import RunFailedError
 from scalelab.core.knee import find_knee
+from scalelab.core.peak_memory import TreeSampler
 from scalelab.core.records import Cost, Record, read_records
 from scalelab.core.sheet import SheetRow
 from scalelab.core.units import parse_duration
@@ -186,7 +187,7 @@ def served_responses(base_url: str) -> float | None:
 class ServerMeter:
     """The server's CPU time and responses across one load step, attached to its record:
     busy cores while load was offered, the cost of 1,000 predictions at the core price, and
-    the server's resident memory (the larger of the readings before and after the level)."""
+    the server process tree's peak resident memory (sampled while the level ran)."""
 
     pid: int
     url: str
@@ -195,12 +196,15 @@ class ServerMeter:
     _cpu0: float = 0.0
     _rss0: int = 0
     _n0: float | None = None
+    _peak: TreeSampler | None = None
 
     def start(self) -> None:
         (self._cpu0, self._rss0), self._n0 = tree_usage(self.pid), served_responses(self.url)
+        self._peak = TreeSampler(self.pid, period_s=0.05).start()
 
     def tag(self, r: Record) -> Record:
         cpu1, rss1 = tree_usage(self.pid)
+        peak = self._peak.stop() if self._peak is not None else 0
         cpu = cpu1 - self._cpu0
         n1 = served_responses(self.url)
         served = n1 - self._n0 if n1 is not None and self._n0 is not None else None
@@ -210,7 +214,7 @@ class ServerMeter:
         if gov is not None:
             extras["governance"] = gov
         update: dict[str, object] = {"extras": extras, "recovery": RECOVERY_REFERENCE,
-                                     "peak_memory_bytes": max(self._rss0, rss1) or None}
+                                     "peak_memory_bytes": max(self._rss0, rss1, peak) or None}
         if served:
             usd = cpu / 3600.0 * self.core_hour_usd
             extras["server_responses"] = served
