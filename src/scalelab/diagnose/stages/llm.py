@@ -249,12 +249,18 @@ def advise(inp: AdviceInput) -> Advice:
     if why is not None:
         parts.append(_FIX[why])
     cap = best_cap if best_cap is not None else base_cap
-    if cap and target > cap:
+    searched = searched_replicas(inp)
+    if searched is not None:
+        n, line = searched
+        if n > 1:
+            parts.append(f"run {n} replica(s)")
+        predicted.append(line)
+    elif cap and target > cap:
         n = math.ceil(target / cap)
         parts.append(f"run {n} replica(s)")
         predicted.append(f"{n} replica(s) at {cap:g} streams each hold the {goal.target_multiple:g}"
-                         f"× target of {target:g} streams (linear in replicas: measure to "
-                         "confirm)")
+                         f"× target of {target:g} streams (the highest concurrency measured to "
+                         "pass, a lower bound; linear in replicas: measure to confirm)")
     if cap:
         rows = inp.by_series.get(best_s or goal.baseline_series) or inp.base
         parts.append(choose_signal(rows, goal.objectives, target_multiple=goal.target_multiple,
@@ -265,6 +271,26 @@ def advise(inp: AdviceInput) -> Advice:
     predicted += [o.text() for o in searches(inp.by_series)]
     return with_notes(Advice(intervention="; ".join(parts), predicted="; ".join(predicted)),
                       [r for rows in inp.by_series.values() for r in rows])
+
+
+def searched_replicas(inp: AdviceInput) -> tuple[int, str] | None:
+    """Replicas from the capacity search's decided rate (not a grid point): the target's
+    request rate is the lowest level's served requests/s × the target multiple (its streams
+    at the same pace), divided by what one replica held at the objective. None without a
+    decided search or a served request rate."""
+    goal = inp.goal
+    held = next((o for o in searches(inp.by_series)
+                 if o.setting == goal.baseline_series and o.capacity_rps), None)
+    rows = sorted(inp.base, key=lambda r: r.level)
+    rps = rows[0].extras.get("throughput_rps") if rows else None
+    if held is None or held.capacity_rps is None or not isinstance(rps, int | float) or rps <= 0:
+        return None
+    demand = float(rps) * goal.target_multiple
+    n = max(1, math.ceil(demand / held.capacity_rps))
+    return n, (f"{n} replica(s) hold the {goal.target_multiple:g}× target of {demand:.4g} "
+               f"requests/s ({rps:.4g} served at {rows[0].variable}={rows[0].level:g} × "
+               f"{goal.target_multiple:g}) at the searched capacity of {held.capacity_rps:.4g} "
+               "requests/s each (measured; linear in replicas: measure to confirm)")
 
 
 def _user_endpoint(r: Record, *, note: str | None) -> Record:
