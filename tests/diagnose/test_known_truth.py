@@ -72,6 +72,10 @@ def test_an_llm_endpoint_with_four_slots_is_limited_by_its_batch_slots(
     assert "limiting resource: batch-slots (up to 4 sequences running" in \
         doc["verdict"]["summary"]
     assert not any(e["resource"] == "not measured" for e in llm["limiting"])
+    # The sheet's limit column says it too, on the row where slots ran out.
+    row = next(r for r in doc["sheet"] if r["stage"] == "llm" and r["level"] == 8.0)
+    assert row["limiting_resource"].startswith(
+        "batch-slots: up to 4 sequences running, up to "), row["limiting_resource"]
 
 
 class _Locked(BaseHTTPRequestHandler):

@@ -132,7 +132,8 @@ def test_advice_names_the_kv_pool_the_better_series_and_replicas() -> None:
     assert v.intervention == (
         "use kv-big; give the KV pool more memory (--kv-cache-bytes) or shorten max_model_len: "
         "preemptions recompute whole sequences; run 2 replica(s); autoscale on running+waiting "
-        "sequences (they lead TTFT; CPU is flat once the batch is full)")
+        "sequences (rule of thumb, not measured here: no level recorded a served rate with p50 "
+        "to p99.9)")
     assert v.predicted.startswith("kv-big holds 5 concurrent streams at p95_ms ≤ 500 where "
                                   "continuous holds 2 (measured); 2 replica(s) at 5 streams")
     with pytest.raises(ValueError, match="not in engine_settings"):

@@ -131,6 +131,11 @@ def test_records_validate(compressed: dict[str, Any]) -> None:
         assert r.latency is not None and r.latency.p50_ms == row["latency"]["1"]["p50_ms"]
         assert r.cost is not None and r.cost.unit == "1,000 predictions"
         assert r.machine.device == row["device"]
+        # Measured resident memory of the process while the variant ran, every variant (ONNX
+        # included); the tensor estimate and the weights are fields of their own.
+        assert r.peak_memory_bytes is not None
+        assert r.peak_memory_bytes > (r.extras["tensor_peak_bytes"] or 0)
+        assert r.peak_memory_bytes > (r.extras["model_bytes"] or 0)
     assert (compressed["dir"] / "pareto.png").stat().st_size > 1000
 
 

@@ -25,6 +25,8 @@ def test_policies_side_by_side_with_records(tmp_path: Path, week_schema: Path) -
     assert [r.extras["series"] for r in recs] == ["never", "fixed", "fixed", "drift"]
     assert all(r.stage == "online" and r.variable == "updates_per_30d" for r in recs)
     assert recs[2].level == 7 * 30 / 14  # 7 attempts in 14 replayed daily windows
+    # Each policy's own peak resident memory (core.peak_memory), not the process's running max.
+    assert all(r.peak_memory_bytes and r.peak_memory_bytes > 0 for r in recs)
     assert res["ingest"]["events"]["received"] == res["stream"]["rows"]
     cmp_ = compare_policies([p["result"] for p in res["policies"]])
     best = max((rows["weekly"], rows["every-2"]), key=lambda r: r["macro_f1"])

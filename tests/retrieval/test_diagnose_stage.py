@@ -28,7 +28,8 @@ def row(series: str, level: float, *, rate: float, recall: float, mem: int, docs
                     rate_unit="queries/s", wall_s=1.0, p50_ms=1.0, p95_ms=2.0, p99_ms=3.0,
                     peak_memory_bytes=mem, failure_rate=0.0,
                     quality={"recall_at_10": recall}, cost_per_unit_usd=None, cost_unit=None,
-                    recovery=None, limiting_resource="cpu", extras=extras)
+                    recovery=None, limiting_resource="cpu",
+                    extras={"index_bytes": mem, **extras})
 
 
 def _input(by: dict[str, list[SheetRow]], target: float = 10) -> AdviceInput:

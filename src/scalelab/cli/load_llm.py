@@ -28,6 +28,7 @@ from scalelab.cli._sweep import levels
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
 from scalelab.core.records import Record, append_records, new_experiment_id
+from scalelab.core.sheet import STAGE_LIMIT_KEY
 from scalelab.core.units import parse_duration
 from scalelab.load.capacity import SearchConfig
 from scalelab.load.cluster import Cluster
@@ -37,7 +38,7 @@ from scalelab.load.llm_quality import Agreement, agreement
 from scalelab.load.llm_result import LlmResult, cost_of, summary, to_record
 from scalelab.load.llm_run import LlmPlan, capacity, check_ran, reference_answers, run_llm
 from scalelab.load.schedule import ARRIVALS
-from scalelab.load.scrape import Sampler, limiting_signal
+from scalelab.load.scrape import Sampler, limit_evidence, limiting_signal
 from scalelab.load.slo import parse_percent
 from scalelab.load.stream import ProbeAnswer, StreamConfig
 from scalelab.load.token_slo import TokenSlo, TokenStepRule, parse_token_slo
@@ -258,6 +259,9 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
                 limit = limiting_signal(engine) if engine.get("engine_scrapes") else None
                 if limit:
                     extra["limiting_signal"] = limit
+                said = limit_evidence(engine)
+                if said:
+                    extra[STAGE_LIMIT_KEY] = said
                 rss = engine.get("server_peak_rss_bytes")
                 append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
                                                    slo=objective, price_per_hour_usd=price,

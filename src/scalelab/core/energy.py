@@ -39,6 +39,10 @@ def estimated_basis(watts_per_core: float) -> str:
     return f"estimated (model: {watts_per_core:g} W/core)"
 
 
+def busy_basis(watts_per_core: float) -> str:
+    return f"estimated (model: {watts_per_core:g} W/core × measured busy CPU)"
+
+
 def estimate_joules(core_seconds: float, watts_per_core: float) -> float:
     """The model: core-seconds × watts per core (pure)."""
     if core_seconds < 0 or watts_per_core <= 0:
@@ -139,6 +143,27 @@ def charged_core_seconds(r: Record, core_hour_usd: float) -> float | None:
     return r.cost.usd / core_hour_usd * 3600.0
 
 
+BUSY_CPU_KEYS = ("server_cpu_s", "cpu_s")
+"""Record extras holding the CPU seconds (user + system) the work's process tree measured: a
+server's over the level, or the stage's own process and its children."""
+
+
+def busy_core_seconds(r: Record) -> float | None:
+    """The CPU seconds a record's work measured (pure): `BUSY_CPU_KEYS`, else busy cores ×
+    the record's wall time; None where the record measured no CPU, or for accelerator work."""
+    device = str(r.extras.get("device") or r.machine.device)
+    if not device.startswith("cpu"):
+        return None
+    for key in BUSY_CPU_KEYS:
+        v = r.extras.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0:
+            return float(v)
+    busy = r.extras.get("cpu_busy_cores")
+    if isinstance(busy, int | float) and not isinstance(busy, bool) and busy >= 0 and r.wall_s:
+        return float(busy) * r.wall_s
+    return None
+
+
 def record_energy(r: Record, *, core_hour_usd: float, watts_per_core: float,
                   measured_j: float | None = None) -> Energy | None:
     """Energy of one record from its cost (pure): the model on the core-seconds its cost
@@ -151,6 +176,14 @@ def record_energy(r: Record, *, core_hour_usd: float, watts_per_core: float,
     if measured_j is not None:
         return Energy(joules=measured_j, per_unit_j=measured_j / units, unit=c.unit,
                       basis=MEASURED)
+    # The CPU the work was measured to use, where it was: the core-seconds its cost charges
+    # may be every core of the machine × wall time (a reserved server), 2x the busy CPU at
+    # 0.98 of 2 cores busy.
+    busy = busy_core_seconds(r)
+    if busy is not None:
+        j = estimate_joules(busy, watts_per_core)
+        return Energy(joules=j, per_unit_j=j / units, unit=c.unit,
+                      basis=busy_basis(watts_per_core))
     core_s = charged_core_seconds(r, core_hour_usd)
     if core_s is None:
         return None

@@ -35,12 +35,30 @@ def _num(extras: dict[str, Any], key: str) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+STAGE_LIMIT_KEY = "limit_evidence"
+"""Record extra, optional: a limit the stage itself measured, named with its numbers (e.g. the
+engine's 'batch-slots: up to 4 sequences running, up to 4 waiting for a slot (engine
+/metrics)'). Core knows no part's signals: the stage that sampled them writes this line, and
+the sheet's limiting cell leads with it."""
+
+
 def measured_limit(
     extras: dict[str, Any], peak_memory_bytes: int | None, *, cores: int, memory_bytes: int
 ) -> str:
     """The sheet's limiting-resource cell, from measured signals only (never a stage's label):
-    the saturated resource with its number, what was measured when nothing saturates, or
-    'not measured'."""
+    the limit the stage measured (`STAGE_LIMIT_KEY`), then the saturated machine resource with
+    its number; what was measured when nothing saturates; or 'not measured'."""
+    own = extras.get(STAGE_LIMIT_KEY)
+    machine = _machine_limit(extras, peak_memory_bytes, cores=cores, memory_bytes=memory_bytes)
+    if isinstance(own, str) and own:
+        saturated = not machine.startswith(("none saturated", "not measured"))
+        return f"{own}; {machine}" if saturated else own
+    return machine
+
+
+def _machine_limit(
+    extras: dict[str, Any], peak_memory_bytes: int | None, *, cores: int, memory_bytes: int
+) -> str:
     busy = _num(extras, "cpu_busy_cores")
     comm = _num(extras, "comm_share")
     spill = _num(extras, "spilled_disk_bytes")
@@ -179,6 +197,10 @@ def _numeric_extras(recs: list[Record]) -> dict[str, Any]:
     out: dict[str, Any] = {k: _median(r.extras.get(k) for r in recs) for k in sorted(keys)}
     for k in sorted({k for r in recs for k, v in r.extras.items() if isinstance(v, str | bool)}):
         out[k] = recs[0].extras.get(k)
+    # The stage's own limit line: the one most repeats said (not whichever repeat came first).
+    said = _mode(str(v) for r in recs if isinstance(v := r.extras.get(STAGE_LIMIT_KEY), str))
+    if said is not None:
+        out[STAGE_LIMIT_KEY] = said
     return out
 
 

@@ -66,6 +66,49 @@ the saturation rate, but its latency (a growing queue) is not a point of the ste
 
 
 @dataclass(frozen=True, kw_only=True)
+class LevelPoint:
+    """One measured level of one replica, as the model reads it."""
+
+    rate: float
+    """Served requests/s."""
+    offered_rps: float | None
+    """Offered requests/s (open loop); None for a closed loop, whose levels are all steady."""
+    quantiles_ms: tuple[float, float, float, float, float]
+    """p50, p90, p95, p99, p99.9 latency (TTFT for generation)."""
+    mean_ms: float
+    """Mean latency (the median where no mean was recorded)."""
+    llm: bool = False
+    """A generation level: the three fields below may be set."""
+    e2e_mean_ms: float | None = None
+    tokens_per_request: float | None = None
+    kv_usage: float | None = None
+    """Mean KV-cache usage (0..1) from the engine's /metrics."""
+
+    @classmethod
+    def of_record(cls, r: Record) -> LevelPoint | None:
+        """A load or load llm record's level; None when it lacks a rate or the quantiles."""
+        is_llm = r.stage.startswith("llm")
+        rate = _num(r.extras.get("throughput_rps")) if is_llm else r.rate
+        if not (r.stage.startswith("load") or is_llm) or rate is None or r.latency is None:
+            return None
+        lat = r.latency
+        p50, p90, p95, p99, p999 = lat.p50_ms, lat.p90_ms, lat.p95_ms, lat.p99_ms, lat.p999_ms
+        if p50 is None or p90 is None or p95 is None or p99 is None or p999 is None or rate <= 0:
+            return None
+        q = (p50, p90, p95, p99, p999)
+        offered = _num(r.extras.get("offered_rps"))
+        mean = _num(r.extras.get("ttft_mean_ms" if is_llm else "mean_ms"))
+        e2e = r.extras.get("e2e")
+        tps = _num(r.extras.get("output_tps"))
+        return cls(rate=rate, offered_rps=offered if offered and offered > 0 else None,
+                   quantiles_ms=q, mean_ms=mean if mean is not None else q[0],
+                   llm=is_llm,
+                   e2e_mean_ms=_num(e2e.get("mean_ms")) if isinstance(e2e, dict) else None,
+                   tokens_per_request=tps / rate if tps is not None else None,
+                   kv_usage=_num(r.extras.get("engine_kv_usage_mean")))
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReplicaModel:
     """One replica's latency percentiles vs served rate, and its saturation rate."""
 
@@ -109,50 +152,40 @@ class ReplicaModel:
 
     @classmethod
     def from_records(cls, records: Sequence[Record]) -> ReplicaModel:
-        pts: list[tuple[float, tuple[float, ...], float]] = []
-        llm: list[tuple[float, float | None, float | None, float | None]] = []
-        sat = 0.0
-        for r in records:
-            is_llm = r.stage.startswith("llm")
-            rate = _num(r.extras.get("throughput_rps")) if is_llm else r.rate
-            if not (r.stage.startswith("load") or is_llm) or rate is None or r.latency is None:
-                continue
-            lat = r.latency
-            vals = (lat.p50_ms, lat.p90_ms, lat.p95_ms, lat.p99_ms, lat.p999_ms)
-            if any(v is None for v in vals) or rate <= 0:
-                continue
-            sat = max(sat, rate)
-            offered = r.extras.get("offered_rps")
-            if isinstance(offered, int | float) and offered > 0 and rate < _OVERLOAD * offered:
-                continue
-            mean = r.extras.get("ttft_mean_ms" if is_llm else "mean_ms")
-            ms = tuple(float(v) for v in vals if v is not None)
-            pts.append((rate, ms, float(mean) if isinstance(mean, int | float) else ms[0]))
-            if is_llm:
-                e2e = r.extras.get("e2e")
-                tps = _num(r.extras.get("output_tps"))
-                llm.append((rate, _num(e2e.get("mean_ms")) if isinstance(e2e, dict) else None,
-                            tps / rate if tps is not None else None,
-                            _num(r.extras.get("engine_kv_usage_mean"))))
+        pts = [p for p in (LevelPoint.of_record(r) for r in records) if p is not None]
         if not pts:
             raise BadInputError("the capacity records have no stage 'load' record with a rate "
                                 "and latency percentiles; run `scalelab load URL --rates ...` or "
                                 "`scalelab load capacity URL` with --records first")
-        pts.sort(key=lambda p: p[0])
+        return cls.from_points(pts)
+
+    @classmethod
+    def from_points(cls, points: Sequence[LevelPoint]) -> ReplicaModel:
+        """The model from measured levels of one replica: overloaded ones (served under 95% of
+        offered) only tell the saturation rate."""
+        sat = max((p.rate for p in points), default=0.0)
+        steady = sorted((p for p in points
+                         if p.offered_rps is None or p.rate >= _OVERLOAD * p.offered_rps),
+                        key=lambda p: p.rate)
+        if not steady:
+            raise BadInputError("every measured level was overloaded (served under "
+                                f"{_OVERLOAD:.0%} of offered): no point of the latency curve")
         # Percentiles must not fall as load rises; noise in the records can make them.
-        lat_ms = np.maximum.accumulate(np.array([p[1] for p in pts]), axis=0)
-        mean = np.maximum.accumulate(np.array([p[2] for p in pts]))
+        lat_ms = np.maximum.accumulate(np.array([p.quantiles_ms for p in steady]), axis=0)
+        mean = np.maximum.accumulate(np.array([p.mean_ms for p in steady]))
         e2e = kv = None
         tpr = None
-        if llm and len(llm) == len(pts):
-            llm.sort(key=lambda p: p[0])
-            if all(p[1] is not None for p in llm):
-                e2e = tuple(np.maximum.accumulate(np.array([p[1] for p in llm])).tolist())
-            if all(p[2] is not None for p in llm):
-                tpr = float(np.median([p[2] for p in llm]))
-            if all(p[3] is not None for p in llm):
-                kv = tuple(np.maximum.accumulate(np.array([p[3] for p in llm])).tolist())
-        return cls(rates=tuple(p[0] for p in pts),
+        if all(p.llm for p in steady):
+            e2es = [p.e2e_mean_ms for p in steady]
+            if all(x is not None for x in e2es):
+                e2e = tuple(np.maximum.accumulate(np.array(e2es, dtype=float)).tolist())
+            tprs = [p.tokens_per_request for p in steady]
+            if all(x is not None for x in tprs):
+                tpr = float(np.median(np.array(tprs, dtype=float)))
+            kvs = [p.kv_usage for p in steady]
+            if all(x is not None for x in kvs):
+                kv = tuple(np.maximum.accumulate(np.array(kvs, dtype=float)).tolist())
+        return cls(rates=tuple(p.rate for p in steady),
                    latency_ms=tuple(tuple(row) for row in lat_ms.tolist()),
                    mean_ms=tuple(mean.tolist()), saturation_rps=sat, e2e_mean_ms=e2e,
                    tokens_per_request=tpr, kv_usage=kv)

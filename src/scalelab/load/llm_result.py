@@ -293,6 +293,8 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         p = getattr(r, name)
         extras[f"{name}_p50_ms"], extras[f"{name}_p95_ms"] = p.p50_ms, p.p95_ms
         extras[f"{name}_p99_ms"] = p.p99_ms
+    # A sequence's mean lifetime: what the autoscaling replay's "sequences" signal holds.
+    extras["e2e_mean_ms"] = r.e2e.mean_ms
     extras["availability"] = 1.0 - r.failure_rate
     cost = None
     if slo is not None:

@@ -133,7 +133,7 @@ class LoadPlan(LevelPlan):
 def _engine_for(plan: LoadPlan, index: int) -> EngineConfig:
     cfg = plan.engine
     if cfg.mode == "open":
-        return cfg
+        return replace(cfg, window_s=plan.window_s())
     conc, n, dur = plan.share(index)
     return replace(cfg, concurrency=conc, max_requests=n, duration_s=dur)
 

@@ -203,6 +203,7 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
     elif window_s:
         send_span = max(send_span, window_s)
     wall = max(send_span, last_done - start, 1e-9)
+    served = throughput(parts, ok=ok, wall=wall, window_s=window_s, stopped=stopped)
     lag = sum(p.lag_count for p in parts)
     lag_share = lag / sent if sent else 0.0
     lstats = lag_stats([LatencyHistogram.decode(p.lag_blob) for p in parts if p.lag_blob],
@@ -227,7 +228,7 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
         processes=len(parts), requests=sent, successes=ok, failures=failures,
         failure_rate=(failures / (ok + failures)) if (ok + failures) else 0.0,
         latency=hist.percentiles(), wall_s=wall, sent_rps=sent_rps, scheduled_rps=scheduled_rps,
-        throughput_rps=ok / wall, goodput_rps=within / wall,
+        throughput_rps=served, goodput_rps=within / wall,
         slo_threshold_ms=None if slo_threshold_s is None else slo_threshold_s * 1e3,
         within_slo=within, errors_by_status=dict(sorted(status.items())),
         errors_by_kind=dict(sorted(kinds.items())), lag_count=lag, lag_share=lag_share,
@@ -244,6 +245,18 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
         traced_requests=sum(p.traced for p in parts),
         trace_ids=[t for p in parts for t in p.trace_ids],
     )
+
+
+def throughput(parts: Sequence[PartResult], *, ok: int, wall: float, window_s: float | None,
+               stopped: bool) -> float:
+    """Successes per second: inside the measured window where every part counted them there
+    (open loop; the warm-up's backlog served in the window counts, so an overloaded level
+    reads its server's capacity, not capacity diluted by the backlog's drain), else the
+    measured requests' successes over the span they took."""
+    counts = [p.served_in_window for p in parts]
+    if window_s and not stopped and all(c is not None for c in counts):
+        return sum(c or 0 for c in counts) / window_s
+    return ok / wall
 
 
 def validity(*, mode: Mode, offered_rps: float | None, sent_rps: float, scheduled_rps: float,

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
@@ -134,11 +135,13 @@ class Sampler:
                 log.warning("engine signals: %s", e)
 
     def process_extras(self) -> dict[str, float | int]:
-        """cpu_busy_cores (what the verdict reads) and server_peak_rss_bytes of the server."""
+        """cpu_busy_cores (what the verdict reads), server_cpu_s (what energy is estimated
+        from) and server_peak_rss_bytes of the server."""
         if self._cpu0 is None or self._cpu1 is None or self._cpu1[0] <= self._cpu0[0]:
             return {}
         wall = self._cpu1[0] - self._cpu0[0]
-        return {"cpu_busy_cores": (self._cpu1[1] - self._cpu0[1]) / wall,
+        cpu = self._cpu1[1] - self._cpu0[1]
+        return {"cpu_busy_cores": cpu / wall, "server_cpu_s": cpu,
                 "server_peak_rss_bytes": self.peak_rss}
 
     def _loop(self) -> None:
@@ -161,6 +164,37 @@ class Sampler:
     def extras(self) -> dict[str, float | int]:
         """Everything sampled, as flat record extras."""
         return {**(self.signals().extras() if self.url else {}), **self.process_extras()}
+
+
+def engine_seen(extras: dict[str, Any]) -> list[str]:
+    """The engine's measured numbers of a level, as phrases: sequences running and waiting,
+    KV-cache usage, preemptions (those it sampled)."""
+
+    def num(key: str) -> float | None:
+        v = extras.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    running, waiting = num("engine_running_max"), num("engine_waiting_max")
+    kv, pre = num("engine_kv_usage_max"), num("engine_preemptions")
+    return [
+        *([f"up to {running:g} sequences running"] if running is not None else []),
+        *([f"up to {waiting:g} waiting for a slot"] if waiting is not None else []),
+        *([f"KV cache {kv:.0%} used"] if kv is not None else []),
+        *([f"{pre:g} preemptions"] if pre else []),
+    ]
+
+
+def limit_evidence(extras: dict[str, Any]) -> str | None:
+    """The sheet's limit cell from a level's engine signals (`core.sheet.STAGE_LIMIT_KEY`),
+    e.g. 'batch-slots: up to 4 sequences running, up to 4 waiting for a slot (engine
+    /metrics)'; None without samples, or when the engine ran out of nothing (its "compute" is
+    the absence of the other signals, not a measurement)."""
+    if not extras.get("engine_scrapes"):
+        return None
+    sig = limiting_signal(extras)
+    if sig == "compute":
+        return None
+    return f"{sig}: {', '.join(engine_seen(extras))} (engine /metrics)"
 
 
 def limiting_signal(extras: dict[str, float | int]) -> str:

@@ -137,6 +137,9 @@ class StreamEngine:
         self._next_probe = 0
         self._warm_end = 0.0
         self._end = float("inf")
+        # Closed loop: warm-up streams still running, and the event set when the last ends.
+        self._warm_flight = 0
+        self._warm_done: asyncio.Event | None = None
         self._left: int | None = None
         self.stop_requested = False
         self._tracer = (TraceSampler(cfg.trace_sample, seed=cfg.trace_seed)
@@ -355,15 +358,49 @@ class StreamEngine:
         while self._can_send():
             t = now()
             measured = t >= self._warm_end
+            if measured and self._warm_flight:
+                # The window opens once the warm-up's streams have ended: measured ones
+                # started beside them would share the engine with unmeasured work, and the
+                # window would count the warm-up's tail as time without tokens (186.6 output
+                # tokens/s at 10 streams against 228.0 without a warm-up).
+                await self._warm_drained()
+                continue
             if measured:
                 self.res.sent += 1
                 self.res.last_send = t
                 if self._left is not None:
                     self._left -= 1
+            else:
+                self._warm_flight += 1
             before = sum(self._kinds.values())
-            await self._one(t, measured, None)
+            try:
+                await self._one(t, measured, None)
+            finally:
+                if not measured:
+                    self._warm_flight -= 1
+                    if not self._warm_flight and now() >= self._warm_end:
+                        self._open_window()
             if self._kinds.get("refused", 0) and sum(self._kinds.values()) > before:
                 await asyncio.sleep(0.01)  # a refused client retries shortly, not in a spin
+
+    async def _warm_drained(self) -> None:
+        """Wait for the warm-up's streams to end (each ends by its own timeout at the latest)."""
+        if self._warm_done is None:
+            self._warm_done = asyncio.Event()
+        await self._warm_done.wait()
+
+    def _open_window(self) -> None:
+        """The last warm-up stream ended after the warm-up: the measured window starts now,
+        and a window of fixed duration keeps its length."""
+        if self._warm_done is None:
+            self._warm_done = asyncio.Event()
+        if self._warm_done.is_set():
+            return
+        t = now()
+        if t > self._warm_end:
+            self._end += t - self._warm_end
+            self.res.window_start = t
+        self._warm_done.set()
 
     async def run_closed(self, start_at: float, stop_check: StopCheck | None = None
                          ) -> StreamPart:

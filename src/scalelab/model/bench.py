@@ -24,6 +24,7 @@ The baseline row ``fp32`` is always measured first; every delta and ratio is aga
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from torch import nn
 
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.machine import current_machine
+from scalelab.core.peak_memory import PeakMemory
 from scalelab.core.records import Cost, Latency, Record, make_record, new_experiment_id
 from scalelab.model import cascade as cascade_mod
 from scalelab.model import ort
@@ -443,16 +445,21 @@ class Bench:
             v.delta = compare(base, v.quality, tolerance_points=self.cfg.tolerance_points)
         runs: dict[str, list[Measurement]] = {v.name: [] for v in variants}
         cache_runs: list[dict[str, float]] = []
+        tensor_peaks: dict[str, list[int]] = {}
         for rnd in range(self.cfg.measure.rounds):
             for v in variants:
                 self.on_step(f"timing round {rnd + 1}/{self.cfg.measure.rounds}: {v.name}")
                 c, x = inputs[v.device]
-                if v.name == "cache":
-                    m, run = self._measure_cache(v.model, c, x)
-                    cache_runs.append(run)
-                else:
-                    m = measure(v.model, c, x, self.cfg.measure, device=v.device)
-                runs[v.name].append(m)
+                # The process's peak resident memory while this variant ran (high-water
+                # mark reset first); the tensor estimate stays beside it as its own field.
+                with PeakMemory() as peak:
+                    if v.name == "cache":
+                        m, run = self._measure_cache(v.model, c, x)
+                        cache_runs.append(run)
+                    else:
+                        m = measure(v.model, c, x, self.cfg.measure, device=v.device)
+                tensor_peaks.setdefault(v.name, []).append(m.peak_memory_bytes)
+                runs[v.name].append(dataclasses.replace(m, peak_memory_bytes=peak.peak_bytes))
         base_size: int | None = None
         for v in variants:
             v.measurement = median_of(runs[v.name])
@@ -460,6 +467,8 @@ class Bench:
                 v.extras["cache"] = {k: float(np.median([r[k] for r in cache_runs]))
                                      for k in cache_runs[0]}
             v.size_bytes = self._size(v)
+            # 0 means the estimate saw no tensors (e.g. an ONNX session): not measured.
+            v.extras["tensor_peak_bytes"] = max(tensor_peaks[v.name]) or None
             base_size = base_size or v.size_bytes
             if v.size_bytes and base_size:
                 v.extras["size_ratio"] = v.size_bytes / base_size
@@ -509,7 +518,6 @@ class Bench:
             input_volume=float(n), input_unit="test rows",
             rate=m.throughput_rows_per_s, rate_unit="predictions/s",
             latency=Latency(p50_ms=b1.p50_ms, p95_ms=b1.p95_ms),
-            # 0 means the estimate saw no tensors (e.g. an ONNX session): not measured, not 0.
             peak_memory_bytes=m.peak_memory_bytes or None, quality=quality,
             cost=Cost(usd=m.cost_per_1000_usd * n / 1000.0, per_unit_usd=m.cost_per_1000_usd,
                       unit="1,000 predictions"),
@@ -520,7 +528,8 @@ class Bench:
                                                              "p95_ms": t.p95_ms,
                                                              "rows_per_s": t.rows_per_s}
                                          for t in m.timings},
-                    "size_bytes": v.size_bytes, "model_bytes": m.model_bytes, **ratios,
+                    "size_bytes": v.size_bytes, "model_bytes": m.model_bytes or None,
+                    "tensor_peak_bytes": v.extras.get("tensor_peak_bytes"), **ratios,
                     "flagged_classes": v.delta.flagged,
                     "per_class_f1_delta_points": v.delta.per_class_f1_points,
                     "worst_class": v.delta.worst_class,

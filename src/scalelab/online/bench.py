@@ -10,7 +10,6 @@ staleness, update time, rollback time. The variable is the update frequency: att
 from __future__ import annotations
 
 import functools
-import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadInputError
+from scalelab.core.peak_memory import PeakMemory
 from scalelab.core.prices import DEFAULT as DEFAULT_PRICES
 from scalelab.core.records import Cost, Latency, Record, make_record
 from scalelab.online.ingest import ingest_source, load_rules
@@ -98,8 +98,10 @@ def run_bench(cfg: OnlineBenchConfig, work: Path, experiment: str,
         policy = make_policy(name, threshold=cfg.drift_threshold, delta=cfg.drift_delta,
                              min_gap=cfg.drift_min_gap, backoff=cfg.drift_backoff,
                              max_wait=cfg.updater.lookback_windows())
-        r = run(data, rules, policy, cfg.updater,
-                on_window=None if on_window is None else functools.partial(on_window, name))
+        # Each policy's own peak: ru_maxrss only grows, so a later policy read an earlier's.
+        with PeakMemory() as peak:
+            r = run(data, rules, policy, cfg.updater,
+                    on_window=None if on_window is None else functools.partial(on_window, name))
         boot = r.decisions[0].cost.get("samples", 0)
         upd_samples = r.samples_trained - boot
         cpu = r.train_cpu_s + r.predict_cpu_s
@@ -121,7 +123,7 @@ def run_bench(cfg: OnlineBenchConfig, work: Path, experiment: str,
             rate=ev["events_per_s"], rate_unit="events/s ingested", wall_s=r.wall_s,
             latency=Latency(p50_ms=statistics.median(up_ms), p95_ms=up_ms[int(
                 0.95 * (len(up_ms) - 1))], max_ms=up_ms[-1]) if up_ms else None,
-            peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            peak_memory_bytes=peak.peak_bytes or None,
             failures=ev["quarantined"] + r.refused,
             failure_rate=ev["quarantined"] / ev["received"] if ev["received"] else None,
             quality={"macro_f1": r.macro_f1, "accuracy": r.accuracy},

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.core.errors import BadUsageError
+from scalelab.core.peak_memory import PeakMemory
 from scalelab.core.prices import DEFAULT as DEFAULT_PRICES
 from scalelab.core.records import (
     Cost,
@@ -164,6 +165,9 @@ class IndexResult:
     fresh: dict[str, float] = field(default_factory=dict)
     recovery: dict[str, float] = field(default_factory=dict)
     speedup_vs_exact: float | None = None
+    peak_rss_bytes: int | None = None
+    """Peak resident memory of this process (and children) while this index was built,
+    searched, saved, reloaded and fed fresh documents (`core.peak_memory`)."""
 
 
 def _percentiles(ms: np.ndarray) -> tuple[float, float, float]:
@@ -344,11 +348,15 @@ def _run_bench(cfg: RetrievalBenchConfig, on_step: Callable[[str], None]) -> dic
         for s in ["exact", "faiss:Flat", *cfg.indexes]:
             on_step(f"x{level:g}: {s}")
             full = resolve_spec(s, x.shape[0], x.shape[1])
-            res, index = measure_index(full, x, q, exact_kth=exact_kth, truth=truth,
-                                       answers=answers, texts=texts, level=level, cfg=cfg,
-                                       workdir=cfg.out / "indexes")
-            res.fresh = _fresh(index, emb, fresh_texts, fresh_q, fresh_truth, cfg.fresh_singles)
+            with PeakMemory() as peak:
+                res, index = measure_index(full, x, q, exact_kth=exact_kth, truth=truth,
+                                           answers=answers, texts=texts, level=level, cfg=cfg,
+                                           workdir=cfg.out / "indexes")
+                res.fresh = _fresh(index, emb, fresh_texts, fresh_q, fresh_truth,
+                                   cfg.fresh_singles)
+            res.peak_rss_bytes = peak.peak_bytes
             results.append(res)
+            del index  # the next index's peak must not hold this one
         exact_qps = results[0].points[0].qps
         for r in results:
             if r.operating is not None:
@@ -379,7 +387,7 @@ def _record(exp: str, r: IndexResult, cfg: RetrievalBenchConfig, cost: dict[str,
         rate_unit="queries/s", wall_s=r.build_s,
         latency=Latency(p50_ms=r.open_loop["p50_ms"], p95_ms=r.open_loop["p95_ms"],
                         p99_ms=r.open_loop["p99_ms"], max_ms=r.open_loop["max_ms"]),
-        peak_memory_bytes=r.memory_bytes,
+        peak_memory_bytes=r.peak_rss_bytes or None,
         quality={"recall_at_10": p.recall, "hit_at_10": p.hit_at_10,
                  "answer_accuracy": p.answer_accuracy,
                  "fresh_hit_at_10": r.fresh.get("fresh_hit_at_10", 0.0)},
@@ -392,7 +400,7 @@ def _record(exp: str, r: IndexResult, cfg: RetrievalBenchConfig, cost: dict[str,
         extras={"series": r.spec, "index": r.spec, "param": p.param or "", "value": p.value,
                 "reached_target": r.operating is not None,
                 "build_s": r.build_s, "memory_vs_raw": r.memory_bytes / max(1, r.raw_bytes),
-                "raw_bytes": r.raw_bytes,
+                "raw_bytes": r.raw_bytes, "index_bytes": r.memory_bytes,
                 "qps_one_at_a_time": p.qps, "speedup_vs_exact": r.speedup_vs_exact,
                 "arrival_rate_qps": r.open_loop["rate_qps"],
                 # core.sheet.SAMPLES_KEY: the queries the latency quantiles rest on

@@ -14,7 +14,9 @@ from typing import Literal
 
 from pydantic import Field, RootModel, model_validator
 
+from scalelab.core.knee import find_knee
 from scalelab.core.records import Record
+from scalelab.core.sheet import SheetRow
 from scalelab.core.units import parse_duration
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, generic_advice
 from scalelab.diagnose.commands import Command, LoadCapacity, LoadRun, Sweep
@@ -142,9 +144,30 @@ def _tag(r: Record, *, stage: str, kind: str, note: str | None = None) -> Record
     ), note=note)
 
 
+def sweep_knee(rows: list[SheetRow]) -> str:
+    """The knee `scalelab sweep` reports (Kneedle on the median rate per level), said in the
+    verdict: where more of the variable starts buying less; '' under three levels."""
+    pts = sorted((r.level, r.rate) for r in rows if r.rate is not None)
+    if len({x for x, _ in pts}) < 3:
+        return ""
+    knee = find_knee([x for x, _ in pts], [y for _, y in pts], curve="concave")
+    var, unit = rows[0].variable, rows[0].rate_unit or "units/s"
+    if knee is None:
+        return (f"no knee in the rate over {var} {pts[0][0]:g} to {pts[-1][0]:g} (Kneedle, "
+                "as scalelab sweep finds it): it still grows in proportion there")
+    rate = dict(pts)[knee]
+    return (f"the rate curve bends at {var}={knee:g} ({rate:.4g} {unit}, measured; Kneedle, "
+            f"the knee scalelab sweep reports): past it more {var} buy less")
+
+
 def _advise(inp: AdviceInput) -> Advice:
-    """Core's generic advice from the measured signals, and the stage's notes."""
-    return with_notes(generic_advice(inp), inp.base)
+    """Core's generic advice from the measured signals, the sweep's knee and the notes."""
+    a = generic_advice(inp)
+    knee = sweep_knee(inp.base)
+    if knee:
+        a = Advice(intervention=a.intervention,
+                   predicted="; ".join(x for x in (a.predicted, knee) if x))
+    return with_notes(a, inp.base)
 
 
 class CustomStageSet(Stage[CustomStages]):

@@ -30,6 +30,7 @@ from scalelab.core.records import Record, read_records
 from scalelab.core.sheet import SheetRow, build_sheet
 from scalelab.core.verdict import Advice, AdviceInput, Evidence, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import Command, flag, positional
+from scalelab.diagnose.scaling_signal import choose_signal
 from scalelab.diagnose.schema import HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Context, Stage
 from scalelab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
@@ -42,7 +43,7 @@ from scalelab.diagnose.stages.serve_curve import (
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
 from scalelab.load.capacity import step_requests
 from scalelab.load.connection import Target
-from scalelab.load.scrape import limiting_signal
+from scalelab.load.scrape import engine_seen, limiting_signal
 from scalelab.load.workload import PATHS, LengthDist
 from scalelab.web.spawn import start_server, stop_group
 
@@ -204,21 +205,8 @@ def engine_evidence(rows: list[SheetRow]) -> list[Evidence]:
     sig = limiting_signal(r.extras)
     if sig == "compute":
         return []  # the absence of the other signals, not a measurement of compute
-
-    def num(key: str) -> float | None:
-        v = r.extras.get(key)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-    running, waiting = num("engine_running_max"), num("engine_waiting_max")
-    kv, pre = num("engine_kv_usage_max"), num("engine_preemptions")
-    seen = [
-        *([f"up to {running:g} sequences running"] if running is not None else []),
-        *([f"up to {waiting:g} waiting for a slot"] if waiting is not None else []),
-        *([f"KV cache {kv:.0%} used"] if kv is not None else []),
-        *([f"{pre:g} preemptions"] if pre else []),
-    ]
-    return [Evidence(resource=sig, detail=f"{', '.join(seen)} at {r.variable}={r.level:g} "
-                                          "(the engine's /metrics)")]
+    return [Evidence(resource=sig, detail=f"{', '.join(engine_seen(r.extras))} at "
+                                          f"{r.variable}={r.level:g} (the engine's /metrics)")]
 
 
 _FIX = {
@@ -261,21 +249,48 @@ def advise(inp: AdviceInput) -> Advice:
     if why is not None:
         parts.append(_FIX[why])
     cap = best_cap if best_cap is not None else base_cap
-    if cap and target > cap:
+    searched = searched_replicas(inp)
+    if searched is not None:
+        n, line = searched
+        if n > 1:
+            parts.append(f"run {n} replica(s)")
+        predicted.append(line)
+    elif cap and target > cap:
         n = math.ceil(target / cap)
         parts.append(f"run {n} replica(s)")
         predicted.append(f"{n} replica(s) at {cap:g} streams each hold the {goal.target_multiple:g}"
-                         f"× target of {target:g} streams (linear in replicas: measure to "
-                         "confirm)")
+                         f"× target of {target:g} streams (the highest concurrency measured to "
+                         "pass, a lower bound; linear in replicas: measure to confirm)")
     if cap:
-        parts.append("autoscale on running+waiting sequences (they lead TTFT; CPU is flat "
-                     "once the batch is full)")
+        rows = inp.by_series.get(best_s or goal.baseline_series) or inp.base
+        parts.append(choose_signal(rows, goal.objectives, target_multiple=goal.target_multiple,
+                                   candidates=("sequences", "cpu"), llm=True).text)
     elif inp.base:
         parts.append("even the base concurrency misses the objectives: cut per-token compute "
                      "(a smaller or quantized model, speculative decoding) before replicas")
     predicted += [o.text() for o in searches(inp.by_series)]
     return with_notes(Advice(intervention="; ".join(parts), predicted="; ".join(predicted)),
                       [r for rows in inp.by_series.values() for r in rows])
+
+
+def searched_replicas(inp: AdviceInput) -> tuple[int, str] | None:
+    """Replicas from the capacity search's decided rate (not a grid point): the target's
+    request rate is the lowest level's served requests/s × the target multiple (its streams
+    at the same pace), divided by what one replica held at the objective. None without a
+    decided search or a served request rate."""
+    goal = inp.goal
+    held = next((o for o in searches(inp.by_series)
+                 if o.setting == goal.baseline_series and o.capacity_rps), None)
+    rows = sorted(inp.base, key=lambda r: r.level)
+    rps = rows[0].extras.get("throughput_rps") if rows else None
+    if held is None or held.capacity_rps is None or not isinstance(rps, int | float) or rps <= 0:
+        return None
+    demand = float(rps) * goal.target_multiple
+    n = max(1, math.ceil(demand / held.capacity_rps))
+    return n, (f"{n} replica(s) hold the {goal.target_multiple:g}× target of {demand:.4g} "
+               f"requests/s ({rps:.4g} served at {rows[0].variable}={rows[0].level:g} × "
+               f"{goal.target_multiple:g}) at the searched capacity of {held.capacity_rps:.4g} "
+               "requests/s each (measured; linear in replicas: measure to confirm)")
 
 
 def _user_endpoint(r: Record, *, note: str | None) -> Record:

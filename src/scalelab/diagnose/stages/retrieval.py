@@ -164,9 +164,10 @@ def shard_count(rows: list[SheetRow], target_multiple: float, shard_bytes: int
         return None
     top = max(rows, key=lambda r: r.level)
     docs = top.input_volume or 0.0
-    if not docs or not top.peak_memory_bytes:
+    index = top.extras.get("index_bytes")
+    if not docs or not isinstance(index, int | float) or not index:
         return None
-    per_doc = top.peak_memory_bytes / docs
+    per_doc = index / docs
     need = per_doc * docs * target_multiple / max(top.multiple, 1e-9)
     shards = max(1, math.ceil(need / shard_bytes))
     return shards, (f"{per_doc:.0f} bytes/document: {need / 2**20:.3g} MiB at "

@@ -31,11 +31,13 @@ from pydantic import Field
 
 from scalelab.core.errors import RunFailedError
 from scalelab.core.knee import find_knee
+from scalelab.core.peak_memory import TreeSampler
 from scalelab.core.records import Cost, Record, read_records
 from scalelab.core.sheet import SheetRow
 from scalelab.core.units import parse_duration
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_text
 from scalelab.diagnose.commands import LoadCapacity, LoadRun, ServeRun
+from scalelab.diagnose.scaling_signal import choose_signal
 from scalelab.diagnose.schema import Duration, HttpUrl, Levels, StageSettings
 from scalelab.diagnose.stages.base import Artifact, Context, Stage
 from scalelab.diagnose.stages.endpoint import (
@@ -185,7 +187,7 @@ def served_responses(base_url: str) -> float | None:
 class ServerMeter:
     """The server's CPU time and responses across one load step, attached to its record:
     busy cores while load was offered, the cost of 1,000 predictions at the core price, and
-    the server's resident memory (the larger of the readings before and after the level)."""
+    the server process tree's peak resident memory (sampled while the level ran)."""
 
     pid: int
     url: str
@@ -194,12 +196,15 @@ class ServerMeter:
     _cpu0: float = 0.0
     _rss0: int = 0
     _n0: float | None = None
+    _peak: TreeSampler | None = None
 
     def start(self) -> None:
         (self._cpu0, self._rss0), self._n0 = tree_usage(self.pid), served_responses(self.url)
+        self._peak = TreeSampler(self.pid, period_s=0.05).start()
 
     def tag(self, r: Record) -> Record:
         cpu1, rss1 = tree_usage(self.pid)
+        peak = self._peak.stop() if self._peak is not None else 0
         cpu = cpu1 - self._cpu0
         n1 = served_responses(self.url)
         served = n1 - self._n0 if n1 is not None and self._n0 is not None else None
@@ -209,7 +214,7 @@ class ServerMeter:
         if gov is not None:
             extras["governance"] = gov
         update: dict[str, object] = {"extras": extras, "recovery": RECOVERY_REFERENCE,
-                                     "peak_memory_bytes": max(self._rss0, rss1) or None}
+                                     "peak_memory_bytes": max(self._rss0, rss1, peak) or None}
         if served:
             usd = cpu / 3600.0 * self.core_hour_usd
             extras["server_responses"] = served
@@ -273,7 +278,10 @@ def advise(inp: AdviceInput) -> Advice:
     if sweep is not None:
         predicted += sweep.lines
     if cap or (sweep is not None and sweep.replicas is not None):
-        parts.append("autoscale on queue depth (it leads latency; CPU lags a saturated batcher)")
+        # One replica's levels of the configuration advised, replayed: which signal to scale on.
+        rows = inp.by_series.get(cap_series) or inp.base
+        parts.append(choose_signal(rows, goal.objectives, target_multiple=goal.target_multiple,
+                                   candidates=("queue", "cpu")).text)
     elif inp.base:
         parts.append(
             "reduce per-request compute (batching, a smaller model) before adding "
@@ -297,14 +305,22 @@ def replicated(by_series: dict[str, list[SheetRow]]) -> str:
     return "the server"
 
 
+KEPT_UP = 0.95
+"""A level whose served rate is at least this share of its offered rate kept up with it."""
+
+
 def throughput_knee(rows: list[SheetRow]) -> str:
-    """Where the served rate stops following the offered rate (Kneedle on the measured curve),
-    or that it still follows at the highest level measured."""
+    """Where the served rate stops following the offered rate (Kneedle on the measured curve;
+    on a curve too short for Kneedle's threshold, the last level that kept up before one
+    that did not), or that it still follows at the highest level measured."""
     pts = sorted((r.level, r.rate) for r in rows if r.rate is not None)
     if len(pts) < 3:
         return ""
     knee = find_knee([x for x, _ in pts], [y for _, y in pts], curve="concave")
     top_offered, top_served = pts[-1]
+    behind = next((i for i, (x, y) in enumerate(pts) if x > 0 and y < KEPT_UP * x), None)
+    if knee is None and behind is not None and behind > 0:
+        knee = pts[behind - 1][0]
     if knee is None:
         return (
             f"no knee in the throughput curve up to {top_offered:g} requests/s offered "
@@ -314,6 +330,8 @@ def throughput_knee(rows: list[SheetRow]) -> str:
     return (
         f"the throughput curve bends at {knee:g} requests/s offered ({served:.4g} served, "
         f"measured): beyond it the served rate stops following the offered rate"
+        + (f" ({top_offered:g} offered, {top_served:.4g} served)" if top_offered > knee
+           else "")
     )
 
 
