@@ -382,6 +382,9 @@ def render_html(
             if svg:
                 out.append(f"<figure>{svg}</figure>")
         out.append("</div>")
+    if meta.get("time"):  # how the time was spent (diagnose.budget.time_lines)
+        out += ["<h2>Time</h2><ul>", *(f"<li>{e(str(ln))}</li>" for ln in meta["time"]),
+                "</ul>"]
     out += economics_html(sheet)
     out.append(
         "<h2>Diagnostic sheet</h2><table><tr>"
@@ -429,6 +432,8 @@ def render_markdown(
                   "|" + "---|" * len(CHECK_COLUMNS)]
         lines += ["| " + " | ".join(x.replace("|", "/") for x in check_cells(c)) + " |"
                   for c in checks]
+    if meta.get("time"):  # how the time was spent (diagnose.budget.time_lines)
+        lines += ["", "## Time", "", *(f"- {ln}" for ln in meta["time"])]
     review = review_lines(unit_costs(sheet))
     if review:
         lines += ["", "## Unit economics (weekly review)", "", *(f"- {ln}" for ln in review)]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from scalelab.core.records import Record
 from scalelab.core.sheet import SheetRow
 from scalelab.core.verdict import Evidence, StageGoal
 from scalelab.diagnose.schema import Prices
@@ -26,6 +27,13 @@ if TYPE_CHECKING:
     from scalelab.diagnose.config import DiagnoseConfig
 
 S = TypeVar("S")
+
+DEFAULT_MINIMUM_S = 20.0
+"""A stage's minimum seconds when it has no estimate of its own."""
+MINIMUM_S = {"data": 15.0, "train": 20.0, "llm": 40.0, "model": 10.0, "retrieval": 80.0,
+             "online": 12.0}
+"""Seconds each fixed stage's default work took in the 2-core reference run (fresh clone,
+2026-12-03, one repeat): what --budget sets aside for it before sharing out the rest."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +63,12 @@ class Context:
     """Run one measured step (progress, logs, records tagged and appended)."""
     fail: Callable[[Step, str], StepResult]
     """Record a step that could not start (e.g. its server never became ready)."""
+    keep: Callable[[list[Record]], None] = lambda records: None
+    """Append records the stage built itself (a sized level's merged chunks) to the run's."""
+    shares: dict[str, float] = field(default_factory=dict)
+    """Each stage's share of the --budget in seconds (diagnose.budget); empty: no budget."""
+    full: bool = False
+    """--full: a sized level runs until decided, up to its stage's cap per level."""
     _built: dict[str, Path | None] = field(default_factory=dict)
 
     def records(self, name: str) -> Path:
@@ -97,6 +111,14 @@ class Stage(ABC, Generic[S]):
 
     def enabled(self, s: S) -> bool:
         return bool(getattr(s, "enabled", True))
+
+    sized: ClassVar[bool] = False
+    """Whether its levels are sized sequentially (diagnose.sizing): more time, more decided."""
+
+    def minimum_s(self, s: S, repeats: int) -> float:
+        """Seconds its fixed work takes on a 2-core machine (start-up, the steps it always
+        runs, one chunk a level): what --budget gives it before sharing out the rest."""
+        return MINIMUM_S.get(self.name, DEFAULT_MINIMUM_S)
 
     def needs(self, s: S) -> tuple[Artifact, ...]:
         """Shared inputs the stage reads (built before it runs, counted for progress)."""

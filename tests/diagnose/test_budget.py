@@ -1,0 +1,87 @@
+"""`diagnose --budget`: parsing, the split across stages (exact numbers), and bad budgets exiting
+2 before anything runs."""
+
+from pathlib import Path
+
+import pytest
+
+from scalelab.cli import run
+from scalelab.core.errors import BadUsageError
+from scalelab.diagnose.budget import StageNeed, duration_text, parse_budget, split_budget
+from scalelab.diagnose.config import load_config
+from scalelab.diagnose.run import Runner
+
+
+def test_parse_budget() -> None:
+    assert parse_budget("5m") == 300.0
+    assert parse_budget("4m30s") == 270.0
+    assert parse_budget("1h2m") == 3720.0
+    assert parse_budget("90") == 90.0
+    assert parse_budget("1.5m") == 90.0
+    for bad in ("", "soon", "5x", "4m4m", "m", "0s", "-5m"):
+        with pytest.raises(BadUsageError, match="--budget"):
+            parse_budget(bad)
+    assert duration_text(270.0) == "4m30s" and duration_text(45.5) == "45.5s"
+    assert duration_text(300.0) == "5m"
+
+
+def test_split_gives_each_stage_its_minimum_and_the_sized_ones_the_rest() -> None:
+    needs = [StageNeed(stage="data", minimum_s=15.0, sized=False),
+             StageNeed(stage="serve", minimum_s=100.0, sized=True),
+             StageNeed(stage="llm", minimum_s=50.0, sized=True),
+             StageNeed(stage="online", minimum_s=35.0, sized=False)]
+    shares = {s.stage: s.share_s for s in split_budget(300.0, needs)}
+    # 200 s of minimums; the 100 s left go 2:1 to serve and llm (their minimums' ratio)
+    assert shares["data"] == 15.0 and shares["online"] == 35.0
+    assert shares["serve"] == pytest.approx(100.0 + 100.0 * 100.0 / 150.0)
+    assert shares["llm"] == pytest.approx(50.0 + 100.0 * 50.0 / 150.0)
+    assert sum(shares.values()) == pytest.approx(300.0)
+    # exactly the minimum: nothing to share
+    assert [s.share_s for s in split_budget(200.0, needs)] == [15.0, 100.0, 50.0, 35.0]
+    # no sized stage: the spare time stays unused
+    fixed = [n for n in needs if not n.sized]
+    assert [s.share_s for s in split_budget(300.0, fixed)] == [15.0, 35.0]
+    with pytest.raises(BadUsageError, match=r"--budget 3m is under the 3m20s .*data 15s, "
+                                            r"serve 1m40s, llm 50s, online 35s"):
+        split_budget(180.0, needs)
+
+
+def test_the_runner_splits_the_config_budget_over_the_enabled_stages(tmp_path: Path) -> None:
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text("budget: 2m\nstages: {data: {enabled: false}, train: {enabled: false},"
+                   " llm: {enabled: false}, retrieval: {enabled: false},"
+                   " online: {enabled: false},"
+                   " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
+    r = Runner(load_config(cfg, "default"), tmp_path / "out", "default")
+    shares = {s.stage: s for s in r.shares}
+    assert set(shares) == {"serve", "model"}
+    # serve: 2 levels x (2 s + 1 s warm-up + 1 s start) + 3 s server start = 11 s; model 10 s
+    assert shares["serve"].minimum_s == 11.0 and shares["model"].share_s == 10.0
+    assert shares["serve"].share_s == 110.0 and r.ctx.shares == {"serve": 110.0}
+    # --full drops the config's budget (a cap per level applies instead); --budget overrides
+    assert Runner(load_config(cfg, "full"), tmp_path / "o", "full").shares == []
+    assert Runner(load_config(cfg, "full"), tmp_path / "o", "full",
+                  budget_s=60.0).ctx.shares == {"serve": 50.0}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--budget", "soon"], "--budget: 'soon' is not a duration; write e.g. 5m, 4m30s or 300s"),
+    (["--budget", "5s"], "--budget 5s is under the"),
+])
+def test_a_bad_budget_exits_2_before_anything_runs(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert run(["diagnose", *argv, "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_bad_budget_in_the_config_names_its_key(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text("budget: lots\n")
+    assert run(["diagnose", "--config", str(cfg), "--out", str(tmp_path / "o"), "--json"]) == 2
+    got = capsys.readouterr()
+    assert "budget" in got.err and "'lots' is not a duration" in got.err
+    assert got.out == ""  # --json prints no document on bad usage
