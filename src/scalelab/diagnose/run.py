@@ -114,7 +114,7 @@ class Runner:
             return []
         needs = [StageNeed(stage=st.name, minimum_s=st.minimum_s(st.of(self.cfg),
                                                                  self.cfg.repeats),
-                           sized=st.sized)
+                           sized=st.is_sized(st.of(self.cfg)))
                  for st in STAGES if st.enabled(st.of(self.cfg))]
         return split_budget(self.budget_s, needs)
 

@@ -115,6 +115,10 @@ class Stage(ABC, Generic[S]):
     sized: ClassVar[bool] = False
     """Whether its levels are sized sequentially (diagnose.sizing): more time, more decided."""
 
+    def is_sized(self, s: S) -> bool:
+        """Whether these settings' levels are sized (default: the class's `sized`)."""
+        return self.sized
+
     def minimum_s(self, s: S, repeats: int) -> float:
         """Seconds its fixed work takes on a 2-core machine (start-up, the steps it always
         runs, one chunk a level): what --budget gives it before sharing out the rest."""

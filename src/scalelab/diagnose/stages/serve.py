@@ -58,6 +58,7 @@ from scalelab.diagnose.stages.serve_curve import (
     sweep_points,
     sweep_start,
 )
+from scalelab.diagnose.stages.sized_load import sized_levels
 from scalelab.diagnose.stages.train import FEATURES, SERVED_MODEL
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
 from scalelab.nets.registry import read_spec, write_spec
@@ -416,7 +417,7 @@ class ServeStage(Stage[ServeSettings]):
         searches = 1 if s.capacity and capacity_slo(s.built_objectives()) else 0
         sweep = searches * len(sweep_shapes(s, os.cpu_count() or 1))
         if s.url:
-            return 1 + searches
+            return len(s.levels) + searches  # one chunk a level at least
         return len(s.batching) * (repeats * len(s.levels) + searches) + sweep
 
     def _load(
@@ -434,16 +435,16 @@ class ServeStage(Stage[ServeSettings]):
             rec = ctx.records("serve")
             rates = [s.base_rate * m for m in s.levels]
             note = metrics_note(metrics_url(s.url))
-            levels = ctx.run(
-                Step(stage=self.name, label=f"load {s.url}",
-                     command=self._load(s, s.url, rec, rates), records=rec,
-                     series=SERIES[s.baseline],
-                     tag=functools.partial(_user_endpoint, note=note), timeout_s=900)
-            )
+            searching = s.capacity and capacity_slo(s.built_objectives()) is not None
+            ok = sized_levels(ctx, budget_key=self.name, stage=self.name, label=f"load {s.url}",
+                              cmd=self._load(s, s.url, rec, rates),
+                              objectives=s.built_objectives(), series=SERIES[s.baseline],
+                              tag=functools.partial(_user_endpoint, note=note), rec=rec,
+                              reserve_s=CAPACITY_SEARCH_S if searching else 0.0)
             # The user's endpoint gets the reference server's capacity search too: where it
             # stops meeting the objective, which the replica advice divides the peak by
             # (not after a failed sweep: an endpoint that did not answer has no capacity).
-            if levels.ok:
+            if ok:
                 self._capacity(s, ctx, SERIES[s.baseline], s.url, None, None,
                                tag=functools.partial(_user_endpoint, note=note),
                                start=grid_start(rec, s.built_objectives(), s.base_rate))
@@ -526,7 +527,8 @@ class ServeStage(Stage[ServeSettings]):
 
     def minimum_s(self, s: ServeSettings, repeats: int) -> float:
         if s.url:
-            return len(s.levels) * (parse_duration(s.duration) + WARMUP_S) + CAPACITY_SEARCH_S
+            return len(s.levels) * (parse_duration(s.duration) + WARMUP_S + STEP_START_S) + \
+                CAPACITY_SEARCH_S
         steps = len(s.batching) * repeats * len(s.levels)
         return steps * (parse_duration(s.duration) + WARMUP_S + STEP_START_S) + \
             self._after_levels_s(s)
