@@ -55,13 +55,13 @@ def test_the_runner_splits_the_config_budget_over_the_enabled_stages(tmp_path: P
     r = Runner(load_config(cfg, "default"), tmp_path / "out", "default")
     shares = {s.stage: s for s in r.shares}
     assert set(shares) == {"serve", "model"}
-    # serve: 2 levels x (2 s + 1 s warm-up + 1 s start) + 3 s server start = 11 s; model 10 s
-    assert shares["serve"].minimum_s == 11.0 and shares["model"].share_s == 10.0
-    assert shares["serve"].share_s == 110.0 and r.ctx.shares == {"serve": 110.0}
+    # serve: 2 levels x (2 s + 1 s warm-up + 1 s start) + 3 s server start = 11 s; model 6 s
+    assert shares["serve"].minimum_s == 11.0 and shares["model"].share_s == 6.0
+    assert shares["serve"].share_s == 114.0 and r.ctx.shares == {"serve": 114.0}
     # --full drops the config's budget (a cap per level applies instead); --budget overrides
     assert Runner(load_config(cfg, "full"), tmp_path / "o", "full").shares == []
     assert Runner(load_config(cfg, "full"), tmp_path / "o", "full",
-                  budget_s=60.0).ctx.shares == {"serve": 50.0}
+                  budget_s=60.0).ctx.shares == {"serve": 54.0}
 
 
 @pytest.mark.parametrize(("argv", "message"), [
