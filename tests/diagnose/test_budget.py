@@ -85,3 +85,43 @@ def test_a_bad_budget_in_the_config_names_its_key(tmp_path: Path,
     got = capsys.readouterr()
     assert "budget" in got.err and "'lots' is not a duration" in got.err
     assert got.out == ""  # --json prints no document on bad usage
+
+
+def test_a_sized_stage_pays_for_earlier_stages_that_ran_long(tmp_path: Path) -> None:
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text("stages: {train: {enabled: false}, llm: {enabled: false},"
+                   " retrieval: {enabled: false},"
+                   " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
+    r = Runner(load_config(cfg, "default"), tmp_path / "out", "default", budget_s=100.0)
+    # data 12 s, serve 11 s, model 6 s, online 10 s: 39 s of minimums, serve gets the 61 s left
+    assert r.ctx.shares == {"serve": 72.0}
+    r._reshare("serve", elapsed_s=50.0)  # data took 50 s, not 12: 100 - 50 - (6 + 10) left
+    assert r.ctx.shares == {"serve": 34.0}
+    r._reshare("serve", elapsed_s=95.0)  # nothing left: each level runs its one chunk
+    assert r.ctx.shares == {"serve": 0.0} and r.given == {"serve": 0.0}
+
+
+def test_the_time_section() -> None:
+    from scalelab.core.records import make_record
+    from scalelab.diagnose.budget import time_lines
+
+    budget = {"total_s": 280.0, "full": False, "stages": [
+        {"stage": "data", "spent_s": 14.2, "minimum_s": 12.0, "share_s": 12.0, "sized": False},
+        {"stage": "serve", "spent_s": 120.4, "minimum_s": 109.0, "share_s": 120.0,
+         "sized": True, "given_s": 118.0}]}
+    sized = make_record(experiment="e", stage="serve", variable="rate", level=40.0, extras={
+        "series": "batching=off", "sizing": {
+            "chunks": 2, "samples": 1234, "spent_s": 9.6, "share_s": 10.25,
+            "stopped": "time share spent",
+            "undecided": ["availability ≥ 99.9%: 1,234 requests; 99.9% needs ≥ 2,995 "
+                          "without a failure"]}})
+    assert time_lines(budget, [sized, make_record(experiment="e", stage="data",
+                                                  variable="x", level=1.0)]) == [
+        "budget 4m40s: each stage its minimum, the sized stages the rest; spent: data 14 s "
+        "(minimum 12 s), serve 120 s of a 118 s share",
+        "serve batching=off at 40: 2 chunk(s), 1,234 samples in 9.6 s of a 10.2 s share, "
+        "time share spent; undecided for lack of time: availability ≥ 99.9%: 1,234 requests; "
+        "99.9% needs ≥ 2,995 without a failure",
+    ]
+    assert time_lines({"total_s": None, "full": True, "stages": []}, []) == [
+        "no budget: --full, each sized level until decided or its cap"]
