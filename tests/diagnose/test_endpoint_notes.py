@@ -54,7 +54,7 @@ def test_a_missing_metrics_is_in_the_stage_notes_and_the_report(
     stages = ", ".join(f"{s.name}: {on.get(s.name, '{enabled: false}')}" for s in SECTIONS)
     cfg = tmp_path / "scalelab.yaml"
     cfg.write_text(
-        f"repeats: 1\nstages: {{{stages}}}\ncustom:\n"
+        f"repeats: 1\nbudget: null\nstages: {{{stages}}}\ncustom:\n"
         f"  - {{name: mine, kind: load, url: '{base}/x', levels: [1], base_rate: 5,"
         " duration: 1s}\n")
     out = tmp_path / "out"

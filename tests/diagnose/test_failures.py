@@ -62,6 +62,7 @@ def test_dead_and_broken_endpoints_fail_their_stages_and_the_run(
         tmp_path,
         f"""
 repeats: 1
+budget: null
 stages: {_stages(
     serve=f"{{url: '{dead}/predict', levels: [1], base_rate: 5, duration: 1s}}",
     llm=f"{{url: '{dead}', levels: [1], requests: 2, quality_probe: 0}}")}
@@ -95,7 +96,8 @@ custom:
     for stage in ("llm", "mine", "broken"):
         assert f"{stage} failed: " in summary
     md = (out / "report.md").read_text()
-    assert f"**serve failed: load {dead}/predict: exit 2: error: no request to" in md
+    # the failed step is the level's first chunk (each level its own steps: diagnose.sizing)
+    assert f"**serve failed: load {dead}/predict 5/s: exit 2: error: no request to" in md
 
     # `scalelab report` rebuilds the same failures from run.json and the records.
     assert run(["report", str(out)]) == 0

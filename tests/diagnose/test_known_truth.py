@@ -26,7 +26,9 @@ LLM_SERVER = Path(__file__).parents[1] / "load" / "llm_server.py"
 def _config(tmp_path: Path, custom: str = "", **on: str) -> Path:
     stages = ", ".join(f"{s.name}: {on.get(s.name, '{enabled: false}')}" for s in SECTIONS)
     p = tmp_path / "scalelab.yaml"
-    p.write_text(f"repeats: 1\nstages: {{{stages}}}\n" + (f"custom:\n{custom}" if custom else ""))
+    # no budget: each level one chunk of its duration (the levels here are sized to decide)
+    p.write_text(f"repeats: 1\nbudget: null\nstages: {{{stages}}}\n"
+                 + (f"custom:\n{custom}" if custom else ""))
     return p
 
 

@@ -128,7 +128,12 @@ def test_records_validate(compressed: dict[str, Any]) -> None:
                                                        compressed["doc"]["experiment"])
         assert r.extras["variant"] == row["name"]
         assert r.quality["macro_f1"] == row["quality"]["macro_f1"]
-        assert r.latency is not None and r.latency.p50_ms == row["latency"]["1"]["p50_ms"]
+        assert r.latency is not None and r.latency.p50_ms is not None
+        if r.extras["variant"] != "cache":  # its batch-1 timing is the cache's replay
+            # order statistics of every timed batch-1 call (20 calls x 2 rounds)
+            assert r.extras["samples"] == 40 and r.extras["samples_unit"] == "calls"
+            lat = r.latency
+            assert lat.p50_ms <= lat.p95_ms <= lat.p99_ms <= lat.max_ms  # type: ignore[operator]
         assert r.cost is not None and r.cost.unit == "1,000 predictions"
         assert r.machine.device == row["device"]
         # Measured resident memory of the process while the variant ran, every variant (ONNX

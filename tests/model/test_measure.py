@@ -66,3 +66,22 @@ def test_median_of_rounds_is_exact() -> None:
     assert out.peak_memory_bytes == 30
     with pytest.raises(BadUsageError):
         median_of([])
+
+
+def test_median_of_pools_the_calls_for_quantiles_with_a_count() -> None:
+    """The record's latency quantiles rest on every timed call of every round (order
+    statistics of the pooled calls), so the verdict can decide them on their count."""
+    from scalelab.model.measure import Measurement, BatchTiming, median_of
+
+    def m(samples: range) -> Measurement:
+        t = BatchTiming(batch_size=1, p50_ms=1.0, p95_ms=1.0, rows_per_s=1.0,
+                   samples_ms=tuple(float(v) for v in samples))
+        return Measurement(device="cpu: x", timings=[t], throughput_rows_per_s=1.0,
+                           peak_memory_bytes=1, model_bytes=1, cost_per_1000_usd=0.0, threads=1)
+
+    t = median_of([m(range(101, 201)), m(range(1, 101))]).at(1)
+    assert t is not None and len(t.samples_ms) == 200
+    # the ⌈q·200⌉-th smallest of 1..200
+    assert t.quantiles() == {0.5: 100.0, 0.9: 180.0, 0.95: 190.0, 0.99: 198.0, 0.999: 200.0,
+                             1.0: 200.0}
+    assert BatchTiming(batch_size=1, p50_ms=1.0, p95_ms=1.0, rows_per_s=1.0).quantiles() == {}

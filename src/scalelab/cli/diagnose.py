@@ -19,6 +19,7 @@ from scalelab.core.jsonfile import read_json_object
 from scalelab.core.sheet import SheetRow
 from scalelab.core.units import format_bytes, format_si
 from scalelab.core.verdict import Verdict
+from scalelab.diagnose.budget import parse_budget
 from scalelab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
 from scalelab.diagnose.failures import failure_lines
 from scalelab.diagnose.run import CONFIG, RECORDS, Runner, failures, rebuild
@@ -108,13 +109,21 @@ def _written(files: ReportFiles) -> dict[str, Any]:
     help="Objectives YAML merged over the defaults (see --print-config).",
 )
 @click.option("--quick", "mode", flag_value="quick", help="About a minute on 2 cores.")
-@click.option("--full", "mode", flag_value="full", help="As long as it needs.")
+@click.option("--full", "mode", flag_value="full",
+              help="As long as deciding needs (a cap per level still applies).")
 @click.option(
     "--out",
     type=click.Path(path_type=Path),
     default=Path("scalelab-out"),
     show_default=True,
     help="Directory for records, logs, work files and the report.",
+)
+@click.option(
+    "--budget",
+    metavar="DURATION",
+    help="Stage time to spend, e.g. 5m or 4m30s: each stage gets its minimum, the stages "
+    "whose levels are sized (serve) share the rest; a level runs until its objectives are "
+    "decided or its share is spent. Default: the config's budget (none with --full).",
 )
 @click.option("--print-config", is_flag=True, help="Print the default objectives YAML and exit.")
 @fail_on_option
@@ -123,6 +132,7 @@ def diagnose(
     config_path: Path | None,
     mode: str | None,
     out: Path,
+    budget: str | None,
     print_config: bool,
     fail_on: str | None,
     as_json: bool,
@@ -145,15 +155,17 @@ def diagnose(
         sys.stdout.write(defaults_text())
         return
     m: Mode = "quick" if mode == "quick" else "full" if mode == "full" else "default"
+    budget_s = parse_budget(budget) if budget is not None else None
     cfg = load_config(config_path, m)
     if out.exists() and not out.is_dir():
         raise BadUsageError(f"--out {out} is a file; give a directory")
+    Runner(cfg, out, m, budget_s=budget_s).plan_budget()  # a short budget: exit 2, nothing ran
     with live_progress("diagnose", total=1) as progress:
 
         def on_step(label: str, i: int, total: int) -> None:
             progress.update(total=total, completed=i - 1, note=label)
 
-        runner = Runner(cfg, out, m, progress=on_step)
+        runner = Runner(cfg, out, m, progress=on_step, budget_s=budget_s)
         outcome = runner.run()
     assert outcome.verdict is not None and outcome.files is not None
     failed = [s for s in outcome.steps if not s.ok]

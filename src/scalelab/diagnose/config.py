@@ -10,17 +10,26 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from scalelab.core.errors import BadInputError
+from scalelab.core.errors import BadInputError, ScalelabError
+from scalelab.diagnose.budget import parse_budget
 from scalelab.diagnose.schema import ClientSettings, Prices, Strict
 from scalelab.diagnose.stages import SECTIONS
 from scalelab.diagnose.stages.custom import CustomStages
 
 Mode = Literal["quick", "default", "full"]
+
+
+def _budget(v: str) -> str:
+    try:
+        parse_budget(v, what="budget")
+    except ScalelabError as e:
+        raise ValueError(str(e)) from None
+    return v
 
 
 def _stages_model() -> type[BaseModel]:
@@ -41,6 +50,9 @@ class DiagnoseConfig(Strict):
     """The one price table every stage's cost uses."""
     client: ClientSettings = Field(default_factory=ClientSettings)
     """Where the load generators run (a Dask cluster, or this machine)."""
+    budget: Annotated[str, AfterValidator(_budget)] | None = None
+    """Stage time to split across the stages (diagnose.budget), e.g. 4m30s; null: none (each
+    level runs one chunk, or with --full until decided up to its cap). --budget overrides."""
     repeats: int = Field(default=2, ge=1, le=20)
     """Runs per level; the sheet shows medians and ranges."""
     stages: Stages = Field(default_factory=Stages)  # type: ignore[valid-type]

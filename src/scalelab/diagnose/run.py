@@ -9,6 +9,7 @@ the current step and still writes the report from what was measured.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -18,9 +19,16 @@ import yaml
 
 from scalelab.core.jsonfile import read_json_object
 from scalelab.core.machine import Machine, current_machine
-from scalelab.core.records import Record, new_experiment_id, read_records
+from scalelab.core.records import Record, append_records, new_experiment_id, read_records
 from scalelab.core.sheet import SheetRow, build_sheet
 from scalelab.core.verdict import Verdict, judge
+from scalelab.diagnose.budget import (
+    Share,
+    StageNeed,
+    parse_budget,
+    split_budget,
+    time_lines,
+)
 from scalelab.diagnose.config import DiagnoseConfig, Mode
 from scalelab.diagnose.energy import energy_tagger
 from scalelab.diagnose.evidence import with_stage_limits
@@ -69,9 +77,15 @@ class Runner:
     """Plans and runs the steps of one diagnosis into OUT (records, logs, work files, report)."""
 
     def __init__(
-        self, cfg: DiagnoseConfig, out: Path, mode: Mode, progress: Progress | None = None
+        self, cfg: DiagnoseConfig, out: Path, mode: Mode, progress: Progress | None = None,
+        budget_s: float | None = None,
     ) -> None:
+        """`budget_s`: the --budget in seconds; None: the config's `budget` (none in --full)."""
         self.cfg, self.out, self.mode = cfg, out, mode
+        if budget_s is None and cfg.budget is not None and mode != "full":
+            budget_s = parse_budget(cfg.budget, what="budget")
+        self.budget_s = budget_s
+        self.shares = self.plan_budget()
         self.sink = out / RECORDS
         self.progress = progress
         self.diagnosis = Diagnosis(out=out, experiment=new_experiment_id("diagnose"))
@@ -85,10 +99,28 @@ class Runner:
             settings={st.name: st.of(cfg) for st in STAGES},
             run=self._run,
             fail=self._fail,
+            keep=self._keep,
+            shares={sh.stage: sh.share_s for sh in self.shares if sh.sized},
+            full=mode == "full",
         )
+        self.spent: dict[str, float] = {}
+        self.given: dict[str, float] = {}
+        """Each sized stage's share as it started (`_reshare`)."""
+
+    def plan_budget(self) -> list[Share]:
+        """The enabled stages' shares of the budget (diagnose.budget); [] without one.
+        Bad usage (before anything runs) when the budget is under their minimums."""
+        if self.budget_s is None:
+            return []
+        needs = [StageNeed(stage=st.name, minimum_s=st.minimum_s(st.of(self.cfg),
+                                                                 self.cfg.repeats),
+                           sized=st.is_sized(st.of(self.cfg)))
+                 for st in STAGES if st.enabled(st.of(self.cfg))]
+        return split_budget(self.budget_s, needs)
 
     def _run(self, step: Step) -> StepResult:
         self._n += 1
+        self._total = max(self._total, self._n)  # a sized level's extra chunks
         step = on_cluster(step, self.cfg.client.cluster)
         if self.progress:
             self.progress(step.label, self._n, self._total)
@@ -98,6 +130,9 @@ class Runner:
         )
         self.diagnosis.steps.append(res)
         return res
+
+    def _keep(self, records: list[Record]) -> None:
+        append_records(self.sink, records)
 
     def _fail(self, step: Step, error: str) -> StepResult:
         res = StepResult(step=step, ok=False, returncode=None, wall_s=0.0, error=error)
@@ -134,17 +169,24 @@ class Runner:
             "utf-8",
         )
         self._total = self.plan_size()
+        start = time.monotonic()
         try:
             for st in STAGES:
                 s = st.of(self.cfg)
                 if st.enabled(s):
-                    st.run(s, self.ctx)
+                    self._reshare(st.name, time.monotonic() - start)
+                    t0 = time.monotonic()
+                    try:
+                        st.run(s, self.ctx)
+                    finally:
+                        self.spent[st.name] = time.monotonic() - t0
         except KeyboardInterrupt:
             self.diagnosis.interrupted = True
         d = self.diagnosis
         info = {
             "experiment": d.experiment,
             "interrupted": d.interrupted,
+            "budget": self.budget_report(),
             "failed_steps": [{"stage": r.step.stage, "step": r.step.label, "error": r.error}
                              for r in d.steps if not r.ok],
         }
@@ -152,6 +194,33 @@ class Runner:
         d.sheet, d.verdict, d.files = rebuild(self.out, self.cfg, self.mode)
         d.failures = failures(self.out)
         return d
+
+
+    def _reshare(self, stage: str, elapsed_s: float) -> None:
+        """A sized stage's share as it starts: its planned share, cut to what the budget has
+        left after the stages still to run get their minimums (earlier stages that ran over
+        their estimates, e.g. on a busy host, are paid from the sized stages' spare time)."""
+        names = [sh.stage for sh in self.shares]
+        if self.budget_s is None or stage not in self.ctx.shares or stage not in names:
+            return
+        later = sum(sh.minimum_s for sh in self.shares[names.index(stage) + 1:])
+        planned = next(sh.share_s for sh in self.shares if sh.stage == stage)
+        self.ctx.shares[stage] = max(0.0, min(planned, self.budget_s - elapsed_s - later))
+        self.given[stage] = self.ctx.shares[stage]
+
+    def budget_report(self) -> dict[str, Any]:
+        """How the time was spent per stage, against its share when there was a budget."""
+        shares = {sh.stage: sh for sh in self.shares}
+        stages = []
+        for name, spent in self.spent.items():
+            row: dict[str, Any] = {"stage": name, "spent_s": round(spent, 1)}
+            if name in shares:
+                row |= {"minimum_s": round(shares[name].minimum_s, 1),
+                        "share_s": round(shares[name].share_s, 1), "sized": shares[name].sized}
+                if name in self.given:
+                    row["given_s"] = round(self.given[name], 1)
+            stages.append(row)
+        return {"total_s": self.budget_s, "full": self.mode == "full", "stages": stages}
 
 
 def _machine(records: list[Record]) -> Machine:
@@ -183,7 +252,8 @@ def rebuild(
     )
     failed = stage_failures(run_info, sheet)
     verdict = with_failures(verdict, failed)
-    meta = {"mode": mode, "records": len(records)}
+    meta = {"mode": mode, "records": len(records),
+            "time": time_lines(run_info.get("budget"), records)}
     files = write_report(out, sheet, verdict, goals, m, meta,
                          run={**run_info, "failed_stages": failed}, records=records)
     return sheet, verdict, files

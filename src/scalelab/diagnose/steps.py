@@ -37,6 +37,9 @@ class Step:
     series: str | None = None
     timeout_s: float = 600.0
     tag: Tagger | None = None
+    keep: bool = True
+    """Append its records to the run's records (False: a chunk of a sized level, whose
+    records the stage merges and appends itself, diagnose.sizing)."""
 
 
 @dataclass(kw_only=True)
@@ -112,7 +115,8 @@ def run_step(step: Step, *, logs: Path, experiment: str, sink: Path) -> StepResu
             r2 = r.model_copy(update={"experiment": experiment, "extras": extras})
             tagged.append(step.tag(r2) if step.tag else r2)
         recs = tagged
-        append_records(sink, recs)
+        if step.keep:
+            append_records(sink, recs)
     return StepResult(
         step=step,
         ok=rc == 0 and error is None,

@@ -52,6 +52,7 @@ from scalelab.model.distill import (
 from scalelab.model.evaluate import Delta, Quality, compare, evaluate, predict_proba
 from scalelab.model.features import Features, Preprocess, load_split
 from scalelab.model.measure import (
+    BatchTiming,
     MeasureConfig,
     Measurement,
     device_label,
@@ -517,7 +518,7 @@ class Bench:
             machine=current_machine(device=m.device),
             input_volume=float(n), input_unit="test rows",
             rate=m.throughput_rows_per_s, rate_unit="predictions/s",
-            latency=Latency(p50_ms=b1.p50_ms, p95_ms=b1.p95_ms),
+            latency=_latency(b1),
             peak_memory_bytes=m.peak_memory_bytes or None, quality=quality,
             cost=Cost(usd=m.cost_per_1000_usd * n / 1000.0, per_unit_usd=m.cost_per_1000_usd,
                       unit="1,000 predictions"),
@@ -531,9 +532,22 @@ class Bench:
                     "size_bytes": v.size_bytes, "model_bytes": m.model_bytes or None,
                     "tensor_peak_bytes": v.extras.get("tensor_peak_bytes"), **ratios,
                     "flagged_classes": v.delta.flagged,
+                    # core.sheet.SAMPLES_KEY: the batch-1 calls the latency quantiles rest on
+                    **({"samples": len(b1.samples_ms), "samples_unit": "calls"}
+                       if b1.samples_ms else {}),
                     "per_class_f1_delta_points": v.delta.per_class_f1_points,
                     "worst_class": v.delta.worst_class,
                     "extras": v.extras})
+
+
+def _latency(t: BatchTiming) -> Latency:
+    """The record's quantiles of one batch size: every recorded one from the pooled calls
+    (so the verdict decides them on their count), else the median-of-rounds p50/p95."""
+    q = t.quantiles()
+    if not q:
+        return Latency(p50_ms=t.p50_ms, p95_ms=t.p95_ms)
+    return Latency(p50_ms=q[0.5], p90_ms=q[0.9], p95_ms=q[0.95], p99_ms=q[0.99],
+                   p999_ms=q[0.999], max_ms=q[1.0])
 
 
 def run_bench(model_dir: Path, data_dir: Path, cfg: CompressConfig,

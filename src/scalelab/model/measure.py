@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from scalelab.core.decide import RECORDED_QUANTILES
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import current_machine
 from scalelab.core.prices import DEFAULT as DEFAULT_PRICES
@@ -69,6 +70,18 @@ class BatchTiming:
     p50_ms: float
     p95_ms: float
     rows_per_s: float
+    samples_ms: tuple[float, ...] = ()
+    """Every timed call's milliseconds (pooled over rounds by `median_of`): what latency
+    quantiles with a sample size are read from; empty where the calls were not kept."""
+
+    def quantiles(self) -> dict[float, float]:
+        """Recorded quantiles (p50 … max) of the kept calls, each an order statistic (the
+        ⌈q·n⌉-th smallest, as core.decide brackets them); empty without samples."""
+        if not self.samples_ms:
+            return {}
+        ms = np.asarray(self.samples_ms)
+        return {q: float(np.percentile(ms, q * 100, method="inverted_cdf"))
+                for q in RECORDED_QUANTILES}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,8 +197,9 @@ def _measure(model: Predictor, categorical: torch.Tensor, numeric: torch.Tensor,
         ms = np.asarray(time_calls(model, categorical, numeric, batch_size=b, calls=cfg.calls,
                                    warmup=cfg.warmup, device=device))
         timings.append(BatchTiming(batch_size=b, p50_ms=float(np.percentile(ms, 50)),
-                                   p95_ms=float(np.percentile(ms, 95)),
-                                   rows_per_s=b * 1e3 / float(ms.mean())))
+                              p95_ms=float(np.percentile(ms, 95)),
+                              rows_per_s=b * 1e3 / float(ms.mean()),
+                              samples_ms=tuple(float(v) for v in ms)))
     top = max(timings, key=lambda t: t.batch_size)
     bmax = top.batch_size
     model_bytes = state_bytes(model)
@@ -221,9 +235,10 @@ def median_of(runs: list[Measurement]) -> Measurement:
     for t in first.timings:
         ts = [r.at(t.batch_size) or t for r in runs]
         timings.append(BatchTiming(batch_size=t.batch_size,
-                                   p50_ms=float(np.median([x.p50_ms for x in ts])),
-                                   p95_ms=float(np.median([x.p95_ms for x in ts])),
-                                   rows_per_s=float(np.median([x.rows_per_s for x in ts]))))
+                              p50_ms=float(np.median([x.p50_ms for x in ts])),
+                              p95_ms=float(np.median([x.p95_ms for x in ts])),
+                              rows_per_s=float(np.median([x.rows_per_s for x in ts])),
+                              samples_ms=tuple(v for x in ts for v in x.samples_ms)))
     top = max(timings, key=lambda t: t.batch_size)
     cost = (first.cost_per_1000_usd * first.throughput_rows_per_s / top.rows_per_s
             if top.rows_per_s > 0 else first.cost_per_1000_usd)

@@ -330,6 +330,9 @@ def render_html(
         g = goal_by.get(s.stage)
         out += _stage_findings_html(s, g, rows, (traces or {}).get(s.stage, []))
         out += _stage_figures_html(s.stage, g, rows, records or [])
+    if meta.get("time"):  # how the time was spent (diagnose.budget.time_lines)
+        out += ["<h2>Time</h2><ul>", *(f"<li>{e(str(ln))}</li>" for ln in meta["time"]),
+                "</ul>"]
     out += economics_html(sheet)
     out += _sheet_html(sheet)
     return "\n".join(out)
@@ -448,6 +451,8 @@ def render_markdown(
                   "|" + "---|" * len(CHECK_COLUMNS)]
         lines += ["| " + " | ".join(x.replace("|", "/") for x in check_cells(c)) + " |"
                   for c in checks]
+    if meta.get("time"):  # how the time was spent (diagnose.budget.time_lines)
+        lines += ["", "## Time", "", *(f"- {ln}" for ln in meta["time"])]
     review = review_lines(unit_costs(sheet))
     if review:
         lines += ["", "## Unit economics (weekly review)", "", *(f"- {ln}" for ln in review)]

@@ -17,12 +17,21 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from scalelab.core.records import Record
 from scalelab.core.sheet import SheetRow
 from scalelab.core.verdict import Evidence, StageGoal
 from scalelab.diagnose.schema import Prices
 from scalelab.diagnose.steps import Step, StepResult
 
 S = TypeVar("S")
+
+DEFAULT_MINIMUM_S = 20.0
+"""A stage's minimum seconds when it has no estimate of its own."""
+MINIMUM_S = {"data": 12.0, "train": 16.0, "llm": 40.0, "model": 6.0, "retrieval": 76.0,
+             "online": 10.0}
+"""Seconds each fixed stage's default work took per repeat in the 2-core reference run (a
+fresh clone's `make demo`, 2026-12-03, quiet machine): what --budget sets aside for it before
+sharing out the rest. A busy host takes longer; the sized stages' spare time pays for it."""
 
 
 class WholeConfig(Protocol):
@@ -63,6 +72,12 @@ class Context:
     """Run one measured step (progress, logs, records tagged and appended)."""
     fail: Callable[[Step, str], StepResult]
     """Record a step that could not start (e.g. its server never became ready)."""
+    keep: Callable[[list[Record]], None] = lambda records: None
+    """Append records the stage built itself (a sized level's merged chunks) to the run's."""
+    shares: dict[str, float] = field(default_factory=dict)
+    """Each stage's share of the --budget in seconds (diagnose.budget); empty: no budget."""
+    full: bool = False
+    """--full: a sized level runs until decided, up to its stage's cap per level."""
     _built: dict[str, Path | None] = field(default_factory=dict)
 
     def records(self, name: str) -> Path:
@@ -105,6 +120,18 @@ class Stage(ABC, Generic[S]):
 
     def enabled(self, s: S) -> bool:
         return bool(getattr(s, "enabled", True))
+
+    sized: ClassVar[bool] = False
+    """Whether its levels are sized sequentially (diagnose.sizing): more time, more decided."""
+
+    def is_sized(self, s: S) -> bool:
+        """Whether these settings' levels are sized (default: the class's `sized`)."""
+        return self.sized
+
+    def minimum_s(self, s: S, repeats: int) -> float:
+        """Seconds its fixed work takes on a 2-core machine (start-up, the steps it always
+        runs, one chunk a level): what --budget gives it before sharing out the rest."""
+        return MINIMUM_S.get(self.name, DEFAULT_MINIMUM_S)
 
     def needs(self, s: S) -> tuple[Artifact, ...]:
         """Shared inputs the stage reads (built before it runs, counted for progress)."""

@@ -21,7 +21,7 @@ from scalelab.core.units import parse_duration
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, generic_advice
 from scalelab.diagnose.commands import Command, LoadCapacity, LoadRun, Sweep
 from scalelab.diagnose.schema import Duration, HttpUrl, Levels, ObjectiveSpec, Strict
-from scalelab.diagnose.stages.base import Context, Stage, WholeConfig
+from scalelab.diagnose.stages.base import DEFAULT_MINIMUM_S, Context, Stage, WholeConfig
 from scalelab.diagnose.stages.endpoint import (
     grid_start,
     metrics_note,
@@ -29,6 +29,7 @@ from scalelab.diagnose.stages.endpoint import (
     noted,
     with_notes,
 )
+from scalelab.diagnose.stages.serve import CAPACITY_SEARCH_S
 from scalelab.diagnose.stages.serve import advise as serve_advice
 from scalelab.diagnose.stages.serve_curve import (
     CAPACITY,
@@ -36,6 +37,7 @@ from scalelab.diagnose.stages.serve_curve import (
     search_requests,
     step_seconds,
 )
+from scalelab.diagnose.stages.sized_load import least_s, sized_levels
 from scalelab.diagnose.steps import Step, restage
 
 
@@ -184,23 +186,41 @@ class CustomStageSet(Stage[CustomStages]):
     def enabled(self, s: CustomStages) -> bool:
         return bool(s.root)
 
+    def is_sized(self, s: CustomStages) -> bool:
+        return any(c.kind == "load" for c in s.root)
+
+    def minimum_s(self, s: CustomStages, repeats: int) -> float:
+        total = 0.0
+        for c in s.root:
+            cmd = _command(c, repeats, Path("-"))
+            total += (least_s(cmd, len(c.levels)) + (CAPACITY_SEARCH_S if c.capacity else 0.0)
+                      if isinstance(cmd, LoadRun) else DEFAULT_MINIMUM_S)
+        return total
+
     def count(self, s: CustomStages, repeats: int) -> int:
-        return len(s.root) + sum(1 for c in s.root if _search(c, Path("-")) is not None)
+        # one step a sweep, one chunk a load level at least, one step a capacity search
+        return sum(len(c.levels) if c.kind == "load" else 1 for c in s.root) + \
+            sum(1 for c in s.root if _search(c, Path("-")) is not None)
 
     def run(self, s: CustomStages, ctx: Context) -> None:
         for c in s.root:
             rec = ctx.records(f"custom-{c.name}")
             note = metrics_note(metrics_url(c.url)) if c.kind == "load" and c.url else None
             tag = functools.partial(_tag, stage=c.name, kind=c.kind, note=note)
-            levels = ctx.run(
-                Step(stage=c.name, label=f"{c.name} ({c.kind})",
-                     command=_command(c, ctx.repeats, rec), records=rec, tag=tag,
-                     series=LOAD if c.kind == "load" else None, timeout_s=3600)
-            )
+            command = _command(c, ctx.repeats, rec)
+            if isinstance(command, LoadRun):
+                # each level sized until its objectives are decided (diagnose.sizing)
+                ok = sized_levels(ctx, budget_key=self.name, stage=c.name, label=c.name,
+                                  cmd=command, objectives=[o.build() for o in c.objectives],
+                                  series=LOAD, tag=tag, rec=rec,
+                                  reserve_s=CAPACITY_SEARCH_S if c.capacity else 0.0)
+            else:
+                ok = ctx.run(Step(stage=c.name, label=f"{c.name} ({c.kind})", command=command,
+                                  records=rec, tag=tag, series=None, timeout_s=3600)).ok
             cap = ctx.records(f"custom-{c.name}-capacity")
             search = _search(c, cap, grid_start(rec, [o.build() for o in c.objectives],
                                                  c.base_rate))
-            if search is not None and levels.ok:
+            if search is not None and ok:
                 ctx.run(Step(stage=c.name, label=f"{c.name} capacity", command=search,
                              records=cap, tag=tag, series=LOAD + CAPACITY, timeout_s=900))
 

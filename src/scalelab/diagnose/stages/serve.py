@@ -22,7 +22,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -39,6 +39,7 @@ from scalelab.core.verdict import Advice, AdviceInput, StageGoal, capacity, num_
 from scalelab.diagnose.commands import LoadCapacity, LoadRun, ServeRun
 from scalelab.diagnose.scaling_signal import choose_signal
 from scalelab.diagnose.schema import Duration, HttpUrl, Levels, StageSettings
+from scalelab.diagnose.sizing import LevelClock, size_level
 from scalelab.diagnose.stages.base import Artifact, Context, Stage
 from scalelab.diagnose.stages.endpoint import (
     grid_start,
@@ -59,6 +60,7 @@ from scalelab.diagnose.stages.serve_curve import (
     sweep_points,
     sweep_start,
 )
+from scalelab.diagnose.stages.sized_load import sized_levels
 from scalelab.diagnose.stages.train import FEATURES, SERVED_MODEL
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
 from scalelab.nets.registry import read_spec, write_spec
@@ -118,6 +120,9 @@ class ServeSettings(StageSettings):
     threads: bool = True
     """Also the vertical series: one process with T torch threads for each count T > 1 of
     `replicas` (series 'threads=T capacity'), on the same cores as T replicas."""
+    level_cap: Duration = "60s"
+    """With --full (no budget), the most a sized level may run while its objectives are still
+    undecided (availability ≥ 99.9% alone needs 2,995 requests: 75 s at 40 requests/s)."""
     replicas_batching: Literal["off", "on"] = "on"
     """The batching setting the replica sweep replicates."""
     serial_ms: float = Field(default=0.0, ge=0, le=10_000)
@@ -409,9 +414,19 @@ WORKERS_READY_S = 120.0
 answering ready says nothing of the others, which share its port)."""
 
 
+STEP_START_S = 1.0
+"""A load step's process start-up beside its warm-up and window (2-core machine)."""
+SERVER_START_S = 3.0
+CAPACITY_SEARCH_S = 22.0
+"""One capacity search of the reference server (the 2-core reference run: 22 s each)."""
+SWEEP_SHAPE_S = 9.0
+"""One replica-sweep shape: its server's start and a short capacity search."""
+
+
 class ServeStage(Stage[ServeSettings]):
     name = "serve"
     settings = ServeSettings
+    sized = True
 
     def needs(self, s: ServeSettings) -> tuple[Artifact, ...]:
         return () if s.url else (FEATURES, SERVED_MODEL)
@@ -420,7 +435,7 @@ class ServeStage(Stage[ServeSettings]):
         searches = 1 if s.capacity and capacity_slo(s.built_objectives()) else 0
         sweep = searches * len(sweep_shapes(s, os.cpu_count() or 1))
         if s.url:
-            return 1 + searches
+            return len(s.levels) + searches  # one chunk a level at least
         return len(s.batching) * (repeats * len(s.levels) + searches) + sweep
 
     def _load(
@@ -438,16 +453,16 @@ class ServeStage(Stage[ServeSettings]):
             rec = ctx.records("serve")
             rates = [s.base_rate * m for m in s.levels]
             note = metrics_note(metrics_url(s.url))
-            levels = ctx.run(
-                Step(stage=self.name, label=f"load {s.url}",
-                     command=self._load(s, s.url, rec, rates), records=rec,
-                     series=SERIES[s.baseline],
-                     tag=functools.partial(_user_endpoint, note=note), timeout_s=900)
-            )
+            searching = s.capacity and capacity_slo(s.built_objectives()) is not None
+            ok = sized_levels(ctx, budget_key=self.name, stage=self.name, label=f"load {s.url}",
+                              cmd=self._load(s, s.url, rec, rates),
+                              objectives=s.built_objectives(), series=SERIES[s.baseline],
+                              tag=functools.partial(_user_endpoint, note=note), rec=rec,
+                              reserve_s=CAPACITY_SEARCH_S if searching else 0.0)
             # The user's endpoint gets the reference server's capacity search too: where it
             # stops meeting the objective, which the replica advice divides the peak by
             # (not after a failed sweep: an endpoint that did not answer has no capacity).
-            if levels.ok:
+            if ok:
                 self._capacity(s, ctx, SERIES[s.baseline], s.url, None, None,
                                tag=functools.partial(_user_endpoint, note=note),
                                start=grid_start(rec, s.built_objectives(), s.base_rate))
@@ -456,6 +471,11 @@ class ServeStage(Stage[ServeSettings]):
         if repo is None:
             return
         test_rows = dataset / "test.parquet" if dataset else None
+        first = parse_duration(s.duration)
+        clock = LevelClock(
+            share_s=ctx.shares.get(self.name), levels=len(s.batching) * ctx.repeats * len(s.levels),
+            cap_s=parse_duration(s.level_cap) if ctx.full else first,
+            reserve_s=self._after_levels_s(s))
         for setting in s.batching:
             series = SERIES[setting]
             srepo = batching_repo(repo, ctx.work / f"repo-batching-{setting}",
@@ -475,29 +495,61 @@ class ServeStage(Stage[ServeSettings]):
                 continue
             try:
                 for rep in range(ctx.repeats):
-                    # One step per level, so the server's CPU time and responses are read
-                    # before and after each level: serving's cost per prediction is measured.
+                    # One step per level (a chunk of it: diagnose.sizing), so the server's CPU
+                    # time and responses are read before and after each: serving's cost per
+                    # prediction is measured.
                     for m in s.levels:
-                        rec = ctx.records(f"serve-{setting}-{rep}-{m:g}")
                         url = f"{spawned.url}/v2/models/{MODEL}/infer"
-                        cmd = self._load(s, url, rec, [s.base_rate * m], repo=repo,
-                                         data=test_rows, trace_sample=TRACE_SAMPLE if (
-                                             traced and m == max(s.levels)) else None)
-                        meter = ServerMeter(pid=spawned.proc.pid, url=spawned.url,
-                                            core_hour_usd=ctx.prices.core_hour_usd,
-                                            duration_s=parse_duration(s.duration))
-                        meter.start()
-                        ctx.run(
-                            Step(stage=self.name, label=f"serve {series} {m:g}× #{rep + 1}",
-                                 command=cmd, records=rec, series=series,
-                                 tag=functools.partial(_measured, meter=meter, repeat=rep),
-                                 timeout_s=600)
-                        )
+                        chunk = functools.partial(
+                            self._chunk, s, ctx, url=url, series=series, setting=setting,
+                            rep=rep, m=m, pid=spawned.proc.pid, base=spawned.url, repo=repo,
+                            data=test_rows, trace_sample=TRACE_SAMPLE if (
+                                traced and m == max(s.levels)) else None)
+                        merged = size_level(chunk, s.built_objectives(),
+                                            first_s=parse_duration(s.duration),
+                                            share_s=clock.next_share())
+                        if merged is not None:
+                            ctx.keep([merged])
                 self._capacity(s, ctx, series, f"{spawned.url}/v2/models/{MODEL}/infer", repo,
                                test_rows)
             finally:
                 stop_group(spawned.proc, grace_s=5.0)
         self._sweep(s, ctx, repo, test_rows)
+
+    def _chunk(self, s: ServeSettings, ctx: Context, seconds: float, index: int, *, url: str,
+               series: str, setting: str, rep: int, m: float, pid: int, base: str,
+               repo: Path, data: Path | None, trace_sample: float | None) -> Record | None:
+        """One chunk of a level: a load step of `seconds` measured, metered on the server."""
+        rec = ctx.records(f"serve-{setting}-{rep}-{m:g}-{index}")
+        cmd = replace(self._load(s, url, rec, [s.base_rate * m], repo=repo, data=data,
+                                 trace_sample=trace_sample if index == 0 else None),
+                      duration=f"{seconds:.3g}s")
+        meter = ServerMeter(pid=pid, url=base, core_hour_usd=ctx.prices.core_hour_usd,
+                            duration_s=seconds)
+        meter.start()
+        more = f" +{index}" if index else ""
+        res = ctx.run(
+            Step(stage=self.name, label=f"serve {series} {m:g}× #{rep + 1}{more}",
+                 command=cmd, records=rec, series=series,
+                 tag=functools.partial(_measured, meter=meter, repeat=rep), timeout_s=600,
+                 keep=False))
+        return res.records[0] if res.records else None
+
+    def _after_levels_s(self, s: ServeSettings) -> float:
+        """Estimated seconds of the stage's work after its levels: server starts, capacity
+        searches and the replica sweep (2-core reference run, 2026-12-03)."""
+        searching = 1 if s.capacity and capacity_slo(s.built_objectives()) else 0
+        shapes = len(sweep_shapes(s, os.cpu_count() or 1)) if searching else 0
+        return (SERVER_START_S * len(s.batching) + CAPACITY_SEARCH_S * searching * len(s.batching)
+                + SWEEP_SHAPE_S * shapes)
+
+    def minimum_s(self, s: ServeSettings, repeats: int) -> float:
+        if s.url:
+            return len(s.levels) * (parse_duration(s.duration) + WARMUP_S + STEP_START_S) + \
+                CAPACITY_SEARCH_S
+        steps = len(s.batching) * repeats * len(s.levels)
+        return steps * (parse_duration(s.duration) + WARMUP_S + STEP_START_S) + \
+            self._after_levels_s(s)
 
     def _capacity(self, s: ServeSettings, ctx: Context, series: str, url: str,
                   repo: Path | None, data: Path | None,

@@ -1,0 +1,205 @@
+"""Sequential sizing: a load level runs in chunks until each of its objectives is decided, or
+its share of the time runs out.
+
+A chunk is one load step (its own warm-up, then a measured window); after each, the chunks so
+far are merged exactly (latency histograms added, counters summed: core.sheet then reads one
+record per level and repeat) and the level's objectives are decided by the verdict's own rules
+(core.objectives.check_rows: order statistics for quantiles, Clopper–Pearson for rates). The
+level stops when none is undecided; otherwise the next chunk doubles what was measured, cut to
+what the share has left after the chunk overhead the last one showed. The merged record keeps
+how it was sized in extras["sizing"]: chunks, samples, seconds spent of the share, why it
+stopped, and each objective left undecided with what deciding it needs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scalelab.core.objectives import Check, Objective, check_rows
+from scalelab.core.records import Cost, Record
+from scalelab.core.sheet import build_sheet
+from scalelab.diagnose.budget import SIZING_KEY
+from scalelab.load.histogram import LatencyHistogram
+
+_SUMMED = ("samples", "successes", "within_slo", "warmup_requests", "server_cpu_s",
+           "server_responses", "connections", "pool_waits")
+"""Record extras that are counts over the window: a merged level's is their sum."""
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def merge_chunks(chunks: list[Record]) -> Record:
+    """One record for the level out of its chunks' (load run records of the same level):
+    the histograms added (every quantile read from the sum), counts summed, rates over the
+    summed measured time. A chunk without its histogram cannot be merged exactly: ValueError."""
+    if not chunks:
+        raise ValueError("merge_chunks needs at least one chunk")
+    if len(chunks) == 1:
+        return chunks[0]
+    hist = LatencyHistogram()
+    for c in chunks:
+        blob = c.extras.get("hdr_histogram")
+        if not isinstance(blob, str):
+            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no hdr_histogram to merge")
+        hist.add_blob(blob)
+    last = chunks[-1]
+    wall = sum(c.wall_s or 0.0 for c in chunks)
+    extras: dict[str, Any] = {**last.extras, "hdr_histogram": hist.encode(),
+                              "mean_ms": hist.mean_ms()}
+    for k in _SUMMED:
+        vals = [_num(c.extras.get(k)) for c in chunks]
+        if all(v is not None for v in vals):
+            total = sum(v for v in vals if v is not None)
+            extras[k] = int(total) if all(isinstance(c.extras.get(k), int) for c in chunks) \
+                else total
+    for k in ("errors_by_kind", "errors_by_status"):
+        tot: Counter[str] = Counter()
+        for c in chunks:
+            tot.update(c.extras.get(k) or {})
+        extras[k] = dict(sorted(tot.items()))
+    if wall > 0:
+        for k in ("sent_rps", "goodput_rps", "scheduled_rps"):
+            rates = [_num(c.extras.get(k)) for c in chunks]
+            if all(v is not None for v in rates):
+                extras[k] = sum((v or 0.0) * (c.wall_s or 0.0)
+                                for v, c in zip(rates, chunks, strict=True)) / wall
+    cpus = [_num(c.extras.get("server_cpu_s")) for c in chunks]
+    busy = [_num(c.extras.get("cpu_busy_cores")) for c in chunks]
+    if all(v is not None for v in cpus) and all(b is not None and b > 0 for b in busy):
+        offered = sum((c or 0.0) / (b or 1.0) for c, b in zip(cpus, busy, strict=True))
+        extras["cpu_busy_cores"] = sum(c or 0.0 for c in cpus) / offered if offered else 0.0
+    samples = extras.get("samples")
+    failures = sum(c.failures for c in chunks)
+    successes = extras.get("successes")
+    update: dict[str, Any] = {
+        "extras": extras,
+        "latency": hist.percentiles().latency(),
+        "wall_s": wall,
+        "failures": failures,
+        "failure_rate": failures / samples if isinstance(samples, int) and samples else
+        last.failure_rate,
+        "input_volume": sum(c.input_volume or 0.0 for c in chunks),
+        "rate": successes / wall if isinstance(successes, int) and wall > 0 else last.rate,
+        "peak_memory_bytes": max((c.peak_memory_bytes for c in chunks
+                                  if c.peak_memory_bytes is not None), default=None),
+        "ok": all(c.ok for c in chunks),
+        "error": "; ".join(dict.fromkeys(c.error for c in chunks if c.error)) or None,
+        "timestamp": chunks[0].timestamp,
+    }
+    costs = [c.cost for c in chunks]
+    if all(cost is not None for cost in costs):
+        usd = sum(cost.usd for cost in costs if cost is not None)
+        served = extras.get("server_responses")
+        per = usd / served * 1000.0 if isinstance(served, int | float) and served else None
+        unit = costs[-1].unit if costs[-1] is not None else None
+        update["cost"] = Cost(usd=usd, per_unit_usd=per, unit=unit)
+    return last.model_copy(update=update)
+
+
+def pending(record: Record, objectives: list[Objective]) -> list[Check]:
+    """The level's checks more measurement could still decide (undecided ones)."""
+    return [c for c in check_rows(build_sheet([record]), objectives)
+            if c.outcome == "undecided"]
+
+
+@dataclass(kw_only=True)
+class Sizing:
+    """How one level was sized."""
+
+    chunks: int
+    samples: int | None
+    spent_s: float
+    """Wall seconds of the level's steps (warm-ups and process starts included)."""
+    share_s: float
+    """The seconds the level was allowed."""
+    stopped: str
+    """'decided', 'time share spent' or 'a chunk failed'."""
+    undecided: list[str]
+    """'<objective>: <what deciding it needs>' for each check left undecided."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"chunks": self.chunks, "samples": self.samples,
+                "spent_s": round(self.spent_s, 3), "share_s": round(self.share_s, 3),
+                "stopped": self.stopped, "undecided": self.undecided}
+
+
+Chunk = Callable[[float, int], Record | None]
+"""Run one chunk of `seconds` measured time (the index counts from 0); its record, or None
+when the step failed."""
+
+
+def size_level(run_chunk: Chunk, objectives: list[Objective], *, first_s: float,
+               share_s: float, clock: Callable[[], float] = time.monotonic) -> Record | None:
+    """Run chunks of one level until no objective is undecided or `share_s` is spent (the first
+    chunk, `first_s` long, always runs); the merged record with extras["sizing"], or None when
+    the first chunk failed. A later chunk that fails ends the level with what it measured."""
+    t0 = clock()
+    chunks: list[Record] = []
+    measured = 0.0
+    seconds = first_s
+    stopped = "time share spent"
+    while True:
+        start = clock()
+        rec = run_chunk(seconds, len(chunks))
+        took = clock() - start
+        if rec is None:
+            stopped = "a chunk failed"
+            break
+        chunks.append(rec)
+        measured += seconds
+        merged = merge_chunks(chunks)
+        if not pending(merged, objectives):
+            stopped = "decided"
+            break
+        overhead = max(0.0, took - seconds)
+        left = share_s - (clock() - t0) - overhead
+        # Doubling keeps the chunks' fixed cost (start-up, warm-up) a shrinking share.
+        seconds = min(measured, left)
+        if seconds < first_s / 2:
+            break
+    if not chunks:
+        return None
+    merged = merge_chunks(chunks)
+    samples = merged.extras.get("samples")
+    sizing = Sizing(
+        chunks=len(chunks), samples=int(samples) if isinstance(samples, int | float) else None,
+        spent_s=clock() - t0, share_s=share_s, stopped=stopped,
+        undecided=[f"{c.objective.label}: {c.decision.need}" for c in
+                   pending(merged, objectives)])
+    return merged.model_copy(update={"extras": {**merged.extras,
+                                                SIZING_KEY: sizing.as_dict()}})
+
+
+@dataclass(kw_only=True)
+class LevelClock:
+    """Hands each of a stage's sized levels its share of the stage's time, as they run: what
+    is left of the stage's share, less what its later fixed work needs (`reserve_s`), over the
+    levels still to run, so time a decided level did not use goes to the later ones."""
+
+    share_s: float | None
+    """The stage's share of the budget; None: no budget (each level gets `cap_s`)."""
+    levels: int
+    """How many sized levels the stage runs."""
+    cap_s: float
+    """A level's share without a budget (one chunk's time, or --full's cap per level)."""
+    reserve_s: float = 0.0
+    """Seconds the stage's other work after its levels needs (capacity searches, sweeps)."""
+    clock: Callable[[], float] = time.monotonic
+    _t0: float | None = None
+    _done: int = 0
+
+    def next_share(self) -> float:
+        if self._t0 is None:
+            self._t0 = self.clock()
+        left_levels = max(1, self.levels - self._done)
+        self._done += 1
+        if self.share_s is None:
+            return self.cap_s
+        left = self.share_s - (self.clock() - self._t0) - self.reserve_s
+        return max(0.0, left / left_levels)
