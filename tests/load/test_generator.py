@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import pytest
 
-from scalelab.load.connection import Target, build_request
-from scalelab.load.generator import EngineConfig, Mode
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.multiproc import LoadPlan, run_load
-from scalelab.load.result import LoadResult
+from scalelab.load.http.connection import Target, build_request
+from scalelab.load.http.generator import EngineConfig, Mode
+from scalelab.load.http.multiproc import LoadPlan, run_load
+from scalelab.load.http.result import LoadResult
 
 
 def _run(url: str, *, mode: Mode = "open", rate: float | None = None, concurrency: int = 1,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.load.connection import Target
-from scalelab.load.token_slo import (
+from scalelab.load.http.connection import Target
+from scalelab.load.llm.token_slo import (
     Samples,
     TokenStepRule,
     cost_per_1k,
@@ -18,8 +18,14 @@ from scalelab.load.token_slo import (
     goodput,
     parse_token_slo,
 )
-from scalelab.load.tokens import Event, parse_event, split_proportional, timing, tokens_per_event
-from scalelab.load.workload import LengthDist, Workload, read_prompts
+from scalelab.load.llm.tokens import (
+    Event,
+    parse_event,
+    split_proportional,
+    timing,
+    tokens_per_event,
+)
+from scalelab.load.llm.workload import LengthDist, Workload, read_prompts
 
 
 def _chat(text: str | None, usage: dict | None = None, finish: str | None = None) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from scalelab.cli._output import parse_list
 from scalelab.core.errors import BadUsageError
-from scalelab.load.generator import Mode
+from scalelab.load.http.generator import Mode
 
 
 def levels(rate: float | None, rates: str | None, concurrency: str | None, base: float | None,

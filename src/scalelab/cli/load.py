@@ -22,7 +22,6 @@ from scalelab.cli._sweep import levels
 from scalelab.core.errors import BadInputError, BadUsageError, RunFailedError
 from scalelab.core.records import Record, append_records, new_experiment_id, read_records
 from scalelab.core.units import parse_duration
-from scalelab.load import payloads
 from scalelab.load.capacity import (
     CapacityResult,
     SearchConfig,
@@ -33,11 +32,12 @@ from scalelab.load.capacity import (
 )
 from scalelab.load.clock import LOOP_IMPLS, resolve_loop
 from scalelab.load.cluster import Cluster
-from scalelab.load.connection import Target
-from scalelab.load.generator import EngineConfig, Mode
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.multiproc import LoadPlan, run_load
-from scalelab.load.result import (
+from scalelab.load.http import payloads
+from scalelab.load.http.connection import Target
+from scalelab.load.http.generator import EngineConfig, Mode
+from scalelab.load.http.multiproc import LoadPlan, run_load
+from scalelab.load.http.result import (
     LAG_FLOOR_S,
     LAG_OBJECTIVE_SHARE,
     RATE_TOLERANCE,
@@ -97,7 +97,7 @@ def _request_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def _grpc_requests(target: Target, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
     """grpc://HOST:PORT/MODEL: OIP payloads (random from ModelMetadata, or flights rows) as
     serialized ModelInferRequests."""
-    from scalelab.load import grpc_client
+    from scalelab.load.http import grpc_client
 
     kind = kw["payload"]
     if kind == "auto":

@@ -35,8 +35,8 @@ from typing import Literal
 # The interval math lives in core.decide (the verdict decides with it too).
 from scalelab.core.decide import clopper_pearson, quantile_ranks, step_requests
 from scalelab.core.errors import BadUsageError
-from scalelab.load.generator import Progress
 from scalelab.load.histogram import LatencyHistogram
+from scalelab.load.http.generator import Progress
 from scalelab.load.slo import Slo
 
 Verdict = Literal["pass", "fail", "undecided-pass", "undecided-fail"]

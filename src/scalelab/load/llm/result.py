@@ -19,10 +19,10 @@ import numpy as np
 from scalelab.core.records import Cost, Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
 from scalelab.load.cluster import ClusterLevel
-from scalelab.load.generator import LAG_INVALID_SHARE, Mode
 from scalelab.load.histogram import LatencyHistogram, Percentiles
-from scalelab.load.stream import ProbeAnswer, StreamPart
-from scalelab.load.token_slo import (
+from scalelab.load.http.generator import LAG_INVALID_SHARE, Mode
+from scalelab.load.llm.stream import ProbeAnswer, StreamPart
+from scalelab.load.llm.token_slo import (
     Goodput,
     ObjectiveLine,
     Samples,

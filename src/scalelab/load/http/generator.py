@@ -33,8 +33,8 @@ import numpy as np
 from scalelab.core.errors import BadUsageError
 from scalelab.core.usage import busy_cores, busy_ticks, sched_times
 from scalelab.load.clock import LATE_S, LagRecorder, LoopImpl, now, sleep_until
-from scalelab.load.connection import Connection, HttpConnection, Target
 from scalelab.load.histogram import LatencyHistogram
+from scalelab.load.http.connection import Connection, HttpConnection, Target
 from scalelab.load.trace_sample import TraceSampler
 
 Mode = Literal["open", "closed"]
@@ -278,7 +278,7 @@ class Engine:
         """A connection to the target: TCP for http(s), a gRPC channel for grpc://."""
         cfg = self.cfg
         if cfg.target.scheme == "grpc":
-            from scalelab.load.grpc_client import GrpcConnection
+            from scalelab.load.http.grpc_client import GrpcConnection
 
             return await GrpcConnection.connect(cfg.target, on_response, on_lost, now,
                                                 cfg.timeout_s)

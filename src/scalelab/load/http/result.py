@@ -31,8 +31,8 @@ from typing import Any
 from scalelab.core.records import Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
 from scalelab.load.cluster import ClusterLevel
-from scalelab.load.generator import Mode, PartResult
 from scalelab.load.histogram import LatencyHistogram, Percentiles
+from scalelab.load.http.generator import Mode, PartResult
 
 RATE_TOLERANCE = 0.02
 """A level is invalid when it sent more than this share below its schedule's rate."""

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scalelab.load.tokens import Event, parse_event
+from scalelab.load.llm.tokens import Event, parse_event
 
 
 class StreamLost(Exception):

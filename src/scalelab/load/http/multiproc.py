@@ -23,8 +23,8 @@ from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.load import clock
 from scalelab.load.cluster import WORKERS, Cluster, named_reasons
 from scalelab.load.cluster import shares as cluster_shares
-from scalelab.load.generator import Engine, EngineConfig, PartResult, Progress
-from scalelab.load.result import LoadResult, merge
+from scalelab.load.http.generator import Engine, EngineConfig, PartResult, Progress
+from scalelab.load.http.result import LoadResult, merge
 from scalelab.load.schedule import Arrival, schedule
 
 _START_MARGIN_S = 0.25

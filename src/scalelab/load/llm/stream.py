@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from scalelab.load.clock import LagRecorder, now, sleep_until
-from scalelab.load.generator import SendConfig
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.sse import Answer, SseConnection, StreamLost
-from scalelab.load.tokens import TokenSource, timing, tokens_per_event
+from scalelab.load.http.generator import SendConfig
+from scalelab.load.llm.sse import Answer, SseConnection, StreamLost
+from scalelab.load.llm.tokens import TokenSource, timing, tokens_per_event
 from scalelab.load.trace_sample import TraceSampler
 
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "dropped", "protocol", "server-error",

@@ -21,10 +21,10 @@ from scalelab.load.capacity import CapacityResult, SearchConfig, Step, search
 from scalelab.load.cluster import WORKERS, Cluster, named_reasons
 from scalelab.load.cluster import shares as cluster_shares
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.llm_result import LlmResult, merge, samples_of
-from scalelab.load.multiproc import LevelPlan, ProcessSettings, run_processes, split_list
-from scalelab.load.stream import ProbeAnswer, StopCheck, StreamConfig, StreamEngine, StreamPart
-from scalelab.load.token_slo import TokenStepRule
+from scalelab.load.http.multiproc import LevelPlan, ProcessSettings, run_processes, split_list
+from scalelab.load.llm.result import LlmResult, merge, samples_of
+from scalelab.load.llm.stream import ProbeAnswer, StopCheck, StreamConfig, StreamEngine, StreamPart
+from scalelab.load.llm.token_slo import TokenStepRule
 
 
 @dataclass(kw_only=True)
