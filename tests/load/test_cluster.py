@@ -27,8 +27,9 @@ from scalelab.load.clock import LagStats
 from scalelab.load.cluster import WORKERS, Cluster, WorkerClock, named_reasons, shares
 from scalelab.load.http.connection import Target, build_request
 from scalelab.load.http.generator import EngineConfig
-from scalelab.load.http.multiproc import LoadPlan, run_load, split_list
 from scalelab.load.http.result import validity
+from scalelab.load.http.run import LoadPlan, run_load
+from scalelab.load.level import split_list
 from scalelab.load.llm.run import LlmPlan, run_llm
 from scalelab.load.llm.stream import StreamConfig
 from scalelab.load.llm.workload import LengthDist, Workload

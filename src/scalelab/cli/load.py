@@ -36,7 +36,6 @@ from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.http import payloads
 from scalelab.load.http.connection import Target
 from scalelab.load.http.generator import EngineConfig, Mode
-from scalelab.load.http.multiproc import LoadPlan, run_load
 from scalelab.load.http.result import (
     LAG_FLOOR_S,
     LAG_OBJECTIVE_SHARE,
@@ -44,6 +43,7 @@ from scalelab.load.http.result import (
     LoadResult,
     to_record,
 )
+from scalelab.load.http.run import LoadPlan, run_load
 from scalelab.load.schedule import ARRIVALS
 from scalelab.load.slo import Slo, budget, parse_percent, parse_slo
 

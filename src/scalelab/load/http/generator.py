@@ -14,7 +14,8 @@ returns. It measures service time under a fixed number of outstanding requests, 
 hides a stalled server: a client stuck behind the stall sends nothing, so the stall is one slow
 sample per client instead of rate × stall slow samples.
 
-One process runs one asyncio loop; `multiproc.py` runs several and merges their `PartResult`s.
+One process runs one asyncio loop; `level.py` runs several and `result.py` merges their
+`PartResult`s.
 """
 
 from __future__ import annotations

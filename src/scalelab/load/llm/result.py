@@ -120,7 +120,7 @@ class LlmResult:
     trace_ids: list[str] = field(default_factory=list)
     """Their trace ids (the first 1,000 per process)."""
     probe: list[ProbeAnswer] = field(default_factory=list, repr=False)
-    """The greedy-agreement probe's answers at this level (llm_quality.py)."""
+    """The greedy-agreement probe's answers at this level (quality.py)."""
     cluster: ClusterLevel | None = None
     """With --cluster: the scheduler and every worker's share, clock offset and validity."""
 

@@ -1,6 +1,6 @@
 """An HTTP/1.1 keep-alive connection that reads a text/event-stream answer event by event.
 
-Why a Protocol of our own (as `connection.py` for plain requests): a streaming load generator
+Why a Protocol of our own (as `http/connection.py` for plain requests): a streaming load generator
 reads tens of events per request, and parsing just the status line, the chunked framing and
 the `data:` lines costs a few microseconds per read, several times less than a full client
 (and aiohttp's or httpx's line iterators add an await per event). Every event is stamped with
