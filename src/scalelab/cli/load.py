@@ -18,7 +18,15 @@ from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
-from scalelab.cli._sweep import levels
+from scalelab.cli._sweep import (
+    each_level,
+    fraction,
+    lengths,
+    level_of,
+    level_options,
+    levels,
+)
+from scalelab.cli._sweep import fmt_ms as _ms
 from scalelab.core.errors import BadInputError, BadUsageError, RunFailedError
 from scalelab.core.records import Record, append_records, new_experiment_id, read_records
 from scalelab.core.units import parse_duration
@@ -47,7 +55,6 @@ from scalelab.load.http.run import LoadPlan, run_load
 from scalelab.load.schedule import ARRIVALS
 from scalelab.load.slo import Slo, budget, parse_percent, parse_slo
 
-DEFAULT_MULTIPLES = "1,2,5,10"
 VALIDITY_RULES = {"rate_tolerance": RATE_TOLERANCE, "lag_p99_floor_ms": LAG_FLOOR_S * 1e3,
                   "lag_p99_max_gaps": 1.0, "lag_p99_max_objective_share": LAG_OBJECTIVE_SHARE}
 """What `result.validity` checks, echoed in --json so a reader can judge the flags."""
@@ -183,21 +190,11 @@ def _check_ran(r: LoadResult, url: str) -> None:
 
 @app.command("run")
 @click.argument("url")
-@click.option("--rate", type=float, help="Open loop: arrivals per second.")
-@click.option("--rates", help="Open loop sweep: comma-separated rates, one record each.")
-@click.option("--concurrency", help="Closed loop: clients (a comma list sweeps).")
-@click.option("--base", type=float, help="Sweep --multiples of this rate (or concurrency).")
-@click.option("--loop", type=click.Choice(["open", "closed"]), default="open", show_default=True,
-              help="With --base: sweep rates (open) or concurrency (closed).")
-@click.option("--multiples", default=DEFAULT_MULTIPLES, show_default=True,
-              help="With --base: the multiples.")
-@click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="constant",
-              show_default=True, help="Open loop arrival spacing.")
-@click.option("--duration", help="Measured time per level (default 10s), warm-up excluded.")
-@click.option("--requests", "n_requests", type=int, help="Measured requests per level instead.")
-@click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per level.")
-@click.option("--processes", type=int, default=1, show_default=True,
-              help="Generator processes (for rates one process cannot offer).")
+@level_options(rate_help="Open loop: arrivals per second.",
+               concurrency_help="Closed loop: clients (a comma list sweeps).",
+               loop_default="open", loop_help="With --base: sweep rates (open) or concurrency "
+               "(closed).", multiples_help="With --base: the multiples.",
+               processes_help="Generator processes (for rates one process cannot offer).")
 @click.option("--slo", help='Objectives for goodput and error budgets, e.g. "p95<50ms".')
 @click.option("--error-budget", help="Availability budget, e.g. 0.1%.")
 @click.option("--period", default="30d", show_default=True, help="SLO period for budgets.")
@@ -231,63 +228,45 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
          no_cold_start: bool, as_json: bool, kw: dict[str, Any],
          cluster: Cluster | None) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples)
-    if duration is not None and n_requests is not None:
-        raise BadUsageError("give --duration or --requests, not both")
-    dur = None if n_requests is not None else parse_duration(duration or "10s", what="--duration")
-    warm = parse_duration(warmup, what="--warmup")
+    dur, warm = lengths(duration, n_requests, warmup)
     objective = parse_slo(slo, error_budget=error_budget) if (slo or error_budget) else None
     period_s = parse_duration(period, what="--period")
     target, reqs, kind = _requests(url, kw)
     exp = experiment or new_experiment_id("load")
     out: list[dict[str, Any]] = []
-    with live_progress("load", total=len(sweep)) as progress:
-        for i, level in enumerate(sweep):
-            if level <= 0:
-                raise BadUsageError(f"levels must be positive, got {level}")
-            conc = int(level) if mode == "closed" else 1
-            plan = LoadPlan(engine=_engine(target, reqs, mode, kw, warm, conc),
-                            rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
-                            duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
-                            processes=processes, cold_start=not no_cold_start)
-            what = f"{level:g} req/s" if mode == "open" else f"{conc} clients"
-            progress.update(note=f"load {url}: {what}")
-            if not as_json and not progress_shown():
-                err_console.print(f"[dim]load {url}: {what} ...[/]")
-            thr = objective.latency[0].threshold_s if objective and objective.latency else None
-            r = run_load(plan, slo_threshold_s=thr, cluster=cluster)
-            _check_ran(r, url)
-            lines = None
-            if objective is not None:
-                lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
-                               successes=r.successes, failures=r.failures, wall_s=r.wall_s,
-                               period_s=period_s)
-            out.append(_level_json(r, lines))
-            progress.advance()
-            if records is not None:
-                # One level at a time: what was measured stays even if a later level is cut short.
-                append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
-                                                   slo=objective.label if objective else None,
-                                                   extra={"payload": kind})])
+    for i, level, conc in each_level(sweep, mode, label=f"load {url}", clients="clients",
+                                     as_json=as_json):
+        plan = LoadPlan(engine=_engine(target, reqs, mode, kw, warm, conc),
+                        rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
+                        duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
+                        processes=processes, cold_start=not no_cold_start)
+        thr = objective.latency[0].threshold_s if objective and objective.latency else None
+        r = run_load(plan, slo_threshold_s=thr, cluster=cluster)
+        _check_ran(r, url)
+        lines = None
+        if objective is not None:
+            lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
+                           successes=r.successes, failures=r.failures, wall_s=r.wall_s,
+                           period_s=period_s)
+        out.append(_level_json(r, lines))
+        if records is not None:
+            # One level at a time: what was measured stays even if a later level is cut short.
+            append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
+                                               slo=objective.label if objective else None,
+                                               extra={"payload": kind})])
     doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
            "slo": objective.label if objective else None,
            "validity_rules": VALIDITY_RULES, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: _render_levels(c, doc))
-    exit_if_missed([
-        f"{b.objective} at {lv['offered_rps'] if lv['mode'] == 'open' else lv['concurrency']:g}"
-        for lv in out for b in (lv["budget"] or []) if not b.met])
+    exit_if_missed([f"{b.objective} at {level_of(lv):g}"
+                    for lv in out for b in (lv["budget"] or []) if not b.met])
 
 
 def _level_json(r: LoadResult, lines: list[Any] | None) -> dict[str, Any]:
     d = {k: v for k, v in r.__dict__.items() if k != "hist_blob"}
     d["budget"] = lines
     return d
-
-
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.0f}" if v >= 1000 else (f"{v:.1f}" if v >= 10 else f"{v:.2f}")
 
 
 def _render_levels(c: Console, doc: dict[str, Any]) -> None:
@@ -298,7 +277,7 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
         t.add_column(col, justify="right")
     for lv in doc["levels"]:
         lat = lv["latency"]
-        level = lv["offered_rps"] if lv["mode"] == "open" else lv["concurrency"]
+        level = level_of(lv)
         errs = ",".join(f"{k}:{v}" for k, v in lv["errors_by_kind"].items()) or "0"
         t.add_row(f"{level:g}", f"{lv['sent_rps']:.0f}", f"{lv['throughput_rps']:.0f}",
                   f"{lv['goodput_rps']:.0f}", _ms(lat.p50_ms), _ms(lat.p95_ms),
@@ -317,8 +296,7 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
         for reason in lv["invalid_reasons"]:
             c.print(f"[yellow]invalid:[/] {reason}")
     if doc["slo"]:
-        _render_budget(c, [(lv["offered_rps"] if lv["mode"] == "open" else lv["concurrency"],
-                            lv["budget"]) for lv in doc["levels"]], doc["slo"])
+        _render_budget(c, [(level_of(lv), lv["budget"]) for lv in doc["levels"]], doc["slo"])
     if doc["records"]:
         c.print(f"records appended to {doc['records']}")
 
@@ -391,7 +369,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
               records: Path | None, experiment: str | None, plot: Path | None, as_json: bool,
               kw: dict[str, Any], cluster: Cluster | None) -> None:
     objective = parse_slo(slo, error_budget=error_budget)
-    conf = _fraction(confidence, what="--confidence")
+    conf = fraction(confidence, what="--confidence")
     rule = StepRule(slo=objective, confidence=conf,
                     min_step_s=parse_duration(min_step, what="--min-step"),
                     max_step_s=parse_duration(max_step, what="--max-step"),
@@ -463,15 +441,6 @@ def _int(text: str, *, what: str) -> int:
         raise BadUsageError(f"{what}: {text!r} is not a whole number (or 'auto')") from None
 
 
-def _fraction(text: str, *, what: str) -> float:
-    """'95%' or '0.95' -> 0.95."""
-    t = text.strip()
-    try:
-        return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
-    except ValueError:
-        raise BadUsageError(f"{what}: {text!r} is not a percentage like 95%") from None
-
-
 def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> None:
     t = Table(title=f"capacity search {doc['url']} for {doc['slo']}", box=box.SIMPLE,
               pad_edge=False, collapse_padding=True)
@@ -495,9 +464,9 @@ def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> No
     if res.capacity_rps is None:
         c.print(f"no tried rate met {doc['slo']} (lowest failing: {_ms(hi)} req/s)")
     else:
-        c.print(f"capacity: {res.capacity_rps:.1f} req/s, interval [{_ms(lo)}, {_ms(hi)}] req/s"
-                f" at {doc['confidence']:.0%} per step" + ("" if res.converged else
-                                                         " (not converged: raise --max-steps)"))
+        c.print(f"capacity: {res.capacity_rps:.1f} req/s, interval [{_ms(lo)}, "
+                f"{_ms(hi)}] req/s at {doc['confidence']:.0%} per step"
+                + ("" if res.converged else " (not converged: raise --max-steps)"))
     if res.knee_rps is not None:
         c.print(f"knee of the latency-throughput curve: {res.knee_rps:.1f} req/s")
 
