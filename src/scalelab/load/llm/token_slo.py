@@ -27,7 +27,7 @@ import numpy as np
 
 from scalelab.core.errors import BadUsageError
 from scalelab.core.units import parse_duration
-from scalelab.load.capacity import clopper_pearson
+from scalelab.load.capacity import StopRule
 
 Metric = Literal["ttft", "itl", "tpot", "e2e"]
 METRICS: tuple[Metric, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -205,25 +205,16 @@ def goodput(slo: TokenSlo, s: Samples, wall_s: float) -> Goodput:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TokenStepRule:
-    """When a capacity step may stop: every objective decided, or out of time/requests."""
+class TokenStepRule(StopRule):
+    """`StopRule` for several token objectives at once: every objective decided, or out of
+    time/requests."""
 
     slo: TokenSlo
     """The objectives every step is judged on."""
-    confidence: float = 0.95
-    """Two-sided confidence of each interval."""
-    min_step_s: float = 3.0
-    """Never decide before this much measured time (lets a growing queue show)."""
     max_step_s: float = 30.0
     """Stop undecided after this much measured time."""
     max_requests: int = 100_000
     """Stop undecided after this many measured requests."""
-
-    def __post_init__(self) -> None:
-        if not (0.5 < self.confidence < 1.0):
-            raise BadUsageError(f"--confidence must be in (50%, 100%), got {self.confidence}")
-        if not (0 < self.min_step_s <= self.max_step_s):
-            raise BadUsageError("--min-step must be positive and at most --max-step")
 
     def verdict(self, s: Samples) -> tuple[str, bool]:
         """('pass'|'fail', decided) from the measurements so far."""
@@ -239,17 +230,12 @@ class TokenStepRule:
                 k, n = round(line.share * nreq), nreq
             if o is None:
                 # Availability: the failure share against the error budget.
-                budget = 1.0 - line.needed
-                e_lo, e_hi = clopper_pearson(n - k, n, self.confidence)
-                if e_lo > budget:
-                    return "fail", True
-                if e_hi > budget:
-                    decided_pass = False
-                continue
-            lo, hi = clopper_pearson(k, n, self.confidence)
-            if n > 0 and hi < line.needed:
+                verdict = self.budget_verdict(n - k, n, 1.0 - line.needed)
+            else:
+                verdict = self.share_verdict(k, n, line.needed)
+            if verdict == "fail":
                 return "fail", True
-            if not (n > 0 and lo >= line.needed):
+            if verdict is None:
                 decided_pass = False
         if len(s.ttft_us) == 0:
             return "fail", True
@@ -258,7 +244,7 @@ class TokenStepRule:
         return ("pass" if all(x.met for x in lines) else "fail"), False
 
     def should_stop(self, s: Samples, elapsed_s: float) -> bool:
-        if elapsed_s >= self.max_step_s or s.requests >= self.max_requests:
+        if self.out_of_room(elapsed_s, s.requests):
             return True
         if elapsed_s < self.min_step_s:
             return False
