@@ -26,8 +26,8 @@ import math
 from array import array
 from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +36,10 @@ from scalelab.core.usage import busy_cores, busy_ticks, sched_times
 from scalelab.load.clock import LATE_S, LagRecorder, LoopImpl, now, sleep_until
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.http.connection import Connection, HttpConnection, Target
+from scalelab.load.result import Part
+from scalelab.load.schedule import Mode
 from scalelab.load.trace_sample import TraceSampler
 
-Mode = Literal["open", "closed"]
 LAG_THRESHOLD_S = LATE_S
 """A send dispatched more than this after its due time counts in `lag_count`."""
 LAG_INVALID_SHARE = 0.05
@@ -64,26 +65,15 @@ class Progress:
 
 
 @dataclass(kw_only=True)
-class PartResult:
+class PartResult(Part):
     """One process's measurements; plain values so it pickles across processes."""
 
-    sent: int = 0
-    ok: int = 0
-    errors_by_status: dict[str, int] = field(default_factory=dict)
-    errors_by_kind: dict[str, int] = field(default_factory=dict)
     within: int = 0
     hist_blob: str = ""
-    warmup_requests: int = 0
     lag_count: int = 0
     lag_max_s: float = 0.0
-    lag_blob: str = ""
     last_due: float = 0.0
     pool_waits: int = 0
-    connections_opened: int = 0
-    window_start: float = 0.0
-    last_send: float = 0.0
-    last_done: float = 0.0
-    stopped_early: bool = False
     cold_start_s: float | None = None
     cold_start_error: str | None = None
     cpu_s: float = 0.0
@@ -94,9 +84,6 @@ class PartResult:
     """Wall seconds those two cover."""
     machine_busy_cores: float | None = None
     """Busy cores of the whole machine over the same span (/proc/stat), this process included."""
-    traced: int = 0
-    """Measured requests sent with a sampled traceparent."""
-    trace_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)

@@ -21,9 +21,7 @@ millisecond.
 
 from __future__ import annotations
 
-import math
 import os
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,6 +31,7 @@ from scalelab.load.clock import LagStats, lag_stats
 from scalelab.load.cluster import ClusterLevel
 from scalelab.load.histogram import LatencyHistogram, Percentiles
 from scalelab.load.http.generator import Mode, PartResult
+from scalelab.load.result import NOTHING_MEASURED, LevelResult, Tally, finite
 
 RATE_TOLERANCE = 0.02
 """A level is invalid when it sent more than this share below its schedule's rate."""
@@ -89,27 +88,9 @@ def generator_cpu(parts: Sequence[PartResult], cores: int | None = None) -> Gene
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoadResult:
+class LoadResult(LevelResult):
     """What one load level measured (only requests after the warm-up count)."""
 
-    mode: Mode
-    """"open" (arrival schedule) or "closed" (fixed concurrency)."""
-    offered_rps: float | None
-    """Open loop: the target arrival rate."""
-    concurrency: int | None
-    """Closed loop: clients."""
-    arrival: str | None
-    """Open loop: constant or poisson."""
-    processes: int
-    """Generator processes."""
-    requests: int
-    """Measured requests sent."""
-    successes: int
-    """2xx responses."""
-    failures: int
-    """Everything else: non-2xx, timeouts, refused and reset connections."""
-    failure_rate: float
-    """failures / requests (0 when nothing was sent)."""
     latency: Percentiles
     """Latency of successes, from the due time (open) or send time (closed)."""
     wall_s: float
@@ -174,23 +155,15 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
           more: str = "--processes") -> LoadResult:
     """Merge per-process results; `window_s` is the planned measured span (open loop);
     `more` is what the fixes ask to add for more generators (--processes, or Dask workers)."""
-    assert parts
+    tally = Tally.of(parts)
     hist = LatencyHistogram()
-    status: Counter[str] = Counter()
-    kinds: Counter[str] = Counter()
     for p in parts:
         hist.add_blob(p.hist_blob)
-        status.update(p.errors_by_status)
-        kinds.update(p.errors_by_kind)
-    sent = sum(p.sent for p in parts)
+    sent, failures, start = tally.sent, tally.failures, tally.start
     ok = sum(p.ok for p in parts)
-    failures = sum(kinds.values())
     within = sum(p.within for p in parts)
-    start = min(p.window_start for p in parts)
-    last_send = max(p.last_send for p in parts)
-    last_done = max(p.last_done for p in parts)
-    stopped = any(p.stopped_early for p in parts)
-    send_span = max(0.0, last_send - start)
+    stopped = tally.stopped_early
+    send_span = tally.send_span
     sched_span = send_span
     if mode == "open" and offered_rps:
         # A full-speed run's last send is one gap before the window's end; a run whose
@@ -202,7 +175,7 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
         send_span = max(sched_span, send_span + gap)
     elif window_s:
         send_span = max(send_span, window_s)
-    wall = max(send_span, last_done - start, 1e-9)
+    wall = tally.wall(send_span)
     lag = sum(p.lag_count for p in parts)
     lag_share = lag / sent if sent else 0.0
     lstats = lag_stats([LatencyHistogram.decode(p.lag_blob) for p in parts if p.lag_blob],
@@ -219,30 +192,29 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
                        slo_threshold_s=slo_threshold_s, processes=len(parts),
                        realtime=realtime, cpu=gcpu, more=more)
     if sent == 0:
-        reasons.append("no request was measured; lengthen --duration or shorten --warmup")
+        reasons.append(NOTHING_MEASURED)
     cold = next((p for p in parts if p.cold_start_s is not None or p.cold_start_error), None)
     cold_ms = None if cold is None or cold.cold_start_s is None else cold.cold_start_s * 1e3
     return LoadResult(
         mode=mode, offered_rps=offered_rps, concurrency=concurrency, arrival=arrival,
         processes=len(parts), requests=sent, successes=ok, failures=failures,
-        failure_rate=(failures / (ok + failures)) if (ok + failures) else 0.0,
+        failure_rate=tally.failure_rate(ok),
         latency=hist.percentiles(), wall_s=wall, sent_rps=sent_rps, scheduled_rps=scheduled_rps,
         throughput_rps=ok / wall, goodput_rps=within / wall,
         slo_threshold_ms=None if slo_threshold_s is None else slo_threshold_s * 1e3,
-        within_slo=within, errors_by_status=dict(sorted(status.items())),
-        errors_by_kind=dict(sorted(kinds.items())), lag_count=lag, lag_share=lag_share,
+        within_slo=within, errors_by_status=tally.errors_by_status,
+        errors_by_kind=tally.errors_by_kind, lag_count=lag, lag_share=lag_share,
         lag_max_ms=lag_max_ms, lag_p50_ms=_at_most(lstats.p50_ms, lag_max_ms),
         lag_p99_ms=_at_most(lstats.p99_ms, lag_max_ms),
         pool_waits=pool_waits,
-        connections=sum(p.connections_opened for p in parts), valid=not reasons,
+        connections=tally.connections, valid=not reasons,
         invalid_reasons=reasons,
         cold_start_ms=cold_ms,
         cold_start_error=None if cold is None else cold.cold_start_error,
-        warmup_requests=sum(p.warmup_requests for p in parts), stopped_early=stopped,
+        warmup_requests=tally.warmup_requests, stopped_early=stopped,
         generator_cpu=gcpu,
         hist_blob=hist.encode(),
-        traced_requests=sum(p.traced for p in parts),
-        trace_ids=[t for p in parts for t in p.trace_ids],
+        traced_requests=tally.traced_requests, trace_ids=tally.trace_ids,
     )
 
 
@@ -284,8 +256,7 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
               budget: list[Any] | None = None, slo: str | None = None,
               extra: dict[str, Any] | None = None) -> Record:
     """One foundation record for this level (stage "load", variable rate or concurrency)."""
-    variable = "rate" if r.mode == "open" else "concurrency"
-    level = float((r.offered_rps or 0.0) if r.mode == "open" else (r.concurrency or 0))
+    variable, level = r.level()
     extras: dict[str, Any] = {
         "url": url, "mode": r.mode, "arrival": r.arrival, "processes": r.processes,
         "offered_rps": r.offered_rps, "sent_rps": r.sent_rps, "goodput_rps": r.goodput_rps,
@@ -311,19 +282,8 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         rate_unit="requests/s", wall_s=r.wall_s, latency=r.latency.latency(),
         failures=r.failures, failure_rate=r.failure_rate, recovery="replica",
         ok=r.valid, error="; ".join(r.invalid_reasons) or None,
-        extras=_finite(extras),
+        extras=finite(extras),
     )
-
-
-def _finite(x: Any) -> Any:
-    """Records are strict JSON: NaN/inf become None."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
 
 
 def _at_most(x: float | None, cap: float) -> float | None:
