@@ -26,8 +26,8 @@ from typing import Literal
 import numpy as np
 
 from scalelab.core.errors import BadUsageError
-from scalelab.core.units import parse_duration
 from scalelab.load.capacity import StopRule
+from scalelab.load.slo import parse_availability, parse_quantile, parse_threshold, slo_label
 
 Metric = Literal["ttft", "itl", "tpot", "e2e"]
 METRICS: tuple[Metric, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -67,10 +67,7 @@ class TokenSlo:
 
     @property
     def label(self) -> str:
-        parts = [o.label for o in self.objectives]
-        if self.availability is not None:
-            parts.append(f"avail>={self.availability * 100:g}%")
-        return ",".join(parts)
+        return slo_label([o.label for o in self.objectives], self.availability)
 
 
 def parse_token_slo(text: str) -> TokenSlo:
@@ -79,23 +76,11 @@ def parse_token_slo(text: str) -> TokenSlo:
     avail: float | None = None
     for term in [t.strip() for t in str(text).split(",") if t.strip()]:
         if m := _OBJ.match(term):
-            digits = m.group(2)
-            # p999 is the usual shorthand for 99.9; p99.9 says it directly.
-            q = float(digits) / 100.0 if "." in digits or len(digits) <= 2 else \
-                float(f"{digits[:2]}.{digits[2:]}") / 100.0
-            q = round(q, 12)
-            if not (0.0 < q < 1.0):
-                raise BadUsageError(f"--slo {term!r}: the percentile must be between 0 and 100")
-            thr = parse_duration(m.group(4), what=f"--slo {term!r}", default_unit="ms")
-            if thr <= 0:
-                raise BadUsageError(f"--slo {term!r}: the threshold must be positive")
-            objs.append(TokenObjective(metric=m.group(1).lower(), quantile=q,  # type: ignore[arg-type]
-                                       threshold_s=thr))
+            objs.append(TokenObjective(metric=m.group(1).lower(),  # type: ignore[arg-type]
+                                       quantile=parse_quantile(m.group(2), term),
+                                       threshold_s=parse_threshold(m.group(4), term)))
         elif m := _AVAIL.match(term):
-            v = float(m.group(2))
-            if not (0 < v <= 100):
-                raise BadUsageError(f"--slo {term!r}: availability must be in (0, 100]%")
-            avail = round(v / 100.0, 12)
+            avail = parse_availability(m.group(2), term)
         else:
             raise BadUsageError(
                 f"--slo: cannot read {term!r}; write e.g. \"ttft_p95<500ms\", \"tpot_p99<60ms\", "
