@@ -20,6 +20,12 @@ from scalelab.load.schedule import ARRIVALS
 
 DEFAULT_MULTIPLES = "1,2,5,10"
 
+trace_sample_option = click.option(
+    "--trace-sample", "trace_sample", type=float, default=0.0, show_default=True,
+    help="Share of measured requests sent with a fresh sampled W3C traceparent; their trace "
+         "ids are in the result (--json).")
+"""`--trace-sample`, as `load run` and `load llm run` both take it."""
+
 
 def level_options(*, rate_help: str, concurrency_help: str, loop_default: str, loop_help: str,
                   multiples_help: str | None, processes_help: str

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +12,7 @@ from rich.table import Table
 
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._gate import exit_if_missed
+from scalelab.cli._load_requests import build_requests, check_ran, engine_config, request_options
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
@@ -27,7 +25,7 @@ from scalelab.cli._sweep import (
     levels,
 )
 from scalelab.cli._sweep import fmt_ms as _ms
-from scalelab.core.errors import BadInputError, BadUsageError, RunFailedError
+from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.records import Record, append_records, new_experiment_id, read_records
 from scalelab.core.units import parse_duration
 from scalelab.load.capacity import (
@@ -38,12 +36,8 @@ from scalelab.load.capacity import (
     quantile_ci_ms,
     search,
 )
-from scalelab.load.clock import LOOP_IMPLS, resolve_loop
 from scalelab.load.cluster import Cluster
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.http import payloads
-from scalelab.load.http.connection import Target
-from scalelab.load.http.generator import EngineConfig, Mode
 from scalelab.load.http.result import (
     LAG_FLOOR_S,
     LAG_OBJECTIVE_SHARE,
@@ -65,129 +59,6 @@ def app() -> None:
     """Load-test an HTTP endpoint: `scalelab load URL`, `load capacity URL`, `load budget`."""
 
 
-def _request_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    opts = [
-        click.option("--payload", type=click.Choice(["auto", *payloads.PAYLOADS]),
-                     default="auto", show_default=True,
-                     help="auto: flights with --model-repo, oip with --model, else get."),
-        click.option("--model", help="Model name (OIP payloads)."),
-        click.option("--model-version", type=int, help="Model version (default: latest)."),
-        click.option("--model-repo", type=click.Path(path_type=Path),
-                     help="Model repository holding NAME/VERSION/preprocess.json (flights)."),
-        click.option("--data", type=click.Path(path_type=Path),
-                     help="Features parquet or dataset dir (test.parquet) to sample rows from."),
-        click.option("--body", type=click.Path(path_type=Path), help="JSON file to POST."),
-        click.option("--requests-file", type=click.Path(path_type=Path),
-                     help="Recorded requests, JSON Lines."),
-        click.option("--batch", type=int, default=1, show_default=True,
-                     help="Rows per OIP request."),
-        click.option("--timeout", default="10s", show_default=True,
-                     help="A request unanswered this long after its due time is a timeout."),
-        click.option("--max-connections", type=int, default=1024, show_default=True,
-                     help="Open loop: most connections per process."),
-        click.option("--seed", type=int, default=0, show_default=True,
-                     help="Seed for Poisson arrivals and payload sampling."),
-        click.option("--loop-impl", type=click.Choice(list(LOOP_IMPLS)), default="auto",
-                     show_default=True,
-                     help="Generator event loop: auto = uvloop when installed, else asyncio."),
-        click.option("--realtime", is_flag=True,
-                     help="Run the generator in SCHED_FIFO (Linux, root or CAP_SYS_NICE): "
-                          "on-time sends on a busy machine."),
-        click.option("--trace-sample", "trace_sample", type=float, default=0.0,
-                     show_default=True,
-                     help="Share of measured requests sent with a fresh sampled W3C "
-                          "traceparent; their trace ids are in the result (--json)."),
-    ]
-    return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
-
-
-def _grpc_requests(target: Target, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
-    """grpc://HOST:PORT/MODEL: OIP payloads (random from ModelMetadata, or flights rows) as
-    serialized ModelInferRequests."""
-    from scalelab.load.http import grpc_client
-
-    kind = kw["payload"]
-    if kind == "auto":
-        kind = "flights" if kw.get("model_repo") else "oip"
-    if kind not in ("oip", "flights"):
-        raise BadUsageError(f"--payload {kind} is HTTP-only; a grpc:// URL sends OIP infer "
-                            "requests (--payload oip or flights)")
-    if kw.get("trace_sample"):
-        raise BadUsageError("--trace-sample marks HTTP requests; it does not apply to grpc://")
-    model = grpc_client.model_of(target, kw.get("model"))
-    version = kw.get("model_version")
-    plain = dataclasses.replace(target, path="/")
-    if kind == "flights":
-        if not kw.get("model_repo"):
-            raise BadUsageError("--payload flights needs --model-repo REPO")
-        specs = payloads.flights(plain, model=model, repo=kw["model_repo"], data=kw.get("data"),
-                                 version=version, batch=kw["batch"], seed=kw["seed"])
-    else:
-        meta = grpc_client.fetch_metadata(target, model)
-        specs = payloads.oip_random(plain, model, meta, batch=kw["batch"], seed=kw["seed"],
-                                    version=version)
-    return target, [grpc_client.encode_infer(model, version, s.body or b"{}")
-                    for s in specs], f"{kind} (grpc)"
-
-
-def _requests(url: str, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
-    target = Target.parse(url)
-    if target.scheme == "grpc":
-        return _grpc_requests(target, kw)
-    kind = kw["payload"]
-    if kind == "auto":
-        kind = "flights" if kw.get("model_repo") else ("oip" if kw.get("model") else "get")
-        if kw.get("body"):
-            kind = "json"
-        if kw.get("requests_file"):
-            kind = "file"
-    if kind in ("oip", "flights") and not kw.get("model"):
-        raise BadUsageError(f"--payload {kind} needs --model NAME")
-    if kind == "get":
-        specs = payloads.plain_get(target)
-    elif kind == "json":
-        if not kw.get("body"):
-            raise BadUsageError("--payload json needs --body FILE")
-        specs = payloads.json_body(target, kw["body"])
-    elif kind == "file":
-        if not kw.get("requests_file"):
-            raise BadUsageError("--payload file needs --requests-file FILE.jsonl")
-        specs = payloads.recorded(target, kw["requests_file"])
-    elif kind == "flights":
-        if not kw.get("model_repo"):
-            raise BadUsageError("--payload flights needs --model-repo REPO")
-        specs = payloads.flights(target, model=kw["model"], repo=kw["model_repo"],
-                                 data=kw.get("data"), version=kw.get("model_version"),
-                                 batch=kw["batch"], seed=kw["seed"])
-    else:
-        meta = payloads.fetch_metadata(target, kw["model"])
-        specs = payloads.oip_random(target, kw["model"], meta, batch=kw["batch"],
-                                    seed=kw["seed"], version=kw.get("model_version"))
-    return target, payloads.encode(target, specs), kind
-
-
-def _engine(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any],
-            warmup_s: float, concurrency: int = 1) -> EngineConfig:
-    timeout_s = parse_duration(kw["timeout"], what="--timeout")
-    return EngineConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
-                        warmup_s=warmup_s, timeout_s=timeout_s,
-                        max_connections=kw["max_connections"],
-                        loop_impl=resolve_loop(kw.get("loop_impl") or "auto"),
-                        realtime=bool(kw.get("realtime")),
-                        trace_sample=float(kw.get("trace_sample") or 0.0),
-                        trace_seed=int(kw.get("seed") or 0))
-
-
-def _check_ran(r: LoadResult, url: str) -> None:
-    """Stop when the server never answered at all (down, wrong port); a level the server
-    answered with errors (503s under overload, timeouts) is a measurement, not a failure."""
-    unreachable = r.errors_by_kind.get("refused", 0) + r.errors_by_kind.get("other", 0)
-    if r.requests > 0 and r.successes == 0 and unreachable == r.failures:
-        kinds = ", ".join(f"{k}={v}" for k, v in r.errors_by_kind.items()) or "none"
-        raise RunFailedError(f"no request to {url} got an answer ({r.requests} sent; errors: "
-                             f"{kinds}); is the server up at that address?")
-
-
 @app.command("run")
 @click.argument("url")
 @level_options(rate_help="Open loop: arrivals per second.",
@@ -202,7 +73,7 @@ def _check_ran(r: LoadResult, url: str) -> None:
 @click.option("--experiment", help="Experiment id for the records (default: generated).")
 @click.option("--no-cold-start", is_flag=True, help="Skip the first-request probe.")
 @cluster_option
-@_request_options
+@request_options
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
@@ -231,18 +102,18 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
     dur, warm = lengths(duration, n_requests, warmup)
     objective = parse_slo(slo, error_budget=error_budget) if (slo or error_budget) else None
     period_s = parse_duration(period, what="--period")
-    target, reqs, kind = _requests(url, kw)
+    target, reqs, kind = build_requests(url, kw)
     exp = experiment or new_experiment_id("load")
     out: list[dict[str, Any]] = []
     for i, level, conc in each_level(sweep, mode, label=f"load {url}", clients="clients",
                                      as_json=as_json):
-        plan = LoadPlan(engine=_engine(target, reqs, mode, kw, warm, conc),
+        plan = LoadPlan(engine=engine_config(target, reqs, mode, kw, warm, conc),
                         rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
                         duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
                         processes=processes, cold_start=not no_cold_start)
         thr = objective.latency[0].threshold_s if objective and objective.latency else None
         r = run_load(plan, slo_threshold_s=thr, cluster=cluster)
-        _check_ran(r, url)
+        check_ran(r, url)
         lines = None
         if objective is not None:
             lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
@@ -344,7 +215,7 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @click.option("--plot", type=click.Path(path_type=Path),
               help="Write the latency-throughput curve (PNG or SVG).")
 @cluster_option
-@_request_options
+@request_options
 @json_option
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
              precision: str, confidence: str, min_step: str, max_step: str, min_requests: str,
@@ -379,7 +250,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
     cfg = SearchConfig(start=start, max_rate=max_rate,
                        precision=parse_percent(precision, what="--precision"),
                        max_steps=max_steps, invalid_retries=invalid_retries)
-    target, reqs, kind = _requests(url, kw)
+    target, reqs, kind = build_requests(url, kw)
     warm = parse_duration(warmup, what="--warmup")
     exp = experiment or new_experiment_id("capacity")
     obj = objective.latency[0]
@@ -389,13 +260,13 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
         progress.advance(f"capacity step: {rate:.1f} req/s")
         if not as_json and not progress_shown():
             err_console.print(f"[dim]capacity step: {rate:.1f} req/s ...[/]")
-        plan = LoadPlan(engine=_engine(target, reqs, "open", kw, warm), rate=rate,
+        plan = LoadPlan(engine=engine_config(target, reqs, "open", kw, warm), rate=rate,
                         arrival=arrival, duration_s=rule.max_step_s,  # type: ignore[arg-type]
                         seed=kw["seed"] + len(recs), cold_start=not recs)
         # Across hosts a step cannot be stopped early: it runs its full --max-step.
         r = run_load(plan, stop_check=None if cluster else rule.should_stop,
                      slo_threshold_s=obj.threshold_s, cluster=cluster)
-        _check_ran(r, url)
+        check_ran(r, url)
         verdict = rule.step_verdict(sent=r.requests, ok=r.successes, within=r.within_slo,
                                     errors=r.failures)
         hist = LatencyHistogram.decode(r.hist_blob)

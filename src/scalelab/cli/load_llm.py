@@ -24,7 +24,15 @@ from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, p
 from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
-from scalelab.cli._sweep import each_level, fraction, lengths, level_of, level_options, levels
+from scalelab.cli._sweep import (
+    each_level,
+    fraction,
+    lengths,
+    level_of,
+    level_options,
+    levels,
+    trace_sample_option,
+)
 from scalelab.cli._sweep import fmt_ms as _ms
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
@@ -79,10 +87,7 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="A stream unfinished this long after its due time is a timeout."),
         click.option("--max-connections", type=int, default=1024, show_default=True,
                      help="Most streams at once per process."),
-        click.option("--trace-sample", "trace_sample", type=float, default=0.0,
-                     show_default=True,
-                     help="Share of measured requests sent with a fresh sampled W3C "
-                          "traceparent; their trace ids are in the result (--json)."),
+        trace_sample_option,
         prices_option,
         click.option("--core-hour-usd", type=float,
                      help="Overrides the price table's core_hour_usd (--prices), for cost "
