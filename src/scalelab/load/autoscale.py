@@ -346,6 +346,38 @@ def _num(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
 
+def _initial_replicas(cfg: SimConfig, model: ReplicaModel, rate0: float) -> int:
+    """Replicas at t=0: as given, or enough for the first rate at the signal's default
+    per-replica target (rps), within the HPA's bounds."""
+    if cfg.initial_replicas is not None:
+        n0 = cfg.initial_replicas
+    else:
+        per = default_target("rps", model, cfg.slo, 0.7) if cfg.signal != "rps" else cfg.target
+        n0 = math.ceil(rate0 / per) if per > 0 else cfg.min_replicas
+    return min(max(n0, cfg.min_replicas), cfg.max_replicas)
+
+
+def _signal(signal: str, model: ReplicaModel, *, rate: float, lam: float, ready: int,
+            backlog: float, base_mean_ms: float) -> float:
+    """One pod's value of the HPA's signal this second: `lam` is what each of the `ready`
+    pods serves, `backlog` what waits in front of them."""
+    sat = model.saturation_rps
+    share = backlog / ready if ready else 0.0
+    if signal == "cpu":
+        return 100.0 * min(lam / sat, 1.0) if ready else 0.0
+    if signal == "rps":
+        return rate / ready if ready else 0.0
+    if signal == "inflight":
+        return lam * model.mean_latency_ms(lam) / 1e3 + share
+    if signal == "sequences":
+        return lam * model.e2e_ms(min(lam, sat)) / 1e3 + share
+    if signal == "tokens":
+        return rate / ready * (model.tokens_per_request or 0.0) if ready else 0.0
+    if signal == "kv":
+        return 100.0 if backlog > 0 else 100.0 * model.kv_at(min(lam, sat))
+    return lam * max(0.0, model.mean_latency_ms(lam) - base_mean_ms) / 1e3 + share
+
+
 def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
              timeline_step_s: float = 60.0) -> SimResult:
     """Replay `trace` second by second; the HPA syncs on its own period."""
@@ -356,12 +388,7 @@ def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
     thr_ms = cfg.slo.threshold_s * 1e3
     n_steps = math.floor(trace.duration_s) + 1
     rates = trace.rate_at(np.arange(n_steps, dtype=float))
-    if cfg.initial_replicas is not None:
-        n0 = cfg.initial_replicas
-    else:
-        per = default_target("rps", model, cfg.slo, 0.7) if cfg.signal != "rps" else cfg.target
-        n0 = math.ceil(float(rates[0]) / per) if per > 0 else cfg.min_replicas
-    n0 = min(max(n0, cfg.min_replicas), cfg.max_replicas)
+    n0 = _initial_replicas(cfg, model, float(rates[0]))
     pods = [_Pod(name=f"pod-{i}", created_s=None, ready_s=-math.inf) for i in range(n0)]
     serial = n0
     backlog = 0.0
@@ -394,21 +421,8 @@ def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
             total += rate
             bad += rate * frac
             viol_s += int(q_ms > thr_ms)
-        share = backlog / n if n else 0.0
-        if cfg.signal == "cpu":
-            value = 100.0 * min(lam / sat, 1.0) if n else 0.0
-        elif cfg.signal == "rps":
-            value = rate / n if n else 0.0
-        elif cfg.signal == "inflight":
-            value = lam * model.mean_latency_ms(lam) / 1e3 + share
-        elif cfg.signal == "sequences":
-            value = lam * model.e2e_ms(min(lam, sat)) / 1e3 + share
-        elif cfg.signal == "tokens":
-            value = rate / n * (model.tokens_per_request or 0.0) if n else 0.0
-        elif cfg.signal == "kv":
-            value = 100.0 if backlog > 0 else 100.0 * model.kv_at(min(lam, sat))
-        else:
-            value = lam * max(0.0, model.mean_latency_ms(lam) - base_mean) / 1e3 + share
+        value = _signal(cfg.signal, model, rate=rate, lam=lam, ready=n, backlog=backlog,
+                        base_mean_ms=base_mean)
         if cfg.external:
             # One value for the whole service; with no pod ready it is what waits in front
             # (or arrives), which is how an External metric sees demand at zero replicas.
