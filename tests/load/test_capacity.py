@@ -4,8 +4,7 @@ import pytest
 
 from scalelab.core.decide import clopper_pearson, min_passing, quantile_ranks, step_requests
 from scalelab.core.errors import BadUsageError
-from scalelab.load.capacity import SearchConfig, Step, StepRule, search
-from scalelab.load.http.generator import Progress
+from scalelab.load.capacity import Progress, SearchConfig, Step, StepRule, search
 from scalelab.load.slo import parse_slo
 
 

@@ -25,7 +25,6 @@ from scalelab.cli import run
 from scalelab.core.errors import RunFailedError
 from scalelab.load.clock import LagStats
 from scalelab.load.cluster import WORKERS, Cluster, WorkerClock, named_reasons, shares
-from scalelab.load.http.connection import Target, build_request
 from scalelab.load.http.generator import EngineConfig
 from scalelab.load.http.result import validity
 from scalelab.load.http.run import LoadPlan, run_load
@@ -33,6 +32,7 @@ from scalelab.load.level import split_list
 from scalelab.load.llm.run import LlmPlan, run_llm
 from scalelab.load.llm.stream import StreamConfig
 from scalelab.load.llm.workload import LengthDist, Workload
+from scalelab.load.send import Target, build_request
 
 LLM_SERVER = Path(__file__).with_name("llm_server.py")
 HTTP_SERVERS = Path(__file__).with_name("servers.py")

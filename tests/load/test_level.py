@@ -11,11 +11,11 @@ import pytest
 from scalelab.core.errors import BadUsageError
 from scalelab.load.cluster import WORKERS
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.http.connection import Target
 from scalelab.load.http.generator import EngineConfig, PartResult
 from scalelab.load.http.run import LoadPlan
 from scalelab.load.level import split_list
 from scalelab.load.result import Part, Tally, finite
+from scalelab.load.send import Target
 
 TARGET = Target.parse("http://127.0.0.1:9/")
 

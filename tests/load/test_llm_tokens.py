@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.load.http.connection import Target
 from scalelab.load.llm.token_slo import (
     Samples,
     TokenStepRule,
@@ -26,6 +25,7 @@ from scalelab.load.llm.tokens import (
     tokens_per_event,
 )
 from scalelab.load.llm.workload import LengthDist, Workload, read_prompts
+from scalelab.load.send import Target
 
 
 def _chat(text: str | None, usage: dict | None = None, finish: str | None = None) -> bytes:

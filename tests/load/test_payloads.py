@@ -6,7 +6,7 @@ import pytest
 
 from scalelab.core.errors import ScalelabError
 from scalelab.load.http import payloads
-from scalelab.load.http.connection import Target, build_request
+from scalelab.load.send import Target, build_request
 
 T = Target.parse("http://127.0.0.1:8000")
 

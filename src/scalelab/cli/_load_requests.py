@@ -16,9 +16,10 @@ from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.core.units import parse_duration
 from scalelab.load.clock import LOOP_IMPLS, resolve_loop
 from scalelab.load.http import payloads
-from scalelab.load.http.connection import Target
-from scalelab.load.http.generator import EngineConfig, Mode
+from scalelab.load.http.generator import EngineConfig
 from scalelab.load.http.result import LoadResult
+from scalelab.load.schedule import Mode
+from scalelab.load.send import Target
 
 
 def request_options(f: Callable[..., Any]) -> Callable[..., Any]:

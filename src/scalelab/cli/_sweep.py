@@ -15,8 +15,7 @@ from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
 from scalelab.core.errors import BadUsageError
 from scalelab.core.units import parse_duration
-from scalelab.load.http.generator import Mode
-from scalelab.load.schedule import ARRIVALS
+from scalelab.load.schedule import ARRIVALS, Mode
 
 DEFAULT_MULTIPLES = "1,2,5,10"
 

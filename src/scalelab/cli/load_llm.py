@@ -40,16 +40,15 @@ from scalelab.core.records import Record, append_records, new_experiment_id
 from scalelab.core.units import parse_duration
 from scalelab.load.capacity import SearchConfig
 from scalelab.load.cluster import Cluster
-from scalelab.load.http.connection import Target
-from scalelab.load.http.generator import LAG_INVALID_SHARE, Mode
 from scalelab.load.llm.quality import Agreement, agreement
-from scalelab.load.llm.result import LlmResult, cost_of, summary, to_record
+from scalelab.load.llm.result import LAG_INVALID_SHARE, LlmResult, cost_of, summary, to_record
 from scalelab.load.llm.run import LlmPlan, capacity, check_ran, reference_answers, run_llm
 from scalelab.load.llm.stream import ProbeAnswer, StreamConfig
 from scalelab.load.llm.token_slo import TokenSlo, TokenStepRule, parse_token_slo
 from scalelab.load.llm.workload import APIS, PATHS, USAGE_MODES, LengthDist, Workload
-from scalelab.load.schedule import ARRIVALS
+from scalelab.load.schedule import ARRIVALS, Mode
 from scalelab.load.scrape import Sampler, limiting_signal
+from scalelab.load.send import Target
 from scalelab.load.slo import parse_percent
 
 

@@ -36,10 +36,25 @@ from typing import Literal
 from scalelab.core.decide import clopper_pearson, quantile_ranks, step_requests
 from scalelab.core.errors import BadUsageError
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.http.generator import Progress
 from scalelab.load.slo import Slo
 
 Verdict = Literal["pass", "fail", "undecided-pass", "undecided-fail"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """What a running step has measured so far (for stopping rules)."""
+
+    sent: int
+    """Measured requests dispatched."""
+    ok: int
+    """Measured successes (2xx)."""
+    errors: int
+    """Measured failures of any kind."""
+    within: int
+    """Measured successes with latency <= the SLO threshold."""
+    elapsed_s: float
+    """Seconds since the measured window started."""
 
 
 def quantile_ci_ms(hist: LatencyHistogram, q: float, confidence: float

@@ -41,9 +41,9 @@ from scalelab.diagnose.stages.serve_curve import (
 )
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
 from scalelab.load.capacity import step_requests
-from scalelab.load.http.connection import Target
 from scalelab.load.llm.workload import PATHS, LengthDist
 from scalelab.load.scrape import limiting_signal
+from scalelab.load.send import Target
 from scalelab.web.spawn import start_server, stop_group
 
 SMOLLM2, TINY = "smollm2-135m", "tiny"

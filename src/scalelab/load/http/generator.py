@@ -31,37 +31,18 @@ from typing import Any
 
 import numpy as np
 
-from scalelab.core.errors import BadUsageError
 from scalelab.core.usage import busy_cores, busy_ticks, sched_times
+from scalelab.load.capacity import Progress
 from scalelab.load.clock import LATE_S, LagRecorder, LoopImpl, now, sleep_until
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.http.connection import Connection, HttpConnection, Target
+from scalelab.load.http.connection import Connection, HttpConnection
 from scalelab.load.result import Part
-from scalelab.load.schedule import Mode
+from scalelab.load.send import SendConfig
 from scalelab.load.trace_sample import TraceSampler
 
 LAG_THRESHOLD_S = LATE_S
 """A send dispatched more than this after its due time counts in `lag_count`."""
-LAG_INVALID_SHARE = 0.05
-"""The old validity rule's limit on the share of sends over `LAG_THRESHOLD_S` (kept for the
-LLM load mode); plain levels are judged by `result.validity` instead."""
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "other")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Progress:
-    """What a running step has measured so far (for stopping rules)."""
-
-    sent: int
-    """Measured requests dispatched."""
-    ok: int
-    """Measured successes (2xx)."""
-    errors: int
-    """Measured failures of any kind."""
-    within: int
-    """Measured successes with latency <= the SLO threshold."""
-    elapsed_s: float
-    """Seconds since the measured window started."""
 
 
 @dataclass(kw_only=True)
@@ -84,51 +65,6 @@ class PartResult(Part):
     """Wall seconds those two cover."""
     machine_busy_cores: float | None = None
     """Busy cores of the whole machine over the same span (/proc/stat), this process included."""
-
-
-@dataclass(kw_only=True)
-class SendConfig:
-    """What one generator process sends and how, for plain requests and token streams alike
-    (`EngineConfig` here, `stream.StreamConfig`); validated at construction."""
-
-    target: Target
-    """Where to connect."""
-    requests: list[bytes]
-    """Encoded requests, used round-robin."""
-    mode: Mode = "open"
-    """Open loop (schedule) or closed loop (concurrency)."""
-    concurrency: int = 1
-    """Closed loop: clients, each with one request outstanding."""
-    duration_s: float | None = None
-    """Closed loop: how long to send (including warm-up); None with `max_requests`."""
-    max_requests: int | None = None
-    """Closed loop: measured requests to send (after warm-up)."""
-    warmup_s: float = 0.0
-    """Requests due (open) or sent (closed) in the first `warmup_s` are not measured."""
-    timeout_s: float = 10.0
-    """A request not answered this long after its due time fails with kind "timeout"."""
-    max_connections: int = 1024
-    """Open loop: most connections to open; past it requests wait for one (still timed)."""
-    trace_sample: float = 0.0
-    """Share of measured requests sent with a fresh sampled traceparent (0 = none)."""
-    trace_seed: int = 0
-    """Seed of which requests those are."""
-
-    def __post_init__(self) -> None:
-        if not self.requests:
-            raise BadUsageError("no requests to send; the payload (or workload) produced nothing")
-        if self.mode not in ("open", "closed"):
-            raise BadUsageError(f"mode must be open or closed, got {self.mode!r}")
-        if self.concurrency < 1:
-            raise BadUsageError(f"--concurrency must be at least 1, got {self.concurrency}")
-        if not (self.timeout_s > 0):
-            raise BadUsageError(f"--timeout must be positive, got {self.timeout_s}")
-        if self.warmup_s < 0:
-            raise BadUsageError(f"--warmup must be >= 0, got {self.warmup_s}")
-        if self.max_connections < 1:
-            raise BadUsageError(f"--max-connections must be at least 1, got {self.max_connections}")
-        if not 0.0 <= self.trace_sample <= 1.0:
-            raise BadUsageError(f"--trace-sample must lie in [0, 1], got {self.trace_sample}")
 
 
 @dataclass(kw_only=True)

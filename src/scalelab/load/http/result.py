@@ -30,8 +30,9 @@ from scalelab.core.records import Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
 from scalelab.load.cluster import ClusterLevel
 from scalelab.load.histogram import LatencyHistogram, Percentiles
-from scalelab.load.http.generator import Mode, PartResult
+from scalelab.load.http.generator import PartResult
 from scalelab.load.result import NOTHING_MEASURED, LevelResult, Tally, finite
+from scalelab.load.schedule import Mode
 
 RATE_TOLERANCE = 0.02
 """A level is invalid when it sent more than this share below its schedule's rate."""

@@ -11,8 +11,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from scalelab.load import clock
+from scalelab.load.capacity import Progress
 from scalelab.load.cluster import Cluster
-from scalelab.load.http.generator import Engine, EngineConfig, Progress
+from scalelab.load.http.generator import Engine, EngineConfig
 from scalelab.load.http.result import LoadResult, merge
 from scalelab.load.level import (
     LevelPlan,

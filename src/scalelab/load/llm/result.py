@@ -19,7 +19,6 @@ from scalelab.core.records import Cost, Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
 from scalelab.load.cluster import ClusterLevel
 from scalelab.load.histogram import LatencyHistogram, Percentiles
-from scalelab.load.http.generator import LAG_INVALID_SHARE, Mode
 from scalelab.load.llm.stream import ProbeAnswer, StreamPart
 from scalelab.load.llm.token_slo import (
     Goodput,
@@ -31,7 +30,11 @@ from scalelab.load.llm.token_slo import (
     goodput,
 )
 from scalelab.load.result import NOTHING_MEASURED, LevelResult, Tally, finite
+from scalelab.load.schedule import Mode
 
+LAG_INVALID_SHARE = 0.05
+"""A streaming level is invalid when more than this share of its sends were `LLM_LATE_S` late
+(plain HTTP levels are judged by `http.result.validity` instead)."""
 LLM_LATE_S = 0.010
 """A streaming run is invalid when more than LAG_INVALID_SHARE of its sends were this late.
 Every send's lateness is inside its TTFT anyway (timed from the due time); the question is

@@ -29,10 +29,10 @@ import numpy as np
 
 from scalelab.load.clock import LagRecorder, now, sleep_until
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.http.generator import SendConfig
 from scalelab.load.llm.sse import Answer, SseConnection, StreamLost
 from scalelab.load.llm.tokens import TokenSource, timing, tokens_per_event
 from scalelab.load.result import Part
+from scalelab.load.send import SendConfig
 from scalelab.load.trace_sample import TraceSampler
 
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "dropped", "protocol", "server-error",
