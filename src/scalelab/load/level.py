@@ -80,8 +80,8 @@ class LevelPlan(abc.ABC, Generic[ResultT]):
         """Mode, warm-up, closed-loop clients and timeout of the per-process config."""
 
     @abc.abstractmethod
-    def merge_parts(self, parts: Sequence[Any], **level: Any) -> ResultT:
-        """The protocol's merge of per-process parts; `level` is what `merge` passes."""
+    def merge_parts(self, parts: Sequence[Any], **common: Any) -> ResultT:
+        """The protocol's merge of per-process parts; `common` is what `merge` passes."""
 
     def merge(self, parts: Sequence[Any], *, offered_rps: float | None = None,
               more: str = "--processes") -> ResultT:

@@ -10,23 +10,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from scalelab.load import clock
+from scalelab.load import clock, level
 from scalelab.load.capacity import Progress
 from scalelab.load.cluster import Cluster
 from scalelab.load.http.generator import Engine, EngineConfig
 from scalelab.load.http.result import LoadResult, merge
-from scalelab.load.level import (
-    LevelPlan,
-    ProcessSettings,
-    cluster_result,
-    cluster_shares_of,
-    cluster_workers,
-    run_parts,
-)
 
 
 @dataclass(kw_only=True)
-class LoadPlan(LevelPlan[LoadResult]):
+class LoadPlan(level.LevelPlan[LoadResult]):
     """One load level: the engine settings plus rate or concurrency and length."""
 
     engine: EngineConfig
@@ -37,13 +29,13 @@ class LoadPlan(LevelPlan[LoadResult]):
     def __post_init__(self) -> None:
         self._check()
 
-    def settings(self) -> ProcessSettings:
+    def settings(self) -> level.ProcessSettings:
         e = self.engine
-        return ProcessSettings(e.mode, e.warmup_s, e.concurrency, e.timeout_s)
+        return level.ProcessSettings(e.mode, e.warmup_s, e.concurrency, e.timeout_s)
 
-    def merge_parts(self, parts: Sequence[Any], **level: Any) -> LoadResult:
+    def merge_parts(self, parts: Sequence[Any], **common: Any) -> LoadResult:
         return merge(parts, slo_threshold_s=self.engine.slo_threshold_s,
-                     realtime=self.engine.realtime, **level)
+                     realtime=self.engine.realtime, **common)
 
 
 def _engine_for(plan: LoadPlan, index: int) -> EngineConfig:
@@ -93,7 +85,7 @@ def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = 
             return clock.run(_run_one(_engine_for(plan, 0), times, plan.cold_start,
                                       lambda: clock.now() + 0.05, stop_check), cfg.loop_impl)
 
-    return plan.merge(run_parts(_load_part, plan, times, one, stop_check))
+    return plan.merge(level.run_parts(_load_part, plan, times, one, stop_check))
 
 
 def _cold_probe(plan: LoadPlan) -> tuple[float | None, str | None]:
@@ -107,15 +99,15 @@ def _cold_probe(plan: LoadPlan) -> tuple[float | None, str | None]:
 
 def _run_on_cluster(plan: LoadPlan, times: list[float] | None, cluster: Cluster,
                     stop_check: Callable[[Progress], bool] | None) -> LoadResult:
-    workers = cluster_workers(plan, cluster, stop_check)
+    workers = level.cluster_workers(plan, cluster, stop_check)
     p = len(workers)
     # The cold-start probe runs apart, before the shares are handed out, so a slow first
     # request cannot make worker 0 miss the agreed start.
     cold = cluster.call(_cold_probe, plan, prefer=workers[0],
                         timeout_s=plan.engine.timeout_s * 2 + 60) if plan.cold_start else None
     plan = replace(plan, processes=p, cold_start=False)
-    parts, clocks = cluster.run(_load_part, plan, cluster_shares_of(times, p), workers,
+    parts, clocks = cluster.run(_load_part, plan, level.cluster_shares_of(times, p), workers,
                                 length_s=plan.length_s() + plan.engine.timeout_s)
     if cold is not None:
         parts[0] = replace(parts[0], cold_start_s=cold[0], cold_start_error=cold[1])
-    return cluster_result(plan, parts, clocks, cluster, lambda r: r.lag_p99_ms)
+    return level.cluster_result(plan, parts, clocks, cluster, lambda r: r.lag_p99_ms)

@@ -18,24 +18,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from scalelab.core.errors import RunFailedError
+from scalelab.load import level
 from scalelab.load.capacity import CapacityResult, SearchConfig, Step, search
 from scalelab.load.cluster import Cluster
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.level import (
-    LevelPlan,
-    ProcessSettings,
-    cluster_result,
-    cluster_shares_of,
-    cluster_workers,
-    run_parts,
-)
 from scalelab.load.llm.result import LlmResult, merge, samples_of
 from scalelab.load.llm.stream import ProbeAnswer, StopCheck, StreamConfig, StreamEngine, StreamPart
 from scalelab.load.llm.token_slo import TokenStepRule
 
 
 @dataclass(kw_only=True)
-class LlmPlan(LevelPlan[LlmResult]):
+class LlmPlan(level.LevelPlan[LlmResult]):
     """One streaming load level (rate, length, seed and processes as in `LevelPlan`)."""
 
     stream: StreamConfig
@@ -44,12 +37,12 @@ class LlmPlan(LevelPlan[LlmResult]):
     def __post_init__(self) -> None:
         self._check()
 
-    def settings(self) -> ProcessSettings:
+    def settings(self) -> level.ProcessSettings:
         c = self.stream
-        return ProcessSettings(c.mode, c.warmup_s, c.concurrency, c.timeout_s)
+        return level.ProcessSettings(c.mode, c.warmup_s, c.concurrency, c.timeout_s)
 
-    def merge_parts(self, parts: Sequence[Any], **level: Any) -> LlmResult:
-        return merge(parts, **level)
+    def merge_parts(self, parts: Sequence[Any], **common: Any) -> LlmResult:
+        return merge(parts, **common)
 
 
 def _config_for(plan: LlmPlan, index: int) -> StreamConfig:
@@ -90,17 +83,17 @@ def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None,
         return asyncio.run(_run_one(_config_for(plan, 0), times,
                                     lambda: time.monotonic() + 0.05, stop_check))
 
-    return plan.merge(run_parts(_stream_part, plan, times, one, stop_check))
+    return plan.merge(level.run_parts(_stream_part, plan, times, one, stop_check))
 
 
 def _run_on_cluster(plan: LlmPlan, times: list[float] | None, cluster: Cluster,
                     stop_check: StopCheck | None) -> LlmResult:
-    workers = cluster_workers(plan, cluster, stop_check)
+    workers = level.cluster_workers(plan, cluster, stop_check)
     p = len(workers)
     plan = replace(plan, processes=p)
-    parts, clocks = cluster.run(_stream_part, plan, cluster_shares_of(times, p), workers,
+    parts, clocks = cluster.run(_stream_part, plan, level.cluster_shares_of(times, p), workers,
                                 length_s=plan.length_s() + plan.stream.timeout_s)
-    return cluster_result(plan, parts, clocks, cluster, lambda r: r.lag.p99_ms)
+    return level.cluster_result(plan, parts, clocks, cluster, lambda r: r.lag.p99_ms)
 
 
 def reference_answers(cfg: StreamConfig) -> list[ProbeAnswer]:
