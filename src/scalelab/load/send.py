@@ -1,5 +1,6 @@
 """What a generator process sends, whatever the protocol: the target parsed from a URL, the
-bytes of an HTTP/1.1 request, and the send settings both engines take (`SendConfig`)."""
+bytes of an HTTP/1.1 request, how the answer's body is framed, and the send settings both
+engines take (`SendConfig`)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,21 @@ def build_request(target: Target, *, method: str, path: str, body: bytes | None,
     lines += [f"{k}: {v}" for k, v in extra.items()]
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     return head + (body or b"")
+
+
+CHUNKED = -2
+"""`body_framing`: the body comes in chunks (Transfer-Encoding: chunked)."""
+
+
+def body_framing(head: bytes) -> int | None:
+    """How the body after a response head (lower-cased, up to the blank line) is framed: its
+    Content-Length, `CHUNKED`, or None when the head says neither. It runs once a response on
+    the generator's loop, so it looks for two byte strings rather than parsing every header."""
+    i = head.find(b"\r\ncontent-length:")
+    if i >= 0:
+        j = head.find(b"\r\n", i + 2)
+        return int(head[i + 17: j if j >= 0 else None])
+    return CHUNKED if b"\r\ntransfer-encoding: chunked" in head else None
 
 
 @dataclass(kw_only=True)

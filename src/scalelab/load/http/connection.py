@@ -13,6 +13,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
+from scalelab.load.send import body_framing
+
 
 class Connection(Protocol):
     """What the engine needs of a connection: HttpConnection, or load.grpc_client's
@@ -117,12 +119,9 @@ class HttpConnection(asyncio.Protocol):
             except ValueError:
                 raise ProtocolError(f"bad status line: {head[:40]!r}") from None
             self._close_after = b"\r\nconnection: close" in head or head.startswith(b"http/1.0")
-            i = head.find(b"\r\ncontent-length:")
-            if i >= 0:
-                j = head.find(b"\r\n", i + 2)
-                self._need = int(head[i + 17: j if j >= 0 else None])
-            elif b"\r\ntransfer-encoding: chunked" in head:
-                self._need = -2
+            need = body_framing(head)
+            if need is not None:
+                self._need = need
             elif self._status in (204, 304) or 100 <= self._status < 200:
                 self._need = 0
             else:
