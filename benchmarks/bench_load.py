@@ -60,9 +60,9 @@ LOADGEN_REQ = "mlcommons-loadgen==6.0.17"
 sys.path.insert(0, str(ROOT / "src"))
 from scalelab.core.machine import current_machine  # noqa: E402
 from scalelab.load.capacity import SearchConfig, Step, search, step_requests  # noqa: E402
-from scalelab.load.connection import Target, build_request  # noqa: E402
-from scalelab.load.generator import EngineConfig  # noqa: E402
-from scalelab.load.multiproc import LoadPlan, run_load  # noqa: E402
+from scalelab.load.http.generator import EngineConfig  # noqa: E402
+from scalelab.load.http.run import LoadPlan, run_load  # noqa: E402
+from scalelab.load.send import Target, build_request  # noqa: E402
 
 
 def start_server(kind: str, *args: str) -> tuple[subprocess.Popen[str], str]:
@@ -244,7 +244,8 @@ LOADGEN_WORKER = textwrap.dedent("""
     args = json.loads(sys.argv[1])
     sys.path.insert(0, args["src"])
     import mlperf_loadgen as lg
-    from scalelab.load.connection import HttpConnection, Target
+    from scalelab.load.http.connection import HttpConnection
+    from scalelab.load.send import Target
 
     reqs = [base64.b64decode(x) for x in open(args["requests"]).read().split()]
     target = Target.parse(args["url"])
@@ -431,7 +432,7 @@ def capacity_part(repeats: int, lg_seconds: float, start: float,
                   which: set[str]) -> dict[str, Any]:
     import base64
 
-    from scalelab.load import payloads
+    from scalelab.load.http import payloads
 
     py = loadgen_python()
     out: dict[str, Any] = {"loadavg_before": loadavg(), "servers": {}}

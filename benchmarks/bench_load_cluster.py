@@ -45,10 +45,10 @@ SERVERS = ROOT / "tests" / "load" / "servers.py"
 sys.path.insert(0, str(ROOT / "src"))
 from scalelab.core.machine import current_machine  # noqa: E402
 from scalelab.load.cluster import Cluster  # noqa: E402
-from scalelab.load.connection import Target, build_request  # noqa: E402
-from scalelab.load.generator import EngineConfig  # noqa: E402
-from scalelab.load.multiproc import LoadPlan, run_load  # noqa: E402
-from scalelab.load.result import LoadResult  # noqa: E402
+from scalelab.load.http.generator import EngineConfig  # noqa: E402
+from scalelab.load.http.result import LoadResult  # noqa: E402
+from scalelab.load.http.run import LoadPlan, run_load  # noqa: E402
+from scalelab.load.send import Target, build_request  # noqa: E402
 
 
 def start_server(kind: str, *args: str) -> tuple[subprocess.Popen[str], str]:

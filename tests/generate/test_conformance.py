@@ -17,7 +17,7 @@ import torch
 
 import scalelab
 from scalelab.generate.models import load_model
-from scalelab.load.tokens import parse_event, tokens_per_event
+from scalelab.load.llm.tokens import parse_event, tokens_per_event
 from scalelab.web.spawn import Spawned, spawned_server
 
 openai = pytest.importorskip("openai")

@@ -4,8 +4,7 @@ import pytest
 
 from scalelab.core.decide import clopper_pearson, min_passing, quantile_ranks, step_requests
 from scalelab.core.errors import BadUsageError
-from scalelab.load.capacity import SearchConfig, Step, StepRule, search
-from scalelab.load.generator import Progress
+from scalelab.load.capacity import Progress, SearchConfig, Step, StepRule, search
 from scalelab.load.slo import parse_slo
 
 
@@ -134,3 +133,33 @@ def test_an_invalid_step_is_run_again_before_it_counts() -> None:
     flaky[40.0] = 1
     res = search(run, SearchConfig(start=10, precision=0.05, invalid_retries=0))
     assert calls[:3] == [10, 20, 40] and calls[3] == 30  # the stall counted as a fail
+
+
+def test_the_stop_rule_decides_a_share_and_a_budget_on_the_interval() -> None:
+    rule = StepRule(slo=parse_slo("p95<50ms"))
+    # 100 of 100: the interval's lower end is 0.025^(1/100) = 0.9638 >= 0.95.
+    assert rule.share_verdict(100, 100, 0.95) == "pass"
+    # 80 of 100: even the upper end (0.873) is under 0.95.
+    assert rule.share_verdict(80, 100, 0.95) == "fail"
+    assert rule.share_verdict(95, 100, 0.95) is None
+    assert rule.share_verdict(0, 0, 0.95) is None
+    # 0 errors of 1,000: the upper end 1 - 0.025^(1/1000) = 0.0037 is within a 1% budget;
+    # of 100 it is 0.036 (undecided); 10 of 100 has its lower end at 0.049, over the budget.
+    assert rule.budget_verdict(0, 1000, 0.01) == "pass"
+    assert rule.budget_verdict(0, 100, 0.01) is None
+    assert rule.budget_verdict(10, 100, 0.01) == "fail"
+
+
+def test_each_rule_keeps_its_own_limits_on_the_shared_stop() -> None:
+    from scalelab.load.llm.token_slo import TokenStepRule, parse_token_slo
+
+    http = StepRule(slo=parse_slo("p95<50ms"))
+    llm = TokenStepRule(slo=parse_token_slo("ttft_p95<500ms"))
+    assert (http.max_step_s, http.max_requests) == (60.0, 200_000)
+    assert (llm.max_step_s, llm.max_requests) == (30.0, 100_000)
+    assert llm.out_of_room(30.0, 0) and llm.out_of_room(0.0, 100_000)
+    assert not llm.out_of_room(29.9, 99_999)
+    with pytest.raises(BadUsageError, match="--confidence must be in"):
+        TokenStepRule(slo=parse_token_slo("ttft_p95<500ms"), confidence=0.4)
+    with pytest.raises(BadUsageError, match="--min-step must be positive"):
+        StepRule(slo=parse_slo("p95<50ms"), min_step_s=90.0)

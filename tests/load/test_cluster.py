@@ -37,13 +37,14 @@ from scalelab.load.cluster import (
     share_times,
     shares,
 )
-from scalelab.load.connection import Target, build_request
-from scalelab.load.generator import EngineConfig
-from scalelab.load.llm_run import LlmPlan, run_llm
-from scalelab.load.multiproc import LoadPlan, run_load, split_list
-from scalelab.load.result import validity
-from scalelab.load.stream import StreamConfig
-from scalelab.load.workload import LengthDist, Workload
+from scalelab.load.http.generator import EngineConfig
+from scalelab.load.http.result import validity
+from scalelab.load.http.run import LoadPlan, run_load
+from scalelab.load.level import split_list
+from scalelab.load.llm.run import LlmPlan, run_llm
+from scalelab.load.llm.stream import StreamConfig
+from scalelab.load.llm.workload import LengthDist, Workload
+from scalelab.load.send import Target, build_request
 
 LLM_SERVER = Path(__file__).with_name("llm_server.py")
 HTTP_SERVERS = Path(__file__).with_name("servers.py")

@@ -13,11 +13,12 @@ from collections.abc import Callable
 
 import pytest
 
-from scalelab.load.connection import Target, build_request
-from scalelab.load.generator import EngineConfig, Mode
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.multiproc import LoadPlan, run_load
-from scalelab.load.result import LoadResult
+from scalelab.load.http.generator import EngineConfig
+from scalelab.load.http.result import LoadResult
+from scalelab.load.http.run import LoadPlan, run_load
+from scalelab.load.schedule import Mode
+from scalelab.load.send import Target, build_request
 
 
 def _run(url: str, *, mode: Mode = "open", rate: float | None = None, concurrency: int = 1,

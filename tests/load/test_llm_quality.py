@@ -15,8 +15,8 @@ import pytest
 from scalelab.cli import run
 from scalelab.core.records import read_records
 from scalelab.core.sheet import build_sheet
-from scalelab.load.llm_quality import agreement, basis_of, compare, reference_problem
-from scalelab.load.stream import ProbeAnswer
+from scalelab.load.llm.quality import agreement, basis_of, compare, reference_problem
+from scalelab.load.llm.stream import ProbeAnswer
 from scalelab.report.document import sheet_cells
 
 SERVER = Path(__file__).with_name("llm_server.py")

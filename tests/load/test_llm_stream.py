@@ -20,11 +20,11 @@ import pytest
 from figurekit import assert_image, capture, lines
 from scalelab.cli import run
 from scalelab.core.records import read_records
-from scalelab.load.connection import Target
-from scalelab.load.llm_result import LlmResult
-from scalelab.load.llm_run import LlmPlan, run_llm
-from scalelab.load.stream import StreamConfig
-from scalelab.load.workload import LengthDist, UsageMode, Workload
+from scalelab.load.llm.result import LlmResult
+from scalelab.load.llm.run import LlmPlan, run_llm
+from scalelab.load.llm.stream import StreamConfig
+from scalelab.load.llm.workload import LengthDist, UsageMode, Workload
+from scalelab.load.send import Target
 
 SERVER = Path(__file__).with_name("llm_server.py")
 PREC = 0.999  # HdrHistogram at 3 significant digits reads at most 0.1% low

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.load.connection import Target
-from scalelab.load.token_slo import (
+from scalelab.load.llm.token_slo import (
     Samples,
     TokenStepRule,
     cost_per_1k,
@@ -18,8 +17,15 @@ from scalelab.load.token_slo import (
     goodput,
     parse_token_slo,
 )
-from scalelab.load.tokens import Event, parse_event, split_proportional, timing, tokens_per_event
-from scalelab.load.workload import LengthDist, Workload, read_prompts
+from scalelab.load.llm.tokens import (
+    Event,
+    parse_event,
+    split_proportional,
+    timing,
+    tokens_per_event,
+)
+from scalelab.load.llm.workload import LengthDist, Workload, read_prompts
+from scalelab.load.send import Target
 
 
 def _chat(text: str | None, usage: dict | None = None, finish: str | None = None) -> bytes:
@@ -138,6 +144,10 @@ def test_token_slo_parses_and_refuses_bad_terms() -> None:
     for bad in ("p95<50ms", "ttft_p95<0ms", "ttft_p0<5ms", "avail>=0%", ""):
         with pytest.raises(BadUsageError):
             parse_token_slo(bad)
+    # The same term rules as `--slo` for plain HTTP (load/slo.py): a malformed percentage is a
+    # usage error naming the term, where it used to escape as a ValueError.
+    with pytest.raises(BadUsageError, match=r"'avail>=9\.9\.9%': write availability as a"):
+        parse_token_slo("ttft_p95<500ms,avail>=9.9.9%")
 
 
 def _samples(ttft_ms: list[float], tpot_ms: list[float], out: list[int], requests: int,

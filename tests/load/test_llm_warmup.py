@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from scalelab.load.connection import Target
-from scalelab.load.llm_run import LlmPlan, run_llm
-from scalelab.load.stream import StreamConfig
-from scalelab.load.workload import LengthDist, Workload
+from scalelab.load.llm.run import LlmPlan, run_llm
+from scalelab.load.llm.stream import StreamConfig
+from scalelab.load.llm.workload import LengthDist, Workload
+from scalelab.load.send import Target
 
 SERVER = Path(__file__).with_name("llm_server.py")
 

@@ -5,8 +5,8 @@ import polars as pl
 import pytest
 
 from scalelab.core.errors import ScalelabError
-from scalelab.load import payloads
-from scalelab.load.connection import Target, build_request
+from scalelab.load.http import payloads
+from scalelab.load.send import Target, build_request
 
 T = Target.parse("http://127.0.0.1:8000")
 

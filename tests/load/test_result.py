@@ -1,9 +1,9 @@
 """The validity rule and the merge of lag readings, as pure functions with exact limits."""
 
 from scalelab.load.clock import LagRecorder, LagStats
-from scalelab.load.generator import PartResult
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.result import (
+from scalelab.load.http.generator import PartResult
+from scalelab.load.http.result import (
     SATURATED_CORE_SHARE,
     STARVED_WAIT_SHARE,
     GeneratorCpu,

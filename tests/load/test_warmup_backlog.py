@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from scalelab.load.connection import Target, build_request
-from scalelab.load.generator import EngineConfig
-from scalelab.load.multiproc import LoadPlan, run_load
-from scalelab.load.result import LoadResult
+from scalelab.load.http.generator import EngineConfig
+from scalelab.load.http.result import LoadResult
+from scalelab.load.http.run import LoadPlan, run_load
+from scalelab.load.send import Target, build_request
 
 CAPACITY = 100.0
 """Requests/s of the queue server at 10 ms a request (its virtual clock does not drift)."""

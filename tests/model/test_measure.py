@@ -71,7 +71,7 @@ def test_median_of_rounds_is_exact() -> None:
 def test_median_of_pools_the_calls_for_quantiles_with_a_count() -> None:
     """The record's latency quantiles rest on every timed call of every round (order
     statistics of the pooled calls), so the verdict can decide them on their count."""
-    from scalelab.model.measure import Measurement, BatchTiming, median_of
+    from scalelab.model.measure import BatchTiming, Measurement, median_of
 
     def m(samples: range) -> Measurement:
         t = BatchTiming(batch_size=1, p50_ms=1.0, p95_ms=1.0, rows_per_s=1.0,

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +12,22 @@ from rich.table import Table
 
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._gate import exit_if_missed
+from scalelab.cli._load_requests import build_requests, check_ran, engine_config, request_options
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
-from scalelab.cli._sweep import levels
-from scalelab.core.errors import BadInputError, BadUsageError, RunFailedError
+from scalelab.cli._sweep import (
+    each_level,
+    fraction,
+    lengths,
+    level_of,
+    level_options,
+    levels,
+)
+from scalelab.cli._sweep import fmt_ms as _ms
+from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.records import Record, append_records, new_experiment_id, read_records
 from scalelab.core.units import parse_duration
-from scalelab.load import payloads
 from scalelab.load.capacity import (
     CapacityResult,
     SearchConfig,
@@ -31,23 +36,19 @@ from scalelab.load.capacity import (
     quantile_ci_ms,
     search,
 )
-from scalelab.load.clock import LOOP_IMPLS, resolve_loop
 from scalelab.load.cluster import Cluster
-from scalelab.load.connection import Target
-from scalelab.load.generator import EngineConfig, Mode
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.multiproc import LoadPlan, run_load
-from scalelab.load.result import (
+from scalelab.load.http.result import (
     LAG_FLOOR_S,
     LAG_OBJECTIVE_SHARE,
     RATE_TOLERANCE,
     LoadResult,
     to_record,
 )
+from scalelab.load.http.run import LoadPlan, run_load
 from scalelab.load.schedule import ARRIVALS
 from scalelab.load.slo import Slo, budget, parse_percent, parse_slo
 
-DEFAULT_MULTIPLES = "1,2,5,10"
 VALIDITY_RULES = {"rate_tolerance": RATE_TOLERANCE, "lag_p99_floor_ms": LAG_FLOOR_S * 1e3,
                   "lag_p99_max_gaps": 1.0, "lag_p99_max_objective_share": LAG_OBJECTIVE_SHARE}
 """What `result.validity` checks, echoed in --json so a reader can judge the flags."""
@@ -58,146 +59,13 @@ def app() -> None:
     """Load-test an HTTP endpoint: `scalelab load URL`, `load capacity URL`, `load budget`."""
 
 
-def _request_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    opts = [
-        click.option("--payload", type=click.Choice(["auto", *payloads.PAYLOADS]),
-                     default="auto", show_default=True,
-                     help="auto: flights with --model-repo, oip with --model, else get."),
-        click.option("--model", help="Model name (OIP payloads)."),
-        click.option("--model-version", type=int, help="Model version (default: latest)."),
-        click.option("--model-repo", type=click.Path(path_type=Path),
-                     help="Model repository holding NAME/VERSION/preprocess.json (flights)."),
-        click.option("--data", type=click.Path(path_type=Path),
-                     help="Features parquet or dataset dir (test.parquet) to sample rows from."),
-        click.option("--body", type=click.Path(path_type=Path), help="JSON file to POST."),
-        click.option("--requests-file", type=click.Path(path_type=Path),
-                     help="Recorded requests, JSON Lines."),
-        click.option("--batch", type=int, default=1, show_default=True,
-                     help="Rows per OIP request."),
-        click.option("--timeout", default="10s", show_default=True,
-                     help="A request unanswered this long after its due time is a timeout."),
-        click.option("--max-connections", type=int, default=1024, show_default=True,
-                     help="Open loop: most connections per process."),
-        click.option("--seed", type=int, default=0, show_default=True,
-                     help="Seed for Poisson arrivals and payload sampling."),
-        click.option("--loop-impl", type=click.Choice(list(LOOP_IMPLS)), default="auto",
-                     show_default=True,
-                     help="Generator event loop: auto = uvloop when installed, else asyncio."),
-        click.option("--realtime", is_flag=True,
-                     help="Run the generator in SCHED_FIFO (Linux, root or CAP_SYS_NICE): "
-                          "on-time sends on a busy machine."),
-        click.option("--trace-sample", "trace_sample", type=float, default=0.0,
-                     show_default=True,
-                     help="Share of measured requests sent with a fresh sampled W3C "
-                          "traceparent; their trace ids are in the result (--json)."),
-    ]
-    return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
-
-
-def _grpc_requests(target: Target, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
-    """grpc://HOST:PORT/MODEL: OIP payloads (random from ModelMetadata, or flights rows) as
-    serialized ModelInferRequests."""
-    from scalelab.load import grpc_client
-
-    kind = kw["payload"]
-    if kind == "auto":
-        kind = "flights" if kw.get("model_repo") else "oip"
-    if kind not in ("oip", "flights"):
-        raise BadUsageError(f"--payload {kind} is HTTP-only; a grpc:// URL sends OIP infer "
-                            "requests (--payload oip or flights)")
-    if kw.get("trace_sample"):
-        raise BadUsageError("--trace-sample marks HTTP requests; it does not apply to grpc://")
-    model = grpc_client.model_of(target, kw.get("model"))
-    version = kw.get("model_version")
-    plain = dataclasses.replace(target, path="/")
-    if kind == "flights":
-        if not kw.get("model_repo"):
-            raise BadUsageError("--payload flights needs --model-repo REPO")
-        specs = payloads.flights(plain, model=model, repo=kw["model_repo"], data=kw.get("data"),
-                                 version=version, batch=kw["batch"], seed=kw["seed"])
-    else:
-        meta = grpc_client.fetch_metadata(target, model)
-        specs = payloads.oip_random(plain, model, meta, batch=kw["batch"], seed=kw["seed"],
-                                    version=version)
-    return target, [grpc_client.encode_infer(model, version, s.body or b"{}")
-                    for s in specs], f"{kind} (grpc)"
-
-
-def _requests(url: str, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
-    target = Target.parse(url)
-    if target.scheme == "grpc":
-        return _grpc_requests(target, kw)
-    kind = kw["payload"]
-    if kind == "auto":
-        kind = "flights" if kw.get("model_repo") else ("oip" if kw.get("model") else "get")
-        if kw.get("body"):
-            kind = "json"
-        if kw.get("requests_file"):
-            kind = "file"
-    if kind in ("oip", "flights") and not kw.get("model"):
-        raise BadUsageError(f"--payload {kind} needs --model NAME")
-    if kind == "get":
-        specs = payloads.plain_get(target)
-    elif kind == "json":
-        if not kw.get("body"):
-            raise BadUsageError("--payload json needs --body FILE")
-        specs = payloads.json_body(target, kw["body"])
-    elif kind == "file":
-        if not kw.get("requests_file"):
-            raise BadUsageError("--payload file needs --requests-file FILE.jsonl")
-        specs = payloads.recorded(target, kw["requests_file"])
-    elif kind == "flights":
-        if not kw.get("model_repo"):
-            raise BadUsageError("--payload flights needs --model-repo REPO")
-        specs = payloads.flights(target, model=kw["model"], repo=kw["model_repo"],
-                                 data=kw.get("data"), version=kw.get("model_version"),
-                                 batch=kw["batch"], seed=kw["seed"])
-    else:
-        meta = payloads.fetch_metadata(target, kw["model"])
-        specs = payloads.oip_random(target, kw["model"], meta, batch=kw["batch"],
-                                    seed=kw["seed"], version=kw.get("model_version"))
-    return target, payloads.encode(target, specs), kind
-
-
-def _engine(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any],
-            warmup_s: float, concurrency: int = 1) -> EngineConfig:
-    timeout_s = parse_duration(kw["timeout"], what="--timeout")
-    return EngineConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
-                        warmup_s=warmup_s, timeout_s=timeout_s,
-                        max_connections=kw["max_connections"],
-                        loop_impl=resolve_loop(kw.get("loop_impl") or "auto"),
-                        realtime=bool(kw.get("realtime")),
-                        trace_sample=float(kw.get("trace_sample") or 0.0),
-                        trace_seed=int(kw.get("seed") or 0))
-
-
-def _check_ran(r: LoadResult, url: str) -> None:
-    """Stop when the server never answered at all (down, wrong port); a level the server
-    answered with errors (503s under overload, timeouts) is a measurement, not a failure."""
-    unreachable = r.errors_by_kind.get("refused", 0) + r.errors_by_kind.get("other", 0)
-    if r.requests > 0 and r.successes == 0 and unreachable == r.failures:
-        kinds = ", ".join(f"{k}={v}" for k, v in r.errors_by_kind.items()) or "none"
-        raise RunFailedError(f"no request to {url} got an answer ({r.requests} sent; errors: "
-                             f"{kinds}); is the server up at that address?")
-
-
 @app.command("run")
 @click.argument("url")
-@click.option("--rate", type=float, help="Open loop: arrivals per second.")
-@click.option("--rates", help="Open loop sweep: comma-separated rates, one record each.")
-@click.option("--concurrency", help="Closed loop: clients (a comma list sweeps).")
-@click.option("--base", type=float, help="Sweep --multiples of this rate (or concurrency).")
-@click.option("--loop", type=click.Choice(["open", "closed"]), default="open", show_default=True,
-              help="With --base: sweep rates (open) or concurrency (closed).")
-@click.option("--multiples", default=DEFAULT_MULTIPLES, show_default=True,
-              help="With --base: the multiples.")
-@click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="constant",
-              show_default=True, help="Open loop arrival spacing.")
-@click.option("--duration", help="Measured time per level (default 10s), warm-up excluded.")
-@click.option("--requests", "n_requests", type=int, help="Measured requests per level instead.")
-@click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per level.")
-@click.option("--processes", type=int, default=1, show_default=True,
-              help="Generator processes (for rates one process cannot offer).")
+@level_options(rate_help="Open loop: arrivals per second.",
+               concurrency_help="Closed loop: clients (a comma list sweeps).",
+               loop_default="open", loop_help="With --base: sweep rates (open) or concurrency "
+               "(closed).", multiples_help="With --base: the multiples.",
+               processes_help="Generator processes (for rates one process cannot offer).")
 @click.option("--slo", help='Objectives for goodput and error budgets, e.g. "p95<50ms".')
 @click.option("--error-budget", help="Availability budget, e.g. 0.1%.")
 @click.option("--period", default="30d", show_default=True, help="SLO period for budgets.")
@@ -205,7 +73,7 @@ def _check_ran(r: LoadResult, url: str) -> None:
 @click.option("--experiment", help="Experiment id for the records (default: generated).")
 @click.option("--no-cold-start", is_flag=True, help="Skip the first-request probe.")
 @cluster_option
-@_request_options
+@request_options
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
@@ -231,63 +99,45 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
          no_cold_start: bool, as_json: bool, kw: dict[str, Any],
          cluster: Cluster | None) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples)
-    if duration is not None and n_requests is not None:
-        raise BadUsageError("give --duration or --requests, not both")
-    dur = None if n_requests is not None else parse_duration(duration or "10s", what="--duration")
-    warm = parse_duration(warmup, what="--warmup")
+    dur, warm = lengths(duration, n_requests, warmup)
     objective = parse_slo(slo, error_budget=error_budget) if (slo or error_budget) else None
     period_s = parse_duration(period, what="--period")
-    target, reqs, kind = _requests(url, kw)
+    target, reqs, kind = build_requests(url, kw)
     exp = experiment or new_experiment_id("load")
     out: list[dict[str, Any]] = []
-    with live_progress("load", total=len(sweep)) as progress:
-        for i, level in enumerate(sweep):
-            if level <= 0:
-                raise BadUsageError(f"levels must be positive, got {level}")
-            conc = int(level) if mode == "closed" else 1
-            plan = LoadPlan(engine=_engine(target, reqs, mode, kw, warm, conc),
-                            rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
-                            duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
-                            processes=processes, cold_start=not no_cold_start)
-            what = f"{level:g} req/s" if mode == "open" else f"{conc} clients"
-            progress.update(note=f"load {url}: {what}")
-            if not as_json and not progress_shown():
-                err_console.print(f"[dim]load {url}: {what} ...[/]")
-            thr = objective.latency[0].threshold_s if objective and objective.latency else None
-            r = run_load(plan, slo_threshold_s=thr, cluster=cluster)
-            _check_ran(r, url)
-            lines = None
-            if objective is not None:
-                lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
-                               successes=r.successes, failures=r.failures, wall_s=r.wall_s,
-                               period_s=period_s)
-            out.append(_level_json(r, lines))
-            progress.advance()
-            if records is not None:
-                # One level at a time: what was measured stays even if a later level is cut short.
-                append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
-                                                   slo=objective.label if objective else None,
-                                                   extra={"payload": kind})])
+    for i, level, conc in each_level(sweep, mode, label=f"load {url}", clients="clients",
+                                     as_json=as_json):
+        plan = LoadPlan(engine=engine_config(target, reqs, mode, kw, warm, conc),
+                        rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
+                        duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
+                        processes=processes, cold_start=not no_cold_start)
+        thr = objective.latency[0].threshold_s if objective and objective.latency else None
+        r = run_load(plan, slo_threshold_s=thr, cluster=cluster)
+        check_ran(r, url)
+        lines = None
+        if objective is not None:
+            lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
+                           successes=r.successes, failures=r.failures, wall_s=r.wall_s,
+                           period_s=period_s)
+        out.append(_level_json(r, lines))
+        if records is not None:
+            # One level at a time: what was measured stays even if a later level is cut short.
+            append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
+                                               slo=objective.label if objective else None,
+                                               extra={"payload": kind})])
     doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
            "slo": objective.label if objective else None,
            "validity_rules": VALIDITY_RULES, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: _render_levels(c, doc))
-    exit_if_missed([
-        f"{b.objective} at {lv['offered_rps'] if lv['mode'] == 'open' else lv['concurrency']:g}"
-        for lv in out for b in (lv["budget"] or []) if not b.met])
+    exit_if_missed([f"{b.objective} at {level_of(lv):g}"
+                    for lv in out for b in (lv["budget"] or []) if not b.met])
 
 
 def _level_json(r: LoadResult, lines: list[Any] | None) -> dict[str, Any]:
     d = {k: v for k, v in r.__dict__.items() if k != "hist_blob"}
     d["budget"] = lines
     return d
-
-
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.0f}" if v >= 1000 else (f"{v:.1f}" if v >= 10 else f"{v:.2f}")
 
 
 def _render_levels(c: Console, doc: dict[str, Any]) -> None:
@@ -298,7 +148,7 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
         t.add_column(col, justify="right")
     for lv in doc["levels"]:
         lat = lv["latency"]
-        level = lv["offered_rps"] if lv["mode"] == "open" else lv["concurrency"]
+        level = level_of(lv)
         errs = ",".join(f"{k}:{v}" for k, v in lv["errors_by_kind"].items()) or "0"
         t.add_row(f"{level:g}", f"{lv['sent_rps']:.0f}", f"{lv['throughput_rps']:.0f}",
                   f"{lv['goodput_rps']:.0f}", _ms(lat.p50_ms), _ms(lat.p95_ms),
@@ -317,8 +167,7 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
         for reason in lv["invalid_reasons"]:
             c.print(f"[yellow]invalid:[/] {reason}")
     if doc["slo"]:
-        _render_budget(c, [(lv["offered_rps"] if lv["mode"] == "open" else lv["concurrency"],
-                            lv["budget"]) for lv in doc["levels"]], doc["slo"])
+        _render_budget(c, [(level_of(lv), lv["budget"]) for lv in doc["levels"]], doc["slo"])
     if doc["records"]:
         c.print(f"records appended to {doc['records']}")
 
@@ -366,7 +215,7 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @click.option("--plot", type=click.Path(path_type=Path),
               help="Write the latency-throughput curve (PNG or SVG).")
 @cluster_option
-@_request_options
+@request_options
 @json_option
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
              precision: str, confidence: str, min_step: str, max_step: str, min_requests: str,
@@ -391,7 +240,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
               records: Path | None, experiment: str | None, plot: Path | None, as_json: bool,
               kw: dict[str, Any], cluster: Cluster | None) -> None:
     objective = parse_slo(slo, error_budget=error_budget)
-    conf = _fraction(confidence, what="--confidence")
+    conf = fraction(confidence, what="--confidence")
     rule = StepRule(slo=objective, confidence=conf,
                     min_step_s=parse_duration(min_step, what="--min-step"),
                     max_step_s=parse_duration(max_step, what="--max-step"),
@@ -401,7 +250,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
     cfg = SearchConfig(start=start, max_rate=max_rate,
                        precision=parse_percent(precision, what="--precision"),
                        max_steps=max_steps, invalid_retries=invalid_retries)
-    target, reqs, kind = _requests(url, kw)
+    target, reqs, kind = build_requests(url, kw)
     warm = parse_duration(warmup, what="--warmup")
     exp = experiment or new_experiment_id("capacity")
     obj = objective.latency[0]
@@ -411,13 +260,13 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
         progress.advance(f"capacity step: {rate:.1f} req/s")
         if not as_json and not progress_shown():
             err_console.print(f"[dim]capacity step: {rate:.1f} req/s ...[/]")
-        plan = LoadPlan(engine=_engine(target, reqs, "open", kw, warm), rate=rate,
+        plan = LoadPlan(engine=engine_config(target, reqs, "open", kw, warm), rate=rate,
                         arrival=arrival, duration_s=rule.max_step_s,  # type: ignore[arg-type]
                         seed=kw["seed"] + len(recs), cold_start=not recs)
         # Across hosts a step cannot be stopped early: it runs its full --max-step.
         r = run_load(plan, stop_check=None if cluster else rule.should_stop,
                      slo_threshold_s=obj.threshold_s, cluster=cluster)
-        _check_ran(r, url)
+        check_ran(r, url)
         verdict = rule.step_verdict(sent=r.requests, ok=r.successes, within=r.within_slo,
                                     errors=r.failures)
         hist = LatencyHistogram.decode(r.hist_blob)
@@ -463,15 +312,6 @@ def _int(text: str, *, what: str) -> int:
         raise BadUsageError(f"{what}: {text!r} is not a whole number (or 'auto')") from None
 
 
-def _fraction(text: str, *, what: str) -> float:
-    """'95%' or '0.95' -> 0.95."""
-    t = text.strip()
-    try:
-        return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
-    except ValueError:
-        raise BadUsageError(f"{what}: {text!r} is not a percentage like 95%") from None
-
-
 def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> None:
     t = Table(title=f"capacity search {doc['url']} for {doc['slo']}", box=box.SIMPLE,
               pad_edge=False, collapse_padding=True)
@@ -495,9 +335,9 @@ def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> No
     if res.capacity_rps is None:
         c.print(f"no tried rate met {doc['slo']} (lowest failing: {_ms(hi)} req/s)")
     else:
-        c.print(f"capacity: {res.capacity_rps:.1f} req/s, interval [{_ms(lo)}, {_ms(hi)}] req/s"
-                f" at {doc['confidence']:.0%} per step" + ("" if res.converged else
-                                                         " (not converged: raise --max-steps)"))
+        c.print(f"capacity: {res.capacity_rps:.1f} req/s, interval [{_ms(lo)}, "
+                f"{_ms(hi)}] req/s at {doc['confidence']:.0%} per step"
+                + ("" if res.converged else " (not converged: raise --max-steps)"))
     if res.knee_rps is not None:
         c.print(f"knee of the latency-throughput curve: {res.knee_rps:.1f} req/s")
 

@@ -24,7 +24,16 @@ from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, p
 from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
-from scalelab.cli._sweep import levels
+from scalelab.cli._sweep import (
+    each_level,
+    fraction,
+    lengths,
+    level_of,
+    level_options,
+    levels,
+    trace_sample_option,
+)
+from scalelab.cli._sweep import fmt_ms as _ms
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
 from scalelab.core.records import Record, append_records, new_experiment_id
@@ -32,19 +41,16 @@ from scalelab.core.sheet import STAGE_LIMIT_KEY
 from scalelab.core.units import parse_duration
 from scalelab.load.capacity import SearchConfig
 from scalelab.load.cluster import Cluster
-from scalelab.load.connection import Target
-from scalelab.load.generator import LAG_INVALID_SHARE, Mode
-from scalelab.load.llm_quality import Agreement, agreement
-from scalelab.load.llm_result import LlmResult, cost_of, summary, to_record
-from scalelab.load.llm_run import LlmPlan, capacity, check_ran, reference_answers, run_llm
-from scalelab.load.schedule import ARRIVALS
+from scalelab.load.llm.quality import Agreement, agreement
+from scalelab.load.llm.result import LAG_INVALID_SHARE, LlmResult, cost_of, summary, to_record
+from scalelab.load.llm.run import LlmPlan, capacity, check_ran, reference_answers, run_llm
+from scalelab.load.llm.stream import ProbeAnswer, StreamConfig
+from scalelab.load.llm.token_slo import TokenSlo, TokenStepRule, parse_token_slo
+from scalelab.load.llm.workload import APIS, PATHS, USAGE_MODES, LengthDist, Workload
+from scalelab.load.schedule import ARRIVALS, Mode
 from scalelab.load.scrape import Sampler, limit_evidence, limiting_signal
+from scalelab.load.send import Target
 from scalelab.load.slo import parse_percent
-from scalelab.load.stream import ProbeAnswer, StreamConfig
-from scalelab.load.token_slo import TokenSlo, TokenStepRule, parse_token_slo
-from scalelab.load.workload import APIS, PATHS, USAGE_MODES, LengthDist, Workload
-
-DEFAULT_MULTIPLES = "1,2,5,10"
 
 
 @click.group("llm", cls=DefaultGroup)
@@ -81,10 +87,7 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="A stream unfinished this long after its due time is a timeout."),
         click.option("--max-connections", type=int, default=1024, show_default=True,
                      help="Most streams at once per process."),
-        click.option("--trace-sample", "trace_sample", type=float, default=0.0,
-                     show_default=True,
-                     help="Share of measured requests sent with a fresh sampled W3C "
-                          "traceparent; their trace ids are in the result (--json)."),
+        trace_sample_option,
         prices_option,
         click.option("--core-hour-usd", type=float,
                      help="Overrides the price table's core_hour_usd (--prices), for cost "
@@ -153,20 +156,10 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
 
 @llm.command("run")
 @click.argument("url")
-@click.option("--rate", type=float, help="Open loop: requests per second.")
-@click.option("--rates", help="Open loop sweep: comma-separated rates, one record each.")
-@click.option("--concurrency", help="Closed loop: streams at once (a comma list sweeps).")
-@click.option("--base", type=float, help="Sweep --multiples of this rate (or concurrency).")
-@click.option("--loop", type=click.Choice(["open", "closed"]), default="closed",
-              show_default=True, help="With --base: sweep concurrency (closed) or rates (open).")
-@click.option("--multiples", default=DEFAULT_MULTIPLES, show_default=True)
-@click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="poisson",
-              show_default=True, help="Open loop arrival spacing.")
-@click.option("--duration", help="Measured time per level (default 10s), warm-up excluded.")
-@click.option("--requests", "n_requests", type=int, help="Measured requests per level instead.")
-@click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per level.")
-@click.option("--processes", type=int, default=1, show_default=True,
-              help="Generator processes.")
+@level_options(rate_help="Open loop: requests per second.",
+               concurrency_help="Closed loop: streams at once (a comma list sweeps).",
+               loop_default="closed", loop_help="With --base: sweep concurrency (closed) or "
+               "rates (open).", multiples_help=None, processes_help="Generator processes.")
 @click.option("--slo", help='Token objectives, e.g. "ttft_p95<500ms,tpot_p95<60ms,avail>=99.9%".')
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per level.")
 @click.option("--experiment", help="Experiment id for the records (default: generated).")
@@ -209,10 +202,7 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
          kw: dict[str, Any], cluster: Cluster | None) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples,
                          examples="--rates 1,2,5, --concurrency 1,4,16")
-    if duration is not None and n_requests is not None:
-        raise BadUsageError("give --duration or --requests, not both")
-    dur = None if n_requests is not None else parse_duration(duration or "10s", what="--duration")
-    warm = parse_duration(warmup, what="--warmup")
+    dur, warm = lengths(duration, n_requests, warmup)
     objective = parse_token_slo(slo) if slo else None
     price = price_per_hour(kw)
     target, wl, reqs = _workload(url, kw)
@@ -227,56 +217,46 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
             err_console.print(f"[dim]quality probe: {len(probe)} prompts one at a time ...[/]")
         reference = reference_answers(_stream(target, reqs, "closed", kw, 0.0, 1, probe))
     out: list[dict[str, Any]] = []
-    with live_progress("load", total=len(sweep)) as progress:
-        for i, level in enumerate(sweep):
-            if level <= 0:
-                raise BadUsageError(f"levels must be positive, got {level}")
-            conc = int(level) if mode == "closed" else 1
-            plan = LlmPlan(stream=_stream(target, reqs, mode, kw, warm, conc, probe),
-                           rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
-                           duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
-                           processes=processes)
-            what = f"{level:g} req/s" if mode == "open" else f"{conc} streams"
-            progress.update(note=f"load llm {target.base}{target.path}: {what}")
-            if not as_json and not progress_shown():
-                err_console.print(f"[dim]load llm {target.base}{target.path}: {what} ...[/]")
-            engine: dict[str, Any] = {}
-            if metrics_url or server_pid:
-                with Sampler(metrics_url, pid=server_pid) as sampler:
-                    r = run_llm(plan, cluster=cluster)
-                engine = sampler.extras()
-            else:
+    for i, level, conc in each_level(sweep, mode, label=f"load llm {target.base}{target.path}",
+                                     clients="streams", as_json=as_json):
+        plan = LlmPlan(stream=_stream(target, reqs, mode, kw, warm, conc, probe),
+                       rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
+                       duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
+                       processes=processes)
+        engine: dict[str, Any] = {}
+        if metrics_url or server_pid:
+            with Sampler(metrics_url, pid=server_pid) as sampler:
                 r = run_llm(plan, cluster=cluster)
-            check_ran(r, url)
-            agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
-            out.append({**level_json(r, objective, price), "engine": engine,
-                        "quality": quality_json(agree)})
-            progress.advance()
-            if records is not None:
-                extra: dict[str, Any] = {**engine, "model": wl.model,
-                                         **({"series": series} if series else {}),
-                                         **(agree.extras() if agree else {})}
-                limit = limiting_signal(engine) if engine.get("engine_scrapes") else None
-                if limit:
-                    extra["limiting_signal"] = limit
-                said = limit_evidence(engine)
-                if said:
-                    extra[STAGE_LIMIT_KEY] = said
-                rss = engine.get("server_peak_rss_bytes")
-                append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
-                                                   slo=objective, price_per_hour_usd=price,
-                                                   extra=extra, limiting_resource=limit,
-                                                   peak_memory_bytes=int(rss) if rss else None,
-                                                   quality=agree.quality() if agree else None)])
+            engine = sampler.extras()
+        else:
+            r = run_llm(plan, cluster=cluster)
+        check_ran(r, url)
+        agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
+        out.append({**level_json(r, objective, price), "engine": engine,
+                    "quality": quality_json(agree)})
+        if records is not None:
+            extra: dict[str, Any] = {**engine, "model": wl.model,
+                                     **({"series": series} if series else {}),
+                                     **(agree.extras() if agree else {})}
+            limit = limiting_signal(engine) if engine.get("engine_scrapes") else None
+            if limit:
+                extra["limiting_signal"] = limit
+            said = limit_evidence(engine)
+            if said:
+                extra[STAGE_LIMIT_KEY] = said
+            rss = engine.get("server_peak_rss_bytes")
+            append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
+                                               slo=objective, price_per_hour_usd=price,
+                                               extra=extra, limiting_resource=limit,
+                                               peak_memory_bytes=int(rss) if rss else None,
+                                               quality=agree.quality() if agree else None)])
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "experiment": exp,
            "mode": mode, "slo": objective.label if objective else None,
            "price_per_hour_usd": price, "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: render_levels(c, doc))
-    exit_if_missed([
-        f"{x['objective']} at "
-        f"{lv['offered_rps'] if lv['mode'] == 'open' else lv['concurrency']:g}"
-        for lv in out for x in lv.get("objectives", []) if not x["met"]])
+    exit_if_missed([f"{x['objective']} at {level_of(lv):g}"
+                    for lv in out for x in lv.get("objectives", []) if not x["met"]])
 
 
 def quality_json(a: Agreement | None) -> dict[str, Any] | None:
@@ -311,12 +291,6 @@ def _wide(c: Console, width: int) -> Console:
     return Console(width=width, highlight=False, file=c.file)
 
 
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.0f}" if v >= 1000 else (f"{v:.1f}" if v >= 10 else f"{v:.2f}")
-
-
 def render_levels(c: Console, doc: dict[str, Any]) -> None:
     t = Table(title=f"load llm {doc['url']} ({doc['mode']} loop; {doc['workload']}; ms)",
               box=box.SIMPLE, pad_edge=False, collapse_padding=True)
@@ -330,7 +304,7 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
     for col in cols:
         t.add_column(col, justify="right")
     for lv in doc["levels"]:
-        level = lv["offered_rps"] if lv["mode"] == "open" else lv["concurrency"]
+        level = level_of(lv)
         errs = ",".join(f"{k}:{v}" for k, v in lv["errors_by_kind"].items()) or "0"
         c1k = lv["cost"]["per_1k_output_tokens_usd"]
         row = [f"{level:g}", f"{lv['throughput_rps']:.1f}", f"{lv['output_tps']:.0f}",
@@ -404,7 +378,7 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
               warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
               as_json: bool, kw: dict[str, Any], cluster: Cluster | None) -> None:
     objective = parse_token_slo(slo)
-    conf = _fraction(confidence, what="--confidence")
+    conf = fraction(confidence, what="--confidence")
     rule = TokenStepRule(slo=objective, confidence=conf,
                          min_step_s=parse_duration(min_step, what="--min-step"),
                          max_step_s=parse_duration(max_step, what="--max-step"))
@@ -475,15 +449,6 @@ def plot_capacity(doc: dict[str, Any], path: Path) -> None:
     figures.save(figures.latency_figure(
         curves, variable="arrival rate (req/s)", title=f"capacity for {doc['slo']}",
         marker_x=cap, marker_label="" if cap is None else f"capacity {cap:.2f} req/s"), path)
-
-
-def _fraction(text: str, *, what: str) -> float:
-    """'95%' or '0.95' -> 0.95."""
-    t = text.strip()
-    try:
-        return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
-    except ValueError:
-        raise BadUsageError(f"{what}: {text!r} is not a percentage like 95%") from None
 
 
 def _render_capacity(c: Console, doc: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from scalelab.core.errors import ScalelabError
 from scalelab.core.objectives import Objective
 from scalelab.core.prices import Prices
 from scalelab.core.units import parse_duration
-from scalelab.load.connection import Target
+from scalelab.load.send import Target
 
 __all__ = ["ClientSettings", "Duration", "HttpUrl", "Levels", "ObjectiveSpec", "Prices",
            "StageSettings", "Strict"]

@@ -35,11 +35,26 @@ from typing import Literal
 # The interval math lives in core.decide (the verdict decides with it too).
 from scalelab.core.decide import clopper_pearson, quantile_ranks, step_requests
 from scalelab.core.errors import BadUsageError
-from scalelab.load.generator import Progress
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.slo import Slo
 
 Verdict = Literal["pass", "fail", "undecided-pass", "undecided-fail"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """What a running step has measured so far (for stopping rules)."""
+
+    sent: int
+    """Measured requests dispatched."""
+    ok: int
+    """Measured successes (2xx)."""
+    errors: int
+    """Measured failures of any kind."""
+    within: int
+    """Measured successes with latency <= the SLO threshold."""
+    elapsed_s: float
+    """Seconds since the measured window started."""
 
 
 def quantile_ci_ms(hist: LatencyHistogram, q: float, confidence: float
@@ -52,11 +67,11 @@ def quantile_ci_ms(hist: LatencyHistogram, q: float, confidence: float
 
 
 @dataclass(frozen=True, kw_only=True)
-class StepRule:
-    """When one step may stop: decided at `confidence`, or out of time/requests."""
+class StopRule:
+    """When a capacity step may stop: its objectives decided at `confidence`, or out of time
+    or requests. What is judged is the subclass's (`StepRule`: one latency objective;
+    `llm.token_slo.TokenStepRule`: token objectives); the interval rule is this one."""
 
-    slo: Slo
-    """Exactly one latency objective, optionally an availability target."""
     confidence: float = 0.95
     """Two-sided confidence of each interval."""
     min_step_s: float = 3.0
@@ -65,6 +80,42 @@ class StepRule:
     """Stop undecided after this much measured time."""
     max_requests: int = 200_000
     """Stop undecided after this many measured requests."""
+
+    def __post_init__(self) -> None:
+        if not (0.5 < self.confidence < 1.0):
+            raise BadUsageError(f"--confidence must be in (50%, 100%), got {self.confidence}")
+        if not (0 < self.min_step_s <= self.max_step_s):
+            raise BadUsageError("--min-step must be positive and at most --max-step")
+
+    def out_of_room(self, elapsed_s: float, sent: int) -> bool:
+        """The step ran its longest or sent its most: it stops, decided or not."""
+        return elapsed_s >= self.max_step_s or sent >= self.max_requests
+
+    def share_verdict(self, k: int, n: int, needed: float) -> Literal["pass", "fail"] | None:
+        """k of n events within an objective that needs a share `needed`: "fail" when the
+        interval lies wholly below it, "pass" when wholly at or above, None while undecided."""
+        lo, hi = clopper_pearson(k, n, self.confidence)
+        if n > 0 and hi < needed:
+            return "fail"
+        return "pass" if n > 0 and lo >= needed else None
+
+    def budget_verdict(self, errors: int, n: int,
+                       budget: float) -> Literal["pass", "fail"] | None:
+        """`errors` of n against an error budget: "fail" when the interval lies wholly over
+        it, "pass" when wholly within, None while undecided."""
+        lo, hi = clopper_pearson(errors, n, self.confidence)
+        if lo > budget:
+            return "fail"
+        return None if hi > budget else "pass"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRule(StopRule):
+    """`StopRule` for one latency objective, optionally an availability target; each step is
+    sized by the objective's quantile (see the module doc)."""
+
+    slo: Slo
+    """Exactly one latency objective, optionally an availability target."""
     min_requests: int | None = None
     """Never decide before this many measured requests; None: `step_requests` for the
     objective's quantile at `confidence`."""
@@ -73,10 +124,7 @@ class StepRule:
         if len(self.slo.latency) != 1:
             raise BadUsageError("capacity search takes exactly one latency objective, e.g. "
                                 "--slo \"p95<50ms\" (add --error-budget for availability)")
-        if not (0.5 < self.confidence < 1.0):
-            raise BadUsageError(f"--confidence must be in (50%, 100%), got {self.confidence}")
-        if not (0 < self.min_step_s <= self.max_step_s):
-            raise BadUsageError("--min-step must be positive and at most --max-step")
+        super().__post_init__()
         if self.min_requests is not None and self.min_requests < 1:
             raise BadUsageError(f"--min-requests must be at least 1, got {self.min_requests}")
 
@@ -90,18 +138,16 @@ class StepRule:
     def verdict(self, *, ok: int, within: int, errors: int) -> tuple[str, bool]:
         """('pass'|'fail', decided) from the counts so far."""
         q = self.slo.latency[0].quantile
-        decided_pass = True
-        lat_lo, lat_hi = clopper_pearson(within, ok, self.confidence)
-        if ok > 0 and lat_hi < q:
+        latency = self.share_verdict(within, ok, q)
+        if latency == "fail":
             return "fail", True
-        if not (ok > 0 and lat_lo >= q):
-            decided_pass = False
+        decided_pass = latency == "pass"
         budget = self.slo.error_budget
         if budget is not None:
-            e_lo, e_hi = clopper_pearson(errors, ok + errors, self.confidence)
-            if e_lo > budget:
+            errs = self.budget_verdict(errors, ok + errors, budget)
+            if errs == "fail":
                 return "fail", True
-            if e_hi > budget:
+            if errs is None:
                 decided_pass = False
         if ok == 0:
             return "fail", errors > 0
@@ -111,7 +157,7 @@ class StepRule:
         return ("pass" if point_ok else "fail"), False
 
     def should_stop(self, p: Progress) -> bool:
-        if p.elapsed_s >= self.max_step_s or p.sent >= self.max_requests:
+        if self.out_of_room(p.elapsed_s, p.sent):
             return True
         if p.elapsed_s < self.min_step_s or p.sent < self._needed:
             return False

@@ -1,6 +1,6 @@
 """Run a load level's generators on a Dask cluster's workers: processes on other hosts.
 
-The same spine as `multiproc.run_processes`, with hosts for processes: worker `i` of P gets
+The same spine as `level.run_processes`, with hosts for processes: worker `i` of P gets
 every P-th due time of the one global schedule (or a 1/P share of the closed-loop clients), so
 the union of the shares is exactly the single-process schedule; all start at one agreed
 instant; each ships back the plain part it measured, and the caller merges the parts exactly as

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadUsageError
+from scalelab.core.kube import check_name, write_manifests
 
 SCHEDULER_PORT = 8786
 DASHBOARD_PORT = 8787
@@ -37,11 +38,7 @@ class LoadJobSpec:
     """Memory request and limit per worker pod."""
 
     def __post_init__(self) -> None:
-        label = self.name.replace("-", "")
-        if not (self.name and label.isalnum() and self.name.islower() and len(self.name) <= 40
-                and self.name[0].isalpha()):
-            raise BadUsageError(f"--name {self.name!r} must be a lowercase DNS label "
-                                "(letters, digits, '-'; at most 40)")
+        check_name(self.name, most=40)
         if self.workers < 1:
             raise BadUsageError(f"--workers must be at least 1, got {self.workers}")
 
@@ -109,16 +106,4 @@ def manifests(spec: LoadJobSpec) -> dict[str, list[dict[str, Any]]]:
 
 
 def write(spec: LoadJobSpec, out: Path) -> list[Path]:
-    import json
-
-    import yaml
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fname, docs in manifests(spec).items():
-        p = out / fname
-        # Through JSON: shared sub-objects would otherwise become YAML anchors and aliases.
-        plain = json.loads(json.dumps(docs))
-        p.write_text(yaml.safe_dump_all(plain, sort_keys=False), encoding="utf-8")
-        paths.append(p)
-    return paths
+    return write_manifests(manifests(spec), out)

@@ -1,96 +1,111 @@
-"""A load run's result: the merge of every generator process's measurements, and its validity.
+"""What every load level's result holds, whatever the protocol, and how the parts add up.
 
-Validity asks one question: did the generator offer the load that was asked for? Latency is
-timed from each request's due time, so a late generator never hides anything (its lateness is
-charged to the server); what a late generator does is change the load: fewer requests per
-second than asked, or arrivals bunched together. `validity` flags a level when
-- the achieved send rate fell short of the schedule by more than `RATE_TOLERANCE`;
-- lag p99 exceeded one mean inter-arrival gap (never less than `LAG_FLOOR_S`): the 99th
-  percentile send went out after the next request was due, so arrivals were bunched; or
-- lag p99 exceeded `LAG_OBJECTIVE_SHARE` of the SLO threshold: the generator's own lateness
-  is a material part of the latency being judged.
-Each reason says what to change, from what was measured: when the generator's own thread
-waited for a core for `STARVED_WAIT_SHARE` of the run or more (kernel schedstat), or ran its
-core near flat out (`SATURATED_CORE_SHARE`), the generator was CPU-starved and the fix is more
-processes, --realtime or a quieter machine, even where requests also queued for a connection
-(a starved loop reads its responses late, so its connections look busy); otherwise requests
-that queued for a connection ask for --max-connections. A level far below the generator's
-capacity passes all three on a busy machine: its gaps are long and its lag is a fraction of a
-millisecond.
+A generator process counts into a `Part` (plain values: it pickles across processes and
+hosts); a level's result is a `LevelResult` the protocol extends (`http/result.py`: latency
+and generator validity; `llm/result.py`: token timings). The sums every merge takes, the span
+that the rates divide by, and the record's level are this module's, so the two stacks cannot
+drift apart on what "requests", "failures" or "the level" mean.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from scalelab.core.records import Record, make_record
-from scalelab.load.clock import LagStats, lag_stats
-from scalelab.load.cluster import ClusterLevel
-from scalelab.load.generator import Mode, PartResult
-from scalelab.load.histogram import LatencyHistogram, Percentiles
+from scalelab.load.schedule import Mode
 
-RATE_TOLERANCE = 0.02
-"""A level is invalid when it sent more than this share below its schedule's rate."""
-LAG_FLOOR_S = 0.002
-"""The bunching rule never asks for lag p99 under this (2 ms), however short the gap."""
-LAG_OBJECTIVE_SHARE = 0.10
-"""A level is invalid when lag p99 is more than this share of the SLO's latency threshold."""
-STARVED_WAIT_SHARE = 0.25
-"""The generator was CPU-starved when its thread waited for a core this share of the run."""
-SATURATED_CORE_SHARE = 0.90
-"""... or when each generator process kept this share of a core busy (it ran flat out)."""
+NOTHING_MEASURED = "no request was measured; lengthen --duration or shorten --warmup"
+"""The invalid reason of a level whose warm-up took every request."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class GeneratorCpu:
-    """What the generator's processes got of the CPU over the run (from `PartResult`s)."""
+@dataclass(kw_only=True)
+class Part:
+    """One generator process's counts (the protocol's part adds its timings)."""
 
-    busy_cores: float
-    """On-CPU seconds of every process's loop thread over the run's wall span."""
-    wait_share: float | None
-    """Seconds those threads were ready but waited for a core, over the summed spans."""
-    machine_busy_cores: float | None
-    """Busy cores of the whole machine over the run (the busiest process's reading)."""
-    machine_cores: int | None
-    """Cores the machine has (the one the generator ran on)."""
-
-    def starved(self, processes: int) -> bool:
-        """The starvation rule (module doc): it waited for cores, or ran its cores flat out."""
-        waited = self.wait_share is not None and self.wait_share >= STARVED_WAIT_SHARE
-        return waited or self.busy_cores >= SATURATED_CORE_SHARE * max(1, processes)
-
-    def describe(self) -> str:
-        parts = [f"its loop ran {self.busy_cores:.2f} busy cores"]
-        if self.wait_share is not None:
-            parts.append(f"waited for a core {self.wait_share:.0%} of the run")
-        if self.machine_busy_cores is not None:
-            of = f" of {self.machine_cores}" if self.machine_cores else ""
-            parts.append(f"the machine's cores were {self.machine_busy_cores:.2f}{of} busy")
-        return ", ".join(parts)
-
-
-def generator_cpu(parts: Sequence[PartResult], cores: int | None = None) -> GeneratorCpu | None:
-    """Merge the processes' CPU readings; None when none was measured."""
-    span = max((p.cpu_span_s for p in parts), default=0.0)
-    if span <= 0:
-        return None
-    waits = [p.cpu_wait_s for p in parts if p.cpu_wait_s is not None]
-    spans = sum(p.cpu_span_s for p in parts if p.cpu_wait_s is not None)
-    machine = [p.machine_busy_cores for p in parts if p.machine_busy_cores is not None]
-    return GeneratorCpu(busy_cores=sum(p.cpu_s for p in parts) / span,
-                        wait_share=sum(waits) / spans if waits and spans > 0 else None,
-                        machine_busy_cores=max(machine) if machine else None,
-                        machine_cores=cores if cores is not None else os.cpu_count())
+    sent: int = 0
+    """Measured requests sent."""
+    ok: int = 0
+    """Measured successes."""
+    errors_by_status: dict[str, int] = field(default_factory=dict)
+    """Non-2xx answers by HTTP status."""
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    """Failures by kind (status, timeout, refused, reset, ...)."""
+    warmup_requests: int = 0
+    """Requests sent in the warm-up (not measured)."""
+    lag_blob: str = ""
+    """HdrHistogram of each measured send's lateness (open loop; clock.LagRecorder)."""
+    connections_opened: int = 0
+    window_start: float = 0.0
+    """When the measured window began (the process's clock)."""
+    last_send: float = 0.0
+    last_done: float = 0.0
+    stopped_early: bool = False
+    """A stopping rule ended the run before its schedule did."""
+    traced: int = 0
+    """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
+    trace_ids: list[str] = field(default_factory=list)
+    """Their trace ids (the first 1,000)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoadResult:
-    """What one load level measured (only requests after the warm-up count)."""
+class Tally:
+    """The parts' counts added up: what every protocol's merge starts from."""
+
+    sent: int
+    failures: int
+    errors_by_kind: dict[str, int]
+    errors_by_status: dict[str, int]
+    start: float
+    """The earliest process's window start."""
+    last_send: float
+    last_done: float
+    stopped_early: bool
+    connections: int
+    warmup_requests: int
+    traced_requests: int
+    trace_ids: list[str]
+
+    @classmethod
+    def of(cls, parts: Sequence[Part]) -> Tally:
+        assert parts
+        kinds: Counter[str] = Counter()
+        status: Counter[str] = Counter()
+        for p in parts:
+            kinds.update(p.errors_by_kind)
+            status.update(p.errors_by_status)
+        return cls(sent=sum(p.sent for p in parts), failures=sum(kinds.values()),
+                   errors_by_kind=dict(sorted(kinds.items())),
+                   errors_by_status=dict(sorted(status.items())),
+                   start=min(p.window_start for p in parts),
+                   last_send=max(p.last_send for p in parts),
+                   last_done=max(p.last_done for p in parts),
+                   stopped_early=any(p.stopped_early for p in parts),
+                   connections=sum(p.connections_opened for p in parts),
+                   warmup_requests=sum(p.warmup_requests for p in parts),
+                   traced_requests=sum(p.traced for p in parts),
+                   trace_ids=[t for p in parts for t in p.trace_ids])
+
+    @property
+    def send_span(self) -> float:
+        """From the window's start to the last measured send."""
+        return max(0.0, self.last_send - self.start)
+
+    def wall(self, span: float) -> float:
+        """The measured window: the planned or sending span, or longer when answers came
+        later (never zero: rates divide by it)."""
+        return max(span, self.last_done - self.start, 1e-9)
+
+    def failure_rate(self, ok: int) -> float:
+        """failures / (successes + failures); 0 when nothing was answered."""
+        return self.failures / (ok + self.failures) if (ok + self.failures) else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LevelResult:
+    """What one load level measured, whatever the protocol (requests after the warm-up)."""
 
     mode: Mode
     """"open" (arrival schedule) or "closed" (fixed concurrency)."""
@@ -105,239 +120,25 @@ class LoadResult:
     requests: int
     """Measured requests sent."""
     successes: int
-    """2xx responses."""
+    """Successes: a 2xx answer (HTTP); a stream that ended and carried a token (LLM)."""
     failures: int
-    """Everything else: non-2xx, timeouts, refused and reset connections."""
+    """Everything else: non-2xx, timeouts, refused and reset connections (see errors_by_kind)."""
     failure_rate: float
-    """failures / requests (0 when nothing was sent)."""
-    latency: Percentiles
-    """Latency of successes, from the due time (open) or send time (closed)."""
-    wall_s: float
-    """Measured window: from the end of warm-up to the last measured response."""
-    sent_rps: float
-    """Measured sends per second actually achieved."""
-    throughput_rps: float
-    """Successes per second over the measured window."""
-    goodput_rps: float
-    """Successes within the SLO latency per second (= throughput when no SLO was given)."""
-    slo_threshold_ms: float | None
-    """The latency threshold goodput used."""
-    within_slo: int
-    """Successes at or under the threshold."""
-    errors_by_status: dict[str, int]
-    """Non-2xx responses by HTTP status."""
-    errors_by_kind: dict[str, int]
-    """Failures by kind: status, timeout, refused, reset, other."""
-    lag_count: int
-    """Sends dispatched more than 1 ms after their due time."""
-    lag_share: float
-    """lag_count / requests."""
-    lag_max_ms: float
-    """Worst dispatch lateness."""
-    lag_p50_ms: float | None
-    """Median dispatch lateness (send time - due time) of measured sends."""
-    lag_p99_ms: float | None
-    """99th percentile dispatch lateness."""
-    scheduled_rps: float
-    """Open loop: the measured sends' rate by their due times (the rate sent_rps should hold)."""
-    pool_waits: int
-    """Requests that waited for a free connection (max_connections reached)."""
-    connections: int
-    """Connections opened."""
-    valid: bool
-    """False when the generator could not offer the asked-for load (see invalid_reasons)."""
-    invalid_reasons: list[str]
-    """Why the run is invalid."""
-    cold_start_ms: float | None
-    """First request on a fresh connection, before the run (not in the percentiles)."""
-    cold_start_error: str | None
-    """Why the cold-start probe failed, if it did."""
-    warmup_requests: int
-    """Requests sent during warm-up (excluded)."""
-    stopped_early: bool
-    """A stopping rule ended the run before its schedule did."""
-    generator_cpu: GeneratorCpu | None
-    """What the generator got of the CPU (None where it was not measured)."""
-    hist_blob: str = field(repr=False)
-    """Merged HdrHistogram (base64), so any threshold can be evaluated later."""
-    traced_requests: int = 0
-    """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
-    trace_ids: list[str] = field(default_factory=list)
-    """Their trace ids (the first 1,000 per process): look them up in the server's spans."""
-    cluster: ClusterLevel | None = None
-    """With --cluster: the scheduler and every worker's share, clock offset and validity."""
+    """failures / (successes + failures) (0 when nothing was answered)."""
+
+    def level(self) -> tuple[str, float]:
+        """The record's variable and level: the rate (open loop) or the clients (closed)."""
+        if self.mode == "open":
+            return "rate", float(self.offered_rps or 0.0)
+        return "concurrency", float(self.concurrency or 0)
 
 
-def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
-          concurrency: int | None, arrival: str | None, window_s: float | None,
-          slo_threshold_s: float | None, realtime: bool = False,
-          more: str = "--processes") -> LoadResult:
-    """Merge per-process results; `window_s` is the planned measured span (open loop);
-    `more` is what the fixes ask to add for more generators (--processes, or Dask workers)."""
-    assert parts
-    hist = LatencyHistogram()
-    status: Counter[str] = Counter()
-    kinds: Counter[str] = Counter()
-    for p in parts:
-        hist.add_blob(p.hist_blob)
-        status.update(p.errors_by_status)
-        kinds.update(p.errors_by_kind)
-    sent = sum(p.sent for p in parts)
-    ok = sum(p.ok for p in parts)
-    failures = sum(kinds.values())
-    within = sum(p.within for p in parts)
-    start = min(p.window_start for p in parts)
-    last_send = max(p.last_send for p in parts)
-    last_done = max(p.last_done for p in parts)
-    stopped = any(p.stopped_early for p in parts)
-    send_span = max(0.0, last_send - start)
-    sched_span = send_span
-    if mode == "open" and offered_rps:
-        # A full-speed run's last send is one gap before the window's end; a run whose
-        # generator fell behind sends its last request later than it was due.
-        gap = 1.0 / offered_rps
-        last_due = max(p.last_due for p in parts)
-        sched_span = max(max(0.0, last_due - start) + gap,
-                         window_s if (window_s and not stopped) else 0.0)
-        send_span = max(sched_span, send_span + gap)
-    elif window_s:
-        send_span = max(send_span, window_s)
-    wall = max(send_span, last_done - start, 1e-9)
-    served = throughput(parts, ok=ok, wall=wall, window_s=window_s, stopped=stopped)
-    lag = sum(p.lag_count for p in parts)
-    lag_share = lag / sent if sent else 0.0
-    lstats = lag_stats([LatencyHistogram.decode(p.lag_blob) for p in parts if p.lag_blob],
-                       late=lag)
-    # The worst lateness is exact; the histogram's quantiles are each bucket's top (up to 0.1%
-    # above the value), so a p99 in the top bucket could read above the max: cap it there.
-    lag_max_ms = max(p.lag_max_s for p in parts) * 1e3
-    pool_waits = sum(p.pool_waits for p in parts)
-    gcpu = generator_cpu(parts)
-    sent_rps = sent / send_span if send_span else 0.0
-    scheduled_rps = sent / sched_span if sched_span else 0.0
-    reasons = validity(mode=mode, offered_rps=offered_rps, sent_rps=sent_rps,
-                       scheduled_rps=scheduled_rps, lag=lstats, pool_waits=pool_waits,
-                       slo_threshold_s=slo_threshold_s, processes=len(parts),
-                       realtime=realtime, cpu=gcpu, more=more)
-    if sent == 0:
-        reasons.append("no request was measured; lengthen --duration or shorten --warmup")
-    cold = next((p for p in parts if p.cold_start_s is not None or p.cold_start_error), None)
-    cold_ms = None if cold is None or cold.cold_start_s is None else cold.cold_start_s * 1e3
-    return LoadResult(
-        mode=mode, offered_rps=offered_rps, concurrency=concurrency, arrival=arrival,
-        processes=len(parts), requests=sent, successes=ok, failures=failures,
-        failure_rate=(failures / (ok + failures)) if (ok + failures) else 0.0,
-        latency=hist.percentiles(), wall_s=wall, sent_rps=sent_rps, scheduled_rps=scheduled_rps,
-        throughput_rps=served, goodput_rps=within / wall,
-        slo_threshold_ms=None if slo_threshold_s is None else slo_threshold_s * 1e3,
-        within_slo=within, errors_by_status=dict(sorted(status.items())),
-        errors_by_kind=dict(sorted(kinds.items())), lag_count=lag, lag_share=lag_share,
-        lag_max_ms=lag_max_ms, lag_p50_ms=_at_most(lstats.p50_ms, lag_max_ms),
-        lag_p99_ms=_at_most(lstats.p99_ms, lag_max_ms),
-        pool_waits=pool_waits,
-        connections=sum(p.connections_opened for p in parts), valid=not reasons,
-        invalid_reasons=reasons,
-        cold_start_ms=cold_ms,
-        cold_start_error=None if cold is None else cold.cold_start_error,
-        warmup_requests=sum(p.warmup_requests for p in parts), stopped_early=stopped,
-        generator_cpu=gcpu,
-        hist_blob=hist.encode(),
-        traced_requests=sum(p.traced for p in parts),
-        trace_ids=[t for p in parts for t in p.trace_ids],
-    )
-
-
-def throughput(parts: Sequence[PartResult], *, ok: int, wall: float, window_s: float | None,
-               stopped: bool) -> float:
-    """Successes per second: inside the measured window where every part counted them there
-    (open loop; the warm-up's backlog served in the window counts, so an overloaded level
-    reads its server's capacity, not capacity diluted by the backlog's drain), else the
-    measured requests' successes over the span they took."""
-    counts = [p.served_in_window for p in parts]
-    if window_s and not stopped and all(c is not None for c in counts):
-        return sum(c or 0 for c in counts) / window_s
-    return ok / wall
-
-
-def validity(*, mode: Mode, offered_rps: float | None, sent_rps: float, scheduled_rps: float,
-             lag: LagStats, pool_waits: int, slo_threshold_s: float | None,
-             processes: int = 1, realtime: bool = False, more: str = "--processes",
-             cpu: GeneratorCpu | None = None) -> list[str]:
-    """Why a level did not offer the asked-for load (empty: it did). Pure; see the module doc."""
-    if mode != "open" or not offered_rps or lag.count == 0:
-        return []
-    realtime_hint = "" if realtime else "use --realtime, "
-    if cpu is not None and cpu.starved(processes):
-        fix = (f"the generator was CPU-starved ({cpu.describe()}): add {more} (now "
-               f"{processes}), {realtime_hint}or run the generator on a quieter machine")
-    elif pool_waits:
-        fix = f"{pool_waits} requests waited for a free connection: raise --max-connections"
-    else:
-        fix = (f"add {more} (now {processes}), lower --rate, {realtime_hint}"
-               "or run the generator on a quieter machine")
-    out: list[str] = []
-    if scheduled_rps > 0 and sent_rps < scheduled_rps * (1.0 - RATE_TOLERANCE):
-        out.append(f"generator fell behind: sent {sent_rps:.1f} req/s of the {scheduled_rps:.1f} "
-                   f"scheduled ({1 - sent_rps / scheduled_rps:.1%} short, limit "
-                   f"{RATE_TOLERANCE:.0%}); {fix}")
-    p99_s = (lag.p99_ms or 0.0) / 1e3
-    gap_limit = max(LAG_FLOOR_S, 1.0 / offered_rps)
-    if p99_s > gap_limit:
-        out.append(f"generator lag p99 {p99_s * 1e3:.2f} ms is more than the "
-                   f"{gap_limit * 1e3:.2f} ms limit (one inter-arrival gap, at least "
-                   f"{LAG_FLOOR_S * 1e3:.0f} ms): arrivals went out bunched; {fix}")
-    if slo_threshold_s is not None and p99_s > LAG_OBJECTIVE_SHARE * slo_threshold_s:
-        out.append(f"generator lag p99 {p99_s * 1e3:.2f} ms is more than "
-                   f"{LAG_OBJECTIVE_SHARE:.0%} of the {slo_threshold_s * 1e3:g} ms objective, so "
-                   f"the generator's lateness is part of what is judged; {fix}")
-    return out
-
-
-def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
-              budget: list[Any] | None = None, slo: str | None = None,
-              extra: dict[str, Any] | None = None) -> Record:
-    """One foundation record for this level (stage "load", variable rate or concurrency)."""
-    variable = "rate" if r.mode == "open" else "concurrency"
-    level = float((r.offered_rps or 0.0) if r.mode == "open" else (r.concurrency or 0))
-    extras: dict[str, Any] = {
-        "url": url, "mode": r.mode, "arrival": r.arrival, "processes": r.processes,
-        "offered_rps": r.offered_rps, "sent_rps": r.sent_rps, "goodput_rps": r.goodput_rps,
-        "slo": slo, "slo_threshold_ms": r.slo_threshold_ms, "within_slo": r.within_slo,
-        "successes": r.successes, "mean_ms": r.latency.mean_ms,
-        "samples": r.successes + r.failures,  # core.sheet.SAMPLES_KEY: the verdict's n
-        "errors_by_kind": r.errors_by_kind, "errors_by_status": r.errors_by_status,
-        "lag": {"count": r.lag_count, "share": r.lag_share, "max_ms": r.lag_max_ms,
-                "p50_ms": r.lag_p50_ms, "p99_ms": r.lag_p99_ms},
-        "scheduled_rps": r.scheduled_rps,
-        "pool_waits": r.pool_waits, "connections": r.connections,
-        "cold_start_ms": r.cold_start_ms, "warmup_requests": r.warmup_requests,
-        "invalid_reasons": r.invalid_reasons, "hdr_histogram": r.hist_blob,
-        "generator_cpu": None if r.generator_cpu is None else asdict(r.generator_cpu),
-        "cluster": None if r.cluster is None else asdict(r.cluster),
-    }
-    if budget is not None:
-        extras["budget"] = [asdict(b) for b in budget]
-    extras.update(extra or {})
-    return make_record(
-        experiment=experiment, stage="load", variable=variable, level=level, repeat=repeat,
-        input_volume=float(r.requests), input_unit="requests", rate=r.throughput_rps,
-        rate_unit="requests/s", wall_s=r.wall_s, latency=r.latency.latency(),
-        failures=r.failures, failure_rate=r.failure_rate, recovery="replica",
-        ok=r.valid, error="; ".join(r.invalid_reasons) or None,
-        extras=_finite(extras),
-    )
-
-
-def _finite(x: Any) -> Any:
+def finite(x: Any) -> Any:
     """Records are strict JSON: NaN/inf become None."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: finite(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
+        return [finite(v) for v in x]
     return x
-
-
-def _at_most(x: float | None, cap: float) -> float | None:
-    return None if x is None else min(x, cap)

@@ -17,6 +17,8 @@ from scalelab.core.errors import BadUsageError
 
 Arrival = Literal["constant", "poisson"]
 ARRIVALS: tuple[Arrival, ...] = ("constant", "poisson")
+Mode = Literal["open", "closed"]
+"""Open loop (requests due on a schedule) or closed loop (N clients, each awaiting its answer)."""
 MAX_SCHEDULE = 50_000_000
 """Refuse schedules longer than this (400 MB of float64) rather than exhaust memory."""
 

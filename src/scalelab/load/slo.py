@@ -57,10 +57,37 @@ class Slo:
 
     @property
     def label(self) -> str:
-        parts = [o.label for o in self.latency]
-        if self.availability is not None:
-            parts.append(f"avail>={self.availability * 100:g}%")
-        return ",".join(parts)
+        return slo_label([o.label for o in self.latency], self.availability)
+
+
+def slo_label(objectives: list[str], availability: float | None) -> str:
+    """The objectives' labels and the availability target, as `--slo` takes them back."""
+    if availability is not None:
+        objectives = [*objectives, f"avail>={availability * 100:g}%"]
+    return ",".join(objectives)
+
+
+def parse_quantile(digits: str, term: str) -> float:
+    """The percentile of "p95" (0.95), "p99.9" or its usual shorthand "p999" (both 0.999)."""
+    q = float(digits) / 100.0 if "." in digits or len(digits) <= 2 else \
+        float(f"{digits[:2]}.{digits[2:]}") / 100.0
+    q = round(q, 12)
+    if not (0.0 < q < 1.0):
+        raise BadUsageError(f"--slo {term!r}: the percentile must be between 0 and 100")
+    return q
+
+
+def parse_threshold(text: str, term: str) -> float:
+    """An objective's threshold in seconds (milliseconds when no unit is given)."""
+    thr = parse_duration(text, what=f"--slo {term!r}", default_unit="ms")
+    if thr <= 0:
+        raise BadUsageError(f"--slo {term!r}: the threshold must be positive")
+    return thr
+
+
+def parse_availability(text: str, term: str) -> float:
+    """"99.9%" (or "99.9") of an "avail>=" term -> 0.999."""
+    return round(_pct(text, term) / 100.0, 12)
 
 
 def parse_percent(text: str, *, what: str) -> float:
@@ -84,19 +111,10 @@ def parse_slo(text: str | None, *, error_budget: str | None = None) -> Slo:
     avail: float | None = None
     for term in [t.strip() for t in (text or "").split(",") if t.strip()]:
         if m := _LAT.match(term):
-            digits = m.group(1)
-            # p999 means 99.9 (the usual shorthand); p99.9 says it directly.
-            q = float(digits) / 100.0 if "." in digits or len(digits) <= 2 else \
-                float(f"{digits[:2]}.{digits[2:]}") / 100.0
-            q = round(q, 12)
-            if not (0.0 < q < 1.0):
-                raise BadUsageError(f"--slo {term!r}: the percentile must be between 0 and 100")
-            thr = parse_duration(m.group(3), what=f"--slo {term!r}", default_unit="ms")
-            if thr <= 0:
-                raise BadUsageError(f"--slo {term!r}: the threshold must be positive")
-            lat.append(LatencyObjective(quantile=q, threshold_s=thr))
+            lat.append(LatencyObjective(quantile=parse_quantile(m.group(1), term),
+                                        threshold_s=parse_threshold(m.group(3), term)))
         elif m := _AVAIL.match(term):
-            avail = round(_pct(m.group(2), term) / 100.0, 12)
+            avail = parse_availability(m.group(2), term)
         elif m := _ERRS.match(term):
             avail = round(1.0 - parse_percent(m.group(2), what=f"--slo {term!r}"), 12)
         else:

@@ -7,7 +7,7 @@ own server process on a free loopback port, and `scalelab load llm` streams chat
 (running and waiting sequences, KV-cache usage, preemptions). Records: rate in output tokens/s,
 latency = TTFT, ITL/TPOT percentiles and the engine's signals in extras; quality = the greedy
 agreement of a few seeded prompts under each level's load with the same prompts answered one
-at a time (load/llm_quality.py). The model is the real SmolLM2-135M when its package is
+at a time (load/llm/quality.py). The model is the real SmolLM2-135M when its package is
 installed, else the tiny seeded model of the same architecture (the records and the report
 say which). With `url`, the user's own OpenAI-compatible endpoint is loaded instead (its
 /metrics sampled when it has one).
@@ -42,9 +42,9 @@ from scalelab.diagnose.stages.serve_curve import (
 )
 from scalelab.diagnose.steps import Step, restage, scalelab_cmd
 from scalelab.load.capacity import step_requests
-from scalelab.load.connection import Target
+from scalelab.load.llm.workload import PATHS, LengthDist
 from scalelab.load.scrape import engine_seen, limiting_signal
-from scalelab.load.workload import PATHS, LengthDist
+from scalelab.load.send import Target
 from scalelab.web.spawn import start_server, stop_group
 
 SMOLLM2, TINY = "smollm2-135m", "tiny"

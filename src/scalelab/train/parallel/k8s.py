@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadUsageError
+from scalelab.core.kube import check_name, write_manifests
 
 PORT = 29400
 
@@ -43,11 +44,7 @@ class TrainJobSpec:
     """Further `scalelab train` options (strategy, model size, steps, ...)."""
 
     def __post_init__(self) -> None:
-        label = self.name.replace("-", "")
-        if not (self.name and label.isalnum() and self.name.islower() and len(self.name) <= 50
-                and self.name[0].isalpha()):
-            raise BadUsageError(f"--name {self.name!r} must be a lowercase DNS label "
-                                "(letters, digits, '-'; at most 50)")
+        check_name(self.name, most=50)
         if self.nodes < 1 or self.nproc_per_node < 1 or self.max_restarts < 0:
             raise BadUsageError("--nodes and --nproc must be >= 1, --max-restarts >= 0")
 
@@ -109,16 +106,4 @@ def manifests(spec: TrainJobSpec) -> dict[str, dict[str, Any]]:
 
 
 def write(spec: TrainJobSpec, out: Path) -> list[Path]:
-    import json
-
-    import yaml
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fname, doc in manifests(spec).items():
-        p = out / fname
-        # Through JSON: shared sub-objects would otherwise become YAML anchors and aliases.
-        plain = json.loads(json.dumps(doc))
-        p.write_text(yaml.safe_dump(plain, sort_keys=False), encoding="utf-8")
-        paths.append(p)
-    return paths
+    return write_manifests(manifests(spec), out)

@@ -26,8 +26,8 @@ from typing import Literal
 import numpy as np
 
 from scalelab.core.errors import BadUsageError
-from scalelab.core.units import parse_duration
-from scalelab.load.capacity import clopper_pearson
+from scalelab.load.capacity import StopRule
+from scalelab.load.slo import parse_availability, parse_quantile, parse_threshold, slo_label
 
 Metric = Literal["ttft", "itl", "tpot", "e2e"]
 METRICS: tuple[Metric, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -67,10 +67,7 @@ class TokenSlo:
 
     @property
     def label(self) -> str:
-        parts = [o.label for o in self.objectives]
-        if self.availability is not None:
-            parts.append(f"avail>={self.availability * 100:g}%")
-        return ",".join(parts)
+        return slo_label([o.label for o in self.objectives], self.availability)
 
 
 def parse_token_slo(text: str) -> TokenSlo:
@@ -79,23 +76,11 @@ def parse_token_slo(text: str) -> TokenSlo:
     avail: float | None = None
     for term in [t.strip() for t in str(text).split(",") if t.strip()]:
         if m := _OBJ.match(term):
-            digits = m.group(2)
-            # p999 is the usual shorthand for 99.9; p99.9 says it directly.
-            q = float(digits) / 100.0 if "." in digits or len(digits) <= 2 else \
-                float(f"{digits[:2]}.{digits[2:]}") / 100.0
-            q = round(q, 12)
-            if not (0.0 < q < 1.0):
-                raise BadUsageError(f"--slo {term!r}: the percentile must be between 0 and 100")
-            thr = parse_duration(m.group(4), what=f"--slo {term!r}", default_unit="ms")
-            if thr <= 0:
-                raise BadUsageError(f"--slo {term!r}: the threshold must be positive")
-            objs.append(TokenObjective(metric=m.group(1).lower(), quantile=q,  # type: ignore[arg-type]
-                                       threshold_s=thr))
+            objs.append(TokenObjective(metric=m.group(1).lower(),  # type: ignore[arg-type]
+                                       quantile=parse_quantile(m.group(2), term),
+                                       threshold_s=parse_threshold(m.group(4), term)))
         elif m := _AVAIL.match(term):
-            v = float(m.group(2))
-            if not (0 < v <= 100):
-                raise BadUsageError(f"--slo {term!r}: availability must be in (0, 100]%")
-            avail = round(v / 100.0, 12)
+            avail = parse_availability(m.group(2), term)
         else:
             raise BadUsageError(
                 f"--slo: cannot read {term!r}; write e.g. \"ttft_p95<500ms\", \"tpot_p99<60ms\", "
@@ -205,25 +190,16 @@ def goodput(slo: TokenSlo, s: Samples, wall_s: float) -> Goodput:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TokenStepRule:
-    """When a capacity step may stop: every objective decided, or out of time/requests."""
+class TokenStepRule(StopRule):
+    """`StopRule` for several token objectives at once: every objective decided, or out of
+    time/requests."""
 
     slo: TokenSlo
     """The objectives every step is judged on."""
-    confidence: float = 0.95
-    """Two-sided confidence of each interval."""
-    min_step_s: float = 3.0
-    """Never decide before this much measured time (lets a growing queue show)."""
     max_step_s: float = 30.0
     """Stop undecided after this much measured time."""
     max_requests: int = 100_000
     """Stop undecided after this many measured requests."""
-
-    def __post_init__(self) -> None:
-        if not (0.5 < self.confidence < 1.0):
-            raise BadUsageError(f"--confidence must be in (50%, 100%), got {self.confidence}")
-        if not (0 < self.min_step_s <= self.max_step_s):
-            raise BadUsageError("--min-step must be positive and at most --max-step")
 
     def verdict(self, s: Samples) -> tuple[str, bool]:
         """('pass'|'fail', decided) from the measurements so far."""
@@ -239,17 +215,12 @@ class TokenStepRule:
                 k, n = round(line.share * nreq), nreq
             if o is None:
                 # Availability: the failure share against the error budget.
-                budget = 1.0 - line.needed
-                e_lo, e_hi = clopper_pearson(n - k, n, self.confidence)
-                if e_lo > budget:
-                    return "fail", True
-                if e_hi > budget:
-                    decided_pass = False
-                continue
-            lo, hi = clopper_pearson(k, n, self.confidence)
-            if n > 0 and hi < line.needed:
+                verdict = self.budget_verdict(n - k, n, 1.0 - line.needed)
+            else:
+                verdict = self.share_verdict(k, n, line.needed)
+            if verdict == "fail":
                 return "fail", True
-            if not (n > 0 and lo >= line.needed):
+            if verdict is None:
                 decided_pass = False
         if len(s.ttft_us) == 0:
             return "fail", True
@@ -258,7 +229,7 @@ class TokenStepRule:
         return ("pass" if all(x.met for x in lines) else "fail"), False
 
     def should_stop(self, s: Samples, elapsed_s: float) -> bool:
-        if elapsed_s >= self.max_step_s or s.requests >= self.max_requests:
+        if self.out_of_room(elapsed_s, s.requests):
             return True
         if elapsed_s < self.min_step_s:
             return False

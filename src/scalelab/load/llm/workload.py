@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.load.connection import Target, build_request
+from scalelab.load.send import Target, build_request
 
 Api = Literal["chat", "completions"]
 APIS: tuple[Api, ...] = ("chat", "completions")

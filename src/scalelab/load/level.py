@@ -1,9 +1,11 @@
-"""Run a load plan in one process or several, and merge the results.
+"""A load level, whatever drives it: its plan, P spawned processes, the merge and the cluster.
 
 One Python process offers on the order of 10k requests/s; past that the generator itself would
 lag, so `processes > 1` starts P spawned workers, each with every P-th due time of one schedule
 (an even rate/P stream) or a 1/P share of the closed-loop clients, all starting at the same
-CLOCK_MONOTONIC instant (system-wide on Linux), and merges their histograms.
+CLOCK_MONOTONIC instant (system-wide on Linux), and merges their parts. The protocols (plain
+HTTP in `http/run.py`, token streams in `llm/run.py`) each say how one process runs its share
+and how parts merge; the plan, the processes and the cluster verdict are this module's.
 """
 
 from __future__ import annotations
@@ -13,18 +15,16 @@ import math
 import multiprocessing as mp
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.load import clock
-from scalelab.load.cluster import WORKERS, Cluster, named_reasons
+from scalelab.load.cluster import WORKERS, Cluster, ClusterLevel, named_reasons
 from scalelab.load.cluster import shares as cluster_shares
-from scalelab.load.generator import Engine, EngineConfig, PartResult, Progress
-from scalelab.load.result import LoadResult, merge
 from scalelab.load.schedule import Arrival, schedule
 
 _START_MARGIN_S = 0.25
@@ -40,11 +40,27 @@ class ProcessSettings(NamedTuple):
     timeout_s: float
 
 
+class Merged(Protocol):
+    """What the cluster verdict reads of a merged level (both protocols' results have it)."""
+
+    @property
+    def requests(self) -> int: ...
+    @property
+    def sent_rps(self) -> float: ...
+    @property
+    def invalid_reasons(self) -> list[str]: ...
+    @property
+    def cluster(self) -> ClusterLevel | None: ...
+
+
+ResultT = TypeVar("ResultT", bound=Merged)
+
+
 @dataclass(kw_only=True)
-class LevelPlan(abc.ABC):
-    """What every load level has, whatever drives it (plain HTTP here, token streams in
-    `llm_run`): the rate or clients, the length, the seed and the processes. Subclasses add
-    the per-process settings (`mode`, `warmup_s`, `concurrency` come from them)."""
+class LevelPlan(abc.ABC, Generic[ResultT]):
+    """What every load level has, whatever drives it: the rate or clients, the length, the
+    seed and the processes. Subclasses add the per-process settings (`mode`, `warmup_s`,
+    `concurrency` come from them) and how their parts merge."""
 
     rate: float | None = None
     """Open loop: arrivals per second."""
@@ -62,6 +78,22 @@ class LevelPlan(abc.ABC):
     @abc.abstractmethod
     def settings(self) -> ProcessSettings:
         """Mode, warm-up, closed-loop clients and timeout of the per-process config."""
+
+    @abc.abstractmethod
+    def merge_parts(self, parts: Sequence[Any], **common: Any) -> ResultT:
+        """The protocol's merge of per-process parts; `common` is what `merge` passes."""
+
+    def merge(self, parts: Sequence[Any], *, offered_rps: float | None = None,
+              more: str = "--processes") -> ResultT:
+        """Merge per-process parts into the level's result; `offered_rps` overrides the plan's
+        rate (one cluster worker's share), `more` is what the fixes ask to add for more
+        generators (--processes, or Dask workers)."""
+        mode, _, concurrency, _ = self.settings()
+        rate = offered_rps if offered_rps is not None else self.rate
+        return self.merge_parts(parts, mode=mode, offered_rps=rate if mode == "open" else None,
+                                concurrency=concurrency if mode == "closed" else None,
+                                arrival=self.arrival if mode == "open" else None,
+                                window_s=self.window_s(), more=more)
 
     def _check(self) -> None:
         mode, _, concurrency, _ = self.settings()
@@ -113,56 +145,20 @@ class LevelPlan(abc.ABC):
         return length
 
 
-@dataclass(kw_only=True)
-class LoadPlan(LevelPlan):
-    """One load level: the engine settings plus rate or concurrency and length."""
-
-    engine: EngineConfig
-    """Target, requests, timeouts (mode and closed-loop length live here too)."""
-    cold_start: bool = True
-    """Time one request on a fresh connection first (reported apart)."""
-
-    def __post_init__(self) -> None:
-        self._check()
-
-    def settings(self) -> ProcessSettings:
-        e = self.engine
-        return ProcessSettings(e.mode, e.warmup_s, e.concurrency, e.timeout_s)
-
-
-def _engine_for(plan: LoadPlan, index: int) -> EngineConfig:
-    cfg = plan.engine
-    if cfg.mode == "open":
-        return replace(cfg, window_s=plan.window_s())
-    conc, n, dur = plan.share(index)
-    return replace(cfg, concurrency=conc, max_requests=n, duration_s=dur)
-
-
-async def _run_one(cfg: EngineConfig, times: list[float] | None, cold: bool,
-                   start: Callable[[], float],
-                   stop_check: Callable[[Progress], bool] | None) -> Any:
-    eng = Engine(cfg)
-    if cold:
-        await eng.cold_start()
-    # `start` may block on the other workers; nothing else runs on this loop yet.
-    start_at = start()
-    if cfg.mode == "open":
-        assert times is not None
-        return await eng.run_open(times, start_at, stop_check)
-    return await eng.run_closed(start_at, stop_check)
-
-
-def _load_part(plan: LoadPlan, index: int, times: list[float] | None,
-               start: Callable[[], float]) -> Any:
-    with clock.realtime(plan.engine.realtime):
-        return clock.run(_run_one(_engine_for(plan, index), times,
-                                  plan.cold_start and index == 0, start, None),
-                         plan.engine.loop_impl)
-
-
-PlanT = TypeVar("PlanT", bound=LevelPlan)
+PlanT = TypeVar("PlanT", bound=LevelPlan[Any])
 PartRunner = Callable[[PlanT, int, "list[float] | None", Callable[[], float]], Any]
 """Runs process `index`'s share of a plan (a module-level function: it crosses a spawn)."""
+
+
+def run_parts(run_part: PartRunner[PlanT], plan: PlanT, times: list[float] | None,
+              one: Callable[[], Any], stop_check: object | None) -> list[Any]:
+    """A level's parts: `one()` in this process, or `run_part` in `plan.processes` spawned
+    ones; a stopping rule (`stop_check`) needs the single process."""
+    if plan.processes == 1:
+        return [one()]
+    if stop_check is not None:
+        raise BadUsageError("a stopping rule needs a single generator process")
+    return run_processes(run_part, plan, times)
 
 
 def _worker(run_part: PartRunner[PlanT], plan: PlanT, index: int, times: list[float] | None,
@@ -176,80 +172,6 @@ def _worker(run_part: PartRunner[PlanT], plan: PlanT, index: int, times: list[fl
         out.put((index, run_part(plan, index, times, start), None))
     except BaseException as e:
         out.put((index, None, f"{type(e).__name__}: {e}"))
-
-
-def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = None,
-             slo_threshold_s: float | None = None, cluster: Cluster | None = None) -> LoadResult:
-    """Run one level; `stop_check` (one process only) may end it early. With `cluster`, one
-    generator a Dask worker (`cluster.py`) instead of local processes."""
-    cfg = plan.engine
-    if slo_threshold_s is not None:
-        cfg = replace(cfg, slo_threshold_s=slo_threshold_s)
-        plan = replace(plan, engine=cfg)
-    times = plan.times().tolist() if cfg.mode == "open" else None
-    if cluster is not None:
-        return _run_on_cluster(plan, times, cluster, stop_check)
-    if plan.processes == 1:
-        with clock.realtime(cfg.realtime):
-            parts = [clock.run(_run_one(_engine_for(plan, 0), times, plan.cold_start,
-                                        lambda: clock.now() + 0.05, stop_check),
-                               cfg.loop_impl)]
-    else:
-        if stop_check is not None:
-            raise BadUsageError("a stopping rule needs a single generator process")
-        parts = run_processes(_load_part, plan, times)
-    return _merge(plan, parts)
-
-
-def _merge(plan: LoadPlan, parts: list[PartResult],
-           offered_rps: float | None = None, more: str = "--processes") -> LoadResult:
-    cfg = plan.engine
-    rate = offered_rps if offered_rps is not None else plan.rate
-    return merge(parts, mode=cfg.mode, offered_rps=rate if cfg.mode == "open" else None,
-                 concurrency=cfg.concurrency if cfg.mode == "closed" else None,
-                 arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s(),
-                 slo_threshold_s=cfg.slo_threshold_s, realtime=cfg.realtime, more=more)
-
-
-def _cold_probe(plan: LoadPlan) -> tuple[float | None, str | None]:
-    async def probe() -> tuple[float | None, str | None]:
-        eng = Engine(plan.engine)
-        await eng.cold_start()
-        return eng.res.cold_start_s, eng.res.cold_start_error
-
-    return clock.run(probe(), plan.engine.loop_impl)
-
-
-def _run_on_cluster(plan: LoadPlan, times: list[float] | None, cluster: Cluster,
-                    stop_check: Callable[[Progress], bool] | None) -> LoadResult:
-    if stop_check is not None:
-        raise BadUsageError("a stopping rule needs a single generator process, not a cluster")
-    if plan.processes != 1:
-        raise BadUsageError("with --cluster every Dask worker runs one generator; start more "
-                            "workers (dask worker --nworkers N) instead of --processes")
-    workers = cluster.workers()
-    p = len(workers)
-    # The cold-start probe runs apart, before the shares are handed out, so a slow first
-    # request cannot make worker 0 miss the agreed start.
-    cold = cluster.call(_cold_probe, plan, prefer=workers[0],
-                        timeout_s=plan.engine.timeout_s * 2 + 60) if plan.cold_start else None
-    plan = replace(plan, processes=p, cold_start=False)
-    parts, clocks = cluster.run(_load_part, plan, workers, schedule=times,
-                                length_s=plan.length_s() + plan.engine.timeout_s)
-    if cold is not None:
-        parts[0] = replace(parts[0], cold_start_s=cold[0], cold_start_error=cold[1])
-    r = _merge(plan, parts, more=WORKERS)
-
-    def judge(part: PartResult, n: int) -> tuple[int, float, float | None, list[str]]:
-        one = _merge(plan, [part], offered_rps=None if plan.rate is None else plan.rate / n,
-                     more=WORKERS)
-        return one.requests, one.sent_rps, one.lag_p99_ms, one.invalid_reasons
-
-    level = cluster_shares(parts, clocks, scheduler=cluster.address,
-                           offered_rps=plan.rate if plan.engine.mode == "open" else None,
-                           judge=judge)
-    reasons = r.invalid_reasons + named_reasons(level)
-    return replace(r, valid=not reasons, invalid_reasons=reasons, cluster=level)
 
 
 def run_processes(run_part: PartRunner[PlanT], plan: PlanT,
@@ -305,3 +227,34 @@ def split_list(times: list[float], parts: int, index: int) -> list[float]:
     if parts < 1 or not (0 <= index < parts):
         raise BadUsageError(f"bad split {index} of {parts}")
     return times[index::parts]
+
+
+def cluster_workers(plan: LevelPlan[Any], cluster: Cluster,
+                    stop_check: object | None) -> list[str]:
+    """The workers a cluster level runs on (one generator each), after checking the plan
+    asks for what a cluster can do."""
+    if stop_check is not None:
+        raise BadUsageError("a stopping rule needs a single generator process, not a cluster")
+    if plan.processes != 1:
+        raise BadUsageError("with --cluster every Dask worker runs one generator; start more "
+                            "workers (dask worker --nworkers N) instead of --processes")
+    return cluster.workers()
+
+
+def cluster_result(plan: LevelPlan[ResultT], parts: list[Any], clocks: Any, cluster: Cluster,
+                   lag_p99_ms: Callable[[ResultT], float | None]) -> ResultT:
+    """The merged cluster level, judged share by share: every worker's part merged alone
+    against its 1/P of the rate, and the level invalid when any share was."""
+    r = plan.merge(parts, more=WORKERS)
+
+    def judge(part: Any, n: int) -> tuple[int, float, float | None, list[str]]:
+        one = plan.merge([part], offered_rps=None if plan.rate is None else plan.rate / n,
+                         more=WORKERS)
+        return one.requests, one.sent_rps, lag_p99_ms(one), one.invalid_reasons
+
+    level = cluster_shares(parts, clocks, scheduler=cluster.address,
+                           offered_rps=plan.rate if plan.settings().mode == "open" else None,
+                           judge=judge)
+    reasons = r.invalid_reasons + named_reasons(level)
+    return replace(r, valid=not reasons, invalid_reasons=reasons,  # type: ignore[type-var]
+                   cluster=level)

@@ -28,7 +28,7 @@ import numpy as np
 
 from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.jsonfile import read_json_object
-from scalelab.load.connection import Target, build_request
+from scalelab.load.send import Target, build_request
 from scalelab.nets.repository import CONFIG_FILE
 
 if TYPE_CHECKING:

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 
 from scalelab.load.clock import LagRecorder, now, sleep_until
-from scalelab.load.generator import SendConfig
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.sse import Answer, SseConnection, StreamLost
-from scalelab.load.tokens import TokenSource, timing, tokens_per_event
+from scalelab.load.llm.sse import Answer, SseConnection, StreamLost
+from scalelab.load.llm.tokens import TokenSource, timing, tokens_per_event
+from scalelab.load.result import Part
+from scalelab.load.send import SendConfig
 from scalelab.load.trace_sample import TraceSampler
 
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "dropped", "protocol", "server-error",
@@ -59,16 +60,9 @@ class ProbeAnswer:
 
 
 @dataclass(kw_only=True)
-class StreamPart:
+class StreamPart(Part):
     """One process's measurements; plain values so it pickles across processes."""
 
-    sent: int = 0
-    ok: int = 0
-    errors_by_kind: dict[str, int] = field(default_factory=dict)
-    errors_by_status: dict[str, int] = field(default_factory=dict)
-    traced: int = 0
-    """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
-    trace_ids: list[str] = field(default_factory=list)
     ttft_us: array[int] = field(default_factory=lambda: array("q"))
     """Per successful request, in completion order (as are the next four)."""
     e2e_us: array[int] = field(default_factory=lambda: array("q"))
@@ -83,17 +77,9 @@ class StreamPart:
     """How tokens per chunk were known, by request."""
     failed_output_tokens: int = 0
     """Tokens streamed by requests that then failed (dropped mid-way)."""
-    lag_blob: str = ""
-    """HdrHistogram of each measured send's lateness (open loop; clock.LagRecorder)."""
     lag_late: int = 0
     """Sends more than clock.LATE_S late."""
-    connections_opened: int = 0
     max_in_flight: int = 0
-    warmup_requests: int = 0
-    window_start: float = 0.0
-    last_send: float = 0.0
-    last_done: float = 0.0
-    stopped_early: bool = False
     probe: list[ProbeAnswer] = field(default_factory=list)
     """The quality probe's answers, in completion order."""
 

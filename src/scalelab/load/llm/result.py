@@ -8,7 +8,6 @@ anything shows); e2e, ITL and TPOT percentiles are in extras. Its rate is output
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,10 +18,9 @@ import numpy as np
 from scalelab.core.records import Cost, Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
 from scalelab.load.cluster import ClusterLevel
-from scalelab.load.generator import LAG_INVALID_SHARE, Mode
 from scalelab.load.histogram import LatencyHistogram, Percentiles
-from scalelab.load.stream import ProbeAnswer, StreamPart
-from scalelab.load.token_slo import (
+from scalelab.load.llm.stream import ProbeAnswer, StreamPart
+from scalelab.load.llm.token_slo import (
     Goodput,
     ObjectiveLine,
     Samples,
@@ -31,7 +29,12 @@ from scalelab.load.token_slo import (
     evaluate,
     goodput,
 )
+from scalelab.load.result import NOTHING_MEASURED, LevelResult, Tally, finite
+from scalelab.load.schedule import Mode
 
+LAG_INVALID_SHARE = 0.05
+"""A streaming level is invalid when more than this share of its sends were `LLM_LATE_S` late
+(plain HTTP levels are judged by `http.result.validity` instead)."""
 LLM_LATE_S = 0.010
 """A streaming run is invalid when more than LAG_INVALID_SHARE of its sends were this late.
 Every send's lateness is inside its TTFT anyway (timed from the due time); the question is
@@ -41,27 +44,9 @@ few milliseconds of scheduler wake-up on a shared machine does not change the lo
 
 
 @dataclass(frozen=True, kw_only=True)
-class LlmResult:
+class LlmResult(LevelResult):
     """What one streaming load level measured (requests after the warm-up only)."""
 
-    mode: Mode
-    """"open" (arrival schedule) or "closed" (fixed concurrency)."""
-    offered_rps: float | None
-    """Open loop: the target arrival rate."""
-    concurrency: int | None
-    """Closed loop: clients."""
-    arrival: str | None
-    """Open loop: constant or poisson."""
-    processes: int
-    """Generator processes."""
-    requests: int
-    """Measured requests sent."""
-    successes: int
-    """Streams that ended with [DONE] or a finish_reason and carried a token."""
-    failures: int
-    """Everything else (see errors_by_kind)."""
-    failure_rate: float
-    """failures / (successes + failures)."""
     ttft: Percentiles
     """Time to first token, from the due time (open) or the send (closed)."""
     itl: Percentiles
@@ -120,7 +105,7 @@ class LlmResult:
     trace_ids: list[str] = field(default_factory=list)
     """Their trace ids (the first 1,000 per process)."""
     probe: list[ProbeAnswer] = field(default_factory=list, repr=False)
-    """The greedy-agreement probe's answers at this level (llm_quality.py)."""
+    """The greedy-agreement probe's answers at this level (quality.py)."""
     cluster: ClusterLevel | None = None
     """With --cluster: the scheduler and every worker's share, clock offset and validity."""
 
@@ -166,33 +151,24 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
           more: str = "--processes") -> LlmResult:
     """Merge per-process results; `window_s` is the planned measured span; `more` is what the
     fix asks to add for more generators (--processes, or Dask workers)."""
-    assert parts
-    kinds: Counter[str] = Counter()
-    status: Counter[str] = Counter()
+    tally = Tally.of(parts)
     sources: Counter[str] = Counter()
     itl = LatencyHistogram()
     for p in parts:
-        kinds.update(p.errors_by_kind)
-        status.update(p.errors_by_status)
         sources.update(p.token_sources)
         if p.itl_blob:
             itl.add_blob(p.itl_blob)
     ttft, e2e, tpot = _cat(parts, "ttft_us"), _cat(parts, "e2e_us"), _cat(parts, "tpot_us")
     out_t, prompt_t = _cat(parts, "output_tokens"), _cat(parts, "prompt_tokens")
-    sent = sum(p.sent for p in parts)
+    sent, failures, stopped = tally.sent, tally.failures, tally.stopped_early
     ok = len(ttft)
-    failures = sum(kinds.values())
-    start = min(p.window_start for p in parts)
-    last_send = max(p.last_send for p in parts)
-    last_done = max(p.last_done for p in parts)
-    stopped = any(p.stopped_early for p in parts)
-    span = max(0.0, last_send - start)
+    span = tally.send_span
     if mode == "open" and offered_rps:
         planned = window_s if (window_s and not stopped) else span + 1.0 / offered_rps
         span = max(planned, span + 1.0 / offered_rps)
     elif window_s:
         span = max(span, window_s)
-    wall = max(span, last_done - start, 1e-9)
+    wall = tally.wall(span)
     lag_hists = [LatencyHistogram.decode(p.lag_blob) for p in parts if p.lag_blob]
     lag = lag_stats(lag_hists, late=sum(p.lag_late for p in parts))
     lag_share = lag.late / sent if sent else 0.0
@@ -205,7 +181,7 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
             f"rate was not held; add {more}, raise --max-connections, lower --rate, or use "
             "a quieter machine")
     if sent == 0:
-        reasons.append("no request was measured; lengthen --duration or shorten --warmup")
+        reasons.append(NOTHING_MEASURED)
     notes: list[str] = []
     if sources.get("chunks"):
         notes.append(f"{sources['chunks']} requests had no usage from the server, so their "
@@ -223,7 +199,7 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
     return LlmResult(
         mode=mode, offered_rps=offered_rps, concurrency=concurrency, arrival=arrival,
         processes=len(parts), requests=sent, successes=ok, failures=failures,
-        failure_rate=failures / (ok + failures) if (ok + failures) else 0.0,
+        failure_rate=tally.failure_rate(ok),
         ttft=LatencyHistogram.decode(blobs["ttft"]).percentiles(), itl=itl.percentiles(),
         tpot=LatencyHistogram.decode(blobs["tpot"]).percentiles(),
         e2e=LatencyHistogram.decode(blobs["e2e"]).percentiles(),
@@ -231,16 +207,15 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
         failed_output_tokens=sum(p.failed_output_tokens for p in parts),
         wall_s=wall, sent_rps=sent / span if span else 0.0, throughput_rps=ok / wall,
         output_tps=n_out / wall, total_tps=(n_out + (n_prompt or 0)) / wall,
-        errors_by_kind=dict(sorted(kinds.items())), errors_by_status=dict(sorted(status.items())),
+        errors_by_kind=tally.errors_by_kind, errors_by_status=tally.errors_by_status,
         token_sources=dict(sorted(sources.items())), lag=lag, lag_share=lag_share,
-        connections=sum(p.connections_opened for p in parts),
+        connections=tally.connections,
         max_in_flight=sum(p.max_in_flight for p in parts), valid=not reasons,
-        invalid_reasons=reasons, notes=notes, warmup_requests=sum(p.warmup_requests for p in parts),
+        invalid_reasons=reasons, notes=notes, warmup_requests=tally.warmup_requests,
         stopped_early=stopped, blobs=blobs,
         samples=Samples(ttft_us=ttft, tpot_us=tpot, e2e_us=e2e, output_tokens=out_t,
                         requests=ok + failures, itl_within={}),
-        traced_requests=sum(p.traced for p in parts),
-        trace_ids=[t for p in parts for t in p.trace_ids],
+        traced_requests=tally.traced_requests, trace_ids=tally.trace_ids,
         probe=[a for p in parts for a in p.probe],
     )
 
@@ -268,8 +243,7 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
               quality: dict[str, float] | None = None) -> Record:
     """One record for this level: stage "llm", variable rate or concurrency, rate in output
     tokens/s, latency = TTFT percentiles; ITL/TPOT/e2e percentiles, goodput and cost in extras."""
-    variable = "rate" if r.mode == "open" else "concurrency"
-    level = float((r.offered_rps or 0.0) if r.mode == "open" else (r.concurrency or 0))
+    variable, level = r.level()
     extras: dict[str, Any] = {
         "url": url, "workload": workload, "latency_is": "ttft", "mode": r.mode,
         "arrival": r.arrival, "processes": r.processes, "offered_rps": r.offered_rps,
@@ -320,20 +294,9 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         latency=r.ttft.latency(), failures=r.failures, failure_rate=r.failure_rate,
         recovery="replica", ok=r.valid, error="; ".join(r.invalid_reasons) or None,
         cost=cost, limiting_resource=limiting_resource, peak_memory_bytes=peak_memory_bytes,
-        quality=quality or {}, extras=_finite(extras),
+        quality=quality or {}, extras=finite(extras),
     )
 
 
 def cost_of(price_per_hour_usd: float, tps: float) -> float | None:
     return cost_per_1k(price_per_hour_usd, tps)
-
-
-def _finite(x: Any) -> Any:
-    """Records are strict JSON: NaN/inf become None."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.load.connection import Target
+from scalelab.load.send import Target
 
 INSTALL_HINT = "pip install grpcio protobuf (or: pip install 'scalelab[serve]')"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"

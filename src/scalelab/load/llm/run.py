@@ -13,22 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
-from scalelab.core.errors import BadUsageError, RunFailedError
+from scalelab.core.errors import RunFailedError
+from scalelab.load import level
 from scalelab.load.capacity import CapacityResult, SearchConfig, Step, search
-from scalelab.load.cluster import WORKERS, Cluster, named_reasons
-from scalelab.load.cluster import shares as cluster_shares
+from scalelab.load.cluster import Cluster
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.llm_result import LlmResult, merge, samples_of
-from scalelab.load.multiproc import LevelPlan, ProcessSettings, run_processes
-from scalelab.load.stream import ProbeAnswer, StopCheck, StreamConfig, StreamEngine, StreamPart
-from scalelab.load.token_slo import TokenStepRule
+from scalelab.load.llm.result import LlmResult, merge, samples_of
+from scalelab.load.llm.stream import ProbeAnswer, StopCheck, StreamConfig, StreamEngine, StreamPart
+from scalelab.load.llm.token_slo import TokenStepRule
 
 
 @dataclass(kw_only=True)
-class LlmPlan(LevelPlan):
+class LlmPlan(level.LevelPlan[LlmResult]):
     """One streaming load level (rate, length, seed and processes as in `LevelPlan`)."""
 
     stream: StreamConfig
@@ -37,9 +37,12 @@ class LlmPlan(LevelPlan):
     def __post_init__(self) -> None:
         self._check()
 
-    def settings(self) -> ProcessSettings:
+    def settings(self) -> level.ProcessSettings:
         c = self.stream
-        return ProcessSettings(c.mode, c.warmup_s, c.concurrency, c.timeout_s)
+        return level.ProcessSettings(c.mode, c.warmup_s, c.concurrency, c.timeout_s)
+
+    def merge_parts(self, parts: Sequence[Any], **common: Any) -> LlmResult:
+        return merge(parts, **common)
 
 
 def _config_for(plan: LlmPlan, index: int) -> StreamConfig:
@@ -75,55 +78,27 @@ def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None,
     times = plan.times().tolist() if cfg.mode == "open" else None
     if cluster is not None:
         return _run_on_cluster(plan, times, cluster, stop_check)
-    if plan.processes == 1:
-        parts = [asyncio.run(_run_one(_config_for(plan, 0), times,
-                                      lambda: time.monotonic() + 0.05, stop_check))]
-    else:
-        if stop_check is not None:
-            raise BadUsageError("a stopping rule needs a single generator process")
-        parts = run_processes(_stream_part, plan, times)
-    return _merge(plan, parts)
 
+    def one() -> StreamPart:
+        return asyncio.run(_run_one(_config_for(plan, 0), times,
+                                    lambda: time.monotonic() + 0.05, stop_check))
 
-def _merge(plan: LlmPlan, parts: list[StreamPart],
-           offered_rps: float | None = None, more: str = "--processes") -> LlmResult:
-    cfg = plan.stream
-    rate = offered_rps if offered_rps is not None else plan.rate
-    return merge(parts, mode=cfg.mode, offered_rps=rate if cfg.mode == "open" else None,
-                 concurrency=cfg.concurrency if cfg.mode == "closed" else None,
-                 arrival=plan.arrival if cfg.mode == "open" else None, window_s=plan.window_s(),
-                 more=more)
+    return plan.merge(level.run_parts(_stream_part, plan, times, one, stop_check))
 
 
 def _run_on_cluster(plan: LlmPlan, times: list[float] | None, cluster: Cluster,
                     stop_check: StopCheck | None) -> LlmResult:
-    if stop_check is not None:
-        raise BadUsageError("a stopping rule needs a single generator process, not a cluster")
-    if plan.processes != 1:
-        raise BadUsageError("with --cluster every Dask worker runs one generator; start more "
-                            "workers (dask worker --nworkers N) instead of --processes")
-    workers = cluster.workers()
+    workers = level.cluster_workers(plan, cluster, stop_check)
     p = len(workers)
     plan = replace(plan, processes=p)
     parts, clocks = cluster.run(_stream_part, plan, workers, schedule=times,
                                 length_s=plan.length_s() + plan.stream.timeout_s)
-    r = _merge(plan, parts, more=WORKERS)
-
-    def judge(part: StreamPart, n: int) -> tuple[int, float, float | None, list[str]]:
-        one = _merge(plan, [part], offered_rps=None if plan.rate is None else plan.rate / n,
-                     more=WORKERS)
-        return one.requests, one.sent_rps, one.lag.p99_ms, one.invalid_reasons
-
-    level = cluster_shares(parts, clocks, scheduler=cluster.address,
-                           offered_rps=plan.rate if plan.stream.mode == "open" else None,
-                           judge=judge)
-    reasons = r.invalid_reasons + named_reasons(level)
-    return replace(r, valid=not reasons, invalid_reasons=reasons, cluster=level)
+    return level.cluster_result(plan, parts, clocks, cluster, lambda r: r.lag.p99_ms)
 
 
 def reference_answers(cfg: StreamConfig) -> list[ProbeAnswer]:
     """The quality probe's prompts answered one at a time (concurrency 1, no warm-up, no
-    tracing): the unbatched reference every level is compared with (llm_quality.py)."""
+    tracing): the unbatched reference every level is compared with (quality.py)."""
     probe = cfg.probe_requests
     if not probe:
         return []

@@ -14,7 +14,8 @@ returns. It measures service time under a fixed number of outstanding requests, 
 hides a stalled server: a client stuck behind the stall sends nothing, so the stall is one slow
 sample per client instead of rate × stall slow samples.
 
-One process runs one asyncio loop; `multiproc.py` runs several and merges their `PartResult`s.
+One process runs one asyncio loop; `level.py` runs several and `result.py` merges their
+`PartResult`s.
 """
 
 from __future__ import annotations
@@ -25,64 +26,35 @@ import math
 from array import array
 from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from scalelab.core.errors import BadUsageError
 from scalelab.core.usage import busy_cores, busy_ticks, sched_times
+from scalelab.load.capacity import Progress
 from scalelab.load.clock import LATE_S, LagRecorder, LoopImpl, now, sleep_until
-from scalelab.load.connection import Connection, HttpConnection, Target
 from scalelab.load.histogram import LatencyHistogram
+from scalelab.load.http.connection import Connection, HttpConnection
+from scalelab.load.result import Part
+from scalelab.load.send import SendConfig
 from scalelab.load.trace_sample import TraceSampler
 
-Mode = Literal["open", "closed"]
 LAG_THRESHOLD_S = LATE_S
 """A send dispatched more than this after its due time counts in `lag_count`."""
-LAG_INVALID_SHARE = 0.05
-"""The old validity rule's limit on the share of sends over `LAG_THRESHOLD_S` (kept for the
-LLM load mode); plain levels are judged by `result.validity` instead."""
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "other")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Progress:
-    """What a running step has measured so far (for stopping rules)."""
-
-    sent: int
-    """Measured requests dispatched."""
-    ok: int
-    """Measured successes (2xx)."""
-    errors: int
-    """Measured failures of any kind."""
-    within: int
-    """Measured successes with latency <= the SLO threshold."""
-    elapsed_s: float
-    """Seconds since the measured window started."""
-
-
 @dataclass(kw_only=True)
-class PartResult:
+class PartResult(Part):
     """One process's measurements; plain values so it pickles across processes."""
 
-    sent: int = 0
-    ok: int = 0
-    errors_by_status: dict[str, int] = field(default_factory=dict)
-    errors_by_kind: dict[str, int] = field(default_factory=dict)
     within: int = 0
     hist_blob: str = ""
-    warmup_requests: int = 0
     lag_count: int = 0
     lag_max_s: float = 0.0
-    lag_blob: str = ""
     last_due: float = 0.0
     pool_waits: int = 0
-    connections_opened: int = 0
-    window_start: float = 0.0
-    last_send: float = 0.0
-    last_done: float = 0.0
-    stopped_early: bool = False
     cold_start_s: float | None = None
     cold_start_error: str | None = None
     cpu_s: float = 0.0
@@ -93,57 +65,9 @@ class PartResult:
     """Wall seconds those two cover."""
     machine_busy_cores: float | None = None
     """Busy cores of the whole machine over the same span (/proc/stat), this process included."""
-    traced: int = 0
-    """Measured requests sent with a sampled traceparent."""
-    trace_ids: list[str] = field(default_factory=list)
     served_in_window: int | None = None
     """Open loop with `EngineConfig.window_s`: successful responses completed inside the
     measured window, the warm-up's included; None where no window was set."""
-
-
-@dataclass(kw_only=True)
-class SendConfig:
-    """What one generator process sends and how, for plain requests and token streams alike
-    (`EngineConfig` here, `stream.StreamConfig`); validated at construction."""
-
-    target: Target
-    """Where to connect."""
-    requests: list[bytes]
-    """Encoded requests, used round-robin."""
-    mode: Mode = "open"
-    """Open loop (schedule) or closed loop (concurrency)."""
-    concurrency: int = 1
-    """Closed loop: clients, each with one request outstanding."""
-    duration_s: float | None = None
-    """Closed loop: how long to send (including warm-up); None with `max_requests`."""
-    max_requests: int | None = None
-    """Closed loop: measured requests to send (after warm-up)."""
-    warmup_s: float = 0.0
-    """Requests due (open) or sent (closed) in the first `warmup_s` are not measured."""
-    timeout_s: float = 10.0
-    """A request not answered this long after its due time fails with kind "timeout"."""
-    max_connections: int = 1024
-    """Open loop: most connections to open; past it requests wait for one (still timed)."""
-    trace_sample: float = 0.0
-    """Share of measured requests sent with a fresh sampled traceparent (0 = none)."""
-    trace_seed: int = 0
-    """Seed of which requests those are."""
-
-    def __post_init__(self) -> None:
-        if not self.requests:
-            raise BadUsageError("no requests to send; the payload (or workload) produced nothing")
-        if self.mode not in ("open", "closed"):
-            raise BadUsageError(f"mode must be open or closed, got {self.mode!r}")
-        if self.concurrency < 1:
-            raise BadUsageError(f"--concurrency must be at least 1, got {self.concurrency}")
-        if not (self.timeout_s > 0):
-            raise BadUsageError(f"--timeout must be positive, got {self.timeout_s}")
-        if self.warmup_s < 0:
-            raise BadUsageError(f"--warmup must be >= 0, got {self.warmup_s}")
-        if self.max_connections < 1:
-            raise BadUsageError(f"--max-connections must be at least 1, got {self.max_connections}")
-        if not 0.0 <= self.trace_sample <= 1.0:
-            raise BadUsageError(f"--trace-sample must lie in [0, 1], got {self.trace_sample}")
 
 
 @dataclass(kw_only=True)
@@ -291,7 +215,7 @@ class Engine:
         """A connection to the target: TCP for http(s), a gRPC channel for grpc://."""
         cfg = self.cfg
         if cfg.target.scheme == "grpc":
-            from scalelab.load.grpc_client import GrpcConnection
+            from scalelab.load.http.grpc_client import GrpcConnection
 
             return await GrpcConnection.connect(cfg.target, on_response, on_lost, now,
                                                 cfg.timeout_s)

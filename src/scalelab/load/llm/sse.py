@@ -1,6 +1,6 @@
 """An HTTP/1.1 keep-alive connection that reads a text/event-stream answer event by event.
 
-Why a Protocol of our own (as `connection.py` for plain requests): a streaming load generator
+Why a Protocol of our own (as `http/connection.py` for plain requests): a streaming load generator
 reads tens of events per request, and parsing just the status line, the chunked framing and
 the `data:` lines costs a few microseconds per read, several times less than a full client
 (and aiohttp's or httpx's line iterators add an await per event). Every event is stamped with
@@ -14,7 +14,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scalelab.load.tokens import Event, parse_event
+from scalelab.load.llm.tokens import Event, parse_event
+from scalelab.load.send import body_framing
 
 
 class StreamLost(Exception):
@@ -111,12 +112,9 @@ class SseConnection(asyncio.Protocol):
             self._head = True
             if b"\r\nconnection: close" in head or head.startswith(b"http/1.0"):
                 self.reusable = False
-            i = head.find(b"\r\ncontent-length:")
-            if i >= 0:
-                j = head.find(b"\r\n", i + 2)
-                self._need = int(head[i + 17: j if j >= 0 else None])
-            elif b"\r\ntransfer-encoding: chunked" in head:
-                self._need = -2
+            need = body_framing(head)
+            if need is not None:
+                self._need = need
             else:
                 self._need = -3
                 self.reusable = False

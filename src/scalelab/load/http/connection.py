@@ -10,13 +10,10 @@ pipelining; the response body is framed and dropped, never decoded.
 from __future__ import annotations
 
 import asyncio
-import ssl as _ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
-from urllib.parse import urlsplit
 
-from scalelab.core.errors import BadUsageError
+from scalelab.load.send import body_framing
 
 
 class Connection(Protocol):
@@ -37,62 +34,6 @@ ResponseCallback = Callable[["HttpConnection", int, Any, float], None]
 """(connection, status, token, completion time) once a whole response has arrived."""
 LostCallback = Callable[["HttpConnection", "BaseException | None", Any], None]
 """(connection, error or None, token of the request in flight or None) when the socket closes."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Target:
-    """Where requests go: parsed from a URL once, before the run."""
-
-    scheme: str
-    """http, https or grpc (the KServe v2 gRPC protocol, load.grpc_client)."""
-    host: str
-    """Host name or IP to connect to."""
-    port: int
-    """TCP port."""
-    path: str
-    """Path and query of the URL ("/" when none)."""
-    host_header: str = field(default="")
-    """Value of the Host header (host[:port])."""
-
-    @classmethod
-    def parse(cls, url: str) -> Target:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https", "grpc") or not parts.hostname:
-            raise BadUsageError(
-                f"URL {url!r} is not an http(s) or grpc URL; give e.g. "
-                "http://127.0.0.1:8000/v2/health/ready or grpc://127.0.0.1:8001/MODEL"
-            )
-        try:
-            port = parts.port or {"https": 443, "grpc": 8001}.get(parts.scheme, 80)
-        except ValueError as e:
-            raise BadUsageError(f"URL {url!r} has a bad port: {e}") from e
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
-        default = port == (443 if parts.scheme == "https" else 80)
-        hh = parts.hostname if default else f"{parts.hostname}:{port}"
-        return cls(scheme=parts.scheme, host=parts.hostname, port=port, path=path, host_header=hh)
-
-    @property
-    def base(self) -> str:
-        return f"{self.scheme}://{self.host_header}"
-
-    def ssl_context(self) -> _ssl.SSLContext | None:
-        return _ssl.create_default_context() if self.scheme == "https" else None
-
-
-def build_request(target: Target, *, method: str, path: str, body: bytes | None,
-                  headers: dict[str, str] | None = None) -> bytes:
-    """The exact bytes of one HTTP/1.1 request (built once per distinct request, reused)."""
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {target.host_header}",
-             "User-Agent: scalelab-load"]
-    extra = dict(headers or {})
-    if body is not None:
-        extra.setdefault("Content-Type", "application/json")
-        lines.append(f"Content-Length: {len(body)}")
-    lines += [f"{k}: {v}" for k, v in extra.items()]
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head + (body or b"")
 
 
 class ProtocolError(Exception):
@@ -178,12 +119,9 @@ class HttpConnection(asyncio.Protocol):
             except ValueError:
                 raise ProtocolError(f"bad status line: {head[:40]!r}") from None
             self._close_after = b"\r\nconnection: close" in head or head.startswith(b"http/1.0")
-            i = head.find(b"\r\ncontent-length:")
-            if i >= 0:
-                j = head.find(b"\r\n", i + 2)
-                self._need = int(head[i + 17: j if j >= 0 else None])
-            elif b"\r\ntransfer-encoding: chunked" in head:
-                self._need = -2
+            need = body_framing(head)
+            if need is not None:
+                self._need = need
             elif self._status in (204, 304) or 100 <= self._status < 200:
                 self._need = 0
             else:

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from statistics import fmean
 
-from scalelab.load.stream import ProbeAnswer
+from scalelab.load.llm.stream import ProbeAnswer
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,142 @@
+"""What `scalelab load` sends: the payload flags, the pool of requests they build (HTTP or
+grpc://), the engine config of a level, and the check that a level got any answer at all."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from scalelab.cli._sweep import trace_sample_option
+from scalelab.core.errors import BadUsageError, RunFailedError
+from scalelab.core.units import parse_duration
+from scalelab.load.clock import LOOP_IMPLS, resolve_loop
+from scalelab.load.http import payloads
+from scalelab.load.http.generator import EngineConfig
+from scalelab.load.http.result import LoadResult
+from scalelab.load.schedule import Mode
+from scalelab.load.send import Target
+
+
+def request_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--payload", type=click.Choice(["auto", *payloads.PAYLOADS]),
+                     default="auto", show_default=True,
+                     help="auto: flights with --model-repo, oip with --model, else get."),
+        click.option("--model", help="Model name (OIP payloads)."),
+        click.option("--model-version", type=int, help="Model version (default: latest)."),
+        click.option("--model-repo", type=click.Path(path_type=Path),
+                     help="Model repository holding NAME/VERSION/preprocess.json (flights)."),
+        click.option("--data", type=click.Path(path_type=Path),
+                     help="Features parquet or dataset dir (test.parquet) to sample rows from."),
+        click.option("--body", type=click.Path(path_type=Path), help="JSON file to POST."),
+        click.option("--requests-file", type=click.Path(path_type=Path),
+                     help="Recorded requests, JSON Lines."),
+        click.option("--batch", type=int, default=1, show_default=True,
+                     help="Rows per OIP request."),
+        click.option("--timeout", default="10s", show_default=True,
+                     help="A request unanswered this long after its due time is a timeout."),
+        click.option("--max-connections", type=int, default=1024, show_default=True,
+                     help="Open loop: most connections per process."),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed for Poisson arrivals and payload sampling."),
+        click.option("--loop-impl", type=click.Choice(list(LOOP_IMPLS)), default="auto",
+                     show_default=True,
+                     help="Generator event loop: auto = uvloop when installed, else asyncio."),
+        click.option("--realtime", is_flag=True,
+                     help="Run the generator in SCHED_FIFO (Linux, root or CAP_SYS_NICE): "
+                          "on-time sends on a busy machine."),
+        trace_sample_option,
+    ]
+    return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
+
+
+def _grpc_requests(target: Target, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
+    """grpc://HOST:PORT/MODEL: OIP payloads (random from ModelMetadata, or flights rows) as
+    serialized ModelInferRequests."""
+    from scalelab.load.http import grpc_client
+
+    kind = kw["payload"]
+    if kind == "auto":
+        kind = "flights" if kw.get("model_repo") else "oip"
+    if kind not in ("oip", "flights"):
+        raise BadUsageError(f"--payload {kind} is HTTP-only; a grpc:// URL sends OIP infer "
+                            "requests (--payload oip or flights)")
+    if kw.get("trace_sample"):
+        raise BadUsageError("--trace-sample marks HTTP requests; it does not apply to grpc://")
+    model = grpc_client.model_of(target, kw.get("model"))
+    version = kw.get("model_version")
+    plain = dataclasses.replace(target, path="/")
+    if kind == "flights":
+        if not kw.get("model_repo"):
+            raise BadUsageError("--payload flights needs --model-repo REPO")
+        specs = payloads.flights(plain, model=model, repo=kw["model_repo"], data=kw.get("data"),
+                                 version=version, batch=kw["batch"], seed=kw["seed"])
+    else:
+        meta = grpc_client.fetch_metadata(target, model)
+        specs = payloads.oip_random(plain, model, meta, batch=kw["batch"], seed=kw["seed"],
+                                    version=version)
+    return target, [grpc_client.encode_infer(model, version, s.body or b"{}")
+                    for s in specs], f"{kind} (grpc)"
+
+
+def build_requests(url: str, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
+    target = Target.parse(url)
+    if target.scheme == "grpc":
+        return _grpc_requests(target, kw)
+    kind = kw["payload"]
+    if kind == "auto":
+        kind = "flights" if kw.get("model_repo") else ("oip" if kw.get("model") else "get")
+        if kw.get("body"):
+            kind = "json"
+        if kw.get("requests_file"):
+            kind = "file"
+    if kind in ("oip", "flights") and not kw.get("model"):
+        raise BadUsageError(f"--payload {kind} needs --model NAME")
+    if kind == "get":
+        specs = payloads.plain_get(target)
+    elif kind == "json":
+        if not kw.get("body"):
+            raise BadUsageError("--payload json needs --body FILE")
+        specs = payloads.json_body(target, kw["body"])
+    elif kind == "file":
+        if not kw.get("requests_file"):
+            raise BadUsageError("--payload file needs --requests-file FILE.jsonl")
+        specs = payloads.recorded(target, kw["requests_file"])
+    elif kind == "flights":
+        if not kw.get("model_repo"):
+            raise BadUsageError("--payload flights needs --model-repo REPO")
+        specs = payloads.flights(target, model=kw["model"], repo=kw["model_repo"],
+                                 data=kw.get("data"), version=kw.get("model_version"),
+                                 batch=kw["batch"], seed=kw["seed"])
+    else:
+        meta = payloads.fetch_metadata(target, kw["model"])
+        specs = payloads.oip_random(target, kw["model"], meta, batch=kw["batch"],
+                                    seed=kw["seed"], version=kw.get("model_version"))
+    return target, payloads.encode(target, specs), kind
+
+
+def engine_config(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any],
+            warmup_s: float, concurrency: int = 1) -> EngineConfig:
+    timeout_s = parse_duration(kw["timeout"], what="--timeout")
+    return EngineConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
+                        warmup_s=warmup_s, timeout_s=timeout_s,
+                        max_connections=kw["max_connections"],
+                        loop_impl=resolve_loop(kw.get("loop_impl") or "auto"),
+                        realtime=bool(kw.get("realtime")),
+                        trace_sample=float(kw.get("trace_sample") or 0.0),
+                        trace_seed=int(kw.get("seed") or 0))
+
+
+def check_ran(r: LoadResult, url: str) -> None:
+    """Stop when the server never answered at all (down, wrong port); a level the server
+    answered with errors (503s under overload, timeouts) is a measurement, not a failure."""
+    unreachable = r.errors_by_kind.get("refused", 0) + r.errors_by_kind.get("other", 0)
+    if r.requests > 0 and r.successes == 0 and unreachable == r.failures:
+        kinds = ", ".join(f"{k}={v}" for k, v in r.errors_by_kind.items()) or "none"
+        raise RunFailedError(f"no request to {url} got an answer ({r.requests} sent; errors: "
+                             f"{kinds}); is the server up at that address?")

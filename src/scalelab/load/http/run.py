@@ -1,0 +1,113 @@
+"""Run an HTTP load level in one process, several (`level.run_processes`) or on a cluster.
+
+What is HTTP's own: the engine config a process gets, the cold-start probe on a fresh
+connection, and the merge with the SLO threshold and --realtime the validity rule reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from scalelab.load import clock, level
+from scalelab.load.capacity import Progress
+from scalelab.load.cluster import Cluster
+from scalelab.load.http.generator import Engine, EngineConfig
+from scalelab.load.http.result import LoadResult, merge
+
+
+@dataclass(kw_only=True)
+class LoadPlan(level.LevelPlan[LoadResult]):
+    """One load level: the engine settings plus rate or concurrency and length."""
+
+    engine: EngineConfig
+    """Target, requests, timeouts (mode and closed-loop length live here too)."""
+    cold_start: bool = True
+    """Time one request on a fresh connection first (reported apart)."""
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def settings(self) -> level.ProcessSettings:
+        e = self.engine
+        return level.ProcessSettings(e.mode, e.warmup_s, e.concurrency, e.timeout_s)
+
+    def merge_parts(self, parts: Sequence[Any], **common: Any) -> LoadResult:
+        return merge(parts, slo_threshold_s=self.engine.slo_threshold_s,
+                     realtime=self.engine.realtime, **common)
+
+
+def _engine_for(plan: LoadPlan, index: int) -> EngineConfig:
+    cfg = plan.engine
+    if cfg.mode == "open":
+        return replace(cfg, window_s=plan.window_s())
+    conc, n, dur = plan.share(index)
+    return replace(cfg, concurrency=conc, max_requests=n, duration_s=dur)
+
+
+async def _run_one(cfg: EngineConfig, times: list[float] | None, cold: bool,
+                   start: Callable[[], float],
+                   stop_check: Callable[[Progress], bool] | None) -> Any:
+    eng = Engine(cfg)
+    if cold:
+        await eng.cold_start()
+    # `start` may block on the other workers; nothing else runs on this loop yet.
+    start_at = start()
+    if cfg.mode == "open":
+        assert times is not None
+        return await eng.run_open(times, start_at, stop_check)
+    return await eng.run_closed(start_at, stop_check)
+
+
+def _load_part(plan: LoadPlan, index: int, times: list[float] | None,
+               start: Callable[[], float]) -> Any:
+    with clock.realtime(plan.engine.realtime):
+        return clock.run(_run_one(_engine_for(plan, index), times,
+                                  plan.cold_start and index == 0, start, None),
+                         plan.engine.loop_impl)
+
+
+def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = None,
+             slo_threshold_s: float | None = None, cluster: Cluster | None = None) -> LoadResult:
+    """Run one level; `stop_check` (one process only) may end it early. With `cluster`, one
+    generator a Dask worker (`cluster.py`) instead of local processes."""
+    cfg = plan.engine
+    if slo_threshold_s is not None:
+        cfg = replace(cfg, slo_threshold_s=slo_threshold_s)
+        plan = replace(plan, engine=cfg)
+    times = plan.times().tolist() if cfg.mode == "open" else None
+    if cluster is not None:
+        return _run_on_cluster(plan, times, cluster, stop_check)
+
+    def one() -> Any:
+        with clock.realtime(cfg.realtime):
+            return clock.run(_run_one(_engine_for(plan, 0), times, plan.cold_start,
+                                      lambda: clock.now() + 0.05, stop_check), cfg.loop_impl)
+
+    return plan.merge(level.run_parts(_load_part, plan, times, one, stop_check))
+
+
+def _cold_probe(plan: LoadPlan) -> tuple[float | None, str | None]:
+    async def probe() -> tuple[float | None, str | None]:
+        eng = Engine(plan.engine)
+        await eng.cold_start()
+        return eng.res.cold_start_s, eng.res.cold_start_error
+
+    return clock.run(probe(), plan.engine.loop_impl)
+
+
+def _run_on_cluster(plan: LoadPlan, times: list[float] | None, cluster: Cluster,
+                    stop_check: Callable[[Progress], bool] | None) -> LoadResult:
+    workers = level.cluster_workers(plan, cluster, stop_check)
+    p = len(workers)
+    # The cold-start probe runs apart, before the shares are handed out, so a slow first
+    # request cannot make worker 0 miss the agreed start.
+    cold = cluster.call(_cold_probe, plan, prefer=workers[0],
+                        timeout_s=plan.engine.timeout_s * 2 + 60) if plan.cold_start else None
+    plan = replace(plan, processes=p, cold_start=False)
+    parts, clocks = cluster.run(_load_part, plan, workers, schedule=times,
+                                length_s=plan.length_s() + plan.engine.timeout_s)
+    if cold is not None:
+        parts[0] = replace(parts[0], cold_start_s=cold[0], cold_start_error=cold[1])
+    return level.cluster_result(plan, parts, clocks, cluster, lambda r: r.lag_p99_ms)
