@@ -9,7 +9,7 @@ import torch
 
 from scalelab.nets import registry
 from scalelab.nets.repository import read_json
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import prepare
 from scalelab.train.job import TrainResult, run_training
 from scalelab.train.launch import LaunchConfig
@@ -23,9 +23,9 @@ LOSS_TOLERANCE = 1e-4
 """1 vs 2 processes at the same global batch: same math, different float summation order."""
 
 
-def _cfg(**kw: object) -> TrainConfig:
-    return TrainConfig(limit=LIMIT, batch=256, base_batch=256, max_steps=STEPS, hidden=[16, 16],
-                       **kw)  # type: ignore[arg-type]
+def _cfg(**kw: object) -> TabularRunConfig:
+    return TabularRunConfig(limit=LIMIT, batch=256, base_batch=256, max_steps=STEPS,
+                            hidden=[16, 16], **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

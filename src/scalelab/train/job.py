@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.nets.tabular import TabularNet
 from scalelab.train import export
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import TENSORS_FILE, Tensors
 from scalelab.train.evaluate import Evaluation, evaluate
 from scalelab.train.launch import (
@@ -66,7 +66,7 @@ def _weights_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tup
     return equal, diff
 
 
-def _one_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path,
+def _one_run(cfg: TabularRunConfig, lc: LaunchConfig, run_dir: Path,
              on_warning: Callable[[str], None] | None,
              on_progress: Callable[[int, int, float], None] | None = None,
              ) -> tuple[Any, RunSummary, float]:
@@ -79,7 +79,7 @@ def _one_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path,
     return prep, summary, wall
 
 
-def run_training(cfg: TrainConfig, lc: LaunchConfig, *, repo: str | None = None,
+def run_training(cfg: TabularRunConfig, lc: LaunchConfig, *, repo: str | None = None,
                  model_name: str = "flights", lineage: str | bool | None = None,
                  on_warning: Callable[[str], None] | None = None,
                  on_progress: Callable[[int, int, float], None] | None = None) -> TrainResult:

@@ -30,7 +30,7 @@ import torch
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.core.machine import available_cores
 from scalelab.nets.flights import Preprocess
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import TENSORS_FILE, Source, prepare
 from scalelab.train.loop import FAILURE_FILE, PROGRESS_FILE, read_progress
 from scalelab.train.worker import CONFIG_FILE, FINAL_FILE, META_FILE, rank_file
@@ -209,7 +209,7 @@ class Prepared:
     warning: str | None
 
 
-def prepare_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
+def prepare_run(cfg: TabularRunConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
     """Encode the data and write everything a worker reads into `run_dir`."""
     world = lc.nproc * lc.min_nodes()
     global_batch = cfg.global_batch(world)

@@ -32,7 +32,7 @@ from scalelab.train.checkpoint import (
     rng_state,
     set_rng_state,
 )
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import BatchPlan, Tensors
 from scalelab.train.metrics import (
     CommClock,
@@ -81,11 +81,11 @@ class Dist:
     """torchrun's restart count (TORCHELASTIC_RESTART_COUNT): 0 on the first attempt."""
 
 
-def model_config(cfg: TrainConfig, cardinalities: list[int], n_numeric: int) -> TabularConfig:
+def model_config(cfg: TabularRunConfig, cardinalities: list[int], n_numeric: int) -> TabularConfig:
     return TabularConfig(cardinalities=cardinalities, n_numeric=n_numeric, hidden=list(cfg.hidden))
 
 
-def class_weights(cfg: TrainConfig, y: torch.Tensor, device: str) -> torch.Tensor | None:
+def class_weights(cfg: TabularRunConfig, y: torch.Tensor, device: str) -> torch.Tensor | None:
     """Balanced class weights n / (k · n_c) from all training labels (identical on every rank,
     since every rank holds the same rows); a class absent from the rows gets weight 0."""
     if cfg.class_weights == "none":
@@ -113,7 +113,7 @@ def _agree_max(d: Dist, values: list[float]) -> list[float]:
 class Replica:
     """The model as this rank trains it (plain, DDP, DDP + ZeRO, or FSDP2) and its optimizer."""
 
-    def __init__(self, cfg: TrainConfig, net: TabularNet, d: Dist, total_steps: int,
+    def __init__(self, cfg: TabularRunConfig, net: TabularNet, d: Dist, total_steps: int,
                  global_batch: int) -> None:
         self.cfg, self.net, self.d = cfg, net, d
         self.clock = CommClock()
@@ -216,7 +216,8 @@ class Replica:
         self.scheduler.load_state_dict(scheduler)
 
 
-def _choose_failure(cfg: TrainConfig, world: int, every: int, total: int) -> tuple[int, int] | None:
+def _choose_failure(cfg: TabularRunConfig, world: int, every: int,
+                    total: int) -> tuple[int, int] | None:
     """(step, rank) the rehearsal kills: after the first checkpoint, before the last step."""
     lo = every + 1
     if total - 1 < lo:
@@ -225,7 +226,7 @@ def _choose_failure(cfg: TrainConfig, world: int, every: int, total: int) -> tup
     return rng.randint(lo, total - 1), rng.randrange(world)
 
 
-def train(cfg: TrainConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
+def train(cfg: TabularRunConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
           run_dir: Path) -> tuple[dict[str, Any], nn.Module | None, dict[str, Any] | None]:
     """Train; returns (this rank's report, the unsharded net on rank 0, its full state)."""
     torch.manual_seed(cfg.seed)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import TENSORS_FILE, Tensors
 from scalelab.train.loop import Dist, train
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     run_dir = Path(args[0])
-    cfg = TrainConfig.read(run_dir / CONFIG_FILE)
+    cfg = TabularRunConfig.read(run_dir / CONFIG_FILE)
     meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
     torch.set_num_threads(int(meta["threads"]))
     cuda = bool(meta.get("cuda")) and torch.cuda.is_available()
