@@ -40,7 +40,8 @@ from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import BatchPlan, Tensors, prepare
 from scalelab.train.job import run_training
 from scalelab.train.launch import LaunchConfig
-from scalelab.train.loop import Dist, model_config, train
+from scalelab.train.loop import model_config, train
+from scalelab.train.rank import Rank
 
 
 def plain_loop(cfg: TabularRunConfig, data: Tensors, cards: list[int], steps: int) -> list[float]:
@@ -79,7 +80,7 @@ def overhead(limit: float, steps: int, repeats: int) -> dict[str, float]:
                 plain_wall.append(statistics.median(plain_loop(cfg, data, cards, steps)))
                 plain.append((time.process_time() - t) / steps)
                 t = time.process_time()
-                report, _, _ = train(cfg, data, cards, Dist(), run_dir=Path(tmp))
+                report, _, _ = train(cfg, data, cards, Rank(), run_dir=Path(tmp))
                 ours.append((time.process_time() - t) / steps)
                 ours_wall.append(statistics.median(report["step_s"]))
     finally:

@@ -27,8 +27,9 @@ from safetensors.torch import load_file
 
 from scalelab.train.checkpoint import CRASH_POINTS, KILL_AT_ENV, KILL_ONCE_ENV, MARKER
 from scalelab.train.config import TabularRunConfig
-from scalelab.train.launch import LaunchConfig, prepare_run, torchrun_command
-from scalelab.train.worker import CONFIG_FILE, FINAL_FILE, rank_file
+from scalelab.train.job import prepare_run
+from scalelab.train.launch import LaunchConfig, torchrun_command
+from scalelab.train.rundir import CONFIG_FILE, FINAL_FILE, rank_file
 
 STEPS = 12
 EVERY = 2

@@ -13,7 +13,8 @@ from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import prepare
 from scalelab.train.job import TrainResult, run_training
 from scalelab.train.launch import LaunchConfig
-from scalelab.train.loop import Dist, train
+from scalelab.train.loop import train
+from scalelab.train.rank import Rank
 from scalelab.train.summary import RunSummary, summarize
 
 from .conftest import LIMIT
@@ -38,7 +39,7 @@ def one(tmp_path_factory: pytest.TempPathFactory) -> RunSummary:
     """The single-process reference, trained in this process (same loop, no process group)."""
     cfg = _cfg()
     data, pre, _ = prepare(cfg.data, cfg.limit, cfg.seed)
-    report, _, _ = train(cfg, data, pre.cardinalities(), Dist(),
+    report, _, _ = train(cfg, data, pre.cardinalities(), Rank(),
                          run_dir=tmp_path_factory.mktemp("one"))
     return summarize(cfg, [report], None)
 

@@ -8,7 +8,8 @@ import pytest
 
 from scalelab.core.errors import BadUsageError
 from scalelab.train.config import TabularRunConfig
-from scalelab.train.loop import Dist, train
+from scalelab.train.loop import train
+from scalelab.train.rank import Rank
 from scalelab.train.schedule import default_warmup
 
 from .test_checkpoint import CARDS, _data
@@ -16,7 +17,7 @@ from .test_checkpoint import CARDS, _data
 
 def _train(tmp: Path, **kw: object) -> dict[str, object]:
     cfg = TabularRunConfig(max_steps=8, hidden=[8], seed=1, **kw)  # type: ignore[arg-type]
-    report, _, _ = train(cfg, _data(), CARDS, Dist(), run_dir=tmp)
+    report, _, _ = train(cfg, _data(), CARDS, Rank(), run_dir=tmp)
     return report
 
 
@@ -71,7 +72,7 @@ def test_peak_rss_is_this_processs_own_not_its_parents() -> None:
 
 
 def test_rank_0_leaves_its_last_step_for_the_launchers_progress(tmp_path: Path) -> None:
-    from scalelab.train.loop import read_progress
+    from scalelab.train.rundir import read_progress
 
     r = _train(tmp_path, batch=64, base_batch=64)
     last_step, last_loss = r["losses"][-1]  # type: ignore[index]

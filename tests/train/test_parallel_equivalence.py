@@ -22,9 +22,11 @@ import torch
 from scalelab.train.launch import LaunchConfig
 from scalelab.train.parallel.bench import peak_rss_error, tracked_bytes
 from scalelab.train.parallel.config import ParallelConfig
-from scalelab.train.parallel.job import ParallelResult, final_weights, run_parallel
-from scalelab.train.parallel.loop import Rank, train
+from scalelab.train.parallel.job import ParallelResult, run_parallel
+from scalelab.train.parallel.loop import train
 from scalelab.train.parallel.pipeline import replay_bubble
+from scalelab.train.rank import Rank
+from scalelab.train.rundir import final_weights
 from scalelab.train.text import load_corpus
 
 TINY = ParallelConfig(strategy="single", layers=2, hidden=32, heads=2, kv_heads=2, ffn=64,

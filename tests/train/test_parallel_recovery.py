@@ -19,12 +19,13 @@ import pytest
 import torch
 
 from scalelab.train.launch import LaunchConfig
-from scalelab.train.loop import read_progress
 from scalelab.train.parallel import ckpt
 from scalelab.train.parallel.config import ParallelConfig
-from scalelab.train.parallel.job import Rehearsal, final_weights, rehearse, run_parallel
-from scalelab.train.parallel.loop import Rank, train
+from scalelab.train.parallel.job import Rehearsal, rehearse, run_parallel
+from scalelab.train.parallel.loop import train
 from scalelab.train.parallel.multinode import against, lose_a_node, rehearse_node_loss
+from scalelab.train.rank import Rank
+from scalelab.train.rundir import final_weights, read_progress
 from scalelab.train.text import load_corpus
 
 TINY = ParallelConfig(strategy="dp", layers=2, hidden=32, heads=2, kv_heads=2, ffn=64, seq=32,

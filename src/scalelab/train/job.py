@@ -8,30 +8,31 @@ uninterrupted; it reports whether the final weights are bitwise equal.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file
-
 from scalelab.core.errors import BadUsageError, RunFailedError
+from scalelab.core.machine import available_cores
+from scalelab.nets.flights import Preprocess
 from scalelab.nets.tabular import TabularNet
 from scalelab.train import export
 from scalelab.train.config import TabularRunConfig
-from scalelab.train.dataset import TENSORS_FILE, Tensors
+from scalelab.train.dataset import TENSORS_FILE, Source, Tensors, prepare
 from scalelab.train.evaluate import Evaluation, evaluate
-from scalelab.train.launch import (
-    LaunchConfig,
+from scalelab.train.launch import LaunchConfig, plan_threads, run_directory, run_torchrun
+from scalelab.train.loop import model_config
+from scalelab.train.rundir import (
+    CONFIG_FILE,
+    META_FILE,
+    clear_results,
     final_weights,
-    prepare_run,
     read_failure,
     read_rank_reports,
-    run_directory,
-    run_torchrun,
+    weights_diff,
 )
-from scalelab.train.loop import model_config
 from scalelab.train.summary import RunSummary, summarize
 
 
@@ -58,12 +59,41 @@ class TrainResult:
     config: dict[str, Any]
 
 
-def _weights_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[bool, float]:
-    if a.keys() != b.keys():
-        return False, float("inf")
-    equal = all(torch.equal(a[k], b[k]) for k in a)
-    diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-    return equal, diff
+@dataclass(kw_only=True)
+class Prepared:
+    run_dir: Path
+    preprocess: Preprocess
+    sources: list[Source]
+    n_train: int
+    n_test: int
+    threads: int
+    warning: str | None
+
+
+def prepare_run(cfg: TabularRunConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
+    """Encode the data and write everything a worker reads into `run_dir`."""
+    world = lc.nproc * lc.min_nodes()
+    global_batch = cfg.global_batch(world)
+    cfg.local_batch(world)
+    if cfg.shard == "fsdp" and cfg.async_checkpoint:
+        raise BadUsageError("--async-checkpoint is not supported with --shard fsdp "
+                            "(its state gather is a collective on the training group)")
+    tensors, pre, sources = prepare(cfg.data, cfg.limit, cfg.seed)
+    tensors = tensors.subset_train(cfg.train_fraction, cfg.seed)
+    if global_batch > tensors.n_train:
+        raise BadUsageError(f"global batch {global_batch} exceeds the {tensors.n_train} training "
+                            "rows; lower --batch or raise --limit")
+    threads, warning = plan_threads(lc.nproc, cfg.threads, available_cores())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    clear_results(run_dir)
+    tensors.save(run_dir / TENSORS_FILE)
+    cfg.write(run_dir / CONFIG_FILE)
+    pre.write(run_dir)
+    (run_dir / META_FILE).write_text(json.dumps({
+        "cardinalities": pre.cardinalities(), "threads": threads, "cuda": lc.cuda,
+        "collective_timeout_s": min(lc.timeout_s, 300.0)}), encoding="utf-8")
+    return Prepared(run_dir=run_dir, preprocess=pre, sources=sources, n_train=tensors.n_train,
+                    n_test=int(tensors.test_y.shape[0]), threads=threads, warning=warning)
 
 
 def _one_run(cfg: TabularRunConfig, lc: LaunchConfig, run_dir: Path,
@@ -73,7 +103,9 @@ def _one_run(cfg: TabularRunConfig, lc: LaunchConfig, run_dir: Path,
     prep = prepare_run(cfg, lc, run_dir)
     if prep.warning and on_warning is not None:
         on_warning(prep.warning)
-    wall = run_torchrun(lc, prep, rehearse=cfg.rehearse_failure, on_progress=on_progress)
+    wall = run_torchrun(lc, run_dir, threads=prep.threads, worker="scalelab.train.worker",
+                        tag="scalelab", restarts=cfg.rehearse_failure,
+                        train_less="--steps, --limit", on_progress=on_progress)
     world = lc.nproc * lc.min_nodes()
     summary = summarize(cfg, read_rank_reports(run_dir, world), read_failure(run_dir))
     return prep, summary, wall
@@ -93,7 +125,7 @@ def run_training(cfg: TabularRunConfig, lc: LaunchConfig, *, repo: str | None = 
         if cfg.rehearse_failure and summary.recovery is None:
             raise RunFailedError("the rehearsal killed no worker: the run is too short to fail "
                                  "after its first checkpoint; raise --steps or --epochs")
-        state = load_file(str(final_weights(run_dir)))
+        state = final_weights(run_dir)
         net = TabularNet(model_config(cfg, prep.preprocess.cardinalities(),
                                       len(prep.preprocess.numeric)))
         net.load_state_dict(state)
@@ -106,7 +138,7 @@ def run_training(cfg: TabularRunConfig, lc: LaunchConfig, *, repo: str | None = 
             ref_lc = dataclasses.replace(lc, max_restarts=0, run_dir=None)
             ref_dir = run_dir / "reference"
             _, ref_summary, ref_wall = _one_run(ref_cfg, ref_lc, ref_dir, None)
-            equal, diff = _weights_diff(state, load_file(str(final_weights(ref_dir))))
+            equal, diff = weights_diff(state, final_weights(ref_dir))
             rehearsal = Rehearsal(bitwise_equal=equal, max_abs_diff=diff,
                                   reference_final_loss=ref_summary.final_loss,
                                   reference_wall_s=ref_wall)

@@ -8,13 +8,9 @@ the model from the same seed, so replicas start identical without a broadcast.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import random
-import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,42 +39,10 @@ from scalelab.train.metrics import (
     peak_rss_bytes,
     train_flops_per_sample,
 )
+from scalelab.train.rank import Rank
+from scalelab.train.rundir import PROGRESS_EVERY_S, fail_now, write_progress
 from scalelab.train.saver import Saver, daly_interval
 from scalelab.train.schedule import default_warmup, lr_at
-
-FAILURE_FILE = "failure.json"
-PROGRESS_FILE = "progress.json"
-"""Rank 0's latest step, for the launcher's live progress (rewritten at most twice a second)."""
-PROGRESS_EVERY_S = 0.5
-
-
-def write_progress(run_dir: Path, *, step: int, total: int, loss: float) -> None:
-    """Atomically replace the progress file (a reader never sees half a document)."""
-    run_dir.mkdir(parents=True, exist_ok=True)  # the first write may precede any checkpoint's
-    tmp = run_dir / f".{PROGRESS_FILE}.tmp"
-    tmp.write_text(json.dumps({"step": step, "total": total, "loss": loss}), encoding="utf-8")
-    tmp.replace(run_dir / PROGRESS_FILE)
-
-
-def read_progress(run_dir: Path) -> dict[str, Any] | None:
-    """The latest progress rank 0 wrote, or None (not started, or a torn read)."""
-    try:
-        doc = json.loads((run_dir / PROGRESS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Dist:
-    """Where this worker sits: rank, world size, whether a process group exists, its device."""
-
-    rank: int = 0
-    world: int = 1
-    distributed: bool = False
-    device: str = "cpu"
-    restart: int = 0
-    """torchrun's restart count (TORCHELASTIC_RESTART_COUNT): 0 on the first attempt."""
 
 
 def model_config(cfg: TabularRunConfig, cardinalities: list[int], n_numeric: int) -> TabularConfig:
@@ -96,12 +60,7 @@ def class_weights(cfg: TabularRunConfig, y: torch.Tensor, device: str) -> torch.
     return w.float().to(device)
 
 
-def _barrier(d: Dist) -> None:
-    if d.distributed:
-        dist.barrier()
-
-
-def _agree_max(d: Dist, values: list[float]) -> list[float]:
+def _agree_max(d: Rank, values: list[float]) -> list[float]:
     """The elementwise max over ranks, so every rank takes the same decision."""
     if not d.distributed:
         return values
@@ -113,7 +72,7 @@ def _agree_max(d: Dist, values: list[float]) -> list[float]:
 class Replica:
     """The model as this rank trains it (plain, DDP, DDP + ZeRO, or FSDP2) and its optimizer."""
 
-    def __init__(self, cfg: TabularRunConfig, net: TabularNet, d: Dist, total_steps: int,
+    def __init__(self, cfg: TabularRunConfig, net: TabularNet, d: Rank, total_steps: int,
                  global_batch: int) -> None:
         self.cfg, self.net, self.d = cfg, net, d
         self.clock = CommClock()
@@ -226,7 +185,7 @@ def _choose_failure(cfg: TabularRunConfig, world: int, every: int,
     return rng.randint(lo, total - 1), rng.randrange(world)
 
 
-def train(cfg: TabularRunConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
+def train(cfg: TabularRunConfig, data: Tensors, cardinalities: list[int], d: Rank, *,
           run_dir: Path) -> tuple[dict[str, Any], nn.Module | None, dict[str, Any] | None]:
     """Train; returns (this rank's report, the unsharded net on rank 0, its full state)."""
     torch.manual_seed(cfg.seed)
@@ -256,7 +215,7 @@ def train(cfg: TabularRunConfig, data: Tensors, cardinalities: list[int], d: Dis
     if saver is not None:
         if d.rank == 0:
             store.clean_tmp()
-        _barrier(d)
+        d.barrier()
         good, skipped_list = store.latest_good(run_key) if cfg.resume else (None, [])
         skipped = [vars(s) for s in skipped_list]
         if good is not None:
@@ -267,12 +226,12 @@ def train(cfg: TabularRunConfig, data: Tensors, cardinalities: list[int], d: Dis
             set_rng_state(mine["rng"])
             start, losses = int(state["step"]), list(mine["losses"])
             resumed = {"step": good, "load_s": time.perf_counter() - t0}
-        _barrier(d)
+        d.barrier()
         if d.rank == 0:
             # A kill between a commit's rename and its prune leaves keep + 1 checkpoints; when
             # that was the run's last save, nothing after the resume would prune them.
             store.prune(also_keep=good)
-    _barrier(d)
+    d.barrier()
     failure = _choose_failure(cfg, d.world, every, total) if cfg.rehearse_failure else None
 
     times = StepTimes()
@@ -293,12 +252,8 @@ def train(cfg: TabularRunConfig, data: Tensors, cardinalities: list[int], d: Dis
     save_cost = None
     for step in range(start, total):
         if failure is not None and d.restart == 0 and step == failure[0] and d.rank == failure[1]:
-            with (run_dir / FAILURE_FILE).open("w", encoding="utf-8") as f:
-                json.dump({"step": step, "rank": d.rank, "time": time.time(),
-                           "last_checkpoint": store.steps()[-1] if store.steps() else None}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
+            fail_now(run_dir, step=step, rank=d.rank,
+                     last_checkpoint=store.steps()[-1] if store.steps() else None)
         crash_point("step", step, d.rank)
         t_step = time.perf_counter()
         step_loss = 0.0
@@ -384,7 +339,7 @@ def train(cfg: TabularRunConfig, data: Tensors, cardinalities: list[int], d: Dis
     return report, net, full
 
 
-def _save(saver: Saver, rep: Replica, d: Dist, step: int, losses: list[list[float]]) -> float:
+def _save(saver: Saver, rep: Replica, d: Rank, step: int, losses: list[list[float]]) -> float:
     model, optim = rep.full_model_state(), rep.full_optimizer_state()
     files: dict[str, Any] = {f"rank-{d.rank}.pt": {"rng": rng_state(), "losses": losses,
                                                   "step": step}}

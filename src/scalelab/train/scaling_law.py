@@ -28,7 +28,8 @@ from scalelab.nets.flights import Preprocess
 from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import Tensors, prepare
 from scalelab.train.evaluate import evaluate
-from scalelab.train.loop import Dist, train
+from scalelab.train.loop import train
+from scalelab.train.rank import Rank
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +99,7 @@ def train_point(cfg: TabularRunConfig, data: Tensors, pre: Preprocess, *, width:
                                     rehearse_failure=False)
     subset = data.subset_train(fraction, cfg.seed)
     t0 = time.perf_counter()
-    report, net, _ = train(point_cfg, subset, pre.cardinalities(), Dist(), run_dir=run_dir)
+    report, net, _ = train(point_cfg, subset, pre.cardinalities(), Rank(), run_dir=run_dir)
     wall = time.perf_counter() - t0
     assert net is not None
     ev = evaluate(net, data.test_cat, data.test_num, data.test_y, pre.classes)

@@ -1,8 +1,9 @@
 """A transformer run end to end: corpus into the run directory, torchrun, every rank's report
 read back into one summary beside the memory planner's prediction.
 
-The launcher is the flights trainer's (train.launch: free port, timeout, process-group kill,
-threads policy, run directory), pointed at this package's worker.
+The launch and the run directory are the ones both trainers share (train.launch: free port,
+timeout, process-group kill, threads policy; train.rundir: the files and reading them back),
+pointed at this package's worker.
 """
 
 from __future__ import annotations
@@ -20,32 +21,23 @@ from safetensors.torch import load_file, save_file
 from scalelab.core.errors import RunFailedError
 from scalelab.core.machine import available_cores
 from scalelab.core.memory import MemoryQuery, plan_memory, plan_peak_rss
-from scalelab.train.launch import (
-    LOG_FILE,
-    LaunchConfig,
-    plan_threads,
-    run_group,
-    worker_env,
-)
-from scalelab.train.launch import torchrun_command as launch_command
-from scalelab.train.loop import read_progress
+from scalelab.train.launch import LaunchConfig, plan_threads, run_torchrun
 from scalelab.train.parallel.config import ParallelConfig
-from scalelab.train.parallel.loop import FAILURE_FILE
 from scalelab.train.parallel.runtime import RuntimeBaseline, measure_baseline
-from scalelab.train.parallel.worker import (
+from scalelab.train.parallel.worker import DATA_FILE
+from scalelab.train.rundir import (
     CONFIG_FILE,
-    DATA_FILE,
     FINAL_FILE,
     META_FILE,
-    rank_file,
+    clear_results,
+    final_weights,
+    read_failure,
+    read_rank_reports,
+    weights_diff,
 )
 from scalelab.train.text import VOCAB_SIZE, Corpus, load_corpus
 
-
-def torchrun_command(lc: LaunchConfig, run_dir: Path) -> list[str]:
-    """train.launch's torchrun command, running the transformer trainer's worker."""
-    return launch_command(lc, run_dir, worker="scalelab.train.parallel.worker",
-                          tag="scalelab-tf")
+WORKER = "scalelab.train.parallel.worker"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,8 +57,7 @@ def prepare(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
                              "sequences; raise --tokens or lower --batch")
     threads, warning = plan_threads(lc.nproc, cfg.threads, available_cores())
     run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [*run_dir.glob("rank-*.json"), run_dir / FAILURE_FILE, run_dir / FINAL_FILE]:
-        stale.unlink(missing_ok=True)
+    clear_results(run_dir)
     # Every file lands by rename: on a cluster, each node prepares the same shared run
     # directory (identical bytes), and a worker must never read another node's half-written one.
     tag = f".{os.getpid()}.tmp"
@@ -81,32 +72,6 @@ def prepare(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
                    "val_sequences": int(corpus.val.shape[0])}}), encoding="utf-8")
     os.replace(run_dir / (META_FILE + tag), run_dir / META_FILE)
     return Prepared(run_dir=run_dir, corpus=corpus, threads=threads, warning=warning)
-
-
-def run_torchrun(lc: LaunchConfig, prep: Prepared, *, restarts: bool,
-                 on_progress: Callable[[int, int, float], None] | None = None) -> float:
-    """Run the workers to completion; the wall seconds. Raises RunFailedError.
-    `on_progress(step, total, loss)` with rank 0's latest step while they run."""
-
-    def poll() -> None:
-        doc = read_progress(prep.run_dir)
-        if doc is not None and on_progress is not None:
-            on_progress(int(doc["step"]), int(doc["total"]), float(doc["loss"]))
-
-    return run_group(torchrun_command(lc, prep.run_dir),
-                     worker_env(prep.threads, restarts or lc.max_restarts > 0),
-                     prep.run_dir / LOG_FILE, lc.timeout_s, train_less="--steps",
-                     on_poll=poll if on_progress is not None else None)
-
-
-def read_reports(run_dir: Path, world: int) -> list[dict[str, Any]]:
-    out = []
-    for r in range(world):
-        p = rank_file(run_dir, r)
-        if not p.is_file():
-            raise RunFailedError(f"worker {r} wrote no report ({p}); see {run_dir / LOG_FILE}")
-        out.append(json.loads(p.read_text(encoding="utf-8")))
-    return out
 
 
 def planned(cfg: ParallelConfig, world: int, n_params: int, *,
@@ -169,7 +134,6 @@ def summarize(cfg: ParallelConfig, reports: list[dict[str, Any]], run_dir: Path,
     med = max(float(np.median(r["step_s"][1:] or r["step_s"])) for r in reports)
     full_params = sum(int(v.numel()) for v in load_file(str(run_dir / FINAL_FILE)).values())
     meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
-    fail = run_dir / FAILURE_FILE
     keys = ("rank", "param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes",
             "peak_rss_bytes", "peak_rss_profiled_bytes", "rss_before_model_bytes",
             "n_params_local", "compute_ms_per_step", "comm_ms_per_step", "profiled_step_ms",
@@ -183,7 +147,7 @@ def summarize(cfg: ParallelConfig, reports: list[dict[str, Any]], run_dir: Path,
         plan=planned(cfg, world, full_params, baseline=baseline,
                      data_bytes=corpus_bytes(run_dir) if baseline is not None else 0),
         corpus=meta["corpus"], wall_s=wall,
-        failure=json.loads(fail.read_text(encoding="utf-8")) if fail.is_file() else None,
+        failure=read_failure(run_dir),
         resumed_from=r0.get("resumed_from"), warning=warning, run_dir=str(run_dir))
 
 
@@ -194,16 +158,13 @@ def run_parallel(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path,
     the plan also predicts the peak RSS from the process baseline measured on this machine
     (runtime.measure_baseline: a child process the first time, ~10 s; cached after)."""
     prep = prepare(cfg, lc, run_dir)
-    wall = run_torchrun(lc, prep, restarts=restarts, on_progress=on_progress)
-    reports = read_reports(run_dir, lc.nproc * lc.min_nodes())
+    wall = run_torchrun(lc, run_dir, threads=prep.threads, worker=WORKER, tag="scalelab-tf",
+                        restarts=restarts, train_less="--steps", on_progress=on_progress)
+    reports = read_rank_reports(run_dir, lc.nproc * lc.min_nodes())
     baseline = (measure_baseline(cfg.strategy, threads=prep.threads,
                                  deterministic=cfg.deterministic)
                 if plan_rss and not lc.cuda else None)
     return summarize(cfg, reports, run_dir, wall, prep.warning, prep.threads, baseline)
-
-
-def final_weights(run_dir: Path) -> dict[str, Any]:
-    return load_file(str(Path(run_dir) / FINAL_FILE))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,14 +198,6 @@ def failure_point(cfg: ParallelConfig, world: int) -> tuple[int, int]:
     return rng.randint(every + 1, cfg.steps - 1), rng.randrange(world)
 
 
-def weights_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[bool, float]:
-    if a.keys() != b.keys():
-        return False, float("inf")
-    equal = all(bool((a[k] == b[k]).all()) for k in a)
-    diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-    return equal, diff
-
-
 def rehearse(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Rehearsal:
     """Kill one rank at a seeded step, recover, compare with an uninterrupted run."""
     import dataclasses
@@ -262,7 +215,7 @@ def rehearse(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Rehearsal:
     equal, diff = weights_diff(final_weights(run_dir), final_weights(run_dir / "reference"))
     start = (result.resumed_from or {}).get("step")
     tail = reference.losses[start:] if start is not None else reference.losses
-    first = read_reports(run_dir, world)[0].get("first_step_unix")
+    first = read_rank_reports(run_dir, world)[0].get("first_step_unix")
     recovery = (first - result.failure["time"]) if result.failure and first else None
     return Rehearsal(killed_rank=rank, killed_at_step=step, resumed_from_step=start,
                      recovery_s=recovery, bitwise_equal=equal, max_abs_diff=diff,

@@ -14,11 +14,7 @@ torch.profiler): communication per kind. Step wall time on every step.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +24,6 @@ import torch.distributed as dist
 from torch import nn
 
 from scalelab.nets.llama import LlamaForCausalLM, init_weights
-from scalelab.train.loop import PROGRESS_EVERY_S, write_progress
 from scalelab.train.metrics import peak_rss_bytes
 from scalelab.train.parallel import ckpt
 from scalelab.train.parallel.apply import apply_ddp, apply_fsdp, apply_tp
@@ -45,19 +40,9 @@ from scalelab.train.parallel.measure import (
     rss_status,
 )
 from scalelab.train.parallel.pipeline import StageModule, bubble_theory, build_schedule
+from scalelab.train.rank import Rank
+from scalelab.train.rundir import PROGRESS_EVERY_S, fail_now, write_progress
 from scalelab.train.text import VOCAB_SIZE, batch_at
-
-FAILURE_FILE = "failure.json"
-
-
-
-
-@dataclass(frozen=True, kw_only=True)
-class Rank:
-    rank: int = 0
-    world: int = 1
-    device: str = "cpu"
-    restart: int = 0
 
 
 def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -212,11 +197,7 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
     for step in range(start, cfg.steps):
         if (cfg.fail_at_step is not None and r.restart == 0 and step == cfg.fail_at_step
                 and r.rank == cfg.fail_rank):
-            with (run_dir / FAILURE_FILE).open("w", encoding="utf-8") as f:
-                json.dump({"step": step, "rank": r.rank, "time": time.time()}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
+            fail_now(run_dir, step=step, rank=r.rank)
         batch = batch_at(data, step, cfg.batch)
         prof = None
         if step in prof_range and train_peak is None:

@@ -31,18 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalelab.core.errors import RunFailedError
-from scalelab.train.launch import LaunchConfig, _free_port, worker_env
+from scalelab.train.launch import LaunchConfig, worker_env
 from scalelab.train.parallel import ckpt
 from scalelab.train.parallel.config import ParallelConfig
-from scalelab.train.parallel.job import (
-    ParallelResult,
-    final_weights,
-    prepare,
-    read_reports,
-    run_parallel,
-    summarize,
-    weights_diff,
-)
+from scalelab.train.parallel.job import ParallelResult, prepare, run_parallel, summarize
+from scalelab.train.rundir import final_weights, read_rank_reports, weights_diff
+from scalelab.web.spawn import free_port
 
 
 def agent_command(*, endpoint: str, rdzv_id: str, nproc: int, host: bool, max_restarts: int,
@@ -108,7 +102,7 @@ def lose_a_node(cfg: ParallelConfig, run_dir: Path, *, nproc: int = 1,
     lc = LaunchConfig(nproc=nproc, nnodes="2", timeout_s=timeout_s)
     prep = prepare(cfg, lc, run_dir)
     root = run_dir / "checkpoints"
-    port = _free_port()
+    port = free_port()
     endpoint, rdzv_id = f"127.0.0.1:{port}", f"scalelab-nodes-{os.getpid()}-{int(time.time())}"
     env = worker_env(prep.threads, restarts=True)
     deadline = time.monotonic() + timeout_s
@@ -148,7 +142,7 @@ def lose_a_node(cfg: ParallelConfig, run_dir: Path, *, nproc: int = 1,
         for p in procs:
             if p.poll() is None:
                 _kill(p)
-    reports = read_reports(run_dir, 2 * nproc)
+    reports = read_rank_reports(run_dir, 2 * nproc)
     result = summarize(cfg, reports, run_dir, wall, prep.warning, prep.threads)
     first = reports[0].get("first_step_unix")
     return LostNode(cfg=cfg, result=result, killed_after_checkpoint=killed_after,
