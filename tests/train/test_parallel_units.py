@@ -176,3 +176,30 @@ def test_replay_charges_an_unequal_stage_to_the_schedule_not_to_transfers() -> N
     assert replay_bubble(orders) == pytest.approx(((1 - 4 / 8) + (1 - 6 / 8)) / 2)
     with pytest.raises(ValueError, match="deadlock"):
         replay([[("B", 0, 1.0)], [("F", 0, 1.0), ("B", 1, 1.0)]])
+
+
+@pytest.mark.parametrize("strategy, world, on", [
+    ("single", 1, set()), ("dp", 4, {"dp_replicate"}), ("fsdp", 4, {"dp_shard"}),
+    ("tp", 2, {"tp"}), ("pp", 3, {"pp"}), ("fsdp+tp", 4, {"dp_shard", "tp"}),
+    ("fsdp", 1, set()),
+])
+def test_a_strategy_becomes_degrees_once(strategy: str, world: int, on: set[str]) -> None:
+    d = ParallelDims.for_strategy(strategy, world)
+    got = {n for n in ("dp_replicate", "dp_shard", "tp", "pp") if getattr(d, f"{n}_enabled")}
+    assert got == on
+    assert d.world == world
+    assert d.sharded == bool(on & {"dp_shard", "tp"})
+
+
+def test_one_rank_parallelizes_to_the_plain_model() -> None:
+    from scalelab.nets.llama import LlamaConfig
+    from scalelab.train.parallel.apply import PipelineSettings, parallelize
+
+    model = init_weights(LlamaForCausalLM(LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+        num_kv_heads=2, max_position_embeddings=8, tie_word_embeddings=False)), seed=0)
+    par = parallelize(model, ParallelDims.for_strategy("pp", 1), None, rank=0, device="cpu",
+                      pipeline=PipelineSettings(micro_batches=2, schedule="1f1b",
+                                                recv_ahead=True, loss_fn=lambda a, b: a.sum()))
+    assert par.model is model and par.forward is model
+    assert par.schedule is None and par.clock is None

@@ -1,8 +1,9 @@
 """The transformer's training loop on one rank, for every strategy.
 
 Every rank builds the whole model from the same seed (so replicas and shards start from the
-same numbers without a broadcast), then the strategy is applied: nothing (single), DDP, FSDP2
-per block, tensor parallel, FSDP2 over TP, or the rank's pipeline stage. The global batch of
+same numbers without a broadcast), then the strategy's degrees (ParallelDims, built once) are
+applied by apply.parallelize: nothing (single), DDP, FSDP2 per block, tensor parallel, FSDP2
+over TP, or the rank's pipeline stage. The global batch of
 step k is a pure function of k (text.batch_at); data-parallel ranks take their slice of it,
 tensor-parallel peers the same slice, the pipeline splits it into micro-batches. The loss is the
 mean token cross-entropy of the global batch under every strategy, so the loss curves compare.
@@ -26,7 +27,7 @@ from torch import nn
 from scalelab.nets.llama import LlamaForCausalLM, init_weights
 from scalelab.train.metrics import peak_rss_bytes
 from scalelab.train.parallel import ckpt
-from scalelab.train.parallel.apply import apply_ddp, apply_fsdp, apply_tp
+from scalelab.train.parallel.apply import PipelineSettings, parallelize
 from scalelab.train.parallel.config import ParallelConfig
 from scalelab.train.parallel.dims import ParallelDims
 from scalelab.train.parallel.measure import (
@@ -39,7 +40,7 @@ from scalelab.train.parallel.measure import (
     profiler_events,
     rss_status,
 )
-from scalelab.train.parallel.pipeline import StageModule, bubble_theory, build_schedule
+from scalelab.train.parallel.pipeline import bubble_theory
 from scalelab.train.rank import Rank
 from scalelab.train.rundir import PROGRESS_EVERY_S, fail_now, write_progress
 from scalelab.train.text import VOCAB_SIZE, batch_at
@@ -58,30 +59,14 @@ class Replica:
         full = init_weights(LlamaForCausalLM(cfg.model_config()), seed=cfg.seed).train()
         full.to(r.device)
         mesh: Any = self.dims.build_mesh(r.device.split(":")[0]) if r.world > 1 else None
-        self.schedule: Any = None
-        self.clock: Any = None
-        s = cfg.strategy
-        self.model: nn.Module = full
-        self.forward_module: nn.Module = full
-        if s == "dp" and r.world > 1:
-            mb = max(1.0, 2 * param_bytes(full) / 2**20)
-            self.forward_module = apply_ddp(full, mb)
-        elif s == "fsdp":
-            apply_fsdp(full, mesh, list(full.model.layers))
-        elif s == "tp":
-            apply_tp(full, mesh)
-        elif s == "fsdp+tp":
-            apply_tp(full, mesh["tp"])
-            apply_fsdp(full, mesh["dp_shard"], list(full.model.layers))
-        elif s == "pp":
-            stage = StageModule(full, r.rank, r.world)
-            del full
-            self.model = self.forward_module = stage
-            self.schedule, self.clock = build_schedule(
-                stage, stage=r.rank, stages=r.world, micro_batches=cfg.micro_batches,
-                schedule=cfg.schedule, loss_fn=_loss,
-                group=mesh.get_group() if mesh is not None else None,
-                device=torch.device(r.device), recv_ahead=cfg.recv_ahead)
+        par = parallelize(full, self.dims, mesh, rank=r.rank, device=r.device,
+                          pipeline=PipelineSettings(micro_batches=cfg.micro_batches,
+                                                    schedule=cfg.schedule,
+                                                    recv_ahead=cfg.recv_ahead, loss_fn=_loss))
+        del full
+        self.model, self.forward_module = par.model, par.forward
+        self.schedule: Any = par.schedule
+        self.clock: Any = par.clock
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0,
                                            foreach=False)
 
@@ -117,8 +102,7 @@ class Replica:
 
     def full_state(self) -> dict[str, torch.Tensor] | None:
         """The unsharded weights on rank 0 (collective), None elsewhere."""
-        s = self.cfg.strategy
-        if s in ("fsdp", "tp", "fsdp+tp"):
+        if self.dims.sharded:
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions,
                 get_model_state_dict,
@@ -129,7 +113,7 @@ class Replica:
             return {k: v.detach().cpu().clone() for k, v in sd.items()} if self.r.rank == 0 \
                 else None
         local = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        if s == "pp" and self.r.world > 1:
+        if self.dims.pp_enabled:
             parts: list[Any] = [None] * self.r.world if self.r.rank == 0 else []
             dist.gather_object(local, parts if self.r.rank == 0 else None, dst=0)
             if self.r.rank != 0:
@@ -147,7 +131,7 @@ def _global_losses(rep: Replica, local: list[float | None]) -> list[float]:
     if r.world == 1:
         return [float(v) for v in local if v is not None]
     vals = torch.tensor([np.nan if v is None else v for v in local], dtype=torch.float64)
-    if rep.cfg.strategy == "pp":
+    if rep.dims.pp_enabled:
         # Only the last stage has the loss.
         dist.broadcast(vals, src=r.world - 1)
         return [float(v) for v in vals]
@@ -285,7 +269,8 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
         busy = [busy_s[i][0] for i in kept]
         cpu = [busy_s[i][1] for i in kept]
         report["pipeline"] = {
-            "stages": r.world, "micro_batches": cfg.micro_batches, "schedule": cfg.schedule,
+            "stages": r.world, "micro_batches": cfg.micro_batches,
+            "schedule": cfg.schedule,
             "recv_ahead": cfg.recv_ahead,
             "bubble_theory": bubble_theory(r.world, cfg.micro_batches),
             "bubble_measured": float(np.median([1 - b / w for w, b in zip(step_wall, busy,
