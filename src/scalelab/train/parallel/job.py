@@ -51,10 +51,10 @@ class Prepared:
 def prepare(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
     world = lc.nproc * lc.min_nodes()
     cfg.check_world(world)
-    corpus = load_corpus(seq=cfg.seq, max_tokens=cfg.tokens, seed=cfg.seed)
-    if cfg.batch > corpus.train.shape[0]:
-        raise RunFailedError(f"--batch {cfg.batch} exceeds the {corpus.train.shape[0]} training "
-                             "sequences; raise --tokens or lower --batch")
+    corpus = load_corpus(seq=cfg.data.seq, max_tokens=cfg.data.tokens, seed=cfg.seed)
+    if cfg.data.batch > corpus.train.shape[0]:
+        raise RunFailedError(f"--batch {cfg.data.batch} exceeds the {corpus.train.shape[0]} "
+                             "training sequences; raise --tokens or lower --batch")
     threads, warning = plan_threads(lc.nproc, cfg.threads, available_cores())
     run_dir.mkdir(parents=True, exist_ok=True)
     clear_results(run_dir)
@@ -78,12 +78,13 @@ def planned(cfg: ParallelConfig, world: int, n_params: int, *,
             baseline: RuntimeBaseline | None = None, data_bytes: int = 0) -> dict[str, Any]:
     """The memory planner's prediction for this run; with a measured process `baseline`, also
     the peak RSS (`peak_rss`)."""
-    strategy = "dp" if cfg.strategy == "single" else cfg.strategy
-    q = MemoryQuery(params=n_params, layers=cfg.layers, hidden=cfg.hidden, seq=cfg.seq,
-                    batch=cfg.batch, strategy=strategy,
-                    world=world, heads=cfg.heads, kv_heads=cfg.kv_heads, ffn=cfg.ffn,
-                    vocab=VOCAB_SIZE, micro_batches=cfg.micro_batches if strategy == "pp" else 1,
-                    schedule=cfg.schedule, tp=cfg.tp if strategy == "fsdp+tp" else 2)
+    m, par = cfg.model, cfg.parallel
+    strategy = "dp" if par.strategy == "single" else par.strategy
+    q = MemoryQuery(params=n_params, layers=m.layers, hidden=m.hidden, seq=cfg.data.seq,
+                    batch=cfg.data.batch, strategy=strategy,
+                    world=world, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn,
+                    vocab=VOCAB_SIZE, micro_batches=par.micro_batches if strategy == "pp" else 1,
+                    schedule=par.schedule, tp=par.tp if strategy == "fsdp+tp" else 2)
     out = plan_memory(q).to_dict()
     if baseline is not None:
         out["peak_rss"] = {**plan_peak_rss(q, runtime_bytes=baseline.peak_rss_bytes,
@@ -139,10 +140,10 @@ def summarize(cfg: ParallelConfig, reports: list[dict[str, Any]], run_dir: Path,
             "n_params_local", "compute_ms_per_step", "comm_ms_per_step", "profiled_step_ms",
             "comm", "pipeline", "rss_timeline")
     return ParallelResult(
-        strategy=cfg.strategy, world=world, threads=int(r0.get("threads", threads)),
-        steps=cfg.steps, batch=cfg.batch, seq=cfg.seq, n_params=full_params,
+        strategy=cfg.parallel.strategy, world=world, threads=int(r0.get("threads", threads)),
+        steps=cfg.steps, batch=cfg.data.batch, seq=cfg.data.seq, n_params=full_params,
         losses=[float(v) for _, v in r0["losses"]], median_step_s=med,
-        tokens_per_s=cfg.batch * cfg.seq / med if med > 0 else 0.0,
+        tokens_per_s=cfg.data.batch * cfg.data.seq / med if med > 0 else 0.0,
         ranks=[{k: r.get(k) for k in keys} for r in reports],
         plan=planned(cfg, world, full_params, baseline=baseline,
                      data_bytes=corpus_bytes(run_dir) if baseline is not None else 0),
@@ -161,7 +162,7 @@ def run_parallel(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path,
     wall = run_torchrun(lc, run_dir, threads=prep.threads, worker=WORKER, tag="scalelab-tf",
                         restarts=restarts, train_less="--steps", on_progress=on_progress)
     reports = read_rank_reports(run_dir, lc.nproc * lc.min_nodes())
-    baseline = (measure_baseline(cfg.strategy, threads=prep.threads,
+    baseline = (measure_baseline(cfg.parallel.strategy, threads=prep.threads,
                                  deterministic=cfg.deterministic)
                 if plan_rss and not lc.cuda else None)
     return summarize(cfg, reports, run_dir, wall, prep.warning, prep.threads, baseline)
@@ -189,7 +190,7 @@ def failure_point(cfg: ParallelConfig, world: int) -> tuple[int, int]:
     """(step, rank) a rehearsal kills: after the first checkpoint, before the last step; seeded."""
     import random
 
-    every = cfg.checkpoint_every
+    every = cfg.checkpoint.every
     if every < 1 or cfg.steps - 1 < every + 1:
         raise RunFailedError(f"a rehearsal needs a checkpoint before the kill: --steps "
                              f"{cfg.steps} is too short for --checkpoint-interval {every} "
@@ -206,10 +207,10 @@ def rehearse(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Rehearsal:
     world = lc.nproc * lc.min_nodes()
     step, rank = failure_point(cfg, world)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    crashing = dataclasses.replace(cfg, fail_at_step=step, fail_rank=rank, checkpoint_dir=None)
+    crashing = cfg.replace(fail_at_step=step, fail_rank=rank, checkpoint_dir=None)
     result = run_parallel(crashing, dataclasses.replace(lc, max_restarts=max(1, lc.max_restarts)),
                           run_dir, restarts=True)
-    ref_cfg = dataclasses.replace(cfg, checkpoint_every=0, fail_at_step=None, checkpoint_dir=None)
+    ref_cfg = cfg.replace(checkpoint_every=0, fail_at_step=None, checkpoint_dir=None)
     reference = run_parallel(ref_cfg, dataclasses.replace(lc, max_restarts=0),
                              run_dir / "reference")
     equal, diff = weights_diff(final_weights(run_dir), final_weights(run_dir / "reference"))

@@ -55,14 +55,15 @@ class Replica:
 
     def __init__(self, cfg: ParallelConfig, r: Rank) -> None:
         self.cfg, self.r = cfg, r
-        self.dims = ParallelDims.for_strategy(cfg.strategy, r.world, cfg.tp)
+        self.dims = ParallelDims.for_strategy(cfg.parallel.strategy, r.world, cfg.parallel.tp)
         full = init_weights(LlamaForCausalLM(cfg.model_config()), seed=cfg.seed).train()
         full.to(r.device)
         mesh: Any = self.dims.build_mesh(r.device.split(":")[0]) if r.world > 1 else None
+        p = cfg.parallel
         par = parallelize(full, self.dims, mesh, rank=r.rank, device=r.device,
-                          pipeline=PipelineSettings(micro_batches=cfg.micro_batches,
-                                                    schedule=cfg.schedule,
-                                                    recv_ahead=cfg.recv_ahead, loss_fn=_loss))
+                          pipeline=PipelineSettings(micro_batches=p.micro_batches,
+                                                    schedule=p.schedule,
+                                                    recv_ahead=p.recv_ahead, loss_fn=_loss))
         del full
         self.model, self.forward_module = par.model, par.forward
         self.schedule: Any = par.schedule
@@ -150,9 +151,9 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
     rep = Replica(cfg, r)
     timeline.append(("model built", rss_status()))
     run_key = cfg.run_key(r.world)
-    root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
+    root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
     start, resumed = 0, None
-    if cfg.resume and cfg.checkpoint_every:
+    if cfg.checkpoint.resume and cfg.checkpoint.every:
         found = ckpt.complete_steps(root, run_key)
         if found:
             t0 = time.perf_counter()
@@ -174,15 +175,16 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
     # ~130 MiB of RSS that the allocator keeps after it stops, so the training's own peak RSS
     # (`peak_rss_bytes`, what the planner predicts) is read just before it starts.
     meter_step = min(start + 1, cfg.steps - 1)
-    prof_range = range(max(meter_step + 1, cfg.steps - cfg.profile_steps), cfg.steps)
+    prof_range = range(max(meter_step + 1, cfg.steps - cfg.measure.profile_steps), cfg.steps)
     train_peak: int | None = None
     first_step_unix = None
     last_progress = 0.0
     for step in range(start, cfg.steps):
-        if (cfg.fail_at_step is not None and r.restart == 0 and step == cfg.fail_at_step
-                and r.rank == cfg.fail_rank):
+        ck = cfg.checkpoint
+        if (ck.fail_at_step is not None and r.restart == 0 and step == ck.fail_at_step
+                and r.rank == ck.fail_rank):
             fail_now(run_dir, step=step, rank=r.rank)
-        batch = batch_at(data, step, cfg.batch)
+        batch = batch_at(data, step, cfg.data.batch)
         prof = None
         if step in prof_range and train_peak is None:
             train_peak = peak_rss_bytes()
@@ -232,15 +234,15 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
             write_progress(run_dir, step=done, total=cfg.steps,
                            loss=float(loss) if isinstance(loss, int | float) else float("nan"))
             last_progress = time.perf_counter()
-        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+        if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps:
             ckpt.save(root, done, rep.model, rep.optimizer, run_key=run_key, rank=r.rank,
-                      meta={"world": r.world, "strategy": cfg.strategy})
+                      meta={"world": r.world, "strategy": cfg.parallel.strategy})
     losses = _global_losses(rep, local_losses)
     n_prof = len(profiled)
     comm_s = comm.total_seconds() / n_prof if n_prof else None
     prof_wall = float(np.mean(profiled)) if profiled else None
     report: dict[str, Any] = {
-        "rank": r.rank, "world": r.world, "restart": r.restart, "strategy": cfg.strategy,
+        "rank": r.rank, "world": r.world, "restart": r.restart, "strategy": cfg.parallel.strategy,
         "dims": vars(rep.dims), "start_step": start, "steps_run": len(step_s),
         "losses": [[start + i, v] for i, v in enumerate(losses)], "step_s": step_s,
         "resumed_from": resumed, "first_step_unix": first_step_unix,
@@ -269,10 +271,10 @@ def train(cfg: ParallelConfig, data: torch.Tensor, r: Rank, *,
         busy = [busy_s[i][0] for i in kept]
         cpu = [busy_s[i][1] for i in kept]
         report["pipeline"] = {
-            "stages": r.world, "micro_batches": cfg.micro_batches,
-            "schedule": cfg.schedule,
-            "recv_ahead": cfg.recv_ahead,
-            "bubble_theory": bubble_theory(r.world, cfg.micro_batches),
+            "stages": r.world, "micro_batches": cfg.parallel.micro_batches,
+            "schedule": cfg.parallel.schedule,
+            "recv_ahead": cfg.parallel.recv_ahead,
+            "bubble_theory": bubble_theory(r.world, cfg.parallel.micro_batches),
             "bubble_measured": float(np.median([1 - b / w for w, b in zip(step_wall, busy,
                                                                            strict=True)])),
             "busy_ms_per_step": 1e3 * float(np.median(busy)),

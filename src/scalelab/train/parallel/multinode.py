@@ -20,7 +20,6 @@ those flags per pod (see `scalelab deploy` and docs/parallel.md).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import socket
@@ -95,10 +94,10 @@ class LostNode:
 def lose_a_node(cfg: ParallelConfig, run_dir: Path, *, nproc: int = 1,
                 timeout_s: float = 600.0) -> LostNode:
     """Run `cfg` on two local "nodes", kill one after the first checkpoint, replace it."""
-    if cfg.checkpoint_every < 1 or cfg.steps < cfg.checkpoint_every + 2:
+    if cfg.checkpoint.every < 1 or cfg.steps < cfg.checkpoint.every + 2:
         raise RunFailedError("the node-loss rehearsal needs --checkpoint-interval N with "
                              "--steps >= N + 2 (a checkpoint before the kill, steps after it)")
-    cfg = dataclasses.replace(cfg, checkpoint_dir=None, fail_at_step=None, resume=True)
+    cfg = cfg.replace(checkpoint_dir=None, fail_at_step=None, resume=True)
     lc = LaunchConfig(nproc=nproc, nnodes="2", timeout_s=timeout_s)
     prep = prepare(cfg, lc, run_dir)
     root = run_dir / "checkpoints"
@@ -166,7 +165,7 @@ def rehearse_node_loss(cfg: ParallelConfig, run_dir: Path, *, nproc: int = 1,
     """Run `cfg` on two local "nodes", kill one after the first checkpoint, replace it, and
     compare with the same job run uninterrupted on one node (in run_dir/reference)."""
     lost = lose_a_node(cfg, run_dir, nproc=nproc, timeout_s=timeout_s)
-    reference = run_parallel(dataclasses.replace(lost.cfg, checkpoint_every=0),
+    reference = run_parallel(lost.cfg.replace(checkpoint_every=0),
                              LaunchConfig(nproc=2 * nproc, timeout_s=timeout_s),
                              run_dir / "reference")
     return against(lost, reference)
