@@ -185,7 +185,7 @@ def test_replay_charges_an_unequal_stage_to_the_schedule_not_to_transfers() -> N
 ])
 def test_a_strategy_becomes_degrees_once(strategy: str, world: int, on: set[str]) -> None:
     d = ParallelDims.for_strategy(strategy, world)
-    got = {n for n in ("dp_replicate", "dp_shard", "tp", "pp") if getattr(d, f"{n}_enabled")}
+    got = {n for n in ("dp_replicate", "dp_shard", "tp", "pp") if d.enabled(n)}
     assert got == on
     assert d.world == world
     assert d.sharded == bool(on & {"dp_shard", "tp"})

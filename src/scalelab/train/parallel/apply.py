@@ -60,7 +60,7 @@ def parallelize(model: LlamaForCausalLM, dims: ParallelDims, mesh: Any, *, rank:
                 device: str, pipeline: PipelineSettings) -> Parallelized:
     """Apply every parallelism `dims` turns on to `model` (on `device`), over `mesh` (None for
     one rank)."""
-    if dims.pp_enabled:
+    if dims.enabled("pp"):
         stage = StageModule(model, rank, dims.pp)
         schedule, clock = build_schedule(
             stage, stage=rank, stages=dims.pp, micro_batches=pipeline.micro_batches,
@@ -68,11 +68,11 @@ def parallelize(model: LlamaForCausalLM, dims: ParallelDims, mesh: Any, *, rank:
             group=dims.sub_mesh(mesh, "pp").get_group(), device=torch.device(device),
             recv_ahead=pipeline.recv_ahead)
         return Parallelized(model=stage, forward=stage, schedule=schedule, clock=clock)
-    if dims.tp_enabled:
+    if dims.enabled("tp"):
         apply_tp(model, dims.sub_mesh(mesh, "tp"))
-    if dims.dp_shard_enabled:
+    if dims.enabled("dp_shard"):
         apply_fsdp(model, dims.sub_mesh(mesh, "dp_shard"), list(model.model.layers))
-    elif dims.dp_replicate_enabled:
+    elif dims.enabled("dp_replicate"):
         return Parallelized(model=model,
                             forward=apply_ddp(model, max(1.0, 2 * param_bytes(model) / 2**20)))
     return Parallelized(model=model, forward=model)

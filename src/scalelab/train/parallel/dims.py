@@ -39,26 +39,14 @@ class ParallelDims:
     def world(self) -> int:
         return self.dp_replicate * self.dp_shard * self.tp * self.pp
 
-    @property
-    def dp_replicate_enabled(self) -> bool:
-        return self.dp_replicate > 1
-
-    @property
-    def dp_shard_enabled(self) -> bool:
-        return self.dp_shard > 1
-
-    @property
-    def tp_enabled(self) -> bool:
-        return self.tp > 1
-
-    @property
-    def pp_enabled(self) -> bool:
-        return self.pp > 1
+    def enabled(self, axis: str) -> bool:
+        """Whether parallelism `axis` (dp_replicate, dp_shard, tp, pp) is on: degree > 1."""
+        return int(getattr(self, axis)) > 1
 
     @property
     def sharded(self) -> bool:
         """Some parameters are split across ranks (FSDP or TP): the full weights need a gather."""
-        return self.dp_shard_enabled or self.tp_enabled
+        return self.enabled("dp_shard") or self.enabled("tp")
 
     @property
     def dp(self) -> int:
