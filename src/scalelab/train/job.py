@@ -15,19 +15,23 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadUsageError, RunFailedError
-from scalelab.core.machine import available_cores
 from scalelab.nets.flights import Preprocess
 from scalelab.nets.tabular import TabularNet
 from scalelab.train import export
 from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import TENSORS_FILE, Source, Tensors, prepare
 from scalelab.train.evaluate import Evaluation, evaluate
-from scalelab.train.launch import LaunchConfig, plan_threads, run_directory, run_torchrun
+from scalelab.train.launch import (
+    LaunchConfig,
+    PreparedRun,
+    ready_run_dir,
+    run_directory,
+    run_torchrun,
+)
 from scalelab.train.loop import model_config
 from scalelab.train.rundir import (
     CONFIG_FILE,
     META_FILE,
-    clear_results,
     final_weights,
     read_failure,
     read_rank_reports,
@@ -59,15 +63,14 @@ class TrainResult:
     config: dict[str, Any]
 
 
-@dataclass(kw_only=True)
-class Prepared:
-    run_dir: Path
+@dataclass(frozen=True, kw_only=True)
+class Prepared(PreparedRun):
+    """The tabular run's directory: the encoded data's preprocessing, sources and row counts."""
+
     preprocess: Preprocess
     sources: list[Source]
     n_train: int
     n_test: int
-    threads: int
-    warning: str | None
 
 
 def prepare_run(cfg: TabularRunConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
@@ -83,9 +86,7 @@ def prepare_run(cfg: TabularRunConfig, lc: LaunchConfig, run_dir: Path) -> Prepa
     if global_batch > tensors.n_train:
         raise BadUsageError(f"global batch {global_batch} exceeds the {tensors.n_train} training "
                             "rows; lower --batch or raise --limit")
-    threads, warning = plan_threads(lc.nproc, cfg.threads, available_cores())
-    run_dir.mkdir(parents=True, exist_ok=True)
-    clear_results(run_dir)
+    threads, warning = ready_run_dir(lc, run_dir, cfg.threads)
     tensors.save(run_dir / TENSORS_FILE)
     cfg.write(run_dir / CONFIG_FILE)
     pre.write(run_dir)

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from scalelab.core.errors import BadUsageError, RunFailedError
-from scalelab.train.rundir import LOG_FILE, read_progress
+from scalelab.core.machine import available_cores
+from scalelab.train.rundir import LOG_FILE, clear_results, read_progress
 from scalelab.web.spawn import free_port
 
 POLL_S = 0.5
@@ -186,6 +187,25 @@ def _tail(path: Path, lines: int = 8) -> str:
     found = errors[-1] if errors else " | ".join(text[-lines:])
     # Brackets in gloo's messages ([/path/pair.cc:553]) read as console markup downstream.
     return found.replace("[", "(").replace("]", ")")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedRun:
+    """A run directory made ready for torchrun (each trainer's job adds what it wrote there)."""
+
+    run_dir: Path
+    threads: int
+    """Intra-op threads per worker process."""
+    warning: str | None
+    """Why the thread plan oversubscribes the cores, if it does."""
+
+
+def ready_run_dir(lc: LaunchConfig, run_dir: Path, threads: int | None) -> tuple[int, str | None]:
+    """Create `run_dir` without an earlier run's results; (threads per worker, warning)."""
+    planned, warning = plan_threads(lc.nproc, threads, available_cores())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    clear_results(run_dir)
+    return planned, warning
 
 
 def run_torchrun(lc: LaunchConfig, run_dir: Path, *, threads: int, worker: str, tag: str,

@@ -19,9 +19,8 @@ import numpy as np
 from safetensors.torch import load_file, save_file
 
 from scalelab.core.errors import RunFailedError
-from scalelab.core.machine import available_cores
 from scalelab.core.memory import MemoryQuery, plan_memory, plan_peak_rss
-from scalelab.train.launch import LaunchConfig, plan_threads, run_torchrun
+from scalelab.train.launch import LaunchConfig, PreparedRun, ready_run_dir, run_torchrun
 from scalelab.train.parallel.config import ParallelConfig
 from scalelab.train.parallel.runtime import RuntimeBaseline, measure_baseline
 from scalelab.train.parallel.worker import DATA_FILE
@@ -29,7 +28,6 @@ from scalelab.train.rundir import (
     CONFIG_FILE,
     FINAL_FILE,
     META_FILE,
-    clear_results,
     final_weights,
     read_failure,
     read_rank_reports,
@@ -41,11 +39,10 @@ WORKER = "scalelab.train.parallel.worker"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Prepared:
-    run_dir: Path
+class Prepared(PreparedRun):
+    """The transformer run's directory and the corpus written there."""
+
     corpus: Corpus
-    threads: int
-    warning: str | None
 
 
 def prepare(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
@@ -55,9 +52,7 @@ def prepare(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
     if cfg.data.batch > corpus.train.shape[0]:
         raise RunFailedError(f"--batch {cfg.data.batch} exceeds the {corpus.train.shape[0]} "
                              "training sequences; raise --tokens or lower --batch")
-    threads, warning = plan_threads(lc.nproc, cfg.threads, available_cores())
-    run_dir.mkdir(parents=True, exist_ok=True)
-    clear_results(run_dir)
+    threads, warning = ready_run_dir(lc, run_dir, cfg.threads)
     # Every file lands by rename: on a cluster, each node prepares the same shared run
     # directory (identical bytes), and a worker must never read another node's half-written one.
     tag = f".{os.getpid()}.tmp"
