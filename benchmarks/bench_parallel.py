@@ -81,9 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.quick:
         a.hidden, a.ffn, a.steps = 128, 256, 4
-    base = ParallelConfig(hidden=a.hidden, layers=a.layers, heads=4, kv_heads=4, ffn=a.ffn,
-                          seq=a.seq, batch=a.batch, steps=a.steps, tokens=400_000,
-                          micro_batches=a.micro_batches, profile_steps=2, threads=1)
+    base = ParallelConfig.from_flags(
+        hidden=a.hidden, layers=a.layers, heads=4, kv_heads=4, ffn=a.ffn, seq=a.seq,
+        batch=a.batch, steps=a.steps, tokens=400_000, micro_batches=a.micro_batches,
+        profile_steps=2, threads=1)
     m = current_machine()
     print(f"machine: {m.cores} cores, {m.memory_bytes / 2**30:.0f} GiB, {m.device}; "
           f"load average {load()} (shared, busy machine: timings are noisy)")
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             ddp: ParallelResult | None = None
             bubble_m = [int(x) for x in a.bubble_m.split(",") if x.strip()]
             for strategy, kw in runs_for(world, bubble_m):
-                cfg = dataclasses.replace(base, strategy=strategy, **kw)  # type: ignore[arg-type]
+                cfg = base.replace(strategy=strategy, **kw)
                 name = strategy + (f"/{kw['schedule']}" if "schedule" in kw else "") + (
                     f" m={kw['micro_batches']}" if "micro_batches" in kw else "") + (
                     " torch-recv" if kw.get("recv_ahead") is False else "")
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                     "bubble_theory": lv.bubble_theory, "bubble_replay": lv.bubble_replay,
                     "bubble_floor": lv.bubble_floor, "descheduled": lv.descheduled_share,
                     "process_cpu_share": _cpu_share(res),
-                    "micro_batches": cfg.micro_batches,
+                    "micro_batches": cfg.parallel.micro_batches,
                     "peak_rss_planned": lv.peak_rss_planned, "peak_rss_error": lv.peak_rss_error,
                     "rss_baseline": (res.plan or {}).get("peak_rss", {}).get("runtime_bytes"),
                     "malloc_free_at_peak": _malloc_at_peak(res),

@@ -36,14 +36,15 @@ from torch import nn
 from scalelab.core.errors import RunFailedError
 from scalelab.core.machine import available_cores, current_machine
 from scalelab.nets.tabular import TabularNet
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import BatchPlan, Tensors, prepare
 from scalelab.train.job import run_training
 from scalelab.train.launch import LaunchConfig
-from scalelab.train.loop import Dist, model_config, train
+from scalelab.train.loop import model_config, train
+from scalelab.train.rank import Rank
 
 
-def plain_loop(cfg: TrainConfig, data: Tensors, cards: list[int], steps: int) -> list[float]:
+def plain_loop(cfg: TabularRunConfig, data: Tensors, cards: list[int], steps: int) -> list[float]:
     """What one writes without a framework: same model, optimizer, batches; per-step seconds."""
     torch.manual_seed(cfg.seed)
     net = TabularNet(model_config(cfg, cards, int(data.train_num.shape[1])))
@@ -66,7 +67,7 @@ def plain_loop(cfg: TrainConfig, data: Tensors, cards: list[int], steps: int) ->
 
 def overhead(limit: float, steps: int, repeats: int) -> dict[str, float]:
     """CPU seconds per step, one thread, interleaved runs: robust to other processes' load."""
-    cfg = TrainConfig(limit=limit, batch=512, max_steps=steps, flop_count=False)
+    cfg = TabularRunConfig(limit=limit, batch=512, max_steps=steps, flop_count=False)
     data, pre, _ = prepare(cfg.data, cfg.limit, cfg.seed)
     cards = pre.cardinalities()
     previous = torch.get_num_threads()
@@ -79,7 +80,7 @@ def overhead(limit: float, steps: int, repeats: int) -> dict[str, float]:
                 plain_wall.append(statistics.median(plain_loop(cfg, data, cards, steps)))
                 plain.append((time.process_time() - t) / steps)
                 t = time.process_time()
-                report, _, _ = train(cfg, data, cards, Dist(), run_dir=Path(tmp))
+                report, _, _ = train(cfg, data, cards, Rank(), run_dir=Path(tmp))
                 ours.append((time.process_time() - t) / steps)
                 ours_wall.append(statistics.median(report["step_s"]))
     finally:
@@ -100,8 +101,8 @@ def efficiency(limit: float | None, steps: int, batch: int, repeats: int) -> dic
     for key, (n, threads) in levels.items():
         runs = []
         for _ in range(repeats):
-            cfg = TrainConfig(limit=limit, batch=batch, base_batch=batch, max_steps=steps,
-                              threads=threads)
+            cfg = TabularRunConfig(limit=limit, batch=batch, base_batch=batch, max_steps=steps,
+                                   threads=threads)
             runs.append(run_training(cfg, LaunchConfig(nproc=n, timeout_s=600)).summary)
         best = min(runs, key=lambda s: s.median_step_s)
         wall[key] = max(s.rate.samples_per_s for s in runs)
@@ -115,9 +116,9 @@ def efficiency(limit: float | None, steps: int, batch: int, repeats: int) -> dic
 def checkpoint_blocking(limit: float, steps: int, every: int | None) -> dict[str, dict[str, float]]:
     out = {}
     for asynchronous in (False, True):
-        cfg = TrainConfig(limit=limit, batch=1024, base_batch=1024, max_steps=steps,
-                          checkpoint_every=every or 0, checkpoint_auto=every is None,
-                          mtbf_s=6 * 3600.0, async_checkpoint=asynchronous, keep=2)
+        cfg = TabularRunConfig(limit=limit, batch=1024, base_batch=1024, max_steps=steps,
+                               checkpoint_every=every or 0, checkpoint_auto=every is None,
+                               mtbf_s=6 * 3600.0, async_checkpoint=asynchronous, keep=2)
         r = run_training(cfg, LaunchConfig(nproc=2, timeout_s=600))
         ck = r.summary.checkpoint
         assert ck is not None

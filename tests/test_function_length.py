@@ -7,11 +7,6 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "scalelab"
 LIMIT = 100
-KNOWN = {
-    # Split on branch `trainfold` (issue #36); the lead removes these when it merges.
-    ("train/loop.py", "train"),
-    ("train/parallel/loop.py", "train"),
-}
 
 
 def long_functions(src: Path, limit: int) -> list[tuple[str, str, int]]:
@@ -34,6 +29,6 @@ def test_the_walk_counts_a_function_from_def_to_its_last_line(tmp_path: Path) ->
 
 def test_no_function_is_longer_than_the_limit() -> None:
     found = long_functions(SRC, LIMIT)
-    over = [f"{f}:{name} ({n} lines)" for f, name, n in found if (f, name) not in KNOWN]
+    over = [f"{f}:{name} ({n} lines)" for f, name, n in found]
     assert over == [], "split these functions: " + ", ".join(over)
     assert len(list(SRC.rglob("*.py"))) > 200, "the walk found the source tree"

@@ -26,9 +26,10 @@ import torch
 from safetensors.torch import load_file
 
 from scalelab.train.checkpoint import CRASH_POINTS, KILL_AT_ENV, KILL_ONCE_ENV, MARKER
-from scalelab.train.config import TrainConfig
-from scalelab.train.launch import LaunchConfig, prepare_run, torchrun_command
-from scalelab.train.worker import CONFIG_FILE, FINAL_FILE, rank_file
+from scalelab.train.config import TabularRunConfig
+from scalelab.train.job import prepare_run
+from scalelab.train.launch import LaunchConfig, torchrun_command
+from scalelab.train.rundir import CONFIG_FILE, FINAL_FILE, rank_file
 
 STEPS = 12
 EVERY = 2
@@ -39,9 +40,9 @@ JOB = "job"
 """Kill kind: SIGKILL the whole process group (agent and workers) from outside."""
 
 
-def base_config(**kw: Any) -> TrainConfig:
-    return TrainConfig(limit=4000, batch=128, base_batch=128, max_steps=STEPS, hidden=[16],
-                       seed=11, checkpoint_every=EVERY, keep=KEEP, flop_count=False, **kw)
+def base_config(**kw: Any) -> TabularRunConfig:
+    return TabularRunConfig(limit=4000, batch=128, base_batch=128, max_steps=STEPS, hidden=[16],
+                            seed=11, checkpoint_every=EVERY, keep=KEEP, flop_count=False, **kw)
 
 
 def prepare_template(root: Path, world: int) -> Path:

@@ -16,9 +16,10 @@ from scalelab.train.checkpoint import (
     save_file_durably,
     set_rng_state,
 )
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import Tensors
-from scalelab.train.loop import Dist, train
+from scalelab.train.loop import train
+from scalelab.train.rank import Rank
 from scalelab.train.saver import Saver
 
 CARDS = [5, 4, 7, 3]
@@ -98,9 +99,9 @@ def test_saver_writes_a_complete_checkpoint(tmp_path: Path, asynchronous: bool) 
 
 
 def _run(tmp: Path, **kw: object) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
-    cfg = TrainConfig(batch=64, base_batch=64, max_steps=10, hidden=[8], seed=4,
-                      checkpoint_dir=str(tmp / "ck"), keep=3, **kw)  # type: ignore[arg-type]
-    report, _net, state = train(cfg, _data(), CARDS, Dist(), run_dir=tmp)
+    cfg = TabularRunConfig(batch=64, base_batch=64, max_steps=10, hidden=[8], seed=4,
+                           checkpoint_dir=str(tmp / "ck"), keep=3, **kw)  # type: ignore[arg-type]
+    report, _net, state = train(cfg, _data(), CARDS, Rank(), run_dir=tmp)
     assert state is not None
     return report, {k: v.clone() for k, v in state.items()}
 

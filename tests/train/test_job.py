@@ -9,11 +9,12 @@ import torch
 
 from scalelab.nets import registry
 from scalelab.nets.repository import read_json
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import prepare
 from scalelab.train.job import TrainResult, run_training
 from scalelab.train.launch import LaunchConfig
-from scalelab.train.loop import Dist, train
+from scalelab.train.loop import train
+from scalelab.train.rank import Rank
 from scalelab.train.summary import RunSummary, summarize
 
 from .conftest import LIMIT
@@ -23,9 +24,9 @@ LOSS_TOLERANCE = 1e-4
 """1 vs 2 processes at the same global batch: same math, different float summation order."""
 
 
-def _cfg(**kw: object) -> TrainConfig:
-    return TrainConfig(limit=LIMIT, batch=256, base_batch=256, max_steps=STEPS, hidden=[16, 16],
-                       **kw)  # type: ignore[arg-type]
+def _cfg(**kw: object) -> TabularRunConfig:
+    return TabularRunConfig(limit=LIMIT, batch=256, base_batch=256, max_steps=STEPS,
+                            hidden=[16, 16], **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def one(tmp_path_factory: pytest.TempPathFactory) -> RunSummary:
     """The single-process reference, trained in this process (same loop, no process group)."""
     cfg = _cfg()
     data, pre, _ = prepare(cfg.data, cfg.limit, cfg.seed)
-    report, _, _ = train(cfg, data, pre.cardinalities(), Dist(),
+    report, _, _ = train(cfg, data, pre.cardinalities(), Rank(),
                          run_dir=tmp_path_factory.mktemp("one"))
     return summarize(cfg, [report], None)
 

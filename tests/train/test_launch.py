@@ -6,7 +6,7 @@ import psutil
 import pytest
 
 from scalelab.core.errors import BadUsageError, RunFailedError
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.job import run_training
 from scalelab.train.launch import LaunchConfig, plan_threads, torchrun_command
 
@@ -49,7 +49,7 @@ def test_torchrun_command_uses_local_rendezvous(tmp_path: Path) -> None:
 
 def test_timeout_kills_every_process_of_the_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    cfg = TrainConfig(limit=LIMIT, batch=64, epochs=50)
+    cfg = TabularRunConfig(limit=LIMIT, batch=64, epochs=50)
     with pytest.raises(RunFailedError, match="did not finish within --timeout 2s"):
         run_training(cfg, LaunchConfig(nproc=2, timeout_s=2, run_dir=str(run_dir)))
     left = [p for p in psutil.process_iter(["cmdline"])

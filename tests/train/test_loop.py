@@ -7,16 +7,17 @@ from pathlib import Path
 import pytest
 
 from scalelab.core.errors import BadUsageError
-from scalelab.train.config import TrainConfig
-from scalelab.train.loop import Dist, train
+from scalelab.train.config import TabularRunConfig
+from scalelab.train.loop import train
+from scalelab.train.rank import Rank
 from scalelab.train.schedule import default_warmup
 
 from .test_checkpoint import CARDS, _data
 
 
 def _train(tmp: Path, **kw: object) -> dict[str, object]:
-    cfg = TrainConfig(max_steps=8, hidden=[8], seed=1, **kw)  # type: ignore[arg-type]
-    report, _, _ = train(cfg, _data(), CARDS, Dist(), run_dir=tmp)
+    cfg = TabularRunConfig(max_steps=8, hidden=[8], seed=1, **kw)  # type: ignore[arg-type]
+    report, _, _ = train(cfg, _data(), CARDS, Rank(), run_dir=tmp)
     return report
 
 
@@ -38,21 +39,21 @@ def test_linear_lr_scaling_and_default_warmup(tmp_path: Path) -> None:
 
 
 def test_strong_and_weak_batches() -> None:
-    strong = TrainConfig(batch=512, mode="strong")
-    weak = TrainConfig(batch=512, mode="weak")
+    strong = TabularRunConfig(batch=512, mode="strong")
+    weak = TabularRunConfig(batch=512, mode="weak")
     assert (strong.global_batch(4), strong.local_batch(4)) == (512, 128)
     assert (weak.global_batch(4), weak.local_batch(4)) == (2048, 512)
     with pytest.raises(BadUsageError, match="split evenly"):
-        TrainConfig(batch=6).local_batch(4)
+        TabularRunConfig(batch=6).local_batch(4)
     with pytest.raises(BadUsageError, match="micro-batches"):
-        TrainConfig(batch=8, accumulation=3).local_batch(2)
+        TabularRunConfig(batch=8, accumulation=3).local_batch(2)
 
 
 def test_run_key_ignores_how_long_and_how_saved() -> None:
-    a = TrainConfig(max_steps=10, checkpoint_every=5)
-    assert a.run_key(2) == TrainConfig(max_steps=99, keep=1).run_key(2)
+    a = TabularRunConfig(max_steps=10, checkpoint_every=5)
+    assert a.run_key(2) == TabularRunConfig(max_steps=99, keep=1).run_key(2)
     assert a.run_key(2) != a.run_key(4)
-    assert a.run_key(2) != TrainConfig(lr=1.0).run_key(2)
+    assert a.run_key(2) != TabularRunConfig(lr=1.0).run_key(2)
 
 
 def test_peak_rss_is_this_processs_own_not_its_parents() -> None:
@@ -71,7 +72,7 @@ def test_peak_rss_is_this_processs_own_not_its_parents() -> None:
 
 
 def test_rank_0_leaves_its_last_step_for_the_launchers_progress(tmp_path: Path) -> None:
-    from scalelab.train.loop import read_progress
+    from scalelab.train.rundir import read_progress
 
     r = _train(tmp_path, batch=64, base_batch=64)
     last_step, last_loss = r["losses"][-1]  # type: ignore[index]

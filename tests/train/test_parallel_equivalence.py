@@ -12,7 +12,6 @@ ahead) run in `make test` here; FSDP's fast form shares the launches of the cras
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,16 @@ import torch
 from scalelab.train.launch import LaunchConfig
 from scalelab.train.parallel.bench import peak_rss_error, tracked_bytes
 from scalelab.train.parallel.config import ParallelConfig
-from scalelab.train.parallel.job import ParallelResult, final_weights, run_parallel
-from scalelab.train.parallel.loop import Rank, train
+from scalelab.train.parallel.job import ParallelResult, run_parallel
+from scalelab.train.parallel.loop import train
 from scalelab.train.parallel.pipeline import replay_bubble
+from scalelab.train.rank import Rank
+from scalelab.train.rundir import final_weights
 from scalelab.train.text import load_corpus
 
-TINY = ParallelConfig(strategy="single", layers=2, hidden=32, heads=2, kv_heads=2, ffn=64,
-                      seq=32, tokens=20_000, batch=4, steps=3, micro_batches=2, profile_steps=1,
-                      threads=1)
+TINY = ParallelConfig.from_flags(
+    strategy="single", layers=2, hidden=32, heads=2, kv_heads=2, ffn=64, seq=32, tokens=20_000,
+    batch=4, steps=3, micro_batches=2, profile_steps=1, threads=1)
 LOSS_TOL = 1e-5
 WEIGHT_TOL = 1e-4
 
@@ -38,7 +39,7 @@ WEIGHT_TOL = 1e-4
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[float], dict[str, Any]]:
     """The single-process run, in this process (no launch cost)."""
     torch.set_num_threads(1)
-    c = load_corpus(seq=TINY.seq, max_tokens=TINY.tokens, seed=TINY.seed)
+    c = load_corpus(seq=TINY.data.seq, max_tokens=TINY.data.tokens, seed=TINY.seed)
     report, state = train(TINY, c.train, Rank(), run_dir=tmp_path_factory.mktemp("single"))
     assert state is not None
     return [v for _, v in report["losses"]], state
@@ -46,7 +47,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[float], di
 
 def launch(tmp: Path, strategy: str, nproc: int, plan_rss: bool = False,
            **kw: Any) -> ParallelResult:
-    cfg = dataclasses.replace(TINY, strategy=strategy, **kw)  # type: ignore[arg-type]
+    cfg = TINY.replace(strategy=strategy, **kw)
     return run_parallel(cfg, LaunchConfig(nproc=nproc, timeout_s=240), tmp, plan_rss=plan_rss)
 
 
@@ -66,10 +67,10 @@ def test_tensor_parallel_matches_single_and_halves_the_weights(
     res = launch(tmp_path, "tp", 2)
     assert_matches(res, tmp_path, reference)
     n = sum(int(v.numel()) for v in reference[1].values())
-    norms = (2 * TINY.layers + 1) * TINY.hidden
+    norms = (2 * TINY.model.layers + 1) * TINY.model.hidden
     for r in res.ranks:
         # Every matrix split in two (the vocabulary's odd row lands on one rank), norms whole.
-        assert abs(r["param_bytes"] - 4 * ((n - norms) / 2 + norms)) <= 4 * TINY.hidden
+        assert abs(r["param_bytes"] - 4 * ((n - norms) / 2 + norms)) <= 4 * TINY.model.hidden
         assert r["optimizer_bytes"] == 2 * r["param_bytes"]
         assert r["comm"]["all_reduce"]["calls"] > 0 and r["comm"]["all_reduce"]["bytes"] > 0
     # The planner against the measured parameters + gradients + optimizer + activations.

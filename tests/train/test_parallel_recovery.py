@@ -10,7 +10,6 @@ for every strategy, and at their original sizes, are `slow`.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,18 +18,19 @@ import pytest
 import torch
 
 from scalelab.train.launch import LaunchConfig
-from scalelab.train.loop import read_progress
 from scalelab.train.parallel import ckpt
 from scalelab.train.parallel.config import ParallelConfig
-from scalelab.train.parallel.job import Rehearsal, final_weights, rehearse, run_parallel
-from scalelab.train.parallel.loop import Rank, train
+from scalelab.train.parallel.job import Rehearsal, rehearse, run_parallel
+from scalelab.train.parallel.loop import train
 from scalelab.train.parallel.multinode import against, lose_a_node, rehearse_node_loss
+from scalelab.train.rank import Rank
+from scalelab.train.rundir import final_weights, read_progress
 from scalelab.train.text import load_corpus
 
-TINY = ParallelConfig(strategy="dp", layers=2, hidden=32, heads=2, kv_heads=2, ffn=64, seq=32,
-                      tokens=20_000, batch=4, steps=6, micro_batches=2, profile_steps=0,
-                      checkpoint_every=2, threads=1)
-FAST = dataclasses.replace(TINY, strategy="fsdp", steps=24, checkpoint_every=3)
+TINY = ParallelConfig.from_flags(
+    strategy="dp", layers=2, hidden=32, heads=2, kv_heads=2, ffn=64, seq=32, tokens=20_000,
+    batch=4, steps=6, micro_batches=2, profile_steps=0, checkpoint_every=2, threads=1)
+FAST = TINY.replace(strategy="fsdp", steps=24, checkpoint_every=3)
 """The fast rehearsals' job. The two-node kill is issued once the step-3 checkpoint is seen
 (polled every 50 ms): 20 more steps and 6 checkpoints must not fit in that reaction time, or
 the job ends before the kill. A step of this model is milliseconds, so the launches are what
@@ -55,7 +55,7 @@ def test_fsdp_killed_rank_recovers_bitwise(fsdp: Rehearsal) -> None:
     # Checkpoints land after every 3rd step: the group resumed from the newest one before the
     # kill, not an older one and not a fresh start (a replay from an older one would also end
     # bitwise equal: the step is what shows which checkpoint was loaded).
-    assert FAST.checkpoint_every < r.killed_at_step < FAST.steps
+    assert FAST.checkpoint.every < r.killed_at_step < FAST.steps
     assert r.resumed_from_step == r.killed_at_step // 3 * 3
     assert r.result.losses == r.reference.losses[r.resumed_from_step:]
     assert r.bitwise_equal and r.max_abs_diff == 0.0
@@ -66,8 +66,8 @@ def test_fsdp_matches_one_process_and_shards_the_state(fsdp: Rehearsal,
                                                        tmp_path: Path) -> None:
     """DDP/FSDP equivalence, fast form: the uninterrupted FSDP run against the same job in this
     process, the weights and Adam state split over the 2 ranks."""
-    single = dataclasses.replace(FAST, strategy="single", checkpoint_every=0)
-    c = load_corpus(seq=single.seq, max_tokens=single.tokens, seed=single.seed)
+    single = FAST.replace(strategy="single", checkpoint_every=0)
+    c = load_corpus(seq=single.data.seq, max_tokens=single.data.tokens, seed=single.seed)
     report, state = train(single, c.train, Rank(), run_dir=tmp_path)
     assert state is not None
     losses = [v for _, v in report["losses"]]
@@ -95,7 +95,7 @@ def test_fsdp_checkpoint_continues_under_tensor_parallel_fast(fsdp: Rehearsal,
     shared = tmp_path / "ckpts"
     shutil.copytree(src, ckpt.step_dir(shared, 3))
     assert ckpt.complete_steps(shared, FAST.run_key(2)) == [3]
-    tp = dataclasses.replace(FAST, strategy="tp", checkpoint_dir=str(shared))
+    tp = FAST.replace(strategy="tp", checkpoint_dir=str(shared))
     seen: list[tuple[int, int]] = []
     res = run_parallel(tp, LaunchConfig(nproc=2, timeout_s=300), tmp_path / "tp",
                        on_progress=lambda step, total, loss: seen.append((step, total)))
@@ -126,7 +126,7 @@ def test_two_nodes_one_killed_and_replaced_fast(fsdp: Rehearsal, tmp_path: Path)
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["dp", "fsdp", "tp", "pp"])
 def test_killed_rank_recovers_bitwise(tmp_path: Path, strategy: str) -> None:
-    cfg = dataclasses.replace(TINY, strategy=strategy)  # type: ignore[arg-type]
+    cfg = TINY.replace(strategy=strategy)
     r = rehearse(cfg, LaunchConfig(nproc=2, timeout_s=300, max_restarts=1), tmp_path)
     assert r.result.failure is not None and r.result.failure["step"] == r.killed_at_step
     # The kill comes after the first checkpoint (step 2), so the group resumed from one.
@@ -139,13 +139,13 @@ def test_killed_rank_recovers_bitwise(tmp_path: Path, strategy: str) -> None:
 def test_fsdp_checkpoint_resumes_under_tensor_parallel(tmp_path: Path) -> None:
     """DCP reshards: an FSDP checkpoint at step 2 continued by TP equals FSDP to the end."""
     shared = tmp_path / "ckpts"
-    first = dataclasses.replace(TINY, strategy="fsdp", steps=3, checkpoint_dir=str(shared))
+    first = TINY.replace(strategy="fsdp", steps=3, checkpoint_dir=str(shared))
     run_parallel(first, LaunchConfig(nproc=2, timeout_s=300), tmp_path / "fsdp")
     assert ckpt.complete_steps(shared, first.run_key(2)) == [2]
-    tp = dataclasses.replace(TINY, strategy="tp", checkpoint_dir=str(shared), checkpoint_every=2)
+    tp = TINY.replace(strategy="tp", checkpoint_dir=str(shared), checkpoint_every=2)
     res = run_parallel(tp, LaunchConfig(nproc=2, timeout_s=300), tmp_path / "tp")
     assert res.resumed_from is not None and res.resumed_from["step"] == 2
-    ref = run_parallel(dataclasses.replace(TINY, strategy="fsdp", checkpoint_every=0),
+    ref = run_parallel(TINY.replace(strategy="fsdp", checkpoint_every=0),
                        LaunchConfig(nproc=2, timeout_s=300), tmp_path / "ref")
     assert max(abs(a - b) for a, b in zip(res.losses, ref.losses[2:], strict=True)) <= 1e-5
     got, want = final_weights(tmp_path / "tp"), final_weights(tmp_path / "ref")
@@ -156,7 +156,7 @@ def test_fsdp_checkpoint_resumes_under_tensor_parallel(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_two_nodes_one_killed_and_replaced_ends_with_the_uninterrupted_model(
         tmp_path: Path) -> None:
-    cfg = dataclasses.replace(TINY, steps=14, checkpoint_every=3)
+    cfg = TINY.replace(steps=14, checkpoint_every=3)
     r = rehearse_node_loss(cfg, tmp_path, nproc=1, timeout_s=500)
     assert r.killed_after_checkpoint >= 3
     assert r.resumed_from_step is not None and r.resumed_from_step >= r.killed_after_checkpoint

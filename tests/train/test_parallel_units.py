@@ -73,7 +73,7 @@ def test_bubble_theory_and_stage_split() -> None:
 
 
 def test_stages_keep_the_full_models_names_and_compose_to_it() -> None:
-    cfg = ParallelConfig(layers=3, hidden=32, heads=2, kv_heads=2, ffn=64, seq=16)
+    cfg = ParallelConfig.from_flags(layers=3, hidden=32, heads=2, kv_heads=2, ffn=64, seq=16)
     full = init_weights(LlamaForCausalLM(cfg.model_config()), seed=0)
     s0, s1 = StageModule(full, 0, 2), StageModule(full, 1, 2)
     names = set(s0.state_dict()) | set(s1.state_dict())
@@ -130,14 +130,14 @@ def test_activation_meter_counts_saved_storages_not_parameters() -> None:
 ])
 def test_config_refuses_what_cannot_run(kw: dict[str, object], world: int, needle: str) -> None:
     with pytest.raises(BadUsageError, match=needle):
-        ParallelConfig(**kw).check_world(world)  # type: ignore[arg-type]
+        ParallelConfig.from_flags(**kw).check_world(world)
 
 
 def test_config_rejects_bad_values() -> None:
     with pytest.raises(BadUsageError, match="--strategy must be one of"):
-        ParallelConfig(strategy="zz")  # type: ignore[arg-type]
+        ParallelConfig.from_flags(strategy="zz")
     with pytest.raises(BadUsageError, match="--layers must be >= 1"):
-        ParallelConfig(layers=0)
+        ParallelConfig.from_flags(layers=0)
 
 
 def test_bubble_floor_is_theory_with_a_core_per_stage_else_the_cpu_share() -> None:
@@ -176,3 +176,57 @@ def test_replay_charges_an_unequal_stage_to_the_schedule_not_to_transfers() -> N
     assert replay_bubble(orders) == pytest.approx(((1 - 4 / 8) + (1 - 6 / 8)) / 2)
     with pytest.raises(ValueError, match="deadlock"):
         replay([[("B", 0, 1.0)], [("F", 0, 1.0), ("B", 1, 1.0)]])
+
+
+@pytest.mark.parametrize("strategy, world, on", [
+    ("single", 1, set()), ("dp", 4, {"dp_replicate"}), ("fsdp", 4, {"dp_shard"}),
+    ("tp", 2, {"tp"}), ("pp", 3, {"pp"}), ("fsdp+tp", 4, {"dp_shard", "tp"}),
+    ("fsdp", 1, set()),
+])
+def test_a_strategy_becomes_degrees_once(strategy: str, world: int, on: set[str]) -> None:
+    d = ParallelDims.for_strategy(strategy, world)
+    got = {n for n in ("dp_replicate", "dp_shard", "tp", "pp") if d.enabled(n)}
+    assert got == on
+    assert d.world == world
+    assert d.sharded == bool(on & {"dp_shard", "tp"})
+
+
+def test_one_rank_parallelizes_to_the_plain_model() -> None:
+    from scalelab.nets.llama import LlamaConfig
+    from scalelab.train.parallel.apply import PipelineSettings, parallelize
+
+    model = init_weights(LlamaForCausalLM(LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+        num_kv_heads=2, max_position_embeddings=8, tie_word_embeddings=False)), seed=0)
+    par = parallelize(model, ParallelDims.for_strategy("pp", 1), None, rank=0, device="cpu",
+                      pipeline=PipelineSettings(micro_batches=2, schedule="1f1b",
+                                                recv_ahead=True, loss_fn=lambda a, b: a.sum()))
+    assert par.model is model and par.forward is model
+    assert par.schedule is None and par.clock is None
+
+
+def test_config_is_in_sections_and_reads_back(tmp_path: object) -> None:
+    from pathlib import Path
+
+    cfg = ParallelConfig.from_flags(strategy="tp", hidden=32, heads=2, kv_heads=2, seq=16,
+                                    batch=4, checkpoint_every=3, profile_steps=0, steps=5)
+    assert (cfg.parallel.strategy, cfg.model.hidden, cfg.data.seq, cfg.data.batch,
+            cfg.checkpoint.every, cfg.measure.profile_steps, cfg.steps) == ("tp", 32, 16, 4, 3,
+                                                                           0, 5)
+    assert set(cfg.to_dict()) == {"model", "data", "parallel", "checkpoint", "measure", "steps",
+                                  "lr", "seed", "deterministic", "threads"}
+    path = Path(str(tmp_path)) / "config.json"
+    cfg.write(path)
+    assert ParallelConfig.read(path) == cfg
+    other = cfg.replace(checkpoint_every=0, strategy="dp", lr=0.5)
+    assert (other.checkpoint.every, other.parallel.strategy, other.lr) == (0, "dp", 0.5)
+    assert (cfg.checkpoint.every, cfg.parallel.strategy) == (3, "tp")
+    assert other.model == cfg.model and other.run_key(2) != cfg.run_key(2)
+
+
+def test_the_old_flat_config_gets_a_migration_error() -> None:
+    with pytest.raises(BadUsageError, match=r"old flat form \(top-level batch, hidden, "
+                                            r"strategy\).*sections.*from_flags"):
+        ParallelConfig.from_dict({"strategy": "dp", "hidden": 64, "batch": 8, "steps": 3})
+    with pytest.raises(TypeError, match="no field 'hiden'"):
+        ParallelConfig.from_flags(hiden=3)

@@ -25,7 +25,7 @@ from scalelab.cli.train_transformer import (
 )
 from scalelab.core.errors import BadUsageError
 from scalelab.core.units import format_bytes, format_duration, parse_duration
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.job import TrainResult, run_training
 from scalelab.train.launch import LaunchConfig
 
@@ -105,8 +105,8 @@ def common_train_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def build_config(*, data: str | None, limit: str | None, seed: int, batch: int, mode: str,
                  accumulation: int, lr: float, base_batch: int, warmup: int | None, hidden: str,
                  class_weights: str, shard: str, threads: int | None, peak_flops: str | None,
-                 price_per_hour: float | None, **extra: Any) -> TrainConfig:
-    return TrainConfig(
+                 price_per_hour: float | None, **extra: Any) -> TabularRunConfig:
+    return TabularRunConfig(
         data=data, limit=_float_or_none(limit, "--limit"), seed=seed, batch=batch,
         mode=mode,  # type: ignore[arg-type]
         accumulation=accumulation, lr=lr, base_batch=base_batch, warmup_steps=warmup,
@@ -391,8 +391,8 @@ def scaling_law(data_dir: str | None, widths: str, fractions: str, limit: str, e
     """
     from scalelab.train.scaling_law import curves, run_grid
 
-    cfg = TrainConfig(data=data_dir, limit=_float_or_none(limit, "--limit"), epochs=epochs,
-                      batch=batch, base_batch=batch, lr=lr, seed=seed)
+    cfg = TabularRunConfig(data=data_dir, limit=_float_or_none(limit, "--limit"), epochs=epochs,
+                           batch=batch, base_batch=batch, lr=lr, seed=seed)
     result = run_grid(cfg, widths=parse_list(widths, what="--widths", kind=int),
                       fractions=parse_list(fractions, what="--data"),
                       budget=_si(budget, "--budget"), threads=threads,

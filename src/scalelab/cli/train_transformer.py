@@ -9,7 +9,6 @@ it carries over (--nproc, --steps, --seed, --lr, --checkpoint-interval, --rehear
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,7 +103,7 @@ def _config(ctx: click.Context, t: dict[str, Any], *, batch: int, steps: int, se
 
     if _defaulted(ctx, batch_param):
         batch = DEFAULT_BATCH
-    return ParallelConfig(
+    return ParallelConfig.from_flags(
         strategy=t["strategy"], tp=t["tp"], hidden=_width(ctx, hidden), layers=t["layers"],
         heads=t["heads"], kv_heads=t["kv_heads"], ffn=t["ffn"], seq=t["seq"],
         tokens=t["tokens"], batch=batch, steps=steps, lr=lr, seed=seed,
@@ -188,11 +187,11 @@ def run_transformer(ctx: click.Context, t: dict[str, Any], *, as_json: bool, npr
         rehearsal = None
         if rehearse_failure:
             if not every:
-                cfg = dataclasses.replace(cfg, checkpoint_every=max(1, cfg.steps // 4))
+                cfg = cfg.replace(checkpoint_every=max(1, cfg.steps // 4))
             rehearsal = rehearse(cfg, lc, Path(rd))
             result = rehearsal.result
         else:
-            with live_progress(f"train {cfg.strategy} on {nproc} process(es)") as progress:
+            with live_progress(f"train {cfg.parallel.strategy} on {nproc} process(es)") as progress:
                 result = run_parallel(cfg, lc, Path(rd), on_progress=lambda step, total, loss:
                                       progress.update(completed=step, total=total,
                                                       note=f"train: step {step}/{total}, "

@@ -21,7 +21,7 @@ from scalelab.core.laws import karp_flatt
 from scalelab.core.machine import available_cores
 from scalelab.core.records import Cost, Record, make_record
 from scalelab.core.usage import Usage, UsageMeter
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.job import TrainResult, run_training
 from scalelab.train.launch import LaunchConfig
 
@@ -133,7 +133,7 @@ def _verdict(levels: list[Level], mode: str) -> tuple[int, str]:
     return peak.nproc, text
 
 
-def run_bench(base: TrainConfig, *, nprocs: list[int], batches: list[int], experiment: str,
+def run_bench(base: TabularRunConfig, *, nprocs: list[int], batches: list[int], experiment: str,
               timeout_s: float, on_level: Callable[[str], None] | None = None,
               on_warning: Callable[[str], None] | None = None,
               price_per_core_hour: float | None = None) -> BenchResult:

@@ -82,7 +82,8 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in `path` durable (both checkpoint formats commit so)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -154,12 +155,12 @@ class CheckpointStore:
             json.dump({"step": step, "files": files, **(meta or {})}, f, indent=2)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         crash_point("ckpt-marked", step, 0)
         if final.exists():  # a re-run of the same step after a restart: replace it whole
             shutil.rmtree(final)
         tmp.rename(final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         crash_point("ckpt-renamed", step, 0)
         self.prune()
         return final

@@ -19,8 +19,9 @@ Shard = Literal["none", "zero", "fsdp"]
 
 
 @dataclass(kw_only=True)
-class TrainConfig:
-    """One training run. Batch sizes are in samples; steps are optimizer steps."""
+class TabularRunConfig:
+    """One data-parallel run of the tabular (flights) net; the transformer's is
+    train.parallel.config.ParallelConfig. Batch sizes are in samples; steps are optimizer steps."""
 
     data: str | None = None
     """Dataset directory holding train.parquet / test.parquet; None reads the raw flights CSVs."""
@@ -152,7 +153,7 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+    def from_dict(cls, d: dict[str, Any]) -> TabularRunConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -160,5 +161,5 @@ class TrainConfig:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
 
     @classmethod
-    def read(cls, path: Path) -> TrainConfig:
+    def read(cls, path: Path) -> TabularRunConfig:
         return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))

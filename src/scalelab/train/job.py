@@ -8,30 +8,35 @@ uninterrupted; it reports whether the final weights are bitwise equal.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file
-
 from scalelab.core.errors import BadUsageError, RunFailedError
+from scalelab.nets.flights import Preprocess
 from scalelab.nets.tabular import TabularNet
 from scalelab.train import export
-from scalelab.train.config import TrainConfig
-from scalelab.train.dataset import TENSORS_FILE, Tensors
+from scalelab.train.config import TabularRunConfig
+from scalelab.train.dataset import TENSORS_FILE, Source, Tensors, prepare
 from scalelab.train.evaluate import Evaluation, evaluate
 from scalelab.train.launch import (
     LaunchConfig,
-    final_weights,
-    prepare_run,
-    read_failure,
-    read_rank_reports,
+    PreparedRun,
+    ready_run_dir,
     run_directory,
     run_torchrun,
 )
 from scalelab.train.loop import model_config
+from scalelab.train.rundir import (
+    CONFIG_FILE,
+    META_FILE,
+    final_weights,
+    read_failure,
+    read_rank_reports,
+    weights_diff,
+)
 from scalelab.train.summary import RunSummary, summarize
 
 
@@ -58,28 +63,56 @@ class TrainResult:
     config: dict[str, Any]
 
 
-def _weights_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[bool, float]:
-    if a.keys() != b.keys():
-        return False, float("inf")
-    equal = all(torch.equal(a[k], b[k]) for k in a)
-    diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-    return equal, diff
+@dataclass(frozen=True, kw_only=True)
+class Prepared(PreparedRun):
+    """The tabular run's directory: the encoded data's preprocessing, sources and row counts."""
+
+    preprocess: Preprocess
+    sources: list[Source]
+    n_train: int
+    n_test: int
 
 
-def _one_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path,
+def prepare_run(cfg: TabularRunConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
+    """Encode the data and write everything a worker reads into `run_dir`."""
+    world = lc.nproc * lc.min_nodes()
+    global_batch = cfg.global_batch(world)
+    cfg.local_batch(world)
+    if cfg.shard == "fsdp" and cfg.async_checkpoint:
+        raise BadUsageError("--async-checkpoint is not supported with --shard fsdp "
+                            "(its state gather is a collective on the training group)")
+    tensors, pre, sources = prepare(cfg.data, cfg.limit, cfg.seed)
+    tensors = tensors.subset_train(cfg.train_fraction, cfg.seed)
+    if global_batch > tensors.n_train:
+        raise BadUsageError(f"global batch {global_batch} exceeds the {tensors.n_train} training "
+                            "rows; lower --batch or raise --limit")
+    threads, warning = ready_run_dir(lc, run_dir, cfg.threads)
+    tensors.save(run_dir / TENSORS_FILE)
+    cfg.write(run_dir / CONFIG_FILE)
+    pre.write(run_dir)
+    (run_dir / META_FILE).write_text(json.dumps({
+        "cardinalities": pre.cardinalities(), "threads": threads, "cuda": lc.cuda,
+        "collective_timeout_s": min(lc.timeout_s, 300.0)}), encoding="utf-8")
+    return Prepared(run_dir=run_dir, preprocess=pre, sources=sources, n_train=tensors.n_train,
+                    n_test=int(tensors.test_y.shape[0]), threads=threads, warning=warning)
+
+
+def _one_run(cfg: TabularRunConfig, lc: LaunchConfig, run_dir: Path,
              on_warning: Callable[[str], None] | None,
              on_progress: Callable[[int, int, float], None] | None = None,
              ) -> tuple[Any, RunSummary, float]:
     prep = prepare_run(cfg, lc, run_dir)
     if prep.warning and on_warning is not None:
         on_warning(prep.warning)
-    wall = run_torchrun(lc, prep, rehearse=cfg.rehearse_failure, on_progress=on_progress)
+    wall = run_torchrun(lc, run_dir, threads=prep.threads, worker="scalelab.train.worker",
+                        tag="scalelab", restarts=cfg.rehearse_failure,
+                        train_less="--steps, --limit", on_progress=on_progress)
     world = lc.nproc * lc.min_nodes()
     summary = summarize(cfg, read_rank_reports(run_dir, world), read_failure(run_dir))
     return prep, summary, wall
 
 
-def run_training(cfg: TrainConfig, lc: LaunchConfig, *, repo: str | None = None,
+def run_training(cfg: TabularRunConfig, lc: LaunchConfig, *, repo: str | None = None,
                  model_name: str = "flights", lineage: str | bool | None = None,
                  on_warning: Callable[[str], None] | None = None,
                  on_progress: Callable[[int, int, float], None] | None = None) -> TrainResult:
@@ -93,7 +126,7 @@ def run_training(cfg: TrainConfig, lc: LaunchConfig, *, repo: str | None = None,
         if cfg.rehearse_failure and summary.recovery is None:
             raise RunFailedError("the rehearsal killed no worker: the run is too short to fail "
                                  "after its first checkpoint; raise --steps or --epochs")
-        state = load_file(str(final_weights(run_dir)))
+        state = final_weights(run_dir)
         net = TabularNet(model_config(cfg, prep.preprocess.cardinalities(),
                                       len(prep.preprocess.numeric)))
         net.load_state_dict(state)
@@ -106,7 +139,7 @@ def run_training(cfg: TrainConfig, lc: LaunchConfig, *, repo: str | None = None,
             ref_lc = dataclasses.replace(lc, max_restarts=0, run_dir=None)
             ref_dir = run_dir / "reference"
             _, ref_summary, ref_wall = _one_run(ref_cfg, ref_lc, ref_dir, None)
-            equal, diff = _weights_diff(state, load_file(str(final_weights(ref_dir))))
+            equal, diff = weights_diff(state, final_weights(ref_dir))
             rehearsal = Rehearsal(bitwise_equal=equal, max_abs_diff=diff,
                                   reference_final_loss=ref_summary.final_loss,
                                   reference_wall_s=ref_wall)

@@ -1,7 +1,7 @@
-"""Starting a training run under torchrun, bounded in time, and reading back what it measured.
+"""Starting a training run under torchrun, bounded in time: the launch both trainers use.
 
-The launcher encodes the data once, writes the run directory, then runs
-`python -m torch.distributed.run ... -m scalelab.train.worker RUN_DIR` in its own process group;
+A trainer's job writes the run directory (train.rundir), then runs
+`python -m torch.distributed.run ... -m WORKER RUN_DIR` in its own process group;
 on timeout the whole group (agent and workers) is killed. Single-node runs use a c10d rendezvous
 on 127.0.0.1 at a free port. Restarts (--max-restarts) set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1:
 with torch 2.13 + gloo, restarted groups that reuse the agent's rendezvous TCP store were seen to
@@ -11,7 +11,6 @@ fail or hang; a fresh store per round made them reliable (verified by the recove
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -29,14 +28,9 @@ import torch
 
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.core.machine import available_cores
-from scalelab.nets.flights import Preprocess
-from scalelab.train.config import TrainConfig
-from scalelab.train.dataset import TENSORS_FILE, Source, prepare
-from scalelab.train.loop import FAILURE_FILE, PROGRESS_FILE, read_progress
-from scalelab.train.worker import CONFIG_FILE, FINAL_FILE, META_FILE, rank_file
+from scalelab.train.rundir import LOG_FILE, clear_results, read_progress
 from scalelab.web.spawn import free_port
 
-LOG_FILE = "torchrun.log"
 POLL_S = 0.5
 """How often a waiting launcher reads rank 0's progress."""
 
@@ -95,15 +89,12 @@ def plan_threads(nproc: int, threads: int | None, cores: int) -> tuple[int, str 
     return t, warn
 
 
-_free_port = free_port
-"""The rendezvous port (one free-port routine for the project: web.spawn's)."""
-
-
 def torchrun_command(lc: LaunchConfig, run_dir: Path, *, worker: str = "scalelab.train.worker",
                      tag: str = "scalelab") -> list[str]:
     """torchrun running `python -m WORKER RUN_DIR` per process (the flights trainer's worker by
     default; the transformer trainer's with its own rendezvous-id `tag`)."""
-    endpoint = lc.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+    # The rendezvous port: one free-port routine for the project (web.spawn's).
+    endpoint = lc.rdzv_endpoint or f"127.0.0.1:{free_port()}"
     cmd = [sys.executable, "-m", "torch.distributed.run",
            "--nnodes", lc.nnodes, "--nproc-per-node", str(lc.nproc),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
@@ -198,79 +189,41 @@ def _tail(path: Path, lines: int = 8) -> str:
     return found.replace("[", "(").replace("]", ")")
 
 
-@dataclass(kw_only=True)
-class Prepared:
+@dataclass(frozen=True, kw_only=True)
+class PreparedRun:
+    """A run directory made ready for torchrun (each trainer's job adds what it wrote there)."""
+
     run_dir: Path
-    preprocess: Preprocess
-    sources: list[Source]
-    n_train: int
-    n_test: int
     threads: int
+    """Intra-op threads per worker process."""
     warning: str | None
+    """Why the thread plan oversubscribes the cores, if it does."""
 
 
-def prepare_run(cfg: TrainConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
-    """Encode the data and write everything a worker reads into `run_dir`."""
-    world = lc.nproc * lc.min_nodes()
-    global_batch = cfg.global_batch(world)
-    cfg.local_batch(world)
-    if cfg.shard == "fsdp" and cfg.async_checkpoint:
-        raise BadUsageError("--async-checkpoint is not supported with --shard fsdp "
-                            "(its state gather is a collective on the training group)")
-    tensors, pre, sources = prepare(cfg.data, cfg.limit, cfg.seed)
-    tensors = tensors.subset_train(cfg.train_fraction, cfg.seed)
-    if global_batch > tensors.n_train:
-        raise BadUsageError(f"global batch {global_batch} exceeds the {tensors.n_train} training "
-                            "rows; lower --batch or raise --limit")
-    threads, warning = plan_threads(lc.nproc, cfg.threads, available_cores())
+def ready_run_dir(lc: LaunchConfig, run_dir: Path, threads: int | None) -> tuple[int, str | None]:
+    """Create `run_dir` without an earlier run's results; (threads per worker, warning)."""
+    planned, warning = plan_threads(lc.nproc, threads, available_cores())
     run_dir.mkdir(parents=True, exist_ok=True)
-    # Leftovers of an earlier run in the same folder would be read as this run's results.
-    for stale in [*run_dir.glob("rank-*.json"), run_dir / FAILURE_FILE, run_dir / FINAL_FILE,
-                  run_dir / PROGRESS_FILE]:
-        stale.unlink(missing_ok=True)
-    tensors.save(run_dir / TENSORS_FILE)
-    cfg.write(run_dir / CONFIG_FILE)
-    pre.write(run_dir)
-    (run_dir / META_FILE).write_text(json.dumps({
-        "cardinalities": pre.cardinalities(), "threads": threads, "cuda": lc.cuda,
-        "collective_timeout_s": min(lc.timeout_s, 300.0)}), encoding="utf-8")
-    return Prepared(run_dir=run_dir, preprocess=pre, sources=sources, n_train=tensors.n_train,
-                    n_test=int(tensors.test_y.shape[0]), threads=threads, warning=warning)
+    clear_results(run_dir)
+    return planned, warning
 
 
-def run_torchrun(lc: LaunchConfig, prep: Prepared, *, rehearse: bool,
+def run_torchrun(lc: LaunchConfig, run_dir: Path, *, threads: int, worker: str, tag: str,
+                 restarts: bool, train_less: str,
                  on_progress: Callable[[int, int, float], None] | None = None) -> float:
-    """Run the workers to completion; returns the wall seconds. Raises RunFailedError.
-    `on_progress(step, total, loss)` with rank 0's latest step while they run."""
+    """Run `worker`'s processes on the prepared `run_dir` to completion; the wall seconds.
+    Raises RunFailedError. `restarts`: torchrun may restart the group (a fresh rendezvous store
+    per round); `on_progress(step, total, loss)` with rank 0's latest step while they run."""
 
     def poll() -> None:
-        doc = read_progress(prep.run_dir)
+        doc = read_progress(run_dir)
         if doc is not None and on_progress is not None:
             on_progress(int(doc["step"]), int(doc["total"]), float(doc["loss"]))
 
-    return run_group(torchrun_command(lc, prep.run_dir),
-                     worker_env(prep.threads, lc.max_restarts > 0 or rehearse),
-                     prep.run_dir / LOG_FILE, lc.timeout_s, train_less="--steps, --limit",
+    return run_group(torchrun_command(lc, run_dir, worker=worker, tag=tag),
+                     worker_env(threads, restarts or lc.max_restarts > 0),
+                     run_dir / LOG_FILE, lc.timeout_s, train_less=train_less,
                      on_poll=poll if on_progress is not None else None)
-
-
-def read_rank_reports(run_dir: Path, world: int) -> list[dict[str, Any]]:
-    reports = []
-    for r in range(world):
-        p = rank_file(run_dir, r)
-        if not p.is_file():
-            raise RunFailedError(f"worker {r} wrote no report ({p}); see {run_dir / LOG_FILE}")
-        reports.append(json.loads(p.read_text(encoding="utf-8")))
-    return reports
-
-
-def read_failure(run_dir: Path) -> dict[str, Any] | None:
-    p = run_dir / FAILURE_FILE
-    return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
-
-
-def final_weights(run_dir: Path) -> Path:
-    return run_dir / FINAL_FILE
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""The training loop one worker runs: data-parallel steps, timing, checkpoints, resume.
+"""The training loop one worker runs: data-parallel steps and their timing; checkpoints and
+resume are checkpointer.Checkpointer's, called from the loop, a rehearsed failure rundir's.
 
 Works in a torchrun worker (process group initialised by worker.py) and in-process without a
 process group (world 1; the scaling-law grid uses that to skip launch costs). Every rank builds
@@ -8,31 +9,21 @@ the model from the same seed, so replicas start identical without a broadcast.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import random
-import signal
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from scalelab.nets.flights import CLASSES
 from scalelab.nets.tabular import TabularConfig, TabularNet
-from scalelab.train.checkpoint import (
-    STATE_FILE,
-    CheckpointStore,
-    crash_point,
-    rng_state,
-    set_rng_state,
-)
-from scalelab.train.config import TrainConfig
+from scalelab.train.checkpoint import crash_point
+from scalelab.train.checkpointer import Checkpointer
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import BatchPlan, Tensors
 from scalelab.train.metrics import (
     CommClock,
@@ -43,49 +34,16 @@ from scalelab.train.metrics import (
     peak_rss_bytes,
     train_flops_per_sample,
 )
-from scalelab.train.saver import Saver, daly_interval
+from scalelab.train.rank import Rank
+from scalelab.train.rundir import ProgressWriter, fail_now
 from scalelab.train.schedule import default_warmup, lr_at
 
-FAILURE_FILE = "failure.json"
-PROGRESS_FILE = "progress.json"
-"""Rank 0's latest step, for the launcher's live progress (rewritten at most twice a second)."""
-PROGRESS_EVERY_S = 0.5
 
-
-def write_progress(run_dir: Path, *, step: int, total: int, loss: float) -> None:
-    """Atomically replace the progress file (a reader never sees half a document)."""
-    run_dir.mkdir(parents=True, exist_ok=True)  # the first write may precede any checkpoint's
-    tmp = run_dir / f".{PROGRESS_FILE}.tmp"
-    tmp.write_text(json.dumps({"step": step, "total": total, "loss": loss}), encoding="utf-8")
-    tmp.replace(run_dir / PROGRESS_FILE)
-
-
-def read_progress(run_dir: Path) -> dict[str, Any] | None:
-    """The latest progress rank 0 wrote, or None (not started, or a torn read)."""
-    try:
-        doc = json.loads((run_dir / PROGRESS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Dist:
-    """Where this worker sits: rank, world size, whether a process group exists, its device."""
-
-    rank: int = 0
-    world: int = 1
-    distributed: bool = False
-    device: str = "cpu"
-    restart: int = 0
-    """torchrun's restart count (TORCHELASTIC_RESTART_COUNT): 0 on the first attempt."""
-
-
-def model_config(cfg: TrainConfig, cardinalities: list[int], n_numeric: int) -> TabularConfig:
+def model_config(cfg: TabularRunConfig, cardinalities: list[int], n_numeric: int) -> TabularConfig:
     return TabularConfig(cardinalities=cardinalities, n_numeric=n_numeric, hidden=list(cfg.hidden))
 
 
-def class_weights(cfg: TrainConfig, y: torch.Tensor, device: str) -> torch.Tensor | None:
+def class_weights(cfg: TabularRunConfig, y: torch.Tensor, device: str) -> torch.Tensor | None:
     """Balanced class weights n / (k · n_c) from all training labels (identical on every rank,
     since every rank holds the same rows); a class absent from the rows gets weight 0."""
     if cfg.class_weights == "none":
@@ -96,24 +54,10 @@ def class_weights(cfg: TrainConfig, y: torch.Tensor, device: str) -> torch.Tenso
     return w.float().to(device)
 
 
-def _barrier(d: Dist) -> None:
-    if d.distributed:
-        dist.barrier()
-
-
-def _agree_max(d: Dist, values: list[float]) -> list[float]:
-    """The elementwise max over ranks, so every rank takes the same decision."""
-    if not d.distributed:
-        return values
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [float(x) for x in t]
-
-
 class Replica:
     """The model as this rank trains it (plain, DDP, DDP + ZeRO, or FSDP2) and its optimizer."""
 
-    def __init__(self, cfg: TrainConfig, net: TabularNet, d: Dist, total_steps: int,
+    def __init__(self, cfg: TabularRunConfig, net: TabularNet, d: Rank, total_steps: int,
                  global_batch: int) -> None:
         self.cfg, self.net, self.d = cfg, net, d
         self.clock = CommClock()
@@ -216,7 +160,8 @@ class Replica:
         self.scheduler.load_state_dict(scheduler)
 
 
-def _choose_failure(cfg: TrainConfig, world: int, every: int, total: int) -> tuple[int, int] | None:
+def _choose_failure(cfg: TabularRunConfig, world: int, every: int,
+                    total: int) -> tuple[int, int] | None:
     """(step, rank) the rehearsal kills: after the first checkpoint, before the last step."""
     lo = every + 1
     if total - 1 < lo:
@@ -225,7 +170,70 @@ def _choose_failure(cfg: TrainConfig, world: int, every: int, total: int) -> tup
     return rng.randint(lo, total - 1), rng.randrange(world)
 
 
-def train(cfg: TrainConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
+def _loss_fn(cfg: TabularRunConfig, data: Tensors,
+             device: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    weights = class_weights(cfg, data.train_y, device)
+
+    def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # The plain mean of per-sample weighted losses, not CrossEntropyLoss(weight=...)'s
+        # division by each batch's weight sum: that sum differs per rank, so DDP's average of
+        # rank gradients would no longer equal the one-process gradient of the global batch.
+        ce = nn.functional.cross_entropy(logits, y, reduction="none")
+        return (ce * weights[y]).mean() if weights is not None else ce.mean()
+
+    return loss_fn
+
+
+def _flops_per_sample(cfg: TabularRunConfig, net: TabularNet, data: Tensors, plan: BatchPlan,
+                      device: str) -> float | None:
+    if not cfg.flop_count:
+        return None
+    idx = plan.indices(0, 0)
+    return train_flops_per_sample(net, lambda: (data.train_cat[idx].to(device),
+                                                data.train_num[idx].to(device),
+                                                data.train_y[idx].to(device)))
+
+
+def _step(rep: Replica, step: int, *, plan: BatchPlan, data: Tensors,
+          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+          times: StepTimes) -> float:
+    """One optimizer step over `accumulation` micro-batches, each phase timed; its loss."""
+    accumulation, device = rep.cfg.accumulation, rep.d.device
+    t_step = time.perf_counter()
+    step_loss = 0.0
+    for micro in range(accumulation):
+        t0 = time.perf_counter()
+        idx = plan.indices(step, micro)
+        cat, num, y = data.train_cat[idx], data.train_num[idx], data.train_y[idx]
+        if device != "cpu":
+            cat, num, y = cat.to(device), num.to(device), y.to(device)
+        t1 = time.perf_counter()
+        with rep.no_sync(micro < accumulation - 1):
+            loss = loss_fn(rep.module(cat, num), y)
+            if accumulation > 1:
+                loss = loss / accumulation
+            t2 = time.perf_counter()
+            loss.backward()
+            t3 = time.perf_counter()
+        comm = rep.clock.take()
+        times.add("data", t1 - t0)
+        times.add("forward", t2 - t1)
+        times.add("backward", (t3 - t2) - comm)
+        times.add("comm", comm)
+        # .item() is a device sync on CUDA (once per micro-step); free on CPU.
+        step_loss += loss.item()
+    t4 = time.perf_counter()
+    rep.optimizer.step()
+    rep.optimizer.zero_grad(set_to_none=True)
+    rep.scheduler.step()
+    t5 = time.perf_counter()
+    times.add("optimizer", t5 - t4)
+    times.steps += 1
+    times.per_step.append(t5 - t_step)
+    return step_loss
+
+
+def train(cfg: TabularRunConfig, data: Tensors, cardinalities: list[int], d: Rank, *,
           run_dir: Path) -> tuple[dict[str, Any], nn.Module | None, dict[str, Any] | None]:
     """Train; returns (this rank's report, the unsharded net on rank 0, its full state)."""
     torch.manual_seed(cfg.seed)
@@ -238,118 +246,28 @@ def train(cfg: TrainConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
     plan = BatchPlan(n=data.n_train, seed=cfg.seed, global_batch=global_batch, world=d.world,
                      rank=d.rank, accumulation=cfg.accumulation)
     total = cfg.max_steps or cfg.epochs * plan.steps_per_epoch
-    flops_per_sample = None
-    if cfg.flop_count:
-        idx = plan.indices(0, 0)
-        flops_per_sample = train_flops_per_sample(
-            net, lambda: (data.train_cat[idx].to(d.device), data.train_num[idx].to(d.device),
-                          data.train_y[idx].to(d.device)))
+    flops_per_sample = _flops_per_sample(cfg, net, data, plan, d.device)
     rep = Replica(cfg, net, d, total, global_batch)
-
-    store = CheckpointStore(cfg.checkpoint_dir or run_dir / "checkpoints", keep=cfg.keep)
-    run_key = cfg.run_key(d.world)
-    saver = Saver(store, rank=d.rank, world=d.world, distributed=d.distributed,
-                  asynchronous=cfg.async_checkpoint, run=run_key) if cfg.checkpoints_on() else None
-    every = cfg.checkpoint_every or (max(1, total // 4) if cfg.rehearse_failure else 0)
-    start, losses, resumed, skipped = 0, [], None, []
-    if saver is not None:
-        if d.rank == 0:
-            store.clean_tmp()
-        _barrier(d)
-        good, skipped_list = store.latest_good(run_key) if cfg.resume else (None, [])
-        skipped = [vars(s) for s in skipped_list]
-        if good is not None:
-            t0 = time.perf_counter()
-            state = store.load(good, STATE_FILE)
-            mine = store.load(good, f"rank-{d.rank}.pt")
-            rep.load(state["model"], state["optimizer"], state["scheduler"])
-            set_rng_state(mine["rng"])
-            start, losses = int(state["step"]), list(mine["losses"])
-            resumed = {"step": good, "load_s": time.perf_counter() - t0}
-        _barrier(d)
-        if d.rank == 0:
-            # A kill between a commit's rename and its prune leaves keep + 1 checkpoints; when
-            # that was the run's last save, nothing after the resume would prune them.
-            store.prune(also_keep=good)
-    _barrier(d)
-    failure = _choose_failure(cfg, d.world, every, total) if cfg.rehearse_failure else None
-
+    ckpts = Checkpointer(cfg, d, rep, run_dir=run_dir, total=total)
+    start, losses = ckpts.resume()
+    failure = _choose_failure(cfg, d.world, ckpts.every, total) if cfg.rehearse_failure else None
     times = StepTimes()
-    on_device = d.device != "cpu"
-    weights = class_weights(cfg, data.train_y, d.device)
-
-    def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # The plain mean of per-sample weighted losses, not CrossEntropyLoss(weight=...)'s
-        # division by each batch's weight sum: that sum differs per rank, so DDP's average of
-        # rank gradients would no longer equal the one-process gradient of the global batch.
-        ce = nn.functional.cross_entropy(logits, y, reduction="none")
-        return (ce * weights[y]).mean() if weights is not None else ce.mean()
-
+    loss_fn = _loss_fn(cfg, data, d.device)
+    progress = ProgressWriter(run_dir, rank=d.rank, total=total)
     t_train = time.perf_counter()
-    last_progress = 0.0
     first_step_done: float | None = None
-    auto_probe = min(max(2, total // 10), total - 1) if cfg.checkpoint_auto else -1
-    save_cost = None
     for step in range(start, total):
-        if failure is not None and d.restart == 0 and step == failure[0] and d.rank == failure[1]:
-            with (run_dir / FAILURE_FILE).open("w", encoding="utf-8") as f:
-                json.dump({"step": step, "rank": d.rank, "time": time.time(),
-                           "last_checkpoint": store.steps()[-1] if store.steps() else None}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
+        if failure is not None and (d.restart, step, d.rank) == (0, *failure):
+            fail_now(run_dir, step=step, rank=d.rank, last_checkpoint=ckpts.last_step())
         crash_point("step", step, d.rank)
-        t_step = time.perf_counter()
-        step_loss = 0.0
-        for micro in range(cfg.accumulation):
-            t0 = time.perf_counter()
-            idx = plan.indices(step, micro)
-            cat, num, y = data.train_cat[idx], data.train_num[idx], data.train_y[idx]
-            if on_device:
-                cat, num, y = cat.to(d.device), num.to(d.device), y.to(d.device)
-            t1 = time.perf_counter()
-            with rep.no_sync(micro < cfg.accumulation - 1):
-                loss = loss_fn(rep.module(cat, num), y)
-                if cfg.accumulation > 1:
-                    loss = loss / cfg.accumulation
-                t2 = time.perf_counter()
-                loss.backward()
-                t3 = time.perf_counter()
-            comm = rep.clock.take()
-            times.add("data", t1 - t0)
-            times.add("forward", t2 - t1)
-            times.add("backward", (t3 - t2) - comm)
-            times.add("comm", comm)
-            # .item() is a device sync on CUDA (once per micro-step); free on CPU.
-            step_loss += loss.item()
-        t4 = time.perf_counter()
-        rep.optimizer.step()
-        rep.optimizer.zero_grad(set_to_none=True)
-        rep.scheduler.step()
-        t5 = time.perf_counter()
-        times.add("optimizer", t5 - t4)
-        times.steps += 1
-        times.per_step.append(t5 - t_step)
+        step_loss = _step(rep, step, plan=plan, data=data, loss_fn=loss_fn, times=times)
         losses.append([step, step_loss])
         if first_step_done is None:
             first_step_done = time.time()
-        done = step + 1
-        if d.rank == 0 and (t5 - last_progress >= PROGRESS_EVERY_S or done == total):
-            write_progress(run_dir, step=done, total=total, loss=step_loss)
-            last_progress = t5
-        if saver is not None and done < total:
-            if done == auto_probe:
-                _save(saver, rep, d, done, losses)
-                saver.wait()
-                cost, step_s = _agree_max(d, [saver.stats.write_s[-1],
-                                              float(np.median(times.per_step))])
-                save_cost = cost
-                every = max(1, round(daly_interval(cost, cfg.mtbf_s) / max(step_s, 1e-9)))
-            elif every and done % every == 0:
-                _save(saver, rep, d, done, losses)
+        progress.step(step + 1, step_loss)
+        ckpts.after_step(step + 1, losses, times.per_step)
     train_wall = time.perf_counter() - t_train
-    if saver is not None:
-        saver.wait()
+    ckpts.finish()
     full = rep.full_model_state()
     report: dict[str, Any] = {
         "rank": d.rank, "world": d.world, "restart": d.restart, "start_step": start,
@@ -366,13 +284,8 @@ def train(cfg: TrainConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
         "peak_rss_bytes": peak_rss_bytes(),
         "cuda_max_allocated_bytes": (torch.cuda.max_memory_allocated()
                                      if d.device.startswith("cuda") else None),
-        "first_step_unix": first_step_done, "resumed_from": resumed, "skipped": skipped,
-        "checkpoint": None if saver is None else {
-            "interval_steps": every, "auto": cfg.checkpoint_auto, "save_cost_s": save_cost,
-            "asynchronous": cfg.async_checkpoint, "saves": saver.stats.saves,
-            "blocking_s": saver.stats.blocking_s, "write_s": saver.stats.write_s,
-            "bytes": saver.stats.bytes, "dir": str(store.root),
-        },
+        "first_step_unix": first_step_done, "resumed_from": ckpts.resumed,
+        "skipped": ckpts.skipped, "checkpoint": ckpts.report(),
     }
     if d.rank != 0:
         return report, None, None
@@ -381,14 +294,3 @@ def train(cfg: TrainConfig, data: Tensors, cardinalities: list[int], d: Dist, *,
         plain.load_state_dict(full)
         return report, plain, plain.state_dict()
     return report, net, full
-
-
-def _save(saver: Saver, rep: Replica, d: Dist, step: int, losses: list[list[float]]) -> float:
-    model, optim = rep.full_model_state(), rep.full_optimizer_state()
-    files: dict[str, Any] = {f"rank-{d.rank}.pt": {"rng": rng_state(), "losses": losses,
-                                                  "step": step}}
-    if d.rank == 0:
-        files[STATE_FILE] = {"model": model, "optimizer": optim,
-                             "scheduler": rep.scheduler.state_dict(), "step": step,
-                             "data_position": {"global_step": step}, "world": d.world}
-    return saver.save(step, files)

@@ -25,10 +25,11 @@ import torch
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
 from scalelab.nets.flights import Preprocess
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.dataset import Tensors, prepare
 from scalelab.train.evaluate import evaluate
-from scalelab.train.loop import Dist, train
+from scalelab.train.loop import train
+from scalelab.train.rank import Rank
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,14 +92,14 @@ def _frontier(points: list[GridPoint]) -> list[GridPoint]:
     return out
 
 
-def train_point(cfg: TrainConfig, data: Tensors, pre: Preprocess, *, width: int, fraction: float,
-                run_dir: Path) -> GridPoint:
+def train_point(cfg: TabularRunConfig, data: Tensors, pre: Preprocess, *, width: int,
+                fraction: float, run_dir: Path) -> GridPoint:
     point_cfg = dataclasses.replace(cfg, hidden=[width, width], train_fraction=fraction,
                                     checkpoint_every=0, checkpoint_auto=False,
                                     rehearse_failure=False)
     subset = data.subset_train(fraction, cfg.seed)
     t0 = time.perf_counter()
-    report, net, _ = train(point_cfg, subset, pre.cardinalities(), Dist(), run_dir=run_dir)
+    report, net, _ = train(point_cfg, subset, pre.cardinalities(), Rank(), run_dir=run_dir)
     wall = time.perf_counter() - t0
     assert net is not None
     ev = evaluate(net, data.test_cat, data.test_num, data.test_y, pre.classes)
@@ -138,7 +139,7 @@ def fit_and_plan(points: list[GridPoint], budget: float | None
     return fit, None, plan
 
 
-def run_grid(cfg: TrainConfig, *, widths: list[int], fractions: list[float],
+def run_grid(cfg: TabularRunConfig, *, widths: list[int], fractions: list[float],
              budget: float | None = None, threads: int | None = None,
              on_point: Callable[[str], None] | None = None) -> ScalingLawResult:
     if not widths or any(w < 1 for w in widths):

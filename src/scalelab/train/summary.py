@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from scalelab.train.config import TrainConfig
+from scalelab.train.config import TabularRunConfig
 from scalelab.train.metrics import PHASES, Throughput, throughput
 
 
@@ -78,7 +78,7 @@ class RunSummary:
     recovery: Recovery | None
 
 
-def summarize(cfg: TrainConfig, reports: list[dict[str, Any]],
+def summarize(cfg: TabularRunConfig, reports: list[dict[str, Any]],
               failure: dict[str, Any] | None) -> RunSummary:
     r0 = reports[0]
     world = int(r0["world"])

@@ -1,6 +1,8 @@
-"""Parallelisms applied to the Llama model, one small function each, in a fixed order:
-tensor parallel first (it rewrites the weights into DTensors on the TP mesh), then FSDP2 (which
-shards those along the data-parallel mesh) or DDP (which replicates).
+"""Parallelisms applied to the Llama model, one small function each, composed once by
+`parallelize` from the degrees in `ParallelDims` (the way torchtitan's `parallelize_llama`
+does): pipeline stages cut the model first (each stage is then trained whole), else tensor
+parallel (it rewrites the weights into DTensors on the TP mesh), then FSDP2 (which shards those
+along the data-parallel mesh) or DDP (which replicates). A degree of 1 applies nothing.
 
 Tensor parallel follows Megatron's split (Shoeybi et al. 2019): q/k/v and the MLP's gate/up
 projections column-wise (each rank computes its heads / its slice of the inner width, no
@@ -13,11 +15,67 @@ gradient and none needs communicating.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from scalelab.nets.llama import LlamaForCausalLM
+from scalelab.train.parallel.dims import ParallelDims
+from scalelab.train.parallel.measure import param_bytes
+from scalelab.train.parallel.pipeline import StageModule, build_schedule
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineSettings:
+    """How a pipeline stage runs its step (used only when the pipeline degree is > 1)."""
+
+    micro_batches: int
+    """Micro-batches per step."""
+    schedule: str
+    """gpipe or 1f1b."""
+    recv_ahead: bool
+    """Post a step's receives ahead of need (pipeline.RecvAhead)."""
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """The loss the last stage computes per micro-batch."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parallelized:
+    """The model as this rank trains it."""
+
+    model: nn.Module
+    """What holds this rank's parameters (the optimizer's): the model, or its pipeline stage."""
+    forward: nn.Module
+    """What runs the forward pass: the DDP wrapper, or `model` itself."""
+    schedule: Any = None
+    """The pipeline schedule that runs a step (forward and backward), when pipelined."""
+    clock: Any = None
+    """The pipeline stage's busy clock (pipeline.BusyClock), when pipelined."""
+
+
+def parallelize(model: LlamaForCausalLM, dims: ParallelDims, mesh: Any, *, rank: int,
+                device: str, pipeline: PipelineSettings) -> Parallelized:
+    """Apply every parallelism `dims` turns on to `model` (on `device`), over `mesh` (None for
+    one rank)."""
+    if dims.enabled("pp"):
+        stage = StageModule(model, rank, dims.pp)
+        schedule, clock = build_schedule(
+            stage, stage=rank, stages=dims.pp, micro_batches=pipeline.micro_batches,
+            schedule=pipeline.schedule, loss_fn=pipeline.loss_fn,
+            group=dims.sub_mesh(mesh, "pp").get_group(), device=torch.device(device),
+            recv_ahead=pipeline.recv_ahead)
+        return Parallelized(model=stage, forward=stage, schedule=schedule, clock=clock)
+    if dims.enabled("tp"):
+        apply_tp(model, dims.sub_mesh(mesh, "tp"))
+    if dims.enabled("dp_shard"):
+        apply_fsdp(model, dims.sub_mesh(mesh, "dp_shard"), list(model.model.layers))
+    elif dims.enabled("dp_replicate"):
+        return Parallelized(model=model,
+                            forward=apply_ddp(model, max(1.0, 2 * param_bytes(model) / 2**20)))
+    return Parallelized(model=model, forward=model)
 
 
 def apply_tp(model: LlamaForCausalLM, tp_mesh: Any) -> None:

@@ -10,7 +10,6 @@ against the measured model-state + activation bytes.
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -186,7 +185,7 @@ def run_sweep(base: ParallelConfig, *, strategies: list[str], nprocs: list[int],
         for n in nprocs:
             ddp: ParallelResult | None = None
             for s in ["dp", *[x for x in strategies if x != "dp"]]:
-                cfg = dataclasses.replace(base, strategy=s)  # type: ignore[arg-type]
+                cfg = base.replace(strategy=s)
                 try:
                     cfg.check_world(n)
                 except BadUsageError as e:

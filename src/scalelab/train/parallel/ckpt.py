@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +25,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
+from scalelab.train.checkpoint import fsync_dir
+
 MARKER = "scalelab.json"
 _PREFIX = "step-"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def complete_steps(root: Path, run_key: str) -> list[int]:
@@ -81,7 +76,7 @@ def save(root: Path, step: int, model: nn.Module, optimizer: Optimizer, *, run_k
         final = step_dir(root, step)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        _fsync_dir(root)
+        fsync_dir(root)
     dist.barrier()
 
 
@@ -101,3 +96,27 @@ def load(root: Path, step: int, model: nn.Module, optimizer: Optimizer) -> None:
     for group in optimizer.param_groups:
         for k, v in optimizer.defaults.items():
             group.setdefault(k, v)
+
+
+class Checkpoints:
+    """The loop's checkpoint hook: resume from the newest complete checkpoint before the first
+    step, save every `every` steps after (not after the last: the final weights are saved)."""
+
+    def __init__(self, *, every: int, resume: bool, root: Path, run_key: str, rank: int,
+                 total: int, meta: dict[str, Any]) -> None:
+        self.every, self.do_resume, self.root, self.run_key = every, resume, root, run_key
+        self.rank, self.total, self.meta = rank, total, meta
+
+    def resume(self, model: nn.Module, optimizer: Optimizer) -> tuple[int, dict[str, Any] | None]:
+        """(first step to train, {"step", "load_s"} of the checkpoint resumed or None)."""
+        found = complete_steps(self.root, self.run_key) if self.do_resume and self.every else []
+        if not found:
+            return 0, None
+        t0 = time.perf_counter()
+        load(self.root, found[-1], model, optimizer)
+        return found[-1], {"step": found[-1], "load_s": time.perf_counter() - t0}
+
+    def after_step(self, done: int, model: nn.Module, optimizer: Optimizer) -> None:
+        if self.every and done % self.every == 0 and done < self.total:
+            save(self.root, done, model, optimizer, run_key=self.run_key, rank=self.rank,
+                 meta=self.meta)

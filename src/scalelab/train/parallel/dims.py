@@ -2,7 +2,8 @@
 
 One object answers "how are the W ranks split": data-parallel replicas (DDP), data-parallel
 shards (FSDP2), tensor-parallel degree and pipeline stages, whose product is W. It builds the
-mesh once; the functions in `apply` and `pipeline` take the sub-meshes they need by name.
+mesh once; `apply.parallelize` reads the degrees (never the strategy's name) and hands each
+parallelism the sub-mesh it needs by name.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ class ParallelDims:
     def world(self) -> int:
         return self.dp_replicate * self.dp_shard * self.tp * self.pp
 
+    def enabled(self, axis: str) -> bool:
+        """Whether parallelism `axis` (dp_replicate, dp_shard, tp, pp) is on: degree > 1."""
+        return int(getattr(self, axis)) > 1
+
+    @property
+    def sharded(self) -> bool:
+        """Some parameters are split across ranks (FSDP or TP): the full weights need a gather."""
+        return self.enabled("dp_shard") or self.enabled("tp")
+
     @property
     def dp(self) -> int:
         """Ways the batch is split (each data-parallel group sees batch / dp sequences)."""
@@ -45,6 +55,9 @@ class ParallelDims:
 
     @classmethod
     def for_strategy(cls, strategy: str, world: int, tp: int = 2) -> ParallelDims:
+        """The one place a strategy name becomes degrees; everything after reads the degrees
+        (a degree of 1 is off, as in torchtitan: a 1-rank run of any strategy trains the
+        plain model)."""
         if strategy == "single":
             return cls()
         if strategy == "dp":
@@ -60,6 +73,10 @@ class ParallelDims:
                 raise BadUsageError(f"{world} ranks do not split into TP groups of {tp}")
             return cls(dp_shard=world // tp, tp=tp)
         raise BadUsageError(f"unknown strategy {strategy!r}")
+
+    def sub_mesh(self, mesh: Any, name: str) -> Any:
+        """The axis `name` of `mesh` (the mesh itself when it has only that axis)."""
+        return mesh if mesh.ndim == 1 else mesh[name]
 
     def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """Mesh dimensions (outermost first) and their names; degree-1 axes are left out."""

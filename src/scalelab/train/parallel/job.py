@@ -1,8 +1,9 @@
 """A transformer run end to end: corpus into the run directory, torchrun, every rank's report
 read back into one summary beside the memory planner's prediction.
 
-The launcher is the flights trainer's (train.launch: free port, timeout, process-group kill,
-threads policy, run directory), pointed at this package's worker.
+The launch and the run directory are the ones both trainers share (train.launch: free port,
+timeout, process-group kill, threads policy; train.rundir: the files and reading them back),
+pointed at this package's worker.
 """
 
 from __future__ import annotations
@@ -18,55 +19,40 @@ import numpy as np
 from safetensors.torch import load_file, save_file
 
 from scalelab.core.errors import RunFailedError
-from scalelab.core.machine import available_cores
 from scalelab.plan.memory import MemoryQuery, plan_memory, plan_peak_rss
-from scalelab.train.launch import (
-    LOG_FILE,
-    LaunchConfig,
-    plan_threads,
-    run_group,
-    worker_env,
-)
-from scalelab.train.launch import torchrun_command as launch_command
-from scalelab.train.loop import read_progress
+from scalelab.train.launch import LaunchConfig, PreparedRun, ready_run_dir, run_torchrun
 from scalelab.train.parallel.config import ParallelConfig
-from scalelab.train.parallel.loop import FAILURE_FILE
 from scalelab.train.parallel.runtime import RuntimeBaseline, measure_baseline
-from scalelab.train.parallel.worker import (
+from scalelab.train.parallel.worker import DATA_FILE
+from scalelab.train.rundir import (
     CONFIG_FILE,
-    DATA_FILE,
     FINAL_FILE,
     META_FILE,
-    rank_file,
+    final_weights,
+    read_failure,
+    read_rank_reports,
+    weights_diff,
 )
 from scalelab.train.text import VOCAB_SIZE, Corpus, load_corpus
 
-
-def torchrun_command(lc: LaunchConfig, run_dir: Path) -> list[str]:
-    """train.launch's torchrun command, running the transformer trainer's worker."""
-    return launch_command(lc, run_dir, worker="scalelab.train.parallel.worker",
-                          tag="scalelab-tf")
+WORKER = "scalelab.train.parallel.worker"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Prepared:
-    run_dir: Path
+class Prepared(PreparedRun):
+    """The transformer run's directory and the corpus written there."""
+
     corpus: Corpus
-    threads: int
-    warning: str | None
 
 
 def prepare(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
     world = lc.nproc * lc.min_nodes()
     cfg.check_world(world)
-    corpus = load_corpus(seq=cfg.seq, max_tokens=cfg.tokens, seed=cfg.seed)
-    if cfg.batch > corpus.train.shape[0]:
-        raise RunFailedError(f"--batch {cfg.batch} exceeds the {corpus.train.shape[0]} training "
-                             "sequences; raise --tokens or lower --batch")
-    threads, warning = plan_threads(lc.nproc, cfg.threads, available_cores())
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [*run_dir.glob("rank-*.json"), run_dir / FAILURE_FILE, run_dir / FINAL_FILE]:
-        stale.unlink(missing_ok=True)
+    corpus = load_corpus(seq=cfg.data.seq, max_tokens=cfg.data.tokens, seed=cfg.seed)
+    if cfg.data.batch > corpus.train.shape[0]:
+        raise RunFailedError(f"--batch {cfg.data.batch} exceeds the {corpus.train.shape[0]} "
+                             "training sequences; raise --tokens or lower --batch")
+    threads, warning = ready_run_dir(lc, run_dir, cfg.threads)
     # Every file lands by rename: on a cluster, each node prepares the same shared run
     # directory (identical bytes), and a worker must never read another node's half-written one.
     tag = f".{os.getpid()}.tmp"
@@ -83,42 +69,17 @@ def prepare(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Prepared:
     return Prepared(run_dir=run_dir, corpus=corpus, threads=threads, warning=warning)
 
 
-def run_torchrun(lc: LaunchConfig, prep: Prepared, *, restarts: bool,
-                 on_progress: Callable[[int, int, float], None] | None = None) -> float:
-    """Run the workers to completion; the wall seconds. Raises RunFailedError.
-    `on_progress(step, total, loss)` with rank 0's latest step while they run."""
-
-    def poll() -> None:
-        doc = read_progress(prep.run_dir)
-        if doc is not None and on_progress is not None:
-            on_progress(int(doc["step"]), int(doc["total"]), float(doc["loss"]))
-
-    return run_group(torchrun_command(lc, prep.run_dir),
-                     worker_env(prep.threads, restarts or lc.max_restarts > 0),
-                     prep.run_dir / LOG_FILE, lc.timeout_s, train_less="--steps",
-                     on_poll=poll if on_progress is not None else None)
-
-
-def read_reports(run_dir: Path, world: int) -> list[dict[str, Any]]:
-    out = []
-    for r in range(world):
-        p = rank_file(run_dir, r)
-        if not p.is_file():
-            raise RunFailedError(f"worker {r} wrote no report ({p}); see {run_dir / LOG_FILE}")
-        out.append(json.loads(p.read_text(encoding="utf-8")))
-    return out
-
-
 def planned(cfg: ParallelConfig, world: int, n_params: int, *,
             baseline: RuntimeBaseline | None = None, data_bytes: int = 0) -> dict[str, Any]:
     """The memory planner's prediction for this run; with a measured process `baseline`, also
     the peak RSS (`peak_rss`)."""
-    strategy = "dp" if cfg.strategy == "single" else cfg.strategy
-    q = MemoryQuery(params=n_params, layers=cfg.layers, hidden=cfg.hidden, seq=cfg.seq,
-                    batch=cfg.batch, strategy=strategy,
-                    world=world, heads=cfg.heads, kv_heads=cfg.kv_heads, ffn=cfg.ffn,
-                    vocab=VOCAB_SIZE, micro_batches=cfg.micro_batches if strategy == "pp" else 1,
-                    schedule=cfg.schedule, tp=cfg.tp if strategy == "fsdp+tp" else 2)
+    m, par = cfg.model, cfg.parallel
+    strategy = "dp" if par.strategy == "single" else par.strategy
+    q = MemoryQuery(params=n_params, layers=m.layers, hidden=m.hidden, seq=cfg.data.seq,
+                    batch=cfg.data.batch, strategy=strategy,
+                    world=world, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn,
+                    vocab=VOCAB_SIZE, micro_batches=par.micro_batches if strategy == "pp" else 1,
+                    schedule=par.schedule, tp=par.tp if strategy == "fsdp+tp" else 2)
     out = plan_memory(q).to_dict()
     if baseline is not None:
         out["peak_rss"] = {**plan_peak_rss(q, runtime_bytes=baseline.peak_rss_bytes,
@@ -169,21 +130,20 @@ def summarize(cfg: ParallelConfig, reports: list[dict[str, Any]], run_dir: Path,
     med = max(float(np.median(r["step_s"][1:] or r["step_s"])) for r in reports)
     full_params = sum(int(v.numel()) for v in load_file(str(run_dir / FINAL_FILE)).values())
     meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
-    fail = run_dir / FAILURE_FILE
     keys = ("rank", "param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes",
             "peak_rss_bytes", "peak_rss_profiled_bytes", "rss_before_model_bytes",
             "n_params_local", "compute_ms_per_step", "comm_ms_per_step", "profiled_step_ms",
             "comm", "pipeline", "rss_timeline")
     return ParallelResult(
-        strategy=cfg.strategy, world=world, threads=int(r0.get("threads", threads)),
-        steps=cfg.steps, batch=cfg.batch, seq=cfg.seq, n_params=full_params,
+        strategy=cfg.parallel.strategy, world=world, threads=int(r0.get("threads", threads)),
+        steps=cfg.steps, batch=cfg.data.batch, seq=cfg.data.seq, n_params=full_params,
         losses=[float(v) for _, v in r0["losses"]], median_step_s=med,
-        tokens_per_s=cfg.batch * cfg.seq / med if med > 0 else 0.0,
+        tokens_per_s=cfg.data.batch * cfg.data.seq / med if med > 0 else 0.0,
         ranks=[{k: r.get(k) for k in keys} for r in reports],
         plan=planned(cfg, world, full_params, baseline=baseline,
                      data_bytes=corpus_bytes(run_dir) if baseline is not None else 0),
         corpus=meta["corpus"], wall_s=wall,
-        failure=json.loads(fail.read_text(encoding="utf-8")) if fail.is_file() else None,
+        failure=read_failure(run_dir),
         resumed_from=r0.get("resumed_from"), warning=warning, run_dir=str(run_dir))
 
 
@@ -194,16 +154,13 @@ def run_parallel(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path,
     the plan also predicts the peak RSS from the process baseline measured on this machine
     (runtime.measure_baseline: a child process the first time, ~10 s; cached after)."""
     prep = prepare(cfg, lc, run_dir)
-    wall = run_torchrun(lc, prep, restarts=restarts, on_progress=on_progress)
-    reports = read_reports(run_dir, lc.nproc * lc.min_nodes())
-    baseline = (measure_baseline(cfg.strategy, threads=prep.threads,
+    wall = run_torchrun(lc, run_dir, threads=prep.threads, worker=WORKER, tag="scalelab-tf",
+                        restarts=restarts, train_less="--steps", on_progress=on_progress)
+    reports = read_rank_reports(run_dir, lc.nproc * lc.min_nodes())
+    baseline = (measure_baseline(cfg.parallel.strategy, threads=prep.threads,
                                  deterministic=cfg.deterministic)
                 if plan_rss and not lc.cuda else None)
     return summarize(cfg, reports, run_dir, wall, prep.warning, prep.threads, baseline)
-
-
-def final_weights(run_dir: Path) -> dict[str, Any]:
-    return load_file(str(Path(run_dir) / FINAL_FILE))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,21 +185,13 @@ def failure_point(cfg: ParallelConfig, world: int) -> tuple[int, int]:
     """(step, rank) a rehearsal kills: after the first checkpoint, before the last step; seeded."""
     import random
 
-    every = cfg.checkpoint_every
+    every = cfg.checkpoint.every
     if every < 1 or cfg.steps - 1 < every + 1:
         raise RunFailedError(f"a rehearsal needs a checkpoint before the kill: --steps "
                              f"{cfg.steps} is too short for --checkpoint-interval {every} "
                              f"(need steps >= interval + 2)")
     rng = random.Random(cfg.seed * 7919 + 17)
     return rng.randint(every + 1, cfg.steps - 1), rng.randrange(world)
-
-
-def weights_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[bool, float]:
-    if a.keys() != b.keys():
-        return False, float("inf")
-    equal = all(bool((a[k] == b[k]).all()) for k in a)
-    diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-    return equal, diff
 
 
 def rehearse(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Rehearsal:
@@ -253,16 +202,16 @@ def rehearse(cfg: ParallelConfig, lc: LaunchConfig, run_dir: Path) -> Rehearsal:
     world = lc.nproc * lc.min_nodes()
     step, rank = failure_point(cfg, world)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    crashing = dataclasses.replace(cfg, fail_at_step=step, fail_rank=rank, checkpoint_dir=None)
+    crashing = cfg.replace(fail_at_step=step, fail_rank=rank, checkpoint_dir=None)
     result = run_parallel(crashing, dataclasses.replace(lc, max_restarts=max(1, lc.max_restarts)),
                           run_dir, restarts=True)
-    ref_cfg = dataclasses.replace(cfg, checkpoint_every=0, fail_at_step=None, checkpoint_dir=None)
+    ref_cfg = cfg.replace(checkpoint_every=0, fail_at_step=None, checkpoint_dir=None)
     reference = run_parallel(ref_cfg, dataclasses.replace(lc, max_restarts=0),
                              run_dir / "reference")
     equal, diff = weights_diff(final_weights(run_dir), final_weights(run_dir / "reference"))
     start = (result.resumed_from or {}).get("step")
     tail = reference.losses[start:] if start is not None else reference.losses
-    first = read_reports(run_dir, world)[0].get("first_step_unix")
+    first = read_rank_reports(run_dir, world)[0].get("first_step_unix")
     recovery = (first - result.failure["time"]) if result.failure and first else None
     return Rehearsal(killed_rank=rank, killed_at_step=step, resumed_from_step=start,
                      recovery_s=recovery, bitwise_equal=equal, max_abs_diff=diff,

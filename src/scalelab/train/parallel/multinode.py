@@ -20,7 +20,6 @@ those flags per pod (see `scalelab deploy` and docs/parallel.md).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import socket
@@ -31,18 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalelab.core.errors import RunFailedError
-from scalelab.train.launch import LaunchConfig, _free_port, worker_env
+from scalelab.train.launch import LaunchConfig, worker_env
 from scalelab.train.parallel import ckpt
 from scalelab.train.parallel.config import ParallelConfig
-from scalelab.train.parallel.job import (
-    ParallelResult,
-    final_weights,
-    prepare,
-    read_reports,
-    run_parallel,
-    summarize,
-    weights_diff,
-)
+from scalelab.train.parallel.job import ParallelResult, prepare, run_parallel, summarize
+from scalelab.train.rundir import final_weights, read_rank_reports, weights_diff
+from scalelab.web.spawn import free_port
 
 
 def agent_command(*, endpoint: str, rdzv_id: str, nproc: int, host: bool, max_restarts: int,
@@ -101,14 +94,14 @@ class LostNode:
 def lose_a_node(cfg: ParallelConfig, run_dir: Path, *, nproc: int = 1,
                 timeout_s: float = 600.0) -> LostNode:
     """Run `cfg` on two local "nodes", kill one after the first checkpoint, replace it."""
-    if cfg.checkpoint_every < 1 or cfg.steps < cfg.checkpoint_every + 2:
+    if cfg.checkpoint.every < 1 or cfg.steps < cfg.checkpoint.every + 2:
         raise RunFailedError("the node-loss rehearsal needs --checkpoint-interval N with "
                              "--steps >= N + 2 (a checkpoint before the kill, steps after it)")
-    cfg = dataclasses.replace(cfg, checkpoint_dir=None, fail_at_step=None, resume=True)
+    cfg = cfg.replace(checkpoint_dir=None, fail_at_step=None, resume=True)
     lc = LaunchConfig(nproc=nproc, nnodes="2", timeout_s=timeout_s)
     prep = prepare(cfg, lc, run_dir)
     root = run_dir / "checkpoints"
-    port = _free_port()
+    port = free_port()
     endpoint, rdzv_id = f"127.0.0.1:{port}", f"scalelab-nodes-{os.getpid()}-{int(time.time())}"
     env = worker_env(prep.threads, restarts=True)
     deadline = time.monotonic() + timeout_s
@@ -148,7 +141,7 @@ def lose_a_node(cfg: ParallelConfig, run_dir: Path, *, nproc: int = 1,
         for p in procs:
             if p.poll() is None:
                 _kill(p)
-    reports = read_reports(run_dir, 2 * nproc)
+    reports = read_rank_reports(run_dir, 2 * nproc)
     result = summarize(cfg, reports, run_dir, wall, prep.warning, prep.threads)
     first = reports[0].get("first_step_unix")
     return LostNode(cfg=cfg, result=result, killed_after_checkpoint=killed_after,
@@ -172,7 +165,7 @@ def rehearse_node_loss(cfg: ParallelConfig, run_dir: Path, *, nproc: int = 1,
     """Run `cfg` on two local "nodes", kill one after the first checkpoint, replace it, and
     compare with the same job run uninterrupted on one node (in run_dir/reference)."""
     lost = lose_a_node(cfg, run_dir, nproc=nproc, timeout_s=timeout_s)
-    reference = run_parallel(dataclasses.replace(lost.cfg, checkpoint_every=0),
+    reference = run_parallel(lost.cfg.replace(checkpoint_every=0),
                              LaunchConfig(nproc=2 * nproc, timeout_s=timeout_s),
                              run_dir / "reference")
     return against(lost, reference)
