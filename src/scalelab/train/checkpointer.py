@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -20,8 +20,20 @@ from scalelab.train.config import TabularRunConfig
 from scalelab.train.rank import Rank
 from scalelab.train.saver import Saver, daly_interval
 
-if TYPE_CHECKING:
-    from scalelab.train.loop import Replica
+
+class Replica(Protocol):
+    """What a checkpoint reads and restores of the rank's model (`loop.Replica` is one): a
+    protocol, so the loop that calls the checkpointer is not imported back."""
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler: ...
+
+    def load(self, model: dict[str, Any], optimizer: dict[str, Any],
+             scheduler: dict[str, Any]) -> None: ...
+
+    def full_model_state(self) -> dict[str, Any]: ...
+
+    def full_optimizer_state(self) -> dict[str, Any]: ...
 
 
 def agree_max(d: Rank, values: list[float]) -> list[float]:
