@@ -9,7 +9,8 @@ Run: .venv/bin/python benchmarks/bench_generate.py [--model smollm2-135m|tiny] [
 
 Sections (each prints ratios; all results go to --out as one JSON document):
 - batching: output tokens/s at a p95 TPOT objective (--tpot-objective). Three modes: continuous
-  batching (our engine), static batching (Hugging Face `generate` on the same weights: the
+  batching (our engine), static batching (Hugging Face `generate` on the same weights and, by
+  default, the same oneDNN-packed linear kernels as ours (--hf-linears plain: its own): the
   requests that have arrived, up to the batch size, left-padded and run to the longest) and one
   request at a time (our engine at max_num_seqs=1). The concurrency setting is swept (--sweep:
   max_num_seqs for continuous, the batch size for static, the two alternating at each setting)
@@ -106,9 +107,19 @@ def engine(lm: LoadedModel, **kw: Any) -> Engine:
     return Engine(lm.model, lm.tokenizer, EngineConfig(**cfg), name=lm.name)
 
 
+HF_LINEARS = ["packed"]
+"""--hf-linears: HF's linear layers on our oneDNN-packed kernels ("packed") or its own ("plain")."""
+
+
 def build_hf(lm: LoadedModel) -> Any:
-    """transformers' LlamaForCausalLM holding our exact fp32 tensors (the static baseline)."""
+    """transformers' LlamaForCausalLM holding our exact fp32 tensors (the static baseline).
+    With --hf-linears packed (the default) its bias-free linears, the tied output layer among
+    them, run on the same oneDNN-packed fp32 kernel as the engine's (runner.pack_linears: the
+    same module swap the engine makes), so continuous against static compares scheduling,
+    not matmul kernels; plain leaves transformers' own nn.Linear (MKL GEMM)."""
     import transformers
+
+    from scalelab.generate.runner import can_pack, pack_linears
 
     c = lm.model.cfg
     hf = transformers.LlamaForCausalLM(
@@ -126,6 +137,8 @@ def build_hf(lm: LoadedModel) -> Any:
         )
     ).eval()
     hf.load_state_dict(lm.model.state_dict(), strict=False)
+    if HF_LINEARS[0] == "packed" and can_pack(hf):
+        pack_linears(hf)
     return hf
 
 
@@ -361,7 +374,8 @@ def section_batching(
 
 
 ATTENTION_OPS = ("scaled_dot_product", "index_select", "index_copy")
-# The engine's linears run as oneDNN's packed matmul (EngineConfig.packed_weights); HF's as mm.
+# The engine's linears run as oneDNN's packed matmul (EngineConfig.packed_weights); HF's too
+# (--hf-linears packed, the default) or as mm (plain).
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
 
 
@@ -808,6 +822,14 @@ def main() -> None:
         "own blocks, the same Q4_1 llama.cpp reads, and what `generate serve` runs); the other "
         "sections compare fp32 with HF's fp32 and stay fp32",
     )
+    ap.add_argument(
+        "--hf-linears",
+        default="packed",
+        choices=["packed", "plain"],
+        help="Hugging Face's linear layers (batching and step sections): on the engine's "
+        "oneDNN-packed fp32 kernel (packed, the same kernels as ours) or transformers' own "
+        "nn.Linear (plain)",
+    )
     ap.add_argument("--spec-tokens", type=int, default=48)
     ap.add_argument(
         "--step-count", type=int, default=10, help="decode steps timed per batch size (step)"
@@ -824,6 +846,7 @@ def main() -> None:
         ap.error(f"--sweep {args.sweep!r}: give comma-separated positive integers, e.g. 1,2,4,8")
     if not settings or settings[0] < 1:
         ap.error(f"--sweep {args.sweep!r}: give comma-separated positive integers, e.g. 1,2,4,8")
+    HF_LINEARS[0] = args.hf_linears
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, max_model_len=1024)
@@ -835,6 +858,7 @@ def main() -> None:
         "threads": args.threads,
         "cores": os.cpu_count(),
         "requests": args.requests,
+        "hf_linears": args.hf_linears,
         "load_start": loadavg(),
     }
     print(
