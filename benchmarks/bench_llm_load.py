@@ -73,8 +73,8 @@ WARMUP_S = [1.0]
 measured: ours by its own --warmup (requests due in the first WARMUP_S), the peers by running
 WARMUP_S longer and dropping, here, the requests their own schedule put in the first WARMUP_S
 (each peer's figures are then recomputed from its per-request records)."""
-DELAY_DEF = ("dispatch delay = the tool's send stamp of request i - (its first scheduled send "
-             "+ i/rate), i in schedule order, over the measured requests")
+DELAY_DEF = ("dispatch delay = the tool's send stamp of request i - (its first send + i/rate), "
+             "i in send order, over the measured requests")
 """The one definition of dispatch delay for all three tools (constant arrivals)."""
 
 
