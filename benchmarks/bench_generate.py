@@ -9,7 +9,8 @@ Run: .venv/bin/python benchmarks/bench_generate.py [--model smollm2-135m|tiny] [
 
 Sections (each prints ratios; all results go to --out as one JSON document):
 - batching: output tokens/s at a p95 TPOT objective (--tpot-objective). Three modes: continuous
-  batching (our engine), static batching (Hugging Face `generate` on the same weights: the
+  batching (our engine), static batching (Hugging Face `generate` on the same weights and, by
+  default, the same oneDNN-packed linear kernels as ours (--hf-linears plain: its own): the
   requests that have arrived, up to the batch size, left-padded and run to the longest) and one
   request at a time (our engine at max_num_seqs=1). The concurrency setting is swept (--sweep:
   max_num_seqs for continuous, the batch size for static, the two alternating at each setting)
@@ -30,9 +31,13 @@ Sections (each prints ratios; all results go to --out as one JSON document):
   beside it Hugging Face's decode step on the same weights and prompts, timed alternately.
 - weights (only when named): fp32 vs int8 vs q4 weights, tokens/s at 1 and 8 streams, weight
   bytes, server RSS, perplexity and greedy agreement (benchmarks/bench_weights.py).
-- llamacpp: llama-cpp-python (built from its sdist into benchmarks/.venvs/llamacpp, wheel kept
-  in benchmarks/.venvs/wheels) on the same GGUF, 1 stream and 8 requests (its server runs one
-  request at a time, so 8 streams are served in turn), vs our engine at 1 and 8.
+- llamacpp: llama-cpp-python (its wheel from benchmarks/.venvs/wheels, built from the sdist when
+  absent, into benchmarks/.venvs/llamacpp) on the same GGUF, token ids, threads and exact output
+  lengths (64 per stream, EOS ignored on both sides), 1 stream and 8 concurrent, in each of its
+  modes (benchmarks/llamacpp_peer.py): batched decoding through its C API (n_seq=8, as its
+  examples/batched; its server serves one request at a time, so it has no parallel slots) and
+  the high-level API serving requests in turn; ours (--weights, default q4: the same Q4_1
+  blocks) against the peer's best mode, rounds alternating, best of 3 each.
 
 The workload is a fixed seeded mix of prompt and output lengths (ignore_eos, so every mode
 generates exactly the same number of tokens). Measured on a shared two-core machine: the load
@@ -48,7 +53,6 @@ import random
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -103,9 +107,19 @@ def engine(lm: LoadedModel, **kw: Any) -> LlmEngine:
     return LlmEngine(lm.model, lm.tokenizer, LlmEngineConfig(**cfg), name=lm.name)
 
 
+HF_LINEARS = ["packed"]
+"""--hf-linears: HF's linear layers on our oneDNN-packed kernels ("packed") or its own ("plain")."""
+
+
 def build_hf(lm: LoadedModel) -> Any:
-    """transformers' LlamaForCausalLM holding our exact fp32 tensors (the static baseline)."""
+    """transformers' LlamaForCausalLM holding our exact fp32 tensors (the static baseline).
+    With --hf-linears packed (the default) its bias-free linears, the tied output layer among
+    them, run on the same oneDNN-packed fp32 kernel as the engine's (runner.pack_linears: the
+    same module swap the engine makes), so continuous against static compares scheduling,
+    not matmul kernels; plain leaves transformers' own nn.Linear (MKL GEMM)."""
     import transformers
+
+    from scalelab.generate.runner import can_pack, pack_linears
 
     c = lm.model.cfg
     hf = transformers.LlamaForCausalLM(
@@ -123,6 +137,8 @@ def build_hf(lm: LoadedModel) -> Any:
         )
     ).eval()
     hf.load_state_dict(lm.model.state_dict(), strict=False)
+    if HF_LINEARS[0] == "packed" and can_pack(hf):
+        pack_linears(hf)
     return hf
 
 
@@ -358,7 +374,8 @@ def section_batching(
 
 
 ATTENTION_OPS = ("scaled_dot_product", "index_select", "index_copy")
-# The engine's linears run as oneDNN's packed matmul (LlmEngineConfig.packed_weights); HF's as mm.
+# The engine's linears run as oneDNN's packed matmul (LlmEngineConfig.packed_weights); HF's too
+# (--hf-linears packed, the default) or as mm (plain).
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
 
 
@@ -604,23 +621,6 @@ def section_spec(lm: LoadedModel, n_tokens: int) -> dict[str, Any]:
     return out
 
 
-LLAMACPP_SCRIPT = textwrap.dedent("""
-    import json, sys, time
-    from llama_cpp import Llama
-    path, threads, n_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    prompts = json.loads(sys.argv[4])
-    llm = Llama(model_path=path, n_ctx=1024, n_threads=threads, verbose=False, seed=0)
-    out = {}
-    for label, group in (("1_stream", prompts[:1]), ("8_requests", prompts[:8])):
-        t0 = time.perf_counter(); toks = 0
-        for p in group:   # its server answers one request at a time: 8 streams wait in turn
-            r = llm.create_completion(p, max_tokens=n_tokens, temperature=0.0)
-            toks += r["usage"]["completion_tokens"]
-        out[label] = {"tokens_per_s": round(toks / (time.perf_counter() - t0), 2), "tokens": toks}
-    print(json.dumps(out))
-""")
-
-
 def llamacpp_python() -> Path | None:
     """The peer's interpreter, installed from the cached wheel (built once from the sdist)."""
     venv = VENVS / "llamacpp"
@@ -672,51 +672,100 @@ def llamacpp_python() -> Path | None:
     return py
 
 
-def section_llamacpp(lm: LoadedModel, n_tokens: int, threads: int) -> dict[str, Any]:
+def section_llamacpp(
+    lm: LoadedModel, n_tokens: int, threads: int, rounds: int = 3
+) -> dict[str, Any]:
+    """Ours (at `lm`'s weights) against llama-cpp-python on the same GGUF file, token ids,
+    threads and exact output lengths (EOS never ends a sequence on either side). llama.cpp in
+    each of its modes (benchmarks/llamacpp_peer.py): batched decoding through its C API with
+    n_seq_max = 8 (as its examples/batched; its server holds one lock, so it has no parallel
+    slots), the high-level API serving the requests in turn, and each with one stream. The
+    peer's best mode is the comparison. Rounds alternate the two sides; best of `rounds` each."""
     from scalelab.generate.gguf import smollm2_path
+    from scalelab.generate.quality import agreement
 
     la = loadavg()
     py = llamacpp_python()
-    prompts = [
+    texts = [
         f"Tell me about the {w} and the {v}." for w, v in zip(WORDS, WORDS[8:16], strict=False)
     ][:8]
-    r = subprocess.run(
-        [
-            str(py),
-            "-c",
-            LLAMACPP_SCRIPT,
-            str(smollm2_path()),
-            str(threads),
-            str(n_tokens),
-            json.dumps(prompts),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    peer = json.loads(r.stdout.strip().splitlines()[-1])
+    # Our tokenizer's ids go to both engines: the same input, whatever each tokenizer would add.
+    ids = [lm.tokenizer.encode(x) for x in texts]
+    cfg = {
+        "model": str(smollm2_path()),
+        "threads": threads,
+        "tokens": n_tokens,
+        "prompts": ids,
+        "modes": ["batched1", "serial1", "batched", "serial"],
+        "rounds": 1,
+    }
+    e = engine(lm, max_num_seqs=8)
+    e.generate(ids, SamplingParams(max_tokens=4, ignore_eos=True))  # warm, as the peer's load
+    peer: dict[str, Any] = {}
     ours: dict[str, Any] = {}
-    ids = [lm.tokenizer.encode(x) for x in prompts]
-    for label, group in (("1_stream", ids[:1]), ("8_requests", ids)):
-        e = engine(lm, max_num_seqs=8)
-        t0 = time.perf_counter()
-        seqs = e.generate(group, SamplingParams(max_tokens=n_tokens, ignore_eos=True))
-        toks = sum(s.num_output for s in seqs)
-        ours[label] = {"tokens_per_s": round(toks / (time.perf_counter() - t0), 2), "tokens": toks}
+    outs: list[list[int]] = []
+    for _ in range(rounds):
+        r = subprocess.run(
+            [str(py), str(HERE / "llamacpp_peer.py"), json.dumps(cfg)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        for mode in cfg["modes"]:
+            if mode not in peer or got[mode]["tokens_per_s"] > peer[mode]["tokens_per_s"]:
+                peer[mode] = got[mode]
+        for label, group in (("1_stream", ids[:1]), ("8_concurrent", ids)):
+            t0 = time.perf_counter()
+            seqs = e.generate(group, SamplingParams(max_tokens=n_tokens, ignore_eos=True))
+            dt = time.perf_counter() - t0
+            toks = sum(s.num_output for s in seqs)
+            assert toks == len(group) * n_tokens, (toks, len(group), n_tokens)
+            if label not in ours or toks / dt > ours[label]["tokens_per_s"]:
+                ours[label] = {"tokens_per_s": round(toks / dt, 2), "tokens": toks}
+                if label == "8_concurrent":
+                    outs = [s.output_ids for s in seqs]
+    agree, same = agreement(outs, peer["batched"]["outputs"])
+    for v in peer.values():
+        v.pop("outputs")
+    best1 = max(("batched1", "serial1"), key=lambda m: peer[m]["tokens_per_s"])
+    best8 = max(("batched", "serial"), key=lambda m: peer[m]["tokens_per_s"])
+    names = {
+        "batched1": "llama.cpp batched API (n_seq=1)",
+        "serial1": "llama.cpp high-level API",
+        "batched": "llama.cpp batched (n_seq=8)",
+        "serial": "llama.cpp serial (high-level API, one request after another)",
+    }
     out = {
         "llama_cpp_python": peer,
         "scalelab": ours,
+        "weights": lm.weights,
+        "threads": threads,
+        "tokens_per_stream": n_tokens,
+        "rounds": rounds,
+        "peer_best_1": names[best1],
+        "peer_best_8": names[best8],
+        "greedy_agreement_8_vs_batched": round(agree, 3),
+        "identical_8_vs_batched": same,
         "load": la,
-        "ratio_1": round(ours["1_stream"]["tokens_per_s"] / peer["1_stream"]["tokens_per_s"], 2),
-        "ratio_8": round(
-            ours["8_requests"]["tokens_per_s"] / peer["8_requests"]["tokens_per_s"], 2
-        ),
+        "load_end": loadavg(),
+        "ratio_1": round(ours["1_stream"]["tokens_per_s"] / peer[best1]["tokens_per_s"], 2),
+        "ratio_8": round(ours["8_concurrent"]["tokens_per_s"] / peer[best8]["tokens_per_s"], 2),
     }
     print(
-        f"[llamacpp] 1 stream: llama.cpp {peer['1_stream']['tokens_per_s']} tok/s vs ours "
-        f"{ours['1_stream']['tokens_per_s']} ({out['ratio_1']}x); 8 requests: llama.cpp "
-        f"{peer['8_requests']['tokens_per_s']} vs ours {ours['8_requests']['tokens_per_s']} "
-        f"({out['ratio_8']}x); load {la:.1f}",
+        f"[llamacpp] same Q4_1 file, {threads} thread(s), {n_tokens} tokens per stream, EOS "
+        f"ignored on both sides, best of {rounds} alternating rounds; ours at {lm.weights} "
+        "weights",
+        flush=True,
+    )
+    for mode in cfg["modes"]:
+        print(f"  {names[mode]}: {peer[mode]['tokens_per_s']} tok/s", flush=True)
+    print(
+        f"[llamacpp] 1 stream: ours {ours['1_stream']['tokens_per_s']} tok/s vs "
+        f"{names[best1]} {peer[best1]['tokens_per_s']} ({out['ratio_1']}x); 8 concurrent: ours "
+        f"{ours['8_concurrent']['tokens_per_s']} vs {names[best8]} "
+        f"{peer[best8]['tokens_per_s']} ({out['ratio_8']}x); greedy agreement with llama.cpp "
+        f"{agree:.2f} ({same}/8 identical); load {la:.1f} -> {out['load_end']:.1f}",
         flush=True,
     )
     return out
@@ -767,11 +816,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--weights",
-        default="fp32",
+        default="q4",
         choices=["fp32", "int8", "q4"],
-        help="how our engine holds the weights in the llamacpp section (q4: the GGUF's own "
-        "blocks, the same Q4_1 llama.cpp reads); the other sections compare fp32 with HF's "
-        "fp32 and stay fp32",
+        help="how our engine holds the weights in the llamacpp section (default q4: the GGUF's "
+        "own blocks, the same Q4_1 llama.cpp reads, and what `generate serve` runs); the other "
+        "sections compare fp32 with HF's fp32 and stay fp32",
+    )
+    ap.add_argument(
+        "--hf-linears",
+        default="packed",
+        choices=["packed", "plain"],
+        help="Hugging Face's linear layers (batching and step sections): on the engine's "
+        "oneDNN-packed fp32 kernel (packed, the same kernels as ours) or transformers' own "
+        "nn.Linear (plain)",
     )
     ap.add_argument("--spec-tokens", type=int, default=48)
     ap.add_argument(
@@ -789,6 +846,7 @@ def main() -> None:
         ap.error(f"--sweep {args.sweep!r}: give comma-separated positive integers, e.g. 1,2,4,8")
     if not settings or settings[0] < 1:
         ap.error(f"--sweep {args.sweep!r}: give comma-separated positive integers, e.g. 1,2,4,8")
+    HF_LINEARS[0] = args.hf_linears
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, max_model_len=1024)
@@ -800,6 +858,7 @@ def main() -> None:
         "threads": args.threads,
         "cores": os.cpu_count(),
         "requests": args.requests,
+        "hf_linears": args.hf_linears,
         "load_start": loadavg(),
     }
     print(
@@ -818,7 +877,7 @@ def main() -> None:
         "step": lambda: section_step(lm, args.step_count),
         "llamacpp": lambda: section_llamacpp(
             lm if args.weights == "fp32" else load_model(args.model, 1024, weights=args.weights),
-            32,
+            64,
             args.threads,
         ),
         "weights": lambda: section_weights(args.model, args.threads),

@@ -19,20 +19,28 @@ same local MiniLM tokenizer by path; it must run without HF_HUB_OFFLINE (its off
 treats a local path as a Hub repo id and fails), and nothing is downloaded since this machine
 reaches no hub (its `--tokenizer builtin` would fetch tiktoken's o200k file and fails here).
 
+Every tool gets the same warm-up and one definition of dispatch delay (--warmup, 1 s): ours
+by its own --warmup (requests due in the first second are not measured); each peer runs
+warm-up + --seconds + 1 s, and the bench drops, from its per-request records, the requests its
+schedule put in the first second and in the last (a tail so the window's requests can finish),
+then computes every figure of the peer from the records left (its own per-request TTFT, ITL and
+e2e, from its own send stamp). Dispatch delay, for all three: the tool's send stamp of request i
+minus (its first send + i/rate), i in send order (constant arrivals); ours is its lag (the
+send loop's dispatch stamp minus the due time from its planned start, which its first send
+meets within ~0.1 ms). Completed share, for all three: completed requests among those due in
+the measured window over rate x --seconds. The bench prints what each tool ran.
+
 Two parts:
 - agreement: each at --agree-rate req/s for --seconds; TTFT p50/p95/p99, per-request
   inter-token time (our TPOT = (e2e - TTFT)/(out - 1), which is GuideLLM's and AIPerf's ITL),
   and e2e. Target: within 10% of the peer (and all beside the server's true values). Both
-  peers time TTFT from their own send stamp; both also report each request's scheduled time
-  (GuideLLM targeted_start, AIPerf credit_issued_ns), so the peers' TTFT is recomputed here
-  from the scheduled time as well (ours is always timed from it): if a peer's excess is in
-  both columns it is measurement (time inside the client after its send stamp), if only in
-  the scheduled one it is dispatch delay.
-- sustainable rate: the ladder --rates, each for --seconds, both tools; a rate is sustained
-  when the completed requests per second are >= 95% of the offered rate and the dispatch
-  delay (send time - scheduled time; GuideLLM reports it as request_dispatch_delay, we as lag,
-  AIPerf's is request_start_ns - (first credit + i/rate)) has p99 <= 10 ms. Target: our
-  highest sustained rate >= 3x the peer's.
+  peers time TTFT from their own send stamp, ours from the scheduled time; the peers' TTFT is
+  also shown from the schedule (their TTFT + their delay): if a peer's excess is in both
+  columns it is measurement (time inside the client after its send stamp), if only in the
+  scheduled one it is dispatch delay.
+- sustainable rate: the ladder --rates, each for --seconds, every tool; a rate is sustained
+  when >= 95% of the requests due in the window completed and the dispatch delay has p99 <=
+  10 ms. Target: our highest sustained rate >= 3x the peer's.
 The server and both generators share the machine's 2 cores; the load average is printed
 beside every figure.
 """
@@ -60,6 +68,14 @@ TORCH_REQ = "torch==2.13.0"
 TTFT_MS, GAP_MS, PROMPT, OUTPUT = 50.0, 10.0, 64, 32
 MAX_DELAY_P99_MS = 10.0
 MIN_COMPLETED = 0.95
+WARMUP_S = [1.0]
+"""--warmup: seconds at the start of every run, every tool alike, whose requests are not
+measured: ours by its own --warmup (requests due in the first WARMUP_S), the peers by running
+WARMUP_S longer and dropping, here, the requests their own schedule put in the first WARMUP_S
+(each peer's figures are then recomputed from its per-request records)."""
+DELAY_DEF = ("dispatch delay = the tool's send stamp of request i - (its first send + i/rate), "
+             "i in send order, over the measured requests")
+"""The one definition of dispatch delay for all three tools (constant arrivals)."""
 
 
 def loadavg() -> list[float]:
@@ -106,18 +122,18 @@ def start_server() -> tuple[subprocess.Popen[str], str]:
 
 
 def ours(url: str, rates: list[float], seconds: float) -> list[dict[str, Any]]:
-    cmd = [sys.executable, "-m", "scalelab", "load", "llm", url, "--rates",
+    cmd = [sys.executable, "-m", "scalelab", "load", "llm", "run", url, "--rates",
            ",".join(f"{r:g}" for r in rates), "--arrival", "constant", "--duration",
-           f"{seconds}s", "--warmup", "1s", "--prompt-tokens", str(PROMPT), "--output-tokens",
-           str(OUTPUT), "--json"]
+           f"{seconds}s", "--warmup", f"{WARMUP_S[0]:g}s", "--prompt-tokens", str(PROMPT),
+           "--output-tokens", str(OUTPUT), "--json"]
     la = loadavg()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
     rows = []
     for lv in json.loads(out)["levels"]:
         rows.append({
             "rate": lv["offered_rps"], "requests": lv["requests"], "ok": lv["successes"],
-            # Served per second against offered: requests sent late complete late.
-            "completed_share": lv["throughput_rps"] / lv["offered_rps"],
+            # Completed among the requests due in the measured window, as for the peers.
+            "completed_share": lv["successes"] / (lv["offered_rps"] * seconds),
             "achieved_rps": lv["throughput_rps"],
             "delay_p50_ms": lv["lag"]["p50_ms"], "delay_p99_ms": lv["lag"]["p99_ms"],
             "ttft_p50_ms": lv["ttft"]["p50_ms"], "ttft_p95_ms": lv["ttft"]["p95_ms"],
@@ -130,12 +146,14 @@ def ours(url: str, rates: list[float], seconds: float) -> list[dict[str, Any]]:
 
 def guidellm(exe: Path, url: str, rates: list[float], seconds: float, work: Path
              ) -> list[dict[str, Any]]:
+    """GuideLLM over the ladder in one run, each rate WARMUP_S + seconds + 1 s long, measured
+    from its per-request records by `from_records`."""
     out = work / f"guidellm-{len(list(work.iterdir()))}.json"
     cmd = [str(exe), "run", "--backend", f"kind=openai_http,target={url},model=test-llm",
            "--profile", f"kind=constant,rate={rates[0]:g}",
            *(["--override", "profile.rate", ",".join(f"{r:g}" for r in rates)]
              if len(rates) > 1 else []),
-           "--constraint", f"kind=max_duration,seconds={seconds + 1:g}",
+           "--constraint", f"kind=max_duration,seconds={WARMUP_S[0] + seconds + 1:g}",
            "--data", f"kind=synthetic_text,prompt_tokens={PROMPT},output_tokens={OUTPUT}",
            "--tokenizer", f"kind=huggingface_auto,model={tokenizer_dir()}",
            "--output", f"kind=json,path={out}", "--disable-console-interactive"]
@@ -147,49 +165,24 @@ def guidellm(exe: Path, url: str, rates: list[float], seconds: float, work: Path
                          f"{res.stderr[-3000:]}")
     rows = []
     for rate, b in zip(rates, json.loads(out.read_text())["benchmarks"], strict=True):
-        m = b["metrics"]
-
-        def pct(key: str, p: str, scale: float = 1.0, m: dict[str, Any] = m) -> float:
-            return float(m[key]["successful"]["percentiles"][p]) * scale
-
-        tot = m["request_totals"]
-        ok = int(tot["successful"])
-        sent = ok + int(tot.get("errored", 0)) + int(tot.get("incomplete", 0))
-        dur = float(b["duration"])
-        rows.append({
-            "rate": rate, "requests": sent, "ok": ok,
-            # Against the rate × its own measured duration (it runs max_duration = seconds + 1).
-            "completed_share": ok / max(1.0, rate * dur) if dur else 0.0,
-            "achieved_rps": ok / dur if dur else 0.0,
-            "delay_p50_ms": pct("request_dispatch_delay", "p50", 1e3),
-            "delay_p99_ms": pct("request_dispatch_delay", "p99", 1e3),
-            "ttft_p50_ms": pct("time_to_first_token_ms", "p50"),
-            "ttft_p95_ms": pct("time_to_first_token_ms", "p95"),
-            "ttft_p99_ms": pct("time_to_first_token_ms", "p99"),
-            "itl_p50_ms": pct("inter_token_latency_ms", "p50"),
-            "itl_p95_ms": pct("inter_token_latency_ms", "p95"),
-            "e2e_p50_ms": pct("request_latency", "p50", 1e3),
-            "e2e_p95_ms": pct("request_latency", "p95", 1e3),
-            "output_tps": float(m["output_tokens_per_second"]["successful"]["mean"]),
-            "load": la, **_guidellm_ttft_split(b),
-        })
+        reqs = b.get("requests") or {}
+        recs = []
+        for kind in ("successful", "errored", "incomplete"):
+            for r in reqs.get(kind) or []:
+                t = r.get("info", {}).get("timings", {})
+                if t.get("request_start") is None:
+                    continue
+                # Its own per-request figures (computed fields of its request stats, each
+                # from its request_start stamp).
+                ok = kind == "successful" and r.get("time_to_first_token_ms") is not None \
+                    and r.get("request_latency") is not None
+                recs.append({"sent": t["request_start"], "ok": ok,
+                             "ttft_ms": r.get("time_to_first_token_ms"),
+                             "itl_ms": r.get("inter_token_latency_ms"),
+                             "e2e_ms": None if r.get("request_latency") is None
+                             else r["request_latency"] * 1e3})
+        rows.append(from_records(recs, rate, seconds, la))
     return rows
-
-
-def _guidellm_ttft_split(b: dict[str, Any]) -> dict[str, Any]:
-    """GuideLLM's TTFT per request from its send stamp (request_start, its own definition)
-    and from the scheduled time (targeted_start), recomputed from its per-request timings."""
-    sent, sched = [], []
-    for r in (b.get("requests") or {}).get("successful") or []:
-        t = r.get("info", {}).get("timings", {})
-        first = t.get("first_token_iteration")
-        if first is None:
-            continue
-        if t.get("request_start") is not None:
-            sent.append((first - t["request_start"]) * 1e3)
-        if t.get("targeted_start") is not None:
-            sched.append((first - t["targeted_start"]) * 1e3)
-    return _split(sent, sched)
 
 
 def _split(sent: list[float], sched: list[float]) -> dict[str, Any]:
@@ -200,13 +193,15 @@ def _split(sent: list[float], sched: list[float]) -> dict[str, Any]:
 
 def aiperf(exe: Path, url: str, rates: list[float], seconds: float, work: Path
            ) -> list[dict[str, Any]]:
-    """One AIPerf run per rate (each its own artifact directory)."""
+    """One AIPerf run per rate (each its own artifact directory), WARMUP_S + seconds + 1 s
+    long, measured from its per-request records by `from_records`."""
     rows = []
     for rate in rates:
         art = work / f"aiperf-{len(list(work.iterdir()))}"
         cmd = [str(exe), "profile", "--model", "test-llm", "--url", url, "--endpoint-type",
                "chat", "--streaming", "--request-rate", f"{rate:g}", "--arrival-pattern",
-               "constant", "--benchmark-duration", f"{seconds:g}", "--isl", str(PROMPT),
+               "constant", "--benchmark-duration", f"{WARMUP_S[0] + seconds + 1:g}",
+               "--isl", str(PROMPT),
                "--isl-stddev", "0", "--osl", str(OUTPUT), "--tokenizer", str(tokenizer_dir()),
                "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
                "--per-chunk-usage", "--use-legacy-max-tokens", "--artifact-dir", str(art),
@@ -216,52 +211,65 @@ def aiperf(exe: Path, url: str, rates: list[float], seconds: float, work: Path
         env["HF_HUB_DISABLE_TELEMETRY"] = "1"
         la = loadavg()
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work)
-        summ = art / "profile_export_aiperf.json"
         per = art / "profile_export.jsonl"
-        if res.returncode != 0 or not summ.exists():
+        if res.returncode != 0 or not per.exists():
             raise SystemExit(f"aiperf failed ({res.returncode}):\n{res.stdout[-3000:]}\n"
                              f"{res.stderr[-3000:]}")
-        m = json.loads(summ.read_text())
-        recs = [json.loads(ln) for ln in per.read_text().splitlines() if ln.strip()]
-        prof = [r for r in recs if r["metadata"].get("benchmark_phase") == "profiling"]
-        ok = [r for r in prof if "time_to_first_token" in r.get("metrics", {})]
-        # The schedule: constant arrivals from the first credit, i/rate apart, in credit order.
-        issued = sorted(r["metadata"]["credit_issued_ns"] for r in prof)
-        t0 = issued[0] if issued else 0
-        order = {id(r): i for i, r in enumerate(sorted(prof, key=lambda r:
-                                                      r["metadata"]["credit_issued_ns"]))}
-        delays, sent, sched = [], [], []
-        for r in prof:
-            due = t0 + order[id(r)] * 1e9 / rate
-            delays.append((r["metadata"]["request_start_ns"] - due) / 1e6)
-            if "time_to_first_token" in r.get("metrics", {}):
-                ttft = float(r["metrics"]["time_to_first_token"]["value"])
-                start = r["metadata"]["request_start_ns"]
-                sent.append(ttft)
-                sched.append(ttft + (start - due) / 1e6)
-        dur = float(m["benchmark_duration"]["avg"]) if isinstance(m.get("benchmark_duration"),
-                                                                dict) else seconds
+        recs = []
+        for ln in per.read_text().splitlines():
+            if not ln.strip():
+                continue
+            r = json.loads(ln)
+            if r["metadata"].get("benchmark_phase") != "profiling":
+                continue
+            m = r.get("metrics", {})
 
-        def p(key: str, q: str, m: dict[str, Any] = m) -> float | None:
-            v = m.get(key)
-            return float(v[q]) if isinstance(v, dict) and v.get(q) is not None else None
+            def v(key: str, m: dict[str, Any] = m) -> float | None:
+                x = m.get(key)
+                return float(x["value"]) if isinstance(x, dict) else None
 
-        rows.append({
-            "rate": rate, "requests": len(prof), "ok": len(ok),
-            "completed_share": len(ok) / max(1.0, rate * dur) if dur else 0.0,
-            "achieved_rps": len(ok) / dur if dur else 0.0,
-            "delay_p50_ms": pctl(delays, 50), "delay_p99_ms": pctl(delays, 99),
-            "ttft_p50_ms": p("time_to_first_token", "p50"),
-            "ttft_p95_ms": p("time_to_first_token", "p95"),
-            "ttft_p99_ms": p("time_to_first_token", "p99"),
-            "itl_p50_ms": p("inter_token_latency", "p50"),
-            "itl_p95_ms": p("inter_token_latency", "p95"),
-            "e2e_p50_ms": p("request_latency", "p50"),
-            "e2e_p95_ms": p("request_latency", "p95"),
-            "output_tps": p("output_token_throughput", "avg"), "load": la,
-            **_split(sent, sched),
-        })
+            ok = v("time_to_first_token") is not None and v("request_latency") is not None
+            recs.append({"sent": r["metadata"]["request_start_ns"] / 1e9, "ok": ok,
+                         "ttft_ms": v("time_to_first_token"),
+                         "itl_ms": v("inter_token_latency"), "e2e_ms": v("request_latency")})
+        rows.append(from_records(recs, rate, seconds, la))
     return rows
+
+
+def from_records(recs: list[dict[str, Any]], rate: float, seconds: float,
+                 la: list[float]) -> dict[str, Any]:
+    """A peer's row from its per-request records, on the rules every tool shares here.
+
+    recs: one per request the tool sent: "sent" (its send stamp, s), "ok", and for ok ones
+    its own per-request "ttft_ms" (from its send stamp), "itl_ms", "e2e_ms". Request i (in send
+    order, which constant arrivals keep) was due at t0 + i/rate, t0 the first send: the one
+    schedule for the delay definition (DELAY_DEF) and the warm-up: requests due in the first
+    WARMUP_S, or after WARMUP_S + seconds (the tail the tool ran so the window's last requests
+    could finish), are not measured. TTFT from the schedule = its TTFT + its delay."""
+    recs = sorted(recs, key=lambda r: r["sent"])
+    t0 = recs[0]["sent"] if recs else 0.0
+    warm = WARMUP_S[0]
+    win = []
+    for i, r in enumerate(recs):
+        due = i / rate
+        if warm <= due < warm + seconds:
+            win.append({**r, "delay_ms": (r["sent"] - t0 - due) * 1e3})
+    ok = [r for r in win if r["ok"]]
+    delays = [r["delay_ms"] for r in win]
+    ttft = [r["ttft_ms"] for r in ok]
+    itl = [r["itl_ms"] for r in ok if r.get("itl_ms") is not None]
+    e2e = [r["e2e_ms"] for r in ok]
+    return {
+        "rate": rate, "requests": len(win), "ok": len(ok),
+        "completed_share": len(ok) / (rate * seconds),
+        "achieved_rps": len(ok) / seconds,
+        "delay_p50_ms": pctl(delays, 50), "delay_p99_ms": pctl(delays, 99),
+        "ttft_p50_ms": pctl(ttft, 50), "ttft_p95_ms": pctl(ttft, 95),
+        "ttft_p99_ms": pctl(ttft, 99), "itl_p50_ms": pctl(itl, 50), "itl_p95_ms": pctl(itl, 95),
+        "e2e_p50_ms": pctl(e2e, 50), "e2e_p95_ms": pctl(e2e, 95),
+        "output_tps": len(ok) * OUTPUT / seconds, "load": la,
+        **_split(ttft, [r["ttft_ms"] + r["delay_ms"] for r in ok]),
+    }
 
 
 def sustained(rows: list[dict[str, Any]]) -> float | None:
@@ -291,6 +299,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="Measured seconds per run.")
     ap.add_argument("--agree-rate", type=float, default=5.0, help="Rate of the agreement run.")
     ap.add_argument("--rates", default="5,10,20,50,100,200", help="The sustainable-rate ladder.")
+    ap.add_argument("--warmup", type=float, default=1.0,
+                    help="Seconds of every run's schedule not measured, every tool alike.")
     ap.add_argument("--peers", default="guidellm,aiperf",
                     help="Comma list of peers: guidellm, aiperf.")
     ap.add_argument("--out", type=Path, help="Write the results as JSON here.")
@@ -307,8 +317,27 @@ def main() -> None:
     m = current_machine()
     print(f"machine: {m.cores} cores, {m.memory_bytes / 2**30:.0f} GiB, {m.device}; "
           f"load average {loadavg()} (shared, busy machine)")
+    WARMUP_S[0] = a.warmup
+    ran = {
+        "ours": f"scalelab load llm run (this tree), one process, --warmup {a.warmup:g}s "
+                f"--duration {a.seconds:g}s per rate; delay: its own lag (send-loop dispatch "
+                "stamp - due time from its planned start)",
+        "guidellm": f"GuideLLM 0.8.1, one run over the ladder, {a.warmup + a.seconds + 1:g} s "
+                    f"per rate (max_duration), first {a.warmup:g} s and last 1 s of its "
+                    "schedule dropped here; delay from its request_start stamps",
+        "aiperf": f"AIPerf 0.13.0, one run per rate, --benchmark-duration "
+                  f"{a.warmup + a.seconds + 1:g}, first {a.warmup:g} s and last 1 s of its "
+                  "schedule dropped here; delay from its request_start_ns stamps",
+    }
+    print(f"every tool: constant arrivals, chat, ~{PROMPT} prompt / {OUTPUT} output tokens, "
+          f"ignore_eos; the same warm-up ({a.warmup:g} s of the schedule, not measured) and "
+          f"one {DELAY_DEF}; what each ran:")
+    for n in ["ours", *peers]:
+        print(f"  {PEERS.get(n, 'ours')}: {ran[n]}")
     proc, url = start_server()
-    doc: dict[str, Any] = {"machine": m.to_dict(), "server": {
+    doc: dict[str, Any] = {"ran": {n: ran[n] for n in ["ours", *peers]},
+                           "warmup_s": a.warmup, "delay_definition": DELAY_DEF,
+                           "machine": m.to_dict(), "server": {
         "ttft_ms": TTFT_MS, "gap_ms": GAP_MS, "prompt": PROMPT, "output": OUTPUT},
         "peers": peers}
     try:

@@ -16,8 +16,13 @@ Parts (each prints a markdown table; the load average is printed beside every nu
 - capacity: each server's max rate at the SLO by the project's capacity search
   (`scalelab load capacity`: exponential steps then bisection, each step stopped by its
   confidence rule), then one open-loop level at that rate for p50/p95/p99. Rows: every server
-  in --only, plus scalelab with max_batch_size 1 ("no batching"). The bare app's row is the
-  limit: no model, no validation. Every body is distinct (no cache or coalescing can help).
+  in --only (default all): scalelab as a user gets it (runtime auto: ONNX Runtime), scalelab
+  on eager torch ("torch"), scalelab with max_batch_size 1 ("nobatch"), the bare app (the
+  limit: no model, no validation), and each peer twice: on eager torch (its usual form) and
+  on the very ONNX graph scalelab serves, opened in ONNX Runtime with scalelab's session
+  options ("fastapi-ort", "litserve-ort", "mlserver-ort"). Each row says what its model ran
+  on, and the ratios pair like with like (ONNX Runtime with ONNX Runtime, torch with torch)
+  besides the mixed one. Every body is distinct (no cache or coalescing can help).
 - tail: open loop at 10/20/40/60/80% of scalelab's capacity: p50, p99 and p99/p50, and the
   bare ASGI app at the same rates beside it (the tail the load generator and machine leave).
 - replicas: scalelab with --workers 1..N on one port: capacity per worker count, and the
@@ -70,10 +75,12 @@ from scalelab.web.spawn import free_port
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 VENVS = HERE / ".venvs"
-PEERS = {"litserve": ["torch==2.13.0", "numpy", "litserve==0.2.19"],
+# onnxruntime as scalelab's (serve extra): the peers' "-ort" rows run the same graph in it
+PEERS = {"litserve": ["torch==2.13.0", "numpy", "onnxruntime==1.32.0", "litserve==0.2.19"],
          # mlserver 1.7.1 predates uvloop 0.22, which no longer creates a loop in
          # get_event_loop(); its inference workers crash with newer uvloop
-         "mlserver": ["torch==2.13.0", "numpy", "mlserver==1.7.1", "uvloop<0.22"]}
+         "mlserver": ["torch==2.13.0", "numpy", "onnxruntime==1.32.0", "mlserver==1.7.1",
+                      "uvloop<0.22"]}
 PARAMS: dict[str, Any] = {"cardinalities": [17, 4, 105, 150], "embedding_dims": [],
                           "n_numeric": 14, "hidden": [128, 128], "n_classes": 4, "dropout": 0.0}
 MAX_BATCH, DELAY_MS = 64, 2.0
@@ -82,6 +89,9 @@ RUNTIME = ["auto"]
 PIN: dict[str, set[int]] = {}
 """--pin: the CPUs the servers run on ("server") and the clients ("client"); empty: unpinned."""
 OURS = ("scalelab", "nobatch", "torch")
+PEER_NAMES = ("fastapi", "litserve", "mlserver")
+ORT = "-ort"
+"""A peer's name with this suffix runs the ONNX graph scalelab serves (fastapi-ort, ...)."""
 """The rows that are this server (a scalelab repository, multiprocess metrics)."""
 INFER = "/v2/models/flights/infer"
 """The infer route of the served model (main sets it to minilm's for --net minilm)."""
@@ -97,7 +107,16 @@ LABELS = {"scalelab": "scalelab serve (batching)", "nobatch": "scalelab serve, m
           "torch": "scalelab serve, runtime torch (batching)",
           "bare": "bare ASGI app (limit: parse + fixed response)",
           "fastapi": "plain FastAPI (no batching)", "litserve": "LitServe 0.2.19 (batching)",
-          "mlserver": "MLServer 1.7.1 (adaptive batching)"}
+          "mlserver": "MLServer 1.7.1 (adaptive batching)",
+          "fastapi-ort": "plain FastAPI, ONNX Runtime (no batching)",
+          "litserve-ort": "LitServe 0.2.19, ONNX Runtime (batching)",
+          "mlserver-ort": "MLServer 1.7.1, ONNX Runtime (adaptive batching)"}
+RUNS = {"scalelab": "runtime auto: ONNX Runtime 1.32 (exported graph + softmax/argmax nodes)",
+        "nobatch": "runtime auto: ONNX Runtime 1.32", "torch": "eager torch 2.13",
+        "bare": "no model", **{p: "eager torch 2.13" for p in PEER_NAMES},
+        **{p + ORT: "ONNX Runtime 1.32, scalelab's exported graph; softmax/argmax in torch"
+           for p in PEER_NAMES}}
+"""What each capacity row's model ran on (the table's 'runs' column)."""
 
 BARE_APP = textwrap.dedent('''
 from starlette.applications import Starlette
@@ -131,6 +150,7 @@ def factory() -> Starlette:
 ''')
 
 PEER_NET = textwrap.dedent('''
+import os
 import torch
 from torch import nn
 
@@ -154,6 +174,21 @@ class TabularNet(nn.Module):
 
 def load(weights, params):
     torch.set_num_threads(1)
+    graph = os.environ.get("BENCH_ONNX")
+    if graph:  # the "-ort" rows: the graph scalelab serves, in ONNX Runtime, as scalelab opens it
+        import onnxruntime as ort
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sess = ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
+        names = [i.name for i in sess.get_inputs()]
+
+        def run(cat, num):
+            return torch.from_numpy(sess.run(None, {names[0]: cat.numpy(),
+                                                    names[1]: num.numpy()})[0])
+        return run
     net = TabularNet(params)
     net.load_state_dict(torch.load(weights, weights_only=True))
     return net.eval()
@@ -257,11 +292,14 @@ def peer_python(name: str) -> Path:
     venv = VENVS / name
     py = venv / "bin" / "python"
     marker = venv / ".bench-installed"
-    if not marker.exists():
-        print(f"[setup] creating {venv} with {' '.join(PEERS[name])} ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    want = " ".join(PEERS[name]) + "\n"
+    # the marker holds what was installed: a venv from an older package list is topped up
+    if not marker.exists() or marker.read_text() != want:
+        print(f"[setup] {venv}: installing {want.strip()} ...", file=sys.stderr)
+        if not py.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(py), "-m", "pip", "install", "-q", *PEERS[name]], check=True)
-        marker.write_text("ok\n")
+        marker.write_text(want)
     return py
 
 
@@ -413,13 +451,30 @@ class Started:
     url: str
 
 
-def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: int = 1
-          ) -> Started:
+def onnx_graph(work: Path) -> Path:
+    """The ONNX graph scalelab's `runtime: auto` serves for the benchmark net (its own export,
+    checked against torch: serve.worker.to_onnx_runtime), written once for the peers."""
+    path = work / "flights.onnx"
+    if not path.exists():
+        from scalelab.nets.registry import load_module
+        from scalelab.serve.config import load_model_config
+        from scalelab.serve.worker import to_onnx_runtime
+
+        repo = make_repo(work, "repo-onnx-export", MAX_BATCH)
+        net = to_onnx_runtime(load_module(repo / "flights" / "1"),
+                              load_model_config(repo / "flights"))
+        path.write_bytes(net.graph)
+    return path
+
+
+def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: int = 1,
+          env: dict[str, str] | None = None, label: str | None = None) -> Started:
     port = free_port()
-    env = {**os.environ, "BENCH_WEIGHTS": str(weights), "BENCH_PARAMS": json.dumps(PARAMS),
-           "BENCH_MAX_BATCH": str(MAX_BATCH), "BENCH_DELAY_MS": str(DELAY_MS),
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    log = (work / f"{name}-{workers}x{threads}.log").open("wb")
+    env = env or {**os.environ, "BENCH_WEIGHTS": str(weights),
+                  "BENCH_PARAMS": json.dumps(PARAMS), "BENCH_MAX_BATCH": str(MAX_BATCH),
+                  "BENCH_DELAY_MS": str(DELAY_MS), "OMP_NUM_THREADS": "1",
+                  "PYTHONPATH": str(ROOT / "src")}
+    log = (work / f"{label or name}-{workers}x{threads}.log").open("wb")
     ready = "/v2/health/ready"
     prom = work / f"prom-{name}-{workers}x{threads}"
     if name in OURS:
@@ -442,6 +497,10 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
         (work / "bare_app.py").write_text(BARE_APP)
         cmd = [sys.executable, "-c", "from scalelab.web.runner import UvicornConfig, run; "
                f"run('bare_app:factory', UvicornConfig(port={port}, log_level='warning'))"]
+    elif name.endswith(ORT) and name[: -len(ORT)] in PEER_NAMES:
+        env["BENCH_ONNX"] = str(onnx_graph(work))
+        return start(name[: -len(ORT)], work, weights, workers=workers, threads=threads,
+                     env=env, label=name)
     elif name == "fastapi":
         (work / "plain_app.py").write_text(FASTAPI_APP)
         cmd = [sys.executable, "-m", "uvicorn", "plain_app:app", "--port", str(port),
@@ -482,7 +541,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
             if httpx.get(url + ready, timeout=2).status_code == 200 and (
                     name not in OURS or "PROMETHEUS_MULTIPROC_DIR" not in env
                     or len(worker_pids(prom)) >= workers):
-                return Started(name, proc, url)
+                return Started(label or name, proc, url)
         except httpx.TransportError:
             pass
         time.sleep(0.2)
@@ -731,27 +790,44 @@ def part_capacity(args: argparse.Namespace, work: Path, weights: Path, jsonl: Pa
     finally:
         for s in servers.values():
             stop(s.proc)
-    best_peer = max((out[n]["median_rps"] for n in ("fastapi", "litserve", "mlserver")
-                     if n in out and "median_rps" in out[n]), default=None)
+    peers = [n for n in out if "median_rps" in out[n]
+             and (n in PEER_NAMES or n.endswith(ORT))]
     print(f"\ncapacity at {args.slo} (project capacity search, {args.repeats} repeat(s), "
           f"median), then {args.level_seconds:g} s open loop (Poisson) at that rate\n")
-    _row(["server", "max req/s", "search runs", "brackets [pass, fail]", "p50 ms", "p95 ms",
-          "p99 ms", "load avg"])
-    _row(["---", "---:", "---", "---", "---:", "---:", "---:", "---"])
+    _row(["server", "model runs on", "max req/s", "search runs", "brackets [pass, fail]",
+          "p50 ms", "p95 ms", "p99 ms", "load avg"])
+    _row(["---", "---", "---:", "---", "---", "---:", "---:", "---:", "---"])
     for n, r in out.items():
         if "error" in r:
-            _row([LABELS.get(n, n), "failed to start", "", "", "", "", "", ""])
+            _row([LABELS.get(n, n), RUNS.get(n, ""), "failed to start", "", "", "", "", "",
+                  ""])
             continue
         at = r["at_capacity"] or {}
         runs = ", ".join(f"{c['capacity_rps'] or 0:.0f}" for c in r["runs"])
-        _row([LABELS.get(n, n), f"{r['median_rps']:.0f}", runs, brackets(r["runs"]),
+        _row([LABELS.get(n, n), RUNS.get(n, ""), f"{r['median_rps']:.0f}", runs,
+              brackets(r["runs"]),
               _ms(at.get("p50_ms")),
               _ms(at.get("p95_ms")), _ms(at.get("p99_ms")), at.get("load", "")])
     print(f"\n* that search ended unconverged (wider than 5% after --max-steps "
           f"{args.max_steps}); '-': no rate failed")
-    if best_peer and "scalelab" in out:
-        print(f"\nscalelab / best peer: {out['scalelab']['median_rps'] / best_peer:.2f}x "
-              "(target >= 2x)")
+    # Like against like: the runtime is not the server design (ONNX Runtime alone is several
+    # times eager torch on this net), so each pairing says which runtime both sides ran.
+    ratios: dict[str, Any] = {}
+    for key, ours, pool in (("onnxruntime", "scalelab", [p for p in peers if p.endswith(ORT)]),
+                            ("torch", "torch", [p for p in peers if p in PEER_NAMES]),
+                            ("any", "scalelab", peers)):
+        best = max(pool, key=lambda n: out[n]["median_rps"], default=None)
+        if best is None or ours not in out or "median_rps" not in out[ours]:
+            continue
+        ratios[key] = {"ours": ours, "peer": best,
+                       "ratio": round(out[ours]["median_rps"] / out[best]["median_rps"], 2)}
+        what = {"onnxruntime": "both on ONNX Runtime", "torch": "both on eager torch",
+                "any": "each as configured (runtime differs)"}[key]
+        print(f"\n{LABELS[ours]} / best peer {LABELS[best]}, {what}: "
+              f"{ratios[key]['ratio']:.2f}x (target >= 2x)")
+    if ratios:
+        out["peer_ratios"] = ratios
+
     if "nobatch" in out and "scalelab" in out and out["nobatch"]["median_rps"]:
         print(f"batching / no batching: "
               f"{out['scalelab']['median_rps'] / out['nobatch']['median_rps']:.2f}x")
@@ -834,7 +910,7 @@ def main() -> None:
     ap.add_argument("--parts", default="closed,capacity,tail,replicas")
     ap.add_argument("--only", default=None,
                     help=f"servers for the capacity part, from {', '.join(LABELS)} (default: "
-                         "all but torch; with --net minilm: scalelab,nobatch)")
+                         "all; with --net minilm: scalelab,nobatch)")
     ap.add_argument("--net", default="mlp", choices=["mlp", "minilm"],
                     help="the served model: the flights MLP (every server), or the bundled "
                          "all-MiniLM-L6-v2 with a classifier head (scalelab with and without "
@@ -889,7 +965,8 @@ def main() -> None:
     elif args.text:
         raise SystemExit("--text applies to --net minilm (the MLP takes no text)")
     elif args.only is None:
-        args.only = "scalelab,nobatch,bare,fastapi,litserve,mlserver"
+        args.only = ("scalelab,torch,nobatch,bare,fastapi-ort,litserve-ort,mlserver-ort,"
+                     "fastapi,litserve,mlserver")
     PARAMS["hidden"] = [int(h) for h in args.hidden.split(",")]
     RUNTIME[0] = args.runtime
     if args.pin:
