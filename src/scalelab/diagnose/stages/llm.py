@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -29,13 +29,13 @@ from scalelab.core.objectives import Objective, metric_value
 from scalelab.core.records import Record, append_records, read_records
 from scalelab.core.sheet import SheetRow, build_sheet
 from scalelab.core.verdict import Advice, AdviceInput, Evidence, StageGoal, capacity, num_text
-from scalelab.diagnose.commands import Command, flag, positional
 from scalelab.diagnose.llm_chunks import merge_llm_chunks
 from scalelab.diagnose.scaling_signal import choose_signal
 from scalelab.diagnose.schema import HttpUrl, Levels, StageSettings
 from scalelab.diagnose.sizing import LevelClock, size_level
 from scalelab.diagnose.stages.base import Context, Stage
 from scalelab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
+from scalelab.diagnose.stages.llm_commands import GenerateServe, LoadLlmCapacity, LoadLlmRun
 from scalelab.diagnose.stages.serve_curve import (
     CAPACITY,
     SEARCH_CONFIDENCE,
@@ -50,63 +50,6 @@ from scalelab.load.send import Target
 from scalelab.web.spawn import start_server, stop_group
 
 SMOLLM2, TINY = "smollm2-135m", "tiny"
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadLlmRun(Command):
-    """`scalelab load llm run URL`: closed-loop streaming levels."""
-
-    path = ("load", "llm", "run")
-    url: str = positional()
-    concurrency: list[int]
-    requests: int | None = None
-    duration: str | None = None
-    """A level's measured time instead of `requests` (a sized level's later chunks)."""
-    warmup: str | None = None
-    prompt_tokens: str | None = None
-    output_tokens: str | None = None
-    shared_prefix: int | None = None
-    api: Literal["chat", "completions"] | None = None
-    model_name: str | None = flag("--model")
-    usage: Literal["continuous", "final", "none"] | None = None
-    metrics_url: str | None = None
-    server_pid: int | None = None
-    core_hour_usd: float | None = None
-    quality_probe: int | None = None
-    records: Path | None = None
-    cluster: str | None = None
-    """A Dask scheduler whose workers generate the load (`client.cluster`)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadLlmCapacity(Command):
-    """`scalelab load llm capacity URL`: the highest request rate meeting a token objective."""
-
-    path = ("load", "llm", "capacity")
-    url: str = positional()
-    slo: str
-    start: float
-    max_rate: float
-    min_step: str
-    max_step: str
-    max_steps: int
-    warmup: str | None = None
-    prompt_tokens: str | None = None
-    output_tokens: str | None = None
-    shared_prefix: int | None = None
-    api: Literal["chat", "completions"] | None = None
-    records: Path | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class GenerateServe(Command):
-    """`scalelab generate serve`: the reference engine's OpenAI-compatible server."""
-
-    path = ("generate", "serve")
-    emits_json = False  # a server prints no result document
-    model: str
-    host: str = "127.0.0.1"
-    port: int
 
 
 class LlmSettings(StageSettings):
