@@ -16,8 +16,11 @@ import pytest
 from scalelab.cli import run
 from scalelab.core.objectives import Objective
 from scalelab.core.records import Record, make_record, read_records
+from scalelab.diagnose.config import load_config
 from scalelab.diagnose.llm_chunks import HISTOGRAMS, merge_llm_chunks
-from scalelab.diagnose.sizing import pending, size_level
+from scalelab.diagnose.run import Runner
+from scalelab.diagnose.sizing import LevelClock, pending, size_level
+from scalelab.diagnose.stages.llm import LlmStage
 from scalelab.load.histogram import LatencyHistogram
 
 SERVER = Path(__file__).parents[1] / "load" / "llm_server.py"
@@ -165,3 +168,34 @@ def test_merging_llm_chunks_is_exact() -> None:
         merge_llm_chunks([_rec(a, wall_s=1.0, failures=0, kv=0.1, scrapes=1),
                           make_record(experiment="e", stage="llm", variable="concurrency",
                                       level=2.0)])
+
+
+def test_llm_is_a_sized_stage_with_its_minimum_in_the_budget_split(tmp_path: Path) -> None:
+    """The default two series: each a server start (8 s) and one first step (12 s), 40 s; the
+    spare time goes to serve and llm in proportion to their minimums."""
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text("budget: 3m\nstages: {data: {enabled: false}, train: {enabled: false},"
+                   " model: {enabled: false}, retrieval: {enabled: false},"
+                   " online: {enabled: false},"
+                   " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
+    r = Runner(load_config(cfg, "default"), tmp_path / "out", "default")
+    shares = {s.stage: s for s in r.shares}
+    assert shares["llm"].sized and shares["llm"].minimum_s == 40.0
+    assert shares["serve"].minimum_s == 11.0
+    assert r.ctx.shares["llm"] == pytest.approx(40.0 + 129.0 * 40.0 / 51.0)
+    assert r.ctx.shares["serve"] == pytest.approx(11.0 + 129.0 * 11.0 / 51.0)
+    # a user's endpoint: one first step, plus the capacity search when it has a TTFT objective
+    stage, llm = LlmStage(), r.cfg.stages.llm  # the default objectives: TTFT p95 ≤ 2 s
+    user = llm.model_copy(update={"url": "http://127.0.0.1:9"})
+    assert stage.minimum_s(user, 1) == 12.0 + 25.0
+    assert stage.minimum_s(user.model_copy(update={"capacity": False}), 1) == 12.0
+
+
+def test_a_started_level_clock_counts_the_work_before_the_first_level() -> None:
+    """The llm stage's first step measures every level's first chunk before any level is
+    sized: its time comes out of the stage's share."""
+    now = [0.0]
+    clock = LevelClock(share_s=100.0, levels=4, cap_s=0.0, clock=lambda: now[0])
+    clock.start()
+    now[0] = 20.0  # the first step (all levels' first chunks)
+    assert clock.next_share() == 20.0  # (100 - 20) / 4
