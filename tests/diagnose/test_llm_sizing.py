@@ -15,7 +15,7 @@ import pytest
 
 from scalelab.cli import run
 from scalelab.core.objectives import Objective
-from scalelab.core.records import Record, make_record, read_records
+from scalelab.core.records import Cost, Record, make_record, read_records
 from scalelab.diagnose.config import load_config
 from scalelab.diagnose.llm_chunks import HISTOGRAMS, merge_llm_chunks
 from scalelab.diagnose.run import Runner
@@ -142,7 +142,9 @@ def _rec(values_ms: list[float], *, wall_s: float, failures: int, kv: float,
                 "successes": n - failures, "output_tokens": 4 * (n - failures),
                 "output_tps": 4 * (n - failures) / wall_s, "engine_scrapes": scrapes,
                 "engine_kv_usage_max": kv, "engine_kv_usage_mean": kv / 2,
-                "engine_waiting_max": 0.0, "errors_by_kind": {"reset": failures}})
+                "engine_waiting_max": 0.0, "errors_by_kind": {"reset": failures},
+                "energy_j": 2.0 * wall_s, "energy_basis": "estimated"},
+        cost=Cost(usd=0.01 * wall_s, per_unit_usd=0.001, unit="1k output tokens"))
 
 
 def test_merging_llm_chunks_is_exact() -> None:
@@ -164,6 +166,9 @@ def test_merging_llm_chunks_is_exact() -> None:
     assert got.extras["engine_scrapes"] == 40 and got.extras["engine_kv_usage_max"] == 0.96
     assert got.extras["engine_kv_usage_mean"] == pytest.approx((0.25 * 10 + 0.48 * 30) / 40)
     assert got.extras["limiting_signal"] == "kv-cache" and got.limiting_resource == "kv-cache"
+    # each chunk's energy (tagged per step) summed; per unit over the merged cost's units
+    assert got.cost is not None and got.cost.usd == pytest.approx(0.04)
+    assert got.extras["energy_j"] == 8.0 and got.extras["energy_basis"] == "estimated"
     with pytest.raises(ValueError, match="no hdr_histograms"):
         merge_llm_chunks([_rec(a, wall_s=1.0, failures=0, kv=0.1, scrapes=1),
                           make_record(experiment="e", stage="llm", variable="concurrency",
