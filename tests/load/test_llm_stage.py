@@ -109,6 +109,14 @@ stages: {{{off}, llm: {{url: "{slots_server}", levels: [1, 4], requests: 40, cap
     stage = next(s for s in doc["verdict"]["stages"] if s["stage"] == "llm")
     assert stage["miss"]["multiple"] == 4.0
     assert "--max-num-seqs" in stage["intervention"]
+    # Sized under the default budget (diagnose.sizing): 40 requests bound no p95 ≤ 60 ms at
+    # 1× (the rule needs 59), so that level ran more chunks until decided; at 4× the first
+    # chunk already decided the miss.
+    assert one.extras["sizing"]["stopped"] == "decided" and one.extras["sizing"]["chunks"] >= 2
+    assert one.extras["samples"] >= 59 and one.extras["sizing"]["samples"] == \
+        one.extras["samples"]
+    assert (four.extras["sizing"]["chunks"], four.extras["sizing"]["stopped"]) == (1, "decided")
+    assert four.extras["samples"] == 40
 
 
 def _rec(series: str, conc: int, ttft_p95: float, **extras: float) -> Record:

@@ -233,6 +233,9 @@ def serve_cmd(governance: Path | None,
 @click.option("--recall-target", type=float, default=0.95, show_default=True)
 @click.option("--arrival-rate", type=float, default=100.0, show_default=True,
               help="Queries/s of the fixed-rate latency run at each operating point.")
+@click.option("--latency-queries", type=int, default=0, show_default=True,
+              help="Queries of the fixed-rate latency run at least: the questions are sent "
+                   "again until this many (a p99 needs 299 to be decided); 0: one pass.")
 @click.option("--fresh-singles", type=int, default=20, show_default=True,
               help="Single new documents timed from text to answerable.")
 @prices_option
@@ -244,7 +247,7 @@ def serve_cmd(governance: Path | None,
 @json_option
 def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: str,
               embedder: str, cache: Path | None, recall_target: float, arrival_rate: float,
-              fresh_singles: int, prices_file: Path | None,
+              latency_queries: int, fresh_singles: int, prices_file: Path | None,
               price_per_core_hour: float | None, seed: int,
               records: Path | None, plot: Path | None, as_json: bool) -> None:
     """ann-benchmarks style: one thread, one query at a time, a parameter grid per index."""
@@ -259,7 +262,8 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
                                questions=questions, indexes=split_indexes(indexes),
                                embedder=embedder, cache=_cache(cache, False), out=out,
                                recall_target=recall_target,
-                               arrival_rate=arrival_rate, fresh_singles=fresh_singles,
+                               arrival_rate=arrival_rate, latency_queries=latency_queries,
+                               fresh_singles=fresh_singles,
                                price_per_core_hour=resolve_prices(
                                    prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
                                seed=seed, records=records)

@@ -99,7 +99,21 @@ def merge_chunks(chunks: list[Record]) -> Record:
         per = usd / served * 1000.0 if isinstance(served, int | float) and served else None
         unit = costs[-1].unit if costs[-1] is not None else None
         update["cost"] = Cost(usd=usd, per_unit_usd=per, unit=unit)
+    extras.update(merged_energy(chunks, update.get("cost")))
     return last.model_copy(update=update)
+
+
+def merged_energy(chunks: list[Record], cost: Cost | None) -> dict[str, Any]:
+    """The chunks' energy extras (diagnose.energy tags each chunk's step): joules summed, per
+    unit over the merged cost's units; {} when a chunk has none."""
+    joules = [_num(c.extras.get("energy_j")) for c in chunks]
+    if any(j is None for j in joules):
+        return {}
+    total = sum(j or 0.0 for j in joules)
+    units = cost.usd / cost.per_unit_usd if cost is not None and cost.per_unit_usd else None
+    return {"energy_j": total, "energy_per_unit_j": total / units if units else None,
+            "energy_basis": "; ".join(dict.fromkeys(str(c.extras.get("energy_basis"))
+                                                    for c in chunks))}
 
 
 def pending(record: Record, objectives: list[Objective]) -> list[Check]:
@@ -134,11 +148,24 @@ Chunk = Callable[[float, int], Record | None]
 when the step failed."""
 
 
+def _asked(record: Record, seconds: float) -> float:
+    return seconds
+
+
 def size_level(run_chunk: Chunk, objectives: list[Objective], *, first_s: float,
-               share_s: float, clock: Callable[[], float] = time.monotonic) -> Record | None:
+               share_s: float, clock: Callable[[], float] = time.monotonic,
+               merge: Callable[[list[Record]], Record] = merge_chunks,
+               window: Callable[[Record, float], float] = _asked,
+               overhead_s: float = 0.0) -> Record | None:
     """Run chunks of one level until no objective is undecided or `share_s` is spent (the first
     chunk, `first_s` long, always runs); the merged record with extras["sizing"], or None when
-    the first chunk failed. A later chunk that fails ends the level with what it measured."""
+    the first chunk failed. A later chunk that fails ends the level with what it measured.
+
+    `merge`: how chunks become one record (merge_chunks: a load run's; the llm stage's has
+    four histograms). `window(record, asked_s)`: the seconds a chunk measured (default: what
+    it was asked; a chunk of N requests, like the llm stage's first, measures its record's
+    wall_s). `overhead_s`: a chunk's fixed cost (start-up, warm-up) beside its window, at least
+    (a first chunk measured elsewhere, e.g. in one step with other levels, shows none)."""
     t0 = clock()
     chunks: list[Record] = []
     measured = 0.0
@@ -152,20 +179,22 @@ def size_level(run_chunk: Chunk, objectives: list[Objective], *, first_s: float,
             stopped = "a chunk failed"
             break
         chunks.append(rec)
-        measured += seconds
-        merged = merge_chunks(chunks)
+        got = window(rec, seconds)
+        measured += got
+        merged = merge(chunks)
         if not pending(merged, objectives):
             stopped = "decided"
             break
-        overhead = max(0.0, took - seconds)
+        overhead = max(overhead_s, took - got)
         left = share_s - (clock() - t0) - overhead
-        # Doubling keeps the chunks' fixed cost (start-up, warm-up) a shrinking share.
-        seconds = min(measured, left)
+        # Doubling keeps the chunks' fixed cost (start-up, warm-up) a shrinking share; never
+        # under first_s (a first chunk that counted requests may have measured less).
+        seconds = min(max(measured, first_s), left)
         if seconds < first_s / 2:
             break
     if not chunks:
         return None
-    merged = merge_chunks(chunks)
+    merged = merge(chunks)
     samples = merged.extras.get("samples")
     sizing = Sizing(
         chunks=len(chunks), samples=int(samples) if isinstance(samples, int | float) else None,
@@ -193,6 +222,12 @@ class LevelClock:
     clock: Callable[[], float] = time.monotonic
     _t0: float | None = None
     _done: int = 0
+
+    def start(self) -> None:
+        """Count the stage's time from now (default: from the first level's share), so
+        the work before its first level (a step measuring every level's first chunk) is
+        paid from the share too."""
+        self._t0 = self.clock()
 
     def next_share(self) -> float:
         if self._t0 is None:

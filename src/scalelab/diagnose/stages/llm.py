@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -26,21 +26,23 @@ from pydantic import Field, model_validator
 
 from scalelab.core.errors import BadInputError, RunFailedError
 from scalelab.core.objectives import Objective, metric_value
-from scalelab.core.records import Record, read_records
+from scalelab.core.records import Record, append_records, read_records
 from scalelab.core.sheet import SheetRow, build_sheet
 from scalelab.core.verdict import Advice, AdviceInput, Evidence, StageGoal, capacity, num_text
-from scalelab.diagnose.commands import Command, flag, positional
+from scalelab.diagnose.llm_chunks import merge_llm_chunks
 from scalelab.diagnose.scaling_signal import choose_signal
 from scalelab.diagnose.schema import HttpUrl, Levels, StageSettings
+from scalelab.diagnose.sizing import LevelClock, size_level
 from scalelab.diagnose.stages.base import Context, Stage
 from scalelab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
+from scalelab.diagnose.stages.llm_commands import GenerateServe, LoadLlmCapacity, LoadLlmRun
 from scalelab.diagnose.stages.serve_curve import (
     CAPACITY,
     SEARCH_CONFIDENCE,
     searches,
     step_seconds,
 )
-from scalelab.diagnose.steps import Step, restage, scalelab_cmd
+from scalelab.diagnose.steps import Step, StepResult, Tagger, restage, scalelab_cmd
 from scalelab.load.capacity import step_requests
 from scalelab.load.llm.workload import PATHS, LengthDist
 from scalelab.load.scrape import engine_seen, limiting_signal
@@ -48,61 +50,6 @@ from scalelab.load.send import Target
 from scalelab.web.spawn import start_server, stop_group
 
 SMOLLM2, TINY = "smollm2-135m", "tiny"
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadLlmRun(Command):
-    """`scalelab load llm run URL`: closed-loop streaming levels."""
-
-    path = ("load", "llm", "run")
-    url: str = positional()
-    concurrency: list[int]
-    requests: int
-    warmup: str | None = None
-    prompt_tokens: str | None = None
-    output_tokens: str | None = None
-    shared_prefix: int | None = None
-    api: Literal["chat", "completions"] | None = None
-    model_name: str | None = flag("--model")
-    usage: Literal["continuous", "final", "none"] | None = None
-    metrics_url: str | None = None
-    server_pid: int | None = None
-    core_hour_usd: float | None = None
-    quality_probe: int | None = None
-    records: Path | None = None
-    cluster: str | None = None
-    """A Dask scheduler whose workers generate the load (`client.cluster`)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadLlmCapacity(Command):
-    """`scalelab load llm capacity URL`: the highest request rate meeting a token objective."""
-
-    path = ("load", "llm", "capacity")
-    url: str = positional()
-    slo: str
-    start: float
-    max_rate: float
-    min_step: str
-    max_step: str
-    max_steps: int
-    warmup: str | None = None
-    prompt_tokens: str | None = None
-    output_tokens: str | None = None
-    shared_prefix: int | None = None
-    api: Literal["chat", "completions"] | None = None
-    records: Path | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class GenerateServe(Command):
-    """`scalelab generate serve`: the reference engine's OpenAI-compatible server."""
-
-    path = ("generate", "serve")
-    emits_json = False  # a server prints no result document
-    model: str
-    host: str = "127.0.0.1"
-    port: int
 
 
 class LlmSettings(StageSettings):
@@ -166,6 +113,22 @@ class LlmSettings(StageSettings):
 
 
 _QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+SERVER_START_S = 8.0
+"""One reference engine server's start (model load, first request), 2-core machine."""
+FIRST_STEP_S = 12.0
+"""One `load llm run` step over the default levels (the first chunk of each), 2-core machine:
+with SERVER_START_S, the 40 s the default two series took in the 2026-12-03 reference run."""
+CAPACITY_SEARCH_S = 25.0
+"""A user endpoint's `load llm capacity` search (its bounded steps)."""
+CHUNK_OVERHEAD_S = 2.5
+"""A later chunk's fixed cost beside its window: its process start and CHUNK_WARMUP_S."""
+CHUNK_WARMUP_S = 0.5
+"""A later chunk's warm-up: the engine is warm by then (the first chunk paid its first-request
+costs), so only the closed loop's streams need to reach their steady state."""
+MIN_CHUNK_S = 1.0
+"""The shortest later chunk worth its start-up (a level stops when under half is left)."""
+FULL_LEVEL_CAP_S = 60.0
+"""With --full (no budget), the most one llm level runs while still undecided."""
 MAX_STEP_S = 20.0
 """Longest llm capacity step (load llm capacity's own default): a slow endpoint's low rates end
 undecided, and the search says so, rather than one step running for minutes."""
@@ -302,9 +265,15 @@ def engine_available() -> bool:
     return importlib.util.find_spec("scalelab.generate.api") is not None
 
 
+def _window(r: Record, asked_s: float) -> float:
+    """A chunk's measured seconds: its record's window (a first chunk counts requests)."""
+    return r.wall_s if r.wall_s else asked_s
+
+
 class LlmStage(Stage[LlmSettings]):
     name = "llm"
     settings = LlmSettings
+    sized = True
 
     def enabled(self, s: LlmSettings) -> bool:
         # Without a user's url the stage needs the reference engine; a build without it
@@ -354,10 +323,16 @@ class LlmStage(Stage[LlmSettings]):
             base = s.url.rstrip("/")
             note = metrics_note(metrics_url(base))
             tag = functools.partial(_user_endpoint, note=note)
-            levels = ctx.run(Step(stage=self.name, label=f"load llm {s.url}",
-                                  command=self._load(s, base, rec, metrics_url(base), None,
-                                                     price),
-                                  records=rec, series=s.baseline, tag=tag, timeout_s=900))
+            chunks = ctx.records("llm-first")
+            load = self._load(s, base, chunks, metrics_url(base), None, price)
+            clock = self._clock(s, ctx, 1)
+            clock.reserve_s = CAPACITY_SEARCH_S if self._searching(s) else 0.0
+            levels = ctx.run(Step(stage=self.name, label=f"load llm {s.url}", command=load,
+                                  records=chunks, series=s.baseline, tag=tag, timeout_s=900,
+                                  keep=False))
+            append_records(rec, self._sized(s, ctx, levels, load, clock,
+                                            label=f"load llm {s.url}", series=s.baseline,
+                                            tag=tag))
             cap = ctx.records("llm-capacity")
             search = self._search(s, base, rec, cap)
             if search is not None and levels.ok:
@@ -366,7 +341,8 @@ class LlmStage(Stage[LlmSettings]):
                              timeout_s=900))
             return
         model = resolve_model(s.model)
-        for series in s.series:
+        clock = self._clock(s, ctx, len(s.series) * ctx.repeats)
+        for i, series in enumerate(s.series):
             flags = s.engine_settings[series]
             log = ctx.logs / f"server-llm-{series}.log"
             ctx.logs.mkdir(parents=True, exist_ok=True)
@@ -385,12 +361,73 @@ class LlmStage(Stage[LlmSettings]):
                     # The request's model field: the server's own name (from /v1/models).
                     load = self._load(s, spawned.url, rec, spawned.url + "/metrics", None,
                                       price, pid=spawned.proc.pid)
-                    ctx.run(Step(stage=self.name, label=f"llm {series} #{rep + 1}",
-                                 command=load, records=rec, series=series,
-                                 tag=functools.partial(restage, stage=self.name, repeat=rep),
-                                 timeout_s=900))
+                    tag = functools.partial(restage, stage=self.name, repeat=rep)
+                    first = ctx.run(Step(stage=self.name, label=f"llm {series} #{rep + 1}",
+                                         command=load, records=rec, series=series, tag=tag,
+                                         timeout_s=900, keep=False))
+                    # what the later steps of this stage need: the rest of this series'
+                    # repeats, and each later series' server and repeats
+                    later = len(s.series) - i - 1
+                    clock.reserve_s = (ctx.repeats - rep - 1 + later * ctx.repeats) * \
+                        FIRST_STEP_S + later * SERVER_START_S
+                    self._sized(s, ctx, first, load, clock, label=f"llm {series} #{rep + 1}",
+                                series=series, tag=tag)
             finally:
                 stop_group(spawned.proc, grace_s=5.0)
+
+    def _searching(self, s: LlmSettings) -> bool:
+        return bool(s.url) and s.capacity and _ttft_slo(s.built_objectives()) is not None
+
+    def minimum_s(self, s: LlmSettings, repeats: int) -> float:
+        if s.url:
+            return FIRST_STEP_S + (CAPACITY_SEARCH_S if self._searching(s) else 0.0)
+        return len(s.series) * (SERVER_START_S + repeats * FIRST_STEP_S)
+
+    def _clock(self, s: LlmSettings, ctx: Context, steps: int) -> LevelClock:
+        """The stage's level clock, started now: its share covers the first steps too."""
+        conc = {max(1, round(s.base_concurrency * m)) for m in s.levels}
+        clock = LevelClock(share_s=ctx.shares.get(self.name), levels=steps * len(conc),
+                           cap_s=FULL_LEVEL_CAP_S if ctx.full else 0.0)
+        clock.start()
+        return clock
+
+    def _sized(self, s: LlmSettings, ctx: Context, first: StepResult, load: LoadLlmRun,
+               clock: LevelClock, *, label: str, series: str, tag: Tagger) -> list[Record]:
+        """Each level of the first step sized (diagnose.sizing): its first chunk is that
+        step's record of the level; later chunks are `load llm run` steps of that one
+        concurrency for a duration, until the level's objectives are decided or its share of
+        the stage's time is spent. The merged records are kept (the first step's are not); a
+        first step that failed keeps what it recorded, unsized."""
+        if not first.ok:
+            ctx.keep(first.records)
+            return first.records
+        by_level = {r.level: r for r in first.records}
+        merged: list[Record] = []
+        for conc in load.concurrency:
+            rec0 = by_level.get(float(conc))
+            if rec0 is None:
+                continue
+
+            def chunk(seconds: float, index: int, conc: int = conc,
+                      rec0: Record = rec0) -> Record | None:
+                if index == 0:
+                    return rec0
+                crec = ctx.records(f"llm-{series}-{rec0.repeat}-{conc}-{index}")
+                cmd = replace(load, concurrency=[conc], requests=None, records=crec,
+                              duration=f"{seconds:.3g}s", warmup=f"{CHUNK_WARMUP_S:g}s",
+                              quality_probe=None)
+                res = ctx.run(Step(stage=self.name, label=f"{label} {conc} streams +{index}",
+                                   command=cmd, records=crec, series=series, tag=tag,
+                                   keep=False, timeout_s=600))
+                return res.records[0] if res.records else None
+
+            level = size_level(chunk, s.built_objectives(), first_s=MIN_CHUNK_S,
+                               share_s=clock.next_share(), merge=merge_llm_chunks,
+                               window=_window, overhead_s=CHUNK_OVERHEAD_S)
+            if level is not None:
+                merged.append(level)
+        ctx.keep(merged)
+        return merged
 
     def limits(self, s: LlmSettings, rows: list[SheetRow], *, cores: int) -> list[Evidence]:
         return engine_evidence(rows)
