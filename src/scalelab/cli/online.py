@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +144,14 @@ def _updater_config(bootstrap_days: float, lookback_hours: float, tick_hours: fl
                          tolerance=tolerance, rollback_tolerance=rollback_tolerance)
 
 
-def _updater_options(f: Any) -> Any:
+def _updater_options(f: Callable[..., None]) -> Callable[..., None]:
+    """The updater's five options, handed to the command as one `updater` (UpdaterConfig)."""
+
+    @functools.wraps(f)
+    def command(**kw: Any) -> None:
+        updater = _updater_config(*(kw.pop(k) for k in _UPDATER_KEYS))
+        f(**kw, updater=updater)
+
     for opt in reversed([
         click.option("--bootstrap-days", default=28.0, show_default=True, type=float,
                      help="Days of labels the first model is fitted on."),
@@ -156,8 +165,12 @@ def _updater_options(f: Any) -> Any:
                      help="Roll back when live macro F1 falls this far below the previous "
                           "version's on late labels."),
     ]):
-        f = opt(f)
-    return f
+        command = opt(command)
+    return command
+
+
+_UPDATER_KEYS = ("bootstrap_days", "lookback_hours", "tick_hours", "tolerance",
+                 "rollback_tolerance")
 
 
 def plot_monthly(results: list[dict[str, Any]], path: Path) -> None:
@@ -206,8 +219,7 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
                drift_backoff: float,
                model_repo: Path | None, model_name: str, label_horizon: float | None,
                decisions_path: Path | None,
-               records_path: Path | None, bootstrap_days: float, lookback_hours: float,
-               tick_hours: float, tolerance: float, rollback_tolerance: float,
+               records_path: Path | None, updater: Any,
                start: str | None, end: str | None, faults: tuple[str, ...], label_delay: float,
                seed: int, plot: Path | None, as_json: bool) -> None:
     """Replay end to end: ingest (if the log is empty), then update under review, prequential."""
@@ -224,10 +236,8 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
 
     _one_torch_thread()
     rules = load_rules(schema_path)
-    ucfg = _updater_config(bootstrap_days, lookback_hours, tick_hours, tolerance,
-                           rollback_tolerance)
     pol = make_policy(policy, threshold=drift_threshold, backoff=drift_backoff,
-                      max_wait=ucfg.lookback_windows())
+                      max_wait=updater.lookback_windows())
     with EventLog(log_path) as log:
         ingested = None
         if log.totals("events")["batches"] == 0:
@@ -241,9 +251,9 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
         label_totals = log.totals("labels")
     pub = None
     if model_repo is not None:
-        pub = RepositoryPublisher(model_repo, model_name, tolerance=tolerance)
+        pub = RepositoryPublisher(model_repo, model_name, tolerance=updater.tolerance)
     with live_progress(f"replay {policy}") as progress:
-        result = run(data, rules, pol, ucfg, publish=pub,
+        result = run(data, rules, pol, updater, publish=pub,
                      rolled_back=pub.rolled_back if pub is not None else None,
                      on_bootstrap=(lambda lr: pub.bootstrap(lr, {"source": "scalelab online"}))
                      if pub is not None else None,
@@ -316,8 +326,7 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
 def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backoff: float,
               prices_file: Path | None,
               price_per_core_hour: float | None,
-              records_path: Path | None, bootstrap_days: float, lookback_hours: float,
-              tick_hours: float, tolerance: float, rollback_tolerance: float,
+              records_path: Path | None, updater: Any,
               start: str | None, end: str | None, faults: tuple[str, ...], label_delay: float,
               seed: int, plot: Path | None, as_json: bool) -> None:
     """Prequential quality and compute per update policy on one replay, side by side."""
@@ -328,8 +337,7 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
     _one_torch_thread()
     cfg = OnlineBenchConfig(policies=parse_list(policies, what="--policies", kind=str),
                             stream=_stream_config(start, end, faults, label_delay, seed),
-                            updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
-                                                    tolerance, rollback_tolerance),
+                            updater=updater,
                             drift_threshold=drift_threshold, drift_backoff=drift_backoff,
                             price_per_core_hour=resolve_prices(
                                 prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
@@ -401,9 +409,7 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
 @json_option
 def calibrate_cmd(out_dir: Path, thresholds: str, references: str, budget: float,
                   drift_backoff: float,
-                  schema_path: Path | None, records_path: Path | None,
-                  bootstrap_days: float, lookback_hours: float,
-                  tick_hours: float, tolerance: float, rollback_tolerance: float,
+                  schema_path: Path | None, records_path: Path | None, updater: Any,
                   start: str | None, end: str | None, label_delay: float, seed: int,
                   as_json: bool) -> None:
     """Choose the drift threshold on a calibration period (--start/--end: one the evaluation
@@ -419,8 +425,7 @@ def calibrate_cmd(out_dir: Path, thresholds: str, references: str, budget: float
                              references=parse_list(references, what="--references", kind=str),
                              budget=budget)
     bench = OnlineBenchConfig(stream=_stream_config(start, end, (), label_delay, seed),
-                              updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
-                                                      tolerance, rollback_tolerance),
+                              updater=updater,
                               schema=schema_path, drift_backoff=drift_backoff)
     choice, res = run_calibration(ccfg, bench, out_dir, new_experiment_id("online-calibrate"))
     if records_path is not None:
