@@ -49,7 +49,7 @@ def test_reader_names_the_bad_line_and_field(tmp_path: Path) -> None:
     append_records(path, [good])
     with path.open("a") as f:
         f.write("{not json\n")
-    with pytest.raises(BadInputError, match=r"records.jsonl:2: not JSON"):
+    with pytest.raises(BadInputError, match=r"records.jsonl:2: not valid JSON"):
         read_records(path)
 
     obj = json.loads(good.model_dump_json())

@@ -336,6 +336,10 @@ def test_state_from_json_round_trip_and_named_errors() -> None:
     bad = {**doc, "pods": [{"name": "p0", "usage": {"cpu": "x"}}]}
     with pytest.raises(BadInputError, match=r"state\.pods\[0\]\.usage\.cpu: must be a number"):
         state_from_json(bad)
+    with pytest.raises(BadInputError, match=r"state\.scale_events\[0\]\.change: must be an int"):
+        state_from_json({**doc, "scale_events": [{"time_s": -30, "change": "x"}]})
+    with pytest.raises(BadInputError, match=r"state\.recommendations\[0\]\.time_s: must be a "):
+        state_from_json({**doc, "recommendations": [{"time_s": "a", "replicas": 1}]})
     with pytest.raises(BadInputError, match=r"state\.max_replicas: required"):
         state_from_json({k: v for k, v in doc.items() if k != "max_replicas"})
     with pytest.raises(BadInputError, match=r"state\.metrics\[0\]: .*Utilization target"):

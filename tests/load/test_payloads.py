@@ -35,7 +35,17 @@ def test_recorded_requests(tmp_path: Path) -> None:
     assert [(s.method, s.path, s.body) for s in specs] == [
         ("POST", "/", b'{"a": 1}'), ("GET", "/h", None)]
     f.write_text('{"bogus": 1}\n')
-    with pytest.raises(ScalelabError, match=r"r\.jsonl:1"):
+    with pytest.raises(ScalelabError, match=r"r\.jsonl:1: each line must be one JSON object"):
+        payloads.recorded(T, f)
+    f.write_text('{"path": "/h"}\n{not json\n[1]\n')
+    with pytest.raises(ScalelabError, match=r"r\.jsonl:2: not valid JSON \(line 1, column 2"):
+        payloads.recorded(T, f)
+    f.write_text('{"path": "/h"}\n[1]\n')
+    with pytest.raises(ScalelabError, match=r"r\.jsonl:2: must hold a JSON object, not list; "
+                                            "each line must be one JSON object with optional"):
+        payloads.recorded(T, f)
+    f.write_bytes(b"\xff\xfe")
+    with pytest.raises(ScalelabError, match=r"r\.jsonl: not UTF-8 text"):
         payloads.recorded(T, f)
 
 

@@ -167,6 +167,16 @@ def test_the_parser_refuses_what_prometheus_refuses(bad: str) -> None:
         parse(bad)
 
 
+def test_label_lists_in_grouping_and_matchers() -> None:
+    assert parse("sum by (a, b,) (x)").metrics == {"x"}
+    assert parse('x{a="1",b!~"c.*",}').metrics == {"x"}
+    for bad, says in [("sum by (1a) (x)", "'1' is not a label name"),
+                      ('x{1a="1"}', "'1' is not a label name"),
+                      ("x{a 1}", r"expected a matcher \(=, !=, =~, !~\) \(at '1'\)")]:
+        with pytest.raises(BadInputError, match=says):
+            parse(bad)
+
+
 def test_prometheus_refuses_each_of_them_too(tmp_path: Path) -> None:
     tool = promtool()
     for i, bad in enumerate(REFUSED):

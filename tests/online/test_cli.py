@@ -64,6 +64,11 @@ def test_bad_input_exits_2_with_the_fix(tmp_path: Path, week_schema: Path,
     assert run(["online", "ingest", "--log", str(tmp_path / "l.sqlite"), "--schema",
                 str(tmp_path / "missing.json")]) == 2
     assert "scalelab data infer" in capsys.readouterr().err
+    # the updater options reach each command that takes them
+    for cmd in (_replay(tmp_path, week_schema), ["online", "bench", "--out", str(tmp_path / "b")],
+                ["online", "calibrate", "--out", str(tmp_path / "c")]):
+        assert run([*cmd, "--rollback-tolerance", "1"]) == 2
+        assert "tolerances must lie in [0, 1)" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -54,3 +54,18 @@ def test_report_is_self_contained_and_consistent(
         "upper": 800.0, "confidence": 0.95, "rule": "order statistic"}
     assert serve["outcome"] == "missed" and doc["verdict"]["outcome"] == "missed"
     assert "<td class='l miss'>missed</td>" in page
+
+
+def test_advice_reads_the_same_in_text_and_html() -> None:
+    from scalelab.core.verdict import StageVerdict, Verdict
+    from scalelab.report.document import _stage_findings_html, verdict_lines
+
+    s = StageVerdict(stage="serve", measured=True, miss=None, passed_up_to=10.0,
+                     target_multiple=10.0, decided="meets p95 ≤ 50 ms up to 10×",
+                     intervention="add <2> workers", tightest="p95: 40 at 10×")
+    assert verdict_lines(Verdict(stages=[s], first=None, summary="sum")) == [
+        "sum", "serve: meets p95 ≤ 50 ms up to 10×", "  do: add <2> workers",
+        "  least headroom: p95: 40 at 10×"]
+    page = _stage_findings_html(s, None, [], [])
+    assert page[1:] == ["<li>do: add &lt;2&gt; workers</li>",
+                        "<li>least headroom: p95: 40 at 10×</li>", "</ul>"]

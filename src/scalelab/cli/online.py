@@ -9,7 +9,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,58 @@ def _stream_config(start: str | None, end: str | None, faults: tuple[str, ...],
                         label_delay_hours=label_delay, seed=seed)
 
 
+def _updater_config(bootstrap_days: float, lookback_hours: float, tick_hours: float,
+                    tolerance: float, rollback_tolerance: float) -> Any:
+    from scalelab.online.updater import UpdaterConfig
+    from scalelab.online.window import WindowSpec
+
+    return UpdaterConfig(bootstrap_hours=bootstrap_days * 24, tick_hours=tick_hours,
+                         lookback=WindowSpec(kind="time", size=lookback_hours),
+                         tolerance=tolerance, rollback_tolerance=rollback_tolerance)
+
+
+Command = Callable[..., None]
+
+
+def _packed(name: str, build: Callable[..., Any], options: list[Callable[[Command], Command]]
+            ) -> Callable[[Command], Command]:
+    """Add `options` to a command and hand it their values as one argument `name`, built by
+    `build` (whose parameters are named as the options' values are)."""
+    keys = tuple(inspect.signature(build).parameters)
+
+    def decorate(f: Command) -> Command:
+        @functools.wraps(f)
+        def command(**kw: Any) -> None:
+            value = build(*(kw.pop(k) for k in keys))
+            f(**kw, **{name: value})
+
+        out: Command = command
+        for opt in reversed(options):
+            out = opt(out)
+        return out
+
+    return decorate
+
+
+_updater_options = _packed("updater", _updater_config, [
+    click.option("--bootstrap-days", default=28.0, show_default=True, type=float,
+                 help="Days of labels the first model is fitted on."),
+    click.option("--lookback-hours", default=168.0, show_default=True, type=float,
+                 help="What each update trains on: the last N hours of labelled events."),
+    click.option("--tick-hours", default=24.0, show_default=True, type=float,
+                 help="The decision window: the updater acts at each close."),
+    click.option("--tolerance", default=0.05, show_default=True, type=float,
+                 help="Gate: largest allowed drop in accuracy, macro F1 or a class's F1."),
+    click.option("--rollback-tolerance", default=0.02, show_default=True, type=float,
+                 help="Roll back when live macro F1 falls this far below the previous "
+                      "version's on late labels."),
+])
+"""The updater's options, handed to the command as one `updater` (UpdaterConfig)."""
+_stream_options = _packed("stream", _stream_config,
+                          [start_option, end_option, fault_option, delay_option, seed_option])
+"""The replay's options, handed to the command as one `stream` (ReplayConfig)."""
+
+
 @click.group(no_args_is_help=True)
 def app() -> None:
     """Online learning under review: replay, ingest, update, evaluate, promote, roll back."""
@@ -70,11 +125,7 @@ def schema_cmd(out: Path, start: str | None, end: str | None, as_json: bool) -> 
 @click.option("--schema", "schema_path", required=True,
               type=click.Path(dir_okay=False, path_type=Path),
               help="Schema JSON (from `scalelab online schema` or `scalelab data infer`).")
-@start_option
-@end_option
-@fault_option
-@delay_option
-@seed_option
+@_stream_options
 @click.option("--batch", "batch_size", default=4096, show_default=True,
               type=click.IntRange(1, 1_000_000), help="Events per committed batch.")
 @click.option("--from-start", is_flag=True,
@@ -84,8 +135,7 @@ def schema_cmd(out: Path, start: str | None, end: str | None, as_json: bool) -> 
               help="Print one line per committed batch to stderr.")
 @click.option("--durable", is_flag=True, help="fsync every commit (survives power loss).")
 @json_option
-def ingest_cmd(log_path: Path, schema_path: Path, start: str | None, end: str | None,
-               faults: tuple[str, ...], label_delay: float, seed: int, batch_size: int,
+def ingest_cmd(log_path: Path, schema_path: Path, stream: Any, batch_size: int,
                from_start: bool, progress: bool, durable: bool, as_json: bool) -> None:
     """Validate and append the replayed events and labels to the log, exactly once per id."""
     import time
@@ -95,11 +145,11 @@ def ingest_cmd(log_path: Path, schema_path: Path, start: str | None, end: str | 
     from scalelab.online.stream import build_stream
 
     rules = load_rules(schema_path)
-    stream = build_stream(_stream_config(start, end, faults, label_delay, seed))
-    out: dict[str, Any] = {"log": str(log_path), "stream": stream.manifest()}
+    replay = build_stream(stream)
+    out: dict[str, Any] = {"log": str(log_path), "stream": replay.manifest()}
     with EventLog(log_path, durable=durable) as log:
-        for name, source in (("events", stream.feature_events()),
-                             ("labels", stream.label_events())):
+        for name, source in (("events", replay.feature_events()),
+                             ("labels", replay.label_events())):
             def tell(a: Any, offset: int, name: str = name) -> None:
                 if progress:
                     sys.stderr.write(f"committed {name} batch {a.batch} offset {offset}\n")
@@ -130,34 +180,6 @@ def _one_torch_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
-
-
-def _updater_config(bootstrap_days: float, lookback_hours: float, tick_hours: float,
-                    tolerance: float, rollback_tolerance: float) -> Any:
-    from scalelab.online.updater import UpdaterConfig
-    from scalelab.online.window import WindowSpec
-
-    return UpdaterConfig(bootstrap_hours=bootstrap_days * 24, tick_hours=tick_hours,
-                         lookback=WindowSpec(kind="time", size=lookback_hours),
-                         tolerance=tolerance, rollback_tolerance=rollback_tolerance)
-
-
-def _updater_options(f: Any) -> Any:
-    for opt in reversed([
-        click.option("--bootstrap-days", default=28.0, show_default=True, type=float,
-                     help="Days of labels the first model is fitted on."),
-        click.option("--lookback-hours", default=168.0, show_default=True, type=float,
-                     help="What each update trains on: the last N hours of labelled events."),
-        click.option("--tick-hours", default=24.0, show_default=True, type=float,
-                     help="The decision window: the updater acts at each close."),
-        click.option("--tolerance", default=0.05, show_default=True, type=float,
-                     help="Gate: largest allowed drop in accuracy, macro F1 or a class's F1."),
-        click.option("--rollback-tolerance", default=0.02, show_default=True, type=float,
-                     help="Roll back when live macro F1 falls this far below the previous "
-                          "version's on late labels."),
-    ]):
-        f = opt(f)
-    return f
 
 
 def plot_monthly(results: list[dict[str, Any]], path: Path) -> None:
@@ -195,21 +217,15 @@ def plot_monthly(results: list[dict[str, Any]], path: Path) -> None:
               type=click.Path(dir_okay=False, path_type=Path),
               help="Append the run's measurement record (JSON Lines) here.")
 @_updater_options
-@start_option
-@end_option
-@fault_option
-@delay_option
-@seed_option
+@_stream_options
 @plot_option("macro F1 per month of prediction")
 @json_option
 def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: float,
                drift_backoff: float,
                model_repo: Path | None, model_name: str, label_horizon: float | None,
                decisions_path: Path | None,
-               records_path: Path | None, bootstrap_days: float, lookback_hours: float,
-               tick_hours: float, tolerance: float, rollback_tolerance: float,
-               start: str | None, end: str | None, faults: tuple[str, ...], label_delay: float,
-               seed: int, plot: Path | None, as_json: bool) -> None:
+               records_path: Path | None, updater: Any, stream: Any, plot: Path | None,
+               as_json: bool) -> None:
     """Replay end to end: ingest (if the log is empty), then update under review, prequential."""
     import json
 
@@ -224,26 +240,24 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
 
     _one_torch_thread()
     rules = load_rules(schema_path)
-    ucfg = _updater_config(bootstrap_days, lookback_hours, tick_hours, tolerance,
-                           rollback_tolerance)
     pol = make_policy(policy, threshold=drift_threshold, backoff=drift_backoff,
-                      max_wait=ucfg.lookback_windows())
+                      max_wait=updater.lookback_windows())
     with EventLog(log_path) as log:
         ingested = None
         if log.totals("events")["batches"] == 0:
-            stream = build_stream(_stream_config(start, end, faults, label_delay, seed))
+            replay = build_stream(stream)
             ingested = {n: ingest_source(log, rules, n, src) for n, src in
-                        (("events", stream.feature_events()),
-                         ("labels", stream.label_events()))}
+                        (("events", replay.feature_events()),
+                         ("labels", replay.label_events()))}
         data = StreamData.from_frames(log.read("events"), log.labels(), log.quarantine(),
                                       horizon_h=label_horizon)
         totals = log.totals("events")
         label_totals = log.totals("labels")
     pub = None
     if model_repo is not None:
-        pub = RepositoryPublisher(model_repo, model_name, tolerance=tolerance)
+        pub = RepositoryPublisher(model_repo, model_name, tolerance=updater.tolerance)
     with live_progress(f"replay {policy}") as progress:
-        result = run(data, rules, pol, ucfg, publish=pub,
+        result = run(data, rules, pol, updater, publish=pub,
                      rolled_back=pub.rolled_back if pub is not None else None,
                      on_bootstrap=(lambda lr: pub.bootstrap(lr, {"source": "scalelab online"}))
                      if pub is not None else None,
@@ -306,20 +320,14 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
               type=click.Path(dir_okay=False, path_type=Path),
               help="Append one record per policy (JSON Lines) here.")
 @_updater_options
-@start_option
-@end_option
-@fault_option
-@delay_option
-@seed_option
+@_stream_options
 @plot_option("macro F1 per month of prediction, one line per policy")
 @json_option
 def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backoff: float,
               prices_file: Path | None,
               price_per_core_hour: float | None,
-              records_path: Path | None, bootstrap_days: float, lookback_hours: float,
-              tick_hours: float, tolerance: float, rollback_tolerance: float,
-              start: str | None, end: str | None, faults: tuple[str, ...], label_delay: float,
-              seed: int, plot: Path | None, as_json: bool) -> None:
+              records_path: Path | None, updater: Any, stream: Any, plot: Path | None,
+              as_json: bool) -> None:
     """Prequential quality and compute per update policy on one replay, side by side."""
     from scalelab.cli._output import parse_list
     from scalelab.core.records import append_records, new_experiment_id
@@ -327,9 +335,8 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
 
     _one_torch_thread()
     cfg = OnlineBenchConfig(policies=parse_list(policies, what="--policies", kind=str),
-                            stream=_stream_config(start, end, faults, label_delay, seed),
-                            updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
-                                                    tolerance, rollback_tolerance),
+                            stream=stream,
+                            updater=updater,
                             drift_threshold=drift_threshold, drift_backoff=drift_backoff,
                             price_per_core_hour=resolve_prices(
                                 prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
@@ -401,9 +408,7 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
 @json_option
 def calibrate_cmd(out_dir: Path, thresholds: str, references: str, budget: float,
                   drift_backoff: float,
-                  schema_path: Path | None, records_path: Path | None,
-                  bootstrap_days: float, lookback_hours: float,
-                  tick_hours: float, tolerance: float, rollback_tolerance: float,
+                  schema_path: Path | None, records_path: Path | None, updater: Any,
                   start: str | None, end: str | None, label_delay: float, seed: int,
                   as_json: bool) -> None:
     """Choose the drift threshold on a calibration period (--start/--end: one the evaluation
@@ -419,8 +424,7 @@ def calibrate_cmd(out_dir: Path, thresholds: str, references: str, budget: float
                              references=parse_list(references, what="--references", kind=str),
                              budget=budget)
     bench = OnlineBenchConfig(stream=_stream_config(start, end, (), label_delay, seed),
-                              updater=_updater_config(bootstrap_days, lookback_hours, tick_hours,
-                                                      tolerance, rollback_tolerance),
+                              updater=updater,
                               schema=schema_path, drift_backoff=drift_backoff)
     choice, res = run_calibration(ccfg, bench, out_dir, new_experiment_id("online-calibrate"))
     if records_path is not None:

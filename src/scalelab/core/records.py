@@ -7,7 +7,6 @@ rate, quality, cost and recovery mechanism; anything else goes into `extras`.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 from collections.abc import Iterable, Iterator
@@ -18,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from scalelab.core.errors import BadInputError
+from scalelab.core.jsonfile import read_jsonl_objects
 from scalelab.core.machine import Machine, current_machine
 from scalelab.core.strict import StrictFrozenModel
 
@@ -147,27 +147,12 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[Record]:
         raise BadInputError(
             f"records file {p} does not exist; pass a .jsonl file written by scalelab"
         )
-    with p.open("r", encoding="utf-8", errors="strict") as f:
+    for lineno, obj in read_jsonl_objects(p, fix="each line must be one JSON record"):
         try:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise BadInputError(
-                        f"{p}:{lineno}: not JSON ({e.msg} at column {e.colno}); "
-                        "each line must be one JSON record"
-                    ) from e
-                try:
-                    yield Record.model_validate(obj)
-                except ValidationError as e:
-                    raise BadInputError(
-                        f"{p}:{lineno}: {_first_error(e)}; fix or remove that line"
-                    ) from e
-        except UnicodeDecodeError as e:
+            yield Record.model_validate(obj)
+        except ValidationError as e:
             raise BadInputError(
-                f"{p}: not UTF-8 text ({e.reason}); records are UTF-8 JSON Lines"
+                f"{p}:{lineno}: {_first_error(e)}; fix or remove that line"
             ) from e
 
 

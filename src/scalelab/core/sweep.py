@@ -29,6 +29,7 @@ from scalelab.core.errors import BadUsageError
 from scalelab.core.fits import ScalingFit, fit_scaling
 from scalelab.core.knee import find_knee
 from scalelab.core.machine import Machine, current_machine
+from scalelab.core.peak_memory import tree_rss
 from scalelab.core.records import Record, make_record
 from scalelab.core.usage import iowait_share, iowait_ticks
 
@@ -150,18 +151,6 @@ def parse_metric(spec: str, stdout: str) -> float | None:
         return None
 
 
-def _tree_rss(p: psutil.Process) -> int:
-    total = 0
-    try:
-        procs = [p, *p.children(recursive=True)]
-    except psutil.Error:
-        return 0
-    for q in procs:
-        with contextlib.suppress(psutil.Error):
-            total += q.memory_info().rss
-    return total
-
-
 def _tail(path: str, limit: int = 4000) -> str:
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
@@ -219,7 +208,7 @@ def run_once(
                 except psutil.Error:
                     return
                 while not stop.is_set():
-                    peak = max(peak, _tree_rss(ps))
+                    peak = max(peak, tree_rss(ps))
                     stop.wait(poll_s)
 
             sampler = threading.Thread(target=sample, daemon=True)

@@ -128,6 +128,17 @@ def spec_from_json(doc: Any, path: str = "state") -> HpaSpec:
         behavior=behavior, controller=controller))
 
 
+def _timed_counts(top: Mapping[str, Any], key: str, count: str, path: str
+                  ) -> list[tuple[float, int]]:
+    """(time_s, `count`) of each entry of the list `key` (entries: {"time_s", `count`})."""
+    out = []
+    for i, entry in enumerate(_get(top, key, path, list, [])):
+        w = f"{path}.{key}[{i}]"
+        d = _fields(entry, w, ["time_s", count])
+        out.append((float(_get(d, "time_s", w, _NUM)), _get(d, count, w, int)))
+    return out
+
+
 def state_from_json(doc: Any, path: str = "state") -> tuple[HpaState, float]:
     """(state, now_s) from the JSON document described in docs/plan-ops.md.
 
@@ -139,18 +150,10 @@ def state_from_json(doc: Any, path: str = "state") -> tuple[HpaState, float]:
     spec = spec_from_json(top, path)
     pods = [_pod_from_json(p, f"{path}.pods[{i}]", i)
             for i, p in enumerate(_get(top, "pods", path, list, []))]
-    recs = []
-    for i, r in enumerate(_get(top, "recommendations", path, list, [])):
-        w = f"{path}.recommendations[{i}]"
-        rd = _fields(r, w, ["time_s", "replicas"])
-        recs.append(Recommendation(time_s=float(_get(rd, "time_s", w, _NUM)),
-                                   replicas=_get(rd, "replicas", w, int)))
-    events = []
-    for i, e in enumerate(_get(top, "scale_events", path, list, [])):
-        w = f"{path}.scale_events[{i}]"
-        ed = _fields(e, w, ["time_s", "change"])
-        events.append(ScaleEvent(time_s=float(_get(ed, "time_s", w, _NUM)),
-                                 change=_get(ed, "change", w, int)))
+    recs = [Recommendation(time_s=t, replicas=n)
+            for t, n in _timed_counts(top, "recommendations", "replicas", path)]
+    events = [ScaleEvent(time_s=t, change=n)
+              for t, n in _timed_counts(top, "scale_events", "change", path)]
     state = _build(path, lambda: HpaState(
         spec=spec, current_replicas=_get(top, "current_replicas", path, int),
         pods=tuple(pods), values=_numbers(_get(top, "values", path, dict, {}), f"{path}.values"),

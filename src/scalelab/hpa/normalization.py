@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from scalelab.hpa.spec import ScalingRules
+from scalelab.hpa.spec import ScalingPolicy, ScalingRules
 from scalelab.hpa.state import HpaState, ScaleEvent
 
 SCALE_UP_LIMIT_FACTOR = 2.0
@@ -20,18 +20,24 @@ def _changes_in_period(events: Sequence[ScaleEvent], period_s: int, now: float
     return added, removed
 
 
+def _period_starts(current: int, events: Sequence[ScaleEvent], rules: ScalingRules,
+                   now: float) -> list[tuple[ScalingPolicy, int]]:
+    """Each policy with the replica count at the start of its period (its changes undone)."""
+    starts = []
+    for p in rules.policies or ():
+        added, removed = _changes_in_period(events, p.period_s, now)
+        starts.append((p, current - added + removed))
+    return starts
+
+
 def _scale_up_limit(current: int, events: Sequence[ScaleEvent], rules: ScalingRules,
                     now: float) -> int:
     """calculateScaleUpLimitWithScalingRules()."""
     if rules.select_policy == "Disabled":
         return current
     # selectPolicy Min picks the smallest increase; Max (the default) the largest.
-    proposals: list[int] = []
-    for p in rules.policies or ():
-        added, removed = _changes_in_period(events, p.period_s, now)
-        start = current - added + removed
-        proposals.append(start + p.value if p.type == "Pods"
-                         else math.ceil(start * (1 + p.value / 100)))
+    proposals = [start + p.value if p.type == "Pods" else math.ceil(start * (1 + p.value / 100))
+                 for p, start in _period_starts(current, events, rules, now)]
     return min(proposals) if rules.select_policy == "Min" else max(proposals)
 
 
@@ -41,12 +47,8 @@ def _scale_down_limit(current: int, events: Sequence[ScaleEvent], rules: Scaling
     if rules.select_policy == "Disabled":
         return current
     # For a scale-down the smallest change (Min) is the highest replica count.
-    proposals: list[int] = []
-    for p in rules.policies or ():
-        added, removed = _changes_in_period(events, p.period_s, now)
-        start = current - added + removed
-        proposals.append(start - p.value if p.type == "Pods"
-                         else int(start * (1 - p.value / 100)))
+    proposals = [start - p.value if p.type == "Pods" else int(start * (1 - p.value / 100))
+                 for p, start in _period_starts(current, events, rules, now)]
     return max(proposals) if rules.select_policy == "Min" else min(proposals)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadUsageError
-from scalelab.core.kube import check_name, write_manifests
+from scalelab.deploy.kube import check_name, write_manifests
 
 SCHEDULER_PORT = 8786
 DASHBOARD_PORT = 8787

@@ -13,6 +13,7 @@ package is installed; this one runs everywhere, so a malformed expression never 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scalelab.core.errors import BadInputError
@@ -95,14 +96,20 @@ class _Parser:
         return tok
 
     def labels(self) -> None:
-        self.take("(")
-        while self.peek() != ")":
+        self.label_list("(", ")", lambda: None)
+
+    def label_list(self, open_: str, close: str, after_name: Callable[[], None]) -> None:
+        """`open_` label names, each followed by what `after_name` reads, comma-separated (a
+        trailing comma allowed), `close`."""
+        self.take(open_)
+        while self.peek() != close:
             name = self.take()
             if not _LABEL.match(name):
                 raise self.fail(f"{name!r} is not a label name")
+            after_name()
             if self.peek() == ",":
                 self.take(",")
-        self.take(")")
+        self.take(close)
 
     def parse(self) -> Parsed:
         out = self.binary(0)
@@ -189,25 +196,21 @@ class _Parser:
         return "vector"
 
     def matchers(self) -> None:
-        self.take("{")
-        while self.peek() != "}":
-            name = self.take()
-            if not _LABEL.match(name):
-                raise self.fail(f"{name!r} is not a label name")
-            if self.take() not in ("=", "!=", "=~", "!~"):
-                self.i -= 1
-                raise self.fail("expected a matcher (=, !=, =~, !~)")
-            if self.kind() != "string":
-                raise self.fail("a label matcher needs a quoted value")
-            value = self.take()
-            if self.toks[self.i - 2][1] in ("=~", "!~"):
-                try:
-                    re.compile(value[1:-1].encode().decode("unicode_escape"))
-                except re.error as e:
-                    raise self.fail(f"bad regex {value}: {e}") from None
-            if self.peek() == ",":
-                self.take(",")
-        self.take("}")
+        self.label_list("{", "}", self.matcher)
+
+    def matcher(self) -> None:
+        """The operator and quoted value after a label name; a regex must compile."""
+        if self.take() not in ("=", "!=", "=~", "!~"):
+            self.i -= 1
+            raise self.fail("expected a matcher (=, !=, =~, !~)")
+        if self.kind() != "string":
+            raise self.fail("a label matcher needs a quoted value")
+        value = self.take()
+        if self.toks[self.i - 2][1] in ("=~", "!~"):
+            try:
+                re.compile(value[1:-1].encode().decode("unicode_escape"))
+            except re.error as e:
+                raise self.fail(f"bad regex {value}: {e}") from None
 
     def aggregation(self, op: str) -> str:
         if self.peek() in ("by", "without"):

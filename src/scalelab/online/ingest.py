@@ -27,7 +27,7 @@ import polars as pl
 
 from scalelab.core.errors import BadInputError
 from scalelab.nets.flights import CLASSES, FEATURES, LABEL
-from scalelab.nets.table_schema import Schema, logical_type, type_ok
+from scalelab.nets.table_schema import ColumnSchema, Schema, logical_type, type_ok
 from scalelab.online.log import Appended, EventLog
 from scalelab.online.stream import EVENT_COLUMNS, EVENT_ID, EVENT_TIME, LABEL_TIME
 
@@ -36,17 +36,11 @@ REJECT_SCHEMA = pl.Schema({
     "column": pl.String(), "value": pl.String()})
 
 
-@dataclass(frozen=True, kw_only=True)
-class ColumnRule:
-    """One column's rules, as the schema file states them."""
+@dataclass(kw_only=True)
+class ColumnRule(ColumnSchema):
+    """One column's rules as the schema file states them, with its skew thresholds resolved
+    (the column's own, else the schema's defaults)."""
 
-    name: str
-    type: str
-    nullable: bool = True
-    max_null_rate: float | None = None
-    min: float | None = None
-    max: float | None = None
-    domain: tuple[str, ...] | None = None
     psi: float | None = None
     """Numeric skew threshold (population stability index between windows; None: off)."""
     linf: float | None = None
@@ -68,8 +62,7 @@ def load_rules(path: str | Path) -> dict[str, ColumnRule]:
         skew = schema.skew_for(name)
         rules[name] = ColumnRule(
             name=name, type=c.type, nullable=c.nullable, max_null_rate=c.max_null_rate,
-            min=c.min, max=c.max, domain=None if c.domain is None else tuple(c.domain),
-            psi=skew.psi, linf=skew.linf)
+            min=c.min, max=c.max, domain=c.domain, psi=skew.psi, linf=skew.linf)
     return rules
 
 

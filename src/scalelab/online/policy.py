@@ -102,15 +102,11 @@ def backoff_wait(refusals: int, *, min_gap: int = 1, factor: float = 2.0,
     return max(min_gap, min(cap, math.ceil(grown)))
 
 
-@dataclass(kw_only=True)
-class Never:
-    name: str = "never"
+class _Blind:
+    """A policy blind to the live model: its errors, updates and refusals change nothing."""
 
     def observe(self, errors: np.ndarray) -> None:
         pass
-
-    def decide(self, window: int, last_update: int | None) -> tuple[bool, str]:
-        return False, "policy never updates"
 
     def updated(self) -> None:
         pass
@@ -120,7 +116,15 @@ class Never:
 
 
 @dataclass(kw_only=True)
-class Periodic:
+class Never(_Blind):
+    name: str = "never"
+
+    def decide(self, window: int, last_update: int | None) -> tuple[bool, str]:
+        return False, "policy never updates"
+
+
+@dataclass(kw_only=True)
+class Periodic(_Blind):
     every: int
     """Update at every `every`-th window close (1 = each window)."""
     name: str = ""
@@ -130,19 +134,10 @@ class Periodic:
             raise BadInputError(f"a fixed period must be >= 1 window, got {self.every}")
         self.name = self.name or f"every-{self.every}"
 
-    def observe(self, errors: np.ndarray) -> None:
-        pass
-
     def decide(self, window: int, last_update: int | None) -> tuple[bool, str]:
         due = (window + 1) % self.every == 0
         return due, (f"fixed period: due every {self.every} window(s)" if due
                      else "fixed period: not due")
-
-    def updated(self) -> None:
-        pass
-
-    def refused(self) -> None:
-        pass
 
 
 @dataclass(kw_only=True)

@@ -167,6 +167,14 @@ def stage_head(s: StageVerdict) -> list[str]:
     return out
 
 
+def stage_advice(s: StageVerdict) -> list[tuple[str, str]]:
+    """(label, text) of what the stage's verdict advises: the intervention, its predicted
+    effect and the objective with the least headroom, those it has."""
+    advice = [("do", s.intervention), ("predicted", s.predicted),
+              ("least headroom", s.tightest)]
+    return [(label, text) for label, text in advice if text]
+
+
 def verdict_lines(v: Verdict) -> list[str]:
     lines = [v.summary]
     for s in v.stages:
@@ -175,12 +183,7 @@ def verdict_lines(v: Verdict) -> list[str]:
             continue
         for e in s.limiting[:3]:
             lines.append(f"  limiting: {e.resource} — {e.detail}")
-        if s.intervention:
-            lines.append(f"  do: {s.intervention}")
-        if s.predicted:
-            lines.append(f"  predicted: {s.predicted}")
-        if s.tightest:
-            lines.append(f"  least headroom: {s.tightest}")
+        lines += [f"  {label}: {text}" for label, text in stage_advice(s)]
         if s.cost:
             lines.append(
                 "  cost per unit: " + ", ".join(f"{m:g}× ${c:.3g}/{u}" for m, c, u in s.cost)
@@ -356,12 +359,7 @@ def _stage_findings_html(s: StageVerdict, g: StageGoal | None, rows: list[SheetR
         out.append(f"<li>{e(line.strip())}</li>")
     for ev in s.limiting:
         out.append(f"<li>limiting: <b>{e(ev.resource)}</b> — {e(ev.detail)}</li>")
-    if s.intervention:
-        out.append(f"<li>do: {e(s.intervention)}</li>")
-    if s.predicted:
-        out.append(f"<li>predicted: {e(s.predicted)}</li>")
-    if s.tightest:
-        out.append(f"<li>least headroom: {e(s.tightest)}</li>")
+    out += [f"<li>{label}: {e(text)}</li>" for label, text in stage_advice(s)]
     gov = stage_governance(rows)
     if gov:
         out.append(f"<li>governance: {e(gov)}</li>")

@@ -35,16 +35,19 @@ def _svg(fig: Figure) -> str:
     return text[text.index("<svg") :]
 
 
-def _by_series(rows: list[SheetRow]) -> dict[str, list[SheetRow]]:
+def _by_series(rows: list[SheetRow], field: str) -> dict[str, list[SheetRow]]:
+    """The rows that measured `field`, by series in level order (series without any left out)."""
     out: dict[str, list[SheetRow]] = {}
     for r in sorted(rows, key=lambda r: r.level):
-        out.setdefault(r.series or "measured", []).append(r)
-    return out
+        # every series gets its place first: the order (and colours) follow all the rows
+        kept = out.setdefault(r.series or "measured", [])
+        if getattr(r, field) is not None:
+            kept.append(r)
+    return {s: rs for s, rs in out.items() if rs}
 
 
 def throughput_plot(stage: str, rows: list[SheetRow], objectives: list[Objective]) -> str | None:
-    series = {s: [r for r in rs if r.rate is not None] for s, rs in _by_series(rows).items()}
-    series = {s: rs for s, rs in series.items() if rs}
+    series = _by_series(rows, "rate")
     if not series:
         return None
     curves = [
@@ -77,8 +80,7 @@ def throughput_plot(stage: str, rows: list[SheetRow], objectives: list[Objective
 
 
 def latency_plot(stage: str, rows: list[SheetRow], objectives: list[Objective]) -> str | None:
-    series = {s: [r for r in rs if r.p95_ms is not None] for s, rs in _by_series(rows).items()}
-    series = {s: rs for s, rs in series.items() if rs}
+    series = _by_series(rows, "p95_ms")
     if not series:
         return None
     curves = [
@@ -101,10 +103,7 @@ def latency_plot(stage: str, rows: list[SheetRow], objectives: list[Objective]) 
 
 
 def cost_plot(stage: str, rows: list[SheetRow]) -> str | None:
-    series = {
-        s: [r for r in rs if r.cost_per_unit_usd is not None] for s, rs in _by_series(rows).items()
-    }
-    series = {s: rs for s, rs in series.items() if rs}
+    series = _by_series(rows, "cost_per_unit_usd")
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(5.2, 2.6))

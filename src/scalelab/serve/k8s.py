@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scalelab.core.errors import BadUsageError, RunFailedError
+from scalelab.deploy.kube import write_manifests
 from scalelab.web.spawn import start_server, stop_group
 
 Signal = Literal["queue", "inflight", "cpu"]
@@ -201,15 +202,8 @@ def _quantity(x: float) -> str:
 
 
 def write(spec: DeploySpec, out: Path) -> list[Path]:
-    import yaml
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fname, doc in manifests(spec).items():
-        p = out / fname
-        p.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-        paths.append(p)
-    return paths
+    """Write the Deployment, Service and HPA files under `out`."""
+    return write_manifests(manifests(spec), out)
 
 
 def measure_startup(model_repo: Path, *, timeout_s: float = 120.0) -> float:

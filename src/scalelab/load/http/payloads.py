@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.jsonfile import read_json_object
+from scalelab.core.jsonfile import read_json_object, read_jsonl_objects
 from scalelab.load.send import Target, build_request
 from scalelab.nets.repository import CONFIG_FILE
 
@@ -76,33 +76,28 @@ def json_body(target: Target, body_file: str | Path) -> list[RequestSpec]:
     return [RequestSpec(method="POST", path=target.path, body=raw)]
 
 
+_REQUEST = "object with optional keys method, path, headers, body"
+
+
 def recorded(target: Target, requests_file: str | Path) -> list[RequestSpec]:
     p = Path(requests_file)
     if not p.is_file():
         raise BadInputError(f"--requests-file {p}: no such file; give a JSON Lines file")
     specs: list[RequestSpec] = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BadInputError(f"{p}:{lineno}: not JSON ({e.msg})") from e
-            if not isinstance(obj, dict) or not set(obj) <= {"method", "path", "headers", "body"}:
-                raise BadInputError(
-                    f"{p}:{lineno}: each line must be an object with optional keys method, "
-                    "path, headers, body")
-            body = None if "body" not in obj else json.dumps(obj["body"]).encode()
-            path = str(obj.get("path") or target.path)
-            if not path.startswith("/"):
-                raise BadInputError(f"{p}:{lineno}: path {path!r} must start with '/'")
-            headers = obj.get("headers") or {}
-            if not isinstance(headers, dict):
-                raise BadInputError(f"{p}:{lineno}: headers must be an object")
-            method = str(obj.get("method") or ("POST" if body is not None else "GET")).upper()
-            specs.append(RequestSpec(method=method, path=path, body=body,
-                                     headers={str(k): str(v) for k, v in headers.items()}))
+    for lineno, obj in read_jsonl_objects(p, fix=f"each line must be one JSON {_REQUEST}"):
+        if not set(obj) <= {"method", "path", "headers", "body"}:
+            raise BadInputError(
+                f"{p}:{lineno}: each line must be one JSON {_REQUEST}")
+        body = None if "body" not in obj else json.dumps(obj["body"]).encode()
+        path = str(obj.get("path") or target.path)
+        if not path.startswith("/"):
+            raise BadInputError(f"{p}:{lineno}: path {path!r} must start with '/'")
+        headers = obj.get("headers") or {}
+        if not isinstance(headers, dict):
+            raise BadInputError(f"{p}:{lineno}: headers must be an object")
+        method = str(obj.get("method") or ("POST" if body is not None else "GET")).upper()
+        specs.append(RequestSpec(method=method, path=path, body=body,
+                                 headers={str(k): str(v) for k, v in headers.items()}))
     if not specs:
         raise BadInputError(f"{p}: no requests in the file")
     return specs

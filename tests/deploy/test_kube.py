@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from scalelab.core.errors import BadUsageError
-from scalelab.core.kube import check_name, write_manifests
+from scalelab.deploy.kube import check_name, write_manifests
 
 
 @pytest.mark.parametrize("name", ["a", "scalelab-load", "x1-y2", "a" * 13])

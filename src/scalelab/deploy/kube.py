@@ -1,7 +1,8 @@
 """Kubernetes manifests as files: the object-name check and the YAML every `deploy` writes.
 
-The parts build their own objects (a load generator's Dask cluster, a training job); what
-they share is how a name is checked and how the objects become files, so the two cannot drift.
+The parts build their own objects (the server's Deployment and HPA, a load generator's Dask
+cluster, a training job); what they share is how a name is checked and how the objects become
+files, so they cannot drift.
 """
 
 from __future__ import annotations
