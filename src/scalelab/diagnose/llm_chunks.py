@@ -45,13 +45,8 @@ def _sum(chunks: list[Record], key: str) -> float | int | None:
     return int(total) if all(isinstance(v, int) for v in vals) else total
 
 
-def merge_llm_chunks(chunks: list[Record]) -> Record:
-    """One record for the level out of its chunks (load llm run records of one concurrency).
-    A chunk without its four histograms cannot be merged exactly: ValueError."""
-    if not chunks:
-        raise ValueError("merge_llm_chunks needs at least one chunk")
-    if len(chunks) == 1:
-        return chunks[0]
+def _merged_histograms(chunks: list[Record]) -> dict[str, LatencyHistogram]:
+    """The chunks' TTFT, ITL, TPOT and e2e histograms, each added exactly."""
     hists = {k: LatencyHistogram() for k in HISTOGRAMS}
     for c in chunks:
         blobs = c.extras.get("hdr_histograms")
@@ -61,6 +56,40 @@ def merge_llm_chunks(chunks: list[Record]) -> Record:
                              f"({', '.join(HISTOGRAMS)}) to merge")
         for k in HISTOGRAMS:
             hists[k].add_blob(blobs[k])
+    return hists
+
+
+def _merged_gauges(chunks: list[Record], last: Record) -> dict[str, Any]:
+    """Peaks at their largest, engine means weighted by their scrapes, busy cores over the
+    CPU-weighted span: what the chunks' gauges say of the whole level."""
+    out: dict[str, Any] = {}
+    for k in ("max_in_flight", "server_peak_rss_bytes",
+              *(k for k in last.extras if k.startswith("engine_") and k.endswith("_max"))):
+        vals = [_num(c.extras.get(k)) for c in chunks]
+        if all(v is not None for v in vals):
+            out[k] = max(v or 0.0 for v in vals)
+    scrapes = [_num(c.extras.get("engine_scrapes")) or 0.0 for c in chunks]
+    for k in (k for k in last.extras if k.startswith("engine_") and k.endswith("_mean")):
+        vals = [_num(c.extras.get(k)) for c in chunks]
+        if all(v is not None for v in vals) and sum(scrapes) > 0:
+            out[k] = sum((v or 0.0) * n for v, n in zip(vals, scrapes, strict=True)) \
+                / sum(scrapes)
+    cpus = [_num(c.extras.get("server_cpu_s")) for c in chunks]
+    busy = [_num(c.extras.get("cpu_busy_cores")) for c in chunks]
+    if all(v is not None for v in cpus) and all(b is not None and b > 0 for b in busy):
+        sampled = sum((c or 0.0) / (b or 1.0) for c, b in zip(cpus, busy, strict=True))
+        out["cpu_busy_cores"] = sum(c or 0.0 for c in cpus) / sampled if sampled else 0.0
+    return out
+
+
+def merge_llm_chunks(chunks: list[Record]) -> Record:
+    """One record for the level out of its chunks (load llm run records of one concurrency).
+    A chunk without its four histograms cannot be merged exactly: ValueError."""
+    if not chunks:
+        raise ValueError("merge_llm_chunks needs at least one chunk")
+    if len(chunks) == 1:
+        return chunks[0]
+    hists = _merged_histograms(chunks)
     first, last = chunks[0], chunks[-1]
     wall = sum(c.wall_s or 0.0 for c in chunks)
     extras: dict[str, Any] = {k: v for k, v in last.extras.items() if k not in _JUDGED}
@@ -87,22 +116,7 @@ def merge_llm_chunks(chunks: list[Record]) -> Record:
             if all(v is not None for v in rates):
                 extras[k] = sum((v or 0.0) * (c.wall_s or 0.0)
                                 for v, c in zip(rates, chunks, strict=True)) / wall
-    for k in ("max_in_flight", "server_peak_rss_bytes",
-              *(k for k in last.extras if k.startswith("engine_") and k.endswith("_max"))):
-        vals = [_num(c.extras.get(k)) for c in chunks]
-        if all(v is not None for v in vals):
-            extras[k] = max(v or 0.0 for v in vals)
-    scrapes = [_num(c.extras.get("engine_scrapes")) or 0.0 for c in chunks]
-    for k in (k for k in last.extras if k.startswith("engine_") and k.endswith("_mean")):
-        vals = [_num(c.extras.get(k)) for c in chunks]
-        if all(v is not None for v in vals) and sum(scrapes) > 0:
-            extras[k] = sum((v or 0.0) * n for v, n in zip(vals, scrapes, strict=True)) \
-                / sum(scrapes)
-    cpus = [_num(c.extras.get("server_cpu_s")) for c in chunks]
-    busy = [_num(c.extras.get("cpu_busy_cores")) for c in chunks]
-    if all(v is not None for v in cpus) and all(b is not None and b > 0 for b in busy):
-        sampled = sum((c or 0.0) / (b or 1.0) for c, b in zip(cpus, busy, strict=True))
-        extras["cpu_busy_cores"] = sum(c or 0.0 for c in cpus) / sampled if sampled else 0.0
+    extras.update(_merged_gauges(chunks, last))
     extras["invalid_reasons"] = list(dict.fromkeys(
         x for c in chunks for x in c.extras.get("invalid_reasons") or []))
     extras["notes"] = list(dict.fromkeys(x for c in chunks for x in c.extras.get("notes") or []))
