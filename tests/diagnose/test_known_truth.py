@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from llmkit import llm_server
 from scalelab.cli import run
 from scalelab.core.records import read_records
 from scalelab.diagnose.stages import SECTIONS
@@ -36,17 +36,9 @@ def _config(tmp_path: Path, custom: str = "", **on: str) -> Path:
 def four_slots() -> Iterator[str]:
     """An OpenAI-compatible server with exactly 4 generation slots: 20 ms to the first token,
     then 10 ms a token; a fifth stream waits for a slot (FIFO)."""
-    proc = subprocess.Popen([sys.executable, str(LLM_SERVER), "--max-streams", "4",
-                             "--ttft-ms", "20", "--gap-ms", "10", "--diverge-at", "1000"],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("PORT "), line
-    try:
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    with llm_server("--max-streams", "4", "--ttft-ms", "20", "--gap-ms", "10",
+                    "--diverge-at", "1000") as url:
+        yield url
 
 
 def test_an_llm_endpoint_with_four_slots_is_limited_by_its_batch_slots(

@@ -5,14 +5,13 @@ stopping at the first chunk that decides it."""
 
 import contextlib
 import io
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from llmkit import llm_server
 from scalelab.cli import run
 from scalelab.core.objectives import Objective
 from scalelab.core.records import Cost, Record, make_record, read_records
@@ -31,16 +30,8 @@ FIRST = 10
 
 @pytest.fixture
 def llm_url() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--ttft-ms", f"{TTFT_MS:g}",
-                             "--gap-ms", "2"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("PORT "), line
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    with llm_server("--ttft-ms", f"{TTFT_MS:g}", "--gap-ms", "2") as url:
+        yield url
 
 
 class Chunks:

@@ -24,6 +24,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
+from llmkit import llm_server
 from scalelab.cli import run
 from scalelab.core.errors import RunFailedError
 from scalelab.load import cluster as cluster_mod
@@ -46,7 +47,6 @@ from scalelab.load.llm.stream import StreamConfig
 from scalelab.load.llm.workload import LengthDist, Workload
 from scalelab.load.send import Target, build_request
 
-LLM_SERVER = Path(__file__).with_name("llm_server.py")
 HTTP_SERVERS = Path(__file__).with_name("servers.py")
 PREC = 0.999  # as test_llm_stream.py: HdrHistogram at 3 significant digits reads ≤ 0.1% low
 JITTER_MS = 8.0  # as test_llm_stream.py: timer wake-up on a loaded 2-core machine
@@ -109,14 +109,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def llm_url() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, str(LLM_SERVER), "--ttft-ms", "40", "--gap-ms",
-                             "12", "--tokens-per-chunk", "3"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("PORT "), line
-    yield f"http://127.0.0.1:{int(line.split()[1])}"
-    proc.kill()
-    proc.wait(timeout=10)
+    with llm_server("--ttft-ms", "40", "--gap-ms", "12", "--tokens-per-chunk", "3") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

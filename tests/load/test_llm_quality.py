@@ -5,21 +5,18 @@ when asked (`--diverge-at`)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from llmkit import llm_server
 from scalelab.cli import run
 from scalelab.core.records import read_records
 from scalelab.core.sheet import build_sheet
 from scalelab.load.llm.quality import agreement, basis_of, compare, reference_problem
 from scalelab.load.llm.stream import ProbeAnswer
 from scalelab.report.document import sheet_cells
-
-SERVER = Path(__file__).with_name("llm_server.py")
 
 
 def _ans(i: int, pieces: list[str], tokens: list[int] | None = None,
@@ -73,19 +70,9 @@ def test_agreement_averages_per_prompt_and_says_why_when_it_cannot() -> None:
 def servers() -> Iterator[dict[str, str]]:
     """Two deterministic servers whose text depends on the prompt: one changes it from token 3
     on for streams that overlap another, one never does (divergence past max_tokens)."""
-    procs, urls = [], {}
-    for name, at in (("diverging", "3"), ("steady", "1000")):
-        proc = subprocess.Popen([sys.executable, str(SERVER), "--ttft-ms", "20", "--gap-ms", "10",
-                                 "--diverge-at", at], stdout=subprocess.PIPE, text=True)
-        procs.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("PORT "), line
-        urls[name] = f"http://127.0.0.1:{int(line.split()[1])}"
-    yield urls
-    for p in procs:
-        p.kill()
-        p.wait(timeout=10)
+    with (llm_server("--ttft-ms", "20", "--gap-ms", "10", "--diverge-at", "3") as diverging,
+          llm_server("--ttft-ms", "20", "--gap-ms", "10", "--diverge-at", "1000") as steady):
+        yield {"diverging": diverging, "steady": steady}
 
 
 def _levels(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str,

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import click
 import pytest
 
+from llmkit import llm_server
 from scalelab.cli import run
 from scalelab.core.records import Latency, Record, make_record, read_records
 from scalelab.core.sheet import build_sheet
@@ -22,22 +21,14 @@ from scalelab.diagnose.stages import SECTIONS
 from scalelab.diagnose.stages.llm import LlmSettings, LlmStage, LoadLlmRun, resolve_model
 from scalelab.load.scrape import limiting_signal, parse_metrics, summarize
 
-SERVER = Path(__file__).with_name("llm_server.py")
-
 
 @pytest.fixture
 def slots_server() -> Iterator[str]:
     """Two decoding slots, 20 ms to first token then 10 ms a token: four streams queue. The
     text depends on the prompt, never on the load (--diverge-at past max_tokens)."""
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--max-streams", "2", "--ttft-ms",
-                             "20", "--gap-ms", "10", "--diverge-at", "1000"],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("PORT "), line
-    yield f"http://127.0.0.1:{int(line.split()[1])}"
-    proc.kill()
-    proc.wait(timeout=10)
+    with llm_server("--max-streams", "2", "--ttft-ms", "20", "--gap-ms", "10",
+                    "--diverge-at", "1000") as url:
+        yield url
 
 
 def test_the_stage_command_matches_the_cli() -> None:

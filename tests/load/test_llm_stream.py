@@ -8,9 +8,8 @@ differences of two such times, so they are within that wake-up either side.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from figurekit import assert_image, capture, lines
+from llmkit import llm_server as start_llm_server
 from scalelab.cli import run
 from scalelab.core.records import read_records
 from scalelab.load.llm.result import LlmResult
@@ -26,28 +26,13 @@ from scalelab.load.llm.stream import StreamConfig
 from scalelab.load.llm.workload import LengthDist, UsageMode, Workload
 from scalelab.load.send import Target
 
-SERVER = Path(__file__).with_name("llm_server.py")
 PREC = 0.999  # HdrHistogram at 3 significant digits reads at most 0.1% low
 
 
 @pytest.fixture
 def llm_server() -> Iterator[Callable[..., str]]:
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*args: str) -> str:
-        proc = subprocess.Popen([sys.executable, str(SERVER), *args], stdout=subprocess.PIPE,
-                                text=True)
-        procs.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("PORT "):
-            raise RuntimeError(f"llm test server did not start: {line!r}")
-        return f"http://127.0.0.1:{int(line.split()[1])}"
-
-    yield start
-    for p in procs:
-        p.kill()
-        p.wait(timeout=10)
+    with contextlib.ExitStack() as stack:
+        yield lambda *args: stack.enter_context(start_llm_server(*args))
 
 
 def _run(url: str, *, out: int = 12, usage: UsageMode = "continuous", mode: str = "closed",

@@ -3,33 +3,21 @@ rate is the engine's steady one (tests/load/llm_server.py: deterministic streams
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from llmkit import llm_server
 from scalelab.load.llm.run import LlmPlan, run_llm
 from scalelab.load.llm.stream import StreamConfig
 from scalelab.load.llm.workload import LengthDist, Workload
 from scalelab.load.send import Target
 
-SERVER = Path(__file__).with_name("llm_server.py")
-
 
 @pytest.fixture
 def url() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--ttft-ms", "20", "--gap-ms", "10"],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("PORT "), line
-    try:
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    with llm_server("--ttft-ms", "20", "--gap-ms", "10") as u:
+        yield u
 
 
 def test_the_window_excludes_the_warmups_streams(url: str) -> None:
