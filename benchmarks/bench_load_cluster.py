@@ -40,26 +40,15 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SERVERS = ROOT / "tests" / "load" / "servers.py"
 
 sys.path.insert(0, str(ROOT / "src"))
+from bench_load import start_server  # noqa: E402  (the same test servers, started the same way)
 from scalelab.core.machine import current_machine  # noqa: E402
 from scalelab.load.cluster import Cluster  # noqa: E402
 from scalelab.load.http.generator import EngineConfig  # noqa: E402
 from scalelab.load.http.result import LoadResult  # noqa: E402
 from scalelab.load.http.run import LoadPlan, run_load  # noqa: E402
 from scalelab.load.send import Target, build_request  # noqa: E402
-
-
-def start_server(kind: str, *args: str) -> tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen([sys.executable, str(SERVERS), kind, *args], stdout=subprocess.PIPE,
-                         text=True)
-    assert p.stdout is not None
-    line = p.stdout.readline()
-    if not line.startswith("PORT "):
-        p.kill()
-        raise SystemExit(f"server {kind} did not start: {line!r}")
-    return p, f"http://127.0.0.1:{int(line.split()[1])}/"
 
 
 def dask(procs: list[subprocess.Popen[bytes]], *args: str) -> None:
