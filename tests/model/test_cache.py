@@ -2,49 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from scalelab.core.errors import BadUsageError
-from scalelab.model.cache import PredictionCache, measure_cache, zipf_requests
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def test_entries_expire_after_ttl() -> None:
-    clock = Clock()
-    c = PredictionCache(capacity=10, ttl_s=5.0, clock=clock)
-    c.put("k", 1)
-    clock.t += 4.999
-    assert c.get("k") == 1
-    clock.t += 0.001  # exactly ttl after the put: expired
-    assert c.get("k") is None
-    assert (c.stats.hits, c.stats.misses, c.stats.expired) == (1, 1, 1)
-    assert len(c) == 0
-    c.put("k", 2)  # a fresh put restarts the lifetime
-    clock.t += 3
-    assert c.get("k") == 2
-
-
-def test_lru_bound_evicts_least_recently_used() -> None:
-    c = PredictionCache(capacity=2, ttl_s=60, clock=Clock())
-    c.put("a", 1)
-    c.put("b", 2)
-    assert c.get("a") == 1  # a is now the most recent
-    c.put("c", 3)
-    assert c.get("b") is None and c.get("a") == 1 and c.get("c") == 3
-    assert c.stats.evicted == 1
-    assert c.stats.hit_rate == pytest.approx(3 / 4)
-
-
-def test_bad_cache_settings() -> None:
-    with pytest.raises(BadUsageError):
-        PredictionCache(capacity=0, ttl_s=1)
-    with pytest.raises(BadUsageError):
-        PredictionCache(capacity=1, ttl_s=0)
+from scalelab.model.cache import measure_cache, zipf_requests
 
 
 def test_zipf_requests_are_skewed_and_deterministic() -> None:

@@ -1,4 +1,4 @@
-"""The TTL LRU and the coalescer, with a hand-driven clock."""
+"""The coalescer and the input keys (the TTL LRU: tests/web/test_ttl_cache.py)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from scalelab.serve.cache import SMALL_KEY_BYTES, Coalescer, TtlLru, digest, input_key
-
-
-def test_lru_evicts_least_recent_and_expires() -> None:
-    now = [0.0]
-    c: TtlLru[str] = TtlLru(max_entries=2, ttl_s=10, clock=lambda: now[0])
-    c.put(("m", 1, "a"), "A")
-    c.put(("m", 1, "b"), "B")
-    assert c.get(("m", 1, "a")) == "A"  # a is now most recent
-    c.put(("m", 1, "c"), "C")
-    assert c.get(("m", 1, "b")) is None and len(c) == 2
-    now[0] = 10.0
-    assert c.get(("m", 1, "a")) is None and c.get(("m", 1, "c")) is None
+from scalelab.serve.cache import SMALL_KEY_BYTES, Coalescer, digest, input_key
 
 
 def test_digest_sees_dtype_and_shape() -> None:

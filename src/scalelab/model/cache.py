@@ -1,6 +1,6 @@
-"""A prediction cache with expiry (TTL) and a size bound (LRU), and its measurement under a
-realistic repeat rate: request keys drawn Zipf-distributed from the test rows, arriving as a
-Poisson stream. The cache's clock is injected, so expiry is tested and simulated without sleeping.
+"""The prediction cache (`web.ttl_cache.TtlLru`, the server's own) measured under a realistic
+repeat rate: request keys drawn Zipf-distributed from the test rows, arriving as a Poisson
+stream that drives the cache's injected clock, so expiry is simulated without sleeping.
 
 A cached prediction is stale once the model or the world behind the features changes; the TTL
 bounds that staleness, and the LRU bound caps the memory. Both cost hits: the measurement shows
@@ -10,8 +10,6 @@ how many, at the configured rate and TTL.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,60 +17,7 @@ import numpy as np
 import torch
 
 from scalelab.core.errors import BadUsageError
-
-
-@dataclass(kw_only=True)
-class CacheStats:
-    hits: int = 0
-    misses: int = 0
-    expired: int = 0
-    """Lookups that found an entry past its TTL (counted as misses too)."""
-    evicted: int = 0
-    """Entries dropped to respect the size bound."""
-
-    @property
-    def hit_rate(self) -> float:
-        n = self.hits + self.misses
-        return self.hits / n if n else 0.0
-
-
-class PredictionCache:
-    """key -> prediction, each entry valid for `ttl_s` after it was stored, at most `capacity`."""
-
-    def __init__(self, *, capacity: int, ttl_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if capacity < 1 or not ttl_s > 0:
-            raise BadUsageError("cache: capacity >= 1 and ttl > 0 required")
-        self.capacity = capacity
-        self.ttl_s = float(ttl_s)
-        self.clock = clock
-        self.stats = CacheStats()
-        self._data: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def get(self, key: Hashable) -> Any | None:
-        entry = self._data.get(key)
-        if entry is None:
-            self.stats.misses += 1
-            return None
-        expires_at, value = entry
-        if self.clock() >= expires_at:
-            del self._data[key]
-            self.stats.expired += 1
-            self.stats.misses += 1
-            return None
-        self._data.move_to_end(key)
-        self.stats.hits += 1
-        return value
-
-    def put(self, key: Hashable, value: Any) -> None:
-        self._data[key] = (self.clock() + self.ttl_s, value)
-        self._data.move_to_end(key)
-        while len(self._data) > self.capacity:
-            self._data.popitem(last=False)
-            self.stats.evicted += 1
+from scalelab.web.ttl_cache import TtlLru
 
 
 def zipf_requests(n_keys: int, n_requests: int, *, s: float = 1.1, seed: int = 0) -> np.ndarray:
@@ -131,7 +76,7 @@ def measure_cache(model: Any, categorical: torch.Tensor, numeric: torch.Tensor, 
     keys = zipf_requests(n, n_requests, s=zipf_s, seed=seed)
     gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate_per_s, size=n_requests)
     clock = _SimClock()
-    cache = PredictionCache(capacity=capacity, ttl_s=ttl_s, clock=clock)
+    cache: TtlLru[int] = TtlLru(max_entries=capacity, ttl_s=ttl_s, clock=clock)
     cached_ms, uncached_ms = [], []
     for i, row in enumerate(keys.tolist()):
         clock.now += float(gaps[i])

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Generic, TypeVar
 
 import numpy as np
 
 from scalelab.serve.tensors import bytes_blob
+from scalelab.web.ttl_cache import TtlLru
 
 V = TypeVar("V")
 Key = tuple[str, int, Hashable]
+__all__ = ["SMALL_KEY_BYTES", "Coalescer", "Lead", "TtlLru", "digest", "input_key"]
 
 SMALL_KEY_BYTES = 1024
 """Inputs up to this many bytes in all are keyed by their bytes (exact, and ~3x cheaper than
@@ -49,39 +49,6 @@ def digest(arrays: Sequence[np.ndarray]) -> str:
         h.update(f"{c.dtype.str}|{c.shape}|".encode())
         h.update(bytes_blob(c) if c.dtype.hasobject else c.tobytes())
     return h.hexdigest()
-
-
-class TtlLru(Generic[V]):
-    """Bounded LRU map whose entries expire `ttl_s` after insertion."""
-
-    def __init__(self, *, max_entries: int, ttl_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if max_entries < 1 or ttl_s <= 0:
-            raise ValueError("max_entries must be >= 1 and ttl_s > 0")
-        self.max_entries = max_entries
-        self.ttl_s = ttl_s
-        self._clock = clock
-        self._items: OrderedDict[Key, tuple[float, V]] = OrderedDict()
-
-    def get(self, key: Key) -> V | None:
-        hit = self._items.get(key)
-        if hit is None:
-            return None
-        expires, value = hit
-        if expires <= self._clock():
-            del self._items[key]
-            return None
-        self._items.move_to_end(key)
-        return value
-
-    def put(self, key: Key, value: V) -> None:
-        self._items[key] = (self._clock() + self.ttl_s, value)
-        self._items.move_to_end(key)
-        while len(self._items) > self.max_entries:
-            self._items.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 class Lead(Generic[V]):
