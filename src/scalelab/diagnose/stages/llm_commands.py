@@ -11,49 +11,48 @@ from scalelab.diagnose.commands import Command, flag, positional
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoadLlmRun(Command):
-    """`scalelab load llm run URL`: closed-loop streaming levels."""
+class _LlmTarget(Command):
+    """What `load llm run` and `load llm capacity` send and where."""
 
-    path = ("load", "llm", "run")
     url: str = positional()
-    concurrency: list[int]
-    requests: int | None = None
-    duration: str | None = None
-    """A level's measured time instead of `requests` (a sized level's later chunks)."""
     warmup: str | None = None
     prompt_tokens: str | None = None
     output_tokens: str | None = None
     shared_prefix: int | None = None
     api: Literal["chat", "completions"] | None = None
+    records: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadLlmRun(_LlmTarget):
+    """`scalelab load llm run URL`: closed-loop streaming levels."""
+
+    path = ("load", "llm", "run")
+    concurrency: list[int]
+    requests: int | None = None
+    duration: str | None = None
+    """A level's measured time instead of `requests` (a sized level's later chunks)."""
     model_name: str | None = flag("--model")
     usage: Literal["continuous", "final", "none"] | None = None
     metrics_url: str | None = None
     server_pid: int | None = None
     core_hour_usd: float | None = None
     quality_probe: int | None = None
-    records: Path | None = None
     cluster: str | None = None
     """A Dask scheduler whose workers generate the load (`client.cluster`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoadLlmCapacity(Command):
+class LoadLlmCapacity(_LlmTarget):
     """`scalelab load llm capacity URL`: the highest request rate meeting a token objective."""
 
     path = ("load", "llm", "capacity")
-    url: str = positional()
     slo: str
     start: float
     max_rate: float
     min_step: str
     max_step: str
     max_steps: int
-    warmup: str | None = None
-    prompt_tokens: str | None = None
-    output_tokens: str | None = None
-    shared_prefix: int | None = None
-    api: Literal["chat", "completions"] | None = None
-    records: Path | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
