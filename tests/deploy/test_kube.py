@@ -1,4 +1,4 @@
-"""The manifest helpers both `deploy` commands write through (load-job, train-job)."""
+"""The manifest helpers every `deploy` command writes through (server, load-job, train-job)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from scalelab.core.errors import BadUsageError
-from scalelab.deploy.kube import check_name, write_manifests
+from scalelab.deploy.kube import app_labels, check_name, resources, write_manifests
 
 
 @pytest.mark.parametrize("name", ["a", "scalelab-load", "x1-y2", "a" * 13])
@@ -36,3 +36,18 @@ def test_a_list_is_a_multi_document_file_and_shared_objects_are_copied(tmp_path:
                                    "again": {"app": "x"}}
     docs = list(yaml.safe_load_all(paths[1].read_text(encoding="utf-8")))
     assert docs == [{"kind": "Deployment", "labels": {"app": "x"}}, {"kind": "Service"}]
+
+
+def test_labels_name_the_job_and_the_component_where_there_is_one() -> None:
+    assert list(app_labels("s").items()) == [("app.kubernetes.io/name", "s"),
+                                             ("app.kubernetes.io/part-of", "scalelab")]
+    assert list(app_labels("l", "worker").items()) == [
+        ("app.kubernetes.io/name", "l"), ("app.kubernetes.io/component", "worker"),
+        ("app.kubernetes.io/part-of", "scalelab")]
+
+
+def test_memory_is_always_limited_and_cpu_only_when_asked() -> None:
+    assert resources("1", "1Gi") == {"requests": {"cpu": "1", "memory": "1Gi"},
+                                     "limits": {"memory": "1Gi"}}
+    assert resources("2", "4Gi", cpu_limit=True) == {"requests": {"cpu": "2", "memory": "4Gi"},
+                                                     "limits": {"cpu": "2", "memory": "4Gi"}}

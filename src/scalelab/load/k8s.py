@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadUsageError
-from scalelab.deploy.kube import check_name, write_manifests
+from scalelab.deploy.kube import app_labels, check_name, resources, write_manifests
 
 SCHEDULER_PORT = 8786
 DASHBOARD_PORT = 8787
@@ -48,13 +48,9 @@ class LoadJobSpec:
         return f"tcp://{self.name}-scheduler:{SCHEDULER_PORT}"
 
 
-def _labels(spec: LoadJobSpec, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/component": component,
-            "app.kubernetes.io/part-of": "scalelab"}
-
-
 def manifests(spec: LoadJobSpec) -> dict[str, list[dict[str, Any]]]:
-    sched_labels, worker_labels = _labels(spec, "scheduler"), _labels(spec, "worker")
+    sched_labels = app_labels(spec.name, "scheduler")
+    worker_labels = app_labels(spec.name, "worker")
     env = [{"name": "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "value": "False"}]
     scheduler = {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -69,8 +65,7 @@ def manifests(spec: LoadJobSpec) -> dict[str, list[dict[str, Any]]]:
                           {"containerPort": DASHBOARD_PORT, "name": "dashboard"}],
                 "readinessProbe": {"tcpSocket": {"port": SCHEDULER_PORT},
                                    "periodSeconds": 5},
-                "resources": {"requests": {"cpu": "500m", "memory": "512Mi"},
-                              "limits": {"memory": "512Mi"}},
+                "resources": resources("500m", "512Mi"),
             }]}},
         },
     }
@@ -97,8 +92,7 @@ def manifests(spec: LoadJobSpec) -> dict[str, list[dict[str, Any]]]:
                     "name": "worker", "image": spec.image, "env": env,
                     "command": ["dask", "worker", spec.scheduler, "--nthreads", "1",
                                 "--nworkers", "1", "--memory-limit", "0"],
-                    "resources": {"requests": {"cpu": spec.cpu, "memory": spec.memory},
-                                  "limits": {"cpu": spec.cpu, "memory": spec.memory}},
+                    "resources": resources(spec.cpu, spec.memory, cpu_limit=True),
                 }]}},
         },
     }

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scalelab.core.errors import BadUsageError, RunFailedError
-from scalelab.deploy.kube import write_manifests
+from scalelab.deploy.kube import app_labels, resources, write_manifests
 from scalelab.web.spawn import start_server, stop_group
 
 Signal = Literal["queue", "inflight", "cpu"]
@@ -125,7 +125,7 @@ def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
 
 def manifests(spec: DeploySpec) -> dict[str, dict[str, Any]]:
     """File name -> manifest for the Deployment, Service and HPA (pure)."""
-    labels = {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/part-of": "scalelab"}
+    labels = app_labels(spec.name)
     startup_failures = math.ceil(3 * spec.startup_s / 2) + 5  # 3x the measured time, 2 s period
     container = {
         "name": "server", "image": spec.image,
@@ -136,8 +136,7 @@ def manifests(spec: DeploySpec) -> dict[str, dict[str, Any]]:
         "env": [{"name": "SCALELAB_ADMIN_TOKEN",
                  "valueFrom": {"secretKeyRef": {"name": f"{spec.name}-admin", "key": "token",
                                                 "optional": True}}}],
-        "resources": {"requests": {"cpu": spec.cpu, "memory": spec.memory},
-                      "limits": {"memory": spec.memory}},
+        "resources": resources(spec.cpu, spec.memory),
         "startupProbe": _probe("/v2/health/ready", spec.port, 2, startup_failures),
         "readinessProbe": _probe("/v2/health/ready", spec.port, 5, 2),
         "livenessProbe": _probe("/v2/health/live", spec.port, 10, 3),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import BadUsageError
-from scalelab.deploy.kube import check_name, write_manifests
+from scalelab.deploy.kube import app_labels, check_name, resources, write_manifests
 
 PORT = 29400
 
@@ -60,14 +60,13 @@ def _container(spec: TrainJobSpec, endpoint: str) -> dict[str, Any]:
     return {
         "name": "train", "image": spec.image, "command": spec.command(endpoint),
         "ports": [{"containerPort": PORT, "name": "rendezvous"}],
-        "resources": {"requests": {"cpu": spec.cpu, "memory": spec.memory},
-                      "limits": {"memory": spec.memory}},
+        "resources": resources(spec.cpu, spec.memory),
         "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
     }
 
 
 def manifests(spec: TrainJobSpec) -> dict[str, dict[str, Any]]:
-    labels = {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/part-of": "scalelab"}
+    labels = app_labels(spec.name)
     volumes = [{"name": "shared", "persistentVolumeClaim": {"claimName": spec.claim}}]
     service = {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": spec.name, "labels": labels},
