@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from scalelab.web.spawn import Spawned, spawned_server
+from scalelab.web.spawn import Spawned, start_server
 
 openai = pytest.importorskip("openai")
 
@@ -33,7 +33,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
                 "--max-body", "64KiB"]
 
     env = {**os.environ, "SCALELAB_CACHE": str(log.parent)}
-    with spawned_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
+    with start_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
         yield s
 
 

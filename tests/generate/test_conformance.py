@@ -18,7 +18,7 @@ import torch
 import scalelab
 from scalelab.generate.models import load_model
 from scalelab.load.llm.tokens import parse_event, tokens_per_event
-from scalelab.web.spawn import Spawned, spawned_server
+from scalelab.web.spawn import Spawned, start_server
 
 openai = pytest.importorskip("openai")
 
@@ -41,7 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
                 "--block-size", "8", "--request-timeout", "60", "--api-key", KEY]
 
     env = {k: v for k, v in os.environ.items() if k != "SCALELAB_API_KEY"}
-    with spawned_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
+    with start_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
         yield s
 
 

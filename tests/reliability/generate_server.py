@@ -18,7 +18,7 @@ import torch
 
 from scalelab.generate.tokenizer import byte_tokenizer
 from scalelab.nets.llama import build_tiny, tiny_config
-from scalelab.web.spawn import Spawned, spawned_server
+from scalelab.web.spawn import Spawned, start_server
 
 MODEL = "tiny-llama"
 TOK = byte_tokenizer()
@@ -38,7 +38,7 @@ def generate_server(log: Path, *flags: str, max_model_len: int,
                 "--max-model-len", str(max_model_len), *flags]
 
     full = {**os.environ, "SCALELAB_CACHE": str(log.parent), **(env or {})}
-    with spawned_server(command, ready_path="/health", log=log, env=full, timeout_s=180) as s:
+    with start_server(command, ready_path="/health", log=log, env=full, timeout_s=180) as s:
         yield s
 
 

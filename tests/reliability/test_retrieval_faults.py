@@ -34,7 +34,7 @@ from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
 from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.retrieval.retriever import build_index_dir
 from scalelab.retrieval.store import INDEX_FILE, load_index
-from scalelab.web.spawn import Spawned, spawned_server
+from scalelab.web.spawn import Spawned, start_server
 
 pytestmark = pytest.mark.reliability
 pytest.importorskip("faiss")
@@ -131,7 +131,7 @@ def server(built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
         return [sys.executable, "-m", "scalelab", "retrieval", "serve", str(idx), "--port",
                 str(port), "--no-cache", "--max-inflight", "64"]
 
-    with spawned_server(cmd, ready_path="/health/ready", env=env, log=tmp / "server.log") as s:
+    with start_server(cmd, ready_path="/health/ready", env=env, log=tmp / "server.log") as s:
         yield s
 
 

@@ -14,7 +14,7 @@ import pytest
 from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.retrieval.retriever import build_index_dir
 from scalelab.retrieval.server import HTTPError, RetrievalServerSettings, create_app, served_model
-from scalelab.web.spawn import Spawned, free_port, spawned_server
+from scalelab.web.spawn import Spawned, free_port, start_server
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def generator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
                 "--kv-cache-bytes", "8MiB", "--block-size", "8"]
 
     env = {**os.environ, "SCALELAB_CACHE": str(log.parent)}
-    with spawned_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
+    with start_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
         yield s
 
 
@@ -48,7 +48,7 @@ def test_answer_without_generate_model_uses_the_servers_own(
         return [sys.executable, "-m", "scalelab", "retrieval", "serve", index_dir, "--port",
                 str(port), "--no-cache", "--generate-url", generator.url]
 
-    with spawned_server(command, ready_path="/health/ready", log=log) as ret:
+    with start_server(command, ready_path="/health/ready", log=log) as ret:
         for q in small.corpus.questions[:2]:  # the second answer reuses the model it learnt
             r = httpx.post(ret.url + "/v1/answer", json={"question": q.text, "k": 2},
                            timeout=120)

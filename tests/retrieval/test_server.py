@@ -16,7 +16,7 @@ import pytest
 from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.retrieval.retriever import build_index_dir
 from scalelab.retrieval.server import prompt_messages
-from scalelab.web.spawn import Spawned, spawned_server
+from scalelab.web.spawn import Spawned, start_server
 
 TOKEN = "test-admin-token"
 
@@ -75,7 +75,7 @@ def server(small, chat: str, tmp_path_factory: pytest.TempPathFactory
                 "--max-inflight", "1",
                 "--generate-url", chat, "--generate-model", "fake-chat"]
 
-    with spawned_server(cmd, ready_path="/health/ready", env=env,
+    with start_server(cmd, ready_path="/health/ready", env=env,
                         log=tmp / "server.log") as s:
         yield s
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from scalelab.core.errors import RunFailedError
-from scalelab.web.spawn import spawned_server, start_server
+from scalelab.web.spawn import start_server
 
 
 def _http_server(tmp_path: Path) -> Callable[[int], list[str]]:
@@ -20,7 +20,7 @@ def _http_server(tmp_path: Path) -> Callable[[int], list[str]]:
 
 def test_server_is_ready_then_stopped(tmp_path: Path) -> None:
     (tmp_path / "ready").write_text("ok")
-    with spawned_server(_http_server(tmp_path), ready_path="/ready", log=tmp_path / "s.log") as s:
+    with start_server(_http_server(tmp_path), ready_path="/ready", log=tmp_path / "s.log") as s:
         assert s.url.startswith("http://127.0.0.1:") and s.ready_s > 0
         with urllib.request.urlopen(s.url + "/ready", timeout=5) as r:
             assert r.read() == b"ok"

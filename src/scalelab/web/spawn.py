@@ -15,7 +15,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +38,13 @@ class Spawned:
     """Base URL, e.g. http://127.0.0.1:40123."""
     ready_s: float
     """Seconds from the start of the process until the ready path answered 200."""
+
+    def __enter__(self) -> Spawned:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # `with start_server(...) as s:` stops the server on exit, Ctrl-C included.
+        stop_group(self.proc)
 
 
 def _ready(url: str) -> bool:
@@ -76,7 +83,8 @@ def start_server(
     """Start `command(port)` on a free loopback port and return once `ready_path` answers 200.
 
     Raises RunFailedError (the log named) when the process exits first or is not ready within
-    `timeout_s`; the process is stopped before raising.
+    `timeout_s`; the process is stopped before raising. Used as a context (`with
+    start_server(...) as s:`), the server is stopped when the block ends.
     """
     port = free_port()
     url = f"http://{LOOPBACK}:{port}"
@@ -108,24 +116,3 @@ def start_server(
         time.sleep(poll_s)
     stop_group(proc)
     raise RunFailedError(f"the server was not ready within {timeout_s:g} s{where}")
-
-
-@contextlib.contextmanager
-def spawned_server(
-    command: Callable[[int], list[str]],
-    *,
-    ready_path: str = "/v2/health/ready",
-    timeout_s: float = 120.0,
-    log: Path | None = None,
-    env: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-    grace_s: float = 10.0,
-) -> Iterator[Spawned]:
-    """`start_server` as a context: the server is stopped on exit, Ctrl-C included."""
-    s = start_server(
-        command, ready_path=ready_path, timeout_s=timeout_s, log=log, env=env, cwd=cwd
-    )
-    try:
-        yield s
-    finally:
-        stop_group(s.proc, grace_s=grace_s)
