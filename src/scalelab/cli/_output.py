@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,21 @@ def plot_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
         callback=_plot_path,
         help=f"Also draw {what} to FILE (.png or .svg: the suffix picks the format).",
     )
+
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def stacked(options: Sequence[Decorator]) -> Decorator:
+    """Several click options as one decorator; --help lists them in the order given."""
+
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
+        # click lists a command's options innermost first, so the first option goes on last.
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return apply
 
 
 def print_json(data: Any) -> None:

@@ -4,13 +4,12 @@ over its levels with progress, and the formats both tables print."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
 
-from scalelab.cli._output import err_console, parse_list
+from scalelab.cli._output import err_console, parse_list, stacked
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
 from scalelab.core.errors import BadUsageError
@@ -50,7 +49,7 @@ def level_options(*, rate_help: str, concurrency_help: str, loop_default: str, l
                      help="Unmeasured warm-up per level."),
         click.option("--processes", type=int, default=1, show_default=True, help=processes_help),
     ]
-    return lambda f: functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
+    return stacked(opts)
 
 
 def levels(rate: float | None, rates: str | None, concurrency: str | None, base: float | None,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from scalelab.cli._output import stacked
 from scalelab.web.trace import TraceConfig
 
 
@@ -28,7 +28,7 @@ def trace_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Export spans over OTLP/HTTP instead, e.g. "
                           "http://127.0.0.1:4318/v1/traces; turns tracing on."),
     ]
-    return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
+    return stacked(opts)(f)
 
 
 def trace_config(trace_sample: float, trace_out: str | None,

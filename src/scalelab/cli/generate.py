@@ -18,7 +18,7 @@ import click
 
 from scalelab.cli._device import on_device
 from scalelab.cli._governance import governance_file, governance_option
-from scalelab.cli._output import emit, json_option
+from scalelab.cli._output import emit, json_option, stacked
 from scalelab.cli._tracing import trace_config, trace_options
 from scalelab.core.units import parse_size
 
@@ -67,9 +67,7 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--seed", default=0, show_default=True, type=int,
                      help="Weights seed of --model tiny."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return stacked(opts)(f)
 
 
 def _engine_dict(kv_cache_bytes: str, block_size: int, max_num_seqs: int,

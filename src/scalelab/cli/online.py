@@ -19,7 +19,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from scalelab.cli._output import emit, json_option, plot_option
+from scalelab.cli._output import emit, json_option, plot_option, stacked
 from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 
@@ -73,10 +73,7 @@ def _packed(name: str, build: Callable[..., Any], options: list[Callable[[Comman
             value = build(*(kw.pop(k) for k in keys))
             f(**kw, **{name: value})
 
-        out: Command = command
-        for opt in reversed(options):
-            out = opt(out)
-        return out
+        return stacked(options)(command)
 
     return decorate
 

@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scalelab.cli._output import emit, err_console, json_option, parse_list
+from scalelab.cli._output import emit, err_console, json_option, parse_list, stacked
 from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 from scalelab.cli.train_transformer import (
@@ -97,9 +97,7 @@ def common_train_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--price-per-hour", type=float, default=None,
                      help="Machine cost in USD/hour, for samples per dollar."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return stacked(opts)(f)
 
 
 def build_config(*, data: str | None, limit: str | None, seed: int, batch: int, mode: str,

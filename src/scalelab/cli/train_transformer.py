@@ -18,7 +18,7 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
-from scalelab.cli._output import emit, err_console, parse_list
+from scalelab.cli._output import emit, err_console, parse_list, stacked
 from scalelab.cli._progress import live_progress
 from scalelab.core.errors import BadUsageError
 from scalelab.core.units import format_bytes, format_duration, parse_duration
@@ -65,9 +65,7 @@ def transformer_options(*, sweep: bool) -> Callable[[Callable[..., Any]], Callab
                          help="Transformer: steps timed under torch.profiler for the "
                               "communication split."),
         ]
-        for o in reversed(opts):
-            f = o(f)
-        return f
+        return stacked(opts)(f)
     return deco
 
 
