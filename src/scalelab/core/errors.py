@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 
 class ScalelabError(Exception):
     """A user mistake or bad input. The message says what is wrong, where, and how to fix it."""
@@ -17,3 +20,12 @@ class BadUsageError(ScalelabError, ValueError):
 
 class RunFailedError(ScalelabError, RuntimeError):
     """A measured run (subprocess, server, training job) failed in a way the user must act on."""
+
+
+def import_optional(module: str, *, needed_for: str, hint: str) -> Any:
+    """`module` (an optional dependency an extra brings), imported where it is first needed, or
+    a BadUsageError reading "<needed_for> (<the import error>); <hint>"."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise BadUsageError(f"{needed_for} ({e}); {hint}") from None

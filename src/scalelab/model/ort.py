@@ -16,20 +16,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from scalelab.core.errors import BadUsageError
+from scalelab.core.errors import BadUsageError, import_optional
 from scalelab.nets.onnx import OnnxNet, export_graph
 
 INSTALL_HINT = "pip install onnx onnxruntime (or: .venv/bin/pip install onnx onnxruntime)"
 
 
 def _require() -> Any:
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime
-    except ImportError as e:
-        raise BadUsageError(f"ONNX Runtime variants need onnx and onnxruntime ({e}); "
-                            f"{INSTALL_HINT}") from None
-    return onnxruntime
+    need = "ONNX Runtime variants need onnx and onnxruntime"
+    import_optional("onnx", needed_for=need, hint=INSTALL_HINT)
+    return import_optional("onnxruntime", needed_for=need, hint=INSTALL_HINT)
 
 
 def available() -> bool:

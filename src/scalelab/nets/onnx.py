@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.errors import BadInputError, BadUsageError, import_optional
 
 ARCH = "onnx"
 FILE = "model.onnx"
@@ -30,11 +30,8 @@ INSTALL_HINT = "pip install onnx onnxruntime (or: pip install 'scalelab[serve]')
 
 def runtime() -> Any:
     """The onnxruntime module, or a BadUsageError saying how to install it."""
-    try:
-        import onnxruntime
-    except ImportError as e:
-        raise BadUsageError(f"ONNX models need onnxruntime ({e}); {INSTALL_HINT}") from None
-    return onnxruntime
+    return import_optional("onnxruntime", needed_for="ONNX models need onnxruntime",
+                           hint=INSTALL_HINT)
 
 
 def available() -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.errors import BadInputError, import_optional
 from scalelab.observe.catalog import metric_of
 from scalelab.observe.promql import metric_names
 from scalelab.observe.rules import PAGE, TICKET, RatioSlo, recorded_names, rules_document
@@ -39,12 +39,9 @@ def quantiles(histogram: str, by: str, *, selector: str = "",
 
 
 def _sdk() -> Any:
-    try:
-        import grafana_foundation_sdk
-    except ImportError as e:
-        raise BadUsageError(f"the Grafana dashboard is built with grafana-foundation-sdk "
-                            f"({e}); {INSTALL_HINT}") from None
-    return grafana_foundation_sdk
+    return import_optional(
+        "grafana_foundation_sdk",
+        needed_for="the Grafana dashboard is built with grafana-foundation-sdk", hint=INSTALL_HINT)
 
 
 class _Builder:

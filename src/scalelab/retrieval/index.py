@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.errors import BadInputError, BadUsageError, import_optional
 from scalelab.retrieval.hnsw_file import check_hnswlib_bytes
 
 INSTALL_HINT = "pip install 'scalelab[retrieval]' (faiss-cpu, hnswlib and qdrant-client)"
@@ -34,19 +34,12 @@ SEARCH_PARAMS = ("ef", "nprobe", "k_factor")
 
 
 def _faiss() -> Any:
-    try:
-        import faiss
-    except ImportError as e:
-        raise BadUsageError(f"faiss indexes need faiss-cpu ({e}); {INSTALL_HINT}") from None
-    return faiss
+    return import_optional("faiss", needed_for="faiss indexes need faiss-cpu", hint=INSTALL_HINT)
 
 
 def _hnswlib() -> Any:
-    try:
-        import hnswlib
-    except ImportError as e:
-        raise BadUsageError(f"hnswlib indexes need hnswlib ({e}); {INSTALL_HINT}") from None
-    return hnswlib
+    return import_optional("hnswlib", needed_for="hnswlib indexes need hnswlib",
+                           hint=INSTALL_HINT)
 
 
 def _rows(x: np.ndarray, dim: int, what: str) -> np.ndarray:

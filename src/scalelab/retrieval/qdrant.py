@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
-from scalelab.core.errors import BadInputError, BadUsageError, RunFailedError
+from scalelab.core.errors import BadInputError, BadUsageError, RunFailedError, import_optional
 from scalelab.retrieval.index import VectorIndex, _rows
 
 INSTALL_HINT = "pip install 'scalelab[retrieval]' (qdrant-client)"
@@ -41,11 +41,8 @@ HNSW_OPTIONS = ("m", "ef_construct")
 
 
 def _client_module() -> Any:
-    try:
-        import qdrant_client
-    except ImportError as e:
-        raise BadUsageError(f"qdrant indexes need qdrant-client ({e}); {INSTALL_HINT}") from None
-    return qdrant_client
+    return import_optional("qdrant_client", needed_for="qdrant indexes need qdrant-client",
+                           hint=INSTALL_HINT)
 
 
 def parse_server(url: str) -> tuple[str, str, dict[str, int]]:

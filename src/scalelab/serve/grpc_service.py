@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from scalelab import __version__
-from scalelab.core.errors import BadUsageError
+from scalelab.core.errors import BadUsageError, import_optional
 from scalelab.serve.context import ServeContext
 from scalelab.serve.health import EXTENSIONS, model_stats
 from scalelab.serve.infer import InferHandler, check_inputs
@@ -189,10 +189,7 @@ class InferenceService:
 def make_server(ctx: ServeContext, handler: InferHandler, host: str, port: int) -> Any:
     """A grpc.aio server answering the service on host:port (not started). Must be called on
     the event loop the HTTP app runs on: the batcher's queues belong to it."""
-    try:
-        import grpc
-    except ImportError as e:
-        raise BadUsageError(f"--grpc-port needs grpcio ({e}); {INSTALL_HINT}") from None
+    grpc = import_optional("grpc", needed_for="--grpc-port needs grpcio", hint=INSTALL_HINT)
     from scalelab.web.oip_grpc import METHODS, PACKAGE, SERVICE
 
     service = InferenceService(ctx, handler)

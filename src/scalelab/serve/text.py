@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.core.errors import BadInputError, import_optional
 
 INSTALL_HINT = "pip install tokenizers (or: pip install 'scalelab[serve]')"
 
@@ -34,15 +34,13 @@ class TextEncoder:
     """tokenizer.json, truncating and padding every text to `max_tokens` tokens."""
 
     def __init__(self, path: Path, max_tokens: int) -> None:
-        try:
-            from tokenizers import Tokenizer
-        except ImportError as e:
-            raise BadUsageError(f"text models need tokenizers ({e}); {INSTALL_HINT}") from None
+        tokenizers = import_optional("tokenizers", needed_for="text models need tokenizers",
+                                     hint=INSTALL_HINT)
         if not path.is_file():
             raise BadInputError(f"{path} is missing; a text model version needs the model's "
                                 "tokenizer.json beside its weights")
         try:
-            tok: Any = Tokenizer.from_file(str(path))
+            tok: Any = tokenizers.Tokenizer.from_file(str(path))
         except Exception as e:  # the library raises its own exception type for a bad file
             raise BadInputError(f"{path} is not a readable tokenizer.json ({e})") from None
         pad = tok.padding or {}
