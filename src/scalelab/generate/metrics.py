@@ -100,6 +100,12 @@ class EngineMetrics:
         ) -> Histogram:
             return Histogram(name, doc, [*lab, *extra], buckets=buckets, registry=r)
 
+        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, doc, [*lab, *extra], registry=r)
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, [*lab, *extra], registry=r)
+
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.")
         self.itl = hist("vllm:inter_token_latency_seconds", "Gap between output tokens.")
         self.tpot = hist(
@@ -128,62 +134,29 @@ class EngineMetrics:
         self.tokens_per_step = hist(
             "vllm:iteration_tokens_total", "Tokens in one step.", buckets=_TOKENS
         )
-        self.running = Gauge(
-            "vllm:num_requests_running", "Sequences in the running batch.", lab, registry=r
-        )
-        self.waiting = Gauge(
-            "vllm:num_requests_waiting", "Sequences waiting to be admitted.", lab, registry=r
-        )
-        self.kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", lab, registry=r
-        )
-        self.kv_blocks = Gauge(
-            "scalelab:kv_cache_blocks", "KV blocks by state.", [*lab, "state"], registry=r
-        )
-        self.prefix_rate = Gauge(
-            "scalelab:prefix_cache_hit_rate",
-            "Prefix-cache block hits / lookups since start.",
-            lab,
-            registry=r,
-        )
-        self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", lab,
-            registry=r
-        )
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", lab, registry=r
-        )
-        self.preemptions = Counter(
-            "vllm:num_preemptions", "Sequences preempted (recompute).", lab, registry=r
-        )
-        self.drafts = Counter(
-            "vllm:spec_decode_num_drafts", "Draft proposals (one per sequence and step).", lab,
-            registry=r
-        )
-        self.drafted = Counter(
-            "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", lab, registry=r
-        )
-        self.accepted = Counter(
-            "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", lab, registry=r
-        )
-        self.accept_rate = Gauge(
-            "scalelab:spec_decode_acceptance_rate",
-            "Accepted / drafted tokens since start.",
-            lab,
-            registry=r,
-        )
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Prompt tokens of requests whose prefill ended.", lab, registry=r
-        )
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Output tokens, counted as generated.", lab, registry=r
-        )
-        self.success = Counter(
-            "vllm:request_success",
-            "Finished requests by reason.",
-            [*lab, "finished_reason"],
-            registry=r,
-        )
+        self.running = gauge("vllm:num_requests_running", "Sequences in the running batch.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Sequences waiting to be admitted.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).")
+        self.kv_blocks = gauge("scalelab:kv_cache_blocks", "KV blocks by state.", extra=("state",))
+        self.prefix_rate = gauge("scalelab:prefix_cache_hit_rate",
+                                 "Prefix-cache block hits / lookups since start.")
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits",
+                                   "Prompt tokens found in the prefix cache.")
+        self.preemptions = counter("vllm:num_preemptions", "Sequences preempted (recompute).")
+        self.drafts = counter("vllm:spec_decode_num_drafts",
+                              "Draft proposals (one per sequence and step).")
+        self.drafted = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.")
+        self.accepted = counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.accept_rate = gauge("scalelab:spec_decode_acceptance_rate",
+                                 "Accepted / drafted tokens since start.")
+        self.prompt_tokens = counter("vllm:prompt_tokens",
+                                     "Prompt tokens of requests whose prefill ended.")
+        self.generation_tokens = counter("vllm:generation_tokens",
+                                         "Output tokens, counted as generated.")
+        self.success = counter("vllm:request_success",
+                               "Finished requests by reason.", extra=("finished_reason",))
         self._seen_queries = 0
         self._seen_hits = 0
         self._drafted = 0
