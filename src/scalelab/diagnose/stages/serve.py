@@ -137,7 +137,8 @@ class ServeStage(Stage[ServeSettings]):
         clock = LevelClock(
             share_s=ctx.shares.get(self.name), levels=len(s.batching) * ctx.repeats * len(s.levels),
             cap_s=parse_duration(s.level_cap) if ctx.full else first,
-            reserve_s=self._after_levels_s(s, cores) - SERVER_START_S)
+            reserve_s=self._after_levels_s(s, cores))
+        clock.start()  # the server starts are paid from the share too
         grid: dict[str, list[Record]] = {}
         for setting in s.batching:
             series = SERIES[setting]
@@ -149,8 +150,6 @@ class ServeStage(Stage[ServeSettings]):
             spans = ctx.work.parent / TRACES / f"serve-batching-{setting}.jsonl"
             spans.unlink(missing_ok=True)
             traced = web_trace.available()
-            if setting != s.batching[0]:
-                clock.reserve_s = max(0.0, clock.reserve_s - SERVER_START_S)
             try:
                 spawned = start_server(functools.partial(
                     serve_cmd, srepo, trace_out=spans if traced else None), log=log,
@@ -158,6 +157,8 @@ class ServeStage(Stage[ServeSettings]):
             except RunFailedError as e:
                 ctx.fail(Step(stage=self.name, label=f"serve {series}", command=None), str(e))
                 continue
+            finally:
+                clock.reserve_s = max(0.0, clock.reserve_s - SERVER_START_S)
             try:
                 url = f"{spawned.url}/v2/models/{MODEL}/infer"
                 for rep in range(ctx.repeats):
