@@ -531,7 +531,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
     url = f"http://127.0.0.1:{port}"
     import httpx
 
-    from scalelab.diagnose.stages.serve import worker_pids
+    from scalelab.diagnose.stages.serve_sweep import worker_pids
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < 180:

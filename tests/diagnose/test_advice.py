@@ -6,14 +6,14 @@ from recordkit import rec
 from scalelab.core.objectives import Objective
 from scalelab.core.sheet import build_sheet
 from scalelab.core.verdict import AdviceInput, StageGoal, curve_prediction, judge
-from scalelab.diagnose.stages import data, serve
+from scalelab.diagnose.stages import data, serve, serve_advice, serve_curve
 
 
 def test_capacity_slo_from_the_objectives() -> None:
     objs = [Objective(metric="p99_ms", max=200), Objective(metric="availability", min=0.999)]
-    assert serve.capacity_slo(objs) == ("p99<200ms", "0.1%")
-    assert serve.capacity_slo([Objective(metric="p95_ms", max=50)]) == ("p95<50ms", None)
-    assert serve.capacity_slo([Objective(metric="availability", min=0.99)]) is None
+    assert serve_curve.capacity_slo(objs) == ("p99<200ms", "0.1%")
+    assert serve_curve.capacity_slo([Objective(metric="p95_ms", max=50)]) == ("p95<50ms", None)
+    assert serve_curve.capacity_slo([Objective(metric="availability", min=0.99)]) is None
 
 
 def test_measured_capacity_and_knee_are_in_the_serving_prediction() -> None:
@@ -36,7 +36,8 @@ def test_measured_capacity_and_knee_are_in_the_serving_prediction() -> None:
 
 def test_straight_throughput_has_no_knee_and_no_invented_peak() -> None:
     rows = build_sheet([rec("serve", "rate", lv, rate=lv, p95=5.0) for lv in (50, 100, 500)])
-    assert serve.throughput_knee(rows).startswith("no knee in the throughput curve up to 500")
+    assert serve_advice.throughput_knee(rows).startswith(
+        "no knee in the throughput curve up to 500")
     text = curve_prediction(rows)
     assert "peak" not in text and "supports no ceiling" in text
 

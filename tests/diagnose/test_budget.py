@@ -55,8 +55,8 @@ def test_the_runner_splits_the_config_budget_over_the_enabled_stages(tmp_path: P
     r = Runner(load_config(cfg, "default"), tmp_path / "out", "default")
     shares = {s.stage: s for s in r.shares}
     assert set(shares) == {"serve", "model"}
-    # serve: 2 levels x (2 s + 1 s warm-up + 1 s start) + 3 s server start = 11 s; model 6 s
-    assert shares["serve"].minimum_s == 11.0 and shares["model"].share_s == 6.0
+    # serve: 2 levels x (2 s + 1 s warm-up + 1.5 s start) + 3 s server start = 12 s; model 6 s
+    assert shares["serve"].minimum_s == 12.0 and shares["model"].share_s == 6.0
     assert shares["serve"].share_s == 114.0 and r.ctx.shares == {"serve": 114.0}
     # --full drops the config's budget (a cap per level applies instead); --budget overrides
     assert Runner(load_config(cfg, "full"), tmp_path / "o", "full").shares == []
@@ -93,7 +93,7 @@ def test_a_sized_stage_pays_for_earlier_stages_that_ran_long(tmp_path: Path) -> 
                    " retrieval: {enabled: false},"
                    " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
     r = Runner(load_config(cfg, "default"), tmp_path / "out", "default", budget_s=100.0)
-    # data 12 s, serve 11 s, model 6 s, online 10 s: 39 s of minimums, serve gets the 61 s left
+    # data 12 s, serve 12 s, model 6 s, online 10 s: 40 s of minimums, serve gets the 60 s left
     assert r.ctx.shares == {"serve": 72.0}
     r._reshare("serve", elapsed_s=50.0)  # data took 50 s, not 12: 100 - 50 - (6 + 10) left
     assert r.ctx.shares == {"serve": 34.0}

@@ -10,7 +10,7 @@ from scalelab.core.errors import BadUsageError
 from scalelab.core.objectives import Objective
 from scalelab.core.sheet import build_sheet
 from scalelab.core.verdict import StageGoal, judge
-from scalelab.diagnose.stages import serve
+from scalelab.diagnose.stages import serve, serve_sweep
 from scalelab.diagnose.stages import serve_curve as curve
 from scalelab.diagnose.stages.serve_curve import replica_advice, search_outcome
 
@@ -128,14 +128,14 @@ def test_the_advisor_quotes_the_measured_replica_curve() -> None:
 
 def test_sweep_shapes_stop_at_the_cores(tmp_path: Path) -> None:
     s = serve.ServeSettings(replicas=[4, 1, 2])
-    got = [(x.series, x.processes, x.threads) for x in serve.sweep_shapes(s, cores=2)]
+    got = [(x.series, x.processes, x.threads) for x in serve_sweep.sweep_shapes(s, cores=2)]
     assert got == [("replicas=1", 1, 1), ("replicas=2", 2, 1), ("threads=2", 1, 2)]
     no_threads = serve.ServeSettings(replicas=[1, 2], threads=False)
-    assert [x.series for x in serve.sweep_shapes(no_threads, cores=8)] == ["replicas=1",
+    assert [x.series for x in serve_sweep.sweep_shapes(no_threads, cores=8)] == ["replicas=1",
                                                                            "replicas=2"]
     for name in ("histogram_101.db", "counter_101.db", "gauge_livesum_202.db", "other.txt"):
         (tmp_path / name).write_bytes(b"")
-    assert serve.worker_pids(tmp_path) == {101, 202}
+    assert serve_sweep.worker_pids(tmp_path) == {101, 202}
 
 
 @pytest.mark.parametrize("bad", [0.0, 1.0])

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from recordkit import rec
-from scalelab.diagnose.stages.serve import ServerMeter
+from scalelab.diagnose.stages.serve_meter import ServerMeter
 
 MiB = 2**20
 SPIKE = ("import sys, time\n"

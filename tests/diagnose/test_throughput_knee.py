@@ -2,7 +2,7 @@
 
 from recordkit import rec
 from scalelab.core.sheet import build_sheet
-from scalelab.diagnose.stages.serve import throughput_knee
+from scalelab.diagnose.stages.serve_advice import throughput_knee
 
 
 def test_a_short_curve_that_stops_keeping_up_names_its_bend() -> None:

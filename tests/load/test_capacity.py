@@ -163,3 +163,26 @@ def test_each_rule_keeps_its_own_limits_on_the_shared_stop() -> None:
         TokenStepRule(slo=parse_token_slo("ttft_p95<500ms"), confidence=0.4)
     with pytest.raises(BadUsageError, match="--min-step must be positive"):
         StepRule(slo=parse_slo("p95<50ms"), min_step_s=90.0)
+
+
+def test_a_rate_known_to_fail_bounds_the_search_from_above() -> None:
+    # A level sweep decided 400 missed: the search doubles 200 -> (400 is known) and bisects
+    # below it; it never offers 400 or more.
+    calls: list[float] = []
+    res = search(_fake(280.0, calls), SearchConfig(start=200, precision=0.05, fails_at=400))
+    assert calls == [200, 300, 250, 275, 287.5]
+    assert res.interval_rps == (275, 287.5) and res.capacity_rps == 275 and res.converged
+    # The start fails: halve down as without the bound, the bound still the ceiling.
+    calls = []
+    res = search(_fake(90.0, calls), SearchConfig(start=200, precision=0.2, fails_at=400))
+    assert calls == [200, 100, 50, 75, 87.5]
+    assert res.interval_rps == (87.5, 100) and res.converged
+    # Unbounded, the same truth costs a step at the failing rate the sweep already measured.
+    calls = []
+    search(_fake(280.0, calls), SearchConfig(start=200, precision=0.05))
+    assert calls == [200, 400, 300, 250, 275, 287.5]
+
+
+def test_a_known_fail_must_lie_above_the_start() -> None:
+    with pytest.raises(BadUsageError, match="--fails-at 100 must be above --start 200"):
+        SearchConfig(start=200, fails_at=100)

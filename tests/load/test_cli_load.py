@@ -170,3 +170,20 @@ def test_a_level_answered_with_errors_is_a_measurement(
     assert lv["errors_by_status"] == {"503": 20} and lv["successes"] == 0
     (rec,) = read_records(recs)
     assert rec.failures == 20 and rec.failure_rate == 1.0
+
+
+def test_a_rate_known_to_fail_is_never_offered(
+        server: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
+    # The 100 req/s FIFO server, told that 80 req/s fails (as a level sweep would say): after
+    # 50 passes the search bisects towards 80 (65 next, where 100 would follow without it)
+    # and never offers 80 or more; the interval's top is the known fail until a step fails.
+    url = server("queue", "--service-ms", "10")
+    rc = run(["load", "capacity", url, "--slo", "p50<60ms", "--arrival", "constant",
+              "--start", "50", "--fails-at", "80", "--min-step", "0.5s", "--max-step", "2s",
+              "--max-steps", "4", "--warmup", "0.2s", "--json"])
+    assert rc == 0
+    doc = _json(capsys)
+    rates = [s["rate"] for s in doc["steps"]]
+    distinct = [r for i, r in enumerate(rates) if i == 0 or r != rates[i - 1]]
+    assert distinct[:2] == [50, 65] and max(rates) < 80
+    assert doc["fails_at"] == 80 and doc["interval_rps"][1] <= 80

@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from scalelab.diagnose.stages.serve import served_responses
+from scalelab.diagnose.stages.serve_meter import served_responses
 from scalelab.load.scrape import Sampler, parse_metrics
 from scalelab.web.exposition import ExpositionError, metric_families, sample_sums
 

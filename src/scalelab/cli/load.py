@@ -195,6 +195,9 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @click.option("--error-budget", help="Also require availability, e.g. 0.1%.")
 @click.option("--start", type=float, default=10.0, show_default=True, help="First rate (req/s).")
 @click.option("--max-rate", type=float, default=100_000.0, show_default=True)
+@click.option("--fails-at", type=float, default=None,
+              help="A rate already measured to miss the SLO (e.g. a `load run` level): the "
+                   "search stays below it and bisects towards it.")
 @click.option("--precision", default="5%", show_default=True,
               help="Stop when the pass/fail interval is this narrow (relative).")
 @click.option("--confidence", default="95%", show_default=True,
@@ -218,8 +221,8 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @request_options
 @json_option
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
-             precision: str, confidence: str, min_step: str, max_step: str, min_requests: str,
-             max_steps: int, invalid_retries: int,
+             fails_at: float | None, precision: str, confidence: str, min_step: str,
+             max_step: str, min_requests: str, max_steps: int, invalid_retries: int,
              arrival: str, warmup: str, records: Path | None, experiment: str | None,
              plot: Path | None, cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """Find the highest arrival rate meeting the SLO (exponential search, then bisection).
@@ -231,14 +234,15 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
     with open_cluster(cluster_address) as cluster:
         _capacity(url, slo, error_budget, start, max_rate, precision, confidence, min_step,
                   max_step, min_requests, max_steps, invalid_retries, arrival, warmup, records,
-                  experiment, plot, as_json, kw, cluster)
+                  experiment, plot, as_json, kw, cluster, fails_at=fails_at)
 
 
 def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
               precision: str, confidence: str, min_step: str, max_step: str, min_requests: str,
               max_steps: int, invalid_retries: int, arrival: str, warmup: str,
               records: Path | None, experiment: str | None, plot: Path | None, as_json: bool,
-              kw: dict[str, Any], cluster: Cluster | None) -> None:
+              kw: dict[str, Any], cluster: Cluster | None, *,
+              fails_at: float | None = None) -> None:
     objective = parse_slo(slo, error_budget=error_budget)
     conf = fraction(confidence, what="--confidence")
     rule = StepRule(slo=objective, confidence=conf,
@@ -249,7 +253,8 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
     needed = rule.requests_needed
     cfg = SearchConfig(start=start, max_rate=max_rate,
                        precision=parse_percent(precision, what="--precision"),
-                       max_steps=max_steps, invalid_retries=invalid_retries)
+                       max_steps=max_steps, invalid_retries=invalid_retries,
+                       fails_at=fails_at)
     target, reqs, kind = build_requests(url, kw)
     warm = parse_duration(warmup, what="--warmup")
     exp = experiment or new_experiment_id("capacity")
@@ -297,6 +302,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
            "step_requests": needed,
            "step_rule": "auto" if min_requests == "auto" else "given",
            "capacity_rps": res.capacity_rps, "interval_rps": list(res.interval_rps),
+           "fails_at": fails_at,
            "converged": res.converged, "knee_rps": res.knee_rps,
            "steps": [s.__dict__ for s in res.steps],
            "records": str(records) if records else None, "plot": str(plot) if plot else None}

@@ -158,6 +158,7 @@ class LoadCapacity(_LoadTarget):
     error_budget: str | None = None
     start: float | None = None
     max_rate: float | None = None
+    fails_at: float | None = None
     precision: str | None = None
     min_step: str | None = None
     max_step: str | None = None

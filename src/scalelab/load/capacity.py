@@ -19,8 +19,10 @@ step 15. `min_step_s` remains a floor in time, since an overloaded queue needs t
 that it grows.
 
 Search: from `start`, double while steps pass; then bisect between the highest pass and the
-lowest fail until they are within `precision`. A step flagged invalid (the generator did not
-offer the rate: a stall of the machine, not of the server) is run again before it counts.
+lowest fail until they are within `precision`. A rate already decided to fail elsewhere
+(`fails_at`, e.g. a level sweep's) ends the doubling below it: the search bisects towards it.
+A step flagged invalid (the generator did not offer the rate: a stall of the machine, not of
+the server) is run again before it counts.
 The capacity is the highest passing rate and its interval is [highest pass, lowest fail].
 """
 
@@ -223,10 +225,18 @@ class SearchConfig:
     invalid_retries: int = 1
     """A step the generator could not offer (invalid) says nothing about the server: it is
     run again at the same rate up to this many times before its verdict counts."""
+    fails_at: float | None = None
+    """A rate already decided to fail outside the search (e.g. a level of `load run` at
+    constant arrivals, kinder than the search's Poisson ones): the search never offers it or
+    more, and bisects between its highest pass and this rate (None: found by doubling)."""
 
     def __post_init__(self) -> None:
         if not (self.start > 0 and self.max_rate >= self.start):
             raise BadUsageError("--start must be positive and at most --max-rate")
+        if self.fails_at is not None and not self.fails_at > self.start:
+            raise BadUsageError(
+                f"--fails-at {self.fails_at:g} must be above --start {self.start:g}: the search "
+                "starts below the rate already known to fail")
         if self.invalid_retries < 0:
             raise BadUsageError(f"--invalid-retries must be >= 0, got {self.invalid_retries}")
         if not (0 < self.precision < 1):
@@ -255,7 +265,7 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
     """Exponential then bisection search over the offered rate; `run_step` measures one."""
     steps: list[Step] = []
     lo: float | None = None
-    hi: float | None = None
+    hi: float | None = cfg.fails_at
 
     def do(rate: float) -> bool:
         s = run_step(rate)
@@ -276,6 +286,8 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
                 capped = True
                 break
             rate = min(rate * 2.0, cfg.max_rate)
+            if hi is not None and rate >= hi:
+                break  # the known fail bounds it: bisect below
         else:
             hi = rate
             break

@@ -4,6 +4,9 @@ said plainly (pure: objectives or sheet rows in, numbers and text out).
 - `search_requests` / `step_seconds` size a step by the rule it is judged by, so a step can
   decide at all: the latency quantile's count and, when availability is judged too, the
   failure budget's (3,688 requests for 99.9% at 95%).
+- `grid_bounds` reads a server's level sweep for its capacity search: the highest level decided
+  to meet the search's latency objective is where it starts, the lowest above it decided to
+  miss is a rate it need not measure again (it bisects below it).
 - `search_outcome` reads one search from its steps' verdicts: the highest *decided* pass, the
   lowest decided fail above it, and every undecided step with the requests it measured beside
   the requests the step rule needs (`load.capacity.step_requests`: LoadGen's early-stopping
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 
 from scalelab.core.errors import BadUsageError
 from scalelab.core.fits import fit_scaling
-from scalelab.core.objectives import Objective
+from scalelab.core.objectives import Objective, check_rows
 from scalelab.core.sheet import SheetRow
 from scalelab.load.capacity import step_requests
 
@@ -142,10 +145,38 @@ class SearchOutcome:
 
 
 def sweep_start(passed_rps: list[float], base_rps: float) -> float:
-    """First rate of a replica-sweep search: half the highest rate one server of the same
-    setting was decided to hold (more replicas hold at least about that), never under the
-    stage's base rate; the base rate without such a pass."""
+    """First rate of a replica-sweep search: half the highest rate a server of the replicated
+    setting was decided to hold (its one-server search, an earlier shape's, its level sweep's;
+    more replicas hold at least about that), never under the stage's base rate; the base rate
+    without such a pass."""
     return max(base_rps, max(passed_rps, default=0.0) / 2.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GridBounds:
+    """Where one server's capacity search starts, from its own level sweep."""
+
+    start: float
+    """First rate: the highest level decided to meet the search's latency objective (the
+    search measures it again under Poisson arrivals, harsher than the levels' constant ones),
+    never under the base rate."""
+    fails_at: float | None
+    """The lowest level above `start` decided to miss it: Poisson arrivals at that rate miss
+    too, so the search bisects below it instead of measuring it again (None: none missed)."""
+
+
+def grid_bounds(rows: list[SheetRow], objectives: list[Objective], base_rps: float) -> GridBounds:
+    """The search's start and known fail from the levels `rows` of the same server (pure):
+    only decided checks of the latency objective the search judges (`capacity_slo`) count;
+    an undecided or unmeasured level bounds nothing."""
+    lat = next((o for o in objectives if o.metric in _LATENCY and o.max is not None), None)
+    if lat is None:
+        return GridBounds(start=base_rps, fails_at=None)
+    checks = check_rows(rows, [lat])
+    met = [c.level for c in checks if c.outcome == "met"]
+    start = max([base_rps, *met])
+    missed = [c.level for c in checks if c.outcome == "missed" and c.level > start]
+    return GridBounds(start=start, fails_at=min(missed, default=None))
 
 
 def _int(v: object) -> int | None:

@@ -1,0 +1,144 @@
+"""The serve stage's replica sweep: one server per shape (N processes × 1 torch thread behind
+one port, and 1 process × T threads on the same cores), each searched for its capacity at the
+objectives, so "N replicas hold X requests/s" is a measurement (`serve_curve` reads it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scalelab.core.errors import RunFailedError
+from scalelab.core.records import Record
+from scalelab.diagnose.stages.base import Context
+from scalelab.diagnose.stages.serve_config import (
+    MODEL,
+    SERIES,
+    ServeSettings,
+    batching_repo,
+    serve_cmd,
+)
+from scalelab.diagnose.stages.serve_curve import (
+    REPLICAS,
+    THREADS,
+    capacity_slo,
+    sweep_start,
+)
+from scalelab.diagnose.stages.serve_search import passed_rates, run_search, search_path
+from scalelab.diagnose.steps import Step, restage
+from scalelab.web.spawn import start_server, stop_group
+
+WORKERS_READY_S = 120.0
+"""How long the sweep waits for every worker of a server to finish start-up (the first one
+answering ready says nothing of the others, which share its port)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """One point of the replica sweep: processes behind the one port × torch threads each."""
+
+    processes: int
+    threads: int
+
+    @property
+    def series(self) -> str:
+        if self.processes == 1 and self.threads > 1:
+            return f"{THREADS}{self.threads}"
+        return f"{REPLICAS}{self.processes}"
+
+
+def sweep_shapes(s: ServeSettings, cores: int) -> list[Shape]:
+    """The replica sweep's servers (pure): each count up to `cores` as that many 1-thread
+    processes, and with `threads` each count above 1 as one process with that many threads."""
+    counts = sorted({n for n in s.replicas if 1 <= n <= cores})
+    out = [Shape(processes=n, threads=1) for n in counts]
+    if s.threads:
+        out += [Shape(processes=1, threads=n) for n in counts if n > 1]
+    return out
+
+
+def worker_pids(prom_dir: Path) -> set[int]:
+    """Worker processes that finished start-up: each writes prometheus-client's multiprocess
+    files (`histogram_<pid>.db`, ...) from its lifespan, after its models loaded."""
+    out = set()
+    for f in prom_dir.glob("*.db"):
+        tail = f.stem.rsplit("_", 1)[-1]
+        if tail.isdigit():
+            out.add(int(tail))
+    return out
+
+
+def all_started(proc: subprocess.Popen[bytes], prom_dir: Path, workers: int) -> bool:
+    """Wait until `workers` processes finished start-up (see `worker_pids`); False when the
+    server exits or the wait runs out."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < WORKERS_READY_S:
+        if proc.poll() is not None:
+            return False
+        if len(worker_pids(prom_dir)) >= workers:
+            return True
+        # The files are the only signal a worker gives; 0.1 s bounds how late we notice.
+        time.sleep(0.1)
+    return False
+
+
+def _swept(r: Record, *, stage: str, extras: dict[str, object]) -> Record:
+    r = restage(r, stage=stage)
+    return r.model_copy(update={"extras": {**r.extras, **extras}})
+
+
+def run_sweep(s: ServeSettings, ctx: Context, repo: Path, data: Path | None, *, stage: str,
+              grid_pass: float | None, cores: int) -> None:
+    """The replica sweep: one server per shape, each a capacity search at the objectives.
+
+    Each search starts at half the highest rate the replicated setting was decided to hold so
+    far (its one-server search, an earlier shape's, else its level sweep's `grid_pass`): more
+    replicas or threads hold at least about that, and the low-rate steps are the slow ones
+    (40 requests/s needs 7 s for 230 requests). A start that fails is halved by the search."""
+    shapes = sweep_shapes(s, cores)
+    if not (s.capacity and capacity_slo(s.built_objectives()) and shapes):
+        return
+    setting = s.replicas_batching
+    srepo = batching_repo(repo, ctx.work / f"repo-replicas-{setting}",
+                          batching=setting == "on", serial_ms=s.serial_ms)
+    passed = passed_rates(search_path(ctx, SERIES[setting]))
+    if grid_pass is not None:
+        passed.append(grid_pass)
+    ctx.logs.mkdir(parents=True, exist_ok=True)
+    for shape in shapes:
+        label = f"serve {shape.series} capacity"
+        prom = ctx.work / f"prom-{shape.series}"
+        shutil.rmtree(prom, ignore_errors=True)
+        prom.mkdir(parents=True)
+        # Every shape, one worker included, keeps its metrics in multiprocess mode, so the
+        # sweep's points pay the same metrics cost and each worker shows up as files.
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom)}
+        try:
+            spawned = start_server(
+                functools.partial(serve_cmd, srepo, workers=shape.processes,
+                                  torch_threads=shape.threads),
+                log=ctx.logs / f"server-{shape.series}.log", env=env,
+                timeout_s=WORKERS_READY_S)
+        except RunFailedError as e:
+            ctx.fail(Step(stage=stage, label=label, command=None), str(e))
+            continue
+        try:
+            if not all_started(spawned.proc, prom, shape.processes):
+                ctx.fail(Step(stage=stage, label=label, command=None),
+                         f"{shape.processes} workers did not all start within "
+                         f"{WORKERS_READY_S:g} s; see {ctx.logs}/server-{shape.series}.log")
+                continue
+            extras = {"replicated": SERIES[setting], "server_processes": shape.processes,
+                      "torch_threads": shape.threads, "ready_s": spawned.ready_s}
+            run_search(s, ctx, stage=stage, series=shape.series,
+                       url=f"{spawned.url}/v2/models/{MODEL}/infer", repo=repo, data=data,
+                       tag=functools.partial(_swept, stage=stage, extras=extras),
+                       start=sweep_start(passed, s.base_rate))
+        finally:
+            stop_group(spawned.proc, grace_s=5.0)
+        passed += passed_rates(search_path(ctx, shape.series))
