@@ -9,7 +9,8 @@ import pytest
 
 from scalelab.cli import run
 from scalelab.core.records import Latency, append_records, make_record
-from scalelab.load.autoscale import ReplicaModel, SimConfig, default_target, simulate
+from scalelab.load.autoscale import SimConfig, default_target, simulate
+from scalelab.load.replica_model import ReplicaModel
 from scalelab.load.slo import parse_slo
 from scalelab.load.traces import Trace, builtin, read_trace
 

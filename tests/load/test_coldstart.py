@@ -11,8 +11,9 @@ import pytest
 from scalelab.cli import run
 from scalelab.core.errors import BadUsageError
 from scalelab.core.records import Latency, append_records, make_record, read_records
-from scalelab.load.autoscale import ReplicaModel, SimConfig, scale_to_zero, simulate
+from scalelab.load.autoscale import SimConfig, scale_to_zero, simulate
 from scalelab.load.coldstart import cold_start, weighted_quantile
+from scalelab.load.replica_model import ReplicaModel
 from scalelab.load.slo import parse_slo
 from scalelab.load.traces import Trace
 

@@ -17,9 +17,6 @@ from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.records import read_records
 from scalelab.core.units import parse_duration
 from scalelab.load.autoscale import (
-    EXTERNAL_SIGNALS,
-    SIGNALS,
-    ReplicaModel,
     SimConfig,
     SimResult,
     default_target,
@@ -27,6 +24,7 @@ from scalelab.load.autoscale import (
     scale_to_zero,
     simulate,
 )
+from scalelab.load.replica_model import EXTERNAL_SIGNALS, SIGNALS, ReplicaModel
 from scalelab.load.slo import parse_slo
 from scalelab.load.traces import BUILTINS, load_trace
 

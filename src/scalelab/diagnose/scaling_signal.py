@@ -20,15 +20,8 @@ from dataclasses import dataclass
 from scalelab.core.errors import BadInputError
 from scalelab.core.objectives import Objective
 from scalelab.core.sheet import SheetRow
-from scalelab.load.autoscale import (
-    LevelPoint,
-    ReplicaModel,
-    Signal,
-    SimConfig,
-    SimResult,
-    default_target,
-    simulate,
-)
+from scalelab.load.autoscale import SimConfig, SimResult, default_target, simulate
+from scalelab.load.replica_model import LevelPoint, ReplicaModel, Signal
 from scalelab.load.slo import LatencyObjective
 from scalelab.load.traces import Trace
 

@@ -189,6 +189,16 @@ class Driver(abc.ABC, Generic[PartT]):
             self._close_all()
         return self._finish()
 
+    async def run(self, times: list[float] | None, start: Callable[[], float],
+                  stop_check: Callable[..., bool] | None = None) -> PartT:
+        """`run_open` on `times`, or `run_closed` when the mode is closed, from `start()` (which
+        may block on the other generators: nothing else runs on this loop yet)."""
+        start_at = start()
+        if self.cfg.mode == "open":
+            assert times is not None
+            return await self.run_open(times, start_at, stop_check)
+        return await self.run_closed(start_at, stop_check)
+
     async def _watch(self, stop_check: Callable[..., bool] | None) -> None:
         every = max(1, round(STOP_CHECK_S / self.tick_s))
         ticks = 0
