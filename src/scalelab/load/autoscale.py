@@ -51,7 +51,7 @@ from scalelab.hpa import HpaController, HpaSpec, MetricTarget, PodSample
 from scalelab.load.coldstart import ColdStart, cold_start
 from scalelab.load.replica_model import EXTERNAL_SIGNALS, SIGNALS, ReplicaModel, Signal
 from scalelab.load.slo import LatencyObjective
-from scalelab.load.traces import Trace
+from scalelab.load.traffic import TrafficCurve
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,7 +200,7 @@ def _needs(model: ReplicaModel, signal: Signal) -> None:
             + f"; these records support {', '.join(model.signals())}")
 
 
-def simulate(trace: Trace, model: ReplicaModel, cfg: SimConfig, *,
+def simulate(trace: TrafficCurve, model: ReplicaModel, cfg: SimConfig, *,
              timeline_step_s: float = 60.0) -> SimResult:
     """Replay `trace` second by second; the HPA syncs on its own period."""
     _needs(model, cfg.signal)

@@ -14,8 +14,11 @@ returns. It measures service time under a fixed number of outstanding requests, 
 hides a stalled server: a client stuck behind the stall sends nothing, so the stall is one slow
 sample per client instead of rate × stall slow samples.
 
-One process runs one asyncio loop; `level.py` runs several and `result.py` merges their
-`PartResult`s.
+The schedule, warm-up, window, lag, stop checks and counts are `driver.Driver`'s, shared with
+the streaming driver; what is HTTP's own here is the exchange (a response completes in the
+connection's callback, no task per request), the pool with its pending queue at the cap, the
+per-request timeout sweep, the cold-start probe and the CPU accounting. One process runs one
+asyncio loop; `level.py` runs several and `http/result.py` merges their `HttpPart`s.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ ERROR_KINDS = ("status", "timeout", "refused", "reset", "other")
 
 
 @dataclass(kw_only=True)
-class PartResult(Part):
+class HttpPart(Part):
     """One process's measurements; plain values so it pickles across processes."""
 
     within: int = 0
@@ -66,12 +69,12 @@ class PartResult(Part):
     machine_busy_cores: float | None = None
     """Busy cores of the whole machine over the same span (/proc/stat), this process included."""
     served_in_window: int | None = None
-    """Open loop with `EngineConfig.window_s`: successful responses completed inside the
+    """Open loop with `HttpConfig.window_s`: successful responses completed inside the
     measured window, the warm-up's included; None where no window was set."""
 
 
 @dataclass(kw_only=True)
-class EngineConfig(SendConfig):
+class HttpConfig(SendConfig):
     """How one process drives plain HTTP load (the CLI builds it; validated here)."""
 
     slo_threshold_s: float | None = None
@@ -87,16 +90,16 @@ class EngineConfig(SendConfig):
     it) and read as a lower capacity."""
 
 
-class Engine(Driver[PartResult]):
+class HttpDriver(Driver[HttpPart]):
     """One asyncio loop's worth of plain HTTP load: `Driver`'s schedule over keep-alive
     connections, a response completing in the connection's callback (no task per request)."""
 
     tick_s = 0.05
     """The watcher also fails requests past their timeout: it wakes 20 times a second."""
 
-    def __init__(self, cfg: EngineConfig) -> None:
-        super().__init__(cfg, PartResult())
-        self.cfg: EngineConfig = cfg
+    def __init__(self, cfg: HttpConfig) -> None:
+        super().__init__(cfg, HttpPart())
+        self.cfg: HttpConfig = cfg
         self.hist = LatencyHistogram()
         # Latencies in µs, appended in the hot path (~50 ns) and put into the histogram once at
         # the end (a histogram update costs ~3 µs in Python); 8 bytes per measured request.
@@ -372,7 +375,7 @@ class Engine(Driver[PartResult]):
             res.cpu_s, res.cpu_wait_s = s1[0] - s0[0], s1[1] - s0[1]
         res.machine_busy_cores = busy_cores(b0, busy_ticks())
 
-    def _finish(self) -> PartResult:
+    def _finish(self) -> HttpPart:
         self._cpu_stop()
         res = super()._finish()
         res.lag_count = self.lag.late

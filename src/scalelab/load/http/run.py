@@ -13,7 +13,7 @@ from typing import Any
 from scalelab.load import clock, level
 from scalelab.load.capacity import Progress
 from scalelab.load.cluster import Cluster
-from scalelab.load.http.generator import Engine, EngineConfig
+from scalelab.load.http.generator import HttpConfig, HttpDriver
 from scalelab.load.http.result import LoadResult, merge
 
 
@@ -21,7 +21,7 @@ from scalelab.load.http.result import LoadResult, merge
 class LoadPlan(level.LevelPlan[LoadResult]):
     """One load level: the engine settings plus rate or concurrency and length."""
 
-    engine: EngineConfig
+    engine: HttpConfig
     """Target, requests, timeouts (mode and closed-loop length live here too)."""
     cold_start: bool = True
     """Time one request on a fresh connection first (reported apart)."""
@@ -38,17 +38,17 @@ class LoadPlan(level.LevelPlan[LoadResult]):
                      realtime=self.engine.realtime, **common)
 
 
-def _engine_for(plan: LoadPlan, index: int) -> EngineConfig:
+def _engine_for(plan: LoadPlan, index: int) -> HttpConfig:
     cfg = plan.engine
     if cfg.mode == "open":
         return replace(cfg, window_s=plan.window_s())
     return plan.closed_config(cfg, index)
 
 
-async def _run_one(cfg: EngineConfig, times: list[float] | None, cold: bool,
+async def _run_one(cfg: HttpConfig, times: list[float] | None, cold: bool,
                    start: Callable[[], float],
                    stop_check: Callable[[Progress], bool] | None) -> Any:
-    eng = Engine(cfg)
+    eng = HttpDriver(cfg)
     if cold:
         await eng.cold_start()
     return await eng.run(times, start, stop_check)
@@ -84,7 +84,7 @@ def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = 
 
 def _cold_probe(plan: LoadPlan) -> tuple[float | None, str | None]:
     async def probe() -> tuple[float | None, str | None]:
-        eng = Engine(plan.engine)
+        eng = HttpDriver(plan.engine)
         await eng.cold_start()
         return eng.res.cold_start_s, eng.res.cold_start_error
 

@@ -23,7 +23,7 @@ from scalelab.load.capacity import CapacityResult, SearchConfig, Step, search
 from scalelab.load.cluster import Cluster
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm.result import LlmResult, merge, samples_of
-from scalelab.load.llm.stream import ProbeAnswer, StopCheck, StreamConfig, StreamEngine, StreamPart
+from scalelab.load.llm.stream import ProbeAnswer, StopCheck, StreamConfig, StreamDriver, StreamPart
 from scalelab.load.llm.token_slo import TokenStepRule
 
 
@@ -56,7 +56,7 @@ def _config_for(plan: LlmPlan, index: int) -> StreamConfig:
 
 async def _run_one(cfg: StreamConfig, times: list[float] | None, start: Callable[[], float],
                    stop_check: StopCheck | None) -> StreamPart:
-    return await StreamEngine(cfg).run(times, start, stop_check)
+    return await StreamDriver(cfg).run(times, start, stop_check)
 
 
 def _stream_part(plan: LlmPlan, index: int, times: list[float] | None,

@@ -9,7 +9,8 @@ timed from the send, so it measures service under a fixed number of streams and 
 Streams hold their connection for the whole answer (seconds), so one keep-alive connection per
 stream in flight: a pool grows to `max_connections`; past it a due request waits (still timed
 from its due time, and counted as generator lag). Each request is one small task (~30 µs of
-overhead, nothing next to a stream of tens of events) so the logic reads top to bottom.
+overhead, nothing next to a stream of tens of events) so the logic reads top to bottom. The
+schedule, window, lag, stop checks and counts are `driver.Driver`'s, shared with HTTP.
 
 A stream that ends before `[DONE]` or a finish_reason (the server died, the proxy cut it) is an
 error of kind "dropped", never a short fast answer; an event that is not JSON is "protocol";
@@ -102,7 +103,7 @@ StopCheck = Callable[[StreamPart, float], bool]
 """(measurements so far, measured seconds elapsed) -> stop now."""
 
 
-class StreamEngine(Driver[StreamPart]):
+class StreamDriver(Driver[StreamPart]):
     """One asyncio loop's worth of streaming load: `Driver`'s schedule, one small task per
     request that holds a pooled connection for its whole stream."""
 
