@@ -61,8 +61,8 @@ ResultT = TypeVar("ResultT", bound=Merged)
 @dataclass(kw_only=True)
 class LevelPlan(abc.ABC, Generic[ResultT]):
     """What every load level has, whatever drives it: the rate or clients, the length, the
-    seed and the processes. Subclasses add the per-process settings (`mode`, `warmup_s`,
-    `concurrency` come from them) and how their parts merge."""
+    seed and the processes. Subclasses add the per-process config (`send_config`: `mode`,
+    `warmup_s`, `concurrency` come from it) and how their parts merge."""
 
     rate: float | None = None
     """Open loop: arrivals per second."""
@@ -77,9 +77,17 @@ class LevelPlan(abc.ABC, Generic[ResultT]):
     processes: int = 1
     """Generator processes."""
 
+    def __post_init__(self) -> None:
+        self._check()
+
     @abc.abstractmethod
+    def send_config(self) -> SendConfig:
+        """The per-process config (the protocol's `SendConfig`)."""
+
     def settings(self) -> ProcessSettings:
         """Mode, warm-up, closed-loop clients and timeout of the per-process config."""
+        c = self.send_config()
+        return ProcessSettings(c.mode, c.warmup_s, c.concurrency, c.timeout_s)
 
     @abc.abstractmethod
     def merge_parts(self, parts: Sequence[Any], **common: Any) -> ResultT:

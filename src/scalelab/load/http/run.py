@@ -26,12 +26,8 @@ class LoadPlan(level.LevelPlan[LoadResult]):
     cold_start: bool = True
     """Time one request on a fresh connection first (reported apart)."""
 
-    def __post_init__(self) -> None:
-        self._check()
-
-    def settings(self) -> level.ProcessSettings:
-        e = self.engine
-        return level.ProcessSettings(e.mode, e.warmup_s, e.concurrency, e.timeout_s)
+    def send_config(self) -> HttpConfig:
+        return self.engine
 
     def merge_parts(self, parts: Sequence[Any], **common: Any) -> LoadResult:
         return merge(parts, slo_threshold_s=self.engine.slo_threshold_s,

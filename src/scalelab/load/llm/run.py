@@ -34,12 +34,8 @@ class LlmPlan(level.LevelPlan[LlmResult]):
     stream: StreamConfig
     """Target, requests, mode, concurrency, timeouts."""
 
-    def __post_init__(self) -> None:
-        self._check()
-
-    def settings(self) -> level.ProcessSettings:
-        c = self.stream
-        return level.ProcessSettings(c.mode, c.warmup_s, c.concurrency, c.timeout_s)
+    def send_config(self) -> StreamConfig:
+        return self.stream
 
     def merge_parts(self, parts: Sequence[Any], **common: Any) -> LlmResult:
         return merge(parts, **common)
