@@ -60,7 +60,7 @@ LOADGEN_REQ = "mlcommons-loadgen==6.0.17"
 sys.path.insert(0, str(ROOT / "src"))
 from scalelab.core.machine import current_machine  # noqa: E402
 from scalelab.load.capacity import SearchConfig, Step, search, step_requests  # noqa: E402
-from scalelab.load.http.generator import EngineConfig  # noqa: E402
+from scalelab.load.http.generator import HttpConfig  # noqa: E402
 from scalelab.load.http.run import LoadPlan, run_load  # noqa: E402
 from scalelab.load.send import Target, build_request  # noqa: E402
 
@@ -78,7 +78,7 @@ def start_server(kind: str, *args: str) -> tuple[subprocess.Popen[str], str]:
 
 def ours(url: str, conc: int, seconds: float, processes: int = 1) -> dict[str, Any]:
     t = Target.parse(url)
-    cfg = EngineConfig(target=t, requests=[build_request(t, method="GET", path=t.path, body=None)],
+    cfg = HttpConfig(target=t, requests=[build_request(t, method="GET", path=t.path, body=None)],
                        mode="closed", concurrency=conc, warmup_s=1.0)
     r = run_load(LoadPlan(engine=cfg, duration_s=seconds, processes=processes, cold_start=False))
     lat = r.latency
@@ -89,7 +89,7 @@ def ours(url: str, conc: int, seconds: float, processes: int = 1) -> dict[str, A
 def ours_open(url: str, rate: float, seconds: float, processes: int,
               loop_impl: str = "auto", realtime: bool = False) -> dict[str, Any]:
     t = Target.parse(url)
-    cfg = EngineConfig(target=t, requests=[build_request(t, method="GET", path=t.path, body=None)],
+    cfg = HttpConfig(target=t, requests=[build_request(t, method="GET", path=t.path, body=None)],
                        mode="open", warmup_s=1.0, loop_impl=loop_impl,  # type: ignore[arg-type]
                        realtime=realtime)
     r = run_load(LoadPlan(engine=cfg, rate=rate, duration_s=seconds, processes=processes,
@@ -324,7 +324,7 @@ LOADGEN_WORKER = textwrap.dedent("""
 
 
 def warm(target: Target, reqs: list[bytes], rate: float, seconds: float) -> None:
-    cfg = EngineConfig(target=target, requests=reqs, mode="open")
+    cfg = HttpConfig(target=target, requests=reqs, mode="open")
     run_load(LoadPlan(engine=cfg, rate=rate, duration_s=seconds, cold_start=False))
 
 

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from bench_load import start_server  # noqa: E402  (the same test servers, started the same way)
 from scalelab.core.machine import current_machine  # noqa: E402
 from scalelab.load.cluster import Cluster  # noqa: E402
-from scalelab.load.http.generator import EngineConfig  # noqa: E402
+from scalelab.load.http.generator import HttpConfig  # noqa: E402
 from scalelab.load.http.result import LoadResult  # noqa: E402
 from scalelab.load.http.run import LoadPlan, run_load  # noqa: E402
 from scalelab.load.send import Target, build_request  # noqa: E402
@@ -80,7 +80,7 @@ def start_cluster(procs: list[subprocess.Popen[bytes]], tmp: Path, name: str,
 
 def level(url: str, rate: float, seconds: float, cluster: Cluster | None) -> LoadResult:
     t = Target.parse(url)
-    cfg = EngineConfig(target=t, requests=[build_request(t, method="GET", path=t.path, body=None)],
+    cfg = HttpConfig(target=t, requests=[build_request(t, method="GET", path=t.path, body=None)],
                        mode="open", warmup_s=1.0)
     return run_load(LoadPlan(engine=cfg, rate=rate, duration_s=seconds, cold_start=False),
                     cluster=cluster)

@@ -9,9 +9,10 @@ import pytest
 
 from scalelab.cli import run
 from scalelab.core.records import Latency, append_records, make_record
-from scalelab.load.autoscale import ReplicaModel, SimConfig, default_target, simulate
+from scalelab.load.autoscale import SimConfig, default_target, simulate
+from scalelab.load.replica_model import ReplicaModel
 from scalelab.load.slo import parse_slo
-from scalelab.load.traces import Trace, builtin, read_trace
+from scalelab.load.traffic import TrafficCurve, builtin, read_traffic
 
 SLO = parse_slo("p95<50ms").latency[0]
 
@@ -48,7 +49,7 @@ def test_simulator_reproduces_hand_computed_hpa_decisions() -> None:
     # rps signal, 50 req/s per pod; 2 pods ready at t=0; startup 0; the HPA sees the current
     # second (window 1 s); defaults: sync 15 s, tolerance 0.1, downscale window 300 s,
     # scale-up limit max(2 × current, 4).
-    trace = Trace("hand", (0.0, 59.0, 60.0, 119.0, 120.0, 900.0),
+    trace = TrafficCurve("hand", (0.0, 59.0, 60.0, 119.0, 120.0, 900.0),
                   (100.0, 100.0, 400.0, 400.0, 100.0, 100.0))
     cfg = SimConfig(signal="rps", target=50.0, slo=SLO, min_replicas=1, max_replicas=10,
                     startup_s=0.0, initial_replicas=2, metric_window_s=1.0)
@@ -74,7 +75,7 @@ def test_simulator_reproduces_hand_computed_hpa_decisions() -> None:
 
 
 def test_startup_delay_and_cpu_signal() -> None:
-    trace = Trace("step", (0.0, 29.0, 30.0, 600.0), (50.0, 50.0, 150.0, 150.0))
+    trace = TrafficCurve("step", (0.0, 29.0, 30.0, 600.0), (50.0, 50.0, 150.0, 150.0))
     base = dict(slo=SLO, max_replicas=10, initial_replicas=1, metric_window_s=1.0)
     fast = simulate(trace, ReplicaModel.from_records(_records()),
                     SimConfig(signal="cpu", target=50, startup_s=0.0, **base))
@@ -96,7 +97,7 @@ def test_builtin_and_csv_traces(tmp_path: Path) -> None:
     assert float(builtin("ramp", base=0, peak=60).rate_at(1500.0)) == pytest.approx(30.0)
     f = tmp_path / "t.csv"
     f.write_text("time,rate\n0,10\n1m,20\n")
-    tr = read_trace(f)
+    tr = read_traffic(f)
     assert tr.times_s == (0.0, 60.0) and float(tr.rate_at(30.0)) == 15.0
 
 

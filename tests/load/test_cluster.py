@@ -38,7 +38,7 @@ from scalelab.load.cluster import (
     share_times,
     shares,
 )
-from scalelab.load.http.generator import EngineConfig
+from scalelab.load.http.generator import HttpConfig
 from scalelab.load.http.result import validity
 from scalelab.load.http.run import LoadPlan, run_load
 from scalelab.load.level import split_list
@@ -141,7 +141,7 @@ def _http_plan(url: str, *, rate: float, duration_s: float | None = None,
                warmup_s: float = 0.0, processes: int = 1) -> LoadPlan:
     t = Target.parse(url + "/")
     req = build_request(t, method="GET", path=t.path, body=None)
-    return LoadPlan(engine=EngineConfig(target=t, requests=[req], mode="open",
+    return LoadPlan(engine=HttpConfig(target=t, requests=[req], mode="open",
                                         warmup_s=warmup_s),
                     rate=rate, arrival=arrival, duration_s=duration_s,  # type: ignore[arg-type]
                     requests=requests, seed=seed, processes=processes)

@@ -11,10 +11,11 @@ import pytest
 from scalelab.cli import run
 from scalelab.core.errors import BadUsageError
 from scalelab.core.records import Latency, append_records, make_record, read_records
-from scalelab.load.autoscale import ReplicaModel, SimConfig, scale_to_zero, simulate
+from scalelab.load.autoscale import SimConfig, scale_to_zero, simulate
 from scalelab.load.coldstart import cold_start, weighted_quantile
+from scalelab.load.replica_model import ReplicaModel
 from scalelab.load.slo import parse_slo
-from scalelab.load.traces import Trace
+from scalelab.load.traffic import TrafficCurve
 
 SLO = parse_slo("p95<50ms").latency[0]
 
@@ -49,7 +50,7 @@ def test_scale_from_zero_on_an_external_metric() -> None:
     # value, AverageValue 50 per pod; sync every 15 s (t=0, 15, ..., 105, ...); window 1 s;
     # start-up 20 s. At t=105 the HPA sees 100 req/s and no pod: ceil(100 / 50) = 2 pods,
     # ready at t=125. Requests of t=100..124 (25 s × 100) wait 25 s down to 1 s.
-    trace = Trace("zero", (0.0, 99.0, 100.0, 399.0, 400.0, 1200.0),
+    trace = TrafficCurve("zero", (0.0, 99.0, 100.0, 399.0, 400.0, 1200.0),
                   (0.0, 0.0, 100.0, 100.0, 0.0, 0.0))
     model = ReplicaModel.from_records(_records())
     cfg = SimConfig(signal="rps", target=50.0, slo=SLO, min_replicas=0, max_replicas=10,

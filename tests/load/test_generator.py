@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.http.generator import EngineConfig
+from scalelab.load.http.generator import HttpConfig
 from scalelab.load.http.result import LoadResult
 from scalelab.load.http.run import LoadPlan, run_load
 from scalelab.load.schedule import Mode
@@ -27,7 +27,7 @@ def _run(url: str, *, mode: Mode = "open", rate: float | None = None, concurrenc
          path: str | None = None, realtime: bool = False) -> LoadResult:
     target = Target.parse(url + (path or "/"))
     req = build_request(target, method="GET", path=target.path, body=None)
-    cfg = EngineConfig(target=target, requests=[req], mode=mode, concurrency=concurrency,
+    cfg = HttpConfig(target=target, requests=[req], mode=mode, concurrency=concurrency,
                        warmup_s=warmup_s, timeout_s=timeout_s, max_connections=max_connections,
                        realtime=realtime)
     return run_load(LoadPlan(engine=cfg, rate=rate, duration_s=duration_s, requests=requests,

@@ -11,7 +11,7 @@ import pytest
 from scalelab.core.errors import BadUsageError
 from scalelab.load.cluster import WORKERS
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.http.generator import EngineConfig, PartResult
+from scalelab.load.http.generator import HttpConfig, HttpPart
 from scalelab.load.http.run import LoadPlan
 from scalelab.load.level import split_list
 from scalelab.load.result import Part, Tally, finite
@@ -20,11 +20,11 @@ from scalelab.load.send import Target
 TARGET = Target.parse("http://127.0.0.1:9/")
 
 
-def _part(n: int, **kw: float) -> PartResult:
+def _part(n: int, **kw: float) -> HttpPart:
     """A process's part with `n` successes of 5 ms each."""
     h = LatencyHistogram()
     h.record_us(np.full(n, 5_000, dtype=np.int64))
-    return PartResult(sent=n, ok=n, hist_blob=h.encode(), **kw)  # type: ignore[arg-type]
+    return HttpPart(sent=n, ok=n, hist_blob=h.encode(), **kw)  # type: ignore[arg-type]
 
 
 def test_the_tally_adds_up_every_part() -> None:
@@ -50,7 +50,7 @@ def test_finite_makes_records_strict_json() -> None:
 
 
 def test_an_open_level_merges_with_its_rate_and_a_share_with_its_own() -> None:
-    plan = LoadPlan(engine=EngineConfig(target=TARGET, requests=[b"x"], mode="open"),
+    plan = LoadPlan(engine=HttpConfig(target=TARGET, requests=[b"x"], mode="open"),
                     rate=100.0, arrival="poisson", duration_s=1.0, cold_start=False)
     part = _part(100, window_start=0.0, last_send=0.99, last_done=1.0, last_due=0.99)
     r = plan.merge([part])
@@ -62,7 +62,7 @@ def test_an_open_level_merges_with_its_rate_and_a_share_with_its_own() -> None:
 
 
 def test_a_closed_level_merges_with_its_clients() -> None:
-    plan = LoadPlan(engine=EngineConfig(target=TARGET, requests=[b"x"], mode="closed",
+    plan = LoadPlan(engine=HttpConfig(target=TARGET, requests=[b"x"], mode="closed",
                                         concurrency=5), requests=11, processes=2,
                     cold_start=False)
     assert [plan.share(i) for i in range(2)] == [(3, 6, None), (2, 5, None)]

@@ -10,9 +10,10 @@ import pytest
 from scalelab.cli import run
 from scalelab.core.errors import BadInputError
 from scalelab.core.records import Latency, append_records, make_record
-from scalelab.load.autoscale import ReplicaModel, SimConfig, default_target, simulate
+from scalelab.load.autoscale import SimConfig, default_target, simulate
+from scalelab.load.replica_model import ReplicaModel
 from scalelab.load.slo import parse_slo
-from scalelab.load.traces import Trace, builtin
+from scalelab.load.traffic import TrafficCurve, builtin
 
 SLO = parse_slo("p95<500ms").latency[0]
 
@@ -58,7 +59,7 @@ def test_replica_model_reads_llm_records() -> None:
 
 def test_sequences_signal_scales_a_spike() -> None:
     m = ReplicaModel.from_records(_llm_records())
-    tr = Trace("short-spike", (0.0, 120.0, 180.0, 480.0), (2.0, 2.0, 16.0, 16.0))
+    tr = TrafficCurve("short-spike", (0.0, 120.0, 180.0, 480.0), (2.0, 2.0, 16.0, 16.0))
     tgt = default_target("sequences", m, SLO, 0.7)
     r = simulate(tr, m, SimConfig(signal="sequences", target=tgt, slo=SLO, startup_s=20.0))
     assert r.max_replicas > 1 and r.scale_events >= 1

@@ -2,7 +2,7 @@
 
 from scalelab.load.clock import LagRecorder, LagStats
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.http.generator import PartResult
+from scalelab.load.http.generator import HttpPart
 from scalelab.load.http.result import (
     SATURATED_CORE_SHARE,
     STARVED_WAIT_SHARE,
@@ -104,16 +104,16 @@ def test_starvation_limits_are_exact_and_a_fed_generator_keeps_the_connection_ad
 
 
 def test_generator_cpu_merges_the_processes_readings() -> None:
-    a = PartResult(cpu_s=0.5, cpu_wait_s=1.5, cpu_span_s=2.0, machine_busy_cores=1.9)
-    b = PartResult(cpu_s=0.25, cpu_wait_s=0.5, cpu_span_s=1.0, machine_busy_cores=1.5)
+    a = HttpPart(cpu_s=0.5, cpu_wait_s=1.5, cpu_span_s=2.0, machine_busy_cores=1.9)
+    b = HttpPart(cpu_s=0.25, cpu_wait_s=0.5, cpu_span_s=1.0, machine_busy_cores=1.5)
     g = generator_cpu([a, b], cores=2)
     assert g == GeneratorCpu(busy_cores=0.375, wait_share=2.0 / 3.0, machine_busy_cores=1.9,
                              machine_cores=2)
     # No schedstat: the wait is unknown, busy cores still count.
-    c = PartResult(cpu_s=0.0, cpu_wait_s=None, cpu_span_s=2.0)
+    c = HttpPart(cpu_s=0.0, cpu_wait_s=None, cpu_span_s=2.0)
     assert generator_cpu([c], cores=4) == GeneratorCpu(busy_cores=0.0, wait_share=None,
                                                        machine_busy_cores=None, machine_cores=4)
-    assert generator_cpu([PartResult()]) is None
+    assert generator_cpu([HttpPart()]) is None
 
 
 def test_lag_quantiles_never_read_above_the_exact_worst() -> None:
@@ -125,7 +125,7 @@ def test_lag_quantiles_never_read_above_the_exact_worst() -> None:
     assert lag.stats().p99_ms == 23.199
     lat = LatencyHistogram()
     lat.record(0.020)
-    part = PartResult(sent=3, ok=3, within=3, hist_blob=lat.encode(), lag_count=1,
+    part = HttpPart(sent=3, ok=3, within=3, hist_blob=lat.encode(), lag_count=1,
                       lag_max_s=0.023187355, lag_blob=lag.histogram().encode(), last_send=0.04,
                       last_done=0.06)
     r = merge([part], mode="open", offered_rps=50.0, concurrency=None, arrival="constant",

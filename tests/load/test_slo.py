@@ -1,8 +1,9 @@
 import pytest
 
-from scalelab.core.errors import ScalelabError
+from scalelab.core.errors import BadUsageError, ScalelabError
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.slo import budget, parse_slo
+from scalelab.load.llm.token_slo import parse_token_slo
+from scalelab.load.slo import LatencyObjective, budget, parse_slo
 
 
 def test_parse_slo_terms() -> None:
@@ -37,3 +38,20 @@ def test_budget_and_burn_rate_exact() -> None:
     assert (avail.events, avail.bad) == (1005, 5)
     assert avail.burn_rate == pytest.approx((5 / 1005) / 0.01)
     assert avail.met
+
+
+def test_request_and_token_objectives_share_one_spine() -> None:
+    """`--slo` for plain HTTP and for token streams: one term loop, one refusal wording, the
+    token objective a latency objective with a metric."""
+    with pytest.raises(BadUsageError, match=r"^--slo: cannot read 'q95<5'; write e\.g\. \"p95<"):
+        parse_slo("q95<5")
+    with pytest.raises(BadUsageError, match=r"^--slo: cannot read 'q95<5'; write e\.g\. \"ttft_"):
+        parse_token_slo("q95<5")
+    with pytest.raises(BadUsageError, match=r"^an SLO needs a latency objective"):
+        parse_slo(" , ")
+    with pytest.raises(BadUsageError, match=r"^a token SLO needs an objective"):
+        parse_token_slo(" , ")
+    o = parse_token_slo("ttft_p95<500ms").objectives[0]
+    assert isinstance(o, LatencyObjective)
+    assert o.label == "ttft_" + LatencyObjective(quantile=0.95, threshold_s=0.5).label
+    assert o.label == "ttft_p95<500ms"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from scalelab.load.http.generator import EngineConfig
+from scalelab.load.http.generator import HttpConfig
 from scalelab.load.http.result import LoadResult
 from scalelab.load.http.run import LoadPlan, run_load
 from scalelab.load.send import Target, build_request
@@ -19,7 +19,7 @@ CAPACITY = 100.0
 def _open(url: str, rate: float, *, warmup_s: float) -> LoadResult:
     target = Target.parse(url + "/")
     req = build_request(target, method="GET", path=target.path, body=None)
-    cfg = EngineConfig(target=target, requests=[req], mode="open", warmup_s=warmup_s)
+    cfg = HttpConfig(target=target, requests=[req], mode="open", warmup_s=warmup_s)
     return run_load(LoadPlan(engine=cfg, rate=rate, duration_s=2.0))
 
 

@@ -16,7 +16,7 @@ from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.core.units import parse_duration
 from scalelab.load.clock import LOOP_IMPLS, resolve_loop
 from scalelab.load.http import payloads
-from scalelab.load.http.generator import EngineConfig
+from scalelab.load.http.generator import HttpConfig
 from scalelab.load.http.result import LoadResult
 from scalelab.load.schedule import Mode
 from scalelab.load.send import Target
@@ -121,9 +121,9 @@ def build_requests(url: str, kw: dict[str, Any]) -> tuple[Target, list[bytes], s
 
 
 def engine_config(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any],
-            warmup_s: float, concurrency: int = 1) -> EngineConfig:
+            warmup_s: float, concurrency: int = 1) -> HttpConfig:
     timeout_s = parse_duration(kw["timeout"], what="--timeout")
-    return EngineConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
+    return HttpConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
                         warmup_s=warmup_s, timeout_s=timeout_s,
                         max_connections=kw["max_connections"],
                         loop_impl=resolve_loop(kw.get("loop_impl") or "auto"),

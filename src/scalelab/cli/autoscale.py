@@ -17,9 +17,6 @@ from scalelab.core.errors import BadInputError, BadUsageError
 from scalelab.core.records import read_records
 from scalelab.core.units import parse_duration
 from scalelab.load.autoscale import (
-    EXTERNAL_SIGNALS,
-    SIGNALS,
-    ReplicaModel,
     SimConfig,
     SimResult,
     default_target,
@@ -27,8 +24,9 @@ from scalelab.load.autoscale import (
     scale_to_zero,
     simulate,
 )
+from scalelab.load.replica_model import EXTERNAL_SIGNALS, SIGNALS, ReplicaModel
 from scalelab.load.slo import parse_slo
-from scalelab.load.traces import BUILTINS, load_trace
+from scalelab.load.traffic import BUILTINS, load_traffic
 
 
 @click.group(no_args_is_help=True)
@@ -111,7 +109,7 @@ def simulate_cmd(capacity: Path, trace: str, signal: str, target: float | None, 
     if per_replica <= 0:
         raise BadInputError(f"one replica never meets {obj.label} in {capacity}")
     base = base_rate if base_rate is not None else per_replica
-    tr = load_trace(trace, base=base, peak=peak_rate if peak_rate is not None else 8 * base)
+    tr = load_traffic(trace, base=base, peak=peak_rate if peak_rate is not None else 8 * base)
     if target is not None and compare_signals:
         raise BadUsageError("--target applies to one --signal; drop it with --compare-signals")
     signals = list(model.signals()) if compare_signals else [signal]

@@ -20,17 +20,10 @@ from dataclasses import dataclass
 from scalelab.core.errors import BadInputError
 from scalelab.core.objectives import Objective
 from scalelab.core.sheet import SheetRow
-from scalelab.load.autoscale import (
-    LevelPoint,
-    ReplicaModel,
-    Signal,
-    SimConfig,
-    SimResult,
-    default_target,
-    simulate,
-)
+from scalelab.load.autoscale import SimConfig, SimResult, default_target, simulate
+from scalelab.load.replica_model import LevelPoint, ReplicaModel, Signal
 from scalelab.load.slo import LatencyObjective
-from scalelab.load.traces import Trace
+from scalelab.load.traffic import TrafficCurve
 
 NAMES: dict[str, str] = {"queue": "queue depth", "cpu": "CPU",
                          "sequences": "running+waiting sequences", "inflight": "requests in flight",
@@ -105,8 +98,9 @@ def _replay(signal: Signal, model: ReplicaModel, slo: LatencyObjective, *, base:
     per = DESIGN_LOAD * min(model.slo_capacity(slo), model.saturation_rps)
     # Room to scale to the peak at the design point and past it: the cap must not decide.
     top = max(20, 2 * math.ceil(peak / per)) if per > 0 else 20
-    trace = Trace("spike", (0.0, SPIKE_AT_S, SPIKE_AT_S + 1, 2 * SPIKE_AT_S, 2 * SPIKE_AT_S + 1,
-                            3 * SPIKE_AT_S), (base, base, peak, peak, base, base))
+    trace = TrafficCurve("spike", (0.0, SPIKE_AT_S, SPIKE_AT_S + 1, 2 * SPIKE_AT_S,
+                                   2 * SPIKE_AT_S + 1, 3 * SPIKE_AT_S),
+                         (base, base, peak, peak, base, base))
     res = simulate(trace, model,
                    SimConfig(signal=signal, target=target, slo=slo, max_replicas=top))
     up = next((d.t_s for d in res.decisions if d.t_s >= SPIKE_AT_S and d.desired > d.current),

@@ -26,7 +26,9 @@ from scalelab.load import clock
 from scalelab.load.cluster import WORKERS, Cluster, ClusterLevel, named_reasons
 from scalelab.load.cluster import shares as cluster_shares
 from scalelab.load.schedule import Arrival, schedule
+from scalelab.load.send import SendConfig
 
+SendT = TypeVar("SendT", bound=SendConfig)
 _START_MARGIN_S = 0.25
 """Between the last worker reporting ready and the common start."""
 
@@ -59,8 +61,8 @@ ResultT = TypeVar("ResultT", bound=Merged)
 @dataclass(kw_only=True)
 class LevelPlan(abc.ABC, Generic[ResultT]):
     """What every load level has, whatever drives it: the rate or clients, the length, the
-    seed and the processes. Subclasses add the per-process settings (`mode`, `warmup_s`,
-    `concurrency` come from them) and how their parts merge."""
+    seed and the processes. Subclasses add the per-process config (`send_config`: `mode`,
+    `warmup_s`, `concurrency` come from it) and how their parts merge."""
 
     rate: float | None = None
     """Open loop: arrivals per second."""
@@ -75,9 +77,17 @@ class LevelPlan(abc.ABC, Generic[ResultT]):
     processes: int = 1
     """Generator processes."""
 
+    def __post_init__(self) -> None:
+        self._check()
+
     @abc.abstractmethod
+    def send_config(self) -> SendConfig:
+        """The per-process config (the protocol's `SendConfig`)."""
+
     def settings(self) -> ProcessSettings:
         """Mode, warm-up, closed-loop clients and timeout of the per-process config."""
+        c = self.send_config()
+        return ProcessSettings(c.mode, c.warmup_s, c.concurrency, c.timeout_s)
 
     @abc.abstractmethod
     def merge_parts(self, parts: Sequence[Any], **common: Any) -> ResultT:
@@ -135,6 +145,12 @@ class LevelPlan(abc.ABC, Generic[ResultT]):
             1 if index < self.requests % p else 0)
         dur = None if self.duration_s is None else self.duration_s + warm
         return conc, n, dur
+
+    def closed_config(self, cfg: SendT, index: int) -> SendT:
+        """`cfg` for process `index` of a closed-loop level: its share of the clients, of the
+        measured requests and the duration (see `share`)."""
+        conc, n, dur = self.share(index)
+        return replace(cfg, concurrency=conc, max_requests=n, duration_s=dur)
 
     def length_s(self) -> float:
         """The planned span from the common start (warm-up included), for the report-back
@@ -239,6 +255,20 @@ def cluster_workers(plan: LevelPlan[Any], cluster: Cluster,
         raise BadUsageError("with --cluster every Dask worker runs one generator; start more "
                             "workers (dask worker --nworkers N) instead of --processes")
     return cluster.workers()
+
+
+def run_on_cluster(plan: PlanT, run_part: PartRunner[PlanT], workers: list[str],
+                   times: list[float] | None, cluster: Cluster,
+                   lag_p99_ms: Callable[[Any], float | None], *,
+                   patch: Callable[[list[Any]], None] | None = None) -> Any:
+    """A level on `workers` (from `cluster_workers`), one generator each running `run_part`
+    on its share; `patch` may amend the parts before the merge."""
+    plan = replace(plan, processes=len(workers))
+    parts, clocks = cluster.run(run_part, plan, workers, schedule=times,
+                                length_s=plan.length_s() + plan.settings().timeout_s)
+    if patch is not None:
+        patch(parts)
+    return cluster_result(plan, parts, clocks, cluster, lag_p99_ms)
 
 
 def cluster_result(plan: LevelPlan[ResultT], parts: list[Any], clocks: Any, cluster: Cluster,

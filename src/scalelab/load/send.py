@@ -86,7 +86,7 @@ def body_framing(head: bytes) -> int | None:
 @dataclass(kw_only=True)
 class SendConfig:
     """What one generator process sends and how, for plain requests and token streams alike
-    (`http.generator.EngineConfig`, `llm.stream.StreamConfig`); validated at construction."""
+    (`http.generator.HttpConfig`, `llm.stream.StreamConfig`); validated at construction."""
 
     target: Target
     """Where to connect."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar, Generic, TypeVar
 
 from scalelab.core.errors import BadUsageError
 from scalelab.core.units import parse_duration
@@ -33,23 +35,32 @@ class LatencyObjective:
 
     @property
     def label(self) -> str:
-        q = self.quantile * 100
-        return f"p{q:g}<{self.threshold_s * 1e3:g}ms"
+        return f"p{self.quantile * 100:g}<{self.threshold_s * 1e3:g}ms"
+
+
+ObjT = TypeVar("ObjT", bound=LatencyObjective)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Slo:
-    """Latency objectives and an optional availability target."""
+class ObjectiveSet(Generic[ObjT]):
+    """Latency objectives and an optional availability target: what `Slo` (a request's
+    latency) and `llm.token_slo.TokenSlo` (token timings) both are."""
 
-    latency: tuple[LatencyObjective, ...]
-    """Latency objectives (may be empty when only availability is set)."""
     availability: float | None = None
     """Share of requests that must succeed, e.g. 0.999; None: no availability objective."""
 
+    needs: ClassVar[str] = "an SLO needs a latency objective (p95<50ms) or an availability " \
+        "target (--error-budget 0.1%)"
+    """The error when neither is given."""
+
+    @property
+    def terms(self) -> tuple[ObjT, ...]:
+        """The latency objectives."""
+        raise NotImplementedError
+
     def __post_init__(self) -> None:
-        if not self.latency and self.availability is None:
-            raise BadUsageError("an SLO needs a latency objective (p95<50ms) or an availability "
-                                "target (--error-budget 0.1%)")
+        if not self.terms and self.availability is None:
+            raise BadUsageError(self.needs)
 
     @property
     def error_budget(self) -> float | None:
@@ -57,7 +68,19 @@ class Slo:
 
     @property
     def label(self) -> str:
-        return slo_label([o.label for o in self.latency], self.availability)
+        return slo_label([o.label for o in self.terms], self.availability)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Slo(ObjectiveSet[LatencyObjective]):
+    """Latency objectives and an optional availability target."""
+
+    latency: tuple[LatencyObjective, ...]
+    """Latency objectives (may be empty when only availability is set)."""
+
+    @property
+    def terms(self) -> tuple[LatencyObjective, ...]:
+        return self.latency
 
 
 def slo_label(objectives: list[str], availability: float | None) -> str:
@@ -65,6 +88,25 @@ def slo_label(objectives: list[str], availability: float | None) -> str:
     if availability is not None:
         objectives = [*objectives, f"avail>={availability * 100:g}%"]
     return ",".join(objectives)
+
+
+def parse_terms(text: str | None, read: Callable[[str], ObjT | float | None],
+                example: str) -> tuple[list[ObjT], float | None]:
+    """Split `--slo` at commas and read each term with `read`: an objective, an availability
+    (a float; the last one wins) or None for a term it cannot read (an error naming
+    `example`)."""
+    objs: list[ObjT] = []
+    avail: float | None = None
+    for term in [t.strip() for t in (text or "").split(",") if t.strip()]:
+        got = read(term)
+        if got is None:
+            raise BadUsageError(f"--slo: cannot read {term!r}; write e.g. {example}, "
+                                "comma-separated")
+        if isinstance(got, float):
+            avail = got
+        else:
+            objs.append(got)
+    return objs, avail
 
 
 def parse_quantile(digits: str, term: str) -> float:
@@ -107,23 +149,22 @@ def parse_slo(text: str | None, *, error_budget: str | None = None) -> Slo:
 
     `error_budget` ("0.1%") sets availability = 1 - budget and overrides one in `text`.
     """
-    lat: list[LatencyObjective] = []
-    avail: float | None = None
-    for term in [t.strip() for t in (text or "").split(",") if t.strip()]:
-        if m := _LAT.match(term):
-            lat.append(LatencyObjective(quantile=parse_quantile(m.group(1), term),
-                                        threshold_s=parse_threshold(m.group(3), term)))
-        elif m := _AVAIL.match(term):
-            avail = parse_availability(m.group(2), term)
-        elif m := _ERRS.match(term):
-            avail = round(1.0 - parse_percent(m.group(2), what=f"--slo {term!r}"), 12)
-        else:
-            raise BadUsageError(
-                f"--slo: cannot read {term!r}; write e.g. \"p95<50ms\", \"p99<=0.2s\", "
-                "\"avail>=99.9%\" or \"errors<0.1%\", comma-separated")
+    lat, avail = parse_terms(text, _read_term, "\"p95<50ms\", \"p99<=0.2s\", "
+                             "\"avail>=99.9%\" or \"errors<0.1%\"")
     if error_budget is not None:
         avail = round(1.0 - parse_percent(error_budget, what="--error-budget"), 12)
     return Slo(latency=tuple(lat), availability=avail)
+
+
+def _read_term(term: str) -> LatencyObjective | float | None:
+    if m := _LAT.match(term):
+        return LatencyObjective(quantile=parse_quantile(m.group(1), term),
+                                threshold_s=parse_threshold(m.group(3), term))
+    if m := _AVAIL.match(term):
+        return parse_availability(m.group(2), term)
+    if m := _ERRS.match(term):
+        return round(1.0 - parse_percent(m.group(2), what=f"--slo {term!r}"), 12)
+    return None
 
 
 def _pct(text: str, term: str) -> float:

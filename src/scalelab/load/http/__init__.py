@@ -1,1 +1,1 @@
-"""Load testing over HTTP: the keep-alive and gRPC clients, the open/closed-loop engine, results."""
+"""Load testing over HTTP: the keep-alive and gRPC clients, the open/closed-loop driver, results."""

@@ -14,8 +14,11 @@ returns. It measures service time under a fixed number of outstanding requests, 
 hides a stalled server: a client stuck behind the stall sends nothing, so the stall is one slow
 sample per client instead of rate × stall slow samples.
 
-One process runs one asyncio loop; `level.py` runs several and `result.py` merges their
-`PartResult`s.
+The schedule, warm-up, window, lag, stop checks and counts are `driver.Driver`'s, shared with
+the streaming driver; what is HTTP's own here is the exchange (a response completes in the
+connection's callback, no task per request), the pool with its pending queue at the cap, the
+per-request timeout sweep, the cold-start probe and the CPU accounting. One process runs one
+asyncio loop; `level.py` runs several and `http/result.py` merges their `HttpPart`s.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import asyncio
 import contextlib
 import math
 from array import array
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,12 +36,12 @@ import numpy as np
 
 from scalelab.core.usage import busy_cores, busy_ticks, sched_times
 from scalelab.load.capacity import Progress
-from scalelab.load.clock import LATE_S, LagRecorder, LoopImpl, now, sleep_until
+from scalelab.load.clock import LATE_S, LoopImpl, now
+from scalelab.load.driver import Driver
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.http.connection import Connection, HttpConnection
 from scalelab.load.result import Part
 from scalelab.load.send import SendConfig
-from scalelab.load.trace_sample import TraceSampler
 
 LAG_THRESHOLD_S = LATE_S
 """A send dispatched more than this after its due time counts in `lag_count`."""
@@ -46,7 +49,7 @@ ERROR_KINDS = ("status", "timeout", "refused", "reset", "other")
 
 
 @dataclass(kw_only=True)
-class PartResult(Part):
+class HttpPart(Part):
     """One process's measurements; plain values so it pickles across processes."""
 
     within: int = 0
@@ -66,12 +69,12 @@ class PartResult(Part):
     machine_busy_cores: float | None = None
     """Busy cores of the whole machine over the same span (/proc/stat), this process included."""
     served_in_window: int | None = None
-    """Open loop with `EngineConfig.window_s`: successful responses completed inside the
+    """Open loop with `HttpConfig.window_s`: successful responses completed inside the
     measured window, the warm-up's included; None where no window was set."""
 
 
 @dataclass(kw_only=True)
-class EngineConfig(SendConfig):
+class HttpConfig(SendConfig):
     """How one process drives plain HTTP load (the CLI builds it; validated here)."""
 
     slo_threshold_s: float | None = None
@@ -87,23 +90,23 @@ class EngineConfig(SendConfig):
     it) and read as a lower capacity."""
 
 
-class Engine:
-    """One asyncio loop's worth of load. Use `run_open` or `run_closed` once."""
+class HttpDriver(Driver[HttpPart]):
+    """One asyncio loop's worth of plain HTTP load: `Driver`'s schedule over keep-alive
+    connections, a response completing in the connection's callback (no task per request)."""
 
-    def __init__(self, cfg: EngineConfig) -> None:
-        self.cfg = cfg
-        self.loop = asyncio.get_running_loop()
-        self.res = PartResult()
+    tick_s = 0.05
+    """The watcher also fails requests past their timeout: it wakes 20 times a second."""
+
+    def __init__(self, cfg: HttpConfig) -> None:
+        super().__init__(cfg, HttpPart())
+        self.cfg: HttpConfig = cfg
         self.hist = LatencyHistogram()
-        self.lag = LagRecorder()
         # Latencies in µs, appended in the hot path (~50 ns) and put into the histogram once at
         # the end (a histogram update costs ~3 µs in Python); 8 bytes per measured request.
         self._lat_us = array("q")
         # Completion times of every success, warm-up included (8 bytes each): the served rate
         # inside the window, whatever requests the server was busy with.
         self._done_t = array("d")
-        self._status: defaultdict[str, int] = defaultdict(int)
-        self._kinds: defaultdict[str, int] = defaultdict(int)
         self._conns: set[Connection] = set()
         self._idle: list[Connection] = []
         # (due, measured, capped): capped entries found every connection busy at the cap.
@@ -113,17 +116,9 @@ class Engine:
         self._outstanding = 0
         self._dispatching = True
         self._done = asyncio.Event()
-        self._nreq = len(cfg.requests)
-        self._next_req = 0
         self._thr = cfg.slo_threshold_s if cfg.slo_threshold_s is not None else math.inf
-        self._closed_end = math.inf
-        self._closed_left: int | None = None
-        self._warm_end = 0.0
-        self.stop_requested = False
         self._cpu0: tuple[float, tuple[float, float] | None, tuple[int, int, int] | None] = (
             now(), None, None)
-        self._tracer = (TraceSampler(cfg.trace_sample, seed=cfg.trace_seed)
-                        if cfg.trace_sample > 0 else None)
 
     # ---- responses and failures (hot path) ----
 
@@ -142,8 +137,8 @@ class Engine:
                 if lat <= self._thr:
                     res.within += 1
             else:
-                self._status[str(status)] += 1
-                self._kinds["status"] += 1
+                self.status[str(status)] += 1
+                self.kinds["status"] += 1
         else:
             self.res.warmup_requests += 1
         self._next(conn)
@@ -164,19 +159,11 @@ class Engine:
         self._check_done()
 
     def _send(self, conn: Connection, due: float, measured: bool) -> None:
-        req = self.cfg.requests[self._next_req]
-        self._next_req = (self._next_req + 1) % self._nreq
-        if self._tracer is not None and measured:
-            req = self._tracer.mark(req)
-        conn.send(req, (due, measured))
+        conn.send(self._next_request(measured), (due, measured))
 
     def _fail(self, kind: str, measured: bool) -> None:
         self._outstanding -= 1
-        if measured:
-            self._kinds[kind] += 1
-            self.res.last_done = now()
-        else:
-            self.res.warmup_requests += 1
+        super()._fail(kind, measured)
 
     def _on_lost(self, conn: Connection, exc: BaseException | None, token: Any) -> None:
         self._conns.discard(conn)
@@ -198,7 +185,7 @@ class Engine:
     def _refill(self) -> None:
         """Open connections for waiting work (open loop) or to keep N clients (closed loop)."""
         if self.cfg.mode == "closed":
-            want = self.cfg.concurrency if self._closed_can_send() else 0
+            want = self.cfg.concurrency if self.can_send() else 0
             while len(self._conns) + self._opening < want and self._opening < 256:
                 self._opening += 1
                 self.loop.create_task(self._open())
@@ -252,12 +239,12 @@ class Engine:
                 _, measured, _ = self._pending.popleft()
                 self._fail(kind, measured)
             self._refill()
-        elif self._closed_can_send():
+        elif self.can_send():
             # A client that cannot connect counts one failed request, then retries shortly.
             t = now()
             self._outstanding += 1
-            self._fail(kind, t >= self._warm_end)
-            self._count_closed_send(t >= self._warm_end)
+            self._fail(kind, t >= self.warm_end)
+            self._count_closed_send(t >= self.warm_end)
             self.loop.call_later(0.01, self._refill)
         self._check_done()
 
@@ -268,22 +255,17 @@ class Engine:
     # ---- open loop ----
 
     def _count_send(self, due: float, measured: bool, now: float) -> None:
-        """Lag is judged when a request gets a connection (idle, or one opened for it): the
-        connect itself is the network's time and shows in the latency, not in the lag."""
+        """Lag is judged when a request gets a connection (idle, or one opened for it)."""
         if measured:
+            self._lagged(due, now)
             res = self.res
             late = now - due
-            self.lag.add(late)
-            if late > LAG_THRESHOLD_S:
-                res.lag_count += 1
             if late > res.lag_max_s:
                 res.lag_max_s = late
-            if now > res.last_send:
-                res.last_send = now
             if due > res.last_due:
                 res.last_due = due
 
-    def _submit(self, due: float, measured: bool) -> None:
+    def _dispatch(self, due: float, measured: bool, woke: float) -> None:
         self._outstanding += 1
         if self._idle:
             self._count_send(due, measured, now())
@@ -298,57 +280,13 @@ class Engine:
             self._pending.append((due, measured, True))
             self.res.pool_waits += 1
 
-    async def run_open(self, times: list[float], start_at: float,
-                       stop_check: Callable[[Progress], bool] | None = None) -> PartResult:
-        """Send request i at `start_at + times[i]` (on `clock.now`); measure those after warm-up."""
-        warm = self.cfg.warmup_s
-        self.res.window_start = start_at + warm
-        self._warm_end = start_at + warm
-        sweeper = self.loop.create_task(self._sweep(stop_check))
-        clock = now
-        submit = self._submit
-        res = self.res
-        n = len(times)
-        i = 0
-        await sleep_until(start_at)
-        self._cpu_start()
-        try:
-            while i < n and not self.stop_requested:
-                rel = clock() - start_at
-                while i < n and times[i] <= rel:
-                    tt = times[i]
-                    measured = tt >= warm
-                    if measured:
-                        res.sent += 1
-                    submit(start_at + tt, measured)
-                    i += 1
-                if i < n:
-                    await sleep_until(start_at + times[i])
-            res.stopped_early = i < n
-            await self._drain()
-        finally:
-            sweeper.cancel()
-            self._close_all()
-        return self._finish()
-
     # ---- closed loop ----
 
-    def _closed_can_send(self) -> bool:
-        if self.stop_requested or now() >= self._closed_end:
-            return False
-        return self._closed_left is None or self._closed_left > 0
-
-    def _count_closed_send(self, measured: bool) -> None:
-        if measured:
-            self.res.sent += 1
-            if self._closed_left is not None:
-                self._closed_left -= 1
-
     def _closed_send(self, conn: Connection) -> bool:
-        if not self._closed_can_send():
+        if not self.can_send():
             return False
         t = now()
-        measured = t >= self._warm_end
+        measured = t >= self.warm_end
         self._count_closed_send(measured)
         if measured:
             self.res.last_send = t
@@ -356,33 +294,16 @@ class Engine:
         self._send(conn, t, measured)
         return True
 
-    async def run_closed(self, start_at: float,
-                         stop_check: Callable[[Progress], bool] | None = None) -> PartResult:
-        """`concurrency` clients back to back from `start_at` for the duration or request count."""
+    async def _clients(self) -> None:
         cfg = self.cfg
-        self._warm_end = start_at + cfg.warmup_s
-        self.res.window_start = self._warm_end
-        if cfg.duration_s is not None:
-            self._closed_end = start_at + cfg.duration_s
-        self._closed_left = cfg.max_requests
-        sweeper = self.loop.create_task(self._sweep(stop_check))
-        await sleep_until(start_at)
-        self._cpu_start()
-        try:
-            idle, self._idle = self._idle, []
-            for conn in idle[: cfg.concurrency]:
-                self._next(conn)
-            for conn in idle[cfg.concurrency:]:
-                conn.abort()
-            self._refill()
-            while self._closed_can_send() or self._opening:
-                await asyncio.sleep(0.02)
-            self.res.stopped_early = self.stop_requested
-            await self._drain()
-        finally:
-            sweeper.cancel()
-            self._close_all()
-        return self._finish()
+        idle, self._idle = self._idle, []
+        for conn in idle[: cfg.concurrency]:
+            self._next(conn)
+        for conn in idle[cfg.concurrency:]:
+            conn.abort()
+        self._refill()
+        while self.can_send() or self._opening:
+            await asyncio.sleep(0.02)
 
     # ---- shared ----
 
@@ -410,36 +331,30 @@ class Engine:
         except (OSError, RuntimeError, TimeoutError) as e:
             self.res.cold_start_error = f"{type(e).__name__}: {e}"
 
-    async def _sweep(self, stop_check: Callable[[Progress], bool] | None) -> None:
-        """Fail requests past their timeout; ask the stopping rule twice a second."""
+    def _on_tick(self, t: float) -> None:
+        """Fail requests past their timeout."""
         timeout = self.cfg.timeout_s
-        last_check = now()
-        while True:
-            await asyncio.sleep(0.05)
-            t = now()
-            while self._pending and t - self._pending[0][0] > timeout:
-                due, measured, capped = self._pending.popleft()
-                if capped:
-                    self._count_send(due, measured, t)
-                self._fail("timeout", measured)
-            for conn in list(self._conns):
-                tok = conn.token
-                if tok is not None and t - tok[0] > timeout and conn not in self._timed_out:
-                    self._timed_out.add(conn)
-                    conn.abort()
-            self._check_done()
-            if stop_check is not None and t - last_check >= 0.5:
-                last_check = t
-                res = self.res
-                prog = Progress(sent=res.sent, ok=res.ok, errors=sum(self._kinds.values()),
-                                within=res.within, elapsed_s=max(0.0, t - res.window_start))
-                if stop_check(prog):
-                    self.stop_requested = True
+        while self._pending and t - self._pending[0][0] > timeout:
+            due, measured, capped = self._pending.popleft()
+            if capped:
+                self._count_send(due, measured, t)
+            self._fail("timeout", measured)
+        for conn in list(self._conns):
+            tok = conn.token
+            if tok is not None and t - tok[0] > timeout and conn not in self._timed_out:
+                self._timed_out.add(conn)
+                conn.abort()
+        self._check_done()
+
+    def _stop_now(self, stop_check: Callable[..., bool], elapsed_s: float) -> bool:
+        res = self.res
+        return stop_check(Progress(sent=res.sent, ok=res.ok, errors=sum(self.kinds.values()),
+                                   within=res.within, elapsed_s=elapsed_s))
 
     async def _drain(self) -> None:
         self._dispatching = False
         self._check_done()
-        # The sweeper fails anything past its timeout, so this ends within timeout + a tick.
+        # The watcher fails anything past its timeout, so this ends within timeout + a tick.
         await asyncio.wait_for(self._done.wait(), timeout=self.cfg.timeout_s + 5.0)
 
     def _close_all(self) -> None:
@@ -448,7 +363,7 @@ class Engine:
         self._conns.clear()
         self._idle.clear()
 
-    def _cpu_start(self) -> None:
+    def _on_start(self) -> None:
         # Whether the generator was starved of CPU decides what a late run's reason advises.
         self._cpu0 = (now(), sched_times(), busy_ticks())
 
@@ -460,11 +375,10 @@ class Engine:
             res.cpu_s, res.cpu_wait_s = s1[0] - s0[0], s1[1] - s0[1]
         res.machine_busy_cores = busy_cores(b0, busy_ticks())
 
-    def _finish(self) -> PartResult:
+    def _finish(self) -> HttpPart:
         self._cpu_stop()
-        res = self.res
-        res.errors_by_status = dict(self._status)
-        res.errors_by_kind = dict(self._kinds)
+        res = super()._finish()
+        res.lag_count = self.lag.late
         self.hist.record_us(np.frombuffer(self._lat_us, dtype=np.int64))
         self._lat_us = array("q")
         res.hist_blob = self.hist.encode()
@@ -473,7 +387,4 @@ class Engine:
             t1 = t0 + self.cfg.window_s
             res.served_in_window = sum(1 for t in self._done_t if t0 <= t <= t1)
         self._done_t = array("d")
-        res.lag_blob = self.lag.histogram().encode()
-        if self._tracer is not None:
-            res.traced, res.trace_ids = self._tracer.count, self._tracer.trace_ids
         return res

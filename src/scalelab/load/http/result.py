@@ -30,7 +30,7 @@ from scalelab.core.records import Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
 from scalelab.load.cluster import ClusterLevel
 from scalelab.load.histogram import LatencyHistogram, Percentiles
-from scalelab.load.http.generator import PartResult
+from scalelab.load.http.generator import HttpPart
 from scalelab.load.result import NOTHING_MEASURED, LevelResult, Tally, finite
 from scalelab.load.schedule import Mode
 
@@ -48,7 +48,7 @@ SATURATED_CORE_SHARE = 0.90
 
 @dataclass(frozen=True, kw_only=True)
 class GeneratorCpu:
-    """What the generator's processes got of the CPU over the run (from `PartResult`s)."""
+    """What the generator's processes got of the CPU over the run (from `HttpPart`s)."""
 
     busy_cores: float
     """On-CPU seconds of every process's loop thread over the run's wall span."""
@@ -74,7 +74,7 @@ class GeneratorCpu:
         return ", ".join(parts)
 
 
-def generator_cpu(parts: Sequence[PartResult], cores: int | None = None) -> GeneratorCpu | None:
+def generator_cpu(parts: Sequence[HttpPart], cores: int | None = None) -> GeneratorCpu | None:
     """Merge the processes' CPU readings; None when none was measured."""
     span = max((p.cpu_span_s for p in parts), default=0.0)
     if span <= 0:
@@ -150,7 +150,7 @@ class LoadResult(LevelResult):
     """With --cluster: the scheduler and every worker's share, clock offset and validity."""
 
 
-def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
+def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
           concurrency: int | None, arrival: str | None, window_s: float | None,
           slo_threshold_s: float | None, realtime: bool = False,
           more: str = "--processes") -> LoadResult:
@@ -220,7 +220,7 @@ def merge(parts: Sequence[PartResult], *, mode: Mode, offered_rps: float | None,
     )
 
 
-def throughput(parts: Sequence[PartResult], *, ok: int, wall: float, window_s: float | None,
+def throughput(parts: Sequence[HttpPart], *, ok: int, wall: float, window_s: float | None,
                stopped: bool) -> float:
     """Successes per second: inside the measured window where every part counted them there
     (open loop; the warm-up's backlog served in the window counts, so an overloaded level

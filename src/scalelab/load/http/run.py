@@ -13,7 +13,7 @@ from typing import Any
 from scalelab.load import clock, level
 from scalelab.load.capacity import Progress
 from scalelab.load.cluster import Cluster
-from scalelab.load.http.generator import Engine, EngineConfig
+from scalelab.load.http.generator import HttpConfig, HttpDriver
 from scalelab.load.http.result import LoadResult, merge
 
 
@@ -21,43 +21,33 @@ from scalelab.load.http.result import LoadResult, merge
 class LoadPlan(level.LevelPlan[LoadResult]):
     """One load level: the engine settings plus rate or concurrency and length."""
 
-    engine: EngineConfig
+    engine: HttpConfig
     """Target, requests, timeouts (mode and closed-loop length live here too)."""
     cold_start: bool = True
     """Time one request on a fresh connection first (reported apart)."""
 
-    def __post_init__(self) -> None:
-        self._check()
-
-    def settings(self) -> level.ProcessSettings:
-        e = self.engine
-        return level.ProcessSettings(e.mode, e.warmup_s, e.concurrency, e.timeout_s)
+    def send_config(self) -> HttpConfig:
+        return self.engine
 
     def merge_parts(self, parts: Sequence[Any], **common: Any) -> LoadResult:
         return merge(parts, slo_threshold_s=self.engine.slo_threshold_s,
                      realtime=self.engine.realtime, **common)
 
 
-def _engine_for(plan: LoadPlan, index: int) -> EngineConfig:
+def _engine_for(plan: LoadPlan, index: int) -> HttpConfig:
     cfg = plan.engine
     if cfg.mode == "open":
         return replace(cfg, window_s=plan.window_s())
-    conc, n, dur = plan.share(index)
-    return replace(cfg, concurrency=conc, max_requests=n, duration_s=dur)
+    return plan.closed_config(cfg, index)
 
 
-async def _run_one(cfg: EngineConfig, times: list[float] | None, cold: bool,
+async def _run_one(cfg: HttpConfig, times: list[float] | None, cold: bool,
                    start: Callable[[], float],
                    stop_check: Callable[[Progress], bool] | None) -> Any:
-    eng = Engine(cfg)
+    eng = HttpDriver(cfg)
     if cold:
         await eng.cold_start()
-    # `start` may block on the other workers; nothing else runs on this loop yet.
-    start_at = start()
-    if cfg.mode == "open":
-        assert times is not None
-        return await eng.run_open(times, start_at, stop_check)
-    return await eng.run_closed(start_at, stop_check)
+    return await eng.run(times, start, stop_check)
 
 
 def _load_part(plan: LoadPlan, index: int, times: list[float] | None,
@@ -90,7 +80,7 @@ def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = 
 
 def _cold_probe(plan: LoadPlan) -> tuple[float | None, str | None]:
     async def probe() -> tuple[float | None, str | None]:
-        eng = Engine(plan.engine)
+        eng = HttpDriver(plan.engine)
         await eng.cold_start()
         return eng.res.cold_start_s, eng.res.cold_start_error
 
@@ -100,14 +90,14 @@ def _cold_probe(plan: LoadPlan) -> tuple[float | None, str | None]:
 def _run_on_cluster(plan: LoadPlan, times: list[float] | None, cluster: Cluster,
                     stop_check: Callable[[Progress], bool] | None) -> LoadResult:
     workers = level.cluster_workers(plan, cluster, stop_check)
-    p = len(workers)
     # The cold-start probe runs apart, before the shares are handed out, so a slow first
     # request cannot make worker 0 miss the agreed start.
     cold = cluster.call(_cold_probe, plan, prefer=workers[0],
                         timeout_s=plan.engine.timeout_s * 2 + 60) if plan.cold_start else None
-    plan = replace(plan, processes=p, cold_start=False)
-    parts, clocks = cluster.run(_load_part, plan, workers, schedule=times,
-                                length_s=plan.length_s() + plan.engine.timeout_s)
-    if cold is not None:
-        parts[0] = replace(parts[0], cold_start_s=cold[0], cold_start_error=cold[1])
-    return level.cluster_result(plan, parts, clocks, cluster, lambda r: r.lag_p99_ms)
+
+    def with_cold(parts: list[Any]) -> None:
+        if cold is not None:
+            parts[0] = replace(parts[0], cold_start_s=cold[0], cold_start_error=cold[1])
+
+    return level.run_on_cluster(replace(plan, cold_start=False), _load_part, workers, times,
+                                cluster, lambda r: r.lag_p99_ms, patch=with_cold)

@@ -23,7 +23,7 @@ from scalelab.load.capacity import CapacityResult, SearchConfig, Step, search
 from scalelab.load.cluster import Cluster
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm.result import LlmResult, merge, samples_of
-from scalelab.load.llm.stream import ProbeAnswer, StopCheck, StreamConfig, StreamEngine, StreamPart
+from scalelab.load.llm.stream import ProbeAnswer, StopCheck, StreamConfig, StreamDriver, StreamPart
 from scalelab.load.llm.token_slo import TokenStepRule
 
 
@@ -34,12 +34,8 @@ class LlmPlan(level.LevelPlan[LlmResult]):
     stream: StreamConfig
     """Target, requests, mode, concurrency, timeouts."""
 
-    def __post_init__(self) -> None:
-        self._check()
-
-    def settings(self) -> level.ProcessSettings:
-        c = self.stream
-        return level.ProcessSettings(c.mode, c.warmup_s, c.concurrency, c.timeout_s)
+    def send_config(self) -> StreamConfig:
+        return self.stream
 
     def merge_parts(self, parts: Sequence[Any], **common: Any) -> LlmResult:
         return merge(parts, **common)
@@ -51,18 +47,12 @@ def _config_for(plan: LlmPlan, index: int) -> StreamConfig:
         cfg = replace(cfg, probe_requests=[])  # the probe is sent once, by the first process
     if cfg.mode == "open":
         return cfg
-    conc, n, dur = plan.share(index)
-    return replace(cfg, concurrency=conc, max_requests=n, duration_s=dur)
+    return plan.closed_config(cfg, index)
 
 
 async def _run_one(cfg: StreamConfig, times: list[float] | None, start: Callable[[], float],
                    stop_check: StopCheck | None) -> StreamPart:
-    eng = StreamEngine(cfg)
-    start_at = start()
-    if cfg.mode == "open":
-        assert times is not None
-        return await eng.run_open(times, start_at, stop_check)
-    return await eng.run_closed(start_at, stop_check)
+    return await StreamDriver(cfg).run(times, start, stop_check)
 
 
 def _stream_part(plan: LlmPlan, index: int, times: list[float] | None,
@@ -89,11 +79,8 @@ def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None,
 def _run_on_cluster(plan: LlmPlan, times: list[float] | None, cluster: Cluster,
                     stop_check: StopCheck | None) -> LlmResult:
     workers = level.cluster_workers(plan, cluster, stop_check)
-    p = len(workers)
-    plan = replace(plan, processes=p)
-    parts, clocks = cluster.run(_stream_part, plan, workers, schedule=times,
-                                length_s=plan.length_s() + plan.stream.timeout_s)
-    return level.cluster_result(plan, parts, clocks, cluster, lambda r: r.lag.p99_ms)
+    return level.run_on_cluster(plan, _stream_part, workers, times, cluster,
+                                lambda r: r.lag.p99_ms)
 
 
 def reference_answers(cfg: StreamConfig) -> list[ProbeAnswer]:

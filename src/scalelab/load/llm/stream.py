@@ -9,7 +9,8 @@ timed from the send, so it measures service under a fixed number of streams and 
 Streams hold their connection for the whole answer (seconds), so one keep-alive connection per
 stream in flight: a pool grows to `max_connections`; past it a due request waits (still timed
 from its due time, and counted as generator lag). Each request is one small task (~30 µs of
-overhead, nothing next to a stream of tens of events) so the logic reads top to bottom.
+overhead, nothing next to a stream of tens of events) so the logic reads top to bottom. The
+schedule, window, lag, stop checks and counts are `driver.Driver`'s, shared with HTTP.
 
 A stream that ends before `[DONE]` or a finish_reason (the server died, the proxy cut it) is an
 error of kind "dropped", never a short fast answer; an event that is not JSON is "protocol";
@@ -27,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from scalelab.load.clock import LagRecorder, now, sleep_until
+from scalelab.load.clock import now
+from scalelab.load.driver import Driver
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm.sse import Answer, SseConnection, StreamLost
 from scalelab.load.llm.tokens import TokenSource, timing, tokens_per_event
 from scalelab.load.result import Part
 from scalelab.load.send import SendConfig
-from scalelab.load.trace_sample import TraceSampler
 
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "dropped", "protocol", "server-error",
                "empty", "other")
@@ -102,34 +103,24 @@ StopCheck = Callable[[StreamPart, float], bool]
 """(measurements so far, measured seconds elapsed) -> stop now."""
 
 
-class StreamEngine:
-    """One asyncio loop's worth of streaming load. Use `run_open` or `run_closed` once."""
+class StreamDriver(Driver[StreamPart]):
+    """One asyncio loop's worth of streaming load: `Driver`'s schedule, one small task per
+    request that holds a pooled connection for its whole stream."""
 
     def __init__(self, cfg: StreamConfig) -> None:
-        self.cfg = cfg
-        self.loop = asyncio.get_running_loop()
-        self.res = StreamPart()
+        super().__init__(cfg, StreamPart())
+        self.cfg: StreamConfig = cfg
         self._gaps_us = array("q")
-        self._lag = LagRecorder()
-        self._kinds: defaultdict[str, int] = defaultdict(int)
-        self._status: defaultdict[str, int] = defaultdict(int)
         self._sources: defaultdict[str, int] = defaultdict(int)
         self._idle: list[SseConnection] = []
         self._waiters: deque[asyncio.Future[SseConnection]] = deque()
         self._nconns = 0
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._next_req = 0
         self._next_probe = 0
-        self._warm_end = 0.0
-        self._end = float("inf")
         # Closed loop: warm-up streams still running, and the event set when the last ends.
         self._warm_flight = 0
         self._warm_done: asyncio.Event | None = None
-        self._left: int | None = None
-        self.stop_requested = False
-        self._tracer = (TraceSampler(cfg.trace_sample, seed=cfg.trace_seed)
-                        if cfg.trace_sample > 0 else None)
 
     # ---- the connection pool ----
 
@@ -198,16 +189,12 @@ class StreamEngine:
         probe = self.cfg.probe_requests
         if measured and self._next_probe < len(probe):
             self._next_probe += 1
-            return probe[self._next_probe - 1], self._next_probe - 1
-        req = self.cfg.requests[self._next_req]
-        self._next_req = (self._next_req + 1) % len(self.cfg.requests)
-        return req, None
+            return self._traced(probe[self._next_probe - 1], measured), self._next_probe - 1
+        return self._next_request(measured), None
 
     async def _one(self, start: float, measured: bool, dispatched: float | None) -> None:
         res = self.res
         req, probe = self._request_bytes(measured)
-        if self._tracer is not None and measured:
-            req = self._tracer.mark(req)
         self._in_flight += 1
         if self._in_flight > res.max_in_flight:
             res.max_in_flight = self._in_flight
@@ -218,7 +205,7 @@ class StreamEngine:
                 if dispatched is not None and measured:
                     # Lag is judged at dispatch, or when a connection freed up at the cap; the
                     # connect itself is the network's time and shows in TTFT, not in the lag.
-                    self._lag.add((now() if waited else dispatched) - start)
+                    self.lag.add((now() if waited else dispatched) - start)
                     res.last_send = max(res.last_send, now())
                 ans = await conn.request(req)
             self._release(conn)
@@ -246,11 +233,7 @@ class StreamEngine:
                 self._release(conn)
 
     def _fail(self, kind: str, measured: bool, probe: int | None = None) -> None:
-        if measured:
-            self._kinds[kind] += 1
-            self.res.last_done = now()
-        else:
-            self.res.warmup_requests += 1
+        super()._fail(kind, measured)
         if probe is not None:
             self.res.probe.append(ProbeAnswer(index=probe, pieces=[], tokens=[], source=None,
                                               error=kind))
@@ -275,8 +258,8 @@ class StreamEngine:
         res = self.res
         res.last_done = now()
         if not 200 <= ans.status < 300:
-            self._status[str(ans.status)] += 1
-            self._kinds["status"] += 1
+            self.status[str(ans.status)] += 1
+            self.kinds["status"] += 1
             return "status"
         tokens, source, prompt = tokens_per_event(ans.events)
         finished = ans.done or any(e.finished for e in ans.events)
@@ -291,7 +274,7 @@ class StreamEngine:
         if kind is None and tm is None:
             kind = "empty"
         if kind is not None or tm is None:
-            self._kinds[kind or "empty"] += 1
+            self.kinds[kind or "empty"] += 1
             res.failed_output_tokens += sum(tokens)
             return kind or "empty"
         res.ok += 1
@@ -306,44 +289,15 @@ class StreamEngine:
 
     # ---- open loop ----
 
-    async def run_open(self, times: list[float], start_at: float,
-                       stop_check: StopCheck | None = None) -> StreamPart:
-        """Request i at `start_at + times[i]` (loop clock); measure those due after warm-up."""
-        warm = self.cfg.warmup_s
-        self.res.window_start = start_at + warm
-        self._warm_end = start_at + warm
-        sweeper = self.loop.create_task(self._watch(stop_check))
-        i, n = 0, len(times)
-        try:
-            await sleep_until(start_at)
-            while i < n and not self.stop_requested:
-                t = now()
-                while i < n and start_at + times[i] <= t:
-                    measured = times[i] >= warm
-                    if measured:
-                        self.res.sent += 1
-                    self._spawn(self._one(start_at + times[i], measured, t))
-                    i += 1
-                if i < n:
-                    await sleep_until(start_at + times[i])
-            self.res.stopped_early = i < n
-            await self._drain()
-        finally:
-            sweeper.cancel()
-            self._close_all()
-        return self._finish()
+    def _dispatch(self, due: float, measured: bool, woke: float) -> None:
+        self._spawn(self._one(due, measured, woke))
 
     # ---- closed loop ----
 
-    def _can_send(self) -> bool:
-        if self.stop_requested or now() >= self._end:
-            return False
-        return self._left is None or self._left > 0
-
     async def _client(self) -> None:
-        while self._can_send():
+        while self.can_send():
             t = now()
-            measured = t >= self._warm_end
+            measured = t >= self.warm_end
             if measured and self._warm_flight:
                 # The window opens once the warm-up's streams have ended: measured ones
                 # started beside them would share the engine with unmeasured work, and the
@@ -352,21 +306,19 @@ class StreamEngine:
                 await self._warm_drained()
                 continue
             if measured:
-                self.res.sent += 1
+                self._count_closed_send(measured)
                 self.res.last_send = t
-                if self._left is not None:
-                    self._left -= 1
             else:
                 self._warm_flight += 1
-            before = sum(self._kinds.values())
+            before = sum(self.kinds.values())
             try:
                 await self._one(t, measured, None)
             finally:
                 if not measured:
                     self._warm_flight -= 1
-                    if not self._warm_flight and now() >= self._warm_end:
+                    if not self._warm_flight and now() >= self.warm_end:
                         self._open_window()
-            if self._kinds.get("refused", 0) and sum(self._kinds.values()) > before:
+            if self.kinds.get("refused", 0) and sum(self.kinds.values()) > before:
                 await asyncio.sleep(0.01)  # a refused client retries shortly, not in a spin
 
     async def _warm_drained(self) -> None:
@@ -383,50 +335,25 @@ class StreamEngine:
         if self._warm_done.is_set():
             return
         t = now()
-        if t > self._warm_end:
-            self._end += t - self._warm_end
+        if t > self.warm_end:
+            self.closed_end += t - self.warm_end
             self.res.window_start = t
         self._warm_done.set()
 
-    async def run_closed(self, start_at: float, stop_check: StopCheck | None = None
-                         ) -> StreamPart:
-        """`concurrency` clients back to back from `start_at` for the duration or count."""
-        cfg = self.cfg
-        self._warm_end = start_at + cfg.warmup_s
-        self.res.window_start = self._warm_end
-        if cfg.duration_s is not None:
-            self._end = start_at + cfg.duration_s
-        self._left = cfg.max_requests
-        sweeper = self.loop.create_task(self._watch(stop_check))
-        try:
-            await sleep_until(start_at)
-            for _ in range(cfg.concurrency):
-                self._spawn(self._client())
-            await self._drain()
-            self.res.stopped_early = self.stop_requested
-        finally:
-            sweeper.cancel()
-            self._close_all()
-        return self._finish()
+    async def _clients(self) -> None:
+        for _ in range(self.cfg.concurrency):
+            self._spawn(self._client())
+        # The stopping rule may end the clients; `stopped_early` is read after they have.
+        await self._drain()
 
-    # ---- shared ----
+    # ---- the end ----
 
-    async def _watch(self, stop_check: StopCheck | None) -> None:
-        """Ask the stopping rule twice a second (timeouts are per request)."""
-        if stop_check is None:
-            return
-        while True:
-            await asyncio.sleep(0.5)
-            snap = self._snapshot()
-            if stop_check(snap, max(0.0, now() - self.res.window_start)):
-                self.stop_requested = True
-                return
-
-    def _snapshot(self) -> StreamPart:
+    def _stop_now(self, stop_check: Callable[..., bool], elapsed_s: float) -> bool:
         r = self.res
-        return StreamPart(sent=r.sent, ok=r.ok, errors_by_kind=dict(self._kinds),
+        snap = StreamPart(sent=r.sent, ok=r.ok, errors_by_kind=dict(self.kinds),
                           ttft_us=r.ttft_us, e2e_us=r.e2e_us, tpot_us=r.tpot_us,
                           output_tokens=r.output_tokens, prompt_tokens=r.prompt_tokens)
+        return stop_check(snap, elapsed_s)
 
     async def _drain(self) -> None:
         # Each request ends by its own timeout, so this ends within timeout + a little.
@@ -441,16 +368,10 @@ class StreamEngine:
             t.cancel()
 
     def _finish(self) -> StreamPart:
-        res = self.res
-        res.errors_by_kind = dict(self._kinds)
-        res.errors_by_status = dict(self._status)
+        res = super()._finish()
         res.token_sources = dict(self._sources)
         h = LatencyHistogram()
         h.record_us(np.frombuffer(self._gaps_us, dtype=np.int64))
         res.itl_blob = h.encode()
-        res.lag_blob = self._lag.histogram().encode()
-        res.lag_late = self._lag.late
-        if self._tracer is not None:
-            res.traced, res.trace_ids = self._tracer.count, self._tracer.trace_ids
+        res.lag_late = self.lag.late
         return res
-

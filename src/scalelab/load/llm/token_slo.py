@@ -21,13 +21,19 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
-from scalelab.core.errors import BadUsageError
 from scalelab.load.capacity import StopRule
-from scalelab.load.slo import parse_availability, parse_quantile, parse_threshold, slo_label
+from scalelab.load.slo import (
+    LatencyObjective,
+    ObjectiveSet,
+    parse_availability,
+    parse_quantile,
+    parse_terms,
+    parse_threshold,
+)
 
 Metric = Literal["ttft", "itl", "tpot", "e2e"]
 METRICS: tuple[Metric, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -36,56 +42,48 @@ _AVAIL = re.compile(r"^(?:avail|availability)\s*(>=|>)\s*([\d.]+)\s*%?$", re.IGN
 
 
 @dataclass(frozen=True, kw_only=True)
-class TokenObjective:
+class TokenObjective(LatencyObjective):
     """The `quantile` of `metric` must stay at or under `threshold_s`."""
 
     metric: Metric
     """ttft, itl, tpot or e2e."""
-    quantile: float
-    """In (0, 1): 0.95 for p95."""
-    threshold_s: float
-    """Seconds."""
 
     @property
     def label(self) -> str:
-        return f"{self.metric}_p{self.quantile * 100:g}<{self.threshold_s * 1e3:g}ms"
+        return f"{self.metric}_{super().label}"
 
 
 @dataclass(frozen=True, kw_only=True)
-class TokenSlo:
+class TokenSlo(ObjectiveSet[TokenObjective]):
     """Token latency objectives and an optional availability target."""
 
     objectives: tuple[TokenObjective, ...]
     """Latency objectives (may be empty with availability alone)."""
-    availability: float | None = None
-    """Share of requests that must succeed, e.g. 0.999."""
 
-    def __post_init__(self) -> None:
-        if not self.objectives and self.availability is None:
-            raise BadUsageError("a token SLO needs an objective, e.g. "
-                                "\"ttft_p95<500ms,tpot_p95<60ms,avail>=99.9%\"")
+    needs: ClassVar[str] = "a token SLO needs an objective, e.g. " \
+        "\"ttft_p95<500ms,tpot_p95<60ms,avail>=99.9%\""
 
     @property
-    def label(self) -> str:
-        return slo_label([o.label for o in self.objectives], self.availability)
+    def terms(self) -> tuple[TokenObjective, ...]:
+        return self.objectives
 
 
 def parse_token_slo(text: str) -> TokenSlo:
     """Parse comma-separated terms: METRIC_pQ<THRESHOLD (ms by default) and avail>=P%."""
-    objs: list[TokenObjective] = []
-    avail: float | None = None
-    for term in [t.strip() for t in str(text).split(",") if t.strip()]:
-        if m := _OBJ.match(term):
-            objs.append(TokenObjective(metric=m.group(1).lower(),  # type: ignore[arg-type]
-                                       quantile=parse_quantile(m.group(2), term),
-                                       threshold_s=parse_threshold(m.group(4), term)))
-        elif m := _AVAIL.match(term):
-            avail = parse_availability(m.group(2), term)
-        else:
-            raise BadUsageError(
-                f"--slo: cannot read {term!r}; write e.g. \"ttft_p95<500ms\", \"tpot_p99<60ms\", "
-                "\"itl_p99<100ms\", \"e2e_p95<5s\" or \"avail>=99.9%\", comma-separated")
+    objs, avail = parse_terms(str(text), _read_term,
+                              "\"ttft_p95<500ms\", \"tpot_p99<60ms\", \"itl_p99<100ms\", "
+                              "\"e2e_p95<5s\" or \"avail>=99.9%\"")
     return TokenSlo(objectives=tuple(objs), availability=avail)
+
+
+def _read_term(term: str) -> TokenObjective | float | None:
+    if m := _OBJ.match(term):
+        return TokenObjective(metric=m.group(1).lower(),  # type: ignore[arg-type]
+                              quantile=parse_quantile(m.group(2), term),
+                              threshold_s=parse_threshold(m.group(4), term))
+    if m := _AVAIL.match(term):
+        return parse_availability(m.group(2), term)
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

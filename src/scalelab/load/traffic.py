@@ -1,7 +1,8 @@
-"""Traffic traces for the autoscaling simulator: (time s, arrival rate req/s), linearly joined.
+"""Traffic curves (`--trace`) for the autoscaling simulator: (time s, rate req/s), linearly joined.
 
-A CSV trace has a `time,rate` header (time in seconds from the start, ascending; or any
-duration like 90s, 5m, 1h) and one row per point. Built-ins, scaled by a base and a peak rate:
+Not span traces (those are `observe/traces.py`). A CSV curve has a `time,rate` header (time in
+seconds from the start, ascending; or any duration like 90s, 5m, 1h) and one row per point.
+Built-ins, scaled by a base and a peak rate:
 - diurnal: 24 h, a smooth day (trough at 04:00, peak at 16:00) plus a 20% evening shoulder;
 - spike: 1 h at the base with a jump to the peak at 20 min lasting 5 min;
 - ramp: 1 h, linear from base to peak over 50 min, then held.
@@ -23,7 +24,7 @@ BUILTINS = ("diurnal", "spike", "ramp")
 
 
 @dataclass(frozen=True)
-class Trace:
+class TrafficCurve:
     """Rate points joined by straight lines; the rate holds after the last point."""
 
     name: str
@@ -47,7 +48,7 @@ class Trace:
         return np.interp(np.asarray(t, dtype=float) + self.times_s[0], self.times_s, self.rates)
 
 
-def read_trace(path: str | Path) -> Trace:
+def read_traffic(path: str | Path) -> TrafficCurve:
     p = Path(path)
     if not p.is_file():
         raise BadInputError(f"--trace {p}: no such file; give a CSV with time,rate or one of "
@@ -70,10 +71,10 @@ def read_trace(path: str | Path) -> Trace:
                 raise BadInputError(f"{p}:{lineno}: {row[:2]} is not a time and a rate") from None
             times.append(t)
             rates.append(r)
-    return Trace(p.stem, tuple(times), tuple(rates))
+    return TrafficCurve(p.stem, tuple(times), tuple(rates))
 
 
-def builtin(name: str, *, base: float, peak: float) -> Trace:
+def builtin(name: str, *, base: float, peak: float) -> TrafficCurve:
     if not (0 <= base <= peak and peak > 0):
         raise BadUsageError(f"trace rates need 0 <= base ({base}) <= peak ({peak}), peak > 0")
     if name == "diurnal":
@@ -83,18 +84,19 @@ def builtin(name: str, *, base: float, peak: float) -> Trace:
         evening = 0.2 * np.exp(-((h - 20.5) ** 2) / 2.0)
         shape = np.clip(day + evening, 0, None)
         shape = shape / shape.max()
-        return Trace("diurnal", tuple(t.tolist()), tuple((base + (peak - base) * shape).tolist()))
+        return TrafficCurve("diurnal", tuple(t.tolist()),
+                            tuple((base + (peak - base) * shape).tolist()))
     if name == "spike":
-        return Trace("spike", (0.0, 1200.0, 1201.0, 1500.0, 1501.0, 3600.0),
-                     (base, base, peak, peak, base, base))
+        return TrafficCurve("spike", (0.0, 1200.0, 1201.0, 1500.0, 1501.0, 3600.0),
+                            (base, base, peak, peak, base, base))
     if name == "ramp":
-        return Trace("ramp", (0.0, 3000.0, 3600.0), (base, peak, peak))
+        return TrafficCurve("ramp", (0.0, 3000.0, 3600.0), (base, peak, peak))
     raise BadUsageError(f"--trace {name!r}: not a file and not a built-in "
                         f"({', '.join(BUILTINS)})")
 
 
-def load_trace(spec: str, *, base: float, peak: float) -> Trace:
+def load_traffic(spec: str, *, base: float, peak: float) -> TrafficCurve:
     """A built-in name or a CSV path."""
     if spec in BUILTINS:
         return builtin(spec, base=base, peak=peak)
-    return read_trace(spec)
+    return read_traffic(spec)
