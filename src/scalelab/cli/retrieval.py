@@ -242,6 +242,8 @@ def serve_cmd(governance: Path | None,
 @click.option("--latency-budget", type=float, default=None,
               help="Seconds all fixed-rate runs may take beyond their first pass: each grows "
                    "chunk by chunk until its --latency-slo is decided or its share is spent.")
+@click.option("--no-flat", is_flag=True,
+              help="Skip faiss Flat (exact through BLAS; recall 1.0 vs exact by construction).")
 @click.option("--fresh-singles", type=int, default=20, show_default=True,
               help="Single new documents timed from text to answerable.")
 @prices_option
@@ -254,7 +256,7 @@ def serve_cmd(governance: Path | None,
 def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: str,
               embedder: str, cache: Path | None, recall_target: float, arrival_rate: float,
               latency_queries: int, latency_slo: str, latency_budget: float | None,
-              fresh_singles: int, prices_file: Path | None,
+              no_flat: bool, fresh_singles: int, prices_file: Path | None,
               price_per_core_hour: float | None, seed: int,
               records: Path | None, plot: Path | None, as_json: bool) -> None:
     """ann-benchmarks style: one thread, one query at a time, a parameter grid per index."""
@@ -273,13 +275,13 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
                                arrival_rate=arrival_rate, latency_queries=latency_queries,
                                latency_objectives=parse_slo(
                                    [x for x in latency_slo.split(",") if x.strip()]),
-                               latency_budget_s=latency_budget,
+                               latency_budget_s=latency_budget, flat=not no_flat,
                                fresh_singles=fresh_singles,
                                price_per_core_hour=resolve_prices(
                                    prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
                                seed=seed, records=records)
     with live_progress("retrieval bench",
-                       total=len(cfg.levels) * (3 + len(cfg.indexes))) as progress:
+                       total=len(cfg.levels) * (2 + cfg.flat + len(cfg.indexes))) as progress:
         result = run_bench(cfg, on_step=lambda what: progress.advance(what))
     result["plot"] = str(plot) if plot else None
     if plot is not None:
