@@ -166,3 +166,13 @@ def test_ivfpq_codes_are_sized_to_the_training_vectors() -> None:
     assert resolve_spec("ivfpq", 5000, 384) == f"faiss:IVF{ivf_lists(5000)},PQ48x7np"
     assert resolve_spec("ivfpq", 20_000, 384) == f"faiss:IVF{ivf_lists(20_000)},PQ48np"
     assert resolve_spec("ivfflat", 500, 384) == f"faiss:IVF{ivf_lists(500)},Flat"
+
+
+def test_the_cache_fills_on_every_core_only_while_they_are_idle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from scalelab.retrieval import embed
+
+    monkeypatch.setattr(embed.os, "cpu_count", lambda: 2)
+    for load, threads in ((0.3, 2), (2.0, 2), (2.01, 1), (14.2, 1)):
+        monkeypatch.setattr(embed.os, "getloadavg", lambda load=load: (load, load, load))
+        assert embed.fill_threads() == threads

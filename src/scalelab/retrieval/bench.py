@@ -16,11 +16,9 @@ Every number lands in a `core.records` record (stage ``retrieval``, variable
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +40,14 @@ from scalelab.core.records import (
     new_experiment_id,
 )
 from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
-from scalelab.retrieval.embed import CachedEmbedder, embedding_cost_per_1000, make_embedder
+from scalelab.retrieval.embed import (
+    CachedEmbedder,
+    EncodeTimings,
+    embedding_cost_per_1000,
+    fill_threads,
+    make_embedder,
+    torch_threads,
+)
 from scalelab.retrieval.index import (
     VectorIndex,
     build_index,
@@ -154,8 +159,8 @@ class RetrievalBenchConfig:
     """Single new documents timed from text to answerable."""
     embed_threads: int | None = None
     """Torch threads that fill the embedding cache (the corpus and the fresh month, once per
-    document): not a timed measurement, so every core by default (None). The rates and costs
-    (64 documents, the questions, single new documents) are timed on one thread."""
+    document; not a timed measurement); None: `fill_threads()`. The rates and costs (64
+    documents, the questions, single new documents) are timed on one thread."""
     runs: int = 2
     """Timed passes over the queries per grid point; the fastest counts (ann-benchmarks'
     run_count: on a shared machine the slower pass measures the neighbours, not the index)."""
@@ -332,45 +337,6 @@ def _specs(cfg: RetrievalBenchConfig) -> list[str]:
     return ["exact", *(["faiss:Flat"] if cfg.flat else []), *cfg.indexes]
 
 
-@contextmanager
-def _threads(embedder: object, n: int) -> Iterator[None]:
-    """The embedder's torch threads set to `n` inside (an embedder without threads, like
-    hashing, is left as it is)."""
-    if not hasattr(embedder, "threads"):
-        yield
-        return
-    before = embedder.threads
-    embedder.threads = n
-    try:
-        yield
-    finally:
-        embedder.threads = before
-
-
-@dataclass(kw_only=True)
-class _EncodeTimings:
-    """The model's uncached rates (documents, then the questions' embeddings and rate), timed
-    once per distinct input: every level has the same questions and the same first documents
-    (corpus.build_corpus), so timing them again at each level repeated the same encodes."""
-
-    _seen: dict[tuple[str, ...], tuple[float, np.ndarray, float]] = field(default_factory=dict)
-
-    def measure(self, emb: CachedEmbedder, docs: list[str], questions: list[str]
-                ) -> tuple[float, np.ndarray, float]:
-        """(document s per 1,000, question embeddings, question s per 1,000)."""
-        key = (*docs, "\x00", *questions)
-        if key not in self._seen:
-            # A fresh rate even when the cache answered everything: straight through the model.
-            p0 = time.perf_counter()
-            emb.embedder.encode(docs)
-            doc_per_1000_s = (time.perf_counter() - p0) / max(1, len(docs)) * 1000
-            q0 = time.perf_counter()
-            q = emb.embedder.encode(questions)
-            q_per_1000_s = (time.perf_counter() - q0) / len(questions) * 1000
-            self._seen[key] = (doc_per_1000_s, q, q_per_1000_s)
-        return self._seen[key]
-
-
 def run_bench(
     cfg: RetrievalBenchConfig, on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -391,7 +357,7 @@ def _run_bench(cfg: RetrievalBenchConfig, on_step: Callable[[str], None]) -> dic
     cfg.out.mkdir(parents=True, exist_ok=True)
     exp = new_experiment_id("retrieval")
     emb = CachedEmbedder(embedder=make_embedder(cfg.embedder, threads=1), path=cfg.cache)
-    timed = _EncodeTimings()
+    timed = EncodeTimings()
     allowance = (LatencyAllowance(total_s=cfg.latency_budget_s,
                                   runs=len(cfg.levels) * len(_specs(cfg)))
                  if cfg.latency_budget_s is not None and cfg.latency_objectives else None)
@@ -405,7 +371,7 @@ def _run_bench(cfg: RetrievalBenchConfig, on_step: Callable[[str], None]) -> dic
         write_corpus(corpus, cfg.out / "corpus" / f"x{level:g}")
         texts = [d.text for d in corpus.docs]
         t0 = time.perf_counter()
-        with _threads(emb.embedder, cfg.embed_threads or os.cpu_count() or 1):
+        with torch_threads(emb.embedder, cfg.embed_threads or fill_threads()):
             x = emb.embed(texts)
             # The fresh month's bulk into the cache now: every index then adds it from there.
             emb.embed([d.text for d in corpus.fresh_docs][cfg.fresh_singles:])
