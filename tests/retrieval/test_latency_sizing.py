@@ -11,12 +11,12 @@ import pytest
 
 from scalelab.core.errors import BadUsageError
 from scalelab.core.objectives import Objective
-from scalelab.core.records import read_records
+from scalelab.core.records import make_record, read_records
 from scalelab.diagnose.budget import time_lines
 from scalelab.diagnose.config import load_config
 from scalelab.diagnose.schema import Prices
 from scalelab.diagnose.stages.base import Context
-from scalelab.diagnose.stages.retrieval import STAGE, latency_slo
+from scalelab.diagnose.stages.retrieval import STAGE, latency_slo, tag_record
 from scalelab.diagnose.steps import StepResult
 from scalelab.retrieval.bench import RetrievalBenchConfig, open_loop, run_bench
 from scalelab.retrieval.index import build_index
@@ -186,3 +186,21 @@ def _argv(s: object, tmp_path: Path, shares: dict[str, float]) -> list[str]:
     ctx.run = keep  # type: ignore[assignment]
     STAGE.run(s, ctx)  # type: ignore[arg-type]
     return seen[0]
+
+
+def test_the_stage_names_undecided_objectives_as_its_config_does() -> None:
+    s = load_config(None, "default").stages.retrieval
+    rec = make_record(experiment="e", stage="retrieval", variable="corpus_multiple", level=2.0,
+                      extras={"series": "exact", "sizing": {
+                          "chunks": 1, "samples": 100, "spent_s": 1.0, "share_s": 1.0,
+                          "stopped": "time share spent",
+                          "undecided": ["p99_ms ≤ 20: 100 queries; p99 needs ≥ 299 to bound "
+                                        "it at 95%", "other: as it was"]}})
+    got = tag_record(rec, stage="retrieval", repeat=1, objectives=s.built_objectives())
+    assert got.repeat == 1 and got.extras["series"] == "exact"
+    assert got.extras["sizing"]["undecided"] == [
+        "p99 ≤ 20 ms at the arrival rate: 100 queries; p99 needs ≥ 299 to bound it at 95%",
+        "other: as it was"]
+    plain = make_record(experiment="e", stage="x", variable="v", level=1.0)
+    assert tag_record(plain, stage="retrieval", repeat=0,
+                      objectives=s.built_objectives()).stage == "retrieval"

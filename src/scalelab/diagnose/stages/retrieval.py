@@ -20,8 +20,10 @@ from typing import Literal
 from pydantic import Field
 
 from scalelab.core.objectives import Objective, metric_value
+from scalelab.core.records import Record
 from scalelab.core.sheet import SheetRow
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, num_text
+from scalelab.diagnose.budget import SIZING_KEY
 from scalelab.diagnose.commands import Command
 from scalelab.diagnose.schema import Levels, StageSettings
 from scalelab.diagnose.stages.base import MINIMUM_S, Context, Stage
@@ -193,6 +195,21 @@ def latency_slo(objectives: list[Objective]) -> list[str]:
             if o.metric in QUANTILES and o.max is not None]
 
 
+def tag_record(r: Record, *, stage: str, repeat: int, objectives: list[Objective]) -> Record:
+    """A bench record under the diagnosis's stage and repeat, each latency objective in its
+    sizing's undecided lines named as the config names it (the bench knows only the limit:
+    'p99_ms ≤ 20' becomes 'p99 ≤ 20 ms at the arrival rate')."""
+    r = restage(r, stage=stage, repeat=repeat)
+    z = r.extras.get(SIZING_KEY)
+    names = {Objective(metric=o.metric, max=o.max).label + ":": o.label + ":"
+             for o in objectives if o.metric in QUANTILES and o.max is not None}
+    if not isinstance(z, dict) or not names:
+        return r
+    lines = [next((names[k] + u[len(k):] for k in names if u.startswith(k)), u)
+             for u in z.get("undecided", [])]
+    return r.model_copy(update={"extras": {**r.extras, SIZING_KEY: {**z, "undecided": lines}}})
+
+
 class RetrievalStage(Stage[RetrievalSettings]):
     name = "retrieval"
     settings = RetrievalSettings
@@ -231,8 +248,9 @@ class RetrievalStage(Stage[RetrievalSettings]):
                                  latency_slo=slo, latency_budget=budget, no_flat=not s.flat,
                                  price_per_core_hour=ctx.prices.core_hour_usd, records=rec)
             ctx.run(Step(stage=self.name, label=f"retrieval bench #{rep + 1}", command=cmd,
-                         records=rec, tag=functools.partial(restage, stage=self.name,
-                                                            repeat=rep), timeout_s=1800))
+                         records=rec, tag=functools.partial(
+                             tag_record, stage=self.name, repeat=rep,
+                             objectives=s.built_objectives()), timeout_s=1800))
 
     def goals(self, s: RetrievalSettings) -> list[StageGoal]:
         return [StageGoal(stage=self.name, objectives=s.built_objectives(),
