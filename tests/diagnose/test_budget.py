@@ -55,13 +55,13 @@ def test_the_runner_splits_the_config_budget_over_the_enabled_stages(tmp_path: P
     r = Runner(load_config(cfg, "default"), tmp_path / "out", "default")
     shares = {s.stage: s for s in r.shares}
     assert set(shares) == {"serve", "model"}
-    # serve: 2 levels x (2 s + 1 s warm-up + 1.5 s start) + 3 s server start = 12 s; model 6 s
-    assert shares["serve"].minimum_s == 12.0 and shares["model"].share_s == 6.0
-    assert shares["serve"].share_s == 114.0 and r.ctx.shares == {"serve": 114.0}
+    # serve: 2 levels x (2 s + 1 s warm-up + 1.5 s start) + 3 s server start = 12 s; model 7 s
+    assert shares["serve"].minimum_s == 12.0 and shares["model"].share_s == 7.0
+    assert shares["serve"].share_s == 113.0 and r.ctx.shares == {"serve": 113.0}
     # --full drops the config's budget (a cap per level applies instead); --budget overrides
     assert Runner(load_config(cfg, "full"), tmp_path / "o", "full").shares == []
     assert Runner(load_config(cfg, "full"), tmp_path / "o", "full",
-                  budget_s=60.0).ctx.shares == {"serve": 54.0}
+                  budget_s=60.0).ctx.shares == {"serve": 53.0}
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -93,10 +93,10 @@ def test_a_sized_stage_pays_for_earlier_stages_that_ran_long(tmp_path: Path) -> 
                    " retrieval: {enabled: false},"
                    " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
     r = Runner(load_config(cfg, "default"), tmp_path / "out", "default", budget_s=100.0)
-    # data 12 s, serve 12 s, model 6 s, online 10 s: 40 s of minimums, serve gets the 60 s left
-    assert r.ctx.shares == {"serve": 72.0}
-    r._reshare("serve", elapsed_s=50.0)  # data took 50 s, not 12: 100 - 50 - (6 + 10) left
-    assert r.ctx.shares == {"serve": 34.0}
+    # data 8 s, serve 12 s, model 7 s, online 16 s: 43 s of minimums, serve gets the 57 s left
+    assert r.ctx.shares == {"serve": 69.0}
+    r._reshare("serve", elapsed_s=50.0)  # data took 50 s, not 8: 100 - 50 - (7 + 16) left
+    assert r.ctx.shares == {"serve": 27.0}
     r._reshare("serve", elapsed_s=95.0)  # nothing left: each level runs its one chunk
     assert r.ctx.shares == {"serve": 0.0} and r.given == {"serve": 0.0}
 

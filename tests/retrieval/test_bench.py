@@ -154,3 +154,25 @@ def test_a_new_document_is_answerable_and_the_fresh_month_is_found(
         assert 0 < f["single_to_answerable_p50_s"] <= f["single_to_answerable_max_s"]
         if r["spec"] in ("exact", "faiss:Flat"):
             assert f["fresh_hit_at_10"] == pytest.approx(hit, abs=1e-12)
+
+
+def test_ivfpq_codes_are_sized_to_the_training_vectors() -> None:
+    """2**bits centroids per sub-quantizer with >= 39 vectors each (faiss's k-means minimum),
+    8 bits from 256 x 39 = 9,984 vectors on; the IVF lists as before."""
+    from scalelab.retrieval.bench import pq_bits, resolve_spec
+
+    assert [pq_bits(n) for n in (50, 500, 1000, 2500, 5000, 9983, 9984, 100_000)] == [
+        1, 3, 4, 6, 7, 7, 8, 8]
+    assert resolve_spec("ivfpq", 5000, 384) == f"faiss:IVF{ivf_lists(5000)},PQ48x7np"
+    assert resolve_spec("ivfpq", 20_000, 384) == f"faiss:IVF{ivf_lists(20_000)},PQ48np"
+    assert resolve_spec("ivfflat", 500, 384) == f"faiss:IVF{ivf_lists(500)},Flat"
+
+
+def test_the_cache_fills_on_every_core_only_while_they_are_idle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from scalelab.retrieval import embed
+
+    monkeypatch.setattr(embed.os, "cpu_count", lambda: 2)
+    for load, threads in ((0.3, 2), (2.0, 2), (2.01, 1), (14.2, 1)):
+        monkeypatch.setattr(embed.os, "getloadavg", lambda load=load: (load, load, load))
+        assert embed.fill_threads() == threads

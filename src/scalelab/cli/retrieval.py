@@ -236,6 +236,14 @@ def serve_cmd(governance: Path | None,
 @click.option("--latency-queries", type=int, default=0, show_default=True,
               help="Queries of the fixed-rate latency run at least: the questions are sent "
                    "again until this many (a p99 needs 299 to be decided); 0: one pass.")
+@click.option("--latency-slo", default="", show_default=False,
+              help="Latency limits the fixed-rate runs are sized to decide, e.g. p99_ms=20 "
+                   "(comma-separated; with --latency-budget).")
+@click.option("--latency-budget", type=float, default=None,
+              help="Seconds all fixed-rate runs may take beyond their first pass: each grows "
+                   "chunk by chunk until its --latency-slo is decided or its share is spent.")
+@click.option("--no-flat", is_flag=True,
+              help="Skip faiss Flat (exact through BLAS; recall 1.0 vs exact by construction).")
 @click.option("--fresh-singles", type=int, default=20, show_default=True,
               help="Single new documents timed from text to answerable.")
 @prices_option
@@ -247,7 +255,8 @@ def serve_cmd(governance: Path | None,
 @json_option
 def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: str,
               embedder: str, cache: Path | None, recall_target: float, arrival_rate: float,
-              latency_queries: int, fresh_singles: int, prices_file: Path | None,
+              latency_queries: int, latency_slo: str, latency_budget: float | None,
+              no_flat: bool, fresh_singles: int, prices_file: Path | None,
               price_per_core_hour: float | None, seed: int,
               records: Path | None, plot: Path | None, as_json: bool) -> None:
     """ann-benchmarks style: one thread, one query at a time, a parameter grid per index."""
@@ -257,18 +266,22 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
         run_bench,
         split_indexes,
     )
+    from scalelab.retrieval.open_loop import parse_slo
 
     cfg = RetrievalBenchConfig(levels=parse_list(levels, what="--levels"), base_docs=base_docs,
                                questions=questions, indexes=split_indexes(indexes),
                                embedder=embedder, cache=_cache(cache, False), out=out,
                                recall_target=recall_target,
                                arrival_rate=arrival_rate, latency_queries=latency_queries,
+                               latency_objectives=parse_slo(
+                                   [x for x in latency_slo.split(",") if x.strip()]),
+                               latency_budget_s=latency_budget, flat=not no_flat,
                                fresh_singles=fresh_singles,
                                price_per_core_hour=resolve_prices(
                                    prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
                                seed=seed, records=records)
     with live_progress("retrieval bench",
-                       total=len(cfg.levels) * (3 + len(cfg.indexes))) as progress:
+                       total=len(cfg.levels) * (2 + cfg.flat + len(cfg.indexes))) as progress:
         result = run_bench(cfg, on_step=lambda what: progress.advance(what))
     result["plot"] = str(plot) if plot else None
     if plot is not None:

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.core.errors import BadUsageError
+from scalelab.core.objectives import Objective
 from scalelab.core.peak_memory import PeakMemory
 from scalelab.core.prices import DEFAULT as DEFAULT_PRICES
 from scalelab.core.records import (
@@ -39,7 +40,14 @@ from scalelab.core.records import (
     new_experiment_id,
 )
 from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
-from scalelab.retrieval.embed import CachedEmbedder, embedding_cost_per_1000, make_embedder
+from scalelab.retrieval.embed import (
+    CachedEmbedder,
+    EncodeTimings,
+    embedding_cost_per_1000,
+    fill_threads,
+    make_embedder,
+    torch_threads,
+)
 from scalelab.retrieval.index import (
     VectorIndex,
     build_index,
@@ -47,6 +55,12 @@ from scalelab.retrieval.index import (
     limit_threads,
     make_index,
     parse_spec,
+)
+from scalelab.retrieval.open_loop import (
+    LatencyAllowance,
+    open_loop,
+    percentiles,
+    sized_open_loop,
 )
 from scalelab.retrieval.quality import answer_accuracy, hit_rate, recall_at_k, true_scores
 from scalelab.retrieval.store import load_index, save_index
@@ -79,11 +93,21 @@ def split_indexes(text: str) -> list[str]:
     return out
 
 
+def pq_bits(n: int) -> int:
+    """Bits per product-quantizer code for n training vectors: 2**bits centroids per
+    sub-quantizer with >= 39 points each (faiss's k-means warns below that, and training
+    time grows with the centroids), 8 (faiss's default) from 9,984 vectors on."""
+    return max(1, min(8, int(np.floor(np.log2(max(n, 2) / 39)))))
+
+
 def resolve_spec(spec: str, n: int, dim: int) -> str:
-    """Shorthands sized to the corpus: ivfpq -> IVF{lists},PQ{dim/8}np; ivfflat -> IVF{lists},
-    Flat. 'np' turns off faiss's polysemous training, which took minutes on 2,000 vectors."""
+    """Shorthands sized to the corpus: ivfpq -> IVF{lists},PQ{dim/8}[x{bits}]np; ivfflat ->
+    IVF{lists},Flat. 'np' turns off faiss's polysemous training, which took minutes on 2,000
+    vectors; fewer bits than 8 below 9,984 vectors (`pq_bits`: 256 centroids trained on 5,000
+    vectors took 5.7 s of one core for codes the data cannot fill)."""
     if spec == "ivfpq":
-        return f"faiss:IVF{ivf_lists(n)},PQ{dim // 8}np"
+        bits = pq_bits(n)
+        return f"faiss:IVF{ivf_lists(n)},PQ{dim // 8}{'' if bits == 8 else f'x{bits}'}np"
     if spec == "ivfflat":
         return f"faiss:IVF{ivf_lists(n)},Flat"
     return spec
@@ -109,7 +133,10 @@ class RetrievalBenchConfig:
     """Queries per measurement (the corpus's questions; one at a time)."""
     indexes: Sequence[str] = ("faiss:HNSW32", "hnswlib:M=16,ef_construction=200", "ivfpq",
                               "qdrant")
-    """Approximate indexes; exact numpy and faiss Flat are always measured beside them."""
+    """Approximate indexes; exact numpy is always measured beside them."""
+    flat: bool = True
+    """Measure faiss Flat too: exact search through BLAS, the fast exact alternative (its
+    recall against exact numpy is 1.0 by construction)."""
     embedder: str = "minilm"
     cache: Path | None = None
     out: Path = Path("retrieval-bench")
@@ -119,10 +146,21 @@ class RetrievalBenchConfig:
     latency_queries: int = 0
     """Queries of that run at least: the questions are sent again, in order, until this many
     (a p99 needs 299 to be decided at 95%); 0: one pass over the questions."""
+    latency_objectives: Sequence[Objective] = ()
+    """Latency quantile limits (p50/p95/p99_ms max) the fixed-rate runs are sized to decide
+    when `latency_budget_s` is set (retrieval.open_loop)."""
+    latency_budget_s: float | None = None
+    """Seconds all fixed-rate runs together may take beyond their first passes, each growing
+    chunk by chunk until its latency objectives are decided; None: not sized (one pass, or
+    `latency_queries`)."""
     price_per_core_hour: float = DEFAULT_PRICES.core_hour_usd
     seed: int = 13
     fresh_singles: int = 20
     """Single new documents timed from text to answerable."""
+    embed_threads: int | None = None
+    """Torch threads that fill the embedding cache (the corpus and the fresh month, once per
+    document; not a timed measurement); None: `fill_threads()`. The rates and costs (64
+    documents, the questions, single new documents) are timed on one thread."""
     runs: int = 2
     """Timed passes over the queries per grid point; the fastest counts (ann-benchmarks'
     run_count: on a shared machine the slower pass measures the neighbours, not the index)."""
@@ -139,6 +177,11 @@ class RetrievalBenchConfig:
         if self.latency_queries < 0:
             raise BadUsageError("--latency-queries must be >= 0 (0: one pass over the "
                                 "questions)")
+        if self.latency_budget_s is not None and not self.latency_budget_s >= 0:
+            raise BadUsageError("--latency-budget must be >= 0 seconds")
+        if self.latency_budget_s is not None and not self.latency_objectives:
+            raise BadUsageError("--latency-budget sizes the runs to decide --latency-slo: "
+                                "give both, e.g. --latency-slo p99_ms=20 --latency-budget 30")
         if self.arrival_rate <= 0 or self.price_per_core_hour < 0:
             raise BadUsageError("arrival rate > 0 and price >= 0 required")
 
@@ -174,11 +217,8 @@ class IndexResult:
     peak_rss_bytes: int | None = None
     """Peak resident memory of this process (and children) while this index was built,
     searched, saved, reloaded and fed fresh documents (`core.peak_memory`)."""
-
-
-def _percentiles(ms: np.ndarray) -> tuple[float, float, float]:
-    p = np.percentile(ms, [50, 95, 99])
-    return float(p[0]), float(p[1]), float(p[2])
+    sizing: dict[str, Any] | None = None
+    """How its fixed-rate run was sized (retrieval.open_loop.sized_open_loop); None: not."""
 
 
 def one_at_a_time(index: VectorIndex, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -191,34 +231,6 @@ def one_at_a_time(index: VectorIndex, q: np.ndarray, k: int) -> tuple[np.ndarray
         ms[i] = (time.perf_counter() - t0) * 1e3
         ids[i, :row.shape[1]] = row[0]
     return ids, ms
-
-
-def open_loop(index: VectorIndex, q: np.ndarray, k: int, rate: float,
-              queries: int = 0) -> dict[str, float]:
-    """Queries sent on a fixed schedule (i / rate); latency from the scheduled send time.
-    `queries` beyond one pass send the questions again in order, while the schedule holds:
-    an index slower than the rate stops after the first pass once the schedule's end is past
-    (its latencies already show the backlog), so the run stays about queries / rate long."""
-    gap = 1.0 / rate
-    m = q.shape[0]
-    n = max(m, queries)
-    lat = np.zeros(n)
-    start = time.perf_counter()
-    end = start + n * gap
-    sent = 0
-    for i in range(n):
-        due = start + i * gap
-        if i >= m and time.perf_counter() > end:
-            break
-        while (now := time.perf_counter()) < due:
-            time.sleep(min(due - now, 0.001))
-        index.search(q[i % m:i % m + 1], k)
-        lat[i] = (time.perf_counter() - due) * 1e3
-        sent += 1
-    lat = lat[:sent]
-    p50, p95, p99 = _percentiles(lat)
-    return {"rate_qps": rate, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99,
-            "max_ms": float(lat.max()), "queries": float(sent)}
 
 
 def pareto(points: Sequence[OperatingPoint]) -> list[OperatingPoint]:
@@ -237,7 +249,8 @@ def operating_point(points: Sequence[OperatingPoint], target: float) -> Operatin
 
 def measure_index(spec: str, x: np.ndarray, q: np.ndarray, *, exact_kth: np.ndarray,
                   truth: list[int], answers: list[str], texts: list[str], level: float,
-                  cfg: RetrievalBenchConfig, workdir: Path) -> tuple[IndexResult, VectorIndex]:
+                  cfg: RetrievalBenchConfig, workdir: Path,
+                  allowance: LatencyAllowance | None = None) -> tuple[IndexResult, VectorIndex]:
     make_index(spec, x.shape[1])  # the library's first import and setup: not build time
     t0 = time.perf_counter()
     index = build_index(spec, x, seed=cfg.seed)
@@ -252,7 +265,7 @@ def measure_index(spec: str, x: np.ndarray, q: np.ndarray, *, exact_kth: np.ndar
             _, again = one_at_a_time(index, q, K)
             if again.sum() < ms.sum():
                 ms = again
-        p50, p95, p99 = _percentiles(ms)
+        p50, p95, p99 = percentiles(ms)
         points.append(OperatingPoint(
             param=param, value=v, qps=float(len(ms) / (ms.sum() / 1e3)), p50_ms=p50,
             p95_ms=p95, p99_ms=p99, recall=recall_at_k(exact_kth, true_scores(x, q, ids), K),
@@ -265,7 +278,14 @@ def measure_index(spec: str, x: np.ndarray, q: np.ndarray, *, exact_kth: np.ndar
     res = IndexResult(spec=index.spec, level=level, docs=x.shape[0], build_s=build_s,
                       memory_bytes=index.memory_bytes(), raw_bytes=int(x.nbytes),
                       points=points, operating=op)
-    res.open_loop = open_loop(index, q, K, cfg.arrival_rate, cfg.latency_queries)
+    if allowance is not None:
+        share = allowance.next_share()
+        res.open_loop, res.sizing = sized_open_loop(
+            index, q, K, cfg.arrival_rate, objectives=cfg.latency_objectives, share_s=share)
+        # What the chunks after the first pass took (share_s = first pass + this share).
+        allowance.spent_s += max(0.0, res.sizing["spent_s"] - res.sizing["share_s"] + share)
+    else:
+        res.open_loop = open_loop(index, q, K, cfg.arrival_rate, cfg.latency_queries)
     d = workdir / f"x{level:g}" / re.sub(r"[^A-Za-z0-9_.-]+", "_", index.spec).strip("_")
     t1 = time.perf_counter()
     save_index(index, d, embedder=cfg.embedder, corpus_dir=None, corpus_digest=None,
@@ -312,14 +332,20 @@ def _fresh(index: VectorIndex, emb: CachedEmbedder, fresh_texts: list[str],
             "fresh_hit_at_10": hit_rate(ids, shifted, K)}
 
 
+def _specs(cfg: RetrievalBenchConfig) -> list[str]:
+    """Every index a level measures, exact numpy first."""
+    return ["exact", *(["faiss:Flat"] if cfg.flat else []), *cfg.indexes]
+
+
 def run_bench(
     cfg: RetrievalBenchConfig, on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run every level; append records to OUT/records.jsonl; return the whole result.
 
-    Everything runs on one thread: faiss's OpenMP pool, numpy's BLAS (an idle multi-threaded
-    BLAS spinning beside other work made exact search ~10x slower on the shared machine) and
-    the embedder's torch threads."""
+    Everything timed runs on one thread: faiss's OpenMP pool, numpy's BLAS (an idle
+    multi-threaded BLAS spinning beside other work made exact search ~10x slower on the shared
+    machine) and the embedder's torch threads; only filling the embedding cache, which is not
+    timed, uses `embed_threads`."""
     from threadpoolctl import threadpool_limits
 
     limit_threads(1)
@@ -331,6 +357,10 @@ def _run_bench(cfg: RetrievalBenchConfig, on_step: Callable[[str], None]) -> dic
     cfg.out.mkdir(parents=True, exist_ok=True)
     exp = new_experiment_id("retrieval")
     emb = CachedEmbedder(embedder=make_embedder(cfg.embedder, threads=1), path=cfg.cache)
+    timed = EncodeTimings()
+    allowance = (LatencyAllowance(total_s=cfg.latency_budget_s,
+                                  runs=len(cfg.levels) * len(_specs(cfg)))
+                 if cfg.latency_budget_s is not None and cfg.latency_objectives else None)
     levels: list[dict[str, Any]] = []
     records: list[Record] = []
     for level in cfg.levels:
@@ -341,17 +371,14 @@ def _run_bench(cfg: RetrievalBenchConfig, on_step: Callable[[str], None]) -> dic
         write_corpus(corpus, cfg.out / "corpus" / f"x{level:g}")
         texts = [d.text for d in corpus.docs]
         t0 = time.perf_counter()
-        x = emb.embed(texts)
+        with torch_threads(emb.embedder, cfg.embed_threads or fill_threads()):
+            x = emb.embed(texts)
+            # The fresh month's bulk into the cache now: every index then adds it from there.
+            emb.embed([d.text for d in corpus.fresh_docs][cfg.fresh_singles:])
         embed = {"docs": len(texts), "embedded": emb.last.encoded, "wall_s":
                  time.perf_counter() - t0}
-        # A fresh rate even when the cache answered everything: 64 documents straight through.
-        p0 = time.perf_counter()
-        emb.embedder.encode(texts[:64])
-        doc_per_1000_s = (time.perf_counter() - p0) / min(64, len(texts)) * 1000
-        qtexts = [qq.text for qq in corpus.questions]
-        q0 = time.perf_counter()
-        q = emb.embedder.encode(qtexts)
-        query_embed_per_1000_s = (time.perf_counter() - q0) / len(qtexts) * 1000
+        doc_per_1000_s, q, query_embed_per_1000_s = timed.measure(
+            emb, texts[:64], [qq.text for qq in corpus.questions])
         k2i = corpus.key_to_id()
         truth = [k2i[qq.doc_key] for qq in corpus.questions]
         answers = [qq.answer for qq in corpus.questions]
@@ -363,13 +390,13 @@ def _run_bench(cfg: RetrievalBenchConfig, on_step: Callable[[str], None]) -> dic
         fk = {d.key: i for i, d in enumerate(corpus.fresh_docs)}
         fresh_truth = [fk[qq.doc_key] for qq in corpus.fresh_questions]
         results: list[IndexResult] = []
-        for s in ["exact", "faiss:Flat", *cfg.indexes]:
+        for s in _specs(cfg):
             on_step(f"x{level:g}: {s}")
             full = resolve_spec(s, x.shape[0], x.shape[1])
             with PeakMemory() as peak:
                 res, index = measure_index(full, x, q, exact_kth=exact_kth, truth=truth,
                                            answers=answers, texts=texts, level=level, cfg=cfg,
-                                           workdir=cfg.out / "indexes")
+                                           workdir=cfg.out / "indexes", allowance=allowance)
                 res.fresh = _fresh(index, emb, fresh_texts, fresh_q, fresh_truth,
                                    cfg.fresh_singles)
             res.peak_rss_bytes = peak.peak_bytes
@@ -415,7 +442,9 @@ def _record(exp: str, r: IndexResult, cfg: RetrievalBenchConfig, cost: dict[str,
         limiting_resource="cpu",
         # The measurement itself succeeded; whether recall reached the target is the
         # objectives' call (reached_target says it), not a failed run.
-        extras={"series": r.spec, "index": r.spec, "param": p.param or "", "value": p.value,
+        # "sizing": diagnose.budget.SIZING_KEY, which the report's Time section reads.
+        extras={**({"sizing": r.sizing} if r.sizing is not None else {}),
+                "series": r.spec, "index": r.spec, "param": p.param or "", "value": p.value,
                 "reached_target": r.operating is not None,
                 "build_s": r.build_s, "memory_vs_raw": r.memory_bytes / max(1, r.raw_bytes),
                 "raw_bytes": r.raw_bytes, "index_bytes": r.memory_bytes,

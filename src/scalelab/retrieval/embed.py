@@ -21,7 +21,8 @@ import re
 import sqlite3
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -253,3 +254,54 @@ def embedding_cost_per_1000(seconds_per_1000: float, *, threads: int,
     return seconds_per_1000 / 3600.0 * threads * price_per_core_hour
 
 
+def fill_threads() -> int:
+    """Threads to fill the embedding cache with: every core while the 1-minute load average
+    (which counts this run's own work, one or two busy threads) is at most the cores, else
+    one. On a busy host torch's OpenMP threads spin-wait for each other when descheduled: at
+    load 14 on 2 cores two threads took 2.9x the CPU seconds per document of one (23 ms
+    against 8) and twice the wall time."""
+    cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:
+        return 1
+    return cores if busy <= cores else 1
+
+
+@contextmanager
+def torch_threads(embedder: object, n: int) -> Iterator[None]:
+    """The embedder's torch threads set to `n` inside (an embedder without threads, like
+    hashing, is left as it is)."""
+    if not hasattr(embedder, "threads"):
+        yield
+        return
+    before = embedder.threads
+    embedder.threads = n
+    try:
+        yield
+    finally:
+        embedder.threads = before
+
+
+@dataclass(kw_only=True)
+class EncodeTimings:
+    """The model's uncached rates (documents, then the questions' embeddings and rate), timed
+    once per distinct input: every level has the same questions and the same first documents
+    (corpus.build_corpus), so timing them again at each level repeated the same encodes."""
+
+    _seen: dict[tuple[str, ...], tuple[float, np.ndarray, float]] = field(default_factory=dict)
+
+    def measure(self, emb: CachedEmbedder, docs: list[str], questions: list[str]
+                ) -> tuple[float, np.ndarray, float]:
+        """(document s per 1,000, question embeddings, question s per 1,000)."""
+        key = (*docs, "\x00", *questions)
+        if key not in self._seen:
+            # A fresh rate even when the cache answered everything: straight through the model.
+            p0 = time.perf_counter()
+            emb.embedder.encode(docs)
+            doc_per_1000_s = (time.perf_counter() - p0) / max(1, len(docs)) * 1000
+            q0 = time.perf_counter()
+            q = emb.embedder.encode(questions)
+            q_per_1000_s = (time.perf_counter() - q0) / len(questions) * 1000
+            self._seen[key] = (doc_per_1000_s, q, q_per_1000_s)
+        return self._seen[key]

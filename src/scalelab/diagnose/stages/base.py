@@ -27,11 +27,15 @@ S = TypeVar("S")
 
 DEFAULT_MINIMUM_S = 20.0
 """A stage's minimum seconds when it has no estimate of its own."""
-MINIMUM_S = {"data": 12.0, "train": 16.0, "llm": 40.0, "model": 6.0, "retrieval": 76.0,
-             "online": 10.0}
-"""Seconds each fixed stage's default work took per repeat in the 2-core reference run (a
-fresh clone's `make demo`, 2026-12-03, quiet machine): what --budget sets aside for it before
-sharing out the rest. A busy host takes longer; the sized stages' spare time pays for it."""
+MINIMUM_S = {"data": 8.0, "train": 24.0, "llm": 40.0, "model": 7.0, "retrieval": 60.0,
+             "online": 16.0}
+"""Seconds each fixed stage's default work took per repeat on a 2-core machine: what --budget
+sets aside for it before sharing out the rest. A busy host takes longer; the sized stages'
+spare time pays for it. data, train, model, online: the stage times of a fresh clone's
+`make demo` on a quiet 2-core VM (2026-12-03 11:38–11:44 UTC, load 0.5–1.4; the Time
+section's "spent"), each stage's fixed work whole (none is sized). retrieval: its bench's
+fixed work after the cuts of 2026-12-03 (docs/diagnose.md, "Retrieval's fixed work"),
+estimated for a quiet machine from CPU seconds measured at load 14–20."""
 
 
 class WholeConfig(Protocol):

@@ -23,7 +23,7 @@ from scalelab.core.sheet import SheetRow
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, num_text
 from scalelab.diagnose.commands import Command
 from scalelab.diagnose.schema import StageSettings
-from scalelab.diagnose.stages.base import Context, Stage
+from scalelab.diagnose.stages.base import MINIMUM_S, Context, Stage
 from scalelab.diagnose.steps import Step, restage
 
 BASELINE = "fixed"
@@ -124,6 +124,10 @@ class OnlineStage(Stage[OnlineSettings]):
 
     def count(self, s: OnlineSettings, repeats: int) -> int:
         return repeats
+
+    def minimum_s(self, s: OnlineSettings, repeats: int) -> float:
+        """Its fixed work per repeat (one step each) times the repeats."""
+        return MINIMUM_S[self.name] * repeats
 
     def run(self, s: OnlineSettings, ctx: Context) -> None:
         work = ctx.work / "online"

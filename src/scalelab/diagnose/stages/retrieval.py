@@ -19,14 +19,16 @@ from typing import Literal
 
 from pydantic import Field
 
-from scalelab.core.decide import quantile_requests_needed
 from scalelab.core.objectives import Objective, metric_value
+from scalelab.core.records import Record
 from scalelab.core.sheet import SheetRow
 from scalelab.core.verdict import Advice, AdviceInput, StageGoal, num_text
+from scalelab.diagnose.budget import SIZING_KEY
 from scalelab.diagnose.commands import Command
 from scalelab.diagnose.schema import Levels, StageSettings
-from scalelab.diagnose.stages.base import Context, Stage
+from scalelab.diagnose.stages.base import MINIMUM_S, Context, Stage
 from scalelab.diagnose.steps import Step, restage
+from scalelab.retrieval.open_loop import QUANTILES
 
 BASELINE = "exact"
 RELATIVE = frozenset({"quality:recall_at_10", "extras:memory_vs_raw"})
@@ -50,6 +52,9 @@ class RetrievalBench(Command):
     arrival_rate: float | None = None
     fresh_singles: int | None = None
     latency_queries: int | None = None
+    latency_slo: list[str] | None = None
+    latency_budget: float | None = None
+    no_flat: bool = False
     price_per_core_hour: float | None = None
     records: Path | None = None
 
@@ -64,7 +69,10 @@ class RetrievalSettings(StageSettings):
     questions: int = Field(default=100, ge=1)
     """Queries per measurement, one at a time."""
     indexes: list[str] = Field(default_factory=lambda: ["faiss:HNSW32", "ivfpq"])
-    """Approximate indexes beside exact numpy and faiss Flat ('ivfpq' is sized to the corpus)."""
+    """Approximate indexes beside exact numpy ('ivfpq' is sized to the corpus)."""
+    flat: bool = False
+    """Also faiss Flat: exact search through BLAS. Off by default: its recall against exact
+    numpy is 1.0 by construction (an objective it cannot fail) and it took 4 of the 16 runs."""
     embedder: Literal["minilm", "minilm-int8", "hashing"] = "minilm"
     """minilm: the bundled all-MiniLM-L6-v2; hashing: a lexical baseline without a model."""
     recall_target: float = Field(default=0.95, gt=0, le=1)
@@ -176,14 +184,30 @@ def shard_count(rows: list[SheetRow], target_multiple: float, shard_bytes: int
                     f"{target_multiple:g}x, {shards} shard(s) of {shard_bytes / 2**30:g} GiB")
 
 
-_QUANTILE = {"p50_ms": 0.5, "p95_ms": 0.95, "p99_ms": 0.99}
+FULL_RUN_CAP_S = 30.0
+"""--full: the most a fixed-rate run may add beyond its first pass while still undecided."""
 
 
-def latency_needed(objectives: list[Objective]) -> int | None:
-    """Latencies the tightest latency-quantile objective needs before it can be decided met
-    (the order-statistic rule: 299 for a p99); None without one."""
-    qs = [_QUANTILE[o.metric] for o in objectives if o.metric in _QUANTILE and o.max is not None]
-    return quantile_requests_needed(max(qs)) if qs else None
+def latency_slo(objectives: list[Objective]) -> list[str]:
+    """The latency-quantile limits the bench's fixed-rate runs are sized to decide
+    ('p99_ms=20'); the verdict judges these on the runs' latencies."""
+    return [f"{o.metric}={o.max:g}" for o in objectives
+            if o.metric in QUANTILES and o.max is not None]
+
+
+def tag_record(r: Record, *, stage: str, repeat: int, objectives: list[Objective]) -> Record:
+    """A bench record under the diagnosis's stage and repeat, each latency objective in its
+    sizing's undecided lines named as the config names it (the bench knows only the limit:
+    'p99_ms ≤ 20' becomes 'p99 ≤ 20 ms at the arrival rate')."""
+    r = restage(r, stage=stage, repeat=repeat)
+    z = r.extras.get(SIZING_KEY)
+    names = {Objective(metric=o.metric, max=o.max).label + ":": o.label + ":"
+             for o in objectives if o.metric in QUANTILES and o.max is not None}
+    if not isinstance(z, dict) or not names:
+        return r
+    lines = [next((names[k] + u[len(k):] for k in names if u.startswith(k)), u)
+             for u in z.get("undecided", [])]
+    return r.model_copy(update={"extras": {**r.extras, SIZING_KEY: {**z, "undecided": lines}}})
 
 
 class RetrievalStage(Stage[RetrievalSettings]):
@@ -194,36 +218,39 @@ class RetrievalStage(Stage[RetrievalSettings]):
     def count(self, s: RetrievalSettings, repeats: int) -> int:
         return repeats
 
-    def latency_queries(self, s: RetrievalSettings, ctx: Context) -> int | None:
-        """Queries of the bench's fixed-rate latency run: what the latency objective needs
-        (--full, no budget: all of it), as far as the stage's share beyond its minimum pays at
-        the arrival rate, over every run of it (levels × (exact numpy, faiss Flat, the
-        indexes) × repeats); None: one pass over the questions (no budget, or no time left)."""
-        need = latency_needed(s.built_objectives())
-        if need is None or need <= s.questions:
+    def minimum_s(self, s: RetrievalSettings, repeats: int) -> float:
+        """Its fixed work per repeat (one step each) times the repeats."""
+        return MINIMUM_S[self.name] * repeats
+
+    def latency_budget(self, s: RetrievalSettings, ctx: Context) -> float | None:
+        """Seconds one bench process's fixed-rate runs may add beyond their first passes
+        (retrieval.open_loop: each grows until its latency objectives are decided): the
+        stage's share beyond its minimum over the repeats; --full without a budget,
+        FULL_RUN_CAP_S a run; None: not sized (no budget, or no latency objective)."""
+        if not latency_slo(s.built_objectives()):
             return None
         share = ctx.shares.get(self.name)
         if share is None:
-            return need if ctx.full else None
-        runs = len(s.levels) * (2 + len(s.indexes)) * ctx.repeats
-        spare = max(0.0, share - self.minimum_s(s, ctx.repeats))
-        n = min(need, s.questions + int(spare * s.arrival_rate / runs))
-        return n if n > s.questions else None
+            return (FULL_RUN_CAP_S * len(s.levels) * (1 + s.flat + len(s.indexes)) if ctx.full
+                    else None)
+        return max(0.0, share - self.minimum_s(s, ctx.repeats)) / ctx.repeats
 
     def run(self, s: RetrievalSettings, ctx: Context) -> None:
         work = ctx.work / "retrieval"
-        latency_queries = self.latency_queries(s, ctx)
+        budget = self.latency_budget(s, ctx)
+        slo = latency_slo(s.built_objectives()) if budget is not None else None
         for rep in range(ctx.repeats):
             rec = ctx.records(f"retrieval-{rep}")
             cmd = RetrievalBench(out=work, levels=s.levels, base_docs=s.base_docs,
                                  questions=s.questions, indexes=s.indexes, embedder=s.embedder,
                                  cache=work / "embeddings.sqlite", recall_target=s.recall_target,
                                  arrival_rate=s.arrival_rate, fresh_singles=s.fresh_singles,
-                                 latency_queries=latency_queries,
+                                 latency_slo=slo, latency_budget=budget, no_flat=not s.flat,
                                  price_per_core_hour=ctx.prices.core_hour_usd, records=rec)
             ctx.run(Step(stage=self.name, label=f"retrieval bench #{rep + 1}", command=cmd,
-                         records=rec, tag=functools.partial(restage, stage=self.name,
-                                                            repeat=rep), timeout_s=1800))
+                         records=rec, tag=functools.partial(
+                             tag_record, stage=self.name, repeat=rep,
+                             objectives=s.built_objectives()), timeout_s=1800))
 
     def goals(self, s: RetrievalSettings) -> list[StageGoal]:
         return [StageGoal(stage=self.name, objectives=s.built_objectives(),
