@@ -16,7 +16,7 @@ from scalelab.diagnose.stages.base import Context
 from scalelab.diagnose.stages.retrieval import STAGE, latency_needed
 from scalelab.diagnose.steps import StepResult
 from scalelab.retrieval.bench import RetrievalBenchConfig, open_loop
-from scalelab.retrieval.index import VectorIndex, build_index
+from scalelab.retrieval.index import build_index
 
 
 def test_the_latency_run_sends_the_questions_again_until_it_has_enough() -> None:
@@ -25,23 +25,10 @@ def test_the_latency_run_sends_the_questions_again_until_it_has_enough() -> None
     q = rng.standard_normal((30, 16)).astype(np.float32)
     index = build_index("exact", x)
     assert open_loop(index, q, 10, 5000.0)["queries"] == 30  # one pass
-    assert _again(index, q, 75) == 75  # 2½ passes
+    assert open_loop(index, q, 10, 5000.0, 75)["queries"] == 75  # 2½ passes
     assert open_loop(index, q, 10, 5000.0, 10)["queries"] == 30  # never under one pass
     with pytest.raises(BadUsageError, match="--latency-queries"):
         RetrievalBenchConfig(latency_queries=-1)
-
-
-def _again(index: VectorIndex, q: np.ndarray, queries: int) -> float:
-    """Queries sent when `queries` are asked for at 5,000/s; once more at 250/s if the first
-    run fell behind its schedule and so rightly stopped early (bench.open_loop), never under
-    one pass. Stopping needs the clock past the schedule's end, a whole gap behind at the last
-    query: a starved test process is that late at 5,000/s (0.2 ms gaps); at 250/s it takes a
-    stall of 4 ms or more within the run's last few queries."""
-    r = open_loop(index, q, 10, 5000.0, queries)
-    if r["queries"] == queries:
-        return r["queries"]
-    assert len(q) <= r["queries"] < queries, r
-    return open_loop(index, q, 10, 250.0, queries)["queries"]
 
 
 def _ctx(tmp_path: Path, shares: dict[str, float], full: bool = False) -> Context:
