@@ -202,3 +202,32 @@ def test_the_decided_line_says_how_each_objective_was_decided() -> None:
     assert s.outcome == "met"
     assert s.decided == ("meets p95 ≤ 50 ms, rate ≥ 5/s, F1 ≥ 0.5 up to 2× (p95 ≤ 50 ms decided "
                          "at 95%; rate ≥ 5/s over 2 repeats; F1 ≥ 0.5 as measured points)")
+
+
+def test_the_binomial_and_beta_quantiles_are_scipy_stats_own() -> None:
+    # decide.py calls the ufuncs behind scipy.stats.binom / beta (its import costs every load
+    # process ~1 s of CPU): the same numbers, bit for bit, edges of the support included.
+    import numpy as np
+    from scipy.stats import beta, binom
+
+    from scalelab.core import decide as d
+
+    for n in (1, 2, 7, 59, 230, 459, 2995, 65536):
+        for p in (0.001, 0.05, 0.5, 0.95, 0.999):
+            ks = np.array([-1, 0, 1, n // 3, n - 1, n, n + 1], dtype=float)
+            assert np.array_equal(d._bin_cdf(ks, np.full(len(ks), n), p), binom.cdf(ks, n, p))
+            for q in (0.025, 0.05, 0.5, 0.95, 0.975):
+                assert d._bin_ppf(q, n, p) == int(binom.ppf(q, n, p))
+            for k in {1, max(n // 2, 1), n}:  # Clopper-Pearson asks for k >= 1
+                assert d._beta_quantile(p, k, n - k + 1) == float(beta.ppf(p, k, n - k + 1))
+
+
+def test_a_load_process_does_not_import_scipy_stats() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, scalelab.cli._load_requests, scalelab.load.http.generator; "
+            "print(sorted(m for m in sys.modules if m.startswith('scipy.stats')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={"PYTHONPATH": ":".join(sys.path)}).stdout
+    assert out.strip() == "[]"

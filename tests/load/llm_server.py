@@ -24,6 +24,10 @@ N+1, ... are upper-case instead. One request at a time never diverges (a client 
 next request only after the last chunk of its previous one); overlapping streams diverge.
 GET /v1/models lists one model "test-llm"; GET /health answers 200; GET /metrics gives
 vllm:num_requests_running / _waiting and vllm:kv_cache_usage_perc (a pool of 2 × max-streams).
+GET /truth gives the server's side of every stream that ended (arrival order): {"ttft_ms":
+[...], "e2e_ms": [...]}, from its reading of the request to the writes of its first and last
+token chunks as they happened (a late timer included), so a test can hold a client's
+measurement to what the server really did: never less, and more only by the client's own lag.
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ class Server:
         self.t0 = time.monotonic()
         self.count = 0
         self.spans: list[tuple[float, float, float]] = []  # (arrival, start, end) per stream
+        # (arrival, first token chunk written, last written) per stream that ended, for GET /truth
+        self.truth: list[tuple[float, float, float]] = []
 
     def unstall(self, t: float) -> float:
         if not self.stall:
@@ -152,6 +158,12 @@ class Handler(asyncio.Protocol):
             return
         if method == "GET" and path == "/metrics":
             self.write(_response(200, self.s.metrics(self.loop.time()), "text/plain"))
+            return
+        if method == "GET" and path == "/truth":
+            ended = sorted(self.s.truth)
+            self.write(_response(200, json.dumps(
+                {"ttft_ms": [(f - a) * 1e3 for a, f, _ in ended],
+                 "e2e_ms": [(e - a) * 1e3 for a, _, e in ended]}).encode()))
             return
         if method == "GET" and path == "/v1/models":
             self.write(_response(200, json.dumps(
@@ -237,6 +249,17 @@ class Handler(asyncio.Protocol):
             if j == n_chunks - 1:
                 s.active -= 1
 
+        first_write = [0.0]
+
+        def send(j: int, data: bytes) -> None:
+            # Read before the write: a client cannot receive the bytes earlier than this.
+            t = self.loop.time()
+            self.write(data)
+            if j == 0:
+                first_write[0] = t
+            if j == n_chunks - 1:
+                s.truth.append((now, first_write[0], t))
+
         s.active += 1
         done = 0
         at = -math.inf
@@ -252,7 +275,7 @@ class Handler(asyncio.Protocol):
             if s.diverge_at >= 0:
                 self.loop.call_at(at, send_late, j, k, done)
             else:
-                self.loop.call_at(at, self.write, payload(j, k, done))
+                self.loop.call_at(at, send, j, payload(j, k, done))
 
     def cut(self, release: bool = False) -> None:
         if release:

@@ -2,7 +2,8 @@
 127.0.0.1 (one thread each, no nanny), started once for the module and torn down after it.
 
 The targets are the deterministic servers of the other load tests, so the merged percentiles
-are held to the same truth and tolerance as a single process's (test_llm_stream.py), and the
+are held to the same truth as a single process's (the LLM server's own times, with each
+worker's measured starvation as the only slack: test_llm_stream.py), and the
 shares' counts are exact: worker i gets every 2nd due time from i, so the shares sum to the
 single-process schedule.
 """
@@ -24,7 +25,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from llmkit import llm_server
+from llmkit import JITTER_MS, assert_within_truth, llm_server, server_truth, watch_start, watch_stop
 from scalelab.cli import run
 from scalelab.core.errors import RunFailedError
 from scalelab.load import cluster as cluster_mod
@@ -49,7 +50,6 @@ from scalelab.load.send import Target, build_request
 
 HTTP_SERVERS = Path(__file__).with_name("servers.py")
 PREC = 0.999  # as test_llm_stream.py: HdrHistogram at 3 significant digits reads ≤ 0.1% low
-JITTER_MS = 8.0  # as test_llm_stream.py: timer wake-up on a loaded 2-core machine
 
 
 def _dask(*args: str) -> subprocess.Popen[bytes]:
@@ -153,13 +153,19 @@ def test_two_workers_merge_ttft_and_tpot_to_the_servers_truth(cluster: Cluster,
     # in an open loop's TTFT (timed from the due time) but not in the server's truth. The
     # warm-up keeps a fresh worker's first requests (its first connections and code paths,
     # ~10 ms slower on a loaded machine) out, as a long-lived test process has no such first.
+    seen = len(server_truth(llm_url)["ttft_ms"])
+    cluster.client.run(watch_start)
     r = run_llm(_llm_plan(llm_url, requests=20, concurrency=4, warmup_s=0.5), cluster=cluster)
+    # Each worker's own starvation during the run: how late its client could read a chunk.
+    lag = JITTER_MS + max(cluster.client.run(watch_stop).values())
     assert (r.processes, r.requests, r.successes, r.output_tokens) == (2, 20, 20, 20 * 12)
-    # 12 tokens = chunks of 3 at 40, 52, 64, 76 ms (test_llm_stream.py's truth).
     assert r.ttft.count == 20 and r.itl.count == 20 * 11
-    assert r.ttft.p50_ms is not None and 40 * PREC <= r.ttft.p50_ms <= 40 + JITTER_MS
-    assert r.tpot.p50_ms is not None and abs(r.tpot.p50_ms - 36 / 11) <= JITTER_MS / 11
-    assert r.e2e.p50_ms is not None and 76 * PREC <= r.e2e.p50_ms <= 76 + JITTER_MS
+    # 12 tokens = chunks of 3 due at 40, 52, 64, 76 ms (test_llm_stream.py's truth); the
+    # server saw the warm-up's streams as well, and the merged medians are held to its times.
+    truth = server_truth(llm_url, skip=seen)
+    assert len(truth["ttft_ms"]) == 20 + r.warmup_requests
+    assert min(truth["ttft_ms"]) >= 40 and min(truth["e2e_ms"]) >= 76
+    assert_within_truth(r, truth, lag)
     assert r.cluster is not None
     ws = r.cluster.workers
     assert len({w.address for w in ws}) == 2

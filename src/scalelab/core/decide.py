@@ -30,9 +30,39 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import beta, binom
 
 from scalelab.core.errors import BadUsageError
+
+try:
+    # scipy.stats' binom and beta are these boost ufuncs behind argument checks. Importing
+    # scipy.stats costs ~1.4 s of CPU (~0.5 s for scipy.special), paid by every `scalelab load`
+    # process and diagnose step that reaches this module: two thirds of a short step's CPU.
+    from scipy.special._ufuncs import _beta_ppf, _binom_cdf, _binom_ppf
+except ImportError:  # a scipy that keeps them elsewhere: the public functions, same numbers
+    from scipy.stats import beta as _beta
+    from scipy.stats import binom as _binom
+
+    _beta_ppf, _binom_ppf = _beta.ppf, _binom.ppf
+
+    def _binom_cdf(k: np.ndarray, n: np.ndarray, p: float) -> np.ndarray:
+        return np.asarray(_binom.cdf(k, n, p))
+
+
+def _bin_cdf(k: float | np.ndarray, n: float | np.ndarray, p: float) -> np.ndarray:
+    """P(Binomial(n, p) <= k), as scipy.stats.binom.cdf (k below 0 gives 0, from n on 1)."""
+    k, n = np.floor(np.asarray(k, dtype=float)), np.asarray(n, dtype=float)
+    inside = np.clip(_binom_cdf(np.clip(k, 0, n), n, p), 0.0, 1.0)
+    return np.where(k < 0, 0.0, np.where(k >= n, 1.0, inside))
+
+
+def _bin_ppf(q: float, n: int, p: float) -> int:
+    """The smallest k with P(Binomial(n, p) <= k) >= q (0 < q < 1), as scipy.stats.binom.ppf."""
+    return int(_binom_ppf(q, n, p))
+
+
+def _beta_quantile(q: float, a: float, b: float) -> float:
+    """The Beta(a, b) q-quantile (0 < q < 1), as scipy.stats.beta.ppf."""
+    return float(_beta_ppf(q, a, b))
 
 CONFIDENCE = 0.95
 """One-sided confidence of every statistical decision in a verdict."""
@@ -79,8 +109,8 @@ def clopper_pearson(k: int, n: int, confidence: float) -> tuple[float, float]:
     if n <= 0:
         return 0.0, 1.0
     a = 1.0 - confidence
-    lo = 0.0 if k <= 0 else float(beta.ppf(a / 2, k, n - k + 1))
-    hi = 1.0 if k >= n else float(beta.ppf(1 - a / 2, k + 1, n - k))
+    lo = 0.0 if k <= 0 else _beta_quantile(a / 2, k, n - k + 1)
+    hi = 1.0 if k >= n else _beta_quantile(1 - a / 2, k + 1, n - k)
     return lo, hi
 
 
@@ -131,7 +161,7 @@ def min_passing(overs: int, q: float, confidence: float) -> int:
     alpha = 1.0 - confidence
 
     def fails(h: int) -> bool:
-        return float(binom.cdf(overs, h + overs, 1.0 - q)) > alpha
+        return float(_bin_cdf(overs, h + overs, 1.0 - q)) > alpha
 
     hi = 1
     while fails(hi):
@@ -160,7 +190,7 @@ def step_requests(q: float, confidence: float, tail_use: float = TAIL_USE) -> in
     while start < 100_000_000:
         n = np.arange(start, start + chunk)
         t = np.floor(tail_use * p_over * n)
-        ok = binom.cdf(t, n, p_over) <= alpha
+        ok = _bin_cdf(t, n, p_over) <= alpha
         if ok.any():
             return int(n[int(np.argmax(ok))])
         start += chunk
@@ -172,16 +202,16 @@ def step_requests(q: float, confidence: float, tail_use: float = TAIL_USE) -> in
 def quantile_ranks(n: int, q: float, confidence: float) -> tuple[int, int]:
     """1-based ranks (l, u) so that [x_(l), x_(u)] covers the q-quantile with ≥ confidence."""
     a = 1.0 - confidence
-    lo = int(binom.ppf(a / 2, n, q))
-    hi = int(binom.ppf(1 - a / 2, n, q)) + 1
+    lo = _bin_ppf(a / 2, n, q)
+    hi = _bin_ppf(1 - a / 2, n, q) + 1
     return max(1, lo), min(n, hi)
 
 
 def order_ranks(n: int, q: float, confidence: float = CONFIDENCE) -> tuple[int | None, int | None]:
     """One-sided ranks: l with P(x_(l) ≤ ξ_q) ≥ confidence and u with P(x_(u) ≥ ξ_q) ≥ confidence
     (1-based, among n); None where no order statistic of n reaches that confidence."""
-    u = int(binom.ppf(confidence, n, q)) + 1  # P(Bin(n, q) ≤ u − 1) ≥ confidence
-    low = int(binom.ppf(1.0 - confidence, n, q))  # P(Bin(n, q) ≤ low − 1) < 1 − confidence
+    u = _bin_ppf(confidence, n, q) + 1  # P(Bin(n, q) ≤ u − 1) ≥ confidence
+    low = _bin_ppf(1.0 - confidence, n, q)  # P(Bin(n, q) ≤ low − 1) < 1 − confidence
     return (low if low >= 1 else None), (u if u <= n else None)
 
 
