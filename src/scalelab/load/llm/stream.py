@@ -31,6 +31,7 @@ from scalelab.load.clock import LagRecorder, now, sleep_until
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm.sse import Answer, SseConnection, StreamLost
 from scalelab.load.llm.tokens import TokenSource, timing, tokens_per_event
+from scalelab.load.llm.window import ServedWindow
 from scalelab.load.result import Part
 from scalelab.load.send import SendConfig
 from scalelab.load.trace_sample import TraceSampler
@@ -82,6 +83,13 @@ class StreamPart(Part):
     max_in_flight: int = 0
     probe: list[ProbeAnswer] = field(default_factory=list)
     """The quality probe's answers, in completion order."""
+    served_in_window: int | None = None
+    """Open loop with `StreamConfig.window_s`: successes completed inside the measured window,
+    the warm-up's included; None where no window was set."""
+    tokens_in_window: int | None = None
+    """Output tokens those successes (the warm-up's included) delivered inside the window."""
+    window_span_s: float | None = None
+    """The window those count over: its planned length, or up to an early stop."""
 
 
 @dataclass(kw_only=True)
@@ -96,6 +104,11 @@ class StreamConfig(SendConfig):
     """The greedy-agreement probe: sent as the first measured requests, in this order, so
     every level answers the same prompts under its own load; their texts are kept
     (`StreamPart.probe`). Measured like any other request."""
+    window_s: float | None = None
+    """Open loop: the measured window's planned length (after the warm-up). Set, the served
+    rate and tokens/s count every success completed (and every token delivered) inside it: an
+    overloaded level's warm-up leaves a queue that the measured requests wait behind, and
+    their span would stretch past the window and read as a lower capacity."""
 
 
 StopCheck = Callable[[StreamPart, float], bool]
@@ -130,6 +143,10 @@ class StreamEngine:
         self.stop_requested = False
         self._tracer = (TraceSampler(cfg.trace_sample, seed=cfg.trace_seed)
                         if cfg.trace_sample > 0 else None)
+        # Open loop with a window: what the server finished inside it, warm-up included.
+        self._served = ServedWindow() if cfg.window_s is not None and cfg.mode == "open" \
+            else None
+        self._stop_t: float | None = None
 
     # ---- the connection pool ----
 
@@ -271,6 +288,7 @@ class StreamEngine:
         """Record a measured answer; returns its failure kind (None: a success)."""
         if not measured:
             self.res.warmup_requests += 1
+            self._note_served(ans)
             return None
         res = self.res
         res.last_done = now()
@@ -295,6 +313,7 @@ class StreamEngine:
             res.failed_output_tokens += sum(tokens)
             return kind or "empty"
         res.ok += 1
+        self._note_served(ans, tokens)
         self._sources[source] += 1
         res.ttft_us.append(int(tm.ttft_s * 1e6))
         res.e2e_us.append(int(tm.e2e_s * 1e6))
@@ -303,6 +322,21 @@ class StreamEngine:
         res.prompt_tokens.append(-1 if prompt is None else prompt)
         self._gaps_us.extend(int(g * 1e6) for g in tm.gaps_s)
         return None
+
+    def _note_served(self, ans: Answer, tokens: list[int] | None = None) -> None:
+        if self._served is not None:
+            self._served.add(ans, tokens)
+
+    def _window_counts(self) -> None:
+        """Successes completed and tokens delivered inside the window, over its span."""
+        if self._served is None or self.cfg.window_s is None:
+            return
+        t0 = self.res.window_start
+        t1 = t0 + self.cfg.window_s
+        if self._stop_t is not None:
+            t1 = min(t1, self._stop_t)
+        self.res.served_in_window, self.res.tokens_in_window = self._served.count(t0, t1)
+        self.res.window_span_s = max(0.0, t1 - t0)
 
     # ---- open loop ----
 
@@ -327,6 +361,8 @@ class StreamEngine:
                 if i < n:
                     await sleep_until(start_at + times[i])
             self.res.stopped_early = i < n
+            if self.stop_requested and self._stop_t is None:
+                self._stop_t = now()  # stopped from outside: the window ends here
             await self._drain()
         finally:
             sweeper.cancel()
@@ -420,6 +456,7 @@ class StreamEngine:
             snap = self._snapshot()
             if stop_check(snap, max(0.0, now() - self.res.window_start)):
                 self.stop_requested = True
+                self._stop_t = now()
                 return
 
     def _snapshot(self) -> StreamPart:
@@ -442,6 +479,7 @@ class StreamEngine:
 
     def _finish(self) -> StreamPart:
         res = self.res
+        self._window_counts()
         res.errors_by_kind = dict(self._kinds)
         res.errors_by_status = dict(self._status)
         res.token_sources = dict(self._sources)
