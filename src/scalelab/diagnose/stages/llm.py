@@ -107,8 +107,9 @@ class LlmSettings(StageSettings):
     weights_quality: bool = False
     """Also measure each served weights setting (the engine's default q4, or a series'
     `--weights`) against fp32 of the same file with `scalelab generate quality` (perplexity
-    on the shipped held-out text, greedy agreement over 64 tokens on 24 prompts): ~1 min on
-    2 cores, so the demo leaves it to --full and its report says how to measure it."""
+    on the shipped held-out text, greedy agreement over 64 tokens on 24 prompts): ~3 min on
+    2 cores for SmolLM2, so the demo leaves it to --full and its report says how to measure
+    it."""
 
     @model_validator(mode="after")
     def _series_known(self) -> LlmSettings:

@@ -24,9 +24,10 @@ from scalelab.diagnose.steps import Step, Tagger, restage
 
 DEFAULT_WEIGHTS = "q4"
 """`scalelab generate serve --weights`'s default (the fastest that passes the quality gate)."""
-QUALITY_S = 60.0
-"""The quality step for one setting on SmolLM2-135M, 2-core machine (two model loads, two
-perplexities over the held-out text, 24 × 64 greedy tokens twice); see docs/diagnose.md."""
+QUALITY_S = 180.0
+"""The quality step for q4 on SmolLM2-135M (two model loads, two perplexities over the
+held-out text, 24 × 64 greedy tokens twice): 338 CPU-seconds (2026-12-03 12:23-12:56 UTC,
+33 min wall at load average 8-19 on the shared 2-core VM), so at least 169 s on 2 quiet cores."""
 
 
 def served_weights(flags: list[str]) -> str:
