@@ -1,5 +1,6 @@
-"""The llm stage's reference engine servers: one `scalelab generate serve` a series, started
-TOGETHER at a time so their start-ups overlap (diagnose.stages.llm)."""
+"""The llm stage's reference engine servers, started together so their start-ups overlap.
+
+One `scalelab generate serve` a series, TOGETHER at a time (diagnose.stages.llm)."""
 
 from __future__ import annotations
 

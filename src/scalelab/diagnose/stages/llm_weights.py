@@ -1,5 +1,7 @@
-"""The llm stage's weights evidence: which weights setting each series' engine serves, and what
-that setting costs in quality against fp32 of the same file.
+"""The llm stage's weights evidence: the served weights setting and its quality vs fp32.
+
+Which weights setting each series' engine serves, and what that setting costs in quality
+against fp32 of the same file.
 
 The numbers are `scalelab generate quality`'s (generate/quality.py: perplexity on the shipped
 held-out text, greedy agreement over 64 tokens on its 24 prompts, each against the fp32 model

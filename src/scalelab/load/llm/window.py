@@ -1,5 +1,6 @@
-"""What an open-loop streaming level served inside its measured window, the warm-up's backlog
-included: successes completed and output tokens delivered between the window's start and its
+"""What an open-loop streaming level served inside its measured window (warm-up included).
+
+Successes completed and output tokens delivered between the window's start and its
 planned end (or an early stop), as `load.result.throughput` counts a plain HTTP level.
 
 An overloaded level's warm-up leaves a queue; the measured requests wait behind it, so their
