@@ -28,7 +28,7 @@ def _config(tmp_path: Path, weights_quality: bool) -> Path:
     cfg.write_text(f"""
 repeats: 1
 budget: null
-stages: {{{OFF}, llm: {{model: tiny, levels: [1, 2], candidate_levels: [1], requests: 3,
+stages: {{{OFF}, llm: {{model: tiny, levels: [1, 2, 4], candidate_levels: ends, requests: 3,
   output_tokens: "fixed:4", prompt_tokens: "fixed:8", shared_prefix: 0, quality_probe: 0,
   engine_settings: {{continuous: [], int8: ["--weights", "int8"]}},
   series: [continuous, int8], weights_quality: {str(weights_quality).lower()}}}}}
@@ -44,7 +44,8 @@ def test_candidates_run_their_levels_and_the_weights_are_labelled(
     doc = json.loads(capsys.readouterr().out)
     recs = read_records(out / "records.jsonl")
     assert [(r.extras["series"], r.level, r.extras["weights"]) for r in recs] == [
-        ("continuous", 1.0, "q4"), ("continuous", 2.0, "q4"), ("int8", 1.0, "int8")]
+        ("continuous", 1.0, "q4"), ("continuous", 2.0, "q4"), ("continuous", 4.0, "q4"),
+        ("int8", 1.0, "int8"), ("int8", 4.0, "int8")]
     assert all(r.failures == 0 and "vs_fp32_agreement" not in r.quality for r in recs)
     stage = next(s for s in doc["verdict"]["stages"] if s["stage"] == "llm")
     # The demo's budget leaves the check out: said, with the command, never a number.
@@ -113,7 +114,7 @@ def test_every_series_server_starts_at_once(tmp_path: Path) -> None:
             if not isinstance(s, str):
                 stop_group(s.proc, grace_s=5.0)
     s = LlmSettings(series=["continuous", "unbatched"], levels=[1, 2, 5, 10],
-                    candidate_levels=[1, 10],
+                    candidate_levels="ends",
                     engine_settings={"continuous": [], "unbatched": ["--max-num-seqs", "1"]})
     assert (concurrencies(s, "continuous"), concurrencies(s, "unbatched")) == \
         ([1, 2, 5, 10], [1, 10])

@@ -71,10 +71,10 @@ class LlmSettings(StageSettings):
     """Streams at once at 1×."""
     levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
     """Multiples of the base concurrency."""
-    candidate_levels: Levels | None = None
-    """Multiples the candidate series (every series but the baseline) run at; None: `levels`.
-    The verdict compares a candidate by the highest level it holds, so fewer levels buy time
-    at the cost of a coarser comparison (the demo: the lowest and the target)."""
+    candidate_levels: Literal["all", "ends"] = "all"
+    """Which of `levels` the candidate series (every series but the baseline) run at: all, or
+    ends (the lowest and the highest). The verdict compares a candidate by the highest level
+    it holds, so the ends buy time at the cost of a coarser comparison (the demo's)."""
     requests: int = Field(default=12, ge=1)
     """Measured requests per level."""
     prompt_tokens: str = "fixed:32"
@@ -165,8 +165,8 @@ undecided, and the search says so, rather than one step running for minutes."""
 def concurrencies(s: LlmSettings, series: str | None) -> list[int]:
     """The concurrency levels one series runs at (a candidate's: `candidate_levels`)."""
     levels = s.levels
-    if series is not None and series != s.baseline and s.candidate_levels is not None:
-        levels = s.candidate_levels
+    if series is not None and series != s.baseline and s.candidate_levels == "ends":
+        levels = [min(levels), max(levels)]
     return sorted({max(1, round(s.base_concurrency * m)) for m in levels})
 
 
