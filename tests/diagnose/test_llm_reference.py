@@ -118,4 +118,4 @@ def test_every_series_server_starts_at_once(tmp_path: Path) -> None:
                     engine_settings={"continuous": [], "unbatched": ["--max-num-seqs", "1"]})
     assert (concurrencies(s, "continuous"), concurrencies(s, "unbatched")) == \
         ([1, 2, 5, 10], [1, 10])
-    assert LlmStage().minimum_s(s, 1) == 43.0
+    assert LlmStage().minimum_s(s, 1) == 49.0

@@ -137,12 +137,13 @@ class LlmSettings(StageSettings):
 _QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 STEP_START_S = 6.0
 """A first `load llm run` step's fixed part: process start and the quality probe's prompts
-answered one at a time. With LEVEL_S and SERVER_START_S: the demo's llm stage (SmolLM2, both
-series) measured 2026-12-03 12:36-12:48 UTC at load average 14-16 on the shared 2-core VM,
-245 s after these changes against 377 s before (server starts 56 + 69 s, steps 98 + 147 s),
-scaled to the 64 s the stage took before on the quiet machine (11:38 UTC): ~43 s. Not yet
-measured on a quiet machine."""
-LEVEL_S = 3.0
+answered one at a time. With LEVEL_S and SERVER_START_S, the demo's llm stage (SmolLM2, both
+series) is ~49 s: an estimate, not measured on a quiet machine. Measured 2026-12-03 on the
+shared 2-core VM, before -> after these changes: 377 -> 245 s at load average 14-16 and
+126 -> 114 s at 6.5-6.7 (before took 64 s on the quiet machine at 11:38 UTC); scaled by the
+second pair (126 s ~ 64 s quiet) the steps take ~16 s (the baseline's four levels) and ~19 s
+(the candidate's two, 10 streams on one slot the slow one), the two starts ~13 s together."""
+LEVEL_S = 4.0
 """A first step's seconds per concurrency level: its 1 s warm-up and `requests` requests."""
 FIRST_STEP_S = 12.0
 """A user endpoint's first step over the default levels."""
