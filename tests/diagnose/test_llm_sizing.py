@@ -167,7 +167,8 @@ def test_merging_llm_chunks_is_exact() -> None:
 
 
 def test_llm_is_a_sized_stage_with_its_minimum_in_the_budget_split(tmp_path: Path) -> None:
-    """The default two series: each a server start (8 s) and one first step (12 s), 40 s; the
+    """The default two series: both servers started at once (13 s), the baseline's first step
+    over four levels (6 + 4 × 4 s) and the candidate's over its two (6 + 2 × 4 s), 49 s; the
     spare time goes to serve and llm in proportion to their minimums."""
     cfg = tmp_path / "scalelab.yaml"
     cfg.write_text("budget: 3m\nstages: {data: {enabled: false}, train: {enabled: false},"
@@ -176,10 +177,10 @@ def test_llm_is_a_sized_stage_with_its_minimum_in_the_budget_split(tmp_path: Pat
                    " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
     r = Runner(load_config(cfg, "default"), tmp_path / "out", "default")
     shares = {s.stage: s for s in r.shares}
-    assert shares["llm"].sized and shares["llm"].minimum_s == 40.0
-    assert shares["serve"].minimum_s == 11.0
-    assert r.ctx.shares["llm"] == pytest.approx(40.0 + 129.0 * 40.0 / 51.0)
-    assert r.ctx.shares["serve"] == pytest.approx(11.0 + 129.0 * 11.0 / 51.0)
+    assert shares["llm"].sized and shares["llm"].minimum_s == 49.0
+    assert shares["serve"].minimum_s == 12.0  # 2 levels x 4.5 s + a 3 s server start
+    assert r.ctx.shares["llm"] == pytest.approx(49.0 + 119.0 * 49.0 / 61.0)
+    assert r.ctx.shares["serve"] == pytest.approx(12.0 + 119.0 * 12.0 / 61.0)
     # a user's endpoint: one first step, plus the capacity search when it has a TTFT objective
     stage, llm = LlmStage(), r.cfg.stages.llm  # the default objectives: TTFT p95 ≤ 2 s
     user = llm.model_copy(update={"url": "http://127.0.0.1:9"})

@@ -61,6 +61,8 @@ class Driver(abc.ABC, Generic[PartT]):
         self.closed_end = math.inf
         self.closed_left: int | None = None
         self.stop_requested = False
+        self.stopped_at: float | None = None
+        """When the schedule stopped early (the stopping rule, or a stop from outside)."""
         self._next_req = 0
         self._nreq = len(cfg.requests)
 
@@ -165,6 +167,8 @@ class Driver(abc.ABC, Generic[PartT]):
                 if i < n:
                     await sleep_until(start_at + times[i])
             res.stopped_early = i < n
+            if self.stop_requested and self.stopped_at is None:
+                self.stopped_at = clock()
             await self._drain()
         finally:
             watcher.cancel()
@@ -213,6 +217,7 @@ class Driver(abc.ABC, Generic[PartT]):
             if stop_check is not None and not self.stop_requested and ticks % every == 0 \
                     and self._stop_now(stop_check, max(0.0, t - self.res.window_start)):
                 self.stop_requested = True
+                self.stopped_at = t
 
     def _finish(self) -> PartT:
         res = self.res

@@ -73,7 +73,7 @@ def sheet_cells(r: SheetRow) -> list[str]:
         return nm if v is None else f"{v:{spec}}"
 
     why = r.extras.get("quality_not_measured")  # a stage that tried says why it could not
-    q = ", ".join(f"{k}={v:.3g}" for k, v in list(r.quality.items())[:3]) or (
+    q = ", ".join(f"{k}={v:.3g}" for k, v in list(r.quality.items())[:4]) or (
         f"{nm} ({why})" if isinstance(why, str) and why else nm)
     cost = nm if r.cost_per_unit_usd is None else (
         f"${r.cost_per_unit_usd:.3g}/{r.cost_unit or 'unit'}")

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from scalelab.core.errors import BadInputError, RunFailedError
+from scalelab.core.errors import BadInputError
 from scalelab.core.objectives import Objective, metric_value
 from scalelab.core.records import Record, append_records, read_records
 from scalelab.core.sheet import SheetRow, build_sheet
@@ -35,19 +35,31 @@ from scalelab.diagnose.schema import HttpUrl, Levels, StageSettings
 from scalelab.diagnose.sizing import LevelClock, size_level
 from scalelab.diagnose.stages.base import Context, Stage
 from scalelab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
-from scalelab.diagnose.stages.llm_commands import GenerateServe, LoadLlmCapacity, LoadLlmRun
+from scalelab.diagnose.stages.llm_commands import LoadLlmCapacity, LoadLlmRun
+from scalelab.diagnose.stages.llm_servers import (
+    SERVER_START_S,
+    TOGETHER,
+    server_starts,
+    start_servers,
+)
+from scalelab.diagnose.stages.llm_weights import (
+    QUALITY_S,
+    WeightsQuality,
+    measure,
+    served_weights,
+)
 from scalelab.diagnose.stages.serve_curve import (
     CAPACITY,
     SEARCH_CONFIDENCE,
     searches,
     step_seconds,
 )
-from scalelab.diagnose.steps import Step, StepResult, Tagger, restage, scalelab_cmd
+from scalelab.diagnose.steps import Step, StepResult, Tagger, restage
 from scalelab.load.capacity import step_requests
 from scalelab.load.llm.workload import PATHS, LengthDist
 from scalelab.load.scrape import engine_seen, limiting_signal
 from scalelab.load.send import Target
-from scalelab.web.spawn import start_server, stop_group
+from scalelab.web.spawn import Spawned, stop_group
 
 SMOLLM2, TINY = "smollm2-135m", "tiny"
 
@@ -59,6 +71,10 @@ class LlmSettings(StageSettings):
     """Streams at once at 1×."""
     levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
     """Multiples of the base concurrency."""
+    candidate_levels: Literal["all", "ends"] = "all"
+    """Which of `levels` the candidate series (every series but the baseline) run at: all, or
+    ends (the lowest and the highest). The verdict compares a candidate by the highest level
+    it holds, so the ends buy time at the cost of a coarser comparison (the demo's)."""
     requests: int = Field(default=12, ge=1)
     """Measured requests per level."""
     prompt_tokens: str = "fixed:32"
@@ -88,6 +104,12 @@ class LlmSettings(StageSettings):
     quality_probe: int = Field(default=3, ge=0)
     """Output quality: this many workload prompts answered one at a time first, then sent as
     each level's first requests; the sheet's quality is their greedy agreement (0: off)."""
+    weights_quality: bool = False
+    """Also measure each served weights setting (the engine's default q4, or a series'
+    `--weights`) against fp32 of the same file with `scalelab generate quality` (perplexity
+    on the shipped held-out text, greedy agreement over 64 tokens on 24 prompts): ~3 min on
+    2 cores for SmolLM2, so the demo leaves it to --full and its report says how to measure
+    it."""
 
     @model_validator(mode="after")
     def _series_known(self) -> LlmSettings:
@@ -113,11 +135,18 @@ class LlmSettings(StageSettings):
 
 
 _QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
-SERVER_START_S = 8.0
-"""One reference engine server's start (model load, first request), 2-core machine."""
+STEP_START_S = 6.0
+"""A first `load llm run` step's fixed part: process start and the quality probe's prompts
+answered one at a time. With LEVEL_S and SERVER_START_S, the demo's llm stage (SmolLM2, both
+series) is ~49 s: an estimate, not measured on a quiet machine. Measured 2026-12-03 on the
+shared 2-core VM, before -> after these changes: 377 -> 245 s at load average 14-16 and
+126 -> 114 s at 6.5-6.7 (before took 64 s on the quiet machine at 11:38 UTC); scaled by the
+second pair (126 s ~ 64 s quiet) the steps take ~16 s (the baseline's four levels) and ~19 s
+(the candidate's two, 10 streams on one slot the slow one), the two starts ~13 s together."""
+LEVEL_S = 4.0
+"""A first step's seconds per concurrency level: its 1 s warm-up and `requests` requests."""
 FIRST_STEP_S = 12.0
-"""One `load llm run` step over the default levels (the first chunk of each), 2-core machine:
-with SERVER_START_S, the 40 s the default two series took in the 2026-12-03 reference run."""
+"""A user endpoint's first step over the default levels."""
 CAPACITY_SEARCH_S = 25.0
 """A user endpoint's `load llm capacity` search (its bounded steps)."""
 CHUNK_OVERHEAD_S = 2.5
@@ -132,6 +161,19 @@ FULL_LEVEL_CAP_S = 60.0
 MAX_STEP_S = 20.0
 """Longest llm capacity step (load llm capacity's own default): a slow endpoint's low rates end
 undecided, and the search says so, rather than one step running for minutes."""
+
+
+def concurrencies(s: LlmSettings, series: str | None) -> list[int]:
+    """The concurrency levels one series runs at (a candidate's: `candidate_levels`)."""
+    levels = s.levels
+    if series is not None and series != s.baseline and s.candidate_levels == "ends":
+        levels = [min(levels), max(levels)]
+    return sorted({max(1, round(s.base_concurrency * m)) for m in levels})
+
+
+def first_step_s(s: LlmSettings, series: str) -> float:
+    """A series' first step's estimated seconds (STEP_START_S + LEVEL_S a level)."""
+    return STEP_START_S + LEVEL_S * len(concurrencies(s, series))
 
 
 def _ttft_slo(objectives: list[Objective]) -> tuple[str, str] | None:
@@ -306,8 +348,9 @@ class LlmStage(Stage[LlmSettings]):
                                shared_prefix=s.shared_prefix or None, api=s.api, records=rec)
 
     def _load(self, s: LlmSettings, url: str, rec: Path, metrics: str | None,
-              model: str | None, price: float | None, pid: int | None = None) -> LoadLlmRun:
-        conc = sorted({max(1, round(s.base_concurrency * m)) for m in s.levels})
+              model: str | None, price: float | None, pid: int | None = None,
+              series: str | None = None) -> LoadLlmRun:
+        conc = concurrencies(s, series)
         # A 1 s warm-up per level keeps the engine's first-request costs (allocation, the
         # first forward's kernels) out of the 1x level's TTFT.
         return LoadLlmRun(url=url, concurrency=conc, requests=s.requests, warmup="1s",
@@ -341,39 +384,53 @@ class LlmStage(Stage[LlmSettings]):
                              timeout_s=900))
             return
         model = resolve_model(s.model)
-        clock = self._clock(s, ctx, len(s.series) * ctx.repeats)
-        for i, series in enumerate(s.series):
-            flags = s.engine_settings[series]
-            log = ctx.logs / f"server-llm-{series}.log"
-            ctx.logs.mkdir(parents=True, exist_ok=True)
+        clock = self._clock(s, ctx, ctx.repeats)
+        weights = {x: served_weights(s.engine_settings[x]) for x in s.series}
+        quality = measure(ctx, stage=self.name, model=model,
+                          settings=sorted(set(weights.values())), measured=s.weights_quality)
+        servers: dict[str, Spawned | str] = {}
+        try:
+            for i, series in enumerate(s.series):
+                if series not in servers:
+                    servers.update(start_servers(ctx, model, s.series[i:i + TOGETHER],
+                                                 s.engine_settings))
+                spawned = servers[series]
+                if isinstance(spawned, str):
+                    ctx.fail(Step(stage=self.name, label=f"llm {series}", command=None),
+                             spawned)
+                    continue
+                try:
+                    self._series(s, ctx, clock, spawned, series, price,
+                                 later=s.series[i + 1:], started=set(servers),
+                                 weights=quality[weights[series]])
+                finally:
+                    stop_group(spawned.proc, grace_s=5.0)
+        finally:
+            for sp in servers.values():
+                if not isinstance(sp, str) and sp.proc.poll() is None:
+                    stop_group(sp.proc, grace_s=5.0)
 
-            def cmd(port: int, flags: list[str] = flags) -> list[str]:
-                return scalelab_cmd([*GenerateServe(model=model, port=port).to_argv(), *flags])
-
-            try:
-                spawned = start_server(cmd, ready_path="/health", log=log, timeout_s=180.0)
-            except RunFailedError as e:
-                ctx.fail(Step(stage=self.name, label=f"llm {series}", command=None), str(e))
-                continue
-            try:
-                for rep in range(ctx.repeats):
-                    rec = ctx.records(f"llm-{series}-{rep}")
-                    # The request's model field: the server's own name (from /v1/models).
-                    load = self._load(s, spawned.url, rec, spawned.url + "/metrics", None,
-                                      price, pid=spawned.proc.pid)
-                    tag = functools.partial(restage, stage=self.name, repeat=rep)
-                    first = ctx.run(Step(stage=self.name, label=f"llm {series} #{rep + 1}",
-                                         command=load, records=rec, series=series, tag=tag,
-                                         timeout_s=900, keep=False))
-                    # what the later steps of this stage need: the rest of this series'
-                    # repeats, and each later series' server and repeats
-                    later = len(s.series) - i - 1
-                    clock.reserve_s = (ctx.repeats - rep - 1 + later * ctx.repeats) * \
-                        FIRST_STEP_S + later * SERVER_START_S
-                    self._sized(s, ctx, first, load, clock, label=f"llm {series} #{rep + 1}",
-                                series=series, tag=tag)
-            finally:
-                stop_group(spawned.proc, grace_s=5.0)
+    def _series(self, s: LlmSettings, ctx: Context, clock: LevelClock, spawned: Spawned,
+                series: str, price: float | None, *, later: list[str],
+                started: set[str], weights: WeightsQuality) -> None:
+        """One series' repeats on its running server, each first step sized."""
+        for rep in range(ctx.repeats):
+            rec = ctx.records(f"llm-{series}-{rep}")
+            # The request's model field: the server's own name (from /v1/models).
+            load = self._load(s, spawned.url, rec, spawned.url + "/metrics", None, price,
+                              pid=spawned.proc.pid, series=series)
+            tag = weights.tagger(self.name, rep)
+            first = ctx.run(Step(stage=self.name, label=f"llm {series} #{rep + 1}",
+                                 command=load, records=rec, series=series, tag=tag,
+                                 timeout_s=900, keep=False))
+            # what the later steps of this stage need: the rest of this series' repeats,
+            # each later series' repeats, and the servers not started yet
+            steps = (ctx.repeats - rep - 1) * first_step_s(s, series) + \
+                ctx.repeats * sum(first_step_s(s, x) for x in later)
+            clock.reserve_s = steps + server_starts([x for x in later if x not in started]) * \
+                SERVER_START_S
+            self._sized(s, ctx, first, load, clock, label=f"llm {series} #{rep + 1}",
+                        series=series, tag=tag)
 
     def _searching(self, s: LlmSettings) -> bool:
         return bool(s.url) and s.capacity and _ttft_slo(s.built_objectives()) is not None
@@ -381,12 +438,16 @@ class LlmStage(Stage[LlmSettings]):
     def minimum_s(self, s: LlmSettings, repeats: int) -> float:
         if s.url:
             return FIRST_STEP_S + (CAPACITY_SEARCH_S if self._searching(s) else 0.0)
-        return len(s.series) * (SERVER_START_S + repeats * FIRST_STEP_S)
+        quantized = any(served_weights(s.engine_settings[x]) != "fp32" for x in s.series)
+        return server_starts(s.series) * SERVER_START_S + \
+            repeats * sum(first_step_s(s, x) for x in s.series) + \
+            (QUALITY_S if s.weights_quality and quantized else 0.0)
 
-    def _clock(self, s: LlmSettings, ctx: Context, steps: int) -> LevelClock:
+    def _clock(self, s: LlmSettings, ctx: Context, repeats: int) -> LevelClock:
         """The stage's level clock, started now: its share covers the first steps too."""
-        conc = {max(1, round(s.base_concurrency * m)) for m in s.levels}
-        clock = LevelClock(share_s=ctx.shares.get(self.name), levels=steps * len(conc),
+        series = [None] if s.url else s.series
+        levels = repeats * sum(len(concurrencies(s, x)) for x in series)
+        clock = LevelClock(share_s=ctx.shares.get(self.name), levels=levels,
                            cap_s=FULL_LEVEL_CAP_S if ctx.full else 0.0)
         clock.start()
         return clock

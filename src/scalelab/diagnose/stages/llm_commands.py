@@ -64,3 +64,14 @@ class GenerateServe(Command):
     model: str
     host: str = "127.0.0.1"
     port: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateQuality(Command):
+    """`scalelab generate quality`: weights settings against fp32 of the same file."""
+
+    path = ("generate", "quality")
+    model: str
+    weights: list[str]
+    tokens: int | None = None
+    report_only: bool = True

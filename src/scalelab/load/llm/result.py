@@ -192,6 +192,7 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
                      "it was split over their chunks by characters (exact at one token per "
                      "chunk, an estimate otherwise)")
     n_out = int(out_t.sum())
+    served = in_window(parts) if mode == "open" else None
     known = prompt_t >= 0
     n_prompt = int(prompt_t[known].sum()) if ok and bool(known.all()) else None
     blobs = {"ttft": _hist_us(ttft).encode(), "itl": itl.encode(),
@@ -205,8 +206,10 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
         e2e=LatencyHistogram.decode(blobs["e2e"]).percentiles(),
         output_tokens=n_out, prompt_tokens=n_prompt,
         failed_output_tokens=sum(p.failed_output_tokens for p in parts),
-        wall_s=wall, sent_rps=sent / span if span else 0.0, throughput_rps=ok / wall,
-        output_tps=n_out / wall, total_tps=(n_out + (n_prompt or 0)) / wall,
+        wall_s=wall, sent_rps=sent / span if span else 0.0,
+        throughput_rps=served[0] if served else ok / wall,
+        output_tps=served[1] if served else n_out / wall,
+        total_tps=(n_out + (n_prompt or 0)) / wall,
         errors_by_kind=tally.errors_by_kind, errors_by_status=tally.errors_by_status,
         token_sources=dict(sorted(sources.items())), lag=lag, lag_share=lag_share,
         connections=tally.connections,
@@ -218,6 +221,21 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
         traced_requests=tally.traced_requests, trace_ids=tally.trace_ids,
         probe=[a for p in parts for a in p.probe],
     )
+
+
+def in_window(parts: Sequence[StreamPart]) -> tuple[float, float] | None:
+    """(requests/s, output tokens/s) served inside the open loop's measured window, the
+    warm-up's backlog included, as `load.result.throughput` counts a plain HTTP level: an
+    overloaded level reads the server's capacity, not capacity diluted by the backlog's
+    drain after the window. None where a part counted no window."""
+    spans = [p.window_span_s for p in parts]
+    if not parts or any(s is None for s in spans):
+        return None
+    span = max(s or 0.0 for s in spans)
+    if span <= 0:
+        return None
+    return (sum(p.served_in_window or 0 for p in parts) / span,
+            sum(p.tokens_in_window or 0 for p in parts) / span)
 
 
 def pct_dict(p: Percentiles) -> dict[str, float | None]:

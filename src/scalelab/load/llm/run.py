@@ -46,7 +46,7 @@ def _config_for(plan: LlmPlan, index: int) -> StreamConfig:
     if index > 0 and cfg.probe_requests:
         cfg = replace(cfg, probe_requests=[])  # the probe is sent once, by the first process
     if cfg.mode == "open":
-        return cfg
+        return replace(cfg, window_s=plan.window_s())
     return plan.closed_config(cfg, index)
 
 

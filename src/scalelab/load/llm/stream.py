@@ -33,6 +33,7 @@ from scalelab.load.driver import Driver
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm.sse import Answer, SseConnection, StreamLost
 from scalelab.load.llm.tokens import TokenSource, timing, tokens_per_event
+from scalelab.load.llm.window import ServedWindow
 from scalelab.load.result import Part
 from scalelab.load.send import SendConfig
 
@@ -83,6 +84,13 @@ class StreamPart(Part):
     max_in_flight: int = 0
     probe: list[ProbeAnswer] = field(default_factory=list)
     """The quality probe's answers, in completion order."""
+    served_in_window: int | None = None
+    """Open loop with `StreamConfig.window_s`: successes completed inside the measured window,
+    the warm-up's included; None where no window was set."""
+    tokens_in_window: int | None = None
+    """Output tokens those successes (the warm-up's included) delivered inside the window."""
+    window_span_s: float | None = None
+    """The window those count over: its planned length, or up to an early stop."""
 
 
 @dataclass(kw_only=True)
@@ -97,6 +105,11 @@ class StreamConfig(SendConfig):
     """The greedy-agreement probe: sent as the first measured requests, in this order, so
     every level answers the same prompts under its own load; their texts are kept
     (`StreamPart.probe`). Measured like any other request."""
+    window_s: float | None = None
+    """Open loop: the measured window's planned length (after the warm-up). Set, the served
+    rate and tokens/s count every success completed (and every token delivered) inside it: an
+    overloaded level's warm-up leaves a queue that the measured requests wait behind, and
+    their span would stretch past the window and read as a lower capacity."""
 
 
 StopCheck = Callable[[StreamPart, float], bool]
@@ -121,6 +134,9 @@ class StreamDriver(Driver[StreamPart]):
         # Closed loop: warm-up streams still running, and the event set when the last ends.
         self._warm_flight = 0
         self._warm_done: asyncio.Event | None = None
+        # Open loop with a window: what the server finished inside it, warm-up included.
+        self._served = ServedWindow() if cfg.window_s is not None and cfg.mode == "open" \
+            else None
 
     # ---- the connection pool ----
 
@@ -254,6 +270,7 @@ class StreamDriver(Driver[StreamPart]):
         """Record a measured answer; returns its failure kind (None: a success)."""
         if not measured:
             self.res.warmup_requests += 1
+            self._note_served(ans)
             return None
         res = self.res
         res.last_done = now()
@@ -278,6 +295,7 @@ class StreamDriver(Driver[StreamPart]):
             res.failed_output_tokens += sum(tokens)
             return kind or "empty"
         res.ok += 1
+        self._note_served(ans, tokens)
         self._sources[source] += 1
         res.ttft_us.append(int(tm.ttft_s * 1e6))
         res.e2e_us.append(int(tm.e2e_s * 1e6))
@@ -286,6 +304,21 @@ class StreamDriver(Driver[StreamPart]):
         res.prompt_tokens.append(-1 if prompt is None else prompt)
         self._gaps_us.extend(int(g * 1e6) for g in tm.gaps_s)
         return None
+
+    def _note_served(self, ans: Answer, tokens: list[int] | None = None) -> None:
+        if self._served is not None:
+            self._served.add(ans, tokens)
+
+    def _window_counts(self) -> None:
+        """Successes completed and tokens delivered inside the window, over its span."""
+        if self._served is None or self.cfg.window_s is None:
+            return
+        t0 = self.res.window_start
+        t1 = t0 + self.cfg.window_s
+        if self.stopped_at is not None:
+            t1 = min(t1, self.stopped_at)
+        self.res.served_in_window, self.res.tokens_in_window = self._served.count(t0, t1)
+        self.res.window_span_s = max(0.0, t1 - t0)
 
     # ---- open loop ----
 
@@ -369,6 +402,7 @@ class StreamDriver(Driver[StreamPart]):
 
     def _finish(self) -> StreamPart:
         res = super()._finish()
+        self._window_counts()
         res.token_sources = dict(self._sources)
         h = LatencyHistogram()
         h.record_us(np.frombuffer(self._gaps_us, dtype=np.int64))
