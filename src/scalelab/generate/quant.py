@@ -262,6 +262,7 @@ def release_freed_memory() -> None:
 def weight_bytes(model: nn.Module) -> int:
     """Bytes the weights take as they run: parameters and quantized buffers (each shared
     tensor once), oneDNN-packed copies included, RoPE tables excluded."""
+    from scalelab.generate.forward import FusedInt4
     from scalelab.generate.runner import PackedLinear
 
     seen: set[int] = set()
@@ -270,6 +271,8 @@ def weight_bytes(model: nn.Module) -> int:
         if "rotary" in name:
             continue
         tensors = list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False))
+        if isinstance(mod, FusedInt4):  # its rows are its parts' weights, counted there
+            tensors = [mod.scale_zero]
         for t in tensors:
             if t.data_ptr() in seen:
                 continue

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalelab.core.errors import BadUsageError
+from scalelab.generate.forward import StepForward
 from scalelab.nets.llama import LlamaConfig, LlamaForCausalLM
 
 
@@ -136,14 +137,19 @@ class PagedAttention:
         # general advanced index `kc[gather_2d]` on CPU: the gather copies every sequence's
         # context once per layer, so at 8 sequences it was ~7% of a decode step.
         self.gather = torch.cat(gather_rows)
-        # Query i of a sequence sits at position start + i and sees keys 0..start + i.
-        qpos = torch.tensor([s.start for s in slices])[:, None] + torch.arange(self.q_max)
-        kpos = torch.arange(self.ctx_max)
-        mask = kpos[None, None, :] <= qpos[:, :, None]
-        valid_q = torch.arange(self.q_max)[None, :] < torch.tensor(n)[:, None]
-        # Padding query rows see key 0 only, so no row is fully masked (that would give NaN).
-        mask &= valid_q[:, :, None] | (kpos == 0)[None, None, :]
-        self.mask = mask[:, None]  # (batch, 1, q_max, ctx_max)
+        # (batch, 1, q_max, ctx_max); None where every query sees every key (a decode step of
+        # sequences of one length, one stream always): SDPA then skips building and adding a
+        # zero bias per layer, and its output is bit-identical (x + 0 = x).
+        self.mask: torch.Tensor | None = None
+        if self.q_max > 1 or any(c != self.ctx_max for c in ctx):
+            # Query i of a sequence sits at position start + i and sees keys 0..start + i.
+            qpos = torch.tensor([s.start for s in slices])[:, None] + torch.arange(self.q_max)
+            kpos = torch.arange(self.ctx_max)
+            mask = kpos[None, None, :] <= qpos[:, :, None]
+            valid_q = torch.arange(self.q_max)[None, :] < torch.tensor(n)[:, None]
+            # Padding query rows see key 0 only, so no row is fully masked (that would give NaN).
+            mask &= valid_q[:, :, None] | (kpos == 0)[None, None, :]
+            self.mask = mask[:, None]
         if not self.uniform:
             self.q_batch = torch.cat([torch.full((x,), i) for i, x in enumerate(n)])
             self.q_pos = torch.cat([torch.arange(x) for x in n])
@@ -197,6 +203,8 @@ class ModelRunner:
             pack_linears(model)
         # What runs, not what was asked: a model an earlier engine packed stays packed.
         self.packed = any(isinstance(m, PackedLinear) for m in model.modules())
+        # After packing: it holds the layers' forward methods as they are now.
+        self.forward = StepForward(model)
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = (cfg.num_layers, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
@@ -222,4 +230,4 @@ class ModelRunner:
             offset = end
         attention = PagedAttention(self.k_cache, self.v_cache, slices, self.block_size)
         logits_at = torch.tensor(rows, dtype=torch.long)
-        return self.model(ids, positions, attention, logits_at=logits_at).float()
+        return self.forward(ids, positions, attention, logits_at).float()
