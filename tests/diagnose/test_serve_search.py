@@ -114,3 +114,26 @@ def test_the_stage_searches_from_its_levels(tmp_path: Path) -> None:
     assert min(r.level for r in steps) == 20 and max(r.level for r in steps) < 30
     doc = json.loads((tmp_path / "out" / "logs" / "serve_batching_off_capacity.out").read_text())
     assert doc["fails_at"] == 30 and doc["steps"][0]["rate"] == 20
+
+
+def test_the_sweep_starts_from_either_settings_search(tmp_path: Path) -> None:
+    """The replica sweep's first search starts at half the best pass of any one-server search
+    (batched or not) or the level sweep: the batching=off search's 4,800 requests/s, not the
+    batching=on levels' 400, so replicas=1 is not doubled up from 200 (the demo's 6 doublings)."""
+    from scalelab.core.records import append_records
+    from scalelab.diagnose.stages.serve_curve import sweep_start
+    from scalelab.diagnose.stages.serve_search import search_path
+    from scalelab.diagnose.stages.serve_sweep import earlier_passes
+
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text(stages_yaml({"serve": "{levels: [1]}"}))
+    ctx = Runner(load_config(cfg, "default"), tmp_path / "out", "default").ctx
+    assert earlier_passes(ctx, 400.0) == [400.0]
+    path = search_path(ctx, "batching=off")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    append_records(path, [rec("serve", "rate", lv, rate=lv, series="batching=off capacity",
+                              extras={"rate_verdict": v})
+                          for lv, v in ((3200, "pass"), (6400, "fail"), (4800, "pass"))])
+    assert sorted(earlier_passes(ctx, 400.0)) == [400.0, 3200.0, 4800.0]
+    assert sweep_start(earlier_passes(ctx, 400.0), 40.0) == 2400.0
+    assert sweep_start(earlier_passes(ctx, None), 40.0) == 2400.0

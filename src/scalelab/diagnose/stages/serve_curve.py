@@ -145,8 +145,8 @@ class SearchOutcome:
 
 
 def sweep_start(passed_rps: list[float], base_rps: float) -> float:
-    """First rate of a replica-sweep search: half the highest rate a server of the replicated
-    setting was decided to hold (its one-server search, an earlier shape's, its level sweep's;
+    """First rate of a replica-sweep search: half the highest rate a server of the stage was
+    decided to hold (a one-server search of either setting, an earlier shape's, a level sweep's;
     more replicas hold at least about that), never under the stage's base rate; the base rate
     without such a pass."""
     return max(base_rps, max(passed_rps, default=0.0) / 2.0)

@@ -92,23 +92,31 @@ def _swept(r: Record, *, stage: str, extras: dict[str, object]) -> Record:
     return r.model_copy(update={"extras": {**r.extras, **extras}})
 
 
+def earlier_passes(ctx: Context, grid_pass: float | None) -> list[float]:
+    """The rates the stage's one-server searches (either batching setting) and its level sweep
+    (`grid_pass`) were decided to hold: what the sweep's first search starts from. Every one
+    served the same model on the same cores, batched or not, so each gives the order of
+    magnitude: a start too high costs one failed step, a low start one step per doubling."""
+    passed = [r for series in SERIES.values() for r in passed_rates(search_path(ctx, series))]
+    return passed + ([grid_pass] if grid_pass is not None else [])
+
+
 def run_sweep(s: ServeSettings, ctx: Context, repo: Path, data: Path | None, *, stage: str,
               grid_pass: float | None, cores: int) -> None:
     """The replica sweep: one server per shape, each a capacity search at the objectives.
 
-    Each search starts at half the highest rate the replicated setting was decided to hold so
-    far (its one-server search, an earlier shape's, else its level sweep's `grid_pass`): more
-    replicas or threads hold at least about that, and the low-rate steps are the slow ones
-    (40 requests/s needs 7 s for 230 requests). A start that fails is halved by the search."""
+    Each search starts at half the highest rate a server of the stage was decided to hold so
+    far (the one-server searches of either batching setting, an earlier shape's, else the level
+    sweep's `grid_pass`): more replicas or threads hold at least about that, and the low-rate
+    steps are the slow ones (40 requests/s needs 7 s for 230 requests). A start that fails is
+    halved by the search."""
     shapes = sweep_shapes(s, cores)
     if not (s.capacity and capacity_slo(s.built_objectives()) and shapes):
         return
     setting = s.replicas_batching
     srepo = batching_repo(repo, ctx.work / f"repo-replicas-{setting}",
                           batching=setting == "on", serial_ms=s.serial_ms)
-    passed = passed_rates(search_path(ctx, SERIES[setting]))
-    if grid_pass is not None:
-        passed.append(grid_pass)
+    passed = earlier_passes(ctx, grid_pass)
     ctx.logs.mkdir(parents=True, exist_ok=True)
     for shape in shapes:
         label = f"serve {shape.series} capacity"
