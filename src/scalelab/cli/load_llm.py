@@ -37,7 +37,6 @@ from scalelab.cli._sweep import fmt_ms as _ms
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
 from scalelab.core.records import Record, append_records, new_experiment_id
-from scalelab.core.sheet import STAGE_LIMIT_KEY
 from scalelab.core.units import parse_duration
 from scalelab.load.capacity import SearchConfig
 from scalelab.load.cluster import Cluster
@@ -48,7 +47,7 @@ from scalelab.load.llm.stream import ProbeAnswer, StreamConfig
 from scalelab.load.llm.token_slo import TokenSlo, TokenStepRule, parse_token_slo
 from scalelab.load.llm.workload import APIS, PATHS, USAGE_MODES, LengthDist, Workload
 from scalelab.load.schedule import ARRIVALS, Mode
-from scalelab.load.scrape import Sampler, limit_evidence, limiting_signal
+from scalelab.load.scrape import Sampler, note_limits
 from scalelab.load.send import Target
 from scalelab.load.slo import parse_percent
 
@@ -238,12 +237,7 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
             extra: dict[str, Any] = {**engine, "model": wl.model,
                                      **({"series": series} if series else {}),
                                      **(agree.extras() if agree else {})}
-            limit = limiting_signal(engine) if engine.get("engine_scrapes") else None
-            if limit:
-                extra["limiting_signal"] = limit
-            said = limit_evidence(engine)
-            if said:
-                extra[STAGE_LIMIT_KEY] = said
+            limit = note_limits(extra)
             rss = engine.get("server_peak_rss_bytes")
             append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
                                                slo=objective, price_per_hour_usd=price,

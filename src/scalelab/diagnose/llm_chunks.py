@@ -16,11 +16,10 @@ from collections import Counter
 from typing import Any
 
 from scalelab.core.records import Cost, Record
-from scalelab.core.sheet import STAGE_LIMIT_KEY
 from scalelab.diagnose.sizing import merged_energy
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm.result import cost_of, pct_dict
-from scalelab.load.scrape import limit_evidence, limiting_signal
+from scalelab.load.scrape import note_limits
 
 HISTOGRAMS = ("ttft", "itl", "tpot", "e2e")
 _SUMMED = ("successes", "samples", "output_tokens", "prompt_tokens", "failed_output_tokens",
@@ -124,14 +123,7 @@ def merge_llm_chunks(chunks: list[Record]) -> Record:
         extras.pop(k, None)
         if k in first.extras:
             extras[k] = first.extras[k]
-    extras.pop("limiting_signal", None)
-    extras.pop(STAGE_LIMIT_KEY, None)
-    limit = limiting_signal(extras) if extras.get("engine_scrapes") else None
-    if limit:
-        extras["limiting_signal"] = limit
-    said = limit_evidence(extras)
-    if said:
-        extras[STAGE_LIMIT_KEY] = said
+    limit = note_limits(extras)
     samples = extras.get("samples")
     failures = sum(c.failures for c in chunks)
     failure_rate = failures / samples if isinstance(samples, int) and samples else \

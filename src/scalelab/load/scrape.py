@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from scalelab.core.sheet import STAGE_LIMIT_KEY
 from scalelab.web.exposition import ExpositionError, sample_sums
 
 GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
@@ -195,6 +196,25 @@ def limit_evidence(extras: dict[str, Any]) -> str | None:
     if sig == "compute":
         return None
     return f"{sig}: {', '.join(engine_seen(extras))} (engine /metrics)"
+
+
+LIMITING_SIGNAL_KEY = "limiting_signal"
+"""Record extra: what the engine ran out of (`limiting_signal`)."""
+
+
+def note_limits(extras: dict[str, Any]) -> str | None:
+    """Set (or clear) a level's limit extras from its engine signals: `limiting_signal` and
+    the sheet's limit cell (`limit_evidence`); returns the limiting signal, None without
+    engine samples."""
+    extras.pop(LIMITING_SIGNAL_KEY, None)
+    extras.pop(STAGE_LIMIT_KEY, None)
+    limit = limiting_signal(extras) if extras.get("engine_scrapes") else None
+    if limit:
+        extras[LIMITING_SIGNAL_KEY] = limit
+    said = limit_evidence(extras)
+    if said:
+        extras[STAGE_LIMIT_KEY] = said
+    return limit
 
 
 def limiting_signal(extras: dict[str, float | int]) -> str:

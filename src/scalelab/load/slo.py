@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Generic, TypeVar
@@ -42,7 +43,7 @@ ObjT = TypeVar("ObjT", bound=LatencyObjective)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ObjectiveSet(Generic[ObjT]):
+class ObjectiveSet(ABC, Generic[ObjT]):
     """Latency objectives and an optional availability target: what `Slo` (a request's
     latency) and `llm.token_slo.TokenSlo` (token timings) both are."""
 
@@ -54,9 +55,9 @@ class ObjectiveSet(Generic[ObjT]):
     """The error when neither is given."""
 
     @property
+    @abstractmethod
     def terms(self) -> tuple[ObjT, ...]:
         """The latency objectives."""
-        raise NotImplementedError
 
     def __post_init__(self) -> None:
         if not self.terms and self.availability is None:
