@@ -41,6 +41,22 @@ class Answer:
     """When the stream ended (the `[DONE]` event, else the last byte)."""
     protocol_error: str | None
 
+    def failure(self, tokens: list[int]) -> str | None:
+        """Why this answer is not a success, as `StreamDriver` counts it (`tokens`: its tokens
+        per event): 'status' (not 2xx), 'protocol', 'server-error' (an error event),
+        'dropped' (no `[DONE]` or finish reason), 'empty' (no token); None for a success."""
+        if not 200 <= self.status < 300:
+            return "status"
+        if self.protocol_error is not None:
+            return "protocol"
+        if any(e.error is not None for e in self.events):
+            return "server-error"
+        if not (self.done or any(e.finished for e in self.events)):
+            return "dropped"
+        if not any(k > 0 for k in tokens):
+            return "empty"
+        return None
+
 
 class SseConnection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection reading a text/event-stream answer event by event.

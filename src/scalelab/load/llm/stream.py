@@ -279,21 +279,14 @@ class StreamDriver(Driver[StreamPart]):
             self.kinds["status"] += 1
             return "status"
         tokens, source, prompt = tokens_per_event(ans.events)
-        finished = ans.done or any(e.finished for e in ans.events)
-        kind = None
-        if ans.protocol_error is not None:
-            kind = "protocol"
-        elif any(e.error is not None for e in ans.events):
-            kind = "server-error"
-        elif not finished:
-            kind = "dropped"
+        kind = ans.failure(tokens)
+        # timing is None only without a token, which `failure` already calls 'empty'
         tm = timing(start, ans.times, tokens, ans.end) if kind is None else None
-        if kind is None and tm is None:
-            kind = "empty"
         if kind is not None or tm is None:
-            self.kinds[kind or "empty"] += 1
+            kind = kind or "empty"
+            self.kinds[kind] += 1
             res.failed_output_tokens += sum(tokens)
-            return kind or "empty"
+            return kind
         res.ok += 1
         self._note_served(ans, tokens)
         self._sources[source] += 1

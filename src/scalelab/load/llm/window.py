@@ -20,14 +20,6 @@ from scalelab.load.llm.sse import Answer
 from scalelab.load.llm.tokens import tokens_per_event
 
 
-def succeeded(ans: Answer) -> bool:
-    """A 2xx stream that finished with no error event or protocol error (as the engine's
-    `_record` judges a measured request)."""
-    return 200 <= ans.status < 300 and ans.protocol_error is None and \
-        not any(e.error is not None for e in ans.events) and \
-        (ans.done or any(e.finished for e in ans.events))
-
-
 @dataclass
 class ServedWindow:
     """Each success's end and its tokens' arrival times (8 bytes an event), counted against
@@ -40,9 +32,9 @@ class ServedWindow:
     def add(self, ans: Answer, tokens: list[int] | None = None) -> None:
         """Keep one answer if it succeeded; `tokens`: its tokens per event, when known."""
         if tokens is None:
-            if not succeeded(ans):
-                return
             tokens = tokens_per_event(ans.events)[0]
+            if ans.failure(tokens) is not None:
+                return
         self.ends.append(ans.end)
         self.token_at.extend(ans.times)
         self.token_n.extend(tokens)
