@@ -13,6 +13,7 @@ from typing import Any
 from scalelab.load import clock, level
 from scalelab.load.capacity import Progress
 from scalelab.load.cluster import Cluster
+from scalelab.load.driver import StopCheck
 from scalelab.load.http.generator import HttpConfig, HttpDriver
 from scalelab.load.http.result import LoadResult, merge
 
@@ -43,7 +44,7 @@ def _engine_for(plan: LoadPlan, index: int) -> HttpConfig:
 
 async def _run_one(cfg: HttpConfig, times: list[float] | None, cold: bool,
                    start: Callable[[], float],
-                   stop_check: Callable[[Progress], bool] | None) -> Any:
+                   stop_check: StopCheck[Progress] | None) -> Any:
     eng = HttpDriver(cfg)
     if cold:
         await eng.cold_start()
@@ -58,7 +59,7 @@ def _load_part(plan: LoadPlan, index: int, times: list[float] | None,
                          plan.engine.loop_impl)
 
 
-def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = None,
+def run_load(plan: LoadPlan, *, stop_check: StopCheck[Progress] | None = None,
              slo_threshold_s: float | None = None, cluster: Cluster | None = None) -> LoadResult:
     """Run one level; `stop_check` (one process only) may end it early. With `cluster`, one
     generator a Dask worker (`cluster.py`) instead of local processes."""
@@ -88,7 +89,7 @@ def _cold_probe(plan: LoadPlan) -> tuple[float | None, str | None]:
 
 
 def _run_on_cluster(plan: LoadPlan, times: list[float] | None, cluster: Cluster,
-                    stop_check: Callable[[Progress], bool] | None) -> LoadResult:
+                    stop_check: StopCheck[Progress] | None) -> LoadResult:
     workers = level.cluster_workers(plan, cluster, stop_check)
     # The cold-start probe runs apart, before the shares are handed out, so a slow first
     # request cannot make worker 0 miss the agreed start.

@@ -138,14 +138,6 @@ def _cat(parts: Sequence[StreamPart], name: str) -> np.ndarray:
     return np.concatenate(arrs) if arrs else np.zeros(0, dtype=np.int64)
 
 
-def samples_of(part: StreamPart) -> Samples:
-    """A running step's measurements as `Samples` (ITL left out: the stopping rule's ITL
-    objectives are judged at the end of the step)."""
-    return Samples(ttft_us=_cat([part], "ttft_us"), tpot_us=_cat([part], "tpot_us"),
-                   e2e_us=_cat([part], "e2e_us"), output_tokens=_cat([part], "output_tokens"),
-                   requests=part.ok + sum(part.errors_by_kind.values()), itl_within={})
-
-
 def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
           concurrency: int | None, arrival: str | None, window_s: float | None,
           more: str = "--processes") -> LlmResult:

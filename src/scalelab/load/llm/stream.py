@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from array import array
-from collections import defaultdict, deque
-from collections.abc import Callable
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +31,10 @@ from scalelab.load.clock import now
 from scalelab.load.driver import Driver
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm.sse import Answer, SseConnection, StreamLost
+from scalelab.load.llm.token_slo import Samples
 from scalelab.load.llm.tokens import TokenSource, timing, tokens_per_event
 from scalelab.load.llm.window import ServedWindow
+from scalelab.load.pool import FuturePool
 from scalelab.load.result import Part
 from scalelab.load.send import SendConfig
 
@@ -112,11 +113,12 @@ class StreamConfig(SendConfig):
     their span would stretch past the window and read as a lower capacity."""
 
 
-StopCheck = Callable[[StreamPart, float], bool]
-"""(measurements so far, measured seconds elapsed) -> stop now."""
+def _copy(values: array[int]) -> np.ndarray:
+    # A copy, not a view: a live view would stop the array growing (BufferError).
+    return np.array(values, dtype=np.int64)
 
 
-class StreamDriver(Driver[StreamPart]):
+class StreamDriver(Driver[StreamPart, Samples]):
     """One asyncio loop's worth of streaming load: `Driver`'s schedule, one small task per
     request that holds a pooled connection for its whole stream."""
 
@@ -125,11 +127,9 @@ class StreamDriver(Driver[StreamPart]):
         self.cfg: StreamConfig = cfg
         self._gaps_us = array("q")
         self._sources: defaultdict[str, int] = defaultdict(int)
-        self._idle: list[SseConnection] = []
-        self._waiters: deque[asyncio.Future[SseConnection]] = deque()
-        self._nconns = 0
-        self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pool = FuturePool(cfg.max_connections, connect=self._open, spawn=self._spawn)
+        self._in_flight = 0
         self._next_probe = 0
         # Closed loop: warm-up streams still running, and the event set when the last ends.
         self._warm_flight = 0
@@ -146,52 +146,6 @@ class StreamDriver(Driver[StreamPart]):
                                                     t.host, t.port, ssl=t.ssl_context())
         self.res.connections_opened += 1
         return conn
-
-    async def _acquire(self) -> tuple[SseConnection, bool]:
-        """A connection, and whether getting it meant waiting for one at the cap."""
-        while self._idle:
-            c = self._idle.pop()
-            if not c.closed:
-                return c, False
-            self._nconns -= 1
-        if self._nconns < self.cfg.max_connections:
-            self._nconns += 1
-            try:
-                return await self._open(), False
-            except BaseException:
-                self._nconns -= 1
-                raise
-        fut: asyncio.Future[SseConnection] = self.loop.create_future()
-        self._waiters.append(fut)
-        return await fut, True
-
-    def _release(self, conn: SseConnection) -> None:
-        if conn.closed or not conn.reusable:
-            conn.abort()
-            self._nconns -= 1
-            if any(not w.done() for w in self._waiters):
-                self._nconns += 1
-                self._spawn(self._open_for_waiter())
-            return
-        while self._waiters:
-            w = self._waiters.popleft()
-            if not w.done():
-                w.set_result(conn)
-                return
-        self._idle.append(conn)
-
-    async def _open_for_waiter(self) -> None:
-        try:
-            conn = await self._open()
-        except OSError as e:
-            self._nconns -= 1
-            while self._waiters:
-                w = self._waiters.popleft()
-                if not w.done():
-                    w.set_exception(e)
-                    return
-            return
-        self._release(conn)
 
     def _spawn(self, coro: Any) -> None:
         task = self.loop.create_task(coro)
@@ -217,14 +171,14 @@ class StreamDriver(Driver[StreamPart]):
         conn: SseConnection | None = None
         try:
             async with asyncio.timeout_at(start + self.cfg.timeout_s):
-                conn, waited = await self._acquire()
+                conn, waited = await self._pool.acquire()
                 if dispatched is not None and measured:
                     # Lag is judged at dispatch, or when a connection freed up at the cap; the
                     # connect itself is the network's time and shows in TTFT, not in the lag.
                     self.lag.add((now() if waited else dispatched) - start)
                     res.last_send = max(res.last_send, now())
                 ans = await conn.request(req)
-            self._release(conn)
+            self._pool.release(conn, reusable=conn.reusable)
             conn = None
             kind = self._record(start, ans, measured)
             if probe is not None:
@@ -246,7 +200,7 @@ class StreamDriver(Driver[StreamPart]):
             if conn is not None:
                 # Timed out (or failed) with the stream open: the connection is unusable.
                 conn.abort()
-                self._release(conn)
+                self._pool.release(conn)
 
     def _fail(self, kind: str, measured: bool, probe: int | None = None) -> None:
         super()._fail(kind, measured)
@@ -374,12 +328,13 @@ class StreamDriver(Driver[StreamPart]):
 
     # ---- the end ----
 
-    def _stop_now(self, stop_check: Callable[..., bool], elapsed_s: float) -> bool:
+    def _progress(self) -> Samples:
+        """The measurements so far as `Samples` (ITL left out: the stopping rule's ITL
+        objectives are judged at the end of the step)."""
         r = self.res
-        snap = StreamPart(sent=r.sent, ok=r.ok, errors_by_kind=dict(self.kinds),
-                          ttft_us=r.ttft_us, e2e_us=r.e2e_us, tpot_us=r.tpot_us,
-                          output_tokens=r.output_tokens, prompt_tokens=r.prompt_tokens)
-        return stop_check(snap, elapsed_s)
+        return Samples(ttft_us=_copy(r.ttft_us), tpot_us=_copy(r.tpot_us),
+                       e2e_us=_copy(r.e2e_us), output_tokens=_copy(r.output_tokens),
+                       requests=r.ok + sum(self.kinds.values()), itl_within={})
 
     async def _drain(self) -> None:
         # Each request ends by its own timeout, so this ends within timeout + a little.
@@ -387,9 +342,9 @@ class StreamDriver(Driver[StreamPart]):
             await asyncio.wait(list(self._tasks), timeout=self.cfg.timeout_s + 5.0)
 
     def _close_all(self) -> None:
-        for conn in self._idle:
+        for conn in self._pool.idle:
             conn.abort()
-        self._idle.clear()
+        self._pool.idle.clear()
         for t in list(self._tasks):
             t.cancel()
 
