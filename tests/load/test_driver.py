@@ -105,3 +105,14 @@ def test_stopping_rule_ends_an_open_run_early() -> None:
     assert p.stopped_early
     assert d.progress and d.progress[-1] >= 20  # asked with the counts so far, then stopped
     assert 20 <= p.sent < 1000 and p.sent == p.ok + sum(p.errors_by_kind.values())
+
+
+def test_a_schedule_started_late_counts_every_measured_send_late() -> None:
+    async def go() -> Part:
+        d = TurnDriver(_cfg(mode="open", warmup_s=0.045))
+        times = [i * 0.01 for i in range(12)]
+        # Due a second ago: every send is ~1 s late, far over clock.LATE_S.
+        return await d.run_open(times, now() - 1.0)
+
+    p = asyncio.run(go())
+    assert p.sent == 7 and p.lag_late == 7

@@ -234,6 +234,7 @@ class Driver(abc.ABC, Generic[PartT, ProgressT]):
         res.errors_by_status = dict(self.status)
         res.errors_by_kind = dict(self.kinds)
         res.lag_blob = self.lag.histogram().encode()
+        res.lag_late = self.lag.late
         if self.tracer is not None:
             res.traced, res.trace_ids = self.tracer.count, self.tracer.trace_ids
         return res

@@ -38,6 +38,8 @@ class Part:
     """Requests sent in the warm-up (not measured)."""
     lag_blob: str = ""
     """HdrHistogram of each measured send's lateness (open loop; clock.LagRecorder)."""
+    lag_late: int = 0
+    """Measured sends more than `clock.LATE_S` late."""
     connections_opened: int = 0
     window_start: float = 0.0
     """When the measured window began (the process's clock)."""

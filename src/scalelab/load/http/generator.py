@@ -34,7 +34,7 @@ import numpy as np
 
 from scalelab.core.usage import busy_cores, busy_ticks, sched_times
 from scalelab.load.capacity import Progress
-from scalelab.load.clock import LATE_S, LoopImpl, now
+from scalelab.load.clock import LoopImpl, now
 from scalelab.load.driver import Driver
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.http.connection import Connection, HttpConnection
@@ -42,8 +42,6 @@ from scalelab.load.pool import Pool
 from scalelab.load.result import Part
 from scalelab.load.send import SendConfig
 
-LAG_THRESHOLD_S = LATE_S
-"""A send dispatched more than this after its due time counts in `lag_count`."""
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "other")
 MAX_OPENING = 256
 """Connects in flight at most, so a burst cannot exhaust the listen backlog."""
@@ -55,7 +53,6 @@ class HttpPart(Part):
 
     within: int = 0
     hist_blob: str = ""
-    lag_count: int = 0
     lag_max_s: float = 0.0
     last_due: float = 0.0
     pool_waits: int = 0
@@ -377,7 +374,6 @@ class HttpDriver(Driver[HttpPart, Progress]):
     def _finish(self) -> HttpPart:
         self._cpu_stop()
         res = super()._finish()
-        res.lag_count = self.lag.late
         self.hist.record_us(np.frombuffer(self._lat_us, dtype=np.int64))
         self._lat_us = array("q")
         res.hist_blob = self.hist.encode()

@@ -149,7 +149,7 @@ def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
         send_span = max(send_span, window_s)
     wall = tally.wall(send_span)
     served = throughput(parts, ok=ok, wall=wall, window_s=window_s, stopped=stopped)
-    lag = sum(p.lag_count for p in parts)
+    lag = sum(p.lag_late for p in parts)
     lag_share = lag / sent if sent else 0.0
     lstats = lag_stats([LatencyHistogram.decode(p.lag_blob) for p in parts if p.lag_blob],
                        late=lag)

@@ -80,8 +80,6 @@ class StreamPart(Part):
     """How tokens per chunk were known, by request."""
     failed_output_tokens: int = 0
     """Tokens streamed by requests that then failed (dropped mid-way)."""
-    lag_late: int = 0
-    """Sends more than clock.LATE_S late."""
     max_in_flight: int = 0
     probe: list[ProbeAnswer] = field(default_factory=list)
     """The quality probe's answers, in completion order."""
@@ -355,5 +353,4 @@ class StreamDriver(Driver[StreamPart, Samples]):
         h = LatencyHistogram()
         h.record_us(np.frombuffer(self._gaps_us, dtype=np.int64))
         res.itl_blob = h.encode()
-        res.lag_late = self.lag.late
         return res
