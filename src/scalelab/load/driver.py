@@ -229,6 +229,14 @@ class Driver(abc.ABC, Generic[PartT, ProgressT]):
                 self.stop_requested = True
                 self.stopped_at = t
 
+    def _window(self) -> tuple[float, float] | None:
+        """Open loop with `window_s`: the measured window as planned, (start, end); None
+        otherwise."""
+        if self.cfg.mode != "open" or not self.cfg.window_s:
+            return None
+        t0 = self.res.window_start
+        return t0, t0 + self.cfg.window_s
+
     def _finish(self) -> PartT:
         res = self.res
         res.errors_by_status = dict(self.status)

@@ -40,6 +40,9 @@ class Part:
     """HdrHistogram of each measured send's lateness (open loop; clock.LagRecorder)."""
     lag_late: int = 0
     """Measured sends more than `clock.LATE_S` late."""
+    served_in_window: int | None = None
+    """Open loop with `SendConfig.window_s`: successes completed inside the measured window,
+    the warm-up's included; None where no window was set."""
     connections_opened: int = 0
     window_start: float = 0.0
     """When the measured window began (the process's clock)."""

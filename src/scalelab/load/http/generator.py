@@ -66,9 +66,6 @@ class HttpPart(Part):
     """Wall seconds those two cover."""
     machine_busy_cores: float | None = None
     """Busy cores of the whole machine over the same span (/proc/stat), this process included."""
-    served_in_window: int | None = None
-    """Open loop with `HttpConfig.window_s`: successful responses completed inside the
-    measured window, the warm-up's included; None where no window was set."""
 
 
 @dataclass(kw_only=True)
@@ -81,11 +78,6 @@ class HttpConfig(SendConfig):
     """Event loop: uvloop when installed ("auto"), or plain asyncio."""
     realtime: bool = False
     """Run the generator in SCHED_FIFO (see `clock.realtime`): precise on a busy machine."""
-    window_s: float | None = None
-    """Open loop: the measured window's planned length (after the warm-up). Set, the served
-    rate counts every success completed inside it: an overloaded level's warm-up leaves a
-    queue whose service would otherwise stretch the window (the measured requests wait behind
-    it) and read as a lower capacity."""
 
 
 class HttpDriver(Driver[HttpPart, Progress]):
@@ -377,9 +369,9 @@ class HttpDriver(Driver[HttpPart, Progress]):
         self.hist.record_us(np.frombuffer(self._lat_us, dtype=np.int64))
         self._lat_us = array("q")
         res.hist_blob = self.hist.encode()
-        if self.cfg.mode == "open" and self.cfg.window_s:
-            t0 = res.window_start
-            t1 = t0 + self.cfg.window_s
+        window = self._window()
+        if window is not None:
+            t0, t1 = window
             res.served_in_window = sum(1 for t in self._done_t if t0 <= t <= t1)
         self._done_t = array("d")
         return res

@@ -83,9 +83,6 @@ class StreamPart(Part):
     max_in_flight: int = 0
     probe: list[ProbeAnswer] = field(default_factory=list)
     """The quality probe's answers, in completion order."""
-    served_in_window: int | None = None
-    """Open loop with `StreamConfig.window_s`: successes completed inside the measured window,
-    the warm-up's included; None where no window was set."""
     tokens_in_window: int | None = None
     """Output tokens those successes (the warm-up's included) delivered inside the window."""
     window_span_s: float | None = None
@@ -104,11 +101,6 @@ class StreamConfig(SendConfig):
     """The greedy-agreement probe: sent as the first measured requests, in this order, so
     every level answers the same prompts under its own load; their texts are kept
     (`StreamPart.probe`). Measured like any other request."""
-    window_s: float | None = None
-    """Open loop: the measured window's planned length (after the warm-up). Set, the served
-    rate and tokens/s count every success completed (and every token delivered) inside it: an
-    overloaded level's warm-up leaves a queue that the measured requests wait behind, and
-    their span would stretch past the window and read as a lower capacity."""
 
 
 def _copy(values: array[int]) -> np.ndarray:
@@ -256,11 +248,12 @@ class StreamDriver(Driver[StreamPart, Samples]):
 
     def _window_counts(self) -> None:
         """Successes completed and tokens delivered inside the window, over its span."""
-        if self._served is None or self.cfg.window_s is None:
+        window = self._window()
+        if self._served is None or window is None:
             return
-        t0 = self.res.window_start
-        t1 = t0 + self.cfg.window_s
+        t0, t1 = window
         if self.stopped_at is not None:
+            # The rates divide by this span (`window_span_s`), so it ends at an early stop.
             t1 = min(t1, self.stopped_at)
         self.res.served_in_window, self.res.tokens_in_window = self._served.count(t0, t1)
         self.res.window_span_s = max(0.0, t1 - t0)
