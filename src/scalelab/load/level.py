@@ -146,9 +146,12 @@ class LevelPlan(abc.ABC, Generic[ResultT]):
         dur = None if self.duration_s is None else self.duration_s + warm
         return conc, n, dur
 
-    def closed_config(self, cfg: SendT, index: int) -> SendT:
-        """`cfg` for process `index` of a closed-loop level: its share of the clients, of the
-        measured requests and the duration (see `share`)."""
+    def process_config(self, cfg: SendT, index: int) -> SendT:
+        """`cfg` for process `index`: open loop, with the planned measured window
+        (`window_s`); closed loop, its share of the clients, of the measured requests and the
+        duration (see `share`)."""
+        if cfg.mode == "open":
+            return replace(cfg, window_s=self.window_s())
         conc, n, dur = self.share(index)
         return replace(cfg, concurrency=conc, max_requests=n, duration_s=dur)
 

@@ -35,13 +35,6 @@ class LoadPlan(level.LevelPlan[LoadResult]):
                      realtime=self.engine.realtime, **common)
 
 
-def _engine_for(plan: LoadPlan, index: int) -> HttpConfig:
-    cfg = plan.engine
-    if cfg.mode == "open":
-        return replace(cfg, window_s=plan.window_s())
-    return plan.closed_config(cfg, index)
-
-
 async def _run_one(cfg: HttpConfig, times: list[float] | None, cold: bool,
                    start: Callable[[], float],
                    stop_check: StopCheck[Progress] | None) -> Any:
@@ -54,7 +47,7 @@ async def _run_one(cfg: HttpConfig, times: list[float] | None, cold: bool,
 def _load_part(plan: LoadPlan, index: int, times: list[float] | None,
                start: Callable[[], float]) -> Any:
     with clock.realtime(plan.engine.realtime):
-        return clock.run(_run_one(_engine_for(plan, index), times,
+        return clock.run(_run_one(plan.process_config(plan.engine, index), times,
                                   plan.cold_start and index == 0, start, None),
                          plan.engine.loop_impl)
 
@@ -73,7 +66,7 @@ def run_load(plan: LoadPlan, *, stop_check: StopCheck[Progress] | None = None,
 
     def one() -> Any:
         with clock.realtime(cfg.realtime):
-            return clock.run(_run_one(_engine_for(plan, 0), times, plan.cold_start,
+            return clock.run(_run_one(plan.process_config(plan.engine, 0), times, plan.cold_start,
                                       lambda: clock.now() + 0.05, stop_check), cfg.loop_impl)
 
     return plan.merge(level.run_parts(_load_part, plan, times, one, stop_check))

@@ -46,9 +46,7 @@ def _config_for(plan: LlmPlan, index: int) -> StreamConfig:
     cfg = plan.stream
     if index > 0 and cfg.probe_requests:
         cfg = replace(cfg, probe_requests=[])  # the probe is sent once, by the first process
-    if cfg.mode == "open":
-        return replace(cfg, window_s=plan.window_s())
-    return plan.closed_config(cfg, index)
+    return plan.process_config(cfg, index)
 
 
 async def _run_one(cfg: StreamConfig, times: list[float] | None, start: Callable[[], float],
