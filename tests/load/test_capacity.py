@@ -30,9 +30,9 @@ def test_step_rule_decides_by_the_interval() -> None:
     assert rule.verdict(ok=100, within=50, errors=0) == ("fail", True)
     # 96/100: point estimate passes but the interval straddles 0.95.
     assert rule.verdict(ok=100, within=96, errors=0) == ("pass", False)
-    assert not rule.should_stop(Progress(sent=100, ok=100, errors=0, within=100, elapsed_s=0.5))
-    assert rule.should_stop(Progress(sent=100, ok=100, errors=0, within=100, elapsed_s=1.5))
-    assert not rule.should_stop(Progress(sent=100, ok=100, errors=0, within=96, elapsed_s=1.5))
+    assert not rule.should_stop(Progress(sent=100, ok=100, errors=0, within=100), 0.5)
+    assert rule.should_stop(Progress(sent=100, ok=100, errors=0, within=100), 1.5)
+    assert not rule.should_stop(Progress(sent=100, ok=100, errors=0, within=96), 1.5)
     budgeted = StepRule(slo=parse_slo("p95<50ms", error_budget="1%"))
     assert budgeted.verdict(ok=1000, within=1000, errors=100) == ("fail", True)
 
@@ -98,15 +98,15 @@ def test_step_requests_follow_the_stated_rule() -> None:
 def test_a_step_may_not_decide_before_its_requests() -> None:
     rule = StepRule(slo=parse_slo("p99<200ms"), min_step_s=1.0)
     assert rule.requests_needed == 1164
-    full = Progress(sent=1163, ok=1163, errors=0, within=1163, elapsed_s=20.0)
+    full = Progress(sent=1163, ok=1163, errors=0, within=1163)
     assert rule.verdict(ok=1163, within=1163, errors=0) == ("pass", True)
-    assert not rule.should_stop(full)
-    assert rule.should_stop(Progress(sent=1164, ok=1164, errors=0, within=1164, elapsed_s=20.0))
+    assert not rule.should_stop(full, 20.0)
+    assert rule.should_stop(Progress(sent=1164, ok=1164, errors=0, within=1164), 20.0)
     assert rule.step_verdict(sent=1163, ok=1163, within=1163, errors=0) == "undecided-pass"
     assert rule.step_verdict(sent=1164, ok=1164, within=1164, errors=0) == "pass"
     assert rule.step_verdict(sent=1200, ok=1200, within=1000, errors=0) == "fail"
     # The step's length still bounds it.
-    assert rule.should_stop(Progress(sent=10, ok=10, errors=0, within=10, elapsed_s=60.0))
+    assert rule.should_stop(Progress(sent=10, ok=10, errors=0, within=10), 60.0)
     assert StepRule(slo=parse_slo("p99<200ms"), min_requests=50).requests_needed == 50
     with pytest.raises(BadUsageError):
         StepRule(slo=parse_slo("p99<200ms"), min_requests=0)

@@ -8,7 +8,6 @@ the stopping rule, the closed loop's request count, and what `_finish` fills in.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from scalelab.load.clock import now
 from scalelab.load.driver import Driver
@@ -16,7 +15,7 @@ from scalelab.load.result import Part
 from scalelab.load.send import SendConfig, Target
 
 
-class TurnDriver(Driver[Part]):
+class TurnDriver(Driver[Part, int]):
     """Each request is answered on the next loop turn; a request b"bad" fails as "status"."""
 
     def __init__(self, cfg: SendConfig) -> None:
@@ -54,9 +53,9 @@ class TurnDriver(Driver[Part]):
             self._start(measured)
             await asyncio.sleep(0)
 
-    def _stop_now(self, stop_check: Callable[..., bool], elapsed_s: float) -> bool:
+    def _progress(self) -> int:
         self.progress.append(self.res.sent)
-        return stop_check(self.res.sent)
+        return self.res.sent
 
     async def _drain(self) -> None:
         while self.flight:
@@ -100,9 +99,20 @@ def test_stopping_rule_ends_an_open_run_early() -> None:
     async def go() -> tuple[TurnDriver, Part]:
         d = TurnDriver(_cfg(mode="open", warmup_s=0.0))
         times = [i * 0.01 for i in range(1000)]  # 10 s planned
-        return d, await d.run_open(times, now() + 0.01, stop_check=lambda sent: sent >= 20)
+        return d, await d.run_open(times, now() + 0.01, stop_check=lambda sent, _: sent >= 20)
 
     d, p = asyncio.run(go())
     assert p.stopped_early
     assert d.progress and d.progress[-1] >= 20  # asked with the counts so far, then stopped
     assert 20 <= p.sent < 1000 and p.sent == p.ok + sum(p.errors_by_kind.values())
+
+
+def test_a_schedule_started_late_counts_every_measured_send_late() -> None:
+    async def go() -> Part:
+        d = TurnDriver(_cfg(mode="open", warmup_s=0.045))
+        times = [i * 0.01 for i in range(12)]
+        # Due a second ago: every send is ~1 s late, far over clock.LATE_S.
+        return await d.run_open(times, now() - 1.0)
+
+    p = asyncio.run(go())
+    assert p.sent == 7 and p.lag_late == 7

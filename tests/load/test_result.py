@@ -125,7 +125,7 @@ def test_lag_quantiles_never_read_above_the_exact_worst() -> None:
     assert lag.stats().p99_ms == 23.199
     lat = LatencyHistogram()
     lat.record(0.020)
-    part = HttpPart(sent=3, ok=3, within=3, hist_blob=lat.encode(), lag_count=1,
+    part = HttpPart(sent=3, ok=3, within=3, hist_blob=lat.encode(), lag_late=1,
                       lag_max_s=0.023187355, lag_blob=lag.histogram().encode(), last_send=0.04,
                       last_done=0.06)
     r = merge([part], mode="open", offered_rps=50.0, concurrency=None, arrival="constant",

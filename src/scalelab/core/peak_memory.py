@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 from pathlib import Path
 
 import psutil
+
+from scalelab.core.sampling import SamplingThread
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 STATUS = Path("/proc/self/status")
@@ -41,11 +42,13 @@ def high_water(path: Path = STATUS) -> int | None:
     return int(m.group(1)) * 1024 if m else None
 
 
-def tree_rss(proc: psutil.Process) -> int:
-    """Resident bytes of a process and its live descendants (0 where none can be read)."""
+def tree_rss(proc: psutil.Process, children: list[psutil.Process] | None = None) -> int:
+    """Resident bytes of a process and its live descendants, or of the `children` given (a
+    list kept between samples: listing them scans all of /proc); vanished ones are skipped,
+    0 where none can be read."""
     total = 0
     try:
-        procs = [proc, *proc.children(recursive=True)]
+        procs = [proc, *(proc.children(recursive=True) if children is None else children)]
     except psutil.Error:
         return 0
     for p in procs:
@@ -54,47 +57,33 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
-class TreeSampler:
+class TreeSampler(SamplingThread):
     """The largest resident memory of a process tree, sampled every `period_s` between
     `start()` and `stop()` (e.g. a server's over one load level, read from outside it)."""
 
     def __init__(self, pid: int | None = None, period_s: float = 0.02) -> None:
-        self.period_s = period_s
+        super().__init__(period_s, "peak-memory")
         self.peak_bytes = 0
-        self._stop = threading.Event()
         try:
             self._proc: psutil.Process | None = psutil.Process(pid)
         except psutil.Error:
             self._proc = None
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="peak-memory")
 
     def _sample(self) -> None:
         if self._proc is not None:
             self.peak_bytes = max(self.peak_bytes, tree_rss(self._proc))
 
-    def _loop(self) -> None:
-        while True:
-            self._sample()
-            # A tree whose root has exited has nothing left to sample (a step that never
-            # reached stop() must not leave the thread polling).
-            if self._stop.wait(self.period_s) or not self._alive():
-                return
-
-    def _alive(self) -> bool:
+    def _more(self) -> bool:
+        # A tree whose root has exited has nothing left to sample (a step that never
+        # reached stop() must not leave the thread polling).
         try:
             return self._proc is not None and self._proc.is_running()
         except psutil.Error:
             return False
 
-    def start(self) -> TreeSampler:
-        self._thread.start()
-        return self
-
     def stop(self) -> int:
         """Stop sampling; the peak in bytes (0: nothing could be read)."""
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._sample()
+        self.halt()
         return self.peak_bytes
 
 

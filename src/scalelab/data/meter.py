@@ -18,26 +18,15 @@ from typing import Any
 
 import psutil
 
-
-def tree_rss(proc: psutil.Process | None = None,
-             children: list[psutil.Process] | None = None) -> int:
-    """RSS of a process and all its descendants (or the CHILDREN given), in bytes (vanished
-    children are skipped)."""
-    p = proc or psutil.Process()
-    total = 0
-    for q in [p, *(p.children(recursive=True) if children is None else children)]:
-        try:
-            total += q.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return total
+from scalelab.core.peak_memory import tree_rss
+from scalelab.core.sampling import SamplingThread
 
 
-class MemorySampler:
+class MemorySampler(SamplingThread):
     """Samples tree_rss() in a daemon thread; `peak_since(mark)` gives a window's peak."""
 
     def __init__(self, interval_s: float = 0.02, children_every_s: float = 0.5) -> None:
-        self.interval_s = interval_s
+        super().__init__(interval_s, "rss-sampler")
         # Listing the children scans all of /proc (~2 ms): at every sample that took ~10% of
         # a core. Their RSS is still read at every sample; a child younger than
         # children_every_s is missed until the next refresh.
@@ -47,13 +36,9 @@ class MemorySampler:
         self._children_at = -float("inf")
         self._samples: list[tuple[float, int]] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval_s)
+    def _sample(self) -> None:
+        self.sample()
 
     def sample(self) -> int:
         now = time.perf_counter()
@@ -63,14 +48,6 @@ class MemorySampler:
         with self._lock:
             self._samples.append((time.perf_counter(), rss))
         return rss
-
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
     def peak_between(self, t0: float, t1: float) -> int:
         with self._lock:

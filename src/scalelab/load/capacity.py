@@ -28,11 +28,12 @@ The capacity is the highest passing rate and its interval is [highest pass, lowe
 
 from __future__ import annotations
 
+import abc
 import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 # The interval math lives in core.decide (the verdict decides with it too).
 from scalelab.core.decide import clopper_pearson, quantile_ranks, step_requests
@@ -41,6 +42,7 @@ from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.slo import Slo
 
 Verdict = Literal["pass", "fail", "undecided-pass", "undecided-fail"]
+ProgressT = TypeVar("ProgressT")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +57,6 @@ class Progress:
     """Measured failures of any kind."""
     within: int
     """Measured successes with latency <= the SLO threshold."""
-    elapsed_s: float
-    """Seconds since the measured window started."""
 
 
 def quantile_ci_ms(hist: LatencyHistogram, q: float, confidence: float
@@ -69,10 +69,11 @@ def quantile_ci_ms(hist: LatencyHistogram, q: float, confidence: float
 
 
 @dataclass(frozen=True, kw_only=True)
-class StopRule:
+class StopRule(abc.ABC, Generic[ProgressT]):
     """When a capacity step may stop: its objectives decided at `confidence`, or out of time
-    or requests. What is judged is the subclass's (`StepRule`: one latency objective;
-    `llm.token_slo.TokenStepRule`: token objectives); the interval rule is this one."""
+    or requests. What is judged, on what a running step measured (a `ProgressT`), is the
+    subclass's (`StepRule`: one latency objective on `Progress`; `llm.token_slo.TokenStepRule`:
+    token objectives on `Samples`); the interval rule and the stopping rule are this one."""
 
     confidence: float = 0.95
     """Two-sided confidence of each interval."""
@@ -93,6 +94,29 @@ class StopRule:
         """The step ran its longest or sent its most: it stops, decided or not."""
         return elapsed_s >= self.max_step_s or sent >= self.max_requests
 
+    def should_stop(self, progress: ProgressT, elapsed_s: float) -> bool:
+        """The stopping rule (`driver.StopCheck`): stop when out of room, or, after
+        `min_step_s` and `_min_measured` requests, when the objectives are decided."""
+        n = self._measured(progress)
+        if self.out_of_room(elapsed_s, n):
+            return True
+        if elapsed_s < self.min_step_s or n < self._min_measured:
+            return False
+        return self._decided(progress)
+
+    @abc.abstractmethod
+    def _measured(self, progress: ProgressT) -> int:
+        """The requests the step has measured, as `max_requests` counts them."""
+
+    @abc.abstractmethod
+    def _decided(self, progress: ProgressT) -> bool:
+        """The interval rule has decided every objective."""
+
+    @property
+    def _min_measured(self) -> int:
+        """Requests a step needs before it may decide."""
+        return 0
+
     def share_verdict(self, k: int, n: int, needed: float) -> Literal["pass", "fail"] | None:
         """k of n events within an objective that needs a share `needed`: "fail" when the
         interval lies wholly below it, "pass" when wholly at or above, None while undecided."""
@@ -112,7 +136,7 @@ class StopRule:
 
 
 @dataclass(frozen=True, kw_only=True)
-class StepRule(StopRule):
+class StepRule(StopRule[Progress]):
     """`StopRule` for one latency objective, optionally an availability target; each step is
     sized by the objective's quantile (see the module doc)."""
 
@@ -158,12 +182,15 @@ class StepRule(StopRule):
         point_ok = within / ok >= q and (budget is None or errors / (ok + errors) <= budget)
         return ("pass" if point_ok else "fail"), False
 
-    def should_stop(self, p: Progress) -> bool:
-        if self.out_of_room(p.elapsed_s, p.sent):
-            return True
-        if p.elapsed_s < self.min_step_s or p.sent < self._needed:
-            return False
-        return self.verdict(ok=p.ok, within=p.within, errors=p.errors)[1]
+    def _measured(self, progress: Progress) -> int:
+        return progress.sent
+
+    def _decided(self, progress: Progress) -> bool:
+        return self.verdict(ok=progress.ok, within=progress.within, errors=progress.errors)[1]
+
+    @property
+    def _min_measured(self) -> int:
+        return self._needed
 
     def step_verdict(self, *, sent: int, ok: int, within: int, errors: int) -> Verdict:
         """A finished step's verdict: "undecided-" unless the interval decided it with at least

@@ -8,15 +8,20 @@ request and for an SSE token stream:
 - the warm-up and the measured window (`Part.window_start`), the sent and failure counts;
 - dispatch lag (`clock.LagRecorder`, judged when a request gets its connection) and the last
   send, from which `result` judges the level's validity;
-- the stopping rule, asked twice a second, and the end: drain, close, fill in the part;
+- the stopping rule (`StopCheck`: one signature for every protocol, called with the
+  protocol's `_progress` snapshot), asked twice a second, and the end: drain, close, fill in
+  the part;
 - the requests' rotation and `--trace-sample` marking.
 
 What a protocol adds (a subclass: `http.generator.HttpDriver`, `llm.stream.StreamDriver`) is
 the exchange and its connections: `_dispatch` hands one due request to the protocol,
-`_clients` runs the closed loop's clients, `_drain` waits for what is in flight and
-`_close_all` closes the pool. The HTTP exchange is callback-driven over `http/connection.py`
-(a response completes in the protocol's callback, no task per request: its hot path) and
-the streaming one is a coroutine per request over `llm/sse.py` (a stream lasts seconds).
+`_clients` runs the closed loop's clients, `_progress` is what its stopping rule reads,
+`_drain` waits for what is in flight and `_close_all` closes the pool. Both pools are
+`pool.Pool`, differing in how a request waits for a connection at the cap: the HTTP
+exchange is callback-driven over `http/connection.py` (a response completes in the protocol's
+callback, no task per request: its hot path) and a waiting request is a queued entry; the
+streaming one is a coroutine per request over `llm/sse.py` (a stream lasts seconds) that
+awaits a future.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import asyncio
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeAlias, TypeVar
 
 from scalelab.load.clock import LagRecorder, now, sleep_until
 from scalelab.load.result import Part
@@ -34,12 +39,17 @@ from scalelab.load.send import SendConfig
 from scalelab.load.trace_sample import TraceSampler
 
 PartT = TypeVar("PartT", bound=Part)
+ProgressT = TypeVar("ProgressT")
+StopCheck: TypeAlias = Callable[[ProgressT, float], bool]
+"""The stopping rule: (what the step measured so far, seconds since the measured window
+opened) -> stop now. `capacity.StopRule.should_stop` is one."""
 STOP_CHECK_S = 0.5
 """How often the stopping rule is asked."""
 
 
-class Driver(abc.ABC, Generic[PartT]):
-    """One asyncio loop's worth of load. Use `run_open` or `run_closed` once."""
+class Driver(abc.ABC, Generic[PartT, ProgressT]):
+    """One asyncio loop's worth of load, measured into a `PartT`, its stopping rule reading a
+    `ProgressT`. Use `run_open` or `run_closed` once."""
 
     tick_s: ClassVar[float] = STOP_CHECK_S
     """How often the watcher wakes (`_on_tick`); the stopping rule is asked every
@@ -77,8 +87,8 @@ class Driver(abc.ABC, Generic[PartT]):
         """Closed loop: run the clients until `can_send` turns False."""
 
     @abc.abstractmethod
-    def _stop_now(self, stop_check: Callable[..., bool], elapsed_s: float) -> bool:
-        """Ask the stopping rule with the protocol's measurements so far."""
+    def _progress(self) -> ProgressT:
+        """The measurements so far, as the protocol's stopping rule reads them."""
 
     @abc.abstractmethod
     async def _drain(self) -> None:
@@ -139,7 +149,7 @@ class Driver(abc.ABC, Generic[PartT]):
     # ---- the two schedules ----
 
     async def run_open(self, times: list[float], start_at: float,
-                       stop_check: Callable[..., bool] | None = None) -> PartT:
+                       stop_check: StopCheck[ProgressT] | None = None) -> PartT:
         """Send request i at `start_at + times[i]` (on `clock.now`); measure those due after
         the warm-up."""
         warm = self.cfg.warmup_s
@@ -176,7 +186,7 @@ class Driver(abc.ABC, Generic[PartT]):
         return self._finish()
 
     async def run_closed(self, start_at: float,
-                         stop_check: Callable[..., bool] | None = None) -> PartT:
+                         stop_check: StopCheck[ProgressT] | None = None) -> PartT:
         """`concurrency` clients back to back from `start_at` for the duration or count."""
         cfg = self.cfg
         self.warm_end = start_at + cfg.warmup_s
@@ -197,7 +207,7 @@ class Driver(abc.ABC, Generic[PartT]):
         return self._finish()
 
     async def run(self, times: list[float] | None, start: Callable[[], float],
-                  stop_check: Callable[..., bool] | None = None) -> PartT:
+                  stop_check: StopCheck[ProgressT] | None = None) -> PartT:
         """`run_open` on `times`, or `run_closed` when the mode is closed, from `start()` (which
         may block on the other generators: nothing else runs on this loop yet)."""
         start_at = start()
@@ -206,7 +216,7 @@ class Driver(abc.ABC, Generic[PartT]):
             return await self.run_open(times, start_at, stop_check)
         return await self.run_closed(start_at, stop_check)
 
-    async def _watch(self, stop_check: Callable[..., bool] | None) -> None:
+    async def _watch(self, stop_check: StopCheck[ProgressT] | None) -> None:
         every = max(1, round(STOP_CHECK_S / self.tick_s))
         ticks = 0
         while True:
@@ -215,15 +225,24 @@ class Driver(abc.ABC, Generic[PartT]):
             self._on_tick(t)
             ticks += 1
             if stop_check is not None and not self.stop_requested and ticks % every == 0 \
-                    and self._stop_now(stop_check, max(0.0, t - self.res.window_start)):
+                    and stop_check(self._progress(), max(0.0, t - self.res.window_start)):
                 self.stop_requested = True
                 self.stopped_at = t
+
+    def _window(self) -> tuple[float, float] | None:
+        """Open loop with `window_s`: the measured window as planned, (start, end); None
+        otherwise."""
+        if self.cfg.mode != "open" or not self.cfg.window_s:
+            return None
+        t0 = self.res.window_start
+        return t0, t0 + self.cfg.window_s
 
     def _finish(self) -> PartT:
         res = self.res
         res.errors_by_status = dict(self.status)
         res.errors_by_kind = dict(self.kinds)
         res.lag_blob = self.lag.histogram().encode()
+        res.lag_late = self.lag.late
         if self.tracer is not None:
             res.traced, res.trace_ids = self.tracer.count, self.tracer.trace_ids
         return res

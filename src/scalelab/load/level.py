@@ -17,14 +17,15 @@ import queue
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
 from scalelab.core.errors import BadUsageError, RunFailedError
 from scalelab.load import clock
-from scalelab.load.cluster import WORKERS, Cluster, ClusterLevel, named_reasons
+from scalelab.load.cluster import WORKERS, Cluster, named_reasons
 from scalelab.load.cluster import shares as cluster_shares
+from scalelab.load.result import LevelResult
 from scalelab.load.schedule import Arrival, schedule
 from scalelab.load.send import SendConfig
 
@@ -42,20 +43,7 @@ class ProcessSettings(NamedTuple):
     timeout_s: float
 
 
-class Merged(Protocol):
-    """What the cluster verdict reads of a merged level (both protocols' results have it)."""
-
-    @property
-    def requests(self) -> int: ...
-    @property
-    def sent_rps(self) -> float: ...
-    @property
-    def invalid_reasons(self) -> list[str]: ...
-    @property
-    def cluster(self) -> ClusterLevel | None: ...
-
-
-ResultT = TypeVar("ResultT", bound=Merged)
+ResultT = TypeVar("ResultT", bound=LevelResult)
 
 
 @dataclass(kw_only=True)
@@ -146,9 +134,12 @@ class LevelPlan(abc.ABC, Generic[ResultT]):
         dur = None if self.duration_s is None else self.duration_s + warm
         return conc, n, dur
 
-    def closed_config(self, cfg: SendT, index: int) -> SendT:
-        """`cfg` for process `index` of a closed-loop level: its share of the clients, of the
-        measured requests and the duration (see `share`)."""
+    def process_config(self, cfg: SendT, index: int) -> SendT:
+        """`cfg` for process `index`: open loop, with the planned measured window
+        (`window_s`); closed loop, its share of the clients, of the measured requests and the
+        duration (see `share`)."""
+        if cfg.mode == "open":
+            return replace(cfg, window_s=self.window_s())
         conc, n, dur = self.share(index)
         return replace(cfg, concurrency=conc, max_requests=n, duration_s=dur)
 
@@ -286,5 +277,5 @@ def cluster_result(plan: LevelPlan[ResultT], parts: list[Any], clocks: Any, clus
                            offered_rps=plan.rate if plan.settings().mode == "open" else None,
                            judge=judge)
     reasons = r.invalid_reasons + named_reasons(level)
-    return replace(r, valid=not reasons, invalid_reasons=reasons,  # type: ignore[type-var]
+    return replace(r, valid=not reasons, invalid_reasons=reasons,
                    cluster=level)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalelab.load.cluster import ClusterLevel
 from scalelab.load.schedule import Mode
 
 NOTHING_MEASURED = "no request was measured; lengthen --duration or shorten --warmup"
@@ -37,6 +38,11 @@ class Part:
     """Requests sent in the warm-up (not measured)."""
     lag_blob: str = ""
     """HdrHistogram of each measured send's lateness (open loop; clock.LagRecorder)."""
+    lag_late: int = 0
+    """Measured sends more than `clock.LATE_S` late."""
+    served_in_window: int | None = None
+    """Open loop with `SendConfig.window_s`: successes completed inside the measured window,
+    the warm-up's included; None where no window was set."""
     connections_opened: int = 0
     window_start: float = 0.0
     """When the measured window began (the process's clock)."""
@@ -125,6 +131,34 @@ class LevelResult:
     """Everything else: non-2xx, timeouts, refused and reset connections (see errors_by_kind)."""
     failure_rate: float
     """failures / (successes + failures) (0 when nothing was answered)."""
+    wall_s: float
+    """Measured window: from the end of warm-up to the last measured response."""
+    sent_rps: float
+    """Measured sends per second actually achieved."""
+    throughput_rps: float
+    """Successes per second over the measured window."""
+    errors_by_kind: dict[str, int]
+    """Failures by kind: the protocol's `ERROR_KINDS` (status, timeout, refused, reset, ...)."""
+    errors_by_status: dict[str, int]
+    """Non-2xx answers by HTTP status."""
+    lag_share: float
+    """Share of the measured sends dispatched more than `clock.LATE_S` after their due time."""
+    connections: int
+    """Connections opened."""
+    valid: bool
+    """False when the generator could not offer the asked-for load (see invalid_reasons)."""
+    invalid_reasons: list[str]
+    """Why the run is invalid."""
+    warmup_requests: int
+    """Requests sent during warm-up (excluded)."""
+    stopped_early: bool
+    """A stopping rule ended the run before its schedule did."""
+    traced_requests: int = 0
+    """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
+    trace_ids: list[str] = field(default_factory=list)
+    """Their trace ids (the first 1,000 per process): look them up in the server's spans."""
+    cluster: ClusterLevel | None = None
+    """With --cluster: the scheduler and every worker's share, clock offset and validity."""
 
     def level(self) -> tuple[str, float]:
         """The record's variable and level: the rate (open loop) or the clients (closed)."""

@@ -11,7 +11,6 @@ step need a short period to be seen at all); a server without /metrics yields no
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +19,7 @@ from typing import Any
 
 import psutil
 
+from scalelab.core.sampling import SamplingThread
 from scalelab.core.sheet import STAGE_LIMIT_KEY
 from scalelab.web.exposition import ExpositionError, sample_sums
 
@@ -76,14 +76,14 @@ def summarize(scrapes: list[dict[str, float]]) -> Signals:
     return s
 
 
-class Sampler:
+class Sampler(SamplingThread):
     """`with Sampler(url, pid=PID) as s:` scrapes `url` every `period_s` until the block ends,
     and (with `pid`) reads the CPU time and resident memory of that process and its children:
     the server's own busy cores, which the verdict compares with the machine's."""
 
     def __init__(self, url: str | None, period_s: float = 0.1, pid: int | None = None) -> None:
+        super().__init__(period_s, "metrics-scrape")
         self.url = url
-        self.period_s = period_s
         self.scrapes: list[dict[str, float]] = []
         self.malformed = 0
         """Scrapes that answered with text that is not Prometheus exposition (warned once)."""
@@ -91,8 +91,6 @@ class Sampler:
         self._cpu0: tuple[float, float] | None = None
         self._cpu1: tuple[float, float] | None = None
         self.peak_rss = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="metrics-scrape")
 
     def _tree(self) -> list[psutil.Process]:
         assert self.pid is not None
@@ -118,7 +116,7 @@ class Sampler:
         self._cpu1 = mark
         self.peak_rss = max(self.peak_rss, rss)
 
-    def _once(self) -> None:
+    def _sample(self) -> None:
         if self.pid is not None:
             self._process()
         if self.url is None:
@@ -145,19 +143,6 @@ class Sampler:
         return {"cpu_busy_cores": cpu / wall, "server_cpu_s": cpu,
                 "server_peak_rss_bytes": self.peak_rss}
 
-    def _loop(self) -> None:
-        self._once()
-        while not self._stop.wait(self.period_s):
-            self._once()
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._once()  # the counters' final value
 
     def signals(self) -> Signals:
         return summarize(self.scrapes)

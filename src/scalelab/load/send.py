@@ -110,6 +110,11 @@ class SendConfig:
     """Share of measured requests sent with a fresh sampled traceparent (0 = none)."""
     trace_seed: int = 0
     """Seed of which requests those are."""
+    window_s: float | None = None
+    """Open loop: the measured window's planned length (after the warm-up). Set, the served
+    rate counts every success completed inside it (`Part.served_in_window`): an overloaded
+    level's warm-up leaves a queue that the measured requests wait behind, and their span
+    would stretch past the window and read as a lower capacity."""
 
     def __post_init__(self) -> None:
         if not self.requests:

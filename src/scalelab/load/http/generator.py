@@ -24,10 +24,8 @@ asyncio loop; `level.py` runs several and `http/result.py` merges their `HttpPar
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from array import array
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,16 +34,17 @@ import numpy as np
 
 from scalelab.core.usage import busy_cores, busy_ticks, sched_times
 from scalelab.load.capacity import Progress
-from scalelab.load.clock import LATE_S, LoopImpl, now
+from scalelab.load.clock import LoopImpl, now
 from scalelab.load.driver import Driver
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.http.connection import Connection, HttpConnection
+from scalelab.load.pool import Pool
 from scalelab.load.result import Part
 from scalelab.load.send import SendConfig
 
-LAG_THRESHOLD_S = LATE_S
-"""A send dispatched more than this after its due time counts in `lag_count`."""
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "other")
+MAX_OPENING = 256
+"""Connects in flight at most, so a burst cannot exhaust the listen backlog."""
 
 
 @dataclass(kw_only=True)
@@ -54,7 +53,6 @@ class HttpPart(Part):
 
     within: int = 0
     hist_blob: str = ""
-    lag_count: int = 0
     lag_max_s: float = 0.0
     last_due: float = 0.0
     pool_waits: int = 0
@@ -68,9 +66,6 @@ class HttpPart(Part):
     """Wall seconds those two cover."""
     machine_busy_cores: float | None = None
     """Busy cores of the whole machine over the same span (/proc/stat), this process included."""
-    served_in_window: int | None = None
-    """Open loop with `HttpConfig.window_s`: successful responses completed inside the
-    measured window, the warm-up's included; None where no window was set."""
 
 
 @dataclass(kw_only=True)
@@ -83,14 +78,9 @@ class HttpConfig(SendConfig):
     """Event loop: uvloop when installed ("auto"), or plain asyncio."""
     realtime: bool = False
     """Run the generator in SCHED_FIFO (see `clock.realtime`): precise on a busy machine."""
-    window_s: float | None = None
-    """Open loop: the measured window's planned length (after the warm-up). Set, the served
-    rate counts every success completed inside it: an overloaded level's warm-up leaves a
-    queue whose service would otherwise stretch the window (the measured requests wait behind
-    it) and read as a lower capacity."""
 
 
-class HttpDriver(Driver[HttpPart]):
+class HttpDriver(Driver[HttpPart, Progress]):
     """One asyncio loop's worth of plain HTTP load: `Driver`'s schedule over keep-alive
     connections, a response completing in the connection's callback (no task per request)."""
 
@@ -107,12 +97,9 @@ class HttpDriver(Driver[HttpPart]):
         # Completion times of every success, warm-up included (8 bytes each): the served rate
         # inside the window, whatever requests the server was busy with.
         self._done_t = array("d")
-        self._conns: set[Connection] = set()
-        self._idle: list[Connection] = []
-        # (due, measured, capped): capped entries found every connection busy at the cap.
-        self._pending: deque[tuple[float, bool, bool]] = deque()
+        # Waiting: (due, measured, capped); capped entries found every connection busy at the cap.
+        self._pool: Pool[Connection, tuple[float, bool, bool]] = Pool(cfg.max_connections)
         self._timed_out: set[Connection] = set()
-        self._opening = 0
         self._outstanding = 0
         self._dispatching = True
         self._done = asyncio.Event()
@@ -149,13 +136,15 @@ class HttpDriver(Driver[HttpPart]):
         if self.cfg.mode == "closed":
             if self._closed_send(conn):
                 return
-        elif self._pending:
-            due, measured, capped = self._pending.popleft()
-            if capped:
-                self._count_send(due, measured, now())
-            self._send(conn, due, measured)
-            return
-        self._idle.append(conn)
+            self._pool.idle.append(conn)
+        else:
+            waiting = self._pool.hand_off(conn)
+            if waiting is not None:
+                due, measured, capped = waiting
+                if capped:
+                    self._count_send(due, measured, now())
+                self._send(conn, due, measured)
+                return
         self._check_done()
 
     def _send(self, conn: Connection, due: float, measured: bool) -> None:
@@ -166,9 +155,7 @@ class HttpDriver(Driver[HttpPart]):
         super()._fail(kind, measured)
 
     def _on_lost(self, conn: Connection, exc: BaseException | None, token: Any) -> None:
-        self._conns.discard(conn)
-        with contextlib.suppress(ValueError):
-            self._idle.remove(conn)
+        self._pool.lost(conn)
         if token is not None:
             _, measured = token
             if conn in self._timed_out:
@@ -184,17 +171,18 @@ class HttpDriver(Driver[HttpPart]):
 
     def _refill(self) -> None:
         """Open connections for waiting work (open loop) or to keep N clients (closed loop)."""
+        pool = self._pool
         if self.cfg.mode == "closed":
             want = self.cfg.concurrency if self.can_send() else 0
-            while len(self._conns) + self._opening < want and self._opening < 256:
-                self._opening += 1
+            while len(pool.conns) + pool.opening < want and pool.opening < MAX_OPENING:
+                pool.opening += 1
                 self.loop.create_task(self._open())
             return
         # Waiting requests mean no connection is idle: open one per waiting request, up to
-        # the cap (and at most 256 connects in flight, so a burst cannot exhaust the backlog).
-        while (self._opening < len(self._pending) and self._opening < 256
-               and len(self._conns) + self._opening < self.cfg.max_connections):
-            self._opening += 1
+        # the cap.
+        while (pool.opening < len(pool.waiting) and pool.opening < MAX_OPENING
+               and pool.has_room()):
+            pool.opening += 1
             self.loop.create_task(self._open())
 
     async def _connect(self, on_response: Callable[..., None],
@@ -217,27 +205,26 @@ class HttpDriver(Driver[HttpPart]):
         try:
             conn = await self._connect(self._on_response, self._on_lost)
         except ConnectionRefusedError:
-            self._opening -= 1
+            self._pool.open_failed()
             self._connect_failed("refused")
             return
         except TimeoutError:
-            self._opening -= 1
+            self._pool.open_failed()
             self._connect_failed("timeout")
             return
         except OSError:
-            self._opening -= 1
+            self._pool.open_failed()
             self._connect_failed("other")
             return
-        self._opening -= 1
+        self._pool.opened(conn)
         self.res.connections_opened += 1
-        self._conns.add(conn)
         self._next(conn)
 
     def _connect_failed(self, kind: str) -> None:
         if self.cfg.mode == "open":
-            if self._pending:
-                _, measured, _ = self._pending.popleft()
-                self._fail(kind, measured)
+            waiting = self._pool.first_waiter()
+            if waiting is not None:
+                self._fail(kind, waiting[1])
             self._refill()
         elif self.can_send():
             # A client that cannot connect counts one failed request, then retries shortly.
@@ -267,17 +254,19 @@ class HttpDriver(Driver[HttpPart]):
 
     def _dispatch(self, due: float, measured: bool, woke: float) -> None:
         self._outstanding += 1
-        if self._idle:
+        pool = self._pool
+        conn = pool.take_idle()
+        if conn is not None:
             self._count_send(due, measured, now())
-            self._send(self._idle.pop(), due, measured)
+            self._send(conn, due, measured)
             return
-        if len(self._conns) + self._opening < self.cfg.max_connections:
+        if pool.has_room():
             self._count_send(due, measured, now())
-            self._pending.append((due, measured, False))
+            pool.waiting.append((due, measured, False))
             self._refill()
         else:
             # Every connection is busy at the cap: the wait for one is generator lag.
-            self._pending.append((due, measured, True))
+            pool.waiting.append((due, measured, True))
             self.res.pool_waits += 1
 
     # ---- closed loop ----
@@ -296,13 +285,13 @@ class HttpDriver(Driver[HttpPart]):
 
     async def _clients(self) -> None:
         cfg = self.cfg
-        idle, self._idle = self._idle, []
+        idle, self._pool.idle = self._pool.idle, []
         for conn in idle[: cfg.concurrency]:
             self._next(conn)
         for conn in idle[cfg.concurrency:]:
             conn.abort()
         self._refill()
-        while self.can_send() or self._opening:
+        while self.can_send() or self._pool.opening:
             await asyncio.sleep(0.02)
 
     # ---- shared ----
@@ -334,22 +323,23 @@ class HttpDriver(Driver[HttpPart]):
     def _on_tick(self, t: float) -> None:
         """Fail requests past their timeout."""
         timeout = self.cfg.timeout_s
-        while self._pending and t - self._pending[0][0] > timeout:
-            due, measured, capped = self._pending.popleft()
+        waiting = self._pool.waiting
+        while waiting and t - waiting[0][0] > timeout:
+            due, measured, capped = waiting.popleft()
             if capped:
                 self._count_send(due, measured, t)
             self._fail("timeout", measured)
-        for conn in list(self._conns):
+        for conn in list(self._pool.conns):
             tok = conn.token
             if tok is not None and t - tok[0] > timeout and conn not in self._timed_out:
                 self._timed_out.add(conn)
                 conn.abort()
         self._check_done()
 
-    def _stop_now(self, stop_check: Callable[..., bool], elapsed_s: float) -> bool:
+    def _progress(self) -> Progress:
         res = self.res
-        return stop_check(Progress(sent=res.sent, ok=res.ok, errors=sum(self.kinds.values()),
-                                   within=res.within, elapsed_s=elapsed_s))
+        return Progress(sent=res.sent, ok=res.ok, errors=sum(self.kinds.values()),
+                        within=res.within)
 
     async def _drain(self) -> None:
         self._dispatching = False
@@ -358,10 +348,8 @@ class HttpDriver(Driver[HttpPart]):
         await asyncio.wait_for(self._done.wait(), timeout=self.cfg.timeout_s + 5.0)
 
     def _close_all(self) -> None:
-        for conn in list(self._conns) + self._idle:
+        for conn in self._pool.clear():
             conn.close()
-        self._conns.clear()
-        self._idle.clear()
 
     def _on_start(self) -> None:
         # Whether the generator was starved of CPU decides what a late run's reason advises.
@@ -378,13 +366,12 @@ class HttpDriver(Driver[HttpPart]):
     def _finish(self) -> HttpPart:
         self._cpu_stop()
         res = super()._finish()
-        res.lag_count = self.lag.late
         self.hist.record_us(np.frombuffer(self._lat_us, dtype=np.int64))
         self._lat_us = array("q")
         res.hist_blob = self.hist.encode()
-        if self.cfg.mode == "open" and self.cfg.window_s:
-            t0 = res.window_start
-            t1 = t0 + self.cfg.window_s
+        window = self._window()
+        if window is not None:
+            t0, t1 = window
             res.served_in_window = sum(1 for t in self._done_t if t0 <= t <= t1)
         self._done_t = array("d")
         return res

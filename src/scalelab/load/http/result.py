@@ -28,7 +28,6 @@ from typing import Any
 
 from scalelab.core.records import Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
-from scalelab.load.cluster import ClusterLevel
 from scalelab.load.histogram import LatencyHistogram, Percentiles
 from scalelab.load.http.generator import HttpPart
 from scalelab.load.result import NOTHING_MEASURED, LevelResult, Tally, finite
@@ -94,26 +93,14 @@ class LoadResult(LevelResult):
 
     latency: Percentiles
     """Latency of successes, from the due time (open) or send time (closed)."""
-    wall_s: float
-    """Measured window: from the end of warm-up to the last measured response."""
-    sent_rps: float
-    """Measured sends per second actually achieved."""
-    throughput_rps: float
-    """Successes per second over the measured window."""
     goodput_rps: float
     """Successes within the SLO latency per second (= throughput when no SLO was given)."""
     slo_threshold_ms: float | None
     """The latency threshold goodput used."""
     within_slo: int
     """Successes at or under the threshold."""
-    errors_by_status: dict[str, int]
-    """Non-2xx responses by HTTP status."""
-    errors_by_kind: dict[str, int]
-    """Failures by kind: status, timeout, refused, reset, other."""
     lag_count: int
     """Sends dispatched more than 1 ms after their due time."""
-    lag_share: float
-    """lag_count / requests."""
     lag_max_ms: float
     """Worst dispatch lateness."""
     lag_p50_ms: float | None
@@ -124,30 +111,14 @@ class LoadResult(LevelResult):
     """Open loop: the measured sends' rate by their due times (the rate sent_rps should hold)."""
     pool_waits: int
     """Requests that waited for a free connection (max_connections reached)."""
-    connections: int
-    """Connections opened."""
-    valid: bool
-    """False when the generator could not offer the asked-for load (see invalid_reasons)."""
-    invalid_reasons: list[str]
-    """Why the run is invalid."""
     cold_start_ms: float | None
     """First request on a fresh connection, before the run (not in the percentiles)."""
     cold_start_error: str | None
     """Why the cold-start probe failed, if it did."""
-    warmup_requests: int
-    """Requests sent during warm-up (excluded)."""
-    stopped_early: bool
-    """A stopping rule ended the run before its schedule did."""
     generator_cpu: GeneratorCpu | None
     """What the generator got of the CPU (None where it was not measured)."""
     hist_blob: str = field(repr=False)
     """Merged HdrHistogram (base64), so any threshold can be evaluated later."""
-    traced_requests: int = 0
-    """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
-    trace_ids: list[str] = field(default_factory=list)
-    """Their trace ids (the first 1,000 per process): look them up in the server's spans."""
-    cluster: ClusterLevel | None = None
-    """With --cluster: the scheduler and every worker's share, clock offset and validity."""
 
 
 def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
@@ -178,7 +149,7 @@ def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
         send_span = max(send_span, window_s)
     wall = tally.wall(send_span)
     served = throughput(parts, ok=ok, wall=wall, window_s=window_s, stopped=stopped)
-    lag = sum(p.lag_count for p in parts)
+    lag = sum(p.lag_late for p in parts)
     lag_share = lag / sent if sent else 0.0
     lstats = lag_stats([LatencyHistogram.decode(p.lag_blob) for p in parts if p.lag_blob],
                        late=lag)

@@ -13,6 +13,7 @@ from typing import Any
 from scalelab.load import clock, level
 from scalelab.load.capacity import Progress
 from scalelab.load.cluster import Cluster
+from scalelab.load.driver import StopCheck
 from scalelab.load.http.generator import HttpConfig, HttpDriver
 from scalelab.load.http.result import LoadResult, merge
 
@@ -34,16 +35,9 @@ class LoadPlan(level.LevelPlan[LoadResult]):
                      realtime=self.engine.realtime, **common)
 
 
-def _engine_for(plan: LoadPlan, index: int) -> HttpConfig:
-    cfg = plan.engine
-    if cfg.mode == "open":
-        return replace(cfg, window_s=plan.window_s())
-    return plan.closed_config(cfg, index)
-
-
 async def _run_one(cfg: HttpConfig, times: list[float] | None, cold: bool,
                    start: Callable[[], float],
-                   stop_check: Callable[[Progress], bool] | None) -> Any:
+                   stop_check: StopCheck[Progress] | None) -> Any:
     eng = HttpDriver(cfg)
     if cold:
         await eng.cold_start()
@@ -53,12 +47,12 @@ async def _run_one(cfg: HttpConfig, times: list[float] | None, cold: bool,
 def _load_part(plan: LoadPlan, index: int, times: list[float] | None,
                start: Callable[[], float]) -> Any:
     with clock.realtime(plan.engine.realtime):
-        return clock.run(_run_one(_engine_for(plan, index), times,
+        return clock.run(_run_one(plan.process_config(plan.engine, index), times,
                                   plan.cold_start and index == 0, start, None),
                          plan.engine.loop_impl)
 
 
-def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = None,
+def run_load(plan: LoadPlan, *, stop_check: StopCheck[Progress] | None = None,
              slo_threshold_s: float | None = None, cluster: Cluster | None = None) -> LoadResult:
     """Run one level; `stop_check` (one process only) may end it early. With `cluster`, one
     generator a Dask worker (`cluster.py`) instead of local processes."""
@@ -72,7 +66,7 @@ def run_load(plan: LoadPlan, *, stop_check: Callable[[Progress], bool] | None = 
 
     def one() -> Any:
         with clock.realtime(cfg.realtime):
-            return clock.run(_run_one(_engine_for(plan, 0), times, plan.cold_start,
+            return clock.run(_run_one(plan.process_config(plan.engine, 0), times, plan.cold_start,
                                       lambda: clock.now() + 0.05, stop_check), cfg.loop_impl)
 
     return plan.merge(level.run_parts(_load_part, plan, times, one, stop_check))
@@ -88,7 +82,7 @@ def _cold_probe(plan: LoadPlan) -> tuple[float | None, str | None]:
 
 
 def _run_on_cluster(plan: LoadPlan, times: list[float] | None, cluster: Cluster,
-                    stop_check: Callable[[Progress], bool] | None) -> LoadResult:
+                    stop_check: StopCheck[Progress] | None) -> LoadResult:
     workers = level.cluster_workers(plan, cluster, stop_check)
     # The cold-start probe runs apart, before the shares are handed out, so a slow first
     # request cannot make worker 0 miss the agreed start.

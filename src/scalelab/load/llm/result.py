@@ -17,7 +17,6 @@ import numpy as np
 
 from scalelab.core.records import Cost, Record, make_record
 from scalelab.load.clock import LagStats, lag_stats
-from scalelab.load.cluster import ClusterLevel
 from scalelab.load.histogram import LatencyHistogram, Percentiles
 from scalelab.load.llm.stream import ProbeAnswer, StreamPart
 from scalelab.load.llm.token_slo import (
@@ -61,53 +60,25 @@ class LlmResult(LevelResult):
     """Prompt tokens of successful requests, as the server reported (None: not reported)."""
     failed_output_tokens: int
     """Tokens streamed by requests that then failed (not in the throughput)."""
-    wall_s: float
-    """Measured window: end of warm-up to the last measured response."""
-    sent_rps: float
-    """Measured sends per second achieved."""
-    throughput_rps: float
-    """Successful requests per second."""
     output_tps: float
     """Output tokens per second (successful requests)."""
     total_tps: float
     """Prompt + output tokens per second (output only when prompts were not reported)."""
-    errors_by_kind: dict[str, int]
-    """Failures by kind: status, timeout, refused, reset, dropped, protocol, server-error, empty."""
-    errors_by_status: dict[str, int]
-    """Non-2xx answers by HTTP status."""
     token_sources: dict[str, int]
     """Requests by how their tokens per chunk were known (usage-continuous, usage-final,
     chunks)."""
     lag: LagStats
     """Open loop: how late the generator sent (p50/p99/max, and sends over 1 ms late)."""
-    lag_share: float
-    """lag.late / requests."""
-    connections: int
-    """Connections opened."""
     max_in_flight: int
     """Most streams outstanding at once (summed over processes)."""
-    valid: bool
-    """False when the generator could not offer the asked-for load."""
-    invalid_reasons: list[str]
-    """Why the run is invalid."""
     notes: list[str]
     """How far to trust the token counts (see tokens.py)."""
-    warmup_requests: int
-    """Requests in the warm-up (excluded)."""
-    stopped_early: bool
-    """A stopping rule ended the run before its schedule did."""
     blobs: dict[str, str] = field(repr=False)
     """Merged HdrHistograms (base64) of ttft, itl, tpot, e2e."""
     samples: Samples = field(repr=False)
     """Per-request values, for goodput under any SLO."""
-    traced_requests: int = 0
-    """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
-    trace_ids: list[str] = field(default_factory=list)
-    """Their trace ids (the first 1,000 per process)."""
     probe: list[ProbeAnswer] = field(default_factory=list, repr=False)
     """The greedy-agreement probe's answers at this level (quality.py)."""
-    cluster: ClusterLevel | None = None
-    """With --cluster: the scheduler and every worker's share, clock offset and validity."""
 
     def itl_within(self, thresholds: Sequence[float]) -> dict[float, tuple[int, int]]:
         h = LatencyHistogram.decode(self.blobs["itl"])
@@ -136,14 +107,6 @@ def _cat(parts: Sequence[StreamPart], name: str) -> np.ndarray:
     arrs = [np.frombuffer(getattr(p, name), dtype=np.int64) if len(getattr(p, name)) else
             np.zeros(0, dtype=np.int64) for p in parts]
     return np.concatenate(arrs) if arrs else np.zeros(0, dtype=np.int64)
-
-
-def samples_of(part: StreamPart) -> Samples:
-    """A running step's measurements as `Samples` (ITL left out: the stopping rule's ITL
-    objectives are judged at the end of the step)."""
-    return Samples(ttft_us=_cat([part], "ttft_us"), tpot_us=_cat([part], "tpot_us"),
-                   e2e_us=_cat([part], "e2e_us"), output_tokens=_cat([part], "output_tokens"),
-                   requests=part.ok + sum(part.errors_by_kind.values()), itl_within={})
 
 
 def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,

@@ -21,10 +21,11 @@ from scalelab.core.errors import RunFailedError
 from scalelab.load import level
 from scalelab.load.capacity import CapacityResult, SearchConfig, Step, search
 from scalelab.load.cluster import Cluster
+from scalelab.load.driver import StopCheck
 from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.llm.result import LlmResult, merge, samples_of
-from scalelab.load.llm.stream import ProbeAnswer, StopCheck, StreamConfig, StreamDriver, StreamPart
-from scalelab.load.llm.token_slo import TokenStepRule
+from scalelab.load.llm.result import LlmResult, merge
+from scalelab.load.llm.stream import ProbeAnswer, StreamConfig, StreamDriver, StreamPart
+from scalelab.load.llm.token_slo import Samples, TokenStepRule
 
 
 @dataclass(kw_only=True)
@@ -45,13 +46,11 @@ def _config_for(plan: LlmPlan, index: int) -> StreamConfig:
     cfg = plan.stream
     if index > 0 and cfg.probe_requests:
         cfg = replace(cfg, probe_requests=[])  # the probe is sent once, by the first process
-    if cfg.mode == "open":
-        return replace(cfg, window_s=plan.window_s())
-    return plan.closed_config(cfg, index)
+    return plan.process_config(cfg, index)
 
 
 async def _run_one(cfg: StreamConfig, times: list[float] | None, start: Callable[[], float],
-                   stop_check: StopCheck | None) -> StreamPart:
+                   stop_check: StopCheck[Samples] | None) -> StreamPart:
     return await StreamDriver(cfg).run(times, start, stop_check)
 
 
@@ -60,7 +59,7 @@ def _stream_part(plan: LlmPlan, index: int, times: list[float] | None,
     return asyncio.run(_run_one(_config_for(plan, index), times, start, None))
 
 
-def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None,
+def run_llm(plan: LlmPlan, *, stop_check: StopCheck[Samples] | None = None,
             cluster: Cluster | None = None) -> LlmResult:
     """Run one level; `stop_check` (one process only) may end it early. With `cluster`, one
     generator a Dask worker (`cluster.py`) instead of local processes."""
@@ -77,7 +76,7 @@ def run_llm(plan: LlmPlan, *, stop_check: StopCheck | None = None,
 
 
 def _run_on_cluster(plan: LlmPlan, times: list[float] | None, cluster: Cluster,
-                    stop_check: StopCheck | None) -> LlmResult:
+                    stop_check: StopCheck[Samples] | None) -> LlmResult:
     workers = level.cluster_workers(plan, cluster, stop_check)
     return level.run_on_cluster(plan, _stream_part, workers, times, cluster,
                                 lambda r: r.lag.p99_ms)
@@ -134,13 +133,10 @@ def capacity(make_plan: Callable[[float, int], LlmPlan], rule: TokenStepRule,
     With `cluster` each step is a cluster level and runs its full length (no early stop)."""
     levels: list[LlmResult] = []
 
-    def stop(part: StreamPart, elapsed: float) -> bool:
-        return rule.should_stop(samples_of(part), elapsed)
-
     def run_step(rate: float) -> Step:
         if on_step is not None:
             on_step(rate)
-        r = run_llm(make_plan(rate, len(levels)), stop_check=None if cluster else stop,
+        r = run_llm(make_plan(rate, len(levels)), stop_check=None if cluster else rule.should_stop,
                     cluster=cluster)
         check_ran(r, url)
         levels.append(r)

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from array import array
-from collections import defaultdict, deque
-from collections.abc import Callable
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +31,10 @@ from scalelab.load.clock import now
 from scalelab.load.driver import Driver
 from scalelab.load.histogram import LatencyHistogram
 from scalelab.load.llm.sse import Answer, SseConnection, StreamLost
+from scalelab.load.llm.token_slo import Samples
 from scalelab.load.llm.tokens import TokenSource, timing, tokens_per_event
 from scalelab.load.llm.window import ServedWindow
+from scalelab.load.pool import FuturePool
 from scalelab.load.result import Part
 from scalelab.load.send import SendConfig
 
@@ -79,14 +80,9 @@ class StreamPart(Part):
     """How tokens per chunk were known, by request."""
     failed_output_tokens: int = 0
     """Tokens streamed by requests that then failed (dropped mid-way)."""
-    lag_late: int = 0
-    """Sends more than clock.LATE_S late."""
     max_in_flight: int = 0
     probe: list[ProbeAnswer] = field(default_factory=list)
     """The quality probe's answers, in completion order."""
-    served_in_window: int | None = None
-    """Open loop with `StreamConfig.window_s`: successes completed inside the measured window,
-    the warm-up's included; None where no window was set."""
     tokens_in_window: int | None = None
     """Output tokens those successes (the warm-up's included) delivered inside the window."""
     window_span_s: float | None = None
@@ -105,18 +101,14 @@ class StreamConfig(SendConfig):
     """The greedy-agreement probe: sent as the first measured requests, in this order, so
     every level answers the same prompts under its own load; their texts are kept
     (`StreamPart.probe`). Measured like any other request."""
-    window_s: float | None = None
-    """Open loop: the measured window's planned length (after the warm-up). Set, the served
-    rate and tokens/s count every success completed (and every token delivered) inside it: an
-    overloaded level's warm-up leaves a queue that the measured requests wait behind, and
-    their span would stretch past the window and read as a lower capacity."""
 
 
-StopCheck = Callable[[StreamPart, float], bool]
-"""(measurements so far, measured seconds elapsed) -> stop now."""
+def _copy(values: array[int]) -> np.ndarray:
+    # A copy, not a view: a live view would stop the array growing (BufferError).
+    return np.array(values, dtype=np.int64)
 
 
-class StreamDriver(Driver[StreamPart]):
+class StreamDriver(Driver[StreamPart, Samples]):
     """One asyncio loop's worth of streaming load: `Driver`'s schedule, one small task per
     request that holds a pooled connection for its whole stream."""
 
@@ -125,11 +117,9 @@ class StreamDriver(Driver[StreamPart]):
         self.cfg: StreamConfig = cfg
         self._gaps_us = array("q")
         self._sources: defaultdict[str, int] = defaultdict(int)
-        self._idle: list[SseConnection] = []
-        self._waiters: deque[asyncio.Future[SseConnection]] = deque()
-        self._nconns = 0
-        self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pool = FuturePool(cfg.max_connections, connect=self._open, spawn=self._spawn)
+        self._in_flight = 0
         self._next_probe = 0
         # Closed loop: warm-up streams still running, and the event set when the last ends.
         self._warm_flight = 0
@@ -146,52 +136,6 @@ class StreamDriver(Driver[StreamPart]):
                                                     t.host, t.port, ssl=t.ssl_context())
         self.res.connections_opened += 1
         return conn
-
-    async def _acquire(self) -> tuple[SseConnection, bool]:
-        """A connection, and whether getting it meant waiting for one at the cap."""
-        while self._idle:
-            c = self._idle.pop()
-            if not c.closed:
-                return c, False
-            self._nconns -= 1
-        if self._nconns < self.cfg.max_connections:
-            self._nconns += 1
-            try:
-                return await self._open(), False
-            except BaseException:
-                self._nconns -= 1
-                raise
-        fut: asyncio.Future[SseConnection] = self.loop.create_future()
-        self._waiters.append(fut)
-        return await fut, True
-
-    def _release(self, conn: SseConnection) -> None:
-        if conn.closed or not conn.reusable:
-            conn.abort()
-            self._nconns -= 1
-            if any(not w.done() for w in self._waiters):
-                self._nconns += 1
-                self._spawn(self._open_for_waiter())
-            return
-        while self._waiters:
-            w = self._waiters.popleft()
-            if not w.done():
-                w.set_result(conn)
-                return
-        self._idle.append(conn)
-
-    async def _open_for_waiter(self) -> None:
-        try:
-            conn = await self._open()
-        except OSError as e:
-            self._nconns -= 1
-            while self._waiters:
-                w = self._waiters.popleft()
-                if not w.done():
-                    w.set_exception(e)
-                    return
-            return
-        self._release(conn)
 
     def _spawn(self, coro: Any) -> None:
         task = self.loop.create_task(coro)
@@ -217,14 +161,14 @@ class StreamDriver(Driver[StreamPart]):
         conn: SseConnection | None = None
         try:
             async with asyncio.timeout_at(start + self.cfg.timeout_s):
-                conn, waited = await self._acquire()
+                conn, waited = await self._pool.acquire()
                 if dispatched is not None and measured:
                     # Lag is judged at dispatch, or when a connection freed up at the cap; the
                     # connect itself is the network's time and shows in TTFT, not in the lag.
                     self.lag.add((now() if waited else dispatched) - start)
                     res.last_send = max(res.last_send, now())
                 ans = await conn.request(req)
-            self._release(conn)
+            self._pool.release(conn, reusable=conn.reusable)
             conn = None
             kind = self._record(start, ans, measured)
             if probe is not None:
@@ -246,7 +190,7 @@ class StreamDriver(Driver[StreamPart]):
             if conn is not None:
                 # Timed out (or failed) with the stream open: the connection is unusable.
                 conn.abort()
-                self._release(conn)
+                self._pool.release(conn)
 
     def _fail(self, kind: str, measured: bool, probe: int | None = None) -> None:
         super()._fail(kind, measured)
@@ -304,11 +248,12 @@ class StreamDriver(Driver[StreamPart]):
 
     def _window_counts(self) -> None:
         """Successes completed and tokens delivered inside the window, over its span."""
-        if self._served is None or self.cfg.window_s is None:
+        window = self._window()
+        if self._served is None or window is None:
             return
-        t0 = self.res.window_start
-        t1 = t0 + self.cfg.window_s
+        t0, t1 = window
         if self.stopped_at is not None:
+            # The rates divide by this span (`window_span_s`), so it ends at an early stop.
             t1 = min(t1, self.stopped_at)
         self.res.served_in_window, self.res.tokens_in_window = self._served.count(t0, t1)
         self.res.window_span_s = max(0.0, t1 - t0)
@@ -374,12 +319,13 @@ class StreamDriver(Driver[StreamPart]):
 
     # ---- the end ----
 
-    def _stop_now(self, stop_check: Callable[..., bool], elapsed_s: float) -> bool:
+    def _progress(self) -> Samples:
+        """The measurements so far as `Samples` (ITL left out: the stopping rule's ITL
+        objectives are judged at the end of the step)."""
         r = self.res
-        snap = StreamPart(sent=r.sent, ok=r.ok, errors_by_kind=dict(self.kinds),
-                          ttft_us=r.ttft_us, e2e_us=r.e2e_us, tpot_us=r.tpot_us,
-                          output_tokens=r.output_tokens, prompt_tokens=r.prompt_tokens)
-        return stop_check(snap, elapsed_s)
+        return Samples(ttft_us=_copy(r.ttft_us), tpot_us=_copy(r.tpot_us),
+                       e2e_us=_copy(r.e2e_us), output_tokens=_copy(r.output_tokens),
+                       requests=r.ok + sum(self.kinds.values()), itl_within={})
 
     async def _drain(self) -> None:
         # Each request ends by its own timeout, so this ends within timeout + a little.
@@ -387,9 +333,9 @@ class StreamDriver(Driver[StreamPart]):
             await asyncio.wait(list(self._tasks), timeout=self.cfg.timeout_s + 5.0)
 
     def _close_all(self) -> None:
-        for conn in self._idle:
+        for conn in self._pool.idle:
             conn.abort()
-        self._idle.clear()
+        self._pool.idle.clear()
         for t in list(self._tasks):
             t.cancel()
 
@@ -400,5 +346,4 @@ class StreamDriver(Driver[StreamPart]):
         h = LatencyHistogram()
         h.record_us(np.frombuffer(self._gaps_us, dtype=np.int64))
         res.itl_blob = h.encode()
-        res.lag_late = self.lag.late
         return res

@@ -188,7 +188,7 @@ def goodput(slo: TokenSlo, s: Samples, wall_s: float) -> Goodput:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TokenStepRule(StopRule):
+class TokenStepRule(StopRule[Samples]):
     """`StopRule` for several token objectives at once: every objective decided, or out of
     time/requests."""
 
@@ -226,12 +226,11 @@ class TokenStepRule(StopRule):
             return "pass", True
         return ("pass" if all(x.met for x in lines) else "fail"), False
 
-    def should_stop(self, s: Samples, elapsed_s: float) -> bool:
-        if self.out_of_room(elapsed_s, s.requests):
-            return True
-        if elapsed_s < self.min_step_s:
-            return False
-        return self.verdict(s)[1]
+    def _measured(self, progress: Samples) -> int:
+        return progress.requests
+
+    def _decided(self, progress: Samples) -> bool:
+        return self.verdict(progress)[1]
 
 
 def cost_per_1k(price_per_hour_usd: float, tokens_per_s: float) -> float | None:
