@@ -22,8 +22,10 @@ from scalelab.web.exposition import sample_sums
 
 RESPONSES = "scalelab_responses_total"
 """The reference server's counter of inference responses (`serve run`'s /metrics)."""
-SAMPLE_S = 0.05
-"""How often the tree's resident memory is read while a level runs."""
+SAMPLE_S = 0.1
+"""How often the tree's resident memory is read while a level runs: the sampler is a thread
+of the generator's own process, so it reads as often as `load llm`'s engine sampler
+(`scrape.Sampler`), not more (each read takes the GIL from the generator's loop)."""
 
 
 def tree_usage(pid: int) -> tuple[float, int]:
