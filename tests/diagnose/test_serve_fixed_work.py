@@ -17,17 +17,18 @@ def test_starts_overlap_up_to_the_cores() -> None:
     assert servers_start_s(0, 2) == 0.0
     assert servers_start_s(1, 2) == 3.0
     assert servers_start_s(2, 2) == 3.0
-    assert servers_start_s(6, 2) == 9.0  # the default's five servers, replicas=2 two processes
+    assert servers_start_s(7, 2) == 10.5  # the default's five servers: replicas=2 is three
     assert servers_start_s(6, 1) == 18.0
     assert servers_start_s(3, 8) == 3.0
 
 
 def test_the_default_minimum_on_two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Servers 9 s (six processes at once) + two steps of 1.5 s + 4 levels x 3 s + the
-    batching=off search 20 s + three sweep searches of 13 s = 95 s."""
+    """Servers 10.5 s (seven processes at once: replicas=2 is a master and two workers) + two
+    steps of 1.5 s + 4 levels x 3 s + the batching=off search 17 s + three sweep searches of
+    12 s = 90.5 s (96 s before)."""
     monkeypatch.setattr(serve.os, "cpu_count", lambda: 2)
     s = load_config(None, "default").stages.serve
-    assert ServeStage().minimum_s(s, 1) == 9.0 + 2 * 13.5 + 20.0 + 3 * 13.0
+    assert ServeStage().minimum_s(s, 1) == 10.5 + 2 * 13.5 + 17.0 + 3 * 12.0 == 90.5
     assert ServeStage().count(s, 1) == 2 + 1 + 3  # two level steps, four searches
     off = s.model_copy(update={"capacity": False})
     assert ServeStage().minimum_s(off, 2) == 3.0 + 4 * 13.5  # two servers, no search

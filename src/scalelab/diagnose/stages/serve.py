@@ -130,12 +130,15 @@ its own warm-up and window."""
 SERVER_START_S = 3.0
 """One server process's start until it answers ready, about one core's work (quiet demo of
 2026-12-03: 2–4 s each); starts overlap up to the cores (`servers_start_s`)."""
-SEARCH_S = 20.0
+SEARCH_S = 17.0
 """One capacity search started at its server's highest passing level: batching=off's took
-20 s (7 steps, 400 to 5,600 requests/s) in the quiet demo of 2026-12-03 14:40 UTC."""
-SWEEP_SEARCH_S = 13.0
+20 s (7 steps, 400 to 5,600 requests/s) in the quiet demo of 2026-12-03 14:40 UTC, less 0.4 s
+a step since the stopping rule is asked every 0.1 s (`load.driver.STOP_CHECK_S`: steps at the
+1 s floor measure 1.05 s, not 1.46 s)."""
+SWEEP_SEARCH_S = 12.0
 """One replica-sweep shape's capacity search, its server started with the others: 22, 10 and
-8 s (replicas=1, replicas=2, threads=2; 6, 3 and 2 steps) in the same quiet demo."""
+8 s (replicas=1, replicas=2, threads=2; 6, 3 and 2 steps) in the same quiet demo, less 0.4 s a
+step."""
 
 
 def servers_start_s(processes: int, cores: int) -> float:
@@ -340,8 +343,9 @@ class ServeStage(Stage[ServeSettings]):
             return len(s.levels) * (level_s + STEP_START_S) + CAPACITY_SEARCH_S
         cores = os.cpu_count() or 1
         searching = s.capacity and capacity_slo(s.built_objectives()) is not None
-        processes = len(s.batching) + (sum(x.processes for x in sweep_shapes(s, cores))
-                                       if searching else 0)
+        # a multi-worker server is its master and its workers, each an interpreter's start
+        processes = len(s.batching) + (sum(x.processes + (x.processes > 1)
+                                           for x in sweep_shapes(s, cores)) if searching else 0)
         first_steps = len(s.batching) * repeats
         return (servers_start_s(processes, cores)
                 + first_steps * (STEP_START_S + len(s.levels) * level_s)
