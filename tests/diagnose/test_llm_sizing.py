@@ -178,9 +178,9 @@ def test_llm_is_a_sized_stage_with_its_minimum_in_the_budget_split(tmp_path: Pat
     r = Runner(load_config(cfg, "default"), tmp_path / "out", "default")
     shares = {s.stage: s for s in r.shares}
     assert shares["llm"].sized and shares["llm"].minimum_s == 49.0
-    assert shares["serve"].minimum_s == 12.0  # 2 levels x 4.5 s + a 3 s server start
-    assert r.ctx.shares["llm"] == pytest.approx(49.0 + 119.0 * 49.0 / 61.0)
-    assert r.ctx.shares["serve"] == pytest.approx(12.0 + 119.0 * 12.0 / 61.0)
+    assert shares["serve"].minimum_s == 10.5  # a 3 s server start, 1.5 s + 2 levels x 3 s
+    assert r.ctx.shares["llm"] == pytest.approx(49.0 + 120.5 * 49.0 / 59.5)
+    assert r.ctx.shares["serve"] == pytest.approx(10.5 + 120.5 * 10.5 / 59.5)
     # a user's endpoint: one first step, plus the capacity search when it has a TTFT objective
     stage, llm = LlmStage(), r.cfg.stages.llm  # the default objectives: TTFT p95 ≤ 2 s
     user = llm.model_copy(update={"url": "http://127.0.0.1:9"})

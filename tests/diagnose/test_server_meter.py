@@ -1,35 +1,40 @@
-"""The serving level's peak memory is the server tree's peak while the level ran, not the
-larger of two readings around it."""
-
-import subprocess
-import sys
+"""The serve stage's reading of `load run --server-pid`'s meter (`serve_meter.metered`): busy
+cores over the offered time, the tree's peak as the record's peak memory, the cost of 1,000
+predictions from the CPU seconds and the responses the server counted."""
 
 from recordkit import rec
-from scalelab.diagnose.stages.serve_meter import ServerMeter
+from scalelab.core.records import Record
+from scalelab.diagnose.stages.serve_meter import RECOVERY_REFERENCE, metered
 
-MiB = 2**20
-SPIKE = ("import sys, time\n"
-         "sys.stdin.readline()\n"
-         "b = bytearray(b'x') * (150 * 2**20); print('up', flush=True); time.sleep(0.6)\n"
-         "del b; print('down', flush=True); time.sleep(30)\n")
+NOWHERE = "http://127.0.0.1:9"  # nothing listens: no governance to read
 
 
-def test_a_spike_between_the_readings_is_the_peak() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", SPIKE], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        # Nothing listens on port 9: the meter's /metrics reads fail fast and say nothing.
-        meter = ServerMeter(pid=proc.pid, url="http://127.0.0.1:9", core_hour_usd=0.048,
-                            duration_s=1.0)
-        meter.start()  # before the spike: its reading is the idle interpreter
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "up"
-        # Freed (munmap) before the level ends: the after-reading is the idle interpreter.
-        assert proc.stdout.readline().strip() == "down"
-        tagged = meter.tag(rec("serve", "rate", 40, wall_s=1.0))
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-    assert tagged.peak_memory_bytes is not None and tagged.peak_memory_bytes >= 150 * MiB
+def _chunk(**extras: object) -> Record:
+    r = rec("serve", "rate", 40, wall_s=2.0)
+    return r.model_copy(update={"extras": {**r.extras, **extras}})
+
+
+def test_the_readings_become_busy_cores_peak_memory_and_cost() -> None:
+    got = metered(_chunk(server_cpu_s=0.6, server_responses=120.0,
+                         server_peak_rss_bytes=350_000_000),
+                  url=NOWHERE, core_hour_usd=0.048)
+    assert got.extras["cpu_busy_cores"] == 0.6 / 3.0  # 2 s window + 1 s warm-up offered
+    assert got.peak_memory_bytes == 350_000_000
+    assert "server_peak_rss_bytes" not in got.extras
+    assert got.recovery == RECOVERY_REFERENCE
+    assert got.cost is not None and got.cost.unit == "1,000 predictions"
+    usd = 0.6 / 3600.0 * 0.048
+    assert got.cost.usd == usd and got.cost.per_unit_usd == usd / 120.0 * 1000.0
+
+
+def test_no_responses_counted_means_no_cost() -> None:
+    got = metered(_chunk(server_cpu_s=0.2, server_responses=0.0, server_peak_rss_bytes=10),
+                  url=NOWHERE, core_hour_usd=0.048)
+    assert got.cost is None and "server_responses" not in got.extras
+    assert got.extras["cpu_busy_cores"] == 0.2 / 3.0
+
+
+def test_a_record_without_readings_stays_unmetered() -> None:
+    got = metered(_chunk(), url=NOWHERE, core_hour_usd=0.048)
+    assert "cpu_busy_cores" not in got.extras and got.cost is None
+    assert got.peak_memory_bytes is None

@@ -10,8 +10,9 @@ prints "PORT <n>" once listening. Kinds:
   stall   like fixed, but every --period-s the server freezes for --stall-s: anything that
           arrives in a freeze is answered when it ends
 Any kind also serves GET /status/<code> (that status), GET /reset (drops the connection),
-GET /v2/models/<m> (OIP metadata: INT64 [-1,4] "categorical", FP32 [-1,14] "numeric") and
-POST /v2/models/<m>/infer (checks the OIP body, answers with a label per row).
+GET /v2/models/<m> (OIP metadata: INT64 [-1,4] "categorical", FP32 [-1,14] "numeric"),
+POST /v2/models/<m>/infer (checks the OIP body, answers with a label per row) and GET /metrics
+(the responses answered so far, as the reference server's `scalelab_responses_total`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ class Handler(asyncio.Protocol):
             self.transport.abort()
             return
         resp = _OK
+        if path == "/metrics":
+            text = f'scalelab_responses_total{{status="200"}} {self.server.served}\n'
+            self.transport.write(_response(200, text.encode()))
+            return
+        self.server.served += 1
         if path.startswith("/status/"):
             resp = _response(int(path.rsplit("/", 1)[1]), b"status")
         elif path.startswith("/v2/models/") and method == b"get":

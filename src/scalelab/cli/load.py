@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import psutil
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -47,6 +48,7 @@ from scalelab.load.http.result import (
 )
 from scalelab.load.http.run import LoadPlan, run_load
 from scalelab.load.schedule import ARRIVALS
+from scalelab.load.server_meter import ServerMeter
 from scalelab.load.slo import Slo, budget, parse_percent, parse_slo
 
 VALIDITY_RULES = {"rate_tolerance": RATE_TOLERANCE, "lag_p99_floor_ms": LAG_FLOOR_S * 1e3,
@@ -72,6 +74,17 @@ def app() -> None:
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per level.")
 @click.option("--experiment", help="Experiment id for the records (default: generated).")
 @click.option("--no-cold-start", is_flag=True, help="Skip the first-request probe.")
+@click.option("--server-pid", type=int,
+              help="Meter this local server process tree across each level: its CPU seconds "
+                   "and peak resident memory go into the level's record (server_cpu_s, "
+                   "server_peak_rss_bytes).")
+@click.option("--server-metrics",
+              help="With --server-pid: the server's /metrics URL; its "
+                   "scalelab_responses_total before and after each level gives the level's "
+                   "server_responses.")
+@click.option("--trace-at", type=float,
+              help="Mark requests with --trace-sample only at this level (a rate, or clients "
+                   "with --concurrency); default: at every level.")
 @cluster_option
 @request_options
 @json_option
@@ -79,17 +92,34 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
-        no_cold_start: bool, cluster_address: str | None, as_json: bool, **kw: Any) -> None:
+        no_cold_start: bool, server_pid: int | None, server_metrics: str | None,
+        trace_at: float | None, cluster_address: str | None, as_json: bool,
+        **kw: Any) -> None:
     """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag.
 
     \b
     Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
     stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
     """
+    meter = server_meter(server_pid, server_metrics)
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration, n_requests,
              warmup, processes, slo, error_budget, period, records, experiment, no_cold_start,
-             as_json, kw, cluster)
+             as_json, kw, cluster, meter=meter, trace_at=trace_at)
+
+
+def server_meter(pid: int | None, metrics: str | None) -> ServerMeter | None:
+    """The meter of --server-pid (bad usage: a process that is not running, or
+    --server-metrics alone)."""
+    if pid is None:
+        if metrics:
+            raise BadUsageError("--server-metrics needs --server-pid PID (the server it "
+                                "counts responses of)")
+        return None
+    if not psutil.pid_exists(pid):
+        raise BadUsageError(f"--server-pid {pid}: no such process on this machine; give the "
+                            "pid of the local server under load")
+    return ServerMeter(pid=pid, metrics_url=metrics)
 
 
 def _run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
@@ -97,8 +127,12 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
          n_requests: int | None, warmup: str, processes: int, slo: str | None,
          error_budget: str | None, period: str, records: Path | None, experiment: str | None,
          no_cold_start: bool, as_json: bool, kw: dict[str, Any],
-         cluster: Cluster | None) -> None:
+         cluster: Cluster | None, *, meter: ServerMeter | None = None,
+         trace_at: float | None = None) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples)
+    if trace_at is not None and trace_at not in sweep:
+        raise BadUsageError(f"--trace-at {trace_at:g} is not one of the levels "
+                            f"({', '.join(f'{x:g}' for x in sweep)})")
     dur, warm = lengths(duration, n_requests, warmup)
     objective = parse_slo(slo, error_budget=error_budget) if (slo or error_budget) else None
     period_s = parse_duration(period, what="--period")
@@ -107,24 +141,32 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
     out: list[dict[str, Any]] = []
     for i, level, conc in each_level(sweep, mode, label=f"load {url}", clients="clients",
                                      as_json=as_json):
-        plan = LoadPlan(engine=engine_config(target, reqs, mode, kw, warm, conc),
+        marks = trace_at is None or level == trace_at
+        plan = LoadPlan(engine=engine_config(target, reqs, mode,
+                                             kw if marks else {**kw, "trace_sample": 0.0},
+                                             warm, conc),
                         rate=level if mode == "open" else None, arrival=arrival,  # type: ignore[arg-type]
                         duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
                         processes=processes, cold_start=not no_cold_start)
         thr = objective.latency[0].threshold_s if objective and objective.latency else None
-        r = run_load(plan, slo_threshold_s=thr, cluster=cluster)
+        if meter is not None:
+            meter.start()
+        try:
+            r = run_load(plan, slo_threshold_s=thr, cluster=cluster)
+        finally:
+            server = meter.stop() if meter is not None else {}
         check_ran(r, url)
         lines = None
         if objective is not None:
             lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
                            successes=r.successes, failures=r.failures, wall_s=r.wall_s,
                            period_s=period_s)
-        out.append(_level_json(r, lines))
+        out.append({**_level_json(r, lines), "server": server or None})
         if records is not None:
             # One level at a time: what was measured stays even if a later level is cut short.
             append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
                                                slo=objective.label if objective else None,
-                                               extra={"payload": kind})])
+                                               extra={"payload": kind, **server})])
     doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
            "slo": objective.label if objective else None,
            "validity_rules": VALIDITY_RULES, "levels": out,

@@ -149,6 +149,9 @@ class LoadRun(_LoadTarget):
     rates: list[float]
     duration: str
     trace_sample: float | None = None
+    trace_at: float | None = None
+    server_pid: int | None = None
+    server_metrics: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

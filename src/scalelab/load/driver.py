@@ -9,7 +9,7 @@ request and for an SSE token stream:
 - dispatch lag (`clock.LagRecorder`, judged when a request gets its connection) and the last
   send, from which `result` judges the level's validity;
 - the stopping rule (`StopCheck`: one signature for every protocol, called with the
-  protocol's `_progress` snapshot), asked twice a second, and the end: drain, close, fill in
+  protocol's `_progress` snapshot), asked every `STOP_CHECK_S` (0.1 s) at most, and the end: drain, close, fill in
   the part;
 - the requests' rotation and `--trace-sample` marking.
 
@@ -43,17 +43,22 @@ ProgressT = TypeVar("ProgressT")
 StopCheck: TypeAlias = Callable[[ProgressT, float], bool]
 """The stopping rule: (what the step measured so far, seconds since the measured window
 opened) -> stop now. `capacity.StopRule.should_stop` is one."""
-STOP_CHECK_S = 0.5
-"""How often the stopping rule is asked."""
+TICK_S = 0.5
+"""How often the watcher wakes unless the protocol wants more (HTTP: 20 times a second)."""
+STOP_CHECK_S = 0.1
+"""How often the stopping rule is asked at most (never more often than the watcher wakes).
+Asking costs ~13 µs (two Clopper-Pearson bounds), so it may be asked often: asked twice a
+second, with its asks falling ~0.05 s before the step's `min_step_s` floor, a capacity step
+that could stop at its 1 s floor ran 1.46 s (the serve stage's searches, issue #34)."""
 
 
 class Driver(abc.ABC, Generic[PartT, ProgressT]):
     """One asyncio loop's worth of load, measured into a `PartT`, its stopping rule reading a
     `ProgressT`. Use `run_open` or `run_closed` once."""
 
-    tick_s: ClassVar[float] = STOP_CHECK_S
+    tick_s: ClassVar[float] = TICK_S
     """How often the watcher wakes (`_on_tick`); the stopping rule is asked every
-    `STOP_CHECK_S` of those wakes."""
+    `STOP_CHECK_S` of it (every wake where a wake is longer)."""
 
     def __init__(self, cfg: SendConfig, res: PartT) -> None:
         self.cfg = cfg

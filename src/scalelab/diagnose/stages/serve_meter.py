@@ -1,88 +1,57 @@
-"""The reference server metered across one load step: its process tree's CPU time and peak
-resident memory, and its own count of responses, attached to the step's record (busy cores,
-the cost of 1,000 predictions at the core price, governance as the server says).
+"""The reference server metered across one load step: `load run --server-pid` reads its process
+tree's CPU time and peak resident memory and its own count of responses around each level
+(`load.server_meter`); here those readings become the record's busy cores, peak memory, the
+cost of 1,000 predictions at the core price and governance as the server says.
 """
 
 from __future__ import annotations
 
-import contextlib
-import urllib.request
-from dataclasses import dataclass
+from typing import Any
 
-import psutil
-
-from scalelab.core.peak_memory import TreeSampler
 from scalelab.core.records import Cost, Record
-from scalelab.web.exposition import sample_sums
+from scalelab.load import server_meter
+from scalelab.load.server_meter import tree_usage
 from scalelab.web.governance.middleware import server_governance
+
+__all__ = ["RECOVERY_REFERENCE", "WARMUP_S", "metered", "served_responses", "tree_usage"]
 
 RECOVERY_REFERENCE = "none (one server process: no replica, no restart)"
 WARMUP_S = 1.0
 """Unmeasured warm-up per level: load is offered for WARMUP_S + duration."""
-
-
-def tree_usage(pid: int) -> tuple[float, int]:
-    """(CPU seconds user + system, resident bytes) of a live process and its descendants."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0.0, 0
-    cpu, rss = 0.0, 0
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            cpu += t.user + t.system
-            rss += p.memory_info().rss
-    return cpu, rss
+PEAK_KEY = "server_peak_rss_bytes"
+"""What `load run --server-pid` records as the server tree's peak; the record's peak memory."""
 
 
 def served_responses(base_url: str) -> float | None:
-    """The server's own count of inference responses (its Prometheus counter), or None."""
-    try:
-        with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as r:
-            text = r.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    # A labelled counter appears only after its first response: absent means 0 so far.
-    return sample_sums(text, f"{base_url}/metrics").get("scalelab_responses_total", 0.0)
+    """The reference server's own count of inference responses (at `base_url`/metrics)."""
+    return server_meter.served_responses(f"{base_url}/metrics")
 
 
-@dataclass(kw_only=True)
-class ServerMeter:
-    """The server's CPU time and responses across one load step, attached to its record:
-    busy cores while load was offered, the cost of 1,000 predictions at the core price, and
-    the server process tree's peak resident memory (sampled while the level ran)."""
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
-    pid: int
-    url: str
-    core_hour_usd: float
-    duration_s: float
-    _cpu0: float = 0.0
-    _rss0: int = 0
-    _n0: float | None = None
-    _peak: TreeSampler | None = None
 
-    def start(self) -> None:
-        (self._cpu0, self._rss0), self._n0 = tree_usage(self.pid), served_responses(self.url)
-        self._peak = TreeSampler(self.pid, period_s=0.05).start()
-
-    def tag(self, r: Record) -> Record:
-        cpu1, rss1 = tree_usage(self.pid)
-        peak = self._peak.stop() if self._peak is not None else 0
-        cpu = cpu1 - self._cpu0
-        n1 = served_responses(self.url)
-        served = n1 - self._n0 if n1 is not None and self._n0 is not None else None
-        offered_s = (r.wall_s or self.duration_s) + WARMUP_S
-        extras = {**r.extras, "server_cpu_s": cpu, "cpu_busy_cores": cpu / offered_s}
-        gov = server_governance(self.url)  # the sheet's governance cell, as the server says
-        if gov is not None:
-            extras["governance"] = gov
-        update: dict[str, object] = {"extras": extras, "recovery": RECOVERY_REFERENCE,
-                                     "peak_memory_bytes": max(self._rss0, rss1, peak) or None}
+def metered(r: Record, *, url: str, core_hour_usd: float, warmup_s: float = WARMUP_S) -> Record:
+    """A level's record from `load run --server-pid`, as the verdict reads it: busy cores over
+    the time load was offered (warm-up and window), the server tree's peak as the record's peak
+    memory, the cost of 1,000 predictions from the CPU seconds and the responses the server
+    counted, and the server's governance (its base `url`). A record without the readings (a
+    server that exited) is returned unmetered."""
+    extras: dict[str, Any] = dict(r.extras)
+    peak = _num(extras.pop(PEAK_KEY, None))
+    cpu = _num(extras.get("server_cpu_s"))
+    served = _num(extras.get("server_responses"))
+    if not served:
+        extras.pop("server_responses", None)
+    update: dict[str, object] = {"extras": extras, "recovery": RECOVERY_REFERENCE,
+                                 "peak_memory_bytes": int(peak) if peak else None}
+    if cpu is not None:
+        extras["cpu_busy_cores"] = cpu / ((r.wall_s or 0.0) + warmup_s)
         if served:
-            usd = cpu / 3600.0 * self.core_hour_usd
-            extras["server_responses"] = served
+            usd = cpu / 3600.0 * core_hour_usd
             update["cost"] = Cost(usd=usd, per_unit_usd=usd / served * 1000.0,
                                   unit="1,000 predictions")
-        return r.model_copy(update=update)
+    gov = server_governance(url)  # the sheet's governance cell, as the server says
+    if gov is not None:
+        extras["governance"] = gov
+    return r.model_copy(update=update)

@@ -1,19 +1,15 @@
 """The serve stage's replica sweep: one server per shape (N processes × 1 torch thread behind
 one port, and 1 process × T threads on the same cores), each searched for its capacity at the
-objectives, so "N replicas hold X requests/s" is a measurement (`serve_curve` reads it).
+objectives, so "N replicas hold X requests/s" is a measurement (`serve_curve` reads it). The
+shapes' servers start with the stage's others (`serve_servers`), before anything is measured.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import shutil
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalelab.core.errors import RunFailedError
 from scalelab.core.records import Record
 from scalelab.diagnose.stages.base import Context
 from scalelab.diagnose.stages.serve_config import (
@@ -30,12 +26,12 @@ from scalelab.diagnose.stages.serve_curve import (
     sweep_start,
 )
 from scalelab.diagnose.stages.serve_search import passed_rates, run_search, search_path
+from scalelab.diagnose.stages.serve_servers import Planned, all_started, worker_pids
 from scalelab.diagnose.steps import Step, restage
-from scalelab.web.spawn import start_server, stop_group
+from scalelab.web.spawn import Spawned
 
-WORKERS_READY_S = 120.0
-"""How long the sweep waits for every worker of a server to finish start-up (the first one
-answering ready says nothing of the others, which share its port)."""
+__all__ = ["Shape", "all_started", "earlier_passes", "run_sweep", "sweep_servers",
+           "sweep_shapes", "worker_pids"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,31 +58,6 @@ def sweep_shapes(s: ServeSettings, cores: int) -> list[Shape]:
     return out
 
 
-def worker_pids(prom_dir: Path) -> set[int]:
-    """Worker processes that finished start-up: each writes prometheus-client's multiprocess
-    files (`histogram_<pid>.db`, ...) from its lifespan, after its models loaded."""
-    out = set()
-    for f in prom_dir.glob("*.db"):
-        tail = f.stem.rsplit("_", 1)[-1]
-        if tail.isdigit():
-            out.add(int(tail))
-    return out
-
-
-def all_started(proc: subprocess.Popen[bytes], prom_dir: Path, workers: int) -> bool:
-    """Wait until `workers` processes finished start-up (see `worker_pids`); False when the
-    server exits or the wait runs out."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < WORKERS_READY_S:
-        if proc.poll() is not None:
-            return False
-        if len(worker_pids(prom_dir)) >= workers:
-            return True
-        # The files are the only signal a worker gives; 0.1 s bounds how late we notice.
-        time.sleep(0.1)
-    return False
-
-
 def _swept(r: Record, *, stage: str, extras: dict[str, object]) -> Record:
     r = restage(r, stage=stage)
     return r.model_copy(update={"extras": {**r.extras, **extras}})
@@ -101,9 +72,29 @@ def earlier_passes(ctx: Context, grid_pass: float | None) -> list[float]:
     return passed + ([grid_pass] if grid_pass is not None else [])
 
 
+def sweep_servers(s: ServeSettings, ctx: Context, repo: Path, *, cores: int) -> list[Planned]:
+    """The sweep's servers, one a shape (started with the stage's others, `serve_servers`);
+    none without `capacity` and a latency objective. Every shape, one worker included, keeps
+    its metrics in multiprocess mode, so the sweep's points pay the same metrics cost and
+    each worker shows up as files."""
+    shapes = sweep_shapes(s, cores)
+    if not (s.capacity and capacity_slo(s.built_objectives()) and shapes):
+        return []
+    setting = s.replicas_batching
+    srepo = batching_repo(repo, ctx.work / f"repo-replicas-{setting}",
+                          batching=setting == "on", serial_ms=s.serial_ms)
+    return [Planned(key=shape.series,
+                    command=functools.partial(serve_cmd, srepo, workers=shape.processes,
+                                              torch_threads=shape.threads),
+                    log=ctx.logs / f"server-{shape.series}.log", workers=shape.processes,
+                    prom=ctx.work / f"prom-{shape.series}")
+            for shape in shapes]
+
+
 def run_sweep(s: ServeSettings, ctx: Context, repo: Path, data: Path | None, *, stage: str,
-              grid_pass: float | None, cores: int) -> None:
-    """The replica sweep: one server per shape, each a capacity search at the objectives.
+              grid_pass: float | None, cores: int, servers: dict[str, Spawned | str]) -> None:
+    """The replica sweep: each shape's server (`servers`, by series, started with the stage's
+    others: `sweep_servers`) searched for its capacity at the objectives.
 
     Each search starts at half the highest rate a server of the stage was decided to hold so
     far (the one-server searches of either batching setting, an earlier shape's, else the level
@@ -114,39 +105,17 @@ def run_sweep(s: ServeSettings, ctx: Context, repo: Path, data: Path | None, *, 
     if not (s.capacity and capacity_slo(s.built_objectives()) and shapes):
         return
     setting = s.replicas_batching
-    srepo = batching_repo(repo, ctx.work / f"repo-replicas-{setting}",
-                          batching=setting == "on", serial_ms=s.serial_ms)
     passed = earlier_passes(ctx, grid_pass)
-    ctx.logs.mkdir(parents=True, exist_ok=True)
     for shape in shapes:
         label = f"serve {shape.series} capacity"
-        prom = ctx.work / f"prom-{shape.series}"
-        shutil.rmtree(prom, ignore_errors=True)
-        prom.mkdir(parents=True)
-        # Every shape, one worker included, keeps its metrics in multiprocess mode, so the
-        # sweep's points pay the same metrics cost and each worker shows up as files.
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom)}
-        try:
-            spawned = start_server(
-                functools.partial(serve_cmd, srepo, workers=shape.processes,
-                                  torch_threads=shape.threads),
-                log=ctx.logs / f"server-{shape.series}.log", env=env,
-                timeout_s=WORKERS_READY_S)
-        except RunFailedError as e:
-            ctx.fail(Step(stage=stage, label=label, command=None), str(e))
+        spawned = servers.get(shape.series, "it was not started")
+        if not isinstance(spawned, Spawned):
+            ctx.fail(Step(stage=stage, label=label, command=None), spawned)
             continue
-        try:
-            if not all_started(spawned.proc, prom, shape.processes):
-                ctx.fail(Step(stage=stage, label=label, command=None),
-                         f"{shape.processes} workers did not all start within "
-                         f"{WORKERS_READY_S:g} s; see {ctx.logs}/server-{shape.series}.log")
-                continue
-            extras = {"replicated": SERIES[setting], "server_processes": shape.processes,
-                      "torch_threads": shape.threads, "ready_s": spawned.ready_s}
-            run_search(s, ctx, stage=stage, series=shape.series,
-                       url=f"{spawned.url}/v2/models/{MODEL}/infer", repo=repo, data=data,
-                       tag=functools.partial(_swept, stage=stage, extras=extras),
-                       start=sweep_start(passed, s.base_rate))
-        finally:
-            stop_group(spawned.proc, grace_s=5.0)
+        extras = {"replicated": SERIES[setting], "server_processes": shape.processes,
+                  "torch_threads": shape.threads, "ready_s": spawned.ready_s}
+        run_search(s, ctx, stage=stage, series=shape.series,
+                   url=f"{spawned.url}/v2/models/{MODEL}/infer", repo=repo, data=data,
+                   tag=functools.partial(_swept, stage=stage, extras=extras),
+                   start=sweep_start(passed, s.base_rate))
         passed += passed_rates(search_path(ctx, shape.series))
