@@ -9,8 +9,8 @@ request and for an SSE token stream:
 - dispatch lag (`clock.LagRecorder`, judged when a request gets its connection) and the last
   send, from which `result` judges the level's validity;
 - the stopping rule (`StopCheck`: one signature for every protocol, called with the
-  protocol's `_progress` snapshot), asked every `STOP_CHECK_S` (0.1 s) at most, and the end: drain, close, fill in
-  the part;
+  protocol's `_progress` snapshot), asked every `STOP_CHECK_S` (0.1 s) at most, and the end:
+  drain, close, fill in the part;
 - the requests' rotation and `--trace-sample` marking.
 
 What a protocol adds (a subclass: `http.generator.HttpDriver`, `llm.stream.StreamDriver`) is
