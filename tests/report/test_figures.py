@@ -59,3 +59,22 @@ def test_report_draws_the_frontier_and_f1_over_time(tmp_path: Path,
 def test_no_records_no_extra_figures() -> None:
     assert plots.frontier_plot("retrieval", []) is None
     assert plots.monthly_plot("online", []) is None
+
+
+def test_log_axes_label_plain_numbers_in_the_font_family_list() -> None:
+    """A log axis's ticks are plain text ("10", "100"), every SVG text carries the family list
+    ending in a generic family (a browser without DejaVu Sans still draws sans-serif)."""
+    import re
+
+    from scalelab.report.figures import LatencyCurve, latency_figure
+
+    fig = latency_figure([LatencyCurve(name="s", x=[1.0, 2.0, 5.0],
+                                       quantiles={"p95": [8.0, 30.0, 900.0]})],
+                         variable="rate", title="t")
+    fig.canvas.draw()
+    labels = {t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()}
+    assert {"10", "100"} <= labels and not any("$" in t for t in labels)
+    svg = plots._svg(fig)
+    assert "mathdefault" not in svg
+    families = set(re.findall(r"font-family: ([^;\"]+)", svg))
+    assert families and all(f.rstrip().endswith("sans-serif") for f in families), families

@@ -16,12 +16,20 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import polars as pl
+
 from scalelab.core.errors import BadUsageError
 from scalelab.core.machine import available_cores
 from scalelab.core.prices import DEFAULT as DEFAULT_PRICES
 from scalelab.core.records import Cost, Record, append_records, make_record, new_experiment_id
 from scalelab.core.usage import UsageMeter
-from scalelab.data.generate import GenerateConfig, base_flights, generate_one, parse_defects
+from scalelab.data.generate import (
+    GenerateConfig,
+    Written,
+    base_flights,
+    generate_one,
+    parse_defects,
+)
 from scalelab.data.pipeline import PipelineConfig, run_pipeline
 
 DEFAULT_DEFECTS = ("duplicates=0.01,out_of_range=0.005,nulls=0.005,unparsable=0.002,"
@@ -66,8 +74,19 @@ class DataBenchConfig:
         parse_defects(self.defects)
 
 
-def prepare_inputs(cfg: DataBenchConfig, work: Path, k: int) -> Path:
-    """Generate WORK/gen/x{k} unless a matching one (seed, sample, defects) is already there."""
+@dataclass(kw_only=True)
+class _Inputs:
+    """What the bench's levels share while generating: the sampled flights, read once, and
+    the files written so far (data.generate.Written)."""
+
+    base: pl.DataFrame | None = None
+    written: Written = field(default_factory=Written)
+
+
+def prepare_inputs(cfg: DataBenchConfig, work: Path, k: int,
+                   shared: _Inputs | None = None) -> Path:
+    """Generate WORK/gen/x{k} unless a matching one (seed, sample, defects) is already there;
+    `shared` carries the base flights and the files of the scales generated before this one."""
     gen = GenerateConfig(scales=(k,), out=work / "gen", seed=cfg.seed,
                          defects=parse_defects(cfg.defects), sample=cfg.sample)
     root = work / "gen" / f"x{k}"
@@ -79,7 +98,10 @@ def prepare_inputs(cfg: DataBenchConfig, work: Path, k: int) -> Path:
                 cfg.seed, cfg.sample, want):
             return root
     gen.out.mkdir(parents=True, exist_ok=True)
-    generate_one(gen, k, base_flights(cfg.sample))
+    shared = shared if shared is not None else _Inputs()
+    if shared.base is None:
+        shared.base = base_flights(cfg.sample)
+    generate_one(gen, k, shared.base, shared.written)
     return root
 
 
@@ -93,9 +115,10 @@ def run_bench(cfg: DataBenchConfig, records: Path | None = None) -> list[Record]
         work = cfg.work
     cores = cfg.workers if cfg.engine == "dask" and cfg.workers else available_cores()
     out: list[Record] = []
+    shared = _Inputs()
     try:
         for k in cfg.scales:
-            root = prepare_inputs(cfg, work, k)
+            root = prepare_inputs(cfg, work, k, shared)
             for rep in range(cfg.repeats):
                 with UsageMeter() as meter:
                     r = run_pipeline(PipelineConfig(input=root, out=work / "out" / f"x{k}",

@@ -302,8 +302,22 @@ def _write(df: pl.DataFrame, path: Path, fmt: str) -> None:
     tmp.replace(path)
 
 
-def generate_one(config: GenerateConfig, scale: int, base: pl.DataFrame) -> dict[str, Any]:
-    """Write OUT/x{scale}/; returns its manifest as a dict."""
+@dataclass(kw_only=True)
+class Written:
+    """The files one generation (one config, one base) has written so far, for its later
+    scales: file (copy c, month m) is seeded by (seed, c, m) alone, so x2's c000 files are x1's
+    byte for byte and are copied, not drawn again (the data stage's x1, x2, x5, x10 draw 120
+    files instead of 216). Share one only between scales of the same config and base."""
+
+    files: dict[tuple[int, int, str | None], tuple[Path, list[dict[str, Any]], int]] = field(
+        default_factory=dict)
+    """(copy, month, file-level defect) -> (the file, its truth rows, its rows)."""
+
+
+def generate_one(config: GenerateConfig, scale: int, base: pl.DataFrame,
+                 written: Written | None = None) -> dict[str, Any]:
+    """Write OUT/x{scale}/; returns its manifest as a dict. With `written`, files an earlier
+    scale of the same generation wrote are copied (and recorded there for the later ones)."""
     root = config.out / f"x{scale}"
     fdir = root / "flights"
     if root.exists():
@@ -319,19 +333,27 @@ def generate_one(config: GenerateConfig, scale: int, base: pl.DataFrame) -> dict
     truth_frames: list[pl.DataFrame] = []
     rows_written = 0
     for copy, month in files:
-        rng = np.random.default_rng([config.seed, copy, month])
-        part = base.filter(pl.col("month") == str(month))
-        part = _perturb(part, copy, rng)
         name = f"part-c{copy:03d}-m{month:02d}.{config.fmt}"
         kind = special.get((copy, month))
-        if kind:
-            part, truth = _file_level(part, config.defects, kind)
-        elif any(getattr(config.defects, n) for n in RATE_DEFECTS):
-            part, truth = _inject(part, config.defects, rng)
+        done = written.files.get((copy, month, kind)) if written is not None else None
+        if done is not None and done[0].is_file():
+            src, truth, height = done
+            shutil.copyfile(src, fdir / name)
+            rows_written += height
         else:
-            truth = []
-        _write(part, fdir / name, config.fmt)
-        rows_written += part.height
+            rng = np.random.default_rng([config.seed, copy, month])
+            part = base.filter(pl.col("month") == str(month))
+            part = _perturb(part, copy, rng)
+            if kind:
+                part, truth = _file_level(part, config.defects, kind)
+            elif any(getattr(config.defects, n) for n in RATE_DEFECTS):
+                part, truth = _inject(part, config.defects, rng)
+            else:
+                truth = []
+            _write(part, fdir / name, config.fmt)
+            rows_written += part.height
+            if written is not None:
+                written.files[(copy, month, kind)] = (fdir / name, truth, part.height)
         if truth:
             truth_frames.append(pl.DataFrame(
                 truth, schema={"row": pl.Int64, "column": pl.String, "rule": pl.String,
@@ -393,4 +415,5 @@ def generate(config: GenerateConfig) -> list[dict[str, Any]]:
     """Write one dataset per scale; returns their manifests."""
     base = base_flights(config.sample)
     config.out.mkdir(parents=True, exist_ok=True)
-    return [generate_one(config, k, base) for k in config.scales]
+    written = Written()
+    return [generate_one(config, k, base, written) for k in config.scales]

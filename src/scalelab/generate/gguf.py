@@ -42,13 +42,13 @@ _CONTROL = 3  # llama.cpp's token type for control tokens (<|im_end|>, ...)
 
 def _reader(path: Path) -> Any:
     try:
-        import gguf
+        from scalelab.generate.gguf_fields import FastGGUFReader
     except ImportError as e:
         raise ScalelabError(f"reading GGUF needs the `gguf` package; {INSTALL_HINT}") from e
     if not path.is_file():
         raise BadInputError(f"{path}: no such GGUF file")
     try:
-        return gguf.GGUFReader(str(path))
+        return FastGGUFReader(str(path))
     except (ValueError, OSError) as e:
         raise BadInputError(f"{path}: not a readable GGUF file ({e})") from e
 

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatter
 
 from scalelab.core.errors import BadUsageError
 from scalelab.core.fits import fit_scaling
@@ -49,6 +50,24 @@ def save(fig: Figure, path: Path) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+class _PlainLog(LogFormatter):
+    """Log-axis tick labels as plain numbers (0.1, 10, 2000), on the ticks matplotlib's own
+    formatter labels: SVG text in the figure's font-family list, where the default's
+    mathtext (10 with a raised 2) is a run of glyphs in DejaVu Sans alone, parsed per label
+    (~8% of the report's figure time)."""
+
+    def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+        return f"{x:g}"
+
+
+def _log_scale(ax: Axes, axis: str) -> None:
+    """A log-scaled axis ("x" or "y") with plain-number labels (_PlainLog)."""
+    which = ax.yaxis if axis == "y" else ax.xaxis
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    which.set_major_formatter(_PlainLog())
+    which.set_minor_formatter(_PlainLog(labelOnlyBase=False))
 
 
 @dataclass(kw_only=True)
@@ -152,7 +171,7 @@ def latency_figure(curves: Sequence[LatencyCurve], *, variable: str, title: str,
         ax.axhline(b.value, color="crimson", linestyle=":", label=f"objective {b.label}")
     if marker_x is not None:
         ax.axvline(marker_x, color="tab:blue", linestyle="--", label=marker_label)
-    ax.set_yscale("log")
+    _log_scale(ax, "y")
     return _finish(fig, ax, xlabel=variable, ylabel="latency (ms)", title=title,
                    both_grids=True)
 
@@ -169,7 +188,7 @@ def chinchilla_figure(n: Sequence[float], d: Sequence[float], loss: Sequence[flo
         grid = np.geomspace(compute.min(), compute.max(), 60)
         best = [compute_optimal(params, float(c)).loss for c in grid]
         ax.plot(grid, best, color="crimson", label="fitted law, compute-optimal")
-    ax.set_xscale("log")
+    _log_scale(ax, "x")
     return _finish(fig, ax, xlabel="training compute C = 6ND (FLOP)", ylabel="loss", title=title,
                    both_grids=True)
 
@@ -184,7 +203,7 @@ def frontier_figure(series: Mapping[str, Sequence[tuple[float, float]]], *, titl
         ax.plot([p[0] for p in ordered], [p[1] for p in ordered], marker="o", label=name)
     if target is not None:
         ax.axvline(target, color="crimson", linestyle=":", label=f"recall target {target:g}")
-    ax.set_yscale("log")
+    _log_scale(ax, "y")
     return _finish(fig, ax, xlabel="recall@10", ylabel="queries/s (one at a time)", title=title,
                    both_grids=True)
 
