@@ -18,7 +18,7 @@ def test_defaults_and_modes() -> None:
     # the default is one repeat under a budget (the serve levels sized until decided);
     # --full repeats three times without one
     assert d.repeats == 1 and q.repeats == 1 and f.repeats == 3
-    assert (d.budget, q.budget, f.budget) == ("4m40s", None, None)
+    assert (d.budget, q.budget, f.budget) == ("4m20s", None, None)
     assert d.stages.data.levels == [1, 2, 5, 10]
     assert q.stages.train.workers == [1, 2]
     assert f.stages.data.sample_rows == 336776
