@@ -5,7 +5,7 @@ import pytest
 from recordkit import rec
 from scalelab.core.objectives import Objective
 from scalelab.core.sheet import build_sheet
-from scalelab.core.verdict import AdviceInput, StageGoal, curve_prediction, judge
+from scalelab.core.verdict import AdviceInput, StageGoal, best_capacity, curve_prediction, judge
 from scalelab.diagnose.stages import data, serve, serve_advice, serve_curve
 
 
@@ -63,3 +63,22 @@ def test_custom_stage_limits_cite_measurements(busy: float, first: str) -> None:
               build_sheet(recs), cores=2, memory_bytes=2**34).stages[0]
     assert v.limiting[0].resource == first and "cores busy" in v.limiting[0].detail
     assert v.intervention and "limiting resource named above" not in v.intervention
+
+
+def test_best_capacity_is_the_highest_passing_level_of_a_level_series() -> None:
+    # batching=off holds p95 <= 50 up to 20, batching=on up to 80; the capacity search's series
+    # (a higher passing rate, 500) is not a configuration and is left out.
+    recs = [rec("serve", "rate", lv, rate=lv, p95=p, series="batching=off")
+            for lv, p in ((10, 5), (20, 40), (40, 90), (80, 300))]
+    recs += [rec("serve", "rate", lv, rate=lv, p95=p, series="batching=on")
+             for lv, p in ((10, 6), (20, 7), (40, 20), (80, 45))]
+    recs += [rec("serve", "rate", 500, rate=500, p95=10, series="batching=on capacity")]
+    rows = build_sheet(recs)
+    by: dict[str, list] = {}
+    for r in rows:
+        by.setdefault(r.series, []).append(r)
+    goal = StageGoal(stage="serve", objectives=[Objective(metric="p95_ms", max=50)],
+                     baseline_series="batching=off", target_multiple=8)
+    inp = AdviceInput(goal=goal, base=by["batching=off"], by_series=by, limits=[], miss=None)
+    assert best_capacity(inp, skip_suffix=serve_curve.CAPACITY) == (80.0, 20, "batching=on", 80)
+    assert best_capacity(inp)[2:] == ("batching=on capacity", 500)

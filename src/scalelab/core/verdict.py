@@ -280,6 +280,22 @@ def capacity(rows: list[SheetRow], objectives: list[Objective]) -> float | None:
     return cap
 
 
+def best_capacity(
+    inp: AdviceInput, skip_suffix: str = ""
+) -> tuple[float, float | None, str | None, float | None]:
+    """What an advisor starts from: (the target level: the baseline's lowest level times the
+    goal's multiple, the baseline's capacity, the series with the highest capacity and that
+    capacity), each capacity the highest level where every objective passed; series whose name
+    ends with `skip_suffix` (e.g. capacity searches, not levels) are left out."""
+    goal = inp.goal
+    target = min((r.level for r in inp.base), default=0.0) * goal.target_multiple
+    caps = {s: capacity(rs, goal.objectives) for s, rs in inp.by_series.items()
+            if not (skip_suffix and s.endswith(skip_suffix))}
+    best_s, best_cap = max(((s, c) for s, c in caps.items() if c is not None),
+                           key=lambda t: t[1], default=(None, None))
+    return target, caps.get(goal.baseline_series), best_s, best_cap
+
+
 def extrapolation(at: float, last: float) -> str:
     """How far a predicted level lies beyond the measured ones, said plainly."""
     if at <= last:

@@ -28,7 +28,15 @@ from scalelab.core.errors import BadInputError
 from scalelab.core.objectives import Objective, metric_value
 from scalelab.core.records import Record, append_records, read_records
 from scalelab.core.sheet import SheetRow, build_sheet
-from scalelab.core.verdict import Advice, AdviceInput, Evidence, StageGoal, capacity, num_text
+from scalelab.core.verdict import (
+    Advice,
+    AdviceInput,
+    Evidence,
+    StageGoal,
+    best_capacity,
+    capacity,
+    num_text,
+)
 from scalelab.diagnose.llm_chunks import merge_llm_chunks
 from scalelab.diagnose.scaling_signal import choose_signal
 from scalelab.diagnose.schema import HttpUrl, Levels, StageSettings
@@ -228,13 +236,7 @@ def advise(inp: AdviceInput) -> Advice:
     """The engine setting that fits: the best-measured series, the setting the engine's
     signals point at, and replicas for the target concurrency."""
     goal = inp.goal
-    base_level = min((r.level for r in inp.base), default=0.0)
-    target = base_level * goal.target_multiple
-    caps = {s: capacity(rs, goal.objectives) for s, rs in inp.by_series.items()
-            if not s.endswith(CAPACITY)}
-    base_cap = caps.get(goal.baseline_series)
-    best_s, best_cap = max(((s, c) for s, c in caps.items() if c is not None),
-                           key=lambda t: t[1], default=(None, None))
+    target, base_cap, best_s, best_cap = best_capacity(inp, skip_suffix=CAPACITY)
     parts: list[str] = []
     predicted: list[str] = []
     slo = ", ".join(o.label for o in goal.objectives)

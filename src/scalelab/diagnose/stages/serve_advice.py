@@ -9,7 +9,7 @@ import math
 
 from scalelab.core.knee import find_knee
 from scalelab.core.sheet import SheetRow
-from scalelab.core.verdict import Advice, AdviceInput, capacity, num_text
+from scalelab.core.verdict import Advice, AdviceInput, best_capacity, num_text
 from scalelab.diagnose.scaling_signal import choose_signal
 from scalelab.diagnose.stages.endpoint import with_notes
 from scalelab.diagnose.stages.serve_curve import (
@@ -31,14 +31,7 @@ def measured_capacity(by_series: dict[str, list[SheetRow]]) -> list[str]:
 def advise(inp: AdviceInput) -> Advice:
     """Batching and replicas from the measured capacity of each series at the objectives."""
     goal = inp.goal
-    base_level = min((r.level for r in inp.base), default=0.0)
-    target_level = base_level * goal.target_multiple
-    caps = {s: capacity(rs, goal.objectives) for s, rs in inp.by_series.items()
-            if not s.endswith(CAPACITY)}
-    base_cap = caps.get(goal.baseline_series)
-    best_s, best_cap = max(
-        ((s, c) for s, c in caps.items() if c is not None), key=lambda t: t[1], default=(None, None)
-    )
+    target_level, base_cap, best_s, best_cap = best_capacity(inp, skip_suffix=CAPACITY)
     parts: list[str] = []
     predicted: list[str] = []
     slo = ", ".join(o.label for o in goal.objectives)
