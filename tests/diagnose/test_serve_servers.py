@@ -3,8 +3,11 @@ server or why it did not start, the others unaffected, and every started one sto
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 from scalelab.diagnose.stages.serve_servers import Planned, start_all, stop_all
 from scalelab.web.spawn import Spawned
@@ -42,3 +45,23 @@ def test_a_failed_start_is_its_own_and_the_rest_run(tmp_path: Path) -> None:
 
 def test_nothing_planned_starts_nothing() -> None:
     assert start_all([]) == {}
+
+
+def test_a_start_that_raises_stops_the_servers_that_started(tmp_path: Path) -> None:
+    # A command that raises (not a failed start: a bug, or Ctrl-C) ends start_all with that
+    # error, and the server that did start is stopped, not left running with no one to stop it.
+    pid_file = tmp_path / "a.pid"
+    writes_pid = ("import os, sys; open(sys.argv[2], 'w').write(str(os.getpid()))\n" + READY)
+
+    def ready_with_pid(port: int) -> list[str]:
+        return [sys.executable, "-c", writes_pid, str(port), str(pid_file)]
+
+    def raises(port: int) -> list[str]:
+        raise ValueError("no command for this server")
+
+    with pytest.raises(ValueError, match="no command for this server"):
+        start_all([Planned(key="a", command=ready_with_pid, log=tmp_path / "a.log"),
+                   Planned(key="bad", command=raises, log=tmp_path / "b.log")])
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

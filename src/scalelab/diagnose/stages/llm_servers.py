@@ -5,13 +5,12 @@ One `scalelab generate serve` a series, TOGETHER at a time (diagnose.stages.llm)
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 
-from scalelab.core.errors import RunFailedError
 from scalelab.diagnose.stages.base import Context
 from scalelab.diagnose.stages.llm_commands import GenerateServe
+from scalelab.diagnose.stages.serve_servers import Planned, start_all
 from scalelab.diagnose.steps import scalelab_cmd
-from scalelab.web.spawn import Spawned, start_server
+from scalelab.web.spawn import Spawned
 
 SERVER_START_S = 13.0
 """TOGETHER reference engine servers' start (imports, the GGUF read, its blocks installed:
@@ -30,19 +29,14 @@ def server_starts(series: list[str]) -> int:
 
 def start_servers(ctx: Context, model: str, series: list[str],
                   flags: dict[str, list[str]]) -> dict[str, Spawned | str]:
-    """Start the reference engine's server of each series at once (threads waiting on
-    `start_server`); each a running server, or why it did not start."""
+    """Start the reference engine's server of each series at once (`serve_servers.start_all`);
+    each a running server, or why it did not start."""
 
-    def one(name: str) -> Spawned | str:
+    def planned(name: str) -> Planned:
         def cmd(port: int) -> list[str]:
             return scalelab_cmd([*GenerateServe(model=model, port=port).to_argv(),
                                  *flags[name]])
-        try:
-            return start_server(cmd, ready_path="/health", timeout_s=180.0,
-                                log=ctx.logs / f"server-llm-{name}.log")
-        except RunFailedError as e:
-            return str(e)
+        return Planned(key=name, command=cmd, log=ctx.logs / f"server-llm-{name}.log",
+                       ready_path="/health")
 
-    ctx.logs.mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=len(series)) as pool:
-        return dict(zip(series, pool.map(one, series), strict=True))
+    return start_all([planned(name) for name in series], timeout_s=180.0)

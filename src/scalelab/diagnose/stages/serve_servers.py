@@ -43,6 +43,8 @@ class Planned:
     prom: Path | None = None
     """Its prometheus-client multiprocess directory (made empty here): every worker leaves a
     file there as it finishes start-up, which is how all of them are seen ready."""
+    ready_path: str = "/v2/health/ready"
+    """What answers 200 once it is ready (the OIP server's; the generation server's /health)."""
 
 
 def worker_pids(prom_dir: Path) -> set[int]:
@@ -78,7 +80,8 @@ def _start(p: Planned, timeout_s: float) -> Spawned | str:
         p.prom.mkdir(parents=True)
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(p.prom)}
     try:
-        spawned = start_server(p.command, log=p.log, env=env, timeout_s=timeout_s)
+        spawned = start_server(p.command, ready_path=p.ready_path, log=p.log, env=env,
+                               timeout_s=timeout_s)
     except RunFailedError as e:
         return str(e)
     if p.prom is not None and not all_started(spawned.proc, p.prom, p.workers):
@@ -97,7 +100,17 @@ def start_all(planned: list[Planned], *,
     for p in planned:
         p.log.parent.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=len(planned)) as pool:
-        started = list(pool.map(lambda p: _start(p, timeout_s), planned))
+        futures = [pool.submit(_start, p, timeout_s) for p in planned]
+        try:
+            started = [f.result() for f in futures]
+        except BaseException:
+            # Ctrl-C, or a start that raised something else than a failed start: let the other
+            # starts finish, then stop every server that did start (each runs in its own
+            # process group, which an interrupt here does not reach), so none outlives the run.
+            pool.shutdown(wait=True)
+            stop_all({str(i): f.result() for i, f in enumerate(futures)
+                      if f.exception() is None})
+            raise
     return {p.key: s for p, s in zip(planned, started, strict=True)}
 
 
