@@ -26,6 +26,18 @@ class Conn:
         self.closed = True
 
 
+def _opening_pool(opened: list[Conn]) -> FuturePool[Conn]:
+    """A one-connection FuturePool whose connects open `c0`, `c1`, ... into `opened` and whose
+    spawned reconnects run as tasks (call inside a running loop)."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def connect() -> Conn:
+        opened.append(Conn(f"c{len(opened)}"))
+        return opened[-1]
+
+    return FuturePool(1, connect=connect, spawn=lambda c: tasks.add(asyncio.create_task(c)))
+
+
 def test_queue_pool_hands_a_free_connection_to_the_first_waiter() -> None:
     pool: Pool[Conn, str] = Pool(2)
     a, b = Conn("a"), Conn("b")
@@ -64,13 +76,8 @@ def test_queue_pool_drops_closed_and_lost_connections() -> None:
 def test_future_pool_waits_at_the_cap_and_skips_a_waiter_that_gave_up() -> None:
     opened: list[Conn] = []
 
-    async def connect() -> Conn:
-        opened.append(Conn(f"c{len(opened)}"))
-        return opened[-1]
-
     async def go() -> None:
-        tasks: set[asyncio.Task[None]] = set()
-        pool = FuturePool(1, connect=connect, spawn=lambda c: tasks.add(asyncio.create_task(c)))
+        pool = _opening_pool(opened)
         first, waited = await pool.acquire()
         assert first is opened[0] and not waited
         gave_up = asyncio.create_task(pool.acquire())
@@ -91,13 +98,8 @@ def test_future_pool_waits_at_the_cap_and_skips_a_waiter_that_gave_up() -> None:
 def test_future_pool_replaces_a_broken_connection_for_a_waiter() -> None:
     opened: list[Conn] = []
 
-    async def connect() -> Conn:
-        opened.append(Conn(f"c{len(opened)}"))
-        return opened[-1]
-
     async def go() -> None:
-        tasks: set[asyncio.Task[None]] = set()
-        pool = FuturePool(1, connect=connect, spawn=lambda c: tasks.add(asyncio.create_task(c)))
+        pool = _opening_pool(opened)
         first, _ = await pool.acquire()
         waiter = asyncio.create_task(pool.acquire())
         await asyncio.sleep(0)
