@@ -5,28 +5,13 @@ steps); the whole diagnosis that trains the served model first is slow (`make te
 pure pieces are in test_serve_curve.py."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from scalelab.cli import run
 from scalelab.core.records import Record, read_records
-from scalelab.diagnose.config import load_config
-from scalelab.diagnose.run import Runner
-from scalelab.diagnose.stages.train import FEATURES, SERVED_MODEL
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
-from serve_fixtures import add_model
-
-OFF = "{enabled: false}"
-
-
-def stages_yaml(on: dict[str, str]) -> str:
-    from scalelab.diagnose.stages import SECTIONS
-
-    body = ", ".join(f"{s.name}: {on.get(s.name, OFF)}" for s in SECTIONS)
-    return "repeats: 1\nstages: {" + body + "}\n"
+from stagekit import run_serve_alone, stages_yaml
 
 
 def check_sweep(recs: list[Record]) -> dict[str, Record]:
@@ -62,19 +47,9 @@ def test_two_replicas_swept_on_a_small_model(tmp_path: Path,
     per count (230 requests at 250 req/s, what the p95 step rule needs). Both replicas of the
     second server answered, and the server's /metrics merge (`Metrics.expose`, run here on the
     files they left) counts every response of both."""
-    repo = tmp_path / "repo"
-    add_model(repo, "flights", {1: 1})
-    cfg_path = tmp_path / "scalelab.yaml"
-    cfg_path.write_text(stages_yaml({
-        "serve": "{base_rate: 250, levels: [1], batching: [], capacity_max_steps: 2, "
-                 "capacity_step: 0.5s, replicas: [1, 2], threads: false, "
-                 "objectives: [{metric: p95_ms, max: 50}]}"}))
-    runner = Runner(load_config(cfg_path, "quick"), tmp_path / "out", "quick")
-    runner.ctx.provide(SERVED_MODEL, repo)
-    runner.ctx.provide(FEATURES, None)
-    d = runner.run()
-    assert [(r.step.label, r.error) for r in d.steps if not r.ok] == []
-    recs = [r for r in read_records(tmp_path / "out" / "records.jsonl") if r.stage == "serve"]
+    d, recs = run_serve_alone(tmp_path, "{base_rate: 250, levels: [1], batching: [], "
+                              "capacity_max_steps: 2, capacity_step: 0.5s, replicas: [1, 2], "
+                              "threads: false, objectives: [{metric: p95_ms, max: 50}]}")
     check_sweep(recs)
     first = min((r for r in recs if r.extras["series"] == "replicas=1 capacity"),
                 key=lambda r: r.level)

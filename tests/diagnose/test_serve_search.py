@@ -2,32 +2,19 @@
 the server's own level sweep (decided checks only), and which servers get a search at all."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from recordkit import rec
 from scalelab.core.objectives import Objective, check_rows
-from scalelab.core.records import read_records
 from scalelab.core.sheet import build_sheet
 from scalelab.diagnose.config import load_config
 from scalelab.diagnose.run import Runner
 from scalelab.diagnose.stages.serve import searched_settings
 from scalelab.diagnose.stages.serve_config import ServeSettings
 from scalelab.diagnose.stages.serve_curve import GridBounds, grid_bounds
-from scalelab.diagnose.stages.train import FEATURES, SERVED_MODEL
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
-from serve_fixtures import add_model
-
-
-def stages_yaml(on: dict[str, str]) -> str:
-    from scalelab.diagnose.stages import SECTIONS
-
-    body = ", ".join(f"{s.name}: {on.get(s.name, '{enabled: false}')}" for s in SECTIONS)
-    return "repeats: 1\nstages: {" + body + "}\n"
-
+from stagekit import run_serve_alone, stages_yaml
 
 P95 = Objective(metric="p95_ms", max=50)
 OBJECTIVES = [P95, Objective(metric="p99_ms", max=200),
@@ -94,19 +81,10 @@ def test_the_stage_searches_from_its_levels(tmp_path: Path) -> None:
     and its level at 30 misses it (the backlog grows 5 requests a second: ~200–800 ms in the
     window), both decided; its capacity search starts at 20 (not the base rate, 4) and is
     told 30 fails, so it never offers 30 or more. Slow: a p95 step needs 230 requests."""
-    repo = tmp_path / "repo"
-    add_model(repo, "flights", {1: 1})
-    cfg = tmp_path / "scalelab.yaml"
-    cfg.write_text(stages_yaml({
-        "serve": "{base_rate: 4, levels: [5, 7.5], duration: 3s, batching: ['off'], "
-                 "serial_ms: 40, capacity_max_steps: 2, capacity_step: 0.5s, replicas: [], "
-                 "objectives: [{metric: p95_ms, max: 400}]}"}))
-    runner = Runner(load_config(cfg, "quick"), tmp_path / "out", "quick")
-    runner.ctx.provide(SERVED_MODEL, repo)
-    runner.ctx.provide(FEATURES, None)
-    d = runner.run()
-    assert [(r.step.label, r.error) for r in d.steps if not r.ok] == []
-    recs = [r for r in read_records(tmp_path / "out" / "records.jsonl") if r.stage == "serve"]
+    _, recs = run_serve_alone(tmp_path, "{base_rate: 4, levels: [5, 7.5], duration: 3s, "
+                              "batching: ['off'], serial_ms: 40, capacity_max_steps: 2, "
+                              "capacity_step: 0.5s, replicas: [], "
+                              "objectives: [{metric: p95_ms, max: 400}]}")
     levels = [r for r in recs if r.extras["series"] == "batching=off"]
     checks = check_rows(build_sheet(levels), [Objective(metric="p95_ms", max=400)])
     assert [(c.level, c.outcome) for c in checks] == [(20, "met"), (30, "missed")]
