@@ -17,10 +17,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
-
 from scalelab.core.sampling import SamplingThread
 from scalelab.core.sheet import STAGE_LIMIT_KEY
+from scalelab.load.server_meter import tree_usage
 from scalelab.web.exposition import ExpositionError, sample_sums
 
 GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
@@ -92,24 +91,10 @@ class Sampler(SamplingThread):
         self._cpu1: tuple[float, float] | None = None
         self.peak_rss = 0
 
-    def _tree(self) -> list[psutil.Process]:
-        assert self.pid is not None
-        try:
-            p = psutil.Process(self.pid)
-            return [p, *p.children(recursive=True)]
-        except psutil.Error:
-            return []
-
     def _process(self) -> None:
         """CPU seconds and resident memory of the server's process tree (one psutil read)."""
-        cpu, rss = 0.0, 0
-        for p in self._tree():
-            try:
-                t = p.cpu_times()
-                cpu += t.user + t.system
-                rss += p.memory_info().rss
-            except psutil.Error:
-                continue
+        assert self.pid is not None
+        cpu, rss = tree_usage(self.pid)
         mark = (time.monotonic(), cpu)
         if self._cpu0 is None:
             self._cpu0 = mark
