@@ -161,7 +161,7 @@ print(json.dumps({"rows_in": rows_in, "rows_out": len(train) + len(test),
 OURS_SCRIPT = textwrap.dedent(r'''
 import json, sys, time
 from pathlib import Path
-from scalelab.data.pipeline import PipelineConfig, run_pipeline
+from scalelab.system.data.pipeline import PipelineConfig, run_pipeline
 t0 = time.perf_counter()
 r = run_pipeline(PipelineConfig(input=Path(sys.argv[1]), out=Path(sys.argv[2]), register=False,
                                 stats=False))
@@ -237,8 +237,8 @@ def main() -> None:
     if args.repeat < 1:
         raise SystemExit("--repeat must be at least 1")
     sys.path.insert(0, str(ROOT / "src"))
-    from scalelab.core.machine import current_machine
-    from scalelab.data.bench import DEFAULT_DEFECTS, DataBenchConfig, prepare_inputs
+    from scalelab.lab.core.machine import current_machine
+    from scalelab.system.data.bench import DEFAULT_DEFECTS, DataBenchConfig, prepare_inputs
 
     peer_py = ensure_peer_venv()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-data-"))

@@ -59,10 +59,10 @@ from typing import Any
 
 import torch
 
-from scalelab.core.errors import ScalelabError
-from scalelab.generate.engine import LlmEngine, LlmEngineConfig
-from scalelab.generate.models import LoadedModel, load_model
-from scalelab.generate.objective import (
+from scalelab.lab.core.errors import ScalelabError
+from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
+from scalelab.system.generate.models import LoadedModel, load_model
+from scalelab.system.generate.objective import (
     SweepPoint,
     TpotBound,
     best_under_objective,
@@ -70,9 +70,9 @@ from scalelab.generate.objective import (
     quantile,
     request_tpot,
 )
-from scalelab.generate.runner import kv_bytes_per_token
-from scalelab.generate.sequence import SamplingParams, Sequence
-from scalelab.generate.speculative import SpecConfig
+from scalelab.system.generate.runner import kv_bytes_per_token
+from scalelab.system.generate.sequence import SamplingParams, Sequence
+from scalelab.system.generate.speculative import SpecConfig
 
 HERE = Path(__file__).resolve().parent
 VENVS = HERE / ".venvs"
@@ -119,7 +119,7 @@ def build_hf(lm: LoadedModel) -> Any:
     not matmul kernels; plain leaves transformers' own nn.Linear (MKL GEMM)."""
     import transformers
 
-    from scalelab.generate.runner import can_pack, pack_linears
+    from scalelab.system.generate.runner import can_pack, pack_linears
 
     c = lm.model.cfg
     hf = transformers.LlamaForCausalLM(
@@ -681,8 +681,8 @@ def section_llamacpp(
     n_seq_max = 8 (as its examples/batched; its server holds one lock, so it has no parallel
     slots), the high-level API serving the requests in turn, and each with one stream. The
     peer's best mode is the comparison. Rounds alternate the two sides; best of `rounds` each."""
-    from scalelab.generate.gguf import smollm2_path
-    from scalelab.generate.quality import agreement
+    from scalelab.system.generate.gguf import smollm2_path
+    from scalelab.system.generate.quality import agreement
 
     la = loadavg()
     py = llamacpp_python()

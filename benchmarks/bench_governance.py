@@ -34,12 +34,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests" / "serve"))
+sys.path.insert(0, str(ROOT / "tests" / "system" / "serve"))
 
 from asgi_driver import App, rotated, start_lifespan, stop_lifespan, timed_requests  # noqa: E402
-from scalelab.web.governance.config import parse_governance  # noqa: E402
-from scalelab.web.governance.governor import Governor  # noqa: E402
-from scalelab.web.governance.middleware import Governance  # noqa: E402
+from scalelab.layers.web.governance.config import parse_governance  # noqa: E402
+from scalelab.layers.web.governance.governor import Governor  # noqa: E402
+from scalelab.layers.web.governance.middleware import Governance  # noqa: E402
 
 KEY = "sk-bench-0123456789"
 GENEROUS = HERE / "governance-generous.yaml"
@@ -84,8 +84,8 @@ async def middleware(n: int, rounds: int) -> dict[str, float]:
 async def server(n: int, rounds: int, repo: Path, gov_file: Path) -> dict[str, Any]:
     from serve_fixtures import infer_body
 
-    from scalelab.serve.app import create_app
-    from scalelab.serve.config import ServerSettings
+    from scalelab.system.serve.app import create_app
+    from scalelab.system.serve.config import ServerSettings
 
     base = {"model_repo": repo, "access_log": "off", "torch_threads": 1}
     apps: dict[str, App] = {

@@ -6,7 +6,7 @@ Short form (~5 min on 2 cores; agreement and the TTFT split, its 5 s windows are
 the ladder's 95% served rule): --seconds 5 --rates 5,20
 Full form (~15 min, 792 s measured at load 4-15, plus ~2 min per venv on first use): defaults.
 
-The endpoint is tests/load/llm_server.py, the deterministic OpenAI-compatible SSE server
+The endpoint is tests/lab/load/llm_server.py, the deterministic OpenAI-compatible SSE server
 (one asyncio process on 127.0.0.1, no capacity limit): TTFT 50 ms, then one token every 10 ms,
 so every figure either tool reports has a known true value, and any excess over it is the
 generator's (or the shared machine's) own delay. Workload: chat completions, prompts of 64
@@ -59,7 +59,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SERVER = ROOT / "tests" / "load" / "llm_server.py"
+SERVER = ROOT / "tests" / "lab" / "load" / "llm_server.py"
 GUIDELLM_VENV = HERE / ".venvs" / "guidellm"
 GUIDELLM_REQ = "guidellm==0.8.1"
 AIPERF_VENV = HERE / ".venvs" / "aiperf"
@@ -312,7 +312,7 @@ def main() -> None:
     exes = {"guidellm": lambda: ensure_peer(GUIDELLM_VENV, "guidellm", GUIDELLM_REQ),
             "aiperf": lambda: ensure_peer(AIPERF_VENV, "aiperf", AIPERF_REQ)}
     exe = {n: exes[n]() for n in peers}
-    from scalelab.core.machine import current_machine
+    from scalelab.lab.core.machine import current_machine
 
     m = current_machine()
     print(f"machine: {m.cores} cores, {m.memory_bytes / 2**30:.0f} GiB, {m.device}; "

@@ -10,7 +10,7 @@ Parts (all by default):
   capacity (its closed-loop peak, one process).
 - capacity: `scalelab load capacity` vs MLPerf LoadGen's Server scenario (mlcommons-loadgen
   6.0.17 in benchmarks/.venvs/loadgen, created here on first use) on two servers of known
-  capacity: tests/load/servers.py "queue" (one FIFO worker, 10 ms fixed service: 100 req/s)
+  capacity: tests/lab/load/servers.py "queue" (one FIFO worker, 10 ms fixed service: 100 req/s)
   and `scalelab serve` with a flights model behind a 10 ms serial section (delay_mlp, batch 1).
   Both sides: p99 <= 200 ms, Poisson arrivals, the same requests. LoadGen is driven as a
   ladder of PerformanceOnly runs of --loadgen-seconds (15 s) and at least 1,164 queries each
@@ -19,7 +19,7 @@ Parts (all by default):
   two differ only in how one rate is judged: our stopping rule with quantile-sized steps, or
   LoadGen's full-length run with its p99 and early-stopping tests.
 
-Two endpoints, both tests/load/servers.py (one asyncio process on 127.0.0.1):
+Two endpoints, both tests/lab/load/servers.py (one asyncio process on 127.0.0.1):
 - "fast" answers at once: the most requests/s each generator sustains (closed loop, N
   connections/users, no think time). The server shares the 2 cores with the generator, so
   every figure is a floor and the server may be the limit for the fastest generators.
@@ -51,18 +51,18 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SERVERS = ROOT / "tests" / "load" / "servers.py"
+SERVERS = ROOT / "tests" / "lab" / "load" / "servers.py"
 LOCUST_VENV = HERE / ".venvs" / "locust"
 LOCUST_REQ = "locust==2.47.0"
 LOADGEN_VENV = HERE / ".venvs" / "loadgen"
 LOADGEN_REQ = "mlcommons-loadgen==6.0.17"
 
 sys.path.insert(0, str(ROOT / "src"))
-from scalelab.core.machine import current_machine  # noqa: E402
-from scalelab.load.capacity import SearchConfig, Step, search, step_requests  # noqa: E402
-from scalelab.load.http.generator import HttpConfig  # noqa: E402
-from scalelab.load.http.run import LoadPlan, run_load  # noqa: E402
-from scalelab.load.send import Target, build_request  # noqa: E402
+from scalelab.lab.core.machine import current_machine  # noqa: E402
+from scalelab.lab.load.capacity import SearchConfig, Step, search, step_requests  # noqa: E402
+from scalelab.lab.load.http.generator import HttpConfig  # noqa: E402
+from scalelab.lab.load.http.run import LoadPlan, run_load  # noqa: E402
+from scalelab.lab.load.send import Target, build_request  # noqa: E402
 
 
 def start_server(kind: str, *args: str) -> tuple[subprocess.Popen[str], str]:
@@ -227,8 +227,8 @@ def precision(fast_url: str, seconds: float, repeats: int, capacity_rps: float) 
 
 
 def realtime_ok() -> bool:
-    from scalelab.core.errors import BadUsageError
-    from scalelab.load.clock import realtime
+    from scalelab.lab.core.errors import BadUsageError
+    from scalelab.lab.load.clock import realtime
 
     try:
         with realtime():
@@ -244,8 +244,8 @@ LOADGEN_WORKER = textwrap.dedent("""
     args = json.loads(sys.argv[1])
     sys.path.insert(0, args["src"])
     import mlperf_loadgen as lg
-    from scalelab.load.http.connection import HttpConnection
-    from scalelab.load.send import Target
+    from scalelab.lab.load.http.connection import HttpConnection
+    from scalelab.lab.load.send import Target
 
     reqs = [base64.b64decode(x) for x in open(args["requests"]).read().split()]
     target = Target.parse(args["url"])
@@ -399,7 +399,7 @@ def ours_capacity(url: str, extra: list[str], *, start: float, slo: str) -> dict
 
 def flights_server(tmp: Path) -> tuple[subprocess.Popen[str], str]:
     """`scalelab serve` with one flights model behind a 10 ms serial section, batch 1."""
-    sys.path.insert(0, str(ROOT / "tests" / "serve"))
+    sys.path.insert(0, str(ROOT / "tests" / "system" / "serve"))
     from serve_fixtures import add_model, free_port  # the serving tests' model builder
 
     repo = tmp / "repo"
@@ -432,7 +432,7 @@ def capacity_part(repeats: int, lg_seconds: float, start: float,
                   which: set[str]) -> dict[str, Any]:
     import base64
 
-    from scalelab.load.http import payloads
+    from scalelab.lab.load.http import payloads
 
     py = loadgen_python()
     out: dict[str, Any] = {"loadavg_before": loadavg(), "servers": {}}

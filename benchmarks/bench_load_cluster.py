@@ -3,7 +3,7 @@
 Run: .venv/bin/python benchmarks/bench_load_cluster.py [--seconds 3] [--repeats 3]
          [--start-rate 2000] [--step 1.2] [--overload 2.5] [--rate 1000] [--out FILE]
 
-On this machine, with tests/load/servers.py as the target (one asyncio process on 127.0.0.1):
+On this machine, with tests/lab/load/servers.py as the target (one asyncio process on 127.0.0.1):
 - ceilings: each cluster's sustained open-loop rate against the "fast" server (answers at
   once): a ladder from --start-rate up by --step while the level holds its rate (sent within
   the validity rule's 2% of the schedule) with every request answered (a step not held is
@@ -43,12 +43,12 @@ ROOT = HERE.parent
 
 sys.path.insert(0, str(ROOT / "src"))
 from bench_load import start_server  # noqa: E402  (the same test servers, started the same way)
-from scalelab.core.machine import current_machine  # noqa: E402
-from scalelab.load.cluster import Cluster  # noqa: E402
-from scalelab.load.http.generator import HttpConfig  # noqa: E402
-from scalelab.load.http.result import LoadResult  # noqa: E402
-from scalelab.load.http.run import LoadPlan, run_load  # noqa: E402
-from scalelab.load.send import Target, build_request  # noqa: E402
+from scalelab.lab.core.machine import current_machine  # noqa: E402
+from scalelab.lab.load.cluster import Cluster  # noqa: E402
+from scalelab.lab.load.http.generator import HttpConfig  # noqa: E402
+from scalelab.lab.load.http.result import LoadResult  # noqa: E402
+from scalelab.lab.load.http.run import LoadPlan, run_load  # noqa: E402
+from scalelab.lab.load.send import Target, build_request  # noqa: E402
 
 
 def dask(procs: list[subprocess.Popen[bytes]], *args: str) -> None:

@@ -78,8 +78,8 @@ import json, sys, time, warnings
 warnings.filterwarnings("ignore")
 import torch
 torch.set_num_threads(1)
-from scalelab.nets import registry
-from scalelab.nets.variants import quantize_int8
+from scalelab.layers.nets import registry
+from scalelab.layers.nets.variants import quantize_int8
 model = registry.load_module(sys.argv[1])
 calls = int(sys.argv[2])
 spec = registry.read_spec(sys.argv[1])["params"]

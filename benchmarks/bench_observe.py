@@ -49,7 +49,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests" / "serve"))
+sys.path.insert(0, str(ROOT / "tests" / "system" / "serve"))
 
 from asgi_driver import (  # noqa: E402
     INFER,
@@ -104,7 +104,7 @@ def spans_in(path: Path) -> int:
 
 def _flusher(app: Any) -> Callable[[], None] | None:
     """The tracer's flush of a serve app (under any middleware that keeps it as `.app`)."""
-    from scalelab.serve.app import ServeApp
+    from scalelab.system.serve.app import ServeApp
 
     while not isinstance(app, ServeApp) and hasattr(app, "app"):
         app = app.app
@@ -116,8 +116,8 @@ async def part_asgi(names: list[str], repo: Path, work: Path, n: int, rounds: in
                     ) -> dict[str, Any]:
     from serve_fixtures import infer_body
 
-    from scalelab.serve.app import create_app
-    from scalelab.serve.config import ServerSettings
+    from scalelab.system.serve.app import create_app
+    from scalelab.system.serve.config import ServerSettings
 
     base = {"model_repo": repo, "access_log": "off", "torch_threads": 1}
     files = {k: work / f"asgi-{i}.jsonl" for i, k in enumerate(names)}

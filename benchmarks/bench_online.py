@@ -153,16 +153,16 @@ def main() -> None:
 
     import torch
 
-    from scalelab.core.machine import current_machine
-    from scalelab.online.bench import OnlineBenchConfig, compare_policies, run_bench
-    from scalelab.online.calibrate import (
+    from scalelab.lab.core.machine import current_machine
+    from scalelab.system.online.bench import OnlineBenchConfig, compare_policies, run_bench
+    from scalelab.system.online.calibrate import (
         CalibrationConfig,
         calibrate,
         run_calibration,
         trials_from_rows,
     )
-    from scalelab.online.schema import write_schema
-    from scalelab.online.stream import ReplayConfig
+    from scalelab.system.online.schema import write_schema
+    from scalelab.system.online.stream import ReplayConfig
 
     torch.set_num_threads(1)
     m = current_machine()
@@ -243,8 +243,8 @@ def main() -> None:
     if not args.skip_river:
         import polars as pl
 
-        from scalelab.online.log import EventLog
-        from scalelab.online.stream import EVENT_COLUMNS, LABEL
+        from scalelab.system.online.log import EventLog
+        from scalelab.system.online.stream import EVENT_COLUMNS, LABEL
 
         py = ensure_river()
         with EventLog(work / "log.sqlite") as log:

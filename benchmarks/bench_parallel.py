@@ -37,11 +37,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from scalelab.core.machine import current_machine
-from scalelab.train.launch import LaunchConfig
-from scalelab.train.parallel.bench import level_of, plan_error, state_bytes, tracked_bytes
-from scalelab.train.parallel.config import ParallelConfig
-from scalelab.train.parallel.job import ParallelResult, run_parallel
+from scalelab.lab.core.machine import current_machine
+from scalelab.system.train.launch import LaunchConfig
+from scalelab.system.train.parallel.bench import level_of, plan_error, state_bytes, tracked_bytes
+from scalelab.system.train.parallel.config import ParallelConfig
+from scalelab.system.train.parallel.job import ParallelResult, run_parallel
 
 
 def load() -> str:

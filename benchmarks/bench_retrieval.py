@@ -49,10 +49,10 @@ def uptime() -> str:
 def variants(out: Path, names: list[str], base_docs: int, questions: int,
              reference: str) -> list[dict[str, Any]]:
     """Retrieval quality of each embedder at 1x, exact search (the index is not the question)."""
-    from scalelab.retrieval.corpus import CorpusSpec, build_corpus
-    from scalelab.retrieval.embed import CachedEmbedder, make_embedder
-    from scalelab.retrieval.index import build_index
-    from scalelab.retrieval.quality import answer_accuracy, hit_rate, mrr
+    from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus
+    from scalelab.system.retrieval.embed import CachedEmbedder, make_embedder
+    from scalelab.system.retrieval.index import build_index
+    from scalelab.system.retrieval.quality import answer_accuracy, hit_rate, mrr
 
     c = build_corpus(CorpusSpec(level=1, base_docs=base_docs, questions=questions))
     texts = [d.text for d in c.docs]
@@ -130,7 +130,7 @@ def main() -> int:
 
     from rich.console import Console
 
-    from scalelab.retrieval.bench import (
+    from scalelab.system.retrieval.bench import (
         RetrievalBenchConfig,
         render_bench,
         run_bench,

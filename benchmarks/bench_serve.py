@@ -69,8 +69,8 @@ from typing import Any
 
 import numpy as np
 
-from scalelab.core.errors import BadUsageError
-from scalelab.web.spawn import free_port
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.layers.web.spawn import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -124,7 +124,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from scalelab.web import codec
+from scalelab.layers.web import codec
 
 FIXED = codec.dumps({"model_name": "flights", "model_version": "1", "outputs": [
     {"name": "probabilities", "datatype": "FP32", "shape": [1, 4],
@@ -155,7 +155,7 @@ import torch
 from torch import nn
 
 class TabularNet(nn.Module):
-    """The same module tree as scalelab.nets.tabular.TabularNet (so the state dict loads)."""
+    """The same module tree as scalelab.layers.nets.tabular.TabularNet (so the state dict loads)."""
     def __init__(self, p):
         super().__init__()
         dims = p["embedding_dims"] or [max(1, min(16, (c + 1) // 2)) for c in p["cardinalities"]]
@@ -320,9 +320,9 @@ def make_repo(work: Path, name: str, max_batch: int, runtime: str = "auto") -> P
         return make_minilm_repo(work, name, max_batch)
     import torch
 
-    from scalelab.nets.registry import save_module
-    from scalelab.nets.repository import write_json
-    from scalelab.nets.tabular import TabularConfig, TabularNet
+    from scalelab.layers.nets.registry import save_module
+    from scalelab.layers.nets.repository import write_json
+    from scalelab.layers.nets.tabular import TabularConfig, TabularNet
 
     torch.manual_seed(0)
     net = TabularNet(TabularConfig(**PARAMS))
@@ -349,9 +349,9 @@ def minilm_graph(work: Path) -> bytes:
     import torch
     from torch import nn
 
-    from scalelab.model.minilm import pool
-    from scalelab.nets.minilm import DIM, load_sentence_model
-    from scalelab.nets.onnx import export_graph
+    from scalelab.layers.nets.minilm import DIM, load_sentence_model
+    from scalelab.layers.nets.onnx import export_graph
+    from scalelab.system.compress.minilm import pool
 
     bert = load_sentence_model()[0].auto_model.eval()
     torch.manual_seed(0)
@@ -381,10 +381,10 @@ def minilm_graph(work: Path) -> bytes:
 def make_minilm_repo(work: Path, name: str, max_batch: int) -> Path:
     """A scalelab repository serving the MiniLM classifier as an ONNX version (model
     'minilm'), with the flights repository's batching settings."""
-    from scalelab.nets import onnx
-    from scalelab.nets.minilm import MODEL_ID
-    from scalelab.nets.registry import write_spec
-    from scalelab.nets.repository import write_json
+    from scalelab.layers.nets import onnx
+    from scalelab.layers.nets.minilm import MODEL_ID
+    from scalelab.layers.nets.registry import write_spec
+    from scalelab.layers.nets.repository import write_json
 
     repo = work / name
     version = repo / "minilm" / "1"
@@ -415,8 +415,8 @@ def minilm_bodies(n: int) -> list[str]:
     """Up to n 1-sentence OIP bodies, one per distinct document of the retrieval corpus
     (2,000 at its base size), tokenized by the model's own tokenizer to TOKENS (padded,
     truncated)."""
-    from scalelab.nets.minilm import load_sentence_model
-    from scalelab.retrieval.corpus import CorpusSpec, build_corpus
+    from scalelab.layers.nets.minilm import load_sentence_model
+    from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus
 
     texts = list(dict.fromkeys(d.text for d in build_corpus(CorpusSpec()).docs))[:n]
     if TEXT[0]:
@@ -435,7 +435,7 @@ def minilm_bodies(n: int) -> list[str]:
 def make_weights(work: Path) -> Path:
     import torch
 
-    from scalelab.nets.tabular import TabularConfig, TabularNet
+    from scalelab.layers.nets.tabular import TabularConfig, TabularNet
 
     torch.manual_seed(0)
     net = TabularNet(TabularConfig(**PARAMS))
@@ -456,9 +456,9 @@ def onnx_graph(work: Path) -> Path:
     checked against torch: serve.worker.to_onnx_runtime), written once for the peers."""
     path = work / "flights.onnx"
     if not path.exists():
-        from scalelab.nets.registry import load_module
-        from scalelab.serve.config import load_model_config
-        from scalelab.serve.worker import to_onnx_runtime
+        from scalelab.layers.nets.registry import load_module
+        from scalelab.system.serve.config import load_model_config
+        from scalelab.system.serve.worker import to_onnx_runtime
 
         repo = make_repo(work, "repo-onnx-export", MAX_BATCH)
         net = to_onnx_runtime(load_module(repo / "flights" / "1"),
@@ -495,7 +495,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
                "--log-level", "warning", "--workers", str(workers)]
     elif name == "bare":
         (work / "bare_app.py").write_text(BARE_APP)
-        cmd = [sys.executable, "-c", "from scalelab.web.runner import UvicornConfig, run; "
+        cmd = [sys.executable, "-c", "from scalelab.layers.web.runner import UvicornConfig, run; "
                f"run('bare_app:factory', UvicornConfig(port={port}, log_level='warning'))"]
     elif name.endswith(ORT) and name[: -len(ORT)] in PEER_NAMES:
         env["BENCH_ONNX"] = str(onnx_graph(work))
@@ -531,7 +531,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
     url = f"http://127.0.0.1:{port}"
     import httpx
 
-    from scalelab.diagnose.stages.serve_sweep import worker_pids
+    from scalelab.lab.diagnose.stages.serve_sweep import worker_pids
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < 180:
@@ -975,7 +975,7 @@ def main() -> None:
             raise SystemExit(f"--pin needs two CPUs or more; this process may use {cpus}")
         PIN.update(server={cpus[-1]}, client=set(cpus[:-1]))
     parts = args.parts.split(",")
-    from scalelab.core.machine import current_machine
+    from scalelab.lab.core.machine import current_machine
 
     machine = current_machine()
     served = (f"MiniLM-L6 classifier, {TOKENS[0]} tokens a request" if args.net == "minilm"

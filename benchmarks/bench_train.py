@@ -33,15 +33,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from scalelab.core.errors import RunFailedError
-from scalelab.core.machine import available_cores, current_machine
-from scalelab.nets.tabular import TabularNet
-from scalelab.train.config import TabularRunConfig
-from scalelab.train.dataset import BatchPlan, Tensors, prepare
-from scalelab.train.job import run_training
-from scalelab.train.launch import LaunchConfig
-from scalelab.train.loop import model_config, train
-from scalelab.train.rank import Rank
+from scalelab.lab.core.errors import RunFailedError
+from scalelab.lab.core.machine import available_cores, current_machine
+from scalelab.layers.nets.tabular import TabularNet
+from scalelab.system.train.config import TabularRunConfig
+from scalelab.system.train.dataset import BatchPlan, Tensors, prepare
+from scalelab.system.train.job import run_training
+from scalelab.system.train.launch import LaunchConfig
+from scalelab.system.train.loop import model_config, train
+from scalelab.system.train.rank import Rank
 
 
 def plain_loop(cfg: TabularRunConfig, data: Tensors, cards: list[int], steps: int) -> list[float]:

@@ -9,7 +9,7 @@ Per setting, each in its own process so memory does not carry over:
   same prompt and exactly --tokens output tokens each), best of --rounds;
 - weight bytes as they run (quant.weight_bytes: oneDNN-packed copies included);
 - RSS of a real `scalelab generate serve` process after one completion (VmRSS and VmHWM).
-Then quality against fp32 of the same file (scalelab.generate.quality): perplexity on the
+Then quality against fp32 of the same file (scalelab.system.generate.quality): perplexity on the
 shipped held-out text and greedy agreement over --tokens tokens on its 24 prompts. Ratios are
 against fp32. A shared two-core machine: the load average is printed beside every number.
 """
@@ -40,10 +40,10 @@ def child(model: str, weights: str, threads: int, tokens: int, rounds: int) -> d
     """One setting's throughput and weight bytes (runs in its own process)."""
     import torch
 
-    from scalelab.generate.engine import LlmEngine, LlmEngineConfig
-    from scalelab.generate.models import load_model
-    from scalelab.generate.quant import weight_bytes
-    from scalelab.generate.sequence import SamplingParams
+    from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
+    from scalelab.system.generate.models import load_model
+    from scalelab.system.generate.quant import weight_bytes
+    from scalelab.system.generate.sequence import SamplingParams
 
     torch.set_num_threads(threads)
     lm = load_model(model, 1024, weights=weights)
@@ -179,8 +179,8 @@ def server_rss(model: str, weights: str, threads: int, timeout_s: float = 300) -
 
 
 def run(model: str, threads: int, tokens: int, rounds: int) -> dict[str, Any]:
-    from scalelab.generate.models import load_model
-    from scalelab.generate.quality import evaluate, greedy, heldout, perplexity
+    from scalelab.system.generate.models import load_model
+    from scalelab.system.generate.quality import evaluate, greedy, heldout, perplexity
 
     kern = kernels()
     rows: dict[str, dict[str, Any]] = {}

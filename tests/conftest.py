@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 
 from recordkit import serve_records as _serve_records
-from scalelab.core.records import Record
+from scalelab.lab.core.records import Record
 
 
 @pytest.fixture(autouse=True, scope="session")

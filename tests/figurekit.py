@@ -14,7 +14,7 @@ import pytest
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from scalelab.report import figures
+from scalelab.lab.report import figures
 
 
 def capture(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Figure, Path]]:

@@ -1,4 +1,5 @@
-"""The deterministic OpenAI-compatible test server (tests/load/llm_server.py), started for a test.
+"""The deterministic OpenAI-compatible test server (tests/lab/load/llm_server.py), started for a
+test.
 
     with llm_server("--ttft-ms", "20", "--gap-ms", "10") as url: ...
 
@@ -19,9 +20,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from scalelab.load.llm.result import LlmResult
+from scalelab.lab.load.llm.result import LlmResult
 
-SERVER = Path(__file__).parent / "load" / "llm_server.py"
+SERVER = Path(__file__).parent / "lab" / "load" / "llm_server.py"
 PREC = 0.999  # HdrHistogram at 3 significant digits reads within 0.1% of the sample
 JITTER_MS = 8.0  # what an unstarved but busy client's event loop may add to a read
 

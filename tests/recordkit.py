@@ -1,7 +1,7 @@
 """Hand-made records with known answers, shared by the core and report tests."""
 
-from scalelab.core.machine import Machine
-from scalelab.core.records import Latency, Record, make_record
+from scalelab.lab.core.machine import Machine
+from scalelab.lab.core.records import Latency, Record, make_record
 
 M = Machine(cores=2, memory_bytes=24 * 2**30, device="cpu: test", hostname="t")
 

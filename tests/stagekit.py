@@ -4,12 +4,12 @@ stage run on a small model repository (no data or training steps before it)."""
 import sys
 from pathlib import Path
 
-from scalelab.core.records import Record, read_records
-from scalelab.diagnose.config import load_config
-from scalelab.diagnose.run import Diagnosis, Runner
-from scalelab.diagnose.stages.train import FEATURES, SERVED_MODEL
+from scalelab.lab.core.records import Record, read_records
+from scalelab.lab.diagnose.config import load_config
+from scalelab.lab.diagnose.run import Diagnosis, Runner
+from scalelab.lab.diagnose.stages.train import FEATURES, SERVED_MODEL
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "serve"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "system" / "serve"))
 from serve_fixtures import add_model
 
 OFF = "{enabled: false}"
@@ -17,7 +17,7 @@ OFF = "{enabled: false}"
 
 def stages_yaml(on: dict[str, str]) -> str:
     """A config with one repeat where only the stages in `on` run, each with its settings."""
-    from scalelab.diagnose.stages import SECTIONS
+    from scalelab.lab.diagnose.stages import SECTIONS
 
     body = ", ".join(f"{s.name}: {on.get(s.name, OFF)}" for s in SECTIONS)
     return "repeats: 1\nstages: {" + body + "}\n"

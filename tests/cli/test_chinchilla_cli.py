@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from scalelab.cli import run
-from scalelab.plan.chinchilla import EPOCH_PARAMS, ChinchillaParams, compute_optimal
+from scalelab.layers.plan.chinchilla import EPOCH_PARAMS, ChinchillaParams, compute_optimal
 
-EPOCH_CSV = Path(__file__).resolve().parents[1] / "plan" / "data" / "chinchilla_epoch.csv"
+EPOCH_CSV = (Path(__file__).resolve().parents[1] / "layers" / "plan" / "data"
+             / "chinchilla_epoch.csv")
 FAST = ["--grid-points", "2", "--bootstrap", "0"]
 
 

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from scalelab.cli import run
-from scalelab.data.stats import DatasetStats
+from scalelab.system.data.stats import DatasetStats
 
 
 @pytest.fixture(scope="module")

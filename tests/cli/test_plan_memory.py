@@ -32,7 +32,7 @@ def test_peak_rss_adds_a_given_runtime_to_the_tensors(capsys: pytest.CaptureFixt
     assert run([*ARGS, "--strategy", "dp", "--world", "4", "--runtime-bytes", "300000000",
                 "--data-bytes", "1000", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    # tests/core/test_memory.py: tensors 27,654,144 bytes, DDP's bucket 4,000,000.
+    # tests/lab/core/test_memory.py: tensors 27,654,144 bytes, DDP's bucket 4,000,000.
     assert d["peak_rss"]["peak_rss_bytes"] == 300_000_000 + 1_000 + 27_654_144 + 4_000_000
     assert d["peak_rss"]["baseline"] is None
     assert run([*ARGS, "--strategy", "dp", "--world", "4", "--runtime-bytes", "-1"]) == 2

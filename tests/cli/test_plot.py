@@ -11,10 +11,11 @@ import pytest
 
 from figurekit import assert_image, capture, lines
 from scalelab.cli import run
-from scalelab.core.usl import usl
-from scalelab.plan.chinchilla import ChinchillaParams, compute_optimal
+from scalelab.lab.core.usl import usl
+from scalelab.layers.plan.chinchilla import ChinchillaParams, compute_optimal
 
-EPOCH_CSV = Path(__file__).resolve().parents[1] / "plan" / "data" / "chinchilla_epoch.csv"
+EPOCH_CSV = (Path(__file__).resolve().parents[1] / "layers" / "plan" / "data"
+             / "chinchilla_epoch.csv")
 
 
 def _usl_csv(tmp_path: Path) -> Path:

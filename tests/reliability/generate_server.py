@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import torch
 
-from scalelab.generate.tokenizer import byte_tokenizer
-from scalelab.nets.llama import build_tiny, tiny_config
-from scalelab.web.spawn import Spawned, start_server
+from scalelab.layers.nets.llama import build_tiny, tiny_config
+from scalelab.layers.web.spawn import Spawned, start_server
+from scalelab.system.generate.tokenizer import byte_tokenizer
 
 MODEL = "tiny-llama"
 TOK = byte_tokenizer()

@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
-# the serve suite's helper modules, imported the way tests/serve/conftest.py does (pytest runs
-# with --import-mode=importlib, so they are not a package)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "serve"))
+# the serve suite's helper modules, imported the way tests/system/serve/conftest.py does (pytest
+# runs with --import-mode=importlib, so they are not a package)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "system" / "serve"))
 
 from serve_fixtures import (
     Evil,

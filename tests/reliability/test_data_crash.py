@@ -35,8 +35,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from scalelab.cli import run
-from scalelab.data.pipeline import recover
-from scalelab.lineage.manifest import dir_digest, read_manifest
+from scalelab.layers.lineage.manifest import dir_digest, read_manifest
+from scalelab.system.data.pipeline import recover
 
 pytestmark = pytest.mark.reliability
 
@@ -50,7 +50,7 @@ SAMPLE = "3000"
 HARNESS = r"""
 import os, signal, sys
 n, when, mode, count_file = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-import scalelab.data.pipeline as pipeline
+import scalelab.system.data.pipeline as pipeline
 count = 0
 def step(name, fn):
     def wrapped(*a, **k):

@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from scalelab.cli import run
-from scalelab.data.flights import FLIGHT_COLUMNS, read_flights_raw
+from scalelab.system.data.flights import FLIGHT_COLUMNS, read_flights_raw
 
 pytestmark = pytest.mark.reliability
 

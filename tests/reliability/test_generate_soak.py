@@ -48,7 +48,7 @@ from generate_server import (
 )
 from serve_helpers import LONG
 
-from scalelab.web.spawn import Spawned
+from scalelab.layers.web.spawn import Spawned
 
 pytestmark = pytest.mark.reliability
 

@@ -20,14 +20,14 @@ import numpy as np
 import polars as pl
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "online"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "system" / "online"))
 
 from online_fixtures import END, SCHEMA_END, START
 
-from scalelab.online.ingest import ingest_source, load_rules
-from scalelab.online.log import EventLog
-from scalelab.online.schema import write_schema
-from scalelab.online.stream import (
+from scalelab.system.online.ingest import ingest_source, load_rules
+from scalelab.system.online.log import EventLog
+from scalelab.system.online.schema import write_schema
+from scalelab.system.online.stream import (
     CACHE_ENV,
     EVENT_ID,
     LABEL_TIME,
@@ -35,7 +35,7 @@ from scalelab.online.stream import (
     build_stream,
     parse_fault,
 )
-from scalelab.online.updater import StreamData
+from scalelab.system.online.updater import StreamData
 
 pytestmark = pytest.mark.reliability
 

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from generate_server import TOK, assert_pool_whole, complete, greedy_text
 
-from scalelab.web.spawn import free_port
-from scalelab.web.trace import TraceConfig, Tracing
+from scalelab.layers.web.spawn import free_port
+from scalelab.layers.web.trace import TraceConfig, Tracing
 
 pytestmark = pytest.mark.reliability
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
@@ -59,7 +59,7 @@ def traced_server(endpoint: str) -> Iterator[tuple[str, Tracing, list[int]]]:
     URL, its tracer and a list that counts every span handed to the export queue."""
     import uvicorn
 
-    from scalelab.generate.api import ApiSettings, build_app, engine_from_settings, wrap
+    from scalelab.system.generate.api import ApiSettings, build_app, engine_from_settings, wrap
 
     settings = ApiSettings(model="tiny", engine={"max_model_len": MAX_LEN, "block_size": 8,
                                                  "kv_cache_bytes": 1 << 20, "max_num_seqs": 4},

@@ -29,12 +29,12 @@ import httpx
 import pytest
 
 from scalelab.cli import run
-from scalelab.lineage.manifest import MANIFEST_FILE
-from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
-from scalelab.retrieval.embed import CachedEmbedder, HashingEmbedder
-from scalelab.retrieval.retriever import build_index_dir
-from scalelab.retrieval.store import INDEX_FILE, load_index
-from scalelab.web.spawn import Spawned, start_server
+from scalelab.layers.lineage.manifest import MANIFEST_FILE
+from scalelab.layers.web.spawn import Spawned, start_server
+from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
+from scalelab.system.retrieval.embed import CachedEmbedder, HashingEmbedder
+from scalelab.system.retrieval.retriever import build_index_dir
+from scalelab.system.retrieval.store import INDEX_FILE, load_index
 
 pytestmark = pytest.mark.reliability
 pytest.importorskip("faiss")

@@ -55,7 +55,7 @@ from reliability.train_helpers import (
     wait_all_gone,
     weights,
 )
-from scalelab.train.checkpoint import CRASH_POINTS, STATE_FILE
+from scalelab.system.train.checkpoint import CRASH_POINTS, STATE_FILE
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(600)]
 

@@ -1,9 +1,9 @@
 """Harness for the training crash-consistency trials (tests/reliability/test_train_crash.py).
 
-Launches the real trainer (`python -m torch.distributed.run ... -m scalelab.train.worker`) on a
-prepared run directory, kills it — from inside through the checkpoint test hook
-(SCALELAB_TEST_KILL_AT / SCALELAB_TEST_KILL_ONCE, see scalelab.train.checkpoint.crash_point) or
-from outside with SIGKILL to the whole process group — and checks the checkpoint folder with a
+Launches the real trainer (`python -m torch.distributed.run ... -m scalelab.system.train.worker`) on
+a prepared run directory, kills it — from inside through the checkpoint test hook
+(SCALELAB_TEST_KILL_AT / SCALELAB_TEST_KILL_ONCE, see scalelab.system.train.checkpoint.crash_point)
+or from outside with SIGKILL to the whole process group — and checks the checkpoint folder with a
 verifier of its own (not CheckpointStore's), so a bug in the store cannot vouch for itself.
 """
 
@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from scalelab.train.checkpoint import CRASH_POINTS, KILL_AT_ENV, KILL_ONCE_ENV, MARKER
-from scalelab.train.config import TabularRunConfig
-from scalelab.train.job import prepare_run
-from scalelab.train.launch import LaunchConfig, torchrun_command
-from scalelab.train.rundir import CONFIG_FILE, FINAL_FILE, rank_file
+from scalelab.system.train.checkpoint import CRASH_POINTS, KILL_AT_ENV, KILL_ONCE_ENV, MARKER
+from scalelab.system.train.config import TabularRunConfig
+from scalelab.system.train.job import prepare_run
+from scalelab.system.train.launch import LaunchConfig, torchrun_command
+from scalelab.system.train.rundir import CONFIG_FILE, FINAL_FILE, rank_file
 
 STEPS = 12
 EVERY = 2

@@ -20,7 +20,7 @@ from rich.markup import escape
 from scalelab import __version__
 from scalelab.cli._extras import install_hint
 from scalelab.cli._output import err_console
-from scalelab.core.errors import ScalelabError
+from scalelab.lab.core.errors import ScalelabError
 
 # name -> (module, attribute, one-line help shown by `scalelab --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {

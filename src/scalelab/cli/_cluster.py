@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from scalelab.load.cluster import Cluster
+from scalelab.lab.load.cluster import Cluster
 
 cluster_option: Callable[[Callable[..., Any]], Callable[..., Any]] = click.option(
     "--cluster", "cluster_address", metavar="tcp://HOST:PORT",

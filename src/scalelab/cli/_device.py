@@ -19,9 +19,9 @@ import click
 from rich.console import Console
 
 from scalelab.cli._output import emit
-from scalelab.core.device import DeviceProfile, LimitedRun, run_limited
-from scalelab.core.errors import RunFailedError
-from scalelab.core.units import format_bytes
+from scalelab.lab.core.device import DeviceProfile, LimitedRun, run_limited
+from scalelab.lab.core.errors import RunFailedError
+from scalelab.lab.core.units import format_bytes
 
 HELP = ("Run the work as a child held to a target device: cores=N (CPU affinity), "
         "memory=SIZE (cgroup v2 memory.max, else RLIMIT_AS), threads=T; e.g. "

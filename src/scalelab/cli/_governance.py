@@ -15,7 +15,7 @@ import click
 def _check(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     if value is None:
         return None
-    from scalelab.web.governance.config import load_governance
+    from scalelab.layers.web.governance.config import load_governance
 
     load_governance(value)  # BadInputError naming the file and field -> exit 2
     return value.resolve()

@@ -12,14 +12,14 @@ from typing import Any
 import click
 
 from scalelab.cli._sweep import trace_sample_option
-from scalelab.core.errors import BadUsageError, RunFailedError
-from scalelab.core.units import parse_duration
-from scalelab.load.clock import LOOP_IMPLS, resolve_loop
-from scalelab.load.http import payloads
-from scalelab.load.http.generator import HttpConfig
-from scalelab.load.http.result import LoadResult
-from scalelab.load.schedule import Mode
-from scalelab.load.send import Target
+from scalelab.lab.core.errors import BadUsageError, RunFailedError
+from scalelab.lab.core.units import parse_duration
+from scalelab.lab.load.clock import LOOP_IMPLS, resolve_loop
+from scalelab.lab.load.http import payloads
+from scalelab.lab.load.http.generator import HttpConfig
+from scalelab.lab.load.http.result import LoadResult
+from scalelab.lab.load.schedule import Mode
+from scalelab.lab.load.send import Target
 
 
 def request_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -58,7 +58,7 @@ def request_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def _grpc_requests(target: Target, kw: dict[str, Any]) -> tuple[Target, list[bytes], str]:
     """grpc://HOST:PORT/MODEL: OIP payloads (random from ModelMetadata, or flights rows) as
     serialized ModelInferRequests."""
-    from scalelab.load.http import grpc_client
+    from scalelab.lab.load.http import grpc_client
 
     kind = kw["payload"]
     if kind == "auto":

@@ -16,8 +16,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from scalelab.core.errors import BadUsageError
-from scalelab.core.serialize import jsonable
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.core.serialize import jsonable
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -31,7 +31,7 @@ json_option = click.option(
 def _plot_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     if value is None:
         return None
-    from scalelab.report.figures import check_path
+    from scalelab.lab.report.figures import check_path
 
     return check_path(value)
 

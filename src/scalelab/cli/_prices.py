@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from scalelab.core.errors import BadUsageError
-from scalelab.core.prices import ENV, Prices, price_table
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.core.prices import ENV, Prices, price_table
 
 prices_option = click.option(
     "--prices", "prices_file", type=click.Path(path_type=Path, dir_okay=False),

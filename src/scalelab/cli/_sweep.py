@@ -12,9 +12,9 @@ import click
 from scalelab.cli._output import err_console, parse_list, stacked
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
-from scalelab.core.errors import BadUsageError
-from scalelab.core.units import parse_duration
-from scalelab.load.schedule import ARRIVALS, Mode
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.core.units import parse_duration
+from scalelab.lab.load.schedule import ARRIVALS, Mode
 
 DEFAULT_MULTIPLES = "1,2,5,10"
 

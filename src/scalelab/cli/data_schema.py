@@ -22,14 +22,14 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, json_option, parse_list
-from scalelab.core.errors import BadInputError
-from scalelab.core.jsonfile import read_json_object
-from scalelab.data.schema import Anomaly, infer_schema
-from scalelab.data.schema import validate as validate_data
-from scalelab.data.skew import BINS, SkewReport, compare, drift_anomalies
-from scalelab.data.stats import FORMAT as STATS_FORMAT
-from scalelab.data.stats import DatasetStats, compute_stats
-from scalelab.nets.table_schema import Schema
+from scalelab.lab.core.errors import BadInputError
+from scalelab.lab.core.jsonfile import read_json_object
+from scalelab.layers.nets.table_schema import Schema
+from scalelab.system.data.schema import Anomaly, infer_schema
+from scalelab.system.data.schema import validate as validate_data
+from scalelab.system.data.skew import BINS, SkewReport, compare, drift_anomalies
+from scalelab.system.data.stats import FORMAT as STATS_FORMAT
+from scalelab.system.data.stats import DatasetStats, compute_stats
 
 ANOMALIES_EXIT = 1
 """Exit status when validation finds error anomalies or skew flags a feature."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from scalelab.cli._output import emit, json_option
-from scalelab.core.errors import BadUsageError
+from scalelab.lab.core.errors import BadUsageError
 
 
 @click.group()
@@ -45,7 +45,7 @@ def k8s_cmd(model_repo: Path, out: Path, name: str, image: str, claim: str, min_
             max_replicas: int, external_metric: str | None, signal: str, target: float | None,
             startup_seconds: float | None, port: int, as_json: bool) -> None:
     """Deployment + Service + autoscaling/v2 HPA with probes and startup-aware behavior."""
-    from scalelab.serve import k8s
+    from scalelab.system.serve import k8s
 
     if not model_repo.is_dir():
         raise BadUsageError(f"--model-repo {model_repo} is not a directory")
@@ -83,8 +83,8 @@ def grafana_cmd(out: Path, datasource: str, slo_file: Path | None, as_json: bool
 
     import yaml
 
-    from scalelab.observe.dashboards import dashboard
-    from scalelab.observe.rules import read_objectives, rules_document, slos_from_objectives
+    from scalelab.layers.observe.dashboards import dashboard
+    from scalelab.layers.observe.rules import read_objectives, rules_document, slos_from_objectives
 
     if not datasource.strip():
         raise BadUsageError("--datasource is empty; name the Grafana Prometheus data source")

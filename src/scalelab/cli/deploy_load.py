@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from scalelab.cli._output import emit, json_option
-from scalelab.load.k8s import LoadJobSpec, write
+from scalelab.lab.load.k8s import LoadJobSpec, write
 
 
 @click.command("load-job")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from scalelab.cli._output import emit, json_option
-from scalelab.train.parallel.k8s import TrainJobSpec, write
+from scalelab.system.train.parallel.k8s import TrainJobSpec, write
 
 
 @click.command("train-job", context_settings={"ignore_unknown_options": True})

@@ -14,16 +14,16 @@ from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option
 from scalelab.cli._progress import live_progress
-from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.jsonfile import read_json_object
-from scalelab.core.sheet import SheetRow
-from scalelab.core.units import format_bytes, format_si
-from scalelab.core.verdict import Verdict
-from scalelab.diagnose.budget import parse_budget
-from scalelab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
-from scalelab.diagnose.failures import failure_lines
-from scalelab.diagnose.run import CONFIG, RECORDS, Runner, failures, rebuild
-from scalelab.report.document import ReportFiles, verdict_lines
+from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.jsonfile import read_json_object
+from scalelab.lab.core.sheet import SheetRow
+from scalelab.lab.core.units import format_bytes, format_si
+from scalelab.lab.core.verdict import Verdict
+from scalelab.lab.diagnose.budget import parse_budget
+from scalelab.lab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
+from scalelab.lab.diagnose.failures import failure_lines
+from scalelab.lab.diagnose.run import CONFIG, RECORDS, Runner, failures, rebuild
+from scalelab.lab.report.document import ReportFiles, verdict_lines
 
 
 def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict,

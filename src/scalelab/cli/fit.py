@@ -12,11 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, json_option, plot_option
-from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.fits import ScalingFit, fit_scaling
-from scalelab.core.knee import find_knee
-from scalelab.core.records import read_records
-from scalelab.core.usl import Param
+from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.fits import ScalingFit, fit_scaling
+from scalelab.lab.core.knee import find_knee
+from scalelab.lab.core.records import read_records
+from scalelab.lab.core.usl import Param
 
 
 @click.group(no_args_is_help=True)
@@ -192,7 +192,7 @@ def usl_cmd(
         "plot": str(plot) if plot else None,
     }
     if plot is not None:
-        from scalelab.report import figures
+        from scalelab.lab.report import figures
 
         figures.save(
             figures.scaling_figure(

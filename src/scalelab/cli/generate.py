@@ -20,7 +20,7 @@ from scalelab.cli._device import on_device
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option, stacked
 from scalelab.cli._tracing import trace_config, trace_options
-from scalelab.core.units import parse_size
+from scalelab.lab.core.units import parse_size
 
 
 @click.group()
@@ -74,7 +74,7 @@ def _engine_dict(kv_cache_bytes: str, block_size: int, max_num_seqs: int,
                  max_batched_tokens: int, max_model_len: int, prefix_cache: bool,
                  speculative: bool, num_draft: int, contiguous: bool,
                  packed_weights: bool, weights: str) -> dict[str, Any]:
-    from scalelab.generate.quant import check_weights
+    from scalelab.system.generate.quant import check_weights
 
     return {
         "weights": check_weights(weights),
@@ -123,8 +123,8 @@ def serve_cmd(governance: Path | None, api_key: str | None,
               otlp_endpoint: str | None) -> None:
     """Serve /v1/completions, /v1/chat/completions (stream or not), /v1/models, /health,
     /metrics, /tokenize, /detokenize, /version until interrupted."""
-    from scalelab.generate.api import SETTINGS_ENV, ApiSettings
-    from scalelab.web.runner import UvicornConfig, run
+    from scalelab.layers.web.runner import UvicornConfig, run
+    from scalelab.system.generate.api import SETTINGS_ENV, ApiSettings
 
     settings = ApiSettings(
         model=model,
@@ -138,20 +138,20 @@ def serve_cmd(governance: Path | None, api_key: str | None,
         trace=trace_config(trace_sample, trace_out, otlp_endpoint),
     )
     if model not in ("smollm2-135m", "tiny") and not model.endswith(".gguf"):
-        from scalelab.core.errors import BadUsageError
+        from scalelab.lab.core.errors import BadUsageError
 
         raise BadUsageError(f"--model {model!r}: give smollm2-135m, tiny or a .gguf file")
     cfg = UvicornConfig(host=host, port=port, workers=1, read_timeout_s=read_timeout,
                         log_level=log_level)
     os.environ[SETTINGS_ENV] = settings.to_json()
-    from scalelab.web.logs import configure
+    from scalelab.layers.web.logs import configure
 
     configure(log_level)  # JSON lines on stderr, each with its request's trace id
     if api_key:
-        from scalelab.generate.auth import API_KEY_ENV
+        from scalelab.system.generate.auth import API_KEY_ENV
 
         os.environ[API_KEY_ENV] = api_key
-    run("scalelab.generate.api:create_app", cfg, factory=True)
+    run("scalelab.system.generate.api:create_app", cfg, factory=True)
 
 
 @app.command("complete")
@@ -179,11 +179,11 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
     docs/generate.md, "On a target device")."""
     import torch
 
-    from scalelab.generate.engine import LlmEngine, LlmEngineConfig
-    from scalelab.generate.models import load_model
-    from scalelab.generate.quant import weight_bytes
-    from scalelab.generate.sequence import SamplingParams
-    from scalelab.generate.speculative import SpecConfig
+    from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
+    from scalelab.system.generate.models import load_model
+    from scalelab.system.generate.quant import weight_bytes
+    from scalelab.system.generate.sequence import SamplingParams
+    from scalelab.system.generate.speculative import SpecConfig
 
     if torch_threads:
         torch.set_num_threads(torch_threads)
@@ -241,10 +241,10 @@ def quality_cmd(model: str, settings: str, tokens: int, seed: int, report_only: 
     """Perplexity on the shipped held-out text and greedy agreement on its 24 prompts, each
     setting against the fp32 model of the same source; exit 1 when one fails the gate
     (q4: perplexity within 1% of fp32; int8: at most 1% higher)."""
-    from scalelab.core.errors import BadUsageError
-    from scalelab.generate.models import load_model
-    from scalelab.generate.quality import evaluate, greedy, heldout, perplexity
-    from scalelab.generate.quant import check_weights
+    from scalelab.lab.core.errors import BadUsageError
+    from scalelab.system.generate.models import load_model
+    from scalelab.system.generate.quality import evaluate, greedy, heldout, perplexity
+    from scalelab.system.generate.quant import check_weights
 
     names = [check_weights(w.strip()) for w in settings.split(",") if w.strip()]
     if not names or tokens < 1:

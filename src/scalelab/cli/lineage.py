@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 
 from scalelab.cli._output import emit, json_option
-from scalelab.lineage.store import LineageStore
+from scalelab.layers.lineage.store import LineageStore
 
 lineage_option = click.option(
     "--lineage", type=click.Path(path_type=Path), default=None,

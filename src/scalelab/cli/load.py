@@ -26,10 +26,10 @@ from scalelab.cli._sweep import (
     levels,
 )
 from scalelab.cli._sweep import fmt_ms as _ms
-from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.records import Record, append_records, new_experiment_id, read_records
-from scalelab.core.units import parse_duration
-from scalelab.load.capacity import (
+from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.records import Record, append_records, new_experiment_id, read_records
+from scalelab.lab.core.units import parse_duration
+from scalelab.lab.load.capacity import (
     CapacityResult,
     SearchConfig,
     Step,
@@ -37,19 +37,19 @@ from scalelab.load.capacity import (
     quantile_ci_ms,
     search,
 )
-from scalelab.load.cluster import Cluster
-from scalelab.load.histogram import LatencyHistogram
-from scalelab.load.http.result import (
+from scalelab.lab.load.cluster import Cluster
+from scalelab.lab.load.histogram import LatencyHistogram
+from scalelab.lab.load.http.result import (
     LAG_FLOOR_S,
     LAG_OBJECTIVE_SHARE,
     RATE_TOLERANCE,
     LoadResult,
     to_record,
 )
-from scalelab.load.http.run import LoadPlan, run_load
-from scalelab.load.schedule import ARRIVALS
-from scalelab.load.server_meter import ServerMeter
-from scalelab.load.slo import Slo, budget, parse_percent, parse_slo
+from scalelab.lab.load.http.run import LoadPlan, run_load
+from scalelab.lab.load.schedule import ARRIVALS
+from scalelab.lab.load.server_meter import ServerMeter
+from scalelab.lab.load.slo import Slo, budget, parse_percent, parse_slo
 
 VALIDITY_RULES = {"rate_tolerance": RATE_TOLERANCE, "lag_p99_floor_ms": LAG_FLOOR_S * 1e3,
                   "lag_p99_max_gaps": 1.0, "lag_p99_max_objective_share": LAG_OBJECTIVE_SHARE}

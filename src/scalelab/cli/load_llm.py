@@ -34,22 +34,22 @@ from scalelab.cli._sweep import (
     trace_sample_option,
 )
 from scalelab.cli._sweep import fmt_ms as _ms
-from scalelab.core.errors import BadUsageError
-from scalelab.core.machine import available_cores
-from scalelab.core.records import Record, append_records, new_experiment_id
-from scalelab.core.units import parse_duration
-from scalelab.load.capacity import SearchConfig
-from scalelab.load.cluster import Cluster
-from scalelab.load.llm.quality import Agreement, agreement
-from scalelab.load.llm.result import LAG_INVALID_SHARE, LlmResult, cost_of, summary, to_record
-from scalelab.load.llm.run import LlmPlan, capacity, check_ran, reference_answers, run_llm
-from scalelab.load.llm.stream import ProbeAnswer, StreamConfig
-from scalelab.load.llm.token_slo import TokenSlo, TokenStepRule, parse_token_slo
-from scalelab.load.llm.workload import APIS, PATHS, USAGE_MODES, LengthDist, Workload
-from scalelab.load.schedule import ARRIVALS, Mode
-from scalelab.load.scrape import Sampler, note_limits
-from scalelab.load.send import Target
-from scalelab.load.slo import parse_percent
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.core.machine import available_cores
+from scalelab.lab.core.records import Record, append_records, new_experiment_id
+from scalelab.lab.core.units import parse_duration
+from scalelab.lab.load.capacity import SearchConfig
+from scalelab.lab.load.cluster import Cluster
+from scalelab.lab.load.llm.quality import Agreement, agreement
+from scalelab.lab.load.llm.result import LAG_INVALID_SHARE, LlmResult, cost_of, summary, to_record
+from scalelab.lab.load.llm.run import LlmPlan, capacity, check_ran, reference_answers, run_llm
+from scalelab.lab.load.llm.stream import ProbeAnswer, StreamConfig
+from scalelab.lab.load.llm.token_slo import TokenSlo, TokenStepRule, parse_token_slo
+from scalelab.lab.load.llm.workload import APIS, PATHS, USAGE_MODES, LengthDist, Workload
+from scalelab.lab.load.schedule import ARRIVALS, Mode
+from scalelab.lab.load.scrape import Sampler, note_limits
+from scalelab.lab.load.send import Target
+from scalelab.lab.load.slo import parse_percent
 
 
 @click.group("llm", cls=DefaultGroup)
@@ -431,7 +431,7 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
 
 def plot_capacity(doc: dict[str, Any], path: Path) -> None:
     """The steps of `doc` (capacity's JSON) in rate order: the report's latency figure."""
-    from scalelab.report import figures
+    from scalelab.lab.report import figures
 
     steps = sorted(doc["steps"], key=lambda s: s["rate"])
     x = [s["rate"] for s in steps]

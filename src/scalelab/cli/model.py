@@ -15,16 +15,16 @@ from scalelab.cli._output import emit, err_console, json_option, parse_list
 from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
-from scalelab.core.device import DeviceProfile
-from scalelab.core.errors import BadUsageError
-from scalelab.core.records import (
+from scalelab.lab.core.device import DeviceProfile
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.core.records import (
     Latency,
     Record,
     append_records,
     make_record,
     new_experiment_id,
 )
-from scalelab.core.units import format_bytes, parse_duration
+from scalelab.lab.core.units import format_bytes, parse_duration
 
 DEFAULT_VARIANTS = "int8,prune-structured-50,prune-unstructured-90,distill,cascade"
 
@@ -172,10 +172,10 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
 
     Example: scalelab compress --model repo/flights/1 --data out/flights --plot pareto.png
     """
-    from scalelab.model.bench import CompressConfig, run_bench
-    from scalelab.model.distill import DistillConfig
-    from scalelab.model.measure import MeasureConfig, resolve_device
-    from scalelab.model.trainer import TrainConfig
+    from scalelab.system.compress.bench import CompressConfig, run_bench
+    from scalelab.system.compress.distill import DistillConfig
+    from scalelab.system.compress.measure import MeasureConfig, resolve_device
+    from scalelab.system.compress.trainer import TrainConfig
 
     if plot is not None and plot.suffix.lower() not in (".png", ".svg"):
         raise BadUsageError(f"--plot {plot}: use a .png or .svg file name")
@@ -220,8 +220,8 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
     if profile is not None:
         out["on_device"] = _on_device(result, profile, model_path, data_dir, cfg, calls)
     if plot is not None:
-        from scalelab.model.pareto import ParetoPoint
-        from scalelab.model.pareto import plot as draw
+        from scalelab.system.compress.pareto import ParetoPoint
+        from scalelab.system.compress.pareto import plot as draw
 
         pts = []
         for v in result.variants:
@@ -241,9 +241,9 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
 
 def _on_device(result: Any, profile: DeviceProfile, model_path: Path, data_dir: Path,
                cfg: Any, calls: int) -> dict[str, Any]:
-    from scalelab.core.device import choose_mechanism
-    from scalelab.model.features import Preprocess, load_split
-    from scalelab.model.ondevice import measure_on_device
+    from scalelab.lab.core.device import choose_mechanism
+    from scalelab.system.compress.features import Preprocess, load_split
+    from scalelab.system.compress.ondevice import measure_on_device
 
     test = load_split(data_dir, "test", Preprocess.read(model_path),
                       max_rows=min(512, cfg.max_test_rows or 512))
@@ -280,7 +280,7 @@ def _render_on_device(od: dict[str, Any], con: Console) -> None:
 
 def _publish(result: Any, parent: Path, repo: Path, name: str | None, lineage: Path | None,
              record_lineage: bool) -> list[dict[str, Any]]:
-    from scalelab.model.publish import publish
+    from scalelab.system.compress.publish import publish
 
     name = name or parent.resolve().parent.name
     done = []
@@ -324,10 +324,10 @@ def minilm(sentences: Path, backends: str, batch_sizes: str, calls: int, threads
            records: Path | None, as_json: bool) -> None:
     """all-MiniLM-L6-v2 embeddings: fp32 vs torch int8 vs ONNX Runtime fp32/int8.
 
-    Example: scalelab model minilm --sentences tests/model/data/sentences.txt
+    Example: scalelab model minilm --sentences tests/system/compress/data/sentences.txt
     """
-    from scalelab.model.measure import device_label
-    from scalelab.model.minilm import MiniLMConfig, read_sentences, run_minilm
+    from scalelab.system.compress.measure import device_label
+    from scalelab.system.compress.minilm import MiniLMConfig, read_sentences, run_minilm
 
     cfg = MiniLMConfig(backends=parse_list(backends, what="--backends", kind=str),
                        batch_sizes=parse_list(batch_sizes, what="--batch-sizes", kind=int),
@@ -394,7 +394,7 @@ def time_cmd(model_dir: Path, rows: Path, calls: int, warmup: int, as_json: bool
 
     Example: scalelab model time --model repo/flights/1 --rows rows.safetensors
     """
-    from scalelab.model.ondevice import time_version
+    from scalelab.system.compress.ondevice import time_version
 
     if calls < 1 or warmup < 0:
         raise BadUsageError("--calls must be >= 1 and --warmup >= 0")

@@ -42,7 +42,7 @@ backoff_option = click.option(
 
 def _stream_config(start: str | None, end: str | None, faults: tuple[str, ...],
                    label_delay: float, seed: int) -> Any:
-    from scalelab.online.stream import ReplayConfig, parse_fault
+    from scalelab.system.online.stream import ReplayConfig, parse_fault
 
     return ReplayConfig(start=start, end=end, faults=[parse_fault(f) for f in faults],
                         label_delay_hours=label_delay, seed=seed)
@@ -50,8 +50,8 @@ def _stream_config(start: str | None, end: str | None, faults: tuple[str, ...],
 
 def _updater_config(bootstrap_days: float, lookback_hours: float, tick_hours: float,
                     tolerance: float, rollback_tolerance: float) -> Any:
-    from scalelab.online.updater import UpdaterConfig
-    from scalelab.online.window import WindowSpec
+    from scalelab.system.online.updater import UpdaterConfig
+    from scalelab.system.online.window import WindowSpec
 
     return UpdaterConfig(bootstrap_hours=bootstrap_days * 24, tick_hours=tick_hours,
                          lookback=WindowSpec(kind="time", size=lookback_hours),
@@ -110,7 +110,7 @@ def app() -> None:
 @json_option
 def schema_cmd(out: Path, start: str | None, end: str | None, as_json: bool) -> None:
     """Infer the feature events' schema with `scalelab data infer` (clean stream)."""
-    from scalelab.online.schema import write_schema
+    from scalelab.system.online.schema import write_schema
 
     write_schema(out, _stream_config(start, end, (), 6.0, 0))
     emit({"schema": str(out)}, as_json, lambda c: c.print(f"schema written to {out}"))
@@ -137,9 +137,9 @@ def ingest_cmd(log_path: Path, schema_path: Path, stream: Any, batch_size: int,
     """Validate and append the replayed events and labels to the log, exactly once per id."""
     import time
 
-    from scalelab.online.ingest import ingest_source, load_rules
-    from scalelab.online.log import EventLog
-    from scalelab.online.stream import build_stream
+    from scalelab.system.online.ingest import ingest_source, load_rules
+    from scalelab.system.online.log import EventLog
+    from scalelab.system.online.stream import build_stream
 
     rules = load_rules(schema_path)
     replay = build_stream(stream)
@@ -181,7 +181,7 @@ def _one_torch_thread() -> None:
 
 def plot_monthly(results: list[dict[str, Any]], path: Path) -> None:
     """F1 over time per policy, from each result's `monthly` (as the JSON gives it)."""
-    from scalelab.report import figures
+    from scalelab.lab.report import figures
 
     series = {r["policy"]: [(float(m["month"]), float(m["macro_f1"])) for m in r["monthly"]]
               for r in results}
@@ -226,14 +226,14 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
     """Replay end to end: ingest (if the log is empty), then update under review, prequential."""
     import json
 
-    from scalelab.core.records import append_records, make_record, new_experiment_id
-    from scalelab.online.ingest import ingest_source, load_rules
-    from scalelab.online.log import EventLog
-    from scalelab.online.policy import make_policy
-    from scalelab.online.prequential import run
-    from scalelab.online.publish import RepositoryPublisher
-    from scalelab.online.stream import build_stream
-    from scalelab.online.updater import StreamData
+    from scalelab.lab.core.records import append_records, make_record, new_experiment_id
+    from scalelab.system.online.ingest import ingest_source, load_rules
+    from scalelab.system.online.log import EventLog
+    from scalelab.system.online.policy import make_policy
+    from scalelab.system.online.prequential import run
+    from scalelab.system.online.publish import RepositoryPublisher
+    from scalelab.system.online.stream import build_stream
+    from scalelab.system.online.updater import StreamData
 
     _one_torch_thread()
     rules = load_rules(schema_path)
@@ -327,8 +327,8 @@ def bench_cmd(out_dir: Path, policies: str, drift_threshold: float, drift_backof
               as_json: bool) -> None:
     """Prequential quality and compute per update policy on one replay, side by side."""
     from scalelab.cli._output import parse_list
-    from scalelab.core.records import append_records, new_experiment_id
-    from scalelab.online.bench import OnlineBenchConfig, compare_policies, run_bench
+    from scalelab.lab.core.records import append_records, new_experiment_id
+    from scalelab.system.online.bench import OnlineBenchConfig, compare_policies, run_bench
 
     _one_torch_thread()
     cfg = OnlineBenchConfig(policies=parse_list(policies, what="--policies", kind=str),
@@ -412,9 +412,9 @@ def calibrate_cmd(out_dir: Path, thresholds: str, references: str, budget: float
     will not replay): the best macro F1 within --budget of the best fixed period's update
     compute. Then replay or bench with --policy drift:T."""
     from scalelab.cli._output import parse_list
-    from scalelab.core.records import append_records, new_experiment_id
-    from scalelab.online.bench import OnlineBenchConfig
-    from scalelab.online.calibrate import CalibrationConfig, run_calibration
+    from scalelab.lab.core.records import append_records, new_experiment_id
+    from scalelab.system.online.bench import OnlineBenchConfig
+    from scalelab.system.online.calibrate import CalibrationConfig, run_calibration
 
     _one_torch_thread()
     ccfg = CalibrationConfig(thresholds=parse_list(thresholds, what="--thresholds"),

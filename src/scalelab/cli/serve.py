@@ -19,7 +19,7 @@ from rich.table import Table
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import DefaultGroup, emit, json_option
 from scalelab.cli._tracing import trace_config, trace_options
-from scalelab.core.units import parse_size
+from scalelab.lab.core.units import parse_size
 
 repo_option = click.option("--model-repo", "model_repo", required=True,
                            type=click.Path(path_type=Path, file_okay=False),
@@ -87,8 +87,8 @@ def run_cmd(governance: Path | None,
             access_log_rate: float, trace_sample: float, trace_out: str | None,
             otlp_endpoint: str | None) -> None:
     """Serve every model in --model-repo until interrupted (Ctrl-C drains in-flight requests)."""
-    from scalelab.serve.config import ServerSettings
-    from scalelab.serve.server import serve
+    from scalelab.system.serve.config import ServerSettings
+    from scalelab.system.serve.server import serve
 
     settings = ServerSettings(
         governance_file=governance_file(governance),
@@ -123,7 +123,7 @@ def _routing_table(title: str, routing: object) -> None:
 def canary_cmd(model_repo: Path, model: str, candidate: int, weight: float, seed: int,
                as_json: bool) -> None:
     """Send a weighted share of unversioned requests to a candidate version."""
-    from scalelab.serve.canary import start_candidate
+    from scalelab.system.serve.canary import start_candidate
 
     r = start_candidate(model_repo, model, candidate, mode="canary", weight=weight, seed=seed)
     emit(dataclasses.asdict(r), as_json, lambda _c: _routing_table("canary started", r))
@@ -136,7 +136,7 @@ def canary_cmd(model_repo: Path, model: str, candidate: int, weight: float, seed
 @json_option
 def shadow_cmd(model_repo: Path, model: str, candidate: int, as_json: bool) -> None:
     """Mirror traffic to a candidate (responses still come from current); compare labels."""
-    from scalelab.serve.canary import start_candidate
+    from scalelab.system.serve.canary import start_candidate
 
     r = start_candidate(model_repo, model, candidate, mode="shadow", weight=0.0)
     emit(dataclasses.asdict(r), as_json, lambda _c: _routing_table("shadow started", r))
@@ -155,7 +155,7 @@ def shadow_cmd(model_repo: Path, model: str, candidate: int, as_json: bool) -> N
 def promote_cmd(model_repo: Path, model: str, candidate: int, holdout: Path, tolerance: float,
                 dry_run: bool, as_json: bool) -> int:
     """Promote a candidate unless it is worse than current on the holdout (exit 1 if refused)."""
-    from scalelab.serve.promote import gate
+    from scalelab.system.serve.promote import gate
 
     d = gate(model_repo, model, candidate, holdout, tolerance=tolerance, dry_run=dry_run)
 
@@ -188,7 +188,7 @@ def promote_cmd(model_repo: Path, model: str, candidate: int, holdout: Path, tol
 @json_option
 def rollback_cmd(model_repo: Path, model: str, as_json: bool) -> None:
     """Stop the live candidate, or restore the version current before the last promotion."""
-    from scalelab.serve.canary import rollback
+    from scalelab.system.serve.canary import rollback
 
     r, what = rollback(model_repo, model)
     emit({"routing": dataclasses.asdict(r), "action": what}, as_json,

@@ -13,10 +13,10 @@ from rich.table import Table
 from scalelab.cli._cluster import open_cluster
 from scalelab.cli._output import emit, err_console, json_option, parse_list, plot_option
 from scalelab.cli._progress import live_progress
-from scalelab.core.errors import BadUsageError, RunFailedError
-from scalelab.core.machine import Machine
-from scalelab.core.records import append_records, new_experiment_id
-from scalelab.core.sweep import (
+from scalelab.lab.core.errors import BadUsageError, RunFailedError
+from scalelab.lab.core.machine import Machine
+from scalelab.lab.core.records import append_records, new_experiment_id
+from scalelab.lab.core.sweep import (
     Executor,
     RunResult,
     SweepConfig,
@@ -25,8 +25,8 @@ from scalelab.core.sweep import (
     run_here,
     run_sweep,
 )
-from scalelab.core.units import format_bytes, parse_duration
-from scalelab.load.cluster import Cluster
+from scalelab.lab.core.units import format_bytes, parse_duration
+from scalelab.lab.load.cluster import Cluster
 
 
 def _parse_var(text: str) -> tuple[str, list[float]]:
@@ -110,7 +110,7 @@ def _on_cluster(cluster: Cluster) -> Executor:
 
 
 def _plot(levels: Sequence[Mapping[str, Any]], variable: str, experiment: str, path: Path) -> None:
-    from scalelab.report import figures
+    from scalelab.lab.report import figures
 
     # The median per level (the JSON's throughput_median): the same points the fit is made on.
     rows = [r for r in levels if r["throughput_median"] is not None]

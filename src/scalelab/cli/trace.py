@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from scalelab.cli._output import emit, json_option
-from scalelab.core.errors import BadUsageError
+from scalelab.lab.core.errors import BadUsageError
 
 BAR_WIDTH = 40
 
@@ -35,7 +35,7 @@ def app() -> None:
 def show_cmd(files: tuple[Path, ...], top: int, quantile: float, as_json: bool) -> None:
     """Assemble traces from span files (one server's or several), draw the slowest and
     attribute the tail's time to span names (self time, children subtracted)."""
-    from scalelab.observe.traces import read_spans, summary
+    from scalelab.layers.observe.traces import read_spans, summary
 
     if top < 0:
         raise BadUsageError(f"--top {top} must be >= 0")

@@ -23,11 +23,11 @@ from scalelab.cli.train_transformer import (
     split_options,
     transformer_options,
 )
-from scalelab.core.errors import BadUsageError
-from scalelab.core.units import format_bytes, format_duration, parse_duration
-from scalelab.train.config import TabularRunConfig
-from scalelab.train.job import TrainResult, run_training
-from scalelab.train.launch import LaunchConfig
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.core.units import format_bytes, format_duration, parse_duration
+from scalelab.system.train.config import TabularRunConfig
+from scalelab.system.train.job import TrainResult, run_training
+from scalelab.system.train.launch import LaunchConfig
 
 
 def _warn(message: str) -> None:
@@ -245,8 +245,8 @@ def app(ctx: click.Context, epochs: int, steps: int | None, nproc: int, nnodes: 
             on_warning=_warn, on_progress=lambda step, total, loss: progress.update(
                 completed=step, total=total, note=f"train: step {step}/{total}, loss {loss:.4f}"))
     if records:
-        from scalelab.core.records import append_records, new_experiment_id
-        from scalelab.train.bench import run_record
+        from scalelab.lab.core.records import append_records, new_experiment_id
+        from scalelab.system.train.bench import run_record
 
         append_records(records, [run_record(result, experiment=new_experiment_id("train"),
                                             variable="workers", level=result.summary.world)])
@@ -299,8 +299,8 @@ def bench(ctx: click.Context, nprocs: str, batches: str, steps: int, records: st
 
     Example: scalelab train bench --nproc 1,2,4 --mode strong --batch 64,4096 --limit 60000
     """
-    from scalelab.core.records import append_records, new_experiment_id
-    from scalelab.train.bench import run_bench
+    from scalelab.lab.core.records import append_records, new_experiment_id
+    from scalelab.system.train.bench import run_bench
 
     transformer = split_options(ctx, common)
     if transformer.get("model") == "transformer":
@@ -387,7 +387,7 @@ def scaling_law(data_dir: str | None, widths: str, fractions: str, limit: str, e
 
     Example: scalelab train scaling-law --widths 16,32,64 --data 0.1,0.3,1.0
     """
-    from scalelab.train.scaling_law import curves, run_grid
+    from scalelab.system.train.scaling_law import curves, run_grid
 
     cfg = TabularRunConfig(data=data_dir, limit=_float_or_none(limit, "--limit"), epochs=epochs,
                            batch=batch, base_batch=batch, lr=lr, seed=seed)
@@ -396,7 +396,7 @@ def scaling_law(data_dir: str | None, widths: str, fractions: str, limit: str, e
                       budget=_si(budget, "--budget"), threads=threads,
                       on_point=lambda m: err_console.print(f"[dim]training {m}[/]", markup=True))
     if records:
-        from scalelab.core.records import append_records, make_record, new_experiment_id
+        from scalelab.lab.core.records import append_records, make_record, new_experiment_id
 
         exp = new_experiment_id("train-scaling-law")
         append_records(records, [make_record(

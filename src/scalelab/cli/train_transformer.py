@@ -20,9 +20,9 @@ from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, parse_list, stacked
 from scalelab.cli._progress import live_progress
-from scalelab.core.errors import BadUsageError
-from scalelab.core.units import format_bytes, format_duration, parse_duration
-from scalelab.train.parallel.config import STRATEGIES
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.core.units import format_bytes, format_duration, parse_duration
+from scalelab.system.train.parallel.config import STRATEGIES
 
 TRANSFORMER_KEYS = ("model", "strategy", "tp", "layers", "heads", "kv_heads", "ffn", "seq",
                     "tokens", "micro_batches", "schedule", "recv_ahead", "profile_steps")
@@ -97,7 +97,7 @@ def _defaulted(ctx: click.Context, name: str) -> bool:
 def _config(ctx: click.Context, t: dict[str, Any], *, batch: int, steps: int, seed: int,
             lr: float, hidden: str, threads: int | None, batch_param: str = "batch",
             **extra: Any) -> Any:
-    from scalelab.train.parallel.config import ParallelConfig
+    from scalelab.system.train.parallel.config import ParallelConfig
 
     if _defaulted(ctx, batch_param):
         batch = DEFAULT_BATCH
@@ -166,8 +166,8 @@ def run_transformer(ctx: click.Context, t: dict[str, Any], *, as_json: bool, npr
                     checkpoint_interval: str | None, rehearse_failure: bool, no_resume: bool,
                     nondeterministic: bool, batch: int, steps: int | None, seed: int, lr: float,
                     hidden: str, threads: int | None) -> None:
-    from scalelab.train.launch import LaunchConfig, run_directory
-    from scalelab.train.parallel.job import rehearse, run_parallel
+    from scalelab.system.train.launch import LaunchConfig, run_directory
+    from scalelab.system.train.parallel.job import rehearse, run_parallel
 
     every = 0
     if checkpoint_interval is not None:
@@ -197,8 +197,8 @@ def run_transformer(ctx: click.Context, t: dict[str, Any], *, as_json: bool, npr
     if result.warning:
         err_console.print(f"[yellow]warning:[/] {result.warning}", markup=True, highlight=False)
     if records:
-        from scalelab.core.records import append_records, new_experiment_id
-        from scalelab.train.parallel.bench import level_of, record_of
+        from scalelab.lab.core.records import append_records, new_experiment_id
+        from scalelab.system.train.parallel.bench import level_of, record_of
 
         append_records(records, [record_of(result, level_of(result, None),
                                            experiment=new_experiment_id("train-transformer"))])
@@ -235,8 +235,8 @@ def _render_sweep(sw: Any) -> Callable[[Console], None]:
 def run_transformer_bench(ctx: click.Context, t: dict[str, Any], *, as_json: bool, nprocs: str,
                           batches: str, steps: int, seed: int, lr: float, hidden: str,
                           threads: int | None, timeout: str, records: str | None) -> None:
-    from scalelab.core.records import append_records, new_experiment_id
-    from scalelab.train.parallel.bench import run_sweep
+    from scalelab.lab.core.records import append_records, new_experiment_id
+    from scalelab.system.train.parallel.bench import run_sweep
 
     strategies = [s.strip() for s in str(t["strategy"]).split(",") if s.strip()]
     bad = [s for s in strategies if s not in STRATEGIES]

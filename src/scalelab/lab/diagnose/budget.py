@@ -1,0 +1,129 @@
+"""A diagnosis's time budget (`diagnose --budget 4m30s`): how it is split across the stages.
+
+Every enabled stage first gets its minimum: what its fixed work takes (start-up, the steps it
+always runs, one chunk of each level) by the stage's own estimate on a 2-core machine. What is
+left goes to the stages whose levels are sized sequentially (a level runs in chunks until its
+objectives are decided or its share is spent, see diagnose.sizing), in proportion to their
+minimums: a stage with more levels gets more of the spare time. A budget under the sum of the
+minimums is bad usage: it names the minimum and what makes it up.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.core.records import Record
+
+SIZING_KEY = "sizing"
+"""Record extra: how a sized level was sized (diagnose.sizing.Sizing.as_dict)."""
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3}
+
+
+def parse_budget(text: str, *, what: str = "--budget") -> float:
+    """'5m' -> 300.0, '4m30s' -> 270.0, '90' -> 90.0 seconds (a bare number is seconds)."""
+    s = str(text).strip().replace(" ", "")
+    pos, total, units = 0, 0.0, []
+    while pos < len(s):
+        m = _PART.match(s, pos)
+        if m is None or m.end() == pos:
+            break
+        unit = (m.group(2) or "s").lower()
+        units.append(unit)
+        total += float(m.group(1)) * _UNIT_S[unit]
+        pos = m.end()
+    if not s or pos != len(s) or len(set(units)) != len(units):
+        raise BadUsageError(f"{what}: {text!r} is not a duration; write e.g. 5m, 4m30s or 300s")
+    if total <= 0:
+        raise BadUsageError(f"{what}: {text!r} must be longer than 0 s, e.g. 5m")
+    return total
+
+
+def duration_text(seconds: float) -> str:
+    """270.0 -> '4m30s', 45.5 -> '45.5s' (the form parse_budget reads back)."""
+    m, s = divmod(round(seconds, 1), 60.0)
+    if m >= 1:
+        return f"{int(m)}m{s:g}s" if s else f"{int(m)}m"
+    return f"{s:g}s"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageNeed:
+    """What one enabled stage needs of the budget."""
+
+    stage: str
+    minimum_s: float
+    """Its fixed work's estimated seconds (start-up, steps it always runs, one chunk a level)."""
+    sized: bool
+    """Whether its levels are sized sequentially, i.e. can turn more time into decisions."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Share:
+    """One stage's part of the budget."""
+
+    stage: str
+    minimum_s: float
+    """Its estimated minimum (StageNeed.minimum_s)."""
+    share_s: float
+    """The seconds it may take: the minimum, plus its part of the remainder when sized."""
+    sized: bool
+
+
+def split_budget(total_s: float, needs: list[StageNeed]) -> list[Share]:
+    """Each stage its minimum; the remainder to the sized stages in proportion to their
+    minimums (unused when no stage is sized). Bad usage when `total_s` is under the sum."""
+    least = sum(n.minimum_s for n in needs)
+    if total_s < least:
+        parts = ", ".join(f"{n.stage} {duration_text(n.minimum_s)}" for n in needs)
+        raise BadUsageError(
+            f"--budget {duration_text(total_s)} is under the {duration_text(least)} the enabled "
+            f"stages need at least ({parts}); raise --budget, disable stages, or use --quick")
+    spare = total_s - least
+    weight = sum(n.minimum_s for n in needs if n.sized)
+    return [
+        Share(stage=n.stage, minimum_s=n.minimum_s, sized=n.sized,
+              share_s=n.minimum_s + (spare * n.minimum_s / weight if n.sized and weight else 0.0))
+        for n in needs
+    ]
+
+
+def time_lines(budget: dict[str, Any] | None, records: list[Record]) -> list[str]:
+    """The report's "Time" section: how each stage spent its time (against its share under a
+    budget) and each sized level its chunks, and what stayed undecided when time ran out."""
+    out: list[str] = []
+    if budget:
+        total = budget.get("total_s")
+        head = (f"budget {duration_text(float(total))}: each stage its minimum, the sized "
+                "stages the rest" if isinstance(total, int | float) else
+                "no budget: " + ("--full, each sized level until decided or its cap"
+                                 if budget.get("full") else "one chunk a level"))
+        spent = []
+        for row in budget.get("stages", []):
+            s = f"{row['stage']} {row['spent_s']:.0f} s"
+            if "given_s" in row:
+                s += f" of a {row['given_s']:.0f} s share"
+            elif "share_s" in row:
+                s += f" (minimum {row['share_s']:.0f} s)"
+            spent.append(s)
+        out.append(f"{head}; spent: {', '.join(spent)}" if spent else head)
+    for r in records:
+        z = r.extras.get(SIZING_KEY)
+        if not isinstance(z, dict):
+            continue
+        series = r.extras.get("series")
+        where = f"{r.stage}{f' {series}' if series else ''} at {r.level:g}"
+        if r.repeat:
+            where += f" #{r.repeat + 1}"
+        n = z.get("samples")
+        line = (f"{where}: {z['chunks']} chunk(s), {n if n is None else f'{n:,}'} samples in "
+                f"{z['spent_s']:.1f} s of a {z['share_s']:.1f} s share, {z['stopped']}")
+        if z.get("undecided"):
+            why = " for lack of time" if z["stopped"] == "time share spent" else ""
+            line += f"; undecided{why}: " + "; ".join(z["undecided"])
+        out.append(line)
+    return out

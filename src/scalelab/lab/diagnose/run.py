@@ -1,0 +1,266 @@
+"""The main job: run every enabled stage's steps with progress, then judge and report once.
+
+The stages and their order come from `diagnose.stages.STAGES`; each stage runs its own steps
+(each a `scalelab` command in its own process, writing records) through a `Context`. The shared
+inputs stages need (features, a trained model) are built once, on first request. Ctrl-C stops
+the current step and still writes the report from what was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scalelab.lab.core.jsonfile import read_json_object
+from scalelab.lab.core.machine import Machine, current_machine
+from scalelab.lab.core.records import Record, append_records, new_experiment_id, read_records
+from scalelab.lab.core.sheet import SheetRow, build_sheet
+from scalelab.lab.core.verdict import Verdict, judge
+from scalelab.lab.diagnose.budget import (
+    Share,
+    StageNeed,
+    parse_budget,
+    split_budget,
+    time_lines,
+)
+from scalelab.lab.diagnose.config import DiagnoseConfig, Mode
+from scalelab.lab.diagnose.energy import energy_tagger
+from scalelab.lab.diagnose.evidence import with_stage_limits
+from scalelab.lab.diagnose.failures import stage_failures, with_failures
+from scalelab.lab.diagnose.goals import stage_goals
+from scalelab.lab.diagnose.stages import STAGES
+from scalelab.lab.diagnose.stages.base import Artifact, Context
+from scalelab.lab.diagnose.steps import Step, StepResult, run_step
+from scalelab.lab.report.document import ReportFiles, write_report
+
+RECORDS = "records.jsonl"
+CONFIG = "config.yaml"
+RUN_INFO = "run.json"
+"""What the run itself knows beyond the records: its experiment id, failed steps, Ctrl-C."""
+
+
+@dataclass(kw_only=True)
+class Diagnosis:
+    """One diagnosis as it ran: its steps, and the report written from its records."""
+
+    out: Path
+    experiment: str
+    steps: list[StepResult] = field(default_factory=list)
+    interrupted: bool = False
+    sheet: list[SheetRow] = field(default_factory=list)
+    verdict: Verdict | None = None
+    files: ReportFiles | None = None
+    failures: dict[str, str] = field(default_factory=dict)
+    """Stage -> why it failed (diagnose.failures): a failed run of the system under test."""
+
+
+Progress = Callable[[str, int, int], None]
+"""(label of the step starting, index, total) — the CLI draws the bar."""
+
+
+def on_cluster(step: Step, address: str | None) -> Step:
+    """The step with its load generators (or sweep commands) on the `client.cluster` workers;
+    every other step, and every step without a cluster, unchanged."""
+    cmd = step.command
+    if address is None or cmd is None or "cluster" not in {f.name for f in fields(cmd)}:
+        return step
+    return replace(step, command=replace(cmd, cluster=address))  # type: ignore[call-arg]
+
+
+class Runner:
+    """Plans and runs the steps of one diagnosis into OUT (records, logs, work files, report)."""
+
+    def __init__(
+        self, cfg: DiagnoseConfig, out: Path, mode: Mode, progress: Progress | None = None,
+        budget_s: float | None = None,
+    ) -> None:
+        """`budget_s`: the --budget in seconds; None: the config's `budget` (none in --full)."""
+        self.cfg, self.out, self.mode = cfg, out, mode
+        if budget_s is None and cfg.budget is not None and mode != "full":
+            budget_s = parse_budget(cfg.budget, what="budget")
+        self.budget_s = budget_s
+        self.shares = self.plan_budget()
+        self.sink = out / RECORDS
+        self.progress = progress
+        self.diagnosis = Diagnosis(out=out, experiment=new_experiment_id("diagnose"))
+        self._n = 0
+        self._total = 0
+        self.ctx = Context(
+            work=out / "work",
+            logs=out / "logs",
+            repeats=cfg.repeats,
+            prices=cfg.prices,
+            settings={st.name: st.of(cfg) for st in STAGES},
+            run=self._run,
+            fail=self._fail,
+            keep=self._keep,
+            shares={sh.stage: sh.share_s for sh in self.shares if sh.sized},
+            full=mode == "full",
+        )
+        self.spent: dict[str, float] = {}
+        self.given: dict[str, float] = {}
+        """Each sized stage's share as it started (`_reshare`)."""
+
+    def plan_budget(self) -> list[Share]:
+        """The enabled stages' shares of the budget (diagnose.budget); [] without one.
+        Bad usage (before anything runs) when the budget is under their minimums."""
+        if self.budget_s is None:
+            return []
+        needs = [StageNeed(stage=st.name, minimum_s=st.minimum_s(st.of(self.cfg),
+                                                                 self.cfg.repeats),
+                           sized=st.is_sized(st.of(self.cfg)))
+                 for st in STAGES if st.enabled(st.of(self.cfg))]
+        return split_budget(self.budget_s, needs)
+
+    def _run(self, step: Step) -> StepResult:
+        self._n += 1
+        self._total = max(self._total, self._n)  # a sized level's extra chunks
+        step = on_cluster(step, self.cfg.client.cluster)
+        if self.progress:
+            self.progress(step.label, self._n, self._total)
+        res = run_step(
+            energy_tagger(step, self.cfg.prices), logs=self.ctx.logs,
+            experiment=self.diagnosis.experiment, sink=self.sink
+        )
+        self.diagnosis.steps.append(res)
+        return res
+
+    def _keep(self, records: list[Record]) -> None:
+        append_records(self.sink, records)
+
+    def _fail(self, step: Step, error: str) -> StepResult:
+        res = StepResult(step=step, ok=False, returncode=None, wall_s=0.0, error=error)
+        self.diagnosis.steps.append(res)
+        return res
+
+    def plan_size(self) -> int:
+        """Steps of every enabled stage plus those of the shared inputs they need, once each."""
+        n = 0
+        artifacts: dict[str, Artifact] = {}
+
+        def add(a: Artifact) -> None:
+            for dep in a.needs:
+                add(dep)
+            artifacts[a.name] = a
+
+        for st in STAGES:
+            s = st.of(self.cfg)
+            if st.enabled(s):
+                n += st.count(s, self.cfg.repeats)
+                for a in st.needs(s):
+                    add(a)
+        return n + sum(a.steps for a in artifacts.values())
+
+    def run(self) -> Diagnosis:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.sink.write_text("", encoding="utf-8")  # a results dir is always rebuildable
+        (self.out / CONFIG).write_text(
+            yaml.safe_dump(
+                {"mode": self.mode, **self.cfg.model_dump(mode="json")},
+                sort_keys=False,
+                allow_unicode=True,
+            ),
+            "utf-8",
+        )
+        self._total = self.plan_size()
+        start = time.monotonic()
+        try:
+            for st in STAGES:
+                s = st.of(self.cfg)
+                if st.enabled(s):
+                    self._reshare(st.name, time.monotonic() - start)
+                    t0 = time.monotonic()
+                    try:
+                        st.run(s, self.ctx)
+                    finally:
+                        self.spent[st.name] = time.monotonic() - t0
+        except KeyboardInterrupt:
+            self.diagnosis.interrupted = True
+        d = self.diagnosis
+        info = {
+            "experiment": d.experiment,
+            "interrupted": d.interrupted,
+            "budget": self.budget_report(),
+            "failed_steps": [{"stage": r.step.stage, "step": r.step.label, "error": r.error}
+                             for r in d.steps if not r.ok],
+        }
+        (self.out / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n", "utf-8")
+        d.sheet, d.verdict, d.files = rebuild(self.out, self.cfg, self.mode)
+        d.failures = failures(self.out)
+        return d
+
+
+    def _reshare(self, stage: str, elapsed_s: float) -> None:
+        """A sized stage's share as it starts: its planned share, cut to what the budget has
+        left after the stages still to run get their minimums (earlier stages that ran over
+        their estimates, e.g. on a busy host, are paid from the sized stages' spare time)."""
+        names = [sh.stage for sh in self.shares]
+        if self.budget_s is None or stage not in self.ctx.shares or stage not in names:
+            return
+        later = sum(sh.minimum_s for sh in self.shares[names.index(stage) + 1:])
+        planned = next(sh.share_s for sh in self.shares if sh.stage == stage)
+        self.ctx.shares[stage] = max(0.0, min(planned, self.budget_s - elapsed_s - later))
+        self.given[stage] = self.ctx.shares[stage]
+
+    def budget_report(self) -> dict[str, Any]:
+        """How the time was spent per stage, against its share when there was a budget."""
+        shares = {sh.stage: sh for sh in self.shares}
+        stages = []
+        for name, spent in self.spent.items():
+            row: dict[str, Any] = {"stage": name, "spent_s": round(spent, 1)}
+            if name in shares:
+                row |= {"minimum_s": round(shares[name].minimum_s, 1),
+                        "share_s": round(shares[name].share_s, 1), "sized": shares[name].sized}
+                if name in self.given:
+                    row["given_s"] = round(self.given[name], 1)
+            stages.append(row)
+        return {"total_s": self.budget_s, "full": self.mode == "full", "stages": stages}
+
+
+def _machine(records: list[Record]) -> Machine:
+    """The machine the records were measured on (a report rebuilt elsewhere keeps it)."""
+    if not records:
+        return current_machine()
+    m = records[0].machine
+    return Machine(cores=m.cores, memory_bytes=m.memory_bytes, device=m.device,
+                   hostname=m.hostname)
+
+
+def rebuild(
+    out: Path, cfg: DiagnoseConfig, mode: Mode
+) -> tuple[list[SheetRow], Verdict, ReportFiles]:
+    """Sheet, verdict and report from OUT's stored files: what `scalelab report OUT` calls.
+
+    Reads records.jsonl (and run.json, when the run wrote one: its failed steps fail their
+    stages, see diagnose.failures); the report's JSON document is what `scalelab diagnose
+    --json` prints."""
+    sink = out / RECORDS
+    records = read_records(sink) if sink.exists() else []
+    sheet = build_sheet(records)
+    m = _machine(records)
+    goals = stage_goals(cfg)
+    verdict = judge(goals, sheet, cores=m.cores, memory_bytes=m.memory_bytes)
+    verdict = with_stage_limits(verdict, goals, sheet, cfg, cores=m.cores)
+    run_info: dict[str, Any] = (
+        read_json_object(out / RUN_INFO) if (out / RUN_INFO).is_file() else {}
+    )
+    failed = stage_failures(run_info, sheet)
+    verdict = with_failures(verdict, failed)
+    meta = {"mode": mode, "records": len(records),
+            "time": time_lines(run_info.get("budget"), records)}
+    files = write_report(out, sheet, verdict, goals, m, meta,
+                         run={**run_info, "failed_stages": failed}, records=records)
+    return sheet, verdict, files
+
+
+def failures(out: Path) -> dict[str, str]:
+    """Stage -> why it failed, from OUT's run.json and records (what `rebuild` reported)."""
+    doc = read_json_object(out / "report.json") if (out / "report.json").is_file() else {}
+    got = doc.get("failed_stages") or {}
+    return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}

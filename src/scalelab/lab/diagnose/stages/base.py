@@ -1,0 +1,166 @@
+"""The stage interface of `scalelab diagnose`, and the context a stage runs its steps in.
+
+A stage is one module in this package: its settings (a section of `scalelab.yaml`), the
+measured steps it runs (each a `scalelab` command in its own process, writing records), the
+goals the verdict judges it by (objectives, the baseline series, its advisor) and how its
+records are tagged. Shared inputs several stages read (the flights features, a trained model
+repository) are `Artifact`s, built once on first request.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel
+
+from scalelab.lab.core.records import Record
+from scalelab.lab.core.sheet import SheetRow
+from scalelab.lab.core.verdict import Evidence, StageGoal
+from scalelab.lab.diagnose.schema import Prices
+from scalelab.lab.diagnose.steps import Step, StepResult
+
+S = TypeVar("S")
+
+DEFAULT_MINIMUM_S = 20.0
+"""A stage's minimum seconds when it has no estimate of its own."""
+MINIMUM_S = {"data": 8.0, "train": 24.0, "llm": 40.0, "model": 7.0, "retrieval": 60.0,
+             "online": 16.0}
+"""Seconds each fixed stage's default work took per repeat on a 2-core machine: what --budget
+sets aside for it before sharing out the rest. A busy host takes longer; the sized stages'
+spare time pays for it. data, train, model, online: the stage times of a fresh clone's
+`make demo` on a quiet 2-core VM (2026-12-03 11:38–11:44 UTC, load 0.5–1.4; the Time
+section's "spent"), each stage's fixed work whole (none is sized). retrieval: its bench's
+fixed work after the cuts of 2026-12-03 (docs/diagnose.md, "Retrieval's fixed work"),
+estimated for a quiet machine from CPU seconds measured at load 14–20. data: its scales now
+share their generated files (data.generate.Written): 8.7 s in a whole demo at load 1.7–3.7
+(2026-12-03 15:25 UTC; 11.9 s before, at 1.5–4.6), so 8 s is again what it takes."""
+
+
+class WholeConfig(Protocol):
+    """What a stage reads of the whole objectives file (diagnose.config.DiagnoseConfig is one):
+    a protocol, because the config's `stages:` section is built from the stages."""
+
+    @property
+    def stages(self) -> Any: ...
+
+    @property
+    def custom(self) -> Any: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Artifact:
+    """A shared input built by steps of its own, once per diagnosis, on first request."""
+
+    name: str
+    steps: int
+    """How many steps building it takes (for the progress bar)."""
+    build: Callable[[Context], Path | None]
+    """Runs the steps through the context; None when a step failed."""
+    needs: tuple[Artifact, ...] = ()
+
+
+@dataclass(kw_only=True)
+class Context:
+    """What a stage sees while it runs: where to write, the shared settings, how to run a step."""
+
+    work: Path
+    """Work files of the whole diagnosis (datasets, repositories, step records)."""
+    logs: Path
+    repeats: int
+    prices: Prices
+    settings: dict[str, Any]
+    """Every stage's validated settings by stage name (an artifact may read another's)."""
+    run: Callable[[Step], StepResult]
+    """Run one measured step (progress, logs, records tagged and appended)."""
+    fail: Callable[[Step, str], StepResult]
+    """Record a step that could not start (e.g. its server never became ready)."""
+    keep: Callable[[list[Record]], None] = lambda records: None
+    """Append records the stage built itself (a sized level's merged chunks) to the run's."""
+    shares: dict[str, float] = field(default_factory=dict)
+    """Each stage's share of the --budget in seconds (diagnose.budget); empty: no budget."""
+    full: bool = False
+    """--full: a sized level runs until decided, up to its stage's cap per level."""
+    _built: dict[str, Path | None] = field(default_factory=dict)
+
+    def records(self, name: str) -> Path:
+        """A fresh file for one step's records."""
+        p = self.work / "records" / f"{name}.jsonl"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.unlink(missing_ok=True)
+        return p
+
+    def provide(self, a: Artifact, path: Path | None) -> None:
+        """Use `path` as `a` instead of building it (an input made elsewhere, e.g. a test's
+        small model repository); None: the artifact is absent."""
+        self._built[a.name] = path
+
+    def artifact(self, a: Artifact) -> Path | None:
+        if a.name not in self._built:
+            for dep in a.needs:
+                self.artifact(dep)
+            self._built[a.name] = a.build(self)
+        return self._built[a.name]
+
+
+class Stage(ABC, Generic[S]):
+    """One stage of a diagnosis. Subclass it in a module of its own and list it in
+    `diagnose.stages.STAGES`; its settings class becomes the `stages.<name>` section."""
+
+    name: ClassVar[str]
+    """The stage's name in records, the sheet, the verdict and `stages.<name>`."""
+    settings: ClassVar[type[BaseModel]]
+    """The pydantic model of its section (a `StageSettings`); defaults from `defaults.yaml`."""
+
+    section: ClassVar[bool] = True
+    """Whether its settings are the `stages.<name>` section (False: the stage reads its own
+    top-level key, like `custom:`)."""
+
+    def of(self, cfg: WholeConfig) -> S:
+        """This stage's settings out of the whole config."""
+        value: S = getattr(cfg.stages, self.name)
+        return value
+
+    def enabled(self, s: S) -> bool:
+        return bool(getattr(s, "enabled", True))
+
+    sized: ClassVar[bool] = False
+    """Whether its levels are sized sequentially (diagnose.sizing): more time, more decided."""
+
+    def is_sized(self, s: S) -> bool:
+        """Whether these settings' levels are sized (default: the class's `sized`)."""
+        return self.sized
+
+    def minimum_s(self, s: S, repeats: int) -> float:
+        """Seconds its fixed work takes on a 2-core machine (start-up, the steps it always
+        runs, one chunk a level): what --budget gives it before sharing out the rest."""
+        return MINIMUM_S.get(self.name, DEFAULT_MINIMUM_S)
+
+    def needs(self, s: S) -> tuple[Artifact, ...]:
+        """Shared inputs the stage reads (built before it runs, counted for progress)."""
+        return ()
+
+    @abstractmethod
+    def count(self, s: S, repeats: int) -> int:
+        """How many steps `run` will take (for the progress bar)."""
+
+    @abstractmethod
+    def run(self, s: S, ctx: Context) -> None:
+        """Run the stage's measured steps through `ctx.run`."""
+
+    @abstractmethod
+    def goals(self, s: S) -> list[StageGoal]:
+        """What the verdict judges: objectives, baseline series, target and advisor."""
+
+    def stage_names(self, s: S) -> list[str]:
+        """The names its rows and goals carry (the custom set: one per user stage)."""
+        return [self.name]
+
+    def limits(self, s: S, rows: list[SheetRow], *, cores: int) -> list[Evidence]:
+        """Limits the stage's own recorded signals or settings show in its baseline rows (the
+        engine's batch slots, more workers than `cores`), each citing its numbers; they lead
+        the stage's limiting lines (diagnose.evidence). Default: none beyond the verdict's."""
+        return []

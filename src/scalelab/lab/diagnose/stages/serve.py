@@ -1,0 +1,363 @@
+"""The serving stage: the model server under growing arrival rate, dynamic batching off and on,
+and a replica sweep (N processes × 1 thread against 1 process × N threads, capacity searches).
+
+Each batching setting gets its own copy of the trained model's repository (its serving config
+rewritten through serve's own config model, `serve_config`) and its own server process on a
+free loopback port; the sweep's shapes one each too. Every server starts at once, before the
+first level (`serve_servers`: the starts overlap on the cores, and none shares the CPU with a
+measurement). Per server and repeat, one `load run` step offers every level's first chunk in
+turn, metered per level on the server by the step itself (`--server-pid`, `serve_meter`); a
+level still undecided then gets more chunks, each its own step (`diagnose.sizing`). With
+`capacity`, the server is then searched for the highest rate meeting the objectives, starting
+at its highest level decided to meet them and bisecting below its lowest level decided to miss
+(`serve_search`); the replica sweep (`serve_sweep`) searches each shape's server, so "N
+replicas hold X requests/s" is a measurement, and the advice (`serve_advice`) reads the
+searches. A setting's one-server search is skipped where the sweep measures that very server
+(on N cores, 1 process × N threads of the replicated setting). With `url`, the user's endpoint
+is loaded instead and nothing is started.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from scalelab.lab.core.records import Record
+from scalelab.lab.core.sheet import build_sheet
+from scalelab.lab.core.units import parse_duration
+from scalelab.lab.core.verdict import StageGoal
+from scalelab.lab.diagnose.commands import LoadRun
+from scalelab.lab.diagnose.sizing import LevelClock, size_level
+from scalelab.lab.diagnose.stages.base import Artifact, Context, Stage
+from scalelab.lab.diagnose.stages.endpoint import grid_start, metrics_note, metrics_url, noted
+from scalelab.lab.diagnose.stages.serve_advice import advise
+from scalelab.lab.diagnose.stages.serve_config import (
+    MODEL,
+    SERIES,
+    ServeSettings,
+    batching_repo,
+    serve_cmd,
+)
+from scalelab.lab.diagnose.stages.serve_curve import capacity_slo, grid_bounds
+from scalelab.lab.diagnose.stages.serve_meter import WARMUP_S, metered
+from scalelab.lab.diagnose.stages.serve_search import run_search
+from scalelab.lab.diagnose.stages.serve_servers import Planned, start_all, stop_all
+from scalelab.lab.diagnose.stages.serve_sweep import Shape, run_sweep, sweep_servers, sweep_shapes
+from scalelab.lab.diagnose.stages.sized_load import sized_levels
+from scalelab.lab.diagnose.stages.train import FEATURES, SERVED_MODEL
+from scalelab.lab.diagnose.steps import Step, restage
+from scalelab.layers.web import trace as web_trace
+from scalelab.layers.web.spawn import Spawned
+
+__all__ = ["CAPACITY_SEARCH_S", "STAGE", "ServeSettings", "ServeStage", "advise"]
+
+TRACE_SAMPLE = 0.05
+"""Share of the highest level's requests the load generator sends with a sampled traceparent;
+the batching servers follow them into OUT/traces/serve-batching-<setting>.jsonl, which the
+report attributes (its p99 lines)."""
+TRACES = "traces"
+RECOVERY_UNKNOWN = "none known (the endpoint's own is not visible to the load test)"
+CAPACITY_SEARCH_S = 22.0
+"""One capacity search of a user's endpoint (`stages.serve.url`, custom `load` stages): the
+2-core reference run, 22 s each."""
+
+
+def _measured(r: Record, *, url: str, usd: float, repeat: int) -> Record:
+    return metered(restage(r, stage="serve", repeat=repeat), url=url, core_hour_usd=usd)
+
+
+def by_rate(records: list[Record], rates: list[float]) -> dict[float, Record]:
+    """A step's records (one a level, in the order of `rates`; a failed step's stop short) by
+    the rate each offered (pure)."""
+    return {rate: r for rate, r in zip(rates, records, strict=False)
+            if math.isclose(r.level, rate, rel_tol=1e-9)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstChunks:
+    """The step over every level of a server: its records by rate, and how long it took."""
+
+    records: dict[float, Record]
+    took_s: float
+
+
+@dataclass(kw_only=True)
+class Lent:
+    """The clock a level's sizing reads (`size_level(clock=)`): the monotonic clock, plus the
+    level's part of the step that measured its first chunk, added when that chunk is handed
+    over, so the level's spent seconds and its chunks' overhead count it as if the chunk
+    had been its own step."""
+
+    per_level_s: float
+    base: Callable[[], float] = time.monotonic
+    offset_s: float = 0.0
+
+    def lend(self) -> None:
+        self.offset_s += self.per_level_s
+
+    def clock(self) -> float:
+        return self.base() + self.offset_s
+
+
+def _user_endpoint(r: Record, *, note: str | None = None) -> Record:
+    return noted(restage(r, stage="serve").model_copy(update={"recovery": RECOVERY_UNKNOWN}),
+                 note=note)
+
+
+def searched_settings(s: ServeSettings, cores: int) -> list[str]:
+    """The batching settings whose one server gets its own capacity search (pure): each one
+    but the replicated setting when the replica sweep measures that very server (1 process
+    with as many torch threads as cores, the server's default), which it does in its
+    'threads=N' (or, on 1 core, 'replicas=1') search."""
+    if not (s.capacity and capacity_slo(s.built_objectives())):
+        return []
+    default = Shape(processes=1, threads=cores)
+    covered = default in sweep_shapes(s, cores)
+    return [b for b in s.batching if not (covered and b == s.replicas_batching)]
+
+
+STEP_START_S = 1.5
+"""A load step's process start-up and teardown beside its levels' warm-ups and windows: a 2 s
+level chunk (1 s warm-up) took 4.5 s a step in the quiet demo of 2026-12-03 11:39 UTC; the step
+over four such levels took 13.3 s (12 s of warm-ups and windows) at load 4.5 on the shared
+2-core VM, 2026-12-03 14:59 UTC (docs/diagnose.md). A level adds nothing measurable beside
+its own warm-up and window."""
+SERVER_START_S = 3.0
+"""One server process's start until it answers ready, about one core's work (quiet demo of
+2026-12-03: 2–4 s each); starts overlap up to the cores (`servers_start_s`)."""
+SEARCH_S = 17.0
+"""One capacity search started at its server's highest passing level: batching=off's took
+20 s (7 steps, 400 to 5,600 requests/s) in the quiet demo of 2026-12-03 14:40 UTC, less 0.4 s
+a step since the stopping rule is asked every 0.1 s (`load.driver.STOP_CHECK_S`: steps at the
+1 s floor measure 1.05 s, not 1.46 s)."""
+SWEEP_SEARCH_S = 12.0
+"""One replica-sweep shape's capacity search, its server started with the others: 22, 10 and
+8 s (replicas=1, replicas=2, threads=2; 6, 3 and 2 steps) in the same quiet demo, less 0.4 s a
+step."""
+
+
+def servers_start_s(processes: int, cores: int) -> float:
+    """Seconds until `processes` server processes started at once all answer (pure): each
+    start is about one core's `SERVER_START_S`, so they overlap up to `cores`."""
+    if processes <= 0:
+        return 0.0
+    return SERVER_START_S * processes / min(max(1, cores), processes)
+
+
+class ServeStage(Stage[ServeSettings]):
+    name = "serve"
+    settings = ServeSettings
+    sized = True
+
+    def needs(self, s: ServeSettings) -> tuple[Artifact, ...]:
+        return () if s.url else (FEATURES, SERVED_MODEL)
+
+    def count(self, s: ServeSettings, repeats: int) -> int:
+        searching = 1 if s.capacity and capacity_slo(s.built_objectives()) else 0
+        if s.url:
+            return len(s.levels) + searching  # one chunk a level at least
+        cores = os.cpu_count() or 1
+        sweep = searching * len(sweep_shapes(s, cores))
+        # one step over every level per setting and repeat (more chunks are not counted ahead)
+        return len(s.batching) * repeats + len(searched_settings(s, cores)) + sweep
+
+    def _load(
+        self, s: ServeSettings, url: str, rec: Path, rates: list[float],
+        repo: Path | None = None, data: Path | None = None, trace_sample: float | None = None,
+    ) -> LoadRun:
+        flights = repo is not None
+        return LoadRun(url=url, rates=rates, duration=s.duration, warmup=f"{WARMUP_S:g}s",
+                       records=rec, payload="flights" if flights else None,
+                       model=MODEL if flights else None, model_repo=repo, data=data,
+                       trace_sample=trace_sample)
+
+    def run(self, s: ServeSettings, ctx: Context) -> None:
+        if s.url:
+            self._run_url(s, ctx, s.url)
+            return
+        repo, dataset = ctx.artifact(SERVED_MODEL), ctx.artifact(FEATURES)
+        if repo is None:
+            return
+        test_rows = dataset / "test.parquet" if dataset else None
+        cores = os.cpu_count() or 1
+        searched = searched_settings(s, cores)
+        # What the stage still has to do besides its levels; each part leaves the reserve as
+        # it is done, so the later levels get the time it did not take.
+        clock = LevelClock(
+            share_s=ctx.shares.get(self.name), levels=len(s.batching) * ctx.repeats * len(s.levels),
+            cap_s=parse_duration(s.level_cap) if ctx.full else parse_duration(s.duration),
+            reserve_s=self._after_levels_s(s, cores))
+        clock.start()  # the server starts are paid from the share too
+        traced = web_trace.available()
+        planned = [self._batching_server(s, ctx, repo, setting, traced=traced)
+                   for setting in s.batching]
+        servers = start_all([*planned, *sweep_servers(s, ctx, repo, cores=cores)])
+        try:
+            grid: dict[str, list[Record]] = {}
+            for setting in s.batching:
+                spawned = servers[SERIES[setting]]
+                if not isinstance(spawned, Spawned):
+                    ctx.fail(Step(stage=self.name, label=f"serve {SERIES[setting]}",
+                                  command=None), spawned)
+                    continue
+                grid[setting] = self._levels(s, ctx, clock, spawned, setting=setting,
+                                             repo=repo, data=test_rows, traced=traced)
+                if setting in searched:
+                    bounds = grid_bounds(build_sheet(grid[setting]), s.built_objectives(),
+                                         s.base_rate)
+                    run_search(s, ctx, stage=self.name, series=SERIES[setting],
+                               url=f"{spawned.url}/v2/models/{MODEL}/infer", repo=repo,
+                               data=test_rows, start=bounds.start, fails_at=bounds.fails_at)
+                    clock.reserve_s = max(0.0, clock.reserve_s - SEARCH_S)
+            replicated = grid.get(s.replicas_batching, [])
+            run_sweep(s, ctx, repo, test_rows, stage=self.name, cores=cores, servers=servers,
+                      grid_pass=grid_bounds(build_sheet(replicated), s.built_objectives(),
+                                            s.base_rate).start if replicated else None)
+        finally:
+            stop_all(servers)
+
+    def _batching_server(self, s: ServeSettings, ctx: Context, repo: Path, setting: str, *,
+                         traced: bool) -> Planned:
+        """The one-process server of a batching setting, on its own copy of the repository;
+        with tracing, it follows the requests the highest level's load marks into
+        OUT/traces/serve-batching-<setting>.jsonl."""
+        srepo = batching_repo(repo, ctx.work / f"repo-batching-{setting}",
+                              batching=setting == "on", serial_ms=s.serial_ms)
+        spans = ctx.work.parent / TRACES / f"serve-batching-{setting}.jsonl"
+        spans.unlink(missing_ok=True)
+        return Planned(key=SERIES[setting],
+                       command=functools.partial(serve_cmd, srepo,
+                                                 trace_out=spans if traced else None),
+                       log=ctx.logs / f"server-{srepo.name}.log")
+
+    def _levels(self, s: ServeSettings, ctx: Context, clock: LevelClock, spawned: Spawned, *,
+                setting: str, repo: Path, data: Path | None, traced: bool) -> list[Record]:
+        """A server's levels, each sized (diagnose.sizing): per repeat, one `load run` step
+        offers every level's first chunk in turn (metered per level on the server by the step
+        itself, `--server-pid`), so the levels pay one process start, not one each; a level
+        still undecided then gets more chunks, each its own step."""
+        series = SERIES[setting]
+        url = f"{spawned.url}/v2/models/{MODEL}/infer"
+        first_s = parse_duration(s.duration)
+        top = s.base_rate * max(s.levels)
+        merged: list[Record] = []
+        for rep in range(ctx.repeats):
+            first = self._first_chunks(s, ctx, spawned, url=url, series=series,
+                                       setting=setting, rep=rep, repo=repo, data=data,
+                                       traced=traced)
+            # Each level's part of the first step, so its sizing counts what its first chunk
+            # took (the step's time over its levels) against its share.
+            lent = Lent(per_level_s=first.took_s / max(1, len(s.levels)))
+            for m in s.levels:
+                rate = s.base_rate * m
+                chunk = functools.partial(
+                    self._chunk, s, ctx, url=url, series=series, setting=setting, rep=rep,
+                    m=m, spawned=spawned, repo=repo, data=data,
+                    trace_sample=TRACE_SAMPLE if traced and rate == top else None,
+                    first=first.records.get(rate), lent=lent)
+                level = size_level(chunk, s.built_objectives(), first_s=first_s,
+                                   share_s=clock.next_share(), clock=lent.clock,
+                                   overhead_s=STEP_START_S + WARMUP_S)
+                if level is not None:
+                    ctx.keep([level])
+                    merged.append(level)
+        return merged
+
+    def _first_chunks(self, s: ServeSettings, ctx: Context, spawned: Spawned, *, url: str,
+                      series: str, setting: str, rep: int, repo: Path, data: Path | None,
+                      traced: bool) -> FirstChunks:
+        """One `load run` step over every level's rate (`stages.serve.duration` each, its 1 s
+        warm-up, the server metered per level), the highest one traced; its records by rate."""
+        rates = [s.base_rate * m for m in s.levels]
+        rec = ctx.records(f"serve-{setting}-{rep}")
+        cmd = replace(self._load(s, url, rec, rates, repo=repo, data=data,
+                                 trace_sample=TRACE_SAMPLE if traced else None),
+                      trace_at=max(rates) if traced else None, server_pid=spawned.proc.pid,
+                      server_metrics=f"{spawned.url}/metrics")
+        t0 = time.monotonic()
+        res = ctx.run(Step(stage=self.name, label=f"serve {series} #{rep + 1}", command=cmd,
+                           records=rec, series=series,
+                           tag=functools.partial(_measured, url=spawned.url,
+                                                 usd=ctx.prices.core_hour_usd, repeat=rep),
+                           timeout_s=600, keep=False))
+        return FirstChunks(records=by_rate(res.records, rates), took_s=time.monotonic() - t0)
+
+    def _run_url(self, s: ServeSettings, ctx: Context, endpoint: str) -> None:
+        """The user's endpoint: its levels sized, then the capacity search."""
+        rec = ctx.records("serve")
+        rates = [s.base_rate * m for m in s.levels]
+        note = metrics_note(metrics_url(endpoint))
+        searching = s.capacity and capacity_slo(s.built_objectives()) is not None
+        ok = sized_levels(ctx, budget_key=self.name, stage=self.name, label=f"load {endpoint}",
+                          cmd=self._load(s, endpoint, rec, rates),
+                          objectives=s.built_objectives(), series=SERIES[s.baseline],
+                          tag=functools.partial(_user_endpoint, note=note), rec=rec,
+                          reserve_s=CAPACITY_SEARCH_S if searching else 0.0)
+        # The user's endpoint gets the reference server's capacity search too: where it
+        # stops meeting the objective, which the replica advice divides the peak by
+        # (not after a failed sweep: an endpoint that did not answer has no capacity).
+        if ok:
+            run_search(s, ctx, stage=self.name, series=SERIES[s.baseline], url=endpoint,
+                       repo=None, data=None, tag=functools.partial(_user_endpoint, note=note),
+                       start=grid_start(rec, s.built_objectives(), s.base_rate))
+
+    def _chunk(self, s: ServeSettings, ctx: Context, seconds: float, index: int, *, url: str,
+               series: str, setting: str, rep: int, m: float, spawned: Spawned, repo: Path,
+               data: Path | None, trace_sample: float | None, first: Record | None,
+               lent: Lent) -> Record | None:
+        """One chunk of a level: its first one from the step over every level (`first`);
+        otherwise a `load run` step of `seconds` measured at the level's rate, metered on the
+        server (also a first chunk the step over every level did not record)."""
+        if index == 0 and first is not None:
+            lent.lend()
+            return first
+        rec = ctx.records(f"serve-{setting}-{rep}-{m:g}-{index}")
+        cmd = replace(self._load(s, url, rec, [s.base_rate * m], repo=repo, data=data,
+                                 trace_sample=trace_sample if index == 0 else None),
+                      duration=f"{seconds:.3g}s", server_pid=spawned.proc.pid,
+                      server_metrics=f"{spawned.url}/metrics")
+        more = f" +{index}" if index else ""
+        res = ctx.run(
+            Step(stage=self.name, label=f"serve {series} {m:g}× #{rep + 1}{more}",
+                 command=cmd, records=rec, series=series,
+                 tag=functools.partial(_measured, url=spawned.url,
+                                       usd=ctx.prices.core_hour_usd, repeat=rep),
+                 timeout_s=600, keep=False))
+        return res.records[0] if res.records else None
+
+    def _after_levels_s(self, s: ServeSettings, cores: int) -> float:
+        """Seconds of the stage's fixed work after its levels: the capacity searches and the
+        replica sweep's (measured, see the constants)."""
+        searching = 1 if s.capacity and capacity_slo(s.built_objectives()) else 0
+        shapes = len(sweep_shapes(s, cores)) if searching else 0
+        return SEARCH_S * len(searched_settings(s, cores)) + SWEEP_SEARCH_S * shapes
+
+    def minimum_s(self, s: ServeSettings, repeats: int) -> float:
+        level_s = parse_duration(s.duration) + WARMUP_S
+        if s.url:
+            return len(s.levels) * (level_s + STEP_START_S) + CAPACITY_SEARCH_S
+        cores = os.cpu_count() or 1
+        searching = s.capacity and capacity_slo(s.built_objectives()) is not None
+        # a multi-worker server is its master and its workers, each an interpreter's start
+        processes = len(s.batching) + (sum(x.processes + (x.processes > 1)
+                                           for x in sweep_shapes(s, cores)) if searching else 0)
+        first_steps = len(s.batching) * repeats
+        return (servers_start_s(processes, cores)
+                + first_steps * (STEP_START_S + len(s.levels) * level_s)
+                + self._after_levels_s(s, cores))
+
+    def goals(self, s: ServeSettings) -> list[StageGoal]:
+        return [
+            StageGoal(stage=self.name, objectives=s.built_objectives(),
+                      baseline_series=SERIES[s.baseline], target_multiple=s.target_multiple,
+                      advisor=advise)
+        ]
+
+
+STAGE = ServeStage()
+

@@ -1,0 +1,351 @@
+"""Capacity: the highest arrival rate that meets an SLO, found by search with a stopping rule.
+
+Each step offers one rate and stops as soon as the data decide pass or fail at the chosen
+confidence: for "pq < T", k of n successes finished within T, so P(latency <= T) has a
+Clopper-Pearson interval; entirely above q means the q-quantile is under T (pass), entirely
+below means over (fail). This is the order-statistic interval of the quantile seen from the
+threshold's side. An availability target is judged the same way on the failure count. A step
+that reaches its maximum length undecided is judged by the point estimate and marked undecided.
+
+The rule treats requests as independent, which queues are not: near capacity the slow requests
+come in bursts (one queue excursion makes many of them), so a step that stops at its first
+decision judges a tail from one or two bursts and the search lands wherever the first burst
+fell. Each step is therefore sized by the tail it judges: it may not decide before it has
+`step_requests(q, confidence)` measured requests, the number at which MLPerf LoadGen's
+early-stopping test (loadgen/early_stopping.cc, Server scenario) would pass a server that uses
+half of its tail allowance, i.e. whose share over the threshold is (1 - q) / 2. A p99 step
+needs 1,164 requests at the default 95% (two-sided; 97.5% one-sided), a p95 step 230, a p50
+step 15. `min_step_s` remains a floor in time, since an overloaded queue needs time to show
+that it grows.
+
+Search: from `start`, double while steps pass; then bisect between the highest pass and the
+lowest fail until they are within `precision`. A rate already decided to fail elsewhere
+(`fails_at`, e.g. a level sweep's) ends the doubling below it: the search bisects towards it.
+A step flagged invalid (the generator did not offer the rate: a stall of the machine, not of
+the server) is run again before it counts.
+The capacity is the highest passing rate and its interval is [highest pass, lowest fail].
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, Literal, TypeVar
+
+# The interval math lives in core.decide (the verdict decides with it too).
+from scalelab.lab.core.decide import clopper_pearson, quantile_ranks, step_requests
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.load.histogram import LatencyHistogram
+from scalelab.lab.load.slo import Slo
+
+Verdict = Literal["pass", "fail", "undecided-pass", "undecided-fail"]
+ProgressT = TypeVar("ProgressT")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """What a running step has measured so far (for stopping rules)."""
+
+    sent: int
+    """Measured requests dispatched."""
+    ok: int
+    """Measured successes (2xx)."""
+    errors: int
+    """Measured failures of any kind."""
+    within: int
+    """Measured successes with latency <= the SLO threshold."""
+
+
+def quantile_ci_ms(hist: LatencyHistogram, q: float, confidence: float
+                   ) -> tuple[float | None, float | None]:
+    n = hist.count
+    if n == 0:
+        return None, None
+    lo, hi = quantile_ranks(n, q, confidence)
+    return hist.quantile_ms(lo / n), hist.quantile_ms(hi / n)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopRule(abc.ABC, Generic[ProgressT]):
+    """When a capacity step may stop: its objectives decided at `confidence`, or out of time
+    or requests. What is judged, on what a running step measured (a `ProgressT`), is the
+    subclass's (`StepRule`: one latency objective on `Progress`; `llm.token_slo.TokenStepRule`:
+    token objectives on `Samples`); the interval rule and the stopping rule are this one."""
+
+    confidence: float = 0.95
+    """Two-sided confidence of each interval."""
+    min_step_s: float = 3.0
+    """Never decide before this much measured time (lets an overloaded queue show)."""
+    max_step_s: float = 60.0
+    """Stop undecided after this much measured time."""
+    max_requests: int = 200_000
+    """Stop undecided after this many measured requests."""
+
+    def __post_init__(self) -> None:
+        if not (0.5 < self.confidence < 1.0):
+            raise BadUsageError(f"--confidence must be in (50%, 100%), got {self.confidence}")
+        if not (0 < self.min_step_s <= self.max_step_s):
+            raise BadUsageError("--min-step must be positive and at most --max-step")
+
+    def out_of_room(self, elapsed_s: float, sent: int) -> bool:
+        """The step ran its longest or sent its most: it stops, decided or not."""
+        return elapsed_s >= self.max_step_s or sent >= self.max_requests
+
+    def should_stop(self, progress: ProgressT, elapsed_s: float) -> bool:
+        """The stopping rule (`driver.StopCheck`): stop when out of room, or, after
+        `min_step_s` and `_min_measured` requests, when the objectives are decided."""
+        n = self._measured(progress)
+        if self.out_of_room(elapsed_s, n):
+            return True
+        if elapsed_s < self.min_step_s or n < self._min_measured:
+            return False
+        return self._decided(progress)
+
+    @abc.abstractmethod
+    def _measured(self, progress: ProgressT) -> int:
+        """The requests the step has measured, as `max_requests` counts them."""
+
+    @abc.abstractmethod
+    def _decided(self, progress: ProgressT) -> bool:
+        """The interval rule has decided every objective."""
+
+    @property
+    def _min_measured(self) -> int:
+        """Requests a step needs before it may decide."""
+        return 0
+
+    def share_verdict(self, k: int, n: int, needed: float) -> Literal["pass", "fail"] | None:
+        """k of n events within an objective that needs a share `needed`: "fail" when the
+        interval lies wholly below it, "pass" when wholly at or above, None while undecided."""
+        lo, hi = clopper_pearson(k, n, self.confidence)
+        if n > 0 and hi < needed:
+            return "fail"
+        return "pass" if n > 0 and lo >= needed else None
+
+    def budget_verdict(self, errors: int, n: int,
+                       budget: float) -> Literal["pass", "fail"] | None:
+        """`errors` of n against an error budget: "fail" when the interval lies wholly over
+        it, "pass" when wholly within, None while undecided."""
+        lo, hi = clopper_pearson(errors, n, self.confidence)
+        if lo > budget:
+            return "fail"
+        return None if hi > budget else "pass"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRule(StopRule[Progress]):
+    """`StopRule` for one latency objective, optionally an availability target; each step is
+    sized by the objective's quantile (see the module doc)."""
+
+    slo: Slo
+    """Exactly one latency objective, optionally an availability target."""
+    min_requests: int | None = None
+    """Never decide before this many measured requests; None: `step_requests` for the
+    objective's quantile at `confidence`."""
+
+    def __post_init__(self) -> None:
+        if len(self.slo.latency) != 1:
+            raise BadUsageError("capacity search takes exactly one latency objective, e.g. "
+                                "--slo \"p95<50ms\" (add --error-budget for availability)")
+        super().__post_init__()
+        if self.min_requests is not None and self.min_requests < 1:
+            raise BadUsageError(f"--min-requests must be at least 1, got {self.min_requests}")
+
+    @property
+    def requests_needed(self) -> int:
+        """Measured requests a step needs before it may decide (see the module doc)."""
+        if self.min_requests is not None:
+            return self.min_requests
+        return step_requests(self.slo.latency[0].quantile, self.confidence)
+
+    def verdict(self, *, ok: int, within: int, errors: int) -> tuple[str, bool]:
+        """('pass'|'fail', decided) from the counts so far."""
+        q = self.slo.latency[0].quantile
+        latency = self.share_verdict(within, ok, q)
+        if latency == "fail":
+            return "fail", True
+        decided_pass = latency == "pass"
+        budget = self.slo.error_budget
+        if budget is not None:
+            errs = self.budget_verdict(errors, ok + errors, budget)
+            if errs == "fail":
+                return "fail", True
+            if errs is None:
+                decided_pass = False
+        if ok == 0:
+            return "fail", errors > 0
+        if decided_pass:
+            return "pass", True
+        point_ok = within / ok >= q and (budget is None or errors / (ok + errors) <= budget)
+        return ("pass" if point_ok else "fail"), False
+
+    def _measured(self, progress: Progress) -> int:
+        return progress.sent
+
+    def _decided(self, progress: Progress) -> bool:
+        return self.verdict(ok=progress.ok, within=progress.within, errors=progress.errors)[1]
+
+    @property
+    def _min_measured(self) -> int:
+        return self._needed
+
+    def step_verdict(self, *, sent: int, ok: int, within: int, errors: int) -> Verdict:
+        """A finished step's verdict: "undecided-" unless the interval decided it with at least
+        `requests_needed` requests measured."""
+        v, decided = self.verdict(ok=ok, within=within, errors=errors)
+        if decided and sent >= self._needed:
+            return v  # type: ignore[return-value]
+        return f"undecided-{v}"  # type: ignore[return-value]
+
+    @functools.cached_property
+    def _needed(self) -> int:
+        return self.requests_needed
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One offered rate and what it showed."""
+
+    rate: float
+    """Offered arrival rate."""
+    verdict: Verdict
+    """pass/fail, "undecided-" when the step ran out before the rule decided."""
+    requests: int
+    """Measured requests."""
+    throughput_rps: float
+    """Achieved successes per second."""
+    quantile_ms: float | None
+    """The objective's quantile."""
+    quantile_ci_ms: tuple[float | None, float | None]
+    """Its order-statistic confidence interval."""
+    error_rate: float
+    """Failures / requests."""
+    valid: bool
+    """The generator held the rate (see generator lag)."""
+    wall_s: float
+    """Measured seconds."""
+    requests_needed: int = 0
+    """Requests the step needed before it could decide (its sizing rule)."""
+    extras: dict[str, object] = field(default_factory=dict)
+    """Anything else the runner wants kept (e.g. the full result)."""
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict in ("pass", "undecided-pass")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchConfig:
+    """How the rate is searched."""
+
+    start: float = 10.0
+    """First rate tried (requests/s)."""
+    max_rate: float = 100_000.0
+    """Never offer more than this."""
+    precision: float = 0.05
+    """Stop bisecting when (lowest fail - highest pass) / highest pass is at most this."""
+    max_steps: int = 20
+    """Most steps in all."""
+    invalid_retries: int = 1
+    """A step the generator could not offer (invalid) says nothing about the server: it is
+    run again at the same rate up to this many times before its verdict counts."""
+    fails_at: float | None = None
+    """A rate already decided to fail outside the search (e.g. a level of `load run` at
+    constant arrivals, kinder than the search's Poisson ones): the search never offers it or
+    more, and bisects between its highest pass and this rate (None: found by doubling)."""
+
+    def __post_init__(self) -> None:
+        if not (self.start > 0 and self.max_rate >= self.start):
+            raise BadUsageError("--start must be positive and at most --max-rate")
+        if self.fails_at is not None and not self.fails_at > self.start:
+            raise BadUsageError(
+                f"--fails-at {self.fails_at:g} must be above --start {self.start:g}: the search "
+                "starts below the rate already known to fail")
+        if self.invalid_retries < 0:
+            raise BadUsageError(f"--invalid-retries must be >= 0, got {self.invalid_retries}")
+        if not (0 < self.precision < 1):
+            raise BadUsageError(f"--precision must be in (0, 1), got {self.precision}")
+        if self.max_steps < 1:
+            raise BadUsageError("--max-steps must be at least 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapacityResult:
+    """The search's answer."""
+
+    capacity_rps: float | None
+    """Highest offered rate that met the SLO (None when even the lowest tried failed)."""
+    interval_rps: tuple[float | None, float | None]
+    """[highest pass, lowest fail]: the capacity lies in it at each step's confidence."""
+    steps: list[Step]
+    """Every step, in the order run."""
+    converged: bool
+    """The interval is within `precision` (or capped by max_rate)."""
+    knee_rps: float | None
+    """Knee of the latency-throughput curve (core.knee), when there is one."""
+
+
+def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResult:
+    """Exponential then bisection search over the offered rate; `run_step` measures one."""
+    steps: list[Step] = []
+    lo: float | None = None
+    hi: float | None = cfg.fails_at
+
+    def do(rate: float) -> bool:
+        s = run_step(rate)
+        steps.append(s)
+        for _ in range(cfg.invalid_retries):
+            if s.valid or len(steps) >= cfg.max_steps:
+                break
+            s = run_step(rate)
+            steps.append(s)
+        return s.passed
+
+    rate = cfg.start
+    capped = False
+    while len(steps) < cfg.max_steps:
+        if do(rate):
+            lo = rate
+            if rate >= cfg.max_rate:
+                capped = True
+                break
+            rate = min(rate * 2.0, cfg.max_rate)
+            if hi is not None and rate >= hi:
+                break  # the known fail bounds it: bisect below
+        else:
+            hi = rate
+            break
+    if lo is None and hi is not None:
+        # Even the start failed: halve down to a passing rate (at most 6 times).
+        rate = hi / 2.0
+        while len(steps) < cfg.max_steps and rate >= cfg.start / 64.0:
+            if do(rate):
+                lo = rate
+                break
+            hi = rate
+            rate /= 2.0
+    while lo is not None and hi is not None and (hi - lo) / lo > cfg.precision \
+            and len(steps) < cfg.max_steps:
+        mid = (lo + hi) / 2.0
+        if do(mid):
+            lo = mid
+        else:
+            hi = mid
+    converged = capped or (lo is not None and hi is not None and (hi - lo) / lo <= cfg.precision)
+    return CapacityResult(capacity_rps=lo, interval_rps=(lo, hi), steps=steps,
+                          converged=converged, knee_rps=knee(steps))
+
+
+def knee(steps: list[Step]) -> float | None:
+    """Throughput at the knee of latency (the quantile) vs throughput, via core.knee."""
+    pts = sorted((s.throughput_rps, s.quantile_ms) for s in steps
+                 if s.quantile_ms is not None and math.isfinite(s.throughput_rps))
+    if len(pts) < 3:
+        return None
+    from scalelab.lab.core.knee import find_knee
+
+    return find_knee([p[0] for p in pts], [float(p[1]) for p in pts], curve="convex",
+                     direction="increasing")

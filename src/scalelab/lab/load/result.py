@@ -1,0 +1,178 @@
+"""What every load level's result holds, whatever the protocol, and how the parts add up.
+
+A generator process counts into a `Part` (plain values: it pickles across processes and
+hosts); a level's result is a `LevelResult` the protocol extends (`http/result.py`: latency
+and generator validity; `llm/result.py`: token timings). The sums every merge takes, the span
+that the rates divide by, and the record's level are this module's, so the two stacks cannot
+drift apart on what "requests", "failures" or "the level" mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scalelab.lab.load.cluster import ClusterLevel
+from scalelab.lab.load.schedule import Mode
+
+NOTHING_MEASURED = "no request was measured; lengthen --duration or shorten --warmup"
+"""The invalid reason of a level whose warm-up took every request."""
+
+
+@dataclass(kw_only=True)
+class Part:
+    """One generator process's counts (the protocol's part adds its timings)."""
+
+    sent: int = 0
+    """Measured requests sent."""
+    ok: int = 0
+    """Measured successes."""
+    errors_by_status: dict[str, int] = field(default_factory=dict)
+    """Non-2xx answers by HTTP status."""
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    """Failures by kind (status, timeout, refused, reset, ...)."""
+    warmup_requests: int = 0
+    """Requests sent in the warm-up (not measured)."""
+    lag_blob: str = ""
+    """HdrHistogram of each measured send's lateness (open loop; clock.LagRecorder)."""
+    lag_late: int = 0
+    """Measured sends more than `clock.LATE_S` late."""
+    served_in_window: int | None = None
+    """Open loop with `SendConfig.window_s`: successes completed inside the measured window,
+    the warm-up's included; None where no window was set."""
+    connections_opened: int = 0
+    window_start: float = 0.0
+    """When the measured window began (the process's clock)."""
+    last_send: float = 0.0
+    last_done: float = 0.0
+    stopped_early: bool = False
+    """A stopping rule ended the run before its schedule did."""
+    traced: int = 0
+    """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
+    trace_ids: list[str] = field(default_factory=list)
+    """Their trace ids (the first 1,000)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tally:
+    """The parts' counts added up: what every protocol's merge starts from."""
+
+    sent: int
+    failures: int
+    errors_by_kind: dict[str, int]
+    errors_by_status: dict[str, int]
+    start: float
+    """The earliest process's window start."""
+    last_send: float
+    last_done: float
+    stopped_early: bool
+    connections: int
+    warmup_requests: int
+    traced_requests: int
+    trace_ids: list[str]
+
+    @classmethod
+    def of(cls, parts: Sequence[Part]) -> Tally:
+        assert parts
+        kinds: Counter[str] = Counter()
+        status: Counter[str] = Counter()
+        for p in parts:
+            kinds.update(p.errors_by_kind)
+            status.update(p.errors_by_status)
+        return cls(sent=sum(p.sent for p in parts), failures=sum(kinds.values()),
+                   errors_by_kind=dict(sorted(kinds.items())),
+                   errors_by_status=dict(sorted(status.items())),
+                   start=min(p.window_start for p in parts),
+                   last_send=max(p.last_send for p in parts),
+                   last_done=max(p.last_done for p in parts),
+                   stopped_early=any(p.stopped_early for p in parts),
+                   connections=sum(p.connections_opened for p in parts),
+                   warmup_requests=sum(p.warmup_requests for p in parts),
+                   traced_requests=sum(p.traced for p in parts),
+                   trace_ids=[t for p in parts for t in p.trace_ids])
+
+    @property
+    def send_span(self) -> float:
+        """From the window's start to the last measured send."""
+        return max(0.0, self.last_send - self.start)
+
+    def wall(self, span: float) -> float:
+        """The measured window: the planned or sending span, or longer when answers came
+        later (never zero: rates divide by it)."""
+        return max(span, self.last_done - self.start, 1e-9)
+
+    def failure_rate(self, ok: int) -> float:
+        """failures / (successes + failures); 0 when nothing was answered."""
+        return self.failures / (ok + self.failures) if (ok + self.failures) else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LevelResult:
+    """What one load level measured, whatever the protocol (requests after the warm-up)."""
+
+    mode: Mode
+    """"open" (arrival schedule) or "closed" (fixed concurrency)."""
+    offered_rps: float | None
+    """Open loop: the target arrival rate."""
+    concurrency: int | None
+    """Closed loop: clients."""
+    arrival: str | None
+    """Open loop: constant or poisson."""
+    processes: int
+    """Generator processes."""
+    requests: int
+    """Measured requests sent."""
+    successes: int
+    """Successes: a 2xx answer (HTTP); a stream that ended and carried a token (LLM)."""
+    failures: int
+    """Everything else: non-2xx, timeouts, refused and reset connections (see errors_by_kind)."""
+    failure_rate: float
+    """failures / (successes + failures) (0 when nothing was answered)."""
+    wall_s: float
+    """Measured window: from the end of warm-up to the last measured response."""
+    sent_rps: float
+    """Measured sends per second actually achieved."""
+    throughput_rps: float
+    """Successes per second over the measured window."""
+    errors_by_kind: dict[str, int]
+    """Failures by kind: the protocol's `ERROR_KINDS` (status, timeout, refused, reset, ...)."""
+    errors_by_status: dict[str, int]
+    """Non-2xx answers by HTTP status."""
+    lag_share: float
+    """Share of the measured sends dispatched more than `clock.LATE_S` after their due time."""
+    connections: int
+    """Connections opened."""
+    valid: bool
+    """False when the generator could not offer the asked-for load (see invalid_reasons)."""
+    invalid_reasons: list[str]
+    """Why the run is invalid."""
+    warmup_requests: int
+    """Requests sent during warm-up (excluded)."""
+    stopped_early: bool
+    """A stopping rule ended the run before its schedule did."""
+    traced_requests: int = 0
+    """Measured requests sent with a sampled traceparent (`--trace-sample`)."""
+    trace_ids: list[str] = field(default_factory=list)
+    """Their trace ids (the first 1,000 per process): look them up in the server's spans."""
+    cluster: ClusterLevel | None = None
+    """With --cluster: the scheduler and every worker's share, clock offset and validity."""
+
+    def level(self) -> tuple[str, float]:
+        """The record's variable and level: the rate (open loop) or the clients (closed)."""
+        if self.mode == "open":
+            return "rate", float(self.offered_rps or 0.0)
+        return "concurrency", float(self.concurrency or 0)
+
+
+def finite(x: Any) -> Any:
+    """Records are strict JSON: NaN/inf become None."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [finite(v) for v in x]
+    return x

@@ -1,0 +1,207 @@
+"""The engine's forward pass: the Llama stack run as one flat function, projections fused.
+
+`LlamaForCausalLM.forward` goes through ~8 `nn.Module` calls and ~60 small tensor ops per layer.
+At one decode stream the matrix products are a small share of a step (SmolLM2 q4, 1 thread:
+the int4 kernels ~36% of the step's time under cProfile; module dispatch, dtype conversions,
+RoPE and the paged-attention bookkeeping the rest), so every Python-level step counts.
+`StepForward` runs the same arithmetic, op for op, without the module calls:
+
+- q/k/v, and gate/up, read the same input. Where they are `Int4Linear`s their packed rows are
+  concatenated into one operand (`FusedInt4`) and run as one product: 4 int4 calls per layer
+  instead of 7. The kernel computes each output column from its own row of codes, so the fused
+  product is bit-identical to the separate ones (tests/system/generate/test_forward.py); the
+  separate modules keep views of the fused rows, so the weights are stored once.
+- RoPE's cos/sin are shaped once per step, not once per layer and tensor.
+
+The logits are bit-identical to `model(...)` (same ops, same order, same dtypes), so greedy
+output is unchanged; the module forward stays the reference (training, perplexity, tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scalelab.layers.nets.llama import AttentionBackend, DecoderLayer, LlamaForCausalLM
+from scalelab.system.generate.quant import GROUP, Int4Linear
+
+Linear = Callable[[torch.Tensor], torch.Tensor]
+_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
+PACK_BLOCK = 64
+"""Rows torch's CPU int4 packer interleaves as one block: a concatenation of packed operands is
+the packing of the concatenation only when every part is a whole number of these (measured:
+parts of 16, 32 or 48 rows are not; SmolLM2's 576 / 192 / 1536 are)."""
+
+
+class FusedInt4(nn.Module):
+    """Int4Linears over one input run as one `_weight_int4pack_mm_for_cpu` call.
+
+    Built in place: each part's `packed0` becomes a view of the fused operand's rows (the int4
+    packer packs row by row, so the rows of a concatenation are the concatenation of the
+    rows), so the parts still run alone and nothing is stored twice but the small scales.
+    """
+
+    packed: torch.Tensor
+    scale_zero: torch.Tensor
+
+    def __init__(self, parts: list[Int4Linear]) -> None:
+        super().__init__()
+        self.dtype = parts[0].dtype
+        self.sizes = [p.out_features for p in parts]
+        # Not persistent: the parts' own buffers stay what the state dict holds.
+        self.register_buffer("packed", torch.cat([p.packed0 for p in parts]), persistent=False)
+        self.register_buffer(
+            "scale_zero",
+            torch.cat([p.scale_zero0 for p in parts], dim=1).contiguous(),
+            persistent=False,
+        )
+        offset = 0
+        for p, n in zip(parts, self.sizes, strict=True):
+            p.packed0 = self.packed[offset : offset + n]
+            offset += n
+
+    @staticmethod
+    def fusable(parts: list[nn.Module]) -> bool:
+        """Single-operand int4 linears of one input width and dtype, no padding rows, each a
+        whole number of the packer's row blocks."""
+        if not all(type(p) is Int4Linear for p in parts):
+            return False
+        lins = [p for p in parts if isinstance(p, Int4Linear)]
+        return all(
+            p.num_parts == 1
+            and p.dtype == lins[0].dtype
+            and p.in_features == lins[0].in_features
+            and p.packed0.shape[0] == p.out_features
+            and p.out_features % PACK_BLOCK == 0
+            for p in lins
+        )
+
+    def forward(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2: (rows, in) already in the kernel's dtype -> (rows, sum of the parts' outs) in
+        fp32, the parts' outputs side by side: column block i is what part i's call gives."""
+        return _INT4_MM(x2, self.packed, GROUP, self.scale_zero).float()
+
+
+def fuse_projections(model: LlamaForCausalLM) -> int:
+    """Give each layer `self_attn.qkv` and `mlp.gate_up` (`FusedInt4`) where its projections
+    are fusable; the number of fused modules made (0 when already fused or not int4)."""
+    n = 0
+    for layer in model.model.layers:
+        attn, mlp = cast(DecoderLayer, layer).self_attn, cast(DecoderLayer, layer).mlp
+        qkv: list[nn.Module] = [attn.q_proj, attn.k_proj, attn.v_proj]
+        if not hasattr(attn, "qkv") and FusedInt4.fusable(qkv):
+            attn.qkv = FusedInt4(cast(list[Int4Linear], qkv))
+            n += 1
+        gate_up: list[nn.Module] = [mlp.gate_proj, mlp.up_proj]
+        if not hasattr(mlp, "gate_up") and FusedInt4.fusable(gate_up):
+            mlp.gate_up = FusedInt4(cast(list[Int4Linear], gate_up))
+            n += 1
+    return n
+
+
+def _linear(mod: nn.Module) -> Linear:
+    """The module's forward itself (no `__call__` hooks to walk); a plain `nn.Linear` as
+    F.linear, and a one-operand unpadded `Int4Linear` as its kernel call, which is what
+    their forwards compute."""
+    if type(mod) is nn.Linear:
+        w, b = mod.weight, mod.bias
+        return lambda x: F.linear(x, w, b)
+    if type(mod) is Int4Linear and mod.num_parts == 1 and mod.packed0.shape[0] == mod.out_features:
+        lin = mod
+
+        def int4(x: torch.Tensor) -> torch.Tensor:
+            x2 = x.reshape(-1, x.shape[-1]).to(lin.dtype)
+            out = _INT4_MM(x2, lin.packed0, GROUP, lin.scale_zero0).float()
+            return out.view(*x.shape[:-1], lin.out_features)
+
+        return int4
+    return cast(Linear, mod.forward)
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # RMSNorm.forward's ops in its order (float() and to() are no-ops on fp32 activations).
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class _Layer:
+    """One decoder layer's tensors and callables, looked up once."""
+
+    def __init__(self, layer: DecoderLayer) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+        self.index = attn.layer
+        self.ln1, self.eps1 = ln1.weight, ln1.eps
+        self.ln2, self.eps2 = ln2.weight, ln2.eps
+        self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        # q, k then v in one operand (FusedInt4 over [q_proj, k_proj, v_proj]).
+        self.qkv: FusedInt4 | None = getattr(attn, "qkv", None)
+        self.gate_up: FusedInt4 | None = getattr(mlp, "gate_up", None)
+        self.qk_v = ((self.heads + self.kv_heads) * self.head_dim, self.kv_heads * self.head_dim)
+        self.q, self.k, self.v = _linear(attn.q_proj), _linear(attn.k_proj), _linear(attn.v_proj)
+        self.o = _linear(attn.o_proj)
+        self.gate, self.up, self.down = (
+            _linear(mlp.gate_proj), _linear(mlp.up_proj), _linear(mlp.down_proj)
+        )
+
+
+class StepForward:
+    """`model(ids, positions, attention, logits_at=...)` for the engine, bit for bit, in
+    fewer calls. Built once per runner; rebuild it if the model's modules are replaced."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        fuse_projections(model)
+        m = model.model
+        self.embed = _linear(m.embed_tokens) if type(m.embed_tokens) is not nn.Embedding else (
+            lambda ids, e=m.embed_tokens: F.embedding(ids, e.weight)
+        )
+        self.rotary = m.rotary
+        self.layers = [_Layer(cast(DecoderLayer, layer)) for layer in m.layers]
+        self.norm, self.eps = m.norm.weight, m.norm.eps
+        self.head = _linear(model.lm_head)
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionBackend,
+        logits_at: torch.Tensor,
+    ) -> torch.Tensor:
+        cos, sin = self.rotary(positions)
+        x = self.embed(input_ids)
+        b, t, width = x.shape
+        cos, sin = cos.unsqueeze(2).to(x.dtype), sin.unsqueeze(2).to(x.dtype)
+        for L in self.layers:
+            h = _norm(x, L.ln1, L.eps1)
+            if L.qkv is not None:
+                # q and k sit side by side in the fused product: rotated together, one set of
+                # RoPE ops (elementwise, so each value is what rotating it alone gives).
+                qkv = L.qkv.forward(h.reshape(-1, width).to(L.qkv.dtype)).view(b, t, -1)
+                qk, v = qkv.split_with_sizes(L.qk_v, dim=-1)
+                qk = _rope(qk.view(b, t, L.heads + L.kv_heads, L.head_dim), cos, sin)
+                q, k = qk.split_with_sizes((L.heads, L.kv_heads), dim=2)
+            else:
+                q = _rope(L.q(h).view(b, t, L.heads, L.head_dim), cos, sin)
+                k = _rope(L.k(h).view(b, t, L.kv_heads, L.head_dim), cos, sin)
+                v = L.v(h)
+            out = attention(L.index, q, k, v.view(b, t, L.kv_heads, L.head_dim))
+            x = x + L.o(out.reshape(b, t, L.heads * L.head_dim))
+            h = _norm(x, L.ln2, L.eps2)
+            if L.gate_up is not None:
+                gu = L.gate_up.forward(h.reshape(-1, width).to(L.gate_up.dtype))
+                g, u = gu.view(b, t, -1).split_with_sizes(L.gate_up.sizes, dim=-1)
+            else:
+                g, u = L.gate(h), L.up(h)
+            x = x + L.down(F.silu(g) * u)
+        x = _norm(x, self.norm, self.eps)
+        return self.head(x.reshape(-1, width)[logits_at])

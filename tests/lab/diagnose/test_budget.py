@@ -1,0 +1,128 @@
+"""`diagnose --budget`: parsing, the split across stages (exact numbers), and bad budgets exiting
+2 before anything runs."""
+
+from pathlib import Path
+
+import pytest
+
+from scalelab.cli import run
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.diagnose.budget import StageNeed, duration_text, parse_budget, split_budget
+from scalelab.lab.diagnose.config import load_config
+from scalelab.lab.diagnose.run import Runner
+
+
+def test_parse_budget() -> None:
+    assert parse_budget("5m") == 300.0
+    assert parse_budget("4m30s") == 270.0
+    assert parse_budget("1h2m") == 3720.0
+    assert parse_budget("90") == 90.0
+    assert parse_budget("1.5m") == 90.0
+    for bad in ("", "soon", "5x", "4m4m", "m", "0s", "-5m"):
+        with pytest.raises(BadUsageError, match="--budget"):
+            parse_budget(bad)
+    assert duration_text(270.0) == "4m30s" and duration_text(45.5) == "45.5s"
+    assert duration_text(300.0) == "5m"
+
+
+def test_split_gives_each_stage_its_minimum_and_the_sized_ones_the_rest() -> None:
+    needs = [StageNeed(stage="data", minimum_s=15.0, sized=False),
+             StageNeed(stage="serve", minimum_s=100.0, sized=True),
+             StageNeed(stage="llm", minimum_s=50.0, sized=True),
+             StageNeed(stage="online", minimum_s=35.0, sized=False)]
+    shares = {s.stage: s.share_s for s in split_budget(300.0, needs)}
+    # 200 s of minimums; the 100 s left go 2:1 to serve and llm (their minimums' ratio)
+    assert shares["data"] == 15.0 and shares["online"] == 35.0
+    assert shares["serve"] == pytest.approx(100.0 + 100.0 * 100.0 / 150.0)
+    assert shares["llm"] == pytest.approx(50.0 + 100.0 * 50.0 / 150.0)
+    assert sum(shares.values()) == pytest.approx(300.0)
+    # exactly the minimum: nothing to share
+    assert [s.share_s for s in split_budget(200.0, needs)] == [15.0, 100.0, 50.0, 35.0]
+    # no sized stage: the spare time stays unused
+    fixed = [n for n in needs if not n.sized]
+    assert [s.share_s for s in split_budget(300.0, fixed)] == [15.0, 35.0]
+    with pytest.raises(BadUsageError, match=r"--budget 3m is under the 3m20s .*data 15s, "
+                                            r"serve 1m40s, llm 50s, online 35s"):
+        split_budget(180.0, needs)
+
+
+def test_the_runner_splits_the_config_budget_over_the_enabled_stages(tmp_path: Path) -> None:
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text("budget: 2m\nstages: {data: {enabled: false}, train: {enabled: false},"
+                   " llm: {enabled: false}, retrieval: {enabled: false},"
+                   " online: {enabled: false},"
+                   " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
+    r = Runner(load_config(cfg, "default"), tmp_path / "out", "default")
+    shares = {s.stage: s for s in r.shares}
+    assert set(shares) == {"serve", "model"}
+    # serve: a 3 s server start + one step (1.5 s start) over 2 levels x (2 s + 1 s warm-up)
+    # = 10.5 s; model 7 s
+    assert shares["serve"].minimum_s == 10.5 and shares["model"].share_s == 7.0
+    assert shares["serve"].share_s == 113.0 and r.ctx.shares == {"serve": 113.0}
+    # --full drops the config's budget (a cap per level applies instead); --budget overrides
+    assert Runner(load_config(cfg, "full"), tmp_path / "o", "full").shares == []
+    assert Runner(load_config(cfg, "full"), tmp_path / "o", "full",
+                  budget_s=60.0).ctx.shares == {"serve": 53.0}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--budget", "soon"], "--budget: 'soon' is not a duration; write e.g. 5m, 4m30s or 300s"),
+    (["--budget", "5s"], "--budget 5s is under the"),
+])
+def test_a_bad_budget_exits_2_before_anything_runs(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert run(["diagnose", *argv, "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_bad_budget_in_the_config_names_its_key(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text("budget: lots\n")
+    assert run(["diagnose", "--config", str(cfg), "--out", str(tmp_path / "o"), "--json"]) == 2
+    got = capsys.readouterr()
+    assert "budget" in got.err and "'lots' is not a duration" in got.err
+    assert got.out == ""  # --json prints no document on bad usage
+
+
+def test_a_sized_stage_pays_for_earlier_stages_that_ran_long(tmp_path: Path) -> None:
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text("stages: {train: {enabled: false}, llm: {enabled: false},"
+                   " retrieval: {enabled: false},"
+                   " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
+    r = Runner(load_config(cfg, "default"), tmp_path / "out", "default", budget_s=100.0)
+    # data 8 s, serve 12 s, model 7 s, online 16 s: 43 s of minimums, serve gets the 57 s left
+    assert r.ctx.shares == {"serve": 69.0}
+    r._reshare("serve", elapsed_s=50.0)  # data took 50 s, not 8: 100 - 50 - (7 + 16) left
+    assert r.ctx.shares == {"serve": 27.0}
+    r._reshare("serve", elapsed_s=95.0)  # nothing left: each level runs its one chunk
+    assert r.ctx.shares == {"serve": 0.0} and r.given == {"serve": 0.0}
+
+
+def test_the_time_section() -> None:
+    from scalelab.lab.core.records import make_record
+    from scalelab.lab.diagnose.budget import time_lines
+
+    budget = {"total_s": 280.0, "full": False, "stages": [
+        {"stage": "data", "spent_s": 14.2, "minimum_s": 12.0, "share_s": 12.0, "sized": False},
+        {"stage": "serve", "spent_s": 120.4, "minimum_s": 109.0, "share_s": 120.0,
+         "sized": True, "given_s": 118.0}]}
+    sized = make_record(experiment="e", stage="serve", variable="rate", level=40.0, extras={
+        "series": "batching=off", "sizing": {
+            "chunks": 2, "samples": 1234, "spent_s": 9.6, "share_s": 10.25,
+            "stopped": "time share spent",
+            "undecided": ["availability ≥ 99.9%: 1,234 requests; 99.9% needs ≥ 2,995 "
+                          "without a failure"]}})
+    assert time_lines(budget, [sized, make_record(experiment="e", stage="data",
+                                                  variable="x", level=1.0)]) == [
+        "budget 4m40s: each stage its minimum, the sized stages the rest; spent: data 14 s "
+        "(minimum 12 s), serve 120 s of a 118 s share",
+        "serve batching=off at 40: 2 chunk(s), 1,234 samples in 9.6 s of a 10.2 s share, "
+        "time share spent; undecided for lack of time: availability ≥ 99.9%: 1,234 requests; "
+        "99.9% needs ≥ 2,995 without a failure",
+    ]
+    assert time_lines({"total_s": None, "full": True, "stages": []}, []) == [
+        "no budget: --full, each sized level until decided or its cap"]

@@ -1,0 +1,188 @@
+import math
+
+import pytest
+
+from scalelab.lab.core.decide import clopper_pearson, min_passing, quantile_ranks, step_requests
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.load.capacity import Progress, SearchConfig, Step, StepRule, search
+from scalelab.lab.load.slo import parse_slo
+
+
+def test_clopper_pearson_closed_forms() -> None:
+    # k = n: lower bound is (alpha/2)^(1/n); k = 0: upper is 1 - (alpha/2)^(1/n).
+    lo, hi = clopper_pearson(100, 100, 0.95)
+    assert hi == 1.0 and lo == pytest.approx(0.025 ** (1 / 100))
+    lo, hi = clopper_pearson(0, 50, 0.95)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 50))
+
+
+def test_quantile_ranks_bracket_the_quantile() -> None:
+    lo, hi = quantile_ranks(1000, 0.95, 0.95)
+    assert lo < 950 < hi
+    assert (lo, hi) == (936, 964)
+
+
+def test_step_rule_decides_by_the_interval() -> None:
+    rule = StepRule(slo=parse_slo("p95<50ms"), confidence=0.95, min_step_s=1.0, min_requests=100)
+    # 100/100 within: lower bound 0.9638 > 0.95 -> pass, decided.
+    assert rule.verdict(ok=100, within=100, errors=0) == ("pass", True)
+    # 50/100 within: upper bound < 0.95 -> fail, decided.
+    assert rule.verdict(ok=100, within=50, errors=0) == ("fail", True)
+    # 96/100: point estimate passes but the interval straddles 0.95.
+    assert rule.verdict(ok=100, within=96, errors=0) == ("pass", False)
+    assert not rule.should_stop(Progress(sent=100, ok=100, errors=0, within=100), 0.5)
+    assert rule.should_stop(Progress(sent=100, ok=100, errors=0, within=100), 1.5)
+    assert not rule.should_stop(Progress(sent=100, ok=100, errors=0, within=96), 1.5)
+    budgeted = StepRule(slo=parse_slo("p95<50ms", error_budget="1%"))
+    assert budgeted.verdict(ok=1000, within=1000, errors=100) == ("fail", True)
+
+
+def test_step_rule_needs_one_latency_objective() -> None:
+    with pytest.raises(BadUsageError):
+        StepRule(slo=parse_slo("p95<50ms,p99<90ms"))
+
+
+def _fake(capacity: float, calls: list[float]):
+    def run(rate: float) -> Step:
+        calls.append(rate)
+        ok = rate <= capacity
+        return Step(rate=rate, verdict="pass" if ok else "fail", requests=100,
+                    throughput_rps=min(rate, capacity), quantile_ms=10.0 if ok else 500.0,
+                    quantile_ci_ms=(None, None), error_rate=0.0, valid=True, wall_s=1.0)
+    return run
+
+
+def test_search_doubles_then_bisects_to_the_precision() -> None:
+    calls: list[float] = []
+    res = search(_fake(100.0, calls), SearchConfig(start=10, precision=0.05))
+    assert calls == [10, 20, 40, 80, 160, 120, 100, 110, 105]
+    assert res.interval_rps == (100, 105)
+    assert res.capacity_rps == 100 and res.converged
+    lo, hi = res.interval_rps
+    assert lo is not None and hi is not None and lo <= 100 <= hi
+
+
+def test_search_goes_down_when_the_start_fails_and_caps_at_max_rate() -> None:
+    calls: list[float] = []
+    res = search(_fake(3.0, calls), SearchConfig(start=10, precision=0.5))
+    assert calls[:3] == [10, 5, 2.5]
+    assert res.capacity_rps is not None and res.capacity_rps <= 3.0
+    calls = []
+    res = search(_fake(math.inf, calls), SearchConfig(start=10, max_rate=50))
+    assert calls == [10, 20, 40, 50] and res.capacity_rps == 50 and res.converged
+
+
+def test_min_passing_is_loadgens_early_stopping_count() -> None:
+    # No request over the threshold: ceil(ln(1 - c) / ln(q)), LoadGen's 459 for p99 at 99%.
+    assert min_passing(0, 0.99, 0.99) == 459 == math.ceil(math.log(0.01) / math.log(0.99))
+    assert min_passing(0, 0.95, 0.975) == 72
+    # Each request over the threshold needs more within it beside it.
+    assert min_passing(5, 0.99, 0.99) == 1302
+    assert min_passing(1, 0.99, 0.99) > min_passing(0, 0.99, 0.99)
+
+
+def test_step_requests_follow_the_stated_rule() -> None:
+    # Two-sided 95% = one-sided 97.5%, passing a server at half its tail allowance.
+    assert step_requests(0.99, 0.95) == 1164
+    assert step_requests(0.95, 0.95) == 230
+    assert step_requests(0.90, 0.95) == 100
+    assert step_requests(0.50, 0.95) == 15
+    assert step_requests(0.999, 0.95) == 11665
+    # n = 1164 is the first n where h(t) + t <= n for t = floor(0.005 n) = 5.
+    assert min_passing(5, 0.99, 0.975) + 5 <= 1164
+    assert min_passing(5, 0.99, 0.975) + 5 > 1163
+    # The same rule at LoadGen's own 99%.
+    assert step_requests(0.99, 0.98) == 1596
+
+
+def test_a_step_may_not_decide_before_its_requests() -> None:
+    rule = StepRule(slo=parse_slo("p99<200ms"), min_step_s=1.0)
+    assert rule.requests_needed == 1164
+    full = Progress(sent=1163, ok=1163, errors=0, within=1163)
+    assert rule.verdict(ok=1163, within=1163, errors=0) == ("pass", True)
+    assert not rule.should_stop(full, 20.0)
+    assert rule.should_stop(Progress(sent=1164, ok=1164, errors=0, within=1164), 20.0)
+    assert rule.step_verdict(sent=1163, ok=1163, within=1163, errors=0) == "undecided-pass"
+    assert rule.step_verdict(sent=1164, ok=1164, within=1164, errors=0) == "pass"
+    assert rule.step_verdict(sent=1200, ok=1200, within=1000, errors=0) == "fail"
+    # The step's length still bounds it.
+    assert rule.should_stop(Progress(sent=10, ok=10, errors=0, within=10), 60.0)
+    assert StepRule(slo=parse_slo("p99<200ms"), min_requests=50).requests_needed == 50
+    with pytest.raises(BadUsageError):
+        StepRule(slo=parse_slo("p99<200ms"), min_requests=0)
+
+
+def test_an_invalid_step_is_run_again_before_it_counts() -> None:
+    calls: list[float] = []
+    flaky = {40.0: 1}  # the first try at 40 req/s is invalid (a stalled generator) and fails
+
+    def run(rate: float) -> Step:
+        calls.append(rate)
+        stalled = flaky.get(rate, 0) > 0
+        if stalled:
+            flaky[rate] -= 1
+        ok = rate <= 100 and not stalled
+        return Step(rate=rate, verdict="pass" if ok else "fail", requests=100,
+                    throughput_rps=rate, quantile_ms=10.0, quantile_ci_ms=(None, None),
+                    error_rate=0.0, valid=not stalled, wall_s=1.0)
+
+    res = search(run, SearchConfig(start=10, precision=0.05))
+    assert calls[:5] == [10, 20, 40, 40, 80]
+    assert res.capacity_rps == 100
+    calls.clear()
+    flaky[40.0] = 1
+    res = search(run, SearchConfig(start=10, precision=0.05, invalid_retries=0))
+    assert calls[:3] == [10, 20, 40] and calls[3] == 30  # the stall counted as a fail
+
+
+def test_the_stop_rule_decides_a_share_and_a_budget_on_the_interval() -> None:
+    rule = StepRule(slo=parse_slo("p95<50ms"))
+    # 100 of 100: the interval's lower end is 0.025^(1/100) = 0.9638 >= 0.95.
+    assert rule.share_verdict(100, 100, 0.95) == "pass"
+    # 80 of 100: even the upper end (0.873) is under 0.95.
+    assert rule.share_verdict(80, 100, 0.95) == "fail"
+    assert rule.share_verdict(95, 100, 0.95) is None
+    assert rule.share_verdict(0, 0, 0.95) is None
+    # 0 errors of 1,000: the upper end 1 - 0.025^(1/1000) = 0.0037 is within a 1% budget;
+    # of 100 it is 0.036 (undecided); 10 of 100 has its lower end at 0.049, over the budget.
+    assert rule.budget_verdict(0, 1000, 0.01) == "pass"
+    assert rule.budget_verdict(0, 100, 0.01) is None
+    assert rule.budget_verdict(10, 100, 0.01) == "fail"
+
+
+def test_each_rule_keeps_its_own_limits_on_the_shared_stop() -> None:
+    from scalelab.lab.load.llm.token_slo import TokenStepRule, parse_token_slo
+
+    http = StepRule(slo=parse_slo("p95<50ms"))
+    llm = TokenStepRule(slo=parse_token_slo("ttft_p95<500ms"))
+    assert (http.max_step_s, http.max_requests) == (60.0, 200_000)
+    assert (llm.max_step_s, llm.max_requests) == (30.0, 100_000)
+    assert llm.out_of_room(30.0, 0) and llm.out_of_room(0.0, 100_000)
+    assert not llm.out_of_room(29.9, 99_999)
+    with pytest.raises(BadUsageError, match="--confidence must be in"):
+        TokenStepRule(slo=parse_token_slo("ttft_p95<500ms"), confidence=0.4)
+    with pytest.raises(BadUsageError, match="--min-step must be positive"):
+        StepRule(slo=parse_slo("p95<50ms"), min_step_s=90.0)
+
+
+def test_a_rate_known_to_fail_bounds_the_search_from_above() -> None:
+    # A level sweep decided 400 missed: the search doubles 200 -> (400 is known) and bisects
+    # below it; it never offers 400 or more.
+    calls: list[float] = []
+    res = search(_fake(280.0, calls), SearchConfig(start=200, precision=0.05, fails_at=400))
+    assert calls == [200, 300, 250, 275, 287.5]
+    assert res.interval_rps == (275, 287.5) and res.capacity_rps == 275 and res.converged
+    # The start fails: halve down as without the bound, the bound still the ceiling.
+    calls = []
+    res = search(_fake(90.0, calls), SearchConfig(start=200, precision=0.2, fails_at=400))
+    assert calls == [200, 100, 50, 75, 87.5]
+    assert res.interval_rps == (87.5, 100) and res.converged
+    # Unbounded, the same truth costs a step at the failing rate the sweep already measured.
+    calls = []
+    search(_fake(280.0, calls), SearchConfig(start=200, precision=0.05))
+    assert calls == [200, 400, 300, 250, 275, 287.5]
+
+
+def test_a_known_fail_must_lie_above_the_start() -> None:
+    with pytest.raises(BadUsageError, match="--fails-at 100 must be above --start 200"):
+        SearchConfig(start=200, fails_at=100)

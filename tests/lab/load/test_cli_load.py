@@ -1,0 +1,191 @@
+"""`scalelab load ...` end to end: JSON output, records, exit codes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from scalelab.cli import run
+from scalelab.lab.core.records import read_records
+
+
+def _json(capsys: pytest.CaptureFixture[str]) -> dict:
+    return json.loads(capsys.readouterr().out)
+
+
+def test_rate_sweep_writes_one_valid_record_per_level(
+        server: Callable[..., str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = server("fixed", "--service-ms", "20")
+    recs = tmp_path / "load.jsonl"
+    rc = run(["load", url, "--rates", "50,100", "--duration", "1s", "--warmup", "0.2s",
+              "--slo", "p95<500ms", "--error-budget", "1%", "--records", str(recs), "--json"])
+    assert rc == 0
+    doc = _json(capsys)
+    assert [lv["offered_rps"] for lv in doc["levels"]] == [50, 100]
+    assert [lv["requests"] for lv in doc["levels"]] == [50, 100]
+    got = read_records(recs)
+    assert [(r.stage, r.variable, r.level) for r in got] == [("load", "rate", 50.0),
+                                                           ("load", "rate", 100.0)]
+    r = got[1]
+    assert r.latency is not None and r.latency.p50_ms is not None and r.latency.p50_ms >= 19.9
+    assert r.rate is not None and r.rate > 90 and r.failures == 0
+    assert r.extras["samples"] == 100  # the verdict's n: measured requests
+    assert {"goodput_rps", "lag", "errors_by_kind", "hdr_histogram", "budget"} <= set(r.extras)
+    assert {"p50_ms", "p99_ms", "max_ms", "count", "share"} <= set(r.extras["lag"])
+    assert [b["objective"] for b in r.extras["budget"]] == ["p95<500ms", "avail>=99%"]
+    assert doc["validity_rules"] == {"rate_tolerance": 0.02, "lag_p99_floor_ms": 2.0,
+                                     "lag_p99_max_gaps": 1.0,
+                                     "lag_p99_max_objective_share": 0.1}
+    for lv in doc["levels"]:
+        assert lv["lag_p50_ms"] <= lv["lag_p99_ms"] <= lv["lag_max_ms"]
+
+    rc = run(["load", "budget", "--slo", "p99<1s", "--records", str(recs), "--json"])
+    assert rc == 0
+    b = _json(capsys)
+    assert [lv["level"] for lv in b["levels"]] == [50.0, 100.0]
+    assert all(line["met"] and line["bad"] == 0 for lv in b["levels"] for line in lv["budget"])
+
+
+def test_concurrency_sweep_from_base(server: Callable[..., str], tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    url = server("fast")
+    recs = tmp_path / "c.jsonl"
+    rc = run(["load", url, "--base", "1", "--loop", "closed", "--multiples", "1,2",
+              "--requests", "200", "--warmup", "0s", "--records", str(recs), "--json"])
+    assert rc == 0
+    doc = _json(capsys)
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
+    assert [lv["requests"] for lv in doc["levels"]] == [200, 200]
+    assert [(r.variable, r.level) for r in read_records(recs)] == [("concurrency", 1.0),
+                                                                  ("concurrency", 2.0)]
+
+
+def test_oip_payload_from_server_metadata(server: Callable[..., str],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    url = server("fast")
+    rc = run(["load", url, "--payload", "oip", "--model", "m", "--batch", "4", "--rate", "100",
+              "--requests", "50", "--warmup", "0s", "--json"])
+    assert rc == 0
+    lv = _json(capsys)["levels"][0]
+    assert lv["successes"] == 50 and lv["failures"] == 0  # the server checked every body
+
+
+def test_missed_objectives_exit_1_after_the_output(
+        server: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
+    # A 20 ms service cannot keep p95 under 5 ms: `load` and `load capacity` print their
+    # result, then exit 1 with one line on stderr (a CI job gates on it).
+    url = server("fixed", "--service-ms", "20")
+    assert run(["load", url, "--rate", "20", "--requests", "10", "--warmup", "0s",
+                "--slo", "p95<5ms", "--json"]) == 1
+    out = capsys.readouterr()
+    assert json.loads(out.out)["levels"][0]["budget"][0]["met"] is False
+    assert out.err.strip() == "objective missed: p95<5ms at 20"
+    assert run(["load", "capacity", url, "--slo", "p95<5ms", "--start", "20", "--max-steps", "1",
+                "--min-step", "0.5s", "--max-step", "1s", "--warmup", "0s", "--json"]) == 1
+    out = capsys.readouterr()
+    assert json.loads(out.out)["capacity_rps"] is None
+    assert out.err.strip() == "objective missed: p95<5ms at every rate tried"
+
+
+def test_human_output(server: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
+    url = server("fast")
+    assert run(["load", url, "--rate", "100", "--requests", "20", "--warmup", "0s",
+                "--slo", "p95<50ms"]) == 0
+    out = capsys.readouterr().out
+    assert "p99.9" in out and "error budget" in out
+
+
+@pytest.mark.parametrize("args", [
+    ["load", "http://127.0.0.1:1/"],                                   # no load level
+    ["load", "http://127.0.0.1:1/", "--rate", "10", "--rates", "1,2"],  # two level flags
+    ["load", "ftp://x/", "--rate", "10"],                               # not http
+    ["load", "http://127.0.0.1:1/", "--rate", "10", "--slo", "p95>5ms"],
+    ["load", "http://127.0.0.1:1/", "--rate", "10", "--duration", "soon"],
+    ["load", "http://127.0.0.1:1/", "--rate", "10", "--payload", "oip"],  # no --model
+    ["load", "capacity", "http://127.0.0.1:1/", "--slo", "p95<5ms,p99<9ms"],
+    ["load", "budget", "--slo", "p95<5ms", "--records", "/nonexistent.jsonl"],
+])
+def test_bad_usage_exits_2_with_one_line(args: list[str],
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "Traceback" not in err
+
+
+def test_unreachable_server_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert run(["load", f"http://127.0.0.1:{port}/", "--rate", "50", "--requests", "5",
+                "--warmup", "0s", "--no-cold-start"]) == 2
+    assert "refused=5" in capsys.readouterr().err
+
+
+def test_capacity_search_finds_a_known_capacity(
+        server: Callable[..., str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        realtime_ok: bool) -> None:
+    # The generator's precise mode where the machine allows it: on a busy shared machine a
+    # normal generator's lateness alone can break a 60 ms objective at 50 req/s (and is flagged).
+    # One FIFO server with a 10 ms service time: capacity exactly 100 req/s. With constant
+    # arrivals latency stays 10 ms below capacity and grows ~(rate/100 - 1) s per s above it.
+    url = server("queue", "--service-ms", "10")
+    recs = tmp_path / "cap.jsonl"
+    plot = tmp_path / "curve.png"
+    rc = run(["load", "capacity", url, "--slo", "p95<60ms", "--arrival", "constant",
+              "--start", "50", "--precision", "4%", "--min-step", "2s", "--max-step", "4s",
+              "--warmup", "0.3s", "--records", str(recs), "--plot", str(plot), "--json",
+              *(["--realtime"] if realtime_ok else [])])
+    assert rc == 0
+    doc = _json(capsys)
+    lo, hi = doc["interval_rps"]
+    assert doc["converged"] and doc["capacity_rps"] == lo
+    # The interval holds the true capacity; a rate within ~2% above it may still pass a 4 s
+    # step (its queue grows too slowly to cross 60 ms), hence the small allowance above.
+    assert lo <= 102.5 and hi >= 100.0
+    assert (hi - lo) / lo <= 0.04
+    rates = [s["rate"] for s in doc["steps"]]
+    # An invalid step is run once more at the same rate; the search's path is the same.
+    assert [r for i, r in enumerate(rates) if i == 0 or r != rates[i - 1]][:3] == [50, 100, 200]
+    # p95 at 95%: 230 requests before a step may decide (a 4 s step at 50 req/s has 200). The
+    # search starts there, not at 25 (a second 4 s step that cannot decide either: ~12% of
+    # the test's time).
+    assert doc["step_requests"] == 230
+    assert all(s["requests_needed"] == 230 for s in doc["steps"])
+    short = [s for s in doc["steps"] if s["requests"] < 230]
+    assert short and all(s["verdict"].startswith("undecided") for s in short)
+    assert len(read_records(recs)) == len(doc["steps"])
+    assert plot.stat().st_size > 1000
+
+
+def test_a_level_answered_with_errors_is_a_measurement(
+        server: Callable[..., str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = server("fast")
+    recs = tmp_path / "e.jsonl"
+    assert run(["load", f"{url}/status/503", "--rate", "50", "--requests", "20", "--warmup",
+                "0s", "--records", str(recs), "--json"]) == 0
+    lv = _json(capsys)["levels"][0]
+    assert lv["errors_by_status"] == {"503": 20} and lv["successes"] == 0
+    (rec,) = read_records(recs)
+    assert rec.failures == 20 and rec.failure_rate == 1.0
+
+
+def test_a_rate_known_to_fail_is_never_offered(
+        server: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
+    # The 100 req/s FIFO server, told that 80 req/s fails (as a level sweep would say): after
+    # 50 passes the search bisects towards 80 (65 next, where 100 would follow without it)
+    # and never offers 80 or more; the interval's top is the known fail until a step fails.
+    url = server("queue", "--service-ms", "10")
+    rc = run(["load", "capacity", url, "--slo", "p50<60ms", "--arrival", "constant",
+              "--start", "50", "--fails-at", "80", "--min-step", "0.5s", "--max-step", "2s",
+              "--max-steps", "4", "--warmup", "0.2s", "--json"])
+    assert rc == 0
+    doc = _json(capsys)
+    rates = [s["rate"] for s in doc["steps"]]
+    distinct = [r for i, r in enumerate(rates) if i == 0 or r != rates[i - 1]]
+    assert distinct[:2] == [50, 65] and max(rates) < 80
+    assert doc["fails_at"] == 80 and doc["interval_rps"][1] <= 80

@@ -1,0 +1,206 @@
+"""The retrieval bench's fixed-rate latency run grown chunk by chunk until its latency
+objectives are decided (retrieval.open_loop), and the diagnose stage handing it the time its
+share pays beyond the stage's minimum (exact numbers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.core.objectives import Objective
+from scalelab.lab.core.records import make_record, read_records
+from scalelab.lab.diagnose.budget import time_lines
+from scalelab.lab.diagnose.config import load_config
+from scalelab.lab.diagnose.schema import Prices
+from scalelab.lab.diagnose.stages.base import Context
+from scalelab.lab.diagnose.stages.retrieval import STAGE, latency_slo, tag_record
+from scalelab.lab.diagnose.steps import StepResult
+from scalelab.system.retrieval.bench import RetrievalBenchConfig, open_loop, run_bench
+from scalelab.system.retrieval.index import build_index
+from scalelab.system.retrieval.open_loop import (
+    LatencyAllowance,
+    next_chunk,
+    parse_slo,
+    send,
+    sized_open_loop,
+    undecided,
+)
+
+RATE = 1000.0
+"""Queries/s: an exact search of 200 vectors takes ~30 µs, so every latency is far under 1 s
+and a chunk falls behind its schedule (and stops early) only if the process sleeps ~0.25 s."""
+
+
+@pytest.fixture(scope="module")
+def index_and_questions() -> tuple[object, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((200, 16)).astype(np.float32)
+    q = rng.standard_normal((30, 16)).astype(np.float32)
+    return build_index("exact", x), q
+
+
+def test_the_latency_run_sends_the_questions_again_until_it_has_enough(
+        index_and_questions: tuple[object, np.ndarray]) -> None:
+    index, q = index_and_questions
+    assert open_loop(index, q, 10, RATE)["queries"] == 30  # type: ignore[arg-type]
+    assert open_loop(index, q, 10, RATE, 75)["queries"] == 75  # type: ignore[arg-type]
+    assert open_loop(index, q, 10, RATE, 10)["queries"] == 30  # type: ignore[arg-type]
+    assert send(index, q, 10, RATE, 45, offset=20).size == 45  # type: ignore[arg-type]
+    with pytest.raises(BadUsageError, match="--latency-queries"):
+        RetrievalBenchConfig(latency_queries=-1)
+    with pytest.raises(BadUsageError, match="--latency-budget sizes the runs"):
+        RetrievalBenchConfig(latency_budget_s=10.0)
+    with pytest.raises(BadUsageError, match="--latency-budget must be >= 0"):
+        RetrievalBenchConfig(latency_budget_s=-1.0, latency_objectives=parse_slo(["p99_ms=2"]))
+
+
+def test_the_next_chunk_reaches_a_decidable_count_then_doubles() -> None:
+    # p99 needs 299 latencies: after a 30-query pass, 269 more (not 30)
+    assert next_chunk(30, 299, 10.0, 100.0, 30) == 269
+    # past 299 and still undecided (the bound straddles the limit): as many as measured
+    assert next_chunk(299, 299, 10.0, 100.0, 30) == 299
+    # cut to what the share pays: 1.5 s at 100 queries/s
+    assert next_chunk(30, 299, 1.5, 100.0, 30) == 150
+    # under half the first pass: stop (0.14 s pays 14 < 15)
+    assert next_chunk(30, 299, 0.14, 100.0, 30) == 0
+    assert next_chunk(30, 299, 0.15, 100.0, 30) == 15
+    assert next_chunk(30, 299, -1.0, 100.0, 30) == 0
+
+
+def test_the_allowance_gives_later_runs_what_earlier_ones_left() -> None:
+    a = LatencyAllowance(total_s=12.0, runs=4)
+    assert a.next_share() == 3.0  # 12 s over 4 runs
+    a.spent_s += 1.0  # the first run was decided after 1 s of chunks
+    assert a.next_share() == pytest.approx(11.0 / 3)
+    a.spent_s += 11.0  # the second spent everything
+    assert a.next_share() == 0.0
+    assert a.next_share() == 0.0
+
+
+def test_slo_parsing_names_the_fix() -> None:
+    assert parse_slo(["p99_ms=20", " p95_ms=5.5"]) == [Objective(metric="p99_ms", max=20.0),
+                                                       Objective(metric="p95_ms", max=5.5)]
+    for bad in ("p99=20", "p99_ms", "p99_ms=fast", "p99_ms=0", "rate=3"):
+        with pytest.raises(BadUsageError, match="write METRIC=MS"):
+            parse_slo([bad])
+
+
+def test_a_run_grows_until_its_p99_is_decided(
+        index_and_questions: tuple[object, np.ndarray]) -> None:
+    index, q = index_and_questions
+    slo = [Objective(metric="p99_ms", max=1000.0)]
+    # 30 latencies bound no p99 (the rule needs 299): one more chunk of 269 decides it met
+    assert undecided(send(index, q, 10, RATE, 30), slo) == [  # type: ignore[arg-type]
+        "p99_ms ≤ 1000: 30 queries; p99 needs ≥ 299 to bound it at 95%"]
+    summary, sizing = sized_open_loop(index, q, 10, RATE, objectives=slo,  # type: ignore[arg-type]
+                                      share_s=5.0)
+    assert summary["queries"] == 299.0
+    assert {k: sizing[k] for k in ("chunks", "samples", "stopped", "undecided")} == {
+        "chunks": 2, "samples": 299, "stopped": "decided", "undecided": []}
+    assert sizing["spent_s"] <= sizing["share_s"]
+
+
+def test_a_run_without_time_says_what_deciding_needs(
+        index_and_questions: tuple[object, np.ndarray]) -> None:
+    index, q = index_and_questions
+    summary, sizing = sized_open_loop(
+        index, q, 10, RATE, objectives=[Objective(metric="p99_ms", max=1000.0)],  # type: ignore[arg-type]
+        share_s=0.0)
+    assert summary["queries"] == 30.0
+    assert {k: sizing[k] for k in ("chunks", "samples", "stopped", "undecided")} == {
+        "chunks": 1, "samples": 30, "stopped": "time share spent",
+        "undecided": ["p99_ms ≤ 1000: 30 queries; p99 needs ≥ 299 to bound it at 95%"]}
+
+
+def test_a_missed_p99_stops_at_the_first_pass(
+        index_and_questions: tuple[object, np.ndarray]) -> None:
+    """Every latency is over 1 ns: on 30 the lower bound of the p99 (the p95, rank 29 of 30 at
+    95%) is over the limit already, so it is decided missed and no chunk follows."""
+    index, q = index_and_questions
+    _, sizing = sized_open_loop(index, q, 10, RATE,  # type: ignore[arg-type]
+                                objectives=[Objective(metric="p99_ms", max=1e-6)], share_s=5.0)
+    assert (sizing["chunks"], sizing["samples"], sizing["stopped"]) == (1, 30, "decided")
+
+
+def test_the_bench_records_each_run_s_sizing_for_the_time_section(tmp_path: Path) -> None:
+    cfg = RetrievalBenchConfig(levels=(1,), base_docs=100, questions=20, indexes=(),
+                               embedder="hashing", cache=None, out=tmp_path, runs=1,
+                               arrival_rate=RATE, fresh_singles=2,
+                               latency_objectives=parse_slo(["p99_ms=1000"]),
+                               latency_budget_s=4.0)
+    run_bench(cfg)
+    records = read_records(tmp_path / "records.jsonl")
+    assert [r.extras["series"] for r in records] == ["exact", "faiss:Flat"]
+    for r in records:  # 20 questions, then 279 more: 299 latencies decide the p99
+        assert r.extras["samples"] == 299 and r.extras["open_loop"]["queries"] == 299
+        assert r.extras["sizing"]["chunks"] == 2
+        assert r.extras["sizing"]["stopped"] == "decided"
+    assert [line.split(" in ")[0] for line in time_lines(None, records)] == [
+        "retrieval exact at 1: 2 chunk(s), 299 samples",
+        "retrieval faiss:Flat at 1: 2 chunk(s), 299 samples"]
+
+
+def _ctx(tmp_path: Path, shares: dict[str, float], full: bool = False,
+         repeats: int = 1) -> Context:
+    def never(*_: object) -> StepResult:
+        raise AssertionError("no step runs here")
+
+    return Context(work=tmp_path, logs=tmp_path, repeats=repeats, prices=Prices(),
+                   settings={}, run=never, fail=never, shares=shares, full=full)
+
+
+def test_the_stage_hands_the_bench_its_share_beyond_the_minimum(tmp_path: Path) -> None:
+    """Defaults: p99 ≤ 20 ms sized; 4 levels × (exact numpy, HNSW, IVF-PQ) = 12 fixed-rate
+    runs a bench (faiss Flat off: exact too, its recall 1.0 by construction)."""
+    s = load_config(None, "default").stages.retrieval
+    least = STAGE.minimum_s(s, 1)
+    assert latency_slo(s.built_objectives()) == ["p99_ms=20"]
+    assert STAGE.latency_budget(s, _ctx(tmp_path, {})) is None  # no budget: one pass
+    assert STAGE.latency_budget(s, _ctx(tmp_path, {}, full=True)) == 12 * 30.0
+    assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": least})) == 0.0
+    assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": least - 5})) == 0.0
+    assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": least + 16})) == 16.0
+    # two repeats: twice the minimum, the rest split over the two bench processes
+    assert STAGE.minimum_s(s, 2) == 2 * least
+    assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": 2 * least + 16},
+                                        repeats=2)) == 8.0
+    argv = _argv(s, tmp_path, {"retrieval": least + 16})
+    assert argv[argv.index("--latency-slo") + 1] == "p99_ms=20"
+    assert argv[argv.index("--latency-budget") + 1] == "16"
+    assert "--no-flat" in argv and argv[argv.index("--indexes") + 1] == "faiss:HNSW32,ivfpq"
+    assert "--latency-slo" not in _argv(s, tmp_path, {})  # no budget: not sized
+
+
+def _argv(s: object, tmp_path: Path, shares: dict[str, float]) -> list[str]:
+    """The argv of the bench step the stage runs with these shares."""
+    seen: list[list[str]] = []
+
+    def keep(step: object) -> StepResult:
+        seen.append(step.command.to_argv())  # type: ignore[attr-defined]
+        return None  # type: ignore[return-value]
+
+    ctx = _ctx(tmp_path, shares)
+    ctx.run = keep  # type: ignore[assignment]
+    STAGE.run(s, ctx)  # type: ignore[arg-type]
+    return seen[0]
+
+
+def test_the_stage_names_undecided_objectives_as_its_config_does() -> None:
+    s = load_config(None, "default").stages.retrieval
+    rec = make_record(experiment="e", stage="retrieval", variable="corpus_multiple", level=2.0,
+                      extras={"series": "exact", "sizing": {
+                          "chunks": 1, "samples": 100, "spent_s": 1.0, "share_s": 1.0,
+                          "stopped": "time share spent",
+                          "undecided": ["p99_ms ≤ 20: 100 queries; p99 needs ≥ 299 to bound "
+                                        "it at 95%", "other: as it was"]}})
+    got = tag_record(rec, stage="retrieval", repeat=1, objectives=s.built_objectives())
+    assert got.repeat == 1 and got.extras["series"] == "exact"
+    assert got.extras["sizing"]["undecided"] == [
+        "p99 ≤ 20 ms at the arrival rate: 100 queries; p99 needs ≥ 299 to bound it at 95%",
+        "other: as it was"]
+    plain = make_record(experiment="e", stage="x", variable="v", level=1.0)
+    assert tag_record(plain, stage="retrieval", repeat=0,
+                      objectives=s.built_objectives()).stage == "retrieval"
