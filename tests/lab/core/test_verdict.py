@@ -4,16 +4,11 @@ import pytest
 
 from recordkit import M, rec
 from scalelab.lab.core.errors import BadInputError
+from scalelab.lab.core.limits import infer_limits, oversubscription
 from scalelab.lab.core.objectives import Objective, check_rows, efficiency, first_miss
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import build_sheet
-from scalelab.lab.core.verdict import (
-    StageGoal,
-    curve_prediction,
-    infer_limits,
-    judge,
-    oversubscription,
-)
+from scalelab.lab.core.verdict import StageGoal, curve_prediction, judge
 from scalelab.lab.diagnose.stages import serve, train
 
 

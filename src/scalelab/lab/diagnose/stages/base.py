@@ -17,9 +17,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from scalelab.lab.core.limits import Evidence
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import SheetRow
-from scalelab.lab.core.verdict import Evidence, StageGoal
+from scalelab.lab.core.verdict import StageGoal
 from scalelab.lab.diagnose.schema import Prices
 from scalelab.lab.diagnose.steps import Step, StepResult
 

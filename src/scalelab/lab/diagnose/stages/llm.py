@@ -25,13 +25,13 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from scalelab.lab.core.errors import BadInputError
+from scalelab.lab.core.limits import Evidence
 from scalelab.lab.core.objectives import Objective, metric_value
 from scalelab.lab.core.records import Record, append_records, read_records
 from scalelab.lab.core.sheet import SheetRow, build_sheet
 from scalelab.lab.core.verdict import (
     Advice,
     AdviceInput,
-    Evidence,
     StageGoal,
     best_capacity,
     capacity,

@@ -1,0 +1,149 @@
+"""The limiting resource: what the measured signals of a stage's rows say saturated, each
+conclusion citing its number (busy cores against the cores, memory against RAM, queue growth, the
+communication share of a step, spill, I/O wait, the Karp–Flatt serial fraction, a resource sweep
+past the machine's cores). Pure: rows in, evidence out; the verdict and the sheet read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scalelab.lab.core.laws import karp_flatt
+from scalelab.lab.core.objectives import metric_value
+from scalelab.lab.core.sheet import COMM_HIGH, CPU_BUSY, IOWAIT_HIGH, MEMORY_HIGH, SheetRow
+from scalelab.lab.core.units import format_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    resource: str
+    detail: str
+
+
+RESOURCE_VARIABLES = ("workers", "nproc", "replicas", "processes", "threads")
+"""Variables that ask the machine for one core each: above the core count they share cores."""
+
+
+def oversubscription(rows: list[SheetRow], cores: int) -> Evidence | None:
+    """The hardware ceiling of a resource sweep: its highest level above the machine's cores,
+    e.g. '4 workers on 2 cores: oversubscribed ×2'; None when every level fits."""
+    if not rows or cores <= 0 or rows[0].variable not in RESOURCE_VARIABLES:
+        return None
+    top = max(r.level for r in rows)
+    if top <= cores:
+        return None
+    over = sorted({r.level for r in rows if r.level > cores})
+    var = rows[0].variable
+    return Evidence(
+        resource="cores",
+        detail=f"{top:g} {var} on {cores} cores: oversubscribed ×{top / cores:.3g}"
+        + (f" (levels {', '.join(f'{x:g}' for x in over)} exceed the cores; what they "
+           "measure is sharing, not scaling)" if len(over) > 1 else
+           " (what it measures is sharing, not scaling)"),
+    )
+
+
+def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list[Evidence]:
+    """Signals from the measurements, strongest first; each cites its number and level.
+
+    Only measured signals count (never a label a stage wrote): CPU busy cores of the stage's
+    process tree, peak memory against RAM, queue growth, the communication share, disk spill,
+    I/O wait and the Karp–Flatt serial fraction. Nothing past its threshold: one line saying
+    what was measured, or that nothing was."""
+    ev: list[Evidence] = []
+    if not rows:
+        return ev
+    rows = sorted(rows, key=lambda r: r.level)
+    ceiling = oversubscription(rows, cores)
+    if ceiling is not None:
+        ev.append(ceiling)
+    last = rows[-1]
+    at = f"at {last.variable}={last.level:g}"
+    busy = metric_value(last, "extras:cpu_busy_cores")
+    if busy is not None and busy >= CPU_BUSY * cores:
+        ev.append(Evidence(resource="cpu", detail=f"{busy:.2f} of {cores} cores busy {at}"))
+    mem = (
+        last.peak_memory_bytes / memory_bytes
+        if last.peak_memory_bytes and memory_bytes
+        else None
+    )
+    if mem is not None and last.peak_memory_bytes and mem >= MEMORY_HIGH:
+        ev.append(
+            Evidence(
+                resource="memory",
+                detail=f"peak {format_bytes(last.peak_memory_bytes)} = {mem:.0%} of RAM {at}",
+            )
+        )
+    # Queue growth: offered load (the level, for rate sweeps) above what was served, latency up.
+    if last.variable in ("rate", "arrival_rate") and last.rate is not None and rows[0].p95_ms:
+        served = last.rate / last.level if last.level else 1.0
+        if last.p95_ms is not None and served < 0.95 and last.p95_ms >= 3 * rows[0].p95_ms:
+            ev.append(
+                Evidence(
+                    resource="queue",
+                    detail=(
+                        f"offered {last.level:g}/s, served {last.rate:.4g}/s ({served:.0%}); p95 "
+                        f"{rows[0].p95_ms:.1f} → {last.p95_ms:.1f} ms: "
+                        "arrivals exceed service capacity"
+                    ),
+                )
+            )
+    comm = metric_value(last, "extras:comm_share")
+    if comm is not None and comm >= COMM_HIGH:
+        ev.append(
+            Evidence(
+                resource="communication",
+                detail=f"{comm:.0%} of step time in gradient all-reduce {at}",
+            )
+        )
+    spill = metric_value(last, "extras:spilled_disk_bytes")
+    if spill:
+        ev.append(Evidence(resource="disk spill", detail=f"{format_bytes(spill)} spilled {at}"))
+    iow = metric_value(last, "extras:iowait_share")
+    if iow is not None and iow >= IOWAIT_HIGH:
+        ev.append(
+            Evidence(resource="i/o", detail=f"{iow:.0%} of the machine's CPU time in I/O wait {at}")
+        )
+    kf = _karp_flatt_trend([r for r in rows if ceiling is None or r.level <= cores])
+    if kf is not None:
+        ev.append(Evidence(resource="serial fraction", detail=kf))
+    if not [e for e in ev if e is not ceiling]:
+        seen = [
+            *([f"{busy:.2f} of {cores} cores busy"] if busy is not None else []),
+            *([f"peak memory {mem:.0%} of RAM"] if mem is not None else []),
+            *([f"{iow:.0%} I/O wait"] if iow is not None else []),
+            *([f"{comm:.0%} of step time communicating"] if comm is not None else []),
+        ]
+        if seen:
+            ev.append(Evidence(resource="none saturated", detail=", ".join(seen) + f" {at}"))
+        else:
+            ev.append(
+                Evidence(
+                    resource="not measured",
+                    detail="the stage recorded no CPU, memory, I/O, queue or communication signal",
+                )
+            )
+    return ev
+
+
+def _karp_flatt_trend(rows: list[SheetRow]) -> str | None:
+    """Karp–Flatt over a resource sweep (workers, replicas): rising e means overhead grows."""
+    if rows[0].variable not in ("workers", "nproc", "replicas", "processes"):
+        return None
+    pts = [(r.level, r.rate) for r in rows if r.rate]
+    if len(pts) < 2 or pts[0][0] <= 0:
+        return None
+    n0, x0 = pts[0]
+    assert x0 is not None
+    es = []
+    for n, x in pts[1:]:
+        p = n / n0
+        if p > 1 and x:
+            es.append((n, karp_flatt(x / x0, p)))
+    if not es:
+        return None
+    text = ", ".join(f"e={e:.2f} at {n:g}" for n, e in es)
+    if len(es) >= 2 and es[-1][1] > es[0][1] + 0.05:
+        return f"Karp–Flatt serial fraction rises ({text}): overhead grows with workers"
+    if es[-1][1] > 0.2:
+        return f"Karp–Flatt serial fraction {text}: a large serial phase"
+    return None
