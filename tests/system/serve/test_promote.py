@@ -8,14 +8,16 @@ import numpy as np
 from serve_fixtures import add_model, write_holdout
 
 from scalelab.lab.core.gate import HoldoutQuality
-from scalelab.system.serve.promote import compare, gate, per_class_f1
+from scalelab.lab.core.quality import scores
+from scalelab.system.serve.promote import compare, gate
 
 
 def test_per_class_f1_exact() -> None:
     y = np.array([0, 0, 1, 1, 2, 2])
     p = np.array([0, 1, 1, 1, 0, 2])
     # class 0: tp1 fp1 fn1 -> 2/4; class 1: tp2 fp1 fn0 -> 4/5; class 2: tp1 fp0 fn1 -> 2/3
-    assert per_class_f1(y, p, 4) == [0.5, 0.8, 2 / 3, None]
+    assert scores(y, p, list("abcd")).per_class_f1 == {"a": 0.5, "b": 0.8, "c": 2 / 3,
+                                                         "d": None}
 
 
 def ev(acc: float, macro: float, per: dict[str, float | None]) -> HoldoutQuality:

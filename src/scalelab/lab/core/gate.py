@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scalelab.lab.core.quality import scores
+
 
 @dataclass(kw_only=True, frozen=True)
 class HoldoutQuality:
@@ -25,26 +27,12 @@ class HoldoutQuality:
     """None where the class neither occurs nor is predicted (F1 undefined)."""
 
 
-def per_class_f1(y: np.ndarray, pred: np.ndarray, n_classes: int) -> list[float | None]:
-    """F1 per class (pure); None when the class has no support and no predictions."""
-    out: list[float | None] = []
-    for c in range(n_classes):
-        tp = int(((pred == c) & (y == c)).sum())
-        fp = int(((pred == c) & (y != c)).sum())
-        fn = int(((pred != c) & (y == c)).sum())
-        out.append(None if tp + fp + fn == 0 else 2 * tp / (2 * tp + fp + fn))
-    return out
-
-
 def evaluation(version: int, y: np.ndarray, pred: np.ndarray,
                classes: list[str] | tuple[str, ...]) -> HoldoutQuality:
-    """Accuracy, macro F1 (mean over the classes where F1 is defined) and per-class F1."""
-    f1 = per_class_f1(y, pred, len(classes))
-    defined = [f for f in f1 if f is not None]
-    return HoldoutQuality(version=version, rows=len(y),
-                          accuracy=float((pred == y).mean()) if len(y) else 0.0,
-                          macro_f1=float(np.mean(defined)) if defined else 0.0,
-                          per_class_f1=dict(zip(classes, f1, strict=True)))
+    """Accuracy, macro F1 and per-class F1 by core/quality.py's one rule."""
+    q = scores(y, pred, classes)
+    return HoldoutQuality(version=version, rows=q.n, accuracy=q.accuracy, macro_f1=q.macro_f1,
+                          per_class_f1=q.per_class_f1)
 
 
 def compare(cur: HoldoutQuality, cand: HoldoutQuality, tolerance: float) -> list[str]:

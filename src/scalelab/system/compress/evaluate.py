@@ -4,6 +4,7 @@
 flights leave on time), so accuracy would hide a variant that gives up on the rare classes, the
 very loss compression tends to cause. Accuracy and support-weighted F1 are reported beside it.
 Deltas are in points (x100); a class is flagged when its F1 falls by more than the tolerance.
+The scores themselves (and the macro rule) are core/quality.py's.
 """
 
 from __future__ import annotations
@@ -14,36 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-
-@dataclass(frozen=True, kw_only=True)
-class ClassQuality:
-    name: str
-    precision: float
-    recall: float
-    f1: float
-    support: int
-    """Rows whose true label is this class."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Quality:
-    """Quality of one model on one labelled set."""
-
-    classes: list[ClassQuality]
-    accuracy: float
-    macro_f1: float
-    weighted_f1: float
-    n: int
-
-    def as_dict(self) -> dict[str, float]:
-        """Flat numbers for a record's `quality` field."""
-        out = {"accuracy": self.accuracy, "macro_f1": self.macro_f1,
-               "weighted_f1": self.weighted_f1}
-        for c in self.classes:
-            out[f"f1.{c.name}"] = c.f1
-            out[f"precision.{c.name}"] = c.precision
-            out[f"recall.{c.name}"] = c.recall
-        return out
+from scalelab.lab.core.quality import Quality, scores
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,35 +36,13 @@ class Delta:
                 "worst_class_points": self.worst_class_points, "flagged": self.flagged}
 
 
-def _div(a: float, b: float) -> float:
-    return a / b if b else 0.0
-
-
 def evaluate(y_true: np.ndarray | torch.Tensor, y_pred: np.ndarray | torch.Tensor,
              classes: list[str]) -> Quality:
-    """Per-class P/R/F1 from labels; rows labelled -1 (unlabelled) are ignored.
-
-    A class never predicted has precision 0; a class absent from y_true has recall 0 and F1 0
-    (kept in the macro mean, so a test set lacking a class shows it rather than hiding it).
-    """
+    """Per-class P/R/F1 by core/quality.py's rule; rows labelled -1 (unlabelled) are ignored."""
     t = np.asarray(y_true.cpu() if isinstance(y_true, torch.Tensor) else y_true, dtype=np.int64)
     p = np.asarray(y_pred.cpu() if isinstance(y_pred, torch.Tensor) else y_pred, dtype=np.int64)
     keep = t >= 0
-    t, p = t[keep], p[keep]
-    k = len(classes)
-    cm = np.zeros((k, k), dtype=np.int64)
-    np.add.at(cm, (t, p), 1)
-    out = []
-    for i, name in enumerate(classes):
-        tp = float(cm[i, i])
-        prec = _div(tp, float(cm[:, i].sum()))
-        rec = _div(tp, float(cm[i, :].sum()))
-        out.append(ClassQuality(name=name, precision=prec, recall=rec,
-                                f1=_div(2 * prec * rec, prec + rec), support=int(cm[i, :].sum())))
-    n = int(t.size)
-    return Quality(classes=out, accuracy=_div(float(np.trace(cm)), n),
-                   macro_f1=float(np.mean([c.f1 for c in out])) if out else 0.0,
-                   weighted_f1=_div(sum(c.f1 * c.support for c in out), n), n=n)
+    return scores(t[keep], p[keep], classes)
 
 
 def compare(baseline: Quality, variant: Quality, *, tolerance_points: float = 1.0) -> Delta:

@@ -2,8 +2,8 @@
 holdout, overall (accuracy and macro F1) or for any single class (per-class F1), beyond a
 tolerance. The holdout is a table in the flights feature contract; each version encodes it with
 its own preprocess.json, exactly as a client of that version would. The pure rule (compare,
-per_class_f1, HoldoutQuality) lives in core/gate.py, shared with the online updater; it is
-re-exported here.
+HoldoutQuality) lives in core/gate.py, shared with the online updater, and the scores in
+core/quality.py; `compare` is re-exported here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import polars as pl
 import torch
 
 from scalelab.lab.core.errors import BadInputError, BadUsageError
-from scalelab.lab.core.gate import HoldoutQuality, compare, evaluation, per_class_f1  # noqa: F401
+from scalelab.lab.core.gate import HoldoutQuality, compare, evaluation
 from scalelab.layers.nets import registry
 from scalelab.layers.nets.flights import LABEL
 from scalelab.layers.nets.repository import check_version, version_dir, versions

@@ -2,7 +2,8 @@
 
 Calibration is the expected calibration error (ECE) over equal-width confidence bins of the
 top-class probability, with the reliability table (per bin: mean confidence vs accuracy) that
-shows where the model is over- or under-confident.
+shows where the model is over- or under-confident. Precision, recall and F1 (and the macro rule)
+are core/quality.py's.
 """
 
 from __future__ import annotations
@@ -12,14 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True, kw_only=True)
-class ClassScores:
-    name: str
-    support: int
-    precision: float
-    recall: float
-    f1: float
+from scalelab.lab.core import quality
+from scalelab.lab.core.quality import ClassScores, quality_key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,15 +40,12 @@ class Evaluation:
     reliability: list[ReliabilityBin]
 
     def summary(self) -> dict[str, float]:
+        """Flat numbers for the model manifest (per-class keys by core/quality.py's format)."""
         out = {"accuracy": self.accuracy, "macro_f1": self.macro_f1,
                "macro_precision": self.macro_precision, "macro_recall": self.macro_recall,
                "test_loss": self.loss, "ece": self.ece}
-        out.update({f"f1_{c.name}": c.f1 for c in self.per_class})
+        out.update({quality_key("f1", c.name): c.f1 for c in self.per_class})
         return out
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b else 0.0
 
 
 def scores(probs: torch.Tensor, y: torch.Tensor, classes: list[str], *,
@@ -61,14 +53,7 @@ def scores(probs: torch.Tensor, y: torch.Tensor, classes: list[str], *,
     """Quality of predicted class probabilities `probs` [N, C] against labels `y` [N]."""
     n = int(y.shape[0])
     pred = probs.argmax(dim=1)
-    per_class = []
-    for k, name in enumerate(classes):
-        tp = int(((pred == k) & (y == k)).sum())
-        fp = int(((pred == k) & (y != k)).sum())
-        fn = int(((pred != k) & (y == k)).sum())
-        p, r = _ratio(tp, tp + fp), _ratio(tp, tp + fn)
-        per_class.append(ClassScores(name=name, support=tp + fn, precision=p, recall=r,
-                                     f1=_ratio(2 * p * r, p + r)))
+    q = quality.scores(y.cpu().numpy(), pred.cpu().numpy(), classes)
     conf = probs.max(dim=1).values.double()
     correct = (pred == y).double()
     rel, ece = [], 0.0
@@ -85,10 +70,8 @@ def scores(probs: torch.Tensor, y: torch.Tensor, classes: list[str], *,
     nll = float(-torch.log(probs.double().gather(1, y.view(-1, 1)).clamp_min(1e-12)).mean())
     return Evaluation(
         n=n, loss=nll, accuracy=float(correct.mean()) if n else 0.0,
-        macro_precision=sum(c.precision for c in per_class) / len(per_class),
-        macro_recall=sum(c.recall for c in per_class) / len(per_class),
-        macro_f1=sum(c.f1 for c in per_class) / len(per_class),
-        per_class=per_class, ece=ece, reliability=rel,
+        macro_precision=q.macro_precision, macro_recall=q.macro_recall, macro_f1=q.macro_f1,
+        per_class=q.classes, ece=ece, reliability=rel,
     )
 
 
