@@ -9,17 +9,12 @@ import numpy as np
 import polars as pl
 import pytest
 
+from scalelab.lab.core.drift import PSI_EPSILON, js_divergence, psi
+from scalelab.lab.core.drift import linf as linf_distance
 from scalelab.lab.core.errors import BadInputError
 from scalelab.layers.nets.table_schema import Schema
 from scalelab.system.data.schema import infer_schema
-from scalelab.system.data.skew import (
-    PSI_EPSILON,
-    compare,
-    drift_anomalies,
-    js_divergence,
-    linf_distance,
-    psi,
-)
+from scalelab.system.data.skew import compare, drift_anomalies
 from scalelab.system.data.stats import DatasetStats, compute_stats
 
 COLUMNS = ["month", "dep_delay", "distance", "carrier", "origin", "tailnum", "time_hour"]

@@ -7,10 +7,11 @@ import math
 import numpy as np
 import polars as pl
 
+from scalelab.lab.core.drift import linf, psi
 from scalelab.lab.core.gate import compare, evaluation
 from scalelab.layers.nets.feature_version import feature_version
 from scalelab.layers.nets.flights import CATEGORICAL, NUMERIC
-from scalelab.system.online.features import FeatureSpec, linf, psi, skew
+from scalelab.system.online.features import FeatureSpec, skew
 
 
 def _frame(n: int, carrier: str = "UA", distance: float = 100.0) -> pl.DataFrame:
@@ -25,7 +26,7 @@ def test_psi_and_linf_by_hand() -> None:
     p, q = np.array([0.5, 0.5]), np.array([0.25, 0.75])
     assert math.isclose(psi(p, q), -0.25 * math.log(0.5) + 0.25 * math.log(1.5))
     assert psi(p, p) == 0.0
-    assert linf({"a": 0.5, "b": 0.5}, {"a": 0.2, "c": 0.8}) == 0.8
+    assert linf({"a": 0.5, "b": 0.5}, {"a": 0.2, "c": 0.8}) == (0.8, "c")
 
 
 def test_feature_version_is_the_content_not_the_writer() -> None:

@@ -9,13 +9,16 @@
   reference's range land in them.
   - Jensen-Shannon divergence, base 2, in [0, 1] (0 log 0 = 0; no smoothing needed).
   - Population stability index, sum (q - p) ln(q / p), with empty-bin proportions replaced by
-    `PSI_EPSILON` = 1e-4 (a bin empty on one side contributes ~ p ln(p / 1e-4), large but finite).
+    core/drift.py's `PSI_EPSILON` = 1e-4 (a bin empty on one side contributes ~ p ln(p / 1e-4),
+    large but finite).
   - Two-sample Kolmogorov-Smirnov: scipy's `ks_2samp` on the raw values when both sides are
     DataFrames; from statistics only, D = max |F_ref - F_cur| over the sketch bucket boundaries
     (a lower bound of the exact D, within 1% in value) with the asymptotic p-value
     (Kolmogorov distribution, effective n = n m / (n + m)). `ks_method` says which was used.
 - Temporal and other columns, and categoricals with more distinct values than the statistics
   keep exact counts for (ids), are listed as skipped with the reason.
+
+The measures themselves are core/drift.py's; this module bins, picks and flags.
 
 Default thresholds (schema.SkewThresholds, overridable per feature in the schema): L-inf 0.1
 (TFDV's suggested starting point), JS 0.1, PSI 0.2 (the usual "major shift" line), KS p-value off.
@@ -26,18 +29,17 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import polars as pl
 
+from scalelab.lab.core.drift import js_divergence, ks_2samp, ks_counts, linf, psi
 from scalelab.lab.core.errors import BadInputError
 from scalelab.layers.nets.table_schema import Schema, SkewThresholds
 from scalelab.system.data.schema import Anomaly
 from scalelab.system.data.stats import ColumnStats, DatasetStats, QuantileSketch, compute_stats
 
-PSI_EPSILON = 1e-4
-"""Proportion used in place of 0 for an empty bin in PSI."""
 BINS = 10
 
 
@@ -85,36 +87,6 @@ class SkewReport:
         return [f for f in self.features if f.flagged]
 
 
-def linf_distance(ref: dict[str, int], cur: dict[str, int]) -> tuple[float, str | None]:
-    """L-infinity distance between two normalised count tables, and where it is attained."""
-    nr, nc = sum(ref.values()), sum(cur.values())
-    best, where = 0.0, None
-    for v in sorted(set(ref) | set(cur)):
-        d = abs((ref.get(v, 0) / nr if nr else 0.0) - (cur.get(v, 0) / nc if nc else 0.0))
-        if d > best:
-            best, where = d, v
-    return best, where
-
-
-def js_divergence(p: np.ndarray, q: np.ndarray) -> float:
-    """Jensen-Shannon divergence (base 2) of two count or probability vectors."""
-    p, q = p / p.sum(), q / q.sum()
-    m = (p + q) / 2
-
-    def kl(a: np.ndarray) -> float:
-        nz = a > 0
-        return float(np.sum(a[nz] * np.log2(a[nz] / m[nz])))
-
-    return max(0.0, 0.5 * kl(p) + 0.5 * kl(q))
-
-
-def psi(p: np.ndarray, q: np.ndarray, eps: float = PSI_EPSILON) -> float:
-    """Population stability index of current counts `q` against reference counts `p`."""
-    p = np.maximum(p / p.sum(), eps)
-    q = np.maximum(q / q.sum(), eps)
-    return float(np.sum((q - p) * np.log(q / p)))
-
-
 def shared_bins(ref: QuantileSketch, cur: QuantileSketch,
                 bins: int = BINS) -> tuple[np.ndarray, np.ndarray]:
     """Counts of both sketches in `bins` equal-mass bins of the reference (see module doc)."""
@@ -137,18 +109,7 @@ def shared_bins(ref: QuantileSketch, cur: QuantileSketch,
 
 def sketch_ks(ref: QuantileSketch, cur: QuantileSketch) -> tuple[float, float]:
     """KS statistic over the shared sketch bucket boundaries and its asymptotic p-value."""
-    from scipy.special import kolmogorov
-
-    r = {k: c for k, _, c in ref.buckets()}
-    q = {k: c for k, _, c in cur.buckets()}
-    fr = fc = 0.0
-    d = 0.0
-    for key in sorted(set(r) | set(q)):
-        fr += r.get(key, 0) / ref.count
-        fc += q.get(key, 0) / cur.count
-        d = max(d, abs(fr - fc))
-    en = ref.count * cur.count / (ref.count + cur.count)
-    return d, float(kolmogorov(d * math.sqrt(en)))
+    return ks_counts({k: c for k, _, c in ref.buckets()}, {k: c for k, _, c in cur.buckets()})
 
 
 def _flag(f: FeatureSkew) -> None:
@@ -180,7 +141,8 @@ def _feature(name: str, r: ColumnStats, c: ColumnStats, thresholds: SkewThreshol
             f.note = "too many distinct values for exact counts (an identifier?)"
             return f
         f.kind = "categorical"
-        f.linf, f.linf_value = linf_distance(r.categorical.counts, c.categorical.counts)
+        dist, where = linf(r.categorical.counts, c.categorical.counts)
+        f.linf, f.linf_value = dist, where
     elif r.numeric is not None and c.numeric is not None:
         if r.numeric.finite == 0 or c.numeric.finite == 0:
             f.note = "no finite values on one side"
@@ -189,12 +151,9 @@ def _feature(name: str, r: ColumnStats, c: ColumnStats, thresholds: SkewThreshol
         p, q = shared_bins(r.numeric.sketch, c.numeric.sketch, bins)
         f.bins, f.js, f.psi = len(p), js_divergence(p, q), psi(p, q)
         if ref_df is not None and cur_df is not None:
-            from scipy.stats import ks_2samp
-
             xr, xc = (d.get_column(name).drop_nulls().cast(pl.Float64).to_numpy()
                       for d in (ref_df, cur_df))
-            res: Any = ks_2samp(xr[np.isfinite(xr)], xc[np.isfinite(xc)])
-            f.ks_statistic, f.ks_pvalue = float(res.statistic), float(res.pvalue)
+            f.ks_statistic, f.ks_pvalue = ks_2samp(xr[np.isfinite(xr)], xc[np.isfinite(xc)])
             f.ks_method = "scipy.ks_2samp"
         else:
             f.ks_statistic, f.ks_pvalue = sketch_ks(r.numeric.sketch, c.numeric.sketch)
