@@ -56,13 +56,12 @@ def js_divergence(ref: np.ndarray, cur: np.ndarray) -> float:
     return max(0.0, 0.5 * kl(p) + 0.5 * kl(q))
 
 
-def linf(ref: Mapping[K, float], cur: Mapping[K, float]) -> tuple[float, K | None]:
+def linf(ref: Mapping[str, float], cur: Mapping[str, float]) -> tuple[float, str | None]:
     """L-infinity distance between two count (or share) tables, and the value where it is
     attained (the first in sorted order on a tie; None when the distance is 0)."""
     nr, nc = sum(ref.values()), sum(cur.values())
     best, where = 0.0, None
-    keys: Any = set(ref) | set(cur)
-    for v in sorted(keys):
+    for v in sorted(set(ref) | set(cur)):
         d = abs((ref.get(v, 0) / nr if nr else 0.0) - (cur.get(v, 0) / nc if nc else 0.0))
         if d > best:
             best, where = d, v

@@ -141,8 +141,7 @@ def _feature(name: str, r: ColumnStats, c: ColumnStats, thresholds: SkewThreshol
             f.note = "too many distinct values for exact counts (an identifier?)"
             return f
         f.kind = "categorical"
-        dist, where = linf(r.categorical.counts, c.categorical.counts)
-        f.linf, f.linf_value = dist, where
+        f.linf, f.linf_value = linf(r.categorical.counts, c.categorical.counts)
     elif r.numeric is not None and c.numeric is not None:
         if r.numeric.finite == 0 or c.numeric.finite == 0:
             f.note = "no finite values on one side"
