@@ -27,6 +27,7 @@ from scalelab.cli._sweep import (
 )
 from scalelab.cli._sweep import fmt_ms as _ms
 from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.objectives import parse_percent
 from scalelab.lab.core.records import Record, append_records, new_experiment_id, read_records
 from scalelab.lab.core.units import parse_duration
 from scalelab.lab.load.capacity import (
@@ -49,7 +50,7 @@ from scalelab.lab.load.http.result import (
 from scalelab.lab.load.http.run import LoadPlan, run_load
 from scalelab.lab.load.schedule import ARRIVALS
 from scalelab.lab.load.server_meter import ServerMeter
-from scalelab.lab.load.slo import Slo, budget, parse_percent, parse_slo
+from scalelab.lab.load.slo import Slo, budget, parse_slo
 
 VALIDITY_RULES = {"rate_tolerance": RATE_TOLERANCE, "lag_p99_floor_ms": LAG_FLOOR_S * 1e3,
                   "lag_p99_max_gaps": 1.0, "lag_p99_max_objective_share": LAG_OBJECTIVE_SHARE}

@@ -36,6 +36,7 @@ from scalelab.cli._sweep import (
 from scalelab.cli._sweep import fmt_ms as _ms
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.machine import available_cores
+from scalelab.lab.core.objectives import parse_percent
 from scalelab.lab.core.records import Record, append_records, new_experiment_id
 from scalelab.lab.core.units import parse_duration
 from scalelab.lab.load.capacity import SearchConfig
@@ -49,7 +50,6 @@ from scalelab.lab.load.llm.workload import APIS, PATHS, USAGE_MODES, LengthDist,
 from scalelab.lab.load.schedule import ARRIVALS, Mode
 from scalelab.lab.load.scrape import Sampler, note_limits
 from scalelab.lab.load.send import Target
-from scalelab.lab.load.slo import parse_percent
 
 
 @click.group("llm", cls=DefaultGroup)

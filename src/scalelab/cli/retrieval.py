@@ -237,7 +237,7 @@ def serve_cmd(governance: Path | None,
               help="Queries of the fixed-rate latency run at least: the questions are sent "
                    "again until this many (a p99 needs 299 to be decided); 0: one pass.")
 @click.option("--latency-slo", default="", show_default=False,
-              help="Latency limits the fixed-rate runs are sized to decide, e.g. p99_ms=20 "
+              help="Latency limits the fixed-rate runs are sized to decide, e.g. p99<20ms "
                    "(comma-separated; with --latency-budget).")
 @click.option("--latency-budget", type=float, default=None,
               help="Seconds all fixed-rate runs may take beyond their first pass: each grows "

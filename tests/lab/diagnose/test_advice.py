@@ -3,7 +3,7 @@
 import pytest
 
 from recordkit import rec
-from scalelab.lab.core.objectives import Objective
+from scalelab.lab.core.objectives import Objective, slo_text
 from scalelab.lab.core.sheet import build_sheet
 from scalelab.lab.core.verdict import AdviceInput, StageGoal, best_capacity, curve_prediction, judge
 from scalelab.lab.diagnose.stages import data, serve, serve_advice, serve_curve
@@ -11,9 +11,9 @@ from scalelab.lab.diagnose.stages import data, serve, serve_advice, serve_curve
 
 def test_capacity_slo_from_the_objectives() -> None:
     objs = [Objective(metric="p99_ms", max=200), Objective(metric="availability", min=0.999)]
-    assert serve_curve.capacity_slo(objs) == ("p99<200ms", "0.1%")
-    assert serve_curve.capacity_slo([Objective(metric="p95_ms", max=50)]) == ("p95<50ms", None)
-    assert serve_curve.capacity_slo([Objective(metric="availability", min=0.99)]) is None
+    assert slo_text(objs) == "p99<200ms,avail>=99.9%"
+    assert slo_text([Objective(metric="p95_ms", max=50)]) == "p95<50ms"
+    assert slo_text([Objective(metric="availability", min=0.99)]) is None
 
 
 def test_measured_capacity_and_knee_are_in_the_serving_prediction() -> None:

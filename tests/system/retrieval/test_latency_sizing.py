@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalelab.lab.core.errors import BadUsageError
-from scalelab.lab.core.objectives import Objective
+from scalelab.lab.core.errors import BadUsageError, ScalelabError
+from scalelab.lab.core.objectives import Objective, latency_objectives
 from scalelab.lab.core.records import make_record, read_records
 from scalelab.lab.diagnose.budget import time_lines
 from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.schema import Prices
 from scalelab.lab.diagnose.stages.base import Context
-from scalelab.lab.diagnose.stages.retrieval import STAGE, latency_slo, tag_record
+from scalelab.lab.diagnose.stages.retrieval import STAGE, tag_record
 from scalelab.lab.diagnose.steps import StepResult
 from scalelab.system.retrieval.bench import RetrievalBenchConfig, open_loop, run_bench
 from scalelab.system.retrieval.index import build_index
@@ -54,7 +54,7 @@ def test_the_latency_run_sends_the_questions_again_until_it_has_enough(
     with pytest.raises(BadUsageError, match="--latency-budget sizes the runs"):
         RetrievalBenchConfig(latency_budget_s=10.0)
     with pytest.raises(BadUsageError, match="--latency-budget must be >= 0"):
-        RetrievalBenchConfig(latency_budget_s=-1.0, latency_objectives=parse_slo(["p99_ms=2"]))
+        RetrievalBenchConfig(latency_budget_s=-1.0, latency_objectives=parse_slo(["p99<2ms"]))
 
 
 def test_the_next_chunk_reaches_a_decidable_count_then_doubles() -> None:
@@ -81,10 +81,12 @@ def test_the_allowance_gives_later_runs_what_earlier_ones_left() -> None:
 
 
 def test_slo_parsing_names_the_fix() -> None:
-    assert parse_slo(["p99_ms=20", " p95_ms=5.5"]) == [Objective(metric="p99_ms", max=20.0),
+    assert parse_slo(["p99<20ms", " p95<5.5ms"]) == [Objective(metric="p99_ms", max=20.0),
                                                        Objective(metric="p95_ms", max=5.5)]
-    for bad in ("p99=20", "p99_ms", "p99_ms=fast", "p99_ms=0", "rate=3"):
-        with pytest.raises(BadUsageError, match="write METRIC=MS"):
+    for bad, fix in (("p99_ms=20", "e.g. p99<20ms"), ("p99", "e.g. p99<20ms"),
+                     ("p99<fast", "not a duration"), ("p99<0ms", "must be positive"),
+                     ("p90<3ms", "p50, p95 or p99"), ("avail>=99%", "e.g. p99<20ms")):
+        with pytest.raises(ScalelabError, match=fix):
             parse_slo([bad])
 
 
@@ -129,7 +131,7 @@ def test_the_bench_records_each_run_s_sizing_for_the_time_section(tmp_path: Path
     cfg = RetrievalBenchConfig(levels=(1,), base_docs=100, questions=20, indexes=(),
                                embedder="hashing", cache=None, out=tmp_path, runs=1,
                                arrival_rate=RATE, fresh_singles=2,
-                               latency_objectives=parse_slo(["p99_ms=1000"]),
+                               latency_objectives=parse_slo(["p99<1000ms"]),
                                latency_budget_s=4.0)
     run_bench(cfg)
     records = read_records(tmp_path / "records.jsonl")
@@ -157,7 +159,7 @@ def test_the_stage_hands_the_bench_its_share_beyond_the_minimum(tmp_path: Path) 
     runs a bench (faiss Flat off: exact too, its recall 1.0 by construction)."""
     s = load_config(None, "default").stages.retrieval
     least = STAGE.minimum_s(s, 1)
-    assert latency_slo(s.built_objectives()) == ["p99_ms=20"]
+    assert [o.to_slo() for o in latency_objectives(s.built_objectives())] == ["p99<20ms"]
     assert STAGE.latency_budget(s, _ctx(tmp_path, {})) is None  # no budget: one pass
     assert STAGE.latency_budget(s, _ctx(tmp_path, {}, full=True)) == 12 * 30.0
     assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": least})) == 0.0
@@ -168,7 +170,7 @@ def test_the_stage_hands_the_bench_its_share_beyond_the_minimum(tmp_path: Path) 
     assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": 2 * least + 16},
                                         repeats=2)) == 8.0
     argv = _argv(s, tmp_path, {"retrieval": least + 16})
-    assert argv[argv.index("--latency-slo") + 1] == "p99_ms=20"
+    assert argv[argv.index("--latency-slo") + 1] == "p99<20ms"
     assert argv[argv.index("--latency-budget") + 1] == "16"
     assert "--no-flat" in argv and argv[argv.index("--indexes") + 1] == "faiss:HNSW32,ivfpq"
     assert "--latency-slo" not in _argv(s, tmp_path, {})  # no budget: not sized

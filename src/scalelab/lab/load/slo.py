@@ -10,19 +10,13 @@ period, 10 spends a 30-day budget in 3 days.
 from __future__ import annotations
 
 import math
-import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Generic, TypeVar
 
 from scalelab.lab.core.errors import BadUsageError
-from scalelab.lab.core.units import parse_duration
+from scalelab.lab.core.objectives import parse_percent, parse_terms, read_term
 from scalelab.lab.load.histogram import LatencyHistogram
-
-_LAT = re.compile(r"^p(\d+(?:\.\d+)?)\s*(<=|<)\s*(.+)$", re.IGNORECASE)
-_AVAIL = re.compile(r"^(?:avail|availability)\s*(>=|>)\s*(.+)$", re.IGNORECASE)
-_ERRS = re.compile(r"^(?:errors?|error[_-]?rate)\s*(<=|<)\s*(.+)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,62 +85,9 @@ def slo_label(objectives: list[str], availability: float | None) -> str:
     return ",".join(objectives)
 
 
-def parse_terms(text: str | None, read: Callable[[str], ObjT | float | None],
-                example: str) -> tuple[list[ObjT], float | None]:
-    """Split `--slo` at commas and read each term with `read`: an objective, an availability
-    (a float; the last one wins) or None for a term it cannot read (an error naming
-    `example`)."""
-    objs: list[ObjT] = []
-    avail: float | None = None
-    for term in [t.strip() for t in (text or "").split(",") if t.strip()]:
-        got = read(term)
-        if got is None:
-            raise BadUsageError(f"--slo: cannot read {term!r}; write e.g. {example}, "
-                                "comma-separated")
-        if isinstance(got, float):
-            avail = got
-        else:
-            objs.append(got)
-    return objs, avail
-
-
-def parse_quantile(digits: str, term: str) -> float:
-    """The percentile of "p95" (0.95), "p99.9" or its usual shorthand "p999" (both 0.999)."""
-    q = float(digits) / 100.0 if "." in digits or len(digits) <= 2 else \
-        float(f"{digits[:2]}.{digits[2:]}") / 100.0
-    q = round(q, 12)
-    if not (0.0 < q < 1.0):
-        raise BadUsageError(f"--slo {term!r}: the percentile must be between 0 and 100")
-    return q
-
-
-def parse_threshold(text: str, term: str) -> float:
-    """An objective's threshold in seconds (milliseconds when no unit is given)."""
-    thr = parse_duration(text, what=f"--slo {term!r}", default_unit="ms")
-    if thr <= 0:
-        raise BadUsageError(f"--slo {term!r}: the threshold must be positive")
-    return thr
-
-
-def parse_availability(text: str, term: str) -> float:
-    """"99.9%" (or "99.9") of an "avail>=" term -> 0.999."""
-    return round(_pct(text, term) / 100.0, 12)
-
-
-def parse_percent(text: str, *, what: str) -> float:
-    """'0.1%' -> 0.001; '0.001' -> 0.001."""
-    t = str(text).strip()
-    try:
-        v = float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
-    except ValueError:
-        raise BadUsageError(f"{what}: {text!r} is not a percentage; write e.g. 0.1%") from None
-    if not (0.0 <= v < 1.0) or not math.isfinite(v):
-        raise BadUsageError(f"{what}: {text!r} must be between 0% and 100%")
-    return v
-
-
 def parse_slo(text: str | None, *, error_budget: str | None = None) -> Slo:
-    """Parse "p95<50ms,p99<200ms,avail>=99.9%" (comma-separated; any order).
+    """Parse "p95<50ms,p99<200ms,avail>=99.9%" (comma-separated; any order; the grammar is
+    core/objectives.py's).
 
     `error_budget` ("0.1%") sets availability = 1 - budget and overrides one in `text`.
     """
@@ -158,26 +99,12 @@ def parse_slo(text: str | None, *, error_budget: str | None = None) -> Slo:
 
 
 def _read_term(term: str) -> LatencyObjective | float | None:
-    if m := _LAT.match(term):
-        return LatencyObjective(quantile=parse_quantile(m.group(1), term),
-                                threshold_s=parse_threshold(m.group(3), term))
-    if m := _AVAIL.match(term):
-        return parse_availability(m.group(2), term)
-    if m := _ERRS.match(term):
-        return round(1.0 - parse_percent(m.group(2), what=f"--slo {term!r}"), 12)
-    return None
-
-
-def _pct(text: str, term: str) -> float:
-    t = text.strip().rstrip("%")
-    try:
-        v = float(t)
-    except ValueError:
-        raise BadUsageError(f"--slo {term!r}: write availability as a percentage, e.g. 99.9%") \
-            from None
-    if not (0 < v <= 100):
-        raise BadUsageError(f"--slo {term!r}: availability must be in (0, 100]%")
-    return v
+    t = read_term(term)
+    if t is None or t.of is not None:
+        return None
+    if t.quantile is None or t.threshold_s is None:
+        return t.availability
+    return LatencyObjective(quantile=t.quantile, threshold_s=t.threshold_s)
 
 
 @dataclass(frozen=True, kw_only=True)

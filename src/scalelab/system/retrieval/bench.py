@@ -181,7 +181,7 @@ class RetrievalBenchConfig:
             raise BadUsageError("--latency-budget must be >= 0 seconds")
         if self.latency_budget_s is not None and not self.latency_objectives:
             raise BadUsageError("--latency-budget sizes the runs to decide --latency-slo: "
-                                "give both, e.g. --latency-slo p99_ms=20 --latency-budget 30")
+                                "give both, e.g. --latency-slo p99<20ms --latency-budget 30")
         if self.arrival_rate <= 0 or self.price_per_core_hour < 0:
             raise BadUsageError("arrival rate > 0 and price >= 0 required")
 

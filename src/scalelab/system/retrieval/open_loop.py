@@ -81,18 +81,15 @@ def open_loop(index: VectorIndex, q: np.ndarray, k: int, rate: float,
 
 
 def parse_slo(items: Sequence[str]) -> list[Objective]:
-    """['p99_ms=20'] -> [Objective(p99_ms ≤ 20)]: the latency limits a run is sized to decide."""
+    """['p99<20ms'] -> [Objective(p99_ms ≤ 20)]: the latency limits a run is sized to decide
+    (core/objectives.py's `--slo` grammar, latency terms only)."""
     out = []
     for item in items:
-        metric, _, limit = item.partition("=")
-        try:
-            value = float(limit)
-        except ValueError:
-            value = float("nan")
-        if metric.strip() not in QUANTILES or not value > 0:
-            raise BadUsageError(f"--latency-slo {item!r}: write METRIC=MS with METRIC one of "
-                                f"{', '.join(QUANTILES)}, e.g. p99_ms=20")
-        out.append(Objective(metric=metric.strip(), max=value))
+        o = Objective.from_slo(item.strip())
+        if o.metric not in QUANTILES:
+            raise BadUsageError(f"--latency-slo {item!r}: name a latency quantile, e.g. "
+                                "p99<20ms")
+        out.append(o)
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, RootModel, model_validator
 
 from scalelab.lab.core.knee import find_knee
+from scalelab.lab.core.objectives import slo_text
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import SheetRow
 from scalelab.lab.core.units import parse_duration
@@ -33,7 +34,6 @@ from scalelab.lab.diagnose.stages.serve import CAPACITY_SEARCH_S
 from scalelab.lab.diagnose.stages.serve import advise as serve_advice
 from scalelab.lab.diagnose.stages.serve_curve import (
     CAPACITY,
-    capacity_slo,
     search_requests,
     step_seconds,
 )
@@ -116,13 +116,13 @@ LOAD = "load"
 def _search(c: CustomStage, rec: Path, start: float | None = None) -> LoadCapacity | None:
     """kind=load with `capacity` and a latency objective: the capacity search's command."""
     objectives = [o.build() for o in c.objectives]
-    slo = capacity_slo(objectives)
+    slo = slo_text(objectives, availability=False)
     if c.kind != "load" or not c.capacity or slo is None:
         return None
     first = start or c.base_rate
     floor_s = parse_duration(c.capacity_step)
     step_s = step_seconds(search_requests(objectives, availability=False), first, floor_s)
-    return LoadCapacity(url=c.url or "", slo=slo[0], start=first,
+    return LoadCapacity(url=c.url or "", slo=slo, start=first,
                         max_rate=c.base_rate * max(c.levels) * 20, min_step=f"{floor_s / 2:g}s",
                         max_step=f"{step_s:g}s", max_steps=c.capacity_max_steps, warmup="0.5s",
                         records=rec, payload="json" if c.body else None,

@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.limits import Evidence
-from scalelab.lab.core.objectives import Objective, metric_value
+from scalelab.lab.core.objectives import latency_objectives, metric_value
 from scalelab.lab.core.records import Record, append_records, read_records
 from scalelab.lab.core.sheet import SheetRow, build_sheet
 from scalelab.lab.core.verdict import (
@@ -142,7 +142,6 @@ class LlmSettings(StageSettings):
         return self
 
 
-_QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 STEP_START_S = 6.0
 """A first `load llm run` step's fixed part: process start and the quality probe's prompts
 answered one at a time. With LEVEL_S and SERVER_START_S, the demo's llm stage (SmolLM2, both
@@ -182,16 +181,6 @@ def concurrencies(s: LlmSettings, series: str | None) -> list[int]:
 def first_step_s(s: LlmSettings, series: str) -> float:
     """A series' first step's estimated seconds (STEP_START_S + LEVEL_S a level)."""
     return STEP_START_S + LEVEL_S * len(concurrencies(s, series))
-
-
-def _ttft_slo(objectives: list[Objective]) -> tuple[str, str] | None:
-    """(quantile, `--slo` of load llm capacity) from the tightest latency (TTFT) objective."""
-    o = next((o for o in objectives if o.metric in ("p50_ms", "p95_ms", "p99_ms")
-              and o.max is not None), None)
-    if o is None or o.max is None:
-        return None
-    q = o.metric.removesuffix("_ms")
-    return q, f"ttft_{q}<{o.max:g}ms"
 
 
 def resolve_model(spec: str) -> str:
@@ -325,15 +314,15 @@ class LlmStage(Stage[LlmSettings]):
         return s.enabled and (bool(s.url) or engine_available())
 
     def count(self, s: LlmSettings, repeats: int) -> int:
-        search = 1 if s.capacity and _ttft_slo(s.built_objectives()) else 0
+        search = 1 if s.capacity and latency_objectives(s.built_objectives()) else 0
         return 1 + search if s.url else len(s.series) * repeats
 
     def _search(self, s: LlmSettings, url: str, levels: Path, rec: Path) -> LoadLlmCapacity | None:
         """The user's endpoint's capacity search, started at half the request rate of the
         highest concurrency the levels measured to meet the objectives."""
         objectives = s.built_objectives()
-        slo = _ttft_slo(objectives)
-        if not s.capacity or slo is None:
+        lat = latency_objectives(objectives)
+        if not s.capacity or not lat or lat[0].quantile is None:
             return None
         rows = build_sheet(read_records(levels)) if levels.is_file() else []
         held = capacity(rows, objectives)
@@ -341,8 +330,8 @@ class LlmStage(Stage[LlmSettings]):
         out_tokens = LengthDist.parse(s.output_tokens, what="output_tokens").mean
         rps = (row.rate or 0.0) / out_tokens if row is not None else 0.0
         start = max(0.5, rps / 2.0)
-        need = step_requests(_QUANTILES[slo[0]], SEARCH_CONFIDENCE)
-        return LoadLlmCapacity(url=url, slo=slo[1], start=round(start, 3),
+        need = step_requests(lat[0].quantile, SEARCH_CONFIDENCE)
+        return LoadLlmCapacity(url=url, slo=lat[0].to_slo(of="ttft"), start=round(start, 3),
                                max_rate=round(start * 64, 3), min_step="1s",
                                max_step=f"{min(step_seconds(need, start, 2.0), MAX_STEP_S):g}s",
                                max_steps=s.capacity_max_steps, warmup="0.5s",
@@ -435,7 +424,7 @@ class LlmStage(Stage[LlmSettings]):
                         series=series, tag=tag)
 
     def _searching(self, s: LlmSettings) -> bool:
-        return bool(s.url) and s.capacity and _ttft_slo(s.built_objectives()) is not None
+        return bool(s.url) and s.capacity and bool(latency_objectives(s.built_objectives()))
 
     def minimum_s(self, s: LlmSettings, repeats: int) -> float:
         if s.url:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from scalelab.lab.core.objectives import Objective, metric_value
+from scalelab.lab.core.objectives import Objective, latency_objectives, metric_value
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import SheetRow
 from scalelab.lab.core.verdict import Advice, AdviceInput, StageGoal, num_text
@@ -28,7 +28,6 @@ from scalelab.lab.diagnose.commands import Command
 from scalelab.lab.diagnose.schema import Levels, StageSettings
 from scalelab.lab.diagnose.stages.base import MINIMUM_S, Context, Stage
 from scalelab.lab.diagnose.steps import Step, restage
-from scalelab.system.retrieval.open_loop import QUANTILES
 
 BASELINE = "exact"
 RELATIVE = frozenset({"quality:recall_at_10", "extras:memory_vs_raw"})
@@ -188,13 +187,6 @@ FULL_RUN_CAP_S = 30.0
 """--full: the most a fixed-rate run may add beyond its first pass while still undecided."""
 
 
-def latency_slo(objectives: list[Objective]) -> list[str]:
-    """The latency-quantile limits the bench's fixed-rate runs are sized to decide
-    ('p99_ms=20'); the verdict judges these on the runs' latencies."""
-    return [f"{o.metric}={o.max:g}" for o in objectives
-            if o.metric in QUANTILES and o.max is not None]
-
-
 def tag_record(r: Record, *, stage: str, repeat: int, objectives: list[Objective]) -> Record:
     """A bench record under the diagnosis's stage and repeat, each latency objective in its
     sizing's undecided lines named as the config names it (the bench knows only the limit:
@@ -202,7 +194,7 @@ def tag_record(r: Record, *, stage: str, repeat: int, objectives: list[Objective
     r = restage(r, stage=stage, repeat=repeat)
     z = r.extras.get(SIZING_KEY)
     names = {Objective(metric=o.metric, max=o.max).label + ":": o.label + ":"
-             for o in objectives if o.metric in QUANTILES and o.max is not None}
+             for o in latency_objectives(objectives)}
     if not isinstance(z, dict) or not names:
         return r
     lines = [next((names[k] + u[len(k):] for k in names if u.startswith(k)), u)
@@ -227,7 +219,7 @@ class RetrievalStage(Stage[RetrievalSettings]):
         (retrieval.open_loop: each grows until its latency objectives are decided): the
         stage's share beyond its minimum over the repeats; --full without a budget,
         FULL_RUN_CAP_S a run; None: not sized (no budget, or no latency objective)."""
-        if not latency_slo(s.built_objectives()):
+        if not latency_objectives(s.built_objectives()):
             return None
         share = ctx.shares.get(self.name)
         if share is None:
@@ -238,7 +230,8 @@ class RetrievalStage(Stage[RetrievalSettings]):
     def run(self, s: RetrievalSettings, ctx: Context) -> None:
         work = ctx.work / "retrieval"
         budget = self.latency_budget(s, ctx)
-        slo = latency_slo(s.built_objectives()) if budget is not None else None
+        slo = [o.to_slo() for o in latency_objectives(s.built_objectives())] \
+            if budget is not None else None
         for rep in range(ctx.repeats):
             rec = ctx.records(f"retrieval-{rep}")
             cmd = RetrievalBench(out=work, levels=s.levels, base_docs=s.base_docs,

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from scalelab.lab.core.objectives import slo_text
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import build_sheet
 from scalelab.lab.core.units import parse_duration
@@ -43,7 +44,7 @@ from scalelab.lab.diagnose.stages.serve_config import (
     batching_repo,
     serve_cmd,
 )
-from scalelab.lab.diagnose.stages.serve_curve import capacity_slo, grid_bounds
+from scalelab.lab.diagnose.stages.serve_curve import grid_bounds
 from scalelab.lab.diagnose.stages.serve_meter import WARMUP_S, metered
 from scalelab.lab.diagnose.stages.serve_search import run_search
 from scalelab.lab.diagnose.stages.serve_servers import Planned, start_all, stop_all
@@ -114,7 +115,7 @@ def searched_settings(s: ServeSettings, cores: int) -> list[str]:
     but the replicated setting when the replica sweep measures that very server (1 process
     with as many torch threads as cores, the server's default), which it does in its
     'threads=N' (or, on 1 core, 'replicas=1') search."""
-    if not (s.capacity and capacity_slo(s.built_objectives())):
+    if not (s.capacity and slo_text(s.built_objectives())):
         return []
     default = Shape(processes=1, threads=cores)
     covered = default in sweep_shapes(s, cores)
@@ -158,7 +159,7 @@ class ServeStage(Stage[ServeSettings]):
         return () if s.url else (FEATURES, SERVED_MODEL)
 
     def count(self, s: ServeSettings, repeats: int) -> int:
-        searching = 1 if s.capacity and capacity_slo(s.built_objectives()) else 0
+        searching = 1 if s.capacity and slo_text(s.built_objectives()) else 0
         if s.url:
             return len(s.levels) + searching  # one chunk a level at least
         cores = os.cpu_count() or 1
@@ -292,7 +293,7 @@ class ServeStage(Stage[ServeSettings]):
         rec = ctx.records("serve")
         rates = [s.base_rate * m for m in s.levels]
         note = metrics_note(metrics_url(endpoint))
-        searching = s.capacity and capacity_slo(s.built_objectives()) is not None
+        searching = s.capacity and slo_text(s.built_objectives()) is not None
         ok = sized_levels(ctx, budget_key=self.name, stage=self.name, label=f"load {endpoint}",
                           cmd=self._load(s, endpoint, rec, rates),
                           objectives=s.built_objectives(), series=SERIES[s.baseline],
@@ -333,7 +334,7 @@ class ServeStage(Stage[ServeSettings]):
     def _after_levels_s(self, s: ServeSettings, cores: int) -> float:
         """Seconds of the stage's fixed work after its levels: the capacity searches and the
         replica sweep's (measured, see the constants)."""
-        searching = 1 if s.capacity and capacity_slo(s.built_objectives()) else 0
+        searching = 1 if s.capacity and slo_text(s.built_objectives()) else 0
         shapes = len(sweep_shapes(s, cores)) if searching else 0
         return SEARCH_S * len(searched_settings(s, cores)) + SWEEP_SEARCH_S * shapes
 
@@ -342,7 +343,7 @@ class ServeStage(Stage[ServeSettings]):
         if s.url:
             return len(s.levels) * (level_s + STEP_START_S) + CAPACITY_SEARCH_S
         cores = os.cpu_count() or 1
-        searching = s.capacity and capacity_slo(s.built_objectives()) is not None
+        searching = s.capacity and slo_text(s.built_objectives()) is not None
         # a multi-worker server is its master and its workers, each an interpreter's start
         processes = len(s.batching) + (sum(x.processes + (x.processes > 1)
                                            for x in sweep_shapes(s, cores)) if searching else 0)

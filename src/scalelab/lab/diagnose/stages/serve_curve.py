@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.fits import fit_scaling
-from scalelab.lab.core.objectives import Objective, check_rows
+from scalelab.lab.core.objectives import Objective, check_rows, latency_objectives
 from scalelab.lab.core.sheet import SheetRow
 from scalelab.lab.load.capacity import step_requests
 
@@ -38,24 +38,8 @@ MAX_PREDICTED_REPLICAS = 1024
 """Largest replica count a prediction searches before saying no count reaches the peak."""
 
 
-_LATENCY = {"p50_ms": "p50", "p95_ms": "p95", "p99_ms": "p99"}
-_QUANTILE = {"p50_ms": 0.5, "p95_ms": 0.95, "p99_ms": 0.99}
 SEARCH_CONFIDENCE = 0.95
 """`load capacity`'s default confidence, which the stage's searches keep."""
-
-
-def capacity_slo(objectives: list[Objective]) -> tuple[str, str | None] | None:
-    """(--slo, --error-budget) for `load capacity` from the stage's objectives: the tightest
-    latency bound and the availability objective; None without a latency objective (pure)."""
-    lat = [o for o in objectives if o.metric in _LATENCY and o.max is not None]
-    if not lat:
-        return None
-    o = lat[0]
-    avail = next((a for a in objectives if a.metric == "availability" and a.min is not None),
-                 None)
-    budget = f"{(1 - avail.min) * 100:.6g}%" if avail is not None and avail.min is not None \
-        else None
-    return f"{_LATENCY[o.metric]}<{o.max:g}ms", budget
 
 
 def budget_requests(budget: float, confidence: float = SEARCH_CONFIDENCE) -> int:
@@ -74,11 +58,13 @@ def search_requests(objectives: list[Objective], *, availability: bool) -> int:
     """Requests one capacity step needs before it can decide: the latency quantile's rule
     (`load.capacity.step_requests`) and, when the search also judges availability, the
     budget's."""
-    lat = next(o for o in objectives if o.metric in _LATENCY and o.max is not None)
-    need = step_requests(_QUANTILE[lat.metric], SEARCH_CONFIDENCE)
-    slo = capacity_slo(objectives)
-    if availability and slo is not None and slo[1] is not None:
-        need = max(need, budget_requests(float(slo[1].rstrip("%")) / 100.0))
+    lat = latency_objectives(objectives)[0]
+    assert lat.quantile is not None
+    need = step_requests(lat.quantile, SEARCH_CONFIDENCE)
+    avail = next((o.min for o in objectives if o.metric == "availability" and o.min is not None),
+                 None)
+    if availability and avail is not None:
+        need = max(need, budget_requests(round(1.0 - avail, 12)))
     return need
 
 
@@ -167,12 +153,12 @@ class GridBounds:
 
 def grid_bounds(rows: list[SheetRow], objectives: list[Objective], base_rps: float) -> GridBounds:
     """The search's start and known fail from the levels `rows` of the same server (pure):
-    only decided checks of the latency objective the search judges (`capacity_slo`) count;
+    only decided checks of the latency objective the search judges (`slo_text`'s) count;
     an undecided or unmeasured level bounds nothing."""
-    lat = next((o for o in objectives if o.metric in _LATENCY and o.max is not None), None)
-    if lat is None:
+    lat = latency_objectives(objectives)
+    if not lat:
         return GridBounds(start=base_rps, fails_at=None)
-    checks = check_rows(rows, [lat])
+    checks = check_rows(rows, lat[:1])
     met = [c.level for c in checks if c.outcome == "met"]
     start = max([base_rps, *met])
     missed = [c.level for c in checks if c.outcome == "missed" and c.level > start]

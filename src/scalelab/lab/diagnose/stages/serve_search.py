@@ -10,6 +10,7 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
+from scalelab.lab.core.objectives import slo_text
 from scalelab.lab.core.records import Record, read_records
 from scalelab.lab.core.units import parse_duration
 from scalelab.lab.diagnose.commands import LoadCapacity
@@ -17,7 +18,6 @@ from scalelab.lab.diagnose.stages.base import Context
 from scalelab.lab.diagnose.stages.serve_config import MODEL, ServeSettings
 from scalelab.lab.diagnose.stages.serve_curve import (
     CAPACITY,
-    capacity_slo,
     search_requests,
     step_seconds,
 )
@@ -44,7 +44,7 @@ def run_search(s: ServeSettings, ctx: Context, *, stage: str, series: str, url: 
     """Search `url` for the highest rate meeting the objectives (series '<series> capacity');
     nothing without `capacity` or a latency objective."""
     objectives = s.built_objectives()
-    slo = capacity_slo(objectives)
+    slo = slo_text(objectives, availability=s.capacity_availability)
     if not s.capacity or slo is None:
         return
     floor_s = parse_duration(s.capacity_step)
@@ -55,8 +55,7 @@ def run_search(s: ServeSettings, ctx: Context, *, stage: str, series: str, url: 
     step_s = step_seconds(need, first, floor_s)
     max_rate = s.base_rate * max(s.levels) * 20
     rec = ctx.records(f"serve-capacity-{series}")
-    cmd = LoadCapacity(url=url, slo=slo[0],
-                       error_budget=slo[1] if s.capacity_availability else None,
+    cmd = LoadCapacity(url=url, slo=slo,
                        start=min(first, max_rate), max_rate=max_rate,
                        fails_at=fails_at if fails_at is not None and fails_at > first else None,
                        min_step=f"{floor_s / 2:g}s", max_step=f"{step_s:g}s",

@@ -10,6 +10,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from scalelab.lab.core.objectives import slo_text
 from scalelab.lab.core.records import Record
 from scalelab.lab.diagnose.stages.base import Context
 from scalelab.lab.diagnose.stages.serve_config import (
@@ -22,7 +23,6 @@ from scalelab.lab.diagnose.stages.serve_config import (
 from scalelab.lab.diagnose.stages.serve_curve import (
     REPLICAS,
     THREADS,
-    capacity_slo,
     sweep_start,
 )
 from scalelab.lab.diagnose.stages.serve_search import passed_rates, run_search, search_path
@@ -78,7 +78,7 @@ def sweep_servers(s: ServeSettings, ctx: Context, repo: Path, *, cores: int) -> 
     its metrics in multiprocess mode, so the sweep's points pay the same metrics cost and
     each worker shows up as files."""
     shapes = sweep_shapes(s, cores)
-    if not (s.capacity and capacity_slo(s.built_objectives()) and shapes):
+    if not (s.capacity and slo_text(s.built_objectives()) and shapes):
         return []
     setting = s.replicas_batching
     srepo = batching_repo(repo, ctx.work / f"repo-replicas-{setting}",
@@ -102,7 +102,7 @@ def run_sweep(s: ServeSettings, ctx: Context, repo: Path, data: Path | None, *, 
     steps are the slow ones (40 requests/s needs 7 s for 230 requests). A start that fails is
     halved by the search."""
     shapes = sweep_shapes(s, cores)
-    if not (s.capacity and capacity_slo(s.built_objectives()) and shapes):
+    if not (s.capacity and slo_text(s.built_objectives()) and shapes):
         return
     setting = s.replicas_batching
     passed = earlier_passes(ctx, grid_pass)

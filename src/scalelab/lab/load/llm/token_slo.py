@@ -19,26 +19,17 @@ independent, so its interval is taken over the request count, not the gap count.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import numpy as np
 
+from scalelab.lab.core.objectives import TIMINGS, parse_terms, read_term
 from scalelab.lab.load.capacity import StopRule
-from scalelab.lab.load.slo import (
-    LatencyObjective,
-    ObjectiveSet,
-    parse_availability,
-    parse_quantile,
-    parse_terms,
-    parse_threshold,
-)
+from scalelab.lab.load.slo import LatencyObjective, ObjectiveSet
 
 Metric = Literal["ttft", "itl", "tpot", "e2e"]
-METRICS: tuple[Metric, ...] = ("ttft", "itl", "tpot", "e2e")
-_OBJ = re.compile(r"^(ttft|itl|tpot|e2e)_?p(\d+(?:\.\d+)?)\s*(<=|<)\s*(.+)$", re.IGNORECASE)
-_AVAIL = re.compile(r"^(?:avail|availability)\s*(>=|>)\s*([\d.]+)\s*%?$", re.IGNORECASE)
+METRICS: tuple[Metric, ...] = TIMINGS  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +60,8 @@ class TokenSlo(ObjectiveSet[TokenObjective]):
 
 
 def parse_token_slo(text: str) -> TokenSlo:
-    """Parse comma-separated terms: METRIC_pQ<THRESHOLD (ms by default) and avail>=P%."""
+    """Parse comma-separated terms: METRIC_pQ<THRESHOLD (ms by default) and avail>=P% (the
+    grammar is core/objectives.py's)."""
     objs, avail = parse_terms(str(text), _read_term,
                               "\"ttft_p95<500ms\", \"tpot_p99<60ms\", \"itl_p99<100ms\", "
                               "\"e2e_p95<5s\" or \"avail>=99.9%\"")
@@ -77,13 +69,13 @@ def parse_token_slo(text: str) -> TokenSlo:
 
 
 def _read_term(term: str) -> TokenObjective | float | None:
-    if m := _OBJ.match(term):
-        return TokenObjective(metric=m.group(1).lower(),  # type: ignore[arg-type]
-                              quantile=parse_quantile(m.group(2), term),
-                              threshold_s=parse_threshold(m.group(4), term))
-    if m := _AVAIL.match(term):
-        return parse_availability(m.group(2), term)
-    return None
+    t = read_term(term)
+    if t is None or (t.quantile is not None and t.of is None):
+        return None
+    if t.quantile is None or t.threshold_s is None:
+        return t.availability
+    return TokenObjective(metric=t.of,  # type: ignore[arg-type]
+                          quantile=t.quantile, threshold_s=t.threshold_s)
 
 
 @dataclass(frozen=True, kw_only=True)
