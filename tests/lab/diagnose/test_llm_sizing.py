@@ -16,11 +16,12 @@ from scalelab.cli import run
 from scalelab.lab.core.objectives import Objective
 from scalelab.lab.core.records import Cost, Record, make_record, read_records
 from scalelab.lab.diagnose.config import load_config
-from scalelab.lab.diagnose.llm_chunks import HISTOGRAMS, merge_llm_chunks
 from scalelab.lab.diagnose.run import Runner
 from scalelab.lab.diagnose.sizing import LevelClock, pending, size_level
 from scalelab.lab.diagnose.stages.llm import LlmStage
 from scalelab.lab.load.histogram import LatencyHistogram
+from scalelab.lab.load.llm.result import HISTOGRAMS
+from scalelab.lab.load.llm.result import merge_records as merge_llm_chunks
 
 SERVER = Path(__file__).parents[1] / "load" / "llm_server.py"
 TTFT_MS = 20.0

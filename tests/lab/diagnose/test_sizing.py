@@ -15,8 +15,9 @@ import pytest
 from scalelab.cli import run
 from scalelab.lab.core.objectives import Objective
 from scalelab.lab.core.records import Record, make_record, read_records
-from scalelab.lab.diagnose.sizing import LevelClock, merge_chunks, pending, size_level
+from scalelab.lab.diagnose.sizing import LevelClock, pending, size_level
 from scalelab.lab.load.histogram import LatencyHistogram
+from scalelab.lab.load.http.result import merge_records as merge_chunks
 
 RATE = 200.0
 """Requests/s of every chunk: constant arrivals, so 0.5 s is 100 requests."""

@@ -14,106 +14,15 @@ stopped, and each objective left undecided with what deciding it needs.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from scalelab.lab.core.objectives import Check, Objective, check_rows
-from scalelab.lab.core.records import Cost, Record
+from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import build_sheet
 from scalelab.lab.diagnose.budget import SIZING_KEY
-from scalelab.lab.load.histogram import LatencyHistogram
-
-_SUMMED = ("samples", "successes", "within_slo", "warmup_requests", "server_cpu_s",
-           "server_responses", "connections", "pool_waits")
-"""Record extras that are counts over the window: a merged level's is their sum."""
-
-
-def _num(v: object) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def merge_chunks(chunks: list[Record]) -> Record:
-    """One record for the level out of its chunks' (load run records of the same level):
-    the histograms added (every quantile read from the sum), counts summed, rates over the
-    summed measured time. A chunk without its histogram cannot be merged exactly: ValueError."""
-    if not chunks:
-        raise ValueError("merge_chunks needs at least one chunk")
-    if len(chunks) == 1:
-        return chunks[0]
-    hist = LatencyHistogram()
-    for c in chunks:
-        blob = c.extras.get("hdr_histogram")
-        if not isinstance(blob, str):
-            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no hdr_histogram to merge")
-        hist.add_blob(blob)
-    last = chunks[-1]
-    wall = sum(c.wall_s or 0.0 for c in chunks)
-    extras: dict[str, Any] = {**last.extras, "hdr_histogram": hist.encode(),
-                              "mean_ms": hist.mean_ms()}
-    for k in _SUMMED:
-        vals = [_num(c.extras.get(k)) for c in chunks]
-        if all(v is not None for v in vals):
-            total = sum(v for v in vals if v is not None)
-            extras[k] = int(total) if all(isinstance(c.extras.get(k), int) for c in chunks) \
-                else total
-    for k in ("errors_by_kind", "errors_by_status"):
-        tot: Counter[str] = Counter()
-        for c in chunks:
-            tot.update(c.extras.get(k) or {})
-        extras[k] = dict(sorted(tot.items()))
-    if wall > 0:
-        for k in ("sent_rps", "goodput_rps", "scheduled_rps"):
-            rates = [_num(c.extras.get(k)) for c in chunks]
-            if all(v is not None for v in rates):
-                extras[k] = sum((v or 0.0) * (c.wall_s or 0.0)
-                                for v, c in zip(rates, chunks, strict=True)) / wall
-    cpus = [_num(c.extras.get("server_cpu_s")) for c in chunks]
-    busy = [_num(c.extras.get("cpu_busy_cores")) for c in chunks]
-    if all(v is not None for v in cpus) and all(b is not None and b > 0 for b in busy):
-        offered = sum((c or 0.0) / (b or 1.0) for c, b in zip(cpus, busy, strict=True))
-        extras["cpu_busy_cores"] = sum(c or 0.0 for c in cpus) / offered if offered else 0.0
-    samples = extras.get("samples")
-    failures = sum(c.failures for c in chunks)
-    successes = extras.get("successes")
-    update: dict[str, Any] = {
-        "extras": extras,
-        "latency": hist.percentiles().latency(),
-        "wall_s": wall,
-        "failures": failures,
-        "failure_rate": failures / samples if isinstance(samples, int) and samples else
-        last.failure_rate,
-        "input_volume": sum(c.input_volume or 0.0 for c in chunks),
-        "rate": successes / wall if isinstance(successes, int) and wall > 0 else last.rate,
-        "peak_memory_bytes": max((c.peak_memory_bytes for c in chunks
-                                  if c.peak_memory_bytes is not None), default=None),
-        "ok": all(c.ok for c in chunks),
-        "error": "; ".join(dict.fromkeys(c.error for c in chunks if c.error)) or None,
-        "timestamp": chunks[0].timestamp,
-    }
-    costs = [c.cost for c in chunks]
-    if all(cost is not None for cost in costs):
-        usd = sum(cost.usd for cost in costs if cost is not None)
-        served = extras.get("server_responses")
-        per = usd / served * 1000.0 if isinstance(served, int | float) and served else None
-        unit = costs[-1].unit if costs[-1] is not None else None
-        update["cost"] = Cost(usd=usd, per_unit_usd=per, unit=unit)
-    extras.update(merged_energy(chunks, update.get("cost")))
-    return last.model_copy(update=update)
-
-
-def merged_energy(chunks: list[Record], cost: Cost | None) -> dict[str, Any]:
-    """The chunks' energy extras (diagnose.energy tags each chunk's step): joules summed, per
-    unit over the merged cost's units; {} when a chunk has none."""
-    joules = [_num(c.extras.get("energy_j")) for c in chunks]
-    if any(j is None for j in joules):
-        return {}
-    total = sum(j or 0.0 for j in joules)
-    units = cost.usd / cost.per_unit_usd if cost is not None and cost.per_unit_usd else None
-    return {"energy_j": total, "energy_per_unit_j": total / units if units else None,
-            "energy_basis": "; ".join(dict.fromkeys(str(c.extras.get("energy_basis"))
-                                                    for c in chunks))}
+from scalelab.lab.load.http.result import merge_records
 
 
 def pending(record: Record, objectives: list[Objective]) -> list[Check]:
@@ -154,18 +63,19 @@ def _asked(record: Record, seconds: float) -> float:
 
 def size_level(run_chunk: Chunk, objectives: list[Objective], *, first_s: float,
                share_s: float, clock: Callable[[], float] = time.monotonic,
-               merge: Callable[[list[Record]], Record] = merge_chunks,
+               merge: Callable[[list[Record]], Record] = merge_records,
                window: Callable[[Record, float], float] = _asked,
                overhead_s: float = 0.0) -> Record | None:
     """Run chunks of one level until no objective is undecided or `share_s` is spent (the first
     chunk, `first_s` long, always runs); the merged record with extras["sizing"], or None when
     the first chunk failed. A later chunk that fails ends the level with what it measured.
 
-    `merge`: how chunks become one record (merge_chunks: a load run's; the llm stage's has
-    four histograms). `window(record, asked_s)`: the seconds a chunk measured (default: what
-    it was asked; a chunk of N requests, like the llm stage's first, measures its record's
-    wall_s). `overhead_s`: a chunk's fixed cost (start-up, warm-up) beside its window, at least
-    (a first chunk measured elsewhere, e.g. in one step with other levels, shows none)."""
+    `merge`: how chunks become one record (each result type's `merge_records`: a load run's
+    by default; the llm stage's, load.llm.result's, has four histograms).
+    `window(record, asked_s)`: the seconds a chunk measured (default: what it was asked; a
+    chunk of N requests, like the llm stage's first, measures its record's wall_s).
+    `overhead_s`: a chunk's fixed cost (start-up, warm-up) beside its window, at least (a
+    first chunk measured elsewhere, e.g. in one step with other levels, shows none)."""
     t0 = clock()
     chunks: list[Record] = []
     measured = 0.0

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalelab.lab.core.records import Cost, Record
 from scalelab.lab.load.cluster import ClusterLevel
 from scalelab.lab.load.schedule import Mode
 
@@ -176,3 +177,87 @@ def finite(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [finite(v) for v in x]
     return x
+
+
+# -- chunks of one level, merged (each result type's `merge_records` calls these) -----------
+def num(v: object) -> float | None:
+    """A record extra as a float; None when it is not a number."""
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def summed(chunks: Sequence[Record], keys: Sequence[str]) -> dict[str, float | int]:
+    """Counts over each chunk's window, summed (ints stay ints); a key any chunk lacks is left
+    out."""
+    out: dict[str, float | int] = {}
+    for k in keys:
+        vals = [c.extras.get(k) for c in chunks]
+        if any(num(v) is None for v in vals):
+            continue
+        total = sum(num(v) or 0.0 for v in vals)
+        out[k] = int(total) if all(isinstance(v, int) for v in vals) else total
+    return out
+
+
+def tallies(chunks: Sequence[Record], keys: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Per-kind counts (errors by kind or status, ...), added."""
+    out: dict[str, dict[str, int]] = {}
+    for k in keys:
+        tot: Counter[str] = Counter()
+        for c in chunks:
+            tot.update(c.extras.get(k) or {})
+        out[k] = dict(sorted(tot.items()))
+    return out
+
+
+def wall_weighted(chunks: Sequence[Record], keys: Sequence[str], wall: float) -> dict[str, float]:
+    """Per-second rates over each chunk's window: the level's is their wall-weighted mean."""
+    out: dict[str, float] = {}
+    if wall <= 0:
+        return out
+    for k in keys:
+        rates = [num(c.extras.get(k)) for c in chunks]
+        if all(v is not None for v in rates):
+            out[k] = sum((v or 0.0) * (c.wall_s or 0.0)
+                         for v, c in zip(rates, chunks, strict=True)) / wall
+    return out
+
+
+def busy_cores(chunks: Sequence[Record]) -> dict[str, float]:
+    """The server's busy cores over the chunks' CPU-weighted span ({} when a chunk lacks it)."""
+    cpus = [num(c.extras.get("server_cpu_s")) for c in chunks]
+    busy = [num(c.extras.get("cpu_busy_cores")) for c in chunks]
+    if not (all(v is not None for v in cpus) and all(b is not None and b > 0 for b in busy)):
+        return {}
+    sampled = sum((c or 0.0) / (b or 1.0) for c, b in zip(cpus, busy, strict=True))
+    return {"cpu_busy_cores": sum(c or 0.0 for c in cpus) / sampled if sampled else 0.0}
+
+
+def merged_energy(chunks: Sequence[Record], cost: Cost | None) -> dict[str, Any]:
+    """The chunks' energy extras (diagnose.energy tags each chunk's step): joules summed, per
+    unit over the merged cost's units; {} when a chunk has none."""
+    joules = [num(c.extras.get("energy_j")) for c in chunks]
+    if any(j is None for j in joules):
+        return {}
+    total = sum(j or 0.0 for j in joules)
+    units = cost.usd / cost.per_unit_usd if cost is not None and cost.per_unit_usd else None
+    return {"energy_j": total, "energy_per_unit_j": total / units if units else None,
+            "energy_basis": "; ".join(dict.fromkeys(str(c.extras.get("energy_basis"))
+                                                    for c in chunks))}
+
+
+def common_update(chunks: Sequence[Record], failures_of: int | None) -> dict[str, Any]:
+    """The record fields every result type merges alike: wall, failures, volume, memory peak,
+    ok, errors and the first chunk's timestamp (`failures_of`: the merged sample count)."""
+    last = chunks[-1]
+    failures = sum(c.failures for c in chunks)
+    return {
+        "wall_s": sum(c.wall_s or 0.0 for c in chunks),
+        "failures": failures,
+        "failure_rate": failures / failures_of if failures_of else last.failure_rate,
+        "input_volume": sum(c.input_volume or 0.0 for c in chunks),
+        "peak_memory_bytes": max((c.peak_memory_bytes for c in chunks
+                                  if c.peak_memory_bytes is not None), default=None),
+        "ok": all(c.ok for c in chunks),
+        "error": "; ".join(dict.fromkeys(c.error for c in chunks if c.error)) or None,
+        "timestamp": chunks[0].timestamp,
+    }

@@ -37,7 +37,6 @@ from scalelab.lab.core.verdict import (
     capacity,
     num_text,
 )
-from scalelab.lab.diagnose.llm_chunks import merge_llm_chunks
 from scalelab.lab.diagnose.scaling_signal import choose_signal
 from scalelab.lab.diagnose.schema import HttpUrl, Levels, StageSettings
 from scalelab.lab.diagnose.sizing import LevelClock, size_level
@@ -64,6 +63,7 @@ from scalelab.lab.diagnose.stages.serve_curve import (
 )
 from scalelab.lab.diagnose.steps import Step, StepResult, Tagger, restage
 from scalelab.lab.load.capacity import step_requests
+from scalelab.lab.load.llm import result as llm_result
 from scalelab.lab.load.llm.workload import PATHS, LengthDist
 from scalelab.lab.load.scrape import engine_seen, limiting_signal
 from scalelab.lab.load.send import Target
@@ -474,7 +474,7 @@ class LlmStage(Stage[LlmSettings]):
                 return res.records[0] if res.records else None
 
             level = size_level(chunk, s.built_objectives(), first_s=MIN_CHUNK_S,
-                               share_s=clock.next_share(), merge=merge_llm_chunks,
+                               share_s=clock.next_share(), merge=llm_result.merge_records,
                                window=_window, overhead_s=CHUNK_OVERHEAD_S)
             if level is not None:
                 merged.append(level)

@@ -26,11 +26,23 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from scalelab.lab.core.records import Record, make_record
+from scalelab.lab.core.records import Cost, Record, make_record
 from scalelab.lab.load.clock import LagStats, lag_stats
 from scalelab.lab.load.histogram import LatencyHistogram, Percentiles
 from scalelab.lab.load.http.generator import HttpPart
-from scalelab.lab.load.result import NOTHING_MEASURED, LevelResult, Tally, finite
+from scalelab.lab.load.result import (
+    NOTHING_MEASURED,
+    LevelResult,
+    Tally,
+    busy_cores,
+    common_update,
+    finite,
+    merged_energy,
+    num,
+    summed,
+    tallies,
+    wall_weighted,
+)
 from scalelab.lab.load.schedule import Mode
 
 RATE_TOLERANCE = 0.02
@@ -273,3 +285,48 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
 
 def _at_most(x: float | None, cap: float) -> float | None:
     return None if x is None else min(x, cap)
+
+
+CHUNK_SUMMED = ("samples", "successes", "within_slo", "warmup_requests", "server_cpu_s",
+                "server_responses", "connections", "pool_waits")
+"""Record extras that are counts over the window: a merged level's is their sum."""
+
+
+def merge_records(chunks: list[Record]) -> Record:
+    """One record for a level out of its chunks' (`load run` records of the same level): the
+    histograms added (every quantile read from the sum), counts summed, rates over the summed
+    measured time. A chunk without its histogram cannot be merged exactly: ValueError."""
+    if not chunks:
+        raise ValueError("merge_records needs at least one chunk")
+    if len(chunks) == 1:
+        return chunks[0]
+    hist = LatencyHistogram()
+    for c in chunks:
+        blob = c.extras.get("hdr_histogram")
+        if not isinstance(blob, str):
+            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no hdr_histogram to merge")
+        hist.add_blob(blob)
+    last = chunks[-1]
+    extras: dict[str, Any] = {**last.extras, "hdr_histogram": hist.encode(),
+                              "mean_ms": hist.mean_ms()}
+    extras.update(summed(chunks, CHUNK_SUMMED))
+    extras.update(tallies(chunks, ("errors_by_kind", "errors_by_status")))
+    wall = sum(c.wall_s or 0.0 for c in chunks)
+    extras.update(wall_weighted(chunks, ("sent_rps", "goodput_rps", "scheduled_rps"), wall))
+    extras.update(busy_cores(chunks))
+    samples, successes = extras.get("samples"), extras.get("successes")
+    update: dict[str, Any] = {
+        **common_update(chunks, samples if isinstance(samples, int) else None),
+        "extras": extras,
+        "latency": hist.percentiles().latency(),
+        "rate": successes / wall if isinstance(successes, int) and wall > 0 else last.rate,
+    }
+    costs = [c.cost for c in chunks]
+    if all(cost is not None for cost in costs):
+        usd = sum(cost.usd for cost in costs if cost is not None)
+        served = num(extras.get("server_responses"))
+        per = usd / served * 1000.0 if served else None
+        unit = costs[-1].unit if costs[-1] is not None else None
+        update["cost"] = Cost(usd=usd, per_unit_usd=per, unit=unit)
+    extras.update(merged_energy(chunks, update.get("cost")))
+    return last.model_copy(update=update)

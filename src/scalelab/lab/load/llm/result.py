@@ -4,6 +4,15 @@ Percentiles of TTFT, ITL, TPOT and e2e come from HdrHistograms (µs, 3 significa
 merged across processes; the per-request values are kept too, so goodput under any SLO is
 computed exactly afterwards. The record's `latency` is TTFT (what a user waits for before
 anything shows); e2e, ITL and TPOT percentiles are in extras. Its rate is output tokens/s.
+
+`merge_records` merges a level's chunks (records of `load llm run` at one concurrency, as
+diagnose's sizing runs them) exactly: each of the four HdrHistograms (extras "hdr_histograms")
+is added across chunks and every quantile read from the sum, so a merged TTFT p95 is the p95 of
+all the level's requests, not an average of p95s. Counts (requests, tokens, failures, server
+CPU seconds, engine scrapes and counters) are summed, rates are over the summed measured time,
+the engine's gauges keep their peak (and their mean weighted by scrapes), and the engine's limit
+is read again from the merged signals. The quality probe is sent in the first chunk only, so
+its agreement is the first chunk's.
 """
 
 from __future__ import annotations
@@ -28,8 +37,21 @@ from scalelab.lab.load.llm.token_slo import (
     evaluate,
     goodput,
 )
-from scalelab.lab.load.result import NOTHING_MEASURED, LevelResult, Tally, finite
+from scalelab.lab.load.result import (
+    NOTHING_MEASURED,
+    LevelResult,
+    Tally,
+    busy_cores,
+    common_update,
+    finite,
+    merged_energy,
+    num,
+    summed,
+    tallies,
+    wall_weighted,
+)
 from scalelab.lab.load.schedule import Mode
+from scalelab.lab.load.scrape import note_limits
 
 LAG_INVALID_SHARE = 0.05
 """A streaming level is invalid when more than this share of its sends were `LLM_LATE_S` late
@@ -281,3 +303,112 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
 
 def cost_of(price_per_hour_usd: float, tps: float) -> float | None:
     return cost_per_1k(price_per_hour_usd, tps)
+
+
+HISTOGRAMS = ("ttft", "itl", "tpot", "e2e")
+"""The histograms a `load llm run` record carries in extras["hdr_histograms"]."""
+CHUNK_SUMMED = ("successes", "samples", "output_tokens", "prompt_tokens",
+                "failed_output_tokens", "warmup_requests", "connections", "server_cpu_s",
+                "engine_scrapes", "engine_preemptions", "engine_generation_tokens")
+"""Counts over a chunk's window: the level's is their sum."""
+CHUNK_RATES = ("sent_rps", "throughput_rps", "output_tps", "total_tps", "goodput_rps",
+               "goodput_tps")
+"""Per-second rates over a chunk's window: the level's is their wall-weighted mean."""
+_JUDGED = ("objectives", "slo_met", "goodput", "slo")
+"""`load llm run --slo`'s per-request judgement: not recomputable from histograms, dropped."""
+
+
+def _merged_histograms(chunks: list[Record]) -> dict[str, LatencyHistogram]:
+    """The chunks' TTFT, ITL, TPOT and e2e histograms, each added exactly."""
+    hists = {k: LatencyHistogram() for k in HISTOGRAMS}
+    for c in chunks:
+        blobs = c.extras.get("hdr_histograms")
+        if not isinstance(blobs, dict) or any(not isinstance(blobs.get(k), str)
+                                              for k in HISTOGRAMS):
+            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no hdr_histograms "
+                             f"({', '.join(HISTOGRAMS)}) to merge")
+        for k in HISTOGRAMS:
+            hists[k].add_blob(blobs[k])
+    return hists
+
+
+def _merged_gauges(chunks: list[Record], last: Record) -> dict[str, Any]:
+    """Peaks at their largest, engine means weighted by their scrapes: what the chunks'
+    gauges say of the whole level."""
+    out: dict[str, Any] = {}
+    for k in ("max_in_flight", "server_peak_rss_bytes",
+              *(k for k in last.extras if k.startswith("engine_") and k.endswith("_max"))):
+        vals = [num(c.extras.get(k)) for c in chunks]
+        if all(v is not None for v in vals):
+            out[k] = max(v or 0.0 for v in vals)
+    scrapes = [num(c.extras.get("engine_scrapes")) or 0.0 for c in chunks]
+    for k in (k for k in last.extras if k.startswith("engine_") and k.endswith("_mean")):
+        vals = [num(c.extras.get(k)) for c in chunks]
+        if all(v is not None for v in vals) and sum(scrapes) > 0:
+            out[k] = sum((v or 0.0) * n for v, n in zip(vals, scrapes, strict=True)) \
+                / sum(scrapes)
+    out.update(busy_cores(chunks))
+    return out
+
+
+def _merged_extras(chunks: list[Record], hists: dict[str, LatencyHistogram],
+                   wall: float) -> dict[str, Any]:
+    first, last = chunks[0], chunks[-1]
+    extras: dict[str, Any] = {k: v for k, v in last.extras.items() if k not in _JUDGED}
+    extras["hdr_histograms"] = {k: h.encode() for k, h in hists.items()}
+    for k in ("itl", "tpot", "e2e"):
+        p = pct_dict(hists[k].percentiles())
+        extras[k] = p
+        for q in ("p50_ms", "p95_ms", "p99_ms"):
+            extras[f"{k}_{q}"] = p[q]
+    extras["ttft_mean_ms"] = hists["ttft"].mean_ms()
+    extras["e2e_mean_ms"] = hists["e2e"].mean_ms()
+    extras.update(summed(chunks, CHUNK_SUMMED))
+    extras.update(tallies(chunks, ("errors_by_kind", "errors_by_status", "token_sources")))
+    extras.update(wall_weighted(chunks, CHUNK_RATES, wall))
+    extras.update(_merged_gauges(chunks, last))
+    extras["invalid_reasons"] = list(dict.fromkeys(
+        x for c in chunks for x in c.extras.get("invalid_reasons") or []))
+    extras["notes"] = list(dict.fromkeys(x for c in chunks for x in c.extras.get("notes") or []))
+    for k in ("quality_probe", "quality_not_measured"):
+        extras.pop(k, None)
+        if k in first.extras:
+            extras[k] = first.extras[k]
+    return extras
+
+
+def merge_records(chunks: list[Record]) -> Record:
+    """One record for the level out of its chunks (load llm run records of one concurrency;
+    see the module docstring). A chunk without its four histograms cannot be merged exactly:
+    ValueError."""
+    if not chunks:
+        raise ValueError("merge_records needs at least one chunk")
+    if len(chunks) == 1:
+        return chunks[0]
+    hists = _merged_histograms(chunks)
+    first, last = chunks[0], chunks[-1]
+    wall = sum(c.wall_s or 0.0 for c in chunks)
+    extras = _merged_extras(chunks, hists, wall)
+    limit = note_limits(extras)
+    samples = extras.get("samples")
+    update: dict[str, Any] = common_update(chunks, samples if isinstance(samples, int) else None)
+    if update["failure_rate"] is not None:
+        extras["availability"] = 1.0 - update["failure_rate"]
+    output_tps = num(extras.get("output_tps"))
+    update.update({"extras": extras, "latency": hists["ttft"].percentiles().latency(),
+                   "rate": output_tps if output_tps is not None else last.rate,
+                   "limiting_resource": limit, "quality": first.quality})
+    costs = [c.cost for c in chunks]
+    price = num((last.extras.get("cost") or {}).get("price_per_hour_usd"))
+    if all(cost is not None for cost in costs):
+        usd = sum(cost.usd for cost in costs if cost is not None)
+        per = cost_of(price, output_tps) if price is not None and output_tps else None
+        update["cost"] = Cost(usd=usd, per_unit_usd=per, unit=last.cost.unit if last.cost
+                              else None)
+        if price is not None:
+            total_tps = num(extras.get("total_tps"))
+            extras["cost"] = {"price_per_hour_usd": price, "per_1k_output_tokens_usd": per,
+                              "per_1k_total_tokens_usd": cost_of(price, total_tps)
+                              if total_tps else None}
+    extras.update(merged_energy(chunks, update.get("cost")))
+    return last.model_copy(update=update)
