@@ -224,68 +224,29 @@ def replay_cmd(log_path: Path, schema_path: Path, policy: str, drift_threshold: 
                records_path: Path | None, updater: Any, stream: Any, plot: Path | None,
                as_json: bool) -> None:
     """Replay end to end: ingest (if the log is empty), then update under review, prequential."""
-    import json
-
-    from scalelab.lab.core.records import append_records, make_record, new_experiment_id
-    from scalelab.system.online.ingest import ingest_source, load_rules
-    from scalelab.system.online.log import EventLog
+    from scalelab.lab.core.records import append_records
+    from scalelab.system.online.ingest import load_rules
     from scalelab.system.online.policy import make_policy
-    from scalelab.system.online.prequential import run
     from scalelab.system.online.publish import RepositoryPublisher
-    from scalelab.system.online.stream import build_stream
-    from scalelab.system.online.updater import StreamData
+    from scalelab.system.online.replay import replay, write_decisions
 
     _one_torch_thread()
     rules = load_rules(schema_path)
     pol = make_policy(policy, threshold=drift_threshold, backoff=drift_backoff,
                       max_wait=updater.lookback_windows())
-    with EventLog(log_path) as log:
-        ingested = None
-        if log.totals("events")["batches"] == 0:
-            replay = build_stream(stream)
-            ingested = {n: ingest_source(log, rules, n, src) for n, src in
-                        (("events", replay.feature_events()),
-                         ("labels", replay.label_events()))}
-        data = StreamData.from_frames(log.read("events"), log.labels(), log.quarantine(),
-                                      horizon_h=label_horizon)
-        totals = log.totals("events")
-        label_totals = log.totals("labels")
-    pub = None
-    if model_repo is not None:
-        pub = RepositoryPublisher(model_repo, model_name, tolerance=updater.tolerance)
+    pub = None if model_repo is None else \
+        RepositoryPublisher(model_repo, model_name, tolerance=updater.tolerance)
     with live_progress(f"replay {policy}") as progress:
-        result = run(data, rules, pol, updater, publish=pub,
-                     rolled_back=pub.rolled_back if pub is not None else None,
-                     on_bootstrap=(lambda lr: pub.bootstrap(lr, {"source": "scalelab online"}))
-                     if pub is not None else None,
-                     on_window=lambda k, n: progress.update(
-                         completed=k, total=n, note=f"replay {policy}: window {k}/{n}"))
+        done = replay(log_path, rules, policy, pol, updater, stream,
+                      label_horizon_h=label_horizon, publisher=pub,
+                      on_window=lambda k, n: progress.update(
+                          completed=k, total=n, note=f"replay {policy}: window {k}/{n}"))
+    result, data = done.result, done.data
     if decisions_path is not None:
-        decisions_path.parent.mkdir(parents=True, exist_ok=True)
-        with decisions_path.open("w", encoding="utf-8") as f:
-            for d in result.decisions:
-                f.write(json.dumps(d.to_dict()) + "\n")
-    summary = result.summary()
+        write_decisions(decisions_path, result)
     if records_path is not None:
-        append_records(records_path, [make_record(
-            experiment=new_experiment_id("online"), stage="online", variable="policy",
-            level=float(result.promoted + result.refused), wall_s=result.wall_s,
-            input_volume=float(totals["received"]), input_unit="events",
-            failures=totals["quarantined"] + result.refused,
-            failure_rate=totals["quarantined"] / totals["received"] if totals["received"]
-            else None, quality={"macro_f1": result.macro_f1, "accuracy": result.accuracy},
-            recovery="rollback to the previous version on late labels",
-            extras={"policy": policy, "promoted": result.promoted, "refused": result.refused,
-                    "rolled_back": result.rolled_back,
-                    "samples_trained": result.samples_trained,
-                    "staleness_h": result.staleness_h, "monthly": result.monthly})])
-    labels = {"log_accepted": label_totals["accepted"], "stored": data.labels_stored,
-              "joined": data.labels_joined, "past_horizon": data.past_horizon,
-              "unjoined": data.unjoined, "horizon_h": label_horizon}
-    out = {"log": str(log_path), "ingested": ingested, "log_totals": totals, "labels": labels,
-           **summary,
-           "published": pub.versions if pub is not None else None,
-           "plot": str(plot) if plot else None}
+        append_records(records_path, [done.record(updater.tick_hours)])
+    out = {**done.summary(log_path), "plot": str(plot) if plot else None}
     if plot is not None:
         plot_monthly([out], plot)
 

@@ -44,7 +44,13 @@ def test_replay_json_and_decisions(tmp_path: Path, week_schema: Path,
     assert {d["action"] for d in lines} & {"promoted", "refused"}
     assert any(d["action"] == "quarantined" and d["start"].startswith("2013-01-06")
                for d in lines)
-    assert json.loads(rec.read_text())["stage"] == "online"
+    record = json.loads(rec.read_text())
+    # The record sits on the online stage's axis, as `online bench` writes it: update attempts
+    # per 30 days of replayed (24 h) windows.
+    windows = 1 + max(d["window"] for d in lines)
+    assert (record["stage"], record["variable"]) == ("online", "updates_per_30d")
+    assert record["level"] == pytest.approx((out["promoted"] + out["refused"]) * 30 / windows)
+    assert record["extras"]["series"] == "fixed"
     # a second replay reads the same log (nothing re-ingested)
     code = run(_replay(tmp_path, week_schema, "--policy", "never"))
     again = json.loads(capsys.readouterr().out)
