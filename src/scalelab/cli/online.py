@@ -135,30 +135,21 @@ def schema_cmd(out: Path, start: str | None, end: str | None, as_json: bool) -> 
 def ingest_cmd(log_path: Path, schema_path: Path, stream: Any, batch_size: int,
                from_start: bool, progress: bool, durable: bool, as_json: bool) -> None:
     """Validate and append the replayed events and labels to the log, exactly once per id."""
-    import time
-
-    from scalelab.system.online.ingest import ingest_source, load_rules
+    from scalelab.system.online.ingest import ingest_stream, load_rules
     from scalelab.system.online.log import EventLog
     from scalelab.system.online.stream import build_stream
 
+    def tell(name: str, a: Any, offset: int) -> None:
+        if progress:
+            sys.stderr.write(f"committed {name} batch {a.batch} offset {offset}\n")
+            sys.stderr.flush()
+
     rules = load_rules(schema_path)
     replay = build_stream(stream)
-    out: dict[str, Any] = {"log": str(log_path), "stream": replay.manifest()}
     with EventLog(log_path, durable=durable) as log:
-        for name, source in (("events", replay.feature_events()),
-                             ("labels", replay.label_events())):
-            def tell(a: Any, offset: int, name: str = name) -> None:
-                if progress:
-                    sys.stderr.write(f"committed {name} batch {a.batch} offset {offset}\n")
-                    sys.stderr.flush()
-
-            t0, c0 = time.perf_counter(), time.process_time()
-            sums = ingest_source(log, rules, name, source, batch_size=batch_size,
-                                 resume=not from_start, on_commit=tell)
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            out[name] = {**sums, "wall_s": wall, "cpu_s": cpu,
-                         "events_per_s": sums["received"] / wall if wall > 0 else None,
-                         "totals": log.totals(name)}
+        sums = ingest_stream(log, rules, replay, batch_size=batch_size, resume=not from_start,
+                             on_commit=tell)
+    out: dict[str, Any] = {"log": str(log_path), "stream": replay.manifest(), **sums}
 
     def render(c: Console) -> None:
         for name in ("events", "labels"):

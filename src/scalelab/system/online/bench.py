@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.peak_memory import PeakMemory
 from scalelab.lab.core.prices import DEFAULT as DEFAULT_PRICES
 from scalelab.lab.core.records import Cost, Latency, Record, make_record
-from scalelab.system.online.ingest import ingest_source, load_rules
+from scalelab.system.online.ingest import ingest_stream, load_rules
 from scalelab.system.online.log import EventLog
 from scalelab.system.online.policy import make_policy
 from scalelab.system.online.prequential import PrequentialResult, run
@@ -80,16 +79,8 @@ def run_bench(cfg: OnlineBenchConfig, work: Path, experiment: str,
     log_path = work / "log.sqlite"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{log_path}{suffix}").unlink(missing_ok=True)
-    ingest: dict[str, Any] = {}
     with EventLog(log_path) as log:
-        for name, source in (("events", stream.feature_events()),
-                             ("labels", stream.label_events())):
-            t0, c0 = time.perf_counter(), time.process_time()
-            sums = ingest_source(log, rules, name, source, batch_size=cfg.batch_size)
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            ingest[name] = {**sums, "wall_s": wall, "cpu_s": cpu,
-                            "events_per_s": sums["received"] / wall if wall else None,
-                            "events_per_cpu_s": sums["received"] / cpu if cpu else None}
+        ingest = ingest_stream(log, rules, stream, batch_size=cfg.batch_size)
         data = StreamData.from_frames(log.read("events"), log.labels(), log.quarantine())
     span_days = (int(data.t_event.max()) - int(data.t_event.min())) / 86_400e6
     results: list[dict[str, Any]] = []

@@ -17,7 +17,7 @@ from typing import Any
 
 from scalelab.lab.core.records import Record, make_record, new_experiment_id
 from scalelab.system.online.bench import STAGE, VARIABLE, per_30d, series_of
-from scalelab.system.online.ingest import ColumnRule, ingest_source
+from scalelab.system.online.ingest import ColumnRule, ingest_stream
 from scalelab.system.online.log import EventLog
 from scalelab.system.online.policy import Policy
 from scalelab.system.online.prequential import PrequentialResult, run
@@ -80,9 +80,7 @@ def replay(log_path: Path, rules: dict[str, ColumnRule], policy_name: str, polic
     with EventLog(log_path) as log:
         ingested = None
         if log.totals("events")["batches"] == 0:
-            source = build_stream(stream)
-            ingested = {n: ingest_source(log, rules, n, src) for n, src in
-                        (("events", source.feature_events()), ("labels", source.label_events()))}
+            ingested = ingest_stream(log, rules, build_stream(stream))
         data = StreamData.from_frames(log.read("events"), log.labels(), log.quarantine(),
                                       horizon_h=label_horizon_h)
         totals, label_totals = log.totals("events"), log.totals("labels")
