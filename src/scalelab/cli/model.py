@@ -18,44 +18,11 @@ from scalelab.cli._progress import shown as progress_shown
 from scalelab.lab.core.device import DeviceProfile
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.records import (
-    Latency,
-    Record,
     append_records,
-    make_record,
-    new_experiment_id,
 )
 from scalelab.lab.core.units import format_bytes, parse_duration
 
 DEFAULT_VARIANTS = "int8,prune-structured-50,prune-unstructured-90,distill,cascade"
-
-
-def _variant_row(v: Any, base: Any) -> dict[str, Any]:
-    m, bm = v.measurement, base.measurement
-    lat = {str(t.batch_size): {"p50_ms": t.p50_ms, "p95_ms": t.p95_ms,
-                               "rows_per_s": t.rows_per_s} for t in m.timings}
-    ratios = {}
-    for t in m.timings:
-        bt = bm.at(t.batch_size)
-        if bt and t.p50_ms > 0:
-            ratios[str(t.batch_size)] = bt.p50_ms / t.p50_ms
-    return {
-        "name": v.name, "technique": v.technique, "parameters": v.parameters,
-        "control": not v.requested and v.name != "fp32",
-        "quality": {"macro_f1": v.quality.macro_f1, "accuracy": v.quality.accuracy,
-                    "weighted_f1": v.quality.weighted_f1,
-                    "per_class": {c.name: {"precision": c.precision, "recall": c.recall,
-                                           "f1": c.f1, "support": c.support}
-                                  for c in v.quality.classes}},
-        "delta": v.delta.as_dict(),
-        "latency": lat, "speedup_p50": ratios,
-        "throughput_rows_per_s": m.throughput_rows_per_s,
-        "size_bytes": v.size_bytes,
-        "size_ratio": v.extras.get("size_ratio"),
-        "peak_memory_bytes": m.peak_memory_bytes,
-        "cost_per_1000_usd": m.cost_per_1000_usd,
-        "device": m.device,
-        "extras": {k: val for k, val in v.extras.items() if k not in ("size_ratio", "device")},
-    }
 
 
 def _render_compress(out: dict[str, Any]) -> Any:
@@ -175,6 +142,12 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
     from scalelab.system.compress.bench import CompressConfig, run_bench
     from scalelab.system.compress.distill import DistillConfig
     from scalelab.system.compress.measure import MeasureConfig, resolve_device
+    from scalelab.system.compress.summary import (
+        on_device,
+        pareto_points,
+        publish_variants,
+        variant_row,
+    )
     from scalelab.system.compress.trainer import TrainConfig
 
     if plot is not None and plot.suffix.lower() not in (".png", ".svg"):
@@ -213,50 +186,23 @@ def compress(model_path: Path, data_dir: Path, variants: str, device: str,
         "experiment": result.experiment, "model": str(model_path), "data": str(data_dir),
         "device": base.measurement.device if base.measurement else dev,
         "classes": result.classes,
-        "variants": [_variant_row(v, base) for v in result.variants],
+        "variants": [variant_row(v, base) for v in result.variants],
         "published": [], "records": str(records) if records else None,
         "plot": str(plot) if plot else None,
     }
     if profile is not None:
-        out["on_device"] = _on_device(result, profile, model_path, data_dir, cfg, calls)
+        out["on_device"] = on_device(result, profile, model_path, data_dir, cfg, calls)
     if plot is not None:
-        from scalelab.system.compress.pareto import ParetoPoint
         from scalelab.system.compress.pareto import plot as draw
 
-        pts = []
-        for v in result.variants:
-            t = v.measurement.at(1) if v.measurement else None
-            if t is not None and v.quality is not None:
-                pts.append(ParetoPoint(name=v.name, latency_ms=t.p50_ms,
-                                       quality=v.quality.macro_f1))
-        draw(pts, plot, title=f"quality vs latency ({out['device']})",
+        draw(pareto_points(result), plot, title=f"quality vs latency ({out['device']})",
              xlabel="p50 latency at batch 1 (ms)", ylabel="macro F1 (test)")
     if publish_repo is not None:
-        out["published"] = _publish(result, model_path, publish_repo, model_name,
-                                    lineage, not no_lineage)
+        out["published"] = publish_variants(result, model_path, publish_repo, model_name,
+                                            lineage, not no_lineage)
     if records is not None:
         append_records(records, result.records)
     emit(out, as_json, _render_compress(out))
-
-
-def _on_device(result: Any, profile: DeviceProfile, model_path: Path, data_dir: Path,
-               cfg: Any, calls: int) -> dict[str, Any]:
-    from scalelab.lab.core.device import choose_mechanism
-    from scalelab.system.compress.features import Preprocess, load_split
-    from scalelab.system.compress.ondevice import measure_on_device
-
-    test = load_split(data_dir, "test", Preprocess.read(model_path),
-                      max_rows=min(512, cfg.max_test_rows or 512))
-    with tempfile.TemporaryDirectory(prefix="scalelab-ondevice-") as d:
-        rows = measure_on_device(result.variants, profile, Path(d),
-                                 categorical=test.categorical, numeric=test.numeric,
-                                 calls=calls)
-    # What the children used (a cgroup that could not be made falls back to RLIMIT_AS).
-    measured = [r for r in rows if r["measured"]]
-    mechanism, note = ((measured[0]["mechanism"], measured[0]["mechanism_note"]) if measured
-                       else choose_mechanism(profile))
-    return {"profile": profile.as_dict(), "mechanism": mechanism, "mechanism_note": note,
-            "batch_size": 1, "calls": calls, "variants": rows}
 
 
 def _render_on_device(od: dict[str, Any], con: Console) -> None:
@@ -276,30 +222,6 @@ def _render_on_device(od: dict[str, Any], con: Console) -> None:
                   str(r.get("threads") or "-"), r["reason"])
     con.print(t)
     con.print(f"[dim]{escape(od['mechanism_note'])}[/]")
-
-
-def _publish(result: Any, parent: Path, repo: Path, name: str | None, lineage: Path | None,
-             record_lineage: bool) -> list[dict[str, Any]]:
-    from scalelab.system.compress.publish import publish
-
-    name = name or parent.resolve().parent.name
-    done = []
-    for v in result.variants:
-        if not v.requested or v.arch is None:
-            continue
-        assert v.quality is not None and v.delta is not None and v.measurement is not None
-        quality = {"macro_f1": v.quality.macro_f1, "accuracy": v.quality.accuracy,
-                   "per_class_f1": {c.name: c.f1 for c in v.quality.classes},
-                   "delta": v.delta.as_dict(),
-                   "latency_p50_ms": {str(t.batch_size): t.p50_ms for t in v.measurement.timings},
-                   "size_bytes": v.size_bytes, "device": v.measurement.device,
-                   "experiment": result.experiment}
-        p = publish(repo, name, parent_dir=parent, module=v.model, arch=v.arch,
-                    params=v.arch_params, technique=v.technique, parameters=v.parameters,
-                    quality=quality, lineage=lineage, record_lineage=record_lineage)
-        done.append({"variant": v.name, "model": p.name, "version": p.version,
-                     "path": str(p.path), "lineage_node": p.lineage_node})
-    return done
 
 
 @click.group("model", no_args_is_help=True)
@@ -326,39 +248,19 @@ def minilm(sentences: Path, backends: str, batch_sizes: str, calls: int, threads
 
     Example: scalelab model minilm --sentences tests/system/compress/data/sentences.txt
     """
-    from scalelab.system.compress.measure import device_label
-    from scalelab.system.compress.minilm import MiniLMConfig, read_sentences, run_minilm
+    from scalelab.system.compress.minilm import MiniLMConfig, read_sentences, run_minilm_bench
 
     cfg = MiniLMConfig(backends=parse_list(backends, what="--backends", kind=str),
                        batch_sizes=parse_list(batch_sizes, what="--batch-sizes", kind=int),
                        calls=calls, threads=threads, k=k)
     texts = read_sentences(sentences)
     with tempfile.TemporaryDirectory(prefix="scalelab-minilm-") as d:
-        results = run_minilm(texts, cfg, Path(d))
-    device = device_label("cpu")
-    exp = new_experiment_id("minilm")
-    recs: list[Record] = []
-    rows: list[dict[str, Any]] = []
-    for i, r in enumerate(results):
-        a = r.agreement
-        quality = {"cosine_mean": a.cosine_mean, "cosine_min": a.cosine_min,
-                   "top1_agreement": a.top1_agreement, "topk_overlap": a.topk_overlap}
-        lat = {str(b): v for b, v in r.latency_ms.items()}
-        rows.append({"backend": r.backend, "quality": quality, "k": a.k, "latency": lat,
-                     "size_bytes": r.size_bytes, "device": device})
-        first = r.latency_ms[min(r.latency_ms)]
-        big = r.latency_ms[max(r.latency_ms)]
-        recs.append(make_record(
-            experiment=exp, stage="model.minilm", variable="backend", level=float(i),
-            input_volume=float(len(texts)), input_unit="sentences",
-            rate=big["sentences_per_s"], rate_unit="sentences/s",
-            latency=Latency(p50_ms=first["p50_ms"], p95_ms=first["p95_ms"]),
-            quality=quality, extras={"backend": r.backend, "latency_by_batch": lat,
-                                     "size_bytes": r.size_bytes, "device": device,
-                                     "threads": threads}))
+        bench = run_minilm_bench(texts, cfg, Path(d))
+    rows, device = bench.rows, bench.device
     if records is not None:
-        append_records(records, recs)
-    out = {"experiment": exp, "sentences": len(texts), "device": device, "threads": threads,
+        append_records(records, bench.records)
+    out = {"experiment": bench.experiment, "sentences": len(texts), "device": device,
+           "threads": threads,
            "backends": rows, "records": str(records) if records else None}
 
     def render(con: Console) -> None:

@@ -387,7 +387,7 @@ def scaling_law(data_dir: str | None, widths: str, fractions: str, limit: str, e
 
     Example: scalelab train scaling-law --widths 16,32,64 --data 0.1,0.3,1.0
     """
-    from scalelab.system.train.scaling_law import curves, run_grid
+    from scalelab.system.train.scaling_law import curves, grid_records, run_grid
 
     cfg = TabularRunConfig(data=data_dir, limit=_float_or_none(limit, "--limit"), epochs=epochs,
                            batch=batch, base_batch=batch, lr=lr, seed=seed)
@@ -396,13 +396,7 @@ def scaling_law(data_dir: str | None, widths: str, fractions: str, limit: str, e
                       budget=_si(budget, "--budget"), threads=threads,
                       on_point=lambda m: err_console.print(f"[dim]training {m}[/]", markup=True))
     if records:
-        from scalelab.lab.core.records import append_records, make_record, new_experiment_id
+        from scalelab.lab.core.records import append_records
 
-        exp = new_experiment_id("train-scaling-law")
-        append_records(records, [make_record(
-            experiment=exp, stage="train.scaling_law", variable="compute_flops",
-            level=p.flops_6nd, repeat=i, input_volume=float(p.samples), input_unit="samples",
-            wall_s=p.wall_s, quality={"test_loss": p.test_loss, "accuracy": p.accuracy},
-            extras={"width": p.width, "fraction": p.fraction, "n_params": p.n_params,
-                    "measured_flops": p.flops}) for i, p in enumerate(result.points)])
+        append_records(records, grid_records(result))
     emit({**vars(result), "curves": curves(result.points)}, as_json, _render_law(result))

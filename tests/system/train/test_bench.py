@@ -49,3 +49,20 @@ def test_law_fit_and_plan_recover_a_known_law() -> None:
 def test_frontier_keeps_only_improvements() -> None:
     pts = [_point(1, 10, 1.0), _point(2, 10, 1.2), _point(4, 10, 0.9), _point(8, 10, 0.95)]
     assert [p.n_params for p in _frontier(pts)] == [1, 4]
+
+
+def test_grid_records_one_per_point_on_the_compute_axis() -> None:
+    from scalelab.system.train.scaling_law import ScalingLawResult, grid_records
+
+    pts = [GridPoint(width=w, fraction=f, n_params=10 * w, samples=100, flops=7.0e3 * w,
+                     flops_6nd=6.0e3 * w, test_loss=1.0 / w, train_loss=0.9, accuracy=0.5,
+                     wall_s=2.0) for w, f in ((4, 0.5), (8, 1.0))]
+    recs = grid_records(ScalingLawResult(points=pts, fit=None, fit_error="x", plan=None,
+                                         frontier=pts))
+    assert [(r.stage, r.variable, r.level, r.repeat) for r in recs] == [
+        ("train.scaling_law", "compute_flops", 24000.0, 0),
+        ("train.scaling_law", "compute_flops", 48000.0, 1)]
+    assert recs[1].quality == {"test_loss": 0.125, "accuracy": 0.5}
+    assert recs[1].extras == {"width": 8, "fraction": 1.0, "n_params": 80,
+                              "measured_flops": 56000.0}
+    assert len({r.experiment for r in recs}) == 1

@@ -32,9 +32,11 @@ import torch
 from torch import nn
 
 from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.records import Latency, Record, make_record, new_experiment_id
 from scalelab.layers.nets.minilm import load_sentence_model
 from scalelab.layers.nets.variants import quantize_int8
 from scalelab.system.compress import ort
+from scalelab.system.compress.measure import device_label
 
 BACKENDS = ("fp32", "torch-int8", "onnx-fp32", "onnx-int8")
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -236,6 +238,44 @@ def run_minilm(sentences: list[str], cfg: MiniLMConfig, workdir: Path) -> list[B
         return out
     finally:
         torch.set_num_threads(before)
+
+
+@dataclass(kw_only=True)
+class MiniLMBench:
+    """`scalelab model minilm`'s result: a row and a record per backend."""
+
+    experiment: str
+    device: str
+    rows: list[dict[str, Any]]
+    records: list[Record]
+
+
+def run_minilm_bench(sentences: list[str], cfg: MiniLMConfig, workdir: Path) -> MiniLMBench:
+    """`run_minilm`, then each backend as a row and as a record (stage model.minilm, variable
+    backend: its index in `cfg.backends`; latency at the smallest batch, rate at the largest)."""
+    results = run_minilm(sentences, cfg, workdir)
+    device = device_label("cpu")
+    exp = new_experiment_id("minilm")
+    rows: list[dict[str, Any]] = []
+    records: list[Record] = []
+    for i, r in enumerate(results):
+        a = r.agreement
+        quality = {"cosine_mean": a.cosine_mean, "cosine_min": a.cosine_min,
+                   "top1_agreement": a.top1_agreement, "topk_overlap": a.topk_overlap}
+        lat = {str(b): v for b, v in r.latency_ms.items()}
+        rows.append({"backend": r.backend, "quality": quality, "k": a.k, "latency": lat,
+                     "size_bytes": r.size_bytes, "device": device})
+        first = r.latency_ms[min(r.latency_ms)]
+        big = r.latency_ms[max(r.latency_ms)]
+        records.append(make_record(
+            experiment=exp, stage="model.minilm", variable="backend", level=float(i),
+            input_volume=float(len(sentences)), input_unit="sentences",
+            rate=big["sentences_per_s"], rate_unit="sentences/s",
+            latency=Latency(p50_ms=first["p50_ms"], p95_ms=first["p95_ms"]),
+            quality=quality, extras={"backend": r.backend, "latency_by_batch": lat,
+                                     "size_bytes": r.size_bytes, "device": device,
+                                     "threads": cfg.threads}))
+    return MiniLMBench(experiment=exp, device=device, rows=rows, records=records)
 
 
 def _onnx_backend(bert: nn.Module, tokenizer: Any, backend: str, workdir: Path,

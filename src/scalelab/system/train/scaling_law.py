@@ -24,6 +24,7 @@ import torch
 
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.machine import available_cores
+from scalelab.lab.core.records import Record, make_record, new_experiment_id
 from scalelab.layers.nets.flights import Preprocess
 from scalelab.system.train.config import TabularRunConfig
 from scalelab.system.train.dataset import Tensors, prepare
@@ -172,6 +173,17 @@ def run_grid(cfg: TabularRunConfig, *, widths: list[int], fractions: list[float]
     fit, err, plan = fit_and_plan(points, budget)
     return ScalingLawResult(points=points, fit=fit, fit_error=err, plan=plan,
                             frontier=_frontier(points))
+
+
+def grid_records(result: ScalingLawResult) -> list[Record]:
+    """One record per grid point (stage train.scaling_law; variable: compute, 6ND FLOP)."""
+    exp = new_experiment_id("train-scaling-law")
+    return [make_record(
+        experiment=exp, stage="train.scaling_law", variable="compute_flops",
+        level=p.flops_6nd, repeat=i, input_volume=float(p.samples), input_unit="samples",
+        wall_s=p.wall_s, quality={"test_loss": p.test_loss, "accuracy": p.accuracy},
+        extras={"width": p.width, "fraction": p.fraction, "n_params": p.n_params,
+                "measured_flops": p.flops}) for i, p in enumerate(result.points)]
 
 
 def curves(points: list[GridPoint]) -> dict[str, Any]:
