@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -20,9 +19,10 @@ from scalelab.lab.core.sheet import SheetRow
 from scalelab.lab.core.units import format_bytes, format_si
 from scalelab.lab.core.verdict import Verdict
 from scalelab.lab.diagnose.budget import parse_budget
-from scalelab.lab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
+from scalelab.lab.diagnose.config import Mode, defaults_text, load_config, stored_config
 from scalelab.lab.diagnose.failures import failure_lines
-from scalelab.lab.diagnose.run import CONFIG, RECORDS, Runner, failures, rebuild
+from scalelab.lab.diagnose.gate import FailOn, gate_failure
+from scalelab.lab.diagnose.run import RECORDS, Runner, failures, rebuild
 from scalelab.lab.report.document import ReportFiles, verdict_lines
 
 
@@ -67,30 +67,8 @@ fail_on_option = click.option(
 )
 
 
-def gate(verdict: Verdict, fail_on: str | None) -> str | None:
-    """Why the --fail-on gate fails (one line), or None when it passes or is not set."""
-    if fail_on is None:
-        return None
-    missed = [s for s in verdict.stages if s.miss is not None]
-    if missed:
-        return f"gate failed (--fail-on {fail_on}): " + "; ".join(
-            f"{s.stage} misses {s.miss.objective.label} at {s.miss.multiple:g}×"
-            for s in missed
-            if s.miss is not None
-        )
-    if fail_on == "undecided" and verdict.outcome != "met":
-        return "gate failed (--fail-on undecided): " + "; ".join(
-            f"{s.stage} {s.outcome}"
-            + (f" ({s.open_text})" if s.open_text else "")
-            + (f" (not measured: {', '.join(s.not_measured)})" if s.not_measured else "")
-            for s in verdict.stages
-            if s.outcome != "met"
-        )
-    return None
-
-
-def _gate_exit(verdict: Verdict, fail_on: str | None) -> None:
-    why = gate(verdict, fail_on)
+def _gate_exit(verdict: Verdict, fail_on: FailOn | None) -> None:
+    why = gate_failure(verdict, fail_on)
     if why is not None:
         err_console.print(why, markup=False, highlight=False, soft_wrap=True)
         raise click.exceptions.Exit(1)
@@ -134,7 +112,7 @@ def diagnose(
     out: Path,
     budget: str | None,
     print_config: bool,
-    fail_on: str | None,
+    fail_on: FailOn | None,
     as_json: bool,
 ) -> None:
     """Scale the reference ML system along its four bottlenecks and name the one that breaks.
@@ -204,7 +182,7 @@ def diagnose(
 @fail_on_option
 @json_option
 def report(
-    results_dir: Path, config_path: Path | None, fail_on: str | None, as_json: bool
+    results_dir: Path, config_path: Path | None, fail_on: FailOn | None, as_json: bool
 ) -> None:
     """Rebuild the report (HTML, Markdown, JSON) from a results directory's records.
 
@@ -218,21 +196,7 @@ def report(
         raise BadInputError(
             f"{results_dir} has no {RECORDS}; pass the --out directory of a scalelab diagnose run"
         )
-    mode: Mode = "default"
-    cfg: DiagnoseConfig
-    if config_path is not None:
-        cfg = load_config(config_path, mode)
-    elif (results_dir / CONFIG).is_file():
-        stored = yaml.safe_load((results_dir / CONFIG).read_text("utf-8")) or {}
-        mode = stored.pop("mode", "default")
-        try:
-            cfg = DiagnoseConfig.model_validate(stored)
-        except Exception as e:
-            raise BadInputError(
-                f"{results_dir / CONFIG}: not a stored diagnose config ({e}); pass --config"
-            ) from e
-    else:
-        cfg = load_config(None, mode)
+    cfg, mode = stored_config(results_dir, config_path)
     sheet, verdict, files = rebuild(results_dir, cfg, mode)
 
     def render(c: Console) -> None:

@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.diagnose.commands import LoadRun, ServeRun
-from scalelab.lab.diagnose.config import defaults_text, load_config
+from scalelab.lab.diagnose.config import CONFIG, defaults_text, load_config, stored_config
 from scalelab.lab.diagnose.goals import stage_goals
 from scalelab.lab.diagnose.run import on_cluster
 from scalelab.lab.diagnose.steps import Step
@@ -105,3 +105,21 @@ def test_client_cluster_reaches_only_the_load_and_sweep_steps(tmp_path: Path) ->
     serve = Step(stage="serve", label="s", command=ServeRun(model_repo=Path("m"), port=1))
     assert on_cluster(serve, addr) is serve
     assert on_cluster(load, None) is load
+
+
+def test_stored_config_is_the_runs_own_with_its_mode(tmp_path: Path) -> None:
+    import yaml
+
+    cfg = load_config(None, "quick")
+    (tmp_path / CONFIG).write_text(yaml.safe_dump({"mode": "quick",
+                                                   **cfg.model_dump(mode="json")}))
+    got, mode = stored_config(tmp_path, None)
+    assert (got, mode) == (cfg, "quick")
+    assert stored_config(tmp_path / "none", None) == (load_config(None, "default"), "default")
+    (tmp_path / CONFIG).write_text("repeats: many\n")
+    bad = r"not a stored diagnose config \(repeats.*; pass --config$"
+    with pytest.raises(BadInputError, match=bad):
+        stored_config(tmp_path, None)
+    (tmp_path / CONFIG).write_text("- a list\n")
+    with pytest.raises(BadInputError, match="top level must be a mapping"):
+        stored_config(tmp_path, None)

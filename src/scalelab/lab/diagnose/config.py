@@ -22,6 +22,8 @@ from scalelab.lab.diagnose.stages import SECTIONS
 from scalelab.lab.diagnose.stages.custom import CustomStages
 
 Mode = Literal["quick", "default", "full"]
+CONFIG = "config.yaml"
+"""The config a run used, stored in its results directory (with its mode)."""
 
 
 def _budget(v: str) -> str:
@@ -114,6 +116,26 @@ def load_config(path: Path | None, mode: Mode = "default") -> DiagnoseConfig:
         raise BadInputError(f"{where}: {config_error(e)}") from e
     except BadInputError as e:
         raise BadInputError(f"{where}: {e}") from e
+
+
+def stored_config(results_dir: Path, path: Path | None) -> tuple[DiagnoseConfig, Mode]:
+    """The config to judge a results directory by, and its mode: `path` when given, else the
+    one the run stored (CONFIG), else the defaults (what `scalelab report DIR` uses)."""
+    if path is not None:
+        return load_config(path, "default"), "default"
+    stored_path = results_dir / CONFIG
+    if not stored_path.is_file():
+        return load_config(None, "default"), "default"
+    stored = _parse_yaml(stored_path.read_text("utf-8"), str(stored_path))
+    mode = stored.pop("mode", "default")
+    try:
+        return DiagnoseConfig.model_validate(stored), mode
+    except ValidationError as e:
+        raise BadInputError(f"{stored_path}: not a stored diagnose config ({config_error(e)}); "
+                            "pass --config") from e
+    except ScalelabError as e:
+        raise BadInputError(f"{stored_path}: not a stored diagnose config ({e}); pass --config") \
+            from e
 
 
 def config_error(e: ValidationError) -> str:

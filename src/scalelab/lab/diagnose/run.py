@@ -29,7 +29,7 @@ from scalelab.lab.diagnose.budget import (
     split_budget,
     time_lines,
 )
-from scalelab.lab.diagnose.config import DiagnoseConfig, Mode
+from scalelab.lab.diagnose.config import CONFIG, DiagnoseConfig, Mode
 from scalelab.lab.diagnose.energy import energy_tagger
 from scalelab.lab.diagnose.evidence import with_stage_limits
 from scalelab.lab.diagnose.failures import stage_failures, with_failures
@@ -40,7 +40,6 @@ from scalelab.lab.diagnose.steps import Step, StepResult, run_step
 from scalelab.lab.report.document import ReportFiles, write_report
 
 RECORDS = "records.jsonl"
-CONFIG = "config.yaml"
 RUN_INFO = "run.json"
 """What the run itself knows beyond the records: its experiment id, failed steps, Ctrl-C."""
 
