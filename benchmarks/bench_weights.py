@@ -41,8 +41,8 @@ def child(model: str, weights: str, threads: int, tokens: int, rounds: int) -> d
     import torch
 
     from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
+    from scalelab.system.generate.linears import weight_bytes
     from scalelab.system.generate.models import load_model
-    from scalelab.system.generate.quant import weight_bytes
     from scalelab.system.generate.sequence import SamplingParams
 
     torch.set_num_threads(threads)

@@ -180,8 +180,8 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
     import torch
 
     from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
+    from scalelab.system.generate.linears import weight_bytes
     from scalelab.system.generate.models import load_model
-    from scalelab.system.generate.quant import weight_bytes
     from scalelab.system.generate.sequence import SamplingParams
     from scalelab.system.generate.speculative import SpecConfig
 

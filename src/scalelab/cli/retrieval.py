@@ -117,7 +117,7 @@ def index_cmd(corpus_dir: Path, out: Path, spec: str, embedder: str, cache: Path
     """Embed a corpus and build an index, saved with its manifest and lineage."""
     from scalelab.layers.lineage.store import LineageStore
     from scalelab.system.retrieval.embed import CachedEmbedder, make_embedder
-    from scalelab.system.retrieval.index import parse_spec
+    from scalelab.system.retrieval.factory import parse_spec
     from scalelab.system.retrieval.retriever import build_index_dir
 
     parse_spec(spec)

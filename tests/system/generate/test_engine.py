@@ -224,7 +224,8 @@ def test_packed_weights_keep_the_plain_logits_state_dict_and_greedy_output() -> 
 
     from scalelab.layers.nets.llama import build_tiny
     from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
-    from scalelab.system.generate.runner import PackedLinear, pack_linears
+    from scalelab.system.generate.linears import PackedLinear
+    from scalelab.system.generate.runner import pack_linears
 
     plain = build_tiny(seed=4)
     packed = copy.deepcopy(plain)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from scalelab.layers.nets.llama import LlamaForCausalLM, build_tiny, tiny_config
-from scalelab.system.generate.forward import FusedInt4, StepForward, fuse_projections
+from scalelab.system.generate.forward import StepForward, fuse_projections
+from scalelab.system.generate.linears import FusedInt4, Int4Linear, weight_bytes
 from scalelab.system.generate.models import load_model
-from scalelab.system.generate.quant import Int4Linear, quantize_q4, weight_bytes
+from scalelab.system.generate.quant import quantize_q4
 from scalelab.system.generate.runner import ModelRunner, PagedAttention, SeqSlice
 
 

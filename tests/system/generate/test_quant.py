@@ -13,15 +13,10 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from scalelab.cli import run
+from scalelab.system.generate.linears import BlockEmbedding, Int4Linear, Int8Linear, weight_bytes
 from scalelab.system.generate.models import load_model
 from scalelab.system.generate.quality import agreement, evaluate
-from scalelab.system.generate.quant import (
-    BlockEmbedding,
-    Int4Linear,
-    Int8Linear,
-    blocks_from_gguf,
-    weight_bytes,
-)
+from scalelab.system.generate.quant import blocks_from_gguf
 
 TYPES = ["Q4_0", "Q4_1", "Q8_0"]
 

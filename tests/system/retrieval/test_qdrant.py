@@ -14,7 +14,7 @@ import pytest
 from scalelab.lab.core.errors import BadInputError, BadUsageError, RunFailedError
 from scalelab.layers.web.spawn import free_port
 from scalelab.system.retrieval.embed import CachedEmbedder, HashingEmbedder
-from scalelab.system.retrieval.index import build_index, make_index, parse_spec
+from scalelab.system.retrieval.factory import build_index, make_index, parse_spec
 from scalelab.system.retrieval.qdrant import QdrantIndex, parse_server
 from scalelab.system.retrieval.quality import recall_at_k, true_scores
 from scalelab.system.retrieval.retriever import build_index_dir, open_retriever

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 
 from scalelab.lab.core.errors import BadInputError, ScalelabError
 from scalelab.lab.diagnose.budget import parse_budget
@@ -61,6 +69,16 @@ class DiagnoseConfig(Strict):
     """One section per stage of diagnose.stages.STAGES."""
     custom: CustomStages = Field(default_factory=lambda: CustomStages([]))
     """The user's own stages."""
+
+    @field_validator("custom")
+    @classmethod
+    def _custom_names(cls, v: CustomStages) -> CustomStages:
+        taken = {s.name for s in SECTIONS}
+        for c in v.root:
+            if c.name in taken:
+                raise ValueError(f"custom stage name {c.name!r} is a built-in stage's; rename it "
+                                 f"(built-in: {', '.join(sorted(taken))})")
+        return v
 
     def section(self, name: str) -> Any:
         """A stage's settings by name (the type is the stage's settings model)."""

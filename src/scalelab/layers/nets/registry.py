@@ -34,7 +34,8 @@ def _listed() -> dict[str, Builder]:
     registered by importing the modules: their builders call back into this registry)."""
     from scalelab.layers.nets import folded, variants
 
-    return {"tabular_mlp": _tabular, folded.ARCH: folded.build_folded, **variants.BUILDERS}
+    return {"tabular_mlp": _tabular, folded.ARCH: folded.build_folded,
+            **variants.builders(build)}
 
 
 _ARCHITECTURES: dict[str, Builder] = {}

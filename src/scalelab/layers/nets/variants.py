@@ -18,6 +18,7 @@ rebuilds them from model.json + model.safetensors like any other (never unpickli
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -119,14 +120,16 @@ class Int8Module(nn.Module):
         return nn.modules.module._IncompatibleKeys(missing, unexpected)
 
 
-def _build_int8(params: dict[str, Any]) -> nn.Module:
-    from scalelab.layers.nets import registry
+Build = Callable[[str, dict[str, Any]], nn.Module]
+"""nets.registry.build: an architecture by name, as the composite variants build their parts."""
 
+
+def _build_int8(build: Build, params: dict[str, Any]) -> nn.Module:
     try:
         base, base_params = params["base"], params["base_params"]
     except KeyError as e:
         raise TypeError(f"int8_dynamic needs {e.args[0]!r}") from None
-    return Int8Module(registry.build(base, base_params))
+    return Int8Module(build(base, base_params))
 
 
 # -- the fused-embedding student --------------------------------------------------------------
@@ -216,13 +219,11 @@ class CascadeNet(nn.Module):
         return out
 
 
-def _build_cascade(params: dict[str, Any]) -> nn.Module:
-    from scalelab.layers.nets import registry
-
+def _build_cascade(build: Build, params: dict[str, Any]) -> nn.Module:
     try:
         small, large, tau = params["small"], params["large"], params["tau"]
-        return CascadeNet(registry.build(small["architecture"], small["params"]),
-                          registry.build(large["architecture"], large["params"]), float(tau))
+        return CascadeNet(build(small["architecture"], small["params"]),
+                          build(large["architecture"], large["params"]), float(tau))
     except KeyError as e:
         raise TypeError(
             f"cascade needs {e.args[0]!r} (small/large: architecture, params)") from None
@@ -232,9 +233,10 @@ def build_fused(params: dict[str, Any]) -> nn.Module:
     return FusedTabularNet(FusedTabularConfig(**params))
 
 
-BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
-    "tabular_fused": build_fused,
-    "int8_dynamic": _build_int8,
-    "cascade": _build_cascade,
-}
-"""The compressed variants' builders, listed by nets.registry."""
+def builders(build: Build) -> dict[str, Callable[[dict[str, Any]], nn.Module]]:
+    """The compressed variants' builders, listed by nets.registry; the composite ones (int8 of
+    a base, a cascade of two nets) build their parts with `build` (the registry's, passed in so
+    this module does not import the registry that lists it)."""
+    return {"tabular_fused": build_fused,
+            "int8_dynamic": functools.partial(_build_int8, build),
+            "cascade": functools.partial(_build_cascade, build)}

@@ -10,22 +10,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
 from scalelab.lab.core.machine import available_cores
 from scalelab.layers.nets.flights import LABEL
 from scalelab.system.data.dedupe import deduplicate, delay_class, key_hash
-from scalelab.system.data.engine import EngineOutput, compute, stats_document
+from scalelab.system.data.engine import EngineOutput, PipelineConfig, compute, stats_document
 from scalelab.system.data.features import INPUT_COLUMNS, Dimensions, build_features
 from scalelab.system.data.ingest import file_name, ingest_file, ingest_plain_group
 from scalelab.system.data.meter import StageMeter, StageReport
 from scalelab.system.data.quarantine import validate
 from scalelab.system.data.split import split_by_time
-
-if TYPE_CHECKING:
-    from scalelab.system.data.pipeline import PipelineConfig
 
 INGEST_THREADS = 2
 """File groups ingested and validated at once by the local engine (at most the cores)."""

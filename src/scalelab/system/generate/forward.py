@@ -27,63 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalelab.layers.nets.llama import AttentionBackend, DecoderLayer, LlamaForCausalLM
-from scalelab.system.generate.quant import GROUP, Int4Linear
+from scalelab.system.generate.linears import GROUP, INT4_MM, FusedInt4, Int4Linear
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
-_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
-PACK_BLOCK = 64
-"""Rows torch's CPU int4 packer interleaves as one block: a concatenation of packed operands is
-the packing of the concatenation only when every part is a whole number of these (measured:
-parts of 16, 32 or 48 rows are not; SmolLM2's 576 / 192 / 1536 are)."""
-
-
-class FusedInt4(nn.Module):
-    """Int4Linears over one input run as one `_weight_int4pack_mm_for_cpu` call.
-
-    Built in place: each part's `packed0` becomes a view of the fused operand's rows (the int4
-    packer packs row by row, so the rows of a concatenation are the concatenation of the
-    rows), so the parts still run alone and nothing is stored twice but the small scales.
-    """
-
-    packed: torch.Tensor
-    scale_zero: torch.Tensor
-
-    def __init__(self, parts: list[Int4Linear]) -> None:
-        super().__init__()
-        self.dtype = parts[0].dtype
-        self.sizes = [p.out_features for p in parts]
-        # Not persistent: the parts' own buffers stay what the state dict holds.
-        self.register_buffer("packed", torch.cat([p.packed0 for p in parts]), persistent=False)
-        self.register_buffer(
-            "scale_zero",
-            torch.cat([p.scale_zero0 for p in parts], dim=1).contiguous(),
-            persistent=False,
-        )
-        offset = 0
-        for p, n in zip(parts, self.sizes, strict=True):
-            p.packed0 = self.packed[offset : offset + n]
-            offset += n
-
-    @staticmethod
-    def fusable(parts: list[nn.Module]) -> bool:
-        """Single-operand int4 linears of one input width and dtype, no padding rows, each a
-        whole number of the packer's row blocks."""
-        if not all(type(p) is Int4Linear for p in parts):
-            return False
-        lins = [p for p in parts if isinstance(p, Int4Linear)]
-        return all(
-            p.num_parts == 1
-            and p.dtype == lins[0].dtype
-            and p.in_features == lins[0].in_features
-            and p.packed0.shape[0] == p.out_features
-            and p.out_features % PACK_BLOCK == 0
-            for p in lins
-        )
-
-    def forward(self, x2: torch.Tensor) -> torch.Tensor:
-        """x2: (rows, in) already in the kernel's dtype -> (rows, sum of the parts' outs) in
-        fp32, the parts' outputs side by side: column block i is what part i's call gives."""
-        return _INT4_MM(x2, self.packed, GROUP, self.scale_zero).float()
 
 
 def fuse_projections(model: LlamaForCausalLM) -> int:
@@ -115,7 +61,7 @@ def _linear(mod: nn.Module) -> Linear:
 
         def int4(x: torch.Tensor) -> torch.Tensor:
             x2 = x.reshape(-1, x.shape[-1]).to(lin.dtype)
-            out = _INT4_MM(x2, lin.packed0, GROUP, lin.scale_zero0).float()
+            out = INT4_MM(x2, lin.packed0, GROUP, lin.scale_zero0).float()
             return out.view(*x.shape[:-1], lin.out_features)
 
         return int4

@@ -15,7 +15,8 @@ import torch
 
 from scalelab.lab.core.errors import BadInputError, ScalelabError
 from scalelab.layers.nets.llama import LlamaConfig
-from scalelab.system.generate.quant import BLOCK_TYPES, Blocks, blocks_from_gguf
+from scalelab.system.generate.linears import Blocks
+from scalelab.system.generate.quant import BLOCK_TYPES, blocks_from_gguf
 from scalelab.system.generate.tokenizer import TextTokenizer
 
 INSTALL_HINT = "install the generation extra: pip install 'scalelab[generate]'"

@@ -21,8 +21,8 @@ from scalelab.system.generate.gguf import (
     read_weights,
     smollm2_path,
 )
+from scalelab.system.generate.linears import Blocks
 from scalelab.system.generate.quant import (
-    Blocks,
     check_weights,
     install_blocks,
     quantize_int8,

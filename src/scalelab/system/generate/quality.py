@@ -19,8 +19,9 @@ import torch.nn.functional as F
 
 from scalelab.layers.nets.llama import LlamaForCausalLM
 from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
+from scalelab.system.generate.linears import weight_bytes
 from scalelab.system.generate.models import LoadedModel, load_model
-from scalelab.system.generate.quant import check_weights, weight_bytes
+from scalelab.system.generate.quant import check_weights
 from scalelab.system.generate.sequence import SamplingParams
 from scalelab.system.generate.tokenizer import TextTokenizer
 

@@ -18,6 +18,7 @@ from torch import nn
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.layers.nets.llama import LlamaConfig, LlamaForCausalLM
 from scalelab.system.generate.forward import StepForward
+from scalelab.system.generate.linears import PackedLinear
 
 
 def kv_bytes_per_token(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> int:
@@ -30,44 +31,6 @@ def blocks_in_budget(
     cfg: LlamaConfig, budget_bytes: int, block_size: int, dtype: torch.dtype = torch.float32
 ) -> int:
     return budget_bytes // (kv_bytes_per_token(cfg, dtype) * block_size)
-
-
-class PackedLinear(nn.Module):
-    """An inference-only `nn.Linear` (no bias) whose weight lives in oneDNN's blocked layout.
-
-    A decode step multiplies a few rows by every weight matrix; MKL's general GEMM reads the
-    plain (out, in) layout poorly at those shapes. The blocked copy, made once, computes the
-    same product (fp32, a different summation order: logits agree to ~1e-4) in 0.57-0.72x the
-    time at 8 rows, 0.85-0.94x at 1 row and 0.85x at 512 (a prefill chunk) on the two-core
-    machine; a whole SmolLM2 decode step at 8 sequences in 0.69x (docs/generate.md). The
-    state dict still holds the plain weight (converted back exactly), so a packed model saves
-    and compares like the original.
-    """
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """The plain (out, in) weight, converted back (a copy)."""
-        return self.packed.to_dense()
-
-    def _save_to_state_dict(
-        self, destination: dict[str, torch.Tensor], prefix: str, keep_vars: bool
-    ) -> None:
-        destination[prefix + "weight"] = self.weight
-
-    def __deepcopy__(self, memo: dict[int, object]) -> PackedLinear:
-        # oneDNN tensors have no storage to copy; rebuild from the plain weight.
-        plain = nn.Linear(self.in_features, self.out_features, bias=False)
-        with torch.no_grad():
-            plain.weight.copy_(self.weight)
-        return PackedLinear(plain)
 
 
 def can_pack(model: nn.Module) -> bool:

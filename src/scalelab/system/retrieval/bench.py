@@ -48,14 +48,8 @@ from scalelab.system.retrieval.embed import (
     make_embedder,
     torch_threads,
 )
-from scalelab.system.retrieval.index import (
-    VectorIndex,
-    build_index,
-    ivf_lists,
-    limit_threads,
-    make_index,
-    parse_spec,
-)
+from scalelab.system.retrieval.factory import build_index, make_index, parse_spec
+from scalelab.system.retrieval.index import VectorIndex, ivf_lists, limit_threads
 from scalelab.system.retrieval.open_loop import (
     LatencyAllowance,
     open_loop,

@@ -11,6 +11,9 @@ grows by `add` without a rebuild. Indexes are named by a string the user can pas
 - ``qdrant`` (embedded, qdrant-client's local mode) or ``qdrant+http://HOST:6333/COLLECTION``
   (a Qdrant server), in `retrieval.qdrant`.
 
+retrieval.factory turns a spec string into an index (this module is the interface and the
+in-process libraries' indexes; the factory knows every kind, Qdrant's included).
+
 Search-time knobs go through `set_params`: ``ef`` (HNSW's candidate list; faiss efSearch,
 hnswlib ef), ``nprobe`` (IVF lists visited), ``k_factor`` (re-ranked candidates of a refine
 stage). Incremental add: exact, Flat and IVF append (IVF assigns the new vectors to its trained
@@ -42,7 +45,8 @@ def _hnswlib() -> Any:
                            hint=INSTALL_HINT)
 
 
-def _rows(x: np.ndarray, dim: int, what: str) -> np.ndarray:
+def as_rows(x: np.ndarray, dim: int, what: str) -> np.ndarray:
+    """`x` as C-contiguous float32 rows of `dim`, or BadInputError naming `what`."""
     a = np.ascontiguousarray(x, dtype=np.float32)
     if a.ndim != 2 or a.shape[1] != dim:
         raise BadInputError(f"{what}: expected [n, {dim}] vectors, got shape {a.shape}")
@@ -78,7 +82,7 @@ class VectorIndex(ABC):
         """(scores [m, k'], ids [m, k']) best first, k' = min(k, ntotal); cosine scores."""
         if k < 1:
             raise BadUsageError(f"k={k} must be >= 1")
-        q = _rows(q, self.dim, "queries")
+        q = as_rows(q, self.dim, "queries")
         kk = min(k, self.ntotal)
         if kk == 0 or q.shape[0] == 0:
             return np.zeros((q.shape[0], 0), np.float32), np.zeros((q.shape[0], 0), np.int64)
@@ -116,7 +120,7 @@ class ExactIndex(VectorIndex):
         return self._n
 
     def add(self, x: np.ndarray) -> None:
-        x = _rows(x, self.dim, "vectors")
+        x = as_rows(x, self.dim, "vectors")
         need = self._n + x.shape[0]
         if need > self._x.shape[0]:
             grown = np.zeros((max(need, 2 * self._x.shape[0], 1024), self.dim), np.float32)
@@ -194,7 +198,7 @@ class FaissIndex(VectorIndex):
 
     def train(self, x: np.ndarray) -> None:
         if self.needs_training:
-            x = _rows(x, self.dim, "training vectors")
+            x = as_rows(x, self.dim, "training vectors")
             try:
                 self._index.train(x)
             except RuntimeError as e:
@@ -204,7 +208,7 @@ class FaissIndex(VectorIndex):
     def add(self, x: np.ndarray) -> None:
         if self.needs_training:
             raise BadUsageError(f"{self.spec} must be trained before vectors are added")
-        self._index.add(_rows(x, self.dim, "vectors"))
+        self._index.add(as_rows(x, self.dim, "vectors"))
 
     def _search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         d, i = self._index.search(q, k)
@@ -279,7 +283,7 @@ class HnswlibIndex(VectorIndex):
         return int(self._index.get_current_count())
 
     def add(self, x: np.ndarray) -> None:
-        x = _rows(x, self.dim, "vectors")
+        x = as_rows(x, self.dim, "vectors")
         need = self.ntotal + x.shape[0]
         cap = int(self._index.get_max_elements())
         if need > cap:
@@ -330,67 +334,6 @@ class HnswlibIndex(VectorIndex):
             except (RuntimeError, ValueError, MemoryError) as e:
                 raise BadInputError(f"hnswlib index data cannot be read ({e})") from None
         return cls(dim, options, index=index)
-
-
-def parse_spec(spec: str) -> tuple[str, str]:
-    """'faiss:HNSW32' -> ('faiss', 'HNSW32'); 'exact' -> ('exact', ''); 'qdrant' -> ('qdrant',
-    ''); 'qdrant+http://h:6333/c' -> ('qdrant', 'qdrant+http://h:6333/c') (the server)."""
-    spec = spec.strip()
-    if spec in ("exact", "qdrant"):
-        return spec, ""
-    if spec.startswith(("qdrant+http://", "qdrant+https://")):
-        from scalelab.system.retrieval.qdrant import parse_server
-
-        parse_server(spec)
-        return "qdrant", spec
-    lib, _, rest = spec.partition(":")
-    if lib in ("faiss", "hnswlib") and (rest or lib == "hnswlib"):
-        return lib, rest
-    raise BadUsageError(f"unknown index {spec!r}; use exact, faiss:<factory string> "
-                        "(faiss:Flat, faiss:HNSW32, faiss:IVF64,PQ16), "
-                        "hnswlib:M=16,ef_construction=200, qdrant (embedded) or "
-                        "qdrant+http://HOST:6333/COLLECTION (a Qdrant server)")
-
-
-def make_index(spec: str, dim: int) -> VectorIndex:
-    """An empty index from its spec string."""
-    lib, rest = parse_spec(spec)
-    if lib == "exact":
-        return ExactIndex(dim)
-    if lib == "faiss":
-        return FaissIndex(dim, rest)
-    if lib == "qdrant":
-        from scalelab.system.retrieval.qdrant import QdrantIndex
-
-        return QdrantIndex(dim, rest or None)
-    return HnswlibIndex(dim, rest)
-
-
-def index_from_bytes(spec: str, dim: int, data: bytes) -> VectorIndex:
-    lib, rest = parse_spec(spec)
-    if lib == "exact":
-        return ExactIndex.from_bytes(dim, data)
-    if lib == "faiss":
-        return FaissIndex.from_bytes(dim, rest, data)
-    if lib == "qdrant":
-        from scalelab.system.retrieval.qdrant import QdrantIndex
-
-        return QdrantIndex.from_bytes(dim, rest or None, data)
-    return HnswlibIndex.from_bytes(dim, rest, data)
-
-
-def build_index(spec: str, vectors: np.ndarray, *, train_sample: int = 50_000,
-                seed: int = 0) -> VectorIndex:
-    """An index holding `vectors` (trained on a seeded sample first when it needs training)."""
-    idx = make_index(spec, vectors.shape[1])
-    if idx.needs_training:
-        rng = np.random.default_rng(seed)
-        n = vectors.shape[0]
-        sample = vectors if n <= train_sample else vectors[rng.choice(n, train_sample,
-                                                                      replace=False)]
-        idx.train(sample)
-    idx.add(vectors)
-    return idx
 
 
 def ivf_lists(n: int) -> int:

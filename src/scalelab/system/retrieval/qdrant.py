@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 import numpy as np
 
 from scalelab.lab.core.errors import BadInputError, BadUsageError, RunFailedError, import_optional
-from scalelab.system.retrieval.index import VectorIndex, _rows
+from scalelab.system.retrieval.index import VectorIndex, as_rows
 
 INSTALL_HINT = "pip install 'scalelab[retrieval]' (qdrant-client)"
 API_KEY_ENV = "QDRANT_API_KEY"
@@ -150,7 +150,7 @@ class QdrantIndex(VectorIndex):
         return self._n
 
     def add(self, x: np.ndarray) -> None:
-        x = _rows(x, self.dim, "vectors")
+        x = as_rows(x, self.dim, "vectors")
         for lo in range(0, x.shape[0], UPSERT_BATCH):
             part = x[lo:lo + UPSERT_BATCH]
             ids: list[Any] = list(range(self._n + lo, self._n + lo + part.shape[0]))

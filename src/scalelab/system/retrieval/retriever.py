@@ -20,7 +20,8 @@ from scalelab.layers.lineage.manifest import read_manifest
 from scalelab.layers.lineage.store import LineageStore
 from scalelab.system.retrieval.corpus import Corpus, Doc, read_corpus
 from scalelab.system.retrieval.embed import CachedEmbedder, Embedder, make_embedder
-from scalelab.system.retrieval.index import VectorIndex, build_index
+from scalelab.system.retrieval.factory import build_index
+from scalelab.system.retrieval.index import VectorIndex
 from scalelab.system.retrieval.store import IndexInfo, Opened, open_or_rebuild, save_index
 
 

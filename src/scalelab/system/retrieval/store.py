@@ -34,7 +34,8 @@ from scalelab.layers.lineage.manifest import (
     write_manifest,
 )
 from scalelab.layers.lineage.store import LineageStore
-from scalelab.system.retrieval.index import VectorIndex, index_from_bytes
+from scalelab.system.retrieval.factory import index_from_bytes
+from scalelab.system.retrieval.index import VectorIndex
 
 INDEX_FILE = "index.bin"
 

@@ -92,20 +92,15 @@ class CustomStage(Strict):
 
 
 class CustomStages(RootModel[list[CustomStage]]):
-    """The `custom:` list."""
+    """The `custom:` list (config.DiagnoseConfig checks its names against the built-in
+    stages')."""
 
     @model_validator(mode="after")
     def _names(self) -> CustomStages:
-        from scalelab.lab.diagnose.stages import SECTIONS
-
         names = [c.name for c in self.root]
-        taken = {s.name for s in SECTIONS}
         for n in names:
             if names.count(n) > 1:
                 raise ValueError(f"two custom stages are named {n!r}; give each its own name")
-            if n in taken:
-                raise ValueError(f"custom stage name {n!r} is a built-in stage's; rename it "
-                                 f"(built-in: {', '.join(sorted(taken))})")
         return self
 
 
