@@ -456,8 +456,8 @@ def onnx_graph(work: Path) -> Path:
     checked against torch: serve.worker.to_onnx_runtime), written once for the peers."""
     path = work / "flights.onnx"
     if not path.exists():
+        from scalelab.layers.nets.model_config import load_model_config
         from scalelab.layers.nets.registry import load_module
-        from scalelab.system.serve.config import load_model_config
         from scalelab.system.serve.worker import to_onnx_runtime
 
         repo = make_repo(work, "repo-onnx-export", MAX_BATCH)

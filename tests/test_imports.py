@@ -1,8 +1,24 @@
-"""The import graph of src/scalelab has no loop.
+"""The import graph of src/scalelab has no loop, and its rooms import only downward.
 
-Read with ast, not by importing: every import at module level counts, including those under
-`if TYPE_CHECKING:` (a loop there is still a loop in the design; the type checker follows it).
-Imports inside functions are deliberate late imports and do not count.
+Read with ast, not by importing: every import counts wherever it stands, at module level, under
+`if TYPE_CHECKING:` or inside a function (a late import saves start-up time; a loop through one
+is still a loop in the design).
+
+The layering rule, by room (`lab/core`, `lab/load`, `lab/diagnose`, `lab/report`, each
+`system/<part>`, each `layers/<layer>`, `cli`):
+
+- `lab/core` (laws, fits, records, objectives, the verdict) imports nothing of the tree outside
+  itself: every other room builds on it, records flow through it.
+- The shared layers (`layers/*`) import `lab/core` and each other, nothing of `lab/load`,
+  `lab/diagnose`, `lab/report`, `system/*` or `cli`.
+- A part of the reference system (`system/<part>`) imports `lab/core` and the layers, never
+  another part (parts meet through files on disk: datasets, models, records), nor the rest of
+  the lab, nor `cli`.
+- The lab (`lab/load`, `lab/diagnose`, `lab/report`) imports `lab/core`, the layers and
+  itself, never a `system` part: it measures the reference system through its commands and
+  files, as it measures a user's.
+- Only `cli` (and `__main__`) import `cli`. The package root (`scalelab`: its version) is
+  open to all.
 """
 
 from __future__ import annotations
@@ -19,27 +35,21 @@ def module_name(path: Path, src: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def module_level(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The imports a module runs (or type-checks) when it loads, through if/try blocks."""
-    for node in body:
+def every_import(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement in the module, wherever it stands."""
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If):
-            yield from module_level(node.body)
-            yield from module_level(node.orelse)
-        elif isinstance(node, ast.Try):
-            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                yield from module_level(block)
 
 
 def import_graph(src: Path) -> dict[str, set[str]]:
-    """Module -> the project modules it imports at module level."""
+    """Module -> the project modules it imports (anywhere in it)."""
     files = {module_name(p, src): p for p in src.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         out: set[str] = set()
-        for node in module_level(ast.parse(path.read_text(encoding="utf-8")).body):
+        for node in every_import(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 out.update(a.name for a in node.names if a.name in files)
                 continue
@@ -87,9 +97,54 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
+def room(module: str) -> str:
+    """scalelab.lab.core.fits -> lab.core; scalelab.system.serve.app -> system.serve;
+    scalelab.cli.load -> cli; scalelab -> '' (the package root)."""
+    parts = module.split(".")[1:]
+    if parts and parts[0] in ("lab", "system", "layers"):
+        return ".".join(parts[:2])
+    return parts[0] if parts else ""
+
+
+def forbidden(src: str, dst: str) -> bool:
+    """Whether room `src` may not import room `dst` (the rule in the module docstring)."""
+    if src == dst or dst == "":
+        return False
+    if dst in ("cli", "__main__"):
+        return src not in ("cli", "__main__")
+    if src == "lab.core":
+        return True
+    top, dtop = src.partition(".")[0], dst.partition(".")[0]
+    if top in ("layers", "system", "lab"):
+        return not (dst == "lab.core" or dtop == "layers" or (top == "lab" and dtop == "lab"))
+    return False
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} imports {d} ({room(m)} -> {room(d)})" for m, out in graph.items()
+                  for d in out if forbidden(room(m), room(d)))
+
+
 def test_the_checker_finds_a_loop_and_a_clean_graph() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_layering_rule_in_cases() -> None:
+    ok = [("lab.diagnose", "lab.load"), ("lab.load", "layers.web"),
+          ("system.serve", "lab.core"), ("system.serve", "layers.nets"),
+          ("layers.nets", "layers.lineage"), ("cli", "system.data"), ("layers.web", "lab.core"),
+          ("system.generate", "")]
+    bad = [("lab.core", "lab.load"), ("lab.core", "layers.nets"),
+           ("system.serve", "system.data"), ("system.serve", "lab.load"),
+           ("layers.nets", "system.serve"), ("layers.web", "lab.load"),
+           ("lab.diagnose", "system.serve"), ("lab.report", "cli"), ("system.data", "cli")]
+    assert [p for p in ok if forbidden(*p)] == []
+    assert [p for p in bad if not forbidden(*p)] == []
+    assert room("scalelab.lab.core.fits") == "lab.core" and room("scalelab.cli.load") == "cli"
+    graph = {"scalelab.lab.core.a": {"scalelab.system.serve.b"}, "scalelab.system.serve.b": set()}
+    assert layering_violations(graph) == [
+        "scalelab.lab.core.a imports scalelab.system.serve.b (lab.core -> system.serve)"]
 
 
 def test_the_graph_reads_relative_and_type_checking_imports(tmp_path: Path) -> None:
@@ -101,7 +156,8 @@ def test_the_graph_reads_relative_and_type_checking_imports(tmp_path: Path) -> N
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from scalelab.b import X\n")
     (pkg / "b.py").write_text("import os\n\ndef late():\n    from scalelab.sub import a\n")
     assert import_graph(pkg) == {"scalelab": set(), "scalelab.sub": {"scalelab.sub.a"},
-                     "scalelab.sub.a": {"scalelab.b"}, "scalelab.b": set()}
+                                 "scalelab.sub.a": {"scalelab.b"},
+                                 "scalelab.b": {"scalelab.sub.a"}}  # the late import counts
 
 
 def test_src_has_no_import_loop() -> None:
@@ -109,3 +165,7 @@ def test_src_has_no_import_loop() -> None:
     assert len(graph) > 200, "the walk found the source tree"
     cycle = find_cycle(graph)
     assert cycle == [], "import loop: " + " -> ".join(cycle)
+
+
+def test_src_obeys_the_layering_rule() -> None:
+    assert layering_violations(import_graph(SRC)) == []

@@ -103,8 +103,8 @@ def test_labels_and_bad_input() -> None:
 
 
 def test_the_serving_config_is_one_the_server_reads(tmp_path: Path) -> None:
+    from scalelab.layers.nets.model_config import load_model_config
     from scalelab.layers.nets.repository import CONFIG_FILE, write_json
-    from scalelab.system.serve.config import load_model_config
 
     write_json(tmp_path / "flights" / CONFIG_FILE, serving_config("flights"))
     cfg = load_model_config(tmp_path / "flights")

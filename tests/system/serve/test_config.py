@@ -10,13 +10,9 @@ from pydantic import ValidationError
 from serve_fixtures import flights_config
 
 from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.layers.nets.model_config import ModelConfig, VersionPolicy, load_model_config
 from scalelab.layers.nets.repository import write_json
-from scalelab.system.serve.config import (
-    ModelConfig,
-    ServerSettings,
-    VersionPolicy,
-    load_model_config,
-)
+from scalelab.system.serve.config import ServerSettings
 
 
 @pytest.mark.parametrize(("policy", "want"), [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from serve_fixtures import flights_config, infer_body
 
-from scalelab.system.serve.config import ModelConfig
+from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.system.serve.infer import infer_target, timeout_s
 from scalelab.system.serve.protocol import (
     HEADER_LENGTH,

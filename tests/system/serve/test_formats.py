@@ -18,10 +18,10 @@ from serve_fixtures import (
 )
 
 from scalelab.layers.nets import folded, onnx, registry
+from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.layers.nets.repository import write_json
 from scalelab.layers.nets.tabular import TabularConfig, TabularNet
 from scalelab.system.compress import ort
-from scalelab.system.serve.config import ModelConfig
 from scalelab.system.serve.metrics import Metrics
 from scalelab.system.serve.worker import VersionWorker
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from scalelab.system.serve.config import ModelConfig
+from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.system.serve.metrics import Metrics
 from scalelab.system.serve.worker import InlinePolicy, Job, VersionWorker
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from serve_fixtures import flights_config, infer_body
 
+from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.layers.web import codec
-from scalelab.system.serve.config import ModelConfig
 from scalelab.system.serve.protocol import (
     HEADER_LENGTH,
     ServeError,

@@ -12,9 +12,9 @@ import torch
 from serve_fixtures import add_model, sample_inputs
 from torch import nn
 
+from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.layers.nets.registry import load_module
 from scalelab.system.serve import repository
-from scalelab.system.serve.config import ModelConfig
 from scalelab.system.serve.metrics import Metrics
 from scalelab.system.serve.repository import ModelRepository
 from scalelab.system.serve.worker import to_onnx_runtime

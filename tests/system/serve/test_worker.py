@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from scalelab.system.serve.config import ModelConfig
+from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.system.serve.metrics import Metrics
 from scalelab.system.serve.protocol import ServeError
 from scalelab.system.serve.worker import Job, VersionWorker

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.layers.web import codec
-from scalelab.system.serve.config import ModelConfig
 from scalelab.system.serve.tensors import (
     KINDS,
     NP_DTYPES,

@@ -18,6 +18,7 @@ from typing import Any
 
 from scalelab.lab.core.errors import ScalelabError
 from scalelab.layers.nets import feature_version, registry
+from scalelab.layers.nets.model_config import TOKENIZER_FILE, ModelConfig, load_model_config
 from scalelab.layers.nets.onnx import INSTALL_HINT as ONNX_HINT
 from scalelab.layers.nets.onnx import OnnxNet
 from scalelab.layers.nets.onnx import available as onnx_available
@@ -33,7 +34,6 @@ from scalelab.layers.nets.repository import (
 from scalelab.system.serve import faults  # noqa: F401  (registers the fault-injection architectures)
 from scalelab.system.serve.cache import Coalescer, TtlLru
 from scalelab.system.serve.canary import ROUTING_FILE, Routing, choose, read_routing
-from scalelab.system.serve.config import TOKENIZER_FILE, ModelConfig, load_model_config
 from scalelab.system.serve.features import load_preprocess
 from scalelab.system.serve.metrics import Metrics
 from scalelab.system.serve.protocol import ServeError

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.layers.nets.onnx import OnnxNet, OnnxOutputs, export_graph
 from scalelab.system.serve.batching import BatchPolicy, collect
-from scalelab.system.serve.config import ModelConfig
 from scalelab.system.serve.features import Preprocess
 from scalelab.system.serve.metrics import Metrics, observe_many
 from scalelab.system.serve.protocol import ServeError

@@ -14,9 +14,9 @@ from pydantic import Field
 from scalelab.lab.diagnose.commands import ServeRun
 from scalelab.lab.diagnose.schema import Duration, HttpUrl, Levels, StageSettings
 from scalelab.lab.diagnose.steps import scalelab_cmd
+from scalelab.layers.nets.model_config import ModelConfig, load_model_config
 from scalelab.layers.nets.registry import read_spec, write_spec
 from scalelab.layers.nets.repository import CONFIG_FILE, write_json
-from scalelab.system.serve.config import ModelConfig, load_model_config
 
 SERIES = {"off": "batching=off", "on": "batching=on"}
 MODEL = "flights"
