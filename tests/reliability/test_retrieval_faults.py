@@ -177,7 +177,7 @@ def test_concurrent_add_and_query_lose_nothing(server: Spawned) -> None:
     assert sizes == list(range(base + per, base + total + 1, per))
     ready = httpx.get(server.url + "/health/ready", timeout=10).json()
     assert ready["ntotal"] == base + total
-    assert f"retrieval_index_vectors {float(base + total)}" in \
+    assert f"scalelab_retrieval_index_vectors {float(base + total)}" in \
         httpx.get(server.url + "/metrics", timeout=10).text
     # every added document is answerable by its own text, under an id of its own
     ids = set()

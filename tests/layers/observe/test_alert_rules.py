@@ -85,7 +85,7 @@ def _histogram(name: str, labels: str, le: str, below: str) -> Callable[
 
 def _retrieval(bad: list[float]) -> list[dict[str, str]]:
     # the ingest route is all slow and must not count against the retrieve route's SLO
-    h = "retrieval_request_seconds"
+    h = "scalelab_retrieval_request_seconds"
     return [*_histogram(h, 'route="retrieve"', "0.02", "0.01")(bad),
             {"series": f'{h}_count{{route="ingest"}}', "values": _cumulative([RATE for _ in bad])},
             {"series": f'{h}_bucket{{route="ingest",le="0.02"}}',

@@ -115,7 +115,7 @@ def test_every_panel_the_issue_asks_for_is_there(
     for name in ("scalelab_queue_depth", "scalelab_batch_size_bucket",
                  "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
                  "vllm:inter_token_latency_seconds_bucket", "vllm:kv_cache_usage_perc",
-                 "vllm:prefix_cache_hits_total", "retrieval_request_seconds_bucket",
+                 "vllm:prefix_cache_hits_total", "scalelab_retrieval_request_seconds_bucket",
                  "scalelab:budget_used:ratio", "scalelab_governance_refusals_total",
                  "scalelab:slo_serve_availability_errors:ratio_rate1h"):
         assert name in exprs, name
@@ -318,5 +318,14 @@ def test_generation_and_retrieval_registries_expose_the_catalogs_names() -> None
             assert set(series_names(m)) <= exposed[m.server], m.name
     assert _les(text, "vllm:time_to_first_token_seconds") == \
            list(METRICS["vllm:time_to_first_token_seconds"].buckets)
-    assert _les(rtext, "retrieval_request_seconds") == \
-           list(METRICS["retrieval_request_seconds"].buckets)
+    assert _les(rtext, "scalelab_retrieval_request_seconds") == \
+           list(METRICS["scalelab_retrieval_request_seconds"].buckets)
+
+
+def test_one_prefix_for_our_own_metrics() -> None:
+    # scalelab_ for ours; vllm: only where the generation server mirrors vLLM; a colon
+    # elsewhere is reserved for recording rules.
+    odd = [m.name for m in METRICS.values()
+           if not (m.name.startswith("scalelab_")
+                   or (m.server == "generate" and m.name.startswith("vllm:")))]
+    assert odd == []

@@ -72,7 +72,7 @@ def test_model_budget_kill_switch_and_metrics(server: str) -> None:
     text = httpx.get(server + "/metrics", timeout=10).text
     assert 'scalelab_budget_used{client="*",model="idx",period="hour",unit="requests"} 2.0' \
         in text
-    assert 'retrieval_requests_total{code="200",route="retrieve"} 2.0' in text
+    assert 'scalelab_retrieval_requests_total{code="200",route="retrieve"} 2.0' in text
     assert 'reason="stopped_model"' in text and 'reason="budget"' in text
     # the "model" of a retrieval server is its index directory's name
     s = httpx.get(server + "/admin/governance", headers=ADMIN, timeout=10).json()

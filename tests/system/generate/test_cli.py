@@ -110,4 +110,4 @@ def test_metrics_follow_the_engine() -> None:
     ours = {f.name.removesuffix("_created") for f in text_string_to_metric_families(text)
             if f.name.startswith("vllm:")}
     assert ours <= VLLM_NAMES, ours - VLLM_NAMES
-    assert "# TYPE scalelab:step_duration_seconds histogram" in text
+    assert "# TYPE scalelab_step_duration_seconds histogram" in text

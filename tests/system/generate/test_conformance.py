@@ -315,4 +315,4 @@ def test_api_key_is_required_on_v1_only(server: Spawned) -> None:
     assert pool["whole"] and pool["outstanding"] == 0
     metrics = httpx.get(server.url + "/metrics", timeout=10).text
     assert "vllm:request_prefill_time_seconds_count" in metrics
-    assert "scalelab:kv_cache_blocks" in metrics and "vllm:kv_cache_blocks" not in metrics
+    assert "scalelab_kv_cache_blocks" in metrics and "vllm:kv_cache_blocks" not in metrics

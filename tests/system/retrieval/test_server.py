@@ -171,8 +171,8 @@ def test_admin_add_makes_a_new_document_answerable(server: Spawned, small) -> No
     again = _post(server, "/v1/documents", new, headers={"authorization": f"Bearer {TOKEN}"})
     assert again.status_code == 409
     metrics = httpx.get(server.url + "/metrics").text
-    assert 'retrieval_requests_total{code="200",route="retrieve"}' in metrics
-    assert "retrieval_index_vectors 1501.0" in metrics
+    assert 'scalelab_retrieval_requests_total{code="200",route="retrieve"}' in metrics
+    assert "scalelab_retrieval_index_vectors 1501.0" in metrics
 
 
 def test_admission_refuses_beyond_max_inflight(server: Spawned, small) -> None:  # type: ignore[no-untyped-def]
@@ -195,7 +195,7 @@ def test_admission_refuses_beyond_max_inflight(server: Spawned, small) -> None: 
         _FakeChat.gate = None
     assert out[0].status_code == 200
     assert _post(server, "/v1/retrieve", {"query": q}).status_code == 200
-    assert "retrieval_rejected_total 1.0" in httpx.get(server.url + "/metrics").text
+    assert "scalelab_retrieval_rejected_total 1.0" in httpx.get(server.url + "/metrics").text
 
 
 def test_prompt_messages() -> None:

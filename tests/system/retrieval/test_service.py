@@ -156,7 +156,7 @@ def test_probes_and_metrics(built: Built) -> None:
     assert json.loads(bytes(ready.body)) == {"ready": True, "index": "exact", "ntotal": NDOCS,
                                       "rebuilt_at_start": False}
     page = bytes(asyncio.run(svc.metrics(local_request("GET", "/metrics"))).body).decode()
-    assert f"retrieval_index_vectors {float(NDOCS)}" in page
+    assert f"scalelab_retrieval_index_vectors {float(NDOCS)}" in page
 
 
 def test_route_counts_errors_and_refuses_past_the_inflight_limit(built: Built) -> None:
@@ -164,7 +164,7 @@ def test_route_counts_errors_and_refuses_past_the_inflight_limit(built: Built) -
     bad = asyncio.run(svc.route("retrieve", svc.retrieve)(post("/v1/retrieve", {"k": 2})))
     assert bad.status_code == 422 and b"give exactly one of field" in bad.body
     assert svc.prom.registry.get_sample_value(
-        "retrieval_requests_total", {"route": "retrieve", "code": "422"}) == 1.0
+        "scalelab_retrieval_requests_total", {"route": "retrieve", "code": "422"}) == 1.0
 
     async def held() -> tuple[int, int, str | None, int]:
         gate = asyncio.Event()
@@ -184,7 +184,7 @@ def test_route_counts_errors_and_refuses_past_the_inflight_limit(built: Built) -
             svc.inflight.count
 
     assert asyncio.run(held()) == (200, 503, "1", 0)  # and the count is whole again
-    assert svc.prom.registry.get_sample_value("retrieval_rejected_total") == 1.0
+    assert svc.prom.registry.get_sample_value("scalelab_retrieval_rejected_total") == 1.0
 
 
 def test_a_traced_route_writes_its_spans_without_a_server(built: Built, tmp_path: Path

@@ -6,6 +6,10 @@ labels. The names are written here rather than imported from the servers because
 import each other; a test scrapes a running tabular server (and the generation and retrieval
 servers' registries) and fails when a name here is no longer exposed, so a renamed metric
 breaks the build instead of a dashboard panel going blank.
+
+Our own metrics share one prefix, `scalelab_`; `vllm:` names are the generation server's where
+it mirrors vLLM's (dashboards written for vLLM read them). A colon in any other name would be a
+recording rule's (observe/rules.py writes those, `scalelab:...:ratio`), never a server's.
 """
 
 from __future__ import annotations
@@ -87,13 +91,14 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     _m("vllm:request_success_total", "counter", "generate", (*MN, "finished_reason"),
        "Finished requests by reason"),
     # scalelab retrieval serve (retrieval/server.py)
-    _m("retrieval_request_seconds", "histogram", "retrieval", ("route",),
+    _m("scalelab_retrieval_request_seconds", "histogram", "retrieval", ("route",),
        "Request latency by route", RETRIEVAL_LATENCY),
-    _m("retrieval_requests_total", "counter", "retrieval", ("route", "code"),
+    _m("scalelab_retrieval_requests_total", "counter", "retrieval", ("route", "code"),
        "Requests by route and status"),
-    _m("retrieval_inflight", "gauge", "retrieval", (), "Requests being worked on"),
-    _m("retrieval_index_vectors", "gauge", "retrieval", (), "Vectors in the index"),
-    _m("retrieval_rejected_total", "counter", "retrieval", (), "Requests refused by admission"),
+    _m("scalelab_retrieval_inflight", "gauge", "retrieval", (), "Requests being worked on"),
+    _m("scalelab_retrieval_index_vectors", "gauge", "retrieval", (), "Vectors in the index"),
+    _m("scalelab_retrieval_rejected_total", "counter", "retrieval", (),
+       "Requests refused by admission"),
     # governance (budgets and refusals of any server)
     _m("scalelab_budget_used", "gauge", "governance", ("client", "model", "unit", "period"),
        "Budget spent in the current period"),

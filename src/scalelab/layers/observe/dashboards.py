@@ -170,12 +170,13 @@ def _generate(b: _Builder) -> None:
 
 def _retrieval(b: _Builder) -> None:
     b.row("Retrieval server (scalelab retrieval serve)")
-    b.panel("Retrieval latency", quantiles("retrieval_request_seconds", "route"), unit="s")
+    b.panel("Retrieval latency", quantiles("scalelab_retrieval_request_seconds", "route"), unit="s")
     b.panel("Requests, errors and refusals", [
-        ("{{route}} {{code}}", f"sum by (route, code) (rate(retrieval_requests_total[{RATE}]))"),
-        ("refused by admission", f"sum(rate(retrieval_rejected_total[{RATE}]))"),
-        ("in flight", "sum(retrieval_inflight)"),
-        ("index vectors", "sum(retrieval_index_vectors)"),
+        ("{{route}} {{code}}",
+         f"sum by (route, code) (rate(scalelab_retrieval_requests_total[{RATE}]))"),
+        ("refused by admission", f"sum(rate(scalelab_retrieval_rejected_total[{RATE}]))"),
+        ("in flight", "sum(scalelab_retrieval_inflight)"),
+        ("index vectors", "sum(scalelab_retrieval_index_vectors)"),
     ], unit="short")
 
 

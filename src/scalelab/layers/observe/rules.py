@@ -60,8 +60,9 @@ SOURCES: dict[str, SloSource] = {
     # the llm stage's latency objective is TTFT; the engine counts no failed responses
     "llm": SloSource(histogram="vllm:time_to_first_token_seconds", by=("model_name",),
                      latency_name="ttft"),
-    "retrieval": SloSource(histogram="retrieval_request_seconds", by=(),
-                           selector='route="retrieve"', responses="retrieval_requests_total",
+    "retrieval": SloSource(histogram="scalelab_retrieval_request_seconds", by=(),
+                           selector='route="retrieve"',
+                           responses="scalelab_retrieval_requests_total",
                            failed='code=~"5..|429"'),
 }
 """The stages whose objectives become SLOs, and the server metrics that measure them."""

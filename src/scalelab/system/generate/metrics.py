@@ -1,8 +1,8 @@
-"""Prometheus metrics of the engine: vLLM's names for what vLLM measures, `scalelab:` for the rest.
+"""Prometheus metrics of the engine: vLLM's names for what vLLM measures, `scalelab_` for the rest.
 
 A dashboard or alert written for vLLM reads a `vllm:` series here with the meaning vLLM gives it
-(vllm/v1/metrics/loggers.py); what vLLM does not publish is under `scalelab:` so that no vLLM
-name means something else here.
+(vllm/v1/metrics/loggers.py); what vLLM does not publish is under `scalelab_` (the project's
+one prefix; a colon is for recording rules) so that no vLLM name means something else here.
 
 vLLM's: histograms vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
 vllm:request_time_per_output_token_seconds, vllm:e2e_request_latency_seconds,
@@ -18,9 +18,9 @@ _num_accepted_tokens_total, vllm:prompt_tokens_total (counted when a request's p
 vllm:generation_tokens_total (counted as generated), vllm:request_success_total{finished_reason}
 (stop, length, abort).
 
-scalelab's: scalelab:step_duration_seconds{phase=prefill|decode|mixed},
-scalelab:kv_cache_blocks{state=used|free}, scalelab:prefix_cache_hit_rate (blocks, since start),
-scalelab:spec_decode_acceptance_rate (since start).
+scalelab's: scalelab_step_duration_seconds{phase=prefill|decode|mixed},
+scalelab_kv_cache_blocks{state=used|free}, scalelab_prefix_cache_hit_rate (blocks, since start),
+scalelab_spec_decode_acceptance_rate (since start).
 
 Time histograms use finer buckets than vLLM's (a CPU engine's requests take milliseconds);
 token-count histograms use vLLM's 1-2-5 buckets up to max_model_len.
@@ -128,7 +128,7 @@ class EngineMetrics:
         self.req_max_tokens = hist("vllm:request_params_max_tokens",
                                    "The max_tokens request parameter.", buckets=counts)
         self.step_time = hist(
-            "scalelab:step_duration_seconds", "One engine step (forward + sampling).",
+            "scalelab_step_duration_seconds", "One engine step (forward + sampling).",
             extra=("phase",)
         )
         self.tokens_per_step = hist(
@@ -137,8 +137,8 @@ class EngineMetrics:
         self.running = gauge("vllm:num_requests_running", "Sequences in the running batch.")
         self.waiting = gauge("vllm:num_requests_waiting", "Sequences waiting to be admitted.")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).")
-        self.kv_blocks = gauge("scalelab:kv_cache_blocks", "KV blocks by state.", extra=("state",))
-        self.prefix_rate = gauge("scalelab:prefix_cache_hit_rate",
+        self.kv_blocks = gauge("scalelab_kv_cache_blocks", "KV blocks by state.", extra=("state",))
+        self.prefix_rate = gauge("scalelab_prefix_cache_hit_rate",
                                  "Prefix-cache block hits / lookups since start.")
         self.prefix_queries = counter("vllm:prefix_cache_queries",
                                       "Prompt tokens looked up in the prefix cache.")
@@ -149,7 +149,7 @@ class EngineMetrics:
                               "Draft proposals (one per sequence and step).")
         self.drafted = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.")
         self.accepted = counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
-        self.accept_rate = gauge("scalelab:spec_decode_acceptance_rate",
+        self.accept_rate = gauge("scalelab_spec_decode_acceptance_rate",
                                  "Accepted / drafted tokens since start.")
         self.prompt_tokens = counter("vllm:prompt_tokens",
                                      "Prompt tokens of requests whose prefill ended.")

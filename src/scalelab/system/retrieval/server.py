@@ -151,16 +151,16 @@ def prompt_messages(question: str, texts: list[str]) -> list[dict[str, str]]:
 class _Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("retrieval_requests", "Requests by route and status",
+        self.requests = Counter("scalelab_retrieval_requests", "Requests by route and status",
                                 ["route", "code"], registry=self.registry)
-        self.seconds = Histogram("retrieval_request_seconds", "Request latency by route",
+        self.seconds = Histogram("scalelab_retrieval_request_seconds", "Request latency by route",
                                  ["route"], registry=self.registry,
                                  buckets=(.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5))
-        self.inflight = Gauge("retrieval_inflight", "Requests being worked on",
+        self.inflight = Gauge("scalelab_retrieval_inflight", "Requests being worked on",
                               registry=self.registry)
-        self.vectors = Gauge("retrieval_index_vectors", "Vectors in the index",
+        self.vectors = Gauge("scalelab_retrieval_index_vectors", "Vectors in the index",
                              registry=self.registry)
-        self.rejected = Counter("retrieval_rejected", "Requests refused by admission",
+        self.rejected = Counter("scalelab_retrieval_rejected", "Requests refused by admission",
                                 registry=self.registry)
 
 
