@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 import scalelab
 from scalelab.layers.nets.llama import build_tiny
+from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.hook import local_request
 from scalelab.system.generate.api import ApiSettings
 from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
@@ -25,7 +26,7 @@ from scalelab.system.generate.protocol import (
     FieldError,
     TokenizeRequest,
 )
-from scalelab.system.generate.service import ApiError, GenerationService
+from scalelab.system.generate.service import GenerationService
 from scalelab.system.generate.stream import ReleasingStream
 from scalelab.system.generate.tokenizer import byte_tokenizer
 
@@ -68,7 +69,7 @@ def test_listings_tokenize_detokenize_and_version() -> None:
     listed = asyncio.run(svc.models())
     assert [m["id"] for m in listed["data"]] == [MODEL]
     assert asyncio.run(svc.model(MODEL))["max_model_len"] == 256
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(HttpError) as e:
         asyncio.run(svc.model("gpt-4"))
     assert (e.value.status, e.value.code) == (404, "model_not_found")
     tok = asyncio.run(svc.tokenize(TokenizeRequest(prompt="abc", add_special_tokens=False)))
@@ -130,7 +131,7 @@ def test_chat_answers_with_the_assistant_role() -> None:
 def test_refusals_name_the_limit_and_leave_the_count_whole() -> None:
     svc = service(engine={"max_num_seqs": 1}, max_waiting=0, max_output_tokens=8)
 
-    async def work() -> tuple[ApiError, ApiError, ApiError, int, dict[str, Any]]:
+    async def work() -> tuple[HttpError, HttpError, HttpError, int, dict[str, Any]]:
         def req(**kw: Any) -> CompletionRequest:
             return CompletionRequest(model=MODEL, prompt="x", ignore_eos=True,
                                      **{"max_tokens": 4, **kw})
@@ -154,9 +155,9 @@ def test_refusals_name_the_limit_and_leave_the_count_whole() -> None:
     assert (pool["outstanding"], pool["used"]) == (0, 0)
 
 
-async def refused(call: Awaitable[Any]) -> ApiError:
+async def refused(call: Awaitable[Any]) -> HttpError:
     try:
         await call
-    except ApiError as e:
+    except HttpError as e:
         return e
     raise AssertionError("the request was not refused")

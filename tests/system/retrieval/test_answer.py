@@ -15,7 +15,7 @@ from scalelab.layers.web.spawn import Spawned, free_port, start_server
 from scalelab.system.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.system.retrieval.retriever import build_index_dir
 from scalelab.system.retrieval.server import (
-    HTTPError,
+    HttpError,
     RetrievalServerSettings,
     create_app,
     served_model,
@@ -82,7 +82,7 @@ def test_no_model_list_is_a_clear_502(index_dir: str) -> None:
     ([1], "did not answer an OpenAI model list"),
 ])
 def test_served_model_refuses_none_or_several(listing: Any, says: str) -> None:
-    with pytest.raises(HTTPError) as e:
+    with pytest.raises(HttpError) as e:
         served_model(listing, "http://g/v1/models")
     assert e.value.status == 502 and says in str(e.value) and "--generate-model" in str(e.value)
 

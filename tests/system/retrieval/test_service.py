@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
+from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.hook import local_request
 from scalelab.layers.web.trace import TraceConfig
 from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
 from scalelab.system.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.system.retrieval.retriever import build_index_dir
-from scalelab.system.retrieval.server import HTTPError, RetrievalServerSettings, RetrievalService
+from scalelab.system.retrieval.server import RetrievalServerSettings, RetrievalService
 
 TOKEN = "service-test-token"
 NDOCS = 60
@@ -69,14 +70,14 @@ def test_retrieve_finds_a_document_by_its_own_text(built: Built) -> None:
 def test_retrieve_refuses_bad_fields_by_name(built: Built, body: dict[str, Any],
                                              words: str) -> None:
     svc = service(built)
-    with pytest.raises(HTTPError) as e:
+    with pytest.raises(HttpError) as e:
         asyncio.run(svc.retrieve(post("/v1/retrieve", body)))
     assert e.value.status == 422 and words in str(e.value)
 
 
 def test_retrieve_refuses_a_body_that_is_not_json(built: Built) -> None:
     svc = service(built)
-    with pytest.raises(HTTPError) as e:
+    with pytest.raises(HttpError) as e:
         asyncio.run(svc.retrieve(local_request("POST", "/v1/retrieve", body=b"{nope")))
     assert e.value.status == 400 and "not JSON" in str(e.value)
 
@@ -120,7 +121,7 @@ def test_answer_puts_the_best_document_first_in_the_prompt(built: Built, chat: s
 
 def test_answer_without_a_generation_server_is_503(built: Built) -> None:
     svc = service(built)
-    with pytest.raises(HTTPError) as e:
+    with pytest.raises(HttpError) as e:
         asyncio.run(svc.answer(post("/v1/answer", {"question": "to ATL?"})))
     assert e.value.status == 503 and "--generate-url" in str(e.value)
 
@@ -130,11 +131,11 @@ def test_documents_are_added_and_found_and_need_the_token(
     svc = service(built)
     new = {"key": "new-1", "text": "a brand new flight from PDX to ANC"}
     monkeypatch.delenv("SCALELAB_ADMIN_TOKEN", raising=False)
-    with pytest.raises(HTTPError) as off:
+    with pytest.raises(HttpError) as off:
         asyncio.run(svc.documents(post("/v1/documents", {"documents": [new]})))
     assert off.value.status == 403
     monkeypatch.setenv("SCALELAB_ADMIN_TOKEN", TOKEN)
-    with pytest.raises(HTTPError) as wrong:
+    with pytest.raises(HttpError) as wrong:
         asyncio.run(svc.documents(post("/v1/documents", {"documents": [new]},
                                        {"Authorization": "Bearer not-it"})))
     assert wrong.value.status == 401
@@ -143,7 +144,7 @@ def test_documents_are_added_and_found_and_need_the_token(
     assert (out["added"], out["ntotal"]) == (1, NDOCS + 1)
     hit = asyncio.run(svc.retrieve(post("/v1/retrieve", {"query": new["text"], "k": 1})))
     assert hit["results"][0][0]["key"] == "new-1"
-    with pytest.raises(HTTPError) as bad:
+    with pytest.raises(HttpError) as bad:
         asyncio.run(svc.documents(post("/v1/documents", {"documents": [{"key": "x"}]}, auth)))
     assert bad.value.status == 422 and "documents[0].text" in str(bad.value)
 

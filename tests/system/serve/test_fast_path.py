@@ -13,10 +13,10 @@ import pytest
 from serve_fixtures import flights_config, infer_body
 
 from scalelab.layers.nets.model_config import ModelConfig
+from scalelab.layers.web.errors import HttpError
 from scalelab.system.serve.infer import infer_target, timeout_s
 from scalelab.system.serve.protocol import (
     HEADER_LENGTH,
-    ServeError,
     decode_inputs,
     fast_decode,
     parse_json_fast,
@@ -28,20 +28,20 @@ CFG = ModelConfig.model_validate(flights_config("flights"))
 
 
 def both(body: bytes, header: str | None = None) -> tuple[Any, Any]:
-    """(fast result or None, full result or the ServeError it raised)."""
+    """(fast result or None, full result or the HttpError it raised)."""
     head, tail = (body, b"") if header is None else (body[:int(header)], body[int(header):])
     fast = fast_decode(parse_json_fast(head), CFG, tail)
     try:
         req, t = parse_request(body, header)
         full: Any = (decode_inputs(req, CFG, t), wanted(req))
-    except ServeError as e:
+    except HttpError as e:
         full = e
     return fast, full
 
 
 def same(fast: Any, full: Any) -> None:
     assert fast is not None, "the fast path declined a plain request"
-    assert not isinstance(full, ServeError), full.message
+    assert not isinstance(full, HttpError), full.message
     for a, b in zip(fast[0], full[0], strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
     assert fast[1] == full[1]
@@ -81,7 +81,7 @@ def test_binary_inputs_take_the_fast_path() -> None:
     # a tail that is short or too long: the fast path declines, the full path names it
     for tail in (num.tobytes(), num.tobytes() + cat.tobytes() + b"x"):
         fast, full = both(head + tail, str(len(head)))
-        assert fast is None and isinstance(full, ServeError) and full.status == 400
+        assert fast is None and isinstance(full, HttpError) and full.status == 400
 
 
 def mutations() -> list[tuple[str, Any]]:
@@ -126,7 +126,7 @@ def test_bad_requests_are_declined_and_the_full_path_names_them(what: str, mutat
     mutate(body)
     fast, full = both(json.dumps(body).encode())
     assert fast is None, what
-    assert isinstance(full, ServeError) and full.status in (400, 422), what
+    assert isinstance(full, HttpError) and full.status in (400, 422), what
 
 
 @pytest.mark.parametrize("mutate", [
@@ -138,7 +138,7 @@ def test_unusual_but_valid_requests_fall_back_and_succeed(mutate: Any) -> None:
     body = infer_body(1)
     mutate(body)
     fast, full = both(json.dumps(body).encode())
-    assert fast is None and not isinstance(full, ServeError)
+    assert fast is None and not isinstance(full, HttpError)
     assert full[0][0].shape == (1, 4)
 
 
@@ -153,7 +153,7 @@ def test_values_near_the_fp32_limit() -> None:
     for beyond in (3.5e38, -3.5e38):
         body["inputs"][1]["data"][0] = beyond
         fast, full = both(json.dumps(body).encode())
-        assert fast is None and isinstance(full, ServeError) and full.status == 400
+        assert fast is None and isinstance(full, HttpError) and full.status == 400
 
 
 def test_large_flat_float_data_is_checked_element_wise() -> None:
@@ -239,6 +239,6 @@ def test_timeout_header() -> None:
     assert timeout_s(None, 1000.0) == 1.0
     assert timeout_s(b"250", 1000.0) == 0.25
     for bad in (b"soon", b"0", b"-5", b"3600001", b"nan"):
-        with pytest.raises(ServeError, match="X-Request-Timeout-Ms"):
+        with pytest.raises(HttpError, match="X-Request-Timeout-Ms"):
             timeout_s(bad, 1000.0)
     assert HEADER_LENGTH == "Inference-Header-Content-Length"

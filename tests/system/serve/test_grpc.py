@@ -247,18 +247,18 @@ def test_schema_matches_tritons_published_one() -> None:
 
 
 def test_raw_and_typed_contents_are_checked() -> None:
+    from scalelab.layers.web.errors import HttpError
     from scalelab.layers.web.oip_grpc import message
     from scalelab.system.serve.grpc_service import http_request
-    from scalelab.system.serve.protocol import ServeError
 
     req = message("ModelInferRequest")(model_name="m")
     req.inputs.add(name="a", datatype="INT64", shape=[1])
     req.inputs.add(name="b", datatype="FP16", shape=[1])
-    with pytest.raises(ServeError, match="input 'b': FP16 has no typed contents field; send it "
+    with pytest.raises(HttpError, match="input 'b': FP16 has no typed contents field; send it "
                                          "in raw_input_contents"):
         http_request(req)
     req.raw_input_contents.append(b"\x00" * 8)
-    with pytest.raises(ServeError, match="raw_input_contents has 1 entries for 2 inputs"):
+    with pytest.raises(HttpError, match="raw_input_contents has 1 entries for 2 inputs"):
         http_request(req)
     req.raw_input_contents.append(b"\x00" * 2)
     doc, tail = http_request(req)

@@ -10,9 +10,9 @@ from serve_fixtures import flights_config, infer_body
 
 from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.layers.web import codec
+from scalelab.layers.web.errors import HttpError
 from scalelab.system.serve.protocol import (
     HEADER_LENGTH,
-    ServeError,
     Wanted,
     _all_json,
     _tables,
@@ -51,7 +51,7 @@ def test_binary_extension_round_trips() -> None:
          "parameters": {"binary_data_size": num.nbytes}}]}
     c, n = decode(head, cat.tobytes() + num.tobytes())
     assert (c == cat).all() and (n == num).all()
-    with pytest.raises(ServeError, match="binary data ends early"):
+    with pytest.raises(HttpError, match="binary data ends early"):
         decode(head, cat.tobytes())
 
 
@@ -64,7 +64,7 @@ def test_binary_extension_round_trips() -> None:
 def test_bad_categorical_data(data: object, msg: str) -> None:
     body = infer_body(1)
     body["inputs"][0]["data"] = data  # type: ignore[index]
-    with pytest.raises(ServeError, match=msg.replace("(", r"\(").replace(")", r"\)")) as e:
+    with pytest.raises(HttpError, match=msg.replace("(", r"\(").replace(")", r"\)")) as e:
         decode(body)
     assert e.value.status == 400
 
@@ -72,18 +72,18 @@ def test_bad_categorical_data(data: object, msg: str) -> None:
 def test_non_finite_floats_refused_and_batch_mismatch() -> None:
     body = infer_body(2)
     body["inputs"][1]["data"][0] = float("nan")  # type: ignore[index]
-    with pytest.raises(ServeError, match="finite"):
+    with pytest.raises(HttpError, match="finite"):
         decode(json.loads(json.dumps(body)))
     body = infer_body(2)
     body["inputs"][1].update(shape=[1, 14], data=body["inputs"][1]["data"][:14])  # type: ignore[index]
-    with pytest.raises(ServeError, match="disagree on the batch dimension"):
+    with pytest.raises(HttpError, match="disagree on the batch dimension"):
         decode(body)
 
 
 def test_header_length_checked() -> None:
-    with pytest.raises(ServeError, match=HEADER_LENGTH):
+    with pytest.raises(HttpError, match=HEADER_LENGTH):
         parse_request(b"{}", "abc")
-    with pytest.raises(ServeError, match="does not fit"):
+    with pytest.raises(HttpError, match="does not fit"):
         parse_request(b"{}", "99")
 
 
@@ -153,6 +153,6 @@ def test_outputs_off_their_spec_take_the_document_path() -> None:
                              outputs={"probabilities": wide, "label": label}, cfg=CFG)
     assert json.loads(body)["outputs"][0] == {"name": "probabilities", "datatype": "FP32",
                                               "shape": [4, 2], "data": [0, 2, 4, 6, 8, 10, 12, 14]}
-    with pytest.raises(ServeError, match="output 'label' is not an output"):
+    with pytest.raises(HttpError, match="output 'label' is not an output"):
         encode_outputs(model="flights", version=1, wanted=want,
                        outputs={"probabilities": probs}, cfg=CFG)

@@ -14,11 +14,11 @@ import pytest
 from serve_fixtures import add_model
 
 from scalelab import __version__
+from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.hook import local_request
 from scalelab.system.serve.config import ServerSettings
 from scalelab.system.serve.context import ServeContext
 from scalelab.system.serve.infer import InferHandler
-from scalelab.system.serve.protocol import ServeError
 from scalelab.system.serve.service import TabularService
 
 T = TypeVar("T")
@@ -76,14 +76,14 @@ def test_health_metadata_readiness_routing_and_stats(tmp_path: Path) -> None:
 
 
 def test_unknown_models_and_versions_are_named(tmp_path: Path) -> None:
-    async def work(svc: TabularService) -> list[ServeError]:
+    async def work(svc: TabularService) -> list[HttpError]:
         errors = []
         for call in (lambda: svc.model_metadata("nope"),
                      lambda: svc.version_ready("flights", "9"),
                      lambda: svc.one_model_stats("nope")):
             try:
                 await call()
-            except ServeError as e:
+            except HttpError as e:
                 errors.append(e)
         return errors
 
@@ -99,7 +99,7 @@ def test_repository_extension_needs_the_admin_token(tmp_path: Path) -> None:
             try:
                 await svc.repo_index(local_request("GET", "/v2/repository/index",
                                                    headers=headers))
-            except ServeError as e:
+            except HttpError as e:
                 statuses.append(e.status)
         ok = await svc.repo_index(local_request(
             "GET", "/v2/repository/index", headers={"Authorization": f"Bearer {TOKEN}"}))

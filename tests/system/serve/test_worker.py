@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from scalelab.layers.nets.model_config import ModelConfig
+from scalelab.layers.web.errors import HttpError
 from scalelab.system.serve.metrics import Metrics
-from scalelab.system.serve.protocol import ServeError
 from scalelab.system.serve.worker import Job, VersionWorker
 
 
@@ -41,7 +41,7 @@ def test_a_failed_round_answers_its_jobs_with_500() -> None:
         for j in jobs:
             worker.submit(j)
         for j in jobs:  # before the fix these waited forever; 60 s only bounds a hang
-            with pytest.raises(ServeError) as e:
+            with pytest.raises(HttpError) as e:
                 await asyncio.wait_for(j.future, 60)
             assert e.value.status == 500
         await worker.stop(drain_s=1)

@@ -24,16 +24,25 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Scope
 
 from scalelab.layers.web.access import AccessLog
+from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.hook import admitted
 from scalelab.system.generate.auth import API_KEY_ENV, ApiKeyGuard
 from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.system.generate.metrics import EngineMetrics
 from scalelab.system.generate.protocol import FieldError, error_doc
-from scalelab.system.generate.service import ApiError, GenerationService
+from scalelab.system.generate.service import GenerationService
 from scalelab.system.generate.settings import SETTINGS_ENV, ApiSettings
 
-__all__ = ["SETTINGS_ENV", "ApiError", "ApiSettings", "GenerationService", "build_app",
-           "create_app", "engine_from_settings", "wrap"]
+__all__ = [
+    "SETTINGS_ENV",
+    "ApiSettings",
+    "GenerationService",
+    "HttpError",
+    "build_app",
+    "create_app",
+    "engine_from_settings",
+    "wrap",
+]
 
 ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
 WORK_ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -49,7 +58,7 @@ def _error_body(status: int, message: str) -> bytes:
 
 
 async def _api_error(request: Request, e: Exception) -> JSONResponse:
-    assert isinstance(e, ApiError)
+    assert isinstance(e, HttpError)
     return JSONResponse(error_doc(e.message, e.type, e.param, e.code), e.status,
                         headers=e.headers)
 
@@ -87,7 +96,7 @@ def build_app(settings: ApiSettings, engine: LlmEngine) -> FastAPI:
                   redoc_url=None)
     app.state.service = svc
     app.state.tracing = svc.hook.tracing
-    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(HttpError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(FieldError, _field)
     app.add_exception_handler(StarletteHTTPException, _http)

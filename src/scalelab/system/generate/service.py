@@ -3,7 +3,7 @@ admission count and the tracing hook, and has one handler method per route; `gen
 registers them on the app (URLs there) and puts the app behind the shared hook (web.hook).
 
 The handlers take what FastAPI hands a route (the parsed body, the `Request`) and return a
-dict or a `Response`, or raise `ApiError` (OpenAI's error body with its status): a test calls
+dict or a `Response`, or raise `HttpError` (OpenAI's error body with its status): a test calls
 them directly, without a socket (`web.hook.local_request`). The vLLM extras: /tokenize takes a
 `prompt` (BOS prepended by default, as for /v1/completions) or `messages` (rendered by the chat
 template, no BOS of our own, as for /v1/chat/completions), so a client counts exactly the
@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 
 import scalelab
 from scalelab.lab.core.errors import BadInputError
+from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.governance.middleware import report_usage
 from scalelab.layers.web.hook import Hook, Inflight
 from scalelab.system.generate import spans
@@ -45,29 +46,6 @@ from scalelab.system.generate.protocol import (
 from scalelab.system.generate.sequence import SamplingParams, TokenLogprob
 from scalelab.system.generate.settings import ApiSettings
 from scalelab.system.generate.stream import ReleasingStream, sse_stream
-
-
-class ApiError(Exception):
-    """A request answered with OpenAI's error body and `status` (and `headers`)."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = (
-            status,
-            message,
-            type_,
-            param,
-            code,
-        )
-        self.headers = headers
 
 
 class GenerationService:
@@ -99,7 +77,7 @@ class GenerationService:
         s = self.settings
         n = max_tokens if max_tokens is not None else default
         if n > s.max_output_tokens:
-            raise ApiError(
+            raise HttpError(
                 400,
                 f"max_tokens={n} is over this server's max_output_tokens="
                 f"{s.max_output_tokens}; ask for fewer",
@@ -120,11 +98,11 @@ class GenerationService:
                 req.num_logprobs(),
             )
         except BadInputError as e:
-            raise ApiError(400, str(e), param="stop") from e
+            raise HttpError(400, str(e), param="stop") from e
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.engine.name:
-            raise ApiError(
+            raise HttpError(
                 404,
                 f"model {model!r} does not exist; this server serves "
                 f"{self.engine.name!r} (see GET /v1/models)",
@@ -147,18 +125,18 @@ class GenerationService:
             text = tok.render_chat(messages, add_generation_prompt=add_generation_prompt,
                                    kwargs=kwargs)
         except BadInputError as e:
-            raise ApiError(400, str(e), param="messages") from e
+            raise HttpError(400, str(e), param="messages") from e
         return tok.encode(text, add_special_tokens=add_special_tokens)
 
     def check(self, model: str, prompt_ids: list[int], params: SamplingParams,
               n: int = 1) -> None:
         self.check_model(model)
         if n > self.limit:
-            raise ApiError(400, f"n={n} choices can never be admitted: this server holds "
+            raise HttpError(400, f"n={n} choices can never be admitted: this server holds "
                            f"{self.limit} sequences (--max-num-seqs + --max-waiting)",
                            param="n")
         if len(prompt_ids) > self.max_prompt:
-            raise ApiError(
+            raise HttpError(
                 400,
                 f"the prompt has {len(prompt_ids)} tokens; max_prompt_tokens is "
                 f"{self.max_prompt}: shorten it",
@@ -168,11 +146,11 @@ class GenerationService:
         try:
             self.engine.check_lengths(len(prompt_ids), params.max_tokens)
         except BadInputError as e:
-            raise ApiError(400, str(e), param="max_tokens", code="context_length_exceeded") from e
+            raise HttpError(400, str(e), param="max_tokens", code="context_length_exceeded") from e
         if not self.loop.alive:
-            raise ApiError(503, "the engine has stopped; see the server log", "server_error")
+            raise HttpError(503, "the engine has stopped; see the server log", "server_error")
         if self.inflight.full(n):
-            raise ApiError(
+            raise HttpError(
                 429,
                 f"{self.inflight.count} requests are running or waiting (the limit"
                 f" is {self.limit}); retry later",
@@ -265,7 +243,7 @@ class GenerationService:
         p = body.prompt
         if isinstance(p, list) and p and isinstance(p[0], str):
             if len(p) != 1:
-                raise ApiError(400, "one prompt per request: send a string (or one request "
+                raise HttpError(400, "one prompt per request: send a string (or one request "
                                "per prompt)", param="prompt")
             p = p[0]
         if isinstance(p, str):
@@ -273,13 +251,13 @@ class GenerationService:
         else:
             ids = [int(t) for t in p]
             if any(not 0 <= t < tok.vocab_size for t in ids):
-                raise ApiError(
+                raise HttpError(
                     400,
                     f"prompt token ids must lie in [0, {tok.vocab_size})",
                     param="prompt",
                 )
         if not ids:
-            raise ApiError(400, "the prompt is empty", param="prompt")
+            raise HttpError(400, "the prompt is empty", param="prompt")
         params = self.params(body, body.max_tokens, self.settings.default_max_tokens)
         echo = (p if isinstance(p, str) else tok.decode(ids)) if body.echo else ""
         return await self.serve(body, request, ids, params, chat=False, echo=echo)
@@ -314,7 +292,7 @@ class GenerationService:
         n = body.n
         try:
             self.check(body.model, ids, params, n)
-        except ApiError as e:
+        except HttpError as e:
             spans.refused(g, e.status)
             raise
         spans.admitted(g)
@@ -404,13 +382,13 @@ class GenerationService:
         evs: list[TextDelta] = work.result()
         for ev in evs:
             if ev.finish_reason == "timeout":
-                raise ApiError(
+                raise HttpError(
                     504,
                     f"the request's deadline passed after {ev.completion_tokens} tokens",
                     "timeout",
                 )
             if ev.finish_reason == "error":
-                raise ApiError(503, "the engine stopped while generating", "server_error")
+                raise HttpError(503, "the engine stopped while generating", "server_error")
         # the prompt is counted once however many choices share it (OpenAI's usage)
         use = usage(evs[0].prompt_tokens, sum(ev.completion_tokens for ev in evs),
                     max(ev.cached_tokens for ev in evs))

@@ -43,6 +43,7 @@ from starlette.routing import Route
 
 from scalelab.lab.core.errors import BadUsageError, ScalelabError
 from scalelab.layers.web.access import AccessLog
+from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.guard import request_id
 from scalelab.layers.web.hook import Hook, Inflight, admitted
 from scalelab.layers.web.trace import RequestTrace, TraceConfig
@@ -92,26 +93,20 @@ class RetrievalServerSettings:
             raise BadUsageError("answer_max_tokens >= 1 and generate_timeout_s > 0 required")
 
 
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def _int_field(body: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
     v = body.get(name, default)
     if isinstance(v, bool) or not isinstance(v, int):
-        raise HTTPError(422, f"field {name!r} must be an integer in {lo}..{hi}")
+        raise HttpError(422, f"field {name!r} must be an integer in {lo}..{hi}")
     if not lo <= v <= hi:
-        raise HTTPError(422, f"field {name!r} = {v} is outside {lo}..{hi}")
+        raise HttpError(422, f"field {name!r} = {v} is outside {lo}..{hi}")
     return v
 
 
 def _text_field(v: Any, name: str, limit: int) -> str:
     if not isinstance(v, str) or not v.strip():
-        raise HTTPError(422, f"field {name!r} must be a non-empty string")
+        raise HttpError(422, f"field {name!r} must be a non-empty string")
     if len(v) > limit:
-        raise HTTPError(422, f"field {name!r} has {len(v)} characters; the limit is {limit}")
+        raise HttpError(422, f"field {name!r} has {len(v)} characters; the limit is {limit}")
     return v
 
 
@@ -120,9 +115,9 @@ async def _json_object(request: Request) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HTTPError(400, f"the body is not JSON ({e})") from None
+        raise HttpError(400, f"the body is not JSON ({e})") from None
     if not isinstance(body, dict):
-        raise HTTPError(422, "the body must be a JSON object")
+        raise HttpError(422, "the body must be a JSON object")
     return body
 
 
@@ -131,11 +126,11 @@ def served_model(listing: Any, url: str) -> str:
     error naming what was listed when there is none or more than one."""
     data = listing.get("data") if isinstance(listing, dict) else None
     if not isinstance(data, list):
-        raise HTTPError(502, f"{url} did not answer an OpenAI model list ({{'data': [...]}}); "
+        raise HttpError(502, f"{url} did not answer an OpenAI model list ({{'data': [...]}}); "
                              "give the model with --generate-model ID")
     ids = [m.get("id") for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
     if len(ids) != 1:
-        raise HTTPError(502, f"{url} lists {len(ids)} models {ids}; choose one with "
+        raise HttpError(502, f"{url} lists {len(ids)} models {ids}; choose one with "
                              "--generate-model ID")
     return str(ids[0])
 
@@ -167,7 +162,7 @@ class _Metrics:
 class RetrievalService:
     """The retrieval server as an object: the loaded retriever with its lock, limits, metrics
     and tracing (one per process), and one handler method per route. The work routes'
-    handlers take a `Request` and return the body as a dict or raise `HTTPError` (wrap them
+    handlers take a `Request` and return the body as a dict or raise `HttpError` (wrap them
     with `route` for admission, metrics and tracing); the probes return a `Response`."""
 
     def __init__(self, settings: RetrievalServerSettings) -> None:
@@ -199,19 +194,19 @@ class RetrievalService:
         body = await _json_object(request)
         unknown = set(body) - {"query", "queries", "k"}
         if unknown:
-            raise HTTPError(422, f"unknown field(s) {', '.join(sorted(unknown))}; "
+            raise HttpError(422, f"unknown field(s) {', '.join(sorted(unknown))}; "
                                  "use query or queries, and k")
         if ("query" in body) == ("queries" in body):
-            raise HTTPError(422, "give exactly one of field 'query' (a string) or 'queries' "
+            raise HttpError(422, "give exactly one of field 'query' (a string) or 'queries' "
                                  "(a list of strings)")
         if "query" in body:
             queries = [_text_field(body["query"], "query", s.max_query_chars)]
         else:
             qs = body["queries"]
             if not isinstance(qs, list) or not qs:
-                raise HTTPError(422, "field 'queries' must be a non-empty list of strings")
+                raise HttpError(422, "field 'queries' must be a non-empty list of strings")
             if len(qs) > s.max_queries:
-                raise HTTPError(422, f"field 'queries' has {len(qs)} items; the limit is "
+                raise HttpError(422, f"field 'queries' has {len(qs)} items; the limit is "
                                      f"{s.max_queries}")
             queries = [_text_field(q, f"queries[{i}]", s.max_query_chars)
                        for i, q in enumerate(qs)]
@@ -231,7 +226,7 @@ class RetrievalService:
         question = _text_field(body.get("question"), "question", s.max_query_chars)
         k = _int_field(body, "k", 5, 1, min(s.max_k, 20))
         if not s.generate_url:
-            raise HTTPError(503, "no generation server configured; start with "
+            raise HttpError(503, "no generation server configured; start with "
                                  "--generate-url URL (an OpenAI-compatible server)")
         t0 = time.perf_counter()
         trace = Hook.of(request)
@@ -252,7 +247,7 @@ class RetrievalService:
                     r.raise_for_status()
                     text = r.json()["choices"][0]["message"]["content"]
                 except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
-                    raise HTTPError(502, f"the generation server at {url} failed: "
+                    raise HttpError(502, f"the generation server at {url} failed: "
                                          f"{type(e).__name__}: {e}") from None
         return {"answer": text, "sources": hits,
                 "retrieve_ms": (t1 - t0) * 1e3, "generate_ms": (time.perf_counter() - t1) * 1e3}
@@ -262,17 +257,17 @@ class RetrievalService:
         token = os.environ.get(ADMIN_TOKEN_ENV, "")
         given = request.headers.get("authorization", "")
         if not token:
-            raise HTTPError(403, f"admin routes are off: set {ADMIN_TOKEN_ENV} to enable them")
+            raise HttpError(403, f"admin routes are off: set {ADMIN_TOKEN_ENV} to enable them")
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise HTTPError(401, "admin route: send Authorization: Bearer <admin token>")
+            raise HttpError(401, "admin route: send Authorization: Bearer <admin token>")
         body = await _json_object(request)
         docs = body.get("documents")
         if not isinstance(docs, list) or not docs or len(docs) > 1000:
-            raise HTTPError(422, "field 'documents' must be a list of 1..1000 {key, text}")
+            raise HttpError(422, "field 'documents' must be a list of 1..1000 {key, text}")
         pairs = []
         for i, d in enumerate(docs):
             if not isinstance(d, dict):
-                raise HTTPError(422, f"field 'documents[{i}]' must be an object {{key, text}}")
+                raise HttpError(422, f"field 'documents[{i}]' must be an object {{key, text}}")
             pairs.append((_text_field(d.get("key"), f"documents[{i}].key", 200),
                           _text_field(d.get("text"), f"documents[{i}].text",
                                       self.settings.max_query_chars * 4)))
@@ -280,7 +275,7 @@ class RetrievalService:
         try:
             n, ntotal = await run_in_threadpool(self.add, pairs)
         except BadUsageError as e:
-            raise HTTPError(409, str(e)) from None
+            raise HttpError(409, str(e)) from None
         return {"added": n, "ntotal": ntotal,
                 "add_ms": (time.perf_counter() - t0) * 1e3}
 
@@ -324,7 +319,7 @@ class RetrievalService:
             try:
                 out = await handler(request)
                 status, resp = 200, JSONResponse(out)
-            except HTTPError as e:
+            except HttpError as e:
                 status, resp = e.status, JSONResponse({"error": str(e)}, status_code=e.status)
             except ScalelabError as e:
                 status, resp = 422, JSONResponse({"error": str(e)}, status_code=422)
@@ -367,7 +362,7 @@ class RetrievalService:
                 r.raise_for_status()
                 listing = r.json()
             except (httpx.HTTPError, ValueError) as e:
-                raise HTTPError(502, f"could not ask {url} which model it serves "
+                raise HttpError(502, f"could not ask {url} which model it serves "
                                      f"({type(e).__name__}: {e}); is the generate server up? "
                                      "Or give the model with --generate-model ID") from None
             self.generate_model = served_model(listing, url)

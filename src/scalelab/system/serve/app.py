@@ -28,12 +28,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scalelab import __version__
 from scalelab.lab.core.machine import available_cores
+from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.governance.middleware import governed
 from scalelab.layers.web.guard import Guard
 from scalelab.system.serve.config import ServerSettings
 from scalelab.system.serve.context import ADMIN_TOKEN_ENV, ServeContext
 from scalelab.system.serve.infer import InferHandler, infer_target
-from scalelab.system.serve.protocol import InferenceRequest, ServeError
+from scalelab.system.serve.protocol import InferenceRequest
 from scalelab.system.serve.service import TabularService
 
 __all__ = ["ADMIN_TOKEN_ENV", "ServeApp", "create_app"]
@@ -113,8 +114,8 @@ def _api(svc: TabularService) -> FastAPI:
                   docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     api.state.ctx = ctx
 
-    @api.exception_handler(ServeError)
-    async def _serve_error(_: Request, e: ServeError) -> JSONResponse:
+    @api.exception_handler(HttpError)
+    async def _serve_error(_: Request, e: HttpError) -> JSONResponse:
         return _error(e.status, e.message, e.headers)
 
     @api.exception_handler(StarletteHTTPException)

@@ -21,11 +21,12 @@ from typing import Any
 
 from scalelab import __version__
 from scalelab.lab.core.errors import BadUsageError, import_optional
+from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.guard import new_request_id
 from scalelab.system.serve.context import ServeContext
 from scalelab.system.serve.health import EXTENSIONS, model_stats
 from scalelab.system.serve.infer import InferHandler, check_inputs
-from scalelab.system.serve.protocol import ServeError, decode_inputs, validate_request
+from scalelab.system.serve.protocol import decode_inputs, validate_request
 from scalelab.system.serve.tensors import to_wire
 
 log = logging.getLogger("scalelab.system.serve")
@@ -55,7 +56,7 @@ def http_request(req: Any) -> tuple[dict[str, Any], bytes]:
     become binary tensors (binary_data_size = their length), typed contents JSON data."""
     raw = list(req.raw_input_contents)
     if raw and len(raw) != len(req.inputs):
-        raise ServeError(400, f"raw_input_contents has {len(raw)} entries for "
+        raise HttpError(400, f"raw_input_contents has {len(raw)} entries for "
                               f"{len(req.inputs)} inputs; give one per input, in order")
     inputs = []
     for i, t in enumerate(req.inputs):
@@ -65,7 +66,7 @@ def http_request(req: Any) -> tuple[dict[str, Any], bytes]:
         else:
             field = _CONTENTS.get(t.datatype)
             if field is None:
-                raise ServeError(400, f"input '{t.name}': {t.datatype} has no typed contents "
+                raise HttpError(400, f"input '{t.name}': {t.datatype} has no typed contents "
                                       "field; send it in raw_input_contents")
             doc["data"] = list(getattr(t.contents, field))
         inputs.append(doc)
@@ -82,7 +83,7 @@ class InferenceService:
         self.ctx, self.handler = ctx, handler
         self._msg = message
 
-    async def _abort(self, context: Any, e: ServeError) -> None:
+    async def _abort(self, context: Any, e: HttpError) -> None:
         trailer = tuple((k.lower(), v) for k, v in e.headers.items())
         if trailer:
             context.set_trailing_metadata(trailer)
@@ -99,7 +100,7 @@ class InferenceService:
         try:
             s = self.ctx.repo.version_state(req.name, req.version or None)
             ok = s.state == "READY"
-        except ServeError as e:
+        except HttpError as e:
             if e.status in (400, 404):
                 await self._abort(context, e)
             ok = False
@@ -114,10 +115,10 @@ class InferenceService:
         try:
             entry = repo.entry(req.name)
             if entry.config is None:
-                raise ServeError(503, f"model '{req.name}' failed to load: {entry.reason}")
+                raise HttpError(503, f"model '{req.name}' failed to load: {entry.reason}")
             vs = [str(repo.version_state(req.name, req.version).version)] if req.version \
                 else [str(v) for v in sorted(entry.versions)]
-        except ServeError as e:
+        except HttpError as e:
             await self._abort(context, e)
             raise AssertionError("abort raises") from None
         cfg = entry.config
@@ -133,7 +134,7 @@ class InferenceService:
 
         try:
             doc = model_stats(self.ctx.repo, req.name or None, req.version or None)
-        except ServeError as e:
+        except HttpError as e:
             await self._abort(context, e)
             raise AssertionError("abort raises") from None
         return json_format.ParseDict(doc, self._msg("ModelStatisticsResponse")())
@@ -148,7 +149,7 @@ class InferenceService:
         try:
             entry = self.ctx.repo.entry(name)
             if entry.config is None:
-                raise ServeError(503, f"model '{name}' failed to load: {entry.reason}")
+                raise HttpError(503, f"model '{name}' failed to load: {entry.reason}")
             cfg = entry.config
             doc, tail = http_request(req)
             parsed = validate_request(doc)
@@ -167,14 +168,14 @@ class InferenceService:
             for n in names:
                 spec = specs.get(n)
                 if spec is None:
-                    raise ServeError(400, f"output '{n}' is not an output of model '{name}'; "
+                    raise HttpError(400, f"output '{n}' is not an output of model '{name}'; "
                                           f"its outputs are {list(specs)}")
                 arr = outputs[n]
                 resp.outputs.add(name=n, datatype=spec.datatype, shape=list(arr.shape))
                 resp.raw_output_contents.append(to_wire(arr, spec.datatype))
             status = 200
             return resp
-        except ServeError as e:
+        except HttpError as e:
             status = e.status
             await self._abort(context, e)
             raise AssertionError("abort raises") from None

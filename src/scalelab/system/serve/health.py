@@ -17,7 +17,7 @@ EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics"]
 def model_stats(repo: ModelRepository, name: str | None, version: str | None
                 ) -> dict[str, Any]:
     """The statistics extension's document: every loaded version of `name` (every model's
-    when None), or just `version`; ServeError 404 for a model or version not loaded."""
+    when None), or just `version`; web.errors.HttpError 404 for a model or version not loaded."""
     out = []
     for n in ([name] if name is not None else sorted(repo.models)):
         entry = repo.entry(n)

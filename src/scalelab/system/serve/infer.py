@@ -28,6 +28,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.guard import REQUEST_ID_HEADER, BodyTooLarge, admit, send_error
 from scalelab.layers.web.trace import RequestTrace, ns_mono
 from scalelab.system.serve.cache import input_key
@@ -36,7 +37,6 @@ from scalelab.system.serve.features import out_of_vocabulary
 from scalelab.system.serve.metrics import observe_many
 from scalelab.system.serve.protocol import (
     JSON_HEADERS,
-    ServeError,
     decode_inputs,
     encode_outputs,
     fast_decode,
@@ -81,7 +81,7 @@ def timeout_s(raw: bytes | None, default_ms: float) -> float:
     except ValueError:
         ms = -1.0
     if not 0 < ms <= 3_600_000:
-        raise ServeError(400, f"header X-Request-Timeout-Ms {text!r} must be a number of "
+        raise HttpError(400, f"header X-Request-Timeout-Ms {text!r} must be a number of "
                               "milliseconds in (0, 3600000]")
     return ms / 1000.0
 
@@ -112,7 +112,7 @@ def check_inputs(entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarr
     if worker.text is not None and entry.config is not None:
         why = check_utf8(arrays[0], entry.config.inputs[0].name)
         if why is not None:
-            raise ServeError(400, why)
+            raise HttpError(400, why)
     if worker.pre is not None:
         check_vocabulary(entry, worker, arrays)
 
@@ -126,7 +126,7 @@ def check_vocabulary(entry: ModelEntry, worker: VersionWorker, arrays: list[np.n
         if spec.name == "categorical" and arr.dtype.kind in "iu":
             why = out_of_vocabulary(arr, worker.pre)
             if why is not None:
-                raise ServeError(400, f"input 'categorical': {why}")
+                raise HttpError(400, f"input 'categorical': {why}")
 
 
 def trace_job(trace: RequestTrace, worker: VersionWorker, job: Job) -> None:
@@ -151,7 +151,7 @@ def trace_job(trace: RequestTrace, worker: VersionWorker, job: Job) -> None:
 
 def enqueue(worker: VersionWorker, arrays: list[np.ndarray], rid: str, deadline: float, *,
             log_sample: bool = True, traced: bool = False) -> Job:
-    """Queue one request's tensors on `worker` (ServeError 429/503 when it cannot take
+    """Queue one request's tensors on `worker` (HttpError 429/503 when it cannot take
     them); the caller awaits `job.future`."""
     job = Job(inputs=arrays, rows=arrays[0].shape[0], request_id=rid,
               enqueued_at=time.monotonic(), deadline=deadline,
@@ -295,7 +295,7 @@ class InferHandler:
         try:
             entry = repo.entry(name)
             if entry.config is None:
-                raise ServeError(503, f"model '{name}' failed to load: {entry.reason}")
+                raise HttpError(503, f"model '{name}' failed to load: {entry.reason}")
             cfg = entry.config
             body = await read_body(receive, self.max_body if stream else None)
             hlen: bytes | None = None
@@ -335,7 +335,7 @@ class InferHandler:
             raw_headers += tags
             await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
             await send({"type": "http.response.body", "body": payload})
-        except ServeError as e:
+        except HttpError as e:
             status = e.status
             await send_error(send, e.status, e.message, extra_headers=tags + [
                 (k.lower().encode(), v.encode()) for k, v in e.headers.items()])
@@ -397,7 +397,7 @@ class InferHandler:
                     return await asyncio.wait_for(asyncio.shield(fut),
                                                   max(0.0, deadline - time.monotonic()))
                 except TimeoutError:
-                    raise ServeError(504, "deadline passed waiting for an identical in-flight "
+                    raise HttpError(504, "deadline passed waiting for an identical in-flight "
                                           "request") from None
                 except asyncio.CancelledError:
                     task = asyncio.current_task()

@@ -2,7 +2,8 @@
 and validation against a model's config, response encoding, and the binary tensor extension
 that tritonclient uses by default (JSON header + raw little-endian bytes).
 
-Every validation error is a `ServeError` with an HTTP status and a message naming the input.
+Every validation error is a `web.errors.HttpError` with an HTTP status and a message naming
+the input.
 
 Two ways in. `fast_decode` is the hot path: it hand-checks the plain shape of a request (known
 input names, the model's datatypes, int shapes, flat or nested number lists or binary tensors)
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.layers.web import codec
+from scalelab.layers.web.errors import HttpError
 from scalelab.system.serve.tensors import (
     KINDS,
     NP_DTYPES,
@@ -37,19 +39,9 @@ from scalelab.system.serve.tensors import (
     to_wire,
 )
 
-__all__ = ["NP_DTYPES", "ServeError", "decode_inputs", "encode_outputs", "fast_decode"]
+__all__ = ["NP_DTYPES", "decode_inputs", "encode_outputs", "fast_decode"]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-
-class ServeError(Exception):
-    """An answer other than 200: status, a message naming the problem, optional headers."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
-
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -94,10 +86,10 @@ def split_binary(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     try:
         n = int(header_length)
     except ValueError:
-        raise ServeError(400, f"{HEADER_LENGTH} header {header_length!r} is not an integer") \
+        raise HttpError(400, f"{HEADER_LENGTH} header {header_length!r} is not an integer") \
             from None
     if not 0 < n <= len(body):
-        raise ServeError(400, f"{HEADER_LENGTH} {n} does not fit the {len(body)}-byte body")
+        raise HttpError(400, f"{HEADER_LENGTH} {n} does not fit the {len(body)}-byte body")
     return body[:n], body[n:]
 
 
@@ -107,9 +99,9 @@ def parse_json(body: bytes) -> Any:
     try:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ServeError(400, f"request body is not valid JSON: {e}") from None
+        raise HttpError(400, f"request body is not valid JSON: {e}") from None
     except RecursionError:  # nesting deeper than the parser's stack: a bad request, not a 500
-        raise ServeError(400, "request body is nested too deeply to parse") from None
+        raise HttpError(400, "request body is nested too deeply to parse") from None
 
 
 def parse_json_fast(body: bytes) -> Any:
@@ -125,22 +117,22 @@ def parse_json_fast(body: bytes) -> Any:
 def validate_request(raw: Any) -> InferenceRequest:
     """The parsed body as a checked request (400/422 naming the field)."""
     if not isinstance(raw, dict):
-        raise ServeError(400, "request body must be a JSON object with 'inputs'")
+        raise HttpError(400, "request body must be a JSON object with 'inputs'")
     try:
         return InferenceRequest.model_validate(raw)
     except ValidationError as e:
-        raise ServeError(422, _field_error(e)) from None
+        raise HttpError(422, _field_error(e)) from None
 
 
 def _check_shape(spec_shape: list[int], shape: list[int], name: str, max_batch: int) -> None:
     if len(shape) != len(spec_shape) or any(s != -1 and s != d for s, d in
                                              zip(spec_shape, shape, strict=True)):
-        raise ServeError(400, f"input '{name}': shape {shape} does not match the model's "
+        raise HttpError(400, f"input '{name}': shape {shape} does not match the model's "
                               f"{spec_shape} (-1 = any)")
     if any(d < 0 for d in shape):
-        raise ServeError(400, f"input '{name}': shape {shape} has a negative dimension")
+        raise HttpError(400, f"input '{name}': shape {shape} has a negative dimension")
     if shape[0] < 1 or shape[0] > max_batch:
-        raise ServeError(400, f"input '{name}': batch dimension {shape[0]} must lie in "
+        raise HttpError(400, f"input '{name}': batch dimension {shape[0]} must lie in "
                               f"[1, max_batch_size={max_batch}]; split the request")
 
 
@@ -149,16 +141,16 @@ def decode_inputs(req: InferenceRequest, cfg: ModelConfig, tail: bytes) -> list[
     given = {}
     for inp in req.inputs:
         if inp.name in given:
-            raise ServeError(400, f"input '{inp.name}' is given twice")
+            raise HttpError(400, f"input '{inp.name}' is given twice")
         given[inp.name] = inp
     expected = [t.name for t in cfg.inputs]
     unknown = [n for n in given if n not in expected]
     if unknown:
-        raise ServeError(400, f"input '{unknown[0]}' is not an input of model '{cfg.name}'; "
+        raise HttpError(400, f"input '{unknown[0]}' is not an input of model '{cfg.name}'; "
                               f"its inputs are {expected}")
     missing = [n for n in expected if n not in given]
     if missing:
-        raise ServeError(400, f"input '{missing[0]}' is missing; model '{cfg.name}' needs "
+        raise HttpError(400, f"input '{missing[0]}' is missing; model '{cfg.name}' needs "
                               f"{expected}")
     offset = 0
     arrays: dict[str, np.ndarray] = {}
@@ -166,7 +158,7 @@ def decode_inputs(req: InferenceRequest, cfg: ModelConfig, tail: bytes) -> list[
         spec = cfg.input(inp.name)
         assert spec is not None
         if inp.datatype != spec.datatype:
-            raise ServeError(400, f"input '{inp.name}': datatype {inp.datatype} is not the "
+            raise HttpError(400, f"input '{inp.name}': datatype {inp.datatype} is not the "
                                   f"model's {spec.datatype}")
         _check_shape(spec.shape, inp.shape, inp.name, cfg.max_batch_size)
         count = math.prod(inp.shape)
@@ -186,13 +178,13 @@ def decode_inputs(req: InferenceRequest, cfg: ModelConfig, tail: bytes) -> list[
                 arr = from_values(inp.data, spec.datatype, inp.shape)
             check_feedable(arr, spec.datatype)
         except TensorError as e:
-            raise ServeError(400, f"input '{inp.name}': {e}") from None
+            raise HttpError(400, f"input '{inp.name}': {e}") from None
         arrays[inp.name] = arr.reshape(inp.shape)
     if offset != len(tail):
-        raise ServeError(400, f"binary data has {len(tail) - offset} bytes no input claims")
+        raise HttpError(400, f"binary data has {len(tail) - offset} bytes no input claims")
     rows = {a.shape[0] for a in arrays.values()}
     if len(rows) != 1:
-        raise ServeError(400, f"inputs disagree on the batch dimension: "
+        raise HttpError(400, f"inputs disagree on the batch dimension: "
                               f"{ {n: a.shape[0] for n, a in arrays.items()} }")
     return [arrays[n] for n in expected]
 
@@ -465,7 +457,7 @@ def encode_outputs(*, model: str, version: int, wanted: Wanted, outputs: dict[st
     names = wanted.names if wanted.names is not None else all_names
     for n in names:
         if n not in outputs:
-            raise ServeError(400, f"output '{n}' is not an output of model '{model}'; "
+            raise HttpError(400, f"output '{n}' is not an output of model '{model}'; "
                                   f"its outputs are {all_names}")
     default = binary.get("*", False)
     out_json: list[dict[str, Any]] = []

@@ -31,12 +31,12 @@ from scalelab.layers.nets.repository import (
     version_dir,
     versions,
 )
+from scalelab.layers.web.errors import HttpError
 from scalelab.system.serve import faults  # noqa: F401  (registers the fault-injection architectures)
 from scalelab.system.serve.cache import Coalescer, TtlLru
 from scalelab.system.serve.canary import ROUTING_FILE, Routing, choose, read_routing
 from scalelab.system.serve.features import load_preprocess
 from scalelab.system.serve.metrics import Metrics
-from scalelab.system.serve.protocol import ServeError
 from scalelab.system.serve.request_sample import RequestSampler
 from scalelab.system.serve.text import TextEncoder
 from scalelab.system.serve.worker import (
@@ -124,9 +124,9 @@ class ModelRepository:
         try:
             mdir = model_dir(self.root, name)
         except ScalelabError as e:
-            raise ServeError(400, str(e)) from None
+            raise HttpError(400, str(e)) from None
         if not (mdir / CONFIG_FILE).is_file():
-            raise ServeError(404, f"model '{name}' has no {CONFIG_FILE} in the repository")
+            raise HttpError(404, f"model '{name}' has no {CONFIG_FILE} in the repository")
         async with self._lock:
             entry = ModelEntry(name=name)
             try:
@@ -230,8 +230,8 @@ class ModelRepository:
         try:
             check_model_name(name)
         except ScalelabError as e:
-            raise ServeError(400, str(e)) from None
-        raise ServeError(404, f"model '{name}' is not loaded; see POST /v2/repository/index")
+            raise HttpError(400, str(e)) from None
+        raise HttpError(404, f"model '{name}' is not loaded; see POST /v2/repository/index")
 
     @staticmethod
     def _default_state(entry: ModelEntry) -> VersionState:
@@ -243,7 +243,7 @@ class ModelRepository:
             return s
         newest = max((v for v, vs in entry.versions.items() if vs.state == "READY"), default=None)
         if newest is None:
-            raise ServeError(503, f"model '{entry.name}' has no ready version"
+            raise HttpError(503, f"model '{entry.name}' has no ready version"
                                   + (f": {entry.reason}" if entry.reason else ""))
         return entry.versions[newest]
 
@@ -254,10 +254,10 @@ class ModelRepository:
         try:
             v = check_version(version)
         except ScalelabError as e:
-            raise ServeError(400, str(e)) from None
+            raise HttpError(400, str(e)) from None
         s = entry.versions.get(v)
         if s is None:
-            raise ServeError(404, f"model '{name}' version {v} is not loaded; loaded: "
+            raise HttpError(404, f"model '{name}' version {v} is not loaded; loaded: "
                                   f"{sorted(entry.versions)}")
         return s
 
@@ -276,7 +276,7 @@ class ModelRepository:
         else:
             s = self.version_state(name, version)
         if s.worker is None:
-            raise ServeError(503, f"model '{name}' version {s.version} is unavailable: {s.reason}")
+            raise HttpError(503, f"model '{name}' version {s.version} is unavailable: {s.reason}")
         return s.worker
 
     def shadow_worker(self, name: str) -> VersionWorker | None:

@@ -21,11 +21,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from scalelab import __version__
+from scalelab.layers.web.errors import HttpError
 from scalelab.system.serve.admin import check_admin
 from scalelab.system.serve.context import ServeContext
 from scalelab.system.serve.health import EXTENSIONS, model_stats
 from scalelab.system.serve.infer import InferHandler
-from scalelab.system.serve.protocol import ServeError
 
 
 class _Delegate(Response):
@@ -74,7 +74,7 @@ class TabularService:
         repo = self.repo
         entry = repo.entry(name)
         if entry.config is None:
-            raise ServeError(503, f"model '{name}' failed to load: {entry.reason}")
+            raise HttpError(503, f"model '{name}' failed to load: {entry.reason}")
         vs = [str(repo.version_state(name, version).version)] if version is not None \
             else [str(v) for v in sorted(entry.versions)]
         cfg = entry.config
@@ -94,7 +94,7 @@ class TabularService:
         try:
             s = self.repo.version_state(name, version)
             ok = s.state == "READY"
-        except ServeError as e:
+        except HttpError as e:
             if e.status in (400, 404):
                 raise
             ok = False
@@ -141,7 +141,7 @@ class TabularService:
         gc.freeze()  # the new version's objects live as long as it does (see app.freeze_heap)
         if not entry.ready():
             bad = "; ".join(f"version {v}: {s.reason}" for v, s in entry.versions.items())
-            raise ServeError(400, f"model '{name}' failed to load: {entry.reason or bad}")
+            raise HttpError(400, f"model '{name}' failed to load: {entry.reason or bad}")
         return JSONResponse({"name": name, "ready_versions": entry.ready()})
 
     async def repo_unload(self, request: Request, name: str) -> JSONResponse:

@@ -25,10 +25,10 @@ from torch import nn
 
 from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.layers.nets.onnx import OnnxNet, OnnxOutputs, export_graph
+from scalelab.layers.web.errors import HttpError
 from scalelab.system.serve.batching import BatchPolicy, collect
 from scalelab.system.serve.features import Preprocess
 from scalelab.system.serve.metrics import Metrics, observe_many
-from scalelab.system.serve.protocol import ServeError
 from scalelab.system.serve.request_sample import RequestSampler
 from scalelab.system.serve.stats import VersionStats
 from scalelab.system.serve.tensors import FEED_DTYPES, NP_DTYPES
@@ -337,14 +337,14 @@ class VersionWorker:
 
     def submit(self, job: Job) -> None:
         if self.closing:
-            raise ServeError(503, f"model '{self.model}' version {self.version} is unloading; "
-                                  "retry", {"Retry-After": "1"})
+            raise HttpError(503, f"model '{self.model}' version {self.version} is unloading; "
+                                  "retry", headers={"Retry-After": "1"})
         try:
             self.queue.put_nowait(job)
         except asyncio.QueueFull:
-            raise ServeError(429, f"model '{self.model}' version {self.version}: queue full "
+            raise HttpError(429, f"model '{self.model}' version {self.version}: queue full "
                                   f"({self.queue.maxsize} waiting); retry later",
-                             {"Retry-After": str(self.retry_after_s())}) from None
+                             headers={"Retry-After": str(self.retry_after_s())}) from None
         if not self._depth_due:  # one gauge write per loop turn, however many arrive in it
             self._depth_due = True
             asyncio.get_running_loop().call_soon(self._depth_now)
@@ -363,7 +363,7 @@ class VersionWorker:
                 now = time.monotonic()
                 for j in formed.expired:
                     waited = (now - j.enqueued_at) * 1000
-                    _fail(j, ServeError(504, f"deadline passed after {waited:.0f} ms in the "
+                    _fail(j, HttpError(504, f"deadline passed after {waited:.0f} ms in the "
                                              "queue; dropped before compute"))
                 batch = [j for j in formed.batch if not j.future.done()]
                 self._depth.set(self.depth())
@@ -404,7 +404,7 @@ class VersionWorker:
                 log.exception("batcher for %s/%s failed a round; continuing", *self._labels)
                 # the round's jobs left the queue: answer them, or their requests wait forever
                 for j in batch:
-                    _fail(j, ServeError(500, "internal server error while batching this "
+                    _fail(j, HttpError(500, "internal server error while batching this "
                                              "request; see the server log"))
 
     def _mark(self, batch: list[Job], dispatched_at: float) -> None:
@@ -430,7 +430,7 @@ class VersionWorker:
                 await self._task
         leftover = self.pending + [self.queue.get_nowait() for _ in range(self.queue.qsize())]
         for j in leftover:
-            _fail(j, ServeError(503, f"model '{self.model}' was unloaded before this request ran"))
+            _fail(j, HttpError(503, f"model '{self.model}' was unloaded before this request ran"))
         self.pending.clear()
         self.executor.shutdown(wait=True)
         self._depth.set(0)
@@ -461,7 +461,7 @@ class VersionWorker:
         try:
             return self.forward(self.prepare(job.inputs))
         except Exception as e:
-            return ServeError(500, f"model '{self.model}' version {self.version} failed on this "
+            return HttpError(500, f"model '{self.model}' version {self.version} failed on this "
                                    f"request: {type(e).__name__}: {e}")
 
     def _compute(self, batch: list[Job]) -> Computed:
@@ -536,6 +536,6 @@ def split(batch: list[Job], joined: Outputs | None) -> list[Outputs | BaseExcept
     return out
 
 
-def _fail(job: Job, err: ServeError) -> None:
+def _fail(job: Job, err: HttpError) -> None:
     if not job.future.done():
         job.future.set_exception(err)
