@@ -35,7 +35,6 @@ SPIKE_AT_S = 300.0
 """When the replayed trace jumps from base to peak: after five minutes at the base (the
 HPA's scale-down window), held for five minutes, then back for five."""
 _QS = (0.5, 0.9, 0.95, 0.99, 0.999)
-_LATENCY = {"p50_ms": 0.5, "p90_ms": 0.9, "p95_ms": 0.95, "p99_ms": 0.99}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,8 +86,8 @@ def level_point(row: SheetRow, *, llm: bool) -> LevelPoint | None:
 def latency_objective(objectives: list[Objective]) -> LatencyObjective | None:
     """The first latency quantile objective with a maximum, as the simulator's objective."""
     for o in objectives:
-        if o.metric in _LATENCY and o.max is not None and o.max > 0:
-            return LatencyObjective(quantile=_LATENCY[o.metric], threshold_s=o.max / 1e3)
+        if o.quantile is not None and o.max is not None and o.max > 0:
+            return LatencyObjective(quantile=o.quantile, threshold_s=o.max / 1e3)
     return None
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from scalelab.lab.core.errors import BadInputError
+from scalelab.lab.core.objectives import QUANTILE_OF
 from scalelab.layers.observe.catalog import METRICS
 
 WINDOWS = ("5m", "30m", "1h", "6h", "3d")
@@ -36,7 +37,6 @@ TICKET = (("3d", "6h", 1.0),)
 BUDGET_WARN = 0.9
 """Share of a client's or model's budget spent at which a ticket opens (a page at 1.0)."""
 
-_PERCENTILE = {"p50_ms": 0.50, "p90_ms": 0.90, "p95_ms": 0.95, "p99_ms": 0.99}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,7 +121,7 @@ def latency_slo(stage: str, objective: dict[str, Any]) -> RatioSlo:
     """The ratio SLO of a percentile objective `{metric: p95_ms, max: 50}` (pure)."""
     src = SOURCES[stage]
     metric, bound = objective["metric"], objective.get("max")
-    if bound is None or metric not in _PERCENTILE:
+    if bound is None or metric not in QUANTILE_OF:
         raise BadInputError(f"stages.{stage}: {metric} needs a max to become a latency SLO")
     buckets = METRICS[src.histogram].buckets
     threshold = float(bound) / 1000.0
@@ -134,7 +134,7 @@ def latency_slo(stage: str, objective: dict[str, Any]) -> RatioSlo:
     h = src.histogram
     good = _sum(f"rate({h}_bucket{_sel(src.selector, le_matcher(boundary))}[W])", src.by)
     total = _sum(f"rate({h}_count{_sel(src.selector)}[W])", src.by)
-    q = _PERCENTILE[metric]
+    q = QUANTILE_OF[metric]
     label = objective.get("label") or f"{metric.removesuffix('_ms')} ≤ {bound:g} ms"
     return RatioSlo(name=f"{stage}_{src.latency_name}", stage=stage, label=str(label), target=q,
                     bad=f"{total} - {good}", total=total, boundary_s=boundary)
@@ -172,7 +172,7 @@ def slos_from_objectives(doc: dict[str, Any]) -> list[RatioSlo]:
             if not isinstance(o, dict) or "metric" not in o:
                 raise BadInputError(f"stages.{stage}.objectives: each entry needs a metric "
                                     "(e.g. {metric: p95_ms, max: 50})")
-            if o["metric"] in _PERCENTILE and o.get("max") is not None and not latency_done:
+            if o["metric"] in QUANTILE_OF and o.get("max") is not None and not latency_done:
                 # one latency SLO per stage: the first percentile objective, which is the
                 # tightest as the defaults write them (p95 before p99)
                 out.append(latency_slo(stage, o))

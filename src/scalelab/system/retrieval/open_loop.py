@@ -23,12 +23,11 @@ import numpy as np
 
 from scalelab.lab.core.decide import quantile_requests_needed
 from scalelab.lab.core.errors import BadUsageError
-from scalelab.lab.core.objectives import Objective, check_rows
+from scalelab.lab.core.objectives import QUANTILE_OF, Objective, check_rows
 from scalelab.lab.core.records import Latency, make_record
 from scalelab.lab.core.sheet import build_sheet
 from scalelab.system.retrieval.index import VectorIndex
 
-QUANTILES = {"p50_ms": 0.5, "p95_ms": 0.95, "p99_ms": 0.99}
 """The latency metrics a fixed-rate run records, by quantile."""
 
 
@@ -86,7 +85,7 @@ def parse_slo(items: Sequence[str]) -> list[Objective]:
     out = []
     for item in items:
         o = Objective.from_slo(item.strip())
-        if o.metric not in QUANTILES:
+        if o.quantile is None:
             raise BadUsageError(f"--latency-slo {item!r}: name a latency quantile, e.g. "
                                 "p99<20ms")
         out.append(o)
@@ -148,7 +147,7 @@ def sized_open_loop(index: VectorIndex, q: np.ndarray, k: int, rate: float, *,
     first_s = clock() - t0
     chunks = 1
     pending = undecided(lat, objectives)
-    least = max((quantile_requests_needed(QUANTILES[o.metric]) for o in objectives), default=0)
+    least = max((quantile_requests_needed(QUANTILE_OF[o.metric]) for o in objectives), default=0)
     stopped = "decided"
     while pending:
         n = next_chunk(lat.size, least, share_s - (clock() - t0 - first_s), rate, q.shape[0])
