@@ -21,8 +21,8 @@ EPOCH_PINNED = {"grafana-foundation-sdk"}
 
 def complaints(text: str) -> list[str]:
     """pip check's lines about packages other than the --no-deps ones."""
-    return [line for line in text.splitlines()
-            if line.strip() and not line.startswith(NO_DEPS) and "No broken requirements" not in line]
+    return [line for line in text.splitlines() if line.strip()
+            and not line.startswith(NO_DEPS) and "No broken requirements" not in line]
 
 
 def test_the_filter_keeps_any_other_broken_package() -> None:
