@@ -62,8 +62,20 @@ def stacked(options: Sequence[Decorator]) -> Decorator:
     return apply
 
 
+JSON_SCHEMA_VERSION = 1
+"""The version of every command's --json document (and --output FILE.json): bumped when a
+field changes meaning or goes away, not when one is added."""
+
+
+def with_schema(data: Any) -> Any:
+    """A JSON object with "schema_version" first (its own, when it has one); anything else as is."""
+    if isinstance(data, dict) and "schema_version" not in data:
+        return {"schema_version": JSON_SCHEMA_VERSION, **data}
+    return data
+
+
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n")
+    sys.stdout.write(json.dumps(jsonable(with_schema(data)), indent=2, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 
