@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from scalelab.lab.core.errors import BadUsageError
-from scalelab.lab.core.serialize import jsonable
+from scalelab.lab.core.serialize import jsonable, with_schema
 
 SUFFIXES = (".csv", ".json")
 
@@ -41,8 +41,6 @@ def write_output(path: Path | None, doc: Mapping[str, Any],
     seen order; nested values as compact JSON) to `path`; nothing when path is None."""
     if path is None:
         return
-    from scalelab.cli._output import with_schema
-
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix.lower() == ".json":
         path.write_text(json.dumps(jsonable(with_schema(doc)), indent=2, allow_nan=False) + "\n",

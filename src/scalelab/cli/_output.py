@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 
 from scalelab.lab.core.errors import BadUsageError
-from scalelab.lab.core.serialize import jsonable
+from scalelab.lab.core.serialize import jsonable, with_schema
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -60,18 +60,6 @@ def stacked(options: Sequence[Decorator]) -> Decorator:
         return f
 
     return apply
-
-
-JSON_SCHEMA_VERSION = 1
-"""The version of every command's --json document (and --output FILE.json): bumped when a
-field changes meaning or goes away, not when one is added."""
-
-
-def with_schema(data: Any) -> Any:
-    """A JSON object with "schema_version" first (its own, when it has one); anything else as is."""
-    if isinstance(data, dict) and "schema_version" not in data:
-        return {"schema_version": JSON_SCHEMA_VERSION, **data}
-    return data
 
 
 def print_json(data: Any) -> None:

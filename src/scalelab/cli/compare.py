@@ -74,6 +74,8 @@ def _render(con: Console, c: Comparison) -> None:
     for r in c.rows:
         t.add_row(*cells(r), style=_STYLE[r.decision])
     con.print(t)
+    for note in c.notes:
+        con.print(f"note: {note}")
     for side, keys in (("A", c.only_a), ("B", c.only_b)):
         if keys:
             con.print(f"only in {side}: " + ", ".join(f"{s} {v}={lv:g}" for s, _, v, lv in keys))

@@ -11,6 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._load_requests import build_requests, check_ran, engine_config, request_options
@@ -101,6 +102,9 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
     stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
     """
+    arrival, rate, duration = resolve_arrival(kw, arrival=arrival, rate=rate, rates=rates,
+                                              concurrency=concurrency, duration=duration,
+                                              n_requests=n_requests, warmup=warmup)
     meter = server_meter(server_pid, server_metrics)
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration, n_requests,

@@ -18,6 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
@@ -187,6 +188,9 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
     stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
     """
+    arrival, rate, duration = resolve_arrival(kw, arrival=arrival, rate=rate, rates=rates,
+                                              concurrency=concurrency, duration=duration,
+                                              n_requests=n_requests, warmup=warmup)
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration,
              n_requests, warmup, processes, slo, records, experiment, metrics_url, series,

@@ -74,12 +74,23 @@ class Comparison:
     only_a: list[Key] = field(default_factory=list)
     only_b: list[Key] = field(default_factory=list)
 
+    @property
+    def notes(self) -> list[str]:
+        """What the decisions do not cover."""
+        if any(r.basis.startswith("order statistic") and r.unit == "latencies"
+               for r in self.rows):
+            return ["quantiles of fewer than 3 repeats a side: their intervals hold the sampling "
+                    "noise within a run, not the drift between runs (a busy machine's); run 3+ "
+                    "repeats a side to count it"]
+        return []
+
     def counts(self) -> dict[str, int]:
         return {d: sum(r.decision == d for r in self.rows) for d in DECISIONS}
 
     def to_json(self) -> dict[str, Any]:
         return {"margin": self.margin, "confidence": self.confidence, "correction": "holm",
                 "comparisons": self.comparisons, "counts": self.counts(),
+                "notes": self.notes,
                 "rows": [asdict(r) for r in self.rows],
                 "only_a": [list(k) for k in self.only_a],
                 "only_b": [list(k) for k in self.only_b]}

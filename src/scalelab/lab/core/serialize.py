@@ -10,6 +10,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+JSON_SCHEMA_VERSION = 1
+"""The version of every command's --json document (and report.json, --output FILE.json):
+bumped when a field changes meaning or goes away, not when one is added."""
+
+
+def with_schema(data: Any) -> Any:
+    """A JSON object with "schema_version" first (its own, when it has one); anything else as is."""
+    if isinstance(data, dict) and "schema_version" not in data:
+        return {"schema_version": JSON_SCHEMA_VERSION, **data}
+    return data
+
 
 def jsonable(x: Any) -> Any:
     """Convert results to JSON-safe values: NaN and ±inf become null (JSON has no such numbers)."""
