@@ -20,6 +20,7 @@ from rich.table import Table
 
 from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
+from scalelab.cli._dataset import dataset_of, dataset_options
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
@@ -98,7 +99,7 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--gpus", type=int, default=0, show_default=True,
                      help="GPUs the server uses."),
     ]
-    return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
+    return functools.reduce(lambda acc, o: o(acc), reversed(opts), dataset_options(f))
 
 
 def served_model(target: Target) -> str | None:
@@ -124,7 +125,8 @@ def _workload(url: str, kw: dict[str, Any]) -> tuple[Target, Workload, list[byte
                   output=LengthDist.parse(kw["output_tokens"], what="--output-tokens"),
                   prompts_file=kw.get("prompts"), shared_prefix_words=kw["shared_prefix"],
                   ignore_eos=kw["ignore_eos"], usage=kw["usage"], seed=kw["seed"],
-                  distinct=kw["distinct"], temperature=kw["temperature"])
+                  distinct=kw["distinct"], temperature=kw["temperature"],
+                  dataset=dataset_of(kw))
     target = Target.parse(url)
     if target.path in ("", "/"):
         target = Target(scheme=target.scheme, host=target.host, port=target.port,
