@@ -44,8 +44,9 @@ def resolve(kw: dict[str, Any], *, arrival: str, rate: float | None, rates: str 
             concurrency: str | None, duration: str | None, n_requests: int | None,
             warmup: str) -> tuple[str, float | None, str | None]:
     """(arrival, rate, duration) for the plans: as given, or the ramp's or the trace's (their
-    mean rate, and their length less the warm-up). Pops --ramp, --replay and --speed."""
-    ramp, replay, speed = kw.pop("ramp", None), kw.pop("replay", None), kw.pop("speed", 1.0)
+    mean rate, and their length less the warm-up). Pops --ramp and --speed."""
+    # --replay stays in kw: `load llm` takes each request's lengths from it (_dataset.py).
+    ramp, replay, speed = kw.pop("ramp", None), kw.get("replay"), kw.pop("speed", 1.0)
     if ramp is None and replay is None:
         return arrival, rate, duration
     flag = "--ramp" if ramp is not None else "--replay"
@@ -63,7 +64,7 @@ def resolve(kw: dict[str, Any], *, arrival: str, rate: float | None, rates: str 
 
         if not speed > 0:
             raise BadUsageError(f"--speed {speed:g} must be above 0")
-        trace = read_trace(replay)
+        trace = read_trace(str(replay))
         total = trace.span_s / speed
         if len(trace.times_s) < 2 or total <= 0:
             raise BadUsageError(f"--replay {replay}: needs 2 or more arrivals at distinct times")

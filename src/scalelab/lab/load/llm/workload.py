@@ -35,7 +35,7 @@ MAX_DISTINCT = 100_000
 """Most distinct requests built for one run (they are reused round-robin)."""
 
 # Short, common words: one token each in GPT-2/Llama/SmolLM-style BPE vocabularies.
-_WORDS = tuple(str.split(
+WORDS = _WORDS = tuple(str.split(
     "the of and to in is it you that he was for on are with as his they be at one have "
           "this from or had by hot word but what some we can out other were all there when up "
           "use your how said an each she which do their time if will way about many then them "
@@ -175,9 +175,12 @@ class Workload:
         prefix = " ".join(rng.choice(words, size=self.shared_prefix_words).tolist()) \
             if self.shared_prefix_words else ""
         if self.dataset is not None:
+            reqs = self.dataset.requests
+            # A replayed trace's row i is send i: one body per row, in order (the generator
+            # takes bodies in rotation, in the order it sends).
+            n = max(self.distinct, len(reqs)) if self.dataset.ordered else self.distinct
             return [self._body(prefix, r.messages, r.output_len, r.prompt_len)
-                    for r in (self.dataset.requests[i % len(self.dataset.requests)]
-                              for i in range(self.distinct))]
+                    for r in (reqs[i % len(reqs)] for i in range(n))]
         if self.prompts_file is not None:
             texts = read_prompts(self.prompts_file)
             idx = rng.integers(0, len(texts), size=self.distinct)
