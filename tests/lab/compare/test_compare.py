@@ -66,14 +66,17 @@ def test_twenty_pairs_from_one_server_show_no_difference(server: Callable[..., s
     x = np.asarray(lat)
     rng = np.random.default_rng(7)
     differ = 0
-    decided = 0
+    slower = 0
     for _ in range(20):
         perm = rng.permutation(len(x))
-        c = compare([_record(x[perm[:300]])], [_record(x[perm[300:]])])
+        a, b = x[perm[:300]], x[perm[300:]]
+        c = compare([_record(a)], [_record(b)])
         differ += any(r.decision in ("better", "worse") for r in c.rows)
-        decided += sum(r.decision == "equivalent" for r in c.rows)
+        # Not vacuous: the same halves with B 20% slower are told apart.
+        c = compare([_record(a)], [_record(b * 1.2)])
+        slower += next(r for r in c.rows if r.metric == "latency p50").decision == "worse"
     assert differ <= 1
-    assert decided >= 1  # not vacuous: the halves are shown equivalent somewhere (p50)
+    assert slower >= 19
 
 
 def test_a_20_percent_slower_server_is_worse_and_fails_the_gate(
@@ -94,7 +97,8 @@ def test_a_20_percent_slower_server_is_worse_and_fails_the_gate(
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema_version"] == 1
     p50 = next(r for r in doc["rows"] if r["metric"] == "latency p50")
-    assert p50["decision"] == "worse" and 1.1 < p50["ratio"] < 1.3
+    # Service 12 ms against 10 ms: 1.2 less the client's share, plus a busy machine's noise.
+    assert p50["decision"] == "worse" and 1.05 < p50["ratio"] < 1.5
     assert p50["lower"] > 1.0 and p50["n_a"] == 150
     rows = list(csv.DictReader(out.open()))
     assert [r["metric"] for r in rows] == [r["metric"] for r in doc["rows"]]

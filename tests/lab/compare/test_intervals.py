@@ -66,6 +66,11 @@ def test_repeats_are_a_ratio_of_geometric_means_with_welchs_interval() -> None:
     assert math.isclose(r.point(), 2.0)
     lo, hi = r.ratio(0.05)
     assert lo < 2.0 < hi and math.isclose(lo * hi, 4.0)  # symmetric on the log scale
+    assert p_different(r.ratio) < 0.05 and p_equivalent(r.ratio, 0.05) == 1.0
+    same = Repeats(a=(100.0, 101.0, 99.0), b=(100.5, 100.0, 99.5))
+    assert p_different(same.ratio) > 0.9 and p_equivalent(same.ratio, 0.05) < 0.05
+    lo, hi = same.ratio(1e-12)  # t in the thousands: no overflow
+    assert lo < 1e-10 and hi > 1e10
     assert not Repeats(a=(1.0,), b=(1.0, 2.0)).usable
     assert not Repeats(a=(3.0, 3.0), b=(3.0, 3.0)).usable
 

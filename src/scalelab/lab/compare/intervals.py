@@ -105,7 +105,9 @@ class Repeats:
 
         d, se, df = self._welch()
         t = float(stdtrit(df, 1.0 - alpha / 2.0))
-        return math.exp(d - t * se), math.exp(d + t * se)
+        # Tiny α (the p-value search) gives t in the thousands: 0 and inf, not an overflow.
+        lo, hi = d - t * se, d + t * se
+        return (math.exp(lo) if lo > -700 else 0.0), (math.exp(hi) if hi < 700 else math.inf)
 
 
 def fisher_p(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
