@@ -1,5 +1,9 @@
 """--output FILE.csv|FILE.json on the commands that print a table: the table's rows as CSV, or
-the whole --json document, written to a file beside what the command prints."""
+the whole --json document, written to a file beside what the command prints.
+
+A command takes it with `@output_option`; `_output.emit` writes the file for any command that
+has the option, so the commands themselves make no call. The CSV's rows are the document's
+table: its "rows", "levels", "steps" or "sheet" (the first that is a list of objects)."""
 
 from __future__ import annotations
 
@@ -35,10 +39,24 @@ def _cell(v: Any) -> Any:
     return json.dumps(v, separators=(",", ":")) if isinstance(v, dict | list) else v
 
 
+def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Nested objects one level down as their own columns ("latency.p50_ms"): a spreadsheet
+    reads numbers, not JSON."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, Mapping) and v and all(not isinstance(x, Mapping | list)
+                                                 for x in v.values()):
+            out.update({f"{k}.{sub}": x for sub, x in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
 def write_output(path: Path | None, doc: Mapping[str, Any],
                  rows: Callable[[], Sequence[Mapping[str, Any]]]) -> None:
     """Write `doc` (a .json file) or `rows()` (a .csv file: the union of their keys, in first
-    seen order; nested values as compact JSON) to `path`; nothing when path is None."""
+    seen order; flat objects as columns, deeper values as compact JSON) to `path`; nothing
+    when path is None."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,9 +64,34 @@ def write_output(path: Path | None, doc: Mapping[str, Any],
         path.write_text(json.dumps(jsonable(with_schema(doc)), indent=2, allow_nan=False) + "\n",
                         encoding="utf-8")
         return
-    table = list(rows())
+    table = [_flat(r) for r in rows()]
     fields = list(dict.fromkeys(k for r in table for k in r))
     with path.open("w", encoding="utf-8", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         w.writeheader()
         w.writerows({k: _cell(r.get(k)) for k in fields} for r in table)
+
+
+TABLE_KEYS = ("rows", "levels", "steps", "sheet")
+"""Where a command's document keeps its table, in the order looked for."""
+
+
+def table_rows(doc: Any) -> list[Mapping[str, Any]]:
+    """The rows of `doc`'s table (TABLE_KEYS); [] when it has none."""
+    if not isinstance(doc, Mapping):
+        return []
+    for key in TABLE_KEYS:
+        rows = doc.get(key)
+        if isinstance(rows, list) and rows and all(isinstance(r, Mapping) for r in rows):
+            return list(jsonable(rows))
+    return []
+
+
+def export_current(doc: Any) -> None:
+    """Write `doc` to the running command's --output, when it has that option and it is set."""
+    ctx = click.get_current_context(silent=True)
+    path = ctx.params.get("output") if ctx is not None else None
+    if isinstance(path, Path):
+        if path.suffix.lower() == ".csv" and not table_rows(doc):
+            raise BadUsageError(f"--output {path}: this output has no table; use a .json file")
+        write_output(path, doc, lambda: table_rows(doc))

@@ -68,11 +68,15 @@ def print_json(data: Any) -> None:
 
 
 def emit(data: Any, as_json: bool, render: Callable[[Console], None]) -> None:
-    """One JSON document when `as_json`, else let `render` draw for people."""
+    """One JSON document when `as_json`, else let `render` draw for people; and the command's
+    --output FILE.csv|FILE.json when it has one (_export.py)."""
+    from scalelab.cli._export import export_current
+
     if as_json:
         print_json(data)
     else:
         render(console)
+    export_current(data)
 
 
 def parse_list(text: str, *, what: str, kind: type = float) -> list[Any]:

@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scalelab.cli._export import output_option, write_output
+from scalelab.cli._export import output_option
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import emit, json_option, plot_option
 from scalelab.lab.compare.comparison import Comparison, compare
@@ -56,7 +56,6 @@ def compare_cmd(a: Path, b: Path, margin: str, confidence: str, fail_on: str | N
         md.write_text(markdown(c), encoding="utf-8")
     if html_path is not None:
         html_path.write_text(to_html(c), encoding="utf-8")
-    write_output(output, doc, lambda: doc["rows"])
     if plot is not None:
         from scalelab.lab.compare.table import figure
 

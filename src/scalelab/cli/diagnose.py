@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from scalelab.cli._export import output_option
 from scalelab.cli._output import emit, err_console, json_option
 from scalelab.cli._progress import live_progress
 from scalelab.lab.core.errors import BadInputError, BadUsageError
@@ -127,6 +128,7 @@ def _written(files: ReportFiles) -> dict[str, Any]:
 )
 @click.option("--print-config", is_flag=True, help="Print the default objectives YAML and exit.")
 @fail_on_option
+@output_option
 @json_option
 def diagnose(
     config_path: Path | None,
@@ -136,6 +138,7 @@ def diagnose(
     print_config: bool,
     fail_on: str | None,
     as_json: bool,
+    output: Path | None,
 ) -> None:
     """Scale the reference ML system along its four bottlenecks and name the one that breaks.
 
@@ -202,9 +205,11 @@ def diagnose(
     help="Objectives to judge against (default: the ones the run stored).",
 )
 @fail_on_option
+@output_option
 @json_option
 def report(
-    results_dir: Path, config_path: Path | None, fail_on: str | None, as_json: bool
+    results_dir: Path, config_path: Path | None, fail_on: str | None, as_json: bool,
+    output: Path | None,
 ) -> None:
     """Rebuild the report (HTML, Markdown, JSON) from a results directory's records.
 

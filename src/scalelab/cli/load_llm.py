@@ -21,6 +21,7 @@ from rich.table import Table
 from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._dataset import dataset_of, dataset_options
+from scalelab.cli._export import output_option
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
@@ -176,6 +177,7 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
                    "with those answers (0: off).")
 @cluster_option
 @_workload_options
+@output_option
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
@@ -357,6 +359,7 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 @plot_option("TTFT and TPOT quantiles against the tried rates, and the capacity found")
 @cluster_option
 @_workload_options
+@output_option
 @json_option
 def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: str,
                  confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
