@@ -87,10 +87,36 @@ def table_rows(doc: Any) -> list[Mapping[str, Any]]:
     return []
 
 
+def _plot_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    from scalelab.lab.report.figures import check_path
+
+    return None if value is None else check_path(value)
+
+
+def levels_plot_option(metric: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--plot FILE on `load run` and `load llm run`: each level's `metric` distribution and
+    its quantiles against the load (lab/report/levels_figure.py), drawn by `export_current`."""
+    return click.option(
+        "--plot", f"levels_plot_{metric}", type=click.Path(dir_okay=False, path_type=Path),
+        callback=_plot_path,
+        help=f"Also draw each level's {metric} distribution and {metric} against the load to "
+             "FILE (.png or .svg).")
+
+
 def export_current(doc: Any) -> None:
-    """Write `doc` to the running command's --output, when it has that option and it is set."""
+    """Write `doc` to the running command's --output and draw its --plot (levels_plot_option),
+    when it has those options and they are set."""
     ctx = click.get_current_context(silent=True)
-    path = ctx.params.get("output") if ctx is not None else None
+    params = ctx.params if ctx is not None else {}
+    for key, plot in params.items():
+        if key.startswith("levels_plot_") and isinstance(plot, Path) and isinstance(doc, Mapping):
+            from scalelab.lab.report.figures import save
+            from scalelab.lab.report.levels_figure import levels_figure
+
+            metric = key.removeprefix("levels_plot_")
+            save(levels_figure(jsonable(doc.get("levels")) or [], metric=metric,
+                               title=f"{metric} against the load"), plot)
+    path = params.get("output")
     if isinstance(path, Path):
         if path.suffix.lower() == ".csv" and not table_rows(doc):
             raise BadUsageError(f"--output {path}: this output has no table; use a .json file")

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
-from scalelab.cli._export import output_option
+from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._load_requests import build_requests, check_ran, engine_config, request_options
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
@@ -89,6 +89,7 @@ def app() -> None:
                    "with --concurrency); default: at every level.")
 @cluster_option
 @request_options
+@levels_plot_option("latency")
 @output_option
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,

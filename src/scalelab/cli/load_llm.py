@@ -21,7 +21,7 @@ from rich.table import Table
 from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._dataset import dataset_of, dataset_options
-from scalelab.cli._export import output_option
+from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
@@ -177,6 +177,7 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
                    "with those answers (0: off).")
 @cluster_option
 @_workload_options
+@levels_plot_option("ttft")
 @output_option
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
