@@ -37,6 +37,7 @@ from scalelab.cli._sweep import (
     trace_sample_option,
 )
 from scalelab.cli._sweep import fmt_ms as _ms
+from scalelab.cli.load_sessions import sessions_cmd
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.machine import available_cores
 from scalelab.lab.core.records import Record, append_records, new_experiment_id
@@ -478,3 +479,6 @@ def _render_capacity(c: Console, doc: dict[str, Any]) -> None:
     if cost is not None:
         c.print(f"cost at capacity: ${cost:.5f} per 1,000 output tokens at "
                 f"${doc['price_per_hour_usd']:.3f}/hour")
+
+
+llm.add_command(sessions_cmd)
