@@ -25,7 +25,7 @@ def _lat(values: list[float]) -> Latencies:
 def test_holm_steps_down_and_stops_at_the_first_kept_hypothesis() -> None:
     # Sorted: 0.005 <= 0.05/4, 0.01 <= 0.05/3, 0.03 > 0.05/2 stops (0.04 is kept too).
     assert holm([0.01, 0.04, 0.03, 0.005], 0.05) == [True, False, False, True]
-    assert holm([0.02, 0.02], 0.05) == [True, True]  # 0.02 <= 0.025, then 0.02 <= 0.05
+    assert holm([0.02, 0.04], 0.05) == [True, True]  # 0.02 <= 0.025, then 0.04 <= 0.05
     assert holm([], 0.05) == []
 
 
