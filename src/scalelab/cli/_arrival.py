@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+import numpy as np
 
 from scalelab.cli._output import stacked
 from scalelab.lab.core.errors import BadUsageError
@@ -44,7 +45,8 @@ def resolve(kw: dict[str, Any], *, arrival: str, rate: float | None, rates: str 
             concurrency: str | None, duration: str | None, n_requests: int | None,
             warmup: str) -> tuple[str, float | None, str | None]:
     """(arrival, rate, duration) for the plans: as given, or the ramp's or the trace's (their
-    mean rate, and their length less the warm-up). Pops --ramp and --speed."""
+    mean rate over the measured window, and their length less the warm-up). Pops --ramp and
+    --speed."""
     # --replay stays in kw: `load llm` takes each request's lengths from it (_dataset.py).
     ramp, replay, speed = kw.pop("ramp", None), kw.get("replay"), kw.pop("speed", 1.0)
     if ramp is None and replay is None:
@@ -57,7 +59,7 @@ def resolve(kw: dict[str, Any], *, arrival: str, rate: float | None, rates: str 
                             "--rate/--rates/--concurrency/--duration/--requests")
     warm = parse_duration(warmup, what="--warmup")
     if ramp is not None:
-        total, mean = ramp_length(ramp)
+        total, mean = ramp_length(ramp, skip_s=warm)
         spec = f"{arrival}+ramp:{ramp}"
     else:
         from scalelab.lab.load.trace_file import read_trace
@@ -68,10 +70,14 @@ def resolve(kw: dict[str, Any], *, arrival: str, rate: float | None, rates: str 
         total = trace.span_s / speed
         if len(trace.times_s) < 2 or total <= 0:
             raise BadUsageError(f"--replay {replay}: needs 2 or more arrivals at distinct times")
-        mean = len(trace.times_s) / total
+        measured = int(np.count_nonzero(trace.times_s / speed >= warm))
+        mean = measured / (total - warm) if total > warm else 0.0
         spec = f"replay:{speed:g}:{replay}"
-        total += 1e-3  # the last arrival falls inside [0, length)
     if total <= warm:
         raise BadUsageError(f"{flag} lasts {total:.3g} s, not more than --warmup {warm:g} s; "
                             "lengthen it or shorten --warmup")
+    if not mean > 0:
+        raise BadUsageError(f"{flag}: no arrivals after the --warmup {warm:g} s")
+    if replay is not None:
+        total += 1e-3  # the last arrival falls inside [0, length)
     return check_arrival(spec), mean, f"{total - warm}s"

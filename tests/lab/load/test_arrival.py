@@ -31,6 +31,7 @@ def test_gamma_within_a_duration() -> None:
 def test_a_ramp_sends_the_area_under_its_rate() -> None:
     assert parse_ramp("30s:10,2m:50,30s:0") == [(30.0, 10.0), (120.0, 50.0), (30.0, 0.0)]
     assert ramp_length("10s:10,10s:10") == (20.0, 7.5)  # 50 + 100 requests over 20 s
+    assert ramp_length("10s:10,10s:10", skip_s=5.0) == (20.0, 137.5 / 15)  # (37.5 + 100) / 15 s
     t = schedule(7.5, duration_s=20.0, arrival="constant+ramp:10s:10,10s:10")
     assert len(t) == 150
     flat = np.diff(t[t > 10.05])

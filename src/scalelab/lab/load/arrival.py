@@ -70,15 +70,18 @@ def parse_ramp(text: str) -> list[tuple[float, float]]:
     return out
 
 
-def ramp_length(text: str) -> tuple[float, float]:
-    """(total seconds, mean rate) of a ramp."""
+def ramp_length(text: str, skip_s: float = 0.0) -> tuple[float, float]:
+    """(total seconds, mean rate after the first `skip_s` seconds: the measured window's
+    after a warm-up) of a ramp."""
     stages = parse_ramp(text)
-    total = sum(d for d, _ in stages)
-    prev, area = 0.0, 0.0
-    for d, r in stages:
-        area += (prev + r) / 2.0 * d
-        prev = r
-    return total, area / total
+    knots_t = np.cumsum([0.0] + [d for d, _ in stages])
+    knots_r = np.asarray([0.0] + [r for _, r in stages])
+    total = float(knots_t[-1])
+    start = min(max(skip_s, 0.0), total)
+    t = np.unique(np.concatenate([knots_t[knots_t > start], [start, total]]))
+    r = np.interp(t, knots_t, knots_r)
+    area = float(np.sum((r[1:] + r[:-1]) / 2.0 * np.diff(t)))  # exact: the rate is piecewise
+    return total, (area / (total - start) if total > start else 0.0)  # linear between knots
 
 
 def _unit_gaps(process: str, n: int, rng: np.random.Generator) -> np.ndarray:
