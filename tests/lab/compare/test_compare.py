@@ -92,7 +92,8 @@ def test_a_20_percent_slower_server_is_worse_and_fails_the_gate(
     capsys.readouterr()
     out = tmp_path / "cmp.csv"
     rc = run(["compare", str(paths[0]), str(paths[1]), "--fail-on", "worse", "--json",
-              "--output", str(out), "--markdown", str(tmp_path / "cmp.md")])
+              "--output", str(out), "--markdown", str(tmp_path / "cmp.md"),
+              "--html", str(tmp_path / "cmp.html"), "--plot", str(tmp_path / "cmp.png")])
     assert rc == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema_version"] == 1
@@ -103,6 +104,9 @@ def test_a_20_percent_slower_server_is_worse_and_fails_the_gate(
     rows = list(csv.DictReader(out.open()))
     assert [r["metric"] for r in rows] == [r["metric"] for r in doc["rows"]]
     assert "✗ worse" in (tmp_path / "cmp.md").read_text()
+    assert '<tr class="worse"><td>load rate=100</td><td>latency p50</td>' in (
+        tmp_path / "cmp.html").read_text()
+    assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
     # The same two runs, B against itself: nothing worse, the gate passes.
     assert run(["compare", str(paths[1]), str(paths[1]), "--fail-on", "worse", "--json"]) == 0
 
