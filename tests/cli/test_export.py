@@ -10,6 +10,7 @@ import pytest
 
 from scalelab.cli import run
 from scalelab.cli._export import table_rows, write_output
+from scalelab.lab.core.serialize import with_schema
 
 
 def test_csv_rows_flatten_flat_objects_and_keep_deeper_ones_as_json(tmp_path: Path) -> None:
@@ -28,6 +29,9 @@ def test_csv_rows_flatten_flat_objects_and_keep_deeper_ones_as_json(tmp_path: Pa
     write_output(js, doc, lambda: table_rows(doc))
     assert json.loads(js.read_text()) == {"schema_version": 1, **doc}
     assert table_rows({"steps": [{"a": 1}]}) == [{"a": 1}] and table_rows({"x": 1}) == []
+    # A file in a format of its own (a data schema) keeps its version there, no other key.
+    own = {"format": "scalelab.schema/1", "columns": []}
+    assert with_schema(own) == own and with_schema({"a": 1}) == {"schema_version": 1, "a": 1}
 
 
 def test_load_run_writes_its_levels_and_every_json_has_a_schema_version(

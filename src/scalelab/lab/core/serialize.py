@@ -16,10 +16,15 @@ bumped when a field changes meaning or goes away, not when one is added."""
 
 
 def with_schema(data: Any) -> Any:
-    """A JSON object with "schema_version" first (its own, when it has one); anything else as is."""
-    if isinstance(data, dict) and "schema_version" not in data:
-        return {"schema_version": JSON_SCHEMA_VERSION, **data}
-    return data
+    """A JSON object with "schema_version" first; as is when it has one, or is a file in a
+    format of its own ("format": "scalelab.schema/1", "scalelab.stats/1": versioned by it, and
+    read back with no other key allowed); anything else as is."""
+    if not isinstance(data, dict) or "schema_version" in data:
+        return data
+    own = data.get("format")
+    if isinstance(own, str) and own.startswith("scalelab.") and "/" in own:
+        return data
+    return {"schema_version": JSON_SCHEMA_VERSION, **data}
 
 
 def jsonable(x: Any) -> Any:
