@@ -53,18 +53,22 @@ def _how(c: Check) -> str:
 def decided_text(s: StageVerdict) -> str:
     """What was decided: 'meets p95 ≤ 50 ms, availability ≥ 99.9% up to 10×, decided at
     95%'; 'meets its objectives at no level decided'."""
-    if not s.checks:
+    return _decided(s.checks, s.passed_up_to)
+
+
+def _decided(checks: tuple[Check, ...], reach: float | None) -> str:
+    if not checks:
         return "no objectives to judge (measured only)"
-    if s.passed_up_to is None:
+    if reach is None:
         return "meets its objectives at no level decided"
-    met = [c for c in s.checks if c.multiple == s.passed_up_to]
+    met = [c for c in checks if c.multiple == reach]
     labels = ", ".join(dict.fromkeys(c.objective.label for c in met))
     groups: dict[str, list[str]] = {}
     for c in met:
         groups.setdefault(_how(c), []).append(c.objective.label)
     how = (f", {next(iter(groups))}" if len(groups) == 1 else " (" + "; ".join(
         f"{', '.join(dict.fromkeys(ls))} {h}" for h, ls in groups.items()) + ")")
-    return f"meets {labels} up to {format_multiple(s.passed_up_to)}{how}"
+    return f"meets {labels} up to {format_multiple(reach)}{how}"
 
 
 def need_text(n: Need) -> str:
@@ -114,9 +118,7 @@ def candidate_lines(s: StageVerdict) -> list[str]:
     for cand in s.candidates:
         head = (f"misses {cand.miss.objective.label} at {format_multiple(cand.miss.multiple)} "
                 f"({decision_text(cand.miss)})" if cand.miss is not None
-                else f"meets {', '.join(dict.fromkeys(c.objective.label for c in cand.checks))}"
-                f" up to {format_multiple(cand.passed_up_to)}"
-                if cand.passed_up_to is not None else "meets its objectives at no level decided")
+                else _decided(cand.checks, cand.passed_up_to))
         if cand.undecided:
             first = min(c.multiple for c in cand.undecided)
             head += f"; undecided at {format_multiple(first)}: " + "; ".join(
@@ -144,14 +146,21 @@ def headline(v: Verdict) -> str:
     judged = [s for s in v.stages if s.measured and s.checks and s.failure is None]
     held = [s for s in judged if s.outcome == "met"]
     parts = ["no stage misses its objectives at the levels measured"]
-    if held:
-        parts.append("decided met: " + ", ".join(
-            f"{s.stage} to {format_multiple(s.passed_up_to)}" for s in held))
-    parts += [f"{s.stage} undecided" + (f" ({open_text(s)})" if s.undecided else "")
-              for s in judged if s.outcome == "undecided"]
+    parts.append("decided met: " + ", ".join(
+        f"{s.stage} to {format_multiple(s.passed_up_to)}" for s in held) if held
+        else "none decided met at every level")
+    for s in judged:
+        if s.outcome != "undecided":
+            continue
+        said = [f"met to {format_multiple(s.passed_up_to)}"] if s.passed_up_to else []
+        said += [open_text(s)] if s.undecided else []
+        said += ["not measured: " + ", ".join(gap_text(g) for g in s.not_measured)
+                 ] if s.not_measured else []
+        parts.append(f"{s.stage} " + ", ".join(said))
     parts += [f"{s.stage} not measured" for s in v.stages
               if not s.measured and s.failure is None]
-    return failed + "; ".join(parts)
+    tight = "; ".join(f"{s.stage}: {tightest_text(s)}" for s in held if s.tightest)
+    return failed + "; ".join(parts) + (f"; least headroom — {tight}" if tight else "")
 
 
 def stage_head(s: StageVerdict) -> list[str]:
