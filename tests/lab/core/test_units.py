@@ -37,6 +37,7 @@ def test_sizes() -> None:
 
 def test_formatting() -> None:
     assert format_duration(0.0123) == "12.3 ms"
-    assert format_duration(7200) == "2.00 h"
+    assert format_duration(7200) == "2 h"
+    assert format_duration(30.56) == "30.6 s"
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(100) == "100 B"

@@ -54,17 +54,19 @@ def parse_size(text: str, *, what: str = "size") -> int:
 
 
 def format_duration(seconds: float) -> str:
+    """Seconds for people, 3 significant digits: 0.0123 -> '12.3 ms', 30.56 -> '30.6 s',
+    300 -> '5 min', 7200 -> '2 h'."""
     if not math.isfinite(seconds):
         return "∞"
     if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} µs"
+        return f"{sig(seconds * 1e6)} µs"
     if seconds < 1:
-        return f"{seconds * 1e3:.1f} ms"
+        return f"{sig(seconds * 1e3)} ms"
     if seconds < 120:
-        return f"{seconds:.2f} s"
+        return f"{sig(seconds)} s"
     if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
+        return f"{sig(seconds / 60)} min"
+    return f"{sig(seconds / 3600)} h"
 
 
 def sig(v: float, digits: int = 3) -> str:

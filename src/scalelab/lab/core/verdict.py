@@ -469,9 +469,10 @@ def _gaps(shown: list[Check], levels: set[float]) -> tuple[Gap, ...]:
                  for label, ms in gaps.items())
 
 
-def _decisions(checks: list[Check], rows: list[SheetRow]) -> dict[str, Any]:
+def _decisions(checks: list[Check], rows: list[SheetRow], target: float) -> dict[str, Any]:
     """What a series' checks decide: the first miss, the reach, the undecided and unmeasured
-    checks (curve points only count where they decided), and what would decide the rest."""
+    checks (curve points only count where they decided), and what would decide the rest: at
+    the target multiple when it is undecided there, else at the lowest undecided level."""
     curve = {r.multiple for r in rows if purpose(r) == CURVE}
     decided = [c for c in checks if c.multiple not in curve or c.outcome in ("met", "missed")]
     miss = first_miss(decided)
@@ -479,7 +480,8 @@ def _decisions(checks: list[Check], rows: list[SheetRow]) -> dict[str, Any]:
     shown = [c for c in decided if c.multiple <= limit]
     undecided = tuple(c for c in shown if c.outcome == "undecided")
     by_level = {r.multiple: r for r in rows}
-    lowest = min((c.multiple for c in undecided), default=None)
+    at = {c.multiple for c in undecided}
+    lowest = target if target in at else min(at, default=None)
     return {
         "miss": miss,
         "passed_up_to": _reach(checks, curve),
@@ -501,7 +503,7 @@ def _candidates(goal: StageGoal, by_series: dict[str, list[SheetRow]],
         if rows is base:
             continue
         checks = check_rows(rows, relative)
-        d = _decisions(checks, rows)
+        d = _decisions(checks, rows, goal.target_multiple)
         out.append(Candidate(series=name, checks=tuple(checks), miss=d["miss"],
                              passed_up_to=d["passed_up_to"], undecided=d["undecided"]))
     return tuple(out)
@@ -532,7 +534,7 @@ def judge_stage(
                             target_multiple=goal.target_multiple, failure=failure)
     own = [o for o in goal.objectives if o.metric not in goal.candidate_metrics]
     checks = check_rows(base, own)
-    d = _decisions(checks, base)
+    d = _decisions(checks, base, goal.target_multiple)
     inferred = infer_limits(base, cores=cores, memory_bytes=memory_bytes)
     limiting = [*own_limits, *(e for e in inferred
                                if not own_limits or e.resource not in PLACEHOLDERS)]

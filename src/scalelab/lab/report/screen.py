@@ -13,6 +13,7 @@ the terminal; on a terminal the same cells go into a rich table.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,16 +24,16 @@ from rich.table import Table
 from rich.text import Text
 
 from scalelab.lab.core.limits import Evidence
-from scalelab.lab.core.units import format_multiple, format_number
-from scalelab.lab.core.verdict import StageVerdict, Verdict
-from scalelab.lab.report.verdict_text import count_text, need_text, target_text
+from scalelab.lab.core.units import format_duration, format_multiple, format_number
+from scalelab.lab.core.verdict import PLACEHOLDERS, Need, StageVerdict, Verdict
+from scalelab.lab.report.verdict_text import count_text, target_text
 
 WIDTH = 80
 """Columns of plain output: a terminal's default, and what CI logs show without wrapping."""
 
-COLUMNS = ("stage", "verdict", "capacity / target", "limit", "do")
+COLUMNS = ("stage", "verdict", "cap/target", "limit", "do")
 
-_UNITS = {"requests": "req", "predictions": "pred", "queries": "q"}
+_UNITS = {"requests": "req", "predictions": "pred", "queries": "q", "samples": "smp"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +44,8 @@ class ScreenLine:
     verdict: str
     outcome: str
     capacity: str
+    capacity_short: str
+    """The capacity without its rate, for a narrow screen."""
     limit: str
     action: str
     notes: tuple[str, ...]
@@ -65,32 +68,46 @@ def rate_text(rate: float | None, unit: str | None) -> str:
     """A rate with its unit shortened for a column: 1234 requests/s -> '1.23k req/s'."""
     if rate is None:
         return ""
-    u = unit or ""
+    u = (unit or "").split(" ")[0]  # 'events/s ingested' -> 'events/s'
+
     for long, short in _UNITS.items():
         u = u.replace(long, short)
     return format_number(rate, u)
 
 
-def capacity_cell(s: StageVerdict) -> str:
+def capacity_cell(s: StageVerdict, *, rate: bool = True) -> str:
     """'5× / 10× (1.2k req/s)': the highest multiple decided met against the target, with
     the rate measured there; '— / 10×' when no level was decided met."""
     if not s.measured:
         return ""
     reach = s.reach
-    rate = rate_text(reach.rate, reach.rate_unit) if reach is not None else ""
+    shown = rate_text(reach.rate, reach.rate_unit) if reach is not None and rate else ""
     return (f"{format_multiple(s.passed_up_to)} / {target_text(s)}"
-            + (f" ({rate})" if rate else ""))
+            + (f" ({shown})" if shown else ""))
+
+
+_NUMBER = re.compile(r"[×x]?\d[\d.,]*(?:%| ?[KMGT]iB|×)?(?: of \d+ cores)?")
 
 
 def limit_cell(e: Evidence | None) -> str:
-    """The resource with its leading number: 'cpu 1.99 of 2 cores busy'."""
+    """The resource with its telling number: 'cpu 1.94 of 2 cores', 'communication 51%',
+    'cores ×2'; the resource alone when its evidence has no number."""
     if e is None:
         return "not measured"
-    detail = e.detail
-    for sep in (" at ", " (", ": ", "; ", " in ", ", "):
-        detail = detail.split(sep, 1)[0]
-    has_number = any(ch.isdigit() for ch in detail)
-    return f"{e.resource} {detail}" if has_number and len(detail) <= 24 else e.resource
+    found = _NUMBER.findall(e.detail)
+    marked = [f for f in found if f.endswith(("%", "B", "cores")) or f.startswith("×")]
+    pick = (marked or found or [""])[0].replace(" of ", "/")
+    return f"{e.resource} {pick}".strip() if e.resource not in PLACEHOLDERS else e.resource
+
+
+def short_need(n: Need) -> str:
+    """'2,995 requests: 30.6 s at 98 req/s'; 'more than 3,000 requests'."""
+    if n.samples is None:
+        return ("a recorded sample size" if n.measured is None
+                else f"more than {count_text(n.measured)} {n.unit}")
+    pays = (f": {format_duration(n.seconds)} at {rate_text(n.per_second, n.unit + '/s')}"
+            if n.seconds is not None else "")
+    return f"{count_text(n.samples)} {n.unit}{pays}"
 
 
 def screen_line(s: StageVerdict) -> ScreenLine:
@@ -98,60 +115,83 @@ def screen_line(s: StageVerdict) -> ScreenLine:
     if s.failure is not None:
         notes.append(f"{s.stage} failed: {s.failure}")
     if s.outcome == "undecided" and s.needs:
-        needs = "; ".join(f"{n.check.objective.label} at {format_multiple(n.check.multiple)} "
-                          f"needs {need_text(n)}" for n in s.needs)
-        notes.append(f"{s.stage}: {needs}")
+        notes += [f"{s.stage}: {n.check.objective.label} at {format_multiple(n.check.multiple)} "
+                  f"needs {short_need(n)}" for n in s.needs]
     elif s.outcome == "undecided" and s.not_measured:
         notes.append(f"{s.stage}: not measured: "
                      + ", ".join(g.label for g in s.not_measured))
     return ScreenLine(
         stage=s.stage, verdict=verdict_cell(s), outcome=s.outcome, capacity=capacity_cell(s),
+        capacity_short=capacity_cell(s, rate=False),
         limit=limit_cell(s.limiting[0] if s.limiting else None) if s.measured else "",
         action=s.advice.headline if s.measured else "", notes=tuple(notes))
 
 
 def header(v: Verdict) -> str:
-    """'scalelab verdict: 7 stages; 1 misses, 1 undecided, 5 hold'."""
+    """'scalelab: 7 stages · 1 missed, 2 undecided, 4 met · train first misses at 2×'."""
     counts: dict[str, int] = {}
     for s in v.stages:
         counts[s.outcome] = counts.get(s.outcome, 0) + 1
-    words = {"failed": "failed", "missed": "missed", "undecided": "undecided",
-             "met": "met", "not measured": "not measured", "no objectives": "no objectives"}
-    said = ", ".join(f"{counts[k]} {w}" for k, w in words.items() if k in counts)
+    order = ("failed", "missed", "undecided", "met", "not measured", "no objectives")
+    said = ", ".join(f"{counts[k]} {k}" for k in order if k in counts)
     first = v.first
-    lead = (f"; {first.stage} misses first, at {format_multiple(first.miss.multiple)}"
+    lead = (f" · {first.stage} first misses at {format_multiple(first.miss.multiple)}"
             if first is not None and first.miss is not None else "")
-    return f"scalelab verdict: {count_text(len(v.stages))} stages: {said}{lead}"
+    return f"scalelab: {count_text(len(v.stages))} stages · {said}{lead}"
 
 
-def _table(rows: Sequence[Sequence[str]], width: int) -> list[str] | None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    if sum(widths) + 2 * (len(widths) - 1) > width:
-        return None
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in rows]
+def _widths(rows: Sequence[Sequence[str]]) -> list[int]:
+    return [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+
+
+MIN_ACTION = 12
+"""The narrowest 'do' column worth keeping; a longer action moves under the table."""
+
+
+def _layout(lines: list[ScreenLine], width: int) -> tuple[list[tuple[str, ...]], list[str]]:
+    """The table's rows (header first) and the actions that did not fit in their row: the
+    rate is dropped from the capacity before any action moves."""
+    room = 0
+    for with_rate in (True, False):
+        rows = [COLUMNS[:4], *((ln.stage, ln.verdict,
+                                ln.capacity if with_rate else ln.capacity_short, ln.limit)
+                               for ln in lines)]
+        room = width - sum(_widths(rows)) - 2 * len(COLUMNS[:4])
+        if room >= max(MIN_ACTION, min((len(ln.action) for ln in lines), default=0)):
+            break
+    fits = room >= MIN_ACTION
+    table = [(*rows[0], "do" if fits else "")] + [
+        (*r, ln.action if fits and len(ln.action) <= room else "")
+        for r, ln in zip(rows[1:], lines, strict=True)]
+    left = [ln for ln in lines if ln.action and not (fits and len(ln.action) <= room)]
+    moved = [f"do ({ln.stage}): {ln.action}" for ln in left if ln.outcome != "met"]
+    if fits and len(moved) < len(left):  # a stage that holds: its action is in the report
+        table = [(*r[:4], "(in report)" if r[4] == "" and ln in left and ln.outcome == "met"
+                  else r[4]) for r, ln in zip(table, [None, *lines], strict=True)]
+    return table, moved
 
 
 def plain_lines(v: Verdict, report: Path | str, *, width: int = WIDTH) -> list[str]:
-    """The first screen as plain aligned text, no line longer than `width`: the action moves
-    to a 'do' line under the table (wrapped here) only when a row would not fit."""
+    """The first screen as plain aligned text, no line longer than `width` (an action too
+    long for its row, and every note, is wrapped here under the table)."""
     lines = [screen_line(s) for s in v.stages]
-    full = [COLUMNS, *((ln.stage, ln.verdict, ln.capacity, ln.limit, ln.action)
-                       for ln in lines)]
-    table = _table(full, width)
-    moved: list[str] = []
-    if table is None:
-        table = _table([r[:4] for r in full], width) or _table(
-            [(r[0], r[1], r[2]) for r in full], width) or [" ".join(r[:2]) for r in full]
-        moved = [f"do ({ln.stage}): {ln.action}" for ln in lines if ln.action]
-    out = [header(v), *table]
+    table, moved = _layout(lines, width)
+    widths = _widths(table)
+    out = [*textwrap.wrap(header(v), width=width, subsequent_indent="  "),
+           *("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in table)]
     for note in [*moved, *(n for ln in lines for n in ln.notes)]:
         out += textwrap.wrap(note, width=width, subsequent_indent="  ",
                              break_on_hyphens=False)
-    out += textwrap.wrap(f"report: {report} (the sheet and the long verdict: report.md, "
-                         f"or scalelab report DIR --verbose)", width=width,
-                         subsequent_indent="  ", break_long_words=False)
+    out += textwrap.wrap(report_line(report), width=width, subsequent_indent="  ",
+                         break_long_words=False, break_on_hyphens=False)
     return out
+
+
+def report_line(report: Path | str) -> str:
+    """Where the report is, and how to see the sheet and the long verdict here."""
+    return (f"report: {report} · sheet and long verdict: scalelab report "
+            f"{Path(report).parent} --verbose")
 
 
 _STYLE = {"missed": "bold red", "failed": "bold red", "met": "green", "undecided": "yellow"}
@@ -176,5 +216,4 @@ def print_screen(c: Console, v: Verdict, report: Path | str) -> None:
     for ln in lines:
         for note in ln.notes:
             c.print(note, markup=False, highlight=False)
-    c.print(f"report: {report} (the sheet and the long verdict: report.md, or scalelab "
-            "report DIR --verbose)", markup=False, highlight=False)
+    c.print(report_line(report), markup=False, highlight=False)

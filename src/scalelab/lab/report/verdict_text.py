@@ -76,7 +76,10 @@ def need_text(n: Need) -> str:
     requests/s this run measured at 10×'; the rule's own words when no count follows."""
     c = n.check
     if n.samples is None:
-        return c.decision.need or decision_text(c)
+        if n.measured is None:
+            return "a recorded sample size (the records did not say how many)"
+        return (f"more than the {count_text(n.measured)} {n.unit} measured (its bounds "
+                "straddle the limit)")
     had = f" (measured {count_text(n.measured)})" if n.measured is not None else ""
     pays = ""
     if n.seconds is not None and n.per_second is not None:
@@ -86,10 +89,11 @@ def need_text(n: Need) -> str:
 
 
 def open_text(s: StageVerdict) -> str:
-    """What was not decided, at its lowest undecided level, and what would decide it."""
+    """What was not decided, at the level the verdict sizes it for (the target when it is
+    undecided there, else the lowest undecided level), and what would decide it."""
     if not s.undecided:
         return ""
-    first = min(c.multiple for c in s.undecided)
+    first = s.needs[0].check.multiple if s.needs else min(c.multiple for c in s.undecided)
     needs = {id(n.check): n for n in s.needs}
     parts = [f"{c.objective.label} needs {need_text(needs[id(c)])}" if id(c) in needs
              else f"{c.objective.label} ({c.decision.need or decision_text(c)})"
