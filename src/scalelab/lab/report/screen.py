@@ -149,25 +149,27 @@ MIN_ACTION = 12
 
 
 def _layout(lines: list[ScreenLine], width: int) -> tuple[list[tuple[str, ...]], list[str]]:
-    """The table's rows (header first) and the actions that did not fit in their row: the
-    rate is dropped from the capacity before any action moves."""
+    """The table's rows (header first) and the actions moved under it: the rate leaves the
+    capacity before any action moves; an action too long for its row moves under the table,
+    except a stage's that holds its target (its action is in the report)."""
+    cells: list[tuple[str, ...]] = []
     room = 0
     for with_rate in (True, False):
-        rows = [COLUMNS[:4], *((ln.stage, ln.verdict,
-                                ln.capacity if with_rate else ln.capacity_short, ln.limit)
-                               for ln in lines)]
-        room = width - sum(_widths(rows)) - 2 * len(COLUMNS[:4])
+        cells = [(ln.stage, ln.verdict, ln.capacity if with_rate else ln.capacity_short,
+                  ln.limit) for ln in lines]
+        room = width - sum(_widths([COLUMNS[:4], *cells])) - 2 * len(COLUMNS[:4])
         if room >= max(MIN_ACTION, min((len(ln.action) for ln in lines), default=0)):
             break
     fits = room >= MIN_ACTION
-    table = [(*rows[0], "do" if fits else "")] + [
-        (*r, ln.action if fits and len(ln.action) <= room else "")
-        for r, ln in zip(rows[1:], lines, strict=True)]
-    left = [ln for ln in lines if ln.action and not (fits and len(ln.action) <= room)]
-    moved = [f"do ({ln.stage}): {ln.action}" for ln in left if ln.outcome != "met"]
-    if fits and len(moved) < len(left):  # a stage that holds: its action is in the report
-        table = [(*r[:4], "(in report)" if r[4] == "" and ln in left and ln.outcome == "met"
-                  else r[4]) for r, ln in zip(table, [None, *lines], strict=True)]
+    table: list[tuple[str, ...]] = [(*COLUMNS[:4], "do" if fits else "")]
+    moved: list[str] = []
+    for row, ln in zip(cells, lines, strict=True):
+        if fits and len(ln.action) <= room:
+            table.append((*row, ln.action))
+            continue
+        table.append((*row, "(in report)" if fits and ln.outcome == "met" else ""))
+        if ln.action and ln.outcome != "met":
+            moved.append(f"do ({ln.stage}): {ln.action}")
     return table, moved
 
 
