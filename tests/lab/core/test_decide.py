@@ -205,8 +205,9 @@ def test_the_decided_line_says_how_each_objective_was_decided() -> None:
         Objective(metric="quality:f1", min=0.5, label="F1 ≥ 0.5")])
     s = judge([goal], build_sheet(recs), cores=2, memory_bytes=M.memory_bytes).stages[0]
     assert s.outcome == "met"
-    assert decided_text(s) == ("meets p95 ≤ 50 ms, rate ≥ 5/s, F1 ≥ 0.5 up to 2× (p95 ≤ 50 ms decided "
-                         "at 95%; rate ≥ 5/s over 2 repeats; F1 ≥ 0.5 as measured points)")
+    assert decided_text(s) == (
+        "meets p95 ≤ 50 ms, rate ≥ 5/s, F1 ≥ 0.5 up to 2× (p95 ≤ 50 ms decided at 95%; "
+        "rate ≥ 5/s over 2 repeats; F1 ≥ 0.5 as measured points)")
 
 
 def test_the_binomial_and_beta_quantiles_are_scipy_stats_own() -> None:
