@@ -77,11 +77,8 @@ def sig(v: float, digits: int = 3) -> str:
     if v == 0:
         return "0"
     exp = math.floor(math.log10(abs(v)))
-    rounded = round(v, digits - 1 - exp)
-    if rounded != 0 and math.floor(math.log10(abs(rounded))) > exp:  # 999.6 -> 1000
-        exp += 1
     places = max(0, digits - 1 - exp)
-    text = f"{rounded:.{places}f}"
+    text = f"{round(v, digits - 1 - exp):.{places}f}"  # 999.6 -> '1000': the zeros go below
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
