@@ -135,3 +135,43 @@ def test_fail_on_reads_the_object() -> None:
         "measured at 10×; also undecided at 1×, 2×, 5×)")
     failed = Verdict(stages=(dataclasses.replace(held.stages[0], failure="refused"),))
     assert gate(failed, "undecided") == "gate failed (--fail-on undecided): data failed"
+
+
+def test_on_a_terminal_the_same_cells_are_a_rich_table() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from scalelab.lab.report.screen import print_screen
+
+    v, _ = _demo_verdict()
+    buf = StringIO()
+    print_screen(Console(file=buf, force_terminal=True, width=120, color_system=None), v,
+                 "out/report.html")
+    text = buf.getvalue()
+    flat = " ".join(text.split())
+    assert "train first misses at 2× 1× / 4× (1k samples/s) cores ×2 fix communication" in flat
+    assert "no approximate index met every objective" in text  # room for every action
+    assert "serve: availability ≥ 99.9% at 10× needs 2,995 requests: 30.6 s at 98 req/s" in text
+
+
+def test_curve_points_are_labelled_and_decide_nothing_they_did_not_decide() -> None:
+    from recordkit import rec
+    from scalelab.lab.core.objectives import Objective
+    from scalelab.lab.core.verdict import StageGoal
+
+    # 1× and 2× measured briefly for the picture (too few requests to decide p95), 10× sized
+    # until decided: the stage holds to its target, and the curve points say what they are.
+    recs = [rec("serve", "rate", lvl, rate=lvl, p95=10.0,
+                extras={"samples": n, **({"purpose": "curve"} if lvl < 100 else {})})
+            for lvl, n in ((10, 30), (20, 30), (100, 3000))]
+    goal = StageGoal(stage="serve", objectives=[Objective(metric="p95_ms", max=50)])
+    v = judge([goal], build_sheet(recs), cores=2, memory_bytes=M.memory_bytes)
+    s = v.stages[0]
+    assert [c.outcome for c in s.checks] == ["undecided", "undecided", "met"]
+    assert (s.outcome, s.passed_up_to, s.curve_multiples, s.undecided) == (
+        "met", 10.0, (1.0, 2.0), ())
+    md = render_markdown(build_sheet(recs), v, M, {})
+    assert "| serve | — | 1 | p95_ms ≤ 50 | undecided (curve point) |" in md
+    assert "- curve points (measured for the picture, not decisions): 1×, 2×" in md
+    assert plain_lines(v, "r.html")[2].startswith("serve  holds to 10×  10× / 10×")

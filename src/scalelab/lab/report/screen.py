@@ -33,7 +33,7 @@ WIDTH = 80
 
 COLUMNS = ("stage", "verdict", "cap/target", "limit", "do")
 
-_UNITS = {"requests": "req", "predictions": "pred", "queries": "q", "samples": "smp"}
+_UNITS = {"requests": "req", "predictions": "pred", "queries": "q"}
 
 
 @dataclass(frozen=True, kw_only=True)
