@@ -118,7 +118,8 @@ def diagnose(
 
     Runs, one variable at a time: the data pipeline at growing volume, the trainer at growing
     worker counts, the model server at growing arrival rates (batching off and on), and the
-    compression variants; then prints the sheet and the verdict and writes OUT/report.html.
+    compression variants; then prints the first screen (one line a stage) and writes
+    OUT/report.html, report.md (the long verdict and the sheet) and report.json.
 
     Example: scalelab diagnose --quick --out scalelab-out --fail-on miss
 

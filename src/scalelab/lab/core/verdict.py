@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from scalelab.lab.core.decide import quantile_requests_needed, trials_needed
 from scalelab.lab.core.fits import fit_scaling
@@ -469,7 +468,17 @@ def _gaps(shown: list[Check], levels: set[float]) -> tuple[Gap, ...]:
                  for label, ms in gaps.items())
 
 
-def _decisions(checks: list[Check], rows: list[SheetRow], target: float) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class _Decided:
+    miss: Check | None
+    passed_up_to: float | None
+    undecided: tuple[Check, ...]
+    not_measured: tuple[Gap, ...]
+    needs: tuple[Need, ...]
+    curve_multiples: tuple[float, ...]
+
+
+def _decisions(checks: list[Check], rows: list[SheetRow], target: float) -> _Decided:
     """What a series' checks decide: the first miss, the reach, the undecided and unmeasured
     checks (curve points only count where they decided), and what would decide the rest: at
     the target multiple when it is undecided there, else at the lowest undecided level."""
@@ -482,15 +491,12 @@ def _decisions(checks: list[Check], rows: list[SheetRow], target: float) -> dict
     by_level = {r.multiple: r for r in rows}
     at = {c.multiple for c in undecided}
     lowest = target if target in at else min(at, default=None)
-    return {
-        "miss": miss,
-        "passed_up_to": _reach(checks, curve),
-        "undecided": undecided,
-        "not_measured": _gaps(shown, {c.multiple for c in shown}),
-        "needs": tuple(_need(c, by_level.get(c.multiple)) for c in undecided
-                       if c.multiple == lowest),
-        "curve_multiples": tuple(sorted(curve)),
-    }
+    return _Decided(
+        miss=miss, passed_up_to=_reach(checks, curve), undecided=undecided,
+        not_measured=_gaps(shown, {c.multiple for c in shown}),
+        needs=tuple(_need(c, by_level.get(c.multiple)) for c in undecided
+                    if c.multiple == lowest),
+        curve_multiples=tuple(sorted(curve)))
 
 
 def _candidates(goal: StageGoal, by_series: dict[str, list[SheetRow]],
@@ -504,8 +510,8 @@ def _candidates(goal: StageGoal, by_series: dict[str, list[SheetRow]],
             continue
         checks = check_rows(rows, relative)
         d = _decisions(checks, rows, goal.target_multiple)
-        out.append(Candidate(series=name, checks=tuple(checks), miss=d["miss"],
-                             passed_up_to=d["passed_up_to"], undecided=d["undecided"]))
+        out.append(Candidate(series=name, checks=tuple(checks), miss=d.miss,
+                             passed_up_to=d.passed_up_to, undecided=d.undecided))
     return tuple(out)
 
 
@@ -540,16 +546,18 @@ def judge_stage(
                                if not own_limits or e.resource not in PLACEHOLDERS)]
     advisor = goal.advisor or generic_advice
     advice = advisor(AdviceInput(goal=goal, base=base, by_series=by_series, limits=limiting,
-                                 miss=d["miss"], cores=cores))
-    at = {r.multiple: r for r in base}.get(d["passed_up_to"] or math.nan)
+                                 miss=d.miss, cores=cores))
+    at = {r.multiple: r for r in base}.get(d.passed_up_to or math.nan)
     candidates = _candidates(goal, by_series, base)
     return StageVerdict(
         stage=goal.stage, measured=True, target_multiple=goal.target_multiple,
-        checks=tuple(checks), **d,
-        reach=Reach(multiple=d["passed_up_to"], target=goal.target_multiple,
+        checks=tuple(checks), miss=d.miss, passed_up_to=d.passed_up_to,
+        undecided=d.undecided, not_measured=d.not_measured, needs=d.needs,
+        curve_multiples=d.curve_multiples,
+        reach=Reach(multiple=d.passed_up_to, target=goal.target_multiple,
                     rate=at.rate if at else None, rate_unit=at.rate_unit if at else None),
         limiting=tuple(limiting), advice=advice,
-        tightest=_tightest(checks) if d["miss"] is None else None,
+        tightest=_tightest(checks) if d.miss is None else None,
         cost=tuple(UnitCost(multiple=r.multiple, usd=r.cost_per_unit_usd,
                             unit=r.cost_unit or "unit")
                    for r in base if r.cost_per_unit_usd is not None),
