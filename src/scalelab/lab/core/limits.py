@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalelab.lab.core.laws import karp_flatt
-from scalelab.lab.core.objectives import metric_value
 from scalelab.lab.core.sheet import COMM_HIGH, CPU_BUSY, IOWAIT_HIGH, MEMORY_HIGH, SheetRow
 from scalelab.lab.core.units import format_bytes
 
@@ -58,7 +57,7 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
         ev.append(ceiling)
     last = rows[-1]
     at = f"at {last.variable}={last.level:g}"
-    busy = metric_value(last, "extras:cpu_busy_cores")
+    busy = last.resources.cpu_busy_cores
     if busy is not None and busy >= CPU_BUSY * cores:
         ev.append(Evidence(resource="cpu", detail=f"{busy:.2f} of {cores} cores busy {at}"))
     mem = (
@@ -87,7 +86,7 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
                     ),
                 )
             )
-    comm = metric_value(last, "extras:comm_share")
+    comm = last.resources.comm_share
     if comm is not None and comm >= COMM_HIGH:
         ev.append(
             Evidence(
@@ -95,10 +94,10 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
                 detail=f"{comm:.0%} of step time in gradient all-reduce {at}",
             )
         )
-    spill = metric_value(last, "extras:spilled_disk_bytes")
+    spill = last.resources.spilled_bytes
     if spill:
         ev.append(Evidence(resource="disk spill", detail=f"{format_bytes(spill)} spilled {at}"))
-    iow = metric_value(last, "extras:iowait_share")
+    iow = last.resources.iowait_share
     if iow is not None and iow >= IOWAIT_HIGH:
         ev.append(
             Evidence(resource="i/o", detail=f"{iow:.0%} of the machine's CPU time in I/O wait {at}")
