@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scalelab.lab.core.records import Record
+from scalelab.lab.core.server_limits import server_cell
 from scalelab.lab.core.signals import Resources, ServerSignals
 
 STAGE_ORDER = {"data": 0, "train": 1, "serve": 2, "model": 3}
@@ -253,6 +254,7 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
         res = median_resources(use)
         lat_n, trials, events = _counts(recs, use)
         b = base[(stage, series, variable)]
+        server = _server(use)
         rows.append(
             SheetRow(
                 stage=stage,
@@ -282,16 +284,20 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
                 cost_per_unit_usd=_median(r.cost.per_unit_usd for r in use if r.cost is not None),
                 cost_unit=_mode(r.cost.unit for r in use if r.cost is not None),
                 recovery=_mode(r.recovery for r in use),
-                limiting_resource=measured_limit(
-                    extras,
-                    int(max(mem)) if mem else None,
-                    cores=use[0].machine.cores,
-                    memory_bytes=use[0].machine.memory_bytes,
-                    resources=res,
+                limiting_resource=server_cell(
+                    server,
+                    measured_limit(
+                        extras,
+                        int(max(mem)) if mem else None,
+                        cores=use[0].machine.cores,
+                        memory_bytes=use[0].machine.memory_bytes,
+                        resources=res,
+                    ),
+                    trials=next((sample_count(r) for r in use if r.server is server), None),
                 ),
                 extras=extras,
                 resources=res,
-                server=_server(use),
+                server=server,
                 governance=_mode(str(r.extras["governance"]) for r in use
                                  if r.extras.get("governance")),
                 energy_per_unit_j=_num(extras, "energy_per_unit_j"),

@@ -76,11 +76,17 @@ class ServerSignals(StrictFrozenModel):
     compute_ms: float | None = Field(default=None, ge=0)
     """Mean time a request spent computing (e.g. Triton's compute durations)."""
     gpu_util: float | None = Field(default=None, ge=0)
-    """Peak GPU utilisation (0–1)."""
+    """Peak GPU utilisation, summed over the server's GPUs (1.0 = one GPU fully busy)."""
+    cpu_util: float | None = Field(default=None, ge=0)
+    """Peak share of the server machine's CPU in use (0–1), as the server reports it."""
     gpu_memory_bytes: int | None = Field(default=None, ge=0)
     """Peak GPU memory used."""
     refused: int | None = Field(default=None, ge=0)
     """Requests the server refused at admission (HTTP 503 or 429) over the level."""
+    refused_by_status: dict[str, int] = Field(default_factory=dict)
+    """Those refusals by status code."""
+    requests: int | None = Field(default=None, ge=0)
+    """Requests the level sent (what the refusals are a share of)."""
     retry_after: bool | None = None
     """Whether those refusals carried Retry-After (None: not seen)."""
 
