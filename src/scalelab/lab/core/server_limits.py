@@ -77,19 +77,27 @@ def _cpu(sig: ServerSignals) -> ServerFinding | None:
     busy, cores = sig.busy_cores, sig.cores
     if busy is None or cores is None:
         return None
+    wait = sig.cpu_wait_cores or 0.0
+    wanted = busy + wait
     head = f"{busy:.2f} of {cores} cores busy"
-    if busy >= SERVER_CPU_BUSY * cores:
+    if wait >= 0.05:
+        head += f", {wanted:.2f} wanted ({wait:.2f} runnable but waiting for a CPU)"
+    if wanted >= SERVER_CPU_BUSY * cores:
         return ServerFinding(resource="server cpu", saturated=True,
                              detail=head + _src(sig, "busy_cores"))
-    one = (sig.busiest_thread_cores is not None and sig.busiest_thread_cores >= ONE_THREAD
-           and busy < 1.5) or (sig.busiest_thread_cores is None and sig.threads is None
-                               and ONE_THREAD <= busy < 1.15)
+    thread = sig.busiest_thread_cores
+    thread_wanted = None if thread is None else thread + (sig.busiest_thread_wait_cores or 0)
+    one = (thread_wanted is not None and thread_wanted >= ONE_THREAD and wanted < 1.5) or (
+        thread_wanted is None and sig.threads is None and ONE_THREAD <= busy < 1.15)
     if cores >= 2 and one:
-        thread = (f" (busiest thread {sig.busiest_thread_cores:.2f} cores)"
-                  if sig.busiest_thread_cores is not None else "")
+        said = ""
+        if thread is not None and thread_wanted is not None:
+            said = (f" (its busiest thread ran {thread:.2f} cores"
+                    + (f" and waited {thread_wanted - thread:.2f} for a CPU other work held)"
+                       if thread_wanted - thread >= 0.05 else ")"))
         return ServerFinding(resource="server cpu", saturated=True,
                              detail=f"{head}: one core saturated, the work runs on one thread"
-                                    f"{thread}" + _src(sig, "busy_cores"))
+                                    f"{said}" + _src(sig, "busy_cores"))
     return None
 
 

@@ -56,9 +56,15 @@ class ServerSignals(StrictFrozenModel):
     """CPU seconds per wall second of the server over the level."""
     threads: int | None = Field(default=None, ge=0)
     """Threads of the server's process tree (most seen)."""
+    cpu_wait_cores: float | None = Field(default=None, ge=0)
+    """Seconds per second the server's threads were runnable but waiting for a CPU (Linux
+    schedstat): busy + this is the CPU the server wanted, on a machine shared with others."""
     busiest_thread_cores: float | None = Field(default=None, ge=0)
     """Busy cores of the server's busiest thread: near 1.0 with the process near 1.0 means one
     thread does the work."""
+    busiest_thread_wait_cores: float | None = Field(default=None, ge=0)
+    """That thread's run-queue wait per second: with its busy cores, near 1.0 means it wanted a
+    whole core (one thread saturated, even where other work took part of the core)."""
     rss_bytes: int | None = Field(default=None, ge=0)
     """Peak resident memory of the server."""
     running: float | None = Field(default=None, ge=0)

@@ -53,12 +53,23 @@ def pid_on_port(port: int) -> int | None:
 @dataclass(frozen=True, kw_only=True)
 class TreeSample:
     """One read of the tree: CPU seconds (user + system), resident bytes, threads, and each
-    thread's CPU seconds by (pid, thread id)."""
+    thread's (seconds on a CPU, seconds runnable but waiting for one) by (pid, thread id)."""
 
     cpu_s: float
     rss_bytes: int
     threads: int
-    per_thread: dict[tuple[int, int], float]
+    per_thread: dict[tuple[int, int], tuple[float, float]]
+
+
+def _schedstat(pid: int, tid: int) -> tuple[float, float] | None:
+    """(on-CPU, run-queue wait) seconds of one thread from Linux's /proc schedstat: the wait is
+    what tells a thread that wanted a whole core but got a share of it on a busy machine."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+            run_ns, wait_ns, *_ = f.read().split()
+    except (OSError, ValueError):
+        return None
+    return int(run_ns) / 1e9, int(wait_ns) / 1e9
 
 
 def read_tree(pid: int) -> TreeSample | None:
@@ -69,7 +80,7 @@ def read_tree(pid: int) -> TreeSample | None:
     except psutil.Error:
         return None
     cpu, rss, threads = 0.0, 0, 0
-    per: dict[tuple[int, int], float] = {}
+    per: dict[tuple[int, int], tuple[float, float]] = {}
     for p in procs:
         with contextlib.suppress(psutil.Error):
             t = p.cpu_times()
@@ -78,11 +89,21 @@ def read_tree(pid: int) -> TreeSample | None:
             ts = p.threads()
             threads += len(ts)
             for th in ts:
-                per[(p.pid, th.id)] = th.user_time + th.system_time
+                per[(p.pid, th.id)] = _schedstat(p.pid, th.id) or (
+                    th.user_time + th.system_time, 0.0)
     return TreeSample(cpu_s=cpu, rss_bytes=rss, threads=threads, per_thread=per)
 
 
-def busiest_thread(first: TreeSample, last: TreeSample) -> float:
-    """CPU seconds of the thread that used the most between two reads."""
-    return max((v - first.per_thread.get(k, 0.0) for k, v in last.per_thread.items()),
-               default=0.0)
+def busiest_thread(first: TreeSample, last: TreeSample) -> tuple[float, float]:
+    """(seconds on a CPU, seconds waiting for one) of the thread that ran the most between two
+    reads."""
+    deltas = [(run - first.per_thread.get(k, (0.0, 0.0))[0],
+               wait - first.per_thread.get(k, (0.0, 0.0))[1])
+              for k, (run, wait) in last.per_thread.items()]
+    return max(deltas, default=(0.0, 0.0))
+
+
+def run_queue_wait(first: TreeSample, last: TreeSample) -> float:
+    """Seconds the tree's threads spent runnable, waiting for a CPU, between two reads."""
+    return sum(max(0.0, wait - first.per_thread.get(k, (0.0, 0.0))[1])
+               for k, (_, wait) in last.per_thread.items())

@@ -31,6 +31,7 @@ from scalelab.lab.load.server.process import (
     local_port,
     pid_on_port,
     read_tree,
+    run_queue_wait,
 )
 from scalelab.layers.web.exposition import ExpositionError, sample_sums
 
@@ -152,8 +153,11 @@ class ServerReader(SamplingThread):
         (t0, a), (t1, b) = self._tree[0], self._tree[-1]
         if t1 <= t0:
             return {}
+        run, wait = busiest_thread(a, b)
         return {"busy_cores": max(0.0, b.cpu_s - a.cpu_s) / (t1 - t0),
-                "busiest_thread_cores": busiest_thread(a, b) / (t1 - t0),
+                "cpu_wait_cores": run_queue_wait(a, b) / (t1 - t0),
+                "busiest_thread_cores": run / (t1 - t0),
+                "busiest_thread_wait_cores": wait / (t1 - t0),
                 "threads": max(t.threads for _, t in self._tree),
                 "rss_bytes": max(t.rss_bytes for _, t in self._tree)}
 
