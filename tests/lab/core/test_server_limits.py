@@ -110,3 +110,11 @@ def test_refusals_from_a_rate_on_are_the_admission_limit() -> None:
     assert top.detail == ("none refused at rate=10; 50 refused with 503 = 50.0% of 100 "
                           "requests: the server turns work away above its admission limit at "
                           "rate=100; served 50 requests/s there")
+
+
+def test_the_slot_count_is_the_plateau_over_one_streams_rate_not_the_knee_level() -> None:
+    # 4 slots seen at levels 1, 3, 6, 12: the plateau starts at 6 in flight, the slots are 4.
+    rows = build_sheet([_llm(1, 50, 30), _llm(3, 150, 30), _llm(6, 200, 80),  # type: ignore
+                        _llm(12, 202, 380)])
+    assert client_inference(rows)[0].detail.startswith(
+        "about 4 slots: 200 output tokens/s at 6 in flight, 202 at 12 (flat past 6; 50 at 1)")
