@@ -36,8 +36,9 @@ from scalelab.lab.load.server.process import (
 from scalelab.layers.web.exposition import ExpositionError, sample_sums
 
 log = logging.getLogger("scalelab.lab.load")
-PERIOD_S = 0.25
-"""How often the page and the tree are read during a level."""
+PERIOD_S = 0.5
+"""How often the page and the tree are read during a level: each read runs in the generator's
+process and takes the GIL from its loop, so no more often than the gauges need."""
 
 
 def metrics_url_of(url: str) -> str:
