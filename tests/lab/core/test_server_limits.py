@@ -118,3 +118,11 @@ def test_the_slot_count_is_the_plateau_over_one_streams_rate_not_the_knee_level(
                         _llm(12, 202, 380)])
     assert client_inference(rows)[0].detail.startswith(
         "about 4 slots: 200 output tokens/s at 6 in flight, 202 at 12 (flat past 6; 50 at 1)")
+
+
+def test_an_engine_line_the_stage_already_said_is_not_repeated() -> None:
+    src = {"waiting": "vllm http://h/metrics"}
+    sig = ServerSignals(engine="vllm", running=4, waiting=4, sources=src)
+    own = "batch-slots: up to 4 sequences running (engine /metrics)"
+    assert server_cell(sig, own, stage_said=True) == own
+    assert server_cell(sig, "not measured").startswith("engine slots: up to 4 running")

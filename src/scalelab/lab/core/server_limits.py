@@ -131,12 +131,18 @@ def server_finding(sig: ServerSignals, *, trials: int | None = None) -> ServerFi
                                                        "running", "gpu_util"))
 
 
-def server_cell(sig: ServerSignals | None, machine: str, *, trials: int | None = None) -> str:
+ENGINE_RESOURCES = ("engine slots", "kv-cache", "queue")
+
+
+def server_cell(sig: ServerSignals | None, machine: str, *, trials: int | None = None,
+                stage_said: bool = False) -> str:
     """The sheet's limiting cell with the server's finding: a saturated server resource leads
     (before the machine's line when that is saturated too); an unsaturated one is said where
-    the machine's line says nothing saturated or nothing measured."""
+    the machine's line says nothing saturated or nothing measured. `stage_said`: the cell
+    already leads with the stage's own engine line (the reference engine's sampler), which an
+    engine finding would only repeat."""
     f = server_finding(sig, trials=trials) if sig is not None else None
-    if f is None:
+    if f is None or (stage_said and f.resource in ENGINE_RESOURCES):
         return machine
     quiet = machine.startswith(("none saturated", "not measured"))
     if f.saturated:

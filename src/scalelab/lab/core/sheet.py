@@ -294,6 +294,7 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
                         resources=res,
                     ),
                     trials=next((sample_count(r) for r in use if r.server is server), None),
+                    stage_said=bool(extras.get(STAGE_LIMIT_KEY)),
                 ),
                 extras=extras,
                 resources=res,
