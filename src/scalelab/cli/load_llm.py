@@ -244,7 +244,8 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
         else:
             r = run_llm(plan, cluster=cluster)
         side = level_signals(reader, errors_by_status=r.errors_by_status,
-                             requests=r.successes + r.failures)
+                             requests=r.successes + r.failures,
+                             errors_by_kind=r.errors_by_kind)
         check_ran(r, url)
         agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
         out.append({**level_json(r, objective, price), "engine": engine,

@@ -126,3 +126,16 @@ def test_an_engine_line_the_stage_already_said_is_not_repeated() -> None:
     own = "batch-slots: up to 4 sequences running (engine /metrics)"
     assert server_cell(sig, own, stage_said=True) == own
     assert server_cell(sig, "not measured").startswith("engine slots: up to 4 running")
+
+
+def test_streams_cut_when_a_second_arrives_are_one_request_at_a_time() -> None:
+    def lvl(n: int, cut: int) -> object:
+        sig = ServerSignals(cut_streams=cut, requests=40, sources={"cut_streams": "client"})
+        return rec("llm", "concurrency", n, rate=50.0, server=sig)
+
+    rows = build_sheet([lvl(1, 0), lvl(2, 38), lvl(4, 39)])  # type: ignore[list-item]
+    (ev,) = client_inference(rows)
+    assert ev.resource == "one request at a time (inferred)"
+    assert ev.detail == ("no stream cut short at concurrency=1; 38 of 40 streams (95%) cut short "
+                         "or empty at concurrency=2: a new request interrupts the running one — "
+                         "inferred from the client's records")

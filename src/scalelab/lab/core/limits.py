@@ -182,6 +182,9 @@ def client_inference(rows: list[SheetRow]) -> list[Evidence]:
     each extra stream (requests queue in front of the engine)."""
     if not rows or rows[0].variable not in PLATEAU_VARIABLES:
         return []
+    cut = _one_at_a_time(rows)
+    if cut is not None:
+        return [cut]
     pts = [(r.level, r.rate, r) for r in rows if r.rate and r.level > 0]
     if len(pts) < 3:
         return []
@@ -201,6 +204,29 @@ def client_inference(rows: list[SheetRow]) -> list[Evidence]:
     if growth is not None:
         out.append(growth)
     return out
+
+
+CUT_SHARE = 0.05
+"""Streams cut short or empty at this share of a level, where one stream alone had none: the
+server interrupts a running request for a new one."""
+
+
+def _one_at_a_time(rows: list[SheetRow]) -> Evidence | None:
+    def share(r: SheetRow) -> float:
+        s = r.server
+        return (s.cut_streams or 0) / s.requests if s is not None and s.requests else 0.0
+
+    first = rows[0]
+    if first.level != 1 or share(first) > 0:
+        return None
+    hit = next((r for r in rows[1:] if share(r) >= CUT_SHARE), None)
+    if hit is None or hit.server is None:
+        return None
+    return Evidence(resource="one request at a time (inferred)",
+                    detail=f"no stream cut short at {first.variable}=1; {hit.server.cut_streams} "
+                           f"of {hit.server.requests} streams ({share(hit):.0%}) cut short or "
+                           f"empty at {hit.variable}={hit.level:g}: a new request interrupts "
+                           "the running one — inferred from the client's records")
 
 
 def _ttft_growth(rows: list[SheetRow], knee: float) -> Evidence | None:

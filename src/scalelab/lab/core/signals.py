@@ -93,6 +93,9 @@ class ServerSignals(StrictFrozenModel):
     """Those refusals by status code."""
     requests: int | None = Field(default=None, ge=0)
     """Requests the level sent (what the refusals are a share of)."""
+    cut_streams: int | None = Field(default=None, ge=0)
+    """Streams the client saw end before their end ("dropped") or with no token ("empty"): a
+    server that serves one request at a time and interrupts it for the next shows these."""
     retry_after: bool | None = None
     """Whether those refusals carried Retry-After (None: not seen)."""
 

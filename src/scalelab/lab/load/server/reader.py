@@ -168,11 +168,23 @@ REFUSALS = ("429", "503")
 Unavailable): a limit of the server, not an error of the request."""
 
 
+CUT = ("dropped", "empty")
+"""Stream error kinds (load/llm/stream.py) of a stream cut short or left empty."""
+
+
 def level_signals(reader: ServerReader | None, *, errors_by_status: dict[str, int],
-                  requests: int) -> ServerSignals | None:
+                  requests: int, errors_by_kind: dict[str, int] | None = None
+                  ) -> ServerSignals | None:
     """The level's server signals: what `reader` read (stopping it), with the refusals the
-    client counted by status; None when there is neither."""
+    client counted by status and the streams it saw cut short; None when there is neither."""
     sig = reader.read() if reader is not None else None
+    cut = sum(v for k, v in (errors_by_kind or {}).items() if k in CUT)
+    if cut:
+        base = sig or ServerSignals()
+        sig = base.model_copy(update={
+            "cut_streams": cut, "requests": requests,
+            "sources": {**base.sources, "cut_streams": "client: streams dropped or empty"},
+            "kinds": {**base.kinds, "cut_streams": "client"}})
     refused = {k: v for k, v in sorted(errors_by_status.items()) if k in REFUSALS and v}
     if not refused:
         return sig
