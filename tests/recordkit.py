@@ -19,7 +19,7 @@ def rec(
 ) -> Record:
     extras = dict(kw.pop("extras", {}) or {})  # type: ignore[call-overload]
     if series is not None:
-        extras["series"] = series
+        kw["series"] = series
     lat = Latency(p50_ms=p95 / 2, p95_ms=p95, p99_ms=p95 * 2) if p95 is not None else None
     return make_record(
         experiment="t",

@@ -21,6 +21,7 @@ from scalelab.lab.core.decide import (
 )
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.sheet import SAMPLES_UNIT_KEY, SheetRow
+from scalelab.lab.core.signals import LEGACY_EXTRAS
 
 METRICS = {
     "rate",
@@ -101,7 +102,10 @@ def metric_value(
     if metric.startswith("quality:"):
         return row.quality.get(metric[8:])
     if metric.startswith("extras:"):
-        v = row.extras.get(metric[7:])
+        # The resource signals left extras for typed fields; objectives on their old names
+        # (extras:cpu_busy_cores, extras:comm_share, ...) read the fields.
+        lifted = LEGACY_EXTRAS.get(metric[7:])
+        v = getattr(row.resources, lifted) if lifted else row.extras.get(metric[7:])
         return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
     v = getattr(row, metric)
     return None if v is None else float(v)

@@ -102,6 +102,7 @@ class Runner:
             keep=self._keep,
             shares={sh.stage: sh.share_s for sh in self.shares if sh.sized},
             full=mode == "full",
+            prometheus=cfg.prometheus,
         )
         self.spent: dict[str, float] = {}
         self.given: dict[str, float] = {}
