@@ -72,11 +72,12 @@ def test_load_run_writes_its_levels_and_every_json_has_a_schema_version(
 def test_report_writes_the_diagnostic_sheet(tmp_path: Path, serve_records: list,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     from scalelab.lab.core.records import append_records
+    from scalelab.lab.core.sheet import series_of
 
     append_records(tmp_path / "records.jsonl", serve_records)
     out = tmp_path / "sheet.csv"
     run(["report", str(tmp_path), "--output", str(out)])
     rows = list(csv.DictReader(out.open()))
-    assert len(rows) == len({(r.stage, r.extras.get("series"), r.level) for r in serve_records})
+    assert len(rows) == len({(r.stage, series_of(r), r.level) for r in serve_records})
     assert {r["stage"] for r in rows} == {r.stage for r in serve_records}
     assert "p95_ms" in rows[0]
