@@ -19,6 +19,9 @@ The layering rule, by room (`lab/core`, `lab/load`, `lab/diagnose`, `lab/report`
   files, as it measures a user's.
 - Only `cli` (and `__main__`) import `cli`. The package root (`scalelab`: its version) is
   open to all.
+
+`EXCEPTIONS` lists the imports that break the rule today, each with why and where it belongs;
+a new one fails the test.
 """
 
 from __future__ import annotations
@@ -120,9 +123,16 @@ def forbidden(src: str, dst: str) -> bool:
     return False
 
 
+EXCEPTIONS = {
+    ("scalelab.lab.load.llm.dataset", "scalelab.system.generate.gguf"):
+        "`load llm --tokenizer smollm2|FILE.gguf` counts tokens with the GGUF's tokenizer (a late "
+        "import); the GGUF tokenizer reader belongs in layers/nets beside the Llama architecture",
+}
+
+
 def layering_violations(graph: dict[str, set[str]]) -> list[str]:
     return sorted(f"{m} imports {d} ({room(m)} -> {room(d)})" for m, out in graph.items()
-                  for d in out if forbidden(room(m), room(d)))
+                  for d in out if forbidden(room(m), room(d)) and (m, d) not in EXCEPTIONS)
 
 
 def test_the_checker_finds_a_loop_and_a_clean_graph() -> None:

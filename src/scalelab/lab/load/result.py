@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scalelab.lab.core.records import Cost, Record
+from scalelab.lab.core.signals import Resources
 from scalelab.lab.load.cluster import ClusterLevel
 from scalelab.lab.load.schedule import Mode
 
@@ -222,14 +223,19 @@ def wall_weighted(chunks: Sequence[Record], keys: Sequence[str], wall: float) ->
     return out
 
 
-def busy_cores(chunks: Sequence[Record]) -> dict[str, float]:
-    """The server's busy cores over the chunks' CPU-weighted span ({} when a chunk lacks it)."""
+def merged_resources(chunks: Sequence[Record]) -> Resources:
+    """The chunks' resource signals as one level's: busy cores over the CPU-weighted span
+    (the server's CPU seconds over the seconds each chunk sampled), the largest server peak."""
+    last = chunks[-1].resources
     cpus = [num(c.extras.get("server_cpu_s")) for c in chunks]
-    busy = [num(c.extras.get("cpu_busy_cores")) for c in chunks]
-    if not (all(v is not None for v in cpus) and all(b is not None and b > 0 for b in busy)):
-        return {}
-    sampled = sum((c or 0.0) / (b or 1.0) for c, b in zip(cpus, busy, strict=True))
-    return {"cpu_busy_cores": sum(c or 0.0 for c in cpus) / sampled if sampled else 0.0}
+    busy = [c.resources.cpu_busy_cores for c in chunks]
+    peaks = [c.resources.server_peak_rss_bytes for c in chunks]
+    update: dict[str, Any] = {
+        "server_peak_rss_bytes": max((p for p in peaks if p is not None), default=None)}
+    if all(v is not None for v in cpus) and all(b is not None and b > 0 for b in busy):
+        spans = sum((c or 0.0) / (b or 1.0) for c, b in zip(cpus, busy, strict=True))
+        update["cpu_busy_cores"] = sum(c or 0.0 for c in cpus) / spans if spans else 0.0
+    return last.model_copy(update=update)
 
 
 def merged_energy(chunks: Sequence[Record], cost: Cost | None) -> dict[str, Any]:
@@ -247,7 +253,8 @@ def merged_energy(chunks: Sequence[Record], cost: Cost | None) -> dict[str, Any]
 
 def common_update(chunks: Sequence[Record], failures_of: int | None) -> dict[str, Any]:
     """The record fields every result type merges alike: wall, failures, volume, memory peak,
-    ok, errors and the first chunk's timestamp (`failures_of`: the merged sample count)."""
+    ok, errors, the first chunk's timestamp, the resource signals and the last server seen
+    (`failures_of`: the merged sample count)."""
     last = chunks[-1]
     failures = sum(c.failures for c in chunks)
     return {
@@ -260,4 +267,6 @@ def common_update(chunks: Sequence[Record], failures_of: int | None) -> dict[str
         "ok": all(c.ok for c in chunks),
         "error": "; ".join(dict.fromkeys(c.error for c in chunks if c.error)) or None,
         "timestamp": chunks[0].timestamp,
+        "resources": merged_resources(chunks),
+        "server": next((c.server for c in reversed(chunks) if c.server is not None), None),
     }

@@ -4,7 +4,9 @@ engines take (`SendConfig`)."""
 
 from __future__ import annotations
 
+import json
 import ssl as _ssl
+import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -131,3 +133,17 @@ class SendConfig:
             raise BadUsageError(f"--max-connections must be at least 1, got {self.max_connections}")
         if not 0.0 <= self.trace_sample <= 1.0:
             raise BadUsageError(f"--trace-sample must lie in [0, 1], got {self.trace_sample}")
+
+
+def served_model(target: Target) -> str | None:
+    """The first model GET /v1/models lists (OpenAI servers that check the `model` field
+    refuse any other); None when the server does not say."""
+    try:
+        with urllib.request.urlopen(f"{target.base}/v1/models", timeout=5) as r:
+            doc = json.loads(r.read())
+        data = doc.get("data") if isinstance(doc, dict) else None
+        first = data[0].get("id") if isinstance(data, list) and data and \
+            isinstance(data[0], dict) else None
+        return str(first) if first else None
+    except (OSError, ValueError):
+        return None

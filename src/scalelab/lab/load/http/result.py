@@ -34,7 +34,6 @@ from scalelab.lab.load.result import (
     NOTHING_MEASURED,
     LevelResult,
     Tally,
-    busy_cores,
     common_update,
     finite,
     merged_energy,
@@ -313,7 +312,6 @@ def merge_records(chunks: list[Record]) -> Record:
     extras.update(tallies(chunks, ("errors_by_kind", "errors_by_status")))
     wall = sum(c.wall_s or 0.0 for c in chunks)
     extras.update(wall_weighted(chunks, ("sent_rps", "goodput_rps", "scheduled_rps"), wall))
-    extras.update(busy_cores(chunks))
     samples, successes = extras.get("samples"), extras.get("successes")
     update: dict[str, Any] = {
         **common_update(chunks, samples if isinstance(samples, int) else None),

@@ -41,7 +41,6 @@ from scalelab.lab.load.result import (
     NOTHING_MEASURED,
     LevelResult,
     Tally,
-    busy_cores,
     common_update,
     finite,
     merged_energy,
@@ -334,9 +333,10 @@ def _merged_histograms(chunks: list[Record]) -> dict[str, LatencyHistogram]:
 
 def _merged_gauges(chunks: list[Record], last: Record) -> dict[str, Any]:
     """Peaks at their largest, engine means weighted by their scrapes: what the chunks'
-    gauges say of the whole level."""
+    gauges say of the whole level (the resource signals are merged with the record's
+    fields, load.result.merged_resources)."""
     out: dict[str, Any] = {}
-    for k in ("max_in_flight", "server_peak_rss_bytes",
+    for k in ("max_in_flight",
               *(k for k in last.extras if k.startswith("engine_") and k.endswith("_max"))):
         vals = [num(c.extras.get(k)) for c in chunks]
         if all(v is not None for v in vals):
@@ -347,7 +347,6 @@ def _merged_gauges(chunks: list[Record], last: Record) -> dict[str, Any]:
         if all(v is not None for v in vals) and sum(scrapes) > 0:
             out[k] = sum((v or 0.0) * n for v, n in zip(vals, scrapes, strict=True)) \
                 / sum(scrapes)
-    out.update(busy_cores(chunks))
     return out
 
 
