@@ -11,11 +11,11 @@ import pytest
 
 from recordkit import M, demo_records
 from scalelab.cli import run
-from scalelab.cli.diagnose import gate
 from scalelab.lab.core.records import append_records
 from scalelab.lab.core.sheet import SheetRow, build_sheet
 from scalelab.lab.core.verdict import Advice, Verdict, judge
 from scalelab.lab.diagnose.config import load_config
+from scalelab.lab.diagnose.gate import gate_failure as gate
 from scalelab.lab.diagnose.goals import stage_goals
 from scalelab.lab.report.document import render_html, render_markdown, report_json
 from scalelab.lab.report.screen import plain_lines
