@@ -50,7 +50,7 @@ def test_replay_json_and_decisions(tmp_path: Path, week_schema: Path,
     windows = 1 + max(d["window"] for d in lines)
     assert (record["stage"], record["variable"]) == ("online", "updates_per_30d")
     assert record["level"] == pytest.approx((out["promoted"] + out["refused"]) * 30 / windows)
-    assert record["extras"]["series"] == "fixed"
+    assert record["series"] == "fixed"
     # a second replay reads the same log (nothing re-ingested)
     code = run(_replay(tmp_path, week_schema, "--policy", "never"))
     again = json.loads(capsys.readouterr().out)

@@ -53,7 +53,8 @@ class Replay:
             failure_rate=t["quarantined"] / t["received"] if t["received"] else None,
             quality={"macro_f1": r.macro_f1, "accuracy": r.accuracy},
             recovery="rollback to the previous version on late labels",
-            extras={"series": series_of(self.policy), "policy": self.policy,
+            series=series_of(self.policy),
+            extras={"policy": self.policy,
                     "promoted": r.promoted, "refused": r.refused,
                     "rolled_back": r.rolled_back, "samples_trained": r.samples_trained,
                     "staleness_h": r.staleness_h, "monthly": r.monthly})
