@@ -83,6 +83,10 @@ class Record(StrictFrozenModel):
     ok: bool = True
     error: str | None = None
     extras: dict[str, Any] = Field(default_factory=dict)
+    purpose: Literal["decision", "curve"] = "decision"
+    """What the record is for: "decision", a level measured to decide its objectives (a stage's
+    target, or a level of the bisection for its first miss); "curve", a point measured briefly
+    to draw the curve between them, whose undecided checks are not a verdict's gap."""
 
     @field_validator("timestamp")
     @classmethod
