@@ -1,0 +1,91 @@
+"""Decide at the target first (issue #45): the target level measured to a decision, the first
+miss found by bisection over the levels under it, and a capacity search's step at or above
+the target's rate deciding it (pure functions, exact orders)."""
+
+from collections.abc import Callable
+
+import numpy as np
+
+from scalelab.lab.core.objectives import Objective
+from scalelab.lab.core.records import Record, make_record
+from scalelab.lab.diagnose.sizing import (
+    Outcome,
+    bisection_steps,
+    decide_target,
+    level_outcome,
+    search_decides,
+    target_level,
+)
+from scalelab.lab.load.histogram import LatencyHistogram
+
+LEVELS = [1.0, 2.0, 5.0, 10.0]
+
+
+def _truth(misses_from: float | None, undecided: set[float] | None = None,
+           asked: list[tuple[float, int]] | None = None) -> Callable[[float, int], Outcome]:
+    def outcome(level: float, probes_left: int) -> Outcome:
+        if asked is not None:
+            asked.append((level, probes_left))
+        if undecided and level in undecided:
+            return "undecided"
+        return "missed" if misses_from is not None and level >= misses_from else "met"
+    return outcome
+
+
+def test_a_target_that_holds_is_the_only_decision() -> None:
+    d = decide_target(LEVELS, 10.0, _truth(None))
+    assert d.order == [10.0] and d.holds and d.first_miss is None
+
+
+def test_a_missed_target_bisects_for_the_first_miss() -> None:
+    asked: list[tuple[float, int]] = []
+    d = decide_target(LEVELS, 10.0, _truth(5.0, asked=asked))
+    assert d.order == [10.0, 2.0, 5.0] and d.first_miss == 5.0 and not d.holds
+    # the target is told 3 levels at most remain (itself and a bisection over three), 2× two
+    assert asked == [(10.0, 3), (2.0, 2), (5.0, 1)]
+    assert decide_target(LEVELS, 10.0, _truth(1.0)).order == [10.0, 2.0, 1.0]
+    assert decide_target(LEVELS, 10.0, _truth(1.0)).first_miss == 1.0
+    only_top = decide_target(LEVELS, 10.0, _truth(10.0))
+    assert only_top.order == [10.0, 2.0, 5.0] and only_top.first_miss == 10.0
+
+
+def test_an_undecided_level_leaves_the_bracket_open() -> None:
+    d = decide_target(LEVELS, 10.0, _truth(5.0, undecided={2.0}))
+    assert d.order == [10.0, 2.0] and d.first_miss is None
+    assert d.outcomes == {10.0: "missed", 2.0: "undecided"}
+    top = decide_target(LEVELS, 10.0, _truth(None, undecided={10.0}))
+    assert top.order == [10.0] and not top.holds and top.first_miss is None
+
+
+def test_the_target_level_is_the_highest_at_or_under_the_multiple() -> None:
+    assert target_level([1.0, 4.0], 10.0) == 4.0  # --quick's llm levels stop under 10×
+    assert target_level(LEVELS, 10.0) == 10.0
+    assert target_level([1.0, 2.0, 5.0, 10.0, 20.0], 10.0) == 10.0
+    assert target_level([2.0, 5.0], 1.0) == 2.0
+    assert [bisection_steps(n) for n in (0, 1, 2, 3, 4, 7, 8)] == [0, 1, 2, 2, 3, 3, 4]
+
+
+OBJECTIVES = [Objective(metric="p95_ms", max=50.0, label="p95 ≤ 50 ms"),
+              Objective(metric="availability", min=0.999, label="availability ≥ 99.9%")]
+
+
+def _step(rate: float, *, n: int, ms: float) -> Record:
+    h = LatencyHistogram()
+    h.record_us(np.full(n, int(ms * 1000)))
+    return make_record(experiment="e", stage="serve", variable="rate", level=rate, wall_s=1.0,
+                       rate=float(n), failures=0, failure_rate=0.0,
+                       latency=h.percentiles().latency(),
+                       extras={"hdr_histogram": h.encode(), "samples": n, "successes": n})
+
+
+def test_a_search_step_at_or_above_the_target_rate_decides_it() -> None:
+    steps = [_step(200.0, n=4000, ms=5.0), _step(400.0, n=1000, ms=5.0),
+             _step(800.0, n=4000, ms=8.0), _step(1600.0, n=4000, ms=90.0)]
+    assert [level_outcome(r, OBJECTIVES) for r in steps] == ["met", "undecided", "met",
+                                                             "missed"]
+    # 400/s itself is undecided (1,000 requests cannot show 99.9%); 800/s decides it
+    got = search_decides(steps, OBJECTIVES, 400.0)
+    assert got is not None and got.level == 800.0
+    assert search_decides(steps, OBJECTIVES, 800.0) is steps[2]
+    assert search_decides(steps, OBJECTIVES, 1000.0) is None  # only 1,600/s, missed
+    assert search_decides(steps[:2], OBJECTIVES, 300.0) is None  # a met 200/s is below it
