@@ -203,6 +203,7 @@ class Runner:
             "experiment": d.experiment,
             "interrupted": d.interrupted,
             "budget": self.budget_report(),
+            "notes": self.ctx.notes,
             "failed_steps": [{"stage": r.step.stage, "step": r.step.label, "error": r.error}
                              for r in d.steps if not r.ok],
         }

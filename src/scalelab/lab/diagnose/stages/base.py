@@ -85,7 +85,13 @@ class Context:
     """Each stage's share of the --budget in seconds (diagnose.budget); empty: no budget."""
     full: bool = False
     """--full: a sized level runs until decided, up to its stage's cap per level."""
+    notes: list[str] = field(default_factory=list)
+    """What a stage left out for lack of time and why (run.json's `notes`), e.g. the replica
+    sweep its share could not pay for."""
     _built: dict[str, Path | None] = field(default_factory=dict)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
 
     def records(self, name: str) -> Path:
         """A fresh file for one step's records."""
