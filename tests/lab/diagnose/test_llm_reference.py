@@ -46,6 +46,9 @@ def test_candidates_run_their_levels_and_the_weights_are_labelled(
     assert [(r.extras["series"], r.level, r.extras["weights"]) for r in recs] == [
         ("continuous", 1.0, "q4"), ("continuous", 2.0, "q4"), ("continuous", 4.0, "q4"),
         ("int8", 1.0, "int8"), ("int8", 4.0, "int8")]
+    # the baseline's target (4×: the highest level under its 10×) is the decision; the rest,
+    # and every level of the candidate, which the verdict does not decide, curve points
+    assert [r.purpose for r in recs] == ["curve", "curve", "decision", "curve", "curve"]
     assert all(r.failures == 0 and "vs_fp32_agreement" not in r.quality for r in recs)
     stage = next(s for s in doc["verdict"]["stages"] if s["stage"] == "llm")
     # The demo's budget leaves the check out: said, with the command, never a number.

@@ -264,6 +264,11 @@ def level_outcome(record: Record, objectives: list[Objective]) -> Outcome:
     return "undecided" if "undecided" in outcomes else "met"
 
 
+def curve_point(r: Record) -> Record:
+    """A level measured once to draw the curve, not to decide it (`Record.purpose`)."""
+    return r.model_copy(update={"purpose": "curve"})
+
+
 def target_level(levels: list[float], target: float) -> float:
     """The level a stage decides first (pure): its target, else the highest level under it
     (a run that stops short of the target decides where it stops), else the lowest."""

@@ -36,6 +36,7 @@ from scalelab.lab.diagnose.commands import LoadRun
 from scalelab.lab.diagnose.sizing import (
     LevelClock,
     Outcome,
+    curve_point,
     decide_target,
     level_outcome,
     search_decides,
@@ -118,11 +119,6 @@ SWEEP_PAID = 0.8
 searches are expected to take (they stop early when a rate fails; advice, not a decision)."""
 ASSUMPTION = ("latency does not fall as load rises: a rate that meets the objectives at a "
               "higher arrival rate meets them at the target's")
-
-
-def curve_point(r: Record) -> Record:
-    """A level measured once to draw the curve, not to decide it (`Record.purpose`)."""
-    return r.model_copy(update={"purpose": "curve"})
 
 
 def searched_decision(ctx: Context, series: str, objectives: list[Objective], target_rps: float,
@@ -322,8 +318,9 @@ class ServeStage(Stage[ServeSettings]):
         if rep == 0:
             by_search = searched_decision(ctx, series, objectives, target, first, rep=rep)
             if by_search is not None:
-                return [by_search, *[curve_point(r) for rate, r in first.records.items()
-                                     if not math.isclose(rate, by_search.level)]]
+                return sorted([by_search, *[curve_point(r) for rate, r in first.records.items()
+                                            if not math.isclose(rate, by_search.level)]],
+                              key=lambda r: r.level)
         lent = Lent(per_level_s=first.took_s / max(1, len(s.levels)))
         decided: dict[float, Record] = {}
 
@@ -343,8 +340,8 @@ class ServeStage(Stage[ServeSettings]):
             return level_outcome(level, objectives)
 
         decide_target(s.levels, s.target_multiple, outcome)
-        return [*decided.values(), *[curve_point(r) for rate, r in first.records.items()
-                                     if rate not in decided]]
+        return sorted([*decided.values(), *[curve_point(r) for rate, r in first.records.items()
+                                            if rate not in decided]], key=lambda r: r.level)
 
     def _batching_server(self, s: ServeSettings, ctx: Context, repo: Path, setting: str, *,
                          traced: bool) -> Planned:
