@@ -55,6 +55,8 @@ def test_candidates_run_their_levels_and_the_weights_are_labelled(
     assert ("weights int8 vs fp32 of the same file not measured: run with --full, or "
             "`scalelab generate quality --model tiny --weights int8,q4`") in stage["predicted"]
     assert "weights q4 vs fp32 of the same file not measured" in stage["predicted"]
+    assert "model tiny served; weights q4" in stage["predicted"]  # which model ran, said
+    assert {r.extras["model"] for r in recs} == {"tiny"}
 
 
 @pytest.mark.slow
@@ -97,7 +99,8 @@ def test_served_weights_and_the_notes() -> None:
                   prices=Prices(), settings={}, run=lambda step: pytest.fail("ran a step"),
                   fail=lambda step, why: pytest.fail("failed a step"))
     fp32 = measure(ctx, stage="llm", model="tiny", settings=["fp32"], measured=True)["fp32"]
-    assert fp32.result is None and fp32.note().startswith("weights fp32: the reference itself")
+    assert fp32.result is None and fp32.note().startswith(
+        "model tiny served; weights fp32: the reference itself")
     assert GenerateQuality(model="tiny", weights=["int8", "q4"]).to_argv() == [
         "generate", "quality", "--json", "--model", "tiny", "--weights", "int8,q4",
         "--report-only"]
