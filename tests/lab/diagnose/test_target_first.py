@@ -89,3 +89,15 @@ def test_a_search_step_at_or_above_the_target_rate_decides_it() -> None:
     assert search_decides(steps, OBJECTIVES, 800.0) is steps[2]
     assert search_decides(steps, OBJECTIVES, 1000.0) is None  # only 1,600/s, missed
     assert search_decides(steps[:2], OBJECTIVES, 300.0) is None  # a met 200/s is below it
+
+
+def test_a_sized_level_says_how_fast_it_gathered_samples() -> None:
+    """What the budget that would decide an undecided check is read from: 1,180 requests in
+    4 s of the level's time, so 2,995 need ~10.2 s at that pace."""
+    from scalelab.lab.diagnose.sizing import Sizing
+
+    z = Sizing(chunks=2, samples=1180, spent_s=4.0, share_s=4.5, stopped="time share spent",
+               undecided=["availability ≥ 99.9%: 1,180 requests; 99.9% needs ≥ 2,995"])
+    assert z.as_dict()["samples_per_s"] == 295.0
+    assert Sizing(chunks=1, samples=None, spent_s=4.0, share_s=4.5, stopped="decided",
+                  undecided=[]).as_dict()["samples_per_s"] is None

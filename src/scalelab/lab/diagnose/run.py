@@ -277,7 +277,8 @@ def rebuild(
     failed = stage_failures(run_info, sheet)
     verdict = with_failures(verdict, failed)
     meta = {"mode": mode, "records": len(records),
-            "time": time_lines(run_info.get("budget"), records)}
+            "time": time_lines(run_info.get("budget"), records)
+            + [str(n) for n in run_info.get("notes") or []]}
     files = write_report(out, sheet, verdict, goals, m, meta,
                          run={**run_info, "failed_stages": failed}, records=records)
     return sheet, verdict, files

@@ -139,9 +139,14 @@ class Sizing:
     """'<objective>: <what deciding it needs>' for each check left undecided."""
 
     def as_dict(self) -> dict[str, Any]:
+        """The record's extras["sizing"]; `samples_per_s` (samples over the level's spent
+        seconds, start-ups included) is what the time to decide an undecided check is read
+        from: the samples it needs over it."""
+        per_s = self.samples / self.spent_s if self.samples and self.spent_s > 0 else None
         return {"chunks": self.chunks, "samples": self.samples,
                 "spent_s": round(self.spent_s, 3), "share_s": round(self.share_s, 3),
-                "stopped": self.stopped, "undecided": self.undecided}
+                "stopped": self.stopped, "undecided": self.undecided,
+                "samples_per_s": None if per_s is None else round(per_s, 3)}
 
 
 Chunk = Callable[[float, int], Record | None]
