@@ -59,3 +59,15 @@ def test_the_target_is_the_decision_and_the_other_levels_curve_points(tmp_path: 
     target = next(r for r in recs if r.level == 200.0)
     assert target.extras["sizing"]["chunks"] >= 1
     assert "sizing" not in next(r for r in recs if r.level == 20.0).extras
+
+
+def test_the_sweeps_time_is_scaled_by_this_runs_own_search() -> None:
+    """Three shapes on 2 cores (replicas=1, replicas=2, threads=2), 12 s each on the quiet
+    reference; a one-server search that took 34 s against its 17 s doubles them."""
+    from scalelab.lab.diagnose.stages.serve import STAGE, ServeStage
+
+    s = STAGE.of(load_config(None, "default"))
+    assert ServeStage()._sweep_s(s, 2, []) == 36.0
+    assert ServeStage()._sweep_s(s, 2, [34.0]) == 72.0
+    assert ServeStage()._sweep_s(s, 2, [10.0]) == 36.0  # a fast search never shrinks it
+    assert ServeStage()._sweep_s(s.model_copy(update={"capacity": False}), 2, [34.0]) == 0.0
