@@ -45,7 +45,8 @@ def test_a_search_step_above_the_target_rate_is_the_targets_decision(tmp_path: P
     assert got.purpose == "decision" and got.experiment == "diag"
     assert got.extras["series"] == "batching=off"
     assert got.extras["decided_by"] == {"search": "batching=off capacity", "rate": 3200.0,
-                                        "target_rate": 400.0, "assumption": ASSUMPTION}
+                                        "target_rate": 400.0, "steps": [3200.0],
+                                        "assumption": ASSUMPTION}
     assert searched_decision(ctx, "batching=off", OBJECTIVES, 4000.0, first, rep=0) is None
 
 

@@ -101,3 +101,18 @@ def test_a_sized_level_says_how_fast_it_gathered_samples() -> None:
     assert z.as_dict()["samples_per_s"] == 295.0
     assert Sizing(chunks=1, samples=None, spent_s=4.0, share_s=4.5, stopped="decided",
                   undecided=[]).as_dict()["samples_per_s"] is None
+
+
+def test_steps_at_or_above_the_target_rate_decide_it_together() -> None:
+    """No 1 s step of ~1,000 requests shows 99.9% availability (2,995 needed); the steps at
+    and above the target's rate that were not missed, merged, do: 1,000 + 1,000 + 1,200
+    requests without a failure. A missed step above is left out; a met step below counts not."""
+    steps = [_step(200.0, n=1000, ms=5.0), _step(400.0, n=1000, ms=5.0),
+             _step(600.0, n=1000, ms=6.0), _step(700.0, n=1200, ms=7.0),
+             _step(800.0, n=1200, ms=90.0)]
+    got = search_decides(steps, OBJECTIVES, 400.0)
+    assert got is not None and got.level == 400.0
+    assert got.extras["merged_steps"] == [400.0, 600.0, 700.0]
+    assert got.extras["samples"] == 3200 and got.failures == 0
+    # from 600/s up only 2,200 requests: not enough together either
+    assert search_decides(steps, OBJECTIVES, 600.0) is None

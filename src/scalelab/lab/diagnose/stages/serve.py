@@ -117,8 +117,8 @@ class Lent:
 SWEEP_PAID = 0.8
 """The replica sweep runs when the stage's share has left at least this part of what its
 searches are expected to take (they stop early when a rate fails; advice, not a decision)."""
-ASSUMPTION = ("latency does not fall as load rises: a rate that meets the objectives at a "
-              "higher arrival rate meets them at the target's")
+ASSUMPTION = ("latency and failures do not fall as load rises: a rate that meets the objectives "
+              "at a higher arrival rate meets them at the target's")
 
 
 def searched_decision(ctx: Context, series: str, objectives: list[Objective], target_rps: float,
@@ -138,6 +138,7 @@ def searched_decision(ctx: Context, series: str, objectives: list[Objective], ta
         "purpose": "decision",
         "extras": {**r.extras, "series": series, "decided_by": {
             "search": series + CAPACITY, "rate": step.level, "target_rate": target_rps,
+            "steps": step.extras.get("merged_steps", [step.level]),
             "assumption": ASSUMPTION}}})
 
 
