@@ -130,10 +130,14 @@ def test_a_sized_stage_shares_an_earlier_overrun_with_the_later_stages(tmp_path:
     assert r.ctx.shares == {"serve": 69.0}
     # data took 50 s, not 8 (pace 6.25): 100 - 50 - REPORT_S = 44 s left for needs of 6.25 x
     # (10.5 serve, 7 model, 16 online): serve gets 44 * 10.5 / 33.5
+    r._reshare("serve")  # at once: all but the later stages' 23 s and the report's 6 s
+    assert r.ctx.shares["serve"] == pytest.approx(100.0 - 6.0 - 23.0, abs=0.05)
+    assert r.ctx.short == set()
     r.started = time.monotonic() - 50.0
     r.spent["data"] = 50.0
     r._reshare("serve")
     assert r.ctx.shares["serve"] == pytest.approx(44.0 * 10.5 / 33.5, abs=0.05)
+    assert r.ctx.short == {"serve"}  # 13.8 s against 10.5 s x 6.25: cut to its decision
     r.started = time.monotonic() - 100.0
     r._reshare("serve")  # nothing left: each level runs its one chunk
     assert r.ctx.shares == {"serve": 0.0} and r.given["serve"] == 0.0

@@ -227,10 +227,13 @@ class Runner:
         done = [(self.given.get(sh.stage, sh.minimum_s), self.spent[sh.stage])
                 for sh in self.shares[:i] if sh.stage in self.spent]
         left = self.budget_s - (time.monotonic() - self.started) - REPORT_S
-        share = replan(left, needs[i], needs[i + 1:], slow=pace(done))
+        slow = pace(done)
+        share = replan(left, needs[i], needs[i + 1:], slow=slow)
         if stage in self.ctx.shares:
             self.ctx.shares[stage] = share
         self.given[stage] = share
+        if share < needs[i].minimum_s * slow:
+            self.ctx.short.add(stage)
 
     def budget_report(self) -> dict[str, Any]:
         """How the time was spent per stage, against its share when there was a budget."""

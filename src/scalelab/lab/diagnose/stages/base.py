@@ -85,6 +85,10 @@ class Context:
     """Each stage's share of the --budget in seconds (diagnose.budget); empty: no budget."""
     full: bool = False
     """--full: a sized level runs until decided, up to its stage's cap per level."""
+    short: set[str] = field(default_factory=set)
+    """Stages whose share, as they started, was under their minimum at the pace the machine
+    delivered so far (`Runner._reshare`): each cuts its work to what its decision needs (its
+    curve points, candidate series and replica sweep go)."""
     notes: list[str] = field(default_factory=list)
     """What a stage left out for lack of time and why (run.json's `notes`), e.g. the replica
     sweep its share could not pay for."""

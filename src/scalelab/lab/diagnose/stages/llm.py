@@ -392,6 +392,11 @@ class LlmStage(Stage[LlmSettings]):
                              records=cap, series=s.baseline + CAPACITY, tag=tag,
                              timeout_s=900))
             return
+        if self.name in ctx.short and len(s.series) > 1:
+            ctx.note(f"llm: its {ctx.shares.get(self.name, 0.0):.0f} s share was under its "
+                     f"minimum at this run's pace: cut to the {s.baseline} series (no candidate "
+                     "series); a larger --budget runs them")
+            s = s.model_copy(update={"series": [s.baseline]})
         model = resolve_model(s.model)
         clock = self._clock(s, ctx, ctx.repeats)
         weights = {x: served_weights(s.engine_settings[x]) for x in s.series}

@@ -223,6 +223,12 @@ class ServeStage(Stage[ServeSettings]):
             return
         test_rows = dataset / "test.parquet" if dataset else None
         cores = os.cpu_count() or 1
+        if self.name in ctx.short and (len(s.batching) > 1 or s.replicas):
+            # The share cannot pay the fixed work: only what the target's decision needs.
+            ctx.note(f"serve: its {ctx.shares.get(self.name, 0.0):.0f} s share was under its "
+                     "minimum at this run's pace: cut to the baseline's levels and search (no "
+                     "other batching setting, no replica sweep); a larger --budget runs them")
+            s = s.model_copy(update={"batching": [s.baseline], "replicas": []})
         # What the stage still has to do besides its decisions; each part leaves the reserve
         # as it is done, so the decided levels get the time it did not take.
         clock = LevelClock(
