@@ -116,3 +116,16 @@ def test_steps_at_or_above_the_target_rate_decide_it_together() -> None:
     assert got.extras["samples"] == 3200 and got.failures == 0
     # from 600/s up only 2,200 requests: not enough together either
     assert search_decides(steps, OBJECTIVES, 600.0) is None
+
+
+def test_a_step_counts_at_the_rate_it_sent() -> None:
+    """A step asked for 800/s that sent 350/s (the generator fell behind) is no evidence for a
+    400/s target; one flagged for generator lag that sent its rate counts in the merge."""
+    short = _step(800.0, n=4000, ms=5.0)
+    short = short.model_copy(update={"extras": {**short.extras, "sent_rps": 350.0}})
+    assert search_decides([short], OBJECTIVES, 400.0) is None
+    lagged = [_step(r, n=1100, ms=5.0) for r in (400.0, 800.0, 1000.0)]
+    lagged[1] = lagged[1].model_copy(update={"ok": False, "extras": {
+        **lagged[1].extras, "sent_rps": 805.0}})
+    got = search_decides(lagged, OBJECTIVES, 400.0)
+    assert got is not None and got.extras["merged_steps"] == [400.0, 800.0, 1000.0]

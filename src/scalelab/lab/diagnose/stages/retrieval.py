@@ -249,9 +249,9 @@ class RetrievalStage(Stage[RetrievalSettings]):
         others = [x for x in s.levels if x != target]
         if self.name in ctx.short and others:
             ctx.note(f"retrieval: its {ctx.shares.get(self.name, 0.0):.0f} s share was under "
-                     "its minimum at this run's pace: cut to the target level (no curve "
-                     "levels); a larger --budget runs them")
-            others = []
+                     "its minimum at this run's pace: cut to the target and the lowest level "
+                     "(what its multiple is read against); a larger --budget runs the rest")
+            others = [min(s.levels)] if min(s.levels) != target else []
         start = time.monotonic()
         for rep in range(ctx.repeats):
             if others:
@@ -263,9 +263,6 @@ class RetrievalStage(Stage[RetrievalSettings]):
                 spent = time.monotonic() - start
                 fixed = spent / max(1.0, sum(others)) * target if others else 0.0
                 left = ctx.shares[self.name] * (rep + 1) / ctx.repeats - spent - fixed
-                if not others:  # the target alone: its part of the bench's fixed work
-                    left = ctx.shares[self.name] - spent - self.minimum_s(s, ctx.repeats) * \
-                        target / sum(s.levels)
                 budget = max(0.0, left)
             self._bench(s, ctx, work, rep, [target], curve=False,
                         slo=latency_slo(s.built_objectives()) if budget is not None else None,
