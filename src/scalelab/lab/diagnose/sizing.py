@@ -351,13 +351,14 @@ def search_decides(steps: list[Record], objectives: list[Objective],
                    target_rate: float) -> Record | None:
     """The capacity search's evidence that decides a target of `target_rate` (pure): the
     lowest valid step that sent at least that rate whose record meets every objective by the
-    verdict's rules (`level_outcome`); else every step that sent at least that rate (valid, or
-    flagged for generator lag) and was not decided missed, merged (`merge_chunks`: histograms
-    added, counts summed), when the merge meets every objective; None when neither does. Both rest on the assumption that latency
-    and failures do not fall as load rises (a rate that holds at 800 requests/s holds at
-    400), which the stage states beside it: under it each such step's latencies bound the
-    target's from above, so their sum does too, and 99.9% availability, which no 1 s step of
-    a few hundred requests can show, is decided by the steps together."""
+    verdict's rules (`level_outcome`); else every step that sent at least that rate (valid,
+    or flagged for generator lag) and was not decided missed, merged (`merge_chunks`:
+    histograms added, counts summed), when the merge meets every objective; None when
+    neither does. Both rest on the assumption that latency and failures do not fall as load
+    rises (a rate that holds at 800 requests/s holds at 400), which the stage states beside
+    it: under it each such step's latencies bound the target's from above, so their sum does
+    too, and 99.9% availability, which no 1 s step of a few hundred requests can show, is
+    decided by the steps together."""
     above = sorted((r for r in steps if _sent(r) >= target_rate * (1 - 1e-9)),
                    key=lambda r: r.level)
     one = next((r for r in above if r.ok and level_outcome(r, objectives) == "met"), None)
