@@ -102,10 +102,9 @@ def test_the_bench_command_round_trips_its_index_specs(tmp_path) -> None:  # typ
 def test_the_target_level_is_decided_in_a_bench_of_its_own(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Two levels, target 2×: 1× in a curve bench (one pass, curve points), 2× in its own
     bench with its fixed-rate runs sized by the budget (the decision)."""
-    from stagekit import stages_yaml
-
     from scalelab.lab.core.records import read_records
     from scalelab.lab.diagnose.run import Runner
+    from stagekit import stages_yaml
 
     cfg = tmp_path / "scalelab.yaml"
     cfg.write_text(stages_yaml({"retrieval": "{levels: [1, 2], base_docs: 40, questions: 10, "
