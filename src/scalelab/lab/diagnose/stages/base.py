@@ -85,6 +85,8 @@ class Context:
     """Each stage's share of the --budget in seconds (diagnose.budget); empty: no budget."""
     full: bool = False
     """--full: a sized level runs until decided, up to its stage's cap per level."""
+    prometheus: str | None = None
+    """`prometheus:` of the config: asked for the series behind the user's endpoints."""
     short: set[str] = field(default_factory=set)
     """Stages whose share, as they started, was under their minimum at the pace the machine
     delivered so far (`Runner._reshare`): each cuts its work to what its decision needs (its
