@@ -26,7 +26,7 @@ def _step(rate: float, n: int) -> Record:
                        wall_s=1.0, rate=float(n), failures=0, failure_rate=0.0,
                        latency=h.percentiles().latency(),
                        extras={"hdr_histogram": h.encode(), "samples": n, "successes": n,
-                               "series": "batching=off capacity", "rate_verdict": "pass"})
+                               "rate_verdict": "pass"}, series="batching=off capacity")
 
 
 def test_a_search_step_above_the_target_rate_is_the_targets_decision(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_a_search_step_above_the_target_rate_is_the_targets_decision(tmp_path: P
     got = searched_decision(ctx, "batching=off", OBJECTIVES, 400.0, first, rep=0)
     assert got is not None and got.level == 3200.0 and got.stage == "serve"
     assert got.purpose == "decision" and got.experiment == "diag"
-    assert got.extras["series"] == "batching=off"
+    assert got.series == "batching=off"
     assert got.extras["decided_by"] == {"search": "batching=off capacity", "rate": 3200.0,
                                         "target_rate": 400.0, "steps": [3200.0],
                                         "assumption": ASSUMPTION}

@@ -115,7 +115,7 @@ def test_the_target_level_is_decided_in_a_bench_of_its_own(tmp_path) -> None:  #
     d = runner.run()
     assert [r.step.label for r in d.steps] == ["retrieval bench 1× #1", "retrieval bench 2× #1"]
     recs = read_records(tmp_path / "out" / "records.jsonl")
-    assert sorted((r.extras["series"], r.level, r.purpose) for r in recs) == [
+    assert sorted((r.series, r.level, r.purpose) for r in recs) == [
         ("exact", 1.0, "curve"), ("exact", 2.0, "decision"),
         ("faiss:HNSW32", 1.0, "curve"), ("faiss:HNSW32", 2.0, "decision")]
     assert all("sizing" in r.extras for r in recs if r.level == 2.0)

@@ -136,8 +136,8 @@ def searched_decision(ctx: Context, series: str, objectives: list[Objective], ta
     r = restage(step, stage="serve", repeat=rep)
     return r.model_copy(update={
         "experiment": like.experiment if like is not None else r.experiment,
-        "purpose": "decision",
-        "extras": {**r.extras, "series": series, "decided_by": {
+        "purpose": "decision", "series": series,
+        "extras": {**r.extras, "decided_by": {
             "search": series + CAPACITY, "rate": step.level, "target_rate": target_rps,
             "steps": step.extras.get("merged_steps", [step.level]),
             "assumption": ASSUMPTION}}})
@@ -290,8 +290,7 @@ class ServeStage(Stage[ServeSettings]):
                     got = [curve_point(r) for r in first.records.values()]
                 ctx.keep(got)
                 grid[name] += got
-        replicated = [r for r in grid.get(s.replicas_batching, []) if r.extras.get("series")
-                      == SERIES[s.replicas_batching]]
+        replicated = grid.get(s.replicas_batching, [])
         if clock.reserve_s and clock.left_s() + clock.reserve_s < clock.reserve_s * SWEEP_PAID:
             ctx.note(f"serve: replica sweep not run: {clock.left_s() + clock.reserve_s:.0f} s "
                      f"of the stage's share left, its searches need ~{clock.reserve_s:.0f} s "
