@@ -175,3 +175,13 @@ def test_the_core_count_is_named_and_not_extrapolated_through() -> None:
     assert one[0].detail == ("4 workers on 2 cores: oversubscribed ×2 (what it measures is "
                              "sharing, not scaling)")
     assert oversubscription(rows, 8) is None
+
+
+def test_a_level_is_a_curve_point_only_when_every_record_of_it_is_one() -> None:
+    """Record.purpose reaches the sheet: a level measured only for the picture is a curve
+    point; one that also has a record measured to decide it is a decision."""
+    recs = [rec("serve", "rate", 10, rate=10, p95=5.0, purpose="curve"),
+            rec("serve", "rate", 50, rate=50, p95=5.0, purpose="curve"),
+            rec("serve", "rate", 50, rate=50, p95=5.0, repeat=1),
+            rec("serve", "rate", 100, rate=100, p95=5.0)]
+    assert [r.purpose for r in build_sheet(recs)] == ["curve", "decision", "decision"]

@@ -139,6 +139,9 @@ class SheetRow:
     """Joules per `cost_unit` (median over repeats), from the records' energy extras."""
     energy_basis: str | None = None
     """How that energy was obtained: "measured (RAPL)" or "estimated (model: N W/core)"."""
+    purpose: str = "decision"
+    """"curve" when every record of the level was measured for the picture only (a curve point,
+    `Record.purpose`); "decision" when any was measured to decide the level's checks."""
     latency_samples: int | None = None
     """Latencies each quantile rests on: the fewest successful requests of any repeat (the
     quantiles are medians over repeats); None when a record did not say its sample count."""
@@ -303,6 +306,7 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
                                  if r.extras.get("governance")),
                 energy_per_unit_j=_num(extras, "energy_per_unit_j"),
                 energy_basis=_mode(str(r.extras.get("energy_basis") or "") for r in use),
+                purpose="curve" if all(r.purpose == "curve" for r in recs) else "decision",
                 latency_samples=lat_n,
                 failure_trials=trials,
                 failure_events=events,

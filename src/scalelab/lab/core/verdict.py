@@ -212,10 +212,10 @@ CURVE = "curve"
 """A record's purpose when its level was measured for the picture, not to decide."""
 
 
-def purpose(row: SheetRow) -> str | None:
-    """The row's purpose ("decision" or "curve") when its records said one; None otherwise."""
-    said = getattr(row, "purpose", None) or row.extras.get("purpose")
-    return said if isinstance(said, str) and said else None
+def purpose(row: SheetRow) -> str:
+    """The row's purpose: "curve" when its level was measured for the picture only, else
+    "decision" (`SheetRow.purpose`, from the records' typed field)."""
+    return row.purpose
 
 
 def _samples_needed(c: Check, row: SheetRow | None) -> int | None:
