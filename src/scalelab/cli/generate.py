@@ -27,6 +27,12 @@ from scalelab.lab.core.units import parse_size
 def app() -> None:
     """Token generation: continuous batching, paged KV cache, prefix cache, speculative decoding,
     streaming OpenAI-compatible API."""
+    from scalelab.system.generate.threads import passive_wait
+
+    # before any subcommand imports torch: its OpenMP threads then sleep, not spin, at each
+    # product's end (a busy neighbour core stalled them ~40x); OMP_WAIT_POLICY/GOMP_SPINCOUNT/
+    # KMP_BLOCKTIME set by the user win
+    passive_wait()
 
 
 def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
