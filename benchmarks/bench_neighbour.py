@@ -160,7 +160,7 @@ def run(model: str, threads: int, tokens: int, rounds: int,
             engines[tree, "in-process"] = InProcess(src, model, threads)
             engines[tree, "server"] = Served(src, model, threads)
         best: dict[str, dict[str, Any]] = {}
-        core = (os.cpu_count() or 1) - 1
+        core = max(os.sched_getaffinity(0))  # the last core this process may run on
         for r in range(rounds):
             for busy in (False, True):
                 with spinner(busy, core):
