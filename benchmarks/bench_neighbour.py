@@ -1,7 +1,8 @@
-"""Generation beside a busy neighbour: q4 tokens/s at 1 and 8 concurrent streams with the machine
-otherwise as it is (quiet) and with one CPU-spinning process pinned to one core (busy), in-process
-and through `scalelab generate serve`, optionally for a second source tree (--before-src, e.g.
-main's) in the same run.
+"""Generation beside a busy neighbour core: q4 tokens/s without and with one spinning process.
+
+At 1 and 8 concurrent streams, with the machine otherwise as it is ("quiet") and with one
+CPU-spinning process pinned to one core ("busy"), in-process and through `scalelab generate
+serve`, optionally for a second source tree (--before-src, e.g. main's) in the same run.
 
 Run: .venv/bin/python benchmarks/bench_neighbour.py [--model smollm2-135m] [--threads 2]
                                                     [--tokens 16] [--rounds 2]
