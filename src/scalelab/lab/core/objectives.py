@@ -116,6 +116,15 @@ _EXTRA_QUANTILE = re.compile(r"^extras:(?P<name>.+)_p(?P<q>50|90|95|99|999)_ms$"
 _Q = {"50": 0.5, "90": 0.9, "95": 0.95, "99": 0.99, "999": 0.999}
 
 
+def quantile_of(metric: str) -> float | None:
+    """The latency quantile an objective's metric names (p95_ms -> 0.95,
+    extras:tpot_p99_ms -> 0.99), or None for any other metric."""
+    if metric in _QUANTILE_METRICS:
+        return _QUANTILE_METRICS[metric]
+    m = _EXTRA_QUANTILE.match(metric)
+    return _Q[m["q"]] if m is not None else None
+
+
 def _efficiency_spread(row: SheetRow, rows: list[SheetRow]) -> tuple[float | None, float | None]:
     """Efficiency of the row's slowest and fastest repeat against the base level's median."""
     ok = sorted((r for r in rows if r.rate is not None and r.rate > 0), key=lambda r: r.level)
