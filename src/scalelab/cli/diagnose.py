@@ -18,7 +18,7 @@ from scalelab.lab.core.verdict import Verdict
 from scalelab.lab.diagnose.budget import parse_budget
 from scalelab.lab.diagnose.config import Mode, defaults_text, load_config, stored_config
 from scalelab.lab.diagnose.gate import FailOn, gate_failure
-from scalelab.lab.diagnose.run import RECORDS, Runner, rebuild
+from scalelab.lab.diagnose.run import RECORDS, Runner, process_started, rebuild
 from scalelab.lab.report.document import ReportFiles
 from scalelab.lab.report.screen import print_screen
 
@@ -120,7 +120,8 @@ def diagnose(
         def on_step(label: str, i: int, total: int) -> None:
             progress.update(total=total, completed=i - 1, note=label)
 
-        runner = Runner(cfg, out, m, progress=on_step, budget_s=budget_s)
+        runner = Runner(cfg, out, m, progress=on_step, budget_s=budget_s,
+                        started=process_started())
         outcome = runner.run()
     assert outcome.verdict is not None and outcome.files is not None
     failed = [s for s in outcome.steps if not s.ok]
