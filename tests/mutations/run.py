@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mutations import MUTATIONS, Mutation  # noqa: E402
+from mutations import MUTATIONS, Mutation
 
 ROOT = Path(__file__).resolve().parents[2]
 
