@@ -72,9 +72,11 @@ MUTATIONS += [
     Mutation("checkpoints: newest taken unverified", "src/scalelab/system/train/checkpoint.py",
              "why = self.verify(s, run)", "why = None",
              (R + "test_train_crash.py",)),
-    Mutation("parallel: 1F1B bubble measured short", "src/scalelab/system/train/parallel/pipeline.py",
+    Mutation("parallel: 1F1B bubble measured short",
+             "src/scalelab/system/train/parallel/pipeline.py",
              "return sum(1 - b / makespan for b in busy) / len(busy) if makespan > 0 else 0.0",
-             "return sum(1 - b / makespan for b in busy) / (len(busy) + 1) if makespan > 0 else 0.0",
+             "return sum(1 - b / makespan for b in busy) / (len(busy) + 1) if makespan > 0 "
+             "else 0.0",
              ("tests/system/train/test_parallel_equivalence.py",)),
     Mutation("reconciliation: duplicates by key not counted",
              "src/scalelab/system/data/pipeline.py",
@@ -117,7 +119,8 @@ MUTATIONS += [
              (R + "test_cli_abuse.py",)),
     Mutation("ingestion log: an event id seen twice accepted", "src/scalelab/system/online/log.py",
              "self.db.executemany(\"INSERT INTO seen(stream, event_id, batch) VALUES (?, ?, ?)\",",
-             "self.db.executemany(\"INSERT OR IGNORE INTO seen(stream, event_id, batch) VALUES (?, ?, ?)\",",
+             "self.db.executemany(\"INSERT OR IGNORE INTO seen(stream, event_id, batch) "
+             "VALUES (?, ?, ?)\",",
              (R + "test_online_faults.py",)),
     Mutation("open-loop clock: wakes a timer early", "src/scalelab/lab/load/clock.py",
              "handle = loop.call_later(wait - margin_s, _wake, fut)",

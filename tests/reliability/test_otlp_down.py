@@ -22,6 +22,8 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
+from requires import requires
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from generate_server import TOK, assert_pool_whole, complete, greedy_text
@@ -30,7 +32,7 @@ from scalelab.layers.web.spawn import free_port
 from scalelab.layers.web.trace import TraceConfig, Tracing
 
 pytestmark = pytest.mark.reliability
-pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+requires("opentelemetry.exporter.otlp.proto.http")
 
 MAX_QUEUE = 16
 MAX_LEN = 256

@@ -16,11 +16,12 @@ import pytest
 import torch
 
 import scalelab
+from requires import requires
 from scalelab.lab.load.llm.tokens import parse_event, tokens_per_event
 from scalelab.layers.web.spawn import Spawned, start_server
 from scalelab.system.generate.models import load_model
 
-openai = pytest.importorskip("openai")
+openai = requires("openai")
 
 MODEL = "tiny-llama"
 KEY = "sk-conformance-test"

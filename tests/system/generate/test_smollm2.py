@@ -12,6 +12,7 @@ import pytest
 import torch
 from gen_helpers import greedy_reference
 
+from requires import requires
 from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.system.generate.models import LoadedModel, load_model
 from scalelab.system.generate.sequence import SamplingParams
@@ -45,7 +46,7 @@ def test_tokenizer_and_engine_greedy_match_plain_forward(smol: LoadedModel) -> N
 
 @pytest.mark.slow
 def test_forward_matches_transformers_on_the_same_tensors(smol: LoadedModel) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = requires("transformers")
     from scalelab.system.generate.gguf import smollm2_path
 
     path = smollm2_path()

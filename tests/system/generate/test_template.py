@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
+from requires import requires
 from scalelab.lab.core.errors import BadInputError
 from scalelab.system.generate.template import render
 from scalelab.system.generate.tokenizer import TextTokenizer, bytes_to_unicode
 
-transformers = pytest.importorskip("transformers")
+transformers = requires("transformers")
 
 SMOLLM2 = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
