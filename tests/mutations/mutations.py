@@ -142,4 +142,8 @@ MUTATIONS += [
     Mutation("replicas: /metrics merges no worker", "src/scalelab/system/serve/metrics.py",
              "multiprocess.MultiProcessCollector(merged)", "pass",
              ("tests/lab/diagnose/test_serve_replicas.py",)),
+    Mutation("crash datasets: the fallback deletes the old version first",
+             "src/scalelab/system/data/pipeline.py",
+             "os.replace(out, old)", "shutil.rmtree(out)",
+             (R + "test_data_crash.py::test_kill_at_every_publish_step",)),
 ]
