@@ -99,6 +99,7 @@ def test_completions_whole_with_logprobs_match_a_plain_forward(client: Any) -> N
     c = r.choices[0]
     assert (r.object, c.finish_reason, r.usage.prompt_tokens, r.usage.completion_tokens) == (
         "text_completion", "length", 3, 6)
+    assert r.usage.total_tokens == 3 + 6  # OpenAI's usage: prompt + completion
     lp = c.logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
     assert all(len(t) == 3 for t in lp.top_logprobs)
@@ -115,6 +116,7 @@ def test_completions_whole_with_logprobs_match_a_plain_forward(client: Any) -> N
     out = [e.bytes[0] for e in content]  # byte tokenizer: a token's id is its byte
     prompt = [257, *b"user\nhi", 258, *b"\n", 257, *b"assistant\n"]
     assert chat.usage.prompt_tokens == len(prompt)
+    assert chat.usage.total_tokens == len(prompt) + 5
     ref = reference_logprobs(prompt, out)
     assert [e.logprob for e in content] == pytest.approx(ref, abs=1e-3)
     plain = client.chat.completions.create(
