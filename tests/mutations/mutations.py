@@ -147,4 +147,9 @@ MUTATIONS += [
              "src/scalelab/system/data/pipeline.py",
              "os.replace(out, old)", "shutil.rmtree(out)",
              (R + "test_data_crash.py::test_kill_at_every_publish_step",)),
+    Mutation("no leak: 4 KiB kept per request", "src/scalelab/system/serve/infer.py",
+             "counts[key] = counts.get(key, 0) + 1",
+             "counts[key] = counts.get(key, 0) + 1; "
+             "self.__dict__.setdefault('_leak', []).append(bytearray(4096))",
+             (R + "test_serve_soak.py",)),
 ]
