@@ -12,6 +12,7 @@ Every package named here is in the `dev` extra, which `make test` installs.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from types import ModuleType
 
@@ -34,3 +35,14 @@ def requires(name: str) -> ModuleType:
         if required():
             pytest.fail(f"SCALELAB_REQUIRE_DEPS=1: {why}", pytrace=False)
         pytest.skip(why, allow_module_level=True)
+
+
+def have(*names: str) -> bool:
+    """Whether every module in `names` can be imported, for tests that cover less without
+    them: missing, False outside CI, a failure with SCALELAB_REQUIRE_DEPS=1 (every one named
+    here is installed by `make test`)."""
+    missing = [n for n in names if importlib.util.find_spec(n) is None]
+    if missing and required():
+        pytest.fail(f"SCALELAB_REQUIRE_DEPS=1: {', '.join(missing)} not installed; {HINT}",
+                    pytrace=False)
+    return not missing

