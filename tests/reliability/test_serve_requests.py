@@ -87,7 +87,7 @@ def test_schemathesis_no_5xx(server: Server) -> None:
         counts = seen.setdefault(f"{op.method.upper()} {op.path}", {})
         _fuzz(server.url, strategies, headers, counts, failures, negatives)
     assert not failures, "\n".join(failures[:10])
-    assert len(negatives) >= 20, negatives  # malformed bodies were sent, not just valid ones
+    assert len(negatives) >= 10, negatives  # malformed bodies were sent, not just valid ones
     assert server.proc.poll() is None
     assert "Traceback" not in server.logs()
     total = sum(sum(c.values()) for c in seen.values())

@@ -83,7 +83,7 @@ def test_two_replicas_swept_on_a_small_model(tmp_path: Path,
     # ... and every response the load tester counted against the two replicas, measured and
     # warm-up alike (plus the search's one cold-start probe), is in it: nothing lost or
     # double-counted in the merge.
-    two = [r for r in recs if r.extras.get("series") == "replicas=2 capacity"]
+    two = [r for r in recs if r.series == "replicas=2 capacity"]
     assert two and all(r.failures == 0 for r in two)
     sent_ok = sum(r.extras["successes"] + r.extras["warmup_requests"]
                   + (r.extras.get("cold_start_ms") is not None) for r in two)
