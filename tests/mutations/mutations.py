@@ -92,9 +92,10 @@ MUTATIONS += [
              "return rid, (n if n > max_body else None), False",
              "return rid, (n if n > 2 * max_body else None), False",
              (R + "test_serve_requests.py",)),
-    Mutation("bad requests: a malformed body answered 200", "src/scalelab/system/serve/app.py",
-             "return _error(e.status, e.message, e.headers)",
-             "return _error(200 if e.status == 422 else e.status, e.message, e.headers)",
+    Mutation("bad requests: a malformed body answered 200", "src/scalelab/system/serve/infer.py",
+             "await send_error(send, e.status, e.message, extra_headers=tags + [",
+             "await send_error(send, 200 if e.status in (400, 422) else e.status, e.message, "
+             "extra_headers=tags + [",
              (R + "test_serve_requests.py::test_schemathesis_no_5xx",)),
     Mutation("governor: the rate limit never refuses",
              "src/scalelab/layers/web/governance/limits.py",
