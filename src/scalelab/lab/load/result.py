@@ -20,6 +20,8 @@ from scalelab.lab.load.schedule import Mode
 
 NOTHING_MEASURED = "no request was measured; lengthen --duration or shorten --warmup"
 """The invalid reason of a level whose warm-up took every request."""
+DEFAULT_AVAILABILITY = 0.99
+"""The availability objective a level's `healthy` verdict judges where none was given."""
 
 
 @dataclass(kw_only=True)
@@ -44,6 +46,17 @@ class Part:
     """Open loop with `SendConfig.window_s`: successes completed inside the measured window,
     the warm-up's included; None where no window was set."""
     connections_opened: int = 0
+    server_closes: int = 0
+    """Connections the server closed, or said it would (`Connection: close`, HTTP/1.0)."""
+    retries: int = 0
+    """Requests sent once more on a fresh connection: the server had closed their kept-alive
+    connection before writing any byte of an answer (`HttpConnection.retryable`)."""
+    retry_after_count: int = 0
+    """Measured refusals (non-2xx) that carried Retry-After."""
+    retry_after_max_s: float | None = None
+    """The longest Retry-After they asked for (seconds)."""
+    error_examples: dict[str, str] = field(default_factory=dict)
+    """The first failure of each kind, as the client saw it (an exception's text)."""
     window_start: float = 0.0
     """When the measured window began (the process's clock)."""
     last_send: float = 0.0
@@ -73,16 +86,30 @@ class Tally:
     warmup_requests: int
     traced_requests: int
     trace_ids: list[str]
+    server_closes: int = 0
+    retries: int = 0
+    retry_after_count: int = 0
+    retry_after_max_s: float | None = None
+    error_examples: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, parts: Sequence[Part]) -> Tally:
         assert parts
         kinds: Counter[str] = Counter()
         status: Counter[str] = Counter()
+        examples: dict[str, str] = {}
         for p in parts:
             kinds.update(p.errors_by_kind)
             status.update(p.errors_by_status)
-        return cls(sent=sum(p.sent for p in parts), failures=sum(kinds.values()),
+            for k, v in p.error_examples.items():
+                examples.setdefault(k, v)
+        ras = [p.retry_after_max_s for p in parts if p.retry_after_max_s is not None]
+        return cls(server_closes=sum(p.server_closes for p in parts),
+                   retries=sum(p.retries for p in parts),
+                   retry_after_count=sum(p.retry_after_count for p in parts),
+                   retry_after_max_s=max(ras) if ras else None,
+                   error_examples=dict(sorted(examples.items())),
+                   sent=sum(p.sent for p in parts), failures=sum(kinds.values()),
                    errors_by_kind=dict(sorted(kinds.items())),
                    errors_by_status=dict(sorted(status.items())),
                    start=min(p.window_start for p in parts),
@@ -93,6 +120,13 @@ class Tally:
                    warmup_requests=sum(p.warmup_requests for p in parts),
                    traced_requests=sum(p.traced for p in parts),
                    trace_ids=[t for p in parts for t in p.trace_ids])
+
+    def connection_counts(self) -> dict[str, Any]:
+        """The `LevelResult` fields of what the client saw of the connections, as keywords."""
+        return {"server_closes": self.server_closes, "retries": self.retries,
+                "retry_after_count": self.retry_after_count,
+                "retry_after_max_s": self.retry_after_max_s,
+                "error_examples": self.error_examples}
 
     @property
     def send_span(self) -> float:
@@ -159,6 +193,39 @@ class LevelResult:
     """Their trace ids (the first 1,000 per process): look them up in the server's spans."""
     cluster: ClusterLevel | None = None
     """With --cluster: the scheduler and every worker's share, clock offset and validity."""
+    server_closes: int = 0
+    """Connections the server closed or said it would close (each costs a new connect)."""
+    retries: int = 0
+    """Requests sent once more because the server closed their idle kept-alive connection
+    before answering (counted here, not as failures)."""
+    retry_after_count: int = 0
+    """Refusals (non-2xx) that carried Retry-After: an admission limit speaking."""
+    retry_after_max_s: float | None = None
+    """The longest Retry-After asked for (seconds)."""
+    error_examples: dict[str, str] = field(default_factory=dict)
+    """The first failure of each kind as the client saw it."""
+    availability: float = DEFAULT_AVAILABILITY
+    """The availability objective `healthy` judges (default 99%: `DEFAULT_AVAILABILITY`)."""
+
+    @property
+    def answered_share(self) -> float:
+        """Successes over requests that ended (1.0 when none did)."""
+        done = self.successes + self.failures
+        return self.successes / done if done else 1.0
+
+    @property
+    def healthy(self) -> bool:
+        """The server's answers met the availability objective: successes / (successes +
+        failures) at least `availability`. Apart from `valid` (the generator kept its
+        schedule): a run can be valid and unhealthy (every request 404) or the reverse."""
+        return self.successes > 0 and self.answered_share >= self.availability
+
+    def connection_fields(self) -> dict[str, Any]:
+        """What the client saw of the server's connections, for the JSON document and records."""
+        return {"server_closes": self.server_closes, "retries": self.retries,
+                "retry_after": None if not self.retry_after_count else
+                {"responses": self.retry_after_count, "max_s": self.retry_after_max_s},
+                "error_examples": self.error_examples}
 
     def level(self) -> tuple[str, float]:
         """The record's variable and level: the rate (open loop) or the clients (closed)."""
