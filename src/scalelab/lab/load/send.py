@@ -81,7 +81,7 @@ class Target:
         side requests a run makes (model metadata, /v1/models) authenticate like the load."""
         req = urllib.request.Request(url, headers=dict(self.headers))
         ctx = self.ssl_context() if url.startswith("https:") else None
-        return urllib.request.urlopen(req, timeout=timeout_s, context=ctx)  # type: ignore[no-any-return]
+        return urllib.request.urlopen(req, timeout=timeout_s, context=ctx)
 
 
 def build_request(target: Target, *, method: str, path: str, body: bytes | None,

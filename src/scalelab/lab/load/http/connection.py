@@ -33,10 +33,13 @@ class Connection(Protocol):
     closed: bool
     by_server: bool
     """The server closed it (or said it would, `Connection: close` / HTTP/1.0)."""
-    retryable: bool
-    """The request in flight may be sent again (see `HttpConnection.retryable`)."""
     request: bytes
     """The bytes of the request in flight."""
+
+    @property
+    def retryable(self) -> bool:
+        """The request in flight may be sent again (see `HttpConnection.retryable`)."""
+        ...
 
     def send(self, request: bytes, token: Any) -> None: ...
 
