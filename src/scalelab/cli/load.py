@@ -13,7 +13,15 @@ from rich.table import Table
 
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._gate import exit_if_missed
-from scalelab.cli._load_requests import build_requests, check_ran, engine_config, request_options
+from scalelab.cli._load_requests import (
+    build_requests,
+    check_ran,
+    engine_config,
+    exit_if_all_failed,
+    failures_cell,
+    header_names,
+    request_options,
+)
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
@@ -47,6 +55,7 @@ from scalelab.lab.load.http.result import (
     to_record,
 )
 from scalelab.lab.load.http.run import LoadPlan, run_load
+from scalelab.lab.load.result import DEFAULT_AVAILABILITY
 from scalelab.lab.load.schedule import ARRIVALS
 from scalelab.lab.load.server_meter import ServerMeter
 from scalelab.lab.load.slo import Slo, budget, parse_percent, parse_slo
@@ -139,6 +148,8 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
     target, reqs, kind = build_requests(url, kw)
     exp = experiment or new_experiment_id("load")
     out: list[dict[str, Any]] = []
+    results: list[LoadResult] = []
+    avail = objective.availability if objective is not None else None
     for i, level, conc in each_level(sweep, mode, label=f"load {url}", clients="clients",
                                      as_json=as_json):
         marks = trace_at is None or level == trace_at
@@ -156,28 +167,35 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
         finally:
             server = meter.stop() if meter is not None else {}
         check_ran(r, url)
+        results.append(r)
         lines = None
         if objective is not None:
             lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
                            successes=r.successes, failures=r.failures, wall_s=r.wall_s,
                            period_s=period_s)
-        out.append({**_level_json(r, lines), "server": server or None})
+        out.append({**_level_json(r, lines, avail), "server": server or None})
         if records is not None:
             # One level at a time: what was measured stays even if a later level is cut short.
             append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
                                                slo=objective.label if objective else None,
                                                extra={"payload": kind, **server})])
     doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
+           "headers": header_names(target),
            "slo": objective.label if objective else None,
+           "availability": DEFAULT_AVAILABILITY if avail is None else avail,
+           "availability_given": avail is not None,
            "validity_rules": VALIDITY_RULES, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: _render_levels(c, doc))
+    exit_if_all_failed(list(results), url)
     exit_if_missed([f"{b.objective} at {level_of(lv):g}"
                     for lv in out for b in (lv["budget"] or []) if not b.met])
 
 
-def _level_json(r: LoadResult, lines: list[Any] | None) -> dict[str, Any]:
+def _level_json(r: LoadResult, lines: list[Any] | None,
+                availability: float | None = None) -> dict[str, Any]:
     d = {k: v for k, v in r.__dict__.items() if k != "hist_blob"}
+    d["healthy"] = r.healthy(availability)
     d["budget"] = lines
     return d
 
@@ -186,18 +204,23 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
     t = Table(title=f"load {doc['url']} ({doc['mode']} loop, {doc['payload']}; latency ms)",
               box=box.SIMPLE, pad_edge=False, collapse_padding=True)
     for col in ("level", "sent/s", "ok/s", "good/s", "p50", "p95", "p99", "p99.9", "max",
-                "err", "lag p50/p99/max", "ok?"):
+                "failures", "lag p50/p99/max", "valid", "healthy"):
         t.add_column(col, justify="right")
     for lv in doc["levels"]:
         lat = lv["latency"]
         level = level_of(lv)
-        errs = ",".join(f"{k}:{v}" for k, v in lv["errors_by_kind"].items()) or "0"
         t.add_row(f"{level:g}", f"{lv['sent_rps']:.0f}", f"{lv['throughput_rps']:.0f}",
                   f"{lv['goodput_rps']:.0f}", _ms(lat.p50_ms), _ms(lat.p95_ms),
-                  _ms(lat.p99_ms), _ms(lat.p999_ms), _ms(lat.max_ms), errs,
+                  _ms(lat.p99_ms), _ms(lat.p999_ms), _ms(lat.max_ms), failures_cell(lv),
                   "/".join(_ms(lv[k]) for k in ("lag_p50_ms", "lag_p99_ms", "lag_max_ms")),
-                  "yes" if lv["valid"] else "NO")
-    c.print(t)
+                  "yes" if lv["valid"] else "NO", "yes" if lv["healthy"] else "NO")
+    # cut at 80 columns when stdout is not a terminal: print at the width it needs
+    (c if c.width >= 130 else Console(width=130, highlight=False, file=c.file)).print(t)
+    c.print(f"[dim]valid: the generator offered the load asked for; healthy: at least "
+            f"{doc['availability']:.3g} of the server's answers succeeded"
+            + ("" if doc["availability_given"] else " (the default availability objective)")
+            + "[/]")
+    _render_connections(c, doc["levels"])
     traced = sum(lv["traced_requests"] for lv in doc["levels"])
     if traced:
         c.print(f"traced: {traced} requests carried a sampled traceparent (ids in --json)")
@@ -212,6 +235,23 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
         _render_budget(c, [(level_of(lv), lv["budget"]) for lv in doc["levels"]], doc["slo"])
     if doc["records"]:
         c.print(f"records appended to {doc['records']}")
+
+
+def _render_connections(c: Console, levels: list[dict[str, Any]]) -> None:
+    """What the client saw of the server's connections: closes, resends, Retry-After."""
+    closes = sum(lv.get("server_closes", 0) for lv in levels)
+    retries = sum(lv.get("retries", 0) for lv in levels)
+    if closes:
+        c.print(f"the server closed {closes:,} connections (Connection: close, HTTP/1.0 or "
+                "idle); each was replaced by a new one, counted in connections")
+    if retries:
+        c.print(f"{retries:,} requests hit a kept-alive connection the server had closed "
+                "before answering and were sent once more on a fresh one")
+    ra = [lv["retry_after_max_s"] for lv in levels if lv.get("retry_after_count")]
+    if ra:
+        n = sum(lv["retry_after_count"] for lv in levels)
+        c.print(f"{n:,} refusals carried Retry-After (up to {max(ra):g} s): the server's "
+                "admission limit speaking")
 
 
 def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) -> None:

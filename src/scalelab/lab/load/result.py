@@ -204,8 +204,6 @@ class LevelResult:
     """The longest Retry-After asked for (seconds)."""
     error_examples: dict[str, str] = field(default_factory=dict)
     """The first failure of each kind as the client saw it."""
-    availability: float = DEFAULT_AVAILABILITY
-    """The availability objective `healthy` judges (default 99%: `DEFAULT_AVAILABILITY`)."""
 
     @property
     def answered_share(self) -> float:
@@ -213,12 +211,17 @@ class LevelResult:
         done = self.successes + self.failures
         return self.successes / done if done else 1.0
 
-    @property
-    def healthy(self) -> bool:
-        """The server's answers met the availability objective: successes / (successes +
-        failures) at least `availability`. Apart from `valid` (the generator kept its
-        schedule): a run can be valid and unhealthy (every request 404) or the reverse."""
-        return self.successes > 0 and self.answered_share >= self.availability
+    def healthy(self, availability: float | None = None) -> bool:
+        """The server's answers met the availability objective (`DEFAULT_AVAILABILITY`, 99%,
+        where none was given): successes / (successes + failures) at least that. Apart from
+        `valid` (the generator kept its schedule): a run can be valid and unhealthy (every
+        request 404) or the reverse."""
+        need = DEFAULT_AVAILABILITY if availability is None else availability
+        return self.successes > 0 and self.answered_share >= need
+
+    def all_failed(self) -> bool:
+        """Requests were measured and not one succeeded."""
+        return self.requests > 0 and self.successes == 0 and self.failures > 0
 
     def connection_fields(self) -> dict[str, Any]:
         """What the client saw of the server's connections, for the JSON document and records."""
@@ -243,3 +246,70 @@ def finite(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [finite(v) for v in x]
     return x
+
+
+KEY_HINT_HTTP = "pass the credentials with -H 'Authorization: Bearer TOKEN'"
+"""What a 401/403 asks of `load` (`load llm` asks for --api-key)."""
+KEY_HINT_LLM = "pass --api-key or set OPENAI_API_KEY"
+
+
+def _status_cause(code: int, *, llm: bool, key_hint: str, retry_after: float | None) -> str:
+    if code in (401, 403):
+        what = "wants credentials" if code == 401 else "refused the credentials"
+        return f"{code}: the server {what}; {key_hint}"
+    if code == 404:
+        return "404: check the path" + (" (give the server's base URL or --api)" if llm else "")
+    if code == 405:
+        return "405: the server takes no such method at that path; check the path and --payload"
+    if code in (400, 422):
+        return (f"{code}: the server rejected the request body; "
+                + ("check --api and --model, and try --usage final or --no-ignore-eos for a "
+                   "server that rejects vLLM's extra fields" if llm else
+                   "check --payload, --body or --model"))
+    if code == 501:
+        return ("501: the server does not implement this endpoint: is it an OpenAI-compatible "
+                "LLM server?" if llm else "501: the server implements nothing at that path")
+    if code in (429, 503):
+        ra = "" if retry_after is None else f" (Retry-After up to {retry_after:g} s)"
+        return (f"{code}: the server refused every request{ra}: an admission limit or an "
+                "overload; lower the rate or raise its limit")
+    return f"{code}: the server failed every request; see its log"
+
+
+def likely_cause(r: LevelResult, *, url: str, llm: bool = False) -> str:
+    """One line: why every request of `r` failed, from its most common failure (a status,
+    else a kind and the first error of that kind the client saw)."""
+    key_hint = KEY_HINT_LLM if llm else KEY_HINT_HTTP
+    if r.errors_by_status:
+        code, _ = max(r.errors_by_status.items(), key=lambda kv: kv[1])
+        return _status_cause(int(code), llm=llm, key_hint=key_hint,
+                             retry_after=r.retry_after_max_s)
+    kinds = {k: v for k, v in r.errors_by_kind.items() if k != "status"}
+    if not kinds:
+        return "no request succeeded"
+    kind = max(kinds.items(), key=lambda kv: kv[1])[0]
+    seen = r.error_examples.get(kind, "")
+    said = f" ({seen})" if seen else ""
+    if kind == "refused":
+        return f"connection refused: is the server up at {url}?"
+    if kind in ("reset", "dropped"):
+        return "the server closed every connection" + (
+            " mid-stream" if kind == "dropped" else " before answering") + said
+    if kind == "timeout":
+        return "every request timed out: the server is stuck or slow; raise --timeout to wait"
+    if kind == "tls":
+        return (f"the TLS handshake failed{said}; pass --cacert FILE (the CA that signed the "
+                "server's certificate) or --insecure")
+    if kind == "empty":
+        return "every stream carried no token; is it a generation endpoint?"
+    return f"{kind}: {seen}" if seen else f"every request failed ({kind})"
+
+
+def all_failed_line(results: Sequence[LevelResult], *, url: str, llm: bool = False
+                    ) -> str | None:
+    """When every level's requests all failed: one line with the likely cause; else None."""
+    if not results or not all(r.all_failed() for r in results):
+        return None
+    r = results[0]
+    n = sum(x.requests for x in results)
+    return f"every request failed ({n} sent): {likely_cause(r, url=url, llm=llm)}"

@@ -56,6 +56,16 @@ LostCallback = Callable[["HttpConnection", "BaseException | None", Any], None]
 (or, after a response whose server closes the connection, right after that response)."""
 
 
+def _not_http(buf: bytearray) -> ProtocolError | None:
+    """The ProtocolError of bytes that are no HTTP/1.x head (an HTTP/2 server's SETTINGS
+    frame, sent before it resets the connection), or None."""
+    try:
+        status_of(bytes(buf[:64]).lower())
+    except ProtocolError as e:
+        return e
+    return None
+
+
 class HttpConnection(asyncio.Protocol):
     """One keep-alive connection; `send` one request, get `on_response` when it is complete.
 
@@ -214,7 +224,7 @@ class HttpConnection(asyncio.Protocol):
                 return False
             pos = nxt
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def connection_lost(self, exc: BaseException | None) -> None:
         if self._lost:
             return
         self._lost = True
@@ -222,6 +232,8 @@ class HttpConnection(asyncio.Protocol):
             self.by_server = True
         self.closed = True
         token, self.token = self.token, None
+        if token is not None and self._need == -1 and self._buf:
+            exc = _not_http(self._buf) or exc  # an HTTP/2 server's frames, then a reset
         if token is not None and self._need == -3 and exc is None:
             # Close-delimited body: EOF is the end of the response.
             self.served += 1

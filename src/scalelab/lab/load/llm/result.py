@@ -237,6 +237,7 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         "errors_by_status": r.errors_by_status, "token_sources": r.token_sources,
         "lag": {**asdict(r.lag), "share": r.lag_share},
         "connections": r.connections, "max_in_flight": r.max_in_flight,
+        **r.connection_fields(),
         "warmup_requests": r.warmup_requests, "invalid_reasons": r.invalid_reasons,
         "notes": r.notes,
         "hdr_histograms": r.blobs,

@@ -260,6 +260,12 @@ class SseConnection(asyncio.Protocol):
         self.reusable = False
         if self._fut is None:
             return
+        if not self._head and len(self._buf) >= 9 and not self._buf.startswith(b"HTTP/"):
+            try:
+                status_of(bytes(self._buf[:64]).lower())
+            except ProtocolError as e:
+                self._lose("protocol", str(e))  # an HTTP/2 server's frames, then a reset
+                return
         if self._head and self._need == -3 and exc is None:
             self._feed(bytes(self._buf), self._time())
             self._complete(self._time())
