@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -54,14 +55,30 @@ def connection_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="https: trust this CA bundle (PEM) instead of the system's."),
         click.option("--insecure", is_flag=True,
                      help="https: verify neither the certificate nor the host name."),
+        click.option("--api-key-env", metavar="NAME",
+                     help="Send 'Authorization: Bearer $NAME' (the key read from this "
+                          "environment variable, so it never appears in a command line)."),
     ]
     return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
 
 
-def target_of(url: str, kw: dict[str, Any], *, api_key: str | None = None) -> Target:
+def api_key_of(kw: dict[str, Any]) -> str | None:
+    """The key of --api-key-env NAME (bad usage when NAME is unset), else --api-key."""
+    name = kw.get("api_key_env")
+    if name:
+        key = os.environ.get(name)
+        if not key:
+            raise BadUsageError(f"--api-key-env {name}: ${name} is not set; export the key "
+                                "in it (or drop the flag)")
+        return key
+    return kw.get("api_key") or None
+
+
+def target_of(url: str, kw: dict[str, Any]) -> Target:
     """The URL's target with the run's headers (-H, then the API key as a Bearer token unless
     -H gave an Authorization) and TLS trust (--cacert, --insecure)."""
     target = Target.parse(url)
+    api_key = api_key_of(kw)
     headers = parse_headers(kw.get("headers") or ())
     if api_key and not any(n.lower() == "authorization" for n, _ in headers):
         headers = (*headers, ("Authorization", f"Bearer {api_key}"))

@@ -135,7 +135,7 @@ def served_model(target: Target) -> str | None:
 
 def _workload(url: str, kw: dict[str, Any]) -> tuple[Target, Workload, list[bytes]]:
     model = kw["model_name"]
-    base = target_of(url, kw, api_key=kw.get("api_key"))
+    base = target_of(url, kw)
     if model is None:
         model = served_model(base) or "default"
     wl = Workload(api=kw["api"], model=model,

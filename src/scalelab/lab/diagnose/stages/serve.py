@@ -174,7 +174,7 @@ class ServeStage(Stage[ServeSettings]):
         return LoadRun(url=url, rates=rates, duration=s.duration, warmup=f"{WARMUP_S:g}s",
                        records=rec, payload="flights" if flights else None,
                        model=MODEL if flights else None, model_repo=repo, data=data,
-                       trace_sample=trace_sample)
+                       trace_sample=trace_sample, **s.access())
 
     def run(self, s: ServeSettings, ctx: Context) -> None:
         if s.url:
