@@ -82,15 +82,20 @@ custom:
     for stage in ("serve", "llm", "mine"):
         at = flat.index(f"{stage}: failed: ")
         assert "got an answer" in flat[at:at + 300], flat[at:at + 300]
-    # The 500 server answered: no step failed, but no request succeeded either.
-    assert ("broken: failed: every request failed at every level measured (1×, 2×) "
-            "measured: no objectives to judge (measured only)") in flat
+    # The 500 server answered, and not one request succeeded: its load exits 1 with the
+    # cause, and the availability objective every user endpoint has (99% by default) misses.
+    assert ("broken: failed: broken 5/s: exit 1: every request failed (5 sent): 500: the "
+            "server failed every request; see its log") in flat
+    assert ("misses availability ≥ 99% (default: the config names none) at 1× "
+            "(0 on 5") in flat
     assert "no stage misses its objectives" not in text.split("\n")[0]
 
     doc = json.loads((out / "report.json").read_text())
     assert set(doc["failed_stages"]) == {"serve", "llm", "mine", "broken"}
-    # One failed step each: no capacity search follows a level sweep nobody answered.
-    assert sorted(f["stage"] for f in doc["failed_steps"]) == ["llm", "mine", "serve"]
+    # One failed step each (the broken endpoint's a level each): no capacity search follows a
+    # level sweep nobody answered.
+    assert sorted(f["stage"] for f in doc["failed_steps"]) == ["broken", "broken", "llm",
+                                                               "mine", "serve"]
     summary = doc["verdict"]["summary"]
     assert summary.startswith("serve failed: load " + dead)
     for stage in ("llm", "mine", "broken"):
