@@ -120,9 +120,12 @@ def request_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Open loop: most connections per process."),
         click.option("--seed", type=int, default=0, show_default=True,
                      help="Seed for Poisson arrivals and payload sampling."),
-        click.option("--loop-impl", type=click.Choice(list(LOOP_IMPLS)), default="auto",
-                     show_default=True,
-                     help="Generator event loop: auto = uvloop when installed, else asyncio."),
+        click.option("--event-loop", "loop_impl", type=click.Choice(list(LOOP_IMPLS)),
+                     default="auto", show_default=True,
+                     help="The generator's asyncio event loop: auto = uvloop when installed, "
+                          "else asyncio (not --loop, which picks open or closed loop)."),
+        click.option("--loop-impl", "loop_impl_old", type=click.Choice(list(LOOP_IMPLS)),
+                     hidden=True, help="Old spelling of --event-loop."),
         click.option("--realtime", is_flag=True,
                      help="Run the generator in SCHED_FIFO (Linux, root or CAP_SYS_NICE): "
                           "on-time sends on a busy machine."),
@@ -202,7 +205,8 @@ def engine_config(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, A
     return HttpConfig(target=target, requests=reqs, mode=mode, concurrency=concurrency,
                         warmup_s=warmup_s, timeout_s=timeout_s,
                         max_connections=kw["max_connections"],
-                        loop_impl=resolve_loop(kw.get("loop_impl") or "auto"),
+                        loop_impl=resolve_loop(kw.get("loop_impl_old") or kw.get("loop_impl")
+                                               or "auto"),
                         realtime=bool(kw.get("realtime")),
                         trace_sample=float(kw.get("trace_sample") or 0.0),
                         trace_seed=int(kw.get("seed") or 0))

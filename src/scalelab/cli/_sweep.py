@@ -39,9 +39,10 @@ def level_options(*, rate_help: str, concurrency_help: str, loop_default: str, l
                      show_default=True, help=loop_help),
         click.option("--multiples", default=DEFAULT_MULTIPLES, show_default=True,
                      help=multiples_help),
-        click.option("--arrival", type=click.Choice(list(ARRIVALS)),
-                     default="constant" if loop_default == "open" else "poisson",
-                     show_default=True, help="Open loop arrival spacing."),
+        click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="poisson",
+                     show_default=True,
+                     help="Open loop arrival spacing: poisson (independent arrivals, as real "
+                          "users send) or constant (evenly spaced)."),
         click.option("--duration", help="Measured time per level (default 10s), warm-up excluded."),
         click.option("--requests", "n_requests", type=int,
                      help="Measured requests per level instead."),

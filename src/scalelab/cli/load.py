@@ -87,10 +87,12 @@ def app() -> None:
               help="Meter this local server process tree across each level: its CPU seconds "
                    "and peak resident memory go into the level's record (server_cpu_s, "
                    "server_peak_rss_bytes).")
-@click.option("--server-metrics",
+@click.option("--metrics-url", "server_metrics",
               help="With --server-pid: the server's /metrics URL; its "
                    "scalelab_responses_total before and after each level gives the level's "
                    "server_responses.")
+@click.option("--server-metrics", "server_metrics_old", hidden=True,
+              help="Old spelling of --metrics-url.")
 @click.option("--trace-at", type=float,
               help="Mark requests with --trace-sample only at this level (a rate, or clients "
                    "with --concurrency); default: at every level.")
@@ -102,15 +104,15 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
         no_cold_start: bool, server_pid: int | None, server_metrics: str | None,
-        trace_at: float | None, cluster_address: str | None, as_json: bool,
-        **kw: Any) -> None:
+        server_metrics_old: str | None, trace_at: float | None, cluster_address: str | None,
+        as_json: bool, **kw: Any) -> None:
     """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag.
 
     \b
     Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
     stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
     """
-    meter = server_meter(server_pid, server_metrics)
+    meter = server_meter(server_pid, server_metrics or server_metrics_old)
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration, n_requests,
              warmup, processes, slo, error_budget, period, records, experiment, no_cold_start,
@@ -119,10 +121,10 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
 
 def server_meter(pid: int | None, metrics: str | None) -> ServerMeter | None:
     """The meter of --server-pid (bad usage: a process that is not running, or
-    --server-metrics alone)."""
+    --metrics-url alone)."""
     if pid is None:
         if metrics:
-            raise BadUsageError("--server-metrics needs --server-pid PID (the server it "
+            raise BadUsageError("--metrics-url needs --server-pid PID (the server it "
                                 "counts responses of)")
         return None
     if not psutil.pid_exists(pid):

@@ -79,7 +79,10 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--model", "model_name",
                      help="The request's model field (default: the first of GET /v1/models)."),
         click.option("--prompt-tokens", default="fixed:128", show_default=True,
-                     help="Prompt length in words (≈ tokens): fixed:N, uniform:A,B, normal:M,SD."),
+                     help="Prompt length in words, not tokens (words of a common-English "
+                          "vocabulary, about one token each in GPT-2/Llama/SmolLM tokenizers; "
+                          "the server's usage in the results is the true count): fixed:N, "
+                          "uniform:A,B, normal:M,SD."),
         click.option("--output-tokens", default="fixed:64", show_default=True,
                      help="max_tokens per request, same forms."),
         click.option("--prompts", type=click.Path(path_type=Path),
@@ -176,8 +179,9 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
 @click.argument("url")
 @level_options(rate_help="Open loop: requests per second.",
                concurrency_help="Closed loop: streams at once (a comma list sweeps).",
-               loop_default="closed", loop_help="With --base: sweep concurrency (closed) or "
-               "rates (open).", multiples_help=None, processes_help="Generator processes.")
+               loop_default="open", loop_help="With --base: sweep rates (open) or "
+               "concurrency (closed).", multiples_help="With --base: the multiples.",
+               processes_help="Generator processes.")
 @click.option("--slo", help='Token objectives, e.g. "ttft_p95<500ms,tpot_p95<60ms,avail>=99.9%".')
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per level.")
 @click.option("--experiment", help="Experiment id for the records (default: generated).")

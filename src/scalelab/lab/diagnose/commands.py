@@ -156,10 +156,13 @@ class LoadRun(_LoadTarget):
     path = ("load", "run")
     rates: list[float]
     duration: str
+    arrival: Literal["constant", "poisson"] | None = None
+    """`load run`'s default is poisson; the level sweeps ask for constant (evenly spaced),
+    kinder to short levels, as their capacity searches' start assumes (endpoint.grid_start)."""
     trace_sample: float | None = None
     trace_at: float | None = None
     server_pid: int | None = None
-    server_metrics: str | None = None
+    metrics_url: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -151,7 +151,8 @@ def _command(c: CustomStage, repeats: int, rec: Path) -> Command:
         return Sweep(var=f"{c.var}={levels}", repeats=repeats, metric=c.metric, records=rec,
                      command=list(c.command or []))
     return LoadRun(url=c.url or "", rates=[c.base_rate * lv for lv in c.levels],
-                   duration=c.duration, records=rec, header=c.header_flags(),
+                   duration=c.duration, arrival="constant", records=rec,
+                   header=c.header_flags(),
                    api_key_env=c.api_key_env,
                    payload="json" if c.body else None, body=Path(c.body) if c.body else None)
 

@@ -171,7 +171,8 @@ class ServeStage(Stage[ServeSettings]):
         repo: Path | None = None, data: Path | None = None, trace_sample: float | None = None,
     ) -> LoadRun:
         flights = repo is not None
-        return LoadRun(url=url, rates=rates, duration=s.duration, warmup=f"{WARMUP_S:g}s",
+        return LoadRun(url=url, rates=rates, duration=s.duration, arrival="constant",
+                       warmup=f"{WARMUP_S:g}s",
                        records=rec, payload="flights" if flights else None,
                        model=MODEL if flights else None, model_repo=repo, data=data,
                        trace_sample=trace_sample, **s.access())
@@ -278,7 +279,7 @@ class ServeStage(Stage[ServeSettings]):
         cmd = replace(self._load(s, url, rec, rates, repo=repo, data=data,
                                  trace_sample=TRACE_SAMPLE if traced else None),
                       trace_at=max(rates) if traced else None, server_pid=spawned.proc.pid,
-                      server_metrics=f"{spawned.url}/metrics")
+                      metrics_url=f"{spawned.url}/metrics")
         t0 = time.monotonic()
         res = ctx.run(Step(stage=self.name, label=f"serve {series} #{rep + 1}", command=cmd,
                            records=rec, series=series,
@@ -320,7 +321,7 @@ class ServeStage(Stage[ServeSettings]):
         cmd = replace(self._load(s, url, rec, [s.base_rate * m], repo=repo, data=data,
                                  trace_sample=trace_sample if index == 0 else None),
                       duration=f"{seconds:.3g}s", server_pid=spawned.proc.pid,
-                      server_metrics=f"{spawned.url}/metrics")
+                      metrics_url=f"{spawned.url}/metrics")
         more = f" +{index}" if index else ""
         res = ctx.run(
             Step(stage=self.name, label=f"serve {series} {m:g}× #{rep + 1}{more}",
