@@ -21,6 +21,7 @@ def test_rate_sweep_writes_one_valid_record_per_level(
     url = server("fixed", "--service-ms", "20")
     recs = tmp_path / "load.jsonl"
     rc = run(["load", url, "--rates", "50,100", "--duration", "1s", "--warmup", "0.2s",
+              "--arrival", "constant",
               "--slo", "p95<500ms", "--error-budget", "1%", "--records", str(recs), "--json"])
     assert rc == 0
     doc = _json(capsys)

@@ -49,6 +49,7 @@ def test_each_level_is_metered_on_its_own(fixed: tuple[subprocess.Popen[str], st
     proc, url = fixed
     recs = tmp_path / "load.jsonl"
     rc = run(["load", url, "--rates", "50,100", "--duration", "1s", "--warmup", "0.2s",
+              "--arrival", "constant",
               "--server-pid", str(proc.pid), "--metrics-url", f"{url}/metrics",
               "--trace-sample", "1", "--trace-at", "100", "--records", str(recs), "--json"])
     assert rc == 0

@@ -34,6 +34,7 @@ from scalelab.lab.diagnose.stages.endpoint import (
     metrics_note,
     metrics_url,
     noted,
+    sized_by,
     with_availability,
     with_notes,
 )
@@ -229,7 +230,7 @@ class CustomStageSet(Stage[CustomStages]):
             if isinstance(command, LoadRun):
                 # each level sized until its objectives are decided (diagnose.sizing)
                 ok = sized_levels(ctx, budget_key=self.name, stage=c.name, label=c.name,
-                                  cmd=command, objectives=c.built(),
+                                  cmd=command, objectives=sized_by(c.built()),
                                   series=LOAD, tag=tag, rec=rec,
                                   reserve_s=CAPACITY_SEARCH_S if c.capacity else 0.0)
             else:

@@ -34,6 +34,13 @@ def with_availability(objectives: list[Objective]) -> list[Objective]:
                                    label=DEFAULT_AVAILABILITY_LABEL)]
 
 
+def sized_by(objectives: list[Objective]) -> list[Objective]:
+    """The objectives a level is sized to decide (diagnose.sizing): all but the default
+    availability. Showing 99% takes 367 answered requests in a row, so a level is not
+    lengthened to prove it; its failures still miss it (judged like any objective)."""
+    return [o for o in objectives if o.label != DEFAULT_AVAILABILITY_LABEL]
+
+
 NOTE = "metrics_note"
 """The record extra holding the note (a string: the sheet keeps it, the advisors read it)."""
 

@@ -46,6 +46,7 @@ from scalelab.lab.diagnose.stages.endpoint import (
     metrics_note,
     metrics_url,
     noted,
+    sized_by,
     with_availability,
     with_notes,
 )
@@ -496,7 +497,7 @@ class LlmStage(Stage[LlmSettings]):
                                    keep=False, timeout_s=600))
                 return res.records[0] if res.records else None
 
-            level = size_level(chunk, s.built_objectives(), first_s=MIN_CHUNK_S,
+            level = size_level(chunk, sized_by(s.built_objectives()), first_s=MIN_CHUNK_S,
                                share_s=clock.next_share(), merge=merge_llm_chunks,
                                window=_window, overhead_s=CHUNK_OVERHEAD_S)
             if level is not None:

@@ -34,7 +34,13 @@ from scalelab.lab.core.verdict import StageGoal
 from scalelab.lab.diagnose.commands import LoadRun
 from scalelab.lab.diagnose.sizing import LevelClock, size_level
 from scalelab.lab.diagnose.stages.base import Artifact, Context, Stage
-from scalelab.lab.diagnose.stages.endpoint import grid_start, metrics_note, metrics_url, noted
+from scalelab.lab.diagnose.stages.endpoint import (
+    grid_start,
+    metrics_note,
+    metrics_url,
+    noted,
+    sized_by,
+)
 from scalelab.lab.diagnose.stages.serve_advice import advise
 from scalelab.lab.diagnose.stages.serve_config import (
     MODEL,
@@ -261,7 +267,7 @@ class ServeStage(Stage[ServeSettings]):
                     m=m, spawned=spawned, repo=repo, data=data,
                     trace_sample=TRACE_SAMPLE if traced and rate == top else None,
                     first=first.records.get(rate), lent=lent)
-                level = size_level(chunk, s.built_objectives(), first_s=first_s,
+                level = size_level(chunk, sized_by(s.built_objectives()), first_s=first_s,
                                    share_s=clock.next_share(), clock=lent.clock,
                                    overhead_s=STEP_START_S + WARMUP_S)
                 if level is not None:
@@ -296,7 +302,7 @@ class ServeStage(Stage[ServeSettings]):
         searching = s.capacity and capacity_slo(s.built_objectives()) is not None
         ok = sized_levels(ctx, budget_key=self.name, stage=self.name, label=f"load {endpoint}",
                           cmd=self._load(s, endpoint, rec, rates),
-                          objectives=s.built_objectives(), series=SERIES[s.baseline],
+                          objectives=sized_by(s.built_objectives()), series=SERIES[s.baseline],
                           tag=functools.partial(_user_endpoint, note=note), rec=rec,
                           reserve_s=CAPACITY_SEARCH_S if searching else 0.0)
         # The user's endpoint gets the reference server's capacity search too: where it
