@@ -22,7 +22,7 @@ EXTRAS: dict[str, str] = {
     "onnx": "serve",
     "onnxruntime": "serve",
     "opentelemetry": "trace",
-    "grpc": "serve",
+    "grpc": "grpc",
 }
 """Top-level module -> the scalelab extra that installs it."""
 

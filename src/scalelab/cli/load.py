@@ -57,6 +57,7 @@ from scalelab.lab.load.http.result import (
 from scalelab.lab.load.http.run import LoadPlan, run_load
 from scalelab.lab.load.result import DEFAULT_AVAILABILITY
 from scalelab.lab.load.schedule import ARRIVALS
+from scalelab.lab.load.server.reader import level_signals, start_reader
 from scalelab.lab.load.server_meter import ServerMeter
 from scalelab.lab.load.slo import Slo, budget, parse_percent, parse_slo
 
@@ -93,6 +94,14 @@ def app() -> None:
                    "server_responses.")
 @click.option("--server-metrics", "server_metrics_old", hidden=True,
               help="Old spelling of --metrics-url.")
+@click.option("--server-signals", is_flag=True,
+              help="Read the server's side of each level into its record: its /metrics "
+                   "(process_* metrics; vLLM, SGLang, TGI, llama.cpp, Triton, Ray Serve names) "
+                   "and, for a local server, its process tree (--server-pid, or found from the "
+                   "port).")
+@click.option("--prometheus", metavar="URL",
+              help="A Prometheus server to ask for the node_exporter, cAdvisor and DCGM series "
+                   "of each level's window (implies --server-signals).")
 @click.option("--trace-at", type=float,
               help="Mark requests with --trace-sample only at this level (a rate, or clients "
                    "with --concurrency); default: at every level.")
@@ -104,8 +113,9 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
         no_cold_start: bool, server_pid: int | None, server_metrics: str | None,
-        server_metrics_old: str | None, trace_at: float | None, cluster_address: str | None,
-        as_json: bool, **kw: Any) -> None:
+        server_metrics_old: str | None, server_signals: bool, prometheus: str | None,
+        trace_at: float | None, cluster_address: str | None, as_json: bool,
+        **kw: Any) -> None:
     """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag.
 
     \b
@@ -116,7 +126,8 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration, n_requests,
              warmup, processes, slo, error_budget, period, records, experiment, no_cold_start,
-             as_json, kw, cluster, meter=meter, trace_at=trace_at)
+             as_json, kw, cluster, meter=meter, trace_at=trace_at,
+             server_side=(server_signals, server_pid, prometheus))
 
 
 def server_meter(pid: int | None, metrics: str | None) -> ServerMeter | None:
@@ -139,7 +150,8 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
          error_budget: str | None, period: str, records: Path | None, experiment: str | None,
          no_cold_start: bool, as_json: bool, kw: dict[str, Any],
          cluster: Cluster | None, *, meter: ServerMeter | None = None,
-         trace_at: float | None = None) -> None:
+         trace_at: float | None = None,
+         server_side: tuple[bool, int | None, str | None] = (False, None, None)) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples)
     if trace_at is not None and trace_at not in sweep:
         raise BadUsageError(f"--trace-at {trace_at:g} is not one of the levels "
@@ -164,10 +176,18 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
         thr = objective.latency[0].threshold_s if objective and objective.latency else None
         if meter is not None:
             meter.start()
+        reader = start_reader(url, enabled=server_side[0], pid=server_side[1],
+                              prometheus_url=server_side[2])
         try:
             r = run_load(plan, slo_threshold_s=thr, cluster=cluster)
+        except BaseException:
+            if reader is not None:
+                reader.halt()
+            raise
         finally:
             server = meter.stop() if meter is not None else {}
+        side = level_signals(reader, errors_by_status=r.errors_by_status,
+                             requests=r.successes + r.failures)
         check_ran(r, url)
         results.append(r)
         lines = None
@@ -175,12 +195,14 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
             lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
                            successes=r.successes, failures=r.failures, wall_s=r.wall_s,
                            period_s=period_s)
-        out.append({**_level_json(r, lines, avail), "server": server or None})
+        out.append({**_level_json(r, lines, avail), "server": server or None,
+                    "server_signals": side.model_dump() if side is not None else None})
         if records is not None:
             # One level at a time: what was measured stays even if a later level is cut short.
-            append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
-                                               slo=objective.label if objective else None,
-                                               extra={"payload": kind, **server})])
+            rec = to_record(r, experiment=exp, url=url, budget=lines,
+                            slo=objective.label if objective else None,
+                            extra={"payload": kind, **server})
+            append_records(records, [rec.model_copy(update={"server": side})])
     doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
            "headers": header_names(target),
            "slo": objective.label if objective else None,

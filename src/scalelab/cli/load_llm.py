@@ -64,6 +64,7 @@ from scalelab.lab.load.result import DEFAULT_AVAILABILITY
 from scalelab.lab.load.schedule import ARRIVALS, Mode
 from scalelab.lab.load.scrape import Sampler, note_limits
 from scalelab.lab.load.send import Target
+from scalelab.lab.load.server.reader import level_signals, start_reader
 from scalelab.lab.load.slo import parse_percent
 
 
@@ -190,6 +191,14 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
 @click.option("--series", help="Tag the records with this series name (e.g. an engine setting).")
 @click.option("--server-pid", type=int, help="Sample this local server process tree's CPU "
               "(cpu_busy_cores) and peak memory during each level.")
+@click.option("--server-signals", is_flag=True,
+              help="Read the server's side of each level into its record: its /metrics "
+                   "(process_* metrics; vLLM, SGLang, TGI, llama.cpp, Triton, Ray Serve names), "
+                   "llama-server's /slots and, for a local server, its process tree "
+                   "(--server-pid, or found from the port).")
+@click.option("--prometheus", metavar="URL",
+              help="A Prometheus server to ask for the node_exporter, cAdvisor and DCGM series "
+                   "of each level's window (implies --server-signals).")
 @click.option("--quality-probe", "quality_probe", type=int, default=0, show_default=True,
               help="Output quality: answer the first N workload prompts one at a time first, "
                    "then send them as each level's first requests and report greedy agreement "
@@ -201,7 +210,8 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         records: Path | None, experiment: str | None, metrics_url: str | None,
-        series: str | None, server_pid: int | None, quality_probe: int,
+        series: str | None, server_pid: int | None, server_signals: bool,
+        prometheus: str | None, quality_probe: int,
         cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput,
     and with --quality-probe the greedy agreement with one-at-a-time answers.
@@ -213,7 +223,8 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration,
              n_requests, warmup, processes, slo, records, experiment, metrics_url, series,
-             server_pid, quality_probe, as_json, kw, cluster)
+             server_pid, quality_probe, as_json, kw, cluster,
+             server_side=(server_signals, prometheus))
 
 
 def _run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
@@ -221,7 +232,8 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
          n_requests: int | None, warmup: str, processes: int, slo: str | None,
          records: Path | None, experiment: str | None, metrics_url: str | None,
          series: str | None, server_pid: int | None, quality_probe: int, as_json: bool,
-         kw: dict[str, Any], cluster: Cluster | None) -> None:
+         kw: dict[str, Any], cluster: Cluster | None,
+         server_side: tuple[bool, str | None] = (False, None)) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples,
                          examples="--rates 1,2,5, --concurrency 1,4,16")
     dur, warm = lengths(duration, n_requests, warmup)
@@ -248,28 +260,36 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
                        duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
                        processes=processes)
         engine: dict[str, Any] = {}
+        reader = start_reader(target.base, enabled=server_side[0], pid=server_pid,
+                              prometheus_url=server_side[1])
         if metrics_url or server_pid:
             with Sampler(metrics_url, pid=server_pid) as sampler:
                 r = run_llm(plan, cluster=cluster)
             engine = sampler.extras()
         else:
             r = run_llm(plan, cluster=cluster)
+        side = level_signals(reader, errors_by_status=r.errors_by_status,
+                             requests=r.successes + r.failures,
+                             errors_by_kind=r.errors_by_kind)
         check_ran(r, url)
         results.append(r)
         agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
         out.append({**level_json(r, objective, price), "healthy": r.healthy(avail),
-                    "engine": engine, "quality": quality_json(agree)})
+                    "engine": engine,
+                    "server_signals": side.model_dump() if side is not None else None,
+                    "quality": quality_json(agree)})
         if records is not None:
             extra: dict[str, Any] = {**engine, "model": wl.model,
                                      **({"series": series} if series else {}),
                                      **(agree.extras() if agree else {})}
             limit = note_limits(extra)
             rss = engine.get("server_peak_rss_bytes")
-            append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
-                                               slo=objective, price_per_hour_usd=price,
-                                               extra=extra, limiting_resource=limit,
-                                               peak_memory_bytes=int(rss) if rss else None,
-                                               quality=agree.quality() if agree else None)])
+            rec = to_record(r, experiment=exp, url=url, workload=wl.label(),
+                            slo=objective, price_per_hour_usd=price,
+                            extra=extra, limiting_resource=limit,
+                            peak_memory_bytes=int(rss) if rss else None,
+                            quality=agree.quality() if agree else None)
+            append_records(records, [rec.model_copy(update={"server": side})])
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "experiment": exp,
            "headers": header_names(target), "mode": mode,
            "slo": objective.label if objective else None,

@@ -163,6 +163,8 @@ class LoadRun(_LoadTarget):
     trace_at: float | None = None
     server_pid: int | None = None
     metrics_url: str | None = None
+    server_signals: bool = False
+    prometheus: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
