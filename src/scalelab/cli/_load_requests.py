@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +222,7 @@ def check_ran(r: LoadResult, url: str) -> None:
                              f"{kinds}); is the server up at that address?")
 
 
-def exit_if_all_failed(results: list[LevelResult], url: str, *, llm: bool = False) -> None:
+def exit_if_all_failed(results: Sequence[LevelResult], url: str, *, llm: bool = False) -> None:
     """After the output: when every measured request failed, one stderr line with the likely
     cause, and exit status 1 (a run whose every request failed never exits 0)."""
     line = all_failed_line(results, url=url, llm=llm)

@@ -366,6 +366,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
     exp = experiment or new_experiment_id("capacity")
     obj = objective.latency[0]
     recs: list[Record] = []
+    tried: list[LoadResult] = []
 
     def run_step(rate: float) -> Step:
         progress.advance(f"capacity step: {rate:.1f} req/s")
@@ -378,6 +379,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
         r = run_load(plan, stop_check=None if cluster else rule.should_stop,
                      slo_threshold_s=obj.threshold_s, cluster=cluster)
         check_ran(r, url)
+        tried.append(r)
         verdict = rule.step_verdict(sent=r.requests, ok=r.successes, within=r.within_slo,
                                     errors=r.failures)
         hist = LatencyHistogram.decode(r.hist_blob)
@@ -414,6 +416,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
            "records": str(records) if records else None, "plot": str(plot) if plot else None}
     emit(doc, as_json, lambda c: _render_capacity(c, res, doc))
     if res.capacity_rps is None:
+        exit_if_all_failed(tried, url)  # every step's every request failed: the cause
         exit_if_missed([f"{objective.label} at every rate tried"])
 
 

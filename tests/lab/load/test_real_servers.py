@@ -307,3 +307,12 @@ def test_nginx_closing_after_keepalive_requests_loses_nothing(
     lv, _ = _level(capsys)
     assert (lv["successes"], lv["failures"], lv["retries"]) == (60, 0, 0)
     assert lv["server_closes"] == 12 and lv["connections"] == 12
+
+
+def test_a_capacity_search_with_every_request_failed_says_why(
+        http_server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["load", "capacity", http_server + "/nothing-here", "--slo", "p95<50ms",
+                "--start", "20", "--max-steps", "2", "--min-step", "0.5s", "--max-step", "1s",
+                "--warmup", "0s", "--json"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("every request failed (") and err[0].endswith("404: check the path")
