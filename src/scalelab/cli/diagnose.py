@@ -10,6 +10,7 @@ import click
 import yaml
 from rich.console import Console
 
+from scalelab.cli._export import output_option
 from scalelab.cli._output import emit, err_console, json_option
 from scalelab.cli._progress import live_progress
 from scalelab.lab.core.errors import BadInputError, BadUsageError
@@ -18,7 +19,7 @@ from scalelab.lab.core.units import format_multiple
 from scalelab.lab.core.verdict import Verdict
 from scalelab.lab.diagnose.budget import parse_budget
 from scalelab.lab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
-from scalelab.lab.diagnose.run import CONFIG, RECORDS, Runner, rebuild
+from scalelab.lab.diagnose.run import CONFIG, RECORDS, Runner, process_started, rebuild
 from scalelab.lab.report.document import ReportFiles
 from scalelab.lab.report.screen import print_screen
 from scalelab.lab.report.verdict_text import gap_text, open_text
@@ -104,6 +105,7 @@ def _written(files: ReportFiles) -> dict[str, Any]:
 )
 @click.option("--print-config", is_flag=True, help="Print the default objectives YAML and exit.")
 @fail_on_option
+@output_option
 @json_option
 def diagnose(
     config_path: Path | None,
@@ -113,6 +115,7 @@ def diagnose(
     print_config: bool,
     fail_on: str | None,
     as_json: bool,
+    output: Path | None,
 ) -> None:
     """Scale the reference ML system along its four bottlenecks and name the one that breaks.
 
@@ -143,7 +146,8 @@ def diagnose(
         def on_step(label: str, i: int, total: int) -> None:
             progress.update(total=total, completed=i - 1, note=label)
 
-        runner = Runner(cfg, out, m, progress=on_step, budget_s=budget_s)
+        runner = Runner(cfg, out, m, progress=on_step, budget_s=budget_s,
+                        started=process_started())
         outcome = runner.run()
     assert outcome.verdict is not None and outcome.files is not None
     failed = [s for s in outcome.steps if not s.ok]
@@ -177,10 +181,11 @@ def diagnose(
 @click.option("--verbose", is_flag=True,
               help="Print the long verdict, the checks and the full sheet (report.md) first.")
 @fail_on_option
+@output_option
 @json_option
 def report(
     results_dir: Path, config_path: Path | None, verbose: bool, fail_on: str | None,
-    as_json: bool,
+    as_json: bool, output: Path | None,
 ) -> None:
     """Rebuild the report (HTML, Markdown, JSON) from a results directory's records.
 

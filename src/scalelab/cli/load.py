@@ -11,7 +11,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
+from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._load_requests import (
     build_requests,
@@ -107,6 +109,8 @@ def app() -> None:
                    "with --concurrency); default: at every level.")
 @cluster_option
 @request_options
+@levels_plot_option("latency")
+@output_option
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
@@ -122,6 +126,9 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
     stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
     """
+    arrival, rate, duration = resolve_arrival(kw, arrival=arrival, rate=rate, rates=rates,
+                                              concurrency=concurrency, duration=duration,
+                                              n_requests=n_requests, warmup=warmup)
     meter = server_meter(server_pid, server_metrics or server_metrics_old)
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration, n_requests,
@@ -325,6 +332,7 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
               help="Write the latency-throughput curve (PNG or SVG).")
 @cluster_option
 @request_options
+@output_option
 @json_option
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
              fails_at: float | None, precision: str, confidence: str, min_step: str,

@@ -18,7 +18,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
+from scalelab.cli._dataset import dataset_of, dataset_options
+from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._load_requests import (
     connection_options,
@@ -41,6 +44,7 @@ from scalelab.cli._sweep import (
     trace_sample_option,
 )
 from scalelab.cli._sweep import fmt_ms as _ms
+from scalelab.cli.load_sessions import sessions_cmd
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.machine import available_cores
 from scalelab.lab.core.records import Record, append_records, new_experiment_id
@@ -120,7 +124,8 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "/v1/models included (default: $OPENAI_API_KEY). Never written "
                           "to records, reports or logs."),
     ]
-    return connection_options(functools.reduce(lambda acc, o: o(acc), reversed(opts), f))
+    return connection_options(functools.reduce(lambda acc, o: o(acc), reversed(opts),
+                                               dataset_options(f)))
 
 
 def served_model(target: Target) -> str | None:
@@ -147,7 +152,8 @@ def _workload(url: str, kw: dict[str, Any]) -> tuple[Target, Workload, list[byte
                   output=LengthDist.parse(kw["output_tokens"], what="--output-tokens"),
                   prompts_file=kw.get("prompts"), shared_prefix_words=kw["shared_prefix"],
                   ignore_eos=kw["ignore_eos"], usage=kw["usage"], seed=kw["seed"],
-                  distinct=kw["distinct"], temperature=kw["temperature"])
+                  distinct=kw["distinct"], temperature=kw["temperature"],
+                  dataset=dataset_of(kw))
     target = base
     if target.path in ("", "/"):
         target = dataclasses.replace(target, path=PATHS[wl.api])
@@ -205,6 +211,8 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
                    "with those answers (0: off).")
 @cluster_option
 @_workload_options
+@levels_plot_option("ttft")
+@output_option
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
@@ -220,6 +228,9 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
     stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
     """
+    arrival, rate, duration = resolve_arrival(kw, arrival=arrival, rate=rate, rates=rates,
+                                              concurrency=concurrency, duration=duration,
+                                              n_requests=n_requests, warmup=warmup)
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration,
              n_requests, warmup, processes, slo, records, experiment, metrics_url, series,
@@ -412,6 +423,7 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 @plot_option("TTFT and TPOT quantiles against the tried rates, and the capacity found")
 @cluster_option
 @_workload_options
+@output_option
 @json_option
 def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: str,
                  confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
@@ -533,3 +545,6 @@ def _render_capacity(c: Console, doc: dict[str, Any]) -> None:
     if cost is not None:
         c.print(f"cost at capacity: ${cost:.5f} per 1,000 output tokens at "
                 f"${doc['price_per_hour_usd']:.3f}/hour")
+
+
+llm.add_command(sessions_cmd)

@@ -18,7 +18,7 @@ from scalelab.lab.core.economics import review_lines, unit_costs
 from scalelab.lab.core.machine import Machine
 from scalelab.lab.core.objectives import Check
 from scalelab.lab.core.records import Record
-from scalelab.lab.core.serialize import jsonable
+from scalelab.lab.core.serialize import JSON_SCHEMA_VERSION, jsonable
 from scalelab.lab.core.sheet import SheetRow
 from scalelab.lab.core.units import (
     format_bytes,
@@ -226,6 +226,7 @@ def report_json(
     """The report as one JSON document (what `diagnose --json` and `report --json` print);
     `run` adds what the run knew beyond its records (experiment id, failed steps)."""
     return {
+        "schema_version": JSON_SCHEMA_VERSION,
         **(run or {}),
         "generated": datetime.now(UTC).isoformat(),
         "machine": machine.to_dict(),
