@@ -15,7 +15,15 @@ from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
-from scalelab.cli._load_requests import build_requests, check_ran, engine_config, request_options
+from scalelab.cli._load_requests import (
+    build_requests,
+    check_ran,
+    engine_config,
+    exit_if_all_failed,
+    failures_cell,
+    header_names,
+    request_options,
+)
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
@@ -49,6 +57,7 @@ from scalelab.lab.load.http.result import (
     to_record,
 )
 from scalelab.lab.load.http.run import LoadPlan, run_load
+from scalelab.lab.load.result import DEFAULT_AVAILABILITY
 from scalelab.lab.load.schedule import ARRIVALS
 from scalelab.lab.load.server.reader import level_signals, start_reader
 from scalelab.lab.load.server_meter import ServerMeter
@@ -81,10 +90,12 @@ def app() -> None:
               help="Meter this local server process tree across each level: its CPU seconds "
                    "and peak resident memory go into the level's record (server_cpu_s, "
                    "server_peak_rss_bytes).")
-@click.option("--server-metrics",
+@click.option("--metrics-url", "server_metrics",
               help="With --server-pid: the server's /metrics URL; its "
                    "scalelab_responses_total before and after each level gives the level's "
                    "server_responses.")
+@click.option("--server-metrics", "server_metrics_old", hidden=True,
+              help="Old spelling of --metrics-url.")
 @click.option("--server-signals", is_flag=True,
               help="Read the server's side of each level into its record: its /metrics "
                    "(process_* metrics; vLLM, SGLang, TGI, llama.cpp, Triton, Ray Serve names) "
@@ -106,7 +117,7 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
         no_cold_start: bool, server_pid: int | None, server_metrics: str | None,
-        server_signals: bool, prometheus: str | None,
+        server_metrics_old: str | None, server_signals: bool, prometheus: str | None,
         trace_at: float | None, cluster_address: str | None, as_json: bool,
         **kw: Any) -> None:
     """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag.
@@ -118,7 +129,7 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     arrival, rate, duration = resolve_arrival(kw, arrival=arrival, rate=rate, rates=rates,
                                               concurrency=concurrency, duration=duration,
                                               n_requests=n_requests, warmup=warmup)
-    meter = server_meter(server_pid, server_metrics)
+    meter = server_meter(server_pid, server_metrics or server_metrics_old)
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration, n_requests,
              warmup, processes, slo, error_budget, period, records, experiment, no_cold_start,
@@ -128,10 +139,10 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
 
 def server_meter(pid: int | None, metrics: str | None) -> ServerMeter | None:
     """The meter of --server-pid (bad usage: a process that is not running, or
-    --server-metrics alone)."""
+    --metrics-url alone)."""
     if pid is None:
         if metrics:
-            raise BadUsageError("--server-metrics needs --server-pid PID (the server it "
+            raise BadUsageError("--metrics-url needs --server-pid PID (the server it "
                                 "counts responses of)")
         return None
     if not psutil.pid_exists(pid):
@@ -158,6 +169,8 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
     target, reqs, kind = build_requests(url, kw)
     exp = experiment or new_experiment_id("load")
     out: list[dict[str, Any]] = []
+    results: list[LoadResult] = []
+    avail = objective.availability if objective is not None else None
     for i, level, conc in each_level(sweep, mode, label=f"load {url}", clients="clients",
                                      as_json=as_json):
         marks = trace_at is None or level == trace_at
@@ -183,12 +196,13 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
         side = level_signals(reader, errors_by_status=r.errors_by_status,
                              requests=r.successes + r.failures)
         check_ran(r, url)
+        results.append(r)
         lines = None
         if objective is not None:
             lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
                            successes=r.successes, failures=r.failures, wall_s=r.wall_s,
                            period_s=period_s)
-        out.append({**_level_json(r, lines), "server": server or None,
+        out.append({**_level_json(r, lines, avail), "server": server or None,
                     "server_signals": side.model_dump() if side is not None else None})
         if records is not None:
             # One level at a time: what was measured stays even if a later level is cut short.
@@ -197,16 +211,22 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
                             extra={"payload": kind, **server})
             append_records(records, [rec.model_copy(update={"server": side})])
     doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
+           "headers": header_names(target),
            "slo": objective.label if objective else None,
+           "availability": DEFAULT_AVAILABILITY if avail is None else avail,
+           "availability_given": avail is not None,
            "validity_rules": VALIDITY_RULES, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: _render_levels(c, doc))
+    exit_if_all_failed(list(results), url)
     exit_if_missed([f"{b.objective} at {level_of(lv):g}"
                     for lv in out for b in (lv["budget"] or []) if not b.met])
 
 
-def _level_json(r: LoadResult, lines: list[Any] | None) -> dict[str, Any]:
+def _level_json(r: LoadResult, lines: list[Any] | None,
+                availability: float | None = None) -> dict[str, Any]:
     d = {k: v for k, v in r.__dict__.items() if k != "hist_blob"}
+    d["healthy"] = r.healthy(availability)
     d["budget"] = lines
     return d
 
@@ -215,18 +235,23 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
     t = Table(title=f"load {doc['url']} ({doc['mode']} loop, {doc['payload']}; latency ms)",
               box=box.SIMPLE, pad_edge=False, collapse_padding=True)
     for col in ("level", "sent/s", "ok/s", "good/s", "p50", "p95", "p99", "p99.9", "max",
-                "err", "lag p50/p99/max", "ok?"):
+                "failures", "lag p50/p99/max", "valid", "healthy"):
         t.add_column(col, justify="right")
     for lv in doc["levels"]:
         lat = lv["latency"]
         level = level_of(lv)
-        errs = ",".join(f"{k}:{v}" for k, v in lv["errors_by_kind"].items()) or "0"
         t.add_row(f"{level:g}", f"{lv['sent_rps']:.0f}", f"{lv['throughput_rps']:.0f}",
                   f"{lv['goodput_rps']:.0f}", _ms(lat.p50_ms), _ms(lat.p95_ms),
-                  _ms(lat.p99_ms), _ms(lat.p999_ms), _ms(lat.max_ms), errs,
+                  _ms(lat.p99_ms), _ms(lat.p999_ms), _ms(lat.max_ms), failures_cell(lv),
                   "/".join(_ms(lv[k]) for k in ("lag_p50_ms", "lag_p99_ms", "lag_max_ms")),
-                  "yes" if lv["valid"] else "NO")
-    c.print(t)
+                  "yes" if lv["valid"] else "NO", "yes" if lv["healthy"] else "NO")
+    # cut at 80 columns when stdout is not a terminal: print at the width it needs
+    (c if c.width >= 130 else Console(width=130, highlight=False, file=c.file)).print(t)
+    c.print(f"[dim]valid: the generator offered the load asked for; healthy: at least "
+            f"{doc['availability']:.3g} of the server's answers succeeded"
+            + ("" if doc["availability_given"] else " (the default availability objective)")
+            + "[/]")
+    _render_connections(c, doc["levels"])
     traced = sum(lv["traced_requests"] for lv in doc["levels"])
     if traced:
         c.print(f"traced: {traced} requests carried a sampled traceparent (ids in --json)")
@@ -241,6 +266,23 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
         _render_budget(c, [(level_of(lv), lv["budget"]) for lv in doc["levels"]], doc["slo"])
     if doc["records"]:
         c.print(f"records appended to {doc['records']}")
+
+
+def _render_connections(c: Console, levels: list[dict[str, Any]]) -> None:
+    """What the client saw of the server's connections: closes, resends, Retry-After."""
+    closes = sum(lv.get("server_closes", 0) for lv in levels)
+    retries = sum(lv.get("retries", 0) for lv in levels)
+    if closes:
+        c.print(f"the server closed {closes:,} connections (Connection: close, HTTP/1.0 or "
+                "idle); each was replaced by a new one, counted in connections")
+    if retries:
+        c.print(f"{retries:,} requests hit a kept-alive connection the server had closed "
+                "before answering and were sent once more on a fresh one")
+    ra = [lv["retry_after_max_s"] for lv in levels if lv.get("retry_after_count")]
+    if ra:
+        n = sum(lv["retry_after_count"] for lv in levels)
+        c.print(f"{n:,} refusals carried Retry-After (up to {max(ra):g} s): the server's "
+                "admission limit speaking")
 
 
 def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) -> None:
@@ -332,6 +374,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
     exp = experiment or new_experiment_id("capacity")
     obj = objective.latency[0]
     recs: list[Record] = []
+    tried: list[LoadResult] = []
 
     def run_step(rate: float) -> Step:
         progress.advance(f"capacity step: {rate:.1f} req/s")
@@ -344,6 +387,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
         r = run_load(plan, stop_check=None if cluster else rule.should_stop,
                      slo_threshold_s=obj.threshold_s, cluster=cluster)
         check_ran(r, url)
+        tried.append(r)
         verdict = rule.step_verdict(sent=r.requests, ok=r.successes, within=r.within_slo,
                                     errors=r.failures)
         hist = LatencyHistogram.decode(r.hist_blob)
@@ -380,6 +424,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
            "records": str(records) if records else None, "plot": str(plot) if plot else None}
     emit(doc, as_json, lambda c: _render_capacity(c, res, doc))
     if res.capacity_rps is None:
+        exit_if_all_failed(tried, url)  # every step's every request failed: the cause
         exit_if_missed([f"{objective.label} at every rate tried"])
 
 

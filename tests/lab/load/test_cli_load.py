@@ -21,6 +21,7 @@ def test_rate_sweep_writes_one_valid_record_per_level(
     url = server("fixed", "--service-ms", "20")
     recs = tmp_path / "load.jsonl"
     rc = run(["load", url, "--rates", "50,100", "--duration", "1s", "--warmup", "0.2s",
+              "--arrival", "constant",
               "--slo", "p95<500ms", "--error-budget", "1%", "--records", str(recs), "--json"])
     assert rc == 0
     doc = _json(capsys)
@@ -166,10 +167,17 @@ def test_a_level_answered_with_errors_is_a_measurement(
         server: Callable[..., str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = server("fast")
     recs = tmp_path / "e.jsonl"
+    # Measured and kept (output and records), and a run whose every request failed exits 1
+    # with the likely cause in one line.
     assert run(["load", f"{url}/status/503", "--rate", "50", "--requests", "20", "--warmup",
-                "0s", "--records", str(recs), "--json"]) == 0
-    lv = _json(capsys)["levels"][0]
+                "0s", "--records", str(recs), "--json"]) == 1
+    out = capsys.readouterr()
+    lv = json.loads(out.out)["levels"][0]
     assert lv["errors_by_status"] == {"503": 20} and lv["successes"] == 0
+    assert not lv["healthy"] and lv["valid"]
+    assert out.err.strip() == ("every request failed (20 sent): 503: the server refused every "
+                               "request: an admission limit or an overload; lower the rate or "
+                               "raise its limit")
     (rec,) = read_records(recs)
     assert rec.failures == 20 and rec.failure_rate == 1.0
 

@@ -62,7 +62,7 @@ def run_search(s: ServeSettings, ctx: Context, *, stage: str, series: str, url: 
                        min_step=f"{floor_s / 2:g}s", max_step=f"{step_s:g}s",
                        max_steps=s.capacity_max_steps, warmup=SEARCH_WARMUP, records=rec,
                        payload="flights" if repo else None, model=MODEL if repo else None,
-                       model_repo=repo, data=data)
+                       model_repo=repo, data=data, **s.access())
     ctx.run(Step(stage=stage, label=f"serve {series} capacity", command=cmd, records=rec,
                  series=series + CAPACITY,
                  tag=tag or functools.partial(restage, stage=stage), timeout_s=600))
