@@ -24,6 +24,9 @@ from scalelab.lab.diagnose.stages.serve_curve import (
 from scalelab.lab.diagnose.steps import Step, restage
 
 SEARCH_WARMUP = "0.5s"
+SEARCH_CONFIRM = "10s"
+"""Each search's answer is confirmed by a run this long at its rate before the advice divides
+by it: shorter than `load capacity`'s 30 s under diagnose's time budget (the outcome says so)."""
 
 
 def search_path(ctx: Context, series: str) -> Path:
@@ -61,6 +64,7 @@ def run_search(s: ServeSettings, ctx: Context, *, stage: str, series: str, url: 
                        fails_at=fails_at if fails_at is not None and fails_at > first else None,
                        min_step=f"{floor_s / 2:g}s", max_step=f"{step_s:g}s",
                        max_steps=s.capacity_max_steps, warmup=SEARCH_WARMUP, records=rec,
+                       confirm=SEARCH_CONFIRM,
                        payload="flights" if repo else None, model=MODEL if repo else None,
                        model_repo=repo, data=data)
     ctx.run(Step(stage=stage, label=f"serve {series} capacity", command=cmd, records=rec,
