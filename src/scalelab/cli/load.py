@@ -269,8 +269,9 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
     """Find the highest arrival rate meeting the SLO (exponential search, then bisection).
 
     \b
-    Exit status: 0 a rate met the objectives; 1 no tried rate met them; 2 bad usage or
-    input; 70 internal error; 130 interrupted.
+    Exit status: 0 a rate met the objectives (and held in its confirmation run); 1 no tried
+    rate met them, or none held in a confirmation; 2 bad usage or input; 70 internal error;
+    130 interrupted.
     """
     with open_cluster(cluster_address) as cluster:
         _capacity(url, slo, error_budget, start, max_rate, precision, confidence, min_step,
@@ -331,6 +332,9 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
     emit(doc, as_json, lambda c: _render_capacity(c, res, doc))
     if res.capacity_rps is None:
         exit_if_missed([f"{objective.label} at every rate tried"])
+    if confirm_s > 0 and res.confirmed_rps is None:
+        exit_if_missed([f"{objective.label} in the confirmation run: the answer is not "
+                        "confirmed (raise --max-steps to search further below it)"])
 
 
 def _int(text: str, *, what: str) -> int:

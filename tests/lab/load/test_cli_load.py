@@ -139,9 +139,15 @@ def test_capacity_search_finds_a_known_capacity(
     rc = run(["load", "capacity", url, "--slo", "p95<60ms", "--arrival", "constant",
               "--start", "50", "--precision", "4%", "--min-step", "2s", "--max-step", "4s",
               "--warmup", "0.3s", "--records", str(recs), "--plot", str(plot), "--json",
-              *(["--realtime"] if realtime_ok else [])])
+              "--confirm", "4s", *(["--realtime"] if realtime_ok else [])])
     assert rc == 0
     doc = _json(capsys)
+    # The answer holds for its confirmation run (full length at that rate), within 5% under
+    # the known capacity and never over it by more than the step's allowance below.
+    assert doc["confirmed_rps"] == doc["capacity_rps"] and 95.0 <= doc["capacity_rps"] <= 102.5
+    conf = [s for s in doc["steps"] if s["confirmation"]]
+    assert conf[-1]["rate"] == doc["confirmed_rps"] and conf[-1]["steady"]["rate_held"]
+    doc["steps"] = [s for s in doc["steps"] if not s["confirmation"]]
     lo, hi = doc["interval_rps"]
     assert doc["converged"] and doc["capacity_rps"] == lo
     # The interval holds the true capacity; a rate within ~2% above it may still pass a 4 s
@@ -158,7 +164,7 @@ def test_capacity_search_finds_a_known_capacity(
     assert all(s["requests_needed"] == 230 for s in doc["steps"])
     short = [s for s in doc["steps"] if s["requests"] < 230]
     assert short and all(s["verdict"].startswith("undecided") for s in short)
-    assert len(read_records(recs)) == len(doc["steps"])
+    assert len(read_records(recs)) == len(doc["steps"]) + len(conf)
     assert plot.stat().st_size > 1000
 
 
@@ -182,10 +188,66 @@ def test_a_rate_known_to_fail_is_never_offered(
     url = server("queue", "--service-ms", "10")
     rc = run(["load", "capacity", url, "--slo", "p50<60ms", "--arrival", "constant",
               "--start", "50", "--fails-at", "80", "--min-step", "0.5s", "--max-step", "2s",
-              "--max-steps", "4", "--warmup", "0.2s", "--json"])
+              "--max-steps", "4", "--warmup", "0.2s", "--confirm", "0s", "--json"])
     assert rc == 0
     doc = _json(capsys)
     rates = [s["rate"] for s in doc["steps"]]
     distinct = [r for i, r in enumerate(rates) if i == 0 or r != rates[i - 1]]
     assert distinct[:2] == [50, 65] and max(rates) < 80
     assert doc["fails_at"] == 80 and doc["interval_rps"][1] <= 80
+
+
+def test_capacity_counts_only_answered_requests(
+        server: Callable[..., str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 4 requests in service at most, 10 ms each; above that the server answers 503 at once
+    # (accepted requests stay fast: p95 ≈ 10 ms at every rate). Refused share with Poisson
+    # arrivals, Erlang B(4, rate × 10 ms): 0.8% at 80 req/s, 5.6% at 160, 15% at 320. The
+    # latency-only search read the fast 503s as capacity (issue #44: 12,000 req/s).
+    url = server("admit", "--service-ms", "10", "--limit", "4")
+    recs = tmp_path / "admit.jsonl"
+    rc = run(["load", "capacity", url, "--slo", "p95<100ms", "--start", "40", "--min-step",
+              "1s", "--max-step", "4s", "--max-steps", "10", "--warmup", "0.3s", "--confirm",
+              "3s", "--records", str(recs), "--json"])
+    doc = _json(capsys)
+    # Below the refusal onset (≈ 87 req/s keeps 99% answered; 125 req/s refuses 2.9%), far
+    # from the 400 req/s the accepted requests alone would allow and never what latency alone
+    # said; unconfirmed within the steps, it exits 1 and advises nothing from it.
+    assert (rc == 0) == (doc["confirmed_rps"] is not None)
+    assert doc["confirmed_rps"] is None or 40 <= doc["confirmed_rps"] < 125
+    assert max(s["rate"] for s in doc["steps"]) <= 160
+    over = [s for s in doc["steps"] if s["rate"] >= 160]
+    assert over and all(s["verdict"] == "fail" for s in over)
+    assert any("availability decided missed" in w for s in over for w in s["extras"]["why"])
+    # Each step's record keeps what a decided check needs: rate, n, failures, outcome.
+    got = read_records(recs)
+    assert all({"outcome", "verdict", "samples"} <= set(r.extras) for r in got)
+    assert {r.extras["outcome"] for r in got if r.level >= 160} == {"missed"}
+
+
+def test_replica_advice_divides_by_the_confirmed_capacity(
+        server: Callable[..., str], tmp_path: Path) -> None:
+    # The same admission-limited endpoint as a diagnose custom load stage's search; a peak of
+    # 400 req/s needs more than one replica of what it answers.
+    from scalelab.lab.core.objectives import Objective
+    from scalelab.lab.core.sheet import build_sheet
+    from scalelab.lab.core.verdict import StageGoal, judge
+    from scalelab.lab.diagnose.stages import serve
+
+    url = server("admit", "--service-ms", "10", "--limit", "4")
+    recs = tmp_path / "admit.jsonl"
+    run(["load", "capacity", url, "--slo", "p95<100ms", "--start", "40", "--min-step", "1s",
+         "--max-step", "4s", "--max-steps", "10", "--warmup", "0.3s", "--confirm", "3s",
+         "--records", str(recs), "--json"])
+    got = [r.model_copy(update={"stage": "api", "extras": {**r.extras, "series": "load capacity"}})
+           for r in read_records(recs)]
+    base = [r.model_copy(update={"extras": {**r.extras, "series": "load"}}) for r in got
+            if r.level == 40 and r.variable == "rate"]
+    goal = StageGoal(stage="api", objectives=[Objective(metric="p95_ms", max=100)],
+                     baseline_series="load", target_multiple=10, advisor=serve.advise)
+    v = judge([goal], build_sheet(got + base), cores=2, memory_bytes=2**34).stages[0]
+    replicas = int(v.intervention.split("run ", 1)[1].split(" replica")[0])
+    # Divided by the confirmed capacity (under 125 req/s) or, unconfirmed, by the levels'
+    # 40 req/s: never by the 160+ req/s that latency alone passed.
+    assert replicas >= 4
+    confirmed = "confirmed by" in v.predicted
+    assert confirmed == ("capacity search's" in v.predicted)

@@ -29,13 +29,15 @@ Search: from `start`, double while steps pass; then bisect between the highest p
 lowest fail until they are within `precision`. A rate already decided to fail elsewhere
 (`fails_at`, e.g. a level sweep's) ends the doubling below it: the search bisects towards it.
 A step flagged invalid (the generator did not offer the rate: a stall of the machine, not of
-the server) is run again before it counts; one still invalid whose server-side verdict passed
-ends the search at the generator's ceiling: the answer is "at least" the highest pass below it.
+the server) is run again before it counts; one still invalid ends the search at the
+generator's ceiling, whatever its verdict (a late generator's lag is charged to latency): the
+answer is "at least" the highest pass below it.
 The capacity is the highest passing rate and its interval is [highest pass, lowest fail].
 
 Confirmation (`confirmed_search`): the answer is run again for a longer, full-length step; one
-that fails sends the search below that rate (the failed rate is its new upper bound) until a
-confirmation holds or the steps run out. Advice divides only by a confirmed capacity.
+that fails sends the search below that rate (twice the precision below it, bisecting down from
+there when that fails too) until a confirmation holds or the steps run out. Advice divides only
+by a confirmed capacity.
 """
 
 from __future__ import annotations
@@ -211,9 +213,13 @@ class StepRule(StopRule[Progress]):
                 decided_pass = False
         if ok == 0:
             return "fail", errors > 0
-        if decided_pass:
+        # Without an availability objective, failures over the default budget still keep a
+        # step from passing: it runs on until they decide a miss (or it ends undecided).
+        limit = budget if budget is not None else 1.0 - DEFAULT_AVAILABILITY
+        failing = errors / (ok + errors) > limit
+        if decided_pass and not failing:
             return "pass", True
-        point_ok = within / ok >= q and (budget is None or errors / (ok + errors) <= budget)
+        point_ok = within / ok >= q and not failing
         return ("pass" if point_ok else "fail"), False
 
     def _measured(self, progress: Progress) -> int:
@@ -365,6 +371,10 @@ class CapacityResult:
     def answer(self) -> str:
         """The answer in one line, its confirmation beside it."""
         if self.capacity_rps is None:
+            if self.confirmations:
+                c = self.confirmations[-1]
+                return (f"no confirmed capacity: {len(self.confirmations)} confirmation run(s) "
+                        f"failed, the last at {c.rate:.4g} req/s, and the steps ran out")
             if self.at_least:
                 return (f"none found: the generator could not offer "
                         f"{self.generator_limit_rps:.4g} req/s, the first rate it tried")
@@ -398,8 +408,11 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
                 break
             s = run_step(rate)
             steps.append(s)
-        if not s.valid and s.server_passed:
-            ceiling.append(rate)  # the generator's limit, not the server's: stop here
+        if not s.valid:
+            # Still not offered: what the server did at this rate is unknown (a late
+            # generator's lag is charged to latency, so even a "fail" may be its own). The
+            # generator's limit, not the server's: the search stops here.
+            ceiling.append(rate)
         return s.passed
 
     rate = cfg.start
@@ -443,10 +456,12 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
 
 def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float], Step],
                      cfg: SearchConfig, *, max_confirms: int = 3) -> CapacityResult:
-    """`search`, then `confirm` (a full-length step, `Step.confirmation`) at its answer; a
-    failed confirmation is the new upper bound and the search runs again below it, from the
-    highest rate that passed under it (half the failed rate when none did), until one holds,
-    `max_confirms` have run, or `cfg.max_steps` are spent (confirmations count as steps)."""
+    """`search`, then `confirm` (a full-length step, `Step.confirmation`) at its answer. A
+    failed confirmation at r bounds the capacity below r, but the short steps that passed near r
+    cannot place it better (they passed there already): the search runs again from
+    r × (1 - 2 × precision) with that as its ceiling (a failing step there bisects down), and
+    its answer is confirmed in turn, until one holds, `max_confirms` have run, or
+    `cfg.max_steps` are spent (confirmations count as steps)."""
     res = search(run_step, cfg)
     steps = list(res.steps)
     confirmed: float | None = None
@@ -458,16 +473,17 @@ def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float
         if c.passed:
             confirmed = c.rate
             break
-        below = [s.rate for s in steps if s.passed and not s.confirmation and s.rate < c.rate]
-        start = max(below, default=c.rate / 2.0)
+        start = c.rate * (1.0 - 2.0 * cfg.precision)
         left = cfg.max_steps - len(steps)
-        if left < 1 or start < cfg.start / 64.0:
+        if left < 1:
             res = replace(res, capacity_rps=None, interval_rps=(None, c.rate))
             break
-        sub = search(run_step, replace(cfg, start=start, fails_at=c.rate, max_steps=left,
-                                       max_rate=min(cfg.max_rate, c.rate)))
+        sub = search(run_step, replace(cfg, start=start, fails_at=None, max_rate=start,
+                                       max_steps=left))
         steps += sub.steps
-        res = replace(sub, generator_limit_rps=sub.generator_limit_rps or res.generator_limit_rps)
+        hi = sub.interval_rps[1] if sub.interval_rps[1] is not None else c.rate
+        res = replace(sub, interval_rps=(sub.capacity_rps, hi),
+                      generator_limit_rps=sub.generator_limit_rps or res.generator_limit_rps)
     return replace(res, steps=steps, confirmed_rps=confirmed, knee_rps=knee(steps))
 
 
