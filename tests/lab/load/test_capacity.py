@@ -253,9 +253,28 @@ def test_failures_that_decide_availability_missed_fail_the_step_at_once() -> Non
     rule = StepRule(slo=parse_slo("p95<50ms"), min_step_s=3.0)
     # 30 of 100 refused: decided missed (the lower bound 0.21 > 1%) before any floor.
     assert rule.availability_missed(ok=70, errors=30)
+    assert rule.verdict(ok=70, within=70, errors=30) == ("fail", True)
     assert rule.should_stop(Progress(sent=100, ok=70, errors=30, within=70), 0.2)
     assert rule.step_verdict(sent=10_000, ok=7_000, within=7_000, errors=3_000) == "fail"
     # 1 of 300 failed: not decided missed, and passing it is not required per step.
     assert not rule.availability_missed(ok=299, errors=1)
     assert rule.step_verdict(sent=300, ok=299, within=299, errors=1) == "pass"
     assert not rule.should_stop(Progress(sent=100, ok=99, errors=1, within=99), 0.2)
+    # 5 of 300 failed (1.7%): not decided missed (the lower bound is 0.54%), but over the
+    # default 1% budget, so the step does not pass on its latency: it runs on, undecided.
+    assert not rule.availability_missed(ok=295, errors=5)
+    assert rule.verdict(ok=295, within=295, errors=5) == ("fail", False)
+    assert rule.step_verdict(sent=300, ok=295, within=295, errors=5) == "undecided-fail"
+
+
+def test_a_step_that_is_not_steady_fails_whatever_its_latency() -> None:
+    from scalelab.lab.load.steady import SteadyTrace, judge
+
+    rule = StepRule(slo=parse_slo("p95<50ms"))
+    flat = SteadyTrace(n=[10] * 30, lat_s=[0.1] * 30, sent=300, served=300, span_s=3.0)
+    behind = SteadyTrace(n=[10] * 30, lat_s=[0.1] * 30, sent=300, served=240, span_s=3.0)
+    counts = {"sent": 300, "ok": 300, "within": 300, "errors": 0}
+    assert rule.step_verdict(**counts, steady=judge(flat, threshold_s=0.05,
+                                                    confidence=0.95)) == "pass"
+    assert rule.step_verdict(**counts, steady=judge(behind, threshold_s=0.05,
+                                                    confidence=0.95)) == "fail"

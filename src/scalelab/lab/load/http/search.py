@@ -1,6 +1,7 @@
-"""One HTTP capacity search: its steps (stopped by the rule), its confirmation runs (full
-length) and what each showed, judged the same way (`capacity.StepRule` on the counts,
-`steady.judge` on the step's trace, the generator's validity), with one record per step.
+"""One HTTP capacity search: steps stopped by the rule, confirmations at full length, each judged.
+
+Every run is judged the same way (`capacity.StepRule` on the counts, `steady.judge` on the
+step's trace, the generator's validity) and written as one record.
 """
 
 from __future__ import annotations
