@@ -240,12 +240,14 @@ def test_a_failed_confirmation_sends_the_search_below_it() -> None:
     assert [s.rate for s in res.confirmations] == [100, 90]
     assert res.answer() == ("capacity 90 req/s, confirmed by 30 s at that rate (100 "
                             "requests, served 90 req/s)")
-    # Never confirmed within the steps: no confirmed capacity.
+    # Never confirmed: three confirmations (100, 90, 81), then no confirmed capacity.
+    calls.clear()
     res = confirmed_search(step, lambda r: _step(r, False, confirmation=True),
-                           SearchConfig(start=25, precision=0.05, max_steps=12))
-    assert (res.confirmed_rps, res.capacity_rps, len(res.steps)) == (None, None, 12)
-    assert res.answer() == ("no confirmed capacity: 2 confirmation run(s) failed, the last at "
-                            "90 req/s, and the steps ran out")
+                           SearchConfig(start=25, precision=0.05))
+    assert [s.rate for s in res.confirmations] == pytest.approx([100, 90, 81])
+    assert (res.confirmed_rps, res.capacity_rps, res.interval_rps) == (None, None, (None, 81))
+    assert res.answer() == ("no confirmed capacity: 3 confirmation run(s) failed, the last at "
+                            "81 req/s")
 
 
 def test_failures_that_decide_availability_missed_fail_the_step_at_once() -> None:

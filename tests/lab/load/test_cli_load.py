@@ -254,3 +254,22 @@ def test_replica_advice_divides_by_the_confirmed_capacity(
     assert replicas >= 4
     confirmed = "confirmed by" in v.predicted
     assert confirmed == ("capacity search's" in v.predicted)
+
+
+@pytest.mark.slow
+def test_the_default_confirmation_is_30_s_at_the_answer(
+        server: Callable[..., str], capsys: pytest.CaptureFixture[str], realtime_ok: bool) -> None:
+    # The 100 req/s FIFO server with `load capacity`'s default --confirm (30 s): the answer
+    # holds for 30 s of its own rate, within 5% under the known capacity.
+    url = server("queue", "--service-ms", "10")
+    rc = run(["load", "capacity", url, "--slo", "p95<60ms", "--arrival", "constant",
+              "--start", "50", "--precision", "4%", "--min-step", "2s", "--max-step", "4s",
+              "--warmup", "0.3s", "--json", *(["--realtime"] if realtime_ok else [])])
+    assert rc == 0
+    doc = _json(capsys)
+    assert doc["confirm_s"] == 30.0
+    conf = [s for s in doc["steps"] if s["confirmation"]][-1]
+    assert conf["rate"] == doc["confirmed_rps"] == doc["capacity_rps"]
+    assert 95.0 <= doc["confirmed_rps"] <= 102.5
+    # 30 s of constant arrivals at the confirmed rate, never stopped early.
+    assert conf["requests"] == pytest.approx(conf["rate"] * 30, abs=2)

@@ -374,7 +374,7 @@ class CapacityResult:
             if self.confirmations:
                 c = self.confirmations[-1]
                 return (f"no confirmed capacity: {len(self.confirmations)} confirmation run(s) "
-                        f"failed, the last at {c.rate:.4g} req/s, and the steps ran out")
+                        f"failed, the last at {c.rate:.4g} req/s")
             if self.at_least:
                 return (f"none found: the generator could not offer "
                         f"{self.generator_limit_rps:.4g} req/s, the first rate it tried")
@@ -460,26 +460,28 @@ def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float
     failed confirmation at r bounds the capacity below r, but the short steps that passed near r
     cannot place it better (they passed there already): the search runs again from
     r × (1 - 2 × precision) with that as its ceiling (a failing step there bisects down), and
-    its answer is confirmed in turn, until one holds, `max_confirms` have run, or
-    `cfg.max_steps` are spent (confirmations count as steps)."""
+    its answer is confirmed in turn, until one holds or `max_confirms` have run. Confirmations
+    do not count against `cfg.max_steps`; the searches below a failed one share what the first
+    search left (at least one step each)."""
     res = search(run_step, cfg)
     steps = list(res.steps)
+    searched = len(steps)
     confirmed: float | None = None
-    for _ in range(max_confirms):
-        if res.capacity_rps is None or len(steps) >= cfg.max_steps:
+    for k in range(max_confirms):
+        if res.capacity_rps is None:
             break
         c = confirm(res.capacity_rps)
         steps.append(c)
         if c.passed:
             confirmed = c.rate
             break
-        start = c.rate * (1.0 - 2.0 * cfg.precision)
-        left = cfg.max_steps - len(steps)
-        if left < 1:
+        if k == max_confirms - 1:
             res = replace(res, capacity_rps=None, interval_rps=(None, c.rate))
             break
+        start = c.rate * (1.0 - 2.0 * cfg.precision)
         sub = search(run_step, replace(cfg, start=start, fails_at=None, max_rate=start,
-                                       max_steps=left))
+                                       max_steps=max(1, cfg.max_steps - searched)))
+        searched += len(sub.steps)
         steps += sub.steps
         hi = sub.interval_rps[1] if sub.interval_rps[1] is not None else c.rate
         res = replace(sub, interval_rps=(sub.capacity_rps, hi),
