@@ -145,13 +145,13 @@ def ours(url: str, *, start: float, confirm: str, realtime: bool) -> dict[str, A
     for st in doc["steps"]:
         steady = st["steady"] or {}
         held = steady.get("rate_held") and not steady.get("trending")
-        for why in st["extras"]["invalid_reasons"] + st["extras"]["why"]:
-            print(f"      {why}")
         print(f"   scalelab {st['rate']:7.2f} req/s{' (confirm)' if st['confirmation'] else ''}"
               f": {st['verdict']:<15} p99 {st['quantile_ms'] or 0:.1f} ms, {st['requests']} "
               f"requests, served {steady.get('served_rps') or 0:.1f}/s, "
               f"{'steady' if held else 'NOT steady'}"
               f", {'valid' if st['valid'] else 'INVALID'}")
+        for why in st["extras"]["invalid_reasons"] + st["extras"]["why"]:
+            print(f"      {why}")
     return {"capacity_rps": doc["capacity_rps"], "confirmed_rps": doc["confirmed_rps"],
             "interval_rps": doc["interval_rps"], "answer": doc["answer"],
             "steps": doc["steps"], "wall_s": time.monotonic() - t0}
