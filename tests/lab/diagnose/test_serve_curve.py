@@ -46,7 +46,7 @@ def test_undecided_steps_are_not_misses_and_say_what_the_rule_needs() -> None:
 
 def test_decided_pass_and_fail_around_an_undecided_step() -> None:
     search = steps("batching=on capacity", (40, "undecided-pass", 120), (80, "pass", 400),
-                   (160, "fail", 300), (120, "undecided-fail", 900))
+                   (160, "fail", 300), (120, "undecided-fail", 900), capacity_confirm=False)
     rows = build_sheet(search + confirm("batching=on capacity", 80))
     o = search_outcome("batching=on", rows)
     assert (o.capacity_rps, o.fails_at) == (80, 160)
@@ -60,6 +60,13 @@ def test_decided_pass_and_fail_around_an_undecided_step() -> None:
     assert (o.capacity_rps, o.searched_rps) == (None, 80)
     assert o.text().startswith("batching=on: the search passed 80 requests/s but no "
                                "confirmation run was made: no confirmed capacity")
+    # A search that does not confirm (`load llm capacity`: no `capacity_confirm` in its
+    # records) keeps its decided pass.
+    llm = steps("c capacity", (4, "pass", 400), (8, "fail", 300))
+    o = search_outcome("c", build_sheet(llm))
+    assert (o.capacity_rps, o.confirming) == (4, False)
+    assert o.text() == ("c: capacity at the objective 4 requests/s measured (fails at 8), 2 "
+                        "search steps")
     # A failed confirmation is a fail above the confirmed rate below it.
     o = search_outcome("batching=on", build_sheet(
         search + confirm("batching=on capacity", 80, "fail") + steps(

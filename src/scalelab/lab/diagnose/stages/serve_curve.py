@@ -113,6 +113,8 @@ class SearchOutcome:
     """Length of the confirmation run that passed (measured seconds)."""
     confirmations: int = 0
     """Confirmation runs made."""
+    confirming: bool = True
+    """The search confirms its answer (False: `load llm capacity`, whose pass is counted)."""
     fails_at: float | None
     """Lowest rate decided to fail above it (or the lowest decided fail without a pass)."""
     steps: int
@@ -123,9 +125,7 @@ class SearchOutcome:
     def text(self) -> str:
         if self.capacity_rps is not None:
             head = (f"{self.setting}: capacity at the objective {self.capacity_rps:.4g} "
-                    f"requests/s measured, confirmed by {self.confirm_s or 0:.3g} s at that rate"
-                    + (f" (shorter than load capacity's {CONFIRM_S:g} s, under diagnose's time "
-                       "budget)" if (self.confirm_s or 0) < CONFIRM_S * 0.9 else "")
+                    "requests/s measured" + self._confirmed_text()
                     + (f" (fails at {self.fails_at:.4g})" if self.fails_at is not None else ""))
         elif self.searched_rps is not None:
             head = (f"{self.setting}: the search passed {self.searched_rps:.4g} requests/s but "
@@ -138,6 +138,13 @@ class SearchOutcome:
         else:
             head = f"{self.setting}: the search was undecided (no step measured enough to decide)"
         return head + f", {self.steps} search steps" + self._undecided_text()
+
+    def _confirmed_text(self) -> str:
+        if not self.confirming:
+            return ""
+        return (f", confirmed by {self.confirm_s or 0:.3g} s at that rate"
+                + (f" (shorter than load capacity's {CONFIRM_S:g} s, under diagnose's time "
+                   "budget)" if (self.confirm_s or 0) < CONFIRM_S * 0.9 else ""))
 
     def _undecided_text(self) -> str:
         if not self.undecided:
@@ -215,7 +222,10 @@ def search_outcome(setting: str, rows: list[SheetRow]) -> SearchOutcome:
     failed = [r.level for r, v in verdicts if v == "fail"] + [
         r.level for r, v in confirms if r not in held]
     searched = max(passed) if passed else None
-    cap = best.level if best is not None else None
+    # A search that confirms (`load capacity`: its steps say `capacity_confirm`) counts only a
+    # confirmed rate; one that does not (`load llm capacity`) keeps its decided pass.
+    confirming = any("capacity_confirm" in r.extras for r in rows) or bool(confirms)
+    cap = (best.level if best is not None else None) if confirming else searched
     fails = min((f for f in failed if cap is None or f > cap), default=None)
     slo = next((str(r.extras["slo"]) for r in rows if r.extras.get("slo")), "")
     rule = slo.split("<")[0] if "<" in slo else "step"
@@ -226,6 +236,7 @@ def search_outcome(setting: str, rows: list[SheetRow]) -> SearchOutcome:
     ]
     return SearchOutcome(setting=setting, capacity_rps=cap, fails_at=fails, steps=len(rows),
                          rule=rule, undecided=undecided, searched_rps=searched,
+                         confirming=confirming,
                          confirm_s=best.wall_s if best is not None else None,
                          confirmations=len(confirms))
 
