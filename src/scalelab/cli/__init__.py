@@ -73,6 +73,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "app",
         "Retrieval: corpus with ground truth, embeddings, indexes, serve, bench.",
     ),
+    "compare": (
+        "scalelab.cli.compare",
+        "compare_cmd",
+        "Is run B better than run A? Per metric, at a confidence (CI regression gates).",
+    ),
     "trace": ("scalelab.cli.trace", "app", "Request traces: slowest as waterfalls, p99 by span."),
 }
 

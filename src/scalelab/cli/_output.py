@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 
 from scalelab.lab.core.errors import BadUsageError
-from scalelab.lab.core.serialize import jsonable
+from scalelab.lab.core.serialize import jsonable, with_schema
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -63,16 +63,20 @@ def stacked(options: Sequence[Decorator]) -> Decorator:
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n")
+    sys.stdout.write(json.dumps(jsonable(with_schema(data)), indent=2, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 
 def emit(data: Any, as_json: bool, render: Callable[[Console], None]) -> None:
-    """One JSON document when `as_json`, else let `render` draw for people."""
+    """One JSON document when `as_json`, else let `render` draw for people; and the command's
+    --output FILE.csv|FILE.json when it has one (_export.py)."""
+    from scalelab.cli._export import export_current
+
     if as_json:
         print_json(data)
     else:
         render(console)
+    export_current(data)
 
 
 def parse_list(text: str, *, what: str, kind: type = float) -> list[Any]:

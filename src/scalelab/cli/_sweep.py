@@ -9,12 +9,13 @@ from typing import Any
 
 import click
 
-from scalelab.cli._output import err_console, parse_list, stacked
+from scalelab.cli._arrival import arrival_option, arrival_options
+from scalelab.cli._output import Decorator, err_console, parse_list, stacked
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.units import parse_duration
-from scalelab.lab.load.schedule import ARRIVALS, Mode
+from scalelab.lab.load.schedule import Mode
 
 DEFAULT_MULTIPLES = "1,2,5,10"
 
@@ -30,7 +31,7 @@ def level_options(*, rate_help: str, concurrency_help: str, loop_default: str, l
                   ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The sweep's flags, in the order both commands list them (--rate ... --processes); the
     help texts and the default loop are each command's own."""
-    opts = [
+    opts: list[Decorator] = [
         click.option("--rate", type=float, help=rate_help),
         click.option("--rates", help="Open loop sweep: comma-separated rates, one record each."),
         click.option("--concurrency", help=concurrency_help),
@@ -39,9 +40,8 @@ def level_options(*, rate_help: str, concurrency_help: str, loop_default: str, l
                      show_default=True, help=loop_help),
         click.option("--multiples", default=DEFAULT_MULTIPLES, show_default=True,
                      help=multiples_help),
-        click.option("--arrival", type=click.Choice(list(ARRIVALS)),
-                     default="constant" if loop_default == "open" else "poisson",
-                     show_default=True, help="Open loop arrival spacing."),
+        arrival_option("constant" if loop_default == "open" else "poisson"),
+        arrival_options,
         click.option("--duration", help="Measured time per level (default 10s), warm-up excluded."),
         click.option("--requests", "n_requests", type=int,
                      help="Measured requests per level instead."),

@@ -38,7 +38,9 @@ def app() -> None:
 @click.option("--capacity", "capacity", type=click.Path(path_type=Path), required=True,
               help="Load records of ONE replica (`scalelab load --records` or `load capacity`).")
 @click.option("--trace", required=True,
-              help=f"CSV of time,rate, or a built-in: {', '.join(BUILTINS)}.")
+              help="CSV of time,rate; a request trace CSV (timestamp,input_tokens,"
+                   "output_tokens: what `load --replay` sends); or a built-in: "
+                   f"{', '.join(BUILTINS)}.")
 @click.option("--signal", type=click.Choice(list(SIGNALS)), default="cpu", show_default=True)
 @click.option("--target", type=float,
               help="Target per pod for --signal (cpu, kv: percent; rps: req/s; inflight, queue, "

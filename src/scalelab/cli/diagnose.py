@@ -9,53 +9,29 @@ from typing import Any
 import click
 import yaml
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
+from scalelab.cli._export import output_option
 from scalelab.cli._output import emit, err_console, json_option
 from scalelab.cli._progress import live_progress
 from scalelab.lab.core.errors import BadInputError, BadUsageError
 from scalelab.lab.core.jsonfile import read_json_object
-from scalelab.lab.core.sheet import SheetRow
-from scalelab.lab.core.units import format_bytes, format_si
+from scalelab.lab.core.units import format_multiple
 from scalelab.lab.core.verdict import Verdict
 from scalelab.lab.diagnose.budget import parse_budget
 from scalelab.lab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
-from scalelab.lab.diagnose.failures import failure_lines
-from scalelab.lab.diagnose.run import CONFIG, RECORDS, Runner, failures, rebuild
-from scalelab.lab.report.document import ReportFiles, verdict_lines
+from scalelab.lab.diagnose.run import CONFIG, RECORDS, Runner, rebuild
+from scalelab.lab.report.document import ReportFiles
+from scalelab.lab.report.screen import print_screen
+from scalelab.lab.report.verdict_text import gap_text, open_text
 
 
-def render_sheet_and_verdict(c: Console, sheet: list[SheetRow], verdict: Verdict,
-                             failed: dict[str, str] | None = None) -> None:
-    """The terminal's sheet (the report has every column) and the verdict (a failed stage's
-    line says why it failed)."""
-    t = Table(title="Diagnostic sheet (medians over repeats; full sheet in the report)")
-    for col in ("stage", "series", "×", "rate", "p95 ms", "p99 ms", "fail", "mem", "limit"):
-        t.add_column(
-            col, justify="left" if col in ("stage", "series", "limit") else "right", overflow="fold"
-        )
-    for r in sheet:
-        unit = (r.rate_unit or "").replace("predictions", "pred").replace("requests", "req")
-        unit = unit.replace("samples", "smp")
-        t.add_row(
-            r.stage,
-            r.series or "—",
-            f"{r.multiple:g}",
-            "—" if r.rate is None else f"{format_si(r.rate)} {unit}".strip(),
-            format_si(r.p95_ms),
-            format_si(r.p99_ms),
-            "—" if r.failure_rate is None else f"{r.failure_rate:.1%}",
-            "—" if r.peak_memory_bytes is None else format_bytes(r.peak_memory_bytes),
-            (r.limiting_resource or "—")[:30],
-        )
-    c.print(t)
-    c.print("[bold]Verdict[/]", markup=True)
-    for i, line in enumerate(failure_lines(verdict_lines(verdict), failed or {})):
-        if i == 0:
-            c.print(f"[bold yellow]{escape(line)}[/]", markup=True, highlight=False)
-        else:
-            c.print(line, markup=False, highlight=False)
+def render_verdict(c: Console, verdict: Verdict, report: Path, *, verbose: bool = False) -> None:
+    """The first screen (one line a stage, then where the report is); with `verbose`, the
+    report's Markdown first: the long verdict, the checks and the full sheet."""
+    if verbose:
+        c.print(report.with_name("report.md").read_text("utf-8"), markup=False,
+                highlight=False, soft_wrap=True)
+    print_screen(c, verdict, report)
 
 
 fail_on_option = click.option(
@@ -68,23 +44,25 @@ fail_on_option = click.option(
 
 
 def gate(verdict: Verdict, fail_on: str | None) -> str | None:
-    """Why the --fail-on gate fails (one line), or None when it passes or is not set."""
+    """Why the --fail-on gate fails (one line), or None when it passes or is not set: read
+    off the verdict object (each stage's outcome, miss and undecided checks)."""
     if fail_on is None:
         return None
     missed = [s for s in verdict.stages if s.miss is not None]
     if missed:
         return f"gate failed (--fail-on {fail_on}): " + "; ".join(
-            f"{s.stage} misses {s.miss.objective.label} at {s.miss.multiple:g}×"
+            f"{s.stage} misses {s.miss.objective.label} at {format_multiple(s.miss.multiple)}"
             for s in missed
             if s.miss is not None
         )
     if fail_on == "undecided" and verdict.outcome != "met":
         return "gate failed (--fail-on undecided): " + "; ".join(
             f"{s.stage} {s.outcome}"
-            + (f" ({s.open_text})" if s.open_text else "")
-            + (f" (not measured: {', '.join(s.not_measured)})" if s.not_measured else "")
+            + (f" ({open_text(s)})" if s.undecided else "")
+            + (f" (not measured: {', '.join(gap_text(g) for g in s.not_measured)})"
+               if s.not_measured else "")
             for s in verdict.stages
-            if s.outcome != "met"
+            if s.outcome not in ("met", "no objectives")
         )
     return None
 
@@ -127,6 +105,7 @@ def _written(files: ReportFiles) -> dict[str, Any]:
 )
 @click.option("--print-config", is_flag=True, help="Print the default objectives YAML and exit.")
 @fail_on_option
+@output_option
 @json_option
 def diagnose(
     config_path: Path | None,
@@ -136,12 +115,14 @@ def diagnose(
     print_config: bool,
     fail_on: str | None,
     as_json: bool,
+    output: Path | None,
 ) -> None:
     """Scale the reference ML system along its four bottlenecks and name the one that breaks.
 
     Runs, one variable at a time: the data pipeline at growing volume, the trainer at growing
     worker counts, the model server at growing arrival rates (batching off and on), and the
-    compression variants; then prints the sheet and the verdict and writes OUT/report.html.
+    compression variants; then prints the first screen (one line a stage) and writes
+    OUT/report.html, report.md (the long verdict and the sheet) and report.json.
 
     Example: scalelab diagnose --quick --out scalelab-out --fail-on miss
 
@@ -176,12 +157,7 @@ def diagnose(
     if outcome.interrupted:
         err_console.print("interrupted: the report holds what was measured before Ctrl-C")
     def render(c: Console) -> None:
-        render_sheet_and_verdict(c, outcome.sheet, outcome.verdict,  # type: ignore[arg-type]
-                                 outcome.failures)
-        c.print(
-            f"report: {out / 'report.html'} (also report.md, report.json; "
-            f"records in {out / RECORDS})"
-        )
+        render_verdict(c, outcome.verdict, out / "report.html")  # type: ignore[arg-type]
 
     emit(_written(outcome.files), as_json, render)
     if outcome.interrupted:
@@ -201,12 +177,19 @@ def diagnose(
     type=click.Path(path_type=Path),
     help="Objectives to judge against (default: the ones the run stored).",
 )
+@click.option("--verbose", is_flag=True,
+              help="Print the long verdict, the checks and the full sheet (report.md) first.")
 @fail_on_option
+@output_option
 @json_option
 def report(
-    results_dir: Path, config_path: Path | None, fail_on: str | None, as_json: bool
+    results_dir: Path, config_path: Path | None, verbose: bool, fail_on: str | None,
+    as_json: bool, output: Path | None,
 ) -> None:
     """Rebuild the report (HTML, Markdown, JSON) from a results directory's records.
+
+    Prints the first screen (one line a stage); --verbose adds the long verdict and the
+    full sheet.
 
     Example: scalelab report scalelab-out --fail-on undecided
 
@@ -233,11 +216,10 @@ def report(
             ) from e
     else:
         cfg = load_config(None, mode)
-    sheet, verdict, files = rebuild(results_dir, cfg, mode)
+    _, verdict, files = rebuild(results_dir, cfg, mode)
 
     def render(c: Console) -> None:
-        render_sheet_and_verdict(c, sheet, verdict, failures(results_dir))
-        c.print(f"report: {results_dir / 'report.html'}")
+        render_verdict(c, verdict, results_dir / "report.html", verbose=verbose)
 
     emit(_written(files), as_json, render)
     _gate_exit(verdict, fail_on)

@@ -11,7 +11,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
+from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._load_requests import build_requests, check_ran, engine_config, request_options
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
@@ -42,6 +44,7 @@ from scalelab.lab.load.http.result import (
 from scalelab.lab.load.http.run import LoadPlan, run_load
 from scalelab.lab.load.http.search import HttpSearch
 from scalelab.lab.load.schedule import ARRIVALS
+from scalelab.lab.load.server.reader import level_signals, start_reader
 from scalelab.lab.load.server_meter import ServerMeter
 from scalelab.lab.load.slo import Slo, budget, parse_percent, parse_slo
 
@@ -76,17 +79,28 @@ def app() -> None:
               help="With --server-pid: the server's /metrics URL; its "
                    "scalelab_responses_total before and after each level gives the level's "
                    "server_responses.")
+@click.option("--server-signals", is_flag=True,
+              help="Read the server's side of each level into its record: its /metrics "
+                   "(process_* metrics; vLLM, SGLang, TGI, llama.cpp, Triton, Ray Serve names) "
+                   "and, for a local server, its process tree (--server-pid, or found from the "
+                   "port).")
+@click.option("--prometheus", metavar="URL",
+              help="A Prometheus server to ask for the node_exporter, cAdvisor and DCGM series "
+                   "of each level's window (implies --server-signals).")
 @click.option("--trace-at", type=float,
               help="Mark requests with --trace-sample only at this level (a rate, or clients "
                    "with --concurrency); default: at every level.")
 @cluster_option
 @request_options
+@levels_plot_option("latency")
+@output_option
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
         no_cold_start: bool, server_pid: int | None, server_metrics: str | None,
+        server_signals: bool, prometheus: str | None,
         trace_at: float | None, cluster_address: str | None, as_json: bool,
         **kw: Any) -> None:
     """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag.
@@ -95,11 +109,15 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
     stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
     """
+    arrival, rate, duration = resolve_arrival(kw, arrival=arrival, rate=rate, rates=rates,
+                                              concurrency=concurrency, duration=duration,
+                                              n_requests=n_requests, warmup=warmup)
     meter = server_meter(server_pid, server_metrics)
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration, n_requests,
              warmup, processes, slo, error_budget, period, records, experiment, no_cold_start,
-             as_json, kw, cluster, meter=meter, trace_at=trace_at)
+             as_json, kw, cluster, meter=meter, trace_at=trace_at,
+             server_side=(server_signals, server_pid, prometheus))
 
 
 def server_meter(pid: int | None, metrics: str | None) -> ServerMeter | None:
@@ -122,7 +140,8 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
          error_budget: str | None, period: str, records: Path | None, experiment: str | None,
          no_cold_start: bool, as_json: bool, kw: dict[str, Any],
          cluster: Cluster | None, *, meter: ServerMeter | None = None,
-         trace_at: float | None = None) -> None:
+         trace_at: float | None = None,
+         server_side: tuple[bool, int | None, str | None] = (False, None, None)) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples)
     if trace_at is not None and trace_at not in sweep:
         raise BadUsageError(f"--trace-at {trace_at:g} is not one of the levels "
@@ -145,22 +164,32 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
         thr = objective.latency[0].threshold_s if objective and objective.latency else None
         if meter is not None:
             meter.start()
+        reader = start_reader(url, enabled=server_side[0], pid=server_side[1],
+                              prometheus_url=server_side[2])
         try:
             r = run_load(plan, slo_threshold_s=thr, cluster=cluster)
+        except BaseException:
+            if reader is not None:
+                reader.halt()
+            raise
         finally:
             server = meter.stop() if meter is not None else {}
+        side = level_signals(reader, errors_by_status=r.errors_by_status,
+                             requests=r.successes + r.failures)
         check_ran(r, url)
         lines = None
         if objective is not None:
             lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
                            successes=r.successes, failures=r.failures, wall_s=r.wall_s,
                            period_s=period_s)
-        out.append({**_level_json(r, lines), "server": server or None})
+        out.append({**_level_json(r, lines), "server": server or None,
+                    "server_signals": side.model_dump() if side is not None else None})
         if records is not None:
             # One level at a time: what was measured stays even if a later level is cut short.
-            append_records(records, [to_record(r, experiment=exp, url=url, budget=lines,
-                                               slo=objective.label if objective else None,
-                                               extra={"payload": kind, **server})])
+            rec = to_record(r, experiment=exp, url=url, budget=lines,
+                            slo=objective.label if objective else None,
+                            extra={"payload": kind, **server})
+            append_records(records, [rec.model_copy(update={"server": side})])
     doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
            "slo": objective.label if objective else None,
            "validity_rules": VALIDITY_RULES, "levels": out,
@@ -259,6 +288,7 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
               help="Write the latency-throughput curve (PNG or SVG).")
 @cluster_option
 @request_options
+@output_option
 @json_option
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
              fails_at: float | None, precision: str, confidence: str, min_step: str,

@@ -18,7 +18,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
+from scalelab.cli._dataset import dataset_of, dataset_options
+from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
@@ -34,6 +37,7 @@ from scalelab.cli._sweep import (
     trace_sample_option,
 )
 from scalelab.cli._sweep import fmt_ms as _ms
+from scalelab.cli.load_sessions import sessions_cmd
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.machine import available_cores
 from scalelab.lab.core.records import Record, append_records, new_experiment_id
@@ -49,6 +53,7 @@ from scalelab.lab.load.llm.workload import APIS, PATHS, USAGE_MODES, LengthDist,
 from scalelab.lab.load.schedule import ARRIVALS, Mode
 from scalelab.lab.load.scrape import Sampler, note_limits
 from scalelab.lab.load.send import Target
+from scalelab.lab.load.server.reader import level_signals, start_reader
 from scalelab.lab.load.slo import parse_percent
 
 
@@ -97,7 +102,7 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--gpus", type=int, default=0, show_default=True,
                      help="GPUs the server uses."),
     ]
-    return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
+    return functools.reduce(lambda acc, o: o(acc), reversed(opts), dataset_options(f))
 
 
 def served_model(target: Target) -> str | None:
@@ -123,7 +128,8 @@ def _workload(url: str, kw: dict[str, Any]) -> tuple[Target, Workload, list[byte
                   output=LengthDist.parse(kw["output_tokens"], what="--output-tokens"),
                   prompts_file=kw.get("prompts"), shared_prefix_words=kw["shared_prefix"],
                   ignore_eos=kw["ignore_eos"], usage=kw["usage"], seed=kw["seed"],
-                  distinct=kw["distinct"], temperature=kw["temperature"])
+                  distinct=kw["distinct"], temperature=kw["temperature"],
+                  dataset=dataset_of(kw))
     target = Target.parse(url)
     if target.path in ("", "/"):
         target = Target(scheme=target.scheme, host=target.host, port=target.port,
@@ -167,18 +173,29 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
 @click.option("--series", help="Tag the records with this series name (e.g. an engine setting).")
 @click.option("--server-pid", type=int, help="Sample this local server process tree's CPU "
               "(cpu_busy_cores) and peak memory during each level.")
+@click.option("--server-signals", is_flag=True,
+              help="Read the server's side of each level into its record: its /metrics "
+                   "(process_* metrics; vLLM, SGLang, TGI, llama.cpp, Triton, Ray Serve names), "
+                   "llama-server's /slots and, for a local server, its process tree "
+                   "(--server-pid, or found from the port).")
+@click.option("--prometheus", metavar="URL",
+              help="A Prometheus server to ask for the node_exporter, cAdvisor and DCGM series "
+                   "of each level's window (implies --server-signals).")
 @click.option("--quality-probe", "quality_probe", type=int, default=0, show_default=True,
               help="Output quality: answer the first N workload prompts one at a time first, "
                    "then send them as each level's first requests and report greedy agreement "
                    "with those answers (0: off).")
 @cluster_option
 @_workload_options
+@levels_plot_option("ttft")
+@output_option
 @json_option
 def run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
         base: float | None, loop: str, multiples: str, arrival: str, duration: str | None,
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         records: Path | None, experiment: str | None, metrics_url: str | None,
-        series: str | None, server_pid: int | None, quality_probe: int,
+        series: str | None, server_pid: int | None, server_signals: bool,
+        prometheus: str | None, quality_probe: int,
         cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """Stream chat/completion requests at each level; TTFT, ITL, TPOT, tokens/s, goodput,
     and with --quality-probe the greedy agreement with one-at-a-time answers.
@@ -187,10 +204,14 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     Exit status: 0 done, every given objective met; 1 an objective was missed (printed on
     stderr after the output); 2 bad usage or input; 70 internal error; 130 interrupted.
     """
+    arrival, rate, duration = resolve_arrival(kw, arrival=arrival, rate=rate, rates=rates,
+                                              concurrency=concurrency, duration=duration,
+                                              n_requests=n_requests, warmup=warmup)
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration,
              n_requests, warmup, processes, slo, records, experiment, metrics_url, series,
-             server_pid, quality_probe, as_json, kw, cluster)
+             server_pid, quality_probe, as_json, kw, cluster,
+             server_side=(server_signals, prometheus))
 
 
 def _run(url: str, rate: float | None, rates: str | None, concurrency: str | None,
@@ -198,7 +219,8 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
          n_requests: int | None, warmup: str, processes: int, slo: str | None,
          records: Path | None, experiment: str | None, metrics_url: str | None,
          series: str | None, server_pid: int | None, quality_probe: int, as_json: bool,
-         kw: dict[str, Any], cluster: Cluster | None) -> None:
+         kw: dict[str, Any], cluster: Cluster | None,
+         server_side: tuple[bool, str | None] = (False, None)) -> None:
     mode, sweep = levels(rate, rates, concurrency, base, loop, multiples,
                          examples="--rates 1,2,5, --concurrency 1,4,16")
     dur, warm = lengths(duration, n_requests, warmup)
@@ -223,15 +245,21 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
                        duration_s=dur, requests=n_requests, seed=kw["seed"] + i,
                        processes=processes)
         engine: dict[str, Any] = {}
+        reader = start_reader(target.base, enabled=server_side[0], pid=server_pid,
+                              prometheus_url=server_side[1])
         if metrics_url or server_pid:
             with Sampler(metrics_url, pid=server_pid) as sampler:
                 r = run_llm(plan, cluster=cluster)
             engine = sampler.extras()
         else:
             r = run_llm(plan, cluster=cluster)
+        side = level_signals(reader, errors_by_status=r.errors_by_status,
+                             requests=r.successes + r.failures,
+                             errors_by_kind=r.errors_by_kind)
         check_ran(r, url)
         agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
         out.append({**level_json(r, objective, price), "engine": engine,
+                    "server_signals": side.model_dump() if side is not None else None,
                     "quality": quality_json(agree)})
         if records is not None:
             extra: dict[str, Any] = {**engine, "model": wl.model,
@@ -239,11 +267,12 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
                                      **(agree.extras() if agree else {})}
             limit = note_limits(extra)
             rss = engine.get("server_peak_rss_bytes")
-            append_records(records, [to_record(r, experiment=exp, url=url, workload=wl.label(),
-                                               slo=objective, price_per_hour_usd=price,
-                                               extra=extra, limiting_resource=limit,
-                                               peak_memory_bytes=int(rss) if rss else None,
-                                               quality=agree.quality() if agree else None)])
+            rec = to_record(r, experiment=exp, url=url, workload=wl.label(),
+                            slo=objective, price_per_hour_usd=price,
+                            extra=extra, limiting_resource=limit,
+                            peak_memory_bytes=int(rss) if rss else None,
+                            quality=agree.quality() if agree else None)
+            append_records(records, [rec.model_copy(update={"server": side})])
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "experiment": exp,
            "mode": mode, "slo": objective.label if objective else None,
            "price_per_hour_usd": price, "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,
@@ -351,6 +380,7 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 @plot_option("TTFT and TPOT quantiles against the tried rates, and the capacity found")
 @cluster_option
 @_workload_options
+@output_option
 @json_option
 def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: str,
                  confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
@@ -468,3 +498,6 @@ def _render_capacity(c: Console, doc: dict[str, Any]) -> None:
     if cost is not None:
         c.print(f"cost at capacity: ${cost:.5f} per 1,000 output tokens at "
                 f"${doc['price_per_hour_usd']:.3f}/hour")
+
+
+llm.add_command(sessions_cmd)

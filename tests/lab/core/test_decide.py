@@ -20,6 +20,7 @@ from scalelab.lab.core.objectives import Objective, check_rows
 from scalelab.lab.core.records import Latency, Record, make_record
 from scalelab.lab.core.sheet import build_sheet
 from scalelab.lab.core.verdict import StageGoal, judge
+from scalelab.lab.report.verdict_text import decided_text, gap_text, headline, open_text
 
 
 def _lrec(level: float, *, repeat: int = 0, **kw: object) -> Record:
@@ -163,18 +164,22 @@ def test_verdict_never_rests_on_undecided_or_unmeasured_checks() -> None:
     s = v.stages[0]
     # F1 was never measured: no level is met, whatever latency and availability did.
     assert s.passed_up_to is None and s.outcome == "undecided" and v.outcome == "undecided"
-    assert s.not_measured == ["F1 ≥ 0.5"]
+    assert [gap_text(g) for g in s.not_measured] == ["F1 ≥ 0.5"]
     goal2 = StageGoal(stage="serve", objectives=goal.objectives[:2])
     v2 = judge([goal2], build_sheet(recs), cores=2, memory_bytes=M.memory_bytes)
     s2 = v2.stages[0]
     assert s2.passed_up_to == 2.0 and s2.miss is None and v2.outcome == "undecided"
-    assert s2.decided == "meets p95 ≤ 50 ms, availability ≥ 99.9% up to 2×, decided at 95%"
-    assert s2.open_text == ("undecided at 10×: availability ≥ 99.9% (1,180 requests; 99.9% "
-                            "needs ≥ 2,995 without a failure)")
-    assert v2.summary == (
-        "no stage misses its objectives at the measured levels; none decided met at every "
-        "level; serve met to 2×, undecided at 10×: availability ≥ 99.9% (1,180 requests; "
-        "99.9% needs ≥ 2,995 without a failure)")
+    assert decided_text(s2) == (
+        "meets p95 ≤ 50 ms, availability ≥ 99.9% up to 2×, decided at 95%")
+    # What decides it is data: 2,995 requests without a failure, 1,180 measured.
+    (need,) = s2.needs
+    assert (need.samples, need.measured, need.unit) == (2995, 1180, "requests")
+    assert open_text(s2) == ("undecided at 10×: availability ≥ 99.9% needs 2,995 requests "
+                             "(measured 1,180)")
+    assert headline(v2) == (
+        "no stage misses its objectives at the levels measured; none decided met at every "
+        "level; serve met to 2×, undecided at 10×: availability ≥ 99.9% needs 2,995 requests "
+        "(measured 1,180)")
 
 
 def test_a_stage_without_objectives_is_measured_not_judged() -> None:
@@ -182,11 +187,11 @@ def test_a_stage_without_objectives_is_measured_not_judged() -> None:
     v = judge([StageGoal(stage="serve", objectives=[])], build_sheet(recs), cores=2,
               memory_bytes=M.memory_bytes)
     s = v.stages[0]
-    assert (s.outcome, s.decided, s.passed_up_to) == (
+    assert (s.outcome, decided_text(s), s.passed_up_to) == (
         "no objectives", "no objectives to judge (measured only)", None)
     assert v.outcome == "met"
-    assert v.summary == ("no stage misses its objectives at the measured levels; none decided "
-                         "met at every level")
+    assert headline(v) == ("no stage misses its objectives at the levels measured; none "
+                           "decided met at every level")
 
 
 def test_the_decided_line_says_how_each_objective_was_decided() -> None:
@@ -200,8 +205,9 @@ def test_the_decided_line_says_how_each_objective_was_decided() -> None:
         Objective(metric="quality:f1", min=0.5, label="F1 ≥ 0.5")])
     s = judge([goal], build_sheet(recs), cores=2, memory_bytes=M.memory_bytes).stages[0]
     assert s.outcome == "met"
-    assert s.decided == ("meets p95 ≤ 50 ms, rate ≥ 5/s, F1 ≥ 0.5 up to 2× (p95 ≤ 50 ms decided "
-                         "at 95%; rate ≥ 5/s over 2 repeats; F1 ≥ 0.5 as measured points)")
+    assert decided_text(s) == (
+        "meets p95 ≤ 50 ms, rate ≥ 5/s, F1 ≥ 0.5 up to 2× (p95 ≤ 50 ms decided at 95%; "
+        "rate ≥ 5/s over 2 repeats; F1 ≥ 0.5 as measured points)")
 
 
 def test_the_binomial_and_beta_quantiles_are_scipy_stats_own() -> None:

@@ -54,5 +54,6 @@ def test_children_cpu_time_is_counted() -> None:
     u = m.usage
     assert u.cpu_s > 0 and u.wall_s > 0
     assert u.busy_cores == u.cpu_s / u.wall_s
-    extras = u.extras()
-    assert extras["cpu_s"] == u.cpu_s and extras["cpu_busy_cores"] == u.busy_cores
+    assert u.extras() == {"cpu_s": u.cpu_s}
+    res = u.resources(comm_share=0.25)
+    assert res.cpu_busy_cores == u.busy_cores and res.comm_share == 0.25

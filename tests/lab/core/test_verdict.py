@@ -10,6 +10,7 @@ from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import build_sheet
 from scalelab.lab.core.verdict import StageGoal, curve_prediction, judge
 from scalelab.lab.diagnose.stages import serve, train
+from scalelab.lab.report.verdict_text import decided_text, headline, tightest_text
 
 
 def test_sheet_medians_and_multiples() -> None:
@@ -69,7 +70,7 @@ def test_serving_verdict_names_queue_and_batching_gain(serve_records: list[Recor
     # Batching holds p95 ≤ 50 up to 250 req/s vs 100 without; the 10× peak is 500 req/s.
     assert "from 100 to 250 requests/s" in v.first.predicted
     assert "2 replica(s)" in v.first.intervention
-    assert v.summary.startswith("serve misses first: p95_ms ≤ 50 fails at 5×")
+    assert headline(v).startswith("serve misses first: p95_ms ≤ 50 fails at 5×")
 
 
 def test_first_stage_to_miss_wins_and_headroom_is_reported(serve_records: list[Record]) -> None:
@@ -100,7 +101,7 @@ def test_first_stage_to_miss_wins_and_headroom_is_reported(serve_records: list[R
     assert "fix communication" in v.first.intervention
     data = next(s for s in v.stages if s.stage == "data")
     assert data.miss is None and data.passed_up_to == 10.0
-    assert data.tightest.startswith("rate ≥ 500: 1000 at 1×")
+    assert tightest_text(data) == "rate ≥ 500: 1k at 1× (100% headroom)"
     model = next(s for s in v.stages if s.stage == "model")
     assert not model.measured
 
@@ -114,12 +115,12 @@ def test_no_miss_summary_reports_reach() -> None:
         memory_bytes=M.memory_bytes,
     )
     assert v.first is None
-    assert v.summary == (
-        "no stage misses its objectives at the measured levels; decided met: data to 2×; "
-        "least headroom — data: rate ≥ 10: 1000 at 1× (9900% headroom)"
+    assert headline(v) == (
+        "no stage misses its objectives at the levels measured; decided met: data to 2×; "
+        "least headroom — data: rate ≥ 10: 1k at 1× (9900% headroom)"
     )
     assert v.outcome == "met"
-    assert v.stages[0].decided == "meets rate ≥ 10 up to 2×, as measured points"
+    assert decided_text(v.stages[0]) == "meets rate ≥ 10 up to 2×, as measured points"
 
 
 def test_cpu_saturation_is_cited_with_numbers() -> None:
@@ -162,7 +163,7 @@ def test_the_core_count_is_named_and_not_extrapolated_through() -> None:
     assert "at 4" not in lim[1].detail
     assert curve_prediction(rows, cores=2) == (
         "the ceiling is the machine's 2 cores (8 processes on 2 cores: oversubscribed ×4): "
-        "166.7 units/s measured at processes=2; no fit is extrapolated past the cores, where "
+        "167 units/s measured at processes=2; no fit is extrapolated past the cores, where "
         "more processes only take turns: add cores or machines to grow")
     # Without the core count (or within it) the curve is read as before.
     assert "oversubscribed" not in curve_prediction(rows)

@@ -10,9 +10,10 @@ import pytest
 
 from scalelab.cli import run
 from scalelab.lab.core.sheet import SheetRow
-from scalelab.lab.core.verdict import StageVerdict, Verdict
-from scalelab.lab.diagnose.failures import failure_lines, stage_failures, with_failures
+from scalelab.lab.core.verdict import StageGoal, judge
+from scalelab.lab.diagnose.failures import stage_failures
 from scalelab.lab.diagnose.stages import SECTIONS
+from scalelab.lab.report.verdict_text import verdict_lines
 from scalelab.layers.web.spawn import free_port
 
 
@@ -80,11 +81,10 @@ custom:
     # its own): read the verdict with its wrapping undone.
     flat = " ".join(text.split())
     for stage in ("serve", "llm", "mine"):
-        at = flat.index(f"{stage}: failed: ")
+        at = flat.index(f"{stage} failed: ")
         assert "got an answer" in flat[at:at + 300], flat[at:at + 300]
     # The 500 server answered: no step failed, but no request succeeded either.
-    assert ("broken: failed: every request failed at every level measured (1×, 2×) "
-            "measured: no objectives to judge (measured only)") in flat
+    assert "broken failed: every request failed at every level measured (1×, 2×)" in flat
     assert "no stage misses its objectives" not in text.split("\n")[0]
 
     doc = json.loads((out / "report.json").read_text())
@@ -98,25 +98,36 @@ custom:
     md = (out / "report.md").read_text()
     # the failed step is the level's first chunk (each level its own steps: diagnose.sizing)
     assert f"**serve failed: load {dead}/predict 5/s: exit 2: error: no request to" in md
+    assert ("- broken: failed: every request failed at every level measured (1×, 2×)\n"
+            "- measured: no objectives to judge (measured only)") in md
 
     # `scalelab report` rebuilds the same failures from run.json and the records.
     assert run(["report", str(out)]) == 0
     again = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
-    assert any(ln.startswith("serve: failed: ") for ln in again)
+    assert any(ln.startswith("serve failed: ") for ln in again)
 
 
-def _verdict(*stages: StageVerdict) -> Verdict:
-    return Verdict(stages=list(stages), first=None, summary="no stage misses (x)")
-
-
-def test_failure_lines_replace_an_unmeasured_stage_and_follow_a_measured_one() -> None:
-    lines = ["summary", "a: not measured", "b: meets its objectives up to 10×", "  do: x"]
-    got = failure_lines(lines, {"a": "refused", "b": "server never started", "c": "timeout"})
-    assert got == ["summary", "a: failed: refused", "b: failed: server never started",
-                   "  measured: meets its objectives up to 10×", "  do: x", "c: failed: timeout"]
-    v = with_failures(_verdict(), {"a": "refused"})
-    assert v.summary == "a failed: refused. What was measured: no stage misses (x)"
-    assert with_failures(_verdict(), {}).summary == "no stage misses (x)"
+def test_failures_are_an_input_of_the_verdict_not_an_edit_of_its_text() -> None:
+    sheet = [_row("b", 1, 0.0), _row("b", 10, 0.0)]
+    goals = [StageGoal(stage=s, objectives=[]) for s in ("a", "b")]
+    v = judge(goals, sheet, cores=2, memory_bytes=2**30,
+              failures={"a": "refused", "b": "server never started", "c": "timeout"})
+    assert [(s.stage, s.outcome, s.measured) for s in v.stages] == [
+        ("a", "failed", False), ("b", "failed", True), ("c", "failed", False)]
+    assert v.failed == {"a": "refused", "b": "server never started", "c": "timeout"}
+    assert verdict_lines(v) == [
+        "a failed: refused. b failed: server never started. c failed: timeout. no stage misses "
+        "its objectives at the levels measured; none decided met at every level",
+        "a: failed: refused", "b: failed: server never started",
+        "  measured: no objectives to judge (measured only)",
+        "  limiting: not measured — the stage recorded no CPU, memory, I/O, queue or "
+        "communication signal",
+        "  do: no resource signal was measured: record CPU time, peak memory and I/O wait of "
+        "the stage (scalelab sweep measures its command's process tree) and run it again",
+        "c: failed: timeout"]
+    assert v.outcome == "failed"
+    ok = judge(goals[1:], sheet, cores=2, memory_bytes=2**30)
+    assert ok.failed == {} and ok.outcome == "met"
 
 
 def _row(stage: str, multiple: float, failure_rate: float | None) -> SheetRow:

@@ -69,8 +69,7 @@ def test_undecided_fails_only_the_undecided_gate(
     assert _report(tmp_path, out, "--fail-on", "undecided") == 1
     assert capsys.readouterr().err.strip() == (
         "gate failed (--fail-on undecided): api undecided (undecided at 1×: availability ≥ "
-        "99.9% (1,180 requests; 99.9% needs ≥ 2,995 without a failure); also undecided at 2×, "
-        "4×)")
+        "99.9% needs 2,995 requests (measured 1,180); also undecided at 2×, 4×)")
 
 
 def test_old_records_without_sample_counts_are_undecided(tmp_path: Path) -> None:

@@ -152,7 +152,7 @@ def test_a_users_endpoint_gets_a_capacity_search(
     v = next(s for s in doc["verdict"]["stages"] if s["stage"] == stage)
     assert v["miss"]["multiple"] == 4.0
     steps = [r for r in read_records(out / "records.jsonl")
-             if r.extras.get("series") == series + " capacity"]
+             if r.series == series + " capacity"]
     assert steps and all(r.stage == stage for r in steps)
     assert f"{series}: " in v["predicted"] and "search steps" in v["predicted"]
 
@@ -217,6 +217,6 @@ def test_an_llm_endpoint_gets_a_capacity_search(
     llm = next(s for s in doc["verdict"]["stages"] if s["stage"] == "llm")
     assert llm["miss"]["multiple"] == 4.0  # the search's rows are not the concurrency grid's
     steps = [r for r in read_records(out / "records.jsonl")
-             if r.extras.get("series") == "continuous capacity"]
+             if r.series == "continuous capacity"]
     assert 1 <= len(steps) <= 4 * 2 and all(r.variable == "rate" for r in steps)
     assert "continuous: " in llm["predicted"] and "search steps" in llm["predicted"]

@@ -43,7 +43,7 @@ def test_candidates_run_their_levels_and_the_weights_are_labelled(
                 "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     recs = read_records(out / "records.jsonl")
-    assert [(r.extras["series"], r.level, r.extras["weights"]) for r in recs] == [
+    assert [(r.series, r.level, r.extras["weights"]) for r in recs] == [
         ("continuous", 1.0, "q4"), ("continuous", 2.0, "q4"), ("continuous", 4.0, "q4"),
         ("int8", 1.0, "int8"), ("int8", 4.0, "int8")]
     assert all(r.failures == 0 and "vs_fp32_agreement" not in r.quality for r in recs)

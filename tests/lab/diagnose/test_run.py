@@ -130,7 +130,7 @@ def test_reference_system_quick_names_the_throttled_serving_stage(
     assert {r.stage for r in recs} == {"data", "train", "serve", "model"}
     assert all(r.experiment == doc["experiment"] for r in recs)
     serve = [r for r in recs if r.stage == "serve"]
-    assert {r.extras["series"] for r in serve} == {"batching=off"}
+    assert {r.series for r in serve} == {"batching=off"}
     html = (out / "report.html").read_text()
     assert "serve misses first" in html and html.count("<svg") >= 3
     md = (out / "report.md").read_text()

@@ -5,6 +5,7 @@ from recordkit import M
 from scalelab.lab.core.objectives import Objective
 from scalelab.lab.core.records import Latency, Record, make_record
 from scalelab.lab.core.sheet import build_sheet
+from scalelab.lab.core.units import format_percent
 from scalelab.lab.core.verdict import StageGoal, judge_stage
 from scalelab.lab.diagnose.scaling_signal import choose_signal
 from scalelab.lab.diagnose.stages import serve
@@ -31,8 +32,8 @@ def test_the_signal_is_cited_from_a_replay_of_the_levels() -> None:
     assert c.text.startswith(f"autoscale on {'queue depth' if c.signal == 'queue' else 'CPU'} "
                              "(this run's levels replayed through the HPA simulator, a spike "
                              "from 40 to 400 requests/s, replicas ready 30 s after they start: ")
-    assert (f"p95<50ms missed for {best.violating_share:.2%} against "
-            f"{other.violating_share:.2%} of requests)") in c.text
+    assert (f"p95<50ms missed for {format_percent(best.violating_share)} against "
+            f"{format_percent(other.violating_share)} of requests)") in c.text
     assert all(r.reacted_s is not None and r.reacted_s > 0 for r in c.runs)
 
 

@@ -17,7 +17,7 @@ from stagekit import run_serve_alone, stages_yaml
 def check_sweep(recs: list[Record]) -> dict[str, Record]:
     """Each count measured by its own server (N worker processes × 1 torch thread) replicating
     the batching series; the searches' records, by series."""
-    swept = {r.extras["series"]: r for r in recs if "server_processes" in r.extras}
+    swept = {r.series: r for r in recs if "server_processes" in r.extras}
     assert set(swept) == {"replicas=1 capacity", "replicas=2 capacity"}
     assert swept["replicas=1 capacity"].extras["server_processes"] == 1
     assert swept["replicas=2 capacity"].extras["server_processes"] == 2
@@ -52,7 +52,7 @@ def test_two_replicas_swept_on_a_small_model(tmp_path: Path,
                               "threads: false, objectives: [{metric: p95_ms, max: 50}]}")
     check_sweep(recs)
     # The search's first step (a failed confirmation may send it lower later).
-    first = min((r for r in recs if r.extras["series"] == "replicas=1 capacity"),
+    first = min((r for r in recs if r.series == "replicas=1 capacity"),
                 key=lambda r: r.extras["capacity_step"])
     assert first.level == 250 and first.extras["requests_needed"] == 230
     by_worker = responses_by_worker(tmp_path / "out" / "work" / "prom-replicas=2")
@@ -93,7 +93,7 @@ def test_replica_sweep_measures_each_count(tmp_path: Path,
     check_sweep(recs)
     # Sized by the rule: the first step (40 req/s) could reach the 230 requests p95 needs.
     # The search's first step (a failed confirmation may send it lower later).
-    first = min((r for r in recs if r.extras["series"] == "replicas=1 capacity"),
+    first = min((r for r in recs if r.series == "replicas=1 capacity"),
                 key=lambda r: r.extras["capacity_step"])
     assert first.extras["requests_needed"] == 230 and (first.input_volume or 0) >= 230
     serve = next(s for s in doc["verdict"]["stages"] if s["stage"] == "serve")

@@ -85,10 +85,10 @@ def test_the_stage_searches_from_its_levels(tmp_path: Path) -> None:
                               "batching: ['off'], serial_ms: 40, capacity_max_steps: 2, "
                               "capacity_step: 0.5s, replicas: [], "
                               "objectives: [{metric: p95_ms, max: 400}]}")
-    levels = [r for r in recs if r.extras["series"] == "batching=off"]
+    levels = [r for r in recs if r.series == "batching=off"]
     checks = check_rows(build_sheet(levels), [Objective(metric="p95_ms", max=400)])
     assert [(c.level, c.outcome) for c in checks] == [(20, "met"), (30, "missed")]
-    steps = [r for r in recs if r.extras["series"] == "batching=off capacity"]
+    steps = [r for r in recs if r.series == "batching=off capacity"]
     assert min(r.level for r in steps) == 20 and max(r.level for r in steps) < 30
     doc = json.loads((tmp_path / "out" / "logs" / "serve_batching_off_capacity.out").read_text())
     assert doc["fails_at"] == 30 and doc["steps"][0]["rate"] == 20

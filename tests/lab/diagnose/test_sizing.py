@@ -177,7 +177,7 @@ def test_merging_chunks_is_exact() -> None:
     assert got.wall_s == 3.0 and got.rate == 298 / 3.0
     assert got.extras["errors_by_status"] == {"500": 2}
     assert got.extras["server_cpu_s"] == 2.0
-    assert got.extras["cpu_busy_cores"] == pytest.approx(2.0 / 5.0)  # 2 s of CPU over 2 + 3 s
+    assert got.resources.cpu_busy_cores == pytest.approx(2.0 / 5.0)  # 2 s of CPU over 2 + 3 s
     with pytest.raises(ValueError, match="no hdr_histogram"):
         merge_chunks([_chunk(a, wall_s=1.0, cpu_s=0.5),
                       make_record(experiment="e", stage="serve", variable="rate", level=40.0)])

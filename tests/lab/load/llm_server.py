@@ -23,7 +23,8 @@ token N is sent while another stream is between its arrival and its last chunk, 
 N+1, ... are upper-case instead. One request at a time never diverges (a client sends its
 next request only after the last chunk of its previous one); overlapping streams diverge.
 GET /v1/models lists one model "test-llm"; GET /health answers 200; GET /metrics gives
-vllm:num_requests_running / _waiting and vllm:kv_cache_usage_perc (a pool of 2 × max-streams).
+vllm:num_requests_running / _waiting and vllm:kv_cache_usage_perc (a pool of 2 × max-streams);
+--no-metrics: none (an engine that publishes nothing, answered as any unknown path).
 GET /truth gives the server's side of every stream that ended (arrival order): {"ttft_ms":
 [...], "e2e_ms": [...]}, from its reading of the request to the writes of its first and last
 token chunks as they happened (a late timer included), so a test can hold a client's
@@ -77,6 +78,7 @@ class Server:
         self.active = 0  # streams between their arrival and their last chunk (--diverge-at)
         self.slots = [0.0] * a.max_streams if a.max_streams else []
         self.max_streams = a.max_streams
+        self.no_metrics = a.no_metrics
         self.t0 = time.monotonic()
         self.count = 0
         self.spans: list[tuple[float, float, float]] = []  # (arrival, start, end) per stream
@@ -156,7 +158,7 @@ class Handler(asyncio.Protocol):
         if method == "GET" and path == "/health":
             self.write(_response(200, b"{}"))
             return
-        if method == "GET" and path == "/metrics":
+        if method == "GET" and path == "/metrics" and not self.s.no_metrics:
             self.write(_response(200, self.s.metrics(self.loop.time()), "text/plain"))
             return
         if method == "GET" and path == "/truth":
@@ -295,6 +297,7 @@ async def main() -> None:
     p.add_argument("--drop-every", type=int, default=0)
     p.add_argument("--diverge-at", type=int, default=-1)
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--no-metrics", action="store_true")
     a = p.parse_args()
     server = Server(a)
     loop = asyncio.get_running_loop()

@@ -238,10 +238,8 @@ def test_capacity_counts_only_answered_requests(
     from scalelab.lab.core.verdict import StageGoal, judge
     from scalelab.lab.diagnose.stages import serve
 
-    staged = [r.model_copy(update={"stage": "api",
-                                   "extras": {**r.extras, "series": "load capacity"}})
-              for r in got]
-    base = [r.model_copy(update={"extras": {**r.extras, "series": "load"}}) for r in staged
+    staged = [r.model_copy(update={"stage": "api", "series": "load capacity"}) for r in got]
+    base = [r.model_copy(update={"series": "load"}) for r in staged
             if r.level == 40 and r.variable == "rate"]
     goal = StageGoal(stage="api", objectives=[Objective(metric="p95_ms", max=100)],
                      baseline_series="load", target_multiple=10, advisor=serve.advise)

@@ -59,7 +59,7 @@ def test_each_level_is_metered_on_its_own(fixed: tuple[subprocess.Popen[str], st
     assert [r.extras["server_responses"] for r in got] == [50 + 10 + 1, 100 + 20 + 1]
     assert [r.extras["samples"] for r in got] == [50, 100]
     assert all(r.extras["server_cpu_s"] > 0 for r in got)
-    assert all(r.extras["server_peak_rss_bytes"] > MiB for r in got)
+    assert all((r.resources.server_peak_rss_bytes or 0) > MiB for r in got)
     assert [lv["server"]["server_responses"] for lv in doc["levels"]] == [61, 121]
     # --trace-sample 1 at the 100/s level only: each of its measured requests, none at 50/s
     assert [lv["traced_requests"] for lv in doc["levels"]] == [0, 100]

@@ -41,11 +41,11 @@ def test_report_is_self_contained_and_consistent(
     assert md.startswith("# scalelab diagnosis") and "| serve | batching=off | 50 |" in md
     # Every check with its outcome, value, n, bounds and rule (1,000 requests a level in the
     # hand-made records; the p95 upper bound is read at p99, the lower at p50).
-    assert "| serve | batching=off | 2 | p95_ms ≤ 50 | met | 20 | 1,000 | 10–40 (95%) | " \
+    assert "| serve | batching=off | 2 | p95_ms ≤ 50 | met | 20 ms | 1,000 | 10 ms–40 ms (95%) | " \
         "order statistic | — |" in md
-    assert "| serve | batching=off | 5 | p95_ms ≤ 50 | missed | 400 | 1,000 | 200–800 (95%) | " \
-        "order statistic | — |" in md
-    assert "- serve: misses p95_ms ≤ 50 at 5× (400 on 1,000, 95% bounds 200–800)" in md
+    assert "| serve | batching=off | 5 | p95_ms ≤ 50 | missed | 400 ms | 1,000 | " \
+        "200 ms–800 ms (95%) | order statistic | — |" in md
+    assert "- serve: misses p95_ms ≤ 50 at 5× (400 ms on 1,000, 95% bounds 200 ms–800 ms)" in md
     assert "- decided: meets p95_ms ≤ 50 up to 2×, decided at 95%" in md
     check = serve["checks"][2]
     assert {k: check[k] for k in ("multiple", "outcome", "value", "n", "lower", "upper",
@@ -57,15 +57,22 @@ def test_report_is_self_contained_and_consistent(
 
 
 def test_advice_reads_the_same_in_text_and_html() -> None:
-    from scalelab.lab.core.verdict import StageVerdict, Verdict
-    from scalelab.lab.report.document import _stage_findings_html, verdict_lines
+    from scalelab.lab.core.decide import Decision
+    from scalelab.lab.core.objectives import Check
+    from scalelab.lab.core.verdict import Advice, Headroom, StageVerdict, Verdict
+    from scalelab.lab.report.document import _stage_findings_html
+    from scalelab.lab.report.verdict_text import verdict_lines
 
-    s = StageVerdict(stage="serve", measured=True, miss=None, passed_up_to=10.0,
-                     target_multiple=10.0, decided="meets p95 ≤ 50 ms up to 10×",
-                     intervention="add <2> workers", tightest="p95: 40 at 10×")
-    assert verdict_lines(Verdict(stages=[s], first=None, summary="sum")) == [
-        "sum", "serve: meets p95 ≤ 50 ms up to 10×", "  do: add <2> workers",
-        "  least headroom: p95: 40 at 10×"]
+    met = Check(stage="serve", series="", level=100.0, multiple=10.0,
+                objective=Objective(metric="p95_ms", max=50, label="p95 ≤ 50 ms"),
+                decision=Decision(outcome="met", value=40.0, n=1, basis="point"))
+    s = StageVerdict(stage="serve", measured=True, passed_up_to=10.0, target_multiple=10.0,
+                     checks=(met,), advice=Advice(intervention="add <2> workers"),
+                     tightest=Headroom(check=met, margin=0.2))
+    assert verdict_lines(Verdict(stages=(s,)))[1:] == [
+        "serve: meets p95 ≤ 50 ms up to 10×, as measured points", "  do: add <2> workers",
+        "  least headroom: p95 ≤ 50 ms: 40 ms at 10× (20% headroom)"]
     page = _stage_findings_html(s, None, [], [])
-    assert page[1:] == ["<li>do: add &lt;2&gt; workers</li>",
-                        "<li>least headroom: p95: 40 at 10×</li>", "</ul>"]
+    assert page[1:4] == ["<li>do: add &lt;2&gt; workers</li>",
+                         "<li>least headroom: p95 ≤ 50 ms: 40 ms at 10× (20% headroom)</li>",
+                         "</ul>"]

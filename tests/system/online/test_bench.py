@@ -22,7 +22,7 @@ def test_policies_side_by_side_with_records(tmp_path: Path, week_schema: Path) -
     assert rows["weekly"]["promoted"] + rows["weekly"]["refused"] == 2
     assert rows["every-2"]["update_samples"] > rows["weekly"]["update_samples"] > 0
     recs: list[Record] = res["records"]
-    assert [r.extras["series"] for r in recs] == ["never", "fixed", "fixed", "drift"]
+    assert [r.series for r in recs] == ["never", "fixed", "fixed", "drift"]
     assert all(r.stage == "online" and r.variable == "updates_per_30d" for r in recs)
     assert recs[2].level == 7 * 30 / 14  # 7 attempts in 14 replayed daily windows
     # Each policy's own peak resident memory (core.peak_memory), not the process's running max.

@@ -133,7 +133,7 @@ def test_the_bench_records_each_run_s_sizing_for_the_time_section(tmp_path: Path
                                latency_budget_s=4.0)
     run_bench(cfg)
     records = read_records(tmp_path / "records.jsonl")
-    assert [r.extras["series"] for r in records] == ["exact", "faiss:Flat"]
+    assert [r.series for r in records] == ["exact", "faiss:Flat"]
     for r in records:  # 20 questions, then 279 more: 299 latencies decide the p99
         assert r.extras["samples"] == 299 and r.extras["open_loop"]["queries"] == 299
         assert r.extras["sizing"]["chunks"] == 2
@@ -197,7 +197,7 @@ def test_the_stage_names_undecided_objectives_as_its_config_does() -> None:
                           "undecided": ["p99_ms ≤ 20: 100 queries; p99 needs ≥ 299 to bound "
                                         "it at 95%", "other: as it was"]}})
     got = tag_record(rec, stage="retrieval", repeat=1, objectives=s.built_objectives())
-    assert got.repeat == 1 and got.extras["series"] == "exact"
+    assert got.repeat == 1 and got.series == "exact"
     assert got.extras["sizing"]["undecided"] == [
         "p99 ≤ 20 ms at the arrival rate: 100 queries; p99 needs ≥ 299 to bound it at 95%",
         "other: as it was"]

@@ -84,7 +84,7 @@ def test_bench_writes_valid_records(tmp_path: Path, capsys: pytest.CaptureFixtur
     # of exactly those CPU-seconds at the core price (per run and per million samples).
     for r in recs:
         assert r.rate and r.rate > 0 and r.limiting_resource is None
-        cpu, busy = r.extras["cpu_s"], r.extras["cpu_busy_cores"]
+        cpu, busy = r.extras["cpu_s"], r.resources.cpu_busy_cores
         assert cpu > 0 and busy > 0
         assert r.cost is not None and r.cost.usd == pytest.approx(cpu / 3600 * 0.048, rel=1e-12)
         assert r.extras["cost_per_run_usd"] == r.cost.usd

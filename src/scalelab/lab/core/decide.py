@@ -32,6 +32,7 @@ from typing import Literal
 import numpy as np
 
 from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.core.units import sig
 
 try:
     # scipy.stats' binom and beta are these boost ufuncs behind argument checks. Importing
@@ -277,7 +278,7 @@ def decide_spread(value: float | None, lo: float | None, hi: float | None, *, re
         return Decision(outcome=_against(value, value, minimum=minimum, maximum=maximum),
                         value=value, n=1, basis="point (1 repeat)", lower=value, upper=value)
     out = _against(lo, hi, minimum=minimum, maximum=maximum)
-    need = (f"{repeats} repeats span {lo:.4g}–{hi:.4g} across the limit: more repeats or longer "
+    need = (f"{repeats} repeats span {sig(lo)}–{sig(hi)} across the limit: more repeats or longer "
             "levels decide it" if out == "undecided" else "")
     return Decision(outcome=out, value=value, n=repeats, basis="repeats", lower=lo, upper=hi,
                     need=need)
@@ -293,7 +294,7 @@ def decide_rate(k: int | None, n: int | None, *, value: float | None, minimum: f
     if k is None or n is None or n <= 0:
         return Decision(outcome="undecided", value=value, n=None, basis="clopper-pearson",
                         confidence=confidence,
-                        need=f"sample size not recorded ({value:.4g} measured)")
+                        need=f"sample size not recorded ({sig(value)} measured)")
     f_lo, f_hi = binomial_bounds(k, n, confidence)
     lo, hi = (1.0 - f_hi, 1.0 - f_lo) if complement else (f_lo, f_hi)
     out = _against(lo, hi, minimum=minimum, maximum=maximum)
@@ -325,7 +326,7 @@ def decide_quantile(q: float, recorded: dict[float, float], n: int | None, *,
     if n is None or n <= 0:
         return Decision(outcome="undecided", value=value, n=None, basis="order statistic",
                         confidence=confidence,
-                        need=f"sample size not recorded ({value:.4g} measured)")
+                        need=f"sample size not recorded ({sig(value)} measured)")
     lo, hi = quantile_bounds(recorded, n, q, confidence)
     out = _against(lo, hi, minimum=minimum, maximum=maximum)
     if out == "met" and maximum is not None and hi is not None and not hi < maximum:
@@ -337,7 +338,7 @@ def decide_quantile(q: float, recorded: dict[float, float], n: int | None, *,
         if n < least:
             need += f"; p{q * 100:g} needs ≥ {least:,} to bound it at {confidence:.0%}"
         else:
-            shown = "—" if hi is None else f"{hi:.4g}"
+            shown = "—" if hi is None else sig(hi)
             need += f": upper bound {shown} straddles the limit; more {unit} decide it"
     return Decision(outcome=out, value=value, n=n, basis="order statistic", lower=lo, upper=hi,
                     confidence=confidence, need=need)

@@ -158,8 +158,8 @@ def busy_core_seconds(r: Record) -> float | None:
         v = r.extras.get(key)
         if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0:
             return float(v)
-    busy = r.extras.get("cpu_busy_cores")
-    if isinstance(busy, int | float) and not isinstance(busy, bool) and busy >= 0 and r.wall_s:
+    busy = r.resources.cpu_busy_cores
+    if busy is not None and r.wall_s:
         return float(busy) * r.wall_s
     return None
 

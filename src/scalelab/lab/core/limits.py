@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalelab.lab.core.laws import karp_flatt
-from scalelab.lab.core.objectives import metric_value
+from scalelab.lab.core.server_limits import server_finding
 from scalelab.lab.core.sheet import COMM_HIGH, CPU_BUSY, IOWAIT_HIGH, MEMORY_HIGH, SheetRow
 from scalelab.lab.core.units import format_bytes
 
@@ -56,9 +56,11 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
     ceiling = oversubscription(rows, cores)
     if ceiling is not None:
         ev.append(ceiling)
+    server, server_seen = server_evidence(rows)
+    ev += server
     last = rows[-1]
     at = f"at {last.variable}={last.level:g}"
-    busy = metric_value(last, "extras:cpu_busy_cores")
+    busy = last.resources.cpu_busy_cores
     if busy is not None and busy >= CPU_BUSY * cores:
         ev.append(Evidence(resource="cpu", detail=f"{busy:.2f} of {cores} cores busy {at}"))
     mem = (
@@ -87,7 +89,7 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
                     ),
                 )
             )
-    comm = metric_value(last, "extras:comm_share")
+    comm = last.resources.comm_share
     if comm is not None and comm >= COMM_HIGH:
         ev.append(
             Evidence(
@@ -95,10 +97,10 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
                 detail=f"{comm:.0%} of step time in gradient all-reduce {at}",
             )
         )
-    spill = metric_value(last, "extras:spilled_disk_bytes")
+    spill = last.resources.spilled_bytes
     if spill:
         ev.append(Evidence(resource="disk spill", detail=f"{format_bytes(spill)} spilled {at}"))
-    iow = metric_value(last, "extras:iowait_share")
+    iow = last.resources.iowait_share
     if iow is not None and iow >= IOWAIT_HIGH:
         ev.append(
             Evidence(resource="i/o", detail=f"{iow:.0%} of the machine's CPU time in I/O wait {at}")
@@ -106,8 +108,10 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
     kf = _karp_flatt_trend([r for r in rows if ceiling is None or r.level <= cores])
     if kf is not None:
         ev.append(Evidence(resource="serial fraction", detail=kf))
+    ev += client_inference(rows)
     if not [e for e in ev if e is not ceiling]:
         seen = [
+            *server_seen,
             *([f"{busy:.2f} of {cores} cores busy"] if busy is not None else []),
             *([f"peak memory {mem:.0%} of RAM"] if mem is not None else []),
             *([f"{iow:.0%} I/O wait"] if iow is not None else []),
@@ -123,6 +127,123 @@ def infer_limits(rows: list[SheetRow], *, cores: int, memory_bytes: int) -> list
                 )
             )
     return ev
+
+
+PLATEAU_VARIABLES = ("concurrency", "clients", "streams", "connections")
+"""Variables that set the requests in flight: a served rate flat across them is a slot count."""
+FLAT = 0.1
+"""A rate within this share of the largest is flat."""
+
+
+def server_evidence(rows: list[SheetRow]) -> tuple[list[Evidence], list[str]]:
+    """The server's own signals: (its saturated findings, each at the lowest level it shows
+    and with its number; what it showed unsaturated at the highest level read)."""
+    read = [r for r in rows if r.server is not None]
+    if not read:
+        return [], []
+    out: list[Evidence] = []
+    refusing = next((r for r in read if r.server and r.server.refused), None)
+    if refusing is not None:
+        out.append(_admission(rows, refusing))
+    said = {e.resource for e in out}
+    for r in read:
+        assert r.server is not None
+        f = server_finding(r.server.model_copy(update={"refused": None}))
+        if f is not None and f.saturated and f.resource not in said:
+            said.add(f.resource)
+            out.append(Evidence(resource=f.resource,
+                                detail=f"{f.detail} at {r.variable}={r.level:g}"))
+    if out:
+        return out, []
+    top = read[-1]
+    assert top.server is not None
+    f = server_finding(top.server)
+    return [], ([f"server {f.detail}"] if f is not None else [])
+
+
+def _admission(rows: list[SheetRow], first: SheetRow) -> Evidence:
+    """Refusals from a level on: the level below took everything, this one turned work away."""
+    assert first.server is not None
+    f = server_finding(first.server)
+    assert f is not None
+    below = [r for r in rows if r.level < first.level]
+    before = (f"none refused at {below[-1].variable}={below[-1].level:g}; "
+              if below and below[-1].server is not None and not below[-1].server.refused
+              else "")
+    served = (f"; served {first.rate:.3g} {first.rate_unit or '/s'} there"
+              if first.rate is not None else "")
+    return Evidence(resource="admission",
+                    detail=f"{before}{f.detail} at {first.variable}={first.level:g}{served}")
+
+
+def client_inference(rows: list[SheetRow]) -> list[Evidence]:
+    """What the client's own records show of a server that published nothing, said as an
+    inference: a served rate flat past N in flight (about N slots), and then TTFT growing with
+    each extra stream (requests queue in front of the engine)."""
+    if not rows or rows[0].variable not in PLATEAU_VARIABLES:
+        return []
+    cut = _one_at_a_time(rows)
+    if cut is not None:
+        return [cut]
+    pts = [(r.level, r.rate, r) for r in rows if r.rate and r.level > 0]
+    if len(pts) < 3:
+        return []
+    n0, x0, _ = pts[0]
+    top = max(x for _, x, _ in pts)
+    knee, xk, rk = next(p for p in pts if p[1] >= (1 - FLAT) * top)
+    if knee * 1.5 > pts[-1][0] or pts[-1][1] < (1 - FLAT) * top:
+        return []  # still growing, or not flat over a wide enough span to say
+    slots = max(1, round(top / (x0 / n0)))
+    unit = rk.rate_unit or "/s"
+    one = "one request at a time" if slots == 1 else f"about {slots} slots"
+    out = [Evidence(resource="slots (inferred)",
+                    detail=f"{one}: {xk:.3g} {unit} at {knee:g} in flight, "
+                           f"{pts[-1][1]:.3g} at {pts[-1][0]:g} (flat past {knee:g}; "
+                           f"{x0:.3g} at {n0:g}) — inferred from the client's records")]
+    growth = _ttft_growth(rows, knee)
+    if growth is not None:
+        out.append(growth)
+    return out
+
+
+CUT_SHARE = 0.05
+"""Streams cut short or empty at this share of a level, where one stream alone had none: the
+server interrupts a running request for a new one."""
+
+
+def _one_at_a_time(rows: list[SheetRow]) -> Evidence | None:
+    def share(r: SheetRow) -> float:
+        s = r.server
+        return (s.cut_streams or 0) / s.requests if s is not None and s.requests else 0.0
+
+    first = rows[0]
+    if first.level != 1 or share(first) > 0:
+        return None
+    hit = next((r for r in rows[1:] if share(r) >= CUT_SHARE), None)
+    if hit is None or hit.server is None:
+        return None
+    return Evidence(resource="one request at a time (inferred)",
+                    detail=f"no stream cut short at {first.variable}=1; {hit.server.cut_streams} "
+                           f"of {hit.server.requests} streams ({share(hit):.0%}) cut short or "
+                           f"empty at {hit.variable}={hit.level:g}: a new request interrupts "
+                           "the running one — inferred from the client's records")
+
+
+def _ttft_growth(rows: list[SheetRow], knee: float) -> Evidence | None:
+    past = [r for r in rows if r.level >= knee and r.p50_ms is not None]
+    if len(past) < 2 or rows[0].extras.get("latency_is") != "ttft":
+        return None
+    a, b = past[0], past[-1]
+    assert a.p50_ms is not None and b.p50_ms is not None
+    per = (b.p50_ms - a.p50_ms) / (b.level - a.level)
+    service = rows[0].extras.get("e2e_p50_ms")
+    if not isinstance(service, int | float) or per <= 0.2 * service / max(knee, 1.0):
+        return None
+    return Evidence(resource="queue (inferred)",
+                    detail=f"TTFT p50 {a.p50_ms:.3g} → {b.p50_ms:.3g} ms from {a.level:g} to "
+                           f"{b.level:g} streams: +{per:.3g} ms per extra stream (one stream "
+                           f"alone takes {service:.3g} ms): requests wait in front of the "
+                           "engine — inferred from the client's records")
 
 
 def _karp_flatt_trend(rows: list[SheetRow]) -> str | None:

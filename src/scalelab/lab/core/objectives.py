@@ -21,6 +21,7 @@ from scalelab.lab.core.decide import (
 )
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.sheet import SAMPLES_UNIT_KEY, SheetRow
+from scalelab.lab.core.signals import LEGACY_EXTRAS
 
 METRICS = {
     "rate",
@@ -101,7 +102,10 @@ def metric_value(
     if metric.startswith("quality:"):
         return row.quality.get(metric[8:])
     if metric.startswith("extras:"):
-        v = row.extras.get(metric[7:])
+        # The resource signals left extras for typed fields; objectives on their old names
+        # (extras:cpu_busy_cores, extras:comm_share, ...) read the fields.
+        lifted = LEGACY_EXTRAS.get(metric[7:])
+        v = getattr(row.resources, lifted) if lifted else row.extras.get(metric[7:])
         return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
     v = getattr(row, metric)
     return None if v is None else float(v)
@@ -110,6 +114,15 @@ def metric_value(
 _QUANTILE_METRICS = {"p50_ms": 0.5, "p95_ms": 0.95, "p99_ms": 0.99}
 _EXTRA_QUANTILE = re.compile(r"^extras:(?P<name>.+)_p(?P<q>50|90|95|99|999)_ms$")
 _Q = {"50": 0.5, "90": 0.9, "95": 0.95, "99": 0.99, "999": 0.999}
+
+
+def quantile_of(metric: str) -> float | None:
+    """The latency quantile an objective's metric names (p95_ms -> 0.95,
+    extras:tpot_p99_ms -> 0.99), or None for any other metric."""
+    if metric in _QUANTILE_METRICS:
+        return _QUANTILE_METRICS[metric]
+    m = _EXTRA_QUANTILE.match(metric)
+    return _Q[m["q"]] if m is not None else None
 
 
 def _efficiency_spread(row: SheetRow, rows: list[SheetRow]) -> tuple[float | None, float | None]:

@@ -2,7 +2,9 @@
 
 One record per (experiment, stage, variable, level, repeat). The fields are the diagnostic
 sheet's: input volume, processing rate, limiting resource, latency percentiles, memory, failure
-rate, quality, cost and recovery mechanism; anything else goes into `extras`.
+rate, quality, cost and recovery mechanism; the signals the limit is inferred from are typed
+(`series`, `resources`, `server`: see core/signals.py); what a stage adds of its own goes into
+`extras`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.jsonfile import read_jsonl_objects
 from scalelab.lab.core.machine import Machine, current_machine
+from scalelab.lab.core.signals import Resources, ServerSignals, lift_legacy
 from scalelab.lab.core.strict import StrictFrozenModel
 
 SCHEMA_VERSION = 1
@@ -82,7 +85,20 @@ class Record(StrictFrozenModel):
     limiting_resource: str | None = None
     ok: bool = True
     error: str | None = None
+    series: str = ""
+    """Separates curves of one stage and variable measured under different settings (batching
+    off / on, a model variant); "" for the stage's one curve."""
+    resources: Resources = Field(default_factory=Resources)
+    """What the measured work's resources did (busy cores, I/O wait, communication, spill)."""
+    server: ServerSignals | None = None
+    """What the server behind an endpoint showed of itself; None = not read."""
     extras: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lift(cls, data: Any) -> Any:
+        # Records written before the typed signals kept them in extras: same numbers, moved.
+        return lift_legacy(data)
 
     @field_validator("timestamp")
     @classmethod

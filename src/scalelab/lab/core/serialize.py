@@ -10,6 +10,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+JSON_SCHEMA_VERSION = 1
+"""The version of every command's --json document (and report.json, --output FILE.json):
+bumped when a field changes meaning or goes away, not when one is added."""
+
+
+def with_schema(data: Any) -> Any:
+    """A JSON object with "schema_version" first; as is when it has one, or is a file in a
+    format of its own ("format": "scalelab.schema/1", "scalelab.stats/1": versioned by it, and
+    read back with no other key allowed); anything else as is."""
+    if not isinstance(data, dict) or "schema_version" in data:
+        return data
+    own = data.get("format")
+    if isinstance(own, str) and own.startswith("scalelab.") and "/" in own:
+        return data
+    return {"schema_version": JSON_SCHEMA_VERSION, **data}
+
 
 def jsonable(x: Any) -> Any:
     """Convert results to JSON-safe values: NaN and ±inf become null (JSON has no such numbers)."""

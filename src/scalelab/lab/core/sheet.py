@@ -3,8 +3,8 @@
 A row holds the sheet's fields — input volume, processing rate, limiting resource, latency
 p50/p95/p99, peak memory, failure rate, output quality, cost per unit, recovery — as medians over
 repeats with the range of the rate. A *series* separates curves measured on the same stage and
-variable under different settings (e.g. serving with batching off and on): it is the record's
-`extras["series"]` when present.
+variable under different settings (e.g. serving with batching off and on): the record's
+`series`. The limiting cell reads the records' typed signals (`resources`, `server`) by name.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scalelab.lab.core.records import Record
+from scalelab.lab.core.server_limits import server_cell
+from scalelab.lab.core.signals import Resources, ServerSignals
 
 STAGE_ORDER = {"data": 0, "train": 1, "serve": 2, "model": 3}
 """The four stages in the order work flows through them; other stages follow by name."""
@@ -43,13 +45,20 @@ the sheet's limiting cell leads with it."""
 
 
 def measured_limit(
-    extras: dict[str, Any], peak_memory_bytes: int | None, *, cores: int, memory_bytes: int
+    extras: dict[str, Any],
+    peak_memory_bytes: int | None,
+    *,
+    cores: int,
+    memory_bytes: int,
+    resources: Resources | None = None,
 ) -> str:
     """The sheet's limiting-resource cell, from measured signals only (never a stage's label):
     the limit the stage measured (`STAGE_LIMIT_KEY`), then the saturated machine resource with
     its number; what was measured when nothing saturates; or 'not measured'."""
     own = extras.get(STAGE_LIMIT_KEY)
-    machine = _machine_limit(extras, peak_memory_bytes, cores=cores, memory_bytes=memory_bytes)
+    machine = _machine_limit(
+        resources or Resources(), peak_memory_bytes, cores=cores, memory_bytes=memory_bytes
+    )
     if isinstance(own, str) and own:
         saturated = not machine.startswith(("none saturated", "not measured"))
         return f"{own}; {machine}" if saturated else own
@@ -57,12 +66,9 @@ def measured_limit(
 
 
 def _machine_limit(
-    extras: dict[str, Any], peak_memory_bytes: int | None, *, cores: int, memory_bytes: int
+    res: Resources, peak_memory_bytes: int | None, *, cores: int, memory_bytes: int
 ) -> str:
-    busy = _num(extras, "cpu_busy_cores")
-    comm = _num(extras, "comm_share")
-    spill = _num(extras, "spilled_disk_bytes")
-    iow = _num(extras, "iowait_share")
+    busy, comm, spill, iow = res.cpu_busy_cores, res.comm_share, res.spilled_bytes, res.iowait_share
     mem = peak_memory_bytes / memory_bytes if peak_memory_bytes and memory_bytes else None
     if mem is not None and mem >= MEMORY_HIGH:
         return f"memory: peak {mem:.0%} of RAM"
@@ -80,6 +86,16 @@ def _machine_limit(
         *([f"i/o wait {iow:.0%}"] if iow is not None else []),
     ]
     return "none saturated (" + ", ".join(seen) + ")" if seen else "not measured"
+
+
+def median_resources(recs: list[Record]) -> Resources:
+    """Each resource signal's median over the records that measured it."""
+    out: dict[str, float | int] = {}
+    for name in Resources.model_fields:
+        v = _median(getattr(r.resources, name) for r in recs)
+        if v is not None:
+            out[name] = int(v) if name.endswith("bytes") else v
+    return Resources(**out)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +127,11 @@ class SheetRow:
     limiting_resource: str | None
     """From measured signals only (`measured_limit`), never a stage's own label."""
     extras: dict[str, Any] = field(default_factory=dict)
-    """Medians of the numeric extras across repeats (e.g. cpu_busy_cores, comm_share)."""
+    """Medians of the numeric extras across repeats (what stages add of their own)."""
+    resources: Resources = field(default_factory=Resources)
+    """Medians of the records' resource signals across repeats."""
+    server: ServerSignals | None = None
+    """The server's own signals at this level (the repeat that read most of them)."""
     governance: str | None = None
     """What the stage's server enforced (rate limits, budgets, kill switches engaged), from the
     records' `governance` extra; None = the stage does not serve."""
@@ -183,8 +203,7 @@ def _counts(recs: list[Record], use: list[Record]) -> tuple[int | None, int | No
 
 
 def series_of(r: Record) -> str:
-    s = r.extras.get("series")
-    return str(s) if s is not None else ""
+    return r.series
 
 
 def _numeric_extras(recs: list[Record]) -> dict[str, Any]:
@@ -232,8 +251,10 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
         mem = [r.peak_memory_bytes for r in use if r.peak_memory_bytes is not None]
         fr = [r.failure_rate for r in recs if r.failure_rate is not None]
         extras = _numeric_extras(use)
+        res = median_resources(use)
         lat_n, trials, events = _counts(recs, use)
         b = base[(stage, series, variable)]
+        server = _server(use)
         rows.append(
             SheetRow(
                 stage=stage,
@@ -263,13 +284,21 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
                 cost_per_unit_usd=_median(r.cost.per_unit_usd for r in use if r.cost is not None),
                 cost_unit=_mode(r.cost.unit for r in use if r.cost is not None),
                 recovery=_mode(r.recovery for r in use),
-                limiting_resource=measured_limit(
-                    extras,
-                    int(max(mem)) if mem else None,
-                    cores=use[0].machine.cores,
-                    memory_bytes=use[0].machine.memory_bytes,
+                limiting_resource=server_cell(
+                    server,
+                    measured_limit(
+                        extras,
+                        int(max(mem)) if mem else None,
+                        cores=use[0].machine.cores,
+                        memory_bytes=use[0].machine.memory_bytes,
+                        resources=res,
+                    ),
+                    trials=next((sample_count(r) for r in use if r.server is server), None),
+                    stage_said=bool(extras.get(STAGE_LIMIT_KEY)),
                 ),
                 extras=extras,
+                resources=res,
+                server=server,
                 governance=_mode(str(r.extras["governance"]) for r in use
                                  if r.extras.get("governance")),
                 energy_per_unit_j=_num(extras, "energy_per_unit_j"),
@@ -285,6 +314,11 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
             )
         )
     return rows
+
+
+def _server(recs: list[Record]) -> ServerSignals | None:
+    seen = [r.server for r in recs if r.server is not None and r.server.measured()]
+    return max(seen, key=lambda s: len(s.sources)) if seen else None
 
 
 def stage_rows(sheet: list[SheetRow], stage: str, series: str | None = None) -> list[SheetRow]:

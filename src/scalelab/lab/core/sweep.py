@@ -31,6 +31,7 @@ from scalelab.lab.core.knee import find_knee
 from scalelab.lab.core.machine import Machine, current_machine
 from scalelab.lab.core.peak_memory import tree_rss
 from scalelab.lab.core.records import Record, make_record
+from scalelab.lab.core.signals import Resources
 from scalelab.lab.core.usage import iowait_share, iowait_ticks
 
 Mode = Literal["strong", "weak"]
@@ -342,10 +343,11 @@ def run_sweep(cfg: SweepConfig, *, on_run: ProgressFn | None = None,
                         "metric": r.metric,
                         "command": cmd,
                         "host": host,
-                        "cpu_busy_cores": r.cpu_s / r.wall_s if r.wall_s else None,
-                        **({"iowait_share": r.iowait_share}
-                           if r.iowait_share is not None else {}),
                     },
+                    resources=Resources(
+                        cpu_busy_cores=r.cpu_s / r.wall_s if r.wall_s else None,
+                        iowait_share=r.iowait_share,
+                    ),
                 )
             )
             if on_run is not None:

@@ -54,32 +54,104 @@ def parse_size(text: str, *, what: str = "size") -> int:
 
 
 def format_duration(seconds: float) -> str:
+    """Seconds for people, 3 significant digits: 0.0123 -> '12.3 ms', 30.56 -> '30.6 s',
+    300 -> '5 min', 7200 -> '2 h'."""
     if not math.isfinite(seconds):
         return "∞"
     if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} µs"
+        return f"{sig(seconds * 1e6)} µs"
     if seconds < 1:
-        return f"{seconds * 1e3:.1f} ms"
+        return f"{sig(seconds * 1e3)} ms"
     if seconds < 120:
-        return f"{seconds:.2f} s"
+        return f"{sig(seconds)} s"
     if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
+        return f"{sig(seconds / 60)} min"
+    return f"{sig(seconds / 3600)} h"
+
+
+def sig(v: float, digits: int = 3) -> str:
+    """`v` to `digits` significant digits in plain decimals, never an exponent:
+    70350 -> '70400', 4.33333 -> '4.33', 0.000123 -> '0.000123', 2.0 -> '2'."""
+    if not math.isfinite(v):
+        return "∞" if v > 0 else "-∞" if v < 0 else "—"
+    if v == 0:
+        return "0"
+    exp = math.floor(math.log10(abs(v)))
+    places = max(0, digits - 1 - exp)
+    text = f"{round(v, digits - 1 - exp):.{places}f}"  # 999.6 -> '1000': the zeros go below
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def format_number(v: float | None, unit: str = "", digits: int = 3) -> str:
+    """A number for people: 3 significant digits, k/M/G/T past a thousand, then the unit:
+    70350 samples/s -> '70.4k samples/s', 0.2373 -> '0.237'; None -> '—'."""
+    if v is None:
+        return "—"
+    text = sig(v, digits)
+    for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if math.isfinite(v) and abs(float(sig(v, digits))) >= div:
+            text = sig(v / div, digits) + suffix
+            break
+    return f"{text} {unit}" if unit else text
 
 
 def format_bytes(n: float) -> str:
+    """Bytes for people, 3 significant digits in binary units: 3.399e8 -> '324 MiB'."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        if abs(float(sig(n))) < 1024 or unit == "TiB":
+            return f"{sig(n)} {unit}" if unit != "B" else f"{n:.0f} B"
         n /= 1024
     raise AssertionError("unreachable")
 
 
-def format_si(v: float | None, digits: int = 3) -> str:
-    """A number for a narrow column: 1234 -> '1.23k', 2.5e6 -> '2.5M'; None -> '—'."""
+def format_multiple(m: float | None) -> str:
+    """A multiple of load: 4.33333 -> '4.33×', 10 -> '10×'; None -> '—'."""
+    return "—" if m is None else f"{sig(m)}×"
+
+
+def format_percent(share: float | None) -> str:
+    """A share as a percentage to 3 significant digits: 0.9994 -> '99.9%', 0.000012 ->
+    '0.0012%', 0 -> '0%'; a share within 3 digits of 1 but not 1 keeps the digits that
+    differ (0.99995 -> '99.995%'), so 'availability 100%' is said only of no failure."""
+    if share is None:
+        return "—"
+    pct = share * 100
+    text = sig(pct)
+    if share != 1 and text == "100":
+        text = f"{pct:.6f}".rstrip("0")
+        keep = next(i for i, ch in enumerate(text.split(".")[1]) if ch != "9") + 1
+        text = f"{pct:.{keep}f}"
+    return f"{text}%"
+
+
+def format_ms(v: float | None) -> str:
+    """A latency in milliseconds, 3 significant digits: 41.234 -> '41.2 ms', 2300 -> '2.3 s'."""
     if v is None:
         return "—"
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(v) >= div:
-            return f"{v / div:.{digits}g}{suffix}"
-    return f"{v:.{digits}g}"
+    return f"{sig(v / 1000)} s" if abs(v) >= 1000 else f"{sig(v)} ms"
+
+
+def format_usd(v: float | None) -> str:
+    return "—" if v is None else f"${format_number(v)}"
+
+
+def format_metric(metric: str, v: float | None) -> str:
+    """An objective's value in its own unit: bytes, ms, a share, dollars, or a number."""
+    if v is None:
+        return "—"
+    if metric.endswith("_bytes"):
+        return format_bytes(v)
+    if metric.endswith("_ms"):
+        return format_ms(v)
+    if metric in ("availability", "failure_rate", "efficiency") or metric.endswith("_share"):
+        return format_percent(v)
+    if metric == "cost_per_unit_usd":
+        return format_usd(v)
+    if metric == "wall_s":
+        return f"{sig(v)} s"
+    return format_number(v)
+
+
+def format_si(v: float | None, digits: int = 3) -> str:
+    """A number for a narrow column: 1234 -> '1.23k', 2.5e6 -> '2.5M'; None -> '—'."""
+    return format_number(v, digits=digits)

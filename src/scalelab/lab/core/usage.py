@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalelab.lab.core.signals import Resources
+
 PROC_STAT = Path("/proc/stat")
 
 
@@ -98,11 +100,14 @@ class Usage:
         return self.cpu_s / self.wall_s if self.wall_s > 0 else None
 
     def extras(self) -> dict[str, Any]:
-        """The record extras every stage uses for these signals (the verdict reads them)."""
-        out: dict[str, Any] = {"cpu_s": self.cpu_s, "cpu_busy_cores": self.busy_cores}
-        if self.iowait_share is not None:
-            out["iowait_share"] = self.iowait_share
-        return out
+        """The CPU seconds as a record extra (what energy is estimated from)."""
+        return {"cpu_s": self.cpu_s}
+
+    def resources(self, **more: float | int | None) -> Resources:
+        """Busy cores and I/O wait as the record's typed signals (what the verdict reads),
+        with any `more` of them the stage measured (comm_share, spilled_bytes)."""
+        return Resources(cpu_busy_cores=self.busy_cores, iowait_share=self.iowait_share,
+                         **more)  # type: ignore[arg-type]
 
 
 class UsageMeter:

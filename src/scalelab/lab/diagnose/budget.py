@@ -115,7 +115,7 @@ def time_lines(budget: dict[str, Any] | None, records: list[Record]) -> list[str
         z = r.extras.get(SIZING_KEY)
         if not isinstance(z, dict):
             continue
-        series = r.extras.get("series")
+        series = r.series
         where = f"{r.stage}{f' {series}' if series else ''} at {r.level:g}"
         if r.repeat:
             where += f" #{r.repeat + 1}"

@@ -152,6 +152,8 @@ class LoadRun(_LoadTarget):
     trace_at: float | None = None
     server_pid: int | None = None
     server_metrics: str | None = None
+    server_signals: bool = False
+    prometheus: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

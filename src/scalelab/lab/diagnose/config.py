@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from scalelab.lab.core.errors import BadInputError, ScalelabError
 from scalelab.lab.diagnose.budget import parse_budget
-from scalelab.lab.diagnose.schema import ClientSettings, Prices, Strict
+from scalelab.lab.diagnose.schema import ClientSettings, HttpUrl, Prices, Strict
 from scalelab.lab.diagnose.stages import SECTIONS
 from scalelab.lab.diagnose.stages.custom import CustomStages
 
@@ -50,6 +50,9 @@ class DiagnoseConfig(Strict):
     """The one price table every stage's cost uses."""
     client: ClientSettings = Field(default_factory=ClientSettings)
     """Where the load generators run (a Dask cluster, or this machine)."""
+    prometheus: HttpUrl | None = None
+    """A Prometheus server (e.g. http://prom:9090) that scrapes the machines behind the user's
+    endpoints: each level asks it for their node_exporter, cAdvisor and DCGM series."""
     budget: Annotated[str, AfterValidator(_budget)] | None = None
     """Stage time to split across the stages (diagnose.budget), e.g. 4m30s; null: none (each
     level runs one chunk, or with --full until decided up to its cap). --budget overrides."""

@@ -4,18 +4,16 @@ started, every request an error) fails its stage, in the verdict, the report and
 A failed step is not a miss: the system under test did not answer, so no objective was judged
 there. The verdict core knows only what the records measured; this module adds what the run
 itself knows (run.json's failed steps) and what the records say of a stage whose every request
-failed, so "no stage misses its objectives" never reads over a stage that never answered.
+failed; `core.verdict.judge` takes them as an input, so "no stage misses its objectives" never
+reads over a stage that never answered.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from scalelab.lab.core.sheet import SheetRow
-from scalelab.lab.core.verdict import Verdict
-
-FAILED = "failed"
+from scalelab.lab.core.units import format_multiple
 
 
 def stage_failures(run_info: dict[str, Any], sheet: list[SheetRow]) -> dict[str, str]:
@@ -32,7 +30,7 @@ def stage_failures(run_info: dict[str, Any], sheet: list[SheetRow]) -> dict[str,
     for stage, rows in by_stage.items():
         rates = [r.failure_rate for r in rows if r.failure_rate is not None]
         if rates and len(rates) == len(rows) and all(x >= 1.0 for x in rates):
-            levels = ", ".join(sorted({f"{r.multiple:g}×" for r in rows}))
+            levels = ", ".join(format_multiple(m) for m in sorted({r.multiple for r in rows}))
             out.setdefault(stage, []).append(
                 f"every request failed at every level measured ({levels})")
     return {
@@ -40,29 +38,3 @@ def stage_failures(run_info: dict[str, Any], sheet: list[SheetRow]) -> dict[str,
                       if len(whys) > 1 else "")
         for s, whys in out.items()
     }
-
-
-def with_failures(verdict: Verdict, failures: dict[str, str]) -> Verdict:
-    """The verdict with its summary leading on the failed stages (the report prints the
-    summary first): a failed run never reads as 'no stage misses its objectives'."""
-    if not failures:
-        return verdict
-    said = "; ".join(f"{s} failed: {why}" for s, why in failures.items())
-    return replace(verdict, summary=f"{said}. What was measured: {verdict.summary}")
-
-
-def failure_lines(lines: list[str], failures: dict[str, str]) -> list[str]:
-    """The verdict's lines (report.document.verdict_lines) with each failed stage's line
-    saying 'failed: <why>'; what was measured of it, if anything, follows as 'measured: ...'."""
-    out = list(lines)
-    for stage, why in failures.items():
-        head = f"{stage}: "
-        at = next((i for i, ln in enumerate(out) if i > 0 and ln.startswith(head)), None)
-        line = f"{stage}: {FAILED}: {why}"
-        if at is None:
-            out.append(line)
-        elif out[at] == f"{stage}: not measured":
-            out[at] = line
-        else:
-            out[at:at + 1] = [line, f"  measured: {out[at][len(head):]}"]
-    return out

@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from scalelab.lab.core.records import Cost, Record
-from scalelab.lab.diagnose.sizing import merged_energy
+from scalelab.lab.diagnose.sizing import merged_energy, merged_resources
 from scalelab.lab.load.histogram import LatencyHistogram
 from scalelab.lab.load.llm.result import cost_of, pct_dict
 from scalelab.lab.load.scrape import note_limits
@@ -62,7 +62,7 @@ def _merged_gauges(chunks: list[Record], last: Record) -> dict[str, Any]:
     """Peaks at their largest, engine means weighted by their scrapes, busy cores over the
     CPU-weighted span: what the chunks' gauges say of the whole level."""
     out: dict[str, Any] = {}
-    for k in ("max_in_flight", "server_peak_rss_bytes",
+    for k in ("max_in_flight",
               *(k for k in last.extras if k.startswith("engine_") and k.endswith("_max"))):
         vals = [_num(c.extras.get(k)) for c in chunks]
         if all(v is not None for v in vals):
@@ -73,11 +73,6 @@ def _merged_gauges(chunks: list[Record], last: Record) -> dict[str, Any]:
         if all(v is not None for v in vals) and sum(scrapes) > 0:
             out[k] = sum((v or 0.0) * n for v, n in zip(vals, scrapes, strict=True)) \
                 / sum(scrapes)
-    cpus = [_num(c.extras.get("server_cpu_s")) for c in chunks]
-    busy = [_num(c.extras.get("cpu_busy_cores")) for c in chunks]
-    if all(v is not None for v in cpus) and all(b is not None and b > 0 for b in busy):
-        sampled = sum((c or 0.0) / (b or 1.0) for c, b in zip(cpus, busy, strict=True))
-        out["cpu_busy_cores"] = sum(c or 0.0 for c in cpus) / sampled if sampled else 0.0
     return out
 
 
@@ -146,6 +141,8 @@ def merge_llm_chunks(chunks: list[Record]) -> Record:
         "ok": all(c.ok for c in chunks),
         "error": "; ".join(dict.fromkeys(c.error for c in chunks if c.error)) or None,
         "timestamp": first.timestamp,
+        "resources": merged_resources(chunks),
+        "server": next((c.server for c in reversed(chunks) if c.server is not None), None),
     }
     costs = [c.cost for c in chunks]
     price = _num((last.extras.get("cost") or {}).get("price_per_hour_usd"))

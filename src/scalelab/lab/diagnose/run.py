@@ -31,8 +31,8 @@ from scalelab.lab.diagnose.budget import (
 )
 from scalelab.lab.diagnose.config import DiagnoseConfig, Mode
 from scalelab.lab.diagnose.energy import energy_tagger
-from scalelab.lab.diagnose.evidence import with_stage_limits
-from scalelab.lab.diagnose.failures import stage_failures, with_failures
+from scalelab.lab.diagnose.evidence import stage_limits
+from scalelab.lab.diagnose.failures import stage_failures
 from scalelab.lab.diagnose.goals import stage_goals
 from scalelab.lab.diagnose.stages import STAGES
 from scalelab.lab.diagnose.stages.base import Artifact, Context
@@ -102,6 +102,7 @@ class Runner:
             keep=self._keep,
             shares={sh.stage: sh.share_s for sh in self.shares if sh.sized},
             full=mode == "full",
+            prometheus=cfg.prometheus,
         )
         self.spent: dict[str, float] = {}
         self.given: dict[str, float] = {}
@@ -245,13 +246,12 @@ def rebuild(
     sheet = build_sheet(records)
     m = _machine(records)
     goals = stage_goals(cfg)
-    verdict = judge(goals, sheet, cores=m.cores, memory_bytes=m.memory_bytes)
-    verdict = with_stage_limits(verdict, goals, sheet, cfg, cores=m.cores)
     run_info: dict[str, Any] = (
         read_json_object(out / RUN_INFO) if (out / RUN_INFO).is_file() else {}
     )
     failed = stage_failures(run_info, sheet)
-    verdict = with_failures(verdict, failed)
+    verdict = judge(goals, sheet, cores=m.cores, memory_bytes=m.memory_bytes,
+                    stage_limits=stage_limits(goals, sheet, cfg, cores=m.cores), failures=failed)
     meta = {"mode": mode, "records": len(records),
             "time": time_lines(run_info.get("budget"), records)}
     files = write_report(out, sheet, verdict, goals, m, meta,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.objectives import Objective
 from scalelab.lab.core.sheet import SheetRow
+from scalelab.lab.core.units import format_number, format_percent, sig
 from scalelab.lab.load.autoscale import SimConfig, SimResult, default_target, simulate
 from scalelab.lab.load.replica_model import LevelPoint, ReplicaModel, Signal
 from scalelab.lab.load.slo import LatencyObjective
@@ -113,7 +114,7 @@ def _reaction(run: SignalRun) -> str:
     who = NAMES.get(run.signal, run.signal)
     if run.reacted_s is None:
         return f"{who} never scaled up"
-    return f"{who} scaled up {run.reacted_s:g} s after it began"
+    return f"{who} scaled up {sig(run.reacted_s)} s after it began"
 
 
 def choose_signal(rows: list[SheetRow], objectives: list[Objective], *,
@@ -145,10 +146,14 @@ def choose_signal(rows: list[SheetRow], objectives: list[Objective], *,
                                     math.inf if r.reacted_s is None else r.reacted_s,
                                     r.result.cost))
     others = [r for r in runs if r is not best]
-    shares = " against ".join(f"{r.violating_share:.2%}" for r in [best, *others])
+    shares = " against ".join(format_percent(r.violating_share) for r in [best, *others])
+    missed = (f"{slo.label} kept for every request in each replay"
+              if all(r.violating_share == 0 for r in runs)
+              else f"{slo.label} missed for {shares} of requests")
     text = (f"autoscale on {NAMES.get(best.signal, best.signal)} (this run's levels replayed "
-            f"through the HPA simulator, a spike from {base:.4g} to {peak:.4g} requests/s, "
-            f"replicas ready {best.result.startup_s:g} s after they start: "
+            f"through the HPA simulator, a spike from {format_number(base)} to "
+            f"{format_number(peak, 'requests/s')}, "
+            f"replicas ready {sig(best.result.startup_s)} s after they start: "
             + ", ".join(_reaction(r) for r in [best, *others])
-            + f"; {slo.label} missed for {shares} of requests)")
+            + f"; {missed})")
     return SignalChoice(signal=best.signal, text=text, runs=tuple(runs))

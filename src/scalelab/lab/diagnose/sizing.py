@@ -22,6 +22,7 @@ from typing import Any
 from scalelab.lab.core.objectives import Check, Objective, check_rows
 from scalelab.lab.core.records import Cost, Record
 from scalelab.lab.core.sheet import build_sheet
+from scalelab.lab.core.signals import Resources
 from scalelab.lab.diagnose.budget import SIZING_KEY
 from scalelab.lab.load.histogram import LatencyHistogram
 
@@ -69,11 +70,7 @@ def merge_chunks(chunks: list[Record]) -> Record:
             if all(v is not None for v in rates):
                 extras[k] = sum((v or 0.0) * (c.wall_s or 0.0)
                                 for v, c in zip(rates, chunks, strict=True)) / wall
-    cpus = [_num(c.extras.get("server_cpu_s")) for c in chunks]
-    busy = [_num(c.extras.get("cpu_busy_cores")) for c in chunks]
-    if all(v is not None for v in cpus) and all(b is not None and b > 0 for b in busy):
-        offered = sum((c or 0.0) / (b or 1.0) for c, b in zip(cpus, busy, strict=True))
-        extras["cpu_busy_cores"] = sum(c or 0.0 for c in cpus) / offered if offered else 0.0
+    resources = merged_resources(chunks)
     samples = extras.get("samples")
     failures = sum(c.failures for c in chunks)
     successes = extras.get("successes")
@@ -91,6 +88,8 @@ def merge_chunks(chunks: list[Record]) -> Record:
         "ok": all(c.ok for c in chunks),
         "error": "; ".join(dict.fromkeys(c.error for c in chunks if c.error)) or None,
         "timestamp": chunks[0].timestamp,
+        "resources": resources,
+        "server": next((c.server for c in reversed(chunks) if c.server is not None), None),
     }
     costs = [c.cost for c in chunks]
     if all(cost is not None for cost in costs):
@@ -100,6 +99,21 @@ def merge_chunks(chunks: list[Record]) -> Record:
         unit = costs[-1].unit if costs[-1] is not None else None
         update["cost"] = Cost(usd=usd, per_unit_usd=per, unit=unit)
     extras.update(merged_energy(chunks, update.get("cost")))
+    return last.model_copy(update=update)
+
+
+def merged_resources(chunks: list[Record]) -> Resources:
+    """The chunks' resource signals as one level's: busy cores over the CPU-weighted span
+    (the server's CPU seconds over the seconds each chunk sampled), the largest server peak."""
+    last = chunks[-1].resources
+    cpus = [_num(c.extras.get("server_cpu_s")) for c in chunks]
+    busy = [c.resources.cpu_busy_cores for c in chunks]
+    peaks = [c.resources.server_peak_rss_bytes for c in chunks]
+    update: dict[str, Any] = {
+        "server_peak_rss_bytes": max((p for p in peaks if p is not None), default=None)}
+    if all(v is not None for v in cpus) and all(b is not None and b > 0 for b in busy):
+        spans = sum((c or 0.0) / (b or 1.0) for c, b in zip(cpus, busy, strict=True))
+        update["cpu_busy_cores"] = sum(c or 0.0 for c in cpus) / spans if spans else 0.0
     return last.model_copy(update=update)
 
 

@@ -115,10 +115,8 @@ def run_step(step: Step, *, logs: Path, experiment: str, sink: Path) -> StepResu
             error = error or f"unreadable records: {e}"
         tagged = []
         for r in recs:
-            extras = dict(r.extras)
-            if step.series is not None:
-                extras.setdefault("series", step.series)
-            r2 = r.model_copy(update={"experiment": experiment, "extras": extras})
+            series = r.series or (step.series if step.series is not None else "")
+            r2 = r.model_copy(update={"experiment": experiment, "series": series})
             tagged.append(step.tag(r2) if step.tag else r2)
         recs = tagged
         if step.keep:

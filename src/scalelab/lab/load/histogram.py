@@ -87,6 +87,15 @@ class LatencyHistogram:
         n = min(self._h.counts_len, self._h.encoder.payload.counts_len)
         return np.ctypeslib.as_array(self._h.counts)[:n]
 
+    def buckets_ms(self) -> tuple[np.ndarray, np.ndarray]:
+        """(values in ms, counts) of the non-empty buckets, ascending; each bucket at its highest
+        equivalent value, as the percentiles report it: the order statistic of any rank."""
+        counts = self._counts()
+        idx = np.flatnonzero(counts)
+        h = self._h
+        values = [h.get_highest_equivalent_value(h.get_value_from_index(i)) for i in idx.tolist()]
+        return np.asarray(values, dtype=float) / 1e3, counts[idx].astype(np.int64)
+
     def count_at_or_below(self, seconds: float) -> int:
         """How many recorded values are <= `seconds` (to histogram resolution: the bucket
         holding `seconds` counts whole, as HdrHistogram's own iteration does)."""

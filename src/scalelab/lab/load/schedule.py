@@ -14,9 +14,12 @@ from typing import Literal
 import numpy as np
 
 from scalelab.lab.core.errors import BadUsageError
+from scalelab.lab.load.arrival import check_arrival, due_times
 
 Arrival = Literal["constant", "poisson"]
 ARRIVALS: tuple[Arrival, ...] = ("constant", "poisson")
+"""The steady processes; `schedule` also draws arrival.py's (gamma:CV, PROCESS+ramp:STAGES,
+replay:SPEED:PATH), named by a string the plans carry as they carry these."""
 Mode = Literal["open", "closed"]
 """Open loop (requests due on a schedule) or closed loop (N clients, each awaiting its answer)."""
 MAX_SCHEDULE = 50_000_000
@@ -24,7 +27,7 @@ MAX_SCHEDULE = 50_000_000
 
 
 def schedule(rate: float, *, duration_s: float | None = None, requests: int | None = None,
-             arrival: Arrival = "constant", seed: int = 0) -> np.ndarray:
+             arrival: str = "constant", seed: int = 0) -> np.ndarray:
     """Due times (float64 seconds, ascending, starting at 0) for `rate` requests/s.
 
     Give `duration_s` (all arrivals in [0, duration)) or `requests` (exactly that many).
@@ -36,7 +39,7 @@ def schedule(rate: float, *, duration_s: float | None = None, requests: int | No
     if (duration_s is None) == (requests is None):
         raise BadUsageError("give exactly one of --duration or --requests")
     if arrival not in ARRIVALS:
-        raise BadUsageError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+        check_arrival(arrival)
     if duration_s is not None and not (duration_s > 0 and math.isfinite(duration_s)):
         raise BadUsageError(f"--duration must be positive, got {duration_s}")
     if requests is not None and requests < 1:
@@ -47,6 +50,8 @@ def schedule(rate: float, *, duration_s: float | None = None, requests: int | No
             f"{expected:,} requests is more than one run holds ({MAX_SCHEDULE:,}); "
             "lower --rate or --duration, or split the run"
         )
+    if arrival not in ARRIVALS:
+        return due_times(arrival, rate, duration_s=duration_s, requests=requests, seed=seed)
     if arrival == "constant":
         n = requests if requests is not None else math.ceil(rate * float(duration_s or 0) - 1e-9)
         return np.arange(n, dtype=np.float64) / rate

@@ -1,7 +1,9 @@
 """Traffic curves (`--trace`) for the autoscaling simulator: (time s, rate req/s), linearly joined.
 
 Not span traces (those are `observe/traces.py`). A CSV curve has a `time,rate` header (time in
-seconds from the start, ascending; or any duration like 90s, 5m, 1h) and one row per point.
+seconds from the start, ascending; or any duration like 90s, 5m, 1h) and one row per point; a
+request trace (`timestamp,...` header, one row a request: trace_file.py, what `load --replay`
+sends) is binned into its rate curve.
 Built-ins, scaled by a base and a peak rate:
 - diurnal: 24 h, a smooth day (trough at 04:00, peak at 16:00) plus a 20% evening shoulder;
 - spike: 1 h at the base with a jump to the peak at 20 min lasting 5 min;
@@ -19,6 +21,7 @@ import numpy as np
 
 from scalelab.lab.core.errors import BadInputError, BadUsageError
 from scalelab.lab.core.units import parse_duration
+from scalelab.lab.load.trace_file import RequestTrace, is_request_trace, read_trace
 
 BUILTINS = ("diurnal", "spike", "ramp")
 
@@ -53,6 +56,10 @@ def read_traffic(path: str | Path) -> TrafficCurve:
     if not p.is_file():
         raise BadInputError(f"--trace {p}: no such file; give a CSV with time,rate or one of "
                             f"{', '.join(BUILTINS)}")
+    with p.open(newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f), [])
+    if is_request_trace(header):
+        return request_curve(read_trace(p))
     times: list[float] = []
     rates: list[float] = []
     with p.open(newline="", encoding="utf-8") as f:
@@ -72,6 +79,21 @@ def read_traffic(path: str | Path) -> TrafficCurve:
             times.append(t)
             rates.append(r)
     return TrafficCurve(p.stem, tuple(times), tuple(rates))
+
+
+REQUEST_BINS = 100
+"""A request trace becomes a rate curve of about this many bins (whole seconds, 1 to 60 each)."""
+
+
+def request_curve(trace: RequestTrace) -> TrafficCurve:
+    """A request trace (one row a request, trace_file.py) as the rate curve of its arrivals,
+    binned: what `load --replay` sends, as `autoscale simulate` replays it."""
+    bin_s = float(min(60, max(1, math.ceil(trace.span_s / REQUEST_BINS))))  # whole seconds
+    if trace.span_s < 2 * bin_s:
+        raise BadInputError(f"trace {trace.name}: spans {trace.span_s:.3g} s; a rate curve "
+                            f"needs at least {2 * bin_s:g} s of arrivals")
+    times, rates = trace.rate_curve(bin_s)
+    return TrafficCurve(trace.name, times, rates)
 
 
 def builtin(name: str, *, base: float, peak: float) -> TrafficCurve:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,11 +18,30 @@ from scalelab.lab.core.economics import review_lines, unit_costs
 from scalelab.lab.core.machine import Machine
 from scalelab.lab.core.objectives import Check
 from scalelab.lab.core.records import Record
-from scalelab.lab.core.serialize import jsonable
+from scalelab.lab.core.serialize import JSON_SCHEMA_VERSION, jsonable
 from scalelab.lab.core.sheet import SheetRow
-from scalelab.lab.core.units import format_bytes
-from scalelab.lab.core.verdict import StageGoal, StageVerdict, Verdict, decision_text
+from scalelab.lab.core.units import (
+    format_bytes,
+    format_metric,
+    format_multiple,
+    format_number,
+    format_percent,
+    format_usd,
+    sig,
+)
+from scalelab.lab.core.verdict import StageGoal, StageVerdict, Verdict
 from scalelab.lab.report import plots
+from scalelab.lab.report.verdict_text import (
+    candidate_lines,
+    decided_text,
+    gap_text,
+    headline,
+    open_text,
+    stage_advice,
+    stage_head,
+    tightest_text,
+    verdict_lines,
+)
 from scalelab.layers.observe.traces import diagnosis_attributions
 
 NOT_MEASURED = "not measured"
@@ -35,10 +55,8 @@ class ReportFiles:
     json: Path
 
 
-def _fmt(v: float | None, spec: str = ".4g", unit: str = "") -> str:
-    if v is None:
-        return "—"
-    return f"{v:{spec}}{unit}"
+def _fmt(v: float | None) -> str:
+    return format_number(v)
 
 
 def _mem(v: int | None) -> str:
@@ -69,23 +87,23 @@ def sheet_cells(r: SheetRow) -> list[str]:
     """One sheet row as text: every cell a measured value or "not measured"."""
     nm = NOT_MEASURED
 
-    def num(v: float | None, spec: str = ".3g") -> str:
-        return nm if v is None else f"{v:{spec}}"
+    def num(v: float | None) -> str:
+        return nm if v is None else format_number(v)
 
     why = r.extras.get("quality_not_measured")  # a stage that tried says why it could not
-    q = ", ".join(f"{k}={v:.3g}" for k, v in list(r.quality.items())[:4]) or (
+    q = ", ".join(f"{k}={format_number(v)}" for k, v in list(r.quality.items())[:4]) or (
         f"{nm} ({why})" if isinstance(why, str) and why else nm)
     cost = nm if r.cost_per_unit_usd is None else (
-        f"${r.cost_per_unit_usd:.3g}/{r.cost_unit or 'unit'}")
-    rate = nm if r.rate is None else f"{r.rate:.4g} {r.rate_unit or ''}".strip()
+        f"{format_usd(r.cost_per_unit_usd)}/{r.cost_unit or 'unit'}")
+    rate = nm if r.rate is None else format_number(r.rate, r.rate_unit or "")
     if r.rate_min is not None and r.rate_max is not None and r.repeats > 1:
-        rate += f" [{r.rate_min:.3g}–{r.rate_max:.3g}]"
-    inp = nm if r.input_volume is None else f"{r.input_volume:.4g} {r.input_unit or ''}".strip()
+        rate += f" [{format_number(r.rate_min)}–{format_number(r.rate_max)}]"
+    inp = nm if r.input_volume is None else format_number(r.input_volume, r.input_unit or "")
     return [
         r.stage,
         r.series or "—",
-        f"{r.level:g}",
-        f"{r.multiple:g}",
+        sig(r.level),
+        sig(r.multiple),
         inp,
         rate,
         r.limiting_resource or nm,
@@ -93,7 +111,7 @@ def sheet_cells(r: SheetRow) -> list[str]:
         num(r.p95_ms),
         num(r.p99_ms),
         _mem(r.peak_memory_bytes),
-        num(r.failure_rate, ".2%"),
+        nm if r.failure_rate is None else format_percent(r.failure_rate),
         q,
         cost,
         r.recovery or "none",
@@ -106,7 +124,7 @@ def energy_cell(r: SheetRow) -> str:
     if r.energy_per_unit_j is None:
         return NOT_MEASURED
     basis = "measured" if (r.energy_basis or "").startswith("measured") else "estimated"
-    return f"{r.energy_per_unit_j:.3g} J/{r.cost_unit or 'unit'} ({basis})"
+    return f"{format_number(r.energy_per_unit_j)} J/{r.cost_unit or 'unit'} ({basis})"
 
 
 def economics_html(sheet: list[SheetRow]) -> list[str]:
@@ -122,9 +140,9 @@ def economics_html(sheet: list[SheetRow]) -> list[str]:
                                                    "$ / unit", "J / unit", "energy basis",
                                                    "$ / run", "J / run")) + "</tr>"]
     for u in costs:
-        cells = [u.stage, u.series or "—", f"{u.variable} {u.level:g}", u.unit,
-                 f"{u.usd_per_unit:.3g}", _fmt(u.j_per_unit, ".3g"), u.energy_basis or "—",
-                 _fmt(u.usd_per_run, ".3g"), _fmt(u.j_per_run, ".3g")]
+        cells = [u.stage, u.series or "—", f"{u.variable} {sig(u.level)}", u.unit,
+                 format_usd(u.usd_per_unit), _fmt(u.j_per_unit), u.energy_basis or "—",
+                 format_usd(u.usd_per_run), _fmt(u.j_per_run)]
         out.append("<tr>" + "".join(f"<td class='l'>{e(c)}</td>" for c in cells) + "</tr>")
     out.append("</table><p class='muted'>From the one price table; energy estimated as "
                "core-seconds × watts per core where RAPL is not readable.</p>")
@@ -135,103 +153,66 @@ CHECK_COLUMNS = ["stage", "series", "×", "objective", "outcome", "value", "n", 
                  "what would decide it"]
 
 
-def check_cells(c: Check) -> list[str]:
-    """One check as text: its outcome, value, sample size, bounds and rule."""
-    d = c.decision
+def check_cells(c: Check, *, curve: bool = False) -> list[str]:
+    """One check as text: its outcome (a curve point says so), value, sample size, bounds
+    and rule."""
+    d, metric = c.decision, c.objective.metric
     conf = f" ({d.confidence:.0%})" if d.confidence is not None else ""
     bounds = "—" if d.lower is None and d.upper is None else (
-        f"{_fmt(d.lower)}–{_fmt(d.upper)}{conf}")
-    return [c.stage, c.series or "—", f"{c.multiple:g}", c.objective.label, d.outcome,
-            _fmt(d.value), "not recorded" if d.n is None and d.value is not None else (
+        f"{format_metric(metric, d.lower)}–{format_metric(metric, d.upper)}{conf}")
+    return [c.stage, c.series or "—", sig(c.multiple), c.objective.label,
+            d.outcome + (" (curve point)" if curve else ""),
+            format_metric(metric, d.value),
+            "not recorded" if d.n is None and d.value is not None else (
                 "—" if d.n is None else f"{d.n:,}"),
             bounds, d.basis, d.need or "—"]
 
 
-def stage_head(s: StageVerdict) -> list[str]:
-    """The stage's verdict lines: what missed or was decided, what was not, what was not
-    measured."""
-    if not s.measured:
-        return [f"{s.stage}: not measured"]
-    if s.miss is not None:
-        out = [f"{s.stage}: misses {s.miss.objective.label} at {s.miss.multiple:g}× "
-               f"({decision_text(s.miss)})"]
-        if s.passed_up_to is not None:
-            out.append(f"  decided: {s.decided}")
-    else:
-        out = [f"{s.stage}: {s.decided}"]
-    if s.open_text:
-        out.append(f"  {s.open_text}")
-    if s.not_measured:
-        out.append("  not measured: " + ", ".join(s.not_measured))
-    out += [f"  candidate {line}" for line in s.candidates]
-    return out
+def _check_json(c: Check, curve: tuple[float, ...]) -> dict[str, Any]:
+    d = c.decision
+    return {"level": c.level, "multiple": c.multiple, "series": c.series,
+            "objective": c.objective.label, "metric": c.objective.metric,
+            "outcome": d.outcome, "value": c.value, "n": d.n, "lower": d.lower,
+            "upper": d.upper, "confidence": d.confidence, "rule": d.basis, "needs": d.need,
+            "purpose": "curve" if c.multiple in curve else "decision"}
 
 
-def stage_advice(s: StageVerdict) -> list[tuple[str, str]]:
-    """(label, text) of what the stage's verdict advises: the intervention, its predicted
-    effect and the objective with the least headroom, those it has."""
-    advice = [("do", s.intervention), ("predicted", s.predicted),
-              ("least headroom", s.tightest)]
-    return [(label, text) for label, text in advice if text]
-
-
-def verdict_lines(v: Verdict) -> list[str]:
-    lines = [v.summary]
-    for s in v.stages:
-        lines += stage_head(s)
-        if not s.measured:
-            continue
-        for e in s.limiting[:3]:
-            lines.append(f"  limiting: {e.resource} — {e.detail}")
-        lines += [f"  {label}: {text}" for label, text in stage_advice(s)]
-        if s.cost:
-            lines.append(
-                "  cost per unit: " + ", ".join(f"{m:g}× ${c:.3g}/{u}" for m, c, u in s.cost)
-            )
-    return lines
+def _miss_json(c: Check | None) -> dict[str, Any] | None:
+    return None if c is None else {"objective": c.objective.label, "metric": c.objective.metric,
+                                   "multiple": c.multiple, "level": c.level, "value": c.value}
 
 
 def _stage_json(s: StageVerdict) -> dict[str, Any]:
+    """One stage of the verdict object as data (the text fields are rendered from it)."""
+    reach = s.reach
     return {
         "stage": s.stage,
         "measured": s.measured,
-        "miss": None
-        if s.miss is None
-        else {
-            "objective": s.miss.objective.label,
-            "metric": s.miss.objective.metric,
-            "multiple": s.miss.multiple,
-            "level": s.miss.level,
-            "value": s.miss.value,
-        },
         "outcome": s.outcome,
+        "failure": s.failure,
+        "miss": _miss_json(s.miss),
         "passed_up_to": s.passed_up_to,
-        "decided": s.decided,
-        "undecided": s.open_text,
-        "not_measured": s.not_measured,
-        "target_multiple": s.target_multiple,
+        "target_multiple": None if math.isnan(s.target_multiple) else s.target_multiple,
+        "capacity": None if reach is None else {
+            "multiple": reach.multiple, "target": reach.target, "holds": reach.holds,
+            "rate": reach.rate, "rate_unit": reach.rate_unit},
+        "decided": decided_text(s) if s.measured else "",
+        "undecided": open_text(s),
+        "needs": [{"objective": n.check.objective.label, "multiple": n.check.multiple,
+                   "samples": n.samples, "measured": n.measured, "unit": n.unit,
+                   "per_second": n.per_second, "seconds": n.seconds} for n in s.needs],
+        "not_measured": [gap_text(g) for g in s.not_measured],
+        "curve_multiples": list(s.curve_multiples),
         "limiting": [{"resource": e.resource, "evidence": e.detail} for e in s.limiting],
+        "action": s.advice.headline,
         "intervention": s.intervention,
         "predicted": s.predicted,
-        "tightest": s.tightest,
-        "cost": [{"multiple": m, "usd_per_unit": c, "unit": u} for m, c, u in s.cost],
-        "candidates": s.candidates,
-        "checks": [
-            {
-                "level": c.level,
-                "multiple": c.multiple,
-                "objective": c.objective.label,
-                "outcome": c.decision.outcome,
-                "value": c.value,
-                "n": c.decision.n,
-                "lower": c.decision.lower,
-                "upper": c.decision.upper,
-                "confidence": c.decision.confidence,
-                "rule": c.decision.basis,
-                "needs": c.decision.need,
-            }
-            for c in [*s.checks, *s.candidate_checks]
-        ],
+        "tightest": tightest_text(s),
+        "cost": [{"multiple": c.multiple, "usd_per_unit": c.usd, "unit": c.unit}
+                 for c in s.cost],
+        "candidates": candidate_lines(s),
+        "checks": [_check_json(c, s.curve_multiples)
+                   for c in [*s.checks, *s.candidate_checks]],
     }
 
 
@@ -245,12 +226,13 @@ def report_json(
     """The report as one JSON document (what `diagnose --json` and `report --json` print);
     `run` adds what the run knew beyond its records (experiment id, failed steps)."""
     return {
+        "schema_version": JSON_SCHEMA_VERSION,
         **(run or {}),
         "generated": datetime.now(UTC).isoformat(),
         "machine": machine.to_dict(),
         "meta": meta,
         "verdict": {
-            "summary": verdict.summary,
+            "summary": headline(verdict),
             "outcome": verdict.outcome,
             "first": None if verdict.first is None else verdict.first.stage,
             "stages": [_stage_json(s) for s in verdict.stages],
@@ -321,13 +303,14 @@ def render_html(
         f"{machine.memory_bytes / 2**30:.1f} GiB, {e(machine.device)} · mode "
         f"{e(str(meta.get('mode', '')))} · {e(str(meta.get('generated', '')))}</p>",
         "<h2>Verdict</h2>",
-        f"<div class='verdict'>{e(verdict.summary)}</div>",
+        f"<div class='verdict'>{e(headline(verdict))}</div>",
     ]
     goal_by = {g.stage: g for g in goals}
     for s in verdict.stages:
         out.append(f"<h2>{e(s.stage)}</h2>")
         if not s.measured:
-            out.append("<p class='muted'>not measured in this run</p>")
+            out.append(f"<p class='miss'>{e(stage_head(s)[0].split(': ', 1)[1])}</p>"
+                       if s.failure else "<p class='muted'>not measured in this run</p>")
             continue
         rows = [r for r in sheet if r.stage == s.stage]
         g = goal_by.get(s.stage)
@@ -350,10 +333,10 @@ def _stage_findings_html(s: StageVerdict, g: StageGoal | None, rows: list[SheetR
         out.append(
             "<p>Objectives: "
             + ", ".join(f"<code>{e(o.label)}</code>" for o in g.objectives)
-            + f" · target {g.target_multiple:g}×</p>"
+            + f" · target {format_multiple(g.target_multiple)}</p>"
         )
     head = stage_head(s)
-    cls = {"missed": "miss", "met": "ok"}.get(s.outcome, "open")
+    cls = {"missed": "miss", "failed": "miss", "met": "ok"}.get(s.outcome, "open")
     out.append(f"<p><span class='{cls}'>{e(head[0].split(': ', 1)[1])}</span></p><ul>")
     for line in head[1:]:
         out.append(f"<li>{e(line.strip())}</li>")
@@ -370,7 +353,7 @@ def _stage_findings_html(s: StageVerdict, g: StageGoal | None, rows: list[SheetR
         out.append("<table><tr>" + "".join(f"<th class='l'>{e(c)}</th>"
                                             for c in CHECK_COLUMNS[1:]) + "</tr>")
         for c in [*s.checks, *s.candidate_checks]:
-            cells = check_cells(c)[1:]
+            cells = check_cells(c, curve=c.multiple in s.curve_multiples)[1:]
             kind = {"missed": "miss", "met": "ok"}.get(c.outcome, "open")
             out.append("<tr>" + "".join(
                 f"<td class='l{' ' + kind if i == 3 else ''}'>{e(x)}</td>"
@@ -443,12 +426,13 @@ def render_markdown(
         f"- {ln.strip()}" if ln.startswith("  ") else f"**{ln}**" if i == 0 else f"- {ln}"
         for i, ln in enumerate(verdict_lines(verdict))
     ]
-    checks = [c for s in verdict.stages for c in [*s.checks, *s.candidate_checks]]
+    checks = [(c, c.multiple in s.curve_multiples) for s in verdict.stages
+              for c in [*s.checks, *s.candidate_checks]]
     if checks:
         lines += ["", "## Checks", "", "| " + " | ".join(CHECK_COLUMNS) + " |",
                   "|" + "---|" * len(CHECK_COLUMNS)]
-        lines += ["| " + " | ".join(x.replace("|", "/") for x in check_cells(c)) + " |"
-                  for c in checks]
+        lines += ["| " + " | ".join(x.replace("|", "/") for x in check_cells(c, curve=k))
+                  + " |" for c, k in checks]
     if meta.get("time"):  # how the time was spent (diagnose.budget.time_lines)
         lines += ["", "## Time", "", *(f"- {ln}" for ln in meta["time"])]
     review = review_lines(unit_costs(sheet))

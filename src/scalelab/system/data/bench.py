@@ -141,12 +141,13 @@ def run_bench(cfg: DataBenchConfig, records: Path | None = None) -> list[Record]
                               unit="1M rows"),
                     recovery="quarantine + atomic publish (rerun is idempotent)",
                     ok=r.reconciliation["holds"],
+                    resources=usage.resources(
+                        spilled_bytes=(r.partitions or {}).get("spilled_disk_bytes")),
                     extras={"engine": cfg.engine, "workers": cfg.workers,
                             "stage_seconds": {s.name: s.seconds for s in r.stages},
                             "stage_peak_memory_bytes": {s.name: s.peak_memory_bytes
                                                         for s in r.stages},
                             "dominant_stage": r.dominant_stage, "partition_skew": skew,
-                            "spilled_disk_bytes": (r.partitions or {}).get("spilled_disk_bytes"),
                             "price_per_core_hour": cfg.price_per_core_hour, "cores": cores,
                             # core.sheet.SAMPLES_KEY: the rows the quarantine rate rests on
                             "samples": r.rows_in, "samples_unit": "rows",

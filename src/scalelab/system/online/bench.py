@@ -131,7 +131,8 @@ def run_bench(cfg: OnlineBenchConfig, work: Path, experiment: str,
                       unit="1000 predictions"),
             recovery="rollback to the previous version on late labels",
             limiting_resource="cpu (fine-tunes)" if r.promoted + r.refused else None,
-            extras={"series": series_of(name), "policy": name, "promoted": r.promoted,
+            series=series_of(name),
+            extras={"policy": name, "promoted": r.promoted,
                     # core.sheet: the events the quarantine rate rests on, the updates the
                     # update-latency quantiles rest on
                     "samples": ev["received"], "samples_unit": "events",

@@ -443,8 +443,9 @@ def _record(exp: str, r: IndexResult, cfg: RetrievalBenchConfig, cost: dict[str,
         # The measurement itself succeeded; whether recall reached the target is the
         # objectives' call (reached_target says it), not a failed run.
         # "sizing": diagnose.budget.SIZING_KEY, which the report's Time section reads.
+        series=r.spec,
         extras={**({"sizing": r.sizing} if r.sizing is not None else {}),
-                "series": r.spec, "index": r.spec, "param": p.param or "", "value": p.value,
+                "index": r.spec, "param": p.param or "", "value": p.value,
                 "reached_target": r.operating is not None,
                 "build_s": r.build_s, "memory_vs_raw": r.memory_bytes / max(1, r.raw_bytes),
                 "raw_bytes": r.raw_bytes, "index_bytes": r.memory_bytes,

@@ -30,7 +30,7 @@ from scalelab.system.serve.tensors import to_wire
 
 log = logging.getLogger("scalelab.system.serve")
 
-INSTALL_HINT = "pip install grpcio protobuf (or: pip install 'scalelab[serve]')"
+INSTALL_HINT = "pip install 'scalelab[grpc]' (grpcio and protobuf)"
 
 # the typed contents field of each datatype (FP16 and BF16 have none: raw contents only)
 _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",

@@ -20,6 +20,7 @@ from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.laws import karp_flatt
 from scalelab.lab.core.machine import available_cores
 from scalelab.lab.core.records import Cost, Record, make_record
+from scalelab.lab.core.signals import Resources
 from scalelab.lab.core.usage import Usage, UsageMeter
 from scalelab.system.train.config import TabularRunConfig
 from scalelab.system.train.job import TrainResult, run_training
@@ -66,9 +67,11 @@ def run_record(result: TrainResult, *, experiment: str, variable: str, level: fl
         cost=cost,
         recovery=("checkpoint + torchrun restart" if s.checkpoint
                   else "torchrun restart (no checkpoints)"),
+        resources=(usage.resources(comm_share=s.comm_share) if usage is not None
+                   else Resources(comm_share=s.comm_share)),
         extras={"world": s.world, "threads": s.threads, "global_batch": s.global_batch,
                 "local_batch": s.local_batch, "phase_ms_per_step": s.phase_ms_per_step,
-                "comm_share": s.comm_share, "flops_per_s": s.rate.flops_per_s,
+                "flops_per_s": s.rate.flops_per_s,
                 "mfu": s.rate.mfu, "optimizer_state_bytes": [m.optimizer_state_bytes
                                                               for m in s.memory],
                 **(usage.extras() if usage is not None else {}),

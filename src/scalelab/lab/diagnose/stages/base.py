@@ -85,6 +85,8 @@ class Context:
     """Each stage's share of the --budget in seconds (diagnose.budget); empty: no budget."""
     full: bool = False
     """--full: a sized level runs until decided, up to its stage's cap per level."""
+    prometheus: str | None = None
+    """`prometheus:` of the config: asked for the series behind the user's endpoints."""
     _built: dict[str, Path | None] = field(default_factory=dict)
 
     def records(self, name: str) -> Path:

@@ -60,6 +60,9 @@ class CustomStage(Strict):
     """kind=sweep: a rate the command prints ('json:KEY' or a regex); default 1/wall time."""
     url: HttpUrl | None = None
     """kind=load: the URL to load (open loop, rates = levels × base_rate)."""
+    server_pid: int | None = Field(default=None, ge=1)
+    """kind=load: the local process serving it, whose CPU, memory and threads are read each
+    level (default: the process listening on the URL's port when it is on this machine)."""
     body: str | None = None
     """kind=load: a JSON file POSTed as each request's body (default: GET)."""
     base_rate: float = 10.0
@@ -131,14 +134,15 @@ def _search(c: CustomStage, rec: Path, start: float | None = None) -> LoadCapaci
                         body=Path(c.body) if c.body else None)
 
 
-def _command(c: CustomStage, repeats: int, rec: Path) -> Command:
+def _command(c: CustomStage, repeats: int, rec: Path, prometheus: str | None = None) -> Command:
     if c.kind == "sweep":
         levels = ",".join(f"{v:g}" for v in c.levels)
         return Sweep(var=f"{c.var}={levels}", repeats=repeats, metric=c.metric, records=rec,
                      command=list(c.command or []))
     return LoadRun(url=c.url or "", rates=[c.base_rate * lv for lv in c.levels],
                    duration=c.duration, records=rec,
-                   payload="json" if c.body else None, body=Path(c.body) if c.body else None)
+                   payload="json" if c.body else None, body=Path(c.body) if c.body else None,
+                   server_signals=True, server_pid=c.server_pid, prometheus=prometheus)
 
 
 def _tag(r: Record, *, stage: str, kind: str, note: str | None = None) -> Record:
@@ -209,7 +213,7 @@ class CustomStageSet(Stage[CustomStages]):
             rec = ctx.records(f"custom-{c.name}")
             note = metrics_note(metrics_url(c.url)) if c.kind == "load" and c.url else None
             tag = functools.partial(_tag, stage=c.name, kind=c.kind, note=note)
-            command = _command(c, ctx.repeats, rec)
+            command = _command(c, ctx.repeats, rec, ctx.prometheus)
             if isinstance(command, LoadRun):
                 # each level sized until its objectives are decided (diagnose.sizing)
                 ok = sized_levels(ctx, budget_key=self.name, stage=c.name, label=c.name,

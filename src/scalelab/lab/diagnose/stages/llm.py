@@ -15,6 +15,7 @@ say which). With `url`, the user's own OpenAI-compatible endpoint is loaded inst
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import math
@@ -102,6 +103,9 @@ class LlmSettings(StageSettings):
     """Which series is today's configuration; the others are candidate interventions."""
     url: HttpUrl | None = None
     """The user's own OpenAI-compatible endpoint (base URL) instead of the reference engine."""
+    server_pid: int | None = Field(default=None, ge=1)
+    """With `url`: the local process serving it, whose CPU, memory and threads are read each
+    level (default: the process listening on the URL's port when it is on this machine)."""
     api: Literal["chat", "completions"] = "chat"
     """Which OpenAI API to stream."""
     capacity: bool = True
@@ -369,7 +373,9 @@ class LlmStage(Stage[LlmSettings]):
             note = metrics_note(metrics_url(base))
             tag = functools.partial(_user_endpoint, note=note)
             chunks = ctx.records("llm-first")
-            load = self._load(s, base, chunks, metrics_url(base), None, price)
+            load = dataclasses.replace(
+                self._load(s, base, chunks, metrics_url(base), None, price),
+                server_signals=True, server_pid=s.server_pid, prometheus=ctx.prometheus)
             clock = self._clock(s, ctx, 1)
             clock.reserve_s = CAPACITY_SEARCH_S if self._searching(s) else 0.0
             levels = ctx.run(Step(stage=self.name, label=f"load llm {s.url}", command=load,

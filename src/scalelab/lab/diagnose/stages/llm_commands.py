@@ -36,6 +36,8 @@ class LoadLlmRun(_LlmTarget):
     usage: Literal["continuous", "final", "none"] | None = None
     metrics_url: str | None = None
     server_pid: int | None = None
+    server_signals: bool = False
+    prometheus: str | None = None
     core_hour_usd: float | None = None
     quality_probe: int | None = None
     cluster: str | None = None

@@ -34,9 +34,9 @@ def relative_metrics(objectives: list[Objective]) -> frozenset[str]:
 def variant_series(r: Record) -> Record:
     """Each variant is a series; the uncompressed model is the baseline."""
     variant = r.extras.get("variant")
-    extras = dict(r.extras)
-    extras["series"] = BASELINE if variant in (None, "baseline", "fp32") else str(variant)
-    return r.model_copy(update={"extras": extras})
+    return r.model_copy(
+        update={"series": BASELINE if variant in (None, "baseline", "fp32") else str(variant)}
+    )
 
 
 def advise(inp: AdviceInput) -> Advice:

@@ -19,6 +19,7 @@ is loaded instead and nothing is started.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -295,7 +296,9 @@ class ServeStage(Stage[ServeSettings]):
         note = metrics_note(metrics_url(endpoint))
         searching = s.capacity and capacity_slo(s.built_objectives()) is not None
         ok = sized_levels(ctx, budget_key=self.name, stage=self.name, label=f"load {endpoint}",
-                          cmd=self._load(s, endpoint, rec, rates),
+                          cmd=dataclasses.replace(self._load(s, endpoint, rec, rates),
+                                                  server_signals=True, server_pid=s.server_pid,
+                                                  prometheus=ctx.prometheus),
                           objectives=s.built_objectives(), series=SERIES[s.baseline],
                           tag=functools.partial(_user_endpoint, note=note), rec=rec,
                           reserve_s=CAPACITY_SEARCH_S if searching else 0.0)

@@ -43,6 +43,9 @@ class ServeSettings(StageSettings):
     """Which batching setting is 'today's system'; the other is the candidate intervention."""
     url: HttpUrl | None = None
     """The user's own HTTP endpoint instead of the reference model server."""
+    server_pid: int | None = Field(default=None, ge=1)
+    """With `url`: the local process serving it, whose CPU, memory and threads are read each
+    level (default: the process listening on the URL's port when it is on this machine)."""
     capacity: bool = True
     """Also search the highest rate meeting the latency objective (`scalelab load capacity`),
     per batching setting: where serving stops meeting it, not only whether 10× passes."""

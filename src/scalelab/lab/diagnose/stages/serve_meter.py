@@ -38,7 +38,7 @@ def metered(r: Record, *, url: str, core_hour_usd: float, warmup_s: float = WARM
     counted, and the server's governance (its base `url`). A record without the readings (a
     server that exited) is returned unmetered."""
     extras: dict[str, Any] = dict(r.extras)
-    peak = _num(extras.pop(PEAK_KEY, None))
+    peak = r.resources.server_peak_rss_bytes
     cpu = _num(extras.get("server_cpu_s"))
     served = _num(extras.get("server_responses"))
     if not served:
@@ -46,7 +46,8 @@ def metered(r: Record, *, url: str, core_hour_usd: float, warmup_s: float = WARM
     update: dict[str, object] = {"extras": extras, "recovery": RECOVERY_REFERENCE,
                                  "peak_memory_bytes": int(peak) if peak else None}
     if cpu is not None:
-        extras["cpu_busy_cores"] = cpu / ((r.wall_s or 0.0) + warmup_s)
+        update["resources"] = r.resources.model_copy(
+            update={"cpu_busy_cores": cpu / ((r.wall_s or 0.0) + warmup_s)})
         if served:
             usd = cpu / 3600.0 * core_hour_usd
             update["cost"] = Cost(usd=usd, per_unit_usd=usd / served * 1000.0,

@@ -24,7 +24,7 @@ import numpy as np
 from scalelab.lab.core.errors import BadInputError, BadUsageError
 from scalelab.lab.load.send import Target
 
-INSTALL_HINT = "pip install grpcio protobuf (or: pip install 'scalelab[serve]')"
+INSTALL_HINT = "pip install 'scalelab[grpc]' (grpcio and protobuf)"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 DEFAULT_PORT = 8001
 """Triton's and KServe's conventional gRPC port, when the URL gives none."""

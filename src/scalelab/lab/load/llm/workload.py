@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 
 from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.load.llm.dataset import Dataset
 from scalelab.lab.load.send import Target, build_request
 
 Api = Literal["chat", "completions"]
@@ -34,7 +35,7 @@ MAX_DISTINCT = 100_000
 """Most distinct requests built for one run (they are reused round-robin)."""
 
 # Short, common words: one token each in GPT-2/Llama/SmolLM-style BPE vocabularies.
-_WORDS = tuple(str.split(
+WORDS = _WORDS = tuple(str.split(
     "the of and to in is it you that he was for on are with as his they be at one have "
           "this from or had by hot word but what some we can out other were all there when up "
           "use your how said an each she which do their time if will way about many then them "
@@ -139,6 +140,9 @@ class Workload:
     greedy-agreement quality probe needs)."""
     distinct: int = 256
     """Distinct requests to build (used round-robin; more costs memory, not accuracy)."""
+    dataset: Dataset | None = None
+    """Requests from a dataset (dataset.py): their own messages and max_tokens, in place of
+    `prompt`, `output` and `prompts_file`."""
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
@@ -157,6 +161,9 @@ class Workload:
         return PATHS[self.api]
 
     def label(self) -> str:
+        if self.dataset is not None:
+            pre = f", prefix {self.shared_prefix_words}" if self.shared_prefix_words else ""
+            return f"{self.api}, {self.dataset.label()}{pre}"
         src = f"file:{self.prompts_file.name}" if self.prompts_file else self.prompt.label
         pre = f", prefix {self.shared_prefix_words}" if self.shared_prefix_words else ""
         return f"{self.api}, prompt {src}{pre}, output {self.output.label}"
@@ -167,6 +174,13 @@ class Workload:
         words = np.array(_WORDS)
         prefix = " ".join(rng.choice(words, size=self.shared_prefix_words).tolist()) \
             if self.shared_prefix_words else ""
+        if self.dataset is not None:
+            reqs = self.dataset.requests
+            # A replayed trace's row i is send i: one body per row, in order (the generator
+            # takes bodies in rotation, in the order it sends).
+            n = max(self.distinct, len(reqs)) if self.dataset.ordered else self.distinct
+            return [self._body(prefix, r.messages, r.output_len, r.prompt_len)
+                    for r in (reqs[i % len(reqs)] for i in range(n))]
         if self.prompts_file is not None:
             texts = read_prompts(self.prompts_file)
             idx = rng.integers(0, len(texts), size=self.distinct)
@@ -175,25 +189,29 @@ class Workload:
             lens = self.prompt.sample(rng, self.distinct)
             prompts = [" ".join(rng.choice(words, size=int(n)).tolist()) for n in lens.tolist()]
         outs = self.output.sample(rng, self.distinct)
-        out: list[tuple[dict[str, object], int, int]] = []
-        for text, mt in zip(prompts, outs.tolist(), strict=True):
-            body: dict[str, object] = {"model": self.model, "stream": True, "max_tokens": int(mt),
-                                       "temperature": self.temperature}
-            if self.api == "chat":
-                msgs = [{"role": "system", "content": prefix}] if prefix else []
-                body["messages"] = [*msgs, {"role": "user", "content": text}]
-            else:
-                body["prompt"] = f"{prefix}\n{text}" if prefix else text
-            if self.ignore_eos:
-                body["ignore_eos"] = True
-            if self.usage != "none":
-                so: dict[str, bool] = {"include_usage": True}
-                if self.usage == "continuous":
-                    so["continuous_usage_stats"] = True
-                body["stream_options"] = so
-            nwords = len(text.split()) + self.shared_prefix_words
-            out.append((body, nwords, int(mt)))
-        return out
+        return [self._body(prefix, [{"role": "user", "content": text}], int(mt),
+                           len(text.split()))
+                for text, mt in zip(prompts, outs.tolist(), strict=True)]
+
+    def _body(self, prefix: str, messages: list[dict[str, str]], max_tokens: int,
+              length: int) -> tuple[dict[str, object], int, int]:
+        """(JSON body, prompt length with the prefix, max_tokens) of one request."""
+        body: dict[str, object] = {"model": self.model, "stream": True, "max_tokens": max_tokens,
+                                   "temperature": self.temperature}
+        if self.api == "chat":
+            msgs = [{"role": "system", "content": prefix}] if prefix else []
+            body["messages"] = [*msgs, *messages]
+        else:
+            text = "\n".join(m["content"] for m in messages)
+            body["prompt"] = f"{prefix}\n{text}" if prefix else text
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        if self.usage != "none":
+            so: dict[str, bool] = {"include_usage": True}
+            if self.usage == "continuous":
+                so["continuous_usage_stats"] = True
+            body["stream_options"] = so
+        return body, length + self.shared_prefix_words, max_tokens
 
     def build(self, target: Target) -> list[bytes]:
         """The encoded HTTP requests, one per distinct body."""

@@ -21,6 +21,7 @@ import numpy as np
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.machine import available_cores
 from scalelab.lab.core.records import Record, make_record
+from scalelab.lab.core.signals import Resources
 from scalelab.system.train.launch import LaunchConfig
 from scalelab.system.train.parallel.config import STRATEGIES, ParallelConfig
 from scalelab.system.train.parallel.job import ParallelResult, run_parallel
@@ -156,11 +157,13 @@ def record_of(result: ParallelResult, level: Level, *, experiment: str, repeat: 
         recovery="distributed checkpoint + torchrun restart",
         limiting_resource=("communication: gloo" if (level.comm_share or 0) >= 0.5
                            else "cpu compute"),
-        extras={"strategy": result.strategy, "series": f"strategy={result.strategy}",
+        series=f"strategy={result.strategy}",
+        resources=Resources(comm_share=level.comm_share),
+        extras={"strategy": result.strategy,
                 "threads": result.threads, "n_params": result.n_params,
                 "state_bytes_per_rank": level.state_bytes_per_rank,
                 "vs_ddp_state": level.vs_ddp_state, "vs_ddp_throughput": level.vs_ddp_throughput,
-                "comm_share": level.comm_share, "comm_ms_by_kind": level.comm_ms_by_kind,
+                "comm_ms_by_kind": level.comm_ms_by_kind,
                 "bubble_measured": level.bubble_measured, "bubble_theory": level.bubble_theory,
                 "bubble_replay": level.bubble_replay, "bubble_floor": level.bubble_floor,
                 "descheduled_share": level.descheduled_share,

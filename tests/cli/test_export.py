@@ -1,0 +1,83 @@
+"""--output FILE.csv|FILE.json on the commands that print a table, and schema_version."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from scalelab.cli import run
+from scalelab.cli._export import table_rows, write_output
+from scalelab.lab.core.serialize import with_schema
+
+
+def test_csv_rows_flatten_flat_objects_and_keep_deeper_ones_as_json(tmp_path: Path) -> None:
+    doc = {"levels": [{"rate": 1.0, "latency": {"p50_ms": 2.5, "p99_ms": 9.0},
+                       "errors": {"timeout": 1}, "budget": [{"met": True}]},
+                      {"rate": 2.0, "extra": "x"}]}
+    out = tmp_path / "t.csv"
+    write_output(out, doc, lambda: table_rows(doc))
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == ["rate", "latency.p50_ms", "latency.p99_ms", "errors.timeout",
+                             "budget", "extra"]
+    assert rows[0]["latency.p50_ms"] == "2.5" and rows[0]["budget"] == '[{"met":true}]'
+    assert rows[1] == {"rate": "2.0", "latency.p50_ms": "", "latency.p99_ms": "",
+                       "errors.timeout": "", "budget": "", "extra": "x"}
+    js = tmp_path / "t.json"
+    write_output(js, doc, lambda: table_rows(doc))
+    assert json.loads(js.read_text()) == {"schema_version": 1, **doc}
+    assert table_rows({"steps": [{"a": 1}]}) == [{"a": 1}] and table_rows({"x": 1}) == []
+    # A file in a format of its own (a data schema) keeps its version there, no other key.
+    own = {"format": "scalelab.schema/1", "columns": []}
+    assert with_schema(own) == own and with_schema({"a": 1}) == {"schema_version": 1, "a": 1}
+
+
+def test_load_run_writes_its_levels_and_every_json_has_a_schema_version(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    class Ok(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/"
+        out = tmp_path / "levels.csv"
+        assert run(["load", url, "--rates", "20,40", "--duration", "0.5s", "--warmup", "0s",
+                    "--output", str(out), "--plot", str(tmp_path / "l.png"), "--json"]) == 0
+        assert (tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["schema_version"] == 1
+        rows = list(csv.DictReader(out.open()))
+        assert [float(r["offered_rps"]) for r in rows] == [20.0, 40.0]
+        assert [int(r["latency.count"]) for r in rows] == [10, 20]
+    finally:
+        srv.shutdown()
+    assert run(["load", url, "--rate", "1", "--output", str(tmp_path / "x.xlsx")]) == 2
+
+
+def test_report_writes_the_diagnostic_sheet(tmp_path: Path, serve_records: list,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from scalelab.lab.core.records import append_records
+    from scalelab.lab.core.sheet import series_of
+
+    append_records(tmp_path / "records.jsonl", serve_records)
+    out = tmp_path / "sheet.csv"
+    run(["report", str(tmp_path), "--output", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == len({(r.stage, series_of(r), r.level) for r in serve_records})
+    assert {r["stage"] for r in rows} == {r.stage for r in serve_records}
+    assert "p95_ms" in rows[0]
