@@ -142,18 +142,25 @@ def test_capacity_search_finds_a_known_capacity(
               "--confirm", "4s", *(["--realtime"] if realtime_ok else [])])
     assert rc == 0
     doc = _json(capsys)
-    # The answer holds for its confirmation run (full length at that rate), within 5% under
-    # the known capacity and never over it by more than the step's allowance below.
-    assert doc["confirmed_rps"] == doc["capacity_rps"] and 95.0 <= doc["capacity_rps"] <= 102.5
+    # The answer holds for its confirmation run (full length at that rate): the search's own
+    # answer (within its 4% precision of the known 100 req/s, or a rate within ~2% above it,
+    # whose queue grows too slowly to cross 60 ms in 4 s), or, where that answer's
+    # confirmation failed, 8% (twice the precision) below it: within 8% under the capacity.
     conf = [s for s in doc["steps"] if s["confirmation"]]
-    assert conf[-1]["rate"] == doc["confirmed_rps"] and conf[-1]["steady"]["rate_held"]
+    assert conf[-1]["verdict"] in ("pass", "undecided-pass") and conf[-1]["valid"]
+    assert conf[-1]["rate"] == doc["confirmed_rps"] == doc["capacity_rps"]
+    assert conf[-1]["steady"]["rate_held"]
+    assert 92.0 <= doc["confirmed_rps"] <= 102.5
+    first = conf[0]["rate"]
+    assert len(conf) == 1 or doc["confirmed_rps"] == pytest.approx(first * 0.92)
+    # The first search, up to its first confirmation: its interval holds the true capacity.
+    search = doc["steps"][: doc["steps"].index(conf[0])]
+    passes = [s["rate"] for s in search if s["verdict"] in ("pass", "undecided-pass")
+              and s["valid"]]
+    fails = [s["rate"] for s in search if s["rate"] > first]
+    assert max(passes) == first <= 102.5 and min(fails) >= 100.0
+    assert (min(fails) - first) / first <= 0.04
     doc["steps"] = [s for s in doc["steps"] if not s["confirmation"]]
-    lo, hi = doc["interval_rps"]
-    assert doc["converged"] and doc["capacity_rps"] == lo
-    # The interval holds the true capacity; a rate within ~2% above it may still pass a 4 s
-    # step (its queue grows too slowly to cross 60 ms), hence the small allowance above.
-    assert lo <= 102.5 and hi >= 100.0
-    assert (hi - lo) / lo <= 0.04
     rates = [s["rate"] for s in doc["steps"]]
     # An invalid step is run once more at the same rate; the search's path is the same.
     assert [r for i, r in enumerate(rates) if i == 0 or r != rates[i - 1]][:3] == [50, 100, 200]
