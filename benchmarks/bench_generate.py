@@ -6,6 +6,7 @@ Run: .venv/bin/python benchmarks/bench_generate.py [--model smollm2-135m|tiny] [
      .venv/bin/python benchmarks/bench_generate.py --only batching [--sweep 1,2,4,8,12]
                                                    [--tpot-objective 0.25|2.5x] [--arrival-rate 0.2]
      .venv/bin/python benchmarks/bench_generate.py --only step [--threads 1]   (~1 min)
+     .venv/bin/python benchmarks/bench_generate.py --only neighbour [--before-src ../main/src]
 
 Sections (each prints ratios; all results go to --out as one JSON document):
 - batching: output tokens/s at a p95 TPOT objective (--tpot-objective). Three modes: continuous
@@ -31,6 +32,10 @@ Sections (each prints ratios; all results go to --out as one JSON document):
   beside it Hugging Face's decode step on the same weights and prompts, timed alternately.
 - weights (only when named): fp32 vs int8 vs q4 weights, tokens/s at 1 and 8 streams, weight
   bytes, server RSS, perplexity and greedy agreement (benchmarks/bench_weights.py).
+- neighbour (only when named): q4 tokens/s at 1 and 8 concurrent streams with the machine as it
+  is ("quiet") and with one CPU-spinning process pinned to one core ("one stream with a busy
+  neighbour"), in-process and through `generate serve`, rounds alternating
+  (benchmarks/bench_neighbour.py; --before-src adds a second source tree, e.g. main's).
 - llamacpp: llama-cpp-python (its wheel from benchmarks/.venvs/wheels, built from the sdist when
   absent, into benchmarks/.venvs/llamacpp) on the same GGUF, token ids, threads and exact output
   lengths (64 per stream, EOS ignored on both sides), 1 stream and 8 concurrent, in each of its
@@ -780,6 +785,18 @@ def section_weights(model: str, threads: int) -> dict[str, Any]:
     return out
 
 
+def section_neighbour(model: str, threads: int, before_src: str | None) -> dict[str, Any]:
+    """Quiet vs one spinning neighbour core, in-process and served (bench_neighbour.py)."""
+    sys.path.insert(0, str(HERE))
+    import bench_neighbour
+
+    trees = {"this": str(HERE.parent / "src")}
+    if before_src:
+        trees["before"] = before_src
+    out: dict[str, Any] = bench_neighbour.run(model, threads, tokens=16, rounds=2, trees=trees)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -810,8 +827,8 @@ def main() -> None:
         "--only",
         default="batching,paged,prefix,spec,llamacpp",
         help="comma-separated sections; 'step' (decode-step time and its split at 1 and 8 "
-        "sequences) and 'weights' (fp32/int8/q4: benchmarks/bench_weights.py) run only when "
-        "named",
+        "sequences), 'weights' (fp32/int8/q4: benchmarks/bench_weights.py) and 'neighbour' "
+        "(quiet vs a busy neighbour core: benchmarks/bench_neighbour.py) run only when named",
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
@@ -829,6 +846,11 @@ def main() -> None:
         help="Hugging Face's linear layers (batching and step sections): on the engine's "
         "oneDNN-packed fp32 kernel (packed, the same kernels as ours) or transformers' own "
         "nn.Linear (plain)",
+    )
+    ap.add_argument(
+        "--before-src",
+        default=None,
+        help="neighbour: a second source tree measured in the same run (e.g. /work/main/src)",
     )
     ap.add_argument("--spec-tokens", type=int, default=48)
     ap.add_argument(
@@ -881,6 +903,7 @@ def main() -> None:
             args.threads,
         ),
         "weights": lambda: section_weights(args.model, args.threads),
+        "neighbour": lambda: section_neighbour(args.model, args.threads, args.before_src),
     }
     for name, fn in sections.items():
         if name not in only or (name == "llamacpp" and lm.name != "smollm2-135m"):

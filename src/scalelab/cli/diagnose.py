@@ -19,7 +19,7 @@ from scalelab.lab.core.units import format_multiple
 from scalelab.lab.core.verdict import Verdict
 from scalelab.lab.diagnose.budget import parse_budget
 from scalelab.lab.diagnose.config import DiagnoseConfig, Mode, defaults_text, load_config
-from scalelab.lab.diagnose.run import CONFIG, RECORDS, Runner, rebuild
+from scalelab.lab.diagnose.run import CONFIG, RECORDS, Runner, process_started, rebuild
 from scalelab.lab.report.document import ReportFiles
 from scalelab.lab.report.screen import print_screen
 from scalelab.lab.report.verdict_text import gap_text, open_text
@@ -146,7 +146,8 @@ def diagnose(
         def on_step(label: str, i: int, total: int) -> None:
             progress.update(total=total, completed=i - 1, note=label)
 
-        runner = Runner(cfg, out, m, progress=on_step, budget_s=budget_s)
+        runner = Runner(cfg, out, m, progress=on_step, budget_s=budget_s,
+                        started=process_started())
         outcome = runner.run()
     assert outcome.verdict is not None and outcome.files is not None
     failed = [s for s in outcome.steps if not s.ok]

@@ -27,6 +27,12 @@ from scalelab.lab.core.units import parse_size
 def app() -> None:
     """Token generation: continuous batching, paged KV cache, prefix cache, speculative decoding,
     streaming OpenAI-compatible API."""
+    from scalelab.system.generate.threads import passive_wait
+
+    # before any subcommand imports torch: its OpenMP threads then sleep, not spin, at each
+    # product's end (a busy neighbour core stalled them ~40x); OMP_WAIT_POLICY/GOMP_SPINCOUNT/
+    # KMP_BLOCKTIME set by the user win
+    passive_wait()
 
 
 def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -63,7 +69,9 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "(per-channel int8 from the fp32 weights) | fp32 (what transformers "
                           "decodes). Quality against fp32: `scalelab generate quality`."),
         click.option("--torch-threads", default=None, type=int,
-                     help="torch intra-op threads (default: torch's choice)."),
+                     help="torch intra-op threads (default: torch's choice). They wait "
+                          "passively between products (OMP_WAIT_POLICY=PASSIVE) unless "
+                          "OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME is set."),
         click.option("--seed", default=0, show_default=True, type=int,
                      help="Weights seed of --model tiny."),
     ]

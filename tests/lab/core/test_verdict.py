@@ -175,3 +175,31 @@ def test_the_core_count_is_named_and_not_extrapolated_through() -> None:
     assert one[0].detail == ("4 workers on 2 cores: oversubscribed ×2 (what it measures is "
                              "sharing, not scaling)")
     assert oversubscription(rows, 8) is None
+
+
+def test_a_level_is_a_curve_point_only_when_every_record_of_it_is_one() -> None:
+    """Record.purpose reaches the sheet: a level measured only for the picture is a curve
+    point; one that also has a record measured to decide it is a decision."""
+    recs = [rec("serve", "rate", 10, rate=10, p95=5.0, purpose="curve"),
+            rec("serve", "rate", 50, rate=50, p95=5.0, purpose="curve"),
+            rec("serve", "rate", 50, rate=50, p95=5.0, repeat=1),
+            rec("serve", "rate", 100, rate=100, p95=5.0)]
+    assert [r.purpose for r in build_sheet(recs)] == ["curve", "decision", "decision"]
+
+
+def test_a_target_decided_by_the_search_says_so_with_its_assumption() -> None:
+    """A decision record the serve stage wrote from its capacity search's steps carries
+    `decided_by`: the verdict and its long text say which steps decided and what that assumes."""
+    from scalelab.lab.report.verdict_text import stage_head
+
+    said = {"search": "batching=off capacity", "rate": 520.0, "target_rate": 500.0,
+            "steps": [520.0, 640.0], "assumption": "latency does not fall as load rises"}
+    recs = [rec("serve", "rate", 50, rate=50, p95=5.0, purpose="curve"),
+            rec("serve", "rate", 500, rate=500, p95=5.0, extras={"decided_by": said})]
+    goal = StageGoal(stage="serve", objectives=[Objective(metric="p95_ms", max=50)],
+                     target_multiple=10)
+    s = judge([goal], build_sheet(recs), cores=2, memory_bytes=M.memory_bytes).stages[0]
+    expected = ("at 10×: decided by batching=off capacity's steps at 520, 640/s (target 500/s); "
+                "assumes latency does not fall as load rises")
+    assert s.decided_by == (expected,)
+    assert f"  {expected}" in stage_head(s)

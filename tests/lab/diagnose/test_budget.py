@@ -1,13 +1,21 @@
 """`diagnose --budget`: parsing, the split across stages (exact numbers), and bad budgets exiting
 2 before anything runs."""
 
+import time
 from pathlib import Path
 
 import pytest
 
 from scalelab.cli import run
 from scalelab.lab.core.errors import BadUsageError
-from scalelab.lab.diagnose.budget import StageNeed, duration_text, parse_budget, split_budget
+from scalelab.lab.diagnose.budget import (
+    StageNeed,
+    duration_text,
+    pace,
+    parse_budget,
+    replan,
+    split_budget,
+)
 from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.run import Runner
 
@@ -88,18 +96,51 @@ def test_a_bad_budget_in_the_config_names_its_key(tmp_path: Path,
     assert got.out == ""  # --json prints no document on bad usage
 
 
-def test_a_sized_stage_pays_for_earlier_stages_that_ran_long(tmp_path: Path) -> None:
+def test_the_pace_is_what_the_machine_delivered_against_the_plan() -> None:
+    assert pace([(8.0, 50.0)]) == 6.25  # data planned 8 s, took 50 s
+    assert pace([(8.0, 12.0), (24.0, 36.0)]) == 1.5
+    assert pace([(8.0, 4.0)]) == 1.0  # faster than planned: the later minimums stay
+    assert pace([]) == 1.0
+
+
+def test_a_share_is_replanned_from_what_is_left() -> None:
+    now = StageNeed(stage="serve", minimum_s=60.0, sized=True)
+    later = [StageNeed(stage="model", minimum_s=20.0, sized=False),
+             StageNeed(stage="retrieval", minimum_s=40.0, sized=True)]
+    # 200 s left pay the 120 s of needs: serve its 60 s and 60/100 of the 80 s spare
+    assert replan(200.0, now, later) == 108.0
+    # 60 s left after an overrun: every stage still to run cut in proportion to its need
+    assert replan(60.0, now, later) == 30.0
+    # the machine ran at half speed so far: the needs double (240 s), 200 s are shared
+    assert replan(200.0, now, later, slow=2.0) == 100.0
+    # the last sized stage after an overrun gets what is left over its and the fixed needs,
+    # not what the earlier ones left over (0.2 s in the issue)
+    assert replan(30.0, later[1], [StageNeed(stage="online", minimum_s=20.0, sized=False)]) \
+        == 20.0
+    assert replan(-5.0, now, later) == 0.0
+
+
+def test_a_sized_stage_shares_an_earlier_overrun_with_the_later_stages(tmp_path: Path) -> None:
     cfg = tmp_path / "scalelab.yaml"
     cfg.write_text("stages: {train: {enabled: false}, llm: {enabled: false},"
                    " retrieval: {enabled: false},"
                    " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
     r = Runner(load_config(cfg, "default"), tmp_path / "out", "default", budget_s=100.0)
-    # data 8 s, serve 12 s, model 7 s, online 16 s: 43 s of minimums, serve gets the 57 s left
+    # data 8 s, serve 10.5 s, model 7 s, online 16 s: serve gets the rest, 69 s
     assert r.ctx.shares == {"serve": 69.0}
-    r._reshare("serve", elapsed_s=50.0)  # data took 50 s, not 8: 100 - 50 - (7 + 16) left
-    assert r.ctx.shares == {"serve": 27.0}
-    r._reshare("serve", elapsed_s=95.0)  # nothing left: each level runs its one chunk
-    assert r.ctx.shares == {"serve": 0.0} and r.given == {"serve": 0.0}
+    # data took 50 s, not 8 (pace 6.25): 100 - 50 - REPORT_S = 44 s left for needs of 6.25 x
+    # (10.5 serve, 7 model, 16 online): serve gets 44 * 10.5 / 33.5
+    r._reshare("serve")  # at once: all but the later stages' 23 s and the report's 6 s
+    assert r.ctx.shares["serve"] == pytest.approx(100.0 - 6.0 - 23.0, abs=0.05)
+    assert r.ctx.short == set()
+    r.started = time.monotonic() - 50.0
+    r.spent["data"] = 50.0
+    r._reshare("serve")
+    assert r.ctx.shares["serve"] == pytest.approx(44.0 * 10.5 / 33.5, abs=0.05)
+    assert r.ctx.short == {"serve"}  # 13.8 s against 10.5 s x 6.25: cut to its decision
+    r.started = time.monotonic() - 100.0
+    r._reshare("serve")  # nothing left: each level runs its one chunk
+    assert r.ctx.shares == {"serve": 0.0} and r.given["serve"] == 0.0
 
 
 def test_the_time_section() -> None:

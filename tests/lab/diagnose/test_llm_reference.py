@@ -46,12 +46,17 @@ def test_candidates_run_their_levels_and_the_weights_are_labelled(
     assert [(r.series, r.level, r.extras["weights"]) for r in recs] == [
         ("continuous", 1.0, "q4"), ("continuous", 2.0, "q4"), ("continuous", 4.0, "q4"),
         ("int8", 1.0, "int8"), ("int8", 4.0, "int8")]
+    # the baseline's target (4×: the highest level under its 10×) is the decision; the rest,
+    # and every level of the candidate, which the verdict does not decide, curve points
+    assert [r.purpose for r in recs] == ["curve", "curve", "decision", "curve", "curve"]
     assert all(r.failures == 0 and "vs_fp32_agreement" not in r.quality for r in recs)
     stage = next(s for s in doc["verdict"]["stages"] if s["stage"] == "llm")
     # The demo's budget leaves the check out: said, with the command, never a number.
     assert ("weights int8 vs fp32 of the same file not measured: run with --full, or "
             "`scalelab generate quality --model tiny --weights int8,q4`") in stage["predicted"]
     assert "weights q4 vs fp32 of the same file not measured" in stage["predicted"]
+    assert "model tiny served; weights q4" in stage["predicted"]  # which model ran, said
+    assert {r.extras["model"] for r in recs} == {"tiny"}
 
 
 @pytest.mark.slow
@@ -94,7 +99,8 @@ def test_served_weights_and_the_notes() -> None:
                   prices=Prices(), settings={}, run=lambda step: pytest.fail("ran a step"),
                   fail=lambda step, why: pytest.fail("failed a step"))
     fp32 = measure(ctx, stage="llm", model="tiny", settings=["fp32"], measured=True)["fp32"]
-    assert fp32.result is None and fp32.note().startswith("weights fp32: the reference itself")
+    assert fp32.result is None and fp32.note().startswith(
+        "model tiny served; weights fp32: the reference itself")
     assert GenerateQuality(model="tiny", weights=["int8", "q4"]).to_argv() == [
         "generate", "quality", "--json", "--model", "tiny", "--weights", "int8,q4",
         "--report-only"]

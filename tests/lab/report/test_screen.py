@@ -162,8 +162,8 @@ def test_curve_points_are_labelled_and_decide_nothing_they_did_not_decide() -> N
 
     # 1× and 2× measured briefly for the picture (too few requests to decide p95), 10× sized
     # until decided: the stage holds to its target, and the curve points say what they are.
-    recs = [rec("serve", "rate", lvl, rate=lvl, p95=10.0,
-                extras={"samples": n, **({"purpose": "curve"} if lvl < 100 else {})})
+    recs = [rec("serve", "rate", lvl, rate=lvl, p95=10.0, extras={"samples": n},
+                purpose="curve" if lvl < 100 else "decision")
             for lvl, n in ((10, 30), (20, 30), (100, 3000))]
     goal = StageGoal(stage="serve", objectives=[Objective(metric="p95_ms", max=50)])
     v = judge([goal], build_sheet(recs), cores=2, memory_bytes=M.memory_bytes)

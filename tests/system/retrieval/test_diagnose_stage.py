@@ -97,3 +97,26 @@ def test_the_bench_command_round_trips_its_index_specs(tmp_path) -> None:  # typ
     joined = argv[argv.index("--indexes") + 1]
     assert split_indexes(joined) == ["faiss:HNSW32", "hnswlib:M=16,ef_construction=200",
                                      "ivfpq"]
+
+
+def test_the_target_level_is_decided_in_a_bench_of_its_own(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two levels, target 2×: 1× in a curve bench (one pass, curve points), 2× in its own
+    bench with its fixed-rate runs sized by the budget (the decision)."""
+    from scalelab.lab.core.records import read_records
+    from scalelab.lab.diagnose.run import Runner
+    from stagekit import stages_yaml
+
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text(stages_yaml({"retrieval": "{levels: [1, 2], base_docs: 40, questions: 10, "
+                                "embedder: hashing, indexes: ['faiss:HNSW32'], "
+                                "fresh_singles: 2, target_multiple: 2}"}))
+    runner = Runner(load_config(cfg, "quick"), tmp_path / "out", "quick", budget_s=None)
+    runner.ctx.full = True  # no budget: the target's runs sized up to their --full cap
+    d = runner.run()
+    assert [r.step.label for r in d.steps] == ["retrieval bench 1× #1", "retrieval bench 2× #1"]
+    recs = read_records(tmp_path / "out" / "records.jsonl")
+    assert sorted((r.series, r.level, r.purpose) for r in recs) == [
+        ("exact", 1.0, "curve"), ("exact", 2.0, "decision"),
+        ("faiss:HNSW32", 1.0, "curve"), ("faiss:HNSW32", 2.0, "decision")]
+    assert all("sizing" in r.extras for r in recs if r.level == 2.0)
+    assert not any("sizing" in r.extras for r in recs if r.level == 1.0)

@@ -167,15 +167,20 @@ def test_the_stage_hands_the_bench_its_share_beyond_the_minimum(tmp_path: Path) 
     assert STAGE.minimum_s(s, 2) == 2 * least
     assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": 2 * least + 16},
                                         repeats=2)) == 8.0
-    argv = _argv(s, tmp_path, {"retrieval": least + 16})
+    # Two benches: the curve levels one pass each, then the target alone, its runs sized by
+    # what the share has left after the curve bench's measured time per level (here none:
+    # the steps are not run), i.e. the whole share
+    curve, argv = _argv(s, tmp_path, {"retrieval": least + 16})
+    assert curve[curve.index("--levels") + 1] == "1,2,5" and "--latency-slo" not in curve
+    assert argv[argv.index("--levels") + 1] == "10"
     assert argv[argv.index("--latency-slo") + 1] == "p99_ms=20"
-    assert argv[argv.index("--latency-budget") + 1] == "16"
+    assert float(argv[argv.index("--latency-budget") + 1]) == pytest.approx(least + 16, abs=1)
     assert "--no-flat" in argv and argv[argv.index("--indexes") + 1] == "faiss:HNSW32,ivfpq"
-    assert "--latency-slo" not in _argv(s, tmp_path, {})  # no budget: not sized
+    assert "--latency-slo" not in _argv(s, tmp_path, {})[1]  # no budget: not sized
 
 
-def _argv(s: object, tmp_path: Path, shares: dict[str, float]) -> list[str]:
-    """The argv of the bench step the stage runs with these shares."""
+def _argv(s: object, tmp_path: Path, shares: dict[str, float]) -> tuple[list[str], list[str]]:
+    """The argvs of the two bench steps the stage runs with these shares (curve, target)."""
     seen: list[list[str]] = []
 
     def keep(step: object) -> StepResult:
@@ -185,7 +190,8 @@ def _argv(s: object, tmp_path: Path, shares: dict[str, float]) -> list[str]:
     ctx = _ctx(tmp_path, shares)
     ctx.run = keep  # type: ignore[assignment]
     STAGE.run(s, ctx)  # type: ignore[arg-type]
-    return seen[0]
+    assert len(seen) == 2
+    return seen[0], seen[1]
 
 
 def test_the_stage_names_undecided_objectives_as_its_config_does() -> None:

@@ -93,6 +93,10 @@ class Record(StrictFrozenModel):
     server: ServerSignals | None = None
     """What the server behind an endpoint showed of itself; None = not read."""
     extras: dict[str, Any] = Field(default_factory=dict)
+    purpose: Literal["decision", "curve"] = "decision"
+    """What the record is for: "decision", a level measured to decide its objectives (a stage's
+    target, or a level of the bisection for its first miss); "curve", a point measured briefly
+    to draw the curve between them, whose undecided checks are not a verdict's gap."""
 
     @model_validator(mode="before")
     @classmethod

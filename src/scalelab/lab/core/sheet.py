@@ -18,6 +18,7 @@ from typing import Any
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.server_limits import server_cell
 from scalelab.lab.core.signals import Resources, ServerSignals
+from scalelab.lab.core.units import format_number
 
 STAGE_ORDER = {"data": 0, "train": 1, "serve": 2, "model": 3}
 """The four stages in the order work flows through them; other stages follow by name."""
@@ -139,6 +140,12 @@ class SheetRow:
     """Joules per `cost_unit` (median over repeats), from the records' energy extras."""
     energy_basis: str | None = None
     """How that energy was obtained: "measured (RAPL)" or "estimated (model: N W/core)"."""
+    decided_by: str | None = None
+    """How the level was decided when not by its own load: e.g. the capacity search's steps
+    at or above its rate (the records' `decided_by` extra, with the assumption it rests on)."""
+    purpose: str = "decision"
+    """"curve" when every record of the level was measured for the picture only (a curve point,
+    `Record.purpose`); "decision" when any was measured to decide the level's checks."""
     latency_samples: int | None = None
     """Latencies each quantile rests on: the fewest successful requests of any repeat (the
     quantiles are medians over repeats); None when a record did not say its sample count."""
@@ -223,6 +230,19 @@ def _numeric_extras(recs: list[Record]) -> dict[str, Any]:
     return out
 
 
+def decided_by_text(said: object) -> str | None:
+    """A record's `decided_by` extra as one clause: the search whose steps decided the level
+    (their rates against the target's) and the assumption it rests on; None when absent."""
+    if not isinstance(said, dict):
+        return None
+    steps = [float(s) for s in said.get("steps", []) if isinstance(s, int | float)]
+    rates = ", ".join(format_number(s) for s in steps) or "?"
+    target = said.get("target_rate")
+    at = f" (target {format_number(float(target))}/s)" if isinstance(target, int | float) else ""
+    why = f"; assumes {said['assumption']}" if said.get("assumption") else ""
+    return f"decided by {said.get('search', 'a capacity search')}'s steps at {rates}/s{at}{why}"
+
+
 def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
     """Aggregate records into sheet rows, ordered by stage, series and level."""
     groups: dict[tuple[str, str, str, float], list[Record]] = defaultdict(list)
@@ -303,6 +323,8 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
                                  if r.extras.get("governance")),
                 energy_per_unit_j=_num(extras, "energy_per_unit_j"),
                 energy_basis=_mode(str(r.extras.get("energy_basis") or "") for r in use),
+                decided_by=_mode(decided_by_text(r.extras.get("decided_by")) for r in use),
+                purpose="curve" if all(r.purpose == "curve" for r in recs) else "decision",
                 latency_samples=lat_n,
                 failure_trials=trials,
                 failure_events=events,

@@ -30,6 +30,7 @@ from scalelab.lab.core.decide import quantile_requests_needed, trials_needed
 from scalelab.lab.core.limits import Evidence, infer_limits
 from scalelab.lab.core.objectives import Check, check_rows, first_miss, quantile_of
 from scalelab.lab.core.sheet import SAMPLES_UNIT_KEY, SheetRow
+from scalelab.lab.core.units import format_multiple
 
 __all__ = [  # the advice names stay importable from here, where the stages import them
     "Advice", "AdviceInput", "Advisor", "Candidate", "Gap", "Headroom", "Need", "Reach",
@@ -136,6 +137,9 @@ class StageVerdict:
     needs: tuple[Need, ...] = ()
     """What would decide each undecided check at the lowest undecided level."""
     curve_multiples: tuple[float, ...] = ()
+    decided_by: tuple[str, ...] = ()
+    """How levels were decided other than by their own load (the capacity search's steps at or
+    above the target's rate, with the assumption), one clause a level that says so."""
     """Levels measured as points of the curve (the records' purpose "curve"), not decisions."""
     limiting: tuple[Evidence, ...] = ()
     """The stage's own recorded limits first, then what the measured signals show."""
@@ -212,10 +216,10 @@ CURVE = "curve"
 """A record's purpose when its level was measured for the picture, not to decide."""
 
 
-def purpose(row: SheetRow) -> str | None:
-    """The row's purpose ("decision" or "curve") when its records said one; None otherwise."""
-    said = getattr(row, "purpose", None) or row.extras.get("purpose")
-    return said if isinstance(said, str) and said else None
+def purpose(row: SheetRow) -> str:
+    """The row's purpose: "curve" when its level was measured for the picture only, else
+    "decision" (`SheetRow.purpose`, from the records' typed field)."""
+    return row.purpose
 
 
 def _samples_needed(c: Check, row: SheetRow | None) -> int | None:
@@ -356,6 +360,8 @@ def judge_stage(
         checks=tuple(checks), miss=d.miss, passed_up_to=d.passed_up_to,
         undecided=d.undecided, not_measured=d.not_measured, needs=d.needs,
         curve_multiples=d.curve_multiples,
+        decided_by=tuple(dict.fromkeys(f"at {format_multiple(r.multiple)}: {r.decided_by}"
+                                       for r in base if r.decided_by)),
         reach=Reach(multiple=d.passed_up_to, target=goal.target_multiple,
                     rate=at.rate if at else None, rate_unit=at.rate_unit if at else None),
         limiting=tuple(limiting), advice=advice,

@@ -92,6 +92,38 @@ def split_budget(total_s: float, needs: list[StageNeed]) -> list[Share]:
     ]
 
 
+def pace(done: list[tuple[float, float]]) -> float:
+    """How much slower than planned the machine delivered so far (pure): the stages run so
+    far's seconds spent over their seconds planned (`(planned_s, spent_s)` each: a fixed
+    stage's minimum, a sized stage's share as it started), never under 1 (a fast start leaves
+    its spare time to the sized stages anyway, it does not shrink the later minimums)."""
+    planned = sum(p for p, _ in done)
+    spent = sum(s for _, s in done)
+    return max(1.0, spent / planned) if planned > 0 else 1.0
+
+
+def replan(left_s: float, now: StageNeed, later: list[StageNeed], *, slow: float = 1.0) -> float:
+    """The share of the stage starting now, re-planned from what is left of the budget (pure).
+
+    Each stage still to run (this one and `later`) needs its minimum times `slow` (the pace
+    the machine delivered so far, `pace`). When what is left pays for every need, this stage
+    gets its need plus, when sized, its part of the rest in proportion to its minimum, as
+    `split_budget` gave it. When it does not, every stage still to run is cut in proportion
+    to its need, so an earlier overrun is shared by all the later stages instead of leaving
+    the last sized one nothing (a sized stage then cuts its own fixed work to its share)."""
+    left = max(0.0, left_s)
+    todo = [now, *later]
+    needs = [n.minimum_s * slow for n in todo]
+    total = sum(needs)
+    if total <= 0:
+        return left if now.sized else 0.0
+    if left <= total:
+        return left * needs[0] / total
+    weight = sum(n.minimum_s for n in todo if n.sized)
+    spare = left - total
+    return needs[0] + (spare * now.minimum_s / weight if now.sized and weight else 0.0)
+
+
 def time_lines(budget: dict[str, Any] | None, records: list[Record]) -> list[str]:
     """The report's "Time" section: how each stage spent its time (against its share under a
     budget) and each sized level its chunks, and what stayed undecided when time ran out."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from scalelab.lab.core.jsonfile import read_json_object
@@ -25,7 +26,9 @@ from scalelab.lab.core.verdict import Verdict, judge
 from scalelab.lab.diagnose.budget import (
     Share,
     StageNeed,
+    pace,
     parse_budget,
+    replan,
     split_budget,
     time_lines,
 )
@@ -43,6 +46,20 @@ RECORDS = "records.jsonl"
 CONFIG = "config.yaml"
 RUN_INFO = "run.json"
 """What the run itself knows beyond the records: its experiment id, failed steps, Ctrl-C."""
+REPORT_S = 6.0
+"""Seconds the budget keeps for after the last stage: the report built from the records
+(sheet, verdict, report.md/html/json) and printed. An estimate for a quiet machine, not
+measured on its own: the whole time outside the stages (interpreter start, imports and the
+report) was 10.5, 16.0 and 12.4 s in three demo runs at load 7–12 on the shared 2-core VM
+(2026-12-07, wall less the stages' spent seconds); the start-up is inside the budget's clock
+already (`process_started`)."""
+
+
+def process_started() -> float:
+    """This process's start on the `time.monotonic` clock: what a budget counts from, so the
+    interpreter's start and the imports are inside it (the user waits for them too)."""
+    age = time.time() - psutil.Process().create_time()
+    return time.monotonic() - max(0.0, age)
 
 
 @dataclass(kw_only=True)
@@ -78,9 +95,12 @@ class Runner:
 
     def __init__(
         self, cfg: DiagnoseConfig, out: Path, mode: Mode, progress: Progress | None = None,
-        budget_s: float | None = None,
+        budget_s: float | None = None, started: float | None = None,
     ) -> None:
-        """`budget_s`: the --budget in seconds; None: the config's `budget` (none in --full)."""
+        """`budget_s`: the --budget in seconds; None: the config's `budget` (none in --full).
+        `started`: when the budget's clock started (`time.monotonic`; the CLI passes
+        `process_started()`); None: now."""
+        self.started = time.monotonic() if started is None else started
         self.cfg, self.out, self.mode = cfg, out, mode
         if budget_s is None and cfg.budget is not None and mode != "full":
             budget_s = parse_budget(cfg.budget, what="budget")
@@ -170,12 +190,11 @@ class Runner:
             "utf-8",
         )
         self._total = self.plan_size()
-        start = time.monotonic()
         try:
             for st in STAGES:
                 s = st.of(self.cfg)
                 if st.enabled(s):
-                    self._reshare(st.name, time.monotonic() - start)
+                    self._reshare(st.name)
                     t0 = time.monotonic()
                     try:
                         st.run(s, self.ctx)
@@ -188,6 +207,7 @@ class Runner:
             "experiment": d.experiment,
             "interrupted": d.interrupted,
             "budget": self.budget_report(),
+            "notes": self.ctx.notes,
             "failed_steps": [{"stage": r.step.stage, "step": r.step.label, "error": r.error}
                              for r in d.steps if not r.ok],
         }
@@ -197,17 +217,27 @@ class Runner:
         return d
 
 
-    def _reshare(self, stage: str, elapsed_s: float) -> None:
-        """A sized stage's share as it starts: its planned share, cut to what the budget has
-        left after the stages still to run get their minimums (earlier stages that ran over
-        their estimates, e.g. on a busy host, are paid from the sized stages' spare time)."""
+    def _reshare(self, stage: str) -> None:
+        """A stage's share as it starts, re-planned from what the budget has left (less the
+        report's `REPORT_S`) and the pace the machine delivered so far (`budget.replan`): an
+        earlier overrun (a busy host) is shared by every stage still to run, each in
+        proportion to its minimum, not paid by the last one alone."""
         names = [sh.stage for sh in self.shares]
-        if self.budget_s is None or stage not in self.ctx.shares or stage not in names:
+        if self.budget_s is None or stage not in names:
             return
-        later = sum(sh.minimum_s for sh in self.shares[names.index(stage) + 1:])
-        planned = next(sh.share_s for sh in self.shares if sh.stage == stage)
-        self.ctx.shares[stage] = max(0.0, min(planned, self.budget_s - elapsed_s - later))
-        self.given[stage] = self.ctx.shares[stage]
+        i = names.index(stage)
+        needs = [StageNeed(stage=sh.stage, minimum_s=sh.minimum_s, sized=sh.sized)
+                 for sh in self.shares]
+        done = [(self.given.get(sh.stage, sh.minimum_s), self.spent[sh.stage])
+                for sh in self.shares[:i] if sh.stage in self.spent]
+        left = self.budget_s - (time.monotonic() - self.started) - REPORT_S
+        slow = pace(done)
+        share = replan(left, needs[i], needs[i + 1:], slow=slow)
+        if stage in self.ctx.shares:
+            self.ctx.shares[stage] = share
+        self.given[stage] = share
+        if share < needs[i].minimum_s * slow:
+            self.ctx.short.add(stage)
 
     def budget_report(self) -> dict[str, Any]:
         """How the time was spent per stage, against its share when there was a budget."""
@@ -253,7 +283,8 @@ def rebuild(
     verdict = judge(goals, sheet, cores=m.cores, memory_bytes=m.memory_bytes,
                     stage_limits=stage_limits(goals, sheet, cfg, cores=m.cores), failures=failed)
     meta = {"mode": mode, "records": len(records),
-            "time": time_lines(run_info.get("budget"), records)}
+            "time": time_lines(run_info.get("budget"), records)
+            + [str(n) for n in run_info.get("notes") or []]}
     files = write_report(out, sheet, verdict, goals, m, meta,
                          run={**run_info, "failed_stages": failed}, records=records)
     return sheet, verdict, files

@@ -13,11 +13,12 @@ stopped, and each objective left undecided with what deciding it needs.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from scalelab.lab.core.objectives import Check, Objective, check_rows
 from scalelab.lab.core.records import Cost, Record
@@ -152,9 +153,14 @@ class Sizing:
     """'<objective>: <what deciding it needs>' for each check left undecided."""
 
     def as_dict(self) -> dict[str, Any]:
+        """The record's extras["sizing"]; `samples_per_s` (samples over the level's spent
+        seconds, start-ups included) is what the time to decide an undecided check is read
+        from: the samples it needs over it."""
+        per_s = self.samples / self.spent_s if self.samples and self.spent_s > 0 else None
         return {"chunks": self.chunks, "samples": self.samples,
                 "spent_s": round(self.spent_s, 3), "share_s": round(self.share_s, 3),
-                "stopped": self.stopped, "undecided": self.undecided}
+                "stopped": self.stopped, "undecided": self.undecided,
+                "samples_per_s": None if per_s is None else round(per_s, 3)}
 
 
 Chunk = Callable[[float, int], Record | None]
@@ -243,6 +249,15 @@ class LevelClock:
         paid from the share too."""
         self._t0 = self.clock()
 
+    def left_s(self) -> float:
+        """Seconds the stage's levels have left: its share less what it spent and its later
+        fixed work (`reserve_s`); `cap_s` without a budget."""
+        if self._t0 is None:
+            self._t0 = self.clock()
+        if self.share_s is None:
+            return self.cap_s
+        return max(0.0, self.share_s - (self.clock() - self._t0) - self.reserve_s)
+
     def next_share(self) -> float:
         if self._t0 is None:
             self._t0 = self.clock()
@@ -252,3 +267,124 @@ class LevelClock:
             return self.cap_s
         left = self.share_s - (self.clock() - self._t0) - self.reserve_s
         return max(0.0, left / left_levels)
+
+
+Outcome = Literal["met", "missed", "undecided"]
+"""A level's objectives together: all decided met, one decided missed, or neither yet."""
+
+
+def level_outcome(record: Record, objectives: list[Objective]) -> Outcome:
+    """One level's record judged by the verdict's own rules (`check_rows`): "missed" when a
+    check is decided missed, "met" when none is missed or undecided (an objective the record
+    does not measure cannot be decided by more load), else "undecided"."""
+    outcomes = {c.outcome for c in check_rows(build_sheet([record]), objectives)}
+    if "missed" in outcomes:
+        return "missed"
+    return "undecided" if "undecided" in outcomes else "met"
+
+
+def curve_point(r: Record) -> Record:
+    """A level measured once to draw the curve, not to decide it (`Record.purpose`)."""
+    return r.model_copy(update={"purpose": "curve"})
+
+
+def target_level(levels: list[float], target: float) -> float:
+    """The level a stage decides first (pure): its target, else the highest level under it
+    (a run that stops short of the target decides where it stops), else the lowest."""
+    ordered = sorted(levels)
+    under = [x for x in ordered if x <= target * (1 + 1e-9)]
+    return under[-1] if under else ordered[0]
+
+
+@dataclass(kw_only=True)
+class TargetDecision:
+    """How a stage's levels were decided: the target first, then a bisection for the first
+    level that misses (`decide_target`)."""
+
+    target: float
+    order: list[float] = field(default_factory=list)
+    """The levels measured to a decision, in the order they were."""
+    outcomes: dict[float, Outcome] = field(default_factory=dict)
+    first_miss: float | None = None
+    """The lowest level decided missed with every level under it decided met or bisected
+    away (None: the target holds, or the bisection was left undecided)."""
+
+    @property
+    def holds(self) -> bool:
+        return self.outcomes.get(self.target) == "met"
+
+
+def bisection_steps(n: int) -> int:
+    """Levels a bisection over `n` candidates measures at most (pure): ceil(log2(n + 1))."""
+    return math.ceil(math.log2(n + 1)) if n > 0 else 0
+
+
+def decide_target(levels: list[float], target: float,
+                  outcome: Callable[[float, int], Outcome]) -> TargetDecision:
+    """Decide a stage's target first, then bisect for its first miss (adaptive, pure given
+    `outcome`). `outcome(level, probes_left)` measures one level until decided (or its share
+    is spent), `probes_left` counting it and the levels still to come at most, so it can give
+    the level its part of the time left.
+
+    The target is measured first. If it holds, nothing else is decided (the others are
+    curve points). If it misses, the first failing level is searched by bisection over the
+    levels under it, assuming a level that misses misses at every higher level: levels
+    [1, 2, 5, 10] with 10 missed measure 2, then 5 (2 met) or 1 (2 missed). An undecided
+    level ends the bisection there (its share was spent): the bracket is left open."""
+    ordered = sorted(levels)
+    t = target_level(ordered, target)
+    d = TargetDecision(target=t)
+    hi = ordered.index(t)
+    lo = 0
+    d.order.append(t)
+    d.outcomes[t] = outcome(t, 1 + bisection_steps(hi))
+    if d.outcomes[t] != "missed":
+        return d
+    while lo < hi:
+        mid = (lo + hi) // 2
+        level = ordered[mid]
+        d.order.append(level)
+        got = d.outcomes[level] = outcome(level, bisection_steps(hi - lo))
+        if got == "undecided":
+            return d
+        if got == "missed":
+            hi = mid
+        else:
+            lo = mid + 1
+    d.first_miss = ordered[hi]
+    return d
+
+
+def _sent(r: Record) -> float:
+    """The arrival rate a load step sent (its `sent_rps`), else the rate it was asked."""
+    sent = r.extras.get("sent_rps")
+    return float(sent) if isinstance(sent, int | float) and sent > 0 else r.level
+
+
+def search_decides(steps: list[Record], objectives: list[Objective],
+                   target_rate: float) -> Record | None:
+    """The capacity search's evidence that decides a target of `target_rate` (pure): the
+    lowest valid step that sent at least that rate whose record meets every objective by the
+    verdict's rules (`level_outcome`); else every step that sent at least that rate (valid,
+    or flagged for generator lag) and was not decided missed, merged (`merge_chunks`:
+    histograms added, counts summed), when the merge meets every objective; None when
+    neither does. Both rest on the assumption that latency and failures do not fall as load
+    rises (a rate that holds at 800 requests/s holds at 400), which the stage states beside
+    it: under it each such step's latencies bound the target's from above, so their sum does
+    too, and 99.9% availability, which no 1 s step of a few hundred requests can show, is
+    decided by the steps together."""
+    above = sorted((r for r in steps if _sent(r) >= target_rate * (1 - 1e-9)),
+                   key=lambda r: r.level)
+    one = next((r for r in above if r.ok and level_outcome(r, objectives) == "met"), None)
+    if one is not None:
+        return one
+    # A step flagged for generator lag sent its arrivals bunched at its rate: a harsher load,
+    # so it bounds the target from above too; its rate is what it sent, not what it asked.
+    kept = [r for r in above if level_outcome(r, objectives) != "missed"]
+    if len(kept) < 2 or any(not isinstance(r.extras.get("hdr_histogram"), str) for r in kept):
+        return None
+    merged = merge_chunks(kept)
+    if level_outcome(merged, objectives) != "met":
+        return None
+    return merged.model_copy(update={"level": kept[0].level, "extras": {
+        **merged.extras, "merged_steps": [r.level for r in kept]}})

@@ -184,6 +184,7 @@ def stage_head(s: StageVerdict) -> list[str]:
         out.append(f"  {open_text(s)}")
     if s.not_measured:
         out.append("  not measured: " + ", ".join(gap_text(g) for g in s.not_measured))
+    out += [f"  {said}" for said in s.decided_by]
     if s.curve_multiples:
         out.append("  curve points (measured for the picture, not decisions): "
                    + ", ".join(format_multiple(m) for m in s.curve_multiples))

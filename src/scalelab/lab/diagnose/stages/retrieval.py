@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -26,6 +27,7 @@ from scalelab.lab.core.verdict import Advice, AdviceInput, StageGoal, num_text
 from scalelab.lab.diagnose.budget import SIZING_KEY
 from scalelab.lab.diagnose.commands import Command
 from scalelab.lab.diagnose.schema import Levels, StageSettings
+from scalelab.lab.diagnose.sizing import curve_point, target_level
 from scalelab.lab.diagnose.stages.base import MINIMUM_S, Context, Stage
 from scalelab.lab.diagnose.steps import Step, restage
 from scalelab.system.retrieval.open_loop import QUANTILES
@@ -195,11 +197,14 @@ def latency_slo(objectives: list[Objective]) -> list[str]:
             if o.metric in QUANTILES and o.max is not None]
 
 
-def tag_record(r: Record, *, stage: str, repeat: int, objectives: list[Objective]) -> Record:
-    """A bench record under the diagnosis's stage and repeat, each latency objective in its
-    sizing's undecided lines named as the config names it (the bench knows only the limit:
-    'p99_ms ≤ 20' becomes 'p99 ≤ 20 ms at the arrival rate')."""
+def tag_record(r: Record, *, stage: str, repeat: int, objectives: list[Objective],
+               curve: bool = False) -> Record:
+    """A bench record under the diagnosis's stage and repeat (a curve point when `curve`),
+    each latency objective in its sizing's undecided lines named as the config names it (the
+    bench knows only the limit: 'p99_ms ≤ 20' becomes 'p99 ≤ 20 ms at the arrival rate')."""
     r = restage(r, stage=stage, repeat=repeat)
+    if curve:
+        r = curve_point(r)
     z = r.extras.get(SIZING_KEY)
     names = {Objective(metric=o.metric, max=o.max).label + ":": o.label + ":"
              for o in objectives if o.metric in QUANTILES and o.max is not None}
@@ -216,7 +221,7 @@ class RetrievalStage(Stage[RetrievalSettings]):
     sized = True
 
     def count(self, s: RetrievalSettings, repeats: int) -> int:
-        return repeats
+        return repeats * (1 + (len(s.levels) > 1))
 
     def minimum_s(self, s: RetrievalSettings, repeats: int) -> float:
         """Its fixed work per repeat (one step each) times the repeats."""
@@ -236,21 +241,49 @@ class RetrievalStage(Stage[RetrievalSettings]):
         return max(0.0, share - self.minimum_s(s, ctx.repeats)) / ctx.repeats
 
     def run(self, s: RetrievalSettings, ctx: Context) -> None:
+        """Per repeat, the target level decided first in a bench of its own, its fixed-rate
+        runs sized by the stage's share (`latency_budget`); the other levels, one pass each,
+        in one bench before it: curve points (`Record.purpose`)."""
         work = ctx.work / "retrieval"
-        budget = self.latency_budget(s, ctx)
-        slo = latency_slo(s.built_objectives()) if budget is not None else None
+        target = target_level(s.levels, s.target_multiple)
+        others = [x for x in s.levels if x != target]
+        if self.name in ctx.short and others:
+            ctx.note(f"retrieval: its {ctx.shares.get(self.name, 0.0):.0f} s share was under "
+                     "its minimum at this run's pace: cut to the target and the lowest level "
+                     "(what its multiple is read against); a larger --budget runs the rest")
+            others = [min(s.levels)] if min(s.levels) != target else []
+        start = time.monotonic()
         for rep in range(ctx.repeats):
-            rec = ctx.records(f"retrieval-{rep}")
-            cmd = RetrievalBench(out=work, levels=s.levels, base_docs=s.base_docs,
-                                 questions=s.questions, indexes=s.indexes, embedder=s.embedder,
-                                 cache=work / "embeddings.sqlite", recall_target=s.recall_target,
-                                 arrival_rate=s.arrival_rate, fresh_singles=s.fresh_singles,
-                                 latency_slo=slo, latency_budget=budget, no_flat=not s.flat,
-                                 price_per_core_hour=ctx.prices.core_hour_usd, records=rec)
-            ctx.run(Step(stage=self.name, label=f"retrieval bench #{rep + 1}", command=cmd,
-                         records=rec, tag=functools.partial(
-                             tag_record, stage=self.name, repeat=rep,
-                             objectives=s.built_objectives()), timeout_s=1800))
+            if others:
+                self._bench(s, ctx, work, rep, others, curve=True, slo=None, budget=None)
+            budget = self.latency_budget(s, ctx)
+            if budget is not None and ctx.shares.get(self.name) is not None:
+                # what the share has left once this bench's own fixed work is paid: the
+                # curve bench measured the rest of the stage's per-level cost
+                spent = time.monotonic() - start
+                fixed = spent / max(1.0, sum(others)) * target if others else 0.0
+                left = ctx.shares[self.name] * (rep + 1) / ctx.repeats - spent - fixed
+                budget = max(0.0, left)
+            self._bench(s, ctx, work, rep, [target], curve=False,
+                        slo=latency_slo(s.built_objectives()) if budget is not None else None,
+                        budget=budget)
+
+    def _bench(self, s: RetrievalSettings, ctx: Context, work: Path, rep: int,
+               levels: list[float], *, curve: bool, slo: list[str] | None,
+               budget: float | None) -> None:
+        name = "curve" if curve else "target"
+        rec = ctx.records(f"retrieval-{rep}-{name}")
+        cmd = RetrievalBench(out=work, levels=levels, base_docs=s.base_docs,
+                             questions=s.questions, indexes=s.indexes, embedder=s.embedder,
+                             cache=work / "embeddings.sqlite", recall_target=s.recall_target,
+                             arrival_rate=s.arrival_rate, fresh_singles=s.fresh_singles,
+                             latency_slo=slo, latency_budget=budget, no_flat=not s.flat,
+                             price_per_core_hour=ctx.prices.core_hour_usd, records=rec)
+        where = ", ".join(f"{x:g}×" for x in levels)
+        ctx.run(Step(stage=self.name, label=f"retrieval bench {where} #{rep + 1}", command=cmd,
+                     records=rec, tag=functools.partial(
+                         tag_record, stage=self.name, repeat=rep,
+                         objectives=s.built_objectives(), curve=curve), timeout_s=1800))
 
     def goals(self, s: RetrievalSettings) -> list[StageGoal]:
         return [StageGoal(stage=self.name, objectives=s.built_objectives(),

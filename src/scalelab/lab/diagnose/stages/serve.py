@@ -28,12 +28,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scalelab.lab.core.records import Record
+from scalelab.lab.core.objectives import Objective
+from scalelab.lab.core.records import Record, read_records
 from scalelab.lab.core.sheet import build_sheet
 from scalelab.lab.core.units import parse_duration
 from scalelab.lab.core.verdict import StageGoal
 from scalelab.lab.diagnose.commands import LoadRun
-from scalelab.lab.diagnose.sizing import LevelClock, size_level
+from scalelab.lab.diagnose.sizing import (
+    LevelClock,
+    Outcome,
+    curve_point,
+    decide_target,
+    level_outcome,
+    search_decides,
+    size_level,
+    target_level,
+)
 from scalelab.lab.diagnose.stages.base import Artifact, Context, Stage
 from scalelab.lab.diagnose.stages.endpoint import grid_start, metrics_note, metrics_url, noted
 from scalelab.lab.diagnose.stages.serve_advice import advise
@@ -44,9 +54,9 @@ from scalelab.lab.diagnose.stages.serve_config import (
     batching_repo,
     serve_cmd,
 )
-from scalelab.lab.diagnose.stages.serve_curve import capacity_slo, grid_bounds
+from scalelab.lab.diagnose.stages.serve_curve import CAPACITY, capacity_slo, grid_bounds
 from scalelab.lab.diagnose.stages.serve_meter import WARMUP_S, metered
-from scalelab.lab.diagnose.stages.serve_search import run_search
+from scalelab.lab.diagnose.stages.serve_search import run_search, search_path
 from scalelab.lab.diagnose.stages.serve_servers import Planned, start_all, stop_all
 from scalelab.lab.diagnose.stages.serve_sweep import Shape, run_sweep, sweep_servers, sweep_shapes
 from scalelab.lab.diagnose.stages.sized_load import sized_levels
@@ -104,6 +114,34 @@ class Lent:
 
     def clock(self) -> float:
         return self.base() + self.offset_s
+
+
+SWEEP_PAID = 0.8
+"""The replica sweep runs when the stage's share has left at least this part of what its
+searches are expected to take (they stop early when a rate fails; advice, not a decision)."""
+ASSUMPTION = ("latency and failures do not fall as load rises: a rate that meets the objectives "
+              "at a higher arrival rate meets them at the target's")
+
+
+def searched_decision(ctx: Context, series: str, objectives: list[Objective], target_rps: float,
+                      first: FirstChunks, *, rep: int) -> Record | None:
+    """The baseline's target decided by its capacity search: the search's lowest step at or
+    above the target's rate that met every objective (`sizing.search_decides`), as a decision
+    record of the baseline series at the rate it measured, saying so and what it assumes;
+    None when no step decides it."""
+    path = search_path(ctx, series)
+    step = search_decides(read_records(path) if path.is_file() else [], objectives, target_rps)
+    if step is None:
+        return None
+    like = next(iter(first.records.values()), None)
+    r = restage(step, stage="serve", repeat=rep)
+    return r.model_copy(update={
+        "experiment": like.experiment if like is not None else r.experiment,
+        "purpose": "decision", "series": series,
+        "extras": {**r.extras, "decided_by": {
+            "search": series + CAPACITY, "rate": step.level, "target_rate": target_rps,
+            "steps": step.extras.get("merged_steps", [step.level]),
+            "assumption": ASSUMPTION}}})
 
 
 def _user_endpoint(r: Record, *, note: str | None = None) -> Record:
@@ -187,11 +225,16 @@ class ServeStage(Stage[ServeSettings]):
             return
         test_rows = dataset / "test.parquet" if dataset else None
         cores = os.cpu_count() or 1
-        searched = searched_settings(s, cores)
-        # What the stage still has to do besides its levels; each part leaves the reserve as
-        # it is done, so the later levels get the time it did not take.
+        if self.name in ctx.short and (len(s.batching) > 1 or s.replicas):
+            # The share cannot pay the fixed work: only what the target's decision needs.
+            ctx.note(f"serve: its {ctx.shares.get(self.name, 0.0):.0f} s share was under its "
+                     "minimum at this run's pace: cut to the baseline's levels and search (no "
+                     "other batching setting, no replica sweep); a larger --budget runs them")
+            s = s.model_copy(update={"batching": [s.baseline], "replicas": []})
+        # What the stage still has to do besides its decisions; each part leaves the reserve
+        # as it is done, so the decided levels get the time it did not take.
         clock = LevelClock(
-            share_s=ctx.shares.get(self.name), levels=len(s.batching) * ctx.repeats * len(s.levels),
+            share_s=ctx.shares.get(self.name), levels=1,
             cap_s=parse_duration(s.level_cap) if ctx.full else parse_duration(s.duration),
             reserve_s=self._after_levels_s(s, cores))
         clock.start()  # the server starts are paid from the share too
@@ -200,28 +243,113 @@ class ServeStage(Stage[ServeSettings]):
                    for setting in s.batching]
         servers = start_all([*planned, *sweep_servers(s, ctx, repo, cores=cores)])
         try:
-            grid: dict[str, list[Record]] = {}
-            for setting in s.batching:
-                spawned = servers[SERIES[setting]]
-                if not isinstance(spawned, Spawned):
-                    ctx.fail(Step(stage=self.name, label=f"serve {SERIES[setting]}",
-                                  command=None), spawned)
-                    continue
-                grid[setting] = self._levels(s, ctx, clock, spawned, setting=setting,
-                                             repo=repo, data=test_rows, traced=traced)
-                if setting in searched:
-                    bounds = grid_bounds(build_sheet(grid[setting]), s.built_objectives(),
-                                         s.base_rate)
-                    run_search(s, ctx, stage=self.name, series=SERIES[setting],
-                               url=f"{spawned.url}/v2/models/{MODEL}/infer", repo=repo,
-                               data=test_rows, start=bounds.start, fails_at=bounds.fails_at)
-                    clock.reserve_s = max(0.0, clock.reserve_s - SEARCH_S)
-            replicated = grid.get(s.replicas_batching, [])
-            run_sweep(s, ctx, repo, test_rows, stage=self.name, cores=cores, servers=servers,
-                      grid_pass=grid_bounds(build_sheet(replicated), s.built_objectives(),
-                                            s.base_rate).start if replicated else None)
+            self._settings(s, ctx, clock, servers, repo=repo, data=test_rows, traced=traced,
+                           cores=cores)
         finally:
             stop_all(servers)
+
+    def _settings(self, s: ServeSettings, ctx: Context, clock: LevelClock,
+                  servers: dict[str, Spawned | str], *, repo: Path, data: Path | None,
+                  traced: bool, cores: int) -> None:
+        """Every batching setting's levels once each (curve points, one step a setting and
+        repeat), its capacity search, then the baseline's target decided (by its search's
+        step at or above the target's rate, else sized, and a bisection for its first miss
+        when missed), then the replica sweep while the share can pay for it."""
+        searched = searched_settings(s, cores)
+        firsts: dict[str, list[FirstChunks]] = {}
+        urls: dict[str, Spawned] = {}
+        for setting in s.batching:
+            spawned = servers[SERIES[setting]]
+            if not isinstance(spawned, Spawned):
+                ctx.fail(Step(stage=self.name, label=f"serve {SERIES[setting]}", command=None),
+                         spawned)
+                continue
+            urls[setting] = spawned
+            firsts[setting] = [
+                self._first_chunks(s, ctx, spawned, url=f"{spawned.url}/v2/models/{MODEL}/infer",
+                                   series=SERIES[setting], setting=setting, rep=rep, repo=repo,
+                                   data=data, traced=traced)
+                for rep in range(ctx.repeats)]
+        searched_s: list[float] = []
+        for setting in [x for x in s.batching if x in searched and x in urls]:
+            bounds = grid_bounds(build_sheet(list(firsts[setting][0].records.values())),
+                                 s.built_objectives(), s.base_rate)
+            t0 = time.monotonic()
+            run_search(s, ctx, stage=self.name, series=SERIES[setting],
+                       url=f"{urls[setting].url}/v2/models/{MODEL}/infer", repo=repo,
+                       data=data, start=bounds.start, fails_at=bounds.fails_at)
+            searched_s.append(time.monotonic() - t0)
+        clock.reserve_s = self._sweep_s(s, cores, searched_s)
+        grid: dict[str, list[Record]] = {}
+        for name, reps in firsts.items():
+            grid[name] = []
+            for rep, first in enumerate(reps):
+                if name == s.baseline:
+                    got = self._decide(s, ctx, clock, urls[name], first, setting=name,
+                                       rep=rep, repo=repo, data=data, traced=traced)
+                else:
+                    got = [curve_point(r) for r in first.records.values()]
+                ctx.keep(got)
+                grid[name] += got
+        replicated = grid.get(s.replicas_batching, [])
+        if clock.reserve_s and clock.left_s() + clock.reserve_s < clock.reserve_s * SWEEP_PAID:
+            ctx.note(f"serve: replica sweep not run: {clock.left_s() + clock.reserve_s:.0f} s "
+                     f"of the stage's share left, its searches need ~{clock.reserve_s:.0f} s "
+                     "(scaled from this run's own search); a larger --budget runs it")
+            return
+        run_sweep(s, ctx, repo, data, stage=self.name, cores=cores, servers=servers,
+                  grid_pass=grid_bounds(build_sheet(replicated), s.built_objectives(),
+                                        s.base_rate).start if replicated else None)
+
+    def _sweep_s(self, s: ServeSettings, cores: int, searched_s: list[float]) -> float:
+        """Seconds the replica sweep's searches will take: `SWEEP_SEARCH_S` a shape, scaled
+        by how this run's own one-server searches went against `SEARCH_S` (the machine's
+        pace, measured), never under the estimate."""
+        searching = s.capacity and capacity_slo(s.built_objectives()) is not None
+        shapes = len(sweep_shapes(s, cores)) if searching else 0
+        pace = max(1.0, sum(searched_s) / (SEARCH_S * len(searched_s))) if searched_s else 1.0
+        return SWEEP_SEARCH_S * shapes * pace
+
+    def _decide(self, s: ServeSettings, ctx: Context, clock: LevelClock, spawned: Spawned,
+                first: FirstChunks, *, setting: str, rep: int, repo: Path, data: Path | None,
+                traced: bool) -> list[Record]:
+        """The baseline server's levels for one repeat: its target decided first, by the
+        capacity search's step at or above the target's rate when one met every objective
+        (repeat 1 only: the search ran once), else sized until decided; when missed, the
+        first miss found by bisection (`sizing.decide_target`). Every level not decided is
+        its first chunk as a curve point."""
+        series = SERIES[setting]
+        url = f"{spawned.url}/v2/models/{MODEL}/infer"
+        objectives = s.built_objectives()
+        target = s.base_rate * target_level(s.levels, s.target_multiple)
+        top = s.base_rate * max(s.levels)
+        if rep == 0:
+            by_search = searched_decision(ctx, series, objectives, target, first, rep=rep)
+            if by_search is not None:
+                return sorted([by_search, *[curve_point(r) for rate, r in first.records.items()
+                                            if not math.isclose(rate, by_search.level)]],
+                              key=lambda r: r.level)
+        lent = Lent(per_level_s=first.took_s / max(1, len(s.levels)))
+        decided: dict[float, Record] = {}
+
+        def outcome(m: float, probes_left: int) -> Outcome:
+            rate = s.base_rate * m
+            chunk = functools.partial(
+                self._chunk, s, ctx, url=url, series=series, setting=setting, rep=rep, m=m,
+                spawned=spawned, repo=repo, data=data,
+                trace_sample=TRACE_SAMPLE if traced and rate == top else None,
+                first=first.records.get(rate), lent=lent)
+            level = size_level(chunk, objectives, first_s=parse_duration(s.duration),
+                               share_s=clock.left_s() / max(1, probes_left), clock=lent.clock,
+                               overhead_s=STEP_START_S + WARMUP_S)
+            if level is None:
+                return "undecided"
+            decided[rate] = level
+            return level_outcome(level, objectives)
+
+        decide_target(s.levels, s.target_multiple, outcome)
+        return sorted([*decided.values(), *[curve_point(r) for rate, r in first.records.items()
+                                            if rate not in decided]], key=lambda r: r.level)
 
     def _batching_server(self, s: ServeSettings, ctx: Context, repo: Path, setting: str, *,
                          traced: bool) -> Planned:
@@ -236,39 +364,6 @@ class ServeStage(Stage[ServeSettings]):
                        command=functools.partial(serve_cmd, srepo,
                                                  trace_out=spans if traced else None),
                        log=ctx.logs / f"server-{srepo.name}.log")
-
-    def _levels(self, s: ServeSettings, ctx: Context, clock: LevelClock, spawned: Spawned, *,
-                setting: str, repo: Path, data: Path | None, traced: bool) -> list[Record]:
-        """A server's levels, each sized (diagnose.sizing): per repeat, one `load run` step
-        offers every level's first chunk in turn (metered per level on the server by the step
-        itself, `--server-pid`), so the levels pay one process start, not one each; a level
-        still undecided then gets more chunks, each its own step."""
-        series = SERIES[setting]
-        url = f"{spawned.url}/v2/models/{MODEL}/infer"
-        first_s = parse_duration(s.duration)
-        top = s.base_rate * max(s.levels)
-        merged: list[Record] = []
-        for rep in range(ctx.repeats):
-            first = self._first_chunks(s, ctx, spawned, url=url, series=series,
-                                       setting=setting, rep=rep, repo=repo, data=data,
-                                       traced=traced)
-            # Each level's part of the first step, so its sizing counts what its first chunk
-            # took (the step's time over its levels) against its share.
-            lent = Lent(per_level_s=first.took_s / max(1, len(s.levels)))
-            for m in s.levels:
-                rate = s.base_rate * m
-                chunk = functools.partial(
-                    self._chunk, s, ctx, url=url, series=series, setting=setting, rep=rep,
-                    m=m, spawned=spawned, repo=repo, data=data,
-                    trace_sample=TRACE_SAMPLE if traced and rate == top else None,
-                    first=first.records.get(rate), lent=lent)
-                level = size_level(chunk, s.built_objectives(), first_s=first_s,
-                                   share_s=clock.next_share(), clock=lent.clock,
-                                   overhead_s=STEP_START_S + WARMUP_S)
-                if level is not None:
-                    ctx.keep([level])
-                    merged.append(level)
-        return merged
 
     def _first_chunks(self, s: ServeSettings, ctx: Context, spawned: Spawned, *, url: str,
                       series: str, setting: str, rep: int, repo: Path, data: Path | None,

@@ -20,6 +20,9 @@ from scalelab.lab.diagnose.steps import Step
 
 SERIES = "strong"
 """The series of the worker sweep (fixed global batch)."""
+SERVED_BATCH = 512
+"""The served model's batch (`scalelab train`'s --base-batch): the sweep's global batch is
+for throughput; two epochs at 32,768 would be a handful of steps, an untrained model."""
 FEATURE_ROWS_MIN = 20000
 """The smallest features sample: the test split must keep enough rows per class."""
 
@@ -31,9 +34,10 @@ class TrainSettings(StageSettings):
     """Data-parallel process counts (must start at 1: efficiency is relative to it)."""
     steps: int = Field(default=30, ge=1)
     """Optimizer steps per worker count."""
-    batch: int = Field(default=512, ge=1)
-    """Global batch (strong scaling: the same at every worker count)."""
-    limit_rows: int = Field(default=40000, ge=1000)
+    batch: int = Field(default=32768, ge=1)
+    """Global batch (strong scaling: the same at every worker count): the trainer's own
+    scaling setting (benchmarks/bench_train.py: 86% efficiency at 2 workers at 32,768)."""
+    limit_rows: int = Field(default=100000, ge=1000)
     """Training rows read (also the size of the features sample the other stages use)."""
 
 
@@ -68,7 +72,7 @@ def _served_model(ctx: Context) -> Path | None:
     repo = ctx.work / "repo"
     if repo.exists():
         shutil.rmtree(repo)
-    cmd = Train(nproc=1, limit=t.limit_rows, epochs=2, batch=t.batch,
+    cmd = Train(nproc=1, limit=t.limit_rows, epochs=2, batch=min(t.batch, SERVED_BATCH),
                 data=ctx.artifact(FEATURES), repo=repo, lineage=ctx.work / "lineage.db")
     r = ctx.run(Step(stage="train", label="train the served model", command=cmd, timeout_s=900))
     return repo if r.ok else None

@@ -1,0 +1,74 @@
+"""The serve stage decides its target first (issue #45): the baseline's target level is the
+decision, the other levels curve points; a capacity search's step at or above the target's
+rate that met every objective decides the target, saying so and what it assumes."""
+
+from pathlib import Path
+
+import numpy as np
+
+from scalelab.lab.core.objectives import Objective
+from scalelab.lab.core.records import Record, append_records, make_record
+from scalelab.lab.diagnose.config import load_config
+from scalelab.lab.diagnose.run import Runner
+from scalelab.lab.diagnose.stages.serve import ASSUMPTION, FirstChunks, searched_decision
+from scalelab.lab.diagnose.stages.serve_search import search_path
+from scalelab.lab.load.histogram import LatencyHistogram
+from stagekit import run_serve_alone, stages_yaml
+
+OBJECTIVES = [Objective(metric="p95_ms", max=50.0), Objective(metric="p99_ms", max=200.0),
+              Objective(metric="availability", min=0.999)]
+
+
+def _step(rate: float, n: int) -> Record:
+    h = LatencyHistogram()
+    h.record_us(np.full(n, 8000))
+    return make_record(experiment="search", stage="load", variable="rate", level=rate,
+                       wall_s=1.0, rate=float(n), failures=0, failure_rate=0.0,
+                       latency=h.percentiles().latency(),
+                       extras={"hdr_histogram": h.encode(), "samples": n, "successes": n,
+                               "rate_verdict": "pass"}, series="batching=off capacity")
+
+
+def test_a_search_step_above_the_target_rate_is_the_targets_decision(tmp_path: Path) -> None:
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text(stages_yaml({"serve": "{levels: [1]}"}))
+    ctx = Runner(load_config(cfg, "default"), tmp_path / "out", "default").ctx
+    first = FirstChunks(records={400.0: make_record(experiment="diag", stage="serve",
+                                                    variable="rate", level=400.0)}, took_s=3.0)
+    assert searched_decision(ctx, "batching=off", OBJECTIVES, 400.0, first, rep=0) is None
+    path = search_path(ctx, "batching=off")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # 400/s: 1,000 requests cannot show 99.9%; 3,200/s: 4,000 requests, all under 50 ms
+    append_records(path, [_step(400.0, 1000), _step(3200.0, 4000)])
+    got = searched_decision(ctx, "batching=off", OBJECTIVES, 400.0, first, rep=0)
+    assert got is not None and got.level == 3200.0 and got.stage == "serve"
+    assert got.purpose == "decision" and got.experiment == "diag"
+    assert got.series == "batching=off"
+    assert got.extras["decided_by"] == {"search": "batching=off capacity", "rate": 3200.0,
+                                        "target_rate": 400.0, "steps": [3200.0],
+                                        "assumption": ASSUMPTION}
+    assert searched_decision(ctx, "batching=off", OBJECTIVES, 4000.0, first, rep=0) is None
+
+
+def test_the_target_is_the_decision_and_the_other_levels_curve_points(tmp_path: Path) -> None:
+    """Two levels on a small model, no search: 10× (the target) is sized as the decision,
+    1× stays the one chunk of the step over both levels, labelled a curve point."""
+    _, recs = run_serve_alone(tmp_path, "{base_rate: 20, levels: [1, 10], duration: 1s, "
+                              "batching: ['off'], capacity: false, target_multiple: 10}")
+    got = {(r.level, r.purpose) for r in recs}
+    assert got == {(20.0, "curve"), (200.0, "decision")}
+    target = next(r for r in recs if r.level == 200.0)
+    assert target.extras["sizing"]["chunks"] >= 1
+    assert "sizing" not in next(r for r in recs if r.level == 20.0).extras
+
+
+def test_the_sweeps_time_is_scaled_by_this_runs_own_search() -> None:
+    """Three shapes on 2 cores (replicas=1, replicas=2, threads=2), 12 s each on the quiet
+    reference; a one-server search that took 34 s against its 17 s doubles them."""
+    from scalelab.lab.diagnose.stages.serve import STAGE, ServeStage
+
+    s = STAGE.of(load_config(None, "default"))
+    assert ServeStage()._sweep_s(s, 2, []) == 36.0
+    assert ServeStage()._sweep_s(s, 2, [34.0]) == 72.0
+    assert ServeStage()._sweep_s(s, 2, [10.0]) == 36.0  # a fast search never shrinks it
+    assert ServeStage()._sweep_s(s.model_copy(update={"capacity": False}), 2, [34.0]) == 0.0
