@@ -162,8 +162,9 @@ def test_capacity_search_finds_a_known_capacity(
     assert (min(fails) - first) / first <= 0.04
     doc["steps"] = [s for s in doc["steps"] if not s["confirmation"]]
     rates = [s["rate"] for s in doc["steps"]]
-    # An invalid step is run once more at the same rate; the search's path is the same.
-    assert [r for i, r in enumerate(rates) if i == 0 or r != rates[i - 1]][:3] == [50, 100, 200]
+    # An invalid step is run once more at the same rate; the search's path is the same (100,
+    # exactly the capacity, may pass or not: a queue at utilisation 1 is not steady).
+    assert [r for i, r in enumerate(rates) if i == 0 or r != rates[i - 1]][:2] == [50, 100]
     # p95 at 95%: 230 requests before a step may decide (a 4 s step at 50 req/s has 200). The
     # search starts there, not at 25 (a second 4 s step that cannot decide either: ~12% of
     # the test's time).
