@@ -16,6 +16,10 @@ Any kind also serves GET /status/<code> (that status), GET /reset (drops the con
 GET /v2/models/<m> (OIP metadata: INT64 [-1,4] "categorical", FP32 [-1,14] "numeric"),
 POST /v2/models/<m>/infer (checks the OIP body, answers with a label per row) and GET /metrics
 (the responses answered so far, as the reference server's `scalelab_responses_total`).
+GET /truth gives the server's own times of every request whose path carries `?i=<index>`:
+{"index": [...], "arrival_s": [...], "done_s": [...]} (time.monotonic, the clock the load
+tester reads too), from its reading of the request to the write of its answer as it happened (a
+late timer included), so a test can hold the tester's latencies to what the server really did.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class Server:
         self.t0 = time.monotonic()
         self.last_done = 0.0
         self.served = 0
+        self.truth: list[tuple[int, float, float]] = []  # (index, arrival, answer written)
 
     def answer_at(self, now: float) -> float:
         if self.kind == "fast":
@@ -103,6 +108,12 @@ class Handler(asyncio.Protocol):
             self.transport.abort()
             return
         resp = _OK
+        if path == "/truth":
+            idx, arr, done = (list(x) for x in zip(*self.server.truth, strict=True)) \
+                if self.server.truth else ([], [], [])
+            self.transport.write(_response(200, json.dumps(
+                {"index": idx, "arrival_s": arr, "done_s": done}).encode(), "application/json"))
+            return
         if path == "/metrics":
             text = f'scalelab_responses_total{{status="200"}} {self.server.served}\n'
             self.transport.write(_response(200, text.encode()))
@@ -131,17 +142,22 @@ class Handler(asyncio.Protocol):
                 return
             self.server.in_service += 1
         now = time.monotonic()
+        index = int(path.split("?i=", 1)[1]) if "?i=" in path else None
         when = self.server.answer_at(now)
         if when <= now:
-            self.transport.write(resp)
+            self._write(resp, index, now)
         else:
-            self.loop.call_at(self.loop.time() + (when - now), self._write, resp)
+            self.loop.call_at(self.loop.time() + (when - now), self._write, resp, index, now)
 
-    def _write(self, resp: bytes) -> None:
+    def _write(self, resp: bytes, index: int | None = None, arrival: float = 0.0) -> None:
         if self.server.kind == "admit":
             self.server.in_service -= 1
         if self.transport is not None and not self.transport.is_closing():
+            # Read before the write: the tester cannot receive the answer earlier than this.
+            t = time.monotonic()
             self.transport.write(resp)
+            if index is not None:
+                self.server.truth.append((index, arrival, t))
 
 
 async def main() -> None:

@@ -11,13 +11,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from requires import requires
 from scalelab.cli import run
 from scalelab.lab.core.records import read_records
 
-pytest.importorskip("grpc")
+requires("grpc")
 # the serve tests' model repository and server helpers (one tiny flights-like model)
 sys.path.insert(0, str(Path(__file__).parents[2] / "system" / "serve"))
-from serve_fixtures import Server, add_model, free_port, start_server
+from serve_fixtures import Server, add_model, free_port, start_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
