@@ -37,16 +37,9 @@ from scalelab.cli._sweep import (
 )
 from scalelab.cli._sweep import fmt_ms as _ms
 from scalelab.lab.core.errors import BadInputError, BadUsageError
-from scalelab.lab.core.records import Record, append_records, new_experiment_id, read_records
+from scalelab.lab.core.records import append_records, new_experiment_id, read_records
 from scalelab.lab.core.units import parse_duration
-from scalelab.lab.load.capacity import (
-    CapacityResult,
-    SearchConfig,
-    Step,
-    StepRule,
-    quantile_ci_ms,
-    search,
-)
+from scalelab.lab.load.capacity import CONFIRM_S, CapacityResult, SearchConfig, StepRule
 from scalelab.lab.load.cluster import Cluster
 from scalelab.lab.load.histogram import LatencyHistogram
 from scalelab.lab.load.http.result import (
@@ -57,6 +50,7 @@ from scalelab.lab.load.http.result import (
     to_record,
 )
 from scalelab.lab.load.http.run import LoadPlan, run_load
+from scalelab.lab.load.http.search import HttpSearch
 from scalelab.lab.load.result import DEFAULT_AVAILABILITY
 from scalelab.lab.load.schedule import ARRIVALS
 from scalelab.lab.load.server.reader import level_signals, start_reader
@@ -225,7 +219,7 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
 
 def _level_json(r: LoadResult, lines: list[Any] | None,
                 availability: float | None = None) -> dict[str, Any]:
-    d = {k: v for k, v in r.__dict__.items() if k != "hist_blob"}
+    d = {k: v for k, v in r.__dict__.items() if k not in ("hist_blob", "steady")}
     d["healthy"] = r.healthy(availability)
     d["budget"] = lines
     return d
@@ -326,6 +320,10 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="poisson",
               show_default=True)
 @click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per step.")
+@click.option("--confirm", default=f"{CONFIRM_S:g}s", show_default=True,
+              help="Confirm the answer by a run this long at its rate (never stopped early); a "
+                   "failed confirmation sends the search below it. 0 skips it (the answer is "
+                   "then unconfirmed).")
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
 @click.option("--experiment", help="Experiment id for the records.")
 @click.option("--plot", type=click.Path(path_type=Path),
@@ -337,18 +335,20 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
              fails_at: float | None, precision: str, confidence: str, min_step: str,
              max_step: str, min_requests: str, max_steps: int, invalid_retries: int,
-             arrival: str, warmup: str, records: Path | None, experiment: str | None,
-             plot: Path | None, cluster_address: str | None, as_json: bool, **kw: Any) -> None:
+             arrival: str, warmup: str, confirm: str, records: Path | None,
+             experiment: str | None, plot: Path | None, cluster_address: str | None,
+             as_json: bool, **kw: Any) -> None:
     """Find the highest arrival rate meeting the SLO (exponential search, then bisection).
 
     \b
-    Exit status: 0 a rate met the objectives; 1 no tried rate met them; 2 bad usage or
-    input; 70 internal error; 130 interrupted.
+    Exit status: 0 a rate met the objectives (and held in its confirmation run); 1 no tried
+    rate met them, or none held in a confirmation; 2 bad usage or input; 70 internal error;
+    130 interrupted.
     """
     with open_cluster(cluster_address) as cluster:
         _capacity(url, slo, error_budget, start, max_rate, precision, confidence, min_step,
                   max_step, min_requests, max_steps, invalid_retries, arrival, warmup, records,
-                  experiment, plot, as_json, kw, cluster, fails_at=fails_at)
+                  experiment, plot, as_json, kw, cluster, fails_at=fails_at, confirm=confirm)
 
 
 def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
@@ -356,7 +356,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
               max_steps: int, invalid_retries: int, arrival: str, warmup: str,
               records: Path | None, experiment: str | None, plot: Path | None, as_json: bool,
               kw: dict[str, Any], cluster: Cluster | None, *,
-              fails_at: float | None = None) -> None:
+              fails_at: float | None = None, confirm: str = f"{CONFIRM_S:g}s") -> None:
     objective = parse_slo(slo, error_budget=error_budget)
     conf = fraction(confidence, what="--confidence")
     rule = StepRule(slo=objective, confidence=conf,
@@ -371,53 +371,37 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
                        fails_at=fails_at)
     target, reqs, kind = build_requests(url, kw)
     warm = parse_duration(warmup, what="--warmup")
+    confirm_s = parse_duration(confirm, what="--confirm")
     exp = experiment or new_experiment_id("capacity")
     obj = objective.latency[0]
-    recs: list[Record] = []
     tried: list[LoadResult] = []
 
-    def run_step(rate: float) -> Step:
-        progress.advance(f"capacity step: {rate:.1f} req/s")
+    def on_step(rate: float, confirmation: bool) -> None:
+        what = "confirmation" if confirmation else "capacity step"
+        progress.advance(f"{what}: {rate:.1f} req/s")
         if not as_json and not progress_shown():
-            err_console.print(f"[dim]capacity step: {rate:.1f} req/s ...[/]")
-        plan = LoadPlan(engine=engine_config(target, reqs, "open", kw, warm), rate=rate,
-                        arrival=arrival, duration_s=rule.max_step_s,  # type: ignore[arg-type]
-                        seed=kw["seed"] + len(recs), cold_start=not recs)
-        # Across hosts a step cannot be stopped early: it runs its full --max-step.
-        r = run_load(plan, stop_check=None if cluster else rule.should_stop,
-                     slo_threshold_s=obj.threshold_s, cluster=cluster)
+            err_console.print(f"[dim]{what}: {rate:.1f} req/s ...[/]")
+
+    def ran(r: LoadResult) -> None:
         check_ran(r, url)
         tried.append(r)
-        verdict = rule.step_verdict(sent=r.requests, ok=r.successes, within=r.within_slo,
-                                    errors=r.failures)
-        hist = LatencyHistogram.decode(r.hist_blob)
-        step = Step(rate=rate, verdict=verdict, requests=r.requests,
-                    throughput_rps=r.throughput_rps, quantile_ms=hist.quantile_ms(obj.quantile),
-                    quantile_ci_ms=quantile_ci_ms(hist, obj.quantile, conf),
-                    error_rate=r.failure_rate, valid=r.valid, wall_s=r.wall_s,
-                    requests_needed=needed,
-                    extras={"invalid_reasons": r.invalid_reasons, "lag_p99_ms": r.lag_p99_ms})
-        recs.append(to_record(r, experiment=exp, url=url, slo=objective.label,
-                              extra={"payload": kind, "capacity_step": len(recs),
-                                     "verdict": step.verdict, "requests_needed": needed}))
-        return step
 
+    runner = HttpSearch(engine=engine_config(target, reqs, "open", kw, warm), rule=rule,
+                        arrival=arrival, seed=kw["seed"], confirm_s=confirm_s,  # type: ignore[arg-type]
+                        cluster=cluster, experiment=exp, url=url, extra={"payload": kind},
+                        on_step=on_step, check=ran)
     with live_progress("capacity", total=max_steps) as progress:
-        res = search(run_step, cfg)
-    # A rate is tried again only when its step was invalid, and then the last try is the one
-    # the search counted: every record of a rate carries that verdict, so a reader grouping
-    # records by rate (the diagnose sheet) sees what the search decided.
-    counted = {s.rate: s.verdict for s in res.steps}
-    recs = [r.model_copy(update={"extras": {**r.extras, "rate_verdict": counted[s.rate]}})
-            for r, s in zip(recs, res.steps, strict=True)]
+        res = runner.run(cfg)
     if records is not None:
-        append_records(records, recs)
+        append_records(records, runner.records)
     if plot is not None:
         _plot_curve(res, obj.label, plot)
     doc = {"url": url, "slo": objective.label, "confidence": conf, "experiment": exp,
            "step_requests": needed,
            "step_rule": "auto" if min_requests == "auto" else "given",
            "capacity_rps": res.capacity_rps, "interval_rps": list(res.interval_rps),
+           "confirmed_rps": res.confirmed_rps, "confirm_s": confirm_s,
+           "generator_limit_rps": res.generator_limit_rps, "answer": res.answer(),
            "fails_at": fails_at,
            "converged": res.converged, "knee_rps": res.knee_rps,
            "steps": [s.__dict__ for s in res.steps],
@@ -426,6 +410,9 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
     if res.capacity_rps is None:
         exit_if_all_failed(tried, url)  # every step's every request failed: the cause
         exit_if_missed([f"{objective.label} at every rate tried"])
+    if confirm_s > 0 and res.confirmed_rps is None:
+        exit_if_missed([f"{objective.label} in the confirmation run: the answer is not "
+                        "confirmed (raise --max-steps to search further below it)"])
 
 
 def _int(text: str, *, what: str) -> int:
@@ -439,13 +426,15 @@ def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> No
     t = Table(title=f"capacity search {doc['url']} for {doc['slo']}", box=box.SIMPLE,
               pad_edge=False, collapse_padding=True)
     for col in ("step", "rate", "verdict", "requests", "ok/s", "q ms", "CI ms", "errors",
-                "valid"):
+                "steady", "valid"):
         t.add_column(col, justify="right")
     for i, s in enumerate(res.steps):
         lo, hi = s.quantile_ci_ms
-        t.add_row(str(i + 1), f"{s.rate:.1f}", s.verdict, str(s.requests),
-                  f"{s.throughput_rps:.1f}", _ms(s.quantile_ms), f"[{_ms(lo)}, {_ms(hi)}]",
-                  f"{s.error_rate:.2%}", "yes" if s.valid else "NO")
+        steady = "-" if s.steady is None else "yes" if s.steady.steady else "NO"
+        t.add_row(f"{i + 1}{' (confirm)' if s.confirmation else ''}", f"{s.rate:.1f}",
+                  s.verdict, str(s.requests), f"{s.throughput_rps:.1f}", _ms(s.quantile_ms),
+                  f"[{_ms(lo)}, {_ms(hi)}]", f"{s.error_rate:.2%}", steady,
+                  "yes" if s.valid else "NO")
     c.print(t)
     c.print(f"each step decides only after {doc['step_requests']:,} requests"
             + (" (sized for the quantile: LoadGen's early-stopping test passing a server that "
@@ -454,13 +443,16 @@ def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> No
         reasons = s.extras.get("invalid_reasons")
         for reason in reasons if isinstance(reasons, list) else []:
             c.print(f"[yellow]step {i + 1} invalid:[/] {reason}")
+        why = s.extras.get("why")
+        for reason in why if isinstance(why, list) else []:
+            c.print(f"[yellow]step {i + 1} failed:[/] {reason}")
     lo, hi = res.interval_rps
     if res.capacity_rps is None:
         c.print(f"no tried rate met {doc['slo']} (lowest failing: {_ms(hi)} req/s)")
     else:
-        c.print(f"capacity: {res.capacity_rps:.1f} req/s, interval [{_ms(lo)}, "
-                f"{_ms(hi)}] req/s at {doc['confidence']:.0%} per step"
-                + ("" if res.converged else " (not converged: raise --max-steps)"))
+        c.print(f"{res.answer()}; interval [{_ms(lo)}, {_ms(hi)}] req/s at "
+                f"{doc['confidence']:.0%} per step"
+                + ("" if res.converged or res.at_least else " (not converged: raise --max-steps)"))
     if res.knee_rps is not None:
         c.print(f"knee of the latency-throughput curve: {res.knee_rps:.1f} req/s")
 

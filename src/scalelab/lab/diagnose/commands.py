@@ -179,6 +179,8 @@ class LoadCapacity(_LoadTarget):
     min_step: str | None = None
     max_step: str | None = None
     max_steps: int | None = None
+    confirm: str | None = None
+    """Length of the confirmation run of the answer (`load capacity --confirm`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

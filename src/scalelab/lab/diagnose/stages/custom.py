@@ -46,6 +46,7 @@ from scalelab.lab.diagnose.stages.serve_curve import (
     search_requests,
     step_seconds,
 )
+from scalelab.lab.diagnose.stages.serve_search import confirm_length
 from scalelab.lab.diagnose.stages.sized_load import least_s, sized_levels
 from scalelab.lab.diagnose.steps import Step, restage
 
@@ -145,7 +146,8 @@ def _search(c: CustomStage, rec: Path, start: float | None = None) -> LoadCapaci
                         header=c.header_flags(), api_key_env=c.api_key_env,
                         max_rate=c.base_rate * max(c.levels) * 20, min_step=f"{floor_s / 2:g}s",
                         max_step=f"{step_s:g}s", max_steps=c.capacity_max_steps, warmup="0.5s",
-                        records=rec, payload="json" if c.body else None,
+                        records=rec, confirm=confirm_length(c.capacity_step),
+                        payload="json" if c.body else None,
                         body=Path(c.body) if c.body else None)
 
 

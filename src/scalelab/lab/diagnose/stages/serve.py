@@ -79,9 +79,10 @@ the batching servers follow them into OUT/traces/serve-batching-<setting>.jsonl,
 report attributes (its p99 lines)."""
 TRACES = "traces"
 RECOVERY_UNKNOWN = "none known (the endpoint's own is not visible to the load test)"
-CAPACITY_SEARCH_S = 22.0
+CAPACITY_SEARCH_S = 33.0
 """One capacity search of a user's endpoint (`stages.serve.url`, custom `load` stages): the
-2-core reference run, 22 s each."""
+2-core reference run, 22 s each, plus its 10 s confirmation run (`serve_search.SEARCH_CONFIRM`)
+and the warm-up before it."""
 
 
 def _measured(r: Record, *, url: str, usd: float, repeat: int) -> Record:

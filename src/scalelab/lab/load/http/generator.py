@@ -41,6 +41,7 @@ from scalelab.lab.load.http.connection import Connection, HttpConnection, Protoc
 from scalelab.lab.load.pool import Pool
 from scalelab.lab.load.result import Part
 from scalelab.lab.load.send import SendConfig
+from scalelab.lab.load.steady import SteadyTrace, trace_of
 
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "protocol", "tls", "other")
 MAX_OPENING = 256
@@ -74,6 +75,8 @@ class HttpPart(Part):
     """Wall seconds those two cover."""
     machine_busy_cores: float | None = None
     """Busy cores of the whole machine over the same span (/proc/stat), this process included."""
+    steady: SteadyTrace | None = None
+    """Open loop: what the steady-state tests of a capacity step read (`load.steady`)."""
 
 
 @dataclass(kw_only=True)
@@ -102,6 +105,9 @@ class HttpDriver(Driver[HttpPart, Progress]):
         # Latencies in µs, appended in the hot path (~50 ns) and put into the histogram once at
         # the end (a histogram update costs ~3 µs in Python); 8 bytes per measured request.
         self._lat_us = array("q")
+        # Due times of the same successes (8 bytes each): latency against time, for the
+        # steady-state test of a capacity step (`load.steady`).
+        self._due_ok = array("d")
         # Completion times of every success, warm-up included (8 bytes each): the served rate
         # inside the window, whatever requests the server was busy with.
         self._done_t = array("d")
@@ -128,6 +134,7 @@ class HttpDriver(Driver[HttpPart, Progress]):
             if 200 <= status < 300:
                 lat = now - due
                 self._lat_us.append(int(lat * 1e6))
+                self._due_ok.append(due)
                 res.ok += 1
                 if lat <= self._thr:
                     res.within += 1
@@ -403,7 +410,13 @@ class HttpDriver(Driver[HttpPart, Progress]):
     def _finish(self) -> HttpPart:
         self._cpu_stop()
         res = super()._finish()
-        self.hist.record_us(np.frombuffer(self._lat_us, dtype=np.int64))
+        lat_us = np.frombuffer(self._lat_us, dtype=np.int64)
+        if self.cfg.mode == "open":
+            res.steady = trace_of(res.window_start, res.last_due,
+                                  np.frombuffer(self._due_ok, dtype=np.float64), lat_us / 1e6,
+                                  np.frombuffer(self._done_t, dtype=np.float64), res.sent)
+        self._due_ok = array("d")
+        self.hist.record_us(lat_us)
         self._lat_us = array("q")
         res.hist_blob = self.hist.encode()
         window = self._window()

@@ -32,6 +32,7 @@ from scalelab.lab.load.histogram import LatencyHistogram, Percentiles
 from scalelab.lab.load.http.generator import HttpPart
 from scalelab.lab.load.result import NOTHING_MEASURED, LevelResult, Tally, finite
 from scalelab.lab.load.schedule import Mode
+from scalelab.lab.load.steady import SteadyTrace, merge_traces
 
 RATE_TOLERANCE = 0.02
 """A level is invalid when it sent more than this share below its schedule's rate."""
@@ -119,6 +120,8 @@ class LoadResult(LevelResult):
     """What the generator got of the CPU (None where it was not measured)."""
     hist_blob: str = field(repr=False)
     """Merged HdrHistogram (base64), so any threshold can be evaluated later."""
+    steady: SteadyTrace | None = field(default=None, repr=False)
+    """Open loop: the processes' steady-state traces added up (`load.steady`)."""
 
 
 def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
@@ -187,6 +190,8 @@ def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
         warmup_requests=tally.warmup_requests, stopped_early=stopped,
         generator_cpu=gcpu,
         hist_blob=hist.encode(),
+        steady=(merge_traces([p.steady for p in parts if p.steady is not None])
+                if any(p.steady is not None for p in parts) else None),
         traced_requests=tally.traced_requests, trace_ids=tally.trace_ids,
     )
 
