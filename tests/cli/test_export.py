@@ -56,7 +56,8 @@ def test_load_run_writes_its_levels_and_every_json_has_a_schema_version(
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}/"
         out = tmp_path / "levels.csv"
-        assert run(["load", url, "--rates", "20,40", "--duration", "0.5s", "--warmup", "0s",
+        assert run(["load", url, "--rates", "20,40", "--arrival", "constant", "--duration", "0.5s",
+                    "--warmup", "0s",
                     "--output", str(out), "--plot", str(tmp_path / "l.png"), "--json"]) == 0
         assert (tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"
         doc = json.loads(capsys.readouterr().out)

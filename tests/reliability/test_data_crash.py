@@ -1,7 +1,9 @@
 """Crash consistency of `scalelab data run` (issue 9, item 3).
 
 A real `scalelab data run` subprocess writing a new dataset version over an existing one is
-SIGKILLed, then the published directory, its manifest and the lineage store are checked:
+SIGKILLed, then the published directory, its manifest and the lineage store are checked
+(the published files byte for byte against the complete versions built apart, hashed by hashlib,
+besides the manifest's digests recomputed):
 
 - **at every publish step** (deterministic sweep): a small harness (this file, not the product)
   wraps ``os.replace`` and the pipeline's atomic directory exchange in the child and SIGKILLs
@@ -16,11 +18,13 @@ a mix, never a half-written file) whose recomputed digest equals its manifest's;
 mode a kill between the two renames may leave the name empty with the old version beside it,
 and the next run restores it. No output the run did not finish is registered in lineage. Then a
 rerun completes and reconciles. SCALELAB_LONG=1 sweeps every step and kills 50 times at random;
-the default is a bounded subset.
+the default kills at the first step, one in the middle, around the swap in both modes, and twice
+at random.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -172,6 +176,13 @@ def _check_version(w: World, d: Path) -> None:
     m = read_manifest(d)
     assert m.digest in w.digests.values()
     assert sorted(os.listdir(d)) == sorted([*m.files, "manifest.json"])
+    # Independently of the product's digest functions: every file is byte for byte the file
+    # of the complete version built apart (sha256 of the bytes, hashlib's own).
+    ref = w.tmp / f"ref-{next(k for k, v in w.digests.items() if v == m.digest)}"
+    assert sorted(os.listdir(ref)) == sorted(os.listdir(d))
+    for name in m.files:
+        assert hashlib.sha256((d / name).read_bytes()).digest() == \
+            hashlib.sha256((ref / name).read_bytes()).digest(), name
     digest, files = dir_digest(d)
     assert digest == m.digest
     for name, entry in m.files.items():
@@ -208,8 +219,11 @@ def _sweep_points(w: World) -> list[tuple[str, int, str]]:
                 for n in range(1, w.steps[mode] + 1) for when in ("before", "after")]
     # The last step of a publish is the directory swap (exchange) or the second rename
     # (fallback): kill right before and after it, and in fallback between the two renames.
+    # And two steps earlier: the first (nothing of the new version anywhere yet) and one in
+    # the middle (the stats and manifest being written into the staging copy).
     ex, fb = w.steps["exchange"], w.steps["fallback"]
-    return [("exchange", ex, "before"), ("exchange", ex, "after"), ("fallback", fb, "before")]
+    return [("exchange", 1, "before"), ("exchange", max(2, ex // 2), "after"),
+            ("exchange", ex, "before"), ("exchange", ex, "after"), ("fallback", fb, "before")]
 
 
 def test_kill_at_every_publish_step(world: World) -> None:

@@ -369,3 +369,26 @@ def test_parquet_time_hour_of_any_type(column: pa.Array, tmp_path: Path,
     res = json.loads(cap.out)
     want = {"type": n - column.null_count, "required": column.null_count}
     assert res["quarantine_by_rule"] == {k: v for k, v in want.items() if v}
+
+
+def test_exact_and_key_duplicates_reconcile_exactly(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # The fuzzer's rows repeat BASE rows whole (exact duplicates) but never share a flight key
+    # with different content, so the key-duplicate term of the reconciliation needs its own case:
+    # BASE[1] again with another tail number is the same flight (same key, same delay class).
+    t = FLIGHT_COLUMNS.index("tailnum")
+    rekeyed = list(BASE[1])
+    rekeyed[t] = "N0DUP1"
+    rows = [BASE[0], BASE[0], BASE[1], tuple(rekeyed), BASE[2]]
+    src, ds = tmp_path / "dups.csv", tmp_path / "ds"
+    src.write_text("\n".join([",".join(FLIGHT_COLUMNS), *(",".join(
+        "NA" if v is None else v for v in r) for r in rows)]) + "\n")
+    got = run(["data", "run", "--input", str(src), "--out", str(ds), "--no-register",
+               "--no-stats", "--json"])
+    cap = capsys.readouterr()
+    assert got == 0, cap.err
+    _check(got, cap.out, cap.err, ds, 5)
+    res = json.loads(cap.out)
+    assert (res["exact_duplicates"], res["key_duplicates"]) == (1, 1)
+    assert res["reconciliation"] == {"rows_in": 5, "rows_out": 3, "quarantined": 0,
+                                     "deduplicated": 2, "holds": True}

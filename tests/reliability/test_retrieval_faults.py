@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from requires import requires
 from scalelab.cli import run
 from scalelab.layers.lineage.manifest import MANIFEST_FILE
 from scalelab.layers.web.spawn import Spawned, start_server
@@ -37,8 +38,8 @@ from scalelab.system.retrieval.retriever import build_index_dir
 from scalelab.system.retrieval.store import INDEX_FILE, load_index
 
 pytestmark = pytest.mark.reliability
-pytest.importorskip("faiss")
-pytest.importorskip("hnswlib")
+requires("faiss")
+requires("hnswlib")
 
 SPECS = ("exact", "faiss:Flat", "hnswlib:M=8,ef_construction=50")
 QUERY = "Carrier code UA is United Air Lines Inc."

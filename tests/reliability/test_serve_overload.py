@@ -7,7 +7,9 @@ machine, where each forward also costs the net itself and thread switches). We o
 Promises checked: every request is answered (200, 429 with Retry-After, or 504) — the load
 tester's count of requests equals its count of answers, with no timeouts, refused or reset
 connections; the process stays up; accepted requests' p99 stays within the bound below; and
-after the load stops, single-request latency is back at its baseline within seconds.
+after the load stops, single-request latency is back at its baseline within seconds. The
+queue bound itself is held by the server's own measure: its `scalelab_queue_depth` gauge, read
+from /metrics throughout the run, never above max_queue_size + 1 (the job being batched).
 
 The latency bound for accepted requests: a request is admitted only while fewer than
 max_queue_size (8) are queued, so it waits for at most 8 forwards plus its own: 9 x 20 ms =
@@ -80,6 +82,20 @@ def _side_requests(url: str, out: list[httpx.Response], stop: threading.Event) -
                 t.join()
 
 
+def _queue_depths(url: str, out: list[float], stop: threading.Event) -> None:
+    """While the load runs: the server's own queue depth (`scalelab_queue_depth` of the delay
+    model, from /metrics by Prometheus's parser), as often as it answers."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with httpx.Client(timeout=30) as c:
+        while not stop.is_set():
+            text = c.get(f"{url}/metrics").text
+            for fam in text_string_to_metric_families(text):
+                if fam.name == "scalelab_queue_depth":
+                    out += [s.value for s in fam.samples if s.labels.get("model") == "delay"]
+            time.sleep(0.005)
+
+
 def test_three_times_capacity_every_request_answered(server: Server) -> None:
     url = server.url
     with httpx.Client(timeout=30) as client:
@@ -89,14 +105,18 @@ def test_three_times_capacity_every_request_answered(server: Server) -> None:
 
         side: list[httpx.Response] = []
         stop = threading.Event()
+        depths: list[float] = []
         t = threading.Thread(target=_side_requests, args=(url, side, stop))
+        watch = threading.Thread(target=_queue_depths, args=(url, depths, stop))
         t.start()
+        watch.start()
         try:
             level = run_load(url, "delay", "--rate", str(RATE), "--duration", f"{DURATION_S}s",
                              "--warmup", "0s", "--arrival", "constant", "--timeout", "30s")
         finally:
             stop.set()
             t.join()
+            watch.join()
 
         # count sent == count answered: every failure is an HTTP status, and only 429 / 504
         sent = level["requests"]
@@ -116,6 +136,11 @@ def test_three_times_capacity_every_request_answered(server: Server) -> None:
             if r.status_code == 429:
                 assert int(r.headers["retry-after"]) >= 1
 
+        # The promise itself, by the server's own measure rather than by wall time: its queue
+        # never held more than max_queue_size jobs plus the one being batched, and at 3x
+        # capacity it was full (so a queue admitting more would have shown it).
+        assert len(depths) > 20 and max(depths) <= QUEUE + 1, (len(depths), max(depths))
+        assert max(depths) >= QUEUE, sorted(depths)[-5:]
         # accepted requests' p99 within deadline + one forward (+ slack, see the docstring)
         p99 = level["latency"]["p99_ms"]
         queue_bound = (QUEUE + 1) * BATCH_MS

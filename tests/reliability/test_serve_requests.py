@@ -1,5 +1,6 @@
 """Issue 9 item 5: bad requests against a real server — no 5xx for any request schemathesis
-generates from the server's own OpenAPI document, 413 for oversized bodies, 400/422 naming the
+generates from the server's own OpenAPI document and no 2xx for a body it generates to break
+that document (negative mode), 413 for oversized bodies, 400/422 naming the
 field for a table of malformed tensors, and slow clients (slowloris) that neither starve others
 nor keep their connections."""
 
@@ -64,6 +65,7 @@ def test_schemathesis_no_5xx(server: Server) -> None:
 
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
     failures: list[str] = []
+    negatives: list[int] = []  # statuses of the bodies generated to break the schema
     seen: dict[str, dict[int, int]] = {}
     results: list[Any] = list(schema.get_all_operations())
     ops = [r.ok() for r in results]  # raises on an operation the schema cannot describe
@@ -83,8 +85,9 @@ def test_schemathesis_no_5xx(server: Server) -> None:
         headers = {"Authorization": f"Bearer {TOKEN}"} if admin and "unload" not in op.path \
             else {}
         counts = seen.setdefault(f"{op.method.upper()} {op.path}", {})
-        _fuzz(server.url, strategies, headers, counts, failures)
+        _fuzz(server.url, strategies, headers, counts, failures, negatives)
     assert not failures, "\n".join(failures[:10])
+    assert len(negatives) >= 10, negatives  # malformed bodies were sent, not just valid ones
     assert server.proc.poll() is None
     assert "Traceback" not in server.logs()
     total = sum(sum(c.values()) for c in seen.values())
@@ -92,9 +95,10 @@ def test_schemathesis_no_5xx(server: Server) -> None:
 
 
 def _fuzz(url: str, strategies: list[Any], headers: dict[str, str], counts: dict[int, int],
-          failures: list[str]) -> None:
+          failures: list[str], negatives: list[int]) -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
+    from schemathesis.core.parameters import ParameterLocation
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
@@ -104,6 +108,13 @@ def _fuzz(url: str, strategies: list[Any], headers: dict[str, str], counts: dict
         counts[r.status_code] = counts.get(r.status_code, 0) + 1
         if r.status_code >= 500:
             failures.append(f"{r.status_code} {case.as_curl_command()} -> {r.text[:300]}")
+        # A body that breaks the server's own schema must be refused (4xx), never served:
+        # answered 2xx, the server read something its document says it does not take.
+        elif case.meta is not None and case.meta.is_negative_at(ParameterLocation.BODY):
+            negatives.append(r.status_code)
+            if r.status_code < 400:
+                failures.append(f"malformed body answered {r.status_code}: "
+                                f"{case.as_curl_command()} -> {r.text[:300]}")
 
     check()
 

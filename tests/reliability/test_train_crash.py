@@ -20,7 +20,8 @@ checkpoints never exceed `keep`; and the final weights and the whole loss curve 
 to an uninterrupted run with the same seed (which saves no checkpoints at all).
 
 Default (`make test`): 3 trials — two one-process trials with 3 kills between them (a torn file,
-a kill between rename and prune, a whole-job kill) and one two-process torchrun restart.
+a kill between rename and prune, then the newest checkpoint truncated on disk; a whole-job kill)
+and one two-process torchrun restart.
 SCALELAB_LONG=1: 36 seeded trials cycling through every kill point, half with 2 processes.
 With SCALELAB_TRAIN_CRASH_LOG=<file>, each trial appends a JSON line of what it hit.
 """
@@ -63,8 +64,11 @@ LONG = bool(os.environ.get("SCALELAB_LONG"))
 KINDS = [*CRASH_POINTS, JOB]
 
 BOUNDED = [
+    # ... then the newest complete checkpoint truncated on disk: its checksum, not its name,
+    # decides (a loader taking the newest folder unverified fails here)
     Trial(seed=1, world=1, mode="rerun", kills=[Kill(point="ckpt-torn", step=6),
-                                                Kill(point="ckpt-renamed", step=10)]),
+                                                Kill(point="ckpt-renamed", step=10)],
+          corrupt_newest=True),
     Trial(seed=3, world=1, mode="rerun", kills=[Kill(point=JOB, step=4)]),
     Trial(seed=4, world=2, mode="restart", kills=[Kill(point="ckpt-marked", step=4)]),
 ]

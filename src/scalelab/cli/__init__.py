@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "diagnose": (
         "scalelab.cli.diagnose",
         "diagnose",
-        "The main job: scale all four stages, name the one that breaks.",
+        "The main job: scale all seven stages, name the one that breaks.",
     ),
     "report": ("scalelab.cli.diagnose", "report", "Rebuild a diagnosis report from records."),
     "plan": (

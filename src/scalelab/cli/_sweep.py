@@ -40,7 +40,7 @@ def level_options(*, rate_help: str, concurrency_help: str, loop_default: str, l
                      show_default=True, help=loop_help),
         click.option("--multiples", default=DEFAULT_MULTIPLES, show_default=True,
                      help=multiples_help),
-        arrival_option("constant" if loop_default == "open" else "poisson"),
+        arrival_option("poisson"),
         arrival_options,
         click.option("--duration", help="Measured time per level (default 10s), warm-up excluded."),
         click.option("--requests", "n_requests", type=int,

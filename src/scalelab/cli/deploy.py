@@ -36,7 +36,7 @@ def app() -> None:
               type=click.Choice(["queue", "inflight", "cpu"]),
               help="Scale on queue depth or in-flight requests per pod, or on CPU.")
 @click.option("--target", default=None, type=float,
-              help="Per-pod target (queue 8, inflight 16, cpu 70%% by default).")
+              help="Per-pod target (queue 8, inflight 16, cpu 70% by default).")
 @click.option("--startup-seconds", default=None, type=float,
               help="Pod startup time; measured by starting the server here when omitted.")
 @click.option("--port", default=8000, show_default=True, type=int)

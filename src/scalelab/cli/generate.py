@@ -20,7 +20,7 @@ from scalelab.cli._device import on_device
 from scalelab.cli._governance import governance_file, governance_option
 from scalelab.cli._output import emit, json_option, stacked
 from scalelab.cli._tracing import trace_config, trace_options
-from scalelab.lab.core.units import parse_size
+from scalelab.lab.core.units import parse_duration, parse_size
 
 
 @click.group()
@@ -106,8 +106,9 @@ def _engine_dict(kv_cache_bytes: str, block_size: int, max_num_seqs: int,
               help="Longest prompt accepted (default: max-model-len - 1).")
 @click.option("--max-output-tokens", default=1024, show_default=True, type=int,
               help="Largest max_tokens a request may ask for (400 above).")
-@click.option("--request-timeout", default=120.0, show_default=True, type=float,
-              help="Per-request deadline in seconds (504, or an error event mid-stream).")
+@click.option("--request-timeout", default="120s", show_default=True,
+              help="Per-request deadline, e.g. 120s, 2m or 120 (seconds) (504, or an error "
+                   "event mid-stream).")
 @click.option("--max-body", default="1MiB", show_default=True,
               help="Largest request body; larger ones get 413.")
 @click.option("--read-timeout", default=10.0, show_default=True, type=float,
@@ -126,7 +127,7 @@ def serve_cmd(governance: Path | None, api_key: str | None,
               weights: str, torch_threads: int | None, seed: int, host: str, port: int,
               max_waiting: int,
               max_prompt_tokens: int | None,
-              max_output_tokens: int, request_timeout: float, max_body: str,
+              max_output_tokens: int, request_timeout: str, max_body: str,
               read_timeout: float, log_level: str, trace_sample: float, trace_out: str | None,
               otlp_endpoint: str | None) -> None:
     """Serve /v1/completions, /v1/chat/completions (stream or not), /v1/models, /health,
@@ -140,7 +141,8 @@ def serve_cmd(governance: Path | None, api_key: str | None,
                             max_model_len, prefix_cache, speculative, num_draft, contiguous,
                             packed_weights, weights),
         max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens,
-        max_output_tokens=max_output_tokens, request_timeout_s=request_timeout,
+        max_output_tokens=max_output_tokens,
+        request_timeout_s=parse_duration(request_timeout, what="--request-timeout"),
         max_body_bytes=parse_size(max_body, what="--max-body"), torch_threads=torch_threads,
         seed=seed, governance_file=governance_file(governance),
         trace=trace_config(trace_sample, trace_out, otlp_endpoint),

@@ -15,7 +15,15 @@ from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
-from scalelab.cli._load_requests import build_requests, check_ran, engine_config, request_options
+from scalelab.cli._load_requests import (
+    build_requests,
+    check_ran,
+    engine_config,
+    exit_if_all_failed,
+    failures_cell,
+    header_names,
+    request_options,
+)
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option
 from scalelab.cli._progress import live_progress
 from scalelab.cli._progress import shown as progress_shown
@@ -30,16 +38,9 @@ from scalelab.cli._sweep import (
 from scalelab.cli._sweep import fmt_ms as _ms
 from scalelab.lab.core.errors import BadInputError, BadUsageError
 from scalelab.lab.core.objectives import parse_percent
-from scalelab.lab.core.records import Record, append_records, new_experiment_id, read_records
+from scalelab.lab.core.records import append_records, new_experiment_id, read_records
 from scalelab.lab.core.units import parse_duration
-from scalelab.lab.load.capacity import (
-    CapacityResult,
-    SearchConfig,
-    Step,
-    StepRule,
-    quantile_ci_ms,
-    search,
-)
+from scalelab.lab.load.capacity import CONFIRM_S, CapacityResult, SearchConfig, StepRule
 from scalelab.lab.load.cluster import Cluster
 from scalelab.lab.load.histogram import LatencyHistogram
 from scalelab.lab.load.http.result import (
@@ -50,6 +51,8 @@ from scalelab.lab.load.http.result import (
     to_record,
 )
 from scalelab.lab.load.http.run import LoadPlan, run_load
+from scalelab.lab.load.http.search import HttpSearch
+from scalelab.lab.load.result import DEFAULT_AVAILABILITY
 from scalelab.lab.load.schedule import ARRIVALS
 from scalelab.lab.load.server.reader import level_signals, start_reader
 from scalelab.lab.load.server_meter import ServerMeter
@@ -82,10 +85,12 @@ def app() -> None:
               help="Meter this local server process tree across each level: its CPU seconds "
                    "and peak resident memory go into the level's record (server_cpu_s, "
                    "server_peak_rss_bytes).")
-@click.option("--server-metrics",
+@click.option("--metrics-url", "server_metrics",
               help="With --server-pid: the server's /metrics URL; its "
                    "scalelab_responses_total before and after each level gives the level's "
                    "server_responses.")
+@click.option("--server-metrics", "server_metrics_old", hidden=True,
+              help="Old spelling of --metrics-url.")
 @click.option("--server-signals", is_flag=True,
               help="Read the server's side of each level into its record: its /metrics "
                    "(process_* metrics; vLLM, SGLang, TGI, llama.cpp, Triton, Ray Serve names) "
@@ -107,7 +112,7 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
         n_requests: int | None, warmup: str, processes: int, slo: str | None,
         error_budget: str | None, period: str, records: Path | None, experiment: str | None,
         no_cold_start: bool, server_pid: int | None, server_metrics: str | None,
-        server_signals: bool, prometheus: str | None,
+        server_metrics_old: str | None, server_signals: bool, prometheus: str | None,
         trace_at: float | None, cluster_address: str | None, as_json: bool,
         **kw: Any) -> None:
     """Offer load to URL at each level; print percentiles, throughput, goodput, errors, lag.
@@ -119,7 +124,7 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
     arrival, rate, duration = resolve_arrival(kw, arrival=arrival, rate=rate, rates=rates,
                                               concurrency=concurrency, duration=duration,
                                               n_requests=n_requests, warmup=warmup)
-    meter = server_meter(server_pid, server_metrics)
+    meter = server_meter(server_pid, server_metrics or server_metrics_old)
     with open_cluster(cluster_address) as cluster:
         _run(url, rate, rates, concurrency, base, loop, multiples, arrival, duration, n_requests,
              warmup, processes, slo, error_budget, period, records, experiment, no_cold_start,
@@ -129,10 +134,10 @@ def run(url: str, rate: float | None, rates: str | None, concurrency: str | None
 
 def server_meter(pid: int | None, metrics: str | None) -> ServerMeter | None:
     """The meter of --server-pid (bad usage: a process that is not running, or
-    --server-metrics alone)."""
+    --metrics-url alone)."""
     if pid is None:
         if metrics:
-            raise BadUsageError("--server-metrics needs --server-pid PID (the server it "
+            raise BadUsageError("--metrics-url needs --server-pid PID (the server it "
                                 "counts responses of)")
         return None
     if not psutil.pid_exists(pid):
@@ -159,6 +164,8 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
     target, reqs, kind = build_requests(url, kw)
     exp = experiment or new_experiment_id("load")
     out: list[dict[str, Any]] = []
+    results: list[LoadResult] = []
+    avail = objective.availability if objective is not None else None
     for i, level, conc in each_level(sweep, mode, label=f"load {url}", clients="clients",
                                      as_json=as_json):
         marks = trace_at is None or level == trace_at
@@ -184,12 +191,13 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
         side = level_signals(reader, errors_by_status=r.errors_by_status,
                              requests=r.successes + r.failures)
         check_ran(r, url)
+        results.append(r)
         lines = None
         if objective is not None:
             lines = budget(objective, hist=LatencyHistogram.decode(r.hist_blob),
                            successes=r.successes, failures=r.failures, wall_s=r.wall_s,
                            period_s=period_s)
-        out.append({**_level_json(r, lines), "server": server or None,
+        out.append({**_level_json(r, lines, avail), "server": server or None,
                     "server_signals": side.model_dump() if side is not None else None})
         if records is not None:
             # One level at a time: what was measured stays even if a later level is cut short.
@@ -198,16 +206,22 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
                             extra={"payload": kind, **server})
             append_records(records, [rec.model_copy(update={"server": side})])
     doc = {"url": url, "payload": kind, "experiment": exp, "mode": mode,
+           "headers": header_names(target),
            "slo": objective.label if objective else None,
+           "availability": DEFAULT_AVAILABILITY if avail is None else avail,
+           "availability_given": avail is not None,
            "validity_rules": VALIDITY_RULES, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: _render_levels(c, doc))
+    exit_if_all_failed(list(results), url)
     exit_if_missed([f"{b.objective} at {level_of(lv):g}"
                     for lv in out for b in (lv["budget"] or []) if not b.met])
 
 
-def _level_json(r: LoadResult, lines: list[Any] | None) -> dict[str, Any]:
-    d = {k: v for k, v in r.__dict__.items() if k != "hist_blob"}
+def _level_json(r: LoadResult, lines: list[Any] | None,
+                availability: float | None = None) -> dict[str, Any]:
+    d = {k: v for k, v in r.__dict__.items() if k not in ("hist_blob", "steady")}
+    d["healthy"] = r.healthy(availability)
     d["budget"] = lines
     return d
 
@@ -216,18 +230,23 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
     t = Table(title=f"load {doc['url']} ({doc['mode']} loop, {doc['payload']}; latency ms)",
               box=box.SIMPLE, pad_edge=False, collapse_padding=True)
     for col in ("level", "sent/s", "ok/s", "good/s", "p50", "p95", "p99", "p99.9", "max",
-                "err", "lag p50/p99/max", "ok?"):
+                "failures", "lag p50/p99/max", "valid", "healthy"):
         t.add_column(col, justify="right")
     for lv in doc["levels"]:
         lat = lv["latency"]
         level = level_of(lv)
-        errs = ",".join(f"{k}:{v}" for k, v in lv["errors_by_kind"].items()) or "0"
         t.add_row(f"{level:g}", f"{lv['sent_rps']:.0f}", f"{lv['throughput_rps']:.0f}",
                   f"{lv['goodput_rps']:.0f}", _ms(lat.p50_ms), _ms(lat.p95_ms),
-                  _ms(lat.p99_ms), _ms(lat.p999_ms), _ms(lat.max_ms), errs,
+                  _ms(lat.p99_ms), _ms(lat.p999_ms), _ms(lat.max_ms), failures_cell(lv),
                   "/".join(_ms(lv[k]) for k in ("lag_p50_ms", "lag_p99_ms", "lag_max_ms")),
-                  "yes" if lv["valid"] else "NO")
-    c.print(t)
+                  "yes" if lv["valid"] else "NO", "yes" if lv["healthy"] else "NO")
+    # cut at 80 columns when stdout is not a terminal: print at the width it needs
+    (c if c.width >= 130 else Console(width=130, highlight=False, file=c.file)).print(t)
+    c.print(f"[dim]valid: the generator offered the load asked for; healthy: at least "
+            f"{doc['availability']:.3g} of the server's answers succeeded"
+            + ("" if doc["availability_given"] else " (the default availability objective)")
+            + "[/]")
+    _render_connections(c, doc["levels"])
     traced = sum(lv["traced_requests"] for lv in doc["levels"])
     if traced:
         c.print(f"traced: {traced} requests carried a sampled traceparent (ids in --json)")
@@ -242,6 +261,23 @@ def _render_levels(c: Console, doc: dict[str, Any]) -> None:
         _render_budget(c, [(level_of(lv), lv["budget"]) for lv in doc["levels"]], doc["slo"])
     if doc["records"]:
         c.print(f"records appended to {doc['records']}")
+
+
+def _render_connections(c: Console, levels: list[dict[str, Any]]) -> None:
+    """What the client saw of the server's connections: closes, resends, Retry-After."""
+    closes = sum(lv.get("server_closes", 0) for lv in levels)
+    retries = sum(lv.get("retries", 0) for lv in levels)
+    if closes:
+        c.print(f"the server closed {closes:,} connections (Connection: close, HTTP/1.0 or "
+                "idle); each was replaced by a new one, counted in connections")
+    if retries:
+        c.print(f"{retries:,} requests hit a kept-alive connection the server had closed "
+                "before answering and were sent once more on a fresh one")
+    ra = [lv["retry_after_max_s"] for lv in levels if lv.get("retry_after_count")]
+    if ra:
+        n = sum(lv["retry_after_count"] for lv in levels)
+        c.print(f"{n:,} refusals carried Retry-After (up to {max(ra):g} s): the server's "
+                "admission limit speaking")
 
 
 def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) -> None:
@@ -285,6 +321,10 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="poisson",
               show_default=True)
 @click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per step.")
+@click.option("--confirm", default=f"{CONFIRM_S:g}s", show_default=True,
+              help="Confirm the answer by a run this long at its rate (never stopped early); a "
+                   "failed confirmation sends the search below it. 0 skips it (the answer is "
+                   "then unconfirmed).")
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
 @click.option("--experiment", help="Experiment id for the records.")
 @click.option("--plot", type=click.Path(path_type=Path),
@@ -296,18 +336,20 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
              fails_at: float | None, precision: str, confidence: str, min_step: str,
              max_step: str, min_requests: str, max_steps: int, invalid_retries: int,
-             arrival: str, warmup: str, records: Path | None, experiment: str | None,
-             plot: Path | None, cluster_address: str | None, as_json: bool, **kw: Any) -> None:
+             arrival: str, warmup: str, confirm: str, records: Path | None,
+             experiment: str | None, plot: Path | None, cluster_address: str | None,
+             as_json: bool, **kw: Any) -> None:
     """Find the highest arrival rate meeting the SLO (exponential search, then bisection).
 
     \b
-    Exit status: 0 a rate met the objectives; 1 no tried rate met them; 2 bad usage or
-    input; 70 internal error; 130 interrupted.
+    Exit status: 0 a rate met the objectives (and held in its confirmation run); 1 no tried
+    rate met them, or none held in a confirmation; 2 bad usage or input; 70 internal error;
+    130 interrupted.
     """
     with open_cluster(cluster_address) as cluster:
         _capacity(url, slo, error_budget, start, max_rate, precision, confidence, min_step,
                   max_step, min_requests, max_steps, invalid_retries, arrival, warmup, records,
-                  experiment, plot, as_json, kw, cluster, fails_at=fails_at)
+                  experiment, plot, as_json, kw, cluster, fails_at=fails_at, confirm=confirm)
 
 
 def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
@@ -315,7 +357,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
               max_steps: int, invalid_retries: int, arrival: str, warmup: str,
               records: Path | None, experiment: str | None, plot: Path | None, as_json: bool,
               kw: dict[str, Any], cluster: Cluster | None, *,
-              fails_at: float | None = None) -> None:
+              fails_at: float | None = None, confirm: str = f"{CONFIRM_S:g}s") -> None:
     objective = parse_slo(slo, error_budget=error_budget)
     conf = fraction(confidence, what="--confidence")
     rule = StepRule(slo=objective, confidence=conf,
@@ -330,58 +372,48 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
                        fails_at=fails_at)
     target, reqs, kind = build_requests(url, kw)
     warm = parse_duration(warmup, what="--warmup")
+    confirm_s = parse_duration(confirm, what="--confirm")
     exp = experiment or new_experiment_id("capacity")
     obj = objective.latency[0]
-    recs: list[Record] = []
+    tried: list[LoadResult] = []
 
-    def run_step(rate: float) -> Step:
-        progress.advance(f"capacity step: {rate:.1f} req/s")
+    def on_step(rate: float, confirmation: bool) -> None:
+        what = "confirmation" if confirmation else "capacity step"
+        progress.advance(f"{what}: {rate:.1f} req/s")
         if not as_json and not progress_shown():
-            err_console.print(f"[dim]capacity step: {rate:.1f} req/s ...[/]")
-        plan = LoadPlan(engine=engine_config(target, reqs, "open", kw, warm), rate=rate,
-                        arrival=arrival, duration_s=rule.max_step_s,  # type: ignore[arg-type]
-                        seed=kw["seed"] + len(recs), cold_start=not recs)
-        # Across hosts a step cannot be stopped early: it runs its full --max-step.
-        r = run_load(plan, stop_check=None if cluster else rule.should_stop,
-                     slo_threshold_s=obj.threshold_s, cluster=cluster)
-        check_ran(r, url)
-        verdict = rule.step_verdict(sent=r.requests, ok=r.successes, within=r.within_slo,
-                                    errors=r.failures)
-        hist = LatencyHistogram.decode(r.hist_blob)
-        step = Step(rate=rate, verdict=verdict, requests=r.requests,
-                    throughput_rps=r.throughput_rps, quantile_ms=hist.quantile_ms(obj.quantile),
-                    quantile_ci_ms=quantile_ci_ms(hist, obj.quantile, conf),
-                    error_rate=r.failure_rate, valid=r.valid, wall_s=r.wall_s,
-                    requests_needed=needed,
-                    extras={"invalid_reasons": r.invalid_reasons, "lag_p99_ms": r.lag_p99_ms})
-        recs.append(to_record(r, experiment=exp, url=url, slo=objective.label,
-                              extra={"payload": kind, "capacity_step": len(recs),
-                                     "verdict": step.verdict, "requests_needed": needed}))
-        return step
+            err_console.print(f"[dim]{what}: {rate:.1f} req/s ...[/]")
 
+    def ran(r: LoadResult) -> None:
+        check_ran(r, url)
+        tried.append(r)
+
+    runner = HttpSearch(engine=engine_config(target, reqs, "open", kw, warm), rule=rule,
+                        arrival=arrival, seed=kw["seed"], confirm_s=confirm_s,  # type: ignore[arg-type]
+                        cluster=cluster, experiment=exp, url=url, extra={"payload": kind},
+                        on_step=on_step, check=ran)
     with live_progress("capacity", total=max_steps) as progress:
-        res = search(run_step, cfg)
-    # A rate is tried again only when its step was invalid, and then the last try is the one
-    # the search counted: every record of a rate carries that verdict, so a reader grouping
-    # records by rate (the diagnose sheet) sees what the search decided.
-    counted = {s.rate: s.verdict for s in res.steps}
-    recs = [r.model_copy(update={"extras": {**r.extras, "rate_verdict": counted[s.rate]}})
-            for r, s in zip(recs, res.steps, strict=True)]
+        res = runner.run(cfg)
     if records is not None:
-        append_records(records, recs)
+        append_records(records, runner.records)
     if plot is not None:
         _plot_curve(res, obj.label, plot)
     doc = {"url": url, "slo": objective.label, "confidence": conf, "experiment": exp,
            "step_requests": needed,
            "step_rule": "auto" if min_requests == "auto" else "given",
            "capacity_rps": res.capacity_rps, "interval_rps": list(res.interval_rps),
+           "confirmed_rps": res.confirmed_rps, "confirm_s": confirm_s,
+           "generator_limit_rps": res.generator_limit_rps, "answer": res.answer(),
            "fails_at": fails_at,
            "converged": res.converged, "knee_rps": res.knee_rps,
            "steps": [s.__dict__ for s in res.steps],
            "records": str(records) if records else None, "plot": str(plot) if plot else None}
     emit(doc, as_json, lambda c: _render_capacity(c, res, doc))
     if res.capacity_rps is None:
+        exit_if_all_failed(tried, url)  # every step's every request failed: the cause
         exit_if_missed([f"{objective.label} at every rate tried"])
+    if confirm_s > 0 and res.confirmed_rps is None:
+        exit_if_missed([f"{objective.label} in the confirmation run: the answer is not "
+                        "confirmed (raise --max-steps to search further below it)"])
 
 
 def _int(text: str, *, what: str) -> int:
@@ -395,13 +427,15 @@ def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> No
     t = Table(title=f"capacity search {doc['url']} for {doc['slo']}", box=box.SIMPLE,
               pad_edge=False, collapse_padding=True)
     for col in ("step", "rate", "verdict", "requests", "ok/s", "q ms", "CI ms", "errors",
-                "valid"):
+                "steady", "valid"):
         t.add_column(col, justify="right")
     for i, s in enumerate(res.steps):
         lo, hi = s.quantile_ci_ms
-        t.add_row(str(i + 1), f"{s.rate:.1f}", s.verdict, str(s.requests),
-                  f"{s.throughput_rps:.1f}", _ms(s.quantile_ms), f"[{_ms(lo)}, {_ms(hi)}]",
-                  f"{s.error_rate:.2%}", "yes" if s.valid else "NO")
+        steady = "-" if s.steady is None else "yes" if s.steady.steady else "NO"
+        t.add_row(f"{i + 1}{' (confirm)' if s.confirmation else ''}", f"{s.rate:.1f}",
+                  s.verdict, str(s.requests), f"{s.throughput_rps:.1f}", _ms(s.quantile_ms),
+                  f"[{_ms(lo)}, {_ms(hi)}]", f"{s.error_rate:.2%}", steady,
+                  "yes" if s.valid else "NO")
     c.print(t)
     c.print(f"each step decides only after {doc['step_requests']:,} requests"
             + (" (sized for the quantile: LoadGen's early-stopping test passing a server that "
@@ -410,13 +444,16 @@ def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> No
         reasons = s.extras.get("invalid_reasons")
         for reason in reasons if isinstance(reasons, list) else []:
             c.print(f"[yellow]step {i + 1} invalid:[/] {reason}")
+        why = s.extras.get("why")
+        for reason in why if isinstance(why, list) else []:
+            c.print(f"[yellow]step {i + 1} failed:[/] {reason}")
     lo, hi = res.interval_rps
     if res.capacity_rps is None:
         c.print(f"no tried rate met {doc['slo']} (lowest failing: {_ms(hi)} req/s)")
     else:
-        c.print(f"capacity: {res.capacity_rps:.1f} req/s, interval [{_ms(lo)}, "
-                f"{_ms(hi)}] req/s at {doc['confidence']:.0%} per step"
-                + ("" if res.converged else " (not converged: raise --max-steps)"))
+        c.print(f"{res.answer()}; interval [{_ms(lo)}, {_ms(hi)}] req/s at "
+                f"{doc['confidence']:.0%} per step"
+                + ("" if res.converged or res.at_least else " (not converged: raise --max-steps)"))
     if res.knee_rps is not None:
         c.print(f"knee of the latency-throughput curve: {res.knee_rps:.1f} req/s")
 

@@ -6,6 +6,7 @@ URL is the server's base (http://host:port) or the full endpoint path; the path 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,13 @@ from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._dataset import dataset_of, dataset_options
 from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
+from scalelab.cli._load_requests import (
+    connection_options,
+    exit_if_all_failed,
+    failures_cell,
+    header_names,
+    target_of,
+)
 from scalelab.cli._output import DefaultGroup, emit, err_console, json_option, plot_option
 from scalelab.cli._prices import prices_option, resolve_prices
 from scalelab.cli._progress import live_progress
@@ -45,10 +53,18 @@ from scalelab.lab.load.capacity import SearchConfig
 from scalelab.lab.load.cluster import Cluster
 from scalelab.lab.load.llm.quality import Agreement, agreement
 from scalelab.lab.load.llm.result import LAG_INVALID_SHARE, LlmResult, cost_of, summary, to_record
-from scalelab.lab.load.llm.run import LlmPlan, capacity, check_ran, reference_answers, run_llm
+from scalelab.lab.load.llm.run import (
+    EveryRequestFailed,
+    LlmPlan,
+    capacity,
+    check_ran,
+    reference_answers,
+    run_llm,
+)
 from scalelab.lab.load.llm.stream import ProbeAnswer, StreamConfig
 from scalelab.lab.load.llm.token_slo import TokenSlo, TokenStepRule, parse_token_slo
 from scalelab.lab.load.llm.workload import APIS, PATHS, USAGE_MODES, LengthDist, Workload
+from scalelab.lab.load.result import DEFAULT_AVAILABILITY
 from scalelab.lab.load.schedule import ARRIVALS, Mode
 from scalelab.lab.load.scrape import Sampler, note_limits
 from scalelab.lab.load.send import Target, served_model
@@ -67,7 +83,10 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--model", "model_name",
                      help="The request's model field (default: the first of GET /v1/models)."),
         click.option("--prompt-tokens", default="fixed:128", show_default=True,
-                     help="Prompt length in words (≈ tokens): fixed:N, uniform:A,B, normal:M,SD."),
+                     help="Prompt length in words, not tokens (words of a common-English "
+                          "vocabulary, about one token each in GPT-2/Llama/SmolLM tokenizers; "
+                          "the server's usage in the results is the true count): fixed:N, "
+                          "uniform:A,B, normal:M,SD."),
         click.option("--output-tokens", default="fixed:64", show_default=True,
                      help="max_tokens per request, same forms."),
         click.option("--prompts", type=click.Path(path_type=Path),
@@ -99,14 +118,20 @@ def _workload_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Overrides the price table's gpu_hour_usd (--prices)."),
         click.option("--gpus", type=int, default=0, show_default=True,
                      help="GPUs the server uses."),
+        click.option("--api-key", envvar="OPENAI_API_KEY", show_envvar=True,
+                     help="Send 'Authorization: Bearer KEY' with every request, GET "
+                          "/v1/models included (default: $OPENAI_API_KEY). Never written "
+                          "to records, reports or logs."),
     ]
-    return functools.reduce(lambda acc, o: o(acc), reversed(opts), dataset_options(f))
+    return connection_options(functools.reduce(lambda acc, o: o(acc), reversed(opts),
+                                               dataset_options(f)))
 
 
 def _workload(url: str, kw: dict[str, Any]) -> tuple[Target, Workload, list[bytes]]:
     model = kw["model_name"]
+    base = target_of(url, kw)
     if model is None:
-        model = served_model(Target.parse(url)) or "default"
+        model = served_model(base) or "default"
     wl = Workload(api=kw["api"], model=model,
                   prompt=LengthDist.parse(kw["prompt_tokens"], what="--prompt-tokens"),
                   output=LengthDist.parse(kw["output_tokens"], what="--output-tokens"),
@@ -114,10 +139,9 @@ def _workload(url: str, kw: dict[str, Any]) -> tuple[Target, Workload, list[byte
                   ignore_eos=kw["ignore_eos"], usage=kw["usage"], seed=kw["seed"],
                   distinct=kw["distinct"], temperature=kw["temperature"],
                   dataset=dataset_of(kw))
-    target = Target.parse(url)
+    target = base
     if target.path in ("", "/"):
-        target = Target(scheme=target.scheme, host=target.host, port=target.port,
-                        path=PATHS[wl.api], host_header=target.host_header)
+        target = dataclasses.replace(target, path=PATHS[wl.api])
     elif target.path.rstrip("/") != wl.path:
         raise BadUsageError(f"URL path {target.path!r} does not match --api {wl.api} "
                             f"({wl.path}); give the server's base URL or the matching path")
@@ -147,8 +171,9 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
 @click.argument("url")
 @level_options(rate_help="Open loop: requests per second.",
                concurrency_help="Closed loop: streams at once (a comma list sweeps).",
-               loop_default="closed", loop_help="With --base: sweep concurrency (closed) or "
-               "rates (open).", multiples_help=None, processes_help="Generator processes.")
+               loop_default="open", loop_help="With --base: sweep rates (open) or "
+               "concurrency (closed).", multiples_help="With --base: the multiples.",
+               processes_help="Generator processes.")
 @click.option("--slo", help='Token objectives, e.g. "ttft_p95<500ms,tpot_p95<60ms,avail>=99.9%".')
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per level.")
 @click.option("--experiment", help="Experiment id for the records (default: generated).")
@@ -222,6 +247,8 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
             err_console.print(f"[dim]quality probe: {len(probe)} prompts one at a time ...[/]")
         reference = reference_answers(_stream(target, reqs, "closed", kw, 0.0, 1, probe))
     out: list[dict[str, Any]] = []
+    results: list[LlmResult] = []
+    avail = objective.availability if objective is not None else None
     for i, level, conc in each_level(sweep, mode, label=f"load llm {target.base}{target.path}",
                                      clients="streams", as_json=as_json):
         plan = LlmPlan(stream=_stream(target, reqs, mode, kw, warm, conc, probe),
@@ -241,8 +268,10 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
                              requests=r.successes + r.failures,
                              errors_by_kind=r.errors_by_kind)
         check_ran(r, url)
+        results.append(r)
         agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
-        out.append({**level_json(r, objective, price), "engine": engine,
+        out.append({**level_json(r, objective, price), "healthy": r.healthy(avail),
+                    "engine": engine,
                     "server_signals": side.model_dump() if side is not None else None,
                     "quality": quality_json(agree)})
         if records is not None:
@@ -258,10 +287,14 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
                             quality=agree.quality() if agree else None)
             append_records(records, [rec.model_copy(update={"server": side})])
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "experiment": exp,
-           "mode": mode, "slo": objective.label if objective else None,
+           "headers": header_names(target), "mode": mode,
+           "slo": objective.label if objective else None,
+           "availability": DEFAULT_AVAILABILITY if avail is None else avail,
+           "availability_given": avail is not None,
            "price_per_hour_usd": price, "lag_invalid_share": LAG_INVALID_SHARE, "levels": out,
            "records": str(records) if records else None}
     emit(doc, as_json, lambda c: render_levels(c, doc))
+    exit_if_all_failed(list(results), url, llm=True)
     exit_if_missed([f"{x['objective']} at {level_of(lv):g}"
                     for lv in out for x in lv.get("objectives", []) if not x["met"]])
 
@@ -302,7 +335,7 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
     t = Table(title=f"load llm {doc['url']} ({doc['mode']} loop; {doc['workload']}; ms)",
               box=box.SIMPLE, pad_edge=False, collapse_padding=True)
     cols = ["level", "ok/s", "tok/s", "TTFT p50", "p99", "ITL p50", "p99", "TPOT p50", "p99",
-            "e2e p99", "err", "lag p99", "$/1k tok"]
+            "e2e p99", "failures", "lag p99", "$/1k tok", "valid", "healthy"]
     if doc["slo"]:
         cols += ["good/s", "SLO"]
     probed = any(lv.get("quality") for lv in doc["levels"])
@@ -312,13 +345,14 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
         t.add_column(col, justify="right")
     for lv in doc["levels"]:
         level = level_of(lv)
-        errs = ",".join(f"{k}:{v}" for k, v in lv["errors_by_kind"].items()) or "0"
+        errs = failures_cell(lv)
         c1k = lv["cost"]["per_1k_output_tokens_usd"]
         row = [f"{level:g}", f"{lv['throughput_rps']:.1f}", f"{lv['output_tps']:.0f}",
                _ms(lv["ttft"]["p50_ms"]), _ms(lv["ttft"]["p99_ms"]), _ms(lv["itl"]["p50_ms"]),
                _ms(lv["itl"]["p99_ms"]), _ms(lv["tpot"]["p50_ms"]), _ms(lv["tpot"]["p99_ms"]),
                _ms(lv["e2e"]["p99_ms"]), errs, _ms(lv["lag"]["p99_ms"]),
-               "-" if c1k is None else f"{c1k:.5f}"]
+               "-" if c1k is None else f"{c1k:.5f}", "yes" if lv["valid"] else "NO",
+               "yes" if lv.get("healthy", True) else "NO"]
         if doc["slo"]:
             row += [f"{lv['goodput']['goodput_rps']:.1f}", "met" if lv["slo_met"] else "MISSED"]
         if probed:
@@ -326,7 +360,17 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
             ident, pre = q.get("identical_share"), q.get("prefix_agreement")
             row += ["-" if ident is None else f"{ident:.2f}", "-" if pre is None else f"{pre:.3f}"]
         t.add_row(*row)
-    _wide(c, 132).print(t)
+    _wide(c, 150).print(t)
+    if "availability" in doc:
+        c.print(f"[dim]valid: the generator offered the load asked for; healthy: at least "
+                f"{doc['availability']:.3g} of the server's answers succeeded"
+                + ("" if doc["availability_given"] else " (the default availability objective)")
+                + "[/]")
+    sources = {k: sum(lv["token_sources"].get(k, 0) for lv in doc["levels"])
+               for k in ("usage-continuous", "usage-final", "chunks")}
+    said = [f"{k} ({n})" for k, n in sources.items() if n]
+    if said:
+        c.print(f"[dim]tokens counted from: {', '.join(said)}[/]")
     if probed:
         q0 = next(lv["quality"] for lv in doc["levels"] if lv.get("quality"))
         c.print(f"[dim]same / agree: greedy agreement with the same {q0['prompts']} prompts "
@@ -410,7 +454,11 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
             if not as_json and not progress_shown():
                 err_console.print(f"[dim]capacity step: {rate:.2f} req/s ...[/]")
 
-        res = capacity(make_plan, rule, cfg, on_step=on_step, url=url, cluster=cluster)
+        try:
+            res = capacity(make_plan, rule, cfg, on_step=on_step, url=url, cluster=cluster)
+        except EveryRequestFailed as e:
+            err_console.print(str(e), markup=False, highlight=False, soft_wrap=True)
+            raise click.exceptions.Exit(1) from None
     recs: list[Record] = []
     for i, (s, r) in enumerate(zip(res.result.steps, res.levels, strict=True)):
         recs.append(to_record(r, experiment=exp, url=url, workload=wl.label(), slo=objective,

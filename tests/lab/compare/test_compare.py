@@ -86,7 +86,8 @@ def test_a_20_percent_slower_server_is_worse_and_fails_the_gate(
     for ms in ("10", "12"):
         url = server("fixed", "--service-ms", ms)
         p = tmp_path / f"{ms}.jsonl"
-        assert run(["load", url, "--rate", "100", "--duration", "1.5s", "--warmup", "0.2s",
+        assert run(["load", url, "--rate", "100", "--arrival", "constant", "--duration", "1.5s",
+                    "--warmup", "0.2s",
                     "--records", str(p), "--json"]) == 0
         paths.append(p)
     capsys.readouterr()

@@ -7,6 +7,7 @@ from scalelab.lab.core.objectives import Objective, slo_text
 from scalelab.lab.core.sheet import build_sheet
 from scalelab.lab.core.verdict import AdviceInput, StageGoal, best_capacity, curve_prediction, judge
 from scalelab.lab.diagnose.stages import data, serve, serve_advice, serve_curve
+from scalelab.lab.load.capacity import CONFIRM_VARIABLE
 
 
 def test_capacity_slo_from_the_objectives() -> None:
@@ -23,11 +24,14 @@ def test_measured_capacity_and_knee_are_in_the_serving_prediction() -> None:
                  extras={"verdict": v})
              for lv, p, v in ((10, 5, "pass"), (40, 9, "pass"), (60, 300, "fail"),
                               (50, 40, "pass"), (55, 120, "fail"))]
+    recs += [rec("serve", CONFIRM_VARIABLE, 50, rate=50, p95=30, series="batching=off capacity",
+                 wall_s=10.0, extras={"verdict": "pass", "capacity_confirm": True})]
     goal = StageGoal(stage="serve", objectives=[Objective(metric="p95_ms", max=50)],
                      baseline_series="batching=off", target_multiple=8, advisor=serve.advise)
     v = judge([goal], build_sheet(recs), cores=2, memory_bytes=2**34).stages[0]
-    assert "batching=off: capacity at the objective 50 requests/s measured (fails at 55), " \
-           "5 search steps" in v.predicted
+    assert "batching=off: capacity at the objective 50 requests/s measured, confirmed by 10 s " \
+           "at that rate (shorter than load capacity's 30 s, under diagnose's time budget) " \
+           "(fails at 55), 5 search steps" in v.predicted
     assert "the throughput curve bends at 40 requests/s offered (39 served, measured)" \
         in v.predicted
     # Capacity-search steps are not a candidate configuration of their own.

@@ -83,14 +83,21 @@ custom:
     for stage in ("serve", "llm", "mine"):
         at = flat.index(f"{stage} failed: ")
         assert "got an answer" in flat[at:at + 300], flat[at:at + 300]
-    # The 500 server answered: no step failed, but no request succeeded either.
-    assert "broken failed: every request failed at every level measured (1×, 2×)" in flat
+    # The 500 server answered, and not one request succeeded: its load exits 1 with the
+    # cause, and the availability objective every user endpoint has (99% by default) misses.
+    assert ("broken failed: broken 5/s: exit 1: every request failed (5 sent): 500: the "
+            "server failed every request; see its log") in flat
     assert "no stage misses its objectives" not in text.split("\n")[0]
 
     doc = json.loads((out / "report.json").read_text())
     assert set(doc["failed_stages"]) == {"serve", "llm", "mine", "broken"}
-    # One failed step each: no capacity search follows a level sweep nobody answered.
-    assert sorted(f["stage"] for f in doc["failed_steps"]) == ["llm", "mine", "serve"]
+    # One failed step each (the broken endpoint's a level each): no capacity search follows a
+    # level sweep nobody answered.
+    assert sorted(f["stage"] for f in doc["failed_steps"]) == ["broken", "broken", "llm",
+                                                               "mine", "serve"]
+    broken = next(s for s in doc["verdict"]["stages"] if s["stage"] == "broken")
+    assert broken["miss"]["objective"] == "availability ≥ 99% (default: the config names none)"
+    assert (broken["miss"]["multiple"], broken["miss"]["value"]) == (1.0, 0.0)
     summary = doc["verdict"]["summary"]
     assert summary.startswith("serve failed: load " + dead)
     for stage in ("llm", "mine", "broken"):
@@ -98,8 +105,10 @@ custom:
     md = (out / "report.md").read_text()
     # the failed step is the level's first chunk (each level its own steps: diagnose.sizing)
     assert f"**serve failed: load {dead}/predict 5/s: exit 2: error: no request to" in md
-    assert ("- broken: failed: every request failed at every level measured (1×, 2×)\n"
-            "- measured: no objectives to judge (measured only)") in md
+    assert ("- broken: failed: broken 5/s: exit 1: every request failed (5 sent): 500: the "
+            "server failed every request; see its log") in md
+    assert ("| broken | load | 1 | availability ≥ 99% (default: the config names none) | "
+            "missed | 0% | 5 |") in md
 
     # `scalelab report` rebuilds the same failures from run.json and the records.
     assert run(["report", str(out)]) == 0

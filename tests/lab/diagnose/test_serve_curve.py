@@ -13,6 +13,7 @@ from scalelab.lab.core.verdict import StageGoal, judge
 from scalelab.lab.diagnose.stages import serve, serve_sweep
 from scalelab.lab.diagnose.stages import serve_curve as curve
 from scalelab.lab.diagnose.stages.serve_curve import replica_advice, search_outcome
+from scalelab.lab.load.capacity import CONFIRM_VARIABLE
 
 P95 = Objective(metric="p95_ms", max=50)
 
@@ -21,6 +22,14 @@ def steps(series: str, *rows: tuple[float, str, int], **extras: object) -> list:
     return [rec("serve", "rate", lv, rate=lv, p95=10.0, series=series, input_volume=float(n),
                 extras={"verdict": v, "requests_needed": 230, "slo": "p95<50ms", **extras})
             for lv, v, n in rows]
+
+
+def confirm(series: str, level: float, verdict: str = "pass", wall_s: float = 10.0) -> list:
+    """The confirmation run of a search's answer, as `load capacity` records it."""
+    return [rec("serve", CONFIRM_VARIABLE, level, rate=level, p95=10.0, series=series,
+                input_volume=level * wall_s, wall_s=wall_s,
+                extras={"verdict": verdict, "rate_verdict": verdict, "capacity_confirm": True,
+                        "valid_offer": True, "slo": "p95<50ms"})]
 
 
 def test_undecided_steps_are_not_misses_and_say_what_the_rule_needs() -> None:
@@ -36,14 +45,33 @@ def test_undecided_steps_are_not_misses_and_say_what_the_rule_needs() -> None:
 
 
 def test_decided_pass_and_fail_around_an_undecided_step() -> None:
-    rows = build_sheet(steps("batching=on capacity", (40, "undecided-pass", 120),
-                             (80, "pass", 400), (160, "fail", 300), (120, "undecided-fail", 900)))
+    search = steps("batching=on capacity", (40, "undecided-pass", 120), (80, "pass", 400),
+                   (160, "fail", 300), (120, "undecided-fail", 900), capacity_confirm=False)
+    rows = build_sheet(search + confirm("batching=on capacity", 80))
     o = search_outcome("batching=on", rows)
     assert (o.capacity_rps, o.fails_at) == (80, 160)
     assert o.text() == (
-        "batching=on: capacity at the objective 80 requests/s measured (fails at 160), 4 search "
-        "steps; 2 undecided: 40 requests/s (120 requests, the p95 rule needs 230), 120 "
-        "requests/s (900 requests: the interval still straddles the objective)")
+        "batching=on: capacity at the objective 80 requests/s measured, confirmed by 10 s at "
+        "that rate (shorter than load capacity's 30 s, under diagnose's time budget) (fails at "
+        "160), 4 search steps; 2 undecided: 40 requests/s (120 requests, the p95 rule needs "
+        "230), 120 requests/s (900 requests: the interval still straddles the objective)")
+    # Unconfirmed, the search's pass is no capacity: advice never divides by it.
+    o = search_outcome("batching=on", build_sheet(search))
+    assert (o.capacity_rps, o.searched_rps) == (None, 80)
+    assert o.text().startswith("batching=on: the search passed 80 requests/s but no "
+                               "confirmation run was made: no confirmed capacity")
+    # A search that does not confirm (`load llm capacity`: no `capacity_confirm` in its
+    # records) keeps its decided pass.
+    llm = steps("c capacity", (4, "pass", 400), (8, "fail", 300))
+    o = search_outcome("c", build_sheet(llm))
+    assert (o.capacity_rps, o.confirming) == (4, False)
+    assert o.text() == ("c: capacity at the objective 4 requests/s measured (fails at 8), 2 "
+                        "search steps")
+    # A failed confirmation is a fail above the confirmed rate below it.
+    o = search_outcome("batching=on", build_sheet(
+        search + confirm("batching=on capacity", 80, "fail") + steps(
+            "batching=on capacity", (60, "pass", 400)) + confirm("batching=on capacity", 60)))
+    assert (o.capacity_rps, o.fails_at, o.searched_rps, o.confirmations) == (60, 80, 80, 2)
     only_fails = build_sheet(steps("x capacity", (40, "fail", 300), (20, "fail", 250)))
     assert search_outcome("x", only_fails).text() == (
         "x: every decided step missed the objective (the lowest at 20 requests/s), 2 search steps")
@@ -109,8 +137,9 @@ def test_the_advisor_quotes_the_measured_replica_curve() -> None:
             for lv in (40, 80, 400)]
     for n, cap in ((1, 300.0), (2, 540.0)):
         recs += steps(f"replicas={n} capacity", (cap, "pass", 2000), (cap * 1.1, "fail", 500),
-                      replicated="batching=on")
-    recs += steps("threads=2 capacity", (330.0, "pass", 2000), (363.0, "fail", 500))
+                      replicated="batching=on") + confirm(f"replicas={n} capacity", cap)
+    recs += steps("threads=2 capacity", (330.0, "pass", 2000), (363.0, "fail", 500)) + \
+        confirm("threads=2 capacity", 330.0)
     goal = StageGoal(stage="serve", objectives=[P95], baseline_series="batching=off",
                      target_multiple=25, advisor=serve.advise)
     v = judge([goal], build_sheet(recs), cores=2, memory_bytes=2**34).stages[0]
@@ -163,5 +192,5 @@ def test_a_retried_rate_counts_the_verdict_the_search_counted() -> None:
                  (960, "fail", 1438), rate_verdict=None)
     for r in recs:
         r.extras["rate_verdict"] = "fail" if r.level == 960 else "pass"
-    o = search_outcome("replicas=1", build_sheet(recs))
+    o = search_outcome("replicas=1", build_sheet(recs + confirm("replicas=1 capacity", 640)))
     assert (o.capacity_rps, o.fails_at, o.steps) == (640, 960, 2)

@@ -29,6 +29,9 @@ GET /truth gives the server's side of every stream that ended (arrival order): {
 [...], "e2e_ms": [...]}, from its reading of the request to the writes of its first and last
 token chunks as they happened (a late timer included), so a test can hold a client's
 measurement to what the server really did: never less, and more only by the client's own lag.
+It gives the same as absolute times too (time.monotonic, the load tester's clock), with each
+stream's index where its prompt carries "i=<index>" (-1 elsewhere): "index", "arrival_s",
+"first_s", "last_s", so a test that knows the schedule can time each stream from its due time.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import asyncio
 import heapq
 import json
 import math
+import re
 import time
 import zlib
 
@@ -82,8 +86,9 @@ class Server:
         self.t0 = time.monotonic()
         self.count = 0
         self.spans: list[tuple[float, float, float]] = []  # (arrival, start, end) per stream
-        # (arrival, first token chunk written, last written) per stream that ended, for GET /truth
-        self.truth: list[tuple[float, float, float]] = []
+        # (arrival, first token chunk written, last written, index) per stream that ended, for
+        # GET /truth
+        self.truth: list[tuple[float, float, float, int]] = []
 
     def unstall(self, t: float) -> float:
         if not self.stall:
@@ -164,8 +169,11 @@ class Handler(asyncio.Protocol):
         if method == "GET" and path == "/truth":
             ended = sorted(self.s.truth)
             self.write(_response(200, json.dumps(
-                {"ttft_ms": [(f - a) * 1e3 for a, f, _ in ended],
-                 "e2e_ms": [(e - a) * 1e3 for a, _, e in ended]}).encode()))
+                {"ttft_ms": [(f - a) * 1e3 for a, f, _, _ in ended],
+                 "e2e_ms": [(e - a) * 1e3 for a, _, e, _ in ended],
+                 "index": [i for *_, i in ended], "arrival_s": [a for a, *_ in ended],
+                 "first_s": [f for _, f, _, _ in ended],
+                 "last_s": [e for _, _, e, _ in ended]}).encode()))
             return
         if method == "GET" and path == "/v1/models":
             self.write(_response(200, json.dumps(
@@ -194,6 +202,8 @@ class Handler(asyncio.Protocol):
         s = self.s
         prompt_tokens = len(prompt.split())
         seed = zlib.crc32(prompt.encode())
+        tag = re.search(r"\bi=(\d+)", prompt)
+        index = int(tag.group(1)) if tag else -1
         state = {"diverged": False}
 
         def text_of(first: int, tokens: int) -> str:
@@ -260,7 +270,7 @@ class Handler(asyncio.Protocol):
             if j == 0:
                 first_write[0] = t
             if j == n_chunks - 1:
-                s.truth.append((now, first_write[0], t))
+                s.truth.append((now, first_write[0], t, index))
 
         s.active += 1
         done = 0

@@ -9,10 +9,17 @@ prints "PORT <n>" once listening. Kinds:
           requests/s (a virtual clock, so timer jitter does not accumulate)
   stall   like fixed, but every --period-s the server freezes for --stall-s: anything that
           arrives in a freeze is answered when it ends
+  admit   like fixed, but at most --limit requests in service: one arriving above that is
+          answered 503 at once (an admission limit; accepted requests stay fast). With Poisson
+          arrivals the refused share is Erlang B(limit, rate × service)
 Any kind also serves GET /status/<code> (that status), GET /reset (drops the connection),
 GET /v2/models/<m> (OIP metadata: INT64 [-1,4] "categorical", FP32 [-1,14] "numeric"),
 POST /v2/models/<m>/infer (checks the OIP body, answers with a label per row) and GET /metrics
 (the responses answered so far, as the reference server's `scalelab_responses_total`).
+GET /truth gives the server's own times of every request whose path carries `?i=<index>`:
+{"index": [...], "arrival_s": [...], "done_s": [...]} (time.monotonic, the clock the load
+tester reads too), from its reading of the request to the write of its answer as it happened (a
+late timer included), so a test can hold the tester's latencies to what the server really did.
 """
 
 from __future__ import annotations
@@ -37,14 +44,18 @@ _OK = _response(200, b"ok")
 
 
 class Server:
-    def __init__(self, kind: str, service_s: float, period_s: float, stall_s: float) -> None:
+    def __init__(self, kind: str, service_s: float, period_s: float, stall_s: float,
+                 limit: int = 0) -> None:
         self.kind = kind
+        self.limit = limit
+        self.in_service = 0
         self.service_s = service_s
         self.period_s = period_s
         self.stall_s = stall_s
         self.t0 = time.monotonic()
         self.last_done = 0.0
         self.served = 0
+        self.truth: list[tuple[int, float, float]] = []  # (index, arrival, answer written)
 
     def answer_at(self, now: float) -> float:
         if self.kind == "fast":
@@ -97,6 +108,12 @@ class Handler(asyncio.Protocol):
             self.transport.abort()
             return
         resp = _OK
+        if path == "/truth":
+            idx, arr, done = (list(x) for x in zip(*self.server.truth, strict=True)) \
+                if self.server.truth else ([], [], [])
+            self.transport.write(_response(200, json.dumps(
+                {"index": idx, "arrival_s": arr, "done_s": done}).encode(), "application/json"))
+            return
         if path == "/metrics":
             text = f'scalelab_responses_total{{status="200"}} {self.server.served}\n'
             self.transport.write(_response(200, text.encode()))
@@ -119,27 +136,40 @@ class Handler(asyncio.Protocol):
                 resp = _response(200, json.dumps(out).encode(), "application/json")
             except (ValueError, KeyError, AssertionError, TypeError) as e:
                 resp = _response(400, json.dumps({"error": repr(e)}).encode())
+        if self.server.kind == "admit":
+            if self.server.in_service >= self.server.limit:
+                self.transport.write(_response(503, b"busy"))
+                return
+            self.server.in_service += 1
         now = time.monotonic()
+        index = int(path.split("?i=", 1)[1]) if "?i=" in path else None
         when = self.server.answer_at(now)
         if when <= now:
-            self.transport.write(resp)
+            self._write(resp, index, now)
         else:
-            self.loop.call_at(self.loop.time() + (when - now), self._write, resp)
+            self.loop.call_at(self.loop.time() + (when - now), self._write, resp, index, now)
 
-    def _write(self, resp: bytes) -> None:
+    def _write(self, resp: bytes, index: int | None = None, arrival: float = 0.0) -> None:
+        if self.server.kind == "admit":
+            self.server.in_service -= 1
         if self.transport is not None and not self.transport.is_closing():
+            # Read before the write: the tester cannot receive the answer earlier than this.
+            t = time.monotonic()
             self.transport.write(resp)
+            if index is not None:
+                self.server.truth.append((index, arrival, t))
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=["fast", "fixed", "queue", "stall"])
+    ap.add_argument("kind", choices=["fast", "fixed", "queue", "stall", "admit"])
     ap.add_argument("--service-ms", type=float, default=20.0)
     ap.add_argument("--period-s", type=float, default=4.0)
     ap.add_argument("--stall-s", type=float, default=1.0)
+    ap.add_argument("--limit", type=int, default=4)
     ap.add_argument("--port", type=int, default=0)
     a = ap.parse_args()
-    srv = Server(a.kind, a.service_ms / 1e3, a.period_s, a.stall_s)
+    srv = Server(a.kind, a.service_ms / 1e3, a.period_s, a.stall_s, a.limit)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Handler(srv), "127.0.0.1", a.port, backlog=4096)
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)

@@ -4,7 +4,14 @@ import pytest
 
 from scalelab.lab.core.decide import clopper_pearson, min_passing, quantile_ranks, step_requests
 from scalelab.lab.core.errors import BadUsageError
-from scalelab.lab.load.capacity import Progress, SearchConfig, Step, StepRule, search
+from scalelab.lab.load.capacity import (
+    Progress,
+    SearchConfig,
+    Step,
+    StepRule,
+    confirmed_search,
+    search,
+)
 from scalelab.lab.load.slo import parse_slo
 
 
@@ -132,7 +139,11 @@ def test_an_invalid_step_is_run_again_before_it_counts() -> None:
     calls.clear()
     flaky[40.0] = 1
     res = search(run, SearchConfig(start=10, precision=0.05, invalid_retries=0))
-    assert calls[:3] == [10, 20, 40] and calls[3] == 30  # the stall counted as a fail
+    # Not run again, the stall is the generator's ceiling: never a pass, nor a capacity.
+    assert calls == [10, 20, 40]
+    assert (res.capacity_rps, res.generator_limit_rps, res.at_least) == (20, 40, True)
+    assert res.answer() == ("at least 20 req/s, the generator's limit here (it could not offer "
+                            "40 req/s) (not confirmed: no confirmation run)")
 
 
 def test_the_stop_rule_decides_a_share_and_a_budget_on_the_interval() -> None:
@@ -186,3 +197,86 @@ def test_a_rate_known_to_fail_bounds_the_search_from_above() -> None:
 def test_a_known_fail_must_lie_above_the_start() -> None:
     with pytest.raises(BadUsageError, match="--fails-at 100 must be above --start 200"):
         SearchConfig(start=200, fails_at=100)
+
+
+def _step(rate: float, ok: bool, *, valid: bool = True, confirmation: bool = False) -> Step:
+    return Step(rate=rate, verdict="pass" if ok else "fail", requests=100, throughput_rps=rate,
+                quantile_ms=10.0, quantile_ci_ms=(None, None), error_rate=0.0, valid=valid,
+                wall_s=30.0 if confirmation else 1.0, confirmation=confirmation)
+
+
+def test_a_step_the_generator_could_not_offer_never_passes() -> None:
+    # The server would pass every rate; the generator cannot offer 80 or more.
+    calls: list[float] = []
+
+    def run(rate: float) -> Step:
+        calls.append(rate)
+        return _step(rate, True, valid=rate < 80)
+
+    res = search(run, SearchConfig(start=10, precision=0.05))
+    assert calls == [10, 20, 40, 80, 80]  # 80 run again once, still not offered
+    assert not res.steps[-1].passed and res.steps[-1].server_passed
+    assert (res.capacity_rps, res.interval_rps, res.generator_limit_rps) == (40, (40, None), 80)
+    assert not res.converged
+
+
+def test_a_failed_confirmation_sends_the_search_below_it() -> None:
+    # Short steps pass up to 100 req/s, but only 90 holds for a confirmation's length.
+    calls: list[tuple[float, bool]] = []
+
+    def step(rate: float) -> Step:
+        calls.append((rate, False))
+        return _step(rate, rate <= 100)
+
+    def confirm(rate: float) -> Step:
+        calls.append((rate, True))
+        return _step(rate, rate <= 90, confirmation=True)
+
+    res = confirmed_search(step, confirm, SearchConfig(start=25, precision=0.05))
+    # 25 → 50 → 100 → 200 ✗ → 150 ✗ → 125 ✗ → 112.5 ✗ → 106.25 ✗ → 103.125 ✗; 100 fails its
+    # confirmation; the search goes on 10% below (twice the precision): 90 passes, and holds.
+    assert calls[-4:] == [(103.125, False), (100, True), (90, False), (90, True)]
+    assert res.confirmed_rps == 90 == res.capacity_rps and res.interval_rps == (90, 100)
+    assert [s.rate for s in res.confirmations] == [100, 90]
+    assert res.answer() == ("capacity 90 req/s, confirmed by 30 s at that rate (100 "
+                            "requests, served 90 req/s)")
+    # Never confirmed: three confirmations (100, 90, 81), then no confirmed capacity.
+    calls.clear()
+    res = confirmed_search(step, lambda r: _step(r, False, confirmation=True),
+                           SearchConfig(start=25, precision=0.05))
+    assert [s.rate for s in res.confirmations] == pytest.approx([100, 90, 81])
+    assert (res.confirmed_rps, res.capacity_rps, res.interval_rps) == (None, None, (None, 81))
+    assert res.answer() == ("no confirmed capacity: 3 confirmation run(s) failed, the last at "
+                            "81 req/s")
+
+
+def test_failures_that_decide_availability_missed_fail_the_step_at_once() -> None:
+    # No availability objective given: the default 99% is judged, for misses only.
+    rule = StepRule(slo=parse_slo("p95<50ms"), min_step_s=3.0)
+    # 30 of 100 refused: decided missed (the lower bound 0.21 > 1%) before any floor.
+    assert rule.availability_missed(ok=70, errors=30)
+    assert rule.verdict(ok=70, within=70, errors=30) == ("fail", True)
+    assert rule.should_stop(Progress(sent=100, ok=70, errors=30, within=70), 0.2)
+    assert rule.step_verdict(sent=10_000, ok=7_000, within=7_000, errors=3_000) == "fail"
+    # 1 of 300 failed: not decided missed, and passing it is not required per step.
+    assert not rule.availability_missed(ok=299, errors=1)
+    assert rule.step_verdict(sent=300, ok=299, within=299, errors=1) == "pass"
+    assert not rule.should_stop(Progress(sent=100, ok=99, errors=1, within=99), 0.2)
+    # 5 of 300 failed (1.7%): not decided missed (the lower bound is 0.54%), but over the
+    # default 1% budget, so the step does not pass on its latency: it runs on, undecided.
+    assert not rule.availability_missed(ok=295, errors=5)
+    assert rule.verdict(ok=295, within=295, errors=5) == ("fail", False)
+    assert rule.step_verdict(sent=300, ok=295, within=295, errors=5) == "undecided-fail"
+
+
+def test_a_step_that_is_not_steady_fails_whatever_its_latency() -> None:
+    from scalelab.lab.load.steady import SteadyTrace, judge
+
+    rule = StepRule(slo=parse_slo("p95<50ms"))
+    flat = SteadyTrace(n=[10] * 30, lat_s=[0.1] * 30, sent=300, served=300, span_s=3.0)
+    behind = SteadyTrace(n=[10] * 30, lat_s=[0.1] * 30, sent=300, served=240, span_s=3.0)
+    counts = {"sent": 300, "ok": 300, "within": 300, "errors": 0}
+    assert rule.step_verdict(**counts, steady=judge(flat, threshold_s=0.05,
+                                                    confidence=0.95)) == "pass"
+    assert rule.step_verdict(**counts, steady=judge(behind, threshold_s=0.05,
+                                                    confidence=0.95)) == "fail"

@@ -17,11 +17,13 @@ from scalelab.lab.load.clock import (
 
 
 def test_sleep_until_never_returns_early() -> None:
+    # Each due time a set offset from the moment of the call, around and past the 2 ms margin
+    # spent spinning: a schedule from a fixed base falls behind on a busy machine, and every due
+    # time in the past is met by returning at once (a clock returning 2 ms early passed it).
     async def go() -> list[tuple[float, float]]:
         out = []
-        base = now()
-        for i in range(20):
-            due = base + 0.0005 * i + (0.004 if i % 5 == 0 else 0.0)
+        for i in range(30):
+            due = now() + (0.0003, 0.001, 0.0019, 0.0025, 0.004, 0.0065)[i % 6]
             out.append((due, await sleep_until(due)))
         return out
 

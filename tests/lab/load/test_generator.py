@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+from llmkit import JITTER_MS, StallWatch, quantile_bounds
 from scalelab.lab.load.histogram import LatencyHistogram
 from scalelab.lab.load.http.generator import HttpConfig
 from scalelab.lab.load.http.result import LoadResult
@@ -36,15 +37,26 @@ def _run(url: str, *, mode: Mode = "open", rate: float | None = None, concurrenc
 
 def test_fixed_service_time_gives_p50_near_20ms(server: Callable[..., str]) -> None:
     url = server("fixed", "--service-ms", "20")
-    open_, closed = (_run(url, rate=100, duration_s=1.0, warmup_s=0.3),
-                     _run(url, mode="closed", concurrency=4, duration_s=1.0, warmup_s=0.3))
+    runs = []
+    seen = 0
+    for kw in ({"rate": 100}, {"mode": "closed", "concurrency": 4}):
+        watch = StallWatch().start()
+        r = _run(url, duration_s=1.0, warmup_s=0.3, path="/?i=0", **kw)  # type: ignore[arg-type]
+        slack = JITTER_MS + watch.stop()
+        truth = _server_times(url)[seen:]
+        seen += len(truth)
+        runs.append((r, truth, slack))
+    open_, closed = runs[0][0], runs[1][0]
     assert open_.requests == open_.successes == 100
-    for r in (open_, closed):
+    for r, truth, slack in runs:
         assert r.failures == 0 and r.successes >= 50
         assert r.latency.p50_ms is not None
-        # never less than the service time (what loopback and timers add depends on the
-        # machine's load, so no upper bound in milliseconds)
+        # never less than the service time, and above what the server itself took (its read
+        # of the request to its write of the answer, warm-up and cold start included) only by
+        # the loopback and this client's measured starvation
         assert r.latency.p50_ms >= 19.9
+        lo, hi = quantile_bounds(truth, 0.5, r.successes)
+        assert lo * 0.999 <= r.latency.p50_ms <= (hi + slack) / 0.999, (r.latency, lo, hi)
         assert r.cold_start_ms is not None and r.cold_start_ms >= 19.9
         assert r.warmup_requests > 0
     # Little's law: 4 closed-loop clients keep 4 requests in flight, so throughput x mean
@@ -53,6 +65,16 @@ def test_fixed_service_time_gives_p50_near_20ms(server: Callable[..., str]) -> N
     # send is the slack below 4.
     assert closed.latency.mean_ms is not None
     assert 4 * 0.9 <= closed.throughput_rps * closed.latency.mean_ms / 1e3 <= 4 * 1.02
+
+
+def _server_times(url: str) -> list[float]:
+    """The test server's own read-to-write time of every request so far (ms, GET /truth)."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/truth", timeout=10) as f:
+        t = json.loads(f.read())
+    return [(d - a) * 1e3 for a, d in zip(t["arrival_s"], t["done_s"], strict=True)]
 
 
 def test_open_loop_shows_a_stall_that_closed_loop_hides(server: Callable[..., str]) -> None:

@@ -11,13 +11,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from requires import requires
 from scalelab.cli import run
 from scalelab.lab.core.records import read_records
 
-pytest.importorskip("grpc")
+requires("grpc")
 # the serve tests' model repository and server helpers (one tiny flights-like model)
 sys.path.insert(0, str(Path(__file__).parents[2] / "system" / "serve"))
-from serve_fixtures import Server, add_model, free_port, start_server
+from serve_fixtures import Server, add_model, free_port, start_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,8 @@ def test_errors_keep_their_status(served: tuple[Server, int],
     _, port = served
     rc = run(["load", f"grpc://127.0.0.1:{port}/flights", "--model-version", "9", "--rate",
               "20", "--requests", "10", "--warmup", "0s", "--no-cold-start", "--json"])
-    assert rc == 0  # answered with errors: a measurement
-    lv = json.loads(capsys.readouterr().out)["levels"][0]
+    assert rc == 1  # measured (and printed), and every request failed: exit 1
+    out = capsys.readouterr()
+    lv = json.loads(out.out)["levels"][0]
     assert lv["failures"] == 10 and lv["errors_by_status"] == {"404": 10}
+    assert out.err.strip() == "every request failed (10 sent): 404: check the path"

@@ -12,7 +12,15 @@ def test_percentiles_of_known_values() -> None:
     # 3 significant digits: each value within 0.1%.
     assert p.p50_ms == pytest.approx(500, rel=1e-3)
     assert p.p90_ms == pytest.approx(900, rel=1e-3)
+    # p95 and p99 are the percentiles every objective reads: exact to the histogram's buckets
+    # (1..1000 ms in 1 ms steps: the k-th smallest value is k ms, read at 3 digits)
+    assert p.p95_ms == pytest.approx(950, rel=1e-3)
     assert p.p99_ms == pytest.approx(990, rel=1e-3)
+    assert h.quantile_ms(0.95) == p.p95_ms and h.quantile_ms(0.99) == p.p99_ms
+    lat = p.latency()
+    assert (lat.p50_ms, lat.p90_ms, lat.p95_ms, lat.p99_ms, lat.p999_ms, lat.max_ms) == (
+        p.p50_ms, p.p90_ms, p.p95_ms, p.p99_ms, p.p999_ms, p.max_ms)
+    assert len({p.p50_ms, p.p90_ms, p.p95_ms, p.p99_ms, p.p999_ms, p.max_ms}) == 6
     assert p.p999_ms == pytest.approx(999, rel=1e-3)
     assert p.max_ms == pytest.approx(1000, rel=1e-3)
     assert h.count_at_or_below(0.25) == 250

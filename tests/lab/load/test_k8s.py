@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from requires import requires
 from scalelab.cli import run
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.load.k8s import LoadJobSpec, manifests
 
-kv = pytest.importorskip("kubernetes_validate")
+kv = requires("kubernetes_validate")
 
 
 def test_scheduler_and_workers_validate_and_agree_on_the_address() -> None:

@@ -189,3 +189,39 @@ def test_step_rule_decides_pass_fail_and_waits_when_unsure() -> None:
     assert rule.verdict(failing) == ("fail", True)
     assert not rule.should_stop(fast, 0.5) and rule.should_stop(fast, 1.0)
     assert not rule.should_stop(few, 5.0) and rule.should_stop(few, 10.0)
+
+
+def test_tgi_generate_stream_shape_reads_text_end_and_total() -> None:
+    # TGI's own /generate_stream: a token object per event; the last carries generated_text
+    # and details.generated_tokens (the total, read as final usage); a special token no text.
+    evs = [parse_event(b'{"token":{"id":5,"text":"Hel","logprob":-0.1,"special":false},'
+                       b'"generated_text":null,"details":null}'),
+           parse_event(b'{"token":{"id":6,"text":"lo","logprob":-0.2,"special":false},'
+                       b'"generated_text":null,"details":null}'),
+           parse_event(b'{"token":{"id":2,"text":"</s>","logprob":0.0,"special":true},'
+                       b'"generated_text":"Hello","details":{"finish_reason":"eos_token",'
+                       b'"generated_tokens":3}}')]
+    assert [e.text for e in evs if e] == ["Hel", "lo", ""]
+    assert evs[2] is not None and evs[2].finished and evs[2].completion_tokens == 3
+    tokens, source, _ = tokens_per_event([e for e in evs if e is not None])
+    assert source == "usage-final" and sum(tokens) == 3
+
+
+def test_llama_cpp_shapes_read_content_stop_and_timings() -> None:
+    # llama.cpp's own /completion: content, stop, and the totals at the end.
+    last = parse_event(b'{"content":"","stop":true,"tokens_predicted":4,'
+                       b'"tokens_evaluated":9}')
+    assert last is not None and last.finished
+    assert (last.completion_tokens, last.prompt_tokens) == (4, 9)
+    mid = parse_event(b'{"content":" hi","stop":false}')
+    assert mid is not None and (mid.text, mid.finished) == (" hi", False)
+    # Its OpenAI-compatible stream: a last chunk with timings and no usage.
+    fin = parse_event(b'{"choices":[{"delta":{},"finish_reason":"stop","index":0}],'
+                      b'"timings":{"prompt_n":11,"predicted_n":6}}')
+    assert fin is not None and fin.finished
+    assert (fin.completion_tokens, fin.prompt_tokens) == (6, 11)
+
+
+def test_vllm_reasoning_content_counts_as_generated_text() -> None:
+    e = parse_event(b'{"choices":[{"delta":{"reasoning_content":"think"},"index":0}]}')
+    assert e is not None and (e.text, e.text_chars) == ("think", 5)

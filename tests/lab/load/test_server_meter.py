@@ -49,7 +49,8 @@ def test_each_level_is_metered_on_its_own(fixed: tuple[subprocess.Popen[str], st
     proc, url = fixed
     recs = tmp_path / "load.jsonl"
     rc = run(["load", url, "--rates", "50,100", "--duration", "1s", "--warmup", "0.2s",
-              "--server-pid", str(proc.pid), "--server-metrics", f"{url}/metrics",
+              "--arrival", "constant",
+              "--server-pid", str(proc.pid), "--metrics-url", f"{url}/metrics",
               "--trace-sample", "1", "--trace-at", "100", "--records", str(recs), "--json"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
@@ -67,7 +68,7 @@ def test_each_level_is_metered_on_its_own(fixed: tuple[subprocess.Popen[str], st
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--server-pid", "99999999"], "--server-pid 99999999: no such process"),
-    (["--server-metrics", "http://127.0.0.1:9/metrics"], "--server-metrics needs --server-pid"),
+    (["--metrics-url", "http://127.0.0.1:9/metrics"], "--metrics-url needs --server-pid"),
     (["--trace-sample", "0.5", "--trace-at", "75"], "--trace-at 75 is not one of the levels"),
 ])
 def test_bad_meter_or_trace_flags_exit_2(args: list[str], says: str,

@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from requires import requires
 from scalelab.lab.core.errors import BadInputError
 from scalelab.layers.nets import onnx, registry
 from scalelab.layers.nets.tabular import TabularConfig, TabularNet
 from scalelab.system.compress import ort
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnx")
+requires("onnxruntime")
+requires("onnx")
 
 
 def _export(tmp_path: Path) -> tuple[TabularNet, onnx.OnnxNet]:

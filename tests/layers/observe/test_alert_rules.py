@@ -116,6 +116,13 @@ SCENARIOS: list[tuple[str, list[float], str, bool, bool]] = [
     ("fast 16x burn", [16.0] * 70, "70m", True, True),
     ("fast burn, stopped 40 min ago", [16.0] * 60 + [0.0] * 40, "100m", False, True),
     ("fast burn, still going", [16.0] * 60 + [0.0] * 40, "60m", True, True),
+    # Each page window alone: 16x for 70 min after a quiet 6 h is 3.1x over 6 h (under that
+    # window's 6x), so only the 1 h window's 14.4x pages; 10x for 7 h is under 14.4x over 1 h,
+    # so only the 6 h window's 6x pages. (Above, a burn that began with the series reads the
+    # same over both windows, and either window alone would page.)
+    ("fast 16x burn after a quiet 6 h", [0.0] * 360 + [16.0] * 70, "430m", True, True),
+    ("steady 10x burn", [10.0] * 420, "420m", True, True),
+    ("steady 5x burn", [5.0] * 420, "420m", False, True),
 ]
 
 

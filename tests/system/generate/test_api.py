@@ -14,9 +14,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from requires import requires
 from scalelab.layers.web.spawn import Spawned, start_server
 
-openai = pytest.importorskip("openai")
+openai = requires("openai")
 
 MODEL = "tiny-llama"
 

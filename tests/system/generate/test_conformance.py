@@ -16,11 +16,12 @@ import pytest
 import torch
 
 import scalelab
+from requires import requires
 from scalelab.lab.load.llm.tokens import parse_event, tokens_per_event
 from scalelab.layers.web.spawn import Spawned, start_server
 from scalelab.system.generate.models import load_model
 
-openai = pytest.importorskip("openai")
+openai = requires("openai")
 
 MODEL = "tiny-llama"
 KEY = "sk-conformance-test"
@@ -90,11 +91,15 @@ def test_tokenize_detokenize_version(server: Spawned) -> None:
 
 
 def test_completions_whole_with_logprobs_match_a_plain_forward(client: Any) -> None:
-    r = client.completions.create(model=MODEL, prompt="hello", max_tokens=6, temperature=0,
+    # The legacy top_logprobs is a dict by token text, so tokens that decode alike (bytes of no
+    # whole UTF-8 character all read "\ufffd") share one key, as in vLLM: this prompt's top 3
+    # on the tiny model decode apart at each of the 6 steps.
+    r = client.completions.create(model=MODEL, prompt="abc", max_tokens=6, temperature=0,
                                   logprobs=3, extra_body={"ignore_eos": True})
     c = r.choices[0]
     assert (r.object, c.finish_reason, r.usage.prompt_tokens, r.usage.completion_tokens) == (
-        "text_completion", "length", 5, 6)
+        "text_completion", "length", 3, 6)
+    assert r.usage.total_tokens == 3 + 6  # OpenAI's usage: prompt + completion
     lp = c.logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
     assert all(len(t) == 3 for t in lp.top_logprobs)
@@ -111,6 +116,7 @@ def test_completions_whole_with_logprobs_match_a_plain_forward(client: Any) -> N
     out = [e.bytes[0] for e in content]  # byte tokenizer: a token's id is its byte
     prompt = [257, *b"user\nhi", 258, *b"\n", 257, *b"assistant\n"]
     assert chat.usage.prompt_tokens == len(prompt)
+    assert chat.usage.total_tokens == len(prompt) + 5
     ref = reference_logprobs(prompt, out)
     assert [e.logprob for e in content] == pytest.approx(ref, abs=1e-3)
     plain = client.chat.completions.create(

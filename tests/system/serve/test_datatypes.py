@@ -15,6 +15,7 @@ import pytest
 import torch
 from serve_fixtures import Server, add_model, sample_inputs, start_server
 
+from requires import requires
 from scalelab.layers.nets.registry import load_module
 from scalelab.system.serve.tensors import (
     TensorError,
@@ -26,7 +27,7 @@ from scalelab.system.serve.tensors import (
     round_bf16,
 )
 
-httpclient = pytest.importorskip("tritonclient.http")
+httpclient = requires("tritonclient.http")
 
 WIDE: dict[str, Any] = {
     "inputs": [{"name": "categorical", "datatype": "UINT32", "shape": [-1, 4]},

@@ -8,7 +8,7 @@ from serve_fixtures import PARAMS
 
 from scalelab.lab.core.errors import BadInputError
 from scalelab.layers.nets.registry import build
-from scalelab.system.serve import faults  # noqa: F401
+from scalelab.system.serve import faults
 
 
 def test_poison_raises_only_on_the_value() -> None:
@@ -27,3 +27,19 @@ def test_delay_shares_weights_with_tabular_and_checks_params() -> None:
     assert net.state_dict().keys() == plain.state_dict().keys()
     with pytest.raises(BadInputError):
         build("delay_mlp", {**PARAMS, "batch_ms": -1})
+
+
+def test_delay_sleeps_exactly_batch_ms_plus_row_ms_per_row(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The overload test's known capacity rests on this delay: 1000 / batch_ms requests/s at
+    # batch 1. Checked by what the forward asks the clock for, not by timing it.
+    slept: list[float] = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    net = build("delay_mlp", {**PARAMS, "batch_ms": 20, "row_ms": 5})
+    plain = build("tabular_mlp", PARAMS)
+    plain.load_state_dict(net.state_dict())
+    cat, num = torch.zeros(3, 4, dtype=torch.int64), torch.randn(3, 14)
+    with torch.inference_mode():
+        out = net(cat, num)
+        assert slept == [(20 + 5 * 3) / 1000.0]
+        assert torch.equal(out, plain(cat, num))

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 import torch
 from serve_fixtures import (
     PARAMS,
@@ -17,6 +16,7 @@ from serve_fixtures import (
     start_server,
 )
 
+from requires import requires
 from scalelab.layers.nets import folded, onnx, registry
 from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.layers.nets.repository import write_json
@@ -27,7 +27,7 @@ from scalelab.system.serve.worker import VersionWorker
 
 
 def test_folded_and_onnx_versions_answer_like_their_source(tmp_path: Path) -> None:
-    pytest.importorskip("onnxruntime")
+    requires("onnxruntime")
     torch.manual_seed(3)
     net = TabularNet(TabularConfig(**PARAMS)).eval()
     repo = tmp_path / "repo"
@@ -57,8 +57,8 @@ def test_folded_and_onnx_versions_answer_like_their_source(tmp_path: Path) -> No
 
 
 def test_an_onnx_version_runs_its_graph_with_outputs_appended(tmp_path: Path) -> None:
-    pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
+    requires("onnx")
+    requires("onnxruntime")
     torch.manual_seed(0)
     net = TabularNet(TabularConfig(cardinalities=[5, 7], n_numeric=3)).eval()
     graph = ort.tabular(net, tmp_path / "export", int8=False, n_categorical=2, n_numeric=3)

@@ -15,9 +15,10 @@ import pytest
 import torch
 from serve_fixtures import Server, add_model, free_port, infer_body, sample_inputs, start_server
 
+from requires import requires
 from scalelab.layers.nets.registry import load_module
 
-grpcclient = pytest.importorskip("tritonclient.grpc")
+grpcclient = requires("tritonclient.grpc")
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 
 WIDE = {"inputs": [{"name": "categorical", "datatype": "UINT32", "shape": [-1, 4]},

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from requires import requires
 from scalelab.cli import run
 from scalelab.system.serve.k8s import DeploySpec, behavior, manifests
 
-kv = pytest.importorskip("kubernetes_validate")
+kv = requires("kubernetes_validate")
 
 
 def validate(doc: dict[str, object]) -> None:

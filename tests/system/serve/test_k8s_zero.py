@@ -12,12 +12,13 @@ import pytest
 import yaml
 from serve_fixtures import add_model
 
+from requires import requires
 from scalelab.cli import run
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.records import Latency, append_records, make_record
 from scalelab.system.serve.k8s import DeploySpec, manifests
 
-kv = pytest.importorskip("kubernetes_validate")
+kv = requires("kubernetes_validate")
 
 
 def test_min_zero_writes_an_external_metric_hpa() -> None:

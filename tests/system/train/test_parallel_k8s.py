@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from requires import requires
 from scalelab.cli import run
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.system.train.parallel.k8s import TrainJobSpec, manifests
 
-kv = pytest.importorskip("kubernetes_validate")
+kv = requires("kubernetes_validate")
 
 
 def test_job_and_service_validate_and_agree_on_the_endpoint() -> None:

@@ -55,7 +55,10 @@ class Command:
                 argv.append(_text(v))
                 continue
             name = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-            if v is True:
+            if f.metadata.get("repeat"):  # given once per item, e.g. --header NAME:VALUE
+                for x in v:
+                    argv += [name, _text(x)]
+            elif v is True:
                 argv.append(name)
             elif isinstance(v, list | tuple):
                 argv += [name, ",".join(_text(x) for x in v)]
@@ -141,6 +144,11 @@ class _LoadTarget(Command):
     records: Path | None = None
     cluster: str | None = None
     """A Dask scheduler whose workers generate the load (`client.cluster`)."""
+    header: list[str] | None = field(default=None, metadata={"flag": "--header", "repeat": True})
+    """NAME:VALUE headers sent with every request (the stage's `headers:`)."""
+    api_key_env: str | None = None
+    """The environment variable holding the endpoint's key (the stage's `api_key_env:`): the
+    command line names the variable, never the key."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,10 +156,13 @@ class LoadRun(_LoadTarget):
     path = ("load", "run")
     rates: list[float]
     duration: str
+    arrival: Literal["constant", "poisson"] | None = None
+    """`load run`'s default is poisson; the level sweeps ask for constant (evenly spaced),
+    kinder to short levels, as their capacity searches' start assumes (endpoint.grid_start)."""
     trace_sample: float | None = None
     trace_at: float | None = None
     server_pid: int | None = None
-    server_metrics: str | None = None
+    metrics_url: str | None = None
     server_signals: bool = False
     prometheus: str | None = None
 
@@ -168,6 +179,8 @@ class LoadCapacity(_LoadTarget):
     min_step: str | None = None
     max_step: str | None = None
     max_steps: int | None = None
+    confirm: str | None = None
+    """Length of the confirmation run of the answer (`load capacity --confirm`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,8 @@ file is read, so a typo names the field.
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -17,8 +18,8 @@ from scalelab.lab.core.prices import Prices
 from scalelab.lab.core.units import parse_duration
 from scalelab.lab.load.send import Target
 
-__all__ = ["ClientSettings", "Duration", "HttpUrl", "Levels", "ObjectiveSpec", "Prices",
-           "StageSettings", "Strict"]
+__all__ = ["ClientSettings", "Duration", "EndpointAccess", "HttpUrl", "Levels", "ObjectiveSpec",
+           "Prices", "StageSettings", "Strict"]
 
 
 def _levels(v: list[float]) -> list[float]:
@@ -71,6 +72,41 @@ class ClientSettings(Strict):
     cluster: str | None = Field(default=None, pattern=r"^(tcp|tls)://[^\s/:]+:[0-9]+$")
     """A Dask scheduler, tcp://HOST:PORT: load, load capacity, load llm and sweep steps run
     their generators (or commands) on its workers (`--cluster`). None: on this machine."""
+
+
+_HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class EndpointAccess(Strict):
+    """How the load generator talks to a user's endpoint (`stages.serve.url`,
+    `stages.llm.url`, a custom `kind: load` stage): headers and the key."""
+
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Headers sent with every request, e.g. {X-Tenant: a}. Values are passed on the load
+    command's line: put a secret in `api_key_env`, not here."""
+    api_key_env: str | None = None
+    """The environment variable holding the endpoint's key, sent as 'Authorization: Bearer
+    <key>' (e.g. OPENAI_API_KEY); the commands, logs and reports name the variable only."""
+
+    @model_validator(mode="after")
+    def _access(self) -> EndpointAccess:
+        for name, value in self.headers.items():
+            if not _HEADER.match(name) or "\n" in value or "\r" in value:
+                raise ValueError(f"headers: {name!r} is not a header NAME: one-line VALUE")
+        if self.api_key_env is not None and not _ENV.match(self.api_key_env):
+            raise ValueError(f"api_key_env {self.api_key_env!r} is not an environment "
+                             "variable's name, e.g. OPENAI_API_KEY")
+        return self
+
+    def header_flags(self) -> list[str] | None:
+        """The headers as `--header NAME:VALUE` values (None: none)."""
+        return [f"{k}: {v}" for k, v in self.headers.items()] or None
+
+    def access(self) -> dict[str, Any]:
+        """The load commands' keywords for these headers and this key (`header`,
+        `api_key_env`)."""
+        return {"header": self.header_flags(), "api_key_env": self.api_key_env}
 
 
 class ObjectiveSpec(Strict):

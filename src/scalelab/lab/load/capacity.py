@@ -18,12 +18,26 @@ needs 1,164 requests at the default 95% (two-sided; 97.5% one-sided), a p95 step
 step 15. `min_step_s` remains a floor in time, since an overloaded queue needs time to show
 that it grows.
 
+Availability is judged asymmetrically: a step whose failures decide availability *missed*
+(the Clopper-Pearson lower bound over the error budget, `DEFAULT_AVAILABILITY` when none is
+given) fails and stops at once, however few requests it has (many failures decide quickly),
+even where passing availability is not required per step. A step passes only at steady state
+(`load.steady`: served rate equal to the offered one within its interval, no upward latency
+trend), and only when the generator offered its rate (`Step.valid`).
+
 Search: from `start`, double while steps pass; then bisect between the highest pass and the
 lowest fail until they are within `precision`. A rate already decided to fail elsewhere
 (`fails_at`, e.g. a level sweep's) ends the doubling below it: the search bisects towards it.
 A step flagged invalid (the generator did not offer the rate: a stall of the machine, not of
-the server) is run again before it counts.
+the server) is run again before it counts; one still invalid ends the search at the
+generator's ceiling, whatever its verdict (a late generator's lag is charged to latency): the
+answer is "at least" the highest pass below it.
 The capacity is the highest passing rate and its interval is [highest pass, lowest fail].
+
+Confirmation (`confirmed_search`): the answer is run again for a longer, full-length step; one
+that fails sends the search below that rate (twice the precision below it, bisecting down from
+there when that fails too) until a confirmation holds or the steps run out. Advice divides only
+by a confirmed capacity.
 """
 
 from __future__ import annotations
@@ -32,7 +46,7 @@ import abc
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, Literal, TypeVar
 
 # The interval math lives in core.decide (the verdict decides with it too).
@@ -40,8 +54,17 @@ from scalelab.lab.core.decide import clopper_pearson, quantile_ranks, step_reque
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.load.histogram import LatencyHistogram
 from scalelab.lab.load.slo import Slo
+from scalelab.lab.load.steady import Steadiness
 
 Verdict = Literal["pass", "fail", "undecided-pass", "undecided-fail"]
+CONFIRM_S = 30.0
+"""Default length of the confirmation run of `load capacity`'s answer."""
+CONFIRM_VARIABLE = "rate (confirmation)"
+"""The record variable of a confirmation run (apart from the search's steps at the same rate,
+which a sheet would otherwise merge with it)."""
+DEFAULT_AVAILABILITY = 0.99
+"""The availability a step's failures are judged against when the SLO names none: a step
+decided to miss it never passes (the asymmetric rule in the module doc)."""
 ProgressT = TypeVar("ProgressT")
 
 
@@ -98,7 +121,7 @@ class StopRule(abc.ABC, Generic[ProgressT]):
         """The stopping rule (`driver.StopCheck`): stop when out of room, or, after
         `min_step_s` and `_min_measured` requests, when the objectives are decided."""
         n = self._measured(progress)
-        if self.out_of_room(elapsed_s, n):
+        if self.out_of_room(elapsed_s, n) or self._missed_now(progress):
             return True
         if elapsed_s < self.min_step_s or n < self._min_measured:
             return False
@@ -116,6 +139,10 @@ class StopRule(abc.ABC, Generic[ProgressT]):
     def _min_measured(self) -> int:
         """Requests a step needs before it may decide."""
         return 0
+
+    def _missed_now(self, progress: ProgressT) -> bool:
+        """Decided to miss already, before the step's floors (many failures decide fast)."""
+        return False
 
     def share_verdict(self, k: int, n: int, needed: float) -> Literal["pass", "fail"] | None:
         """k of n events within an objective that needs a share `needed`: "fail" when the
@@ -161,8 +188,17 @@ class StepRule(StopRule[Progress]):
             return self.min_requests
         return step_requests(self.slo.latency[0].quantile, self.confidence)
 
+    def availability_missed(self, *, ok: int, errors: int) -> bool:
+        """The failures decide availability missed: against the SLO's budget, or
+        `DEFAULT_AVAILABILITY`'s where it names none."""
+        budget = self.slo.error_budget
+        limit = budget if budget is not None else 1.0 - DEFAULT_AVAILABILITY
+        return self.budget_verdict(errors, ok + errors, limit) == "fail"
+
     def verdict(self, *, ok: int, within: int, errors: int) -> tuple[str, bool]:
         """('pass'|'fail', decided) from the counts so far."""
+        if self.availability_missed(ok=ok, errors=errors):
+            return "fail", True
         q = self.slo.latency[0].quantile
         latency = self.share_verdict(within, ok, q)
         if latency == "fail":
@@ -177,9 +213,13 @@ class StepRule(StopRule[Progress]):
                 decided_pass = False
         if ok == 0:
             return "fail", errors > 0
-        if decided_pass:
+        # Without an availability objective, failures over the default budget still keep a
+        # step from passing: it runs on until they decide a miss (or it ends undecided).
+        limit = budget if budget is not None else 1.0 - DEFAULT_AVAILABILITY
+        failing = errors / (ok + errors) > limit
+        if decided_pass and not failing:
             return "pass", True
-        point_ok = within / ok >= q and (budget is None or errors / (ok + errors) <= budget)
+        point_ok = within / ok >= q and not failing
         return ("pass" if point_ok else "fail"), False
 
     def _measured(self, progress: Progress) -> int:
@@ -188,13 +228,22 @@ class StepRule(StopRule[Progress]):
     def _decided(self, progress: Progress) -> bool:
         return self.verdict(ok=progress.ok, within=progress.within, errors=progress.errors)[1]
 
+    def _missed_now(self, progress: Progress) -> bool:
+        return self.availability_missed(ok=progress.ok, errors=progress.errors)
+
     @property
     def _min_measured(self) -> int:
         return self._needed
 
-    def step_verdict(self, *, sent: int, ok: int, within: int, errors: int) -> Verdict:
+    def step_verdict(self, *, sent: int, ok: int, within: int, errors: int,
+                     steady: Steadiness | None = None) -> Verdict:
         """A finished step's verdict: "undecided-" unless the interval decided it with at least
-        `requests_needed` requests measured."""
+        `requests_needed` requests measured; "fail" when availability was decided missed (at
+        any count) or the step was not at steady state (`load.steady`)."""
+        if self.availability_missed(ok=ok, errors=errors):
+            return "fail"
+        if steady is not None and not steady.steady:
+            return "fail"
         v, decided = self.verdict(ok=ok, within=within, errors=errors)
         if decided and sent >= self._needed:
             return v  # type: ignore[return-value]
@@ -229,12 +278,29 @@ class Step:
     """Measured seconds."""
     requests_needed: int = 0
     """Requests the step needed before it could decide (its sizing rule)."""
+    steady: Steadiness | None = None
+    """The steady-state tests (None where the runner measures none, e.g. token streams)."""
+    confirmation: bool = False
+    """A confirmation run of the search's answer (full length, never stopped early)."""
     extras: dict[str, object] = field(default_factory=dict)
     """Anything else the runner wants kept (e.g. the full result)."""
 
     @property
-    def passed(self) -> bool:
+    def server_passed(self) -> bool:
+        """What the server did passed, whether or not the generator offered the rate."""
         return self.verdict in ("pass", "undecided-pass")
+
+    @property
+    def passed(self) -> bool:
+        """Counts as a pass: the server passed at a rate the generator offered."""
+        return self.valid and self.server_passed
+
+    @property
+    def outcome(self) -> Literal["met", "missed", "undecided"]:
+        """The step as a decided check (what diagnose's deciders read from its record)."""
+        if not self.verdict.startswith("undecided") and self.valid:
+            return "met" if self.verdict == "pass" else "missed"
+        return "undecided"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,15 +343,54 @@ class CapacityResult:
     """The search's answer."""
 
     capacity_rps: float | None
-    """Highest offered rate that met the SLO (None when even the lowest tried failed)."""
+    """Highest offered rate that met the SLO (None when even the lowest tried failed); after
+    confirmations, the highest below every failed one."""
     interval_rps: tuple[float | None, float | None]
     """[highest pass, lowest fail]: the capacity lies in it at each step's confidence."""
     steps: list[Step]
-    """Every step, in the order run."""
+    """Every step, in the order run (confirmations included, flagged)."""
     converged: bool
     """The interval is within `precision` (or capped by max_rate)."""
     knee_rps: float | None
     """Knee of the latency-throughput curve (core.knee), when there is one."""
+    generator_limit_rps: float | None = None
+    """The rate the generator could not offer (its steps invalid while the server passed): the
+    capacity is then at least `capacity_rps`, not a capacity (None: no such limit met)."""
+    confirmed_rps: float | None = None
+    """The rate whose confirmation run passed (None: none did, or none was run)."""
+
+    @property
+    def confirmations(self) -> list[Step]:
+        return [s for s in self.steps if s.confirmation]
+
+    @property
+    def at_least(self) -> bool:
+        """The answer is a lower bound: the search reached the generator's ceiling."""
+        return self.generator_limit_rps is not None
+
+    def answer(self) -> str:
+        """The answer in one line, its confirmation beside it."""
+        if self.capacity_rps is None:
+            if self.confirmations:
+                c = self.confirmations[-1]
+                return (f"no confirmed capacity: {len(self.confirmations)} confirmation run(s) "
+                        f"failed, the last at {c.rate:.4g} req/s")
+            if self.at_least:
+                return (f"none found: the generator could not offer "
+                        f"{self.generator_limit_rps:.4g} req/s, the first rate it tried")
+            return "no tried rate met the objective"
+        cap = f"{self.capacity_rps:.4g} req/s"
+        head = (f"at least {cap}, the generator's limit here (it could not offer "
+                f"{self.generator_limit_rps:.4g} req/s)" if self.at_least else f"capacity {cap}")
+        confs = self.confirmations
+        if not confs:
+            return head + " (not confirmed: no confirmation run)"
+        c = confs[-1]
+        if self.confirmed_rps is not None and c.passed:
+            return head + (f", confirmed by {c.wall_s:.3g} s at that rate ({c.requests:,} "
+                           f"requests, served {c.throughput_rps:.4g} req/s)")
+        return head + (f" (not confirmed: {len(confs)} confirmation run(s) failed, the last at "
+                       f"{c.rate:.4g} req/s)")
 
 
 def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResult:
@@ -293,6 +398,7 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
     steps: list[Step] = []
     lo: float | None = None
     hi: float | None = cfg.fails_at
+    ceiling: list[float] = []
 
     def do(rate: float) -> bool:
         s = run_step(rate)
@@ -302,6 +408,11 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
                 break
             s = run_step(rate)
             steps.append(s)
+        if not s.valid:
+            # Still not offered: what the server did at this rate is unknown (a late
+            # generator's lag is charged to latency, so even a "fail" may be its own). The
+            # generator's limit, not the server's: the search stops here.
+            ceiling.append(rate)
         return s.passed
 
     rate = cfg.start
@@ -316,27 +427,66 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
             if hi is not None and rate >= hi:
                 break  # the known fail bounds it: bisect below
         else:
-            hi = rate
+            if not ceiling:
+                hi = rate
             break
-    if lo is None and hi is not None:
+    if lo is None and hi is not None and not ceiling:
         # Even the start failed: halve down to a passing rate (at most 6 times).
         rate = hi / 2.0
         while len(steps) < cfg.max_steps and rate >= cfg.start / 64.0:
             if do(rate):
                 lo = rate
                 break
+            if ceiling:
+                break
             hi = rate
             rate /= 2.0
     while lo is not None and hi is not None and (hi - lo) / lo > cfg.precision \
-            and len(steps) < cfg.max_steps:
+            and len(steps) < cfg.max_steps and not ceiling:
         mid = (lo + hi) / 2.0
         if do(mid):
             lo = mid
-        else:
+        elif not ceiling:
             hi = mid
     converged = capped or (lo is not None and hi is not None and (hi - lo) / lo <= cfg.precision)
     return CapacityResult(capacity_rps=lo, interval_rps=(lo, hi), steps=steps,
-                          converged=converged, knee_rps=knee(steps))
+                          converged=converged and not ceiling, knee_rps=knee(steps),
+                          generator_limit_rps=ceiling[0] if ceiling else None)
+
+
+def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float], Step],
+                     cfg: SearchConfig, *, max_confirms: int = 3) -> CapacityResult:
+    """`search`, then `confirm` (a full-length step, `Step.confirmation`) at its answer. A
+    failed confirmation at r bounds the capacity below r, but the short steps that passed near r
+    cannot place it better (they passed there already): the search runs again from
+    r × (1 - 2 × precision) with that as its ceiling (a failing step there bisects down), and
+    its answer is confirmed in turn, until one holds or `max_confirms` have run. Confirmations
+    do not count against `cfg.max_steps`; the searches below a failed one share what the first
+    search left (at least one step each)."""
+    res = search(run_step, cfg)
+    steps = list(res.steps)
+    searched = len(steps)
+    confirmed: float | None = None
+    for k in range(max_confirms):
+        if res.capacity_rps is None:
+            break
+        c = confirm(res.capacity_rps)
+        steps.append(c)
+        if c.passed:
+            confirmed = c.rate
+            break
+        if k == max_confirms - 1:
+            res = replace(res, capacity_rps=None, interval_rps=(None, c.rate))
+            break
+        start = c.rate * (1.0 - 2.0 * cfg.precision)
+        sub = search(run_step, replace(cfg, start=start, fails_at=None, max_rate=start,
+                                       max_steps=max(1, cfg.max_steps - searched)))
+        searched += len(sub.steps)
+        steps += sub.steps
+        hi = sub.interval_rps[1] if sub.interval_rps[1] is not None else c.rate
+        res = replace(sub, interval_rps=(sub.capacity_rps, hi),
+                      generator_limit_rps=sub.generator_limit_rps or res.generator_limit_rps)
+    return replace(res, steps=steps, confirmed_rps=confirmed, knee_rps=knee(steps))
 
 
 def knee(steps: list[Step]) -> float | None:

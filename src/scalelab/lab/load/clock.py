@@ -110,12 +110,12 @@ def uvloop_available() -> bool:
 def resolve_loop(impl: LoopImpl) -> Literal["asyncio", "uvloop"]:
     """The loop `impl` means here: "auto" is uvloop when installed, else asyncio."""
     if impl not in LOOP_IMPLS:
-        raise BadUsageError(f"--loop-impl must be one of {', '.join(LOOP_IMPLS)}, got {impl!r}")
+        raise BadUsageError(f"--event-loop must be one of {', '.join(LOOP_IMPLS)}, got {impl!r}")
     if impl == "auto":
         return "uvloop" if uvloop_available() else "asyncio"
     if impl == "uvloop" and not uvloop_available():
-        raise BadUsageError("--loop-impl uvloop: uvloop is not installed; pip install "
-                            "'scalelab[serve]' (or uvloop), or use --loop-impl asyncio")
+        raise BadUsageError("--event-loop uvloop: uvloop is not installed; pip install "
+                            "'scalelab[serve]' (or uvloop), or use --event-loop asyncio")
     return impl
 
 

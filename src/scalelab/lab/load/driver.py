@@ -132,10 +132,17 @@ class Driver(abc.ABC, Generic[PartT, ProgressT]):
         if t > self.res.last_send:
             self.res.last_send = t
 
-    def _fail(self, kind: str, measured: bool) -> None:
+    def _fail(self, kind: str, measured: bool,
+              detail: BaseException | str | None = None) -> None:
         if measured:
             self.kinds[kind] += 1
             self.res.last_done = now()
+            if detail is not None and kind not in self.res.error_examples:
+                # The first failure of each kind, as said: the likely cause a run whose every
+                # request failed prints (`result.likely_cause`).
+                text = detail if isinstance(detail, str) else \
+                    (str(detail) or type(detail).__name__)
+                self.res.error_examples[kind] = text[:300]
         else:
             self.res.warmup_requests += 1
 

@@ -114,9 +114,10 @@ class FuturePool(Pool[C, "asyncio.Future[C]"]):
         self._connect = connect
         self._spawn = spawn
 
-    async def acquire(self) -> tuple[C, bool]:
-        """A connection, and whether getting it meant waiting for one at the cap."""
-        conn = self.take_idle()
+    async def acquire(self, *, fresh: bool = False) -> tuple[C, bool]:
+        """A connection, and whether getting it meant waiting for one at the cap; `fresh`:
+        a newly opened one where the cap allows (a resend after an idle close)."""
+        conn = None if fresh and self.has_room() else self.take_idle()
         if conn is not None:
             return conn, False
         if self.has_room():

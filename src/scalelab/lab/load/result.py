@@ -22,6 +22,8 @@ from scalelab.lab.load.schedule import Mode
 
 NOTHING_MEASURED = "no request was measured; lengthen --duration or shorten --warmup"
 """The invalid reason of a level whose warm-up took every request."""
+DEFAULT_AVAILABILITY = 0.99
+"""The availability objective a level's `healthy` verdict judges where none was given."""
 
 
 @dataclass(kw_only=True)
@@ -46,6 +48,17 @@ class Part:
     """Open loop with `SendConfig.window_s`: successes completed inside the measured window,
     the warm-up's included; None where no window was set."""
     connections_opened: int = 0
+    server_closes: int = 0
+    """Connections the server closed, or said it would (`Connection: close`, HTTP/1.0)."""
+    retries: int = 0
+    """Requests sent once more on a fresh connection: the server had closed their kept-alive
+    connection before writing any byte of an answer (`HttpConnection.retryable`)."""
+    retry_after_count: int = 0
+    """Measured refusals (non-2xx) that carried Retry-After."""
+    retry_after_max_s: float | None = None
+    """The longest Retry-After they asked for (seconds)."""
+    error_examples: dict[str, str] = field(default_factory=dict)
+    """The first failure of each kind, as the client saw it (an exception's text)."""
     window_start: float = 0.0
     """When the measured window began (the process's clock)."""
     last_send: float = 0.0
@@ -75,16 +88,30 @@ class Tally:
     warmup_requests: int
     traced_requests: int
     trace_ids: list[str]
+    server_closes: int = 0
+    retries: int = 0
+    retry_after_count: int = 0
+    retry_after_max_s: float | None = None
+    error_examples: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, parts: Sequence[Part]) -> Tally:
         assert parts
         kinds: Counter[str] = Counter()
         status: Counter[str] = Counter()
+        examples: dict[str, str] = {}
         for p in parts:
             kinds.update(p.errors_by_kind)
             status.update(p.errors_by_status)
-        return cls(sent=sum(p.sent for p in parts), failures=sum(kinds.values()),
+            for k, v in p.error_examples.items():
+                examples.setdefault(k, v)
+        ras = [p.retry_after_max_s for p in parts if p.retry_after_max_s is not None]
+        return cls(server_closes=sum(p.server_closes for p in parts),
+                   retries=sum(p.retries for p in parts),
+                   retry_after_count=sum(p.retry_after_count for p in parts),
+                   retry_after_max_s=max(ras) if ras else None,
+                   error_examples=dict(sorted(examples.items())),
+                   sent=sum(p.sent for p in parts), failures=sum(kinds.values()),
                    errors_by_kind=dict(sorted(kinds.items())),
                    errors_by_status=dict(sorted(status.items())),
                    start=min(p.window_start for p in parts),
@@ -95,6 +122,13 @@ class Tally:
                    warmup_requests=sum(p.warmup_requests for p in parts),
                    traced_requests=sum(p.traced for p in parts),
                    trace_ids=[t for p in parts for t in p.trace_ids])
+
+    def connection_counts(self) -> dict[str, Any]:
+        """The `LevelResult` fields of what the client saw of the connections, as keywords."""
+        return {"server_closes": self.server_closes, "retries": self.retries,
+                "retry_after_count": self.retry_after_count,
+                "retry_after_max_s": self.retry_after_max_s,
+                "error_examples": self.error_examples}
 
     @property
     def send_span(self) -> float:
@@ -161,6 +195,42 @@ class LevelResult:
     """Their trace ids (the first 1,000 per process): look them up in the server's spans."""
     cluster: ClusterLevel | None = None
     """With --cluster: the scheduler and every worker's share, clock offset and validity."""
+    server_closes: int = 0
+    """Connections the server closed or said it would close (each costs a new connect)."""
+    retries: int = 0
+    """Requests sent once more because the server closed their idle kept-alive connection
+    before answering (counted here, not as failures)."""
+    retry_after_count: int = 0
+    """Refusals (non-2xx) that carried Retry-After: an admission limit speaking."""
+    retry_after_max_s: float | None = None
+    """The longest Retry-After asked for (seconds)."""
+    error_examples: dict[str, str] = field(default_factory=dict)
+    """The first failure of each kind as the client saw it."""
+
+    @property
+    def answered_share(self) -> float:
+        """Successes over requests that ended (1.0 when none did)."""
+        done = self.successes + self.failures
+        return self.successes / done if done else 1.0
+
+    def healthy(self, availability: float | None = None) -> bool:
+        """The server's answers met the availability objective (`DEFAULT_AVAILABILITY`, 99%,
+        where none was given): successes / (successes + failures) at least that. Apart from
+        `valid` (the generator kept its schedule): a run can be valid and unhealthy (every
+        request 404) or the reverse."""
+        need = DEFAULT_AVAILABILITY if availability is None else availability
+        return self.successes > 0 and self.answered_share >= need
+
+    def all_failed(self) -> bool:
+        """Requests were measured and not one succeeded."""
+        return self.requests > 0 and self.successes == 0 and self.failures > 0
+
+    def connection_fields(self) -> dict[str, Any]:
+        """What the client saw of the server's connections, for the JSON document and records."""
+        return {"server_closes": self.server_closes, "retries": self.retries,
+                "retry_after": None if not self.retry_after_count else
+                {"responses": self.retry_after_count, "max_s": self.retry_after_max_s},
+                "error_examples": self.error_examples}
 
     def level(self) -> tuple[str, float]:
         """The record's variable and level: the rate (open loop) or the clients (closed)."""
@@ -270,3 +340,70 @@ def common_update(chunks: Sequence[Record], failures_of: int | None) -> dict[str
         "resources": merged_resources(chunks),
         "server": next((c.server for c in reversed(chunks) if c.server is not None), None),
     }
+
+
+KEY_HINT_HTTP = "pass the credentials with -H 'Authorization: Bearer TOKEN'"
+"""What a 401/403 asks of `load` (`load llm` asks for --api-key)."""
+KEY_HINT_LLM = "pass --api-key or set OPENAI_API_KEY"
+
+
+def _status_cause(code: int, *, llm: bool, key_hint: str, retry_after: float | None) -> str:
+    if code in (401, 403):
+        what = "wants credentials" if code == 401 else "refused the credentials"
+        return f"{code}: the server {what}; {key_hint}"
+    if code == 404:
+        return "404: check the path" + (" (give the server's base URL or --api)" if llm else "")
+    if code == 405:
+        return "405: the server takes no such method at that path; check the path and --payload"
+    if code in (400, 422):
+        return (f"{code}: the server rejected the request body; "
+                + ("check --api and --model, and try --usage final or --no-ignore-eos for a "
+                   "server that rejects vLLM's extra fields" if llm else
+                   "check --payload, --body or --model"))
+    if code == 501:
+        return ("501: the server does not implement this endpoint: is it an OpenAI-compatible "
+                "LLM server?" if llm else "501: the server implements nothing at that path")
+    if code in (429, 503):
+        ra = "" if retry_after is None else f" (Retry-After up to {retry_after:g} s)"
+        return (f"{code}: the server refused every request{ra}: an admission limit or an "
+                "overload; lower the rate or raise its limit")
+    return f"{code}: the server failed every request; see its log"
+
+
+def likely_cause(r: LevelResult, *, url: str, llm: bool = False) -> str:
+    """One line: why every request of `r` failed, from its most common failure (a status,
+    else a kind and the first error of that kind the client saw)."""
+    key_hint = KEY_HINT_LLM if llm else KEY_HINT_HTTP
+    if r.errors_by_status:
+        code, _ = max(r.errors_by_status.items(), key=lambda kv: kv[1])
+        return _status_cause(int(code), llm=llm, key_hint=key_hint,
+                             retry_after=r.retry_after_max_s)
+    kinds = {k: v for k, v in r.errors_by_kind.items() if k != "status"}
+    if not kinds:
+        return "no request succeeded"
+    kind = max(kinds.items(), key=lambda kv: kv[1])[0]
+    seen = r.error_examples.get(kind, "")
+    said = f" ({seen})" if seen else ""
+    if kind == "refused":
+        return f"connection refused: is the server up at {url}?"
+    if kind in ("reset", "dropped"):
+        return "the server closed every connection" + (
+            " mid-stream" if kind == "dropped" else " before answering") + said
+    if kind == "timeout":
+        return "every request timed out: the server is stuck or slow; raise --timeout to wait"
+    if kind == "tls":
+        return (f"the TLS handshake failed{said}; pass --cacert FILE (the CA that signed the "
+                "server's certificate) or --insecure")
+    if kind == "empty":
+        return "every stream carried no token; is it a generation endpoint?"
+    return f"{kind}: {seen}" if seen else f"every request failed ({kind})"
+
+
+def all_failed_line(results: Sequence[LevelResult], *, url: str, llm: bool = False
+                    ) -> str | None:
+    """When every level's requests all failed: one line with the likely cause; else None."""
+    if not results or not all(r.all_failed() for r in results):
+        return None
+    r = results[0]
+    n = sum(x.requests for x in results)
+    return f"every request failed ({n} sent): {likely_cause(r, url=url, llm=llm)}"

@@ -13,6 +13,7 @@ Two uses share one module:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
@@ -290,6 +291,18 @@ def init_weights(model: LlamaForCausalLM, seed: int = 0, std: float = 0.02) -> L
 
 
 def build_tiny(seed: int = 0, cfg: LlamaConfig | None = None) -> LlamaForCausalLM:
-    """A seeded tiny Llama (tiny_config() unless cfg is given), in eval mode."""
+    """A seeded tiny Llama (tiny_config() unless cfg is given), in eval mode.
+
+    The decoder layers' projections are drawn at std 1/sqrt(fan-in), the embedding at 0.02, so
+    the layers, not the last token's own embedding, decide the next token: at 0.02 throughout,
+    the residual stream is the last embedding and greedy decoding repeats the last prompt token
+    (`[164] * 12` for every prompt), and a check that the engine equals plain greedy compares
+    constants (a dropped padding mask passed them all, issue #47).
+    """
     model = init_weights(LlamaForCausalLM(cfg or tiny_config()), seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".layers." in f".{name}" and name.endswith("proj.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
     return model.eval()

@@ -8,10 +8,12 @@ One reader and writer for every part: the data part infers and validates dataset
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -161,7 +163,7 @@ class Schema:
             if domain is not None and not (isinstance(domain, list)
                                            and all(isinstance(v, str) for v in domain)):
                 raise BadInputError(f"{at}.domain: must be a list of strings or null")
-            cols.append(ColumnSchema(
+            kw: dict[str, Any] = dict(
                 name=c["name"], type=_typed(c, "type", str, at, required=True),
                 nullable=_typed(c, "nullable", bool, at, default=True),
                 max_null_rate=_num(c, "max_null_rate", at), min=_num(c, "min", at),
@@ -169,14 +171,16 @@ class Schema:
                 unique=_typed(c, "unique", bool, at, default=False),
                 skew=None if c.get("skew") is None else dict(
                     _obj(c["skew"], f"{at}.skew",
-                         {f.name for f in dataclasses.fields(SkewThresholds)}))))
+                         {f.name for f in dataclasses.fields(SkewThresholds)})))
+            cols.append(_located(at, functools.partial(ColumnSchema, **kw)))
         expected = rows.get("expected")
         if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool)
                                      or expected < 0):
             raise BadInputError(f"{where}: rows.expected must be a whole number >= 0 or null")
         tol = _num(rows, "tolerance", f"{where}: rows")
-        return cls(columns=cols, expected_rows=expected, row_tolerance=0.1 if tol is None else tol,
-                   skew_defaults=_skew(obj.get("skew_defaults", {}), f"{where}: skew_defaults"))
+        return _located(where, lambda: cls(
+            columns=cols, expected_rows=expected, row_tolerance=0.1 if tol is None else tol,
+            skew_defaults=_skew(obj.get("skew_defaults", {}), f"{where}: skew_defaults")))
 
     @classmethod
     def load(cls, path: Path) -> Schema:
@@ -184,6 +188,20 @@ class Schema:
             path, fix="create a schema with `scalelab data infer DATA --out schema.json`"
         )
         return cls.from_dict(d, str(path))
+
+
+_T = TypeVar("_T")
+
+
+def _located(where: str, make: Callable[[], _T]) -> _T:
+    """`make()`, its own checks' BadInputError prefixed with `where` (the file and the column)
+    unless the message already starts with it."""
+    try:
+        return make()
+    except BadInputError as e:
+        if str(e).startswith(where.split(":")[0]):
+            raise
+        raise BadInputError(f"{where}: {e}") from None
 
 
 def _obj(d: Any, where: str, allowed: set[str]) -> dict[str, Any]:

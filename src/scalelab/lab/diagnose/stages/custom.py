@@ -15,19 +15,27 @@ from typing import Literal
 from pydantic import Field, RootModel, model_validator
 
 from scalelab.lab.core.knee import find_knee
-from scalelab.lab.core.objectives import slo_text
+from scalelab.lab.core.objectives import Objective, slo_text
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import SheetRow
 from scalelab.lab.core.units import parse_duration
 from scalelab.lab.core.verdict import Advice, AdviceInput, StageGoal, generic_advice
 from scalelab.lab.diagnose.commands import Command, LoadCapacity, LoadRun, Sweep
-from scalelab.lab.diagnose.schema import Duration, HttpUrl, Levels, ObjectiveSpec, Strict
+from scalelab.lab.diagnose.schema import (
+    Duration,
+    EndpointAccess,
+    HttpUrl,
+    Levels,
+    ObjectiveSpec,
+)
 from scalelab.lab.diagnose.stages.base import DEFAULT_MINIMUM_S, Context, Stage, WholeConfig
 from scalelab.lab.diagnose.stages.endpoint import (
     grid_start,
     metrics_note,
     metrics_url,
     noted,
+    sized_by,
+    with_availability,
     with_notes,
 )
 from scalelab.lab.diagnose.stages.serve import CAPACITY_SEARCH_S
@@ -37,11 +45,12 @@ from scalelab.lab.diagnose.stages.serve_curve import (
     search_requests,
     step_seconds,
 )
+from scalelab.lab.diagnose.stages.serve_search import confirm_length
 from scalelab.lab.diagnose.stages.sized_load import least_s, sized_levels
 from scalelab.lab.diagnose.steps import Step, restage
 
 
-class CustomStage(Strict):
+class CustomStage(EndpointAccess):
     """A stage of the user's own system: a command to sweep (your pipeline, trainer or job over
     growing inputs or workers) or an HTTP endpoint to load."""
 
@@ -81,6 +90,11 @@ class CustomStage(Strict):
     objectives: list[ObjectiveSpec] = Field(default_factory=list)
     """What the stage must keep (see the objective metrics)."""
 
+    def built(self) -> list[Objective]:
+        """The stage's objectives; a load stage's with availability (99% by default)."""
+        objectives = [o.build() for o in self.objectives]
+        return with_availability(objectives) if self.kind == "load" else objectives
+
     @model_validator(mode="after")
     def _kind_needs(self) -> CustomStage:
         if self.kind == "sweep" and not self.command:
@@ -113,17 +127,21 @@ LOAD = "load"
 
 def _search(c: CustomStage, rec: Path, start: float | None = None) -> LoadCapacity | None:
     """kind=load with `capacity` and a latency objective: the capacity search's command."""
-    objectives = [o.build() for o in c.objectives]
-    slo = slo_text(objectives, availability=False)
+    objectives = c.built()
+    slo = slo_text(objectives)
     if c.kind != "load" or not c.capacity or slo is None:
         return None
     first = start or c.base_rate
     floor_s = parse_duration(c.capacity_step)
     step_s = step_seconds(search_requests(objectives, availability=False), first, floor_s)
+    # The availability objective (99% where none is named) goes in with the latency term: a
+    # rate whose answers fail past it is never a capacity.
     return LoadCapacity(url=c.url or "", slo=slo, start=first,
+                        header=c.header_flags(), api_key_env=c.api_key_env,
                         max_rate=c.base_rate * max(c.levels) * 20, min_step=f"{floor_s / 2:g}s",
                         max_step=f"{step_s:g}s", max_steps=c.capacity_max_steps, warmup="0.5s",
-                        records=rec, payload="json" if c.body else None,
+                        records=rec, confirm=confirm_length(c.capacity_step),
+                        payload="json" if c.body else None,
                         body=Path(c.body) if c.body else None)
 
 
@@ -133,7 +151,8 @@ def _command(c: CustomStage, repeats: int, rec: Path, prometheus: str | None = N
         return Sweep(var=f"{c.var}={levels}", repeats=repeats, metric=c.metric, records=rec,
                      command=list(c.command or []))
     return LoadRun(url=c.url or "", rates=[c.base_rate * lv for lv in c.levels],
-                   duration=c.duration, records=rec,
+                   duration=c.duration, arrival="constant", records=rec,
+                   header=c.header_flags(), api_key_env=c.api_key_env,
                    payload="json" if c.body else None, body=Path(c.body) if c.body else None,
                    server_signals=True, server_pid=c.server_pid, prometheus=prometheus)
 
@@ -210,15 +229,14 @@ class CustomStageSet(Stage[CustomStages]):
             if isinstance(command, LoadRun):
                 # each level sized until its objectives are decided (diagnose.sizing)
                 ok = sized_levels(ctx, budget_key=self.name, stage=c.name, label=c.name,
-                                  cmd=command, objectives=[o.build() for o in c.objectives],
+                                  cmd=command, objectives=sized_by(c.built()),
                                   series=LOAD, tag=tag, rec=rec,
                                   reserve_s=CAPACITY_SEARCH_S if c.capacity else 0.0)
             else:
                 ok = ctx.run(Step(stage=c.name, label=f"{c.name} ({c.kind})", command=command,
                                   records=rec, tag=tag, series=None, timeout_s=3600)).ok
             cap = ctx.records(f"custom-{c.name}-capacity")
-            search = _search(c, cap, grid_start(rec, [o.build() for o in c.objectives],
-                                                 c.base_rate))
+            search = _search(c, cap, grid_start(rec, c.built(), c.base_rate))
             if search is not None and ok:
                 ctx.run(Step(stage=c.name, label=f"{c.name} capacity", command=search,
                              records=cap, tag=tag, series=LOAD + CAPACITY, timeout_s=900))
@@ -228,7 +246,7 @@ class CustomStageSet(Stage[CustomStages]):
 
     def goals(self, s: CustomStages) -> list[StageGoal]:
         return [
-            StageGoal(stage=c.name, objectives=[o.build() for o in c.objectives],
+            StageGoal(stage=c.name, objectives=c.built(),
                       target_multiple=c.target_multiple,
                       baseline_series=LOAD if c.kind == "load" else "",
                       advisor=serve_advice if c.kind == "load" else _advise)

@@ -20,6 +20,27 @@ from scalelab.lab.core.sheet import SheetRow, build_sheet
 from scalelab.lab.core.verdict import Advice, capacity
 from scalelab.layers.web.exposition import ExpositionError, sample_sums
 
+DEFAULT_AVAILABILITY = 0.99
+"""The availability objective of a user's endpoint whose config names none."""
+DEFAULT_AVAILABILITY_LABEL = "availability ≥ 99% (default: the config names none)"
+
+
+def with_availability(objectives: list[Objective]) -> list[Objective]:
+    """A user endpoint's objectives with availability among them: the config's own
+    (availability or failure_rate), else 99%, labelled as the default in every output."""
+    if any(o.metric in ("availability", "failure_rate") for o in objectives):
+        return objectives
+    return [*objectives, Objective(metric="availability", min=DEFAULT_AVAILABILITY,
+                                   label=DEFAULT_AVAILABILITY_LABEL)]
+
+
+def sized_by(objectives: list[Objective]) -> list[Objective]:
+    """The objectives a level is sized to decide (diagnose.sizing): all but the default
+    availability. Showing 99% takes 367 answered requests in a row, so a level is not
+    lengthened to prove it; its failures still miss it (judged like any objective)."""
+    return [o for o in objectives if o.label != DEFAULT_AVAILABILITY_LABEL]
+
+
 NOTE = "metrics_note"
 """The record extra holding the note (a string: the sheet keeps it, the advisors read it)."""
 

@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.limits import Evidence
-from scalelab.lab.core.objectives import latency_objectives, metric_value
+from scalelab.lab.core.objectives import Objective, latency_objectives, metric_value
 from scalelab.lab.core.records import Record, append_records, read_records
 from scalelab.lab.core.sheet import SheetRow, build_sheet
 from scalelab.lab.core.verdict import (
@@ -39,7 +39,7 @@ from scalelab.lab.core.verdict import (
     num_text,
 )
 from scalelab.lab.diagnose.scaling_signal import choose_signal
-from scalelab.lab.diagnose.schema import HttpUrl, Levels, StageSettings
+from scalelab.lab.diagnose.schema import EndpointAccess, HttpUrl, Levels, StageSettings
 from scalelab.lab.diagnose.sizing import (
     LevelClock,
     Outcome,
@@ -49,7 +49,14 @@ from scalelab.lab.diagnose.sizing import (
     size_level,
 )
 from scalelab.lab.diagnose.stages.base import Context, Stage
-from scalelab.lab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, with_notes
+from scalelab.lab.diagnose.stages.endpoint import (
+    metrics_note,
+    metrics_url,
+    noted,
+    sized_by,
+    with_availability,
+    with_notes,
+)
 from scalelab.lab.diagnose.stages.llm_commands import LoadLlmCapacity, LoadLlmRun
 from scalelab.lab.diagnose.stages.llm_servers import (
     SERVER_START_S,
@@ -80,7 +87,7 @@ from scalelab.layers.web.spawn import Spawned, stop_group
 SMOLLM2, TINY = "smollm2-135m", "tiny"
 
 
-class LlmSettings(StageSettings):
+class LlmSettings(StageSettings, EndpointAccess):
     """`stages.llm`: concurrent streams against the generation engine (or `url`)."""
 
     base_concurrency: int = Field(default=1, ge=1)
@@ -129,6 +136,11 @@ class LlmSettings(StageSettings):
     on the shipped held-out text, greedy agreement over 64 tokens on 24 prompts): ~3 min on
     2 cores for SmolLM2, so the demo leaves it to --full and its report says how to measure
     it."""
+
+    def built_objectives(self) -> list[Objective]:
+        """With `url`, availability among them (99% where the config names none)."""
+        objectives = super().built_objectives()
+        return with_availability(objectives) if self.url else objectives
 
     @model_validator(mode="after")
     def _series_known(self) -> LlmSettings:
@@ -347,7 +359,8 @@ class LlmStage(Stage[LlmSettings]):
                                max_step=f"{min(step_seconds(need, start, 2.0), MAX_STEP_S):g}s",
                                max_steps=s.capacity_max_steps, warmup="0.5s",
                                prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
-                               shared_prefix=s.shared_prefix or None, api=s.api, records=rec)
+                               shared_prefix=s.shared_prefix or None, api=s.api, records=rec,
+                               **s.access())
 
     def _load(self, s: LlmSettings, url: str, rec: Path, metrics: str | None,
               model: str | None, price: float | None, pid: int | None = None,
@@ -359,7 +372,7 @@ class LlmStage(Stage[LlmSettings]):
                           prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
                           shared_prefix=s.shared_prefix or None, api=s.api, model_name=model,
                           metrics_url=metrics, server_pid=pid, core_hour_usd=price,
-                          quality_probe=s.quality_probe or None, records=rec)
+                          quality_probe=s.quality_probe or None, records=rec, **s.access())
 
     def run(self, s: LlmSettings, ctx: Context) -> None:
         price = ctx.prices.core_hour_usd
@@ -495,14 +508,14 @@ class LlmStage(Stage[LlmSettings]):
                                    keep=False, timeout_s=600))
                 return res.records[0] if res.records else None
 
-            got = size_level(chunk, s.built_objectives(), first_s=MIN_CHUNK_S,
+            got = size_level(chunk, sized_by(s.built_objectives()), first_s=MIN_CHUNK_S,
                              share_s=clock.left_s() / max(1, probes_left),
                              merge=llm_result.merge_records, window=_window,
                              overhead_s=CHUNK_OVERHEAD_S)
             if got is None:
                 return "undecided"
             decided[level] = got
-            return level_outcome(got, s.built_objectives())
+            return level_outcome(got, sized_by(s.built_objectives()))
 
         if series == s.baseline and by_level:
             base = float(min(load.concurrency))

@@ -3,7 +3,7 @@ and the reference engine's server (kept beside their only user, diagnose.stages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +21,10 @@ class _LlmTarget(Command):
     shared_prefix: int | None = None
     api: Literal["chat", "completions"] | None = None
     records: Path | None = None
+    header: list[str] | None = field(default=None, metadata={"flag": "--header", "repeat": True})
+    """NAME:VALUE headers sent with every request (`stages.llm.headers`)."""
+    api_key_env: str | None = None
+    """The variable holding the key (`stages.llm.api_key_env`): never the key itself."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -45,7 +45,13 @@ from scalelab.lab.diagnose.sizing import (
     target_level,
 )
 from scalelab.lab.diagnose.stages.base import Artifact, Context, Stage
-from scalelab.lab.diagnose.stages.endpoint import grid_start, metrics_note, metrics_url, noted
+from scalelab.lab.diagnose.stages.endpoint import (
+    grid_start,
+    metrics_note,
+    metrics_url,
+    noted,
+    sized_by,
+)
 from scalelab.lab.diagnose.stages.serve_advice import advise
 from scalelab.lab.diagnose.stages.serve_config import (
     MODEL,
@@ -73,9 +79,10 @@ the batching servers follow them into OUT/traces/serve-batching-<setting>.jsonl,
 report attributes (its p99 lines)."""
 TRACES = "traces"
 RECOVERY_UNKNOWN = "none known (the endpoint's own is not visible to the load test)"
-CAPACITY_SEARCH_S = 22.0
+CAPACITY_SEARCH_S = 33.0
 """One capacity search of a user's endpoint (`stages.serve.url`, custom `load` stages): the
-2-core reference run, 22 s each."""
+2-core reference run, 22 s each, plus its 10 s confirmation run (`serve_search.SEARCH_CONFIRM`)
+and the warm-up before it."""
 
 
 def _measured(r: Record, *, url: str, usd: float, repeat: int) -> Record:
@@ -210,10 +217,11 @@ class ServeStage(Stage[ServeSettings]):
         repo: Path | None = None, data: Path | None = None, trace_sample: float | None = None,
     ) -> LoadRun:
         flights = repo is not None
-        return LoadRun(url=url, rates=rates, duration=s.duration, warmup=f"{WARMUP_S:g}s",
+        return LoadRun(url=url, rates=rates, duration=s.duration, arrival="constant",
+                       warmup=f"{WARMUP_S:g}s",
                        records=rec, payload="flights" if flights else None,
                        model=MODEL if flights else None, model_repo=repo, data=data,
-                       trace_sample=trace_sample)
+                       trace_sample=trace_sample, **s.access())
 
     def run(self, s: ServeSettings, ctx: Context) -> None:
         if s.url:
@@ -374,7 +382,7 @@ class ServeStage(Stage[ServeSettings]):
         cmd = replace(self._load(s, url, rec, rates, repo=repo, data=data,
                                  trace_sample=TRACE_SAMPLE if traced else None),
                       trace_at=max(rates) if traced else None, server_pid=spawned.proc.pid,
-                      server_metrics=f"{spawned.url}/metrics")
+                      metrics_url=f"{spawned.url}/metrics")
         t0 = time.monotonic()
         res = ctx.run(Step(stage=self.name, label=f"serve {series} #{rep + 1}", command=cmd,
                            records=rec, series=series,
@@ -393,7 +401,7 @@ class ServeStage(Stage[ServeSettings]):
                           cmd=dataclasses.replace(self._load(s, endpoint, rec, rates),
                                                   server_signals=True, server_pid=s.server_pid,
                                                   prometheus=ctx.prometheus),
-                          objectives=s.built_objectives(), series=SERIES[s.baseline],
+                          objectives=sized_by(s.built_objectives()), series=SERIES[s.baseline],
                           tag=functools.partial(_user_endpoint, note=note), rec=rec,
                           reserve_s=CAPACITY_SEARCH_S if searching else 0.0)
         # The user's endpoint gets the reference server's capacity search too: where it
@@ -418,7 +426,7 @@ class ServeStage(Stage[ServeSettings]):
         cmd = replace(self._load(s, url, rec, [s.base_rate * m], repo=repo, data=data,
                                  trace_sample=trace_sample if index == 0 else None),
                       duration=f"{seconds:.3g}s", server_pid=spawned.proc.pid,
-                      server_metrics=f"{spawned.url}/metrics")
+                      metrics_url=f"{spawned.url}/metrics")
         more = f" +{index}" if index else ""
         res = ctx.run(
             Step(stage=self.name, label=f"serve {series} {m:g}× #{rep + 1}{more}",

@@ -11,8 +11,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from scalelab.lab.core.objectives import Objective
 from scalelab.lab.diagnose.commands import ServeRun
-from scalelab.lab.diagnose.schema import Duration, HttpUrl, Levels, StageSettings
+from scalelab.lab.diagnose.schema import Duration, EndpointAccess, HttpUrl, Levels, StageSettings
+from scalelab.lab.diagnose.stages.endpoint import with_availability
 from scalelab.lab.diagnose.steps import scalelab_cmd
 from scalelab.layers.nets.model_config import ModelConfig, load_model_config
 from scalelab.layers.nets.registry import read_spec, write_spec
@@ -26,7 +28,7 @@ BATCH_DELAY_MS = 2.0
 """How long the batcher waits for batch-mates: short against a 50 ms p95 objective."""
 
 
-class ServeSettings(StageSettings):
+class ServeSettings(StageSettings, EndpointAccess):
     """`stages.serve`: open-loop arrival rates against the model server."""
 
     base_rate: float = Field(default=40.0, gt=0)
@@ -51,6 +53,11 @@ class ServeSettings(StageSettings):
     per batching setting: where serving stops meeting it, not only whether 10× passes."""
     capacity_max_steps: int = Field(default=8, ge=2, le=40)
     """Bound on the capacity search's steps (each one a short load level)."""
+
+    def built_objectives(self) -> list[Objective]:
+        """With `url`, availability among them (99% where the config names none)."""
+        objectives = super().built_objectives()
+        return with_availability(objectives) if self.url else objectives
     capacity_step: Duration = "2s"
     """Shortest "longest capacity step" (the search's --max-step, raised so the first rate can
     reach the requests the step rule needs; --min-step is half of this)."""

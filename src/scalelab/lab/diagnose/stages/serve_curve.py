@@ -28,7 +28,7 @@ from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.fits import fit_scaling
 from scalelab.lab.core.objectives import Objective, check_rows, latency_objectives
 from scalelab.lab.core.sheet import SheetRow
-from scalelab.lab.load.capacity import step_requests
+from scalelab.lab.load.capacity import CONFIRM_S, CONFIRM_VARIABLE, step_requests
 
 CAPACITY = " capacity"
 """Suffix of the series that holds a capacity search's steps (e.g. 'batching=off capacity')."""
@@ -91,7 +91,16 @@ class SearchOutcome:
 
     setting: str
     capacity_rps: float | None
-    """Highest rate decided to pass."""
+    """The confirmed capacity: the highest rate whose confirmation run passed (None when no
+    confirmation passed: advice never divides by an unconfirmed rate)."""
+    searched_rps: float | None = None
+    """Highest rate the search's steps decided to pass (confirmed or not)."""
+    confirm_s: float | None = None
+    """Length of the confirmation run that passed (measured seconds)."""
+    confirmations: int = 0
+    """Confirmation runs made."""
+    confirming: bool = True
+    """The search confirms its answer (False: `load llm capacity`, whose pass is counted)."""
     fails_at: float | None
     """Lowest rate decided to fail above it (or the lowest decided fail without a pass)."""
     steps: int
@@ -102,14 +111,26 @@ class SearchOutcome:
     def text(self) -> str:
         if self.capacity_rps is not None:
             head = (f"{self.setting}: capacity at the objective {self.capacity_rps:.4g} "
-                    "requests/s measured"
+                    "requests/s measured" + self._confirmed_text()
                     + (f" (fails at {self.fails_at:.4g})" if self.fails_at is not None else ""))
+        elif self.searched_rps is not None:
+            head = (f"{self.setting}: the search passed {self.searched_rps:.4g} requests/s but "
+                    + (f"none of {self.confirmations} confirmation run(s) held"
+                       if self.confirmations else "no confirmation run was made")
+                    + ": no confirmed capacity")
         elif self.fails_at is not None:
             head = (f"{self.setting}: every decided step missed the objective (the lowest at "
                     f"{self.fails_at:.4g} requests/s)")
         else:
             head = f"{self.setting}: the search was undecided (no step measured enough to decide)"
         return head + f", {self.steps} search steps" + self._undecided_text()
+
+    def _confirmed_text(self) -> str:
+        if not self.confirming:
+            return ""
+        return (f", confirmed by {self.confirm_s or 0:.3g} s at that rate"
+                + (f" (shorter than load capacity's {CONFIRM_S:g} s, under diagnose's time "
+                   "budget)" if (self.confirm_s or 0) < CONFIRM_S * 0.9 else ""))
 
     def _undecided_text(self) -> str:
         if not self.undecided:
@@ -177,10 +198,20 @@ def _verdict(r: SheetRow) -> object:
 
 def search_outcome(setting: str, rows: list[SheetRow]) -> SearchOutcome:
     """The answer of one search whose steps are `rows` (a '<setting> capacity' series)."""
+    confirms = [(r, str(_verdict(r))) for r in rows if r.variable == CONFIRM_VARIABLE]
+    held = [r for r, v in confirms if v in ("pass", "undecided-pass")
+            and r.extras.get("valid_offer", True) is not False]
+    best = max(held, key=lambda r: r.level, default=None)
+    rows = [r for r in rows if r.variable != CONFIRM_VARIABLE]
     verdicts = [(r, str(_verdict(r))) for r in rows]
     passed = [r.level for r, v in verdicts if v == "pass"]
-    failed = [r.level for r, v in verdicts if v == "fail"]
-    cap = max(passed) if passed else None
+    failed = [r.level for r, v in verdicts if v == "fail"] + [
+        r.level for r, v in confirms if r not in held]
+    searched = max(passed) if passed else None
+    # A search that confirms (`load capacity`: its steps say `capacity_confirm`) counts only a
+    # confirmed rate; one that does not (`load llm capacity`) keeps its decided pass.
+    confirming = any("capacity_confirm" in r.extras for r in rows) or bool(confirms)
+    cap = (best.level if best is not None else None) if confirming else searched
     fails = min((f for f in failed if cap is None or f > cap), default=None)
     slo = next((str(r.extras["slo"]) for r in rows if r.extras.get("slo")), "")
     rule = slo.split("<")[0] if "<" in slo else "step"
@@ -190,7 +221,10 @@ def search_outcome(setting: str, rows: list[SheetRow]) -> SearchOutcome:
         for r, v in sorted(verdicts, key=lambda t: t[0].level) if v.startswith("undecided")
     ]
     return SearchOutcome(setting=setting, capacity_rps=cap, fails_at=fails, steps=len(rows),
-                         rule=rule, undecided=undecided)
+                         rule=rule, undecided=undecided, searched_rps=searched,
+                         confirming=confirming,
+                         confirm_s=best.wall_s if best is not None else None,
+                         confirmations=len(confirms))
 
 
 def searches(by_series: dict[str, list[SheetRow]]) -> list[SearchOutcome]:

@@ -24,6 +24,15 @@ from scalelab.lab.diagnose.stages.serve_curve import (
 from scalelab.lab.diagnose.steps import Step, restage
 
 SEARCH_WARMUP = "0.5s"
+SEARCH_CONFIRM_S = 10.0
+"""Each search's answer is confirmed by a run this long at its rate before the advice divides
+by it (five steps' floor where the stage's `capacity_step` is shorter than 2 s): shorter than
+`load capacity`'s 30 s under diagnose's time budget (the outcome says so)."""
+
+
+def confirm_length(capacity_step: str) -> str:
+    """`load capacity --confirm` for a stage whose steps' floor is `capacity_step`."""
+    return f"{min(SEARCH_CONFIRM_S, 5 * parse_duration(capacity_step)):g}s"
 
 
 def search_path(ctx: Context, series: str) -> Path:
@@ -60,8 +69,9 @@ def run_search(s: ServeSettings, ctx: Context, *, stage: str, series: str, url: 
                        fails_at=fails_at if fails_at is not None and fails_at > first else None,
                        min_step=f"{floor_s / 2:g}s", max_step=f"{step_s:g}s",
                        max_steps=s.capacity_max_steps, warmup=SEARCH_WARMUP, records=rec,
+                       confirm=confirm_length(s.capacity_step),
                        payload="flights" if repo else None, model=MODEL if repo else None,
-                       model_repo=repo, data=data)
+                       model_repo=repo, data=data, **s.access())
     ctx.run(Step(stage=stage, label=f"serve {series} capacity", command=cmd, records=rec,
                  series=series + CAPACITY,
                  tag=tag or functools.partial(restage, stage=stage), timeout_s=600))

@@ -37,14 +37,23 @@ from scalelab.lab.load.capacity import Progress
 from scalelab.lab.load.clock import LoopImpl, now
 from scalelab.lab.load.driver import Driver
 from scalelab.lab.load.histogram import LatencyHistogram
-from scalelab.lab.load.http.connection import Connection, HttpConnection
+from scalelab.lab.load.http.connection import Connection, HttpConnection, ProtocolError
 from scalelab.lab.load.pool import Pool
 from scalelab.lab.load.result import Part
 from scalelab.lab.load.send import SendConfig
+from scalelab.lab.load.steady import SteadyTrace, trace_of
 
-ERROR_KINDS = ("status", "timeout", "refused", "reset", "other")
+ERROR_KINDS = ("status", "timeout", "refused", "reset", "protocol", "tls", "other")
 MAX_OPENING = 256
 """Connects in flight at most, so a burst cannot exhaust the listen backlog."""
+
+
+def _os_kind(e: OSError) -> str:
+    """A connect's failure: a TLS handshake the server refused (bad certificate, HTTP/2 only
+    by ALPN) is "tls", anything else "other"."""
+    import ssl
+
+    return "tls" if isinstance(e, ssl.SSLError | ssl.CertificateError) else "other"
 
 
 @dataclass(kw_only=True)
@@ -66,6 +75,8 @@ class HttpPart(Part):
     """Wall seconds those two cover."""
     machine_busy_cores: float | None = None
     """Busy cores of the whole machine over the same span (/proc/stat), this process included."""
+    steady: SteadyTrace | None = None
+    """Open loop: what the steady-state tests of a capacity step read (`load.steady`)."""
 
 
 @dataclass(kw_only=True)
@@ -94,6 +105,9 @@ class HttpDriver(Driver[HttpPart, Progress]):
         # Latencies in µs, appended in the hot path (~50 ns) and put into the histogram once at
         # the end (a histogram update costs ~3 µs in Python); 8 bytes per measured request.
         self._lat_us = array("q")
+        # Due times of the same successes (8 bytes each): latency against time, for the
+        # steady-state test of a capacity step (`load.steady`).
+        self._due_ok = array("d")
         # Completion times of every success, warm-up included (8 bytes each): the served rate
         # inside the window, whatever requests the server was busy with.
         self._done_t = array("d")
@@ -120,12 +134,14 @@ class HttpDriver(Driver[HttpPart, Progress]):
             if 200 <= status < 300:
                 lat = now - due
                 self._lat_us.append(int(lat * 1e6))
+                self._due_ok.append(due)
                 res.ok += 1
                 if lat <= self._thr:
                     res.within += 1
             else:
                 self.status[str(status)] += 1
                 self.kinds["status"] += 1
+                self._retry_after(conn)
         else:
             self.res.warmup_requests += 1
         self._next(conn)
@@ -150,21 +166,41 @@ class HttpDriver(Driver[HttpPart, Progress]):
     def _send(self, conn: Connection, due: float, measured: bool) -> None:
         conn.send(self._next_request(measured), (due, measured))
 
-    def _fail(self, kind: str, measured: bool) -> None:
+    def _fail(self, kind: str, measured: bool, detail: BaseException | str | None = None
+              ) -> None:
         self._outstanding -= 1
-        super()._fail(kind, measured)
+        super()._fail(kind, measured, detail)
+
+    def _retry_after(self, conn: Connection) -> None:
+        ra = getattr(conn, "retry_after", None)
+        if ra is not None:
+            res = self.res
+            res.retry_after_count += 1
+            res.retry_after_max_s = max(res.retry_after_max_s or 0.0, ra)
+            conn.retry_after = None  # type: ignore[attr-defined]
 
     def _on_lost(self, conn: Connection, exc: BaseException | None, token: Any) -> None:
         self._pool.lost(conn)
+        if conn.by_server:
+            self.res.server_closes += 1
         if token is not None:
             _, measured = token
-            if conn in self._timed_out:
-                kind = "timeout"
-            elif exc is None or isinstance(exc, ConnectionResetError | BrokenPipeError):
-                kind = "reset"
+            timed_out = conn in self._timed_out
+            if conn.retryable and not timed_out:
+                # Closed idle as we sent, before any byte of an answer: once more, fresh.
+                self.res.retries += 1
+                self._pool.opening += 1
+                self.loop.create_task(self._open((conn.request, token)))
             else:
-                kind = "other"
-            self._fail(kind, measured)
+                if timed_out:
+                    kind = "timeout"
+                elif isinstance(exc, ProtocolError):
+                    kind = "protocol"
+                elif exc is None or isinstance(exc, ConnectionResetError | BrokenPipeError):
+                    kind = "reset"
+                else:
+                    kind = "other"
+                self._fail(kind, measured, exc)
         self._timed_out.discard(conn)
         self._refill()
         self._check_done()
@@ -201,36 +237,44 @@ class HttpDriver(Driver[HttpPart, Progress]):
             timeout=cfg.timeout_s)
         return conn
 
-    async def _open(self) -> None:
+    async def _open(self, retry: tuple[bytes, Any] | None = None) -> None:
+        """Open a connection for the next work, or to send `retry` (request, token) again."""
         try:
             conn = await self._connect(self._on_response, self._on_lost)
-        except ConnectionRefusedError:
+        except ConnectionRefusedError as e:
             self._pool.open_failed()
-            self._connect_failed("refused")
+            self._connect_failed("refused", retry, e)
             return
-        except TimeoutError:
+        except TimeoutError as e:
             self._pool.open_failed()
-            self._connect_failed("timeout")
+            self._connect_failed("timeout", retry, e)
             return
-        except OSError:
+        except OSError as e:
             self._pool.open_failed()
-            self._connect_failed("other")
+            self._connect_failed(_os_kind(e), retry, e)
             return
         self._pool.opened(conn)
         self.res.connections_opened += 1
+        if retry is not None:
+            conn.send(*retry)
+            return
         self._next(conn)
 
-    def _connect_failed(self, kind: str) -> None:
-        if self.cfg.mode == "open":
+    def _connect_failed(self, kind: str, retry: tuple[bytes, Any] | None,
+                        exc: BaseException) -> None:
+        if retry is not None:
+            self._fail(kind, retry[1][1], exc)
+            self._refill()
+        elif self.cfg.mode == "open":
             waiting = self._pool.first_waiter()
             if waiting is not None:
-                self._fail(kind, waiting[1])
+                self._fail(kind, waiting[1], exc)
             self._refill()
         elif self.can_send():
             # A client that cannot connect counts one failed request, then retries shortly.
             t = now()
             self._outstanding += 1
-            self._fail(kind, t >= self.warm_end)
+            self._fail(kind, t >= self.warm_end, exc)
             self._count_closed_send(t >= self.warm_end)
             self.loop.call_later(0.01, self._refill)
         self._check_done()
@@ -366,7 +410,13 @@ class HttpDriver(Driver[HttpPart, Progress]):
     def _finish(self) -> HttpPart:
         self._cpu_stop()
         res = super()._finish()
-        self.hist.record_us(np.frombuffer(self._lat_us, dtype=np.int64))
+        lat_us = np.frombuffer(self._lat_us, dtype=np.int64)
+        if self.cfg.mode == "open":
+            res.steady = trace_of(res.window_start, res.last_due,
+                                  np.frombuffer(self._due_ok, dtype=np.float64), lat_us / 1e6,
+                                  np.frombuffer(self._done_t, dtype=np.float64), res.sent)
+        self._due_ok = array("d")
+        self.hist.record_us(lat_us)
         self._lat_us = array("q")
         res.hist_blob = self.hist.encode()
         window = self._window()

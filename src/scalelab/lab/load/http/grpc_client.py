@@ -122,6 +122,10 @@ class GrpcConnection:
         self.token: Any = None
         self.sent_at = 0.0
         self.closed = False
+        self.by_server = False
+        self.retryable = False
+        """A channel reconnects by itself: the engine never resends on it."""
+        self.request = b""
 
     @classmethod
     async def connect(cls, target: Target, on_response: Callable[..., None],

@@ -118,7 +118,7 @@ def fetch_metadata(target: Target, model: str, timeout_s: float = 10.0) -> dict[
     """GET /v2/models/NAME (OIP model metadata)."""
     url = f"{target.base}/v2/models/{model}"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        with target.urlopen(url, timeout_s=timeout_s) as r:
             meta = json.loads(r.read())
     except urllib.error.HTTPError as e:
         raise BadInputError(f"GET {url} answered {e.code}; is {model!r} loaded there?") from e

@@ -43,6 +43,7 @@ from scalelab.lab.load.result import (
     wall_weighted,
 )
 from scalelab.lab.load.schedule import Mode
+from scalelab.lab.load.steady import SteadyTrace, merge_traces
 
 RATE_TOLERANCE = 0.02
 """A level is invalid when it sent more than this share below its schedule's rate."""
@@ -130,6 +131,8 @@ class LoadResult(LevelResult):
     """What the generator got of the CPU (None where it was not measured)."""
     hist_blob: str = field(repr=False)
     """Merged HdrHistogram (base64), so any threshold can be evaluated later."""
+    steady: SteadyTrace | None = field(default=None, repr=False)
+    """Open loop: the processes' steady-state traces added up (`load.steady`)."""
 
 
 def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
@@ -191,13 +194,15 @@ def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
         lag_max_ms=lag_max_ms, lag_p50_ms=_at_most(lstats.p50_ms, lag_max_ms),
         lag_p99_ms=_at_most(lstats.p99_ms, lag_max_ms),
         pool_waits=pool_waits,
-        connections=tally.connections, valid=not reasons,
+        connections=tally.connections, **tally.connection_counts(), valid=not reasons,
         invalid_reasons=reasons,
         cold_start_ms=cold_ms,
         cold_start_error=None if cold is None else cold.cold_start_error,
         warmup_requests=tally.warmup_requests, stopped_early=stopped,
         generator_cpu=gcpu,
         hist_blob=hist.encode(),
+        steady=(merge_traces([p.steady for p in parts if p.steady is not None])
+                if any(p.steady is not None for p in parts) else None),
         traced_requests=tally.traced_requests, trace_ids=tally.trace_ids,
     )
 
@@ -263,7 +268,7 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         "lag": {"count": r.lag_count, "share": r.lag_share, "max_ms": r.lag_max_ms,
                 "p50_ms": r.lag_p50_ms, "p99_ms": r.lag_p99_ms},
         "scheduled_rps": r.scheduled_rps,
-        "pool_waits": r.pool_waits, "connections": r.connections,
+        "pool_waits": r.pool_waits, "connections": r.connections, **r.connection_fields(),
         "cold_start_ms": r.cold_start_ms, "warmup_requests": r.warmup_requests,
         "invalid_reasons": r.invalid_reasons, "hdr_histogram": r.hist_blob,
         "generator_cpu": None if r.generator_cpu is None else asdict(r.generator_cpu),

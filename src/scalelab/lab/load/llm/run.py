@@ -26,6 +26,7 @@ from scalelab.lab.load.histogram import LatencyHistogram
 from scalelab.lab.load.llm.result import LlmResult, merge
 from scalelab.lab.load.llm.stream import ProbeAnswer, StreamConfig, StreamDriver, StreamPart
 from scalelab.lab.load.llm.token_slo import Samples, TokenStepRule
+from scalelab.lab.load.result import all_failed_line
 
 
 @dataclass(kw_only=True)
@@ -95,21 +96,18 @@ def reference_answers(cfg: StreamConfig) -> list[ProbeAnswer]:
 
 
 def check_ran(r: LlmResult, url: str) -> None:
-    """Stop when the server never answered (down, wrong port, wrong path): a level answered
-    with errors under overload is a measurement, not a failure."""
+    """Stop when the server never answered (down, wrong port): a level answered with errors
+    is a measurement (the command prints it, then exits 1 when every request failed)."""
     if r.requests > 0 and r.successes == 0:
         unreachable = r.errors_by_kind.get("refused", 0) + r.errors_by_kind.get("other", 0)
-        statuses = r.errors_by_status
         if unreachable == r.failures:
             raise RunFailedError(f"no request to {url} got an answer ({r.requests} sent); is "
                                  "the server up at that address?")
-        if set(statuses) & {"400", "404", "405", "422"} and r.errors_by_kind.get("status") \
-                == r.failures:
-            codes = ", ".join(f"{k}×{v}" for k, v in statuses.items())
-            raise RunFailedError(
-                f"every request to {url} was refused as bad ({codes}); check --api "
-                "(chat or completions) and --model, and try --usage final or --no-ignore-eos "
-                "for a server that rejects vLLM's extra fields")
+
+
+class EveryRequestFailed(RunFailedError):
+    """A capacity search's first step got not one success: its likely cause, in one line
+    (the CLI exits 1 with it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +137,9 @@ def capacity(make_plan: Callable[[float, int], LlmPlan], rule: TokenStepRule,
         r = run_llm(make_plan(rate, len(levels)), stop_check=None if cluster else rule.should_stop,
                     cluster=cluster)
         check_ran(r, url)
+        if not levels and r.all_failed() and r.errors_by_status:
+            # A wrong path, key or server answers every rate alike: no search to run.
+            raise EveryRequestFailed(all_failed_line([r], url=url, llm=True) or "")
         levels.append(r)
         verdict, decided = rule.verdict(r.samples_for(rule.slo))
         ttft_q = next((o.quantile for o in rule.slo.objectives if o.metric == "ttft"), 0.95)

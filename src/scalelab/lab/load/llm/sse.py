@@ -15,17 +15,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scalelab.lab.load.llm.tokens import Event, parse_event
-from scalelab.lab.load.send import body_framing
+from scalelab.lab.load.send import (
+    ProtocolError,
+    body_framing,
+    is_interim,
+    keeps_alive,
+    retry_after_s,
+    status_of,
+)
 
 
 class StreamLost(Exception):
     """The connection closed with a request in flight; `kind` is reset or dropped."""
 
-    def __init__(self, kind: str, detail: str, events: list[Event] | None = None) -> None:
+    def __init__(self, kind: str, detail: str, events: list[Event] | None = None,
+                 retryable: bool = False) -> None:
         super().__init__(detail)
         self.kind = kind
         self.events = events or []
         """What had streamed before the loss (to count the tokens a dropped stream wasted)."""
+        self.retryable = retryable
+        """A kept-alive connection closed before any byte of the answer: the server closed
+        it idle as we sent; the request is sent once more on a fresh connection."""
 
 
 @dataclass(slots=True)
@@ -40,6 +51,8 @@ class Answer:
     end: float
     """When the stream ended (the `[DONE]` event, else the last byte)."""
     protocol_error: str | None
+    retry_after_s: float | None = None
+    """Retry-After of a refusal (non-2xx), when the server sent one."""
 
     def failure(self, tokens: list[int]) -> str | None:
         """Why this answer is not a success, as `StreamDriver` counts it (`tokens`: its tokens
@@ -80,6 +93,10 @@ class SseConnection(asyncio.Protocol):
         self._done = False
         self._done_at = 0.0
         self._perr: str | None = None
+        self._got = False
+        self._retry_after: float | None = None
+        self.served = 0
+        """Answers completed on this connection."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -94,6 +111,8 @@ class SseConnection(asyncio.Protocol):
         self._events, self._times = [], []
         self._done = False
         self._perr = None
+        self._got = False
+        self._retry_after = None
         self.transport.write(req)
         return self._fut
 
@@ -107,33 +126,16 @@ class SseConnection(asyncio.Protocol):
         if self._fut is None:
             return
         t = self._time()
+        self._got = True
         buf = self._buf
         buf += data
         if not self._head:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > 65536:
-                    self._lose("protocol", "response headers larger than 64 KiB")
-                return
-            head = bytes(buf[:end]).lower()
-            del buf[: end + 4]
-            if not head.startswith(b"http/1."):
-                self._lose("protocol", f"not an HTTP/1.x response: {head[:40]!r}")
-                return
             try:
-                self._status = int(head[9:12])
-            except ValueError:
-                self._lose("protocol", f"bad status line: {head[:40]!r}")
+                if not self._read_head():
+                    return
+            except ProtocolError as e:
+                self._lose("protocol", str(e))
                 return
-            self._head = True
-            if b"\r\nconnection: close" in head or head.startswith(b"http/1.0"):
-                self.reusable = False
-            need = body_framing(head)
-            if need is not None:
-                self._need = need
-            else:
-                self._need = -3
-                self.reusable = False
             if not 200 <= self._status < 300:
                 # The body of an error is not read: the connection goes, the status is the answer.
                 self.reusable = False
@@ -152,6 +154,36 @@ class SseConnection(asyncio.Protocol):
             self._need -= take
             if self._need == 0:
                 self._complete(t)
+
+    def _read_head(self) -> bool:
+        """Parse the response head off the buffer (1xx interim heads skipped); False when
+        more bytes are needed. ProtocolError when the answer is not HTTP/1.x."""
+        buf = self._buf
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) >= 9 and not buf.startswith(b"HTTP/"):
+                    status_of(bytes(buf[:64]).lower())
+                if len(buf) > 65536:
+                    raise ProtocolError("response headers larger than 64 KiB")
+                return False
+            head = bytes(buf[:end]).lower()
+            del buf[: end + 4]
+            self._status = status_of(head)
+            if not is_interim(self._status):
+                break
+        self._head = True
+        if not keeps_alive(head):
+            self.reusable = False
+        if not 200 <= self._status < 300:
+            self._retry_after = retry_after_s(head)
+        need = body_framing(head)
+        if need is not None:
+            self._need = need
+        else:
+            self._need = -3
+            self.reusable = False
+        return True
 
     def _chunked(self, t: float) -> None:
         buf = self._buf
@@ -178,7 +210,13 @@ class SseConnection(asyncio.Protocol):
 
     def _feed(self, payload: bytes, t: float) -> None:
         sse = self._sse
-        sse += payload.replace(b"\r\n", b"\n")
+        sse += payload
+        if b"\r" in payload:
+            # CRLF line ends (a CR may end one read and its LF start the next); a lone CR
+            # at the end waits for what follows
+            tail = sse.endswith(b"\r")
+            norm = bytes(sse[:-1] if tail else sse).replace(b"\r\n", b"\n")
+            sse[:] = norm + (b"\r" if tail else b"")
         while True:
             end = sse.find(b"\n\n")
             if end < 0:
@@ -204,24 +242,34 @@ class SseConnection(asyncio.Protocol):
 
     def _complete(self, t: float) -> None:
         fut, self._fut = self._fut, None
+        self.served += 1
         if fut is not None and not fut.done():
             fut.set_result(Answer(status=self._status, events=self._events, times=self._times,
                                   done=self._done, end=self._done_at if self._done else t,
-                                  protocol_error=self._perr))
+                                  protocol_error=self._perr, retry_after_s=self._retry_after))
 
     def _lose(self, kind: str, detail: str) -> None:
         fut, self._fut = self._fut, None
+        retryable = kind == "reset" and not self._got and self.served > 0
         self.abort()
         if fut is not None and not fut.done():
-            fut.set_exception(StreamLost(kind, detail, self._events))
+            fut.set_exception(StreamLost(kind, detail, self._events, retryable))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.reusable = False
         if self._fut is None:
             return
+        if not self._head and len(self._buf) >= 9 and not self._buf.startswith(b"HTTP/"):
+            try:
+                status_of(bytes(self._buf[:64]).lower())
+            except ProtocolError as e:
+                self._lose("protocol", str(e))  # an HTTP/2 server's frames, then a reset
+                return
         if self._head and self._need == -3 and exc is None:
             self._feed(bytes(self._buf), self._time())
             self._complete(self._time())
             return
-        self._lose("dropped" if self._head else "reset", repr(exc))
+        self._lose("dropped" if self._head else "reset",
+                    "the server closed the connection" + (f" ({exc!r})" if exc else "")
+                    + (" mid-stream" if self._head else " before answering"))

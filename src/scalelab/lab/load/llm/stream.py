@@ -39,7 +39,14 @@ from scalelab.lab.load.result import Part
 from scalelab.lab.load.send import SendConfig
 
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "dropped", "protocol", "server-error",
-               "empty", "other")
+               "empty", "tls", "other")
+
+
+def _os_kind(e: OSError) -> str:
+    """A TLS handshake the server refused (bad certificate, HTTP/2 only by ALPN) is "tls"."""
+    import ssl
+
+    return "tls" if isinstance(e, ssl.SSLError | ssl.CertificateError) else "other"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,24 +174,34 @@ class StreamDriver(Driver[StreamPart, Samples]):
                     # connect itself is the network's time and shows in TTFT, not in the lag.
                     self.lag.add((now() if waited else dispatched) - start)
                     res.last_send = max(res.last_send, now())
-                ans = await conn.request(req)
-            self._pool.release(conn, reusable=conn.reusable)
+                try:
+                    ans = await conn.request(req)
+                except StreamLost as e:
+                    if not e.retryable:
+                        raise
+                    # The server closed the kept-alive connection idle as we sent: once more.
+                    res.retries += 1
+                    self._lost(conn)
+                    conn = None
+                    conn, _ = await self._pool.acquire(fresh=True)
+                    ans = await conn.request(req)
+            self._release(conn)
             conn = None
             kind = self._record(start, ans, measured)
             if probe is not None:
                 self._keep_probe(probe, ans, kind)
-        except TimeoutError:
-            self._fail("timeout", measured, probe)
+        except TimeoutError as e:
+            self._fail("timeout", measured, probe, e)
         except StreamLost as e:
-            self._fail(e.kind, measured, probe)
+            self._fail(e.kind, measured, probe, e)
             if measured and e.events:
                 res.failed_output_tokens += sum(tokens_per_event(e.events)[0])
-        except ConnectionRefusedError:
-            self._fail("refused", measured, probe)
-        except (ConnectionResetError, BrokenPipeError):
-            self._fail("reset", measured, probe)
-        except OSError:
-            self._fail("other", measured, probe)
+        except ConnectionRefusedError as e:
+            self._fail("refused", measured, probe, e)
+        except (ConnectionResetError, BrokenPipeError) as e:
+            self._fail("reset", measured, probe, e)
+        except OSError as e:
+            self._fail(_os_kind(e), measured, probe, e)
         finally:
             self._in_flight -= 1
             if conn is not None:
@@ -192,8 +209,19 @@ class StreamDriver(Driver[StreamPart, Samples]):
                 conn.abort()
                 self._pool.release(conn)
 
-    def _fail(self, kind: str, measured: bool, probe: int | None = None) -> None:
-        super()._fail(kind, measured)
+    def _release(self, conn: SseConnection) -> None:
+        if not conn.reusable and not conn.closed:
+            self.res.server_closes += 1  # it said Connection: close (or spoke HTTP/1.0)
+        self._pool.release(conn, reusable=conn.reusable)
+
+    def _lost(self, conn: SseConnection) -> None:
+        self.res.server_closes += 1
+        conn.abort()
+        self._pool.release(conn, reusable=False)
+
+    def _fail(self, kind: str, measured: bool, probe: int | None = None,  # type: ignore[override]
+              detail: BaseException | None = None) -> None:
+        super()._fail(kind, measured, detail)
         if probe is not None:
             self.res.probe.append(ProbeAnswer(index=probe, pieces=[], tokens=[], source=None,
                                               error=kind))
@@ -221,6 +249,9 @@ class StreamDriver(Driver[StreamPart, Samples]):
         if not 200 <= ans.status < 300:
             self.status[str(ans.status)] += 1
             self.kinds["status"] += 1
+            if ans.retry_after_s is not None:
+                res.retry_after_count += 1
+                res.retry_after_max_s = max(res.retry_after_max_s or 0.0, ans.retry_after_s)
             return "status"
         tokens, source, prompt = tokens_per_event(ans.events)
         kind = ans.failure(tokens)
@@ -229,6 +260,11 @@ class StreamDriver(Driver[StreamPart, Samples]):
         if kind is not None or tm is None:
             kind = kind or "empty"
             self.kinds[kind] += 1
+            if kind not in res.error_examples:
+                err = next((e.error for e in ans.events if e.error), None)
+                res.error_examples[kind] = err or ans.protocol_error or {
+                    "dropped": "the stream ended without [DONE] or a finish_reason",
+                    "empty": "a 2xx stream that carried no token"}.get(kind, kind)
             res.failed_output_tokens += sum(tokens)
             return kind
         res.ok += 1

@@ -47,36 +47,76 @@ class Event:
 
 
 def parse_event(data: bytes) -> Event | None:
-    """Parse one `data:` payload; None for `[DONE]`. Raises ValueError on a non-JSON payload."""
+    """Parse one `data:` payload; None for `[DONE]`. Raises ValueError on a non-JSON payload.
+
+    The chunk shapes servers stream, each read for its text, its end and its token counts:
+    - OpenAI chat (vLLM, SGLang, TGI's /v1, llama.cpp's /v1, ours): `choices[].delta.content`
+      (and `reasoning_content` / `reasoning` of reasoning models), `finish_reason`, `usage`;
+    - OpenAI completions: `choices[].text`;
+    - TGI's own /generate_stream: `token.text` (a special token carries none), the end as a
+      non-null `generated_text`, the total in `details.generated_tokens`;
+    - llama.cpp's own /completion: `content`, `stop: true` at the end, the totals in
+      `tokens_predicted` / `tokens_evaluated`; its last OpenAI chunk may carry only
+      `timings.predicted_n` / `prompt_n`, read as the final usage.
+    """
     if data.strip() == b"[DONE]":
         return None
     obj = json.loads(data)
     if not isinstance(obj, dict):
         raise ValueError("event is not a JSON object")
-    if "error" in obj and "choices" not in obj:
+    if "error" in obj and "choices" not in obj and obj["error"]:
         err = obj["error"]
         msg = err.get("message") if isinstance(err, dict) else err
         return Event(0, None, None, False, str(msg)[:200])
-    chars = 0
     parts: list[str] = []
     finished = False
     for ch in obj.get("choices") or ():
         if not isinstance(ch, dict):
             continue
         delta = ch.get("delta")
-        text: Any = delta.get("content") if isinstance(delta, dict) else ch.get("text")
-        if isinstance(text, str):
-            chars += len(text)
-            parts.append(text)
+        if isinstance(delta, dict):
+            for key in ("reasoning_content", "reasoning", "content"):
+                piece = delta.get(key)
+                if isinstance(piece, str):
+                    parts.append(piece)
+        elif isinstance(ch.get("text"), str):
+            parts.append(ch["text"])
         if ch.get("finish_reason"):
             finished = True
+    ct, pt = _usage(obj)
+    tok = obj.get("token")
+    if isinstance(tok, dict):  # TGI /generate_stream
+        if isinstance(tok.get("text"), str) and not tok.get("special"):
+            parts.append(tok["text"])
+        details = obj.get("details")
+        if obj.get("generated_text") is not None:
+            finished = True
+        if isinstance(details, dict):
+            finished = finished or bool(details.get("finish_reason"))
+            ct = _int(details.get("generated_tokens"), ct)
+    elif "choices" not in obj and isinstance(obj.get("content"), str):  # llama.cpp /completion
+        parts.append(obj["content"])
+        finished = bool(obj.get("stop"))
+        if finished:
+            ct = _int(obj.get("tokens_predicted"), ct)
+            pt = _int(obj.get("tokens_evaluated"), pt)
+    text = "".join(parts)
+    return Event(len(text), ct, pt, finished, None, text)
+
+
+def _int(v: Any, default: int | None) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
+
+
+def _usage(obj: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(completion, prompt) tokens from `usage`, else from llama.cpp's `timings`."""
     usage = obj.get("usage")
-    ct = pt = None
     if isinstance(usage, dict):
-        c, p = usage.get("completion_tokens"), usage.get("prompt_tokens")
-        ct = int(c) if isinstance(c, int | float) else None
-        pt = int(p) if isinstance(p, int | float) else None
-    return Event(chars, ct, pt, finished, None, "".join(parts))
+        return _int(usage.get("completion_tokens"), None), _int(usage.get("prompt_tokens"), None)
+    timings = obj.get("timings")
+    if isinstance(timings, dict) and obj.get("choices") is not None:
+        return _int(timings.get("predicted_n"), None), _int(timings.get("prompt_n"), None)
+    return None, None
 
 
 def tokens_per_event(events: list[Event]) -> tuple[list[int], TokenSource, int | None]:
