@@ -1,6 +1,6 @@
 """A user's endpoint in scalelab.yaml: its headers and key reach the load commands (the key by
 the name of its variable only), and availability is among its objectives (99% by default,
-said so) and goes to a custom load stage's capacity search as --error-budget."""
+said so) and goes to a custom load stage's capacity search in its --slo (`avail>=99%`)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_custom_load_stage_judges_availability_by_default(cfg: object) -> None:
     search = _search(c, Path("cap.jsonl"))
     assert search is not None
     argv = search.to_argv()
-    assert argv[argv.index("--error-budget") + 1] == "1%"
+    assert argv[argv.index("--slo") + 1].endswith(",avail>=99%")
+    assert "--error-budget" not in argv
     assert argv[argv.index("--api-key-env") + 1] == "MY_KEY"
 
 
