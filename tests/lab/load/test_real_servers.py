@@ -306,7 +306,10 @@ def test_nginx_closing_after_keepalive_requests_loses_nothing(
     assert run(["load", nginx, "--concurrency", "2", "--requests", "60", *QUIET]) == 0
     lv, _ = _level(capsys)
     assert (lv["successes"], lv["failures"], lv["retries"]) == (60, 0, 0)
-    assert lv["server_closes"] == 12 and lv["connections"] == 12
+    # Every 5th answer closes its connection: 12 closes, each followed by a new connection —
+    # plus, on a busy machine, at most one opened as the last requests were handed out and
+    # never used (the count says connections opened, not requests carried).
+    assert lv["server_closes"] == 12 and lv["connections"] in (12, 13)
 
 
 def test_a_capacity_search_with_every_request_failed_says_why(
