@@ -306,10 +306,11 @@ def test_nginx_closing_after_keepalive_requests_loses_nothing(
     assert run(["load", nginx, "--concurrency", "2", "--requests", "60", *QUIET]) == 0
     lv, _ = _level(capsys)
     assert (lv["successes"], lv["failures"], lv["retries"]) == (60, 0, 0)
-    # Every 5th answer closes its connection: 12 closes, each followed by a new connection —
-    # plus, on a busy machine, at most one opened as the last requests were handed out and
-    # never used (the count says connections opened, not requests carried).
-    assert lv["server_closes"] == 12 and lv["connections"] in (12, 13)
+    # Every 5th answer closes its connection: 12 closes, each but the last followed by a new
+    # connection. Closes are counted when the socket's loss is seen, so the last one may land
+    # after the run's last answer ends it (11); on a busy machine one connection may be opened
+    # as the last requests are handed out and never carry one (13).
+    assert lv["server_closes"] in (11, 12) and lv["connections"] in (12, 13)
 
 
 def test_a_capacity_search_with_every_request_failed_says_why(
