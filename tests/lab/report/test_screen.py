@@ -175,3 +175,25 @@ def test_curve_points_are_labelled_and_decide_nothing_they_did_not_decide() -> N
     assert "| serve | — | 1 | p95_ms ≤ 50 | undecided (curve point) |" in md
     assert "- curve points (measured for the picture, not decisions): 1×, 2×" in md
     assert plain_lines(v, "r.html")[2].startswith("serve  holds to 10×  10× / 10×")
+
+
+def test_a_stage_with_several_open_checks_gets_one_line_sized_by_the_largest() -> None:
+    """The open checks of a stage are sized at one level, so the one needing the most samples
+    pays for the others: the first screen says that one, and how many checks it decides."""
+    from scalelab.lab.core.decide import Decision
+    from scalelab.lab.core.objectives import Check, Objective
+    from scalelab.lab.core.verdict import Need
+    from scalelab.lab.report.screen import need_note
+
+    def need(label: str, metric: str, samples: int) -> Need:
+        o = Objective(metric=metric, max=2000, label=label)
+        c = Check(stage="llm", series="baseline", level=10.0, multiple=10.0, objective=o,
+                  decision=Decision(outcome="undecided", value=1.0, n=40,
+                                    basis="order statistic"))
+        return Need(check=c, samples=samples, measured=40, unit="requests", per_second=5.0)
+
+    ttft, avail = need("TTFT p95 ≤ 2 s", "p95_ms", 59), need("avail", "p95_ms", 299)
+    assert need_note("llm", (ttft, avail)) == (
+        "llm: 2 checks at 10× need 299 requests: 59.8 s at 5 req/s")
+    assert need_note("llm", (ttft,)) == (
+        "llm: TTFT p95 ≤ 2 s at 10× needs 59 requests: 11.8 s at 5 req/s")

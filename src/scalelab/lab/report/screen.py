@@ -13,6 +13,7 @@ the terminal; on a terminal the same cells go into a rich table.
 
 from __future__ import annotations
 
+import math
 import re
 import textwrap
 from collections.abc import Sequence
@@ -110,13 +111,22 @@ def short_need(n: Need) -> str:
     return f"{count_text(n.samples)} {n.unit}{pays}"
 
 
+def need_note(stage: str, needs: tuple[Need, ...]) -> str:
+    """One line a stage: what decides its open checks. They are sized at one level, so the
+    check that needs the most samples (one with no count first) pays for the others too."""
+    most = max(needs, key=lambda n: math.inf if n.samples is None else n.samples)
+    at = format_multiple(most.check.multiple)
+    if len(needs) == 1:
+        return f"{stage}: {most.check.objective.label} at {at} needs {short_need(most)}"
+    return f"{stage}: {len(needs)} checks at {at} need {short_need(most)}"
+
+
 def screen_line(s: StageVerdict) -> ScreenLine:
     notes: list[str] = []
     if s.failure is not None:
         notes.append(f"{s.stage} failed: {s.failure}")
     if s.outcome == "undecided" and s.needs:
-        notes += [f"{s.stage}: {n.check.objective.label} at {format_multiple(n.check.multiple)} "
-                  f"needs {short_need(n)}" for n in s.needs]
+        notes.append(need_note(s.stage, s.needs))
     elif s.outcome == "undecided" and s.not_measured:
         notes.append(f"{s.stage}: not measured: "
                      + ", ".join(g.label for g in s.not_measured))
