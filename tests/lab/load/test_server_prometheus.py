@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from prometheus_bin import prometheus
+from promtool_bin import prometheus
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.load.server.prometheus import instant, read_window
 
