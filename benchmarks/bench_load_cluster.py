@@ -19,7 +19,8 @@ On this machine, with tests/lab/load/servers.py as the target (one asyncio proce
   without --cluster). Target: within 5%.
 Two schedulers (one with one worker, one with two) run side by side so the runs interleave
 and share the machine's moments; each figure is the median of --repeats.
-The workers are `dask worker --nthreads 1 --no-nanny` with Dask's profiler off (docs/load.md).
+The workers are `dask worker --nthreads 1 --no-nanny` with Dask's profiler off
+(docs/load-cluster.md).
 Every process here, servers and workers and this client, shares the machine's cores: on a
 2-core box the server and two generators compete, so the ratios are floors.
 """

@@ -34,7 +34,7 @@ head (mean pooling, a seeded linear layer to 4 classes), one ONNX version; each 
 sentence of the retrieval corpus tokenized on the client to --tokens ids (input_ids and
 attention_mask, INT64 [1, tokens]), as a deployment serving pre-tokenized ids receives it; with
 --text the request is the sentence itself (BYTES) and the server tokenizes it (the version holds
-the model's tokenizer.json and config.json's "tokenizer"; docs/serve.md). Only
+the model's tokenizer.json and config.json's "tokenizer"; docs/serve-internals.md). Only
 the capacity part with scalelab's two rows (batching, max_batch_size 1): the peers and the bare
 app serve the MLP.
 

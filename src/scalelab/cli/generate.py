@@ -65,8 +65,8 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "(faster decode steps); --plain-weights keeps torch's nn.Linear."),
         click.option("--weights", default="q4", show_default=True,
                      help="q4 (the GGUF's own Q4_0/Q4_1/Q8_0 blocks, not expanded to fp32; "
-                          "the fastest that passes the quality gate, docs/generate.md) | int8 "
-                          "(per-channel int8 from the fp32 weights) | fp32 (what transformers "
+                          "the fastest that passes the quality gate, docs/generate-weights.md) | "
+                          "int8 (per-channel int8 from the fp32 weights) | fp32 (what transformers "
                           "decodes). Quality against fp32: `scalelab generate quality`."),
         click.option("--torch-threads", default=None, type=int,
                      help="torch intra-op threads (default: torch's choice). They wait "
@@ -186,7 +186,7 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
     """Generate one completion offline (no server) and print it with its timings.
 
     With --device SPEC the same completion runs as a child held to that device (see
-    docs/generate.md, "On a target device")."""
+    docs/generate-weights.md, "On a target device")."""
     import torch
 
     from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig

@@ -1,5 +1,5 @@
 """What the `scalelab diagnose` process itself loads: it runs no net, so it never imports torch
-(its import cost ~1.7 s at the demo's start and its teardown at exit; docs/diagnose.md)."""
+(its import cost ~1.7 s at the demo's start and its teardown at exit; docs/diagnose-runs.md)."""
 
 import os
 import subprocess

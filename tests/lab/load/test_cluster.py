@@ -54,7 +54,8 @@ PREC = 0.999  # as test_llm_stream.py: HdrHistogram at 3 significant digits read
 
 def _dask(*args: str) -> subprocess.Popen[bytes]:
     # The workers import this tree's scalelab (the tasks name its functions). Dask's sampling
-    # profiler walks every thread's stack each 10 ms under the GIL: off, as docs/load.md says.
+    # profiler walks every thread's stack each 10 ms under the GIL: off, as
+    # docs/load-cluster.md says.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
            "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
     return subprocess.Popen([sys.executable, "-c",

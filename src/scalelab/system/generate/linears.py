@@ -213,7 +213,7 @@ class PackedLinear(nn.Module):
     plain (out, in) layout poorly at those shapes. The blocked copy, made once, computes the
     same product (fp32, a different summation order: logits agree to ~1e-4) in 0.57-0.72x the
     time at 8 rows, 0.85-0.94x at 1 row and 0.85x at 512 (a prefill chunk) on the two-core
-    machine; a whole SmolLM2 decode step at 8 sequences in 0.69x (docs/generate.md). The
+    machine; a whole SmolLM2 decode step at 8 sequences in 0.69x (docs/generate-weights.md). The
     state dict still holds the plain weight (converted back exactly), so a packed model saves
     and compares like the original.
     """

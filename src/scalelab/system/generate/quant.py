@@ -13,7 +13,7 @@ Two settings besides fp32 (`WEIGHTS`):
   torch's int8 weight-only matmul.
 
 Both kernels are fast on CPU only with bf16 activations (their fp32 paths are scalar, 20-30x
-slower than oneDNN's fp32 GEMM at these shapes; docs/generate.md has the measurement), so a
+slower than oneDNN's fp32 GEMM at these shapes; docs/generate-weights.md has the measurement), so a
 quantized linear rounds its input, its scales and its output to bf16: the codes are the file's,
 the arithmetic is not fp32. The quality gate (scalelab.system.generate.quality) measures what
 that costs.

@@ -5,7 +5,7 @@ int4 product (`aten._weight_int4pack_mm_for_cpu`) is a parallel region; at its e
 that is done spins (300,000 rounds by default) waiting for the others. When another process
 holds the second core, the thread due there waits for a scheduler slice while the first spins
 on its own core, ~120 times a token: SmolLM2 q4 at 2 threads fell to 0.52 tokens/s at one
-stream on a machine at load 9, against 21.6 with a passive wait (docs/generate.md, "A busy
+stream on a machine at load 9, against 21.6 with a passive wait (docs/generate-benchmark.md, "A busy
 neighbour"). `torch.set_num_threads` does not change the wait; only the environment does, and
 libgomp reads it once, when torch is imported. So `scalelab generate` sets it before that, in
 the process that runs the engine (its workers and children inherit it).

@@ -35,7 +35,7 @@ sets aside for it before sharing out the rest. A busy host takes longer; the siz
 spare time pays for it. data, train, model, online: the stage times of a fresh clone's
 `make demo` on a quiet 2-core VM (2026-12-03 11:38–11:44 UTC, load 0.5–1.4; the Time
 section's "spent"), each stage's fixed work whole (none is sized). retrieval: its bench's
-fixed work after the cuts of 2026-12-03 (docs/diagnose.md, "Retrieval's fixed work"),
+fixed work after the cuts of 2026-12-03 (docs/diagnose-stages.md),
 estimated for a quiet machine from CPU seconds measured at load 14–20. data: its scales now
 share their generated files (data.generate.Written): 8.7 s in a whole demo at load 1.7–3.7
 (2026-12-03 15:25 UTC; 11.9 s before, at 1.5–4.6), so 8 s is again what it takes."""

@@ -171,7 +171,7 @@ STEP_START_S = 1.5
 """A load step's process start-up and teardown beside its levels' warm-ups and windows: a 2 s
 level chunk (1 s warm-up) took 4.5 s a step in the quiet demo of 2026-12-03 11:39 UTC; the step
 over four such levels took 13.3 s (12 s of warm-ups and windows) at load 4.5 on the shared
-2-core VM, 2026-12-03 14:59 UTC (docs/diagnose.md). A level adds nothing measurable beside
+2-core VM, 2026-12-03 14:59 UTC (docs/diagnose-stages.md). A level adds nothing measurable beside
 its own warm-up and window."""
 SERVER_START_S = 3.0
 """One server process's start until it answers ready, about one core's work (quiet demo of
