@@ -19,7 +19,7 @@ ISSUE = re.compile(r"(?<![\w/])#\d{2}\b|\bissues? \d{2}\b", re.IGNORECASE)
 
 def pages() -> list[Path]:
     """The README and every hand-written docs page."""
-    return [ROOT / "README.md"] + sorted(p for p in DOCS.glob("*.md") if p.name not in GENERATED)
+    return [ROOT / "README.md", *sorted(p for p in DOCS.glob("*.md") if p.name not in GENERATED)]
 
 
 def prose(text: str) -> str:
