@@ -264,9 +264,7 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
             engine = sampler.extras()
         else:
             r = run_llm(plan, cluster=cluster)
-        side = level_signals(reader, errors_by_status=r.errors_by_status,
-                             requests=r.successes + r.failures,
-                             errors_by_kind=r.errors_by_kind)
+        side = level_signals(reader, r)
         check_ran(r, url)
         results.append(r)
         agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None

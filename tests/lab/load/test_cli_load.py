@@ -10,6 +10,7 @@ import pytest
 
 from scalelab.cli import run
 from scalelab.lab.core.records import read_records
+from scalelab.lab.core.sheet import build_sheet
 
 
 def _json(capsys: pytest.CaptureFixture[str]) -> dict:
@@ -250,7 +251,6 @@ def test_capacity_counts_only_answered_requests(
     # The same endpoint as a diagnose load stage: a peak of 400 req/s needs more than one
     # replica of what it answers (the latency-only search advised 1).
     from scalelab.lab.core.objectives import Objective
-    from scalelab.lab.core.sheet import build_sheet
     from scalelab.lab.core.verdict import StageGoal, judge
     from scalelab.lab.diagnose.stages import serve
 
@@ -284,3 +284,25 @@ def test_the_default_confirmation_is_30_s_at_the_answer(
     assert 95.0 <= doc["confirmed_rps"] <= 102.5
     # 30 s of constant arrivals at the confirmed rate, never stopped early.
     assert conf["requests"] == pytest.approx(conf["rate"] * 30, abs=2)
+
+
+def test_refusals_without_retry_after_are_an_admission_limit(
+        server: Callable[..., str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # One request in service at a time, 50 ms each; 3 clients: the other two are answered 503
+    # at once (no Retry-After) while it runs, so most requests are refused and some answered.
+    url = server("admit", "--limit", "1", "--service-ms", "50")
+    recs = tmp_path / "admit.jsonl"
+    assert run(["load", url, "--concurrency", "3", "--requests", "60", "--warmup", "0s",
+                "--no-cold-start", "--records", str(recs), "--json"]) == 0
+    lv = json.loads(capsys.readouterr().out)["levels"][0]
+    refused = lv["errors_by_status"]["503"]
+    assert 0 < refused < 60 and lv["successes"] + refused == 60
+    (rec,) = read_records(recs)
+    sig = rec.server
+    assert sig is not None and (sig.refused, sig.requests) == (refused, 60)
+    assert (sig.retry_after, sig.retry_after_count, sig.retry_after_s) == (False, 0, None)
+    (row,) = build_sheet([rec])
+    assert row.limiting_resource.startswith(
+        f"admission: {refused} refused with 503 = {refused / 60:.1%} of 60 requests "
+        f"({refused / rec.wall_s:.3g} refusals/s), without Retry-After: the server turns work "
+        "away above its admission limit")
