@@ -19,7 +19,7 @@ from rich.table import Table
 
 from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
-from scalelab.cli._dataset import dataset_of, dataset_options
+from scalelab.cli._dataset import dataset_of, dataset_options, tokenizer_of
 from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._load_requests import (
@@ -164,7 +164,8 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
                         warmup_s=warm, timeout_s=parse_duration(kw["timeout"], what="--timeout"),
                         max_connections=kw["max_connections"],
                         trace_sample=float(kw.get("trace_sample") or 0.0),
-                        trace_seed=int(kw.get("seed") or 0), probe_requests=probe or [])
+                        trace_seed=int(kw.get("seed") or 0), probe_requests=probe or [],
+                        tokenizer=tokenizer_of(kw))
 
 
 @llm.command("run")
