@@ -533,7 +533,8 @@ def _render_capacity(c: Console, doc: dict[str, Any]) -> None:
                   "yes" if s["valid"] else "NO")
     _wide(c, 110).print(t)
     if doc["capacity_rps"] is None:
-        c.print(f"no tried rate met {doc['slo']}")
+        confirmed = any(s["confirmation"] for s in doc["steps"])
+        c.print(doc["answer"] if confirmed else f"no tried rate met {doc['slo']}")
         return
     lo, hi = doc["interval_rps"]
     c.print(f"{doc['answer']}; interval [{_ms(lo)}, {_ms(hi)}] req/s"
