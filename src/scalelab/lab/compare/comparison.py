@@ -205,7 +205,11 @@ def _need(t: _Test, margin: float, confidence: float) -> str:
         q = t.ev.q or 0.5
         # Each side's bound is one-sided at 1 − α/4 (two tails, two sides).
         least = quantile_requests_needed(q, 1.0 - (1.0 - confidence) / 4.0)
-        return f"{sides}: p{q * 100:g} is bounded from ≥ {least:,} a side"
+        if min(t.n_a, t.n_b) < least:
+            return f"{sides}: p{q * 100:g} is bounded from ≥ {least:,} a side"
+        # Enough latencies, too few batches: their spread leaves the quantile unbounded.
+        return (f"{sides}: too few batches bound p{q * 100:g}: longer runs, or "
+                f"{RUNS_AS_UNITS}+ repeats a side")
     half = max(math.log(ratio) - math.log(iv[0]), math.log(iv[1]) - math.log(ratio))
     # Shown outside the margin, or inside it: whichever is nearer, on the log scale.
     dist = abs(abs(math.log(ratio)) - math.log1p(margin))
