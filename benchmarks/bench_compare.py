@@ -4,7 +4,7 @@ Pairs of separate runs of one server (no difference should be reported) and of a
 slower (worse should be reported), on 127.0.0.1.
 
 Run: .venv/bin/python benchmarks/bench_compare.py [--pairs 20] [--seconds 2] [--rate 100]
-         [--keep DIR] [--reuse DIR]
+         [--realtime] [--keep DIR] [--reuse DIR]
 
 Two `tests/lab/load/servers.py fixed` servers, one answering after 10 ms and one after 12 ms
 (the added 2 ms: a 20% regression of the service time). For each of --pairs rounds, three
@@ -53,7 +53,7 @@ def start(ms: float) -> tuple[subprocess.Popen[str], str]:
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
-def load(url: str, out: Path, seconds: float, rate: float) -> None:
+def load(url: str, out: Path, seconds: float, rate: float, rt: bool) -> None:
     """One `scalelab load` run, in this process (a process start costs ~10 s at load 10)."""
     import contextlib
     import io
@@ -62,12 +62,13 @@ def load(url: str, out: Path, seconds: float, rate: float) -> None:
 
     with contextlib.redirect_stdout(io.StringIO()):
         rc = run(["load", url, "--rate", f"{rate:g}", "--arrival", "constant", "--duration",
-                  f"{seconds:g}s", "--warmup", "0.2s", "--records", str(out), "--json"])
+                  f"{seconds:g}s", "--warmup", "0.2s", "--records", str(out), "--json",
+                  *(["--realtime"] if rt else [])])
     if rc not in (0, 1):  # 1: a run the generator judged late still measured
         raise SystemExit(f"scalelab load failed ({rc})")
 
 
-def collect(work: Path, pairs: int, seconds: float, rate: float) -> None:
+def collect(work: Path, pairs: int, seconds: float, rate: float, rt: bool) -> None:
     procs = []
     try:
         pa, url_a = start(10)
@@ -75,9 +76,9 @@ def collect(work: Path, pairs: int, seconds: float, rate: float) -> None:
         pb, url_b = start(12)
         procs.append(pb)
         for i in range(pairs):
-            load(url_a, work / f"a{i}.jsonl", seconds, rate)
-            load(url_a, work / f"a2_{i}.jsonl", seconds, rate)
-            load(url_b, work / f"b{i}.jsonl", seconds, rate)
+            load(url_a, work / f"a{i}.jsonl", seconds, rate, rt)
+            load(url_a, work / f"a2_{i}.jsonl", seconds, rate, rt)
+            load(url_b, work / f"b{i}.jsonl", seconds, rate, rt)
             print(f"round {i + 1}/{pairs} done, load {loadavg()}", file=sys.stderr)
     finally:
         for p in procs:
@@ -144,11 +145,33 @@ def decide(work: Path, pairs: int) -> None:
           f"valid on both sides: {reg_valid} worse")
 
 
+def decide_repeats(work: Path, pairs: int, k: int = 3) -> None:
+    """The same runs as sides of k repeats (runs as the unit: between-run drift counts)."""
+    from scalelab.lab.compare.comparison import compare
+    from scalelab.lab.compare.sides import read_side
+
+    def side(prefix: str, idx: range) -> list:
+        return [r for i in idx for r in read_side(work / f"{prefix}{i}.jsonl")]
+
+    groups = [range(j, j + k) for j in range(0, pairs - k + 1, k)]
+    same = slow = 0
+    for g in groups:
+        a = side("a", g)
+        same += any(r.decision in ("better", "worse") for r in compare(a, side("a2_", g)).rows)
+        c = compare(a, side("b", g))
+        slow += next(r for r in c.rows if r.metric == "latency p50").decision == "worse"
+    print(f"as {k} repeats a side: same server, a difference reported: {same} of "
+          f"{len(groups)}; 12 ms against 10 ms, latency p50 worse: {slow} of {len(groups)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--rate", type=float, default=100.0)
+    ap.add_argument("--realtime", action="store_true",
+                    help="Run the generator in SCHED_FIFO (load --realtime; root or "
+                         "CAP_SYS_NICE): on-time sends on a busy machine.")
     ap.add_argument("--keep", type=Path, help="Save the records in DIR.")
     ap.add_argument("--reuse", type=Path, help="Decide the records saved in DIR; run nothing.")
     a = ap.parse_args()
@@ -156,12 +179,14 @@ def main() -> None:
     t0 = time.monotonic()
     if a.reuse is not None:
         decide(a.reuse, a.pairs)
+        decide_repeats(a.reuse, a.pairs)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             work = a.keep or Path(tmp)
             work.mkdir(parents=True, exist_ok=True)
-            collect(work, a.pairs, a.seconds, a.rate)
+            collect(work, a.pairs, a.seconds, a.rate, a.realtime)
             decide(work, a.pairs)
+            decide_repeats(work, a.pairs)
     print(f"load average at end: {loadavg()}; {time.monotonic() - t0:.0f} s")
 
 
