@@ -1,5 +1,6 @@
-"""scalelab's `load llm` against GuideLLM and AIPerf on the same ShareGPT requests at one
-Poisson rate, against `scalelab generate serve`.
+"""scalelab's `load llm` vs GuideLLM and AIPerf: the same ShareGPT requests, one Poisson rate.
+
+Against `scalelab generate serve`.
 
 Run: .venv/bin/python benchmarks/bench_llm_dataset.py [--requests 60] [--rate 2]
          [--model tiny] [--max-output 64] [--peers guidellm,aiperf] [--out FILE]
