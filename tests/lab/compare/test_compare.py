@@ -17,6 +17,7 @@ import pytest
 
 from scalelab.cli import run
 from scalelab.lab.compare.comparison import compare
+from scalelab.lab.compare.sides import read_side
 from scalelab.lab.core.records import Record, make_record
 from scalelab.lab.load.histogram import LatencyHistogram
 from scalelab.lab.load.slices import slice_blobs
@@ -184,3 +185,23 @@ def test_a_run_its_load_tester_judged_invalid_decides_nothing() -> None:
     assert c.rows[0].need == ("B's run is invalid (generator lag p99 12.0 ms is more than "
                               "10 ms); rerun it where it is valid")
     assert compare([_record(x)], [_record(x * 1.5)]).rows[0].decision == "worse"
+
+
+def test_load_llm_records_carry_slices_that_compare_reads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real `load llm run` keeps each metric's slices; compare decides its TTFT p50 on batch
+    means (one run against itself: equivalent, the ratio exactly 1)."""
+    from llmkit import llm_server
+
+    rec = tmp_path / "llm.jsonl"
+    with llm_server("--ttft-ms", "20", "--gap-ms", "2") as url:
+        assert run(["load", "llm", "run", url, "--rates", "20", "--arrival", "constant",
+                    "--requests", "40", "--warmup", "0s", "--output-tokens", "4",
+                    "--records", str(rec), "--json"]) in (0, 1)
+    capsys.readouterr()
+    got = json.loads(rec.read_text().splitlines()[0])["extras"]["hdr_slices"]
+    assert sorted(got) == ["e2e", "itl", "tpot", "ttft"] and len(got["ttft"]) == 10
+    c = compare(read_side(rec), read_side(rec))
+    ttft = next(r for r in c.rows if r.metric == "ttft p50")
+    assert ttft.basis == "batch means (4 and 4 batches) or order statistic, the wider"
+    assert ttft.ratio == 1.0
