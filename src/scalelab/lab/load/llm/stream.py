@@ -38,6 +38,7 @@ from scalelab.lab.load.llm.window import ServedWindow
 from scalelab.lab.load.pool import FuturePool
 from scalelab.lab.load.result import Part
 from scalelab.lab.load.send import SendConfig
+from scalelab.lab.load.slices import slice_blobs
 
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "dropped", "protocol", "server-error",
                "empty", "tls", "other")
@@ -84,6 +85,8 @@ class StreamPart(Part):
     """-1 when the server did not report usage."""
     itl_blob: str = ""
     """HdrHistogram of every inter-token gap (µs)."""
+    itl_slices: list[str] = field(default_factory=list)
+    """The gaps in `load.slices.SLICES` consecutive slices (histogram blobs)."""
     token_sources: dict[str, int] = field(default_factory=dict)
     """How tokens per chunk were known, by request."""
     failed_output_tokens: int = 0
@@ -387,6 +390,8 @@ class StreamDriver(Driver[StreamPart, Samples]):
         self._window_counts()
         res.token_sources = dict(self._sources)
         h = LatencyHistogram()
-        h.record_us(np.frombuffer(self._gaps_us, dtype=np.int64))
+        gaps = np.frombuffer(self._gaps_us, dtype=np.int64)
+        h.record_us(gaps)
         res.itl_blob = h.encode()
+        res.itl_slices = slice_blobs(gaps)
         return res
