@@ -71,6 +71,11 @@ def test_twenty_pairs_from_one_server_show_no_difference(server: Callable[..., s
     conn.close()
     x = np.asarray(lat)
     rng = np.random.default_rng(7)
+    # Not vacuous: halves of a fixed sample of the same size, B 20% slower, are told apart. The
+    # sample is drawn (2 ms, 10% spread) rather than measured: on a saturated machine the real
+    # one splits into two modes (served, and starved of a core) with the median between them,
+    # and no 20% shift of that median can be shown by any rule.
+    y = rng.lognormal(np.log(2e-3), 0.1, len(x))
     differ = 0
     slower = 0
     for _ in range(20):
@@ -78,17 +83,10 @@ def test_twenty_pairs_from_one_server_show_no_difference(server: Callable[..., s
         a, b = x[perm[:300]], x[perm[300:]]
         c = compare([_record(a)], [_record(b)])
         differ += any(r.decision in ("better", "worse") for r in c.rows)
-        # Not vacuous: the same halves with B 20% slower are told apart.
-        c = compare([_record(a)], [_record(b * 1.2)])
+        c = compare([_record(y[perm[:300]])], [_record(y[perm[300:]] * 1.2)])
         row = next(r for r in c.rows if r.metric == "latency p50")
         slower += row.decision == "worse"
     assert differ <= 1
-    p25, p75 = np.percentile(x, [25, 75])
-    if p75 > 2 * p25:
-        # A saturated machine gives a 2 ms server two modes (served, and starved of a core)
-        # with the median between them: no 20% shift of it can be shown, by any rule.
-        pytest.skip(f"latencies p25 {p25 * 1e3:.2f} ms, p75 {p75 * 1e3:.2f} ms: the machine "
-                    "is too busy for the 20%-slower half of this test")
     assert slower >= 19
 
 
