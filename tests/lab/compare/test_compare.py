@@ -48,7 +48,7 @@ def _record(latencies_s: np.ndarray) -> Record:
     h.record_us((latencies_s * 1e6).astype(np.int64))
     return make_record(experiment="x", stage="load", variable="rate", level=1.0,
                        latency=h.percentiles().latency(),
-                       extras={"hdr_histogram": h.encode(), "samples": h.count})
+                       histograms={"latency": h.encode()}, extras={"samples": h.count})
 
 
 def test_twenty_pairs_from_one_server_show_no_difference(server: Callable[..., str]) -> None:
