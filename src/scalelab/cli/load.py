@@ -189,8 +189,7 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
             raise
         finally:
             server = meter.stop() if meter is not None else {}
-        side = level_signals(reader, errors_by_status=r.errors_by_status,
-                             requests=r.successes + r.failures)
+        side = level_signals(reader, r)
         check_ran(r, url)
         results.append(r)
         lines = None

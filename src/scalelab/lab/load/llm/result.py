@@ -169,8 +169,13 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
     notes: list[str] = []
     if sources.get("chunks"):
         notes.append(f"{sources['chunks']} requests had no usage from the server, so their "
-                     "tokens were counted one per chunk (an undercount when a chunk carries "
-                     "several); ask for usage with --usage continuous or final")
+                     "token counts are estimated: one per chunk (an undercount when a chunk "
+                     "carries several); ask for usage with --usage continuous or final, or "
+                     "count with the model's tokenizer (--tokenizer)")
+    if sources.get("tokenizer"):
+        notes.append(f"{sources['tokenizer']} requests had no usage from the server: their "
+                     "tokens were counted with the model's tokenizer (--tokenizer) over the "
+                     "streamed text and split over their chunks by characters")
     if sources.get("usage-final"):
         notes.append(f"{sources['usage-final']} requests reported only a final token count: "
                      "it was split over their chunks by characters (exact at one token per "

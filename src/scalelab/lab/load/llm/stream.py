@@ -30,6 +30,7 @@ import numpy as np
 from scalelab.lab.load.clock import now
 from scalelab.lab.load.driver import Driver
 from scalelab.lab.load.histogram import LatencyHistogram
+from scalelab.lab.load.llm.dataset import counter
 from scalelab.lab.load.llm.sse import Answer, SseConnection, StreamLost
 from scalelab.lab.load.llm.token_slo import Samples
 from scalelab.lab.load.llm.tokens import TokenSource, timing, tokens_per_event
@@ -104,6 +105,9 @@ class StreamConfig(SendConfig):
 
     timeout_s: float = 60.0
     """Streams last seconds: a longer default than a plain request's."""
+    tokenizer: str | None = None
+    """The model's tokenizer (`dataset.token_counter`'s spec): counts the tokens of a stream
+    that reports no usage (None: one token per chunk, an estimate; see tokens.py)."""
     probe_requests: list[bytes] = field(default_factory=list)
     """The greedy-agreement probe: sent as the first measured requests, in this order, so
     every level answers the same prompts under its own load; their texts are kept
@@ -124,6 +128,9 @@ class StreamDriver(Driver[StreamPart, Samples]):
         self.cfg: StreamConfig = cfg
         self._gaps_us = array("q")
         self._sources: defaultdict[str, int] = defaultdict(int)
+        # Built once per process (a tokenizer loads in ~0.1 s); counting runs only for streams
+        # that report no usage, once per answer, off the send path.
+        self._count = counter(cfg.tokenizer) if cfg.tokenizer else None
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = FuturePool(cfg.max_connections, connect=self._open, spawn=self._spawn)
         self._in_flight = 0
@@ -253,7 +260,7 @@ class StreamDriver(Driver[StreamPart, Samples]):
                 res.retry_after_count += 1
                 res.retry_after_max_s = max(res.retry_after_max_s or 0.0, ans.retry_after_s)
             return "status"
-        tokens, source, prompt = tokens_per_event(ans.events)
+        tokens, source, prompt = tokens_per_event(ans.events, self._count)
         kind = ans.failure(tokens)
         # timing is None only without a token, which `failure` already calls 'empty'
         tm = timing(start, ans.times, tokens, ans.end) if kind is None else None
