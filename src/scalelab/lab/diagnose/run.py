@@ -287,8 +287,8 @@ class Runner:
         if self.budget_s is None or stage not in names:
             return
         i = names.index(stage)
-        needs = [StageNeed(stage=sh.stage, minimum_s=sh.minimum_s, sized=sh.sized)
-                 for sh in self.shares]
+        needs = [StageNeed(stage=sh.stage, minimum_s=sh.minimum_s, sized=sh.sized,
+                           least_s=sh.least_s) for sh in self.shares]
         done = [(self.given.get(sh.stage, sh.minimum_s), self.spent[sh.stage])
                 for sh in self.shares[:i] if sh.stage in self.spent]
         slow = max(pace(done), pace(self.delivered))

@@ -159,7 +159,7 @@ def fewer_steps(plan: Plan, s: TrainSettings, kept: list[int]) -> int:
     `STEPS_LEAST` (a stage that cannot pay even that is stopped at its deadline)."""
     if plan.share_s is None:
         return s.steps
-    room = plan.share_s / plan.slow - BENCH_START_S - sum(level_s(n, 0, s.batch) for n in kept)
+    room = plan.quiet_s - BENCH_START_S - sum(level_s(n, 0, s.batch) for n in kept)
     per_step = sum(level_s(n, 1, s.batch) - level_s(n, 0, s.batch) for n in kept)
     return max(min(s.steps, STEPS_LEAST), min(s.steps, int(room / per_step)))
 
