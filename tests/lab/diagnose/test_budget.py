@@ -155,8 +155,14 @@ def test_a_sized_stage_shares_an_earlier_overrun_with_the_later_stages(tmp_path:
     assert r.paces["serve"] == pytest.approx(slow)
     assert r.ctx.shares["serve"] == pytest.approx(40.0 - 6.0 * slow, abs=0.05)
     assert r.ctx.short == {"serve"}  # 20.4 s against 10.5 s x 3.26: cut to its decision
-    # the share ends at the stage's deadline
-    assert r.ctx.deadline == pytest.approx(time.monotonic() + r.ctx.shares["serve"], abs=0.05)
+    # the stage is stopped at 1.5 times its share, and at the budget's end (less the report's
+    # time) at the latest: here 40 - 6 x 3.26 s from now
+    assert r.ctx.deadline == pytest.approx(time.monotonic() + 40.0 - 6.0 * slow, abs=0.05)
+    # (data, starting first with the whole budget ahead: 1.5 x its 8.42 s)
+    fresh = Runner(load_config(cfg, "default"), tmp_path / "o2", "default", budget_s=100.0)
+    fresh._reshare("data")
+    assert fresh.given["data"] == pytest.approx(8.42)
+    assert fresh.ctx.deadline == pytest.approx(time.monotonic() + 1.5 * 8.42, abs=0.05)
     # the steps' wall time against their quiet estimates is a pace too: the slower one counts
     r.delivered = [(2.5, 25.0)]
     r._reshare("serve")

@@ -173,3 +173,24 @@ def test_a_step_with_no_share_left_is_not_started_and_fails_nothing(tmp_path: Pa
     assert steps_info([res, failed]) == {
         "failed_steps": [{"stage": "data", "step": "broke", "error": "exit 2: bad"}],
         "cut_steps": [{"stage": "data", "step": "late", "why": res.cut}]}
+
+
+def test_a_slow_start_cuts_the_fixed_stages_toward_their_leasts(tmp_path: Path) -> None:
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text("stages: {train: {enabled: false}, serve: {enabled: false},"
+                   " llm: {enabled: false}, retrieval: {enabled: false},"
+                   " model: {enabled: false}}\n")
+    c = load_config(cfg, "default")
+    r = Runner(c, tmp_path / "out", "default", budget_s=60.0)
+    whole = [data.STAGE.minimum_s(c.stages.data, 1), online.STAGE.minimum_s(c.stages.online, 1)]
+    least = [data.STAGE.least_s(c.stages.data, 1), online.STAGE.least_s(c.stages.online, 1)]
+    # the start-up took 5 s, twice its quiet 2.5 s: 60 - 5 - 6 x 2 s are left for needs of
+    # 2 x (8.42 + 16.8) s, which pay for the leasts: data gets its least and the same
+    # fraction of its curve points as online
+    r.started = time.monotonic() - 5.0
+    r.delivered = [(2.5, 5.0)]
+    r._reshare("data")
+    f = (43.0 - 2 * sum(least)) / (2 * sum(whole) - 2 * sum(least))
+    assert 0 < f < 1
+    assert r.given["data"] == pytest.approx(2 * least[0] + f * 2 * (whole[0] - least[0]),
+                                            abs=0.05)
