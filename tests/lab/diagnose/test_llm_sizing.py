@@ -132,8 +132,10 @@ def test_llm_is_a_sized_stage_with_its_minimum_in_the_budget_split(tmp_path: Pat
     shares = {s.stage: s for s in r.shares}
     assert shares["llm"].sized and shares["llm"].minimum_s == 49.0
     assert shares["serve"].minimum_s == 10.5  # a 3 s server start, 1.5 s + 2 levels x 3 s
-    assert r.ctx.shares["llm"] == pytest.approx(49.0 + 120.5 * 49.0 / 59.5)
-    assert r.ctx.shares["serve"] == pytest.approx(10.5 + 120.5 * 10.5 / 59.5)
+    # 180 s less the minimums and serve's shared inputs (features 3.5 s, served model 6.5 s)
+    assert shares["features"].share_s + shares["served-model"].share_s == 10.0
+    assert r.ctx.shares["llm"] == pytest.approx(49.0 + 110.5 * 49.0 / 59.5)
+    assert r.ctx.shares["serve"] == pytest.approx(10.5 + 110.5 * 10.5 / 59.5)
     # a user's endpoint: one first step, plus the capacity search when it has a TTFT objective
     stage, llm = LlmStage(), r.cfg.stages.llm  # the default objectives: TTFT p95 ≤ 2 s
     user = llm.model_copy(update={"url": "http://127.0.0.1:9"})
