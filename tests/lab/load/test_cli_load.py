@@ -11,6 +11,7 @@ import pytest
 from scalelab.cli import run
 from scalelab.lab.core.records import read_records
 from scalelab.lab.core.sheet import build_sheet
+from scalelab.lab.load.histogram import LatencyHistogram
 
 
 def _json(capsys: pytest.CaptureFixture[str]) -> dict:
@@ -35,7 +36,8 @@ def test_rate_sweep_writes_one_valid_record_per_level(
     assert r.latency is not None and r.latency.p50_ms is not None and r.latency.p50_ms >= 19.9
     assert r.rate is not None and r.rate > 90 and r.failures == 0
     assert r.extras["samples"] == 100  # the verdict's n: measured requests
-    assert {"goodput_rps", "lag", "errors_by_kind", "hdr_histogram", "budget"} <= set(r.extras)
+    assert {"goodput_rps", "lag", "errors_by_kind", "budget"} <= set(r.extras)
+    assert LatencyHistogram.decode(r.histograms["latency"]).count == 100
     assert {"p50_ms", "p99_ms", "max_ms", "count", "share"} <= set(r.extras["lag"])
     assert [b["objective"] for b in r.extras["budget"]] == ["p95<500ms", "avail>=99%"]
     assert doc["validity_rules"] == {"rate_tolerance": 0.02, "lag_p99_floor_ms": 2.0,

@@ -154,7 +154,8 @@ def test_cli_writes_llm_records_with_goodput_and_cost(
     assert r0.rate_unit == "output tokens/s" and r0.extras["latency_is"] == "ttft"
     assert r0.latency is not None and r0.latency.p50_ms == lv["ttft"]["p50_ms"]
     assert r0.input_unit == "prompt tokens" and r0.input_volume == 6 * 128
-    assert {"itl", "tpot", "e2e", "goodput", "cost", "hdr_histograms"} <= set(r0.extras)
+    assert {"itl", "tpot", "e2e", "goodput", "cost"} <= set(r0.extras)
+    assert set(r0.histograms) == {"ttft", "itl", "tpot", "e2e"}
     assert r0.cost is not None and r0.cost.unit == "1k output tokens"
 
 

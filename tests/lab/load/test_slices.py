@@ -28,6 +28,5 @@ def test_processes_add_index_by_index_and_chunks_chain() -> None:
     # 3 ms reads as its bucket's top, 3.001 ms (3 significant digits).
     assert _counts_and_max(merged) == [(15, 3.001), (15, 3.001)]
     assert merge_slices([one, slice_blobs(np.full(9, 1, dtype=np.int64), k=3)]) == []
-    assert chained([{"hdr_slices": {"latency": one}}, {"hdr_slices": {"latency": two}}]) == {
-        "latency": one + two}
-    assert chained([{"hdr_slices": {"latency": one}}, {}]) is None
+    assert chained([{"latency": one}, {"latency": two}]) == {"latency": one + two}
+    assert chained([{"latency": one}, {}]) == {}

@@ -79,7 +79,7 @@ def test_load_llm_trace_ids_are_the_generative_servers_traces(
     import torch
 
     from scalelab.layers.nets.llama import build_tiny
-    from scalelab.system.generate.api import ApiSettings, build_app
+    from scalelab.system.generate.app import ApiSettings, build_app
     from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
     from scalelab.system.generate.tokenizer import byte_tokenizer
 

@@ -1,8 +1,8 @@
 """What is compared: each side's records (a records file, or a run or report directory), grouped
 by (stage, series, variable, level), and the evidence of each metric at a level on both sides.
 
-Latency quantiles rest on the records' HdrHistograms (`load` keeps one as
-extras["hdr_histogram"], `load llm` one per metric in extras["hdr_histograms"]), merged over
+Latency quantiles rest on the records' HdrHistograms (`Record.histograms`:
+`load` keeps one, "latency", `load llm` one per metric), merged over
 repeats, or each repeat's quantile with 3+ repeats a side (RUNS_AS_UNITS); a record without
 one falls back to its recorded quantiles (p50…max): over repeats when both sides have
 2 or more, by the verdict's bracketing of recorded ranks when each has one.
@@ -21,7 +21,6 @@ from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.records import Record, read_records
 from scalelab.lab.core.sheet import sample_count, series_of
 from scalelab.lab.load.histogram import LatencyHistogram
-from scalelab.lab.load.slices import EXTRAS_KEY as SLICES_KEY
 
 RECORDS_NAME = "records.jsonl"
 """What a diagnose run (and its report) directory keeps its records in (diagnose.run.RECORDS)."""
@@ -83,27 +82,15 @@ class Evidence:
     """(k_A, n_A, k_B, n_B)."""
 
 
-def _blobs(r: Record) -> dict[str, str]:
-    one = r.extras.get("hdr_histogram")
-    if isinstance(one, str):
-        return {"latency": one}
-    many = r.extras.get("hdr_histograms")
-    if isinstance(many, dict):
-        return {str(k): v for k, v in many.items() if isinstance(v, str)}
-    return {}
-
-
 def _slices(r: Record, name: str) -> list[str]:
-    got = r.extras.get(SLICES_KEY)
-    blobs = got.get(name) if isinstance(got, dict) else None
-    return [b for b in blobs if isinstance(b, str)] if isinstance(blobs, list) else []
+    return r.slices.get(name, [])
 
 
 def _merged(recs: list[Record], name: str) -> Latencies | None:
     h = LatencyHistogram()
     slices: list[str] = []
     for r in recs:
-        blob = _blobs(r).get(name)
+        blob = r.histograms.get(name)
         if blob is None:
             return None
         h.add_blob(blob)
@@ -125,7 +112,7 @@ def _recorded(r: Record) -> dict[float, float] | None:
 
 
 def _latency_evidence(a: list[Record], b: list[Record]) -> list[Evidence]:
-    names = sorted(set.intersection(*(set(_blobs(r)) for r in a + b)))
+    names = sorted(set.intersection(*(set(r.histograms) for r in a + b)))
     out: list[Evidence] = []
     if names and len(a) >= RUNS_AS_UNITS and len(b) >= RUNS_AS_UNITS:
         for name in names:

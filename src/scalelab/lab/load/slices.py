@@ -25,10 +25,6 @@ from scalelab.lab.load.histogram import LatencyHistogram
 SLICES = 10
 """Slices per run and metric."""
 
-EXTRAS_KEY = "hdr_slices"
-"""Record extras: {metric: [blob, ...]} (`load`: "latency"; `load llm`: ttft, itl, tpot, e2e)."""
-
-
 def slice_blobs(values_us: np.ndarray, k: int = SLICES) -> list[str]:
     """`values_us` (in completion order) cut into k runs of equal count (the first ones one
     longer where k does not divide), one histogram blob each; [] for fewer than k values."""
@@ -58,14 +54,10 @@ def merge_slices(per_process: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def chained(extras: Sequence[dict[str, object]]) -> dict[str, list[str]] | None:
-    """The slices of consecutive chunks of one level (`load run`'s chunks) one after another,
-    per metric; None unless every chunk has slices of that metric (so none is kept)."""
-    per = [e.get(EXTRAS_KEY) for e in extras]
-    if not per or not all(isinstance(p, dict) for p in per):
-        return None
-    dicts = [p for p in per if isinstance(p, dict)]
-    names = set.intersection(*(set(d) for d in dicts))
-    out = {str(n): [b for d in dicts for b in d[n]] for n in sorted(names)
-           if all(isinstance(d[n], list) for d in dicts)}
-    return out or None
+def chained(per_chunk: Sequence[dict[str, list[str]]]) -> dict[str, list[str]]:
+    """The slices (`Record.slices`) of consecutive chunks of one level (`load run`'s chunks)
+    one after another, per metric; a metric is kept only where every chunk has slices of it."""
+    if not per_chunk or not all(per_chunk):
+        return {}
+    names = set.intersection(*(set(d) for d in per_chunk))
+    return {n: [b for d in per_chunk for b in d[n]] for n in sorted(names)}

@@ -321,7 +321,7 @@ def _user_endpoint(r: Record, *, note: str | None) -> Record:
 
 def engine_available() -> bool:
     """Whether this build has the reference engine's server (`scalelab generate serve`)."""
-    return importlib.util.find_spec("scalelab.system.generate.api") is not None
+    return importlib.util.find_spec("scalelab.system.generate.app") is not None
 
 
 def _window(r: Record, asked_s: float) -> float:

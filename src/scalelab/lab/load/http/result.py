@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scalelab.lab.core.records import Cost, Record, make_record
+from scalelab.lab.core.signals import LATENCY_HISTOGRAM
 from scalelab.lab.load.clock import LagStats, lag_stats
 from scalelab.lab.load.histogram import LatencyHistogram, Percentiles
 from scalelab.lab.load.http.generator import HttpPart
@@ -43,7 +44,6 @@ from scalelab.lab.load.result import (
     wall_weighted,
 )
 from scalelab.lab.load.schedule import Mode
-from scalelab.lab.load.slices import EXTRAS_KEY as SLICES_KEY
 from scalelab.lab.load.slices import chained, merge_slices
 from scalelab.lab.load.steady import SteadyTrace, merge_traces
 
@@ -275,8 +275,7 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         "scheduled_rps": r.scheduled_rps,
         "pool_waits": r.pool_waits, "connections": r.connections, **r.connection_fields(),
         "cold_start_ms": r.cold_start_ms, "warmup_requests": r.warmup_requests,
-        "invalid_reasons": r.invalid_reasons, "hdr_histogram": r.hist_blob,
-        **({SLICES_KEY: {"latency": r.slice_blobs}} if r.slice_blobs else {}),
+        "invalid_reasons": r.invalid_reasons,
         "generator_cpu": None if r.generator_cpu is None else asdict(r.generator_cpu),
         "cluster": None if r.cluster is None else asdict(r.cluster),
     }
@@ -289,7 +288,8 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         rate_unit="requests/s", wall_s=r.wall_s, latency=r.latency.latency(),
         failures=r.failures, failure_rate=r.failure_rate, recovery="replica",
         ok=r.valid, error="; ".join(r.invalid_reasons) or None,
-        extras=finite(extras),
+        extras=finite(extras), histograms={LATENCY_HISTOGRAM: r.hist_blob},
+        slices={LATENCY_HISTOGRAM: r.slice_blobs} if r.slice_blobs else {},
     )
 
 
@@ -312,16 +312,15 @@ def merge_records(chunks: list[Record]) -> Record:
         return chunks[0]
     hist = LatencyHistogram()
     for c in chunks:
-        blob = c.extras.get("hdr_histogram")
-        if not isinstance(blob, str):
-            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no hdr_histogram to merge")
+        blob = c.histograms.get(LATENCY_HISTOGRAM)
+        if blob is None:
+            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no latency histogram "
+                             "to merge")
         hist.add_blob(blob)
     last = chunks[-1]
-    extras: dict[str, Any] = {**last.extras, "hdr_histogram": hist.encode(),
-                              "mean_ms": hist.mean_ms()}
+    extras: dict[str, Any] = {**last.extras, "mean_ms": hist.mean_ms()}
     extras.update(summed(chunks, CHUNK_SUMMED))
     extras.update(tallies(chunks, ("errors_by_kind", "errors_by_status")))
-    extras[SLICES_KEY] = chained([c.extras for c in chunks])
     wall = sum(c.wall_s or 0.0 for c in chunks)
     extras.update(wall_weighted(chunks, ("sent_rps", "goodput_rps", "scheduled_rps"), wall))
     samples, successes = extras.get("samples"), extras.get("successes")
@@ -329,6 +328,8 @@ def merge_records(chunks: list[Record]) -> Record:
         **common_update(chunks, samples if isinstance(samples, int) else None),
         "extras": extras,
         "latency": hist.percentiles().latency(),
+        "histograms": {LATENCY_HISTOGRAM: hist.encode()},
+        "slices": chained([c.slices for c in chunks]),
         "rate": successes / wall if isinstance(successes, int) and wall > 0 else last.rate,
     }
     costs = [c.cost for c in chunks]
@@ -338,5 +339,5 @@ def merge_records(chunks: list[Record]) -> Record:
         per = usd / served * 1000.0 if served else None
         unit = costs[-1].unit if costs[-1] is not None else None
         update["cost"] = Cost(usd=usd, per_unit_usd=per, unit=unit)
-    extras.update(merged_energy(chunks, update.get("cost")))
+    update["energy"] = merged_energy(chunks, update.get("cost"))
     return last.model_copy(update=update)

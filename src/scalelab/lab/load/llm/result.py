@@ -6,7 +6,7 @@ computed exactly afterwards. The record's `latency` is TTFT (what a user waits f
 anything shows); e2e, ITL and TPOT percentiles are in extras. Its rate is output tokens/s.
 
 `merge_records` merges a level's chunks (records of `load llm run` at one concurrency, as
-diagnose's sizing runs them) exactly: each of the four HdrHistograms (extras "hdr_histograms")
+diagnose's sizing runs them) exactly: each of the four HdrHistograms (`Record.histograms`)
 is added across chunks and every quantile read from the sum, so a merged TTFT p95 is the p95 of
 all the level's requests, not an average of p95s. Counts (requests, tokens, failures, server
 CPU seconds, engine scrapes and counters) are summed, rates are over the summed measured time,
@@ -51,7 +51,6 @@ from scalelab.lab.load.result import (
 )
 from scalelab.lab.load.schedule import Mode
 from scalelab.lab.load.scrape import note_limits
-from scalelab.lab.load.slices import EXTRAS_KEY as SLICES_KEY
 from scalelab.lab.load.slices import chained, merge_slices, slice_blobs
 
 LAG_INVALID_SHARE = 0.05
@@ -280,8 +279,6 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         **r.connection_fields(),
         "warmup_requests": r.warmup_requests, "invalid_reasons": r.invalid_reasons,
         "notes": r.notes,
-        "hdr_histograms": r.blobs,
-        **({SLICES_KEY: r.slices} if r.slices else {}),
         "cluster": None if r.cluster is None else asdict(r.cluster),
     }
     # Flat numbers too: the sheet keeps numeric extras (medians over repeats) and objectives
@@ -317,7 +314,8 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         latency=r.ttft.latency(), failures=r.failures, failure_rate=r.failure_rate,
         recovery="replica", ok=r.valid, error="; ".join(r.invalid_reasons) or None,
         cost=cost, limiting_resource=limiting_resource, peak_memory_bytes=peak_memory_bytes,
-        quality=quality or {}, extras=finite(extras),
+        quality=quality or {}, extras=finite(extras), histograms=dict(r.blobs),
+        slices=dict(r.slices),
     )
 
 
@@ -326,7 +324,7 @@ def cost_of(price_per_hour_usd: float, tps: float) -> float | None:
 
 
 HISTOGRAMS = ("ttft", "itl", "tpot", "e2e")
-"""The histograms a `load llm run` record carries in extras["hdr_histograms"]."""
+"""The histograms a `load llm run` record carries in `Record.histograms`."""
 CHUNK_SUMMED = ("successes", "samples", "output_tokens", "prompt_tokens",
                 "failed_output_tokens", "warmup_requests", "connections", "server_cpu_s",
                 "engine_scrapes", "engine_preemptions", "engine_generation_tokens")
@@ -342,10 +340,9 @@ def _merged_histograms(chunks: list[Record]) -> dict[str, LatencyHistogram]:
     """The chunks' TTFT, ITL, TPOT and e2e histograms, each added exactly."""
     hists = {k: LatencyHistogram() for k in HISTOGRAMS}
     for c in chunks:
-        blobs = c.extras.get("hdr_histograms")
-        if not isinstance(blobs, dict) or any(not isinstance(blobs.get(k), str)
-                                              for k in HISTOGRAMS):
-            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no hdr_histograms "
+        blobs = c.histograms
+        if any(k not in blobs for k in HISTOGRAMS):
+            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no histograms "
                              f"({', '.join(HISTOGRAMS)}) to merge")
         for k in HISTOGRAMS:
             hists[k].add_blob(blobs[k])
@@ -375,7 +372,6 @@ def _merged_extras(chunks: list[Record], hists: dict[str, LatencyHistogram],
                    wall: float) -> dict[str, Any]:
     first, last = chunks[0], chunks[-1]
     extras: dict[str, Any] = {k: v for k, v in last.extras.items() if k not in _JUDGED}
-    extras["hdr_histograms"] = {k: h.encode() for k, h in hists.items()}
     for k in ("itl", "tpot", "e2e"):
         p = pct_dict(hists[k].percentiles())
         extras[k] = p
@@ -384,7 +380,6 @@ def _merged_extras(chunks: list[Record], hists: dict[str, LatencyHistogram],
     extras["ttft_mean_ms"] = hists["ttft"].mean_ms()
     extras["e2e_mean_ms"] = hists["e2e"].mean_ms()
     extras.update(summed(chunks, CHUNK_SUMMED))
-    extras[SLICES_KEY] = chained([c.extras for c in chunks])
     extras.update(tallies(chunks, ("errors_by_kind", "errors_by_status", "token_sources")))
     extras.update(wall_weighted(chunks, CHUNK_RATES, wall))
     extras.update(_merged_gauges(chunks, last))
@@ -417,6 +412,8 @@ def merge_records(chunks: list[Record]) -> Record:
         extras["availability"] = 1.0 - update["failure_rate"]
     output_tps = num(extras.get("output_tps"))
     update.update({"extras": extras, "latency": hists["ttft"].percentiles().latency(),
+                   "histograms": {k: h.encode() for k, h in hists.items()},
+                   "slices": chained([c.slices for c in chunks]),
                    "rate": output_tps if output_tps is not None else last.rate,
                    "limiting_resource": limit, "quality": first.quality})
     costs = [c.cost for c in chunks]
@@ -431,5 +428,5 @@ def merge_records(chunks: list[Record]) -> Record:
             extras["cost"] = {"price_per_hour_usd": price, "per_1k_output_tokens_usd": per,
                               "per_1k_total_tokens_usd": cost_of(price, total_tps)
                               if total_tps else None}
-    extras.update(merged_energy(chunks, update.get("cost")))
+    update["energy"] = merged_energy(chunks, update.get("cost"))
     return last.model_copy(update=update)
