@@ -504,12 +504,12 @@ class Started:
 
 def onnx_graph(work: Path) -> Path:
     """The ONNX graph scalelab's `runtime: auto` serves for the benchmark net (its own export,
-    checked against torch: serve.worker.to_onnx_runtime), written once for the peers."""
+    checked against torch: serve.runtimes.to_onnx_runtime), written once for the peers."""
     path = work / "flights.onnx"
     if not path.exists():
         from scalelab.layers.nets.model_config import load_model_config
         from scalelab.layers.nets.registry import load_module
-        from scalelab.system.serve.worker import to_onnx_runtime
+        from scalelab.system.serve.runtimes import to_onnx_runtime
 
         repo = make_repo(work, "repo-onnx-export", MAX_BATCH)
         net = to_onnx_runtime(load_module(repo / "flights" / "1"),

@@ -1,4 +1,5 @@
-"""Model config validation and the version policy."""
+"""Model config validation and the version policy (config.json as the server reads it), and
+the server settings' own checks."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from serve_fixtures import flights_config
 from scalelab.lab.core.errors import BadInputError, BadUsageError
 from scalelab.layers.nets.model_config import ModelConfig, VersionPolicy, load_model_config
 from scalelab.layers.nets.repository import write_json
-from scalelab.system.serve.config import ServerSettings
+from scalelab.system.serve.settings import ServerSettings
 
 
 @pytest.mark.parametrize(("policy", "want"), [

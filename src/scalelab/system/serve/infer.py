@@ -47,8 +47,9 @@ from scalelab.system.serve.protocol import (
     wanted,
 )
 from scalelab.system.serve.repository import ModelEntry
+from scalelab.system.serve.runtimes import Outputs
 from scalelab.system.serve.text import check_utf8
-from scalelab.system.serve.worker import Job, Outputs, VersionWorker
+from scalelab.system.serve.worker import Job, VersionWorker
 
 log = logging.getLogger("scalelab.system.serve")
 

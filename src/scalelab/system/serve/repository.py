@@ -38,15 +38,15 @@ from scalelab.system.serve.canary import ROUTING_FILE, Routing, choose, read_rou
 from scalelab.system.serve.features import load_preprocess
 from scalelab.system.serve.metrics import Metrics
 from scalelab.system.serve.request_sample import RequestSampler
-from scalelab.system.serve.text import TextEncoder
-from scalelab.system.serve.worker import (
+from scalelab.system.serve.runtimes import (
     TRACE_SAFE,
     Outputs,
-    VersionWorker,
     check_outputs,
     to_onnx_runtime,
     to_torchscript,
 )
+from scalelab.system.serve.text import TextEncoder
+from scalelab.system.serve.worker import VersionWorker
 
 log = logging.getLogger("scalelab.system.serve")
 
