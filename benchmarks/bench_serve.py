@@ -95,7 +95,11 @@ RUNTIME = ["auto"]
 """config.json's runtime for the scalelab and nobatch servers (--runtime)."""
 PIN: dict[str, set[int]] = {}
 """--pin: the CPUs the servers run on ("server") and the clients ("client"); empty: unpinned."""
-OURS = ("scalelab", "nobatch", "torch")
+OURS = ("scalelab", "nobatch", "torch", "before")
+BEFORE: list[Path] = []
+"""--before SRC: the closed part adds a "before" row, scalelab (runtime as --runtime) run from
+another checkout's src/ (e.g. `git archive main src | tar -x -C /tmp/main`), alternated with
+the others in the same run: a change's effect against the same bare app and machine state."""
 PEER_NAMES = ("fastapi", "litserve", "mlserver")
 ORT = "-ort"
 """A peer's name with this suffix runs the ONNX graph scalelab serves (fastapi-ort, ...)."""
@@ -540,6 +544,8 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
             env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         repo = make_repo(work, f"repo-{name}", 1 if name == "nobatch" else MAX_BATCH,
                          "torch" if name == "torch" else RUNTIME[0])
+        if name == "before":
+            env["PYTHONPATH"] = str(BEFORE[0])
         # a user's defaults, but quiet logs; --workers shares one port between processes
         cmd = [sys.executable, "-c", "from scalelab.cli import main; main()", "serve",
                "--model-repo", str(repo), "--port", str(port), "--torch-threads", str(threads),
@@ -762,7 +768,8 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
                 jsonl: Path) -> dict[str, Any]:
     # scalelab as --runtime sets it (auto, what a user gets: ONNX Runtime for this net) and
     # with runtime torch, so what the runtime contributes is read in the same run
-    servers = {n: start(n, work, weights) for n in ("bare", "scalelab", "torch")}
+    names = ("bare", "scalelab", "torch") + (("before",) if BEFORE else ())
+    servers = {n: start(n, work, weights) for n in names}
     try:
         for s in servers.values():  # warm: connections, first batches, the inline decision
             closed_loop(s.url, 1, args.connections, lua, jsonl)
@@ -791,7 +798,7 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
         for s in servers.values():
             stop(s.proc)
     ratios = {n: [a["rps"] / b["rps"] for a, b in zip(runs[n], runs["bare"], strict=True)]
-              for n in ("scalelab", "torch")}
+              for n in names[1:]}
     print(f"\nclosed loop, 1-row OIP, {args.connections} connections, {args.closed_seconds:g} s "
           f"x {args.repeats} (alternating), client: {runs['bare'][0]['client']}; scalelab "
           f"with runtime {RUNTIME[0]}, 'torch' with runtime torch\n")
@@ -806,12 +813,22 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
               f"{a['cpu_us_per_req']:.0f} / {b['cpu_us_per_req']:.0f} / "
               f"{c['cpu_us_per_req']:.0f}",
               f"{b['loop_us_per_req']:.0f} ({b['loop_busy']:.0%})", a["load"]])
+    if BEFORE:
+        print(f"\nbefore ({BEFORE[0]}), alternated with the rows above:\n")
+        _row(["repeat", "before req/s", "before / bare", "CPU us/req before"])
+        _row(["---:", "---:", "---:", "---:"])
+        for i, d in enumerate(runs["before"]):
+            _row([str(i + 1), f"{d['rps']:.0f}", f"{ratios['before'][i]:.2f}",
+                  f"{d['cpu_us_per_req']:.0f}"])
+        print(f"\nmedian before / bare {statistics.median(ratios['before']):.2f}, CPU us/req "
+              f"{statistics.median(r['cpu_us_per_req'] for r in runs['before']):.0f}")
     med_cpu = {n: statistics.median(r["cpu_us_per_req"] for r in runs[n]) for n in runs}
     cpu = med_cpu["bare"] / med_cpu["scalelab"]
     print(f"\nmedian req/s ratio {statistics.median(ratios['scalelab']):.2f} (target >= 0.70; "
           f"runtime torch {statistics.median(ratios['torch']):.2f}); CPU per request, "
           f"bare / scalelab: {cpu:.2f} (runtime torch {med_cpu['bare'] / med_cpu['torch']:.2f})")
     return {"runs": runs, "ratios": ratios["scalelab"], "torch_ratios": ratios["torch"],
+            "before_ratios": ratios.get("before"),
             "median_ratio": statistics.median(ratios["scalelab"]),
             "torch_median_ratio": statistics.median(ratios["torch"]), "cpu_ratio": cpu,
             "median_cpu_us_per_req": med_cpu}
@@ -1009,6 +1026,9 @@ def main() -> None:
     ap.add_argument("--threads", action=argparse.BooleanOptionalAction, default=True,
                     help="replicas part: also 1 process x N torch threads for each count N > 1")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="closed part: also run scalelab from this src/ directory (another "
+                         "checkout's), alternated with the rest, as the 'before' row")
     args = ap.parse_args()
     global INFER
     NET[0] = args.net
@@ -1035,6 +1055,11 @@ def main() -> None:
         args.only = ("scalelab,torch,nobatch,bare,fastapi-ort,litserve-ort,mlserver-ort,"
                      "triton-ort,fastapi,litserve,mlserver")
     PARAMS["hidden"] = [int(h) for h in args.hidden.split(",")]
+    if args.before is not None:
+        if not (args.before / "scalelab" / "__init__.py").is_file():
+            raise SystemExit(f"--before {args.before}: no scalelab package there; give a "
+                             "checkout's src/ directory")
+        BEFORE.append(args.before.resolve())
     RUNTIME[0] = args.runtime
     if args.pin:
         cpus = sorted(os.sched_getaffinity(0))

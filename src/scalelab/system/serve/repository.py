@@ -241,7 +241,10 @@ class ModelRepository:
         s = entry.versions.get(cur) if cur is not None else None
         if s is not None and s.state == "READY":
             return s
-        newest = max((v for v, vs in entry.versions.items() if vs.state == "READY"), default=None)
+        newest = None  # a loop, not max() over a generator: this runs for every request
+        for v, vs in entry.versions.items():
+            if vs.state == "READY" and (newest is None or v > newest):
+                newest = v
         if newest is None:
             raise HttpError(503, f"model '{entry.name}' has no ready version"
                                   + (f": {entry.reason}" if entry.reason else ""))
