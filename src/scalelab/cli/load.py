@@ -188,8 +188,7 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
             raise
         finally:
             server = meter.stop() if meter is not None else {}
-        side = level_signals(reader, errors_by_status=r.errors_by_status,
-                             requests=r.successes + r.failures)
+        side = level_signals(reader, r)
         check_ran(r, url)
         results.append(r)
         lines = None
@@ -220,7 +219,7 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
 
 def _level_json(r: LoadResult, lines: list[Any] | None,
                 availability: float | None = None) -> dict[str, Any]:
-    d = {k: v for k, v in r.__dict__.items() if k not in ("hist_blob", "steady")}
+    d = {k: v for k, v in r.__dict__.items() if k not in ("hist_blob", "steady", "slice_blobs")}
     d["healthy"] = r.healthy(availability)
     d["budget"] = lines
     return d

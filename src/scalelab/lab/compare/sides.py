@@ -21,6 +21,7 @@ from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.records import Record, read_records
 from scalelab.lab.core.sheet import sample_count, series_of
 from scalelab.lab.load.histogram import LatencyHistogram
+from scalelab.lab.load.slices import EXTRAS_KEY as SLICES_KEY
 
 RECORDS_NAME = "records.jsonl"
 """What a diagnose run (and its report) directory keeps its records in (diagnose.run.RECORDS)."""
@@ -92,17 +93,28 @@ def _blobs(r: Record) -> dict[str, str]:
     return {}
 
 
+def _slices(r: Record, name: str) -> list[str]:
+    got = r.extras.get(SLICES_KEY)
+    blobs = got.get(name) if isinstance(got, dict) else None
+    return [b for b in blobs if isinstance(b, str)] if isinstance(blobs, list) else []
+
+
 def _merged(recs: list[Record], name: str) -> Latencies | None:
     h = LatencyHistogram()
+    slices: list[str] = []
     for r in recs:
         blob = _blobs(r).get(name)
         if blob is None:
             return None
         h.add_blob(blob)
+        slices += _slices(r, name)
     if h.count == 0:
         return None
     values, counts = h.buckets_ms()
-    return Latencies(values_ms=values, counts=counts, n=h.count)
+    # Slices count only when every repeat kept them (else their spread would miss a run).
+    whole = all(_slices(r, name) for r in recs)
+    return Latencies(values_ms=values, counts=counts, n=h.count,
+                     slices=tuple(slices) if whole else ())
 
 
 def _recorded(r: Record) -> dict[float, float] | None:

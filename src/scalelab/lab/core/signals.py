@@ -96,8 +96,14 @@ class ServerSignals(StrictFrozenModel):
     cut_streams: int | None = Field(default=None, ge=0)
     """Streams the client saw end before their end ("dropped") or with no token ("empty"): a
     server that serves one request at a time and interrupts it for the next shows these."""
+    refused_rps: float | None = Field(default=None, ge=0)
+    """Refusals per second over the level's measured time."""
     retry_after: bool | None = None
-    """Whether those refusals carried Retry-After (None: not seen)."""
+    """Whether those refusals carried Retry-After (None: no refusals seen)."""
+    retry_after_count: int | None = Field(default=None, ge=0)
+    """Answers that carried Retry-After (all of the refusals, or some)."""
+    retry_after_s: float | None = Field(default=None, ge=0)
+    """The longest Retry-After the server asked for (seconds)."""
 
     def measured(self) -> bool:
         return bool(self.sources)

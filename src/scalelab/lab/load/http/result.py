@@ -43,6 +43,8 @@ from scalelab.lab.load.result import (
     wall_weighted,
 )
 from scalelab.lab.load.schedule import Mode
+from scalelab.lab.load.slices import EXTRAS_KEY as SLICES_KEY
+from scalelab.lab.load.slices import chained, merge_slices
 from scalelab.lab.load.steady import SteadyTrace, merge_traces
 
 RATE_TOLERANCE = 0.02
@@ -133,6 +135,8 @@ class LoadResult(LevelResult):
     """Merged HdrHistogram (base64), so any threshold can be evaluated later."""
     steady: SteadyTrace | None = field(default=None, repr=False)
     """Open loop: the processes' steady-state traces added up (`load.steady`)."""
+    slice_blobs: list[str] = field(default_factory=list, repr=False)
+    """The latencies in consecutive slices, processes added (`load.slices`)."""
 
 
 def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
@@ -203,6 +207,7 @@ def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
         hist_blob=hist.encode(),
         steady=(merge_traces([p.steady for p in parts if p.steady is not None])
                 if any(p.steady is not None for p in parts) else None),
+        slice_blobs=merge_slices([p.slice_blobs for p in parts]),
         traced_requests=tally.traced_requests, trace_ids=tally.trace_ids,
     )
 
@@ -271,6 +276,7 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         "pool_waits": r.pool_waits, "connections": r.connections, **r.connection_fields(),
         "cold_start_ms": r.cold_start_ms, "warmup_requests": r.warmup_requests,
         "invalid_reasons": r.invalid_reasons, "hdr_histogram": r.hist_blob,
+        **({SLICES_KEY: {"latency": r.slice_blobs}} if r.slice_blobs else {}),
         "generator_cpu": None if r.generator_cpu is None else asdict(r.generator_cpu),
         "cluster": None if r.cluster is None else asdict(r.cluster),
     }
@@ -315,6 +321,7 @@ def merge_records(chunks: list[Record]) -> Record:
                               "mean_ms": hist.mean_ms()}
     extras.update(summed(chunks, CHUNK_SUMMED))
     extras.update(tallies(chunks, ("errors_by_kind", "errors_by_status")))
+    extras[SLICES_KEY] = chained([c.extras for c in chunks])
     wall = sum(c.wall_s or 0.0 for c in chunks)
     extras.update(wall_weighted(chunks, ("sent_rps", "goodput_rps", "scheduled_rps"), wall))
     samples, successes = extras.get("samples"), extras.get("successes")

@@ -51,6 +51,8 @@ from scalelab.lab.load.result import (
 )
 from scalelab.lab.load.schedule import Mode
 from scalelab.lab.load.scrape import note_limits
+from scalelab.lab.load.slices import EXTRAS_KEY as SLICES_KEY
+from scalelab.lab.load.slices import chained, merge_slices, slice_blobs
 
 LAG_INVALID_SHARE = 0.05
 """A streaming level is invalid when more than this share of its sends were `LLM_LATE_S` late
@@ -100,6 +102,8 @@ class LlmResult(LevelResult):
     """Per-request values, for goodput under any SLO."""
     probe: list[ProbeAnswer] = field(default_factory=list, repr=False)
     """The greedy-agreement probe's answers at this level (quality.py)."""
+    slices: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    """Each metric's latencies in consecutive slices, processes added (`load.slices`)."""
 
     def itl_within(self, thresholds: Sequence[float]) -> dict[float, tuple[int, int]]:
         h = LatencyHistogram.decode(self.blobs["itl"])
@@ -128,6 +132,16 @@ def _cat(parts: Sequence[StreamPart], name: str) -> np.ndarray:
     arrs = [np.frombuffer(getattr(p, name), dtype=np.int64) if len(getattr(p, name)) else
             np.zeros(0, dtype=np.int64) for p in parts]
     return np.concatenate(arrs) if arrs else np.zeros(0, dtype=np.int64)
+
+
+def _slices(parts: Sequence[StreamPart]) -> dict[str, list[str]]:
+    def of(name: str) -> list[str]:
+        arrs = [np.frombuffer(getattr(p, name), dtype=np.int64) for p in parts]
+        return merge_slices([slice_blobs(a[a >= 0]) for a in arrs])  # tpot -1: one token
+
+    out = {"ttft": of("ttft_us"), "itl": merge_slices([p.itl_slices for p in parts]),
+           "tpot": of("tpot_us"), "e2e": of("e2e_us")}
+    return {k: v for k, v in out.items() if v}
 
 
 def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
@@ -169,8 +183,13 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
     notes: list[str] = []
     if sources.get("chunks"):
         notes.append(f"{sources['chunks']} requests had no usage from the server, so their "
-                     "tokens were counted one per chunk (an undercount when a chunk carries "
-                     "several); ask for usage with --usage continuous or final")
+                     "token counts are estimated: one per chunk (an undercount when a chunk "
+                     "carries several); ask for usage with --usage continuous or final, or "
+                     "count with the model's tokenizer (--tokenizer)")
+    if sources.get("tokenizer"):
+        notes.append(f"{sources['tokenizer']} requests had no usage from the server: their "
+                     "tokens were counted with the model's tokenizer (--tokenizer) over the "
+                     "streamed text and split over their chunks by characters")
     if sources.get("usage-final"):
         notes.append(f"{sources['usage-final']} requests reported only a final token count: "
                      "it was split over their chunks by characters (exact at one token per "
@@ -199,7 +218,7 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
         connections=tally.connections, **tally.connection_counts(),
         max_in_flight=sum(p.max_in_flight for p in parts), valid=not reasons,
         invalid_reasons=reasons, notes=notes, warmup_requests=tally.warmup_requests,
-        stopped_early=stopped, blobs=blobs,
+        stopped_early=stopped, blobs=blobs, slices=_slices(parts),
         samples=Samples(ttft_us=ttft, tpot_us=tpot, e2e_us=e2e, output_tokens=out_t,
                         requests=ok + failures, itl_within={}),
         traced_requests=tally.traced_requests, trace_ids=tally.trace_ids,
@@ -230,7 +249,7 @@ def pct_dict(p: Percentiles) -> dict[str, float | None]:
 def summary(r: LlmResult) -> dict[str, Any]:
     """The level as plain JSON (no histograms or per-request arrays)."""
     d: dict[str, Any] = {k: v for k, v in r.__dict__.items()
-                         if k not in ("blobs", "samples", "probe")}
+                         if k not in ("blobs", "samples", "probe", "slices")}
     for k in ("ttft", "itl", "tpot", "e2e"):
         d[k] = pct_dict(getattr(r, k))
     d["lag"] = asdict(r.lag)
@@ -262,6 +281,7 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         "warmup_requests": r.warmup_requests, "invalid_reasons": r.invalid_reasons,
         "notes": r.notes,
         "hdr_histograms": r.blobs,
+        **({SLICES_KEY: r.slices} if r.slices else {}),
         "cluster": None if r.cluster is None else asdict(r.cluster),
     }
     # Flat numbers too: the sheet keeps numeric extras (medians over repeats) and objectives
@@ -364,6 +384,7 @@ def _merged_extras(chunks: list[Record], hists: dict[str, LatencyHistogram],
     extras["ttft_mean_ms"] = hists["ttft"].mean_ms()
     extras["e2e_mean_ms"] = hists["e2e"].mean_ms()
     extras.update(summed(chunks, CHUNK_SUMMED))
+    extras[SLICES_KEY] = chained([c.extras for c in chunks])
     extras.update(tallies(chunks, ("errors_by_kind", "errors_by_status", "token_sources")))
     extras.update(wall_weighted(chunks, CHUNK_RATES, wall))
     extras.update(_merged_gauges(chunks, last))
