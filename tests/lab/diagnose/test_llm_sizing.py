@@ -136,10 +136,11 @@ def test_llm_is_a_sized_stage_with_its_minimum_in_the_budget_split(tmp_path: Pat
     assert shares["features"].share_s + shares["served-model"].share_s == 10.0
     assert r.ctx.shares["llm"] == pytest.approx(49.0 + 110.5 * 49.0 / 59.5)
     assert r.ctx.shares["serve"] == pytest.approx(10.5 + 110.5 * 10.5 / 59.5)
-    # a user's endpoint: one first step, plus the capacity search when it has a TTFT objective
+    # a user's endpoint: one first step, plus the capacity search when it has a TTFT objective,
+    # and the search's 10 s confirmation at its answer
     stage, llm = LlmStage(), r.cfg.stages.llm  # the default objectives: TTFT p95 ≤ 2 s
     user = llm.model_copy(update={"url": "http://127.0.0.1:9"})
-    assert stage.minimum_s(user, 1) == 12.0 + 25.0
+    assert stage.minimum_s(user, 1) == 12.0 + 25.0 + 10.0
     assert stage.minimum_s(user.model_copy(update={"capacity": False}), 1) == 12.0
 
 

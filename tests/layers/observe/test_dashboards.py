@@ -31,7 +31,7 @@ from scalelab.layers.observe.rules import (
     slos_from_objectives,
 )
 from scalelab.system.serve.app import create_app
-from scalelab.system.serve.config import ServerSettings
+from scalelab.system.serve.settings import ServerSettings
 
 for helpers in ("system/serve", "layers/web"):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / helpers))

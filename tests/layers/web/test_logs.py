@@ -70,8 +70,8 @@ def _lines(buf: io.StringIO, logger: str) -> list[dict[str, Any]]:
 
 def test_tabular_server_access_lines(tmp_path: Path, log_lines: io.StringIO) -> None:
     from scalelab.system.serve.app import ServeApp
-    from scalelab.system.serve.config import ServerSettings
     from scalelab.system.serve.context import ServeContext
+    from scalelab.system.serve.settings import ServerSettings
 
     add_model(tmp_path, "flights", {1: 1})
     ctx = ServeContext.build(ServerSettings(model_repo=tmp_path, access_log="full"))

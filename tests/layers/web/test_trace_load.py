@@ -23,8 +23,8 @@ from scalelab.layers.observe.traces import assemble, read_spans
 from scalelab.layers.web.trace import TraceConfig
 from scalelab.layers.web.traceparent import parse
 from scalelab.system.serve.app import ServeApp
-from scalelab.system.serve.config import ServerSettings
 from scalelab.system.serve.context import ServeContext
+from scalelab.system.serve.settings import ServerSettings
 
 REQ = b"POST /v2/models/m/infer HTTP/1.1\r\nhost: x\r\n\r\n{}"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from scalelab.lab.core.errors import BadUsageError
-from scalelab.system.serve.config import ServerSettings
+from scalelab.system.serve.settings import ServerSettings
 
 
 def test_grpc_port_is_checked(tmp_path: Path) -> None:
