@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
+import pytest
 
 from scalelab.lab.core.objectives import Objective
 from scalelab.lab.core.records import Record, append_records, make_record
@@ -67,13 +69,18 @@ def test_a_search_step_above_the_target_rate_is_the_targets_decision(tmp_path: P
 
 
 def test_the_server_is_read_around_its_search() -> None:
-    """A real process spinning on one core through a 0.5 s "search": its tree used CPU, at
-    most one core's worth (a sleeping one would read ~0)."""
+    """A real process spinning on one core through a 0.4 s "search": its CPU seconds over
+    the search's wall time, as psutil reads them around it (at most one core's worth; a
+    sleeping one reads ~0)."""
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.2)
-        got = searched_usage(spin.pid, lambda: time.sleep(0.5))
+        proc = psutil.Process(spin.pid)
+        c0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+        got = searched_usage(spin.pid, lambda: time.sleep(0.4))
+        c1, t1 = sum(proc.cpu_times()[:2]), time.monotonic()
         assert got is not None and 0.0 < got.busy_cores <= 1.1
+        assert got.busy_cores == pytest.approx((c1 - c0) / (t1 - t0), rel=0.25)
         idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         try:
             time.sleep(0.3)
