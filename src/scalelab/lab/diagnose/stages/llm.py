@@ -187,11 +187,13 @@ costs), so only the closed loop's streams need to reach their steady state."""
 MIN_CHUNK_S = 1.0
 """The shortest later chunk worth its start-up (a level stops when under half is left)."""
 FIRST_CHUNK_S = 3.0
-"""The target's first chunk's measured window: long enough to show the engine's rate at the
-target's streams, which sizes the next chunk to the samples still needed."""
+"""A later chunk's shortest window at a sized llm level (the first counts `requests`, one
+round of the streams at least, and shows the engine's rate there, which sizes the next chunk
+to the samples still needed)."""
 TARGET_CHUNK_S = CHUNK_OVERHEAD_S + 0.5 + FIRST_CHUNK_S + 2.0
 """The target's first chunk's estimated seconds: its start, a 1 s warm-up (0.5 s more than a
-later chunk's), its window, and the quality probe's prompts answered one at a time (~2 s)."""
+later chunk's), its requests (~3 s: 10 streams of SmolLM2 on 2 quiet cores) and the quality
+probe's prompts answered one at a time (~2 s)."""
 FULL_LEVEL_CAP_S = 60.0
 """With --full (no budget), the most one llm level runs while still undecided."""
 MAX_STEP_S = 20.0
@@ -500,8 +502,12 @@ class LlmStage(Stage[LlmSettings]):
             def chunk(seconds: float, index: int) -> Record | None:
                 crec = ctx.records(f"llm-{series}-{rep}-{conc}-{index}")
                 first = index == 0
-                cmd = replace(load, concurrency=[conc], requests=None, records=crec,
-                              duration=f"{seconds:.3g}s",
+                # The first chunk counts requests, one round of the streams at least: a
+                # window shorter than one request (SmolLM2 at 10 streams on a busy host)
+                # ends with none finished, and the rate that sizes the next is read from it.
+                cmd = replace(load, concurrency=[conc], records=crec,
+                              requests=max(s.requests, conc) if first else None,
+                              duration=None if first else f"{seconds:.3g}s",
                               warmup="1s" if first and fresh else f"{CHUNK_WARMUP_S:g}s",
                               quality_probe=load.quality_probe if first else None)
                 res = ctx.run(Step(stage=self.name,
