@@ -16,7 +16,7 @@ from scalelab.lab.diagnose.budget import time_lines
 from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.schema import Prices
 from scalelab.lab.diagnose.stages.base import MINIMUM_S, Context
-from scalelab.lab.diagnose.stages.retrieval import STAGE, decision_s, tag_record
+from scalelab.lab.diagnose.stages.retrieval import RUN_SLACK_S, STAGE, decision_s, tag_record
 from scalelab.lab.diagnose.steps import StepResult
 from scalelab.system.retrieval.bench import RetrievalBenchConfig, open_loop, run_bench
 from scalelab.system.retrieval.factory import build_index
@@ -157,10 +157,12 @@ def _ctx(tmp_path: Path, shares: dict[str, float], full: bool = False,
 def test_the_stage_hands_the_bench_its_share_beyond_the_minimum(tmp_path: Path) -> None:
     """Defaults: p99 ≤ 20 ms sized at the target, 10×: 3 fixed-rate runs (exact numpy, HNSW,
     IVF-PQ; faiss Flat off) each need 299 latencies, one pass of 100 questions given, 199 more
-    at 100 queries/s: 5.97 s, part of the stage's minimum and always handed to the bench."""
+    at 100 queries/s and RUN_SLACK_S: 6.87 s, part of the stage's minimum and always handed
+    to the bench; none when one pass decides."""
     s = load_config(None, "default").stages.retrieval
     need = decision_s(s)
-    assert need == pytest.approx(3 * 199 / 100.0)
+    assert need == pytest.approx(3 * (199 / 100.0 + RUN_SLACK_S))
+    assert decision_s(s.model_copy(update={"questions": 300})) == 0.0
     least = STAGE.minimum_s(s, 1)
     assert least == pytest.approx(MINIMUM_S["retrieval"] + need)
     assert [o.to_slo() for o in latency_objectives(s.built_objectives())] == ["p99<20ms"]
