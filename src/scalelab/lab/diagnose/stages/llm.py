@@ -487,8 +487,9 @@ class LlmStage(Stage[LlmSettings]):
         is sized to the samples its undecided checks still need at that rate
         (`sizing.size_level`), paid from the stage's share less the curve step after it;
         when missed, the first miss is bisected over the levels under it, each sized the same
-        way (`sizing.decide_target`). The levels left undecided-for then run in one brief
-        step of `requests` each: curve points."""
+        way (`sizing.decide_target`). The levels not measured to a decision then run in one brief
+        step of `requests` each, without the quality probe (its prompts answered one at a
+        time again; the target's record has the agreement under load): curve points."""
         objectives = sized_by(s.built_objectives())
         levels = [float(c) for c in load.concurrency]
         decided: dict[float, Record] = {}
@@ -534,7 +535,8 @@ class LlmStage(Stage[LlmSettings]):
             crec = ctx.records(f"llm-{series}-{rep}-curve")
             res = ctx.run(Step(stage=self.name, label=f"{label} curve {rest}",
                                command=replace(load, concurrency=rest, records=crec,
-                                               warmup=f"{CHUNK_WARMUP_S:g}s"),
+                                               warmup=f"{CHUNK_WARMUP_S:g}s",
+                                               quality_probe=None),
                                records=crec, series=series, tag=tag, keep=False,
                                timeout_s=900))
             curve = [curve_point(r) for r in res.records]
