@@ -36,7 +36,8 @@ def _step(rate: float, n: int) -> Record:
     return make_record(experiment="search", stage="load", variable="rate", level=rate,
                        wall_s=1.0, rate=float(n), failures=0, failure_rate=0.0,
                        latency=h.percentiles().latency(),
-                       extras={"hdr_histogram": h.encode(), "samples": n, "successes": n,
+                       histograms={"latency": h.encode()},
+                       extras={"samples": n, "successes": n,
                                "rate_verdict": "pass"}, series="batching=off capacity")
 
 

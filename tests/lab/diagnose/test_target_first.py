@@ -77,7 +77,8 @@ def _step(rate: float, *, n: int, ms: float) -> Record:
     return make_record(experiment="e", stage="serve", variable="rate", level=rate, wall_s=1.0,
                        rate=float(n), failures=0, failure_rate=0.0,
                        latency=h.percentiles().latency(),
-                       extras={"hdr_histogram": h.encode(), "samples": n, "successes": n})
+                       histograms={"latency": h.encode()},
+                       extras={"samples": n, "successes": n})
 
 
 def test_a_search_step_at_or_above_the_target_rate_decides_it() -> None:

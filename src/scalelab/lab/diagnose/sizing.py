@@ -22,6 +22,7 @@ from typing import Any, Literal
 from scalelab.lab.core.objectives import Check, Objective, check_rows
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import build_sheet
+from scalelab.lab.core.signals import LATENCY_HISTOGRAM
 from scalelab.lab.core.verdict import SAMPLES_RATE_KEY, samples_needed
 from scalelab.lab.diagnose.budget import SIZING_KEY
 from scalelab.lab.load.http.result import merge_records
@@ -318,7 +319,7 @@ def search_decides(steps: list[Record], objectives: list[Objective],
     # A step flagged for generator lag sent its arrivals bunched at its rate: a harsher load,
     # so it bounds the target from above too; its rate is what it sent, not what it asked.
     kept = [r for r in above if level_outcome(r, objectives) != "missed"]
-    if len(kept) < 2 or any(not isinstance(r.extras.get("hdr_histogram"), str) for r in kept):
+    if len(kept) < 2 or any(LATENCY_HISTOGRAM not in r.histograms for r in kept):
         return None
     merged = merge_records(kept)
     if level_outcome(merged, objectives) != "met":

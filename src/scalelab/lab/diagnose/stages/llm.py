@@ -76,6 +76,7 @@ from scalelab.lab.diagnose.stages.serve_curve import (
     searches,
     step_seconds,
 )
+from scalelab.lab.diagnose.stages.serve_search import SEARCH_CONFIRM_S
 from scalelab.lab.diagnose.steps import Step, StepResult, Tagger, restage
 from scalelab.lab.load.capacity import step_requests
 from scalelab.lab.load.llm import result as llm_result
@@ -177,8 +178,10 @@ LEVEL_S = 4.0
 """A first step's seconds per concurrency level: its 1 s warm-up and `requests` requests."""
 FIRST_STEP_S = 12.0
 """A user endpoint's first step over the default levels."""
-CAPACITY_SEARCH_S = 25.0
-"""A user endpoint's `load llm capacity` search (its bounded steps)."""
+CAPACITY_SEARCH_S = 25.0 + SEARCH_CONFIRM_S
+"""A user endpoint's `load llm capacity` search (its bounded steps) and the confirmation run of
+its answer (`serve_search.SEARCH_CONFIRM_S`, shorter than the command's 30 s under diagnose's
+budget: the outcome says so)."""
 CHUNK_OVERHEAD_S = 2.5
 """A later chunk's fixed cost beside its window: its process start and CHUNK_WARMUP_S."""
 CHUNK_WARMUP_S = 0.5
@@ -336,7 +339,7 @@ def _user_endpoint(r: Record, *, note: str | None) -> Record:
 
 def engine_available() -> bool:
     """Whether this build has the reference engine's server (`scalelab generate serve`)."""
-    return importlib.util.find_spec("scalelab.system.generate.api") is not None
+    return importlib.util.find_spec("scalelab.system.generate.app") is not None
 
 
 def _window(r: Record, asked_s: float) -> float:
@@ -376,6 +379,7 @@ class LlmStage(Stage[LlmSettings]):
                                max_rate=round(start * 64, 3), min_step="1s",
                                max_step=f"{min(step_seconds(need, start, 2.0), MAX_STEP_S):g}s",
                                max_steps=s.capacity_max_steps, warmup="0.5s",
+                               confirm=f"{SEARCH_CONFIRM_S:g}s",
                                prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
                                shared_prefix=s.shared_prefix or None, api=s.api, records=rec,
                                **s.access())
