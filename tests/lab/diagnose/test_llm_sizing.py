@@ -141,7 +141,7 @@ def test_llm_is_a_sized_stage_with_its_minimum_in_the_budget_split(tmp_path: Pat
     # a user's endpoint: one first step, plus the capacity search when it has a TTFT objective
     stage, llm = LlmStage(), r.cfg.stages.llm  # the default objectives: TTFT p95 ≤ 2 s
     user = llm.model_copy(update={"url": "http://127.0.0.1:9"})
-    assert stage.minimum_s(user, 1) == 12.0 + 25.0
+    assert stage.minimum_s(user, 1) == 12.0 + 25.0 + 10.0
     assert stage.minimum_s(user.model_copy(update={"capacity": False}), 1) == 12.0
 
 
