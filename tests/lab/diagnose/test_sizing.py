@@ -14,7 +14,7 @@ import pytest
 from scalelab.cli import run
 from scalelab.lab.core.objectives import Objective
 from scalelab.lab.core.records import Record, read_records
-from scalelab.lab.diagnose.sizing import LevelClock, pending, size_level
+from scalelab.lab.diagnose.sizing import NEED_MARGIN, LevelClock, pending, size_level
 from scalelab.lab.load.http.result import merge_records as merge_chunks
 
 RATE = 200.0
@@ -106,16 +106,17 @@ def test_a_level_stops_at_the_first_chunk_that_decides(healthy: str, tmp_path: P
 def test_a_level_continues_while_undecided_then_stops_when_decided(
     healthy: str, tmp_path: Path
 ) -> None:
-    """Availability ≥ 99% without a failure needs 299 requests at 95%: 100 (the first chunk)
-    and 200 (the second, as long as all before it) are short, so a third chunk runs, and the
-    level stops at the first chunk that decides (400 requests on a quiet host) although most
-    of its 30 s share is left."""
+    """Availability ≥ 99% without a failure needs 299 requests at 95%: the first chunk's 100
+    are short, so the second is sized to the 199 still needed at the rate the first measured
+    (with NEED_MARGIN), and the level stops at the first chunk that decides although most of
+    its 30 s share is left."""
     chunks = Chunks(healthy, tmp_path)
     got = size_level(chunks, [AVAIL_99], first_s=0.5, share_s=30.0)
     assert got is not None
-    # each chunk as long as all before it (a generator starved by a busy host sends fewer
-    # requests a chunk, so more chunks may be needed: the rule below decides, not the count)
-    assert chunks.asked[:3] == [0.5, 0.5, 1.0]
+    # the second chunk: the samples still needed at the first's rate (a generator starved by
+    # a busy host sends fewer, so a third may follow: the rule below decides, not the count)
+    n1 = chunks.records[0].extras["samples"]
+    assert chunks.asked[1] == pytest.approx(max(0.5, (299 - n1) / (n1 / 0.5) * NEED_MARGIN))
     # each prefix but the whole was undecided by the verdict's own rule; the whole is decided
     for k in range(1, len(chunks.records)):
         assert pending(merge_chunks(chunks.records[:k]), [AVAIL_99]), k
