@@ -21,6 +21,7 @@ from scalelab.layers.web.spawn import Spawned, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = ROOT / "benchmarks" / ".venvs" / "llamacpp" / "bin" / "python"
+CHILD_DIR = ROOT / "src" / "scalelab" / "system" / "generate"
 HINT = "make llamacpp (.ci/llamacpp: benchmarks/.venvs/llamacpp; its wheel builds once, ~7 min)"
 
 
@@ -47,6 +48,15 @@ def smollm2_gguf() -> Path:
         pytest.skip(str(e))
 
 
+LAUNCH = f"""import runpy, sys
+sys.path.insert(0, {str(CHILD_DIR)!r})
+from llamacpp_logits import plain_cpu_buffers
+plain_cpu_buffers()
+sys.argv[0] = "llama_cpp.server"
+runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+"""
+
+
 @contextmanager
 def llamacpp_server(log: Path, *flags: str) -> Iterator[Spawned]:
     """llama-cpp-python's server on 127.0.0.1 with SmolLM2, one thread, its own log (verbose:
@@ -54,7 +64,9 @@ def llamacpp_server(log: Path, *flags: str) -> Iterator[Spawned]:
     py, gguf = llamacpp_python(), smollm2_gguf()
 
     def command(port: int) -> list[str]:
-        return [str(py), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+        # `python -m llama_cpp.server`, its weights in plain CPU buffers (LAUNCH, as
+        # generate/llamacpp_logits.py explains: its AMX path crashes on this machine's CPU)
+        return [str(py), "-c", LAUNCH, "--model", str(gguf), "--host", "127.0.0.1",
                 "--port", str(port), "--n_threads", "1", "--n_threads_batch", "1",
                 "--n_ctx", "1024", "--model_alias", "smollm2", *flags]
 

@@ -22,9 +22,28 @@ import sys
 from typing import Any
 
 
+def plain_cpu_buffers() -> None:
+    """Keep the weights in llama.cpp's plain CPU buffers (its `--no-extra-bufts`): the Q4_1
+    blocks as the file holds them, dotted with Q8_1-quantized activations, the path every CPU
+    runs. The extra buffer types repack them (AMX tiles, interleaved rows): on an AMX CPU
+    llama-cpp-python 0.3.36 built natively segfaults in ggml_backend_amx_mul_mat (measured)."""
+    import llama_cpp.llama_cpp as c
+
+    default = c.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    c.llama_model_default_params = params
+
+
 def score(doc: dict[str, Any]) -> dict[str, Any]:
     import llama_cpp
     import numpy as np
+
+    plain_cpu_buffers()
 
     windows: list[list[int]] = doc["windows"]
     longest = max(len(w) for w in windows)
