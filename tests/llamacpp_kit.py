@@ -74,10 +74,21 @@ def llamacpp_server(log: Path, *flags: str) -> Iterator[Spawned]:
         yield s
 
 
-PERF = re.compile(r"total time =\s+([0-9.]+) ms /\s+(\d+) tokens")
+def server_timings(log: Path) -> list[float]:
+    """Milliseconds llama.cpp computed for each request it finished (its prompt's eval plus
+    its tokens' eval), from its own perf lines in the server's log, in order:
 
-
-def server_timings(log: Path) -> list[tuple[float, int]]:
-    """(total ms, tokens) of every request llama.cpp finished, from its own perf lines
-    (`llama_perf_context_print: total time = ... ms / N tokens`), in order."""
-    return [(float(m[1]), int(m[2])) for m in PERF.finditer(log.read_text(errors="replace"))]
+        llama_perf_context_print: prompt eval time =  169.35 ms /  14 tokens (...)
+        llama_perf_context_print:        eval time =  295.02 ms /   7 runs   (...)
+    """
+    out, prompt = [], None
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.search(r"(prompt )?eval time =\s+([0-9.]+) ms", line)
+        if m is None:
+            continue
+        if m[1]:
+            prompt = float(m[2])
+        elif prompt is not None:
+            out.append(prompt + float(m[2]))
+            prompt = None
+    return out
