@@ -85,7 +85,7 @@ async def server(n: int, rounds: int, repo: Path, gov_file: Path) -> dict[str, A
     from serve_fixtures import infer_body
 
     from scalelab.system.serve.app import create_app
-    from scalelab.system.serve.config import ServerSettings
+    from scalelab.system.serve.settings import ServerSettings
 
     base = {"model_repo": repo, "access_log": "off", "torch_threads": 1}
     apps: dict[str, App] = {

@@ -117,7 +117,7 @@ async def part_asgi(names: list[str], repo: Path, work: Path, n: int, rounds: in
     from serve_fixtures import infer_body
 
     from scalelab.system.serve.app import create_app
-    from scalelab.system.serve.config import ServerSettings
+    from scalelab.system.serve.settings import ServerSettings
 
     base = {"model_repo": repo, "access_log": "off", "torch_threads": 1}
     files = {k: work / f"asgi-{i}.jsonl" for i, k in enumerate(names)}

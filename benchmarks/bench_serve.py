@@ -1,5 +1,6 @@
 """The serving benchmark: scalelab serve against the bare ASGI limit and its peers (plain
-FastAPI, LitServe, MLServer), all serving the same TabularNet weights, side by side in one run.
+FastAPI, LitServe, MLServer, Triton), all serving the same TabularNet weights, side by side in
+one run.
 
 Run: .venv/bin/python benchmarks/bench_serve.py [--parts closed,capacity,tail,replicas]
         [--only scalelab,bare,fastapi,litserve,mlserver] [--hidden 128,128] [--repeats 1]
@@ -20,7 +21,9 @@ Parts (each prints a markdown table; the load average is printed beside every nu
   on eager torch ("torch"), scalelab with max_batch_size 1 ("nobatch"), the bare app (the
   limit: no model, no validation), and each peer twice: on eager torch (its usual form) and
   on the very ONNX graph scalelab serves, opened in ONNX Runtime with scalelab's session
-  options ("fastapi-ort", "litserve-ort", "mlserver-ort"). Each row says what its model ran
+  options ("fastapi-ort", "litserve-ort", "mlserver-ort"), and Triton itself ("triton-ort":
+  PyTriton's tritonserver, its C++ HTTP front end and dynamic batcher, calling a Python
+  function that runs that ONNX Runtime session). Each row says what its model ran
   on, and the ratios pair like with like (ONNX Runtime with ONNX Runtime, torch with torch)
   besides the mixed one. Every body is distinct (no cache or coalescing can help).
 - tail: open loop at 10/20/40/60/80% of scalelab's capacity: p50, p99 and p99/p50, and the
@@ -38,9 +41,10 @@ the model's tokenizer.json and config.json's "tokenizer"; docs/serve.md). Only
 the capacity part with scalelab's two rows (batching, max_batch_size 1): the peers and the bare
 app serve the MLP.
 
-Each server is one process (torch threads 1, 127.0.0.1). Peers live in
-benchmarks/.venvs/{litserve,mlserver}, created on first use with the same torch (2.13.0 CPU),
-never project dependencies; they load the same weights through torch.load(weights_only=True).
+Each server is one process (torch threads 1, 127.0.0.1; Triton: tritonserver and its Python
+stub). Peers live in benchmarks/.venvs/{litserve,mlserver,pytriton}, created on first use
+(litserve and mlserver with the same torch, 2.13.0 CPU), never project dependencies; they load
+the same weights through torch.load(weights_only=True), or the same ONNX graph.
 The load generator shares the machine's cores with the server: on a 2-core box every number is
 a floor for every server alike. --pin puts every server on the last CPU and the clients (wrk,
 `scalelab load`) on the others, so neither waits for the other's core; the header line says
@@ -80,7 +84,10 @@ PEERS = {"litserve": ["torch==2.13.0", "numpy", "onnxruntime==1.32.0", "litserve
          # mlserver 1.7.1 predates uvloop 0.22, which no longer creates a loop in
          # get_event_loop(); its inference workers crash with newer uvloop
          "mlserver": ["torch==2.13.0", "numpy", "onnxruntime==1.32.0", "mlserver==1.7.1",
-                      "uvloop<0.22"]}
+                      "uvloop<0.22"],
+         # Triton itself: PyTriton ships tritonserver (its C++ HTTP front end and dynamic
+         # batcher) and runs the Python callable in its python-backend stub process
+         "pytriton": ["numpy", "onnxruntime==1.32.0", "nvidia-pytriton==0.7.0"]}
 PARAMS: dict[str, Any] = {"cardinalities": [17, 4, 105, 150], "embedding_dims": [],
                           "n_numeric": 14, "hidden": [128, 128], "n_classes": 4, "dropout": 0.0}
 MAX_BATCH, DELAY_MS = 64, 2.0
@@ -88,7 +95,11 @@ RUNTIME = ["auto"]
 """config.json's runtime for the scalelab and nobatch servers (--runtime)."""
 PIN: dict[str, set[int]] = {}
 """--pin: the CPUs the servers run on ("server") and the clients ("client"); empty: unpinned."""
-OURS = ("scalelab", "nobatch", "torch")
+OURS = ("scalelab", "nobatch", "torch", "before")
+BEFORE: list[Path] = []
+"""--before SRC: the closed part adds a "before" row, scalelab (runtime as --runtime) run from
+another checkout's src/ (e.g. `git archive main src | tar -x -C /tmp/main`), alternated with
+the others in the same run: a change's effect against the same bare app and machine state."""
 PEER_NAMES = ("fastapi", "litserve", "mlserver")
 ORT = "-ort"
 """A peer's name with this suffix runs the ONNX graph scalelab serves (fastapi-ort, ...)."""
@@ -110,12 +121,15 @@ LABELS = {"scalelab": "scalelab serve (batching)", "nobatch": "scalelab serve, m
           "mlserver": "MLServer 1.7.1 (adaptive batching)",
           "fastapi-ort": "plain FastAPI, ONNX Runtime (no batching)",
           "litserve-ort": "LitServe 0.2.19, ONNX Runtime (batching)",
-          "mlserver-ort": "MLServer 1.7.1, ONNX Runtime (adaptive batching)"}
+          "mlserver-ort": "MLServer 1.7.1, ONNX Runtime (adaptive batching)",
+          "triton-ort": "Triton (PyTriton 0.7.0), ONNX Runtime (dynamic batching)"}
 RUNS = {"scalelab": "runtime auto: ONNX Runtime 1.32 (exported graph + softmax/argmax nodes)",
         "nobatch": "runtime auto: ONNX Runtime 1.32", "torch": "eager torch 2.13",
         "bare": "no model", **{p: "eager torch 2.13" for p in PEER_NAMES},
         **{p + ORT: "ONNX Runtime 1.32, scalelab's exported graph; softmax/argmax in torch"
-           for p in PEER_NAMES}}
+           for p in PEER_NAMES},
+        "triton-ort": "ONNX Runtime 1.32, scalelab's exported graph, in Triton's Python backend; "
+                      "softmax/argmax in numpy"}
 """What each capacity row's model ran on (the table's 'runs' column)."""
 
 BARE_APP = textwrap.dedent('''
@@ -280,6 +294,47 @@ class Flights(MLModel):
             NumpyCodec.encode_output("label", probs.argmax(1).astype(np.int64))])
 ''')
 
+
+TRITON_APP = textwrap.dedent('''
+import os, sys
+import numpy as np
+import onnxruntime as ort
+from pytriton.decorators import batch
+from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+
+# the graph scalelab serves, opened with scalelab's session options
+opts = ort.SessionOptions()
+opts.intra_op_num_threads = 1
+opts.inter_op_num_threads = 1
+opts.log_severity_level = 3
+opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+sess = ort.InferenceSession(os.environ["BENCH_ONNX"], sess_options=opts,
+                            providers=["CPUExecutionProvider"])
+names = [i.name for i in sess.get_inputs()]
+
+@batch
+def infer(categorical, numeric):
+    logits = sess.run(None, {names[0]: categorical, names[1]: numeric})[0]
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+    return {"probabilities": probs, "label": probs.argmax(axis=1).astype(np.int64)[:, None]}
+
+if __name__ == "__main__":
+    http, grpc, metrics = (int(a) for a in sys.argv[1:4])
+    cfg = TritonConfig(http_address="127.0.0.1", http_port=http, grpc_address="127.0.0.1",
+                       grpc_port=grpc, metrics_port=metrics, log_verbose=0)
+    with Triton(config=cfg) as triton:
+        triton.bind(model_name="flights", infer_func=infer,
+                    inputs=[Tensor(name="categorical", dtype=np.int64, shape=(4,)),
+                            Tensor(name="numeric", dtype=np.float32, shape=(14,))],
+                    outputs=[Tensor(name="probabilities", dtype=np.float32, shape=(4,)),
+                             Tensor(name="label", dtype=np.int64, shape=(1,))],
+                    config=ModelConfig(max_batch_size=int(os.environ["BENCH_MAX_BATCH"]),
+                                       batcher=DynamicBatcher(max_queue_delay_microseconds=int(
+                                           float(os.environ["BENCH_DELAY_MS"]) * 1000))))
+        triton.serve()
+''')
 
 
 def load_avg() -> str:
@@ -453,12 +508,12 @@ class Started:
 
 def onnx_graph(work: Path) -> Path:
     """The ONNX graph scalelab's `runtime: auto` serves for the benchmark net (its own export,
-    checked against torch: serve.worker.to_onnx_runtime), written once for the peers."""
+    checked against torch: serve.runtimes.to_onnx_runtime), written once for the peers."""
     path = work / "flights.onnx"
     if not path.exists():
         from scalelab.layers.nets.model_config import load_model_config
         from scalelab.layers.nets.registry import load_module
-        from scalelab.system.serve.worker import to_onnx_runtime
+        from scalelab.system.serve.runtimes import to_onnx_runtime
 
         repo = make_repo(work, "repo-onnx-export", MAX_BATCH)
         net = to_onnx_runtime(load_module(repo / "flights" / "1"),
@@ -489,6 +544,8 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
             env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         repo = make_repo(work, f"repo-{name}", 1 if name == "nobatch" else MAX_BATCH,
                          "torch" if name == "torch" else RUNTIME[0])
+        if name == "before":
+            env["PYTHONPATH"] = str(BEFORE[0])
         # a user's defaults, but quiet logs; --workers shares one port between processes
         cmd = [sys.executable, "-c", "from scalelab.cli import main; main()", "serve",
                "--model-repo", str(repo), "--port", str(port), "--torch-threads", str(threads),
@@ -497,6 +554,20 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
         (work / "bare_app.py").write_text(BARE_APP)
         cmd = [sys.executable, "-c", "from scalelab.layers.web.runner import UvicornConfig, run; "
                f"run('bare_app:factory', UvicornConfig(port={port}, log_level='warning'))"]
+    elif name == "triton-ort":
+        env["BENCH_ONNX"] = str(onnx_graph(work))
+        py = peer_python("pytriton")
+        # the python-backend stub links libpython3.11.so by soname: without this it finds the
+        # system's (Debian 3.11.2) under this venv's stdlib (3.11.7) and the model fails to
+        # load ('_thread.RLock' object has no attribute '_recursion_count')
+        libdir = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig."
+                                 "get_config_var('LIBDIR'))"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        env["LD_LIBRARY_PATH"] = ":".join(filter(None, [libdir, env.get("LD_LIBRARY_PATH")]))
+        (work / "triton_app.py").write_text(TRITON_APP)
+        cmd = [str(py), str(work / "triton_app.py"), str(port), str(free_port()),
+               str(free_port())]
+        ready = "/v2/models/flights/ready"
     elif name.endswith(ORT) and name[: -len(ORT)] in PEER_NAMES:
         env["BENCH_ONNX"] = str(onnx_graph(work))
         return start(name[: -len(ORT)], work, weights, workers=workers, threads=threads,
@@ -697,7 +768,8 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
                 jsonl: Path) -> dict[str, Any]:
     # scalelab as --runtime sets it (auto, what a user gets: ONNX Runtime for this net) and
     # with runtime torch, so what the runtime contributes is read in the same run
-    servers = {n: start(n, work, weights) for n in ("bare", "scalelab", "torch")}
+    names = ("bare", "scalelab", "torch") + (("before",) if BEFORE else ())
+    servers = {n: start(n, work, weights) for n in names}
     try:
         for s in servers.values():  # warm: connections, first batches, the inline decision
             closed_loop(s.url, 1, args.connections, lua, jsonl)
@@ -726,7 +798,7 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
         for s in servers.values():
             stop(s.proc)
     ratios = {n: [a["rps"] / b["rps"] for a, b in zip(runs[n], runs["bare"], strict=True)]
-              for n in ("scalelab", "torch")}
+              for n in names[1:]}
     print(f"\nclosed loop, 1-row OIP, {args.connections} connections, {args.closed_seconds:g} s "
           f"x {args.repeats} (alternating), client: {runs['bare'][0]['client']}; scalelab "
           f"with runtime {RUNTIME[0]}, 'torch' with runtime torch\n")
@@ -741,12 +813,22 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
               f"{a['cpu_us_per_req']:.0f} / {b['cpu_us_per_req']:.0f} / "
               f"{c['cpu_us_per_req']:.0f}",
               f"{b['loop_us_per_req']:.0f} ({b['loop_busy']:.0%})", a["load"]])
+    if BEFORE:
+        print(f"\nbefore ({BEFORE[0]}), alternated with the rows above:\n")
+        _row(["repeat", "before req/s", "before / bare", "CPU us/req before"])
+        _row(["---:", "---:", "---:", "---:"])
+        for i, d in enumerate(runs["before"]):
+            _row([str(i + 1), f"{d['rps']:.0f}", f"{ratios['before'][i]:.2f}",
+                  f"{d['cpu_us_per_req']:.0f}"])
+        print(f"\nmedian before / bare {statistics.median(ratios['before']):.2f}, CPU us/req "
+              f"{statistics.median(r['cpu_us_per_req'] for r in runs['before']):.0f}")
     med_cpu = {n: statistics.median(r["cpu_us_per_req"] for r in runs[n]) for n in runs}
     cpu = med_cpu["bare"] / med_cpu["scalelab"]
     print(f"\nmedian req/s ratio {statistics.median(ratios['scalelab']):.2f} (target >= 0.70; "
           f"runtime torch {statistics.median(ratios['torch']):.2f}); CPU per request, "
           f"bare / scalelab: {cpu:.2f} (runtime torch {med_cpu['bare'] / med_cpu['torch']:.2f})")
     return {"runs": runs, "ratios": ratios["scalelab"], "torch_ratios": ratios["torch"],
+            "before_ratios": ratios.get("before"),
             "median_ratio": statistics.median(ratios["scalelab"]),
             "torch_median_ratio": statistics.median(ratios["torch"]), "cpu_ratio": cpu,
             "median_cpu_us_per_req": med_cpu}
@@ -815,6 +897,7 @@ def part_capacity(args: argparse.Namespace, work: Path, weights: Path, jsonl: Pa
     ratios: dict[str, Any] = {}
     for key, ours, pool in (("onnxruntime", "scalelab", [p for p in peers if p.endswith(ORT)]),
                             ("torch", "torch", [p for p in peers if p in PEER_NAMES]),
+                            ("triton", "scalelab", [p for p in peers if p == "triton-ort"]),
                             ("any", "scalelab", peers)):
         best = max(pool, key=lambda n: out[n]["median_rps"], default=None)
         if best is None or ours not in out or "median_rps" not in out[ours]:
@@ -822,6 +905,7 @@ def part_capacity(args: argparse.Namespace, work: Path, weights: Path, jsonl: Pa
         ratios[key] = {"ours": ours, "peer": best,
                        "ratio": round(out[ours]["median_rps"] / out[best]["median_rps"], 2)}
         what = {"onnxruntime": "both on ONNX Runtime", "torch": "both on eager torch",
+                "triton": "the same ONNX Runtime session (target >= 1x)",
                 "any": "each as configured (runtime differs)"}[key]
         print(f"\n{LABELS[ours]} / best peer {LABELS[best]}, {what}: "
               f"{ratios[key]['ratio']:.2f}x (target >= 2x)")
@@ -942,6 +1026,9 @@ def main() -> None:
     ap.add_argument("--threads", action=argparse.BooleanOptionalAction, default=True,
                     help="replicas part: also 1 process x N torch threads for each count N > 1")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="closed part: also run scalelab from this src/ directory (another "
+                         "checkout's), alternated with the rest, as the 'before' row")
     args = ap.parse_args()
     global INFER
     NET[0] = args.net
@@ -966,8 +1053,13 @@ def main() -> None:
         raise SystemExit("--text applies to --net minilm (the MLP takes no text)")
     elif args.only is None:
         args.only = ("scalelab,torch,nobatch,bare,fastapi-ort,litserve-ort,mlserver-ort,"
-                     "fastapi,litserve,mlserver")
+                     "triton-ort,fastapi,litserve,mlserver")
     PARAMS["hidden"] = [int(h) for h in args.hidden.split(",")]
+    if args.before is not None:
+        if not (args.before / "scalelab" / "__init__.py").is_file():
+            raise SystemExit(f"--before {args.before}: no scalelab package there; give a "
+                             "checkout's src/ directory")
+        BEFORE.append(args.before.resolve())
     RUNTIME[0] = args.runtime
     if args.pin:
         cpus = sorted(os.sched_getaffinity(0))

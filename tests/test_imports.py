@@ -4,19 +4,19 @@ Read with ast, not by importing: every import counts wherever it stands, at modu
 `if TYPE_CHECKING:` or inside a function (a late import saves start-up time; a loop through one
 is still a loop in the design).
 
-The layering rule, by room (`lab/core`, `lab/load`, `lab/diagnose`, `lab/report`, each
-`system/<part>`, each `layers/<layer>`, `cli`):
+The layering rule, by room (`lab/core`, `lab/load`, `lab/autoscale`, `lab/diagnose`,
+`lab/report`, each `system/<part>`, each `layers/<layer>`, `cli`):
 
 - `lab/core` (laws, fits, records, objectives, the verdict) imports nothing of the tree outside
   itself: every other room builds on it, records flow through it.
 - The shared layers (`layers/*`) import `lab/core` and each other, nothing of `lab/load`,
-  `lab/diagnose`, `lab/report`, `system/*` or `cli`.
+  `lab/autoscale`, `lab/diagnose`, `lab/report`, `system/*` or `cli`.
 - A part of the reference system (`system/<part>`) imports `lab/core` and the layers, never
   another part (parts meet through files on disk: datasets, models, records), nor the rest of
   the lab, nor `cli`.
-- The lab (`lab/load`, `lab/diagnose`, `lab/report`) imports `lab/core`, the layers and
-  itself, never a `system` part: it measures the reference system through its commands and
-  files, as it measures a user's.
+- The lab (`lab/load`, `lab/autoscale`, `lab/diagnose`, `lab/report`) imports `lab/core`, the
+  layers and itself, never a `system` part: it measures the reference system through its
+  commands and files, as it measures a user's.
 - Only `cli` (and `__main__`) import `cli`. The package root (`scalelab`: its version) is
   open to all.
 
@@ -144,8 +144,10 @@ def test_the_layering_rule_in_cases() -> None:
     ok = [("lab.diagnose", "lab.load"), ("lab.load", "layers.web"),
           ("system.serve", "lab.core"), ("system.serve", "layers.nets"),
           ("layers.nets", "layers.lineage"), ("cli", "system.data"), ("layers.web", "lab.core"),
-          ("system.generate", "")]
-    bad = [("lab.core", "lab.load"), ("lab.core", "layers.nets"),
+          ("system.generate", ""), ("lab.autoscale", "lab.load"),
+          ("lab.diagnose", "lab.autoscale"), ("cli", "lab.autoscale")]
+    bad = [("lab.core", "lab.autoscale"), ("layers.deploy", "lab.autoscale"),
+           ("lab.autoscale", "system.serve"), ("lab.core", "lab.load"), ("lab.core", "layers.nets"),
            ("system.serve", "system.data"), ("system.serve", "lab.load"),
            ("layers.nets", "system.serve"), ("layers.web", "lab.load"),
            ("lab.diagnose", "system.serve"), ("lab.report", "cli"), ("system.data", "cli")]

@@ -50,14 +50,27 @@ are requests the server never answered."""
 
 
 def run_load(url: str, model: str, *extra: str, timeout_s: float = 600.0) -> dict[str, Any]:
-    """One open-loop level from `scalelab load --json` (OIP payload for `model`)."""
+    """One level from `scalelab load --json` (OIP payload for `model`), no objective given.
+
+    The level is returned whatever its requests did (the caller judges its successes), and
+    the exit status is held to `load`'s contract: 1 when every request failed (the cause on
+    stderr), else 0 — a level of failures never exits 0."""
     cmd = [sys.executable, "-m", "scalelab", "load", url, "--json", "--payload", "oip",
            "--model", model, "--no-cold-start", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    assert proc.returncode == 0, f"load tester failed ({proc.returncode}): {proc.stderr[-2000:]}"
+    assert proc.returncode in (0, 1) and proc.stdout, \
+        f"load tester failed ({proc.returncode}): {proc.stderr[-2000:]}"
     levels = json.loads(proc.stdout)["levels"]
     assert len(levels) == 1
-    return dict(levels[0])
+    level = dict(levels[0])
+    all_failed = level["requests"] > 0 and level["successes"] == 0
+    assert proc.returncode == (1 if all_failed else 0), (
+        f"load exited {proc.returncode} with {level['successes']} of {level['requests']} "
+        f"requests answered: {proc.stderr[-2000:]}")
+    if all_failed:
+        assert proc.stderr.strip().splitlines()[-1].startswith("every request failed ("), \
+            proc.stderr[-2000:]
+    return level
 
 
 def single_ms(url: str, model: str, client: httpx.Client) -> float:

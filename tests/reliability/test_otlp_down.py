@@ -61,7 +61,7 @@ def traced_server(endpoint: str) -> Iterator[tuple[str, Tracing, list[int]]]:
     URL, its tracer and a list that counts every span handed to the export queue."""
     import uvicorn
 
-    from scalelab.system.generate.api import ApiSettings, build_app, engine_from_settings, wrap
+    from scalelab.system.generate.app import ApiSettings, build_app, engine_from_settings, wrap
 
     settings = ApiSettings(model="tiny", engine={"max_model_len": MAX_LEN, "block_size": 8,
                                                  "kv_cache_bytes": 1 << 20, "max_num_seqs": 4},

@@ -95,7 +95,9 @@ class LazyGroup(click.Group):
         module, attr, _ = spec
         cmd = getattr(importlib.import_module(module), attr)
         assert isinstance(cmd, click.Command)
-        return cmd
+        from scalelab.cli._export import give_output
+
+        return give_output(cmd)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):

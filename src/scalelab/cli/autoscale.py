@@ -13,10 +13,8 @@ from rich.table import Table
 
 from scalelab.cli._output import emit, json_option
 from scalelab.cli._prices import prices_option, resolve_prices
-from scalelab.lab.core.errors import BadInputError, BadUsageError
-from scalelab.lab.core.records import read_records
-from scalelab.lab.core.units import parse_duration
-from scalelab.lab.load.autoscale import (
+from scalelab.lab.autoscale.replica_model import EXTERNAL_SIGNALS, SIGNALS, ReplicaModel
+from scalelab.lab.autoscale.simulator import (
     SimConfig,
     SimResult,
     default_target,
@@ -24,9 +22,11 @@ from scalelab.lab.load.autoscale import (
     scale_to_zero,
     simulate,
 )
-from scalelab.lab.load.replica_model import EXTERNAL_SIGNALS, SIGNALS, ReplicaModel
+from scalelab.lab.autoscale.traffic import BUILTINS, load_traffic
+from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.records import read_records
+from scalelab.lab.core.units import parse_duration
 from scalelab.lab.load.slo import parse_slo
-from scalelab.lab.load.traffic import BUILTINS, load_traffic
 
 
 @click.group(no_args_is_help=True)

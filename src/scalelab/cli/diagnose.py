@@ -126,8 +126,10 @@ def diagnose(
     assert outcome.verdict is not None and outcome.files is not None
     failed = [s for s in outcome.steps if not s.ok]
     for s in failed:
+        what = "step failed" if s.cut is None else "step cut (budget)"
         err_console.print(
-            f"[yellow]step failed:[/] {s.step.label}: {s.error}", markup=True, highlight=False
+            f"[yellow]{what}:[/] {s.step.label}: {s.error or s.cut}", markup=True,
+            highlight=False
         )
     if outcome.interrupted:
         err_console.print("interrupted: the report holds what was measured before Ctrl-C")

@@ -133,7 +133,7 @@ def serve_cmd(governance: Path | None, api_key: str | None,
     """Serve /v1/completions, /v1/chat/completions (stream or not), /v1/models, /health,
     /metrics, /tokenize, /detokenize, /version until interrupted."""
     from scalelab.layers.web.runner import UvicornConfig, run
-    from scalelab.system.generate.api import SETTINGS_ENV, ApiSettings
+    from scalelab.system.generate.settings import SETTINGS_ENV, ApiSettings
 
     settings = ApiSettings(
         model=model,
@@ -161,7 +161,7 @@ def serve_cmd(governance: Path | None, api_key: str | None,
         from scalelab.system.generate.auth import API_KEY_ENV
 
         os.environ[API_KEY_ENV] = api_key
-    run("scalelab.system.generate.api:create_app", cfg, factory=True)
+    run("scalelab.system.generate.app:app_from_env", cfg, factory=True)
 
 
 @app.command("complete")

@@ -39,6 +39,7 @@ from scalelab.cli._sweep import fmt_ms as _ms
 from scalelab.lab.core.errors import BadInputError, BadUsageError
 from scalelab.lab.core.objectives import parse_percent
 from scalelab.lab.core.records import append_records, new_experiment_id, read_records
+from scalelab.lab.core.signals import LATENCY_HISTOGRAM
 from scalelab.lab.core.units import parse_duration
 from scalelab.lab.load.capacity import CONFIRM_S, CapacityResult, SearchConfig, StepRule
 from scalelab.lab.load.cluster import Cluster
@@ -188,8 +189,7 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
             raise
         finally:
             server = meter.stop() if meter is not None else {}
-        side = level_signals(reader, errors_by_status=r.errors_by_status,
-                             requests=r.successes + r.failures)
+        side = level_signals(reader, r)
         check_ran(r, url)
         results.append(r)
         lines = None
@@ -220,7 +220,7 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
 
 def _level_json(r: LoadResult, lines: list[Any] | None,
                 availability: float | None = None) -> dict[str, Any]:
-    d = {k: v for k, v in r.__dict__.items() if k not in ("hist_blob", "steady")}
+    d = {k: v for k, v in r.__dict__.items() if k not in ("hist_blob", "steady", "slice_blobs")}
     d["healthy"] = r.healthy(availability)
     d["budget"] = lines
     return d
@@ -498,10 +498,10 @@ def budget_cmd(slo: str, error_budget: str | None, records: Path, experiment: st
     for rec in read_records(records):
         if not rec.stage.startswith("load") or (experiment and rec.experiment != experiment):
             continue
-        blob = rec.extras.get("hdr_histogram")
-        if not isinstance(blob, str):
-            raise BadInputError(f"{records}: a load record of {rec.experiment} has no "
-                                "hdr_histogram in extras; re-run `scalelab load` to write one")
+        blob = rec.histograms.get(LATENCY_HISTOGRAM)
+        if blob is None:
+            raise BadInputError(f"{records}: a load record of {rec.experiment} has no latency "
+                                "histogram; re-run `scalelab load` to write one")
         succ = int(rec.extras.get("successes", 0))
         lines = budget(objective, hist=LatencyHistogram.decode(blob), successes=succ,
                        failures=rec.failures, wall_s=rec.wall_s or 0.0, period_s=period_s)

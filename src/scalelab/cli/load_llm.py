@@ -19,7 +19,7 @@ from rich.table import Table
 
 from scalelab.cli._arrival import resolve as resolve_arrival
 from scalelab.cli._cluster import cluster_option, open_cluster
-from scalelab.cli._dataset import dataset_of, dataset_options
+from scalelab.cli._dataset import dataset_of, dataset_options, tokenizer_of
 from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._load_requests import (
@@ -47,9 +47,9 @@ from scalelab.cli.load_sessions import sessions_cmd
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.machine import available_cores
 from scalelab.lab.core.objectives import parse_percent
-from scalelab.lab.core.records import Record, append_records, new_experiment_id
+from scalelab.lab.core.records import append_records, new_experiment_id
 from scalelab.lab.core.units import parse_duration
-from scalelab.lab.load.capacity import SearchConfig
+from scalelab.lab.load.capacity import CONFIRM_S, SearchConfig
 from scalelab.lab.load.cluster import Cluster
 from scalelab.lab.load.llm.quality import Agreement, agreement
 from scalelab.lab.load.llm.result import LAG_INVALID_SHARE, LlmResult, cost_of, summary, to_record
@@ -164,7 +164,8 @@ def _stream(target: Target, reqs: list[bytes], mode: Mode, kw: dict[str, Any], w
                         warmup_s=warm, timeout_s=parse_duration(kw["timeout"], what="--timeout"),
                         max_connections=kw["max_connections"],
                         trace_sample=float(kw.get("trace_sample") or 0.0),
-                        trace_seed=int(kw.get("seed") or 0), probe_requests=probe or [])
+                        trace_seed=int(kw.get("seed") or 0), probe_requests=probe or [],
+                        tokenizer=tokenizer_of(kw))
 
 
 @llm.command("run")
@@ -264,9 +265,7 @@ def _run(url: str, rate: float | None, rates: str | None, concurrency: str | Non
             engine = sampler.extras()
         else:
             r = run_llm(plan, cluster=cluster)
-        side = level_signals(reader, errors_by_status=r.errors_by_status,
-                             requests=r.successes + r.failures,
-                             errors_by_kind=r.errors_by_kind)
+        side = level_signals(reader, r)
         check_ran(r, url)
         results.append(r)
         agree = agreement(reference, r.probe, temperature=wl.temperature) if probe else None
@@ -403,6 +402,10 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 @click.option("--arrival", type=click.Choice(list(ARRIVALS)), default="poisson",
               show_default=True)
 @click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per step.")
+@click.option("--confirm", default=f"{CONFIRM_S:g}s", show_default=True,
+              help="Confirm the answer by a run this long at its rate (never stopped early); a "
+                   "failed confirmation sends the search below it. 0 skips it (the answer is "
+                   "then unconfirmed).")
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
 @click.option("--experiment", help="Experiment id for the records.")
 @plot_option("TTFT and TPOT quantiles against the tried rates, and the capacity found")
@@ -412,23 +415,27 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 @json_option
 def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: str,
                  confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
-                 warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
-                 cluster_address: str | None, as_json: bool, **kw: Any) -> None:
+                 warmup: str, confirm: str, records: Path | None, experiment: str | None,
+                 plot: Path | None, cluster_address: str | None, as_json: bool,
+                 **kw: Any) -> None:
     """The highest arrival rate meeting every token objective, in req/s and output tokens/s.
 
     \b
-    Exit status: 0 a rate met the objectives; 1 no tried rate met them; 2 bad usage or
-    input; 70 internal error; 130 interrupted.
+    Exit status: 0 a rate met the objectives (and held in its confirmation run); 1 no tried
+    rate met them, or none held in a confirmation; 2 bad usage or input; 70 internal error;
+    130 interrupted.
     """
     with open_cluster(cluster_address) as cluster:
         _capacity(url, slo, start, max_rate, precision, confidence, min_step, max_step,
-                  max_steps, arrival, warmup, records, experiment, plot, as_json, kw, cluster)
+                  max_steps, arrival, warmup, records, experiment, plot, as_json, kw, cluster,
+                  confirm=confirm)
 
 
 def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
               confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
               warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
-              as_json: bool, kw: dict[str, Any], cluster: Cluster | None) -> None:
+              as_json: bool, kw: dict[str, Any], cluster: Cluster | None, *,
+              confirm: str = f"{CONFIRM_S:g}s") -> None:
     objective = parse_token_slo(slo)
     conf = fraction(confidence, what="--confidence")
     rule = TokenStepRule(slo=objective, confidence=conf,
@@ -441,6 +448,7 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
     target, wl, reqs = _workload(url, kw)
     warm = parse_duration(warmup, what="--warmup")
     exp = experiment or new_experiment_id("llm-capacity")
+    confirm_s = parse_duration(confirm, what="--confirm")
 
     def make_plan(rate: float, i: int) -> LlmPlan:
         return LlmPlan(stream=_stream(target, reqs, "open", kw, warm), rate=rate,
@@ -449,27 +457,26 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
 
     with live_progress("capacity", total=max_steps) as progress:
 
-        def on_step(rate: float) -> None:
-            progress.advance(f"capacity step: {rate:.2f} req/s")
+        def on_step(rate: float, confirmation: bool) -> None:
+            what = "confirmation" if confirmation else "capacity step"
+            progress.advance(f"{what}: {rate:.2f} req/s")
             if not as_json and not progress_shown():
-                err_console.print(f"[dim]capacity step: {rate:.2f} req/s ...[/]")
+                err_console.print(f"[dim]{what}: {rate:.2f} req/s ...[/]")
 
         try:
-            res = capacity(make_plan, rule, cfg, on_step=on_step, url=url, cluster=cluster)
+            res = capacity(make_plan, rule, cfg, on_step=on_step, url=url, cluster=cluster,
+                           confirm_s=confirm_s)
         except EveryRequestFailed as e:
             err_console.print(str(e), markup=False, highlight=False, soft_wrap=True)
             raise click.exceptions.Exit(1) from None
-    recs: list[Record] = []
-    for i, (s, r) in enumerate(zip(res.result.steps, res.levels, strict=True)):
-        recs.append(to_record(r, experiment=exp, url=url, workload=wl.label(), slo=objective,
-                              price_per_hour_usd=price,
-                              extra={"capacity_step": i, "verdict": s.verdict}))
     if records is not None:
-        append_records(records, recs)
+        append_records(records, res.records(experiment=exp, url=url, workload=wl.label(),
+                                            slo=objective, price_per_hour_usd=price))
     steps = []
     for s, r in zip(res.result.steps, res.levels, strict=True):
         lv = level_json(r, objective, price)
-        steps.append({"rate": s.rate, "verdict": s.verdict, "requests": s.requests,
+        steps.append({"rate": s.rate, "verdict": s.verdict, "confirmation": s.confirmation,
+                      "requests": s.requests,
                       "throughput_rps": s.throughput_rps, "output_tps": r.output_tps,
                       "ttft": lv["ttft"], "tpot": lv["tpot"], "itl": lv["itl"],
                       "error_rate": s.error_rate, "valid": s.valid, "wall_s": s.wall_s,
@@ -477,6 +484,8 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
     lo, hi = res.result.interval_rps
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "slo": objective.label,
            "confidence": conf, "experiment": exp, "capacity_rps": res.result.capacity_rps,
+           "confirmed_rps": res.result.confirmed_rps, "confirm_s": confirm_s,
+           "answer": res.result.answer(),
            "interval_rps": [lo, hi], "capacity_output_tps": res.capacity_tps,
            "capacity_goodput_tps": res.capacity_goodput_tps,
            "converged": res.result.converged, "price_per_hour_usd": price,
@@ -489,6 +498,9 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
     emit(doc, as_json, lambda c: _render_capacity(c, doc))
     if doc["capacity_rps"] is None:
         exit_if_missed([f"{objective.label} at every rate tried"])
+    if confirm_s > 0 and res.result.confirmed_rps is None:
+        exit_if_missed([f"{objective.label} in the confirmation run: the answer is not "
+                        "confirmed (raise --max-steps to search further below it)"])
 
 
 def plot_capacity(doc: dict[str, Any], path: Path) -> None:
@@ -514,18 +526,21 @@ def _render_capacity(c: Console, doc: dict[str, Any]) -> None:
                 "TPOT p95", "errors", "valid"):
         t.add_column(col, justify="right")
     for i, s in enumerate(doc["steps"]):
-        t.add_row(str(i + 1), f"{s['rate']:.2f}", s["verdict"], str(s["requests"]),
+        t.add_row(f"{i + 1}{' (confirm)' if s['confirmation'] else ''}", f"{s['rate']:.2f}",
+                  s["verdict"], str(s["requests"]),
                   f"{s['throughput_rps']:.2f}", f"{s['output_tps']:.0f}",
                   _ms(s["ttft"]["p95_ms"]), _ms(s["tpot"]["p95_ms"]), f"{s['error_rate']:.2%}",
                   "yes" if s["valid"] else "NO")
     _wide(c, 110).print(t)
     if doc["capacity_rps"] is None:
-        c.print(f"no tried rate met {doc['slo']}")
+        confirmed = any(s["confirmation"] for s in doc["steps"])
+        c.print(doc["answer"] if confirmed else f"no tried rate met {doc['slo']}")
         return
     lo, hi = doc["interval_rps"]
-    c.print(f"capacity: {doc['capacity_rps']:.2f} req/s = {doc['capacity_output_tps']:.0f} output "
-            f"tokens/s (goodput {doc['capacity_goodput_tps']:.0f} tokens/s), interval "
-            f"[{_ms(lo)}, {_ms(hi)}] req/s" + ("" if doc["converged"] else " (not converged)"))
+    c.print(f"{doc['answer']}; interval [{_ms(lo)}, {_ms(hi)}] req/s"
+            + ("" if doc["converged"] else " (not converged)"))
+    c.print(f"at capacity: {doc['capacity_output_tps']:.0f} output tokens/s (goodput "
+            f"{doc['capacity_goodput_tps']:.0f} tokens/s)")
     cost = doc["cost_per_1k_output_tokens_usd"]
     if cost is not None:
         c.print(f"cost at capacity: ${cost:.5f} per 1,000 output tokens at "

@@ -14,11 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._output import emit, err_console, json_option
-from scalelab.lab.core.checkpoint import CheckpointPlan, plan_checkpoints
-from scalelab.lab.core.errors import BadInputError, BadUsageError
-from scalelab.lab.core.lr import LrScaling
-from scalelab.lab.core.units import format_duration, parse_duration
-from scalelab.layers.hpa import (
+from scalelab.lab.autoscale.hpa import (
     Behavior,
     ControllerConfig,
     HpaSpec,
@@ -30,6 +26,10 @@ from scalelab.layers.hpa import (
     decide,
     state_from_json,
 )
+from scalelab.lab.core.checkpoint import CheckpointPlan, plan_checkpoints
+from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.lr import LrScaling
+from scalelab.lab.core.units import format_duration, parse_duration
 
 _UNBOUNDED = 2**31 - 1
 

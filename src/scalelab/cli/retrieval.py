@@ -190,7 +190,7 @@ def serve_cmd(governance: Path | None,
     """Serve POST /v1/retrieve (and /v1/answer, /v1/documents) until interrupted."""
 
     from scalelab.layers.web.runner import UvicornConfig, run
-    from scalelab.system.retrieval.server import SETTINGS_ENV, RetrievalServerSettings
+    from scalelab.system.retrieval.settings import SETTINGS_ENV, RetrievalServerSettings
     from scalelab.system.retrieval.store import index_info
 
     # fail here, with one line, before uvicorn starts: a missing or unreadable manifest, or a
@@ -213,7 +213,7 @@ def serve_cmd(governance: Path | None,
     from scalelab.layers.web.logs import configure
 
     configure("info")  # JSON lines on stderr, each with its request's trace id
-    run("scalelab.system.retrieval.server:app_from_env", UvicornConfig(host=host, port=port))
+    run("scalelab.system.retrieval.app:app_from_env", UvicornConfig(host=host, port=port))
 
 
 @app.command("bench")

@@ -87,8 +87,8 @@ def run_cmd(governance: Path | None,
             access_log_rate: float, trace_sample: float, trace_out: str | None,
             otlp_endpoint: str | None) -> None:
     """Serve every model in --model-repo until interrupted (Ctrl-C drains in-flight requests)."""
-    from scalelab.system.serve.config import ServerSettings
     from scalelab.system.serve.server import serve
+    from scalelab.system.serve.settings import ServerSettings
 
     settings = ServerSettings(
         governance_file=governance_file(governance),

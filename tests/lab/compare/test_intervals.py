@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from scalelab.lab.compare.intervals import (
     Latencies,
@@ -87,3 +88,21 @@ def test_a_difference_must_clear_the_margin() -> None:
     assert p_different(iv, 0.05) > 0.05  # ... not at 95% beyond a ±5% margin
     assert p_different(iv, 0.1) == 1.0  # ... never beyond ±10%
     assert p_equivalent(iv, 0.2) < 1e-6  # and shown within ±20%
+
+
+def test_batch_shares_give_the_spread_of_a_quantile_in_rank() -> None:
+    """Four slices of 10 latencies; the run's median is 5 ms: the slices hold 10, 0, 10 and 0
+    latencies at or below it; a p50 batch needs 10, so 4 batches, shares 1, 0, 1, 0: sd
+    0.577, se 0.289."""
+    from scalelab.lab.compare.batches import per_group, share_bounds, share_spread
+    from scalelab.lab.load.slices import slice_blobs
+
+    assert (per_group(0.5), per_group(0.95), per_group(0.99)) == (10, 100, 500)
+    us = np.concatenate([np.full(10, v, dtype=np.int64) for v in (4000, 6000, 4000, 6000)])
+    s = share_spread(slice_blobs(us, k=4), 0.5, 4.0)
+    assert s is not None and s.batches == 4
+    assert s.se == pytest.approx(0.5773503 / 2, rel=1e-6)
+    values, counts = np.array([4.0, 6.0]), np.array([20, 20])
+    # t(3) at 0.975 is 3.182: 0.5 ∓ 0.919 falls off both ends of the run.
+    assert share_bounds(values, counts, 0.5, 0.95, s) == (0.0, math.inf)
+    assert share_spread(slice_blobs(us[:19], k=4), 0.5, 4.0) is None  # 19 < 2 batches of 10

@@ -88,8 +88,7 @@ def test_energy_per_unit_from_the_core_seconds_the_cost_charges() -> None:
     m = record_energy(r, core_hour_usd=0.048, watts_per_core=3.5, measured_j=100.0)
     assert m is not None and (m.joules, m.per_unit_j, m.basis) == (100.0, 25.0, MEASURED)
     tagged = with_energy(r, core_hour_usd=0.048, watts_per_core=3.5)
-    assert tagged.extras["energy_per_unit_j"] == 6_300.0
-    assert tagged.extras["energy_basis"] == "estimated (model: 3.5 W/core)"
+    assert tagged.energy == e
 
 
 def test_no_energy_without_a_priced_unit_or_for_accelerator_work() -> None:
@@ -120,12 +119,14 @@ def test_runner_tagger_uses_rapl_when_readable_else_the_model(tmp_path: Path) ->
     (p0 / "energy_uj").write_text("9000000\n")  # 8 J over the step
     ta, tb = tagger(a), tagger(b)
     # the core-seconds come from dollars, so the split is exact to float rounding
-    assert [ta.extras["energy_j"], tb.extras["energy_j"]] == pytest.approx([2.0, 6.0], rel=1e-12)
-    assert ta.extras["energy_basis"] == MEASURED
-    assert tb.extras["energy_per_unit_j"] == pytest.approx(0.2, rel=1e-12)  # 6 J / 30 units
-    model = EnergyTagger(None, prices, records, root=tmp_path / "none")(b)
-    assert model.extras["energy_j"] == pytest.approx(10.5, rel=1e-12)  # 3 core-s × 3.5 W
-    assert model.extras["energy_basis"] == "estimated (model: 3.5 W/core)"
+    assert ta.energy is not None and tb.energy is not None
+    assert [ta.energy.joules, tb.energy.joules] == pytest.approx([2.0, 6.0], rel=1e-12)
+    assert ta.energy.basis == MEASURED
+    assert tb.energy.per_unit_j == pytest.approx(0.2, rel=1e-12)  # 6 J / 30 units
+    model = EnergyTagger(None, prices, records, root=tmp_path / "none")(b).energy
+    assert model is not None
+    assert model.joules == pytest.approx(10.5, rel=1e-12)  # 3 core-s × 3.5 W
+    assert model.basis == "estimated (model: 3.5 W/core)"
 
 
 def test_a_one_record_step_priced_by_its_stage_gets_all_the_joules(tmp_path: Path) -> None:
@@ -143,5 +144,6 @@ def test_a_one_record_step_priced_by_its_stage_gets_all_the_joules(tmp_path: Pat
     tagger = EnergyTagger(price, prices, records, root=root)
     (p0 / "energy_uj").write_text("4000000\n")  # 4 J over the level
     tagged = tagger(raw)
-    assert (tagged.extras["energy_j"], tagged.extras["energy_basis"]) == (4.0, MEASURED)
-    assert tagged.extras["energy_per_unit_j"] == pytest.approx(0.8, rel=1e-12)  # over 5 units
+    assert tagged.energy is not None
+    assert (tagged.energy.joules, tagged.energy.basis) == (4.0, MEASURED)
+    assert tagged.energy.per_unit_j == pytest.approx(0.8, rel=1e-12)  # over 5 units

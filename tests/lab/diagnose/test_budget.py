@@ -62,15 +62,19 @@ def test_the_runner_splits_the_config_budget_over_the_enabled_stages(tmp_path: P
                    " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
     r = Runner(load_config(cfg, "default"), tmp_path / "out", "default")
     shares = {s.stage: s for s in r.shares}
-    assert set(shares) == {"serve", "model"}
+    # the shared inputs serve needs are lines of their own, before it, so serve's share is
+    # its own work
+    assert list(shares) == ["features", "served-model", "serve", "model"]
     # serve: a 3 s server start + one step (1.5 s start) over 2 levels x (2 s + 1 s warm-up)
-    # = 10.5 s; model 7 s
+    # = 10.5 s; model 7 s; the features 3.5 s, the served model 6.5 s
     assert shares["serve"].minimum_s == 10.5 and shares["model"].share_s == 7.0
-    assert shares["serve"].share_s == 113.0 and r.ctx.shares == {"serve": 113.0}
+    assert shares["features"].share_s == 3.5 and shares["served-model"].share_s == 6.5
+    assert shares["serve"].share_s == 103.0 and r.ctx.shares == {"serve": 103.0}
     # --full drops the config's budget (a cap per level applies instead); --budget overrides
     assert Runner(load_config(cfg, "full"), tmp_path / "o", "full").shares == []
+    # (--full's model builds five variants: 12.5 s)
     assert Runner(load_config(cfg, "full"), tmp_path / "o", "full",
-                  budget_s=60.0).ctx.shares == {"serve": 53.0}
+                  budget_s=60.0).ctx.shares == {"serve": 37.5}
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -118,26 +122,51 @@ def test_a_share_is_replanned_from_what_is_left() -> None:
     assert replan(30.0, later[1], [StageNeed(stage="online", minimum_s=20.0, sized=False)]) \
         == 20.0
     assert replan(-5.0, now, later) == 0.0
+    # a fixed stage that can cut its curve (least 10 of its 20 s) at half speed: 115 s left
+    # do not pay the needs (2 x 60 s) but pay the leasts (2 x 50 s), so each stage gets its
+    # least and the same 75% of what its minimum adds to it
+    model = StageNeed(stage="model", minimum_s=20.0, sized=False, least_s=10.0)
+    assert replan(115.0, model, [later[1]], slow=2.0) == 35.0
+    assert replan(115.0, later[1], [model], slow=2.0) == 80.0
 
 
 def test_a_sized_stage_shares_an_earlier_overrun_with_the_later_stages(tmp_path: Path) -> None:
     cfg = tmp_path / "scalelab.yaml"
     cfg.write_text("stages: {train: {enabled: false}, llm: {enabled: false},"
-                   " retrieval: {enabled: false},"
+                   " retrieval: {enabled: false}, model: {enabled: false},"
+                   " online: {enabled: false},"
                    " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
     r = Runner(load_config(cfg, "default"), tmp_path / "out", "default", budget_s=100.0)
-    # data 8 s, serve 10.5 s, model 7 s, online 16 s: serve gets the rest, 69 s
-    assert r.ctx.shares == {"serve": 69.0}
-    # data took 50 s, not 8 (pace 6.25): 100 - 50 - REPORT_S = 44 s left for needs of 6.25 x
-    # (10.5 serve, 7 model, 16 online): serve gets 44 * 10.5 / 33.5
-    r._reshare("serve")  # at once: all but the later stages' 23 s and the report's 6 s
-    assert r.ctx.shares["serve"] == pytest.approx(100.0 - 6.0 - 23.0, abs=0.05)
+    minimum = {s.stage: s.minimum_s for s in r.shares}
+    # data 8.42 s (its four levels), the features 3.5, the served model 6.5, serve 10.5:
+    # serve gets the rest, 81.58 s
+    assert minimum == {"data": pytest.approx(8.42), "features": 3.5, "served-model": 6.5,
+                       "serve": 10.5}
+    assert r.ctx.shares == {"serve": pytest.approx(81.58)}
+    r._reshare("serve")  # at once: all but the report's 6 s (nothing ran: no input needed)
+    assert r.ctx.shares["serve"] == pytest.approx(100.0 - 6.0, abs=0.05)
     assert r.ctx.short == set()
-    r.started = time.monotonic() - 50.0
-    r.spent["data"] = 50.0
+    # data took 50 s, not 8.42 (pace 5.94), the inputs as planned: 100 - 60 - 6 x 5.94 left
+    # for serve's need of 10.5 x 5.94
+    r.started = time.monotonic() - 60.0
+    r.spent |= {"data": 50.0, "features": 3.5, "served-model": 6.5}
     r._reshare("serve")
-    assert r.ctx.shares["serve"] == pytest.approx(44.0 * 10.5 / 33.5, abs=0.05)
-    assert r.ctx.short == {"serve"}  # 13.8 s against 10.5 s x 6.25: cut to its decision
+    slow = (50.0 + 3.5 + 6.5) / (8.42 + 3.5 + 6.5)
+    assert r.paces["serve"] == pytest.approx(slow)
+    assert r.ctx.shares["serve"] == pytest.approx(40.0 - 6.0 * slow, abs=0.05)
+    assert r.ctx.short == {"serve"}  # 20.4 s against 10.5 s x 3.26: cut to its decision
+    # the stage is stopped at 1.5 times its share, and at the budget's end (less the report's
+    # time) at the latest: here 40 - 6 x 3.26 s from now
+    assert r.ctx.deadline == pytest.approx(time.monotonic() + 40.0 - 6.0 * slow, abs=0.05)
+    # (data, starting first with the whole budget ahead: 1.5 x its 8.42 s)
+    fresh = Runner(load_config(cfg, "default"), tmp_path / "o2", "default", budget_s=100.0)
+    fresh._reshare("data")
+    assert fresh.given["data"] == pytest.approx(8.42)
+    assert fresh.ctx.deadline == pytest.approx(time.monotonic() + 1.5 * 8.42, abs=0.05)
+    # the steps' wall time against their quiet estimates is a pace too: the slower one counts
+    r.delivered = [(2.5, 25.0)]
+    r._reshare("serve")
+    assert r.paces["serve"] == 10.0 and r.ctx.shares["serve"] == 0.0
     r.started = time.monotonic() - 100.0
     r._reshare("serve")  # nothing left: each level runs its one chunk
     assert r.ctx.shares == {"serve": 0.0} and r.given["serve"] == 0.0

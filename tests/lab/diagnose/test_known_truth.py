@@ -19,6 +19,7 @@ from llmkit import llm_server
 from scalelab.cli import run
 from scalelab.lab.core.records import read_records
 from scalelab.lab.diagnose.stages import SECTIONS
+from scalelab.lab.load.capacity import CONFIRM_VARIABLE
 
 LLM_SERVER = Path(__file__).parents[1] / "load" / "llm_server.py"
 
@@ -218,5 +219,7 @@ def test_an_llm_endpoint_gets_a_capacity_search(
     assert llm["miss"]["multiple"] == 4.0  # the search's rows are not the concurrency grid's
     steps = [r for r in read_records(out / "records.jsonl")
              if r.series == "continuous capacity"]
-    assert 1 <= len(steps) <= 4 * 2 and all(r.variable == "rate" for r in steps)
+    # The search's steps (an invalid one run twice) and its answer's confirmation runs.
+    assert 1 <= len(steps) <= 4 * 2 + 3
+    assert {r.variable for r in steps} <= {"rate", CONFIRM_VARIABLE}
     assert "continuous: " in llm["predicted"] and "search steps" in llm["predicted"]

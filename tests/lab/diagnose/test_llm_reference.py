@@ -49,6 +49,13 @@ def test_candidates_run_their_levels_and_the_weights_are_labelled(
     # the baseline's target (4×: the highest level under its 10×) is the decision; the rest,
     # and every level of the candidate, which the verdict does not decide, curve points
     assert [r.purpose for r in recs] == ["curve", "curve", "decision", "curve", "curve"]
+    # target first: 4 streams measured (a window of its own, sized by its checks) before the
+    # curve step's 1 and 2 (`requests` each); then the candidate
+    by = {(r.series, r.level): r for r in recs}
+    target, low = by[("continuous", 4.0)], by[("continuous", 1.0)]
+    assert target.timestamp < low.timestamp < by[("int8", 1.0)].timestamp
+    assert target.extras["sizing"]["chunks"] >= 1 and target.extras["samples"] > 3
+    assert low.extras["samples"] == 3 and "sizing" not in low.extras
     assert all(r.failures == 0 and "vs_fp32_agreement" not in r.quality for r in recs)
     stage = next(s for s in doc["verdict"]["stages"] if s["stage"] == "llm")
     # The demo's budget leaves the check out: said, with the command, never a number.
@@ -124,4 +131,5 @@ def test_every_series_server_starts_at_once(tmp_path: Path) -> None:
                     engine_settings={"continuous": [], "unbatched": ["--max-num-seqs", "1"]})
     assert (concurrencies(s, "continuous"), concurrencies(s, "unbatched")) == \
         ([1, 2, 5, 10], [1, 10])
-    assert LlmStage().minimum_s(s, 1) == 49.0
+    # 13 s for both starts, the baseline's target chunk 8 s and its curve step 6 + 3 × 4 s
+    assert LlmStage().minimum_s(s, 1) == 39.0

@@ -8,19 +8,17 @@ import io
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from llmkit import llm_server
 from scalelab.cli import run
 from scalelab.lab.core.objectives import Objective
-from scalelab.lab.core.records import Cost, Record, make_record, read_records
+from scalelab.lab.core.records import Record, read_records
 from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.run import Runner
 from scalelab.lab.diagnose.sizing import LevelClock, pending, size_level
 from scalelab.lab.diagnose.stages.llm import LlmStage
 from scalelab.lab.load.histogram import LatencyHistogram
-from scalelab.lab.load.llm.result import HISTOGRAMS
 from scalelab.lab.load.llm.result import merge_records as merge_llm_chunks
 
 SERVER = Path(__file__).parents[1] / "load" / "llm_server.py"
@@ -92,7 +90,7 @@ def test_an_llm_level_continues_while_undecided_then_stops_when_decided(
     sizing = got.extras["sizing"]
     assert (sizing["stopped"], sizing["undecided"], sizing["samples"]) == ("decided", [], n)
     assert sizing["chunks"] == len(chunks.records) and n >= 59
-    assert LatencyHistogram.decode(got.extras["hdr_histograms"]["ttft"]).count == n
+    assert LatencyHistogram.decode(got.histograms["ttft"]).count == n
     assert got.latency is not None and got.latency.p95_ms is not None
     assert TTFT_MS <= got.latency.p95_ms <= 200.0
     assert got.failures == 0 and got.extras["availability"] == 1.0
@@ -121,56 +119,12 @@ def test_an_undecided_llm_level_stops_when_its_share_is_spent(llm_url: str,
     assert "needs ≥ 299" in sizing["undecided"][0]
 
 
-def _rec(values_ms: list[float], *, wall_s: float, failures: int, kv: float,
-         scrapes: int) -> Record:
-    h = LatencyHistogram()
-    h.record_us(np.asarray([int(v * 1000) for v in values_ms]))
-    n = len(values_ms)
-    return make_record(
-        experiment="e", stage="llm", variable="concurrency", level=2.0, wall_s=wall_s,
-        rate=4 * (n - failures) / wall_s, failures=failures, failure_rate=failures / n,
-        latency=h.percentiles().latency(),
-        extras={"hdr_histograms": {k: h.encode() for k in HISTOGRAMS}, "samples": n,
-                "successes": n - failures, "output_tokens": 4 * (n - failures),
-                "output_tps": 4 * (n - failures) / wall_s, "engine_scrapes": scrapes,
-                "engine_kv_usage_max": kv, "engine_kv_usage_mean": kv / 2,
-                "engine_waiting_max": 0.0, "errors_by_kind": {"reset": failures},
-                "energy_j": 2.0 * wall_s, "energy_basis": "estimated"},
-        cost=Cost(usd=0.01 * wall_s, per_unit_usd=0.001, unit="1k output tokens"))
-
-
-def test_merging_llm_chunks_is_exact() -> None:
-    """Each histogram added (quantiles as if one window had recorded every request), counts
-    summed, rates over the summed time, gauges at their peak, the engine's limit re-read."""
-    a, b = [float(v) for v in range(1, 101)], [float(v) for v in range(101, 301)]
-    whole = LatencyHistogram()
-    whole.record_us(np.asarray([int(v * 1000) for v in a + b]))
-    got = merge_llm_chunks([_rec(a, wall_s=1.0, failures=1, kv=0.5, scrapes=10),
-                            _rec(b, wall_s=3.0, failures=2, kv=0.96, scrapes=30)])
-    assert got.latency == whole.percentiles().latency()
-    for k in ("itl", "tpot", "e2e"):
-        assert got.extras[f"{k}_p95_ms"] == whole.percentiles().p95_ms
-    assert got.extras["samples"] == 300 and got.extras["successes"] == 297
-    assert got.failures == 3 and got.failure_rate == 3 / 300
-    assert got.extras["availability"] == 1 - 3 / 300
-    assert got.wall_s == 4.0 and got.rate == 4 * 297 / 4.0
-    assert got.extras["errors_by_kind"] == {"reset": 3}
-    assert got.extras["engine_scrapes"] == 40 and got.extras["engine_kv_usage_max"] == 0.96
-    assert got.extras["engine_kv_usage_mean"] == pytest.approx((0.25 * 10 + 0.48 * 30) / 40)
-    assert got.extras["limiting_signal"] == "kv-cache" and got.limiting_resource == "kv-cache"
-    # each chunk's energy (tagged per step) summed; per unit over the merged cost's units
-    assert got.cost is not None and got.cost.usd == pytest.approx(0.04)
-    assert got.extras["energy_j"] == 8.0 and got.extras["energy_basis"] == "estimated"
-    with pytest.raises(ValueError, match="no hdr_histograms"):
-        merge_llm_chunks([_rec(a, wall_s=1.0, failures=0, kv=0.1, scrapes=1),
-                          make_record(experiment="e", stage="llm", variable="concurrency",
-                                      level=2.0)])
-
-
 def test_llm_is_a_sized_stage_with_its_minimum_in_the_budget_split(tmp_path: Path) -> None:
-    """The default two series: both servers started at once (13 s), the baseline's first step
-    over four levels (6 + 4 × 4 s) and the candidate's over its two (6 + 2 × 4 s), 49 s; the
-    spare time goes to serve and llm in proportion to their minimums."""
+    """The default two series: both servers started at once (13 s), the baseline's target's
+    first chunk (2.5 s start + 1 s warm-up + 3 s window + 2 s quality probe) and its curve
+    step over the other three levels (6 + 3 × 4 s), 39 s; the candidate runs from what is
+    left (advice, not a decision); the spare time goes to serve and llm in proportion to
+    their minimums."""
     cfg = tmp_path / "scalelab.yaml"
     cfg.write_text("budget: 3m\nstages: {data: {enabled: false}, train: {enabled: false},"
                    " model: {enabled: false}, retrieval: {enabled: false},"
@@ -178,14 +132,17 @@ def test_llm_is_a_sized_stage_with_its_minimum_in_the_budget_split(tmp_path: Pat
                    " serve: {levels: [1, 2], duration: 2s, batching: ['off'], capacity: false}}\n")
     r = Runner(load_config(cfg, "default"), tmp_path / "out", "default")
     shares = {s.stage: s for s in r.shares}
-    assert shares["llm"].sized and shares["llm"].minimum_s == 49.0
+    assert shares["llm"].sized and shares["llm"].minimum_s == 39.0
     assert shares["serve"].minimum_s == 10.5  # a 3 s server start, 1.5 s + 2 levels x 3 s
-    assert r.ctx.shares["llm"] == pytest.approx(49.0 + 120.5 * 49.0 / 59.5)
-    assert r.ctx.shares["serve"] == pytest.approx(10.5 + 120.5 * 10.5 / 59.5)
-    # a user's endpoint: one first step, plus the capacity search when it has a TTFT objective
+    # 180 s less the minimums and serve's shared inputs (features 3.5 s, served model 6.5 s)
+    assert shares["features"].share_s + shares["served-model"].share_s == 10.0
+    assert r.ctx.shares["llm"] == pytest.approx(39.0 + 120.5 * 39.0 / 49.5)
+    assert r.ctx.shares["serve"] == pytest.approx(10.5 + 120.5 * 10.5 / 49.5)
+    # a user's endpoint: one first step, plus the capacity search when it has a TTFT objective,
+    # and the search's 10 s confirmation at its answer
     stage, llm = LlmStage(), r.cfg.stages.llm  # the default objectives: TTFT p95 ≤ 2 s
     user = llm.model_copy(update={"url": "http://127.0.0.1:9"})
-    assert stage.minimum_s(user, 1) == 12.0 + 25.0
+    assert stage.minimum_s(user, 1) == 12.0 + 25.0 + 10.0
     assert stage.minimum_s(user.model_copy(update={"capacity": False}), 1) == 12.0
 
 

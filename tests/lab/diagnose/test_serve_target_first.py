@@ -2,15 +2,26 @@
 decision, the other levels curve points; a capacity search's step at or above the target's
 rate that met every objective decides the target, saying so and what it assumes."""
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
+import pytest
 
 from scalelab.lab.core.objectives import Objective
 from scalelab.lab.core.records import Record, append_records, make_record
 from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.run import Runner
-from scalelab.lab.diagnose.stages.serve import ASSUMPTION, FirstChunks, searched_decision
+from scalelab.lab.diagnose.stages.serve import (
+    ASSUMPTION,
+    FirstChunks,
+    SearchUsage,
+    searched_decision,
+    searched_usage,
+)
 from scalelab.lab.diagnose.stages.serve_search import search_path
 from scalelab.lab.load.histogram import LatencyHistogram
 from stagekit import run_serve_alone, stages_yaml
@@ -25,7 +36,8 @@ def _step(rate: float, n: int) -> Record:
     return make_record(experiment="search", stage="load", variable="rate", level=rate,
                        wall_s=1.0, rate=float(n), failures=0, failure_rate=0.0,
                        latency=h.percentiles().latency(),
-                       extras={"hdr_histogram": h.encode(), "samples": n, "successes": n,
+                       histograms={"latency": h.encode()},
+                       extras={"samples": n, "successes": n,
                                "rate_verdict": "pass"}, series="batching=off capacity")
 
 
@@ -48,6 +60,37 @@ def test_a_search_step_above_the_target_rate_is_the_targets_decision(tmp_path: P
                                         "target_rate": 400.0, "steps": [3200.0],
                                         "assumption": ASSUMPTION}
     assert searched_decision(ctx, "batching=off", OBJECTIVES, 4000.0, first, rep=0) is None
+    # a search step carries no server CPU: without the reading around the search the row has
+    # none ("not measured" on the first screen); with it, the verdict infers from it
+    assert got.resources.cpu_busy_cores is None
+    read = searched_decision(ctx, "batching=off", OBJECTIVES, 400.0, first, rep=0,
+                             usage=SearchUsage(busy_cores=1.96))
+    assert read is not None and read.resources.cpu_busy_cores == 1.96
+    assert read.extras["search_server_busy_cores"] == 1.96
+
+
+def test_the_server_is_read_around_its_search() -> None:
+    """A real process spinning on one core through a 0.4 s "search": its CPU seconds over
+    the search's wall time, as psutil reads them around it (at most one core's worth; a
+    sleeping one reads ~0)."""
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        proc = psutil.Process(spin.pid)
+        c0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+        got = searched_usage(spin.pid, lambda: time.sleep(0.4))
+        c1, t1 = sum(proc.cpu_times()[:2]), time.monotonic()
+        assert got is not None and 0.0 < got.busy_cores <= 1.1
+        assert got.busy_cores == pytest.approx((c1 - c0) / (t1 - t0), rel=0.25)
+        idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            time.sleep(0.3)
+            quiet = searched_usage(idle.pid, lambda: time.sleep(0.5))
+            assert quiet is not None and quiet.busy_cores < 0.05
+        finally:
+            idle.kill()
+    finally:
+        spin.kill()
 
 
 def test_the_target_is_the_decision_and_the_other_levels_curve_points(tmp_path: Path) -> None:

@@ -5,9 +5,11 @@ the target's rate deciding it (pure functions, exact orders)."""
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
 from scalelab.lab.core.objectives import Objective
-from scalelab.lab.core.records import Record, make_record
+from scalelab.lab.core.records import Latency, Record, make_record
+from scalelab.lab.core.sheet import build_sheet
 from scalelab.lab.diagnose.sizing import (
     Outcome,
     bisection_steps,
@@ -75,7 +77,8 @@ def _step(rate: float, *, n: int, ms: float) -> Record:
     return make_record(experiment="e", stage="serve", variable="rate", level=rate, wall_s=1.0,
                        rate=float(n), failures=0, failure_rate=0.0,
                        latency=h.percentiles().latency(),
-                       extras={"hdr_histogram": h.encode(), "samples": n, "successes": n})
+                       histograms={"latency": h.encode()},
+                       extras={"samples": n, "successes": n})
 
 
 def test_a_search_step_at_or_above_the_target_rate_decides_it() -> None:
@@ -93,11 +96,13 @@ def test_a_search_step_at_or_above_the_target_rate_decides_it() -> None:
 
 def test_a_sized_level_says_how_fast_it_gathered_samples() -> None:
     """What the budget that would decide an undecided check is read from: 1,180 requests in
-    4 s of the level's time, so 2,995 need ~10.2 s at that pace."""
+    the chunks' 4 s of measured windows (5.5 s with their start-ups), so 2,995 need ~10.2 s
+    at that pace."""
     from scalelab.lab.diagnose.sizing import Sizing
 
-    z = Sizing(chunks=2, samples=1180, spent_s=4.0, share_s=4.5, stopped="time share spent",
-               undecided=["availability ≥ 99.9%: 1,180 requests; 99.9% needs ≥ 2,995"])
+    z = Sizing(chunks=2, samples=1180, spent_s=5.5, share_s=4.5, stopped="time share spent",
+               undecided=["availability ≥ 99.9%: 1,180 requests; 99.9% needs ≥ 2,995"],
+               measured_s=4.0)
     assert z.as_dict()["samples_per_s"] == 295.0
     assert Sizing(chunks=1, samples=None, spent_s=4.0, share_s=4.5, stopped="decided",
                   undecided=[]).as_dict()["samples_per_s"] is None
@@ -129,3 +134,33 @@ def test_a_step_counts_at_the_rate_it_sent() -> None:
         **lagged[1].extras, "sent_rps": 805.0}})
     got = search_decides(lagged, OBJECTIVES, 400.0)
     assert got is not None and got.extras["merged_steps"] == [400.0, 800.0, 1000.0]
+
+
+def test_the_next_chunk_pays_the_samples_still_needed() -> None:
+    """100 requests in 2 s (50/s) with a p99 needing 299: 199 more take 3.98 s, with the
+    margin 4.378 s; no count (a straddling bound) doubles; the share left caps both."""
+    from scalelab.lab.diagnose.sizing import NEED_MARGIN, next_seconds
+
+    assert next_seconds(have=100, need=299, measured_s=2.0, first_s=1.0, left_s=60.0) == \
+        pytest.approx(199 / 50 * NEED_MARGIN)
+    assert next_seconds(have=100, need=None, measured_s=2.0, first_s=1.0, left_s=60.0) == 2.0
+    assert next_seconds(have=100, need=299, measured_s=2.0, first_s=1.0, left_s=3.0) == 3.0
+    assert next_seconds(have=290, need=299, measured_s=2.0, first_s=1.0, left_s=60.0) == 1.0
+
+
+def test_a_sized_level_puts_its_rate_where_the_sheet_reads_it() -> None:
+    """The sheet keeps numeric extras only: the level's measured samples/s goes beside the
+    sizing dict, and a Need reads it before the record's wall_s (a retrieval record's wall_s
+    is its index build)."""
+    from scalelab.lab.core.verdict import SAMPLES_RATE_KEY, _need
+    from scalelab.lab.diagnose.sizing import pending
+
+    rec = make_record(experiment="e", stage="s", variable="rate", level=10.0, wall_s=0.01,
+                      latency=Latency(p50_ms=1.0, p95_ms=2.0, p99_ms=3.0, max_ms=4.0),
+                      extras={"samples": 100, "samples_unit": "queries",
+                              SAMPLES_RATE_KEY: 97.0})
+    p99 = Objective(metric="p99_ms", max=20.0, label="p99 ≤ 20 ms")
+    check = pending(rec, [p99])[0]
+    need = _need(check, build_sheet([rec])[0])
+    assert (need.samples, need.per_second) == (299, 97.0)
+    assert need.seconds == pytest.approx(299 / 97.0)

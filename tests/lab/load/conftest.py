@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -34,12 +35,18 @@ def _start(kind: str, *args: str) -> tuple[subprocess.Popen[str], str]:
 
 @pytest.fixture
 def server() -> Iterator[Callable[..., str]]:
-    """server("fixed", "--service-ms", "20") -> base URL; every server is killed afterwards."""
+    """server("fixed", "--service-ms", "20") -> base URL; every server is killed afterwards.
+    `realtime=True`: the server runs in SCHED_FIFO (priority 1), as the generator's --realtime
+    does (only where `realtime_ok`): a test whose truth is the server's known timing needs
+    the server punctual too, or on a loaded machine its wake-ups queue behind other
+    processes and its latency is the machine's."""
     procs: list[subprocess.Popen[str]] = []
 
-    def start(kind: str, *args: str) -> str:
+    def start(kind: str, *args: str, realtime: bool = False) -> str:
         proc, url = _start(kind, *args)
         procs.append(proc)
+        if realtime:
+            os.sched_setscheduler(proc.pid, os.SCHED_FIFO, os.sched_param(1))
         return url
 
     yield start

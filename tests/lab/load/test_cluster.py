@@ -281,12 +281,14 @@ def test_cli_llm_capacity_runs_each_step_on_the_cluster(
         cluster: Cluster, llm_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     rc = run(["load", "llm", "capacity", llm_url, "--slo", "ttft_p90<1s", "--start", "4",
               "--max-steps", "1", "--max-step", "1s", "--min-step", "1s", "--warmup", "0s",
-              "--arrival", "constant", "--output-tokens", "12",
+              "--arrival", "constant", "--output-tokens", "12", "--confirm", "1s",
               "--cluster", cluster.address, "--json"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
-    (step,) = doc["steps"]
+    # The step, then its confirmation: on the cluster too, at full length.
+    step, conf = doc["steps"]
     assert step["rate"] == 4 and step["requests"] == 4
+    assert conf["confirmation"] and conf["rate"] == 4 and conf["requests"] == 4
 
 
 def test_cli_bad_cluster_address_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

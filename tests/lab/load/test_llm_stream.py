@@ -154,7 +154,8 @@ def test_cli_writes_llm_records_with_goodput_and_cost(
     assert r0.rate_unit == "output tokens/s" and r0.extras["latency_is"] == "ttft"
     assert r0.latency is not None and r0.latency.p50_ms == lv["ttft"]["p50_ms"]
     assert r0.input_unit == "prompt tokens" and r0.input_volume == 6 * 128
-    assert {"itl", "tpot", "e2e", "goodput", "cost", "hdr_histograms"} <= set(r0.extras)
+    assert {"itl", "tpot", "e2e", "goodput", "cost"} <= set(r0.extras)
+    assert set(r0.histograms) == {"ttft", "itl", "tpot", "e2e"}
     assert r0.cost is not None and r0.cost.unit == "1k output tokens"
 
 
@@ -192,7 +193,7 @@ def test_capacity_plot_draws_the_steps(llm_server: Callable[..., str], tmp_path:
     assert run(["load", "llm", "capacity", url, "--slo", "ttft_p90<100ms", "--start", "4",
                 "--arrival", "constant", "--output-tokens", "4", "--min-step", "0.5s",
                 "--max-step", "1s", "--max-steps", "2", "--warmup", "0s", "--plot", str(out),
-                "--json"]) == 0
+                "--confirm", "0", "--json"]) == 0
     doc = _json(capsys)
     assert_image(out)
     [(fig, _)] = saved
@@ -217,12 +218,13 @@ def test_capacity_search_brackets_a_known_capacity(
     rc = run(["load", "llm", "capacity", url, "--slo", "ttft_p90<100ms", "--start", "12",
               "--arrival", "constant", "--output-tokens", "8", "--min-step", "1.5s",
               "--max-step", "3s", "--precision", "50%", "--max-steps", "4", "--warmup", "0.5s",
-              "--json"])
+              "--confirm", "3s", "--json"])
     assert rc == 0, time.monotonic() - t0
     doc = _json(capsys)
     lo, hi = doc["interval_rps"]
     assert lo is not None and lo <= 22.3
     assert hi is not None and hi >= 22.2
+    # Below the capacity the answer holds its confirmation, whose tokens/s are reported.
+    assert doc["confirmed_rps"] == lo
     assert doc["capacity_output_tps"] == pytest.approx(
-        next(s["output_tps"] for s in doc["steps"] if s["rate"] == lo and
-             s["verdict"].endswith("pass")))
+        next(s["output_tps"] for s in doc["steps"] if s["rate"] == lo and s["confirmation"]))

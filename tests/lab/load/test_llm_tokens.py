@@ -70,6 +70,18 @@ def test_without_usage_one_token_per_chunk_is_assumed() -> None:
     assert tokens_per_event(evs) == ([0, 1, 1], "chunks", None)
 
 
+def test_without_usage_a_tokenizer_counts_the_streamed_text() -> None:
+    # "a unable" in 2 events: 3 tokens (a, un, ##able) by the counter, split by characters.
+    evs = [Event(0, None, None, False, None), Event(2, None, None, False, None, " a"),
+           Event(7, None, None, True, None, " unable")]
+    words = {"a": 1, "unable": 2}
+    assert tokens_per_event(evs, lambda t: sum(words[w] for w in t.split())) == (
+        [0, 1, 2], "tokenizer", None)
+    # Usage, when the server reports it, wins over the tokenizer.
+    evs.append(Event(0, 5, 9, False, None))
+    assert tokens_per_event(evs, lambda t: 3)[1:] == ("usage-final", 9)
+
+
 def test_split_proportional_gives_each_texted_event_a_token_and_the_exact_total() -> None:
     assert split_proportional(10, [1, 1, 8]) == [1, 1, 8]
     assert split_proportional(7, [1, 1, 1]) == [3, 2, 2]

@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 
 from scalelab.cli import run
+from scalelab.lab.core.records import read_records
+from scalelab.lab.core.sheet import build_sheet
 from scalelab.layers.web.spawn import free_port
 
 HERE = Path(__file__).parent
@@ -136,14 +138,28 @@ def test_uvicorn_keeps_connections_and_chunks(uvicorn_server: str,
     assert lv["connections"] == 2 and lv["server_closes"] == 0
 
 
-def test_retry_after_is_recorded(uvicorn_server: str,
+def test_retry_after_is_recorded(uvicorn_server: str, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
+    recs = tmp_path / "busy.jsonl"
     assert run(["load", uvicorn_server + "/busy", "--concurrency", "1", "--requests", "6",
-                *QUIET]) == 1
+                "--records", str(recs), *QUIET]) == 1
     lv, err = _level(capsys)
     assert lv["errors_by_status"] == {"503": 6}
     assert (lv["retry_after_count"], lv["retry_after_max_s"]) == (6, 7.0)
     assert "Retry-After up to 7 s" in err
+    # The server's side: an admission limit, its refusal rate and its Retry-After, in the
+    # record's typed field and the sheet's limiting cell (not "errors").
+    (rec,) = read_records(recs)
+    sig = rec.server
+    assert sig is not None
+    assert (sig.refused, sig.refused_by_status, sig.requests) == (6, {"503": 6}, 6)
+    assert (sig.retry_after, sig.retry_after_count, sig.retry_after_s) == (True, 6, 7.0)
+    assert sig.refused_rps == pytest.approx(6 / rec.wall_s)
+    (row,) = build_sheet([rec])
+    assert row.limiting_resource.startswith(
+        f"admission: 6 refused with 503 = 100.0% of 6 requests ({6 / rec.wall_s:.3g} "
+        "refusals/s), Retry-After (up to 7 s): the server turns work away above its "
+        "admission limit")
 
 
 def test_headers_reach_the_server(uvicorn_server: str,

@@ -1,5 +1,10 @@
-"""The validity rule and the merge of lag readings, as pure functions with exact limits."""
+"""The validity rule, the merge of lag readings and of a level's chunks, as pure functions with
+exact limits."""
 
+import numpy as np
+import pytest
+
+from scalelab.lab.core.records import Record, make_record
 from scalelab.lab.load.clock import LagRecorder, LagStats
 from scalelab.lab.load.histogram import LatencyHistogram
 from scalelab.lab.load.http.generator import HttpPart
@@ -11,6 +16,7 @@ from scalelab.lab.load.http.result import (
     merge,
     validity,
 )
+from scalelab.lab.load.http.result import merge_records as merge_chunks
 
 
 def _lag(p99_ms: float) -> LagStats:
@@ -132,3 +138,36 @@ def test_lag_quantiles_never_read_above_the_exact_worst() -> None:
               window_s=0.06, slo_threshold_s=None)
     assert r.lag_max_ms == 23.187355
     assert r.lag_p99_ms == 23.187355 and r.lag_p50_ms == 0.2
+
+
+def _chunk(values_ms: list[float], *, wall_s: float, cpu_s: float) -> Record:
+    h = LatencyHistogram()
+    h.record_us(np.asarray([int(v * 1000) for v in values_ms]))
+    return make_record(experiment="e", stage="serve", variable="rate", level=40.0,
+                       wall_s=wall_s, rate=len(values_ms) / wall_s, failures=1,
+                       failure_rate=1 / len(values_ms), latency=h.percentiles().latency(),
+                       histograms={"latency": h.encode()},
+                       extras={"samples": len(values_ms),
+                               "successes": len(values_ms) - 1, "server_cpu_s": cpu_s,
+                               "cpu_busy_cores": cpu_s / (wall_s + 1.0),
+                               "errors_by_status": {"500": 1}})
+
+
+def test_merging_chunks_is_exact() -> None:
+    """Histograms added (every quantile as if one window had recorded all), counts summed,
+    rates over the summed time."""
+    a, b = [float(v) for v in range(1, 101)], [float(v) for v in range(101, 301)]
+    whole = LatencyHistogram()
+    whole.record_us(np.asarray([int(v * 1000) for v in a + b]))
+    got = merge_chunks([_chunk(a, wall_s=1.0, cpu_s=0.5), _chunk(b, wall_s=2.0, cpu_s=1.5)])
+    assert got.latency == whole.percentiles().latency()
+    assert LatencyHistogram.decode(got.histograms["latency"]).count == 300
+    assert got.extras["samples"] == 300 and got.extras["successes"] == 298
+    assert got.failures == 2 and got.failure_rate == 2 / 300
+    assert got.wall_s == 3.0 and got.rate == 298 / 3.0
+    assert got.extras["errors_by_status"] == {"500": 2}
+    assert got.extras["server_cpu_s"] == 2.0
+    assert got.resources.cpu_busy_cores == pytest.approx(2.0 / 5.0)  # 2 s of CPU over 2 + 3 s
+    with pytest.raises(ValueError, match="no latency histogram"):
+        merge_chunks([_chunk(a, wall_s=1.0, cpu_s=0.5),
+                      make_record(experiment="e", stage="serve", variable="rate", level=40.0)])

@@ -8,7 +8,6 @@ import pytest
 
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.load.trace_file import read_trace
-from scalelab.lab.load.traffic import read_traffic
 
 
 def test_ours_burstgpt_and_azure_headers(tmp_path: Path) -> None:
@@ -40,15 +39,3 @@ def test_bad_rows_name_their_line(tmp_path: Path) -> None:
     f.write_text("time,rate\n0,1\n")
     with pytest.raises(BadInputError, match="timestamp column"):
         read_trace(f)
-
-
-def test_autoscale_reads_a_request_trace_as_its_rate_curve(tmp_path: Path) -> None:
-    f = tmp_path / "req.csv"
-    # 10 requests/s for 200 s, then 30/s for 100 s: 100-ish bins of 3 s.
-    times = [i / 10 for i in range(2000)] + [200 + i / 30 for i in range(3000)]
-    f.write_text("timestamp\n" + "\n".join(f"{x:.6f}" for x in times) + "\n")
-    curve = read_traffic(f)
-    assert curve.name == "req"
-    assert curve.times_s[0] == pytest.approx(1.5, abs=1e-3)  # first bin's centre (3 s bins)
-    assert curve.rates[0] == pytest.approx(10.0) and curve.rates[-1] == pytest.approx(30.0)
-    assert curve.rate_at(100.0) == pytest.approx(10.0, rel=0.01)

@@ -18,7 +18,7 @@ from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.gate import gate_failure as gate
 from scalelab.lab.diagnose.goals import stage_goals
 from scalelab.lab.report.document import render_html, render_markdown, report_json
-from scalelab.lab.report.screen import plain_lines
+from scalelab.lab.report.screen import RunBudget, plain_lines
 
 DEMO_SCREEN = """\
 scalelab: 7 stages · 1 missed, 2 undecided, 4 met · train first misses at 2×
@@ -194,6 +194,27 @@ def test_a_stage_with_several_open_checks_gets_one_line_sized_by_the_largest() -
 
     ttft, avail = need("TTFT p95 ≤ 2 s", "p95_ms", 59), need("avail", "p95_ms", 299)
     assert need_note("llm", (ttft, avail)) == (
-        "llm: 2 checks at 10× need 299 requests: 59.8 s at 5 req/s")
+        "llm: avail at 10× (and 1 other check) needs 299 requests: 59.8 s at 5 req/s")
     assert need_note("llm", (ttft,)) == (
         "llm: TTFT p95 ≤ 2 s at 10× needs 59 requests: 11.8 s at 5 req/s")
+    # the budget that pays it: 259 more requests at 5/s = 51.8 s more for llm, which gets 40%
+    # of any extra second (its minimum 40 of the sized stages' 100): 260 + 129.5 -> 6m30s
+    budget = RunBudget(total_s=260.0, part={"llm": 0.4, "serve": 0.6})
+    assert need_note("llm", (ttft, avail), budget=budget) == (
+        "llm: avail at 10× (and 1 other check) needs 299 requests: 59.8 s at 5 req/s; "
+        "about --budget 6m30s would pay it")
+    assert need_note("model", (ttft,), budget=budget).endswith("11.8 s at 5 req/s")
+
+
+def test_the_runs_budget_and_split_are_read_beside_the_report(tmp_path: Path) -> None:
+    from scalelab.lab.report.screen import budget_of
+
+    (tmp_path / "run.json").write_text(json.dumps({"budget": {"total_s": 260.0, "stages": [
+        {"stage": "data", "minimum_s": 8.0, "sized": False},
+        {"stage": "serve", "minimum_s": 90.0, "sized": True},
+        {"stage": "llm", "minimum_s": 30.0, "sized": True}]}}))
+    got = budget_of(tmp_path / "report.html")
+    assert got == RunBudget(total_s=260.0, part={"serve": 0.75, "llm": 0.25})
+    (tmp_path / "run.json").write_text(json.dumps({"budget": {"total_s": None, "stages": []}}))
+    assert budget_of(tmp_path / "report.html") is None
+    assert budget_of(tmp_path / "elsewhere" / "report.html") is None

@@ -31,7 +31,7 @@ from scalelab.layers.observe.rules import (
     slos_from_objectives,
 )
 from scalelab.system.serve.app import create_app
-from scalelab.system.serve.config import ServerSettings
+from scalelab.system.serve.settings import ServerSettings
 
 for helpers in ("system/serve", "layers/web"):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / helpers))
@@ -304,7 +304,7 @@ def test_tabular_server_exposes_every_name_the_dashboard_reads(tmp_path: Path) -
 
 def test_generation_and_retrieval_registries_expose_the_catalogs_names() -> None:
     from scalelab.system.generate.metrics import EngineMetrics
-    from scalelab.system.retrieval.server import _Metrics
+    from scalelab.system.retrieval.service import _Metrics
 
     engine = EngineMetrics("tiny")
     engine.ttft.labels("tiny").observe(0.3)

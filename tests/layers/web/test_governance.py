@@ -281,7 +281,7 @@ def test_no_config_means_no_layer_and_admin_routes_say_what_is_wrong() -> None:
 
 def test_governance_refuses_several_workers(tmp_path: Path) -> None:
     from scalelab.lab.core.errors import BadUsageError
-    from scalelab.system.serve.config import ServerSettings
+    from scalelab.system.serve.settings import ServerSettings
 
     s = ServerSettings(model_repo=tmp_path, governance_file="g.yaml")
     assert ServerSettings.from_json(s.to_json()).governance_file == "g.yaml"  # to the workers

@@ -209,7 +209,7 @@ def generator(tmp_path_factory: pytest.TempPathFactory,
     this process (torch is imported already: a process would spend ~15 s starting)."""
     import uvicorn
 
-    from scalelab.system.generate.api import ApiSettings, build_app, engine_from_settings, wrap
+    from scalelab.system.generate.app import ApiSettings, build_app, engine_from_settings, wrap
 
     gov = tmp_path_factory.mktemp("gengov") / "gov.yaml"
     gov.write_text("governance:\n  default:\n    budgets:\n"

@@ -21,10 +21,10 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import uvicorn
 
+    from scalelab.system.retrieval.app import RetrievalServerSettings, create_app
     from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
     from scalelab.system.retrieval.embed import CachedEmbedder, HashingEmbedder
     from scalelab.system.retrieval.retriever import build_index_dir
-    from scalelab.system.retrieval.server import RetrievalServerSettings, create_app
 
     tmp = tmp_path_factory.mktemp("retgov")
     corpus = write_corpus(build_corpus(CorpusSpec(level=1, base_docs=200, questions=10,

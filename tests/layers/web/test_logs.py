@@ -70,8 +70,8 @@ def _lines(buf: io.StringIO, logger: str) -> list[dict[str, Any]]:
 
 def test_tabular_server_access_lines(tmp_path: Path, log_lines: io.StringIO) -> None:
     from scalelab.system.serve.app import ServeApp
-    from scalelab.system.serve.config import ServerSettings
     from scalelab.system.serve.context import ServeContext
+    from scalelab.system.serve.settings import ServerSettings
 
     add_model(tmp_path, "flights", {1: 1})
     ctx = ServeContext.build(ServerSettings(model_repo=tmp_path, access_log="full"))
@@ -88,7 +88,7 @@ def test_tabular_server_access_lines(tmp_path: Path, log_lines: io.StringIO) -> 
 
 def test_generate_server_access_lines(log_lines: io.StringIO) -> None:
     from scalelab.layers.nets.llama import build_tiny
-    from scalelab.system.generate.api import ApiSettings, build_app, wrap
+    from scalelab.system.generate.app import ApiSettings, build_app, wrap
     from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
     from scalelab.system.generate.tokenizer import byte_tokenizer
 
@@ -109,10 +109,10 @@ def test_generate_server_access_lines(log_lines: io.StringIO) -> None:
 def test_retrieval_server_lines_with_a_trace_it_started(tmp_path: Path,
                                                         log_lines: io.StringIO) -> None:
     from scalelab.layers.web.trace import TraceConfig
+    from scalelab.system.retrieval.app import RetrievalServerSettings, create_app
     from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
     from scalelab.system.retrieval.embed import CachedEmbedder, HashingEmbedder
     from scalelab.system.retrieval.retriever import build_index_dir
-    from scalelab.system.retrieval.server import RetrievalServerSettings, create_app
 
     corpus = write_corpus(build_corpus(CorpusSpec(base_docs=40, questions=2, fresh_questions=0)),
                           tmp_path / "corpus")

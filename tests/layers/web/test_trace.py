@@ -183,9 +183,9 @@ def test_trace_settings_survive_the_json_hop_to_workers(tmp_path: Path) -> None:
     import dataclasses
     import json
 
-    from scalelab.system.generate.api import ApiSettings
-    from scalelab.system.retrieval.server import RetrievalServerSettings
-    from scalelab.system.serve.config import ServerSettings
+    from scalelab.system.generate.app import ApiSettings
+    from scalelab.system.retrieval.settings import RetrievalServerSettings
+    from scalelab.system.serve.settings import ServerSettings
 
     cfg = TraceConfig(sample=0.25, out=str(tmp_path / "s.jsonl"))
     s = ServerSettings(model_repo=tmp_path, trace=cfg)

@@ -20,7 +20,7 @@ from inproc import serving
 from scalelab.layers.nets.llama import build_tiny
 from scalelab.layers.observe.traces import Trace, assemble, read_spans
 from scalelab.layers.web.trace import TraceConfig
-from scalelab.system.generate.api import ApiSettings, build_app
+from scalelab.system.generate.app import ApiSettings, build_app
 from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.system.generate.tokenizer import byte_tokenizer
 

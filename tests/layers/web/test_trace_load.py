@@ -23,8 +23,8 @@ from scalelab.layers.observe.traces import assemble, read_spans
 from scalelab.layers.web.trace import TraceConfig
 from scalelab.layers.web.traceparent import parse
 from scalelab.system.serve.app import ServeApp
-from scalelab.system.serve.config import ServerSettings
 from scalelab.system.serve.context import ServeContext
+from scalelab.system.serve.settings import ServerSettings
 
 REQ = b"POST /v2/models/m/infer HTTP/1.1\r\nhost: x\r\n\r\n{}"
 
@@ -79,7 +79,7 @@ def test_load_llm_trace_ids_are_the_generative_servers_traces(
     import torch
 
     from scalelab.layers.nets.llama import build_tiny
-    from scalelab.system.generate.api import ApiSettings, build_app
+    from scalelab.system.generate.app import ApiSettings, build_app
     from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
     from scalelab.system.generate.tokenizer import byte_tokenizer
 

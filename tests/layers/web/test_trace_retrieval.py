@@ -18,13 +18,13 @@ from inproc import serving
 from scalelab.layers.nets.llama import build_tiny
 from scalelab.layers.observe.traces import assemble, read_spans
 from scalelab.layers.web.trace import TraceConfig
-from scalelab.system.generate.api import ApiSettings, build_app
+from scalelab.system.generate.app import ApiSettings, build_app
 from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.system.generate.tokenizer import byte_tokenizer
+from scalelab.system.retrieval.app import RetrievalServerSettings, create_app
 from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
 from scalelab.system.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.system.retrieval.retriever import build_index_dir
-from scalelab.system.retrieval.server import RetrievalServerSettings, create_app
 
 CLIENT_TRACE, CLIENT_SPAN = "6cf92f3577b34da6a3ce929d0e0e4738", "11f067aa0ba902b8"
 

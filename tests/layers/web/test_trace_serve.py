@@ -22,8 +22,8 @@ from serve_fixtures import add_model, infer_body
 from scalelab.layers.observe.traces import assemble, read_spans
 from scalelab.layers.web.trace import TraceConfig
 from scalelab.system.serve.app import ServeApp
-from scalelab.system.serve.config import ServerSettings
 from scalelab.system.serve.context import ServeContext
+from scalelab.system.serve.settings import ServerSettings
 
 CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 SPANS = ["infer", "admission", "queue wait", "batch formation", "thread hand-off",

@@ -16,7 +16,7 @@ import scalelab
 from scalelab.layers.nets.llama import build_tiny
 from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.hook import local_request
-from scalelab.system.generate.api import ApiSettings
+from scalelab.system.generate.app import ApiSettings
 from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
 from scalelab.system.generate.protocol import (
     ChatMessage,

@@ -11,15 +11,13 @@ from typing import Any
 import httpx
 import pytest
 
+from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.spawn import Spawned, free_port, start_server
+from scalelab.system.retrieval.app import create_app
 from scalelab.system.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.system.retrieval.retriever import build_index_dir
-from scalelab.system.retrieval.server import (
-    HttpError,
-    RetrievalServerSettings,
-    create_app,
-    served_model,
-)
+from scalelab.system.retrieval.service import served_model
+from scalelab.system.retrieval.settings import RetrievalServerSettings
 
 
 @pytest.fixture(scope="module")

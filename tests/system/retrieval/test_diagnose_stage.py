@@ -100,8 +100,8 @@ def test_the_bench_command_round_trips_its_index_specs(tmp_path) -> None:  # typ
 
 
 def test_the_target_level_is_decided_in_a_bench_of_its_own(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Two levels, target 2×: 1× in a curve bench (one pass, curve points), 2× in its own
-    bench with its fixed-rate runs sized by the budget (the decision)."""
+    """Two levels, target 2×: 2× first in its own bench with its fixed-rate runs sized (the
+    decision), then 1× in a curve bench (one pass, curve points)."""
     from scalelab.lab.core.records import read_records
     from scalelab.lab.diagnose.run import Runner
     from stagekit import stages_yaml
@@ -113,7 +113,7 @@ def test_the_target_level_is_decided_in_a_bench_of_its_own(tmp_path) -> None:  #
     runner = Runner(load_config(cfg, "quick"), tmp_path / "out", "quick", budget_s=None)
     runner.ctx.full = True  # no budget: the target's runs sized up to their --full cap
     d = runner.run()
-    assert [r.step.label for r in d.steps] == ["retrieval bench 1× #1", "retrieval bench 2× #1"]
+    assert [r.step.label for r in d.steps] == ["retrieval bench 2× #1", "retrieval bench 1× #1"]
     recs = read_records(tmp_path / "out" / "records.jsonl")
     assert sorted((r.series, r.level, r.purpose) for r in recs) == [
         ("exact", 1.0, "curve"), ("exact", 2.0, "decision"),

@@ -15,8 +15,8 @@ from scalelab.lab.core.records import make_record, read_records
 from scalelab.lab.diagnose.budget import time_lines
 from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.schema import Prices
-from scalelab.lab.diagnose.stages.base import Context
-from scalelab.lab.diagnose.stages.retrieval import STAGE, tag_record
+from scalelab.lab.diagnose.stages.base import MINIMUM_S, Context
+from scalelab.lab.diagnose.stages.retrieval import RUN_SLACK_S, STAGE, decision_s, tag_record
 from scalelab.lab.diagnose.steps import StepResult
 from scalelab.system.retrieval.bench import RetrievalBenchConfig, open_loop, run_bench
 from scalelab.system.retrieval.factory import build_index
@@ -155,34 +155,39 @@ def _ctx(tmp_path: Path, shares: dict[str, float], full: bool = False,
 
 
 def test_the_stage_hands_the_bench_its_share_beyond_the_minimum(tmp_path: Path) -> None:
-    """Defaults: p99 ≤ 20 ms sized; 4 levels × (exact numpy, HNSW, IVF-PQ) = 12 fixed-rate
-    runs a bench (faiss Flat off: exact too, its recall 1.0 by construction)."""
+    """Defaults: p99 ≤ 20 ms sized at the target, 10×: 3 fixed-rate runs (exact numpy, HNSW,
+    IVF-PQ; faiss Flat off) each need 299 latencies, one pass of 100 questions given, 199 more
+    at 100 queries/s and RUN_SLACK_S: 6.87 s, part of the stage's minimum and always handed
+    to the bench; none when one pass decides."""
     s = load_config(None, "default").stages.retrieval
+    need = decision_s(s)
+    assert need == pytest.approx(3 * (199 / 100.0 + RUN_SLACK_S))
+    assert decision_s(s.model_copy(update={"questions": 300})) == 0.0
     least = STAGE.minimum_s(s, 1)
+    assert least == pytest.approx(MINIMUM_S["retrieval"] + need)
     assert [o.to_slo() for o in latency_objectives(s.built_objectives())] == ["p99<20ms"]
     assert STAGE.latency_budget(s, _ctx(tmp_path, {})) is None  # no budget: one pass
-    assert STAGE.latency_budget(s, _ctx(tmp_path, {}, full=True)) == 12 * 30.0
-    assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": least})) == 0.0
-    assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": least - 5})) == 0.0
-    assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": least + 16})) == 16.0
-    # two repeats: twice the minimum, the rest split over the two bench processes
+    assert STAGE.latency_budget(s, _ctx(tmp_path, {}, full=True)) == 3 * 30.0
+    assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": least})) == need
+    assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": least - 5})) == need
+    assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": least + 16})) == \
+        pytest.approx(need + 16.0)
+    # two repeats: twice the minimum, the spare split over the two bench processes
     assert STAGE.minimum_s(s, 2) == 2 * least
     assert STAGE.latency_budget(s, _ctx(tmp_path, {"retrieval": 2 * least + 16},
-                                        repeats=2)) == 8.0
-    # Two benches: the curve levels one pass each, then the target alone, its runs sized by
-    # what the share has left after the curve bench's measured time per level (here none:
-    # the steps are not run), i.e. the whole share
-    curve, argv = _argv(s, tmp_path, {"retrieval": least + 16})
+                                        repeats=2)) == pytest.approx(need + 8.0)
+    # Two benches: the target alone first, its runs sized; then the curve levels, one pass
+    argv, curve = _argv(s, tmp_path, {"retrieval": least + 16})
     assert curve[curve.index("--levels") + 1] == "1,2,5" and "--latency-slo" not in curve
     assert argv[argv.index("--levels") + 1] == "10"
     assert argv[argv.index("--latency-slo") + 1] == "p99<20ms"
-    assert float(argv[argv.index("--latency-budget") + 1]) == pytest.approx(least + 16, abs=1)
+    assert float(argv[argv.index("--latency-budget") + 1]) == pytest.approx(need + 16, abs=0.01)
     assert "--no-flat" in argv and argv[argv.index("--indexes") + 1] == "faiss:HNSW32,ivfpq"
-    assert "--latency-slo" not in _argv(s, tmp_path, {})[1]  # no budget: not sized
+    assert "--latency-slo" not in _argv(s, tmp_path, {})[0]  # no budget: not sized
 
 
 def _argv(s: object, tmp_path: Path, shares: dict[str, float]) -> tuple[list[str], list[str]]:
-    """The argvs of the two bench steps the stage runs with these shares (curve, target)."""
+    """The argvs of the two bench steps the stage runs with these shares (target, curve)."""
     seen: list[list[str]] = []
 
     def keep(step: object) -> StepResult:
@@ -209,6 +214,13 @@ def test_the_stage_names_undecided_objectives_as_its_config_does() -> None:
     assert got.extras["sizing"]["undecided"] == [
         "p99 ≤ 20 ms at the arrival rate: 100 queries; p99 needs ≥ 299 to bound it at 95%",
         "other: as it was"]
+    # a Need's time reads the paced run's queries over its seconds, not the bench's QPS
+    assert got.extras["samples_per_s"] == 100.0
+    assert got.extras["sizing"]["samples_per_s"] == 100.0
+    paced = make_record(experiment="e", stage="retrieval", variable="corpus_multiple",
+                        level=1.0, extras={"arrival_rate_qps": 80.0})
+    assert tag_record(paced, stage="retrieval", repeat=0, objectives=s.built_objectives(),
+                      curve=True).extras["samples_per_s"] == 80.0
     plain = make_record(experiment="e", stage="x", variable="v", level=1.0)
     assert tag_record(plain, stage="retrieval", repeat=0,
                       objectives=s.built_objectives()).stage == "retrieval"

@@ -22,7 +22,8 @@ from scalelab.layers.web.trace import TraceConfig
 from scalelab.system.retrieval.corpus import CorpusSpec, build_corpus, write_corpus
 from scalelab.system.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.system.retrieval.retriever import build_index_dir
-from scalelab.system.retrieval.server import RetrievalServerSettings, RetrievalService
+from scalelab.system.retrieval.service import RetrievalService
+from scalelab.system.retrieval.settings import RetrievalServerSettings
 
 TOKEN = "service-test-token"
 NDOCS = 60

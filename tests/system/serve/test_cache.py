@@ -76,3 +76,20 @@ def test_coalescer_failure_and_departure() -> None:
         assert await waiting == 2
 
     asyncio.run(go())
+
+
+def test_claim_makes_the_first_caller_leader_and_the_rest_followers() -> None:
+    async def go() -> None:
+        co: Coalescer[int] = Coalescer()
+        key = ("m", 1, "k")
+        lead, none = co.claim(key)
+        assert lead is not None and none is None and lead.future is None
+        again, follower = co.claim(key)
+        assert again is None and follower is not None and lead.future is follower
+        assert co.claim(key) == (None, follower)  # one future for every follower
+        co.resolve(key, lead, 7)
+        assert await follower == 7
+        nxt, none = co.claim(key)  # resolved: the next caller leads again
+        assert nxt is not None and nxt is not lead and none is None
+
+    asyncio.run(go())

@@ -18,7 +18,7 @@ from scalelab.layers.nets.registry import load_module
 from scalelab.system.serve import repository
 from scalelab.system.serve.metrics import Metrics
 from scalelab.system.serve.repository import ModelRepository
-from scalelab.system.serve.worker import to_onnx_runtime
+from scalelab.system.serve.runtimes import to_onnx_runtime
 
 requires("onnx")
 requires("onnxruntime")

@@ -16,10 +16,10 @@ from serve_fixtures import add_model
 from scalelab import __version__
 from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.hook import local_request
-from scalelab.system.serve.config import ServerSettings
 from scalelab.system.serve.context import ServeContext
 from scalelab.system.serve.infer import InferHandler
 from scalelab.system.serve.service import TabularService
+from scalelab.system.serve.settings import ServerSettings
 
 T = TypeVar("T")
 TOKEN = "svc-token"

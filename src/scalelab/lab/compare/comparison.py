@@ -13,21 +13,30 @@ The decision, at family-wise confidence `confidence` over every comparison made 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from scalelab.lab.compare.batches import (
+    ShareSpread,
+    least_latencies,
+    share_bounds,
+    share_spread,
+)
 from scalelab.lab.compare.intervals import (
     Interval,
+    Latencies,
     fisher_p,
     holm,
     p_different,
     p_equivalent,
-    quantile_ratio,
 )
-from scalelab.lab.compare.sides import Evidence, Key, evidence, group
+from scalelab.lab.compare.sides import RUNS_AS_UNITS, Evidence, Key, evidence, group
 from scalelab.lab.core.decide import quantile_requests_needed
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.records import Record
+
+NO_SPREAD = "order statistic, no slices"
+"""A quantile's basis when neither side kept slices enough to see its noise between runs."""
 
 Decision = Literal["better", "worse", "equivalent", "undecided"]
 DECISIONS: tuple[Decision, ...] = ("worse", "better", "equivalent", "undecided")
@@ -77,11 +86,12 @@ class Comparison:
     @property
     def notes(self) -> list[str]:
         """What the decisions do not cover."""
-        if any(r.basis.startswith("order statistic") and r.unit == "latencies"
-               for r in self.rows):
-            return ["quantiles of fewer than 3 repeats a side: their intervals hold the sampling "
-                    "noise within a run, not the drift between runs (a busy machine's); run 3+ "
-                    "repeats a side to count it"]
+        if any(r.unit == "latencies" for r in self.rows):
+            return [f"quantiles of fewer than {RUNS_AS_UNITS} repeats a side: their intervals "
+                    "hold the noise within each run (its sampling and its drift between "
+                    "slices), not a change of the machine's state between runs that stays "
+                    f"the same all through a run; run {RUNS_AS_UNITS}+ repeats a side to "
+                    "count that too"]
         return []
 
     def counts(self) -> dict[str, int]:
@@ -110,6 +120,19 @@ class _Test:
     basis: str
     p_diff: float | None
     p_equiv: float | None
+    invalid: str = ""
+    """Why a side's run at this level decides nothing (the load tester judged it invalid)."""
+
+
+def _invalid(a: list[Record], b: list[Record]) -> str:
+    """A run its own tool judged invalid (a generator that fell behind measured its own
+    lateness, not the server) decides nothing: the first such reason, or ""."""
+    for side, recs in (("A", a), ("B", b)):
+        bad = next((r for r in recs if not r.ok), None)
+        if bad is not None:
+            return (f"{side}'s run is invalid ({bad.error or 'ok: false'}); rerun it where it "
+                    "is valid")
+    return ""
 
 
 def _test(key: Key, ev: Evidence, *, alpha: float, margin: float) -> _Test:
@@ -118,17 +141,7 @@ def _test(key: Key, ev: Evidence, *, alpha: float, margin: float) -> _Test:
         return _Test(key, ev, ka / na if na else None, kb / nb if nb else None, None, None,
                      na, nb, "requests", "fisher exact", fisher_p(ka, na, kb, nb), None)
     if ev.q is not None and ev.a_lat is not None and ev.b_lat is not None:
-        la, lb, q = ev.a_lat, ev.b_lat, ev.q
-
-        def iv(x: float) -> Interval:
-            return quantile_ratio(la, lb, q, x)
-
-        a, b = la.quantile(q), lb.quantile(q)
-        # One run a side: the interval holds the sampling noise within a run, not the drift
-        # between runs (3+ repeats a side compare per-repeat quantiles instead, sides.py).
-        basis = "order statistic" + (" (recorded quantiles)" if la.recorded else "")
-        return _Test(key, ev, a, b, b / a if a > 0 else None, iv(alpha), la.n, lb.n,
-                     "latencies", basis, p_different(iv, margin), p_equivalent(iv, margin))
+        return _quantile_test(key, ev, ev.a_lat, ev.b_lat, ev.q, alpha=alpha, margin=margin)
     reps = ev.repeats
     assert reps is not None
     ga = math.exp(sum(map(math.log, reps.a)) / len(reps.a)) if min(reps.a) > 0 else None
@@ -141,8 +154,46 @@ def _test(key: Key, ev: Evidence, *, alpha: float, margin: float) -> _Test:
                  p_equivalent(reps.ratio, margin))
 
 
+def _quantile_test(key: Key, ev: Evidence, la: Latencies, lb: Latencies, q: float, *,
+                   alpha: float, margin: float) -> _Test:
+    """One run (or two) a side: each side's order-statistic interval widened to its
+    batch-means one (batches.py), whichever is wider at each α, so both the sampling noise
+    and the noise correlated in time count. Without slices to estimate the latter:
+    undecided."""
+    a, b = la.quantile(q), lb.quantile(q)
+    ratio = b / a if a > 0 else None
+    sa = share_spread(la.slices, q, a) if la.slices else None
+    sb = share_spread(lb.slices, q, b) if lb.slices else None
+    if sa is None or sb is None or ratio is None:
+        return _Test(key, ev, a, b, ratio, None, la.n, lb.n, "latencies", NO_SPREAD,
+                     None, None)
+
+    def side(lat: Latencies, s: ShareSpread, level: float) -> Interval:
+        lo1, hi1 = lat.bounds(q, level)
+        lo2, hi2 = share_bounds(lat.values_ms, lat.counts, q, level, s)
+        return min(lo1, lo2), max(hi1, hi2)
+
+    def iv(x: float) -> Interval:
+        # Each side at 1 − α/2, so both hold together with ≥ 1 − α (as quantile_ratio).
+        a_lo, a_hi = side(la, sa, 1.0 - x / 2.0)
+        b_lo, b_hi = side(lb, sb, 1.0 - x / 2.0)
+        return (b_lo / a_hi if a_hi > 0 else 0.0), (b_hi / a_lo if a_lo > 0 else math.inf)
+
+    basis = (f"batch means ({sa.batches} and {sb.batches} batches) or order statistic, "
+             "the wider")
+    return _Test(key, ev, a, b, ratio, iv(alpha), la.n, lb.n, "latencies", basis,
+                 p_different(iv, margin), p_equivalent(iv, margin))
+
+
 def _need(t: _Test, margin: float, confidence: float) -> str:
     sides = f"{t.n_a:,} and {t.n_b:,} {t.unit}"
+    if t.invalid:
+        return t.invalid
+    if t.basis == NO_SPREAD:
+        q = t.ev.q or 0.5
+        return (f"{sides}, no estimate of the noise between runs: {least_latencies(q):,} a "
+                f"side in records with slices (scalelab load, load llm), or "
+                f"{RUNS_AS_UNITS}+ repeats a side")
     if t.p_diff is None:
         if t.unit == "repeats":
             return f"{sides}: ≥ 2 repeats a side decide it"
@@ -154,7 +205,11 @@ def _need(t: _Test, margin: float, confidence: float) -> str:
         q = t.ev.q or 0.5
         # Each side's bound is one-sided at 1 − α/4 (two tails, two sides).
         least = quantile_requests_needed(q, 1.0 - (1.0 - confidence) / 4.0)
-        return f"{sides}: p{q * 100:g} is bounded from ≥ {least:,} a side"
+        if min(t.n_a, t.n_b) < least:
+            return f"{sides}: p{q * 100:g} is bounded from ≥ {least:,} a side"
+        # Enough latencies, too few batches: their spread leaves the quantile unbounded.
+        return (f"{sides}: too few batches bound p{q * 100:g}: longer runs, or "
+                f"{RUNS_AS_UNITS}+ repeats a side")
     half = max(math.log(ratio) - math.log(iv[0]), math.log(iv[1]) - math.log(ratio))
     # Shown outside the margin, or inside it: whichever is nearer, on the log scale.
     dist = abs(abs(math.log(ratio)) - math.log1p(margin))
@@ -179,8 +234,12 @@ def compare(a: list[Record], b: list[Record], *, margin: float = 0.05,
         raise BadUsageError(f"--confidence {confidence:g} must lie in (0.5, 1), e.g. 95%")
     alpha = 1.0 - confidence
     ga, gb = group(a), group(b)
-    tests = [_test(k, ev, alpha=alpha, margin=margin)
-             for k in sorted(set(ga) & set(gb)) for ev in evidence(ga[k], gb[k])]
+    tests = []
+    for k in sorted(set(ga) & set(gb)):
+        bad = _invalid(ga[k], gb[k])
+        for ev in evidence(ga[k], gb[k]):
+            t = _test(k, ev, alpha=alpha, margin=margin)
+            tests.append(replace(t, p_diff=None, p_equiv=None, invalid=bad) if bad else t)
     tested = [i for i, t in enumerate(tests) if t.p_diff is not None]
     diff = holm([_or_one(tests[i].p_diff) for i in tested], alpha)
     equiv = holm([_or_one(tests[i].p_equiv) for i in tested], alpha)

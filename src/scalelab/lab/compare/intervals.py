@@ -41,6 +41,9 @@ class Latencies:
     """Latencies in all."""
     recorded: dict[float, float] | None = None
     """Quantile -> ms when no histogram was kept (the record's p50…max)."""
+    slices: tuple[str, ...] = ()
+    """The latencies in consecutive slices (histogram blobs, `load.slices`), repeats one
+    after another; () when a record kept none."""
 
     def at_rank(self, k: int) -> float:
         """The k-th smallest latency (1-based) in ms."""

@@ -1,8 +1,8 @@
 """What is compared: each side's records (a records file, or a run or report directory), grouped
 by (stage, series, variable, level), and the evidence of each metric at a level on both sides.
 
-Latency quantiles rest on the records' HdrHistograms (`load` keeps one as
-extras["hdr_histogram"], `load llm` one per metric in extras["hdr_histograms"]), merged over
+Latency quantiles rest on the records' HdrHistograms (`Record.histograms`:
+`load` keeps one, "latency", `load llm` one per metric), merged over
 repeats, or each repeat's quantile with 3+ repeats a side (RUNS_AS_UNITS); a record without
 one falls back to its recorded quantiles (p50…max): over repeats when both sides have
 2 or more, by the verdict's bracketing of recorded ranks when each has one.
@@ -82,27 +82,26 @@ class Evidence:
     """(k_A, n_A, k_B, n_B)."""
 
 
-def _blobs(r: Record) -> dict[str, str]:
-    one = r.extras.get("hdr_histogram")
-    if isinstance(one, str):
-        return {"latency": one}
-    many = r.extras.get("hdr_histograms")
-    if isinstance(many, dict):
-        return {str(k): v for k, v in many.items() if isinstance(v, str)}
-    return {}
+def _slices(r: Record, name: str) -> list[str]:
+    return r.slices.get(name, [])
 
 
 def _merged(recs: list[Record], name: str) -> Latencies | None:
     h = LatencyHistogram()
+    slices: list[str] = []
     for r in recs:
-        blob = _blobs(r).get(name)
+        blob = r.histograms.get(name)
         if blob is None:
             return None
         h.add_blob(blob)
+        slices += _slices(r, name)
     if h.count == 0:
         return None
     values, counts = h.buckets_ms()
-    return Latencies(values_ms=values, counts=counts, n=h.count)
+    # Slices count only when every repeat kept them (else their spread would miss a run).
+    whole = all(_slices(r, name) for r in recs)
+    return Latencies(values_ms=values, counts=counts, n=h.count,
+                     slices=tuple(slices) if whole else ())
 
 
 def _recorded(r: Record) -> dict[float, float] | None:
@@ -113,7 +112,7 @@ def _recorded(r: Record) -> dict[float, float] | None:
 
 
 def _latency_evidence(a: list[Record], b: list[Record]) -> list[Evidence]:
-    names = sorted(set.intersection(*(set(_blobs(r)) for r in a + b)))
+    names = sorted(set.intersection(*(set(r.histograms) for r in a + b)))
     out: list[Evidence] = []
     if names and len(a) >= RUNS_AS_UNITS and len(b) >= RUNS_AS_UNITS:
         for name in names:

@@ -37,7 +37,7 @@ def unit_costs(sheet: list[SheetRow]) -> list[UnitCost]:
         if r.cost_per_unit_usd is None or not r.cost_unit:
             continue
         run_usd = r.extras.get("cost_per_run_usd")
-        run_j = r.extras.get("energy_j") if run_usd is not None else None
+        run_j = r.energy_j if run_usd is not None else None
         out.append(UnitCost(
             stage=r.stage, series=r.series, variable=r.variable, level=r.level,
             multiple=r.multiple, unit=r.cost_unit, usd_per_unit=r.cost_per_unit_usd,

@@ -25,9 +25,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from scalelab.lab.core.records import Record
+from scalelab.lab.core.signals import Energy
 
 DEFAULT_WATTS_PER_CORE = 3.5
 """Watts of one busy vCPU (Cloud Carbon Footprint's AWS average maximum)."""
@@ -118,21 +118,6 @@ class RaplMeter:
         return uj / 1e6
 
 
-@dataclass(frozen=True, kw_only=True)
-class Energy:
-    """A record's energy: in total and per unit of its cost."""
-
-    joules: float
-    per_unit_j: float
-    unit: str
-    basis: str
-    """"measured (RAPL)" or "estimated (model: N W/core)"."""
-
-    def extras(self) -> dict[str, Any]:
-        return {"energy_j": self.joules, "energy_per_unit_j": self.per_unit_j,
-                "energy_unit": self.unit, "energy_basis": self.basis}
-
-
 def charged_core_seconds(r: Record, core_hour_usd: float) -> float | None:
     """The core-seconds a record's cost charges at the core price (pure): every stage prices
     its work as core-seconds × the one core price, so energy and cost share one basis. None
@@ -194,12 +179,12 @@ def record_energy(r: Record, *, core_hour_usd: float, watts_per_core: float,
 
 def with_energy(r: Record, *, core_hour_usd: float, watts_per_core: float,
                 measured_j: float | None = None) -> Record:
-    """The record with its energy extras (unchanged where it has no priced unit)."""
+    """The record with its `energy` (unchanged where it has no priced unit)."""
     e = record_energy(r, core_hour_usd=core_hour_usd, watts_per_core=watts_per_core,
                       measured_j=measured_j)
     if e is None:
         return r
-    return r.model_copy(update={"extras": {**r.extras, **e.extras()}})
+    return r.model_copy(update={"energy": e})
 
 
 def share_by_core_seconds(joules: float, core_seconds: list[float | None]) -> list[float | None]:

@@ -46,6 +46,9 @@ METRICS = {
     "cost_per_unit_usd",
     "efficiency",
 }
+ENERGY_ROW_FIELDS = ("energy_j", "energy_per_unit_j")
+"""The energy extras of records written before `Record.energy`: the sheet row's fields of the
+same name hold them now (objectives on extras:energy_j keep meaning what they meant)."""
 QUANTILE_OF = {"p50_ms": 0.5, "p90_ms": 0.9, "p95_ms": 0.95, "p99_ms": 0.99}
 """The latency-quantile metric names and their quantiles (p90_ms is a record's, not an
 objective's: objectives take the METRICS above)."""
@@ -150,10 +153,12 @@ def metric_value(
     if metric.startswith("quality:"):
         return row.quality.get(metric[8:])
     if metric.startswith("extras:"):
-        # The resource signals left extras for typed fields; objectives on their old names
-        # (extras:cpu_busy_cores, extras:comm_share, ...) read the fields.
-        lifted = LEGACY_EXTRAS.get(metric[7:])
-        v = getattr(row.resources, lifted) if lifted else row.extras.get(metric[7:])
+        # The resource signals and the energy left extras for typed fields; objectives on
+        # their old names (extras:cpu_busy_cores, extras:energy_per_unit_j, ...) read them.
+        key = metric[7:]
+        lifted = LEGACY_EXTRAS.get(key)
+        v = (getattr(row.resources, lifted) if lifted
+             else getattr(row, key) if key in ENERGY_ROW_FIELDS else row.extras.get(key))
         return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
     v = getattr(row, metric)
     return None if v is None else float(v)

@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.jsonfile import read_jsonl_objects
 from scalelab.lab.core.machine import Machine, current_machine
-from scalelab.lab.core.signals import Resources, ServerSignals, lift_legacy
+from scalelab.lab.core.signals import Energy, Resources, ServerSignals, lift_legacy
 from scalelab.lab.core.strict import StrictFrozenModel
 
 SCHEMA_VERSION = 1
@@ -92,6 +92,14 @@ class Record(StrictFrozenModel):
     """What the measured work's resources did (busy cores, I/O wait, communication, spill)."""
     server: ServerSignals | None = None
     """What the server behind an endpoint showed of itself; None = not read."""
+    energy: Energy | None = None
+    """The energy the record's work took; None = not measured nor estimated."""
+    histograms: dict[str, str] = Field(default_factory=dict)
+    """Encoded HdrHistograms (base64) by metric: `load`'s "latency", `load llm`'s ttft, itl,
+    tpot and e2e. Chunks and processes merge by adding them; every quantile is read from one."""
+    slices: dict[str, list[str]] = Field(default_factory=dict)
+    """The same latencies in consecutive slices of the run, one encoded HdrHistogram each, by
+    metric (`lab/load/slices.py`): how much a quantile moves within one run; {} = not kept."""
     extras: dict[str, Any] = Field(default_factory=dict)
     purpose: Literal["decision", "curve"] = "decision"
     """What the record is for: "decision", a level measured to decide its objectives (a stage's

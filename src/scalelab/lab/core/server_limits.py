@@ -42,10 +42,23 @@ def _refusals(sig: ServerSignals, trials: int | None) -> ServerFinding | None:
     codes = "/".join(sorted(sig.refused_by_status)) or "503/429"
     trials = sig.requests or trials
     share = f" = {sig.refused / trials:.1%} of {trials:,} requests" if trials else ""
-    ra = {True: ", with Retry-After", False: ", without Retry-After", None: ""}[sig.retry_after]
+    rate = f" ({sig.refused_rps:.3g} refusals/s)" if sig.refused_rps else ""
     return ServerFinding(resource="admission", saturated=True,
-                         detail=f"{sig.refused:,} refused with {codes}{share}{ra}: the server "
-                                "turns work away above its admission limit")
+                         detail=f"{sig.refused:,} refused with {codes}{share}{rate}"
+                                f"{_retry_after(sig)}: the server turns work away above its "
+                                "admission limit")
+
+
+def _retry_after(sig: ServerSignals) -> str:
+    """What the refusals said of when to come back: Retry-After, its longest value."""
+    if sig.retry_after is None:
+        return ""
+    if not sig.retry_after:
+        return ", without Retry-After"
+    some = (f" on {sig.retry_after_count:,} of them" if sig.retry_after_count is not None
+            and sig.refused and sig.retry_after_count < sig.refused else "")
+    longest = f" (up to {sig.retry_after_s:.3g} s)" if sig.retry_after_s is not None else ""
+    return f", Retry-After{longest}{some}"
 
 
 def _engine(sig: ServerSignals) -> ServerFinding | None:

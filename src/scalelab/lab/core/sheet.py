@@ -136,8 +136,10 @@ class SheetRow:
     governance: str | None = None
     """What the stage's server enforced (rate limits, budgets, kill switches engaged), from the
     records' `governance` extra; None = the stage does not serve."""
+    energy_j: float | None = None
+    """Joules of the level's work (median over repeats), from the records' `energy`."""
     energy_per_unit_j: float | None = None
-    """Joules per `cost_unit` (median over repeats), from the records' energy extras."""
+    """Joules per `cost_unit` (median over repeats), from the records' `energy`."""
     energy_basis: str | None = None
     """How that energy was obtained: "measured (RAPL)" or "estimated (model: N W/core)"."""
     decided_by: str | None = None
@@ -321,8 +323,10 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
                 server=server,
                 governance=_mode(str(r.extras["governance"]) for r in use
                                  if r.extras.get("governance")),
-                energy_per_unit_j=_num(extras, "energy_per_unit_j"),
-                energy_basis=_mode(str(r.extras.get("energy_basis") or "") for r in use),
+                energy_j=_median(r.energy.joules if r.energy else None for r in use),
+                energy_per_unit_j=_median(r.energy.per_unit_j if r.energy else None
+                                          for r in use),
+                energy_basis=_mode(r.energy.basis if r.energy else None for r in use),
                 decided_by=_mode(decided_by_text(r.extras.get("decided_by")) for r in use),
                 purpose="curve" if all(r.purpose == "curve" for r in recs) else "decision",
                 latency_samples=lat_n,

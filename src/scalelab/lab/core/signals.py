@@ -1,5 +1,7 @@
 """The typed signals of a record: what the measured system's resources did during one level
-(`Resources`) and what the server behind an endpoint showed of itself (`ServerSignals`).
+(`Resources`), what the server behind an endpoint showed of itself (`ServerSignals`), the
+energy the work took (`Energy`) and the latency histograms a level's quantiles are read from
+(`Record.histograms`, encoded HdrHistograms by metric).
 
 The sheet and the limit inference read these by name; a typo is a type error, not a silent
 "not measured". Records written before these fields existed kept the same numbers in `extras`
@@ -96,11 +98,35 @@ class ServerSignals(StrictFrozenModel):
     cut_streams: int | None = Field(default=None, ge=0)
     """Streams the client saw end before their end ("dropped") or with no token ("empty"): a
     server that serves one request at a time and interrupts it for the next shows these."""
+    refused_rps: float | None = Field(default=None, ge=0)
+    """Refusals per second over the level's measured time."""
     retry_after: bool | None = None
-    """Whether those refusals carried Retry-After (None: not seen)."""
+    """Whether those refusals carried Retry-After (None: no refusals seen)."""
+    retry_after_count: int | None = Field(default=None, ge=0)
+    """Answers that carried Retry-After (all of the refusals, or some)."""
+    retry_after_s: float | None = Field(default=None, ge=0)
+    """The longest Retry-After the server asked for (seconds)."""
 
     def measured(self) -> bool:
         return bool(self.sources)
+
+
+class Energy(StrictFrozenModel):
+    """A record's energy: in total and per unit of its cost (`lab.core.energy` fills it)."""
+
+    joules: float = Field(ge=0)
+    """Joules the record's work took (measured over its step, or the model's estimate)."""
+    per_unit_j: float | None = Field(default=None, ge=0)
+    """Joules per `unit`; None where the record's cost has no units to share them over."""
+    unit: str | None = None
+    """The unit of the record's cost (e.g. "1k requests")."""
+    basis: str = ""
+    """"measured (RAPL)" or "estimated (model: N W/core)"."""
+
+
+LATENCY_HISTOGRAM = "latency"
+"""`Record.histograms` key of `scalelab load`'s one histogram (ms of every answered request);
+`load llm` writes one per metric (ttft, itl, tpot, e2e)."""
 
 
 LEGACY_EXTRAS: dict[str, str] = {
@@ -112,24 +138,47 @@ LEGACY_EXTRAS: dict[str, str] = {
 }
 """Extras key of records written before `Resources` → its field."""
 
+ENERGY_EXTRAS: dict[str, str] = {
+    "energy_j": "joules",
+    "energy_per_unit_j": "per_unit_j",
+    "energy_unit": "unit",
+    "energy_basis": "basis",
+}
+"""Extras key of records written before `Energy` → its field."""
+
+HISTOGRAM_EXTRAS = ("hdr_histogram", "hdr_histograms")
+"""Extras keys of records written before `Record.histograms`: `load`'s one histogram (now
+`histograms["latency"]`) and `load llm`'s dict by metric."""
+
 
 def _number(v: Any) -> float | int | None:
     return v if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def lift_legacy(data: Any) -> Any:
-    """Raw record data with the old extras keys moved into `series` and `resources` (a field
-    already set wins; the key leaves extras either way, so nothing is read twice)."""
-    if not isinstance(data, dict) or not isinstance(data.get("extras"), dict):
-        return data
-    extras: dict[str, Any] = dict(data["extras"])
-    if not any(k in extras for k in (*LEGACY_EXTRAS, "series")):
-        return data
-    out = dict(data)
-    if "series" in extras:
-        s = extras.pop("series")
-        if not out.get("series") and s is not None:
-            out["series"] = str(s)
+def _lift_energy(out: dict[str, Any], extras: dict[str, Any]) -> None:
+    old = {new: extras.pop(key) for key, new in ENERGY_EXTRAS.items() if key in extras}
+    if out.get("energy") is not None or _number(old.get("joules")) is None:
+        return
+    per_unit = _number(old.get("per_unit_j"))
+    out["energy"] = {"joules": float(old["joules"]),
+                     "per_unit_j": None if per_unit is None else float(per_unit),
+                     "unit": None if old.get("unit") is None else str(old["unit"]),
+                     "basis": str(old.get("basis") or "")}
+
+
+def _lift_histograms(out: dict[str, Any], extras: dict[str, Any]) -> None:
+    one, many = extras.pop("hdr_histogram", None), extras.pop("hdr_histograms", None)
+    hists: dict[str, Any] = dict(out.get("histograms") or {})
+    if isinstance(many, dict):
+        for k, v in many.items():
+            if isinstance(v, str):
+                hists.setdefault(str(k), v)
+    if isinstance(one, str):
+        hists.setdefault(LATENCY_HISTOGRAM, one)
+    out["histograms"] = hists
+
+
+def _lift_resources(out: dict[str, Any], extras: dict[str, Any]) -> None:
     res = out.get("resources")
     fields: dict[str, Any] = (
         res.model_dump() if isinstance(res, Resources) else dict(res or {})
@@ -140,5 +189,28 @@ def lift_legacy(data: Any) -> Any:
             if fields.get(new) is None and v is not None:
                 fields[new] = int(v) if new.endswith("bytes") else float(v)
     out["resources"] = fields
+
+
+def lift_legacy(data: Any) -> Any:
+    """Raw record data with the old extras keys moved into `series`, `resources`, `energy` and
+    `histograms` (a field already set wins; the key leaves extras either way, so nothing is
+    read twice)."""
+    if not isinstance(data, dict) or not isinstance(data.get("extras"), dict):
+        return data
+    extras: dict[str, Any] = dict(data["extras"])
+    if not any(k in extras for k in (*LEGACY_EXTRAS, *ENERGY_EXTRAS, *HISTOGRAM_EXTRAS,
+                                     "series")):
+        return data
+    out = dict(data)
+    if "series" in extras:
+        s = extras.pop("series")
+        if not out.get("series") and s is not None:
+            out["series"] = str(s)
+    if any(k in extras for k in LEGACY_EXTRAS):
+        _lift_resources(out, extras)
+    if any(k in extras for k in ENERGY_EXTRAS):
+        _lift_energy(out, extras)
+    if any(k in extras for k in HISTOGRAM_EXTRAS):
+        _lift_histograms(out, extras)
     out["extras"] = extras
     return out

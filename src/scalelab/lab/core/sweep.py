@@ -213,9 +213,11 @@ def run_once(
                     stop.wait(poll_s)
 
             sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
             timed_out = False
             try:
+                # Inside the try: an interrupt while the sampler starts (slow on a loaded
+                # machine) must stop the command too.
+                sampler.start()
                 code: int | None = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True

@@ -222,7 +222,12 @@ def purpose(row: SheetRow) -> str:
     return row.purpose
 
 
-def _samples_needed(c: Check, row: SheetRow | None) -> int | None:
+SAMPLES_RATE_KEY = "samples_per_s"
+"""Record extra: samples per second a level's measurement windows delivered (a sized level's,
+diagnose.sizing); what a Need's time is read from before the record's wall_s."""
+
+
+def samples_needed(c: Check, row: SheetRow | None) -> int | None:
     """The samples the check's rule needs at its level, where a count follows from the rule."""
     o, d = c.objective, c.decision
     q = quantile_of(o.metric)
@@ -244,9 +249,14 @@ def _need(c: Check, row: SheetRow | None) -> Need:
     unit = said if isinstance(said, str) and said else (
         "repeats" if c.decision.basis == "repeats" else "requests")
     per_second = None
-    if row is not None and row.failure_trials and row.wall_s and row.repeats:
+    said_rate = row.extras.get(SAMPLES_RATE_KEY) if row is not None else None
+    if isinstance(said_rate, int | float) and said_rate > 0:
+        # the rate the level's own measurement windows delivered (diagnose.sizing): a
+        # record's wall_s may time something else (a retrieval record's is its index build)
+        per_second = float(said_rate)
+    elif row is not None and row.failure_trials and row.wall_s and row.repeats:
         per_second = row.failure_trials / row.repeats / row.wall_s
-    return Need(check=c, samples=_samples_needed(c, row), measured=c.decision.n, unit=unit,
+    return Need(check=c, samples=samples_needed(c, row), measured=c.decision.n, unit=unit,
                 per_second=per_second)
 
 

@@ -10,6 +10,7 @@ minimums is bad usage: it names the minimum and what makes it up.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,13 @@ class StageNeed:
     """Its fixed work's estimated seconds (start-up, steps it always runs, one chunk a level)."""
     sized: bool
     """Whether its levels are sized sequentially, i.e. can turn more time into decisions."""
+    least_s: float | None = None
+    """The least its decision needs, when it can cut its fixed work (a fixed stage's curve
+    points and candidates, see `plan_parts`); None: its minimum."""
+
+    @property
+    def floor_s(self) -> float:
+        return self.minimum_s if self.least_s is None else min(self.least_s, self.minimum_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,21 +80,30 @@ class Share:
     share_s: float
     """The seconds it may take: the minimum, plus its part of the remainder when sized."""
     sized: bool
+    least_s: float | None = None
+    """Its least (StageNeed.least_s)."""
 
 
 def split_budget(total_s: float, needs: list[StageNeed]) -> list[Share]:
     """Each stage its minimum; the remainder to the sized stages in proportion to their
-    minimums (unused when no stage is sized). Bad usage when `total_s` is under the sum."""
-    least = sum(n.minimum_s for n in needs)
+    minimums (unused when no stage is sized). Under the sum of the minimums, each stage gets
+    its least (`StageNeed.least_s`) and the same fraction of what its minimum adds to it.
+    Bad usage when `total_s` is under the sum of the leasts."""
+    least = sum(n.floor_s for n in needs)
     if total_s < least:
-        parts = ", ".join(f"{n.stage} {duration_text(n.minimum_s)}" for n in needs)
+        parts = ", ".join(f"{n.stage} {duration_text(n.floor_s)}" for n in needs)
         raise BadUsageError(
             f"--budget {duration_text(total_s)} is under the {duration_text(least)} the enabled "
             f"stages need at least ({parts}); raise --budget, disable stages, or use --quick")
-    spare = total_s - least
+    whole = sum(n.minimum_s for n in needs)
+    if total_s < whole:
+        f = (total_s - least) / (whole - least)
+        return [Share(stage=n.stage, minimum_s=n.minimum_s, sized=n.sized, least_s=n.least_s,
+                      share_s=n.floor_s + f * (n.minimum_s - n.floor_s)) for n in needs]
+    spare = total_s - whole
     weight = sum(n.minimum_s for n in needs if n.sized)
     return [
-        Share(stage=n.stage, minimum_s=n.minimum_s, sized=n.sized,
+        Share(stage=n.stage, minimum_s=n.minimum_s, sized=n.sized, least_s=n.least_s,
               share_s=n.minimum_s + (spare * n.minimum_s / weight if n.sized and weight else 0.0))
         for n in needs
     ]
@@ -108,20 +125,132 @@ def replan(left_s: float, now: StageNeed, later: list[StageNeed], *, slow: float
     Each stage still to run (this one and `later`) needs its minimum times `slow` (the pace
     the machine delivered so far, `pace`). When what is left pays for every need, this stage
     gets its need plus, when sized, its part of the rest in proportion to its minimum, as
-    `split_budget` gave it. When it does not, every stage still to run is cut in proportion
-    to its need, so an earlier overrun is shared by all the later stages instead of leaving
-    the last sized one nothing (a sized stage then cuts its own fixed work to its share)."""
+    `split_budget` gave it. When it does not but pays for every stage's least (a fixed stage
+    with its curve points and candidates cut, `StageNeed.least_s`) times `slow`, each gets
+    its least and the same fraction of what its minimum adds to it. When not even the leasts
+    fit, every stage still to run is cut in proportion to its need, so an earlier overrun is
+    shared by all the later stages instead of leaving the last one nothing (a sized stage
+    cuts its own fixed work to its share); a fixed stage still gets its least when what is
+    left pays for it, since less than its least measures nothing (its one step would be
+    stopped at its deadline), where a sized stage's first chunks measure something."""
     left = max(0.0, left_s)
     todo = [now, *later]
     needs = [n.minimum_s * slow for n in todo]
     total = sum(needs)
     if total <= 0:
         return left if now.sized else 0.0
-    if left <= total:
-        return left * needs[0] / total
-    weight = sum(n.minimum_s for n in todo if n.sized)
-    spare = left - total
-    return needs[0] + (spare * now.minimum_s / weight if now.sized and weight else 0.0)
+    if left > total:
+        weight = sum(n.minimum_s for n in todo if n.sized)
+        spare = left - total
+        return needs[0] + (spare * now.minimum_s / weight if now.sized and weight else 0.0)
+    leasts = [n.floor_s * slow for n in todo]
+    least = sum(leasts)
+    if left >= least:
+        f = (left - least) / (total - least) if total > least else 1.0
+        return leasts[0] + f * (needs[0] - leasts[0])
+    share = left * needs[0] / total
+    return share if now.sized else max(share, min(left, leasts[0]))
+
+
+PLAN_FILL = 0.85
+"""The part of its share a fixed stage plans to fill on a machine slower than its estimates
+(pace > 1): at load 13–15 on the shared VM (2026-12-07) the train stage planned at 81 s of
+its 81 s share at pace 4.95 took longer and was stopped at its deadline, measuring nothing."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Part:
+    """One piece of a fixed stage's work (a level, a policy, a variant) and what it costs."""
+
+    name: str
+    """How the report names it, e.g. '5×' or 'policy weekly'."""
+    cost_s: float
+    """Its seconds on a quiet 2-core machine (the stage's measured estimate)."""
+    needed: bool = False
+    """Whether the stage's decision needs it (its target, the base its multiple is read
+    against): such a part always runs; the others are curve points or candidates."""
+    role: str = "curve point"
+    """What it is when not needed: 'curve point', 'candidate series', ..."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What a fixed stage runs of its work in its share (`plan_parts`), and what it cut."""
+
+    kept: tuple[Part, ...]
+    dropped: tuple[Part, ...]
+    fixed_s: float
+    """Quiet seconds the stage pays whatever it runs (process start-up, inputs)."""
+    share_s: float | None
+    slow: float
+
+    @property
+    def quiet_s(self) -> float:
+        """The quiet seconds its share pays for at the pace: the share over the pace, a part
+        of it (`PLAN_FILL`) when the pace is over 1; no budget: unbounded."""
+        if self.share_s is None:
+            return math.inf
+        return self.share_s * (1.0 if self.slow <= 1.0 else PLAN_FILL) / max(self.slow, 1e-9)
+
+    @property
+    def cost_s(self) -> float:
+        """Quiet seconds of what it runs, fixed work included."""
+        return self.fixed_s + sum(p.cost_s for p in self.kept)
+
+    def note(self, stage: str) -> str | None:
+        """Why the dropped parts were not measured, with the numbers (None: nothing cut)."""
+        if not self.dropped or self.share_s is None:
+            return None
+        names = ", ".join(p.name for p in self.dropped)
+        roles = sorted({p.role for p in self.dropped})
+        more = sum(p.cost_s for p in self.dropped) * self.slow
+        return (f"{stage}: {names} ({' and '.join(roles)}) not measured: its "
+                f"{self.share_s:.3g} s share at this run's pace ({self.slow:.3g}× the quiet "
+                f"estimates) pays for {', '.join(p.name for p in self.kept) or 'nothing'} "
+                f"(~{self.cost_s * self.slow:.3g} s); the rest needed ~{more:.3g} s more")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Work:
+    """A fixed stage's default work as parts, each with its quiet cost (`Part`)."""
+
+    fixed_s: float
+    """Quiet seconds it pays whatever it runs (process start-up, reading its inputs)."""
+    parts: tuple[Part, ...]
+
+    @property
+    def whole_s(self) -> float:
+        """All of it: the stage's minimum (what a budget gives it before the sized stages)."""
+        return self.fixed_s + sum(p.cost_s for p in self.parts)
+
+    @property
+    def least_s(self) -> float:
+        """What its decision needs: the fixed work and the needed parts."""
+        return self.fixed_s + sum(p.cost_s for p in self.parts if p.needed)
+
+
+def plan_parts(work: Work, *, share_s: float | None, slow: float = 1.0) -> Plan:
+    """A fixed stage's work cut to its share (pure): every needed part, then the others in
+    the order given while their quiet cost times `slow` (the pace the machine delivered so
+    far, `pace`) still fits; a part that does not fit is skipped, a cheaper later one may
+    still run. No share (no budget): everything."""
+    if share_s is None:
+        return Plan(kept=work.parts, dropped=(), fixed_s=work.fixed_s, share_s=None, slow=slow)
+    # A pace over 1 is measured on other work than this: plan to a part of the share, so an
+    # estimate off by that much does not stop the stage's one step unfinished at its deadline.
+    room = Plan(kept=(), dropped=(), fixed_s=0.0, share_s=share_s, slow=slow).quiet_s \
+        - work.least_s
+    kept, dropped = [], []
+    for p in work.parts:
+        if p.needed:
+            kept.append(p)
+        elif p.cost_s <= room:
+            kept.append(p)
+            room -= p.cost_s
+        else:
+            dropped.append(p)
+    return Plan(kept=tuple(kept), dropped=tuple(dropped), fixed_s=work.fixed_s,
+                share_s=share_s, slow=slow)
 
 
 def time_lines(budget: dict[str, Any] | None, records: list[Record]) -> list[str]:
@@ -134,15 +263,22 @@ def time_lines(budget: dict[str, Any] | None, records: list[Record]) -> list[str
                 "stages the rest" if isinstance(total, int | float) else
                 "no budget: " + ("--full, each sized level until decided or its cap"
                                  if budget.get("full") else "one chunk a level"))
-        spent = []
+        start = budget.get("startup_s")
+        spent = [f"start-up {start:.3g} s"] if isinstance(start, int | float) else []
         for row in budget.get("stages", []):
             s = f"{row['stage']} {row['spent_s']:.0f} s"
             if "given_s" in row:
                 s += f" of a {row['given_s']:.0f} s share"
             elif "share_s" in row:
                 s += f" (minimum {row['share_s']:.0f} s)"
+            if isinstance(row.get("pace"), int | float) and row["pace"] > 1.0:
+                s += f" (pace {row['pace']:.3g}×)"
             spent.append(s)
         out.append(f"{head}; spent: {', '.join(spent)}" if spent else head)
+        if any(isinstance(row.get("pace"), int | float) and row["pace"] > 1.0
+               for row in budget.get("stages", [])):
+            out.append("pace: how much slower than their quiet 2-core estimates the start-up "
+                       "and the steps before a stage ran (each share is cut by it)")
     for r in records:
         z = r.extras.get(SIZING_KEY)
         if not isinstance(z, dict):

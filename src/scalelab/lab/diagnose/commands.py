@@ -123,6 +123,8 @@ class Train(Command):
     limit: int | None = None
     epochs: int = 1
     batch: int
+    threads: int | None = None
+    """Threads per process (the CLI's default: cores // processes)."""
     data: Path | None = None
     repo: Path | None = None
     lineage: Path | None = None

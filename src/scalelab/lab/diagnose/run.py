@@ -38,7 +38,7 @@ from scalelab.lab.diagnose.evidence import stage_limits
 from scalelab.lab.diagnose.failures import stage_failures
 from scalelab.lab.diagnose.goals import stage_goals
 from scalelab.lab.diagnose.stages import STAGES
-from scalelab.lab.diagnose.stages.base import Artifact, Context
+from scalelab.lab.diagnose.stages.base import Artifact, Context, Stage
 from scalelab.lab.diagnose.steps import Step, StepResult, run_step
 from scalelab.lab.report.document import ReportFiles, write_report
 
@@ -47,11 +47,24 @@ RUN_INFO = "run.json"
 """What the run itself knows beyond the records: its experiment id, failed steps, Ctrl-C."""
 REPORT_S = 6.0
 """Seconds the budget keeps for after the last stage: the report built from the records
-(sheet, verdict, report.md/html/json) and printed. An estimate for a quiet machine, not
-measured on its own: the whole time outside the stages (interpreter start, imports and the
-report) was 10.5, 16.0 and 12.4 s in three demo runs at load 7–12 on the shared 2-core VM
-(2026-12-07, wall less the stages' spent seconds); the start-up is inside the budget's clock
-already (`process_started`)."""
+(sheet, verdict, report.md/html/json) and printed, on a quiet machine (times the pace the
+machine delivered, `Runner._reshare`). The whole time outside the stages (interpreter start,
+imports and the report) was 10.5, 16.0 and 12.4 s in three demo runs at load 7–12 on the
+shared 2-core VM (2026-12-07, wall less the stages' spent seconds); the start-up is inside the
+budget's clock already (`process_started`)."""
+STARTUP_S = 2.5
+"""The diagnose process's start (interpreter and imports) up to its first stage on a quiet
+2-core machine (2.0–2.2 s measured, docs/diagnose.md): the first measure of the pace, so the
+first stage is planned at the machine's speed too."""
+DEADLINE_SLACK = 1.5
+"""A stage is stopped at this multiple of its share, and at the budget's end (less the
+report's time) at the latest: its share is what it plans to, from quiet estimates times a
+measured pace, which miss by tens of percent (the train stage planned to its 35 s share at
+pace 2.94 ran past it at load 10–17, 2026-12-07, and a stop at the share itself lost its one
+step); what it takes beyond its share the stages after it give up, re-planned as each starts."""
+START_LEAST_S = 1.0
+"""A step is not started with less of its stage's share left: a `scalelab` process takes
+about that long to import before it measures anything."""
 
 
 def process_started() -> float:
@@ -125,17 +138,47 @@ class Runner:
         )
         self.spent: dict[str, float] = {}
         self.given: dict[str, float] = {}
-        """Each sized stage's share as it started (`_reshare`)."""
+        """Each stage's (and shared input's) share as it started (`_reshare`)."""
+        self.paces: dict[str, float] = {}
+        """The pace each stage's share was planned at (`_reshare`)."""
+        self.delivered: list[tuple[float, float]] = []
+        """(quiet estimate, wall seconds) of each step that said what it expected and ran to
+        its end, and of the process's start: the pace the machine delivers (`budget.pace`)."""
+
+    def run_order(self) -> list[tuple[Artifact | None, Stage[Any]]]:
+        """What runs, in order: each enabled stage, after the shared inputs it is the first
+        to need (each as `(artifact, stage)`; the stage itself as `(None, stage)`)."""
+        seen: set[str] = set()
+        out: list[tuple[Artifact | None, Stage[Any]]] = []
+
+        def add(a: Artifact, st: Stage[Any]) -> None:
+            for dep in a.needs:
+                add(dep, st)
+            if a.name not in seen:
+                seen.add(a.name)
+                out.append((a, st))
+
+        for st in STAGES:
+            s = st.of(self.cfg)
+            if st.enabled(s):
+                for a in st.needs(s):
+                    add(a, st)
+                out.append((None, st))
+        return out
 
     def plan_budget(self) -> list[Share]:
-        """The enabled stages' shares of the budget (diagnose.budget); [] without one.
-        Bad usage (before anything runs) when the budget is under their minimums."""
+        """The shares of the budget (diagnose.budget) of the enabled stages and of the shared
+        inputs they need (each a fixed line of its own, before the first stage needing it,
+        so a stage's share is its own work); [] without one. Bad usage (before anything
+        runs) when the budget is under their minimums."""
         if self.budget_s is None:
             return []
-        needs = [StageNeed(stage=st.name, minimum_s=st.minimum_s(st.of(self.cfg),
-                                                                 self.cfg.repeats),
-                           sized=st.is_sized(st.of(self.cfg)))
-                 for st in STAGES if st.enabled(st.of(self.cfg))]
+        needs = [StageNeed(stage=a.name, minimum_s=a.minimum_s, sized=False) if a is not None
+                 else StageNeed(stage=st.name,
+                                minimum_s=st.minimum_s(st.of(self.cfg), self.cfg.repeats),
+                                sized=st.is_sized(st.of(self.cfg)),
+                                least_s=st.least_s(st.of(self.cfg), self.cfg.repeats))
+                 for a, st in self.run_order()]
         return split_budget(self.budget_s, needs)
 
     def _run(self, step: Step) -> StepResult:
@@ -144,10 +187,21 @@ class Runner:
         step = on_cluster(step, self.cfg.client.cluster)
         if self.progress:
             self.progress(step.label, self._n, self._total)
-        res = run_step(
-            energy_tagger(step, self.cfg.prices), logs=self.ctx.logs,
-            experiment=self.diagnosis.experiment, sink=self.sink
-        )
+        left = self.ctx.left_s()
+        if left is not None and left < START_LEAST_S:
+            res = StepResult(step=step, ok=False, returncode=None, wall_s=0.0, cut=(
+                f"not started: {max(0.0, left):.3g} s of its stage's {self.ctx.share_s:.3g} s "
+                "share were left"))
+        else:
+            res = run_step(
+                energy_tagger(step, self.cfg.prices), logs=self.ctx.logs,
+                experiment=self.diagnosis.experiment, sink=self.sink, stop_at=self.ctx.deadline
+            )
+        if res.cut is not None:
+            done = ", its levels written before kept" if res.records else ""
+            self.ctx.note(f"{step.stage}: {step.label}: not measured{done}: {res.cut}")
+        elif res.ok and step.estimate_s:
+            self.delivered.append((step.estimate_s, res.wall_s))
         self.diagnosis.steps.append(res)
         return res
 
@@ -189,26 +243,36 @@ class Runner:
             "utf-8",
         )
         self._total = self.plan_size()
+        # The process's start is the first thing the machine delivered: its pace plans the
+        # first stage.
+        self.delivered.append((STARTUP_S, time.monotonic() - self.started))
         try:
-            for st in STAGES:
+            for a, st in self.run_order():
                 s = st.of(self.cfg)
-                if st.enabled(s):
-                    self._reshare(st.name)
-                    t0 = time.monotonic()
-                    try:
+                name = st.name if a is None else a.name
+                self._reshare(name)
+                if a is not None:
+                    # A shared input is never stopped: the stages after it need it whole (its
+                    # overrun is paid by their shares, re-planned as each starts).
+                    self.ctx.deadline = None
+                t0 = time.monotonic()
+                try:
+                    if a is None:
                         st.run(s, self.ctx)
-                    finally:
-                        self.spent[st.name] = time.monotonic() - t0
+                    else:
+                        self.ctx.artifact(a)
+                finally:
+                    self.spent[name] = time.monotonic() - t0
         except KeyboardInterrupt:
             self.diagnosis.interrupted = True
+        self.ctx.deadline = None
         d = self.diagnosis
         info = {
             "experiment": d.experiment,
             "interrupted": d.interrupted,
             "budget": self.budget_report(),
             "notes": self.ctx.notes,
-            "failed_steps": [{"stage": r.step.stage, "step": r.step.label, "error": r.error}
-                             for r in d.steps if not r.ok],
+            **steps_info(d.steps),
         }
         (self.out / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n", "utf-8")
         d.sheet, d.verdict, d.files = rebuild(self.out, self.cfg, self.mode)
@@ -220,21 +284,30 @@ class Runner:
         """A stage's share as it starts, re-planned from what the budget has left (less the
         report's `REPORT_S`) and the pace the machine delivered so far (`budget.replan`): an
         earlier overrun (a busy host) is shared by every stage still to run, each in
-        proportion to its minimum, not paid by the last one alone."""
+        proportion to its minimum, not paid by the last one alone. The pace is the slower of
+        the stages' time against their shares and the steps' against their quiet estimates
+        (a fixed stage that cut its work to its share hides a slow machine from the first).
+        The stage's deadline (`Context.deadline`) is `DEADLINE_SLACK` times its share, and the
+        budget's end at the latest: a step still running then is stopped."""
         names = [sh.stage for sh in self.shares]
         if self.budget_s is None or stage not in names:
             return
         i = names.index(stage)
-        needs = [StageNeed(stage=sh.stage, minimum_s=sh.minimum_s, sized=sh.sized)
-                 for sh in self.shares]
+        needs = [StageNeed(stage=sh.stage, minimum_s=sh.minimum_s, sized=sh.sized,
+                           least_s=sh.least_s) for sh in self.shares]
         done = [(self.given.get(sh.stage, sh.minimum_s), self.spent[sh.stage])
                 for sh in self.shares[:i] if sh.stage in self.spent]
-        left = self.budget_s - (time.monotonic() - self.started) - REPORT_S
-        slow = pace(done)
+        slow = max(pace(done), pace(self.delivered))
+        now = time.monotonic()
+        left = self.budget_s - (now - self.started) - REPORT_S * slow
         share = replan(left, needs[i], needs[i + 1:], slow=slow)
         if stage in self.ctx.shares:
             self.ctx.shares[stage] = share
         self.given[stage] = share
+        self.paces[stage] = slow
+        end = self.started + self.budget_s - REPORT_S * slow
+        self.ctx.share_s, self.ctx.pace = share, slow
+        self.ctx.deadline = min(now + share * DEADLINE_SLACK, max(now, end))
         if share < needs[i].minimum_s * slow:
             self.ctx.short.add(stage)
 
@@ -249,8 +322,25 @@ class Runner:
                         "share_s": round(shares[name].share_s, 1), "sized": shares[name].sized}
                 if name in self.given:
                     row["given_s"] = round(self.given[name], 1)
+                if name in self.paces:
+                    row["pace"] = round(self.paces[name], 2)
             stages.append(row)
-        return {"total_s": self.budget_s, "full": self.mode == "full", "stages": stages}
+        out = {"total_s": self.budget_s, "full": self.mode == "full", "stages": stages}
+        if self.budget_s is not None and self.delivered:
+            out["startup_s"] = round(self.delivered[0][1], 1)
+        return out
+
+
+def steps_info(steps: list[StepResult]) -> dict[str, list[dict[str, Any]]]:
+    """run.json's failed steps (each fails its stage, diagnose.failures) and the steps cut for
+    lack of time (stopped at their stage's deadline, or never started): those measured what
+    they could and are no failure of the system under test."""
+    return {
+        "failed_steps": [{"stage": r.step.stage, "step": r.step.label, "error": r.error}
+                         for r in steps if not r.ok and r.cut is None],
+        "cut_steps": [{"stage": r.step.stage, "step": r.step.label, "why": r.cut}
+                      for r in steps if r.cut is not None],
+    }
 
 
 def _machine(records: list[Record]) -> Machine:

@@ -1,7 +1,7 @@
 """The autoscaling signal a "do" line recommends, decided on this run's own levels.
 
 A stage's measured levels of one replica (served requests/s against latency quantiles) become
-the autoscaling simulator's replica model (`load.autoscale`, what `scalelab autoscale simulate`
+the autoscaling simulator's replica model (`autoscale.simulator`, what `scalelab autoscale simulate`
 reads), and a spike from the lowest level's served rate to the stage's target multiple is
 replayed against the HPA scaling on each candidate signal (queue depth against CPU for serving,
 running+waiting sequences against CPU for generation), each at its own value at the same design
@@ -17,14 +17,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from scalelab.lab.autoscale.replica_model import LevelPoint, ReplicaModel, Signal
+from scalelab.lab.autoscale.simulator import SimConfig, SimResult, default_target, simulate
+from scalelab.lab.autoscale.traffic import TrafficCurve
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.objectives import Objective
 from scalelab.lab.core.sheet import SheetRow
 from scalelab.lab.core.units import format_number, format_percent, sig
-from scalelab.lab.load.autoscale import SimConfig, SimResult, default_target, simulate
-from scalelab.lab.load.replica_model import LevelPoint, ReplicaModel, Signal
 from scalelab.lab.load.slo import LatencyObjective
-from scalelab.lab.load.traffic import TrafficCurve
 
 NAMES: dict[str, str] = {"queue": "queue depth", "cpu": "CPU",
                          "sequences": "running+waiting sequences", "inflight": "requests in flight",

@@ -22,6 +22,8 @@ from typing import Any, Literal
 from scalelab.lab.core.objectives import Check, Objective, check_rows
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import build_sheet
+from scalelab.lab.core.signals import LATENCY_HISTOGRAM
+from scalelab.lab.core.verdict import SAMPLES_RATE_KEY, samples_needed
 from scalelab.lab.diagnose.budget import SIZING_KEY
 from scalelab.lab.load.http.result import merge_records
 
@@ -30,6 +32,36 @@ def pending(record: Record, objectives: list[Objective]) -> list[Check]:
     """The level's checks more measurement could still decide (undecided ones)."""
     return [c for c in check_rows(build_sheet([record]), objectives)
             if c.outcome == "undecided"]
+
+
+def needed(record: Record, objectives: list[Objective]) -> int | None:
+    """The samples the level needs in all for its undecided checks, where their rules give a
+    count (`core.verdict.samples_needed`: 59 for a p95, 299 for a p99 or for 99% availability
+    without a failure): the largest, which pays for the others at one level; None when no
+    undecided check gives one (more samples may still decide it: the chunks then double)."""
+    rows = build_sheet([record])
+    row = rows[0] if rows else None
+    counts = [n for c in check_rows(rows, objectives) if c.outcome == "undecided"
+              if (n := samples_needed(c, row)) is not None]
+    return max(counts) if counts else None
+
+
+NEED_MARGIN = 1.1
+"""A chunk sized to a count of samples asks this much more time than the rate measured so far
+says it takes: a chunk that falls a few samples short costs another chunk's start-up."""
+
+
+def next_seconds(*, have: int | None, need: int | None, measured_s: float, first_s: float,
+                 left_s: float) -> float:
+    """The next chunk's window (pure): the samples still needed at the rate measured so far
+    (with NEED_MARGIN) when the undecided checks give a count, else as long as everything
+    measured (doubling keeps the chunks' fixed cost a shrinking share); never under `first_s`,
+    cut to `left_s`."""
+    if need is not None and have and measured_s > 0 and need > have:
+        want = (need - have) / (have / measured_s) * NEED_MARGIN
+    else:
+        want = measured_s
+    return min(max(want, first_s), left_s)
 
 
 @dataclass(kw_only=True)
@@ -46,12 +78,20 @@ class Sizing:
     """'decided', 'time share spent' or 'a chunk failed'."""
     undecided: list[str]
     """'<objective>: <what deciding it needs>' for each check left undecided."""
+    measured_s: float = 0.0
+    """Seconds of the chunks' measured windows together."""
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Samples over the chunks' measured windows: the rate the level sustained, what
+        the time to decide an undecided check is read from (a first chunk measured in a step
+        with other levels spent none of the level's own seconds, so spent_s cannot be it)."""
+        return (self.samples / self.measured_s if self.samples and self.measured_s > 0
+                else None)
 
     def as_dict(self) -> dict[str, Any]:
-        """The record's extras["sizing"]; `samples_per_s` (samples over the level's spent
-        seconds, start-ups included) is what the time to decide an undecided check is read
-        from: the samples it needs over it."""
-        per_s = self.samples / self.spent_s if self.samples and self.spent_s > 0 else None
+        """The record's extras["sizing"]."""
+        per_s = self.samples_per_s
         return {"chunks": self.chunks, "samples": self.samples,
                 "spent_s": round(self.spent_s, 3), "share_s": round(self.share_s, 3),
                 "stopped": self.stopped, "undecided": self.undecided,
@@ -103,9 +143,10 @@ def size_level(run_chunk: Chunk, objectives: list[Objective], *, first_s: float,
             break
         overhead = max(overhead_s, took - got)
         left = share_s - (clock() - t0) - overhead
-        # Doubling keeps the chunks' fixed cost (start-up, warm-up) a shrinking share; never
-        # under first_s (a first chunk that counted requests may have measured less).
-        seconds = min(max(measured, first_s), left)
+        have = merged.extras.get("samples")
+        seconds = next_seconds(have=int(have) if isinstance(have, int | float) else None,
+                               need=needed(merged, objectives), measured_s=measured,
+                               first_s=first_s, left_s=left)
         if seconds < first_s / 2:
             break
     if not chunks:
@@ -116,8 +157,9 @@ def size_level(run_chunk: Chunk, objectives: list[Objective], *, first_s: float,
         chunks=len(chunks), samples=int(samples) if isinstance(samples, int | float) else None,
         spent_s=clock() - t0, share_s=share_s, stopped=stopped,
         undecided=[f"{c.objective.label}: {c.decision.need}" for c in
-                   pending(merged, objectives)])
-    return merged.model_copy(update={"extras": {**merged.extras,
+                   pending(merged, objectives)], measured_s=measured)
+    rate = {SAMPLES_RATE_KEY: round(sizing.samples_per_s, 3)} if sizing.samples_per_s else {}
+    return merged.model_copy(update={"extras": {**merged.extras, **rate,
                                                 SIZING_KEY: sizing.as_dict()}})
 
 
@@ -277,7 +319,7 @@ def search_decides(steps: list[Record], objectives: list[Objective],
     # A step flagged for generator lag sent its arrivals bunched at its rate: a harsher load,
     # so it bounds the target from above too; its rate is what it sent, not what it asked.
     kept = [r for r in above if level_outcome(r, objectives) != "missed"]
-    if len(kept) < 2 or any(not isinstance(r.extras.get("hdr_histogram"), str) for r in kept):
+    if len(kept) < 2 or any(LATENCY_HISTOGRAM not in r.histograms for r in kept):
         return None
     merged = merge_records(kept)
     if level_outcome(merged, objectives) != "met":

@@ -40,6 +40,9 @@ class Step:
     keep: bool = True
     """Append its records to the run's records (False: a chunk of a sized level, whose
     records the stage merges and appends itself, diagnose.sizing)."""
+    estimate_s: float | None = None
+    """What the stage expects it to take on a quiet 2-core machine: its wall time against
+    this is the pace the machine delivers (budget.pace), which later shares are cut by."""
 
 
 @dataclass(kw_only=True)
@@ -51,6 +54,10 @@ class StepResult:
     error: str | None = None
     records: list[Record] = field(default_factory=list)
     stdout_path: Path | None = None
+    cut: str | None = None
+    """Why the step was stopped, or never started, for lack of time (its stage's share of the
+    budget spent): what it measured is kept, the rest is not measured, and it is no failure
+    of the system under test."""
 
 
 def restage(r: Record, stage: str, repeat: int | None = None) -> Record:
@@ -65,13 +72,23 @@ def scalelab_cmd(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "scalelab", *argv]
 
 
-def run_step(step: Step, *, logs: Path, experiment: str, sink: Path) -> StepResult:
-    """Run the step; tag and append its records to `sink`; never raises for a failed step."""
+def run_step(step: Step, *, logs: Path, experiment: str, sink: Path,
+             stop_at: float | None = None) -> StepResult:
+    """Run the step; tag and append its records to `sink`; never raises for a failed step.
+
+    `stop_at` (`time.monotonic`): its stage's deadline; a step still running then is stopped
+    like one past its own timeout, but as a cut (`StepResult.cut`), not a failure: the records
+    it wrote before (a bench writing a level at a time) are kept."""
     logs.mkdir(parents=True, exist_ok=True)
     if step.command is None:
         raise ValueError(f"step {step.label!r} has no command to run")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in step.label)
     out_path, err_path = logs / f"{safe}.out", logs / f"{safe}.err"
+    timeout = step.timeout_s
+    by_deadline = stop_at is not None and stop_at - time.monotonic() < timeout
+    if stop_at is not None and by_deadline:
+        timeout = max(0.0, stop_at - time.monotonic())
+    cut = None
     t0 = time.perf_counter()
     with out_path.open("wb") as out, err_path.open("wb") as err:
         proc = subprocess.Popen(
@@ -82,11 +99,19 @@ def run_step(step: Step, *, logs: Path, experiment: str, sink: Path) -> StepResu
             start_new_session=True,
         )
         try:
-            rc: int | None = proc.wait(timeout=step.timeout_s)
+            rc: int | None = proc.wait(timeout=timeout)
             error = None
         except subprocess.TimeoutExpired:
-            stop_group(proc, grace_s=5.0)
-            rc, error = None, f"timed out after {step.timeout_s:g} s"
+            # A step past its stage's deadline measured nothing more worth the budget: it is
+            # stopped at once (SIGTERM, then SIGKILL after a second), where a step past its own
+            # timeout gets time to end cleanly.
+            stop_group(proc, grace_s=1.0 if by_deadline else 5.0)
+            rc, error = None, None
+            if by_deadline:
+                cut = (f"stopped at its stage's deadline after {time.perf_counter() - t0:.3g} s "
+                       "(the stage's share of the budget was spent)")
+            else:
+                error = f"timed out after {step.timeout_s:g} s"
         except KeyboardInterrupt:
             # The step runs in its own session, so Ctrl-C reached only us: pass it on (a step
             # stops what it started in sessions of its own, e.g. a sweep's command), then stop
@@ -99,7 +124,7 @@ def run_step(step: Step, *, logs: Path, experiment: str, sink: Path) -> StepResu
             raise
     wall = time.perf_counter() - t0
     missed = False
-    if rc not in (0, None) and error is None:
+    if rc not in (0, None) and error is None and cut is None:
         tail = err_path.read_text("utf-8", errors="replace").strip().splitlines()
         # Exit 1 after "objective missed: ..." (`cli._gate.exit_if_missed`: e.g. a capacity
         # search whose answer did not hold its confirmation) measured a miss: the system
@@ -123,10 +148,11 @@ def run_step(step: Step, *, logs: Path, experiment: str, sink: Path) -> StepResu
             append_records(sink, recs)
     return StepResult(
         step=step,
-        ok=(rc == 0 or missed) and error is None,
+        ok=(rc == 0 or missed) and error is None and cut is None,
         returncode=rc,
         wall_s=wall,
         error=error,
         records=recs,
         stdout_path=out_path,
+        cut=cut,
     )

@@ -1,1 +1,2 @@
-"""Load testing: open/closed-loop generator, capacity search, error budgets, HPA simulation."""
+"""Load testing: open/closed-loop generator, capacity search, error budgets (the HPA
+simulation is `lab/autoscale`)."""

@@ -489,6 +489,24 @@ def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float
     return replace(res, steps=steps, confirmed_rps=confirmed, knee_rps=knee(steps))
 
 
+def rate_verdicts(res: CapacityResult) -> list[str]:
+    """Each step's verdict as the search counted its rate. A rate is tried again only when its
+    step was invalid, and then the last try is the one the search counted: every step of a
+    rate carries that verdict, so a reader grouping records by rate (the diagnose sheet) sees
+    what the search decided. A confirmation keeps its own."""
+    counted = {s.rate: s.verdict for s in res.steps if not s.confirmation}
+    return [s.verdict if s.confirmation else counted[s.rate] for s in res.steps]
+
+
+def step_extras(step: Step, index: int, rate_verdict: str) -> dict[str, object]:
+    """What a search decided of one step, as every capacity search's record carries it (its
+    rate, n, failures and outcome stay readable as a decided check; `capacity_confirm` tells a
+    reader the search confirms, so only a confirmed rate is its capacity)."""
+    return {"capacity_step": index, "verdict": step.verdict, "rate_verdict": rate_verdict,
+            "requests_needed": step.requests_needed, "outcome": step.outcome,
+            "capacity_confirm": step.confirmation, "valid_offer": step.valid}
+
+
 def knee(steps: list[Step]) -> float | None:
     """Throughput at the knee of latency (the quantile) vs throughput, via core.knee."""
     pts = sorted((s.throughput_rps, s.quantile_ms) for s in steps

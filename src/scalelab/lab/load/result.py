@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scalelab.lab.core.records import Cost, Record
-from scalelab.lab.core.signals import Resources
+from scalelab.lab.core.signals import Energy, Resources
 from scalelab.lab.load.cluster import ClusterLevel
 from scalelab.lab.load.schedule import Mode
 
@@ -308,17 +308,18 @@ def merged_resources(chunks: Sequence[Record]) -> Resources:
     return last.model_copy(update=update)
 
 
-def merged_energy(chunks: Sequence[Record], cost: Cost | None) -> dict[str, Any]:
-    """The chunks' energy extras (diagnose.energy tags each chunk's step): joules summed, per
-    unit over the merged cost's units; {} when a chunk has none."""
-    joules = [num(c.extras.get("energy_j")) for c in chunks]
-    if any(j is None for j in joules):
-        return {}
-    total = sum(j or 0.0 for j in joules)
+def merged_energy(chunks: Sequence[Record], cost: Cost | None) -> Energy | None:
+    """The chunks' energy (diagnose.energy tags each chunk's step): joules summed, per unit
+    over the merged cost's units; None when a chunk has none (one chunk's joules are not the
+    level's)."""
+    energies = [c.energy for c in chunks]
+    if any(e is None for e in energies):
+        return None
+    total = sum(e.joules for e in energies if e is not None)
     units = cost.usd / cost.per_unit_usd if cost is not None and cost.per_unit_usd else None
-    return {"energy_j": total, "energy_per_unit_j": total / units if units else None,
-            "energy_basis": "; ".join(dict.fromkeys(str(c.extras.get("energy_basis"))
-                                                    for c in chunks))}
+    return Energy(joules=total, per_unit_j=total / units if units else None,
+                  unit=chunks[-1].energy.unit if chunks[-1].energy else None,
+                  basis="; ".join(dict.fromkeys(e.basis for e in energies if e is not None)))
 
 
 def common_update(chunks: Sequence[Record], failures_of: int | None) -> dict[str, Any]:

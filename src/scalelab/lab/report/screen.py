@@ -13,6 +13,7 @@ the terminal; on a terminal the same cells go into a rich table.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import textwrap
@@ -111,22 +112,74 @@ def short_need(n: Need) -> str:
     return f"{count_text(n.samples)} {n.unit}{pays}"
 
 
-def need_note(stage: str, needs: tuple[Need, ...]) -> str:
-    """One line a stage: what decides its open checks. They are sized at one level, so the
-    check that needs the most samples (one with no count first) pays for the others too."""
+@dataclass(frozen=True, kw_only=True)
+class RunBudget:
+    """The run's --budget and how its spare time is split: each sized stage gets the part of
+    any extra second in proportion to its minimum (`diagnose.budget.split_budget`)."""
+
+    total_s: float
+    part: dict[str, float]
+    """Sized stage -> its minimum over all the sized stages' minimums."""
+
+    def deciding(self, stage: str, more_s: float) -> float | None:
+        """The --budget whose split gives `stage` `more_s` more seconds (pure); None for a
+        stage the budget does not size."""
+        part = self.part.get(stage)
+        return self.total_s + more_s / part if part else None
+
+
+def need_note(stage: str, needs: tuple[Need, ...], *, budget: RunBudget | None = None) -> str:
+    """One line a stage: what decides its open checks, named by the check that needs the most
+    samples (one with no count first): they are sized at one level, so it pays for the
+    others; with the run's `budget`, the --budget that would pay it."""
     most = max(needs, key=lambda n: math.inf if n.samples is None else n.samples)
     at = format_multiple(most.check.multiple)
-    if len(needs) == 1:
-        return f"{stage}: {most.check.objective.label} at {at} needs {short_need(most)}"
-    return f"{stage}: {len(needs)} checks at {at} need {short_need(most)}"
+    others = len(needs) - 1
+    also = f" (and {count_text(others)} other check{'s' if others > 1 else ''})" if others else ""
+    line = f"{stage}: {most.check.objective.label} at {at}{also} needs {short_need(most)}"
+    more = more_seconds(most)
+    total = budget.deciding(stage, more) if budget is not None and more is not None else None
+    if total is not None:
+        line += f"; about --budget {_minutes(total)} would pay it"
+    return line
 
 
-def screen_line(s: StageVerdict) -> ScreenLine:
+def _minutes(seconds: float) -> str:
+    """A --budget rounded up to 10 s: 312.4 -> '5m20s' (what --budget reads back)."""
+    t = math.ceil(seconds / 10.0) * 10
+    m, sec = divmod(t, 60)
+    return f"{m}m{sec}s" if m and sec else (f"{m}m" if m else f"{sec}s")
+
+
+def more_seconds(n: Need) -> float | None:
+    """Seconds beyond what the level measured that its samples need at its rate (pure)."""
+    if n.samples is None or not n.per_second:
+        return None
+    return max(0.0, n.samples - (n.measured or 0)) / n.per_second
+
+
+def budget_of(report: Path | str) -> RunBudget | None:
+    """The run's --budget and split, from its run.json beside the report (None: no budget,
+    or no such file: a report rebuilt elsewhere)."""
+    path = Path(report).parent / "run.json"
+    try:
+        doc = json.loads(path.read_text("utf-8"))
+        b = doc["budget"]
+        total = float(b["total_s"])
+        sized = {r["stage"]: float(r["minimum_s"]) for r in b["stages"] if r.get("sized")}
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    weight = sum(sized.values())
+    return RunBudget(total_s=total, part={k: v / weight for k, v in sized.items()}
+                     if weight > 0 else {})
+
+
+def screen_line(s: StageVerdict, *, budget: RunBudget | None = None) -> ScreenLine:
     notes: list[str] = []
     if s.failure is not None:
         notes.append(f"{s.stage} failed: {s.failure}")
     if s.outcome == "undecided" and s.needs:
-        notes.append(need_note(s.stage, s.needs))
+        notes.append(need_note(s.stage, s.needs, budget=budget))
     elif s.outcome == "undecided" and s.not_measured:
         notes.append(f"{s.stage}: not measured: "
                      + ", ".join(g.label for g in s.not_measured))
@@ -183,10 +236,11 @@ def _layout(lines: list[ScreenLine], width: int) -> tuple[list[tuple[str, ...]],
     return table, moved
 
 
-def plain_lines(v: Verdict, report: Path | str, *, width: int = WIDTH) -> list[str]:
+def plain_lines(v: Verdict, report: Path | str, *, width: int = WIDTH,
+                budget: RunBudget | None = None) -> list[str]:
     """The first screen as plain aligned text, no line longer than `width` (an action too
     long for its row, and every note, is wrapped here under the table)."""
-    lines = [screen_line(s) for s in v.stages]
+    lines = [screen_line(s, budget=budget) for s in v.stages]
     table, moved = _layout(lines, width)
     widths = _widths(table)
     out = [*textwrap.wrap(header(v), width=width, subsequent_indent="  "),
@@ -211,11 +265,12 @@ _STYLE = {"missed": "bold red", "failed": "bold red", "met": "green", "undecided
 
 def print_screen(c: Console, v: Verdict, report: Path | str) -> None:
     """The first screen: plain aligned lines outside a terminal, a rich table on one."""
+    budget = budget_of(report)
     if not c.is_terminal:
-        for line in plain_lines(v, report, width=WIDTH):
+        for line in plain_lines(v, report, width=WIDTH, budget=budget):
             c.print(line, markup=False, highlight=False, soft_wrap=True)
         return
-    lines = [screen_line(s) for s in v.stages]
+    lines = [screen_line(s, budget=budget) for s in v.stages]
     t = Table(title=Text(header(v), style="bold"), title_justify="left", box=None,
               pad_edge=False)
     for col in COLUMNS:

@@ -90,7 +90,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     _m("vllm:generation_tokens_total", "counter", "generate", MN, "Output tokens"),
     _m("vllm:request_success_total", "counter", "generate", (*MN, "finished_reason"),
        "Finished requests by reason"),
-    # scalelab retrieval serve (retrieval/server.py)
+    # scalelab retrieval serve (retrieval/service.py)
     _m("scalelab_retrieval_request_seconds", "histogram", "retrieval", ("route",),
        "Request latency by route", RETRIEVAL_LATENCY),
     _m("scalelab_retrieval_requests_total", "counter", "retrieval", ("route", "code"),

@@ -1,5 +1,5 @@
 """The generative server as an object: `GenerationService` holds the engine, its thread, the
-admission count and the tracing hook, and has one handler method per route; `generate.api`
+admission count and the tracing hook, and has one handler method per route; `generate.app`
 registers them on the app (URLs there) and puts the app behind the shared hook (web.hook).
 
 The handlers take what FastAPI hands a route (the parsed body, the `Request`) and return a

@@ -31,11 +31,11 @@ from scalelab.lab.core.machine import available_cores
 from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.governance.middleware import governed
 from scalelab.layers.web.guard import Guard
-from scalelab.system.serve.config import ServerSettings
 from scalelab.system.serve.context import ADMIN_TOKEN_ENV, ServeContext
 from scalelab.system.serve.infer import InferHandler, infer_target
 from scalelab.system.serve.protocol import InferenceRequest
 from scalelab.system.serve.service import TabularService
+from scalelab.system.serve.settings import ServerSettings
 
 __all__ = ["ADMIN_TOKEN_ENV", "ServeApp", "create_app"]
 

@@ -67,6 +67,18 @@ class Coalescer(Generic[V]):
     def __init__(self) -> None:
         self._inflight: dict[Key, Lead[V]] = {}
 
+    def claim(self, key: Key) -> tuple[Lead[V] | None, asyncio.Future[V] | None]:
+        """`join` and `lead` in one dict operation (the key's hash, a tuple of the tensors'
+        bytes, is computed once, not twice): (lead, None) when the caller computes `key` and
+        must `resolve` or `fail` it, else (None, the in-flight result to await)."""
+        mine: Lead[V] = Lead()
+        lead = self._inflight.setdefault(key, mine)
+        if lead is mine:
+            return mine, None
+        if lead.future is None:
+            lead.future = asyncio.get_running_loop().create_future()
+        return None, lead.future
+
     def join(self, key: Key) -> asyncio.Future[V] | None:
         """The in-flight result for `key` to await, or None if the caller must compute it."""
         lead = self._inflight.get(key)
@@ -83,8 +95,9 @@ class Coalescer(Generic[V]):
         return lead
 
     def _drop(self, key: Key, lead: Lead[V]) -> asyncio.Future[V] | None:
-        if self._inflight.get(key) is lead:
-            del self._inflight[key]
+        held = self._inflight.pop(key, None)
+        if held is not None and held is not lead:  # another leader's since: keep it
+            self._inflight[key] = held
         fut = lead.future
         return None if fut is None or fut.done() else fut
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 from scalelab.layers.web.access import AccessLog
 from scalelab.layers.web.trace import Tracing
-from scalelab.system.serve.config import ServerSettings
 from scalelab.system.serve.metrics import Metrics
 from scalelab.system.serve.repository import ModelRepository
 from scalelab.system.serve.request_sample import RequestSampleConfig, RequestSampler
+from scalelab.system.serve.settings import ServerSettings
 
 ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
 

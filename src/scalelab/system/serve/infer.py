@@ -31,7 +31,7 @@ from starlette.types import Receive, Scope, Send
 from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.guard import REQUEST_ID_HEADER, BodyTooLarge, admit, send_error
 from scalelab.layers.web.trace import RequestTrace, ns_mono
-from scalelab.system.serve.cache import input_key
+from scalelab.system.serve.cache import Key, input_key
 from scalelab.system.serve.context import ServeContext
 from scalelab.system.serve.features import out_of_vocabulary
 from scalelab.system.serve.metrics import observe_many
@@ -47,8 +47,9 @@ from scalelab.system.serve.protocol import (
     wanted,
 )
 from scalelab.system.serve.repository import ModelEntry
+from scalelab.system.serve.runtimes import Outputs
 from scalelab.system.serve.text import check_utf8
-from scalelab.system.serve.worker import Job, Outputs, VersionWorker
+from scalelab.system.serve.worker import Job, VersionWorker
 
 log = logging.getLogger("scalelab.system.serve")
 
@@ -369,58 +370,66 @@ class InferHandler:
             trace_job(trace, worker, job)
 
     async def compute(self, entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray],
-                       rid: str, deadline: float, trace: RequestTrace | None = None) -> Outputs:
+                      rid: str, deadline: float, trace: RequestTrace | None = None) -> Outputs:
         assert entry.config is not None
-        metrics = self.ctx.metrics
-        labels = (entry.name, str(worker.version))
-        use_cache = entry.cache is not None
+        cache = entry.cache
         coalesce = entry.config.cache.coalesce
-        if not (use_cache or coalesce):
+        if not (cache is not None or coalesce):
             return await self._run(worker, arrays, rid, deadline, trace=trace)
         key = (entry.name, worker.version, input_key(arrays))
-        if entry.cache is not None:
+        if cache is not None:
+            metrics = self.ctx.metrics
             t_look = time.perf_counter_ns()
-            hit = entry.cache.get(key)
+            hit = cache.get(key)
             (worker.stats.cache_hit if hit is not None else worker.stats.cache_miss).add(
                 time.perf_counter_ns() - t_look)
             if hit is not None:
-                metrics.cache_hits.labels(*labels).inc()
+                metrics.cache_hits.labels(entry.name, worker.version_label).inc()
                 if trace is not None:
                     trace.root.set_attribute("scalelab.cache.hit", True)
                 return hit
-            metrics.cache_misses.labels(*labels).inc()
+            metrics.cache_misses.labels(entry.name, worker.version_label).inc()
         if coalesce:
-            fut = entry.coalescer.join(key)
-            if fut is not None:
-                metrics.coalesced.labels(*labels).inc()
-                try:
-                    return await asyncio.wait_for(asyncio.shield(fut),
-                                                  max(0.0, deadline - time.monotonic()))
-                except TimeoutError:
-                    raise HttpError(504, "deadline passed waiting for an identical in-flight "
-                                          "request") from None
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if not fut.cancelled() or (task is not None and task.cancelling()):
-                        raise
-                    # the leader's client went away; compute this one ourselves
-            lead = entry.coalescer.lead(key)
-            try:
-                if trace is None:  # _run's untraced path, one coroutine fewer
-                    out = await enqueue(worker, arrays, rid, deadline).future
-                else:
-                    out = await self._run(worker, arrays, rid, deadline, trace=trace)
-            except Exception as e:
-                entry.coalescer.fail(key, lead, e)
-                raise
-            except BaseException:  # cancelled: this client went away, followers compute
-                entry.coalescer.fail(key, lead, None)
-                raise
-            entry.coalescer.resolve(key, lead, out)
+            out = await self._coalesced(entry, worker, arrays, rid, deadline, key, trace)
         else:
             out = await self._run(worker, arrays, rid, deadline, trace=trace)
-        if entry.cache is not None:
-            entry.cache.put(key, out)
+        if cache is not None:
+            cache.put(key, out)
+        return out
+
+    async def _coalesced(self, entry: ModelEntry, worker: VersionWorker,
+                         arrays: list[np.ndarray], rid: str, deadline: float, key: Key,
+                         trace: RequestTrace | None) -> Outputs:
+        """Compute `key` as its leader, or await the identical request in flight (and compute
+        it after all should that one's client go away)."""
+        lead, fut = entry.coalescer.claim(key)
+        if fut is not None:
+            self.ctx.metrics.coalesced.labels(entry.name, worker.version_label).inc()
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut),
+                                              max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise HttpError(504, "deadline passed waiting for an identical in-flight "
+                                      "request") from None
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not fut.cancelled() or (task is not None and task.cancelling()):
+                    raise
+                # the leader's client went away; compute this one ourselves
+            lead = entry.coalescer.lead(key)
+        assert lead is not None
+        try:
+            if trace is None:  # _run's untraced path, one coroutine fewer
+                out = await enqueue(worker, arrays, rid, deadline).future
+            else:
+                out = await self._run(worker, arrays, rid, deadline, trace=trace)
+        except Exception as e:
+            entry.coalescer.fail(key, lead, e)
+            raise
+        except BaseException:  # cancelled: this client went away, followers compute
+            entry.coalescer.fail(key, lead, None)
+            raise
+        entry.coalescer.resolve(key, lead, out)
         return out
 
     async def _shadow(self, entry: ModelEntry, worker: VersionWorker, arrays: list[np.ndarray],

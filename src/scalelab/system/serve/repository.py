@@ -38,15 +38,15 @@ from scalelab.system.serve.canary import ROUTING_FILE, Routing, choose, read_rou
 from scalelab.system.serve.features import load_preprocess
 from scalelab.system.serve.metrics import Metrics
 from scalelab.system.serve.request_sample import RequestSampler
-from scalelab.system.serve.text import TextEncoder
-from scalelab.system.serve.worker import (
+from scalelab.system.serve.runtimes import (
     TRACE_SAFE,
     Outputs,
-    VersionWorker,
     check_outputs,
     to_onnx_runtime,
     to_torchscript,
 )
+from scalelab.system.serve.text import TextEncoder
+from scalelab.system.serve.worker import VersionWorker
 
 log = logging.getLogger("scalelab.system.serve")
 
@@ -241,7 +241,10 @@ class ModelRepository:
         s = entry.versions.get(cur) if cur is not None else None
         if s is not None and s.state == "READY":
             return s
-        newest = max((v for v, vs in entry.versions.items() if vs.state == "READY"), default=None)
+        newest = None  # a loop, not max() over a generator: this runs for every request
+        for v, vs in entry.versions.items():
+            if vs.state == "READY" and (newest is None or v > newest):
+                newest = v
         if newest is None:
             raise HttpError(503, f"model '{entry.name}' has no ready version"
                                   + (f": {entry.reason}" if entry.reason else ""))

@@ -21,7 +21,7 @@ from scalelab.lab.core.errors import BadUsageError
 from scalelab.layers.web.runner import UvicornConfig, run
 from scalelab.system.serve import logs
 from scalelab.system.serve.app import create_app
-from scalelab.system.serve.config import ServerSettings
+from scalelab.system.serve.settings import ServerSettings
 
 SETTINGS_ENV = "SCALELAB_SERVE_SETTINGS"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"

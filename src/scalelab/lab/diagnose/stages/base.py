@@ -9,6 +9,7 @@ repository) are `Artifact`s, built once on first request.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from scalelab.lab.core.limits import Evidence
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import SheetRow
 from scalelab.lab.core.verdict import StageGoal
+from scalelab.lab.diagnose.budget import Plan, Work, plan_parts
 from scalelab.lab.diagnose.schema import Prices
 from scalelab.lab.diagnose.steps import Step, StepResult
 
@@ -62,6 +64,9 @@ class Artifact:
     build: Callable[[Context], Path | None]
     """Runs the steps through the context; None when a step failed."""
     needs: tuple[Artifact, ...] = ()
+    minimum_s: float = 0.0
+    """Its steps' seconds on a quiet 2-core machine: added to the minimum of the first
+    enabled stage that needs it, whose time builds it (`Runner.plan_budget`)."""
 
 
 @dataclass(kw_only=True)
@@ -94,10 +99,23 @@ class Context:
     notes: list[str] = field(default_factory=list)
     """What a stage left out for lack of time and why (run.json's `notes`), e.g. the replica
     sweep its share could not pay for."""
+    share_s: float | None = None
+    """The running stage's share as it started (`Runner._reshare`), fixed stages too; None:
+    no budget."""
+    deadline: float | None = None
+    """When the running stage's share ends (`time.monotonic`); None: no budget. A step still
+    running then is stopped and its level marked not measured (`Runner._run`)."""
+    pace: float = 1.0
+    """How much slower than the quiet estimates the machine delivered so far (budget.pace):
+    what a fixed stage multiplies its estimates by to cut its work to its share."""
     _built: dict[str, Path | None] = field(default_factory=dict)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+    def left_s(self) -> float | None:
+        """Seconds left of the running stage's share; None: no budget."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
     def records(self, name: str) -> Path:
         """A fresh file for one step's records."""
@@ -152,6 +170,12 @@ class Stage(ABC, Generic[S]):
         runs, one chunk a level): what --budget gives it before sharing out the rest."""
         return MINIMUM_S.get(self.name, DEFAULT_MINIMUM_S)
 
+    def least_s(self, s: S, repeats: int) -> float:
+        """Seconds the least of its work its decision needs takes on a 2-core machine (a
+        fixed stage with its curve points and candidates cut, `budget.plan_parts`): a budget
+        under its minimum cuts it toward this. Default: its minimum (nothing to cut)."""
+        return self.minimum_s(s, repeats)
+
     def needs(self, s: S) -> tuple[Artifact, ...]:
         """Shared inputs the stage reads (built before it runs, counted for progress)."""
         return ()
@@ -177,3 +201,39 @@ class Stage(ABC, Generic[S]):
         engine's batch slots, more workers than `cores`), each citing its numbers; they lead
         the stage's limiting lines (diagnose.evidence). Default: none beyond the verdict's."""
         return []
+
+
+class FixedStage(Stage[S]):
+    """A stage whose levels are not sized: its default work is parts (levels, policies,
+    variants) with quiet costs (`work`), and it runs what its share pays for at the pace the
+    machine delivered so far (`plan`): the parts its decision needs always, the curve points
+    and candidates while they fit, each cut said in the report's Time section."""
+
+    @abstractmethod
+    def work(self, s: S, repeats: int) -> Work:
+        """Its default work's parts, in the order they run, each with its quiet cost."""
+
+    def minimum_s(self, s: S, repeats: int) -> float:
+        return self.work(s, repeats).whole_s
+
+    def least_s(self, s: S, repeats: int) -> float:
+        return self.work(s, repeats).least_s
+
+    def plan(self, s: S, ctx: Context) -> Plan:
+        """What it runs of its work in its share (`budget.plan_parts`); the cut is noted."""
+        plan = plan_parts(self.work(s, ctx.repeats), share_s=ctx.share_s, slow=ctx.pace)
+        note = plan.note(self.name)
+        if note is not None:
+            ctx.note(note)
+        return plan
+
+    def hopeless(self, ctx: Context, estimate_s: float) -> bool:
+        """Whether its share cannot pay for even what its decision needs (`estimate_s` quiet
+        seconds at the pace so far): then it starts nothing, which its deadline would stop
+        unfinished, and leaves the time to the stages after it; noted."""
+        if ctx.share_s is None or estimate_s * ctx.pace <= ctx.share_s:
+            return False
+        ctx.note(f"{self.name}: not measured: its {ctx.share_s:.3g} s share at this run's pace "
+                 f"({ctx.pace:.3g}× the quiet estimates) pays for less than its decision needs "
+                 f"(~{estimate_s * ctx.pace:.3g} s); a larger --budget measures it")
+        return True

@@ -76,6 +76,7 @@ from scalelab.lab.diagnose.stages.serve_curve import (
     searches,
     step_seconds,
 )
+from scalelab.lab.diagnose.stages.serve_search import SEARCH_CONFIRM_S
 from scalelab.lab.diagnose.steps import Step, StepResult, Tagger, restage
 from scalelab.lab.load.capacity import step_requests
 from scalelab.lab.load.llm import result as llm_result
@@ -177,8 +178,10 @@ LEVEL_S = 4.0
 """A first step's seconds per concurrency level: its 1 s warm-up and `requests` requests."""
 FIRST_STEP_S = 12.0
 """A user endpoint's first step over the default levels."""
-CAPACITY_SEARCH_S = 25.0
-"""A user endpoint's `load llm capacity` search (its bounded steps)."""
+CAPACITY_SEARCH_S = 25.0 + SEARCH_CONFIRM_S
+"""A user endpoint's `load llm capacity` search (its bounded steps) and the confirmation run of
+its answer (`serve_search.SEARCH_CONFIRM_S`, shorter than the command's 30 s under diagnose's
+budget: the outcome says so)."""
 CHUNK_OVERHEAD_S = 2.5
 """A later chunk's fixed cost beside its window: its process start and CHUNK_WARMUP_S."""
 CHUNK_WARMUP_S = 0.5
@@ -186,6 +189,14 @@ CHUNK_WARMUP_S = 0.5
 costs), so only the closed loop's streams need to reach their steady state."""
 MIN_CHUNK_S = 1.0
 """The shortest later chunk worth its start-up (a level stops when under half is left)."""
+FIRST_CHUNK_S = 3.0
+"""A later chunk's shortest window at a sized llm level (the first counts `requests`, one
+round of the streams at least, and shows the engine's rate there, which sizes the next chunk
+to the samples still needed)."""
+TARGET_CHUNK_S = CHUNK_OVERHEAD_S + 0.5 + FIRST_CHUNK_S + 2.0
+"""The target's first chunk's estimated seconds: its start, a 1 s warm-up (0.5 s more than a
+later chunk's), its requests (~3 s: 10 streams of SmolLM2 on 2 quiet cores) and the quality
+probe's prompts answered one at a time (~2 s)."""
 FULL_LEVEL_CAP_S = 60.0
 """With --full (no budget), the most one llm level runs while still undecided."""
 MAX_STEP_S = 20.0
@@ -201,9 +212,19 @@ def concurrencies(s: LlmSettings, series: str | None) -> list[int]:
     return sorted({max(1, round(s.base_concurrency * m)) for m in levels})
 
 
+def curve_step_s(levels: int) -> float:
+    """The curve step's estimated seconds: STEP_START_S and LEVEL_S a level (none: 0)."""
+    return STEP_START_S + LEVEL_S * levels if levels else 0.0
+
+
 def first_step_s(s: LlmSettings, series: str) -> float:
-    """A series' first step's estimated seconds (STEP_START_S + LEVEL_S a level)."""
-    return STEP_START_S + LEVEL_S * len(concurrencies(s, series))
+    """A series' fixed work's estimated seconds: the baseline's target's first chunk
+    (TARGET_CHUNK_S) and its curve step over the other levels; a candidate's one step over
+    its levels (STEP_START_S + LEVEL_S a level)."""
+    n = len(concurrencies(s, series))
+    if series == s.baseline and not s.url:
+        return TARGET_CHUNK_S + curve_step_s(n - 1)
+    return STEP_START_S + LEVEL_S * n
 
 
 def resolve_model(spec: str) -> str:
@@ -318,7 +339,7 @@ def _user_endpoint(r: Record, *, note: str | None) -> Record:
 
 def engine_available() -> bool:
     """Whether this build has the reference engine's server (`scalelab generate serve`)."""
-    return importlib.util.find_spec("scalelab.system.generate.api") is not None
+    return importlib.util.find_spec("scalelab.system.generate.app") is not None
 
 
 def _window(r: Record, asked_s: float) -> float:
@@ -358,6 +379,7 @@ class LlmStage(Stage[LlmSettings]):
                                max_rate=round(start * 64, 3), min_step="1s",
                                max_step=f"{min(step_seconds(need, start, 2.0), MAX_STEP_S):g}s",
                                max_steps=s.capacity_max_steps, warmup="0.5s",
+                               confirm=f"{SEARCH_CONFIRM_S:g}s",
                                prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
                                shared_prefix=s.shared_prefix or None, api=s.api, records=rec,
                                **s.access())
@@ -435,24 +457,95 @@ class LlmStage(Stage[LlmSettings]):
     def _series(self, s: LlmSettings, ctx: Context, clock: LevelClock, spawned: Spawned,
                 series: str, price: float | None, *, later: list[str],
                 started: set[str], weights: WeightsQuality) -> None:
-        """One series' repeats on its running server, each first step sized."""
+        """One series' repeats on its running server: the baseline's target decided first
+        (`_target_first`); a candidate series (advice, not a decision) one step over its
+        levels when the stage's share has its estimate left, else cut with a note."""
         for rep in range(ctx.repeats):
             rec = ctx.records(f"llm-{series}-{rep}")
             # The request's model field: the server's own name (from /v1/models).
             load = self._load(s, spawned.url, rec, spawned.url + "/metrics", None, price,
                               pid=spawned.proc.pid, series=series)
             tag = weights.tagger(self.name, rep)
-            first = ctx.run(Step(stage=self.name, label=f"llm {series} #{rep + 1}",
-                                 command=load, records=rec, series=series, tag=tag,
-                                 timeout_s=900, keep=False))
-            # what the later steps of this stage need: the rest of this series' repeats,
-            # each later series' repeats, and the servers not started yet
-            steps = (ctx.repeats - rep - 1) * first_step_s(s, series) + \
-                ctx.repeats * sum(first_step_s(s, x) for x in later)
-            clock.reserve_s = steps + server_starts([x for x in later if x not in started]) * \
-                SERVER_START_S
-            self._sized(s, ctx, first, load, clock, label=f"llm {series} #{rep + 1}",
-                        series=series, tag=tag)
+            label = f"llm {series} #{rep + 1}"
+            if series == s.baseline:
+                clock.reserve_s = (ctx.repeats - rep - 1) * first_step_s(s, series)
+                self._target_first(s, ctx, clock, load, label=label, series=series, tag=tag,
+                                   rep=rep)
+                continue
+            if ctx.shares.get(self.name) is not None and \
+                    clock.left_s() < first_step_s(s, series):
+                ctx.note(f"llm: {series} (a candidate series: advice, not a decision) not "
+                         f"measured: the stage's share had {clock.left_s():.0f} s left of the "
+                         f"{first_step_s(s, series):.0f} s it takes, after the "
+                         f"{s.baseline} target's samples; a larger --budget runs it")
+                return
+            first = ctx.run(Step(stage=self.name, label=label, command=load, records=rec,
+                                 series=series, tag=tag, timeout_s=900, keep=False))
+            self._sized(s, ctx, first, load, clock, label=label, series=series, tag=tag)
+
+    def _target_first(self, s: LlmSettings, ctx: Context, clock: LevelClock,
+                      load: LoadLlmRun, *, label: str, series: str, tag: Tagger,
+                      rep: int) -> None:
+        """The baseline's target concurrency decided first on the running engine: its first
+        chunk (the engine's warm-up and the quality probe with it) shows the rate, the next
+        is sized to the samples its undecided checks still need at that rate
+        (`sizing.size_level`), paid from the stage's share less the curve step after it;
+        when missed, the first miss is bisected over the levels under it, each sized the same
+        way (`sizing.decide_target`). The levels not measured to a decision then run in one brief
+        step of `requests` each, without the quality probe (its prompts answered one at a
+        time again; the target's record has the agreement under load): curve points."""
+        objectives = sized_by(s.built_objectives())
+        levels = [float(c) for c in load.concurrency]
+        decided: dict[float, Record] = {}
+        curve_s = curve_step_s(len(levels) - 1)
+        clock.reserve_s += curve_s
+
+        def outcome(level: float, probes_left: int) -> Outcome:
+            conc = int(level)
+            fresh = not decided  # the first level measured on this engine warms it up
+
+            def chunk(seconds: float, index: int) -> Record | None:
+                crec = ctx.records(f"llm-{series}-{rep}-{conc}-{index}")
+                first = index == 0
+                # The first chunk counts requests, one round of the streams at least: a
+                # window shorter than one request (SmolLM2 at 10 streams on a busy host)
+                # ends with none finished, and the rate that sizes the next is read from it.
+                cmd = replace(load, concurrency=[conc], records=crec,
+                              requests=max(s.requests, conc) if first else None,
+                              duration=None if first else f"{seconds:.3g}s",
+                              warmup="1s" if first and fresh else f"{CHUNK_WARMUP_S:g}s",
+                              quality_probe=load.quality_probe if first else None)
+                res = ctx.run(Step(stage=self.name,
+                                   label=f"{label} {conc} streams" + (f" +{index}" if index
+                                                                      else ""),
+                                   command=cmd, records=crec, series=series, tag=tag,
+                                   keep=False, timeout_s=600))
+                return res.records[0] if res.records else None
+
+            share = clock.left_s() / max(1, ctx.repeats - rep) / max(1, probes_left)
+            got = size_level(chunk, objectives, first_s=FIRST_CHUNK_S, share_s=share,
+                             merge=llm_result.merge_records, window=_window,
+                             overhead_s=CHUNK_OVERHEAD_S)
+            if got is None:
+                return "undecided"
+            decided[level] = got
+            return level_outcome(got, objectives)
+
+        decide_target(levels, float(min(levels)) * s.target_multiple, outcome)
+        clock.reserve_s = max(0.0, clock.reserve_s - curve_s)
+        rest = [int(x) for x in levels if x not in decided]
+        curve: list[Record] = []
+        if rest:
+            crec = ctx.records(f"llm-{series}-{rep}-curve")
+            res = ctx.run(Step(stage=self.name, label=f"{label} curve {rest}",
+                               command=replace(load, concurrency=rest, records=crec,
+                                               warmup=f"{CHUNK_WARMUP_S:g}s",
+                                               quality_probe=None),
+                               records=crec, series=series, tag=tag, keep=False,
+                               timeout_s=900))
+            curve = [curve_point(r) for r in res.records]
+        merged = sorted([*decided.values(), *curve], key=lambda r: r.level)
+        ctx.keep(merged)
 
     def _searching(self, s: LlmSettings) -> bool:
         return bool(s.url) and s.capacity and bool(latency_objectives(s.built_objectives()))
@@ -460,9 +553,11 @@ class LlmStage(Stage[LlmSettings]):
     def minimum_s(self, s: LlmSettings, repeats: int) -> float:
         if s.url:
             return FIRST_STEP_S + (CAPACITY_SEARCH_S if self._searching(s) else 0.0)
+        # the baseline's fixed work: its target's first chunk and the curve step; candidate
+        # series run from what is left (advice, not a decision), so they are not in it
         quantized = any(served_weights(s.engine_settings[x]) != "fp32" for x in s.series)
         return server_starts(s.series) * SERVER_START_S + \
-            repeats * sum(first_step_s(s, x) for x in s.series) + \
+            repeats * first_step_s(s, s.baseline) + \
             (QUALITY_S if s.weights_quality and quantized else 0.0)
 
     def _clock(self, s: LlmSettings, ctx: Context, repeats: int) -> LevelClock:

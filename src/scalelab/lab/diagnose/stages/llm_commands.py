@@ -59,6 +59,8 @@ class LoadLlmCapacity(_LlmTarget):
     min_step: str
     max_step: str
     max_steps: int
+    confirm: str | None = None
+    """Length of the confirmation run of the answer (`load llm capacity --confirm`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ policy sits on it.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,30 @@ from pydantic import Field
 
 from scalelab.lab.core.sheet import SheetRow
 from scalelab.lab.core.verdict import Advice, AdviceInput, StageGoal, num_text
+from scalelab.lab.diagnose.budget import Part, Work
 from scalelab.lab.diagnose.commands import Command
 from scalelab.lab.diagnose.schema import StageSettings
-from scalelab.lab.diagnose.stages.base import MINIMUM_S, Context, Stage
+from scalelab.lab.diagnose.sizing import target_level
+from scalelab.lab.diagnose.stages.base import Context, FixedStage
 from scalelab.lab.diagnose.steps import Step, restage
 
 BASELINE = "fixed"
+START_S = 4.0
+"""Quiet 2-core seconds of a bench's start: imports, the schema inferred, the replay built and
+ingested into the event log. The costs here split the stage's quiet 16 s (fresh-clone demos
+of 2026-12-03: 15–19 s at load 0.5–2) by the CPU seconds of a whole bench measured at load
+10–11 (2026-12-07: 31.5 CPU-s; policies' walls never 10.8 s, monthly 6.1, weekly 7.6, daily
+34.6, drift 8.7): under load a CPU second buys about half the work it does on a quiet
+machine."""
+SCORE_S_PER_DAY = 0.011
+"""Quiet seconds a replayed day's windows take to score (predict, then learn the labels)."""
+UPDATE_S = 0.061
+"""Quiet seconds of one update attempt (a fine-tune on the lookback windows, the gate)."""
+DRIFT_UPDATES_PER_30D = 5.9
+"""Update attempts per 30 days the drift policy made on the default replay (records of
+2026-12-07)."""
+YEAR_START = dt.datetime(2013, 1, 1)
+YEAR_END = dt.datetime(2014, 1, 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,27 +137,90 @@ def advise(inp: AdviceInput, *, min_gain: float = 0.005) -> Advice:
     return Advice(intervention="; ".join(parts), predicted="; ".join(pred))
 
 
-class OnlineStage(Stage[OnlineSettings]):
+def per_30_days(policy: str) -> float | None:
+    """A fixed period's nominal updates per 30 days (pure): monthly 1, weekly 30/7, daily 30,
+    every-K 30/K; None for never and drift (series of their own)."""
+    nominal = {"monthly": 1.0, "weekly": 30.0 / 7.0, "daily": 30.0}
+    if policy in nominal:
+        return nominal[policy]
+    if policy.startswith("every-") and policy[6:].isdigit() and int(policy[6:]) > 0:
+        return 30.0 / int(policy[6:])
+    return None
+
+
+def needed_policies(policies: list[str], target: float) -> list[str]:
+    """The policies the decision needs (pure): the fixed series' lowest frequency (its
+    multiples are read against it) and the one at the target multiple (or the highest under
+    it); the other fixed periods are curve points, never and drift candidate series."""
+    fixed = sorted((f, p) for p in policies if (f := per_30_days(p)) is not None)
+    if not fixed:
+        return policies[:1]
+    base = fixed[0][0]
+    top = target_level([f / base for f, _ in fixed], target)
+    return list(dict.fromkeys([fixed[0][1], next(p for f, p in fixed
+                                                  if abs(f / base - top) < 1e-9)]))
+
+
+def replay_days(s: OnlineSettings) -> float:
+    """Days the replay scores after its bootstrap (pure): from 2013's first flight to `end`
+    (the year's end when null), less the bootstrap days."""
+    end = dt.datetime.fromisoformat(s.end) if s.end else YEAR_END
+    return max(0.0, (end - YEAR_START).total_seconds() / 86400.0 - s.bootstrap_days)
+
+
+def policy_s(policy: str, days: float) -> float:
+    """Quiet 2-core seconds of one policy's prequential replay over `days` (pure): scoring
+    every window, and an update (a fine-tune, the gate) per period; drift's updates are what
+    its detector triggers, `DRIFT_UPDATES_PER_30D` on the 2013 replay."""
+    f = per_30_days(policy)
+    if policy == "never":
+        f = 0.0
+    elif f is None:
+        f = DRIFT_UPDATES_PER_30D
+    return SCORE_S_PER_DAY * days + UPDATE_S * f * days / 30.0
+
+
+class OnlineStage(FixedStage[OnlineSettings]):
     name = "online"
     settings = OnlineSettings
 
     def count(self, s: OnlineSettings, repeats: int) -> int:
         return repeats
 
-    def minimum_s(self, s: OnlineSettings, repeats: int) -> float:
-        """Its fixed work per repeat (one step each) times the repeats."""
-        return MINIMUM_S[self.name] * repeats
+    def work(self, s: OnlineSettings, repeats: int) -> Work:
+        """One step a repeat: its start and ingestion, then each policy's replay."""
+        needed = needed_policies(s.policies, s.target_multiple)
+        days = replay_days(s)
+        order = [*needed, *(p for p in s.policies if p not in needed)]
+        return Work(fixed_s=START_S * repeats, parts=tuple(
+            Part(name=f"policy {p}", cost_s=policy_s(p, days) * repeats, needed=p in needed,
+                 role="curve point" if per_30_days(p) is not None else "candidate series")
+            for p in order))
 
     def run(self, s: OnlineSettings, ctx: Context) -> None:
+        plan = self.plan(s, ctx)
+        if self.hopeless(ctx, plan.cost_s / ctx.repeats):
+            return
+        names = {p.name for p in plan.kept}
+        policies = [p for p in s.policies if f"policy {p}" in names]
+        per_repeat = plan.cost_s / ctx.repeats
+        repeats = ctx.repeats
+        if plan.share_s is not None:
+            repeats = max(1, min(repeats, int(plan.share_s / plan.slow / per_repeat)))
+        if repeats < ctx.repeats:
+            ctx.note(f"online: {repeats} repeat(s) of {ctx.repeats}: its {plan.share_s:.3g} s "
+                     f"share at this run's pace ({plan.slow:.3g}× the quiet estimates) pays "
+                     f"for {repeats} of ~{per_repeat * plan.slow:.3g} s each")
         work = ctx.work / "online"
-        for rep in range(ctx.repeats):
+        for rep in range(repeats):
             rec = ctx.records(f"online-{rep}")
-            cmd = OnlineBench(out=work / str(rep), policies=s.policies, end=s.end,
+            cmd = OnlineBench(out=work / str(rep), policies=policies, end=s.end,
                               bootstrap_days=s.bootstrap_days,
                               price_per_core_hour=ctx.prices.core_hour_usd, records=rec)
             ctx.run(Step(stage=self.name, label=f"online bench #{rep + 1}", command=cmd,
                          records=rec, tag=functools.partial(restage, stage=self.name,
-                                                            repeat=rep), timeout_s=3600))
+                                                            repeat=rep), timeout_s=3600,
+                         estimate_s=per_repeat))
 
     def goals(self, s: OnlineSettings) -> list[StageGoal]:
         return [StageGoal(stage=self.name, objectives=s.built_objectives(),

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
+from scalelab.lab.core.decide import quantile_requests_needed
 from scalelab.lab.core.objectives import Objective, latency_objectives, metric_value
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import SheetRow
-from scalelab.lab.core.verdict import Advice, AdviceInput, StageGoal, num_text
+from scalelab.lab.core.verdict import SAMPLES_RATE_KEY, Advice, AdviceInput, StageGoal, num_text
 from scalelab.lab.diagnose.budget import SIZING_KEY
 from scalelab.lab.diagnose.commands import Command
 from scalelab.lab.diagnose.schema import Levels, StageSettings
@@ -193,18 +193,48 @@ def tag_record(r: Record, *, stage: str, repeat: int, objectives: list[Objective
                curve: bool = False) -> Record:
     """A bench record under the diagnosis's stage and repeat (a curve point when `curve`),
     each latency objective in its sizing's undecided lines named as the config names it (the
-    bench knows only the limit: 'p99_ms ≤ 20' becomes 'p99 ≤ 20 ms at the arrival rate')."""
+    bench knows only the limit: 'p99_ms ≤ 20' becomes 'p99 ≤ 20 ms at the arrival rate'), and
+    the paced run's query rate where a Need reads it (`SAMPLES_RATE_KEY`): its latencies over
+    its seconds when it was sized, else the arrival rate it was paced at; not the record's
+    rate (one-at-a-time QPS) nor its wall_s (the index build)."""
     r = restage(r, stage=stage, repeat=repeat)
     if curve:
         r = curve_point(r)
     z = r.extras.get(SIZING_KEY)
+    pace = r.extras.get("arrival_rate_qps")
+    per_s = float(pace) if isinstance(pace, int | float) and pace > 0 else None
+    if isinstance(z, dict) and isinstance(z.get("samples"), int) and \
+            isinstance(z.get("spent_s"), int | float) and z["spent_s"] > 0:
+        per_s = z["samples"] / z["spent_s"]
+        z = {**z, "samples_per_s": round(per_s, 3)}
+    extras = {**r.extras, **({SAMPLES_RATE_KEY: round(per_s, 3)} if per_s else {})}
     names = {Objective(metric=o.metric, max=o.max).label + ":": o.label + ":"
              for o in latency_objectives(objectives)}
-    if not isinstance(z, dict) or not names:
-        return r
-    lines = [next((names[k] + u[len(k):] for k in names if u.startswith(k)), u)
-             for u in z.get("undecided", [])]
-    return r.model_copy(update={"extras": {**r.extras, SIZING_KEY: {**z, "undecided": lines}}})
+    if isinstance(z, dict) and names:
+        lines = [next((names[k] + u[len(k):] for k in names if u.startswith(k)), u)
+                 for u in z.get("undecided", [])]
+        z = {**z, "undecided": lines}
+    if isinstance(z, dict):
+        extras[SIZING_KEY] = z
+    return r.model_copy(update={"extras": extras})
+
+
+RUN_SLACK_S = 0.3
+"""A fixed-rate run's seconds beyond its schedule (the chunk's start, the last query's search,
+the decision between chunks): without it a run paid exactly its schedule stopped at 297 of
+its 299 latencies (the demo of 2026-12-07 17:35 UTC, load 12-15)."""
+
+
+def decision_s(s: RetrievalSettings) -> float:
+    """Seconds the target level's fixed-rate runs need beyond their first passes to reach
+    the samples their latency objectives need (pure): a p99 needs 299 latencies, the
+    questions give one pass, the rest is sent at the arrival rate, one run per index."""
+    lat = latency_objectives(s.built_objectives())
+    need = max((quantile_requests_needed(o.quantile) for o in lat if o.quantile), default=0)
+    if need <= s.questions:
+        return 0.0
+    runs = 1 + s.flat + len(s.indexes)
+    return runs * ((need - s.questions) / s.arrival_rate + RUN_SLACK_S)
 
 
 class RetrievalStage(Stage[RetrievalSettings]):
@@ -216,26 +246,29 @@ class RetrievalStage(Stage[RetrievalSettings]):
         return repeats * (1 + (len(s.levels) > 1))
 
     def minimum_s(self, s: RetrievalSettings, repeats: int) -> float:
-        """Its fixed work per repeat (one step each) times the repeats."""
-        return MINIMUM_S[self.name] * repeats
+        """Its fixed work per repeat (one step each) and the samples its target's latency
+        objectives need (`decision_s`), times the repeats."""
+        return (MINIMUM_S[self.name] + decision_s(s)) * repeats
 
     def latency_budget(self, s: RetrievalSettings, ctx: Context) -> float | None:
-        """Seconds one bench process's fixed-rate runs may add beyond their first passes
-        (retrieval.open_loop: each grows until its latency objectives are decided): the
-        stage's share beyond its minimum over the repeats; --full without a budget,
-        FULL_RUN_CAP_S a run; None: not sized (no budget, or no latency objective)."""
+        """Seconds one bench process's fixed-rate runs at the target may add beyond their
+        first passes (retrieval.open_loop: each grows until its latency objectives are
+        decided): what deciding them needs (`decision_s`) and the stage's share beyond its
+        minimum over the repeats; --full without a budget, FULL_RUN_CAP_S a run; None: not
+        sized (no budget, or no latency objective)."""
         if not latency_objectives(s.built_objectives()):
             return None
         share = ctx.shares.get(self.name)
         if share is None:
-            return (FULL_RUN_CAP_S * len(s.levels) * (1 + s.flat + len(s.indexes)) if ctx.full
-                    else None)
-        return max(0.0, share - self.minimum_s(s, ctx.repeats)) / ctx.repeats
+            return (FULL_RUN_CAP_S * (1 + s.flat + len(s.indexes)) if ctx.full else None)
+        spare = max(0.0, share - self.minimum_s(s, ctx.repeats)) / ctx.repeats
+        return decision_s(s) + spare
 
     def run(self, s: RetrievalSettings, ctx: Context) -> None:
         """Per repeat, the target level decided first in a bench of its own, its fixed-rate
-        runs sized by the stage's share (`latency_budget`); the other levels, one pass each,
-        in one bench before it: curve points (`Record.purpose`)."""
+        runs sized to their latency objectives' samples (`latency_budget`); then the other
+        levels, one pass each, in one bench: curve points (`Record.purpose`), cut to the
+        lowest level when the stage's share was under its minimum."""
         work = ctx.work / "retrieval"
         target = target_level(s.levels, s.target_multiple)
         others = [x for x in s.levels if x != target]
@@ -244,22 +277,14 @@ class RetrievalStage(Stage[RetrievalSettings]):
                      "its minimum at this run's pace: cut to the target and the lowest level "
                      "(what its multiple is read against); a larger --budget runs the rest")
             others = [min(s.levels)] if min(s.levels) != target else []
-        start = time.monotonic()
         for rep in range(ctx.repeats):
-            if others:
-                self._bench(s, ctx, work, rep, others, curve=True, slo=None, budget=None)
             budget = self.latency_budget(s, ctx)
-            if budget is not None and ctx.shares.get(self.name) is not None:
-                # what the share has left once this bench's own fixed work is paid: the
-                # curve bench measured the rest of the stage's per-level cost
-                spent = time.monotonic() - start
-                fixed = spent / max(1.0, sum(others)) * target if others else 0.0
-                left = ctx.shares[self.name] * (rep + 1) / ctx.repeats - spent - fixed
-                budget = max(0.0, left)
             self._bench(s, ctx, work, rep, [target], curve=False,
                         slo=[o.to_slo() for o in latency_objectives(s.built_objectives())]
                         if budget is not None else None,
                         budget=budget)
+            if others:
+                self._bench(s, ctx, work, rep, others, curve=True, slo=None, budget=None)
 
     def _bench(self, s: RetrievalSettings, ctx: Context, work: Path, rep: int,
                levels: list[float], *, curve: bool, slo: list[str] | None,

@@ -61,7 +61,7 @@ from scalelab.lab.diagnose.stages.serve_config import (
     serve_cmd,
 )
 from scalelab.lab.diagnose.stages.serve_curve import CAPACITY, grid_bounds
-from scalelab.lab.diagnose.stages.serve_meter import WARMUP_S, metered
+from scalelab.lab.diagnose.stages.serve_meter import WARMUP_S, metered, tree_usage
 from scalelab.lab.diagnose.stages.serve_search import run_search, search_path
 from scalelab.lab.diagnose.stages.serve_servers import Planned, start_all, stop_all
 from scalelab.lab.diagnose.stages.serve_sweep import Shape, run_sweep, sweep_servers, sweep_shapes
@@ -129,18 +129,51 @@ ASSUMPTION = ("latency and failures do not fall as load rises: a rate that meets
               "at a higher arrival rate meets them at the target's")
 
 
+SEARCH_BUSY_KEY = "search_server_busy_cores"
+"""Record extra: the server tree's CPU seconds over the capacity search's wall time."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchUsage:
+    """The server's process tree read around its capacity search (`load capacity` does not
+    meter the server): its mean busy cores over the search's wall time, its start-up and
+    lower-rate steps included, so a lower bound on the cores busy at the rate that decided."""
+
+    busy_cores: float
+
+
+def searched_usage(pid: int, search: Callable[[], None]) -> SearchUsage | None:
+    """Run `search`, reading the server tree's CPU seconds before and after it; None when
+    the server could not be read."""
+    cpu0, _ = tree_usage(pid)
+    t0 = time.monotonic()
+    search()
+    took = time.monotonic() - t0
+    cpu1, rss = tree_usage(pid)
+    if took <= 0 or not rss or cpu1 < cpu0:
+        return None
+    return SearchUsage(busy_cores=(cpu1 - cpu0) / took)
+
+
 def searched_decision(ctx: Context, series: str, objectives: list[Objective], target_rps: float,
-                      first: FirstChunks, *, rep: int) -> Record | None:
+                      first: FirstChunks, *, rep: int,
+                      usage: SearchUsage | None = None) -> Record | None:
     """The baseline's target decided by its capacity search: the search's lowest step at or
     above the target's rate that met every objective (`sizing.search_decides`), as a decision
-    record of the baseline series at the rate it measured, saying so and what it assumes;
-    None when no step decides it."""
+    record of the baseline series at the rate it measured, saying so and what it assumes,
+    with the server's busy cores read around the search (`usage`: the limit the verdict
+    infers from the row); None when no step decides it."""
     path = search_path(ctx, series)
     step = search_decides(read_records(path) if path.is_file() else [], objectives, target_rps)
     if step is None:
         return None
     like = next(iter(first.records.values()), None)
     r = restage(step, stage="serve", repeat=rep)
+    if usage is not None:
+        r = r.model_copy(update={
+            "resources": r.resources.model_copy(update={
+                "cpu_busy_cores": usage.busy_cores}),
+            "extras": {**r.extras, SEARCH_BUSY_KEY: round(usage.busy_cores, 3)}})
     return r.model_copy(update={
         "experiment": like.experiment if like is not None else r.experiment,
         "purpose": "decision", "series": series,
@@ -278,13 +311,15 @@ class ServeStage(Stage[ServeSettings]):
                                    data=data, traced=traced)
                 for rep in range(ctx.repeats)]
         searched_s: list[float] = []
+        usage: dict[str, SearchUsage | None] = {}
         for setting in [x for x in s.batching if x in searched and x in urls]:
             bounds = grid_bounds(build_sheet(list(firsts[setting][0].records.values())),
                                  s.built_objectives(), s.base_rate)
             t0 = time.monotonic()
-            run_search(s, ctx, stage=self.name, series=SERIES[setting],
-                       url=f"{urls[setting].url}/v2/models/{MODEL}/infer", repo=repo,
-                       data=data, start=bounds.start, fails_at=bounds.fails_at)
+            usage[setting] = searched_usage(urls[setting].proc.pid, functools.partial(
+                run_search, s, ctx, stage=self.name, series=SERIES[setting],
+                url=f"{urls[setting].url}/v2/models/{MODEL}/infer", repo=repo,
+                data=data, start=bounds.start, fails_at=bounds.fails_at))
             searched_s.append(time.monotonic() - t0)
         clock.reserve_s = self._sweep_s(s, cores, searched_s)
         grid: dict[str, list[Record]] = {}
@@ -293,7 +328,8 @@ class ServeStage(Stage[ServeSettings]):
             for rep, first in enumerate(reps):
                 if name == s.baseline:
                     got = self._decide(s, ctx, clock, urls[name], first, setting=name,
-                                       rep=rep, repo=repo, data=data, traced=traced)
+                                       rep=rep, repo=repo, data=data, traced=traced,
+                                       usage=usage.get(name))
                 else:
                     got = [curve_point(r) for r in first.records.values()]
                 ctx.keep(got)
@@ -319,7 +355,7 @@ class ServeStage(Stage[ServeSettings]):
 
     def _decide(self, s: ServeSettings, ctx: Context, clock: LevelClock, spawned: Spawned,
                 first: FirstChunks, *, setting: str, rep: int, repo: Path, data: Path | None,
-                traced: bool) -> list[Record]:
+                traced: bool, usage: SearchUsage | None = None) -> list[Record]:
         """The baseline server's levels for one repeat: its target decided first, by the
         capacity search's step at or above the target's rate when one met every objective
         (repeat 1 only: the search ran once), else sized until decided; when missed, the
@@ -331,7 +367,8 @@ class ServeStage(Stage[ServeSettings]):
         target = s.base_rate * target_level(s.levels, s.target_multiple)
         top = s.base_rate * max(s.levels)
         if rep == 0:
-            by_search = searched_decision(ctx, series, objectives, target, first, rep=rep)
+            by_search = searched_decision(ctx, series, objectives, target, first, rep=rep,
+                                          usage=usage)
             if by_search is not None:
                 return sorted([by_search, *[curve_point(r) for rate, r in first.records.items()
                                             if not math.isclose(rate, by_search.level)]],

@@ -100,7 +100,8 @@ class SearchOutcome:
     confirmations: int = 0
     """Confirmation runs made."""
     confirming: bool = True
-    """The search confirms its answer (False: `load llm capacity`, whose pass is counted)."""
+    """The search confirms its answer (False: records of a search run without confirmations,
+    e.g. `load llm capacity` before it confirmed, whose pass is counted)."""
     fails_at: float | None
     """Lowest rate decided to fail above it (or the lowest decided fail without a pass)."""
     steps: int
@@ -209,7 +210,8 @@ def search_outcome(setting: str, rows: list[SheetRow]) -> SearchOutcome:
         r.level for r, v in confirms if r not in held]
     searched = max(passed) if passed else None
     # A search that confirms (`load capacity`: its steps say `capacity_confirm`) counts only a
-    # confirmed rate; one that does not (`load llm capacity`) keeps its decided pass.
+    # confirmed rate; one that does not (older `load llm capacity` records) keeps its decided
+    # pass.
     confirming = any("capacity_confirm" in r.extras for r in rows) or bool(confirms)
     cap = (best.level if best is not None else None) if confirming else searched
     fails = min((f for f in failed if cap is None or f > cap), default=None)

@@ -13,9 +13,11 @@ from pathlib import Path
 from pydantic import Field
 
 from scalelab.lab.core.verdict import Advice, AdviceInput, StageGoal, curve_prediction
+from scalelab.lab.diagnose.budget import Part, Plan, Work
 from scalelab.lab.diagnose.commands import DataGenerate, DataRun, Train, TrainBench
 from scalelab.lab.diagnose.schema import StageSettings
-from scalelab.lab.diagnose.stages.base import Artifact, Context, Stage
+from scalelab.lab.diagnose.sizing import target_level
+from scalelab.lab.diagnose.stages.base import Artifact, Context, FixedStage
 from scalelab.lab.diagnose.steps import Step
 
 SERIES = "strong"
@@ -25,6 +27,36 @@ SERVED_BATCH = 512
 for throughput; two epochs at 32,768 would be a handful of steps, an untrained model."""
 FEATURE_ROWS_MIN = 20000
 """The smallest features sample: the test split must keep enough rows per class."""
+FEATURES_S = 3.5
+"""Quiet 2-core seconds of the features' two steps (100,000 flights generated, then the
+pipeline): 3 and 4 s at load 9 (2026-12-07)."""
+SERVED_EPOCHS = 2
+"""Epochs the served model trains (318 steps at batch 512 on the 81,532 training rows)."""
+SERVED_S = 6.5
+"""Quiet 2-core seconds of training the served model on one thread: 10.9 CPU-s at load 11
+(2026-12-07; its 318 steps 6.2 s of it), times 0.6 (see BENCH_START_S)."""
+BENCH_START_S = 1.6
+"""Quiet 2-core seconds of `train bench`'s own start (interpreter, torch imported). The costs
+here are CPU seconds measured at load 11–13 on the shared 2-core VM (2026-12-07), where wall
+time says little: the bench at 1,2,4 workers x 30 steps used 36.2 CPU-s (its levels' process
+trees 7.3, 10.0 and 15.7), at 1 worker x 5 steps 8.3 (its level 5.7), at 1,4 workers x 10
+steps 26.8; times 0.6, what a CPU second under that load buys on a quiet machine (the quiet
+demos' train stage at batch 512, 2026-12-03, took 16–25 s where these CPU seconds give 24),
+with a serial part's seconds its own and the parallel parts' shared by 2 cores."""
+LEVEL_S = 3.2
+"""Quiet seconds of one worker count's fixed work: the rows encoded for its run, torchrun
+and its first worker started (torch imported), the test split evaluated."""
+WORKER_START_S = 0.7
+"""Quiet seconds each further worker adds to a run's start, on 2 cores."""
+STEP_S_32K = 0.04
+"""Quiet seconds of one optimizer step at a global batch of 32,768 on one worker: 25 more
+steps cost 1.6 CPU-s (7.3 against 5.7 above)."""
+CORES_MEASURED = 2
+"""The cores the step time above spreads over (the 2-core machine it was measured on)."""
+STEPS_LEAST = 10
+"""The fewest optimizer steps a worker count runs when its share is short: the rate is the
+steps' samples over their wall time, first step included, so fewer steps weigh the first
+step's allocations more."""
 
 
 class TrainSettings(StageSettings):
@@ -51,19 +83,20 @@ def _features(ctx: Context) -> Path | None:
     rows = max(_settings(ctx).limit_rows, FEATURE_ROWS_MIN)
     r = ctx.run(
         Step(stage="data", label="prepare features",
-             command=DataGenerate(scale=[1], sample=rows, out=gen), timeout_s=300)
+             command=DataGenerate(scale=[1], sample=rows, out=gen), timeout_s=300,
+             estimate_s=FEATURES_S / 2)
     )
     if not r.ok:
         return None
     r = ctx.run(
         Step(stage="data", label="pipeline to features",
              command=DataRun(input=gen / "x1", out=ds, lineage=ctx.work / "lineage.db"),
-             timeout_s=300)
+             timeout_s=300, estimate_s=FEATURES_S / 2)
     )
     return ds if r.ok else None
 
 
-FEATURES = Artifact(name="features", steps=2, build=_features)
+FEATURES = Artifact(name="features", steps=2, build=_features, minimum_s=FEATURES_S)
 """A flights dataset directory (train.parquet, test.parquet) from the data pipeline."""
 
 
@@ -72,13 +105,18 @@ def _served_model(ctx: Context) -> Path | None:
     repo = ctx.work / "repo"
     if repo.exists():
         shutil.rmtree(repo)
-    cmd = Train(nproc=1, limit=t.limit_rows, epochs=2, batch=min(t.batch, SERVED_BATCH),
-                data=ctx.artifact(FEATURES), repo=repo, lineage=ctx.work / "lineage.db")
-    r = ctx.run(Step(stage="train", label="train the served model", command=cmd, timeout_s=900))
+    # One thread: the CLI's default (cores // processes, 2 here) made each step of this small
+    # net 14x slower on the shared VM (270 against 19 ms at load 11, the same model).
+    cmd = Train(nproc=1, limit=t.limit_rows, epochs=SERVED_EPOCHS,
+                batch=min(t.batch, SERVED_BATCH), threads=1, data=ctx.artifact(FEATURES),
+                repo=repo, lineage=ctx.work / "lineage.db")
+    r = ctx.run(Step(stage="train", label="train the served model", command=cmd, timeout_s=900,
+                     estimate_s=SERVED_S))
     return repo if r.ok else None
 
 
-SERVED_MODEL = Artifact(name="served-model", steps=1, build=_served_model, needs=(FEATURES,))
+SERVED_MODEL = Artifact(name="served-model", steps=1, build=_served_model, needs=(FEATURES,),
+                        minimum_s=SERVED_S)
 """A model repository holding the trained flights model (REPO/flights/<version>/)."""
 
 
@@ -99,7 +137,34 @@ def advise(inp: AdviceInput) -> Advice:
     return Advice(intervention=text, predicted=curve_prediction(inp.base, cores=inp.cores))
 
 
-class TrainStage(Stage[TrainSettings]):
+def worker_order(workers: list[int], target: float) -> list[int]:
+    """Worker counts by what the decision needs (pure): 1 (efficiency is read against it),
+    the target, then the others lowest first."""
+    ordered = sorted(workers)
+    top = int(target_level([float(n) for n in ordered], target))
+    return [ordered[0], *([top] if top != ordered[0] else []),
+            *(n for n in ordered if n not in (ordered[0], top))]
+
+
+def level_s(workers: int, steps: int, batch: int) -> float:
+    """Quiet 2-core seconds of one worker count's run (pure): its fixed work and its steps,
+    whose time grows with the global batch and shrinks with the cores its workers share."""
+    per_step = STEP_S_32K * batch / 32768 / min(workers, CORES_MEASURED)
+    return LEVEL_S + (workers - 1) * WORKER_START_S + steps * per_step
+
+
+def fewer_steps(plan: Plan, s: TrainSettings, kept: list[int]) -> int:
+    """The optimizer steps a level that fit the share (pure): the setting's when they fit or
+    there is no budget; else what the share has left over the fixed work, never under
+    `STEPS_LEAST` (a stage that cannot pay even that is stopped at its deadline)."""
+    if plan.share_s is None:
+        return s.steps
+    room = plan.quiet_s - BENCH_START_S - sum(level_s(n, 0, s.batch) for n in kept)
+    per_step = sum(level_s(n, 1, s.batch) - level_s(n, 0, s.batch) for n in kept)
+    return max(min(s.steps, STEPS_LEAST), min(s.steps, int(room / per_step)))
+
+
+class TrainStage(FixedStage[TrainSettings]):
     name = "train"
     settings = TrainSettings
 
@@ -109,14 +174,32 @@ class TrainStage(Stage[TrainSettings]):
     def count(self, s: TrainSettings, repeats: int) -> int:
         return 1
 
+    def work(self, s: TrainSettings, repeats: int) -> Work:
+        return Work(fixed_s=BENCH_START_S, parts=tuple(
+            Part(name=f"{n} worker(s)", cost_s=level_s(n, s.steps, s.batch), needed=i < 2)
+            for i, n in enumerate(worker_order(s.workers, s.target_multiple))))
+
     def run(self, s: TrainSettings, ctx: Context) -> None:
+        plan = self.plan(s, ctx)
+        names = {p.name for p in plan.kept}
+        kept = sorted(n for n in s.workers if f"{n} worker(s)" in names)
+        steps = fewer_steps(plan, s, kept)
+        estimate = BENCH_START_S + sum(level_s(n, steps, s.batch) for n in kept)
+        if self.hopeless(ctx, estimate):
+            return
+        if steps < s.steps:
+            ctx.note(f"train: {steps} optimizer steps a worker count instead of {s.steps} (the "
+                     f"global batch stays {s.batch:,}): its {plan.share_s:.3g} s share at this "
+                     f"run's pace ({plan.slow:.3g}× the quiet estimates) pays for ~"
+                     f"{estimate * plan.slow:.3g} s; {s.steps} steps needed "
+                     f"~{plan.cost_s * plan.slow:.3g} s")
         rec = ctx.records("train")
-        cmd = TrainBench(nproc=s.workers, mode="strong", batch=s.batch, steps=s.steps,
+        cmd = TrainBench(nproc=kept, mode="strong", batch=s.batch, steps=steps,
                          limit=s.limit_rows, data=ctx.artifact(FEATURES),
                          price_per_core_hour=ctx.prices.core_hour_usd, records=rec)
         ctx.run(
-            Step(stage=self.name, label="train workers " + ",".join(map(str, s.workers)),
-                 command=cmd, records=rec, series=SERIES, timeout_s=1200)
+            Step(stage=self.name, label="train workers " + ",".join(map(str, kept)),
+                 command=cmd, records=rec, series=SERIES, timeout_s=1200, estimate_s=estimate)
         )
 
     def goals(self, s: TrainSettings) -> list[StageGoal]:

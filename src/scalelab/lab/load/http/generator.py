@@ -27,7 +27,7 @@ import asyncio
 import math
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,7 @@ from scalelab.lab.load.http.connection import Connection, HttpConnection, Protoc
 from scalelab.lab.load.pool import Pool
 from scalelab.lab.load.result import Part
 from scalelab.lab.load.send import SendConfig
+from scalelab.lab.load.slices import slice_blobs
 from scalelab.lab.load.steady import SteadyTrace, trace_of
 
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "protocol", "tls", "other")
@@ -77,6 +78,8 @@ class HttpPart(Part):
     """Busy cores of the whole machine over the same span (/proc/stat), this process included."""
     steady: SteadyTrace | None = None
     """Open loop: what the steady-state tests of a capacity step read (`load.steady`)."""
+    slice_blobs: list[str] = field(default_factory=list)
+    """The measured latencies in `load.slices.SLICES` consecutive slices (histogram blobs)."""
 
 
 @dataclass(kw_only=True)
@@ -417,6 +420,7 @@ class HttpDriver(Driver[HttpPart, Progress]):
                                   np.frombuffer(self._done_t, dtype=np.float64), res.sent)
         self._due_ok = array("d")
         self.hist.record_us(lat_us)
+        res.slice_blobs = slice_blobs(lat_us)
         self._lat_us = array("q")
         res.hist_blob = self.hist.encode()
         window = self._window()

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scalelab.lab.core.records import Cost, Record, make_record
+from scalelab.lab.core.signals import LATENCY_HISTOGRAM
 from scalelab.lab.load.clock import LagStats, lag_stats
 from scalelab.lab.load.histogram import LatencyHistogram, Percentiles
 from scalelab.lab.load.http.generator import HttpPart
@@ -43,6 +44,7 @@ from scalelab.lab.load.result import (
     wall_weighted,
 )
 from scalelab.lab.load.schedule import Mode
+from scalelab.lab.load.slices import chained, merge_slices
 from scalelab.lab.load.steady import SteadyTrace, merge_traces
 
 RATE_TOLERANCE = 0.02
@@ -133,6 +135,8 @@ class LoadResult(LevelResult):
     """Merged HdrHistogram (base64), so any threshold can be evaluated later."""
     steady: SteadyTrace | None = field(default=None, repr=False)
     """Open loop: the processes' steady-state traces added up (`load.steady`)."""
+    slice_blobs: list[str] = field(default_factory=list, repr=False)
+    """The latencies in consecutive slices, processes added (`load.slices`)."""
 
 
 def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
@@ -203,6 +207,7 @@ def merge(parts: Sequence[HttpPart], *, mode: Mode, offered_rps: float | None,
         hist_blob=hist.encode(),
         steady=(merge_traces([p.steady for p in parts if p.steady is not None])
                 if any(p.steady is not None for p in parts) else None),
+        slice_blobs=merge_slices([p.slice_blobs for p in parts]),
         traced_requests=tally.traced_requests, trace_ids=tally.trace_ids,
     )
 
@@ -270,7 +275,7 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         "scheduled_rps": r.scheduled_rps,
         "pool_waits": r.pool_waits, "connections": r.connections, **r.connection_fields(),
         "cold_start_ms": r.cold_start_ms, "warmup_requests": r.warmup_requests,
-        "invalid_reasons": r.invalid_reasons, "hdr_histogram": r.hist_blob,
+        "invalid_reasons": r.invalid_reasons,
         "generator_cpu": None if r.generator_cpu is None else asdict(r.generator_cpu),
         "cluster": None if r.cluster is None else asdict(r.cluster),
     }
@@ -283,7 +288,8 @@ def to_record(r: LoadResult, *, experiment: str, url: str, repeat: int = 0,
         rate_unit="requests/s", wall_s=r.wall_s, latency=r.latency.latency(),
         failures=r.failures, failure_rate=r.failure_rate, recovery="replica",
         ok=r.valid, error="; ".join(r.invalid_reasons) or None,
-        extras=finite(extras),
+        extras=finite(extras), histograms={LATENCY_HISTOGRAM: r.hist_blob},
+        slices={LATENCY_HISTOGRAM: r.slice_blobs} if r.slice_blobs else {},
     )
 
 
@@ -306,13 +312,13 @@ def merge_records(chunks: list[Record]) -> Record:
         return chunks[0]
     hist = LatencyHistogram()
     for c in chunks:
-        blob = c.extras.get("hdr_histogram")
-        if not isinstance(blob, str):
-            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no hdr_histogram to merge")
+        blob = c.histograms.get(LATENCY_HISTOGRAM)
+        if blob is None:
+            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no latency histogram "
+                             "to merge")
         hist.add_blob(blob)
     last = chunks[-1]
-    extras: dict[str, Any] = {**last.extras, "hdr_histogram": hist.encode(),
-                              "mean_ms": hist.mean_ms()}
+    extras: dict[str, Any] = {**last.extras, "mean_ms": hist.mean_ms()}
     extras.update(summed(chunks, CHUNK_SUMMED))
     extras.update(tallies(chunks, ("errors_by_kind", "errors_by_status")))
     wall = sum(c.wall_s or 0.0 for c in chunks)
@@ -322,6 +328,8 @@ def merge_records(chunks: list[Record]) -> Record:
         **common_update(chunks, samples if isinstance(samples, int) else None),
         "extras": extras,
         "latency": hist.percentiles().latency(),
+        "histograms": {LATENCY_HISTOGRAM: hist.encode()},
+        "slices": chained([c.slices for c in chunks]),
         "rate": successes / wall if isinstance(successes, int) and wall > 0 else last.rate,
     }
     costs = [c.cost for c in chunks]
@@ -331,5 +339,5 @@ def merge_records(chunks: list[Record]) -> Record:
         per = usd / served * 1000.0 if served else None
         unit = costs[-1].unit if costs[-1] is not None else None
         update["cost"] = Cost(usd=usd, per_unit_usd=per, unit=unit)
-    extras.update(merged_energy(chunks, update.get("cost")))
+    update["energy"] = merged_energy(chunks, update.get("cost"))
     return last.model_copy(update=update)

@@ -20,6 +20,8 @@ from scalelab.lab.load.capacity import (
     StepRule,
     confirmed_search,
     quantile_ci_ms,
+    rate_verdicts,
+    step_extras,
 )
 from scalelab.lab.load.cluster import Cluster
 from scalelab.lab.load.histogram import LatencyHistogram
@@ -57,14 +59,8 @@ class HttpSearch:
         """The search with its confirmations (none when `confirm_s` is 0)."""
         res = confirmed_search(self.step, self.confirm, cfg,
                                max_confirms=max_confirms if self.confirm_s > 0 else 0)
-        # A rate is tried again only when its step was invalid, and then the last try is the
-        # one the search counted: every record of a rate carries that verdict, so a reader
-        # grouping records by rate (the diagnose sheet) sees what the search decided.
-        counted = {s.rate: s.verdict for s in res.steps if not s.confirmation}
-        self.records = [
-            r.model_copy(update={"extras": {**r.extras, "rate_verdict": counted.get(s.rate)
-                                            if not s.confirmation else s.verdict}})
-            for r, s in zip(self.records, res.steps, strict=True)]
+        self.records = [r.model_copy(update={"extras": {**r.extras, "rate_verdict": v}})
+                        for r, v in zip(self.records, rate_verdicts(res), strict=True)]
         return res
 
     def step(self, rate: float) -> Step:
@@ -122,9 +118,7 @@ def step_record(r: LoadResult, step: Step, s: HttpSearch) -> Record:
     failures and outcome stay readable as a decided check)."""
     st = step.steady
     rec = to_record(r, experiment=s.experiment, url=s.url, slo=s.rule.slo.label, extra={
-        **s.extra, "capacity_step": len(s.records), "verdict": step.verdict,
-        "requests_needed": step.requests_needed, "outcome": step.outcome,
-        "capacity_confirm": step.confirmation, "valid_offer": step.valid,
+        **s.extra, **step_extras(step, len(s.records), step.verdict),
         "why": step.extras.get("why", []),
         "steady": None if st is None else {
             "offered_rps": st.offered_rps, "served_rps": st.served_rps,

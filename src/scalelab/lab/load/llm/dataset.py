@@ -19,6 +19,7 @@ model), in words otherwise; `Dataset.counted_in` says which.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -101,6 +102,12 @@ def token_counter(spec: str) -> tuple[Counter, str]:
         raise BadInputError(f"--tokenizer {f}: not a tokenizer.json ({e})") from None
     return (lambda text: len(tok.encode(text, add_special_tokens=False).ids)), \
         f"tokens ({f.parent.name or f.name})"
+
+
+@functools.cache
+def counter(spec: str) -> Counter:
+    """`token_counter(spec)`'s counter, loaded once per process (a stream driver's, per level)."""
+    return token_counter(spec)[0]
 
 
 def _valid(prompt_len: int, output_len: int) -> bool:

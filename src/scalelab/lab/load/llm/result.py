@@ -6,7 +6,7 @@ computed exactly afterwards. The record's `latency` is TTFT (what a user waits f
 anything shows); e2e, ITL and TPOT percentiles are in extras. Its rate is output tokens/s.
 
 `merge_records` merges a level's chunks (records of `load llm run` at one concurrency, as
-diagnose's sizing runs them) exactly: each of the four HdrHistograms (extras "hdr_histograms")
+diagnose's sizing runs them) exactly: each of the four HdrHistograms (`Record.histograms`)
 is added across chunks and every quantile read from the sum, so a merged TTFT p95 is the p95 of
 all the level's requests, not an average of p95s. Counts (requests, tokens, failures, server
 CPU seconds, engine scrapes and counters) are summed, rates are over the summed measured time,
@@ -51,6 +51,7 @@ from scalelab.lab.load.result import (
 )
 from scalelab.lab.load.schedule import Mode
 from scalelab.lab.load.scrape import note_limits
+from scalelab.lab.load.slices import chained, merge_slices, slice_blobs
 
 LAG_INVALID_SHARE = 0.05
 """A streaming level is invalid when more than this share of its sends were `LLM_LATE_S` late
@@ -100,6 +101,8 @@ class LlmResult(LevelResult):
     """Per-request values, for goodput under any SLO."""
     probe: list[ProbeAnswer] = field(default_factory=list, repr=False)
     """The greedy-agreement probe's answers at this level (quality.py)."""
+    slices: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    """Each metric's latencies in consecutive slices, processes added (`load.slices`)."""
 
     def itl_within(self, thresholds: Sequence[float]) -> dict[float, tuple[int, int]]:
         h = LatencyHistogram.decode(self.blobs["itl"])
@@ -128,6 +131,16 @@ def _cat(parts: Sequence[StreamPart], name: str) -> np.ndarray:
     arrs = [np.frombuffer(getattr(p, name), dtype=np.int64) if len(getattr(p, name)) else
             np.zeros(0, dtype=np.int64) for p in parts]
     return np.concatenate(arrs) if arrs else np.zeros(0, dtype=np.int64)
+
+
+def _slices(parts: Sequence[StreamPart]) -> dict[str, list[str]]:
+    def of(name: str) -> list[str]:
+        arrs = [np.frombuffer(getattr(p, name), dtype=np.int64) for p in parts]
+        return merge_slices([slice_blobs(a[a >= 0]) for a in arrs])  # tpot -1: one token
+
+    out = {"ttft": of("ttft_us"), "itl": merge_slices([p.itl_slices for p in parts]),
+           "tpot": of("tpot_us"), "e2e": of("e2e_us")}
+    return {k: v for k, v in out.items() if v}
 
 
 def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
@@ -169,8 +182,13 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
     notes: list[str] = []
     if sources.get("chunks"):
         notes.append(f"{sources['chunks']} requests had no usage from the server, so their "
-                     "tokens were counted one per chunk (an undercount when a chunk carries "
-                     "several); ask for usage with --usage continuous or final")
+                     "token counts are estimated: one per chunk (an undercount when a chunk "
+                     "carries several); ask for usage with --usage continuous or final, or "
+                     "count with the model's tokenizer (--tokenizer)")
+    if sources.get("tokenizer"):
+        notes.append(f"{sources['tokenizer']} requests had no usage from the server: their "
+                     "tokens were counted with the model's tokenizer (--tokenizer) over the "
+                     "streamed text and split over their chunks by characters")
     if sources.get("usage-final"):
         notes.append(f"{sources['usage-final']} requests reported only a final token count: "
                      "it was split over their chunks by characters (exact at one token per "
@@ -199,7 +217,7 @@ def merge(parts: Sequence[StreamPart], *, mode: Mode, offered_rps: float | None,
         connections=tally.connections, **tally.connection_counts(),
         max_in_flight=sum(p.max_in_flight for p in parts), valid=not reasons,
         invalid_reasons=reasons, notes=notes, warmup_requests=tally.warmup_requests,
-        stopped_early=stopped, blobs=blobs,
+        stopped_early=stopped, blobs=blobs, slices=_slices(parts),
         samples=Samples(ttft_us=ttft, tpot_us=tpot, e2e_us=e2e, output_tokens=out_t,
                         requests=ok + failures, itl_within={}),
         traced_requests=tally.traced_requests, trace_ids=tally.trace_ids,
@@ -230,7 +248,7 @@ def pct_dict(p: Percentiles) -> dict[str, float | None]:
 def summary(r: LlmResult) -> dict[str, Any]:
     """The level as plain JSON (no histograms or per-request arrays)."""
     d: dict[str, Any] = {k: v for k, v in r.__dict__.items()
-                         if k not in ("blobs", "samples", "probe")}
+                         if k not in ("blobs", "samples", "probe", "slices")}
     for k in ("ttft", "itl", "tpot", "e2e"):
         d[k] = pct_dict(getattr(r, k))
     d["lag"] = asdict(r.lag)
@@ -261,7 +279,6 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         **r.connection_fields(),
         "warmup_requests": r.warmup_requests, "invalid_reasons": r.invalid_reasons,
         "notes": r.notes,
-        "hdr_histograms": r.blobs,
         "cluster": None if r.cluster is None else asdict(r.cluster),
     }
     # Flat numbers too: the sheet keeps numeric extras (medians over repeats) and objectives
@@ -297,7 +314,8 @@ def to_record(r: LlmResult, *, experiment: str, url: str, workload: str, repeat:
         latency=r.ttft.latency(), failures=r.failures, failure_rate=r.failure_rate,
         recovery="replica", ok=r.valid, error="; ".join(r.invalid_reasons) or None,
         cost=cost, limiting_resource=limiting_resource, peak_memory_bytes=peak_memory_bytes,
-        quality=quality or {}, extras=finite(extras),
+        quality=quality or {}, extras=finite(extras), histograms=dict(r.blobs),
+        slices=dict(r.slices),
     )
 
 
@@ -306,7 +324,7 @@ def cost_of(price_per_hour_usd: float, tps: float) -> float | None:
 
 
 HISTOGRAMS = ("ttft", "itl", "tpot", "e2e")
-"""The histograms a `load llm run` record carries in extras["hdr_histograms"]."""
+"""The histograms a `load llm run` record carries in `Record.histograms`."""
 CHUNK_SUMMED = ("successes", "samples", "output_tokens", "prompt_tokens",
                 "failed_output_tokens", "warmup_requests", "connections", "server_cpu_s",
                 "engine_scrapes", "engine_preemptions", "engine_generation_tokens")
@@ -322,10 +340,9 @@ def _merged_histograms(chunks: list[Record]) -> dict[str, LatencyHistogram]:
     """The chunks' TTFT, ITL, TPOT and e2e histograms, each added exactly."""
     hists = {k: LatencyHistogram() for k in HISTOGRAMS}
     for c in chunks:
-        blobs = c.extras.get("hdr_histograms")
-        if not isinstance(blobs, dict) or any(not isinstance(blobs.get(k), str)
-                                              for k in HISTOGRAMS):
-            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no hdr_histograms "
+        blobs = c.histograms
+        if any(k not in blobs for k in HISTOGRAMS):
+            raise ValueError(f"a chunk of {c.stage} at {c.level:g} has no histograms "
                              f"({', '.join(HISTOGRAMS)}) to merge")
         for k in HISTOGRAMS:
             hists[k].add_blob(blobs[k])
@@ -355,7 +372,6 @@ def _merged_extras(chunks: list[Record], hists: dict[str, LatencyHistogram],
                    wall: float) -> dict[str, Any]:
     first, last = chunks[0], chunks[-1]
     extras: dict[str, Any] = {k: v for k, v in last.extras.items() if k not in _JUDGED}
-    extras["hdr_histograms"] = {k: h.encode() for k, h in hists.items()}
     for k in ("itl", "tpot", "e2e"):
         p = pct_dict(hists[k].percentiles())
         extras[k] = p
@@ -396,6 +412,8 @@ def merge_records(chunks: list[Record]) -> Record:
         extras["availability"] = 1.0 - update["failure_rate"]
     output_tps = num(extras.get("output_tps"))
     update.update({"extras": extras, "latency": hists["ttft"].percentiles().latency(),
+                   "histograms": {k: h.encode() for k, h in hists.items()},
+                   "slices": chained([c.slices for c in chunks]),
                    "rate": output_tps if output_tps is not None else last.rate,
                    "limiting_resource": limit, "quality": first.quality})
     costs = [c.cost for c in chunks]
@@ -410,5 +428,5 @@ def merge_records(chunks: list[Record]) -> Record:
             extras["cost"] = {"price_per_hour_usd": price, "per_1k_output_tokens_usd": per,
                               "per_1k_total_tokens_usd": cost_of(price, total_tps)
                               if total_tps else None}
-    extras.update(merged_energy(chunks, update.get("cost")))
+    update["energy"] = merged_energy(chunks, update.get("cost"))
     return last.model_copy(update=update)

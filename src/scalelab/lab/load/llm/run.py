@@ -4,28 +4,40 @@ Several processes each take every P-th due time of one schedule (an even rate/P 
 1/P share of the closed-loop clients, start at one CLOCK_MONOTONIC instant (system-wide on
 Linux), and ship back plain results whose histograms and per-request arrays are merged.
 
-The capacity search is `capacity.search` (double while passing, then bisect) with each step
-stopped by `TokenStepRule`; it reports the capacity in requests/s and the output tokens/s the
-passing step delivered.
+The capacity search is `capacity.confirmed_search`, as `load capacity`'s (double while passing,
+then bisect, then a confirmation run at the answer) with each search step stopped by
+`TokenStepRule`; it reports the capacity in requests/s and the output tokens/s its confirmation
+run delivered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from scalelab.lab.core.errors import RunFailedError
+from scalelab.lab.core.records import Record
 from scalelab.lab.load import level
-from scalelab.lab.load.capacity import CapacityResult, SearchConfig, Step, search
+from scalelab.lab.load.capacity import (
+    CONFIRM_S,
+    CONFIRM_VARIABLE,
+    CapacityResult,
+    SearchConfig,
+    Step,
+    confirmed_search,
+    rate_verdicts,
+    step_extras,
+)
 from scalelab.lab.load.cluster import Cluster
 from scalelab.lab.load.driver import StopCheck
 from scalelab.lab.load.histogram import LatencyHistogram
-from scalelab.lab.load.llm.result import LlmResult, merge
+from scalelab.lab.load.llm.result import LlmResult, merge, to_record
 from scalelab.lab.load.llm.stream import ProbeAnswer, StreamConfig, StreamDriver, StreamPart
-from scalelab.lab.load.llm.token_slo import Samples, TokenStepRule
+from scalelab.lab.load.llm.token_slo import Samples, TokenSlo, TokenStepRule
 from scalelab.lab.load.result import all_failed_line
 
 
@@ -115,27 +127,52 @@ class LlmCapacity:
     """A token-SLO capacity search's answer."""
 
     result: CapacityResult
-    """The search (steps' rates in requests/s)."""
+    """The search (steps' rates in requests/s), its confirmations among its steps."""
     capacity_tps: float | None
-    """Output tokens/s of the highest passing step."""
+    """Output tokens/s at the capacity: its confirmation run's where one passed, else the
+    highest passing step's."""
     capacity_goodput_tps: float | None
-    """Goodput (tokens/s of requests within every objective) at that step."""
+    """Goodput (tokens/s of requests within every objective) in that same run."""
     levels: list[LlmResult]
-    """Every step's full result, in the order run."""
+    """Every step's full result, in the order run (one per `result.steps`)."""
+    confirm_s: float = 0.0
+    """Length of each confirmation run (0: none was run)."""
+
+    def records(self, *, experiment: str, url: str, workload: str, slo: TokenSlo,
+                price_per_hour_usd: float | None) -> list[Record]:
+        """One record per step, with what the search decided of it (`capacity.step_extras`);
+        a confirmation's variable is `CONFIRM_VARIABLE`, apart from the steps at its rate."""
+        out: list[Record] = []
+        steps = self.result.steps
+        for i, (s, r, v) in enumerate(zip(steps, self.levels, rate_verdicts(self.result),
+                                          strict=True)):
+            rec = to_record(r, experiment=experiment, url=url, workload=workload, slo=slo,
+                            price_per_hour_usd=price_per_hour_usd,
+                            extra=step_extras(s, i, v))
+            out.append(rec.model_copy(update={"variable": CONFIRM_VARIABLE})
+                       if s.confirmation else rec)
+        return out
 
 
 def capacity(make_plan: Callable[[float, int], LlmPlan], rule: TokenStepRule,
-             cfg: SearchConfig, *, on_step: Callable[[float], None] | None = None,
-             url: str = "", cluster: Cluster | None = None) -> LlmCapacity:
-    """Highest arrival rate meeting `rule.slo`; `make_plan(rate, step_index)` builds a step.
-    With `cluster` each step is a cluster level and runs its full length (no early stop)."""
+             cfg: SearchConfig, *, on_step: Callable[[float, bool], None] | None = None,
+             url: str = "", cluster: Cluster | None = None, confirm_s: float = CONFIRM_S,
+             max_confirms: int = 3) -> LlmCapacity:
+    """Highest arrival rate meeting `rule.slo`, confirmed as `load capacity`'s answer is
+    (`capacity.confirmed_search`: a `confirm_s` run at the answer, never stopped early; a failed
+    one sends the search below it; 0: no confirmation). `make_plan(rate, step_index)` builds a
+    step; with `cluster` each step is a cluster level and runs its full length (no early
+    stop). `on_step` is told each (rate, is a confirmation) before it runs."""
     levels: list[LlmResult] = []
 
-    def run_step(rate: float) -> Step:
+    def measure(rate: float, confirmation: bool) -> Step:
         if on_step is not None:
-            on_step(rate)
-        r = run_llm(make_plan(rate, len(levels)), stop_check=None if cluster else rule.should_stop,
-                    cluster=cluster)
+            on_step(rate, confirmation)
+        plan = make_plan(rate, len(levels))
+        if confirmation:
+            plan = replace(plan, duration_s=confirm_s, requests=None)
+        stop = None if (cluster or confirmation) else rule.should_stop
+        r = run_llm(plan, stop_check=stop, cluster=cluster)
         check_ran(r, url)
         if not levels and r.all_failed() and r.errors_by_status:
             # A wrong path, key or server answers every rate alike: no search to run.
@@ -148,13 +185,18 @@ def capacity(make_plan: Callable[[float, int], LlmPlan], rule: TokenStepRule,
                     requests=r.requests, throughput_rps=r.throughput_rps,
                     quantile_ms=h.quantile_ms(ttft_q), quantile_ci_ms=(None, None),
                     error_rate=r.failure_rate, valid=r.valid, wall_s=r.wall_s,
+                    confirmation=confirmation,
                     extras={"output_tps": r.output_tps, "level": len(levels) - 1})
 
-    res = search(run_step, cfg)
+    res = confirmed_search(functools.partial(measure, confirmation=False),
+                           functools.partial(measure, confirmation=True), cfg,
+                           max_confirms=max_confirms if confirm_s > 0 else 0)
     best = None
     if res.capacity_rps is not None:
-        best = next(levels[int(s.extras["level"])] for s in res.steps  # type: ignore[call-overload]
-                    if s.rate == res.capacity_rps and s.passed)
+        # The confirmation run's tokens/s where one held (the longer run), else the step's.
+        held = [s for s in res.steps if s.rate == res.capacity_rps and s.passed]
+        one = next((s for s in held if s.confirmation), held[-1] if held else None)
+        best = levels[int(one.extras["level"])] if one is not None else None  # type: ignore[call-overload]
     good = best.judge(rule.slo)[1].goodput_tps if best is not None else None
     return LlmCapacity(result=res, capacity_tps=best.output_tps if best else None,
-                       capacity_goodput_tps=good, levels=levels)
+                       capacity_goodput_tps=good, levels=levels, confirm_s=confirm_s)

@@ -30,6 +30,7 @@ import numpy as np
 from scalelab.lab.load.clock import now
 from scalelab.lab.load.driver import Driver
 from scalelab.lab.load.histogram import LatencyHistogram
+from scalelab.lab.load.llm.dataset import counter
 from scalelab.lab.load.llm.sse import Answer, SseConnection, StreamLost
 from scalelab.lab.load.llm.token_slo import Samples
 from scalelab.lab.load.llm.tokens import TokenSource, timing, tokens_per_event
@@ -37,6 +38,7 @@ from scalelab.lab.load.llm.window import ServedWindow
 from scalelab.lab.load.pool import FuturePool
 from scalelab.lab.load.result import Part
 from scalelab.lab.load.send import SendConfig
+from scalelab.lab.load.slices import slice_blobs
 
 ERROR_KINDS = ("status", "timeout", "refused", "reset", "dropped", "protocol", "server-error",
                "empty", "tls", "other")
@@ -83,6 +85,8 @@ class StreamPart(Part):
     """-1 when the server did not report usage."""
     itl_blob: str = ""
     """HdrHistogram of every inter-token gap (µs)."""
+    itl_slices: list[str] = field(default_factory=list)
+    """The gaps in `load.slices.SLICES` consecutive slices (histogram blobs)."""
     token_sources: dict[str, int] = field(default_factory=dict)
     """How tokens per chunk were known, by request."""
     failed_output_tokens: int = 0
@@ -104,6 +108,9 @@ class StreamConfig(SendConfig):
 
     timeout_s: float = 60.0
     """Streams last seconds: a longer default than a plain request's."""
+    tokenizer: str | None = None
+    """The model's tokenizer (`dataset.token_counter`'s spec): counts the tokens of a stream
+    that reports no usage (None: one token per chunk, an estimate; see tokens.py)."""
     probe_requests: list[bytes] = field(default_factory=list)
     """The greedy-agreement probe: sent as the first measured requests, in this order, so
     every level answers the same prompts under its own load; their texts are kept
@@ -124,6 +131,9 @@ class StreamDriver(Driver[StreamPart, Samples]):
         self.cfg: StreamConfig = cfg
         self._gaps_us = array("q")
         self._sources: defaultdict[str, int] = defaultdict(int)
+        # Built once per process (a tokenizer loads in ~0.1 s); counting runs only for streams
+        # that report no usage, once per answer, off the send path.
+        self._count = counter(cfg.tokenizer) if cfg.tokenizer else None
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = FuturePool(cfg.max_connections, connect=self._open, spawn=self._spawn)
         self._in_flight = 0
@@ -253,7 +263,7 @@ class StreamDriver(Driver[StreamPart, Samples]):
                 res.retry_after_count += 1
                 res.retry_after_max_s = max(res.retry_after_max_s or 0.0, ans.retry_after_s)
             return "status"
-        tokens, source, prompt = tokens_per_event(ans.events)
+        tokens, source, prompt = tokens_per_event(ans.events, self._count)
         kind = ans.failure(tokens)
         # timing is None only without a token, which `failure` already calls 'empty'
         tm = timing(start, ans.times, tokens, ans.end) if kind is None else None
@@ -380,6 +390,8 @@ class StreamDriver(Driver[StreamPart, Samples]):
         self._window_counts()
         res.token_sources = dict(self._sources)
         h = LatencyHistogram()
-        h.record_us(np.frombuffer(self._gaps_us, dtype=np.int64))
+        gaps = np.frombuffer(self._gaps_us, dtype=np.int64)
+        h.record_us(gaps)
         res.itl_blob = h.encode()
+        res.itl_slices = slice_blobs(gaps)
         return res

@@ -11,7 +11,12 @@ and tokens/s better-or-worse depending on the chunking. Tokens per event come, b
 2. `final` usage: only the total at the end (the OpenAI standard); the total is split across
    the events in proportion to their characters (largest remainder, so it sums exactly).
    Exact when every event carries one token; an estimate otherwise.
-3. `chunks`: no usage at all; one token per event (the old behaviour, said so in the results).
+3. `tokenizer`: no usage, and the model's tokenizer given (`--tokenizer`): the streamed text is
+   counted with it and the count split across events by characters as in 2. The total is the
+   tokenizer's count of the decoded text, which equals the server's where detokenising and
+   re-tokenising round-trip (an estimate otherwise: the results say which was used).
+4. `chunks`: no usage and no tokenizer: one token per event, an estimate (an undercount where
+   an event carries several), said so in the results.
 
 Gaps: an event of k tokens arriving g after the previous one contributes k gaps of g/k; the
 first event's extra k-1 tokens arrived with the first one (gaps of 0). So the gaps sum to
@@ -22,10 +27,11 @@ TPOT = (e2e - TTFT) / (output_tokens - 1) whenever the stream ends with its last
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-TokenSource = Literal["usage-continuous", "usage-final", "chunks"]
+TokenSource = Literal["usage-continuous", "usage-final", "tokenizer", "chunks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +125,10 @@ def _usage(obj: dict[str, Any]) -> tuple[int | None, int | None]:
     return None, None
 
 
-def tokens_per_event(events: list[Event]) -> tuple[list[int], TokenSource, int | None]:
-    """Tokens each event carried, how that was known, and the prompt tokens (if reported).
+def tokens_per_event(events: list[Event], count: Callable[[str], int] | None = None
+                     ) -> tuple[list[int], TokenSource, int | None]:
+    """Tokens each event carried, how that was known, and the prompt tokens (if reported);
+    `count` (the model's tokenizer, text -> tokens) counts a stream that reports no usage.
 
     Events without text and without a usage increase (the role-only first chunk, a final
     usage-only chunk) carry 0 tokens.
@@ -141,9 +149,12 @@ def tokens_per_event(events: list[Event]) -> tuple[list[int], TokenSource, int |
             prev = max(prev, c)
         return out, "usage-continuous", prompt
     total = next((c for c in reversed(cum) if c is not None), None)
+    chars = [e.text_chars for e in events]
     if total is not None:
-        chars = [e.text_chars for e in events]
         return split_proportional(total, chars), "usage-final", prompt
+    if count is not None and any(with_text):
+        return split_proportional(count("".join(e.text for e in events)), chars), \
+            "tokenizer", prompt
     return [1 if t else 0 for t in with_text], "chunks", prompt
 
 

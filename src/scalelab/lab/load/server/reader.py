@@ -18,7 +18,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from scalelab.lab.core.errors import BadInputError
@@ -34,6 +34,9 @@ from scalelab.lab.load.server.process import (
     run_queue_wait,
 )
 from scalelab.layers.web.exposition import ExpositionError, sample_sums
+
+if TYPE_CHECKING:
+    from scalelab.lab.load.result import LevelResult
 
 log = logging.getLogger("scalelab.lab.load")
 PERIOD_S = 0.5
@@ -172,29 +175,36 @@ CUT = ("dropped", "empty")
 """Stream error kinds (load/llm/stream.py) of a stream cut short or left empty."""
 
 
-def level_signals(reader: ServerReader | None, *, errors_by_status: dict[str, int],
-                  requests: int, errors_by_kind: dict[str, int] | None = None
-                  ) -> ServerSignals | None:
-    """The level's server signals: what `reader` read (stopping it), with the refusals the
-    client counted by status and the streams it saw cut short; None when there is neither."""
+def level_signals(reader: ServerReader | None, r: LevelResult) -> ServerSignals | None:
+    """The level's server signals: what `reader` read (stopping it), with what the client of
+    level `r` saw of the server: its refusals at admission (by status, per second, and the
+    Retry-After they carried) and the streams it saw cut short; None when there is neither."""
     sig = reader.read() if reader is not None else None
-    cut = sum(v for k, v in (errors_by_kind or {}).items() if k in CUT)
+    requests = r.successes + r.failures
+    cut = sum(v for k, v in r.errors_by_kind.items() if k in CUT)
     if cut:
         base = sig or ServerSignals()
         sig = base.model_copy(update={
             "cut_streams": cut, "requests": requests,
             "sources": {**base.sources, "cut_streams": "client: streams dropped or empty"},
             "kinds": {**base.kinds, "cut_streams": "client"}})
-    refused = {k: v for k, v in sorted(errors_by_status.items()) if k in REFUSALS and v}
+    refused = {k: v for k, v in sorted(r.errors_by_status.items()) if k in REFUSALS and v}
     if not refused:
         return sig
     n = sum(refused.values())
     codes = ", ".join(f"{v:,} × {k}" for k, v in refused.items())
     base = sig or ServerSignals()
+    said = min(r.retry_after_count, n)
+    ra = ({"retry_after": f"client: Retry-After on {said:,} of the {n:,} refusals"}
+          if said else {})
     return base.model_copy(update={
         "refused": n, "refused_by_status": refused, "requests": requests,
-        "sources": {**base.sources, "refused": f"client: {codes}"},
-        "kinds": {**base.kinds, "refused": "client"}})
+        "refused_rps": n / r.wall_s if r.wall_s > 0 else None,
+        "retry_after": said > 0, "retry_after_count": said,
+        "retry_after_s": r.retry_after_max_s if said else None,
+        "sources": {**base.sources, "refused": f"client: {codes}", **ra},
+        "kinds": {**base.kinds, "refused": "client",
+                  **({"retry_after": "client"} if said else {})}})
 
 
 def start_reader(url: str, *, enabled: bool, pid: int | None = None,

@@ -1,23 +1,7 @@
-"""The retrieval server: POST /v1/retrieve, a retrieval-augmented answer path, admin adds.
-
-Routes:
-
-- ``POST /v1/retrieve`` ``{"query": "...", "k": 10}`` (or ``"queries": [...]``) ->
-  ``{"results": [[{"id", "key", "score", "text"}, ...]], "index", "ntotal"}``;
-- ``POST /v1/answer`` ``{"question": "...", "k": 5}`` -> retrieve, put the documents and the
-  question in a prompt, post it to an OpenAI-compatible ``/v1/chat/completions`` (the
-  `--generate-url` server, e.g. `scalelab generate serve`) -> ``{"answer", "sources", ...}``;
-- ``POST /v1/documents`` (admin: ``Authorization: Bearer $SCALELAB_ADMIN_TOKEN``)
-  ``{"documents": [{"key", "text"}]}`` -> embedded and added now, answerable by the next query
-  (the freshness path; the index file on disk is not rewritten);
-- ``GET /health/live``, ``GET /health/ready``, ``GET /metrics`` (Prometheus).
-
-Conventions shared with the other servers (`scalelab.layers.web`): bodies bounded by the guard
-(413), a request id on every response, 127.0.0.1 by default, bad input answered 4xx with
-``{"error": ...}`` naming the field. Admission: at most `max_inflight` requests are worked on at
-once; the next is answered 503 with Retry-After instead of queueing without bound. The index is
-loaded (or, when its file is refused, rebuilt from the corpus) before the server says ready: a
-corrupted index is never served.
+"""The retrieval server's handlers: `RetrievalService` holds the loaded retriever with its lock,
+limits, metrics and tracing (one per process), and has one method per route; `retrieval.app`
+puts them on their URLs. Handlers raise `HttpError` (web.errors), answered as
+``{"error": message}`` with its status.
 """
 
 from __future__ import annotations
@@ -30,7 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -39,58 +23,15 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from scalelab.lab.core.errors import BadUsageError, ScalelabError
-from scalelab.layers.web.access import AccessLog
 from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.guard import request_id
-from scalelab.layers.web.hook import Hook, Inflight, admitted
-from scalelab.layers.web.trace import RequestTrace, TraceConfig
+from scalelab.layers.web.hook import Hook, Inflight
+from scalelab.layers.web.trace import RequestTrace
+from scalelab.system.retrieval.settings import ADMIN_TOKEN_ENV, RetrievalServerSettings
 
 log = logging.getLogger("scalelab.system.retrieval")
-ADMIN_TOKEN_ENV = "SCALELAB_ADMIN_TOKEN"
-SETTINGS_ENV = "SCALELAB_RETRIEVAL_SETTINGS"
-
-
-@dataclass(kw_only=True)
-class RetrievalServerSettings:
-    """What the server serves and its limits."""
-
-    index_dir: str
-    """An index directory written by `scalelab retrieval index`."""
-    cache: str | None = None
-    """Embedding cache file (queries seen before skip the model)."""
-    max_k: int = 100
-    """Largest k a request may ask for."""
-    max_query_chars: int = 2000
-    """Longest query accepted (MiniLM reads 256 tokens at most anyway)."""
-    max_queries: int = 32
-    """Queries per /v1/retrieve request."""
-    max_inflight: int = 16
-    """Requests worked on at once; the next one gets 503."""
-    max_body_bytes: int = 256 * 1024
-    generate_url: str | None = None
-    """Base URL of an OpenAI-compatible server for /v1/answer (None: the route answers 503)."""
-    generate_model: str | None = None
-    """The `model` field of /v1/answer's chat requests; None: the one model the generate
-    server lists at GET /v1/models (asked once, on the first answer)."""
-    generate_timeout_s: float = 60.0
-    answer_max_tokens: int = 64
-    governance_file: str | None = None
-    """Rate limits, budgets and kill switches (web.governance); None = no governance layer."""
-    trace: TraceConfig = field(default_factory=TraceConfig)
-    """Request tracing (web.trace): embed and search spans; /v1/answer's call to the
-    generation server carries the trace on."""
-
-    def __post_init__(self) -> None:
-        self.trace = TraceConfig.of(self.trace)  # a dict when it came through JSON
-        if self.max_k < 1 or self.max_query_chars < 1 or self.max_queries < 1:
-            raise BadUsageError("max_k, max_query_chars and max_queries must be >= 1")
-        if self.max_inflight < 1 or self.max_body_bytes < 1:
-            raise BadUsageError("max_inflight and max_body_bytes must be >= 1")
-        if self.answer_max_tokens < 1 or not self.generate_timeout_s > 0:
-            raise BadUsageError("answer_max_tokens >= 1 and generate_timeout_s > 0 required")
 
 
 def _int_field(body: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
@@ -395,38 +336,3 @@ class RetrievalService:
             ntotal = self.retriever.index.ntotal
             self.prom.vectors.set(ntotal)
         return len(added), ntotal
-
-
-def create_app(settings: RetrievalServerSettings) -> Any:
-    """The ASGI app for `settings`: the service's handler methods on their routes, behind the
-    shared hook (web.hook); loads the index before returning."""
-    svc = RetrievalService(settings)
-    app = Starlette(lifespan=svc.lifespan, routes=[
-        Route("/v1/retrieve", svc.route("retrieve", svc.retrieve), methods=["POST"]),
-        Route("/v1/answer", svc.route("answer", svc.answer), methods=["POST"]),
-        Route("/v1/documents", svc.route("documents", svc.documents), methods=["POST"]),
-        Route("/health/live", svc.live, methods=["GET"]),
-        Route("/health/ready", svc.ready, methods=["GET"]),
-        Route("/metrics", svc.metrics, methods=["GET"]),
-    ])
-    app.state.service = svc
-    model = Path(settings.index_dir).name  # the "model" a budget or kill switch names: the index
-
-    def work(scope: Any) -> str | None:
-        return model if scope["method"] == "POST" and scope["path"] in (
-            "/v1/retrieve", "/v1/answer") else None
-
-    return admitted(app, max_body=settings.max_body_bytes,
-                    access=AccessLog("scalelab.system.retrieval.access"),
-                    governance=settings.governance_file, work=work,
-                    admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None)
-
-
-def app_from_env() -> Any:
-    """uvicorn's factory (workers import it by name): settings come from $SCALELAB_RETRIEVAL_
-    SETTINGS as JSON, which `scalelab retrieval serve` sets."""
-    raw = os.environ.get(SETTINGS_ENV)
-    if not raw:
-        raise BadUsageError(f"{SETTINGS_ENV} is not set; start the server with "
-                            "'scalelab retrieval serve'")
-    return create_app(RetrievalServerSettings(**json.loads(raw)))

@@ -6,10 +6,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from scalelab.lab.autoscale.hpa.decision import MetricResult
+from scalelab.lab.autoscale.hpa.spec import _INT32_MAX, ControllerConfig, MetricTarget, _milli
+from scalelab.lab.autoscale.hpa.state import HpaState, PodSample
 from scalelab.lab.core.errors import BadInputError
-from scalelab.layers.hpa.decision import MetricResult
-from scalelab.layers.hpa.spec import _INT32_MAX, ControllerConfig, MetricTarget, _milli
-from scalelab.layers.hpa.state import HpaState, PodSample
 
 
 def _within(ratio: float, tol: tuple[float, float]) -> bool:

@@ -26,9 +26,9 @@ Scale to zero (min replicas 0): the HPA scales from zero only on an Object or Ex
 value, the total over the ready pods plus what waits while none is (the backlog of a queue in
 front of the service, or the arrival rate for rps/tokens), against an AverageValue target per
 pod. Requests that arrive while no replica is ready wait for the first one, start-up included
-(`load.coldstart`); the result reports them beside the replica-seconds.
+(`autoscale.coldstart`); the result reports them beside the replica-seconds.
 
-The controller is `scalelab.layers.hpa.HpaController` unchanged (sync period, tolerance,
+The controller is `scalelab.lab.autoscale.hpa.HpaController` unchanged (sync period, tolerance,
 stabilisation windows, scale-up limits, behavior, CPU readiness rules); it sees each metric
 averaged over the last `metric_window_s` seconds, like metrics-server's window.
 Defaults put every signal's target at the same operating point, `design_load` × the SLO capacity
@@ -46,12 +46,12 @@ from typing import Any
 
 import numpy as np
 
+from scalelab.lab.autoscale.coldstart import ColdStart, cold_start
+from scalelab.lab.autoscale.hpa import HpaController, HpaSpec, MetricTarget, PodSample
+from scalelab.lab.autoscale.replica_model import EXTERNAL_SIGNALS, SIGNALS, ReplicaModel, Signal
+from scalelab.lab.autoscale.traffic import TrafficCurve
 from scalelab.lab.core.errors import BadInputError, BadUsageError
-from scalelab.lab.load.coldstart import ColdStart, cold_start
-from scalelab.lab.load.replica_model import EXTERNAL_SIGNALS, SIGNALS, ReplicaModel, Signal
 from scalelab.lab.load.slo import LatencyObjective
-from scalelab.lab.load.traffic import TrafficCurve
-from scalelab.layers.hpa import HpaController, HpaSpec, MetricTarget, PodSample
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,7 +160,7 @@ class SimResult:
     min_replicas: int = 1
     startup_s: float = 0.0
     cold_start: ColdStart | None = None
-    """Requests that met no ready replica and their wait (see `load.coldstart`)."""
+    """Requests that met no ready replica and their wait (see `autoscale.coldstart`)."""
 
     @property
     def replica_seconds(self) -> float:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalelab.lab.core.errors import BadInputError
-from scalelab.layers.hpa import (
+from scalelab.lab.autoscale.hpa import (
     Behavior,
     ControllerConfig,
     HpaController,
@@ -20,6 +19,7 @@ from scalelab.layers.hpa import (
     decide,
     state_from_json,
 )
+from scalelab.lab.core.errors import BadInputError
 
 CPU60 = MetricTarget(name="cpu", target=60)
 

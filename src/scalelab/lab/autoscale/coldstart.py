@@ -4,7 +4,7 @@ A request arriving at second t while no replica is ready waits until the first o
 added latency is (first t' >= t with a ready replica) - t, to the simulator's second. Requests
 still waiting when the trace ends are counted apart (their wait is at least what was seen).
 The percentiles are of requests, not of seconds: each second weighs its arrivals. Pure; the
-simulator (`load.autoscale.simulate`) passes its per-second arrivals and ready counts.
+simulator (`autoscale.simulator.simulate`) passes its per-second arrivals and ready counts.
 """
 
 from __future__ import annotations

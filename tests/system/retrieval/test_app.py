@@ -16,7 +16,7 @@ import pytest
 from scalelab.layers.web.spawn import Spawned, start_server
 from scalelab.system.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.system.retrieval.retriever import build_index_dir
-from scalelab.system.retrieval.server import prompt_messages
+from scalelab.system.retrieval.service import prompt_messages
 
 TOKEN = "test-admin-token"
 

@@ -3,7 +3,7 @@
 `ReplicaModel.from_records` reads load records (a `scalelab load` sweep or capacity search, or
 `scalelab load llm` records, against ONE replica): per level the served rate, the latency
 percentiles and, for streams, e2e, output tokens and the engine's KV usage. Between levels it
-interpolates; its saturation rate is the most any record served. `autoscale.py` replays a
+interpolates; its saturation rate is the most any record served. `simulator.py` replays a
 traffic curve against replicas of this model under the HPA.
 """
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from scalelab.cli import run
+from scalelab.lab.autoscale.replica_model import ReplicaModel
+from scalelab.lab.autoscale.simulator import SimConfig, default_target, simulate
+from scalelab.lab.autoscale.traffic import TrafficCurve
 from scalelab.lab.core.records import Latency, append_records, make_record
-from scalelab.lab.load.autoscale import SimConfig, default_target, simulate
-from scalelab.lab.load.replica_model import ReplicaModel
 from scalelab.lab.load.slo import parse_slo
-from scalelab.lab.load.traffic import TrafficCurve, builtin, read_traffic
 
 SLO = parse_slo("p95<50ms").latency[0]
 
@@ -88,17 +88,6 @@ def test_startup_delay_and_cpu_signal() -> None:
     assert slow.violation_minutes > fast.violation_minutes
     assert slow.violating_requests > fast.violating_requests
 
-
-def test_builtin_and_csv_traces(tmp_path: Path) -> None:
-    d = builtin("diurnal", base=10, peak=100)
-    assert d.duration_s == 86400 and min(d.rates) == pytest.approx(10) and max(d.rates) == 100
-    s = builtin("spike", base=5, peak=50)
-    assert float(s.rate_at(1300.0)) == 50.0 and float(s.rate_at(100.0)) == 5.0
-    assert float(builtin("ramp", base=0, peak=60).rate_at(1500.0)) == pytest.approx(30.0)
-    f = tmp_path / "t.csv"
-    f.write_text("time,rate\n0,10\n1m,20\n")
-    tr = read_traffic(f)
-    assert tr.times_s == (0.0, 60.0) and float(tr.rate_at(30.0)) == 15.0
 
 
 def test_cli_compare_signals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

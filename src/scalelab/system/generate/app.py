@@ -38,6 +38,7 @@ __all__ = [
     "ApiSettings",
     "GenerationService",
     "HttpError",
+    "app_from_env",
     "build_app",
     "create_app",
     "engine_from_settings",
@@ -146,8 +147,13 @@ def wrap(app: FastAPI, settings: ApiSettings) -> ASGIApp:
     return ApiKeyGuard(inner, key) if key else inner
 
 
-def create_app() -> ASGIApp:
-    """uvicorn factory: the app for the settings in $SCALELAB_GENERATE_SETTINGS."""
-    raw = os.environ.get(SETTINGS_ENV)
-    settings = ApiSettings.from_json(raw) if raw else ApiSettings()
+def create_app(settings: ApiSettings) -> ASGIApp:
+    """The whole server for `settings`: the engine loaded, the app and its layers around it."""
     return wrap(build_app(settings, engine_from_settings(settings)), settings)
+
+
+def app_from_env() -> ASGIApp:
+    """uvicorn factory: the app for the settings in $SCALELAB_GENERATE_SETTINGS (the defaults
+    when it is unset)."""
+    raw = os.environ.get(SETTINGS_ENV)
+    return create_app(ApiSettings.from_json(raw) if raw else ApiSettings())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from scalelab.layers.hpa.spec import _INT32_MAX, HpaSpec, _check, _finite, _int_in
+from scalelab.lab.autoscale.hpa.spec import _INT32_MAX, HpaSpec, _check, _finite, _int_in
 
 PHASES = ("Running", "Pending", "Succeeded", "Failed", "Unknown")
 

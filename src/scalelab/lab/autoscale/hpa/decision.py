@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalelab.layers.hpa.state import Recommendation
+from scalelab.lab.autoscale.hpa.state import Recommendation
 
 
 @dataclass(frozen=True, kw_only=True)

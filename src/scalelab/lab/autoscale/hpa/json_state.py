@@ -6,8 +6,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from scalelab.lab.core.errors import BadInputError
-from scalelab.layers.hpa.spec import (
+from scalelab.lab.autoscale.hpa.spec import (
     Behavior,
     ControllerConfig,
     HpaSpec,
@@ -16,7 +15,8 @@ from scalelab.layers.hpa.spec import (
     ScalingRules,
     _check,
 )
-from scalelab.layers.hpa.state import HpaState, PodSample, Recommendation, ScaleEvent
+from scalelab.lab.autoscale.hpa.state import HpaState, PodSample, Recommendation, ScaleEvent
+from scalelab.lab.core.errors import BadInputError
 
 _NUM = (int, float)
 _WANT = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",

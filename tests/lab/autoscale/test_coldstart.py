@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from scalelab.cli import run
+from scalelab.lab.autoscale.coldstart import cold_start, weighted_quantile
+from scalelab.lab.autoscale.replica_model import ReplicaModel
+from scalelab.lab.autoscale.simulator import SimConfig, scale_to_zero, simulate
+from scalelab.lab.autoscale.traffic import TrafficCurve
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.core.records import Latency, append_records, make_record, read_records
-from scalelab.lab.load.autoscale import SimConfig, scale_to_zero, simulate
-from scalelab.lab.load.coldstart import cold_start, weighted_quantile
-from scalelab.lab.load.replica_model import ReplicaModel
 from scalelab.lab.load.slo import parse_slo
-from scalelab.lab.load.traffic import TrafficCurve
 
 SLO = parse_slo("p95<50ms").latency[0]
 

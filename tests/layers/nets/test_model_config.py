@@ -1,18 +1,35 @@
-"""Model config validation and the version policy."""
+"""A model's serving config (REPO/<model>/config.json): validation naming the bad field, the
+version policy, and the checks on text models."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from serve_fixtures import flights_config
 
-from scalelab.lab.core.errors import BadInputError, BadUsageError
+from scalelab.lab.core.errors import BadInputError
 from scalelab.layers.nets.model_config import ModelConfig, VersionPolicy, load_model_config
 from scalelab.layers.nets.repository import write_json
-from scalelab.system.serve.config import ServerSettings
+
+
+def flights_config(name: str, **over: Any) -> dict[str, Any]:
+    """The flights model's config.json, with `over` merged in (dicts key by key)."""
+    cfg: dict[str, Any] = {
+        "name": name, "platform": "scalelab-torch",
+        "inputs": [{"name": "categorical", "datatype": "INT64", "shape": [-1, 4]},
+                   {"name": "numeric", "datatype": "FP32", "shape": [-1, 14]}],
+        "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, 4]},
+                    {"name": "label", "datatype": "INT64", "shape": [-1]}],
+        "max_batch_size": 64,
+        "dynamic_batching": {"max_queue_delay_ms": 2, "preferred_batch_sizes": [],
+                             "max_queue_size": 256, "default_timeout_ms": 1000},
+        "version_policy": {"latest": {"num_versions": 2}}}
+    for k, v in over.items():
+        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+    return cfg
 
 
 @pytest.mark.parametrize(("policy", "want"), [
@@ -51,15 +68,6 @@ def test_load_config_names_the_bad_field(tmp_path: Path) -> None:
     write_json(d / "config.json", cfg)
     with pytest.raises(BadInputError, match="batch and must be -1"):
         load_model_config(d)
-
-
-def test_grpc_port_is_checked(tmp_path: Path) -> None:
-    s = ServerSettings(model_repo=tmp_path, port=8000, grpc_port=8001)
-    assert ServerSettings.from_json(s.to_json()).grpc_port == 8001  # to the workers
-    with pytest.raises(BadUsageError, match=r"--grpc-port 8000 must lie in 1\.\.65535 and differ"):
-        ServerSettings(model_repo=tmp_path, port=8000, grpc_port=8000)
-    with pytest.raises(BadUsageError, match="--governance applies to HTTP only"):
-        ServerSettings(model_repo=tmp_path, grpc_port=8001, governance_file="g.yaml")
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from scalelab.layers.hpa.spec import ScalingPolicy, ScalingRules
-from scalelab.layers.hpa.state import HpaState, ScaleEvent
+from scalelab.lab.autoscale.hpa.spec import ScalingPolicy, ScalingRules
+from scalelab.lab.autoscale.hpa.state import HpaState, ScaleEvent
 
 SCALE_UP_LIMIT_FACTOR = 2.0
 SCALE_UP_LIMIT_MINIMUM = 4.0

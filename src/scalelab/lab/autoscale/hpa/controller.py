@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from scalelab.lab.autoscale.hpa.calculator import _object_metric, _pod_metric
+from scalelab.lab.autoscale.hpa.decision import MetricResult, SyncDecision
+from scalelab.lab.autoscale.hpa.normalization import _normalize_behavior, _normalize_plain
+from scalelab.lab.autoscale.hpa.spec import HpaSpec
+from scalelab.lab.autoscale.hpa.state import HpaState, PodSample, Recommendation, ScaleEvent
 from scalelab.lab.core.errors import BadInputError
-from scalelab.layers.hpa.calculator import _object_metric, _pod_metric
-from scalelab.layers.hpa.decision import MetricResult, SyncDecision
-from scalelab.layers.hpa.normalization import _normalize_behavior, _normalize_plain
-from scalelab.layers.hpa.spec import HpaSpec
-from scalelab.layers.hpa.state import HpaState, PodSample, Recommendation, ScaleEvent
 
 
 def decide(state: HpaState, now_s: float) -> SyncDecision:

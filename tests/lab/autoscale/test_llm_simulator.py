@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from scalelab.cli import run
+from scalelab.lab.autoscale.replica_model import ReplicaModel
+from scalelab.lab.autoscale.simulator import SimConfig, default_target, simulate
+from scalelab.lab.autoscale.traffic import TrafficCurve, builtin
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.records import Latency, append_records, make_record
-from scalelab.lab.load.autoscale import SimConfig, default_target, simulate
-from scalelab.lab.load.replica_model import ReplicaModel
 from scalelab.lab.load.slo import parse_slo
-from scalelab.lab.load.traffic import TrafficCurve, builtin
 
 SLO = parse_slo("p95<500ms").latency[0]
 

@@ -40,23 +40,23 @@ controller keeps them in memory; `sync()` forces one regardless of the period.
 
 from __future__ import annotations
 
-from scalelab.layers.hpa.controller import (
+from scalelab.lab.autoscale.hpa.controller import (
     HpaController,
     decide,
 )
-from scalelab.layers.hpa.decision import (
+from scalelab.lab.autoscale.hpa.decision import (
     MetricResult,
     SyncDecision,
 )
-from scalelab.layers.hpa.json_state import (
+from scalelab.lab.autoscale.hpa.json_state import (
     spec_from_json,
     state_from_json,
 )
-from scalelab.layers.hpa.normalization import (
+from scalelab.lab.autoscale.hpa.normalization import (
     SCALE_UP_LIMIT_FACTOR,
     SCALE_UP_LIMIT_MINIMUM,
 )
-from scalelab.layers.hpa.spec import (
+from scalelab.lab.autoscale.hpa.spec import (
     DEFAULT_SCALE_DOWN_POLICIES,
     DEFAULT_SCALE_UP_POLICIES,
     SOURCES,
@@ -68,7 +68,7 @@ from scalelab.layers.hpa.spec import (
     ScalingPolicy,
     ScalingRules,
 )
-from scalelab.layers.hpa.state import (
+from scalelab.lab.autoscale.hpa.state import (
     PHASES,
     HpaState,
     PodSample,
