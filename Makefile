@@ -16,7 +16,7 @@ OUT    ?= scalelab-out
 # module's shared server or trained model is still built once.
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow test-reliability lint typecheck promtool bench clean constraints
+.PHONY: demo test test-slow test-reliability lint typecheck promtool llamacpp bench clean constraints
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -57,7 +57,13 @@ promtool: | $(PY)
 test: lint typecheck promtool
 	$(VENV)/bin/pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
-test-slow: $(DEV)
+# llama-cpp-python in benchmarks/.venvs/llamacpp (.ci/llamacpp: its wheel is built once, ~7 min,
+# and kept in $$SCALELAB_WHEELS, default benchmarks/.venvs/wheels) for the slow tests against its
+# server and `generate quality --llamacpp`; never a project dependency.
+llamacpp:
+	@.ci/llamacpp
+
+test-slow: $(DEV) llamacpp
 	$(VENV)/bin/pytest -q -m "slow"
 
 test-reliability: $(DEV)

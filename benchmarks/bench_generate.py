@@ -31,18 +31,21 @@ Sections (each prints ratios; all results go to --out as one JSON document):
   time, and its CPU split (matrix products / paged attention / the rest) from torch.profiler;
   beside it Hugging Face's decode step on the same weights and prompts, timed alternately.
 - weights (only when named): fp32 vs int8 vs q4 weights, tokens/s at 1 and 8 streams, weight
-  bytes, server RSS, perplexity and greedy agreement (benchmarks/bench_weights.py).
+  bytes, server RSS, perplexity, teacher-forced next-token agreement with fp32 and greedy
+  agreement (benchmarks/bench_weights.py); with llamacpp named too, each setting's
+  teacher-forced next-token agreement with llama.cpp on the same Q4_1 file and ids beside it.
 - neighbour (only when named): q4 tokens/s at 1 and 8 concurrent streams with the machine as it
   is ("quiet") and with one CPU-spinning process pinned to one core ("one stream with a busy
   neighbour"), in-process and through `generate serve`, rounds alternating
   (benchmarks/bench_neighbour.py; --before-src adds a second source tree, e.g. main's).
-- llamacpp: llama-cpp-python (its wheel from benchmarks/.venvs/wheels, built from the sdist when
-  absent, into benchmarks/.venvs/llamacpp) on the same GGUF, token ids, threads and exact output
-  lengths (64 per stream, EOS ignored on both sides), 1 stream and 8 concurrent, in each of its
-  modes (benchmarks/llamacpp_peer.py): batched decoding through its C API (n_seq=8, as its
-  examples/batched; its server serves one request at a time, so it has no parallel slots) and
-  the high-level API serving requests in turn; ours (--weights, default q4: the same Q4_1
-  blocks) against the peer's best mode, rounds alternating, best of 3 each.
+- llamacpp: llama-cpp-python (in benchmarks/.venvs/llamacpp, made by .ci/llamacpp from the
+  wheel cached in benchmarks/.venvs/wheels, built from the sdist when absent) on the same GGUF,
+  token ids, threads and exact output lengths (64 per stream, EOS ignored on both sides), 1
+  stream and 8 concurrent, in each of its modes (benchmarks/llamacpp_peer.py): batched
+  decoding through its C API (n_seq=8, as its examples/batched; its server serves one request
+  at a time, so it has no parallel slots) and the high-level API serving requests in turn;
+  ours (--weights, default q4: the same Q4_1 blocks) against the peer's best mode, rounds
+  alternating, best of 3 each.
 
 The workload is a fixed seeded mix of prompt and output lengths (ignore_eos, so every mode
 generates exactly the same number of tokens). Measured on a shared two-core machine: the load
@@ -81,7 +84,6 @@ from scalelab.system.generate.speculative import SpecConfig
 
 HERE = Path(__file__).resolve().parent
 VENVS = HERE / ".venvs"
-LLAMACPP = "llama-cpp-python==0.3.36"
 _VOCAB = (
     "time people year way day thing man world life hand part child eye woman place work week "
     "case point number group problem fact river music garden window system table light paper "
@@ -626,55 +628,11 @@ def section_spec(lm: LoadedModel, n_tokens: int) -> dict[str, Any]:
     return out
 
 
-def llamacpp_python() -> Path | None:
-    """The peer's interpreter, installed from the cached wheel (built once from the sdist)."""
-    venv = VENVS / "llamacpp"
-    py = venv / "bin" / "python"
-    if (
-        py.exists()
-        and subprocess.run([str(py), "-c", "import llama_cpp"], capture_output=True).returncode == 0
-    ):
-        return py
-    wheels = sorted((VENVS / "wheels").glob("llama_cpp_python-*.whl"))
-    if not py.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    if not wheels:
-        print(
-            "[llamacpp] building the wheel from its sdist (one time, ~7+ min on 2 cores)",
-            flush=True,
-        )
-        subprocess.run(
-            [
-                str(py),
-                "-m",
-                "pip",
-                "wheel",
-                "-q",
-                "--no-deps",
-                LLAMACPP,
-                "-w",
-                str(VENVS / "wheels"),
-            ],
-            check=True,
-            env={**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": "2"},
-        )
-        wheels = sorted((VENVS / "wheels").glob("llama_cpp_python-*.whl"))
-    subprocess.run(
-        [
-            str(py),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            str(wheels[-1]),
-            "numpy",
-            "typing-extensions",
-            "diskcache",
-            "jinja2",
-        ],
-        check=True,
-    )
-    return py
+def llamacpp_python() -> Path:
+    """The peer's interpreter: benchmarks/.venvs/llamacpp, made by .ci/llamacpp (`make
+    llamacpp`) from the cached wheel, which it builds from the sdist once when absent."""
+    subprocess.run([str(HERE.parent / ".ci" / "llamacpp"), sys.executable], check=True)
+    return VENVS / "llamacpp" / "bin" / "python"
 
 
 def section_llamacpp(
@@ -776,12 +734,14 @@ def section_llamacpp(
     return out
 
 
-def section_weights(model: str, threads: int) -> dict[str, Any]:
-    """fp32 / int8 / q4 weights: tokens/s, memory, quality (benchmarks/bench_weights.py)."""
+def section_weights(model: str, threads: int, llamacpp: Path | None) -> dict[str, Any]:
+    """fp32 / int8 / q4 weights: tokens/s, memory, quality (benchmarks/bench_weights.py);
+    with `llamacpp` (its interpreter) next-token agreement with llama.cpp beside perplexity."""
     sys.path.insert(0, str(HERE))
     import bench_weights
 
-    out: dict[str, Any] = bench_weights.run(model, threads, tokens=64, rounds=2)
+    out: dict[str, Any] = bench_weights.run(model, threads, tokens=64, rounds=2,
+                                            llamacpp=llamacpp)
     return out
 
 
@@ -902,7 +862,11 @@ def main() -> None:
             64,
             args.threads,
         ),
-        "weights": lambda: section_weights(args.model, args.threads),
+        "weights": lambda: section_weights(
+            args.model,
+            args.threads,
+            llamacpp_python() if "llamacpp" in only and args.model == "smollm2-135m" else None,
+        ),
         "neighbour": lambda: section_neighbour(args.model, args.threads, args.before_src),
     }
     for name, fn in sections.items():

@@ -9,9 +9,12 @@ Per setting, each in its own process so memory does not carry over:
   same prompt and exactly --tokens output tokens each), best of --rounds;
 - weight bytes as they run (quant.weight_bytes: oneDNN-packed copies included);
 - RSS of a real `scalelab generate serve` process after one completion (VmRSS and VmHWM).
-Then quality against fp32 of the same file (scalelab.system.generate.quality): perplexity on the
-shipped held-out text and greedy agreement over --tokens tokens on its 24 prompts. Ratios are
-against fp32. A shared two-core machine: the load average is printed beside every number.
+Then quality against fp32 of the same file (scalelab.system.generate.quality): perplexity and
+teacher-forced next-token agreement on the shipped held-out text, greedy agreement over --tokens
+tokens on its 24 prompts; with --llamacpp PYTHON (an interpreter with llama-cpp-python:
+benchmarks/.venvs/llamacpp, `make llamacpp`) also each setting's next-token agreement with
+llama.cpp on the same GGUF file and ids. Ratios are against fp32. A shared two-core machine: the
+load average is printed beside every number.
 """
 
 from __future__ import annotations
@@ -178,9 +181,13 @@ def server_rss(model: str, weights: str, threads: int, timeout_s: float = 300) -
             proc.wait()
 
 
-def run(model: str, threads: int, tokens: int, rounds: int) -> dict[str, Any]:
-    from scalelab.system.generate.models import load_model
-    from scalelab.system.generate.quality import evaluate, greedy, heldout, perplexity
+def run(model: str, threads: int, tokens: int, rounds: int,
+        llamacpp: Path | None = None) -> dict[str, Any]:
+    """`llamacpp`: an interpreter with llama-cpp-python; each setting's teacher-forced
+    next-token agreement with llama.cpp on the same file goes beside its perplexity."""
+    import torch
+
+    from scalelab.system.generate.quality import evaluate, reference
 
     kern = kernels()
     rows: dict[str, dict[str, Any]] = {}
@@ -195,29 +202,40 @@ def run(model: str, threads: int, tokens: int, rounds: int) -> dict[str, Any]:
               f"{r['tokens_per_s_8']} tok/s, weights {r['weight_bytes'] / 1e6:.1f} MB, server "
               f"RSS {r['rss_bytes'] / 1e6:.0f} MB (peak {r['peak_rss_bytes'] / 1e6:.0f}); "
               f"load {r['load']:.1f}", flush=True)
-    doc = heldout()
-    ref = load_model(model, 512)
-    reference = (ref, perplexity(ref.model, ref.tokenizer, doc["text"]),
-                 greedy(ref, doc["prompts"], tokens))
+    torch.set_num_threads(threads)
+    ref = reference(model, num_tokens=tokens,
+                    llamacpp=None if llamacpp is None else str(llamacpp))
+    lc = ref.llamacpp
     for w in SETTINGS:
-        q = evaluate(model, w, num_tokens=tokens, reference=reference).to_dict()
-        rows[w]["quality"] = {k: q[k] for k in ("perplexity", "perplexity_change_pct",
-                                                "agreement", "identical", "prompts", "passes")}
+        q = evaluate(model, w, num_tokens=tokens, ref=ref).to_dict()
+        rows[w]["quality"] = {k: q[k] for k in (
+            "perplexity", "perplexity_change_pct", "agreement", "identical", "prompts",
+            "passes", "next_token_agreement", "positions", "llamacpp_agreement",
+            "llamacpp_near_ties")}
         base = rows["fp32"]
         rows[w]["ratio_1"] = round(rows[w]["tokens_per_s_1"] / base["tokens_per_s_1"], 2)
         rows[w]["ratio_8"] = round(rows[w]["tokens_per_s_8"] / base["tokens_per_s_8"], 2)
         rows[w]["weight_share"] = round(rows[w]["weight_bytes"] / base["weight_bytes"], 3)
         rows[w]["rss_share"] = round(rows[w]["rss_bytes"] / base["rss_bytes"], 3)
+        vs = ("" if lc is None else f", next token {q['llamacpp_agreement']:.1%} llama.cpp's "
+              f"({q['llamacpp_near_ties']} of the differences near ties)")
         print(f"[weights] {w:>5}: perplexity {q['perplexity']:.3f} "
-              f"({q['perplexity_change_pct']:+.2f}% vs fp32), agreement {q['agreement']:.2f} "
+              f"({q['perplexity_change_pct']:+.2f}% vs fp32), next token (teacher-forced, "
+              f"{q['positions']} positions) {q['next_token_agreement']:.1%} fp32's{vs}, "
+              f"greedy agreement {q['agreement']:.2f} "
               f"({q['identical']}/{q['prompts']} identical), {rows[w]['ratio_1']}x / "
               f"{rows[w]['ratio_8']}x fp32's tokens/s at 1 / 8, weights "
               f"{rows[w]['weight_share']:.0%} and RSS {rows[w]['rss_share']:.0%} of fp32's, "
               f"gate {'pass' if q['passes'] else 'FAIL'}", flush=True)
     passing = [w for w in SETTINGS if rows[w]["quality"]["passes"]]
     fastest = max(passing, key=lambda w: rows[w]["tokens_per_s_1"] + rows[w]["tokens_per_s_8"] / 8)
+    if lc is not None:
+        print(f"[weights] llama.cpp {lc.version}, same file and ids: perplexity "
+              f"{lc.perplexity:.3f}", flush=True)
     return {"model": model, "threads": threads, "tokens": tokens, "kernels": kern,
             "settings": rows,
+            "llamacpp": None if lc is None else {"version": lc.version,
+                                                 "perplexity": lc.perplexity},
             "fastest_passing": fastest, "load_end": loadavg()}
 
 
@@ -228,6 +246,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--llamacpp", type=Path, default=None,
+                    help="a Python with llama-cpp-python: next-token agreement with llama.cpp")
     ap.add_argument("--child", choices=SETTINGS, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=HERE / "out" / "weights.json")
     args = ap.parse_args()
@@ -236,7 +256,7 @@ def main() -> None:
         return
     print(f"model {args.model}, torch threads {args.threads}, load average {loadavg():.1f} "
           "(a shared machine: other jobs run beside this)", flush=True)
-    res = run(args.model, args.threads, args.tokens, args.rounds)
+    res = run(args.model, args.threads, args.tokens, args.rounds, args.llamacpp)
     print(f"fastest setting that passes the quality gate: {res['fastest_passing']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2))

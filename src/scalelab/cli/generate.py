@@ -242,40 +242,63 @@ def complete_cmd(prompt: str, model: str, kv_cache_bytes: str, block_size: int,
 @click.option("--tokens", default=64, show_default=True, type=int,
               help="Greedy tokens per prompt for the agreement check.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Weights seed of tiny.")
+@click.option("--llamacpp", "llamacpp", default=None, metavar="PYTHON|FILE.json",
+              help="Also teacher-forced next-token agreement with llama.cpp on the same GGUF "
+                   "file and ids: a Python interpreter with llama-cpp-python (run as a "
+                   "subprocess; `make llamacpp` makes benchmarks/.venvs/llamacpp/bin/python), "
+                   "or the JSON an earlier run saved with --llamacpp-save.")
+@click.option("--llamacpp-save", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write llama.cpp's predictions (from --llamacpp PYTHON) to this JSON file.")
 @click.option("--report-only", is_flag=True,
               help="Exit 0 when a setting fails the gate (the result says passes: false), "
                    "as the llm stage of `scalelab diagnose --full` records it.")
 @json_option
-def quality_cmd(model: str, settings: str, tokens: int, seed: int, report_only: bool,
-                as_json: bool) -> None:
-    """Perplexity on the shipped held-out text and greedy agreement on its 24 prompts, each
-    setting against the fp32 model of the same source; exit 1 when one fails the gate
-    (q4: perplexity within 1% of fp32; int8: at most 1% higher)."""
+def quality_cmd(model: str, settings: str, tokens: int, seed: int, llamacpp: str | None,
+                llamacpp_save: Path | None, report_only: bool, as_json: bool) -> None:
+    """Perplexity and teacher-forced next-token agreement on the shipped held-out text, and
+    greedy agreement on its 24 prompts, each setting against the fp32 model of the same source
+    (and, with --llamacpp, against llama.cpp); exit 1 when one fails the gate (q4: perplexity
+    within 1% of fp32; int8: at most 1% higher)."""
     from scalelab.lab.core.errors import BadUsageError
-    from scalelab.system.generate.models import load_model
-    from scalelab.system.generate.quality import evaluate, greedy, heldout, perplexity
+    from scalelab.system.generate.quality import evaluate, heldout, reference
     from scalelab.system.generate.quant import check_weights
 
     names = [check_weights(w.strip()) for w in settings.split(",") if w.strip()]
     if not names or tokens < 1:
         raise BadUsageError("--weights needs at least one setting and --tokens at least 1")
+    if llamacpp_save is not None and (llamacpp is None or llamacpp.endswith(".json")):
+        raise BadUsageError("--llamacpp-save needs --llamacpp PYTHON (an interpreter to run)")
     doc = heldout()
-    ref = load_model(model, 512, seed=seed)
-    reference = (ref, perplexity(ref.model, ref.tokenizer, doc["text"]),
-                 greedy(ref, doc["prompts"], tokens))
-    rows = [evaluate(model, w, num_tokens=tokens, seed=seed, reference=reference).to_dict()
-            for w in names]
-    out = {"model": model, "source": ref.source, "text_bytes": len(doc["text"].encode()),
-           "results": rows, "passes": all(r["passes"] for r in rows)}
+    ref = reference(model, num_tokens=tokens, seed=seed, llamacpp=llamacpp,
+                    llamacpp_save=llamacpp_save)
+    rows = [evaluate(model, w, num_tokens=tokens, seed=seed, ref=ref).to_dict() for w in names]
+    lc = ref.llamacpp
+    out: dict[str, Any] = {
+        "model": model, "source": ref.loaded.source, "text_bytes": len(doc["text"].encode()),
+        "results": rows, "passes": all(r["passes"] for r in rows),
+        "llamacpp": None if lc is None else {
+            "source": lc.source, "llama_cpp_version": lc.version, "perplexity": lc.perplexity,
+            "positions": len(lc.argmax),
+            "fp32_agreement": evaluate(model, "fp32", num_tokens=tokens, seed=seed,
+                                       ref=ref).llamacpp_agreement}}
 
     def render(c: Any) -> None:
         for r in rows:
+            vs = ("" if r["llamacpp_agreement"] is None else
+                  f", {r['llamacpp_agreement']:.1%} with llama.cpp "
+                  f"({r['llamacpp_near_ties']} of the differences near ties)")
             c.print(f"{r['weights']:>5}: perplexity {r['perplexity']:.3f} vs fp32 "
                     f"{r['perplexity_fp32']:.3f} ({r['perplexity_change_pct']:+.2f}%), "
+                    f"next token (teacher-forced, {r['positions']} positions) "
+                    f"{r['next_token_agreement']:.1%} same as fp32{vs}; "
                     f"greedy agreement {r['agreement']:.2f} ({r['identical']}/{r['prompts']} "
                     f"identical over {r['tokens']} tokens), weights "
                     f"{r['weight_bytes'] / 1e6:.1f} MB vs {r['weight_bytes_fp32'] / 1e6:.1f} MB"
                     f" -> {'pass' if r['passes'] else 'FAIL'}")
+        if lc is not None:
+            c.print(f"llama.cpp {lc.version} on the same file and ids: perplexity "
+                    f"{lc.perplexity:.3f}; our fp32 picks its next token at "
+                    f"{out['llamacpp']['fp32_agreement']:.1%} of {len(lc.argmax)} positions")
 
     emit(out, as_json, render)
     if not out["passes"] and not report_only:
