@@ -15,6 +15,7 @@ from scalelab.lab.diagnose.budget import (
     parse_budget,
     replan,
     split_budget,
+    stage_deadline,
 )
 from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.run import Runner
@@ -158,11 +159,17 @@ def test_a_sized_stage_shares_an_earlier_overrun_with_the_later_stages(tmp_path:
     # the stage is stopped at 1.5 times its share, and at the budget's end (less the report's
     # time) at the latest: here 40 - 6 x 3.26 s from now
     assert r.ctx.deadline == pytest.approx(time.monotonic() + 40.0 - 6.0 * slow, abs=0.05)
-    # (data, starting first with the whole budget ahead: 1.5 x its 8.42 s)
+    # (data, a fixed stage starting first with the whole budget ahead: its 8.42 s share is an
+    # estimate, so it may run on until the later stages' leasts (3.5 + 6.5 + 10.5 s) start
+    # before the budget's end less the report's 6 s; with a budget of 35 s, 1.5 x its share)
     fresh = Runner(load_config(cfg, "default"), tmp_path / "o2", "default", budget_s=100.0)
     fresh._reshare("data")
     assert fresh.given["data"] == pytest.approx(8.42)
-    assert fresh.ctx.deadline == pytest.approx(time.monotonic() + 1.5 * 8.42, abs=0.05)
+    assert fresh.ctx.deadline == pytest.approx(fresh.started + 100.0 - 6.0 - 20.5, abs=0.05)
+    tight = Runner(load_config(cfg, "default"), tmp_path / "o3", "default", budget_s=35.0)
+    tight._reshare("data")
+    assert tight.ctx.deadline == pytest.approx(
+        time.monotonic() + 1.5 * tight.given["data"], abs=0.05)
     # the steps' wall time against their quiet estimates is a pace too: the slower one counts
     r.delivered = [(2.5, 25.0)]
     r._reshare("serve")
@@ -196,3 +203,17 @@ def test_the_time_section() -> None:
     ]
     assert time_lines({"total_s": None, "full": True, "stages": []}, []) == [
         "no budget: --full, each sized level until decided or its cap"]
+
+
+def test_a_stage_stops_where_the_later_stages_leasts_start() -> None:
+    """Exact: at t=100 s, budget end 256 s, later leasts 22.5 s (so they start at 233.5 s)."""
+    # A sized stage: 1.5x its share, cut where the later leasts start (never under its share).
+    assert stage_deadline(100, 89.8, 256, 22.5, sized=True, slack=1.5) == 233.5
+    assert stage_deadline(100, 150, 256, 22.5, sized=True, slack=1.5) == 250.0
+    assert stage_deadline(100, 20, 256, 22.5, sized=True, slack=1.5) == 130.0
+    # A fixed stage may run past 1.5x its share up to there: its share is an estimate.
+    assert stage_deadline(100, 16, 256, 22.5, sized=False, slack=1.5) == 233.5
+    assert stage_deadline(100, 16, 256, 200, sized=False, slack=1.5) == 124.0
+    # Never past the budget's end, never before now.
+    assert stage_deadline(100, 200, 256, 0, sized=False, slack=1.5) == 256.0
+    assert stage_deadline(300, 10, 256, 0, sized=True, slack=1.5) == 300.0

@@ -152,6 +152,24 @@ def replan(left_s: float, now: StageNeed, later: list[StageNeed], *, slow: float
     return share if now.sized else max(share, min(left, leasts[0]))
 
 
+def stage_deadline(now: float, share_s: float, end: float, later_least_s: float, *,
+                   sized: bool, slack: float) -> float:
+    """When a stage's running step is stopped (pure): `slack` times its share, never past the
+    point where the stages after it could no longer get their leasts (`later_least_s`, at this
+    run's pace, before `end`, the budget's end less the report's time), and never past `end`.
+
+    A fixed stage may run past `slack` times its share up to that point: its share is a quiet
+    estimate times a pace, which can miss by 2x (the train stage at 1 and 4 workers, planned
+    at 16 s at pace 1.13, took 24 s, was stopped and measured nothing, 2026-12-07, load 2.5),
+    and what it overruns the sized stages after it give up from their spare time. A sized stage
+    cuts its own work to its share and stops at `slack` times it, or earlier where the later
+    stages' leasts start (its overrun left the last stage, online, nothing in that run)."""
+    protect = end - later_least_s
+    soft = now + share_s * slack
+    at = min(soft, max(now + share_s, protect)) if sized else max(soft, protect)
+    return max(now, min(at, end))
+
+
 PLAN_FILL = 0.85
 """The part of its share a fixed stage plans to fill on a machine slower than its estimates
 (pace > 1): at load 13–15 on the shared VM (2026-12-07) the train stage planned at 81 s of

@@ -30,6 +30,7 @@ from scalelab.lab.diagnose.budget import (
     parse_budget,
     replan,
     split_budget,
+    stage_deadline,
     time_lines,
 )
 from scalelab.lab.diagnose.config import CONFIG, DiagnoseConfig, Mode
@@ -287,8 +288,9 @@ class Runner:
         proportion to its minimum, not paid by the last one alone. The pace is the slower of
         the stages' time against their shares and the steps' against their quiet estimates
         (a fixed stage that cut its work to its share hides a slow machine from the first).
-        The stage's deadline (`Context.deadline`) is `DEADLINE_SLACK` times its share, and the
-        budget's end at the latest: a step still running then is stopped."""
+        The stage's deadline (`Context.deadline`, `budget.stage_deadline`) is `DEADLINE_SLACK`
+        times its share, bounded by the later stages' leasts and the budget's end: a step
+        still running then is stopped."""
         names = [sh.stage for sh in self.shares]
         if self.budget_s is None or stage not in names:
             return
@@ -307,7 +309,9 @@ class Runner:
         self.paces[stage] = slow
         end = self.started + self.budget_s - REPORT_S * slow
         self.ctx.share_s, self.ctx.pace = share, slow
-        self.ctx.deadline = min(now + share * DEADLINE_SLACK, max(now, end))
+        later_least = sum(n.floor_s for n in needs[i + 1:]) * slow
+        self.ctx.deadline = stage_deadline(now, share, end, later_least, sized=needs[i].sized,
+                                           slack=DEADLINE_SLACK)
         if share < needs[i].minimum_s * slow:
             self.ctx.short.add(stage)
 

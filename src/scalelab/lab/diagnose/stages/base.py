@@ -233,6 +233,8 @@ class FixedStage(Stage[S]):
         unfinished, and leaves the time to the stages after it; noted."""
         if ctx.share_s is None or estimate_s * ctx.pace <= ctx.share_s:
             return False
+        if ctx.deadline is not None and estimate_s * ctx.pace <= ctx.deadline - time.monotonic():
+            return False  # its deadline lets it overrun its share (`budget.stage_deadline`)
         ctx.note(f"{self.name}: not measured: its {ctx.share_s:.3g} s share at this run's pace "
                  f"({ctx.pace:.3g}× the quiet estimates) pays for less than its decision needs "
                  f"(~{estimate_s * ctx.pace:.3g} s); a larger --budget measures it")

@@ -34,23 +34,25 @@ SERVED_EPOCHS = 2
 """Epochs the served model trains (318 steps at batch 512 on the 81,532 training rows)."""
 SERVED_S = 6.5
 """Quiet 2-core seconds of training the served model on one thread: 10.9 CPU-s at load 11
-(2026-12-07; its 318 steps 6.2 s of it), times 0.6 (see BENCH_START_S)."""
-BENCH_START_S = 1.6
-"""Quiet 2-core seconds of `train bench`'s own start (interpreter, torch imported). The costs
-here are CPU seconds measured at load 11–13 on the shared 2-core VM (2026-12-07), where wall
-time says little: the bench at 1,2,4 workers x 30 steps used 36.2 CPU-s (its levels' process
-trees 7.3, 10.0 and 15.7), at 1 worker x 5 steps 8.3 (its level 5.7), at 1,4 workers x 10
-steps 26.8; times 0.6, what a CPU second under that load buys on a quiet machine (the quiet
-demos' train stage at batch 512, 2026-12-03, took 16–25 s where these CPU seconds give 24),
-with a serial part's seconds its own and the parallel parts' shared by 2 cores."""
-LEVEL_S = 3.2
-"""Quiet seconds of one worker count's fixed work: the rows encoded for its run, torchrun
-and its first worker started (torch imported), the test split evaluated."""
-WORKER_START_S = 0.7
-"""Quiet seconds each further worker adds to a run's start, on 2 cores."""
-STEP_S_32K = 0.04
-"""Quiet seconds of one optimizer step at a global batch of 32,768 on one worker: 25 more
-steps cost 1.6 CPU-s (7.3 against 5.7 above)."""
+(2026-12-07; its 318 steps 6.2 s of it), times 0.6, what a CPU second at that load was taken
+to buy on a quiet machine (a demo at load 2.1–2.9 took 10.6 s, the input never stopped)."""
+BENCH_START_S = 4.5
+"""Seconds of `train bench`'s own start on the 2-core VM (interpreter, torch imported, the
+dataset read). The costs here are wall seconds at batch 32,768 and 100,000 rows measured on
+the 2-core VM at load 2.1–2.9 (2026-12-07, two other jobs beside it, one mostly idle): 1
+worker x 10 steps 10.0 s; workers 1,4 x 10 steps 26.3 s, x 30 steps 28.8 s; workers 1,2,4 x
+30 steps 34.2 s (so 2 workers add 5.4 s, and 4 workers on 2 cores 16 s: each process past
+the cores starts torch on a core another is using)."""
+LEVEL_S = 4.6
+"""Seconds of one worker count's fixed work: the rows encoded for its run, torchrun and its
+first worker started (torch imported), the test split evaluated."""
+WORKER_START_S = 0.3
+"""Seconds each further worker adds to a run's start while the workers fit the cores."""
+WORKER_OVER_S = 5.6
+"""Seconds each worker past the cores adds (4 workers on 2 cores: 2 x 5.6 s)."""
+STEP_S_32K = 0.083
+"""Seconds of one optimizer step at a global batch of 32,768 on one worker (20 more steps
+at 1 and 4 workers cost 2.5 s: 1.5 steps' worth each)."""
 CORES_MEASURED = 2
 """The cores the step time above spreads over (the 2-core machine it was measured on)."""
 STEPS_LEAST = 10
@@ -149,8 +151,10 @@ def worker_order(workers: list[int], target: float) -> list[int]:
 def level_s(workers: int, steps: int, batch: int) -> float:
     """Quiet 2-core seconds of one worker count's run (pure): its fixed work and its steps,
     whose time grows with the global batch and shrinks with the cores its workers share."""
-    per_step = STEP_S_32K * batch / 32768 / min(workers, CORES_MEASURED)
-    return LEVEL_S + (workers - 1) * WORKER_START_S + steps * per_step
+    fit = min(workers, CORES_MEASURED)
+    per_step = STEP_S_32K * batch / 32768 / fit
+    return (LEVEL_S + (fit - 1) * WORKER_START_S + (workers - fit) * WORKER_OVER_S
+            + steps * per_step)
 
 
 def fewer_steps(plan: Plan, s: TrainSettings, kept: list[int]) -> int:
