@@ -30,3 +30,17 @@ def test_repeats_give_the_line_most_of_them_said() -> None:
         for i, said in enumerate([other, SLOTS, SLOTS])
     ])
     assert rows[0].limiting_resource == SLOTS
+
+
+def test_a_target_measured_alone_keeps_its_multiple_when_its_base_is_stated() -> None:
+    """A stage that measured its 10x target and had its curve cut: 10x, not 1x, when the
+    record states its 1x level; the lowest level measured is 1x otherwise."""
+    said = build_sheet([rec("retrieval", "corpus_multiple", 10.0, rate=5.0)
+                        .model_copy(update={"base_level": 1.0})])
+    assert [r.multiple for r in said] == [10.0]
+    alone = build_sheet([rec("retrieval", "corpus_multiple", 10.0, rate=5.0)])
+    assert [r.multiple for r in alone] == [1.0]
+    both = build_sheet([rec("llm", "concurrency", 4.0, rate=5.0),
+                        rec("llm", "concurrency", 40.0, rate=5.0)
+                        .model_copy(update={"base_level": 2.0})])
+    assert [r.multiple for r in both] == [2.0, 20.0]

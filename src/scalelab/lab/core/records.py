@@ -101,6 +101,10 @@ class Record(StrictFrozenModel):
     """The same latencies in consecutive slices of the run, one encoded HdrHistogram each, by
     metric (`lab/load/slices.py`): how much a quantile moves within one run; {} = not kept."""
     extras: dict[str, Any] = Field(default_factory=dict)
+    base_level: float | None = None
+    """The level that is 1× of its stage's curve (its lowest configured level), where the
+    writer knows it; None: the lowest level measured is (a target measured first, its curve
+    cut for time, is still read as 10×, not as 1×)."""
     purpose: Literal["decision", "curve"] = "decision"
     """What the record is for: "decision", a level measured to decide its objectives (a stage's
     target, or a level of the bisection for its first miss); "curve", a point measured briefly

@@ -253,7 +253,9 @@ def build_sheet(records: Iterable[Record]) -> list[SheetRow]:
     base: dict[tuple[str, str, str], float] = {}
     for stage, series, variable, level in groups:
         key = (stage, series, variable)
-        base[key] = min(base.get(key, level), level)
+        said = [r.base_level for r in groups[(stage, series, variable, level)]
+                if r.base_level is not None and r.base_level > 0]
+        base[key] = min(base.get(key, level), level, *said)
     rows: list[SheetRow] = []
 
     def order(

@@ -60,6 +60,14 @@ class StepResult:
     of the system under test."""
 
 
+def based(tag: Tagger | None, base_level: float) -> Tagger:
+    """`tag`, then the record's 1× level stated (`Record.base_level`): for a stage that
+    measures its target before its curve, which its budget may cut."""
+    def apply(r: Record) -> Record:
+        return (tag(r) if tag else r).model_copy(update={"base_level": base_level})
+    return apply
+
+
 def restage(r: Record, stage: str, repeat: int | None = None) -> Record:
     """A step's record under the diagnosis's stage name (and repeat, for one-repeat steps)."""
     upd: dict[str, object] = {"stage": stage}

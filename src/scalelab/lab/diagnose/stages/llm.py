@@ -77,7 +77,7 @@ from scalelab.lab.diagnose.stages.serve_curve import (
     step_seconds,
 )
 from scalelab.lab.diagnose.stages.serve_search import SEARCH_CONFIRM_S
-from scalelab.lab.diagnose.steps import Step, StepResult, Tagger, restage
+from scalelab.lab.diagnose.steps import Step, StepResult, Tagger, based, restage
 from scalelab.lab.load.capacity import step_requests
 from scalelab.lab.load.llm import result as llm_result
 from scalelab.lab.load.llm.workload import PATHS, LengthDist
@@ -465,7 +465,7 @@ class LlmStage(Stage[LlmSettings]):
             # The request's model field: the server's own name (from /v1/models).
             load = self._load(s, spawned.url, rec, spawned.url + "/metrics", None, price,
                               pid=spawned.proc.pid, series=series)
-            tag = weights.tagger(self.name, rep)
+            tag = based(weights.tagger(self.name, rep), float(concurrencies(s, None)[0]))
             label = f"llm {series} #{rep + 1}"
             if series == s.baseline:
                 clock.reserve_s = (ctx.repeats - rep - 1) * first_step_s(s, series)

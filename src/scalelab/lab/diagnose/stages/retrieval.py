@@ -29,7 +29,7 @@ from scalelab.lab.diagnose.commands import Command
 from scalelab.lab.diagnose.schema import Levels, StageSettings
 from scalelab.lab.diagnose.sizing import curve_point, target_level
 from scalelab.lab.diagnose.stages.base import MINIMUM_S, Context, Stage
-from scalelab.lab.diagnose.steps import Step, restage
+from scalelab.lab.diagnose.steps import Step, based, restage
 
 BASELINE = "exact"
 RELATIVE = frozenset({"quality:recall_at_10", "extras:memory_vs_raw"})
@@ -299,9 +299,10 @@ class RetrievalStage(Stage[RetrievalSettings]):
                              price_per_core_hour=ctx.prices.core_hour_usd, records=rec)
         where = ", ".join(f"{x:g}×" for x in levels)
         ctx.run(Step(stage=self.name, label=f"retrieval bench {where} #{rep + 1}", command=cmd,
-                     records=rec, tag=functools.partial(
+                     records=rec, tag=based(functools.partial(
                          tag_record, stage=self.name, repeat=rep,
-                         objectives=s.built_objectives(), curve=curve), timeout_s=1800))
+                         objectives=s.built_objectives(), curve=curve), min(s.levels)),
+                     timeout_s=1800))
 
     def goals(self, s: RetrievalSettings) -> list[StageGoal]:
         return [StageGoal(stage=self.name, objectives=s.built_objectives(),
