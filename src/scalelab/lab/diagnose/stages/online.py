@@ -30,13 +30,13 @@ from scalelab.lab.diagnose.stages.base import Context, FixedStage
 from scalelab.lab.diagnose.steps import Step, restage
 
 BASELINE = "fixed"
-START_S = 4.0
+START_S = 6.5
 """Quiet 2-core seconds of a bench's start: imports, the schema inferred, the replay built and
-ingested into the event log. The costs here split the stage's quiet 16 s (fresh-clone demos
-of 2026-12-03: 15–19 s at load 0.5–2) by the CPU seconds of a whole bench measured at load
-10–11 (2026-12-07: 31.5 CPU-s; policies' walls never 10.8 s, monthly 6.1, weekly 7.6, daily
-34.6, drift 8.7): under load a CPU second buys about half the work it does on a quiet
-machine."""
+ingested into the event log. The policies' costs below split the stage's quiet time by the
+CPU seconds of a whole bench measured at load 10–11 (2026-12-07: 31.5 CPU-s; policies' walls
+never 10.8 s, monthly 6.1, weekly 7.6, daily 34.6, drift 8.7); this start is what is left of
+the whole bench's wall on the quiet 2-core VM (2026-12-07, load 1.0–1.1, the demo's replay
+to 2013-05-01): monthly and daily 14.3 s, with never 16.4 s, all five 19.1 s."""
 SCORE_S_PER_DAY = 0.011
 """Quiet seconds a replayed day's windows take to score (predict, then learn the labels)."""
 UPDATE_S = 0.061

@@ -62,7 +62,7 @@ from scalelab.lab.diagnose.stages.serve_config import (
 )
 from scalelab.lab.diagnose.stages.serve_curve import CAPACITY, grid_bounds
 from scalelab.lab.diagnose.stages.serve_meter import WARMUP_S, metered, tree_usage
-from scalelab.lab.diagnose.stages.serve_search import run_search, search_path
+from scalelab.lab.diagnose.stages.serve_search import SEARCH_CONFIRM_S, run_search, search_path
 from scalelab.lab.diagnose.stages.serve_servers import Planned, start_all, stop_all
 from scalelab.lab.diagnose.stages.serve_sweep import Shape, run_sweep, sweep_servers, sweep_shapes
 from scalelab.lab.diagnose.stages.sized_load import sized_levels
@@ -493,6 +493,18 @@ class ServeStage(Stage[ServeSettings]):
         return (servers_start_s(processes, cores)
                 + first_steps * (STEP_START_S + len(s.levels) * level_s)
                 + self._after_levels_s(s, cores))
+
+    def least_s(self, s: ServeSettings, repeats: int) -> float:
+        """What its decision needs: the baseline's server, its levels and one capacity search
+        with its confirmation; the other batching settings and the replica sweep are advice,
+        which the stage cuts when its share is short."""
+        if s.url:
+            return self.minimum_s(s, repeats)
+        cores = os.cpu_count() or 1
+        level_s = parse_duration(s.duration) + WARMUP_S
+        searching = s.capacity and slo_text(s.built_objectives()) is not None
+        return (servers_start_s(1, cores) + repeats * (STEP_START_S + len(s.levels) * level_s)
+                + ((SEARCH_S + SEARCH_CONFIRM_S) if searching else 0.0))
 
     def goals(self, s: ServeSettings) -> list[StageGoal]:
         return [
