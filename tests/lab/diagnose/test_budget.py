@@ -217,3 +217,24 @@ def test_a_stage_stops_where_the_later_stages_leasts_start() -> None:
     # Never past the budget's end, never before now.
     assert stage_deadline(100, 200, 256, 0, sized=False, slack=1.5) == 256.0
     assert stage_deadline(300, 10, 256, 0, sized=True, slack=1.5) == 300.0
+
+
+def test_the_budget_counts_from_the_process_start_unless_a_host_calls_in_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh `scalelab diagnose` process counts its interpreter's start; a process that ran
+    for minutes before (a suite's worker) counts from now, or its budget is spent at once."""
+    import psutil
+
+    from scalelab.lab.diagnose import run as run_module
+
+    class Proc:
+        def __init__(self, age: float) -> None:
+            self.age = age
+
+        def create_time(self) -> float:
+            return time.time() - self.age
+
+    monkeypatch.setattr(psutil, "Process", lambda: Proc(2.0))
+    assert time.monotonic() - run_module.process_started() == pytest.approx(2.0, abs=0.05)
+    monkeypatch.setattr(psutil, "Process", lambda: Proc(400.0))
+    assert time.monotonic() - run_module.process_started() == pytest.approx(0.0, abs=0.05)
