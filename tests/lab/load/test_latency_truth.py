@@ -145,6 +145,10 @@ def test_sse_ttft_and_e2e_include_the_wait_for_a_stream(mode: Mode) -> None:
         start = t["arrival_s"]
     first = [(f - s) * 1e3 for f, s in zip(t["first_s"], start, strict=True)]
     last = [(e - s) * 1e3 for e, s in zip(t["last_s"], start, strict=True)]
-    assert max(first) > 200
+    # Not vacuous: the freezes reach the timed spans. Open loop: streams due in a freeze wait
+    # in the tester's queue, so their TTFT does. Closed loop: a stream in flight when a freeze
+    # starts always ends after it, but none may be before its first token then (four streams
+    # in step under a busy suite are all past it 15 ms of every 35 ms), so e2e is the check.
+    assert max(first if mode == "open" else last) > 200
     _assert_matches(ttft, first, slack)
     _assert_matches(e2e, last, slack)
