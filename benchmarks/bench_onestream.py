@@ -62,12 +62,13 @@ print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     n = int(line)
     llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = [decode(ids, 0)]
     while len(out) < n:
         out.append(decode([out[-1]], len(ids) + len(out) - 1))
-    dt = time.perf_counter() - t0
-    print(json.dumps({"tokens_per_s": n / dt, "ids": out}), flush=True)
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(json.dumps({"tokens_per_s": n / dt, "cpu_ms_per_token": 1e3 * cpu / n, "ids": out}),
+          flush=True)
 """
 
 
@@ -97,11 +98,12 @@ def child(threads: int) -> None:
     eng.generate([ids], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     print(json.dumps({"ready": True, "ids": ids}), flush=True)
     for line in sys.stdin:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         (seq,) = eng.generate([ids], SamplingParams(max_tokens=int(line), ignore_eos=True))
-        dt = time.perf_counter() - t0
-        print(json.dumps({"tokens_per_s": seq.num_output / dt, "ids": seq.output_ids}),
-              flush=True)
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        print(json.dumps({"tokens_per_s": seq.num_output / dt,
+                          "cpu_ms_per_token": 1e3 * cpu / seq.num_output,
+                          "ids": seq.output_ids}), flush=True)
 
 
 class Worker:
@@ -136,9 +138,9 @@ def _ours(src: str, threads: int) -> Worker:
     return Worker([sys.executable, __file__, "--child", "--threads", str(threads)], env)
 
 
-def _summary(xs: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(xs), 1), "min": round(min(xs), 1),
-            "max": round(max(xs), 1)}
+def _summary(xs: list[float], digits: int = 1) -> dict[str, float]:
+    return {"median": round(statistics.median(xs), digits), "min": round(min(xs), digits),
+            "max": round(max(xs), digits)}
 
 
 def run(threads: list[int], tokens: int, rounds: int, trees: dict[str, str],
@@ -151,16 +153,18 @@ def run(threads: list[int], tokens: int, rounds: int, trees: dict[str, str],
         peer = Worker([str(peer_python), "-c", PEER, gguf, str(n), json.dumps(ids)])
         engines = {**ours, "llama.cpp": peer}
         got: dict[str, list[float]] = {k: [] for k in engines}
+        cpu: dict[str, list[float]] = {k: [] for k in engines}
         outputs: dict[str, list[int]] = {}
         loads = []
         try:
-            for k, w in engines.items():
+            for w in engines.values():
                 w.run(8)  # warm
             for _ in range(rounds):
                 loads.append(loadavg())
                 for k, w in engines.items():
                     r = w.run(tokens)
                     got[k].append(r["tokens_per_s"])
+                    cpu[k].append(r["cpu_ms_per_token"])
                     outputs[k] = r["ids"]
         finally:
             for w in engines.values():
@@ -169,6 +173,7 @@ def run(threads: list[int], tokens: int, rounds: int, trees: dict[str, str],
         for k in trees:
             row[f"ratio_{k}"] = round(statistics.median(
                 a / b for a, b in zip(got[k], got["llama.cpp"], strict=True)), 2)
+        row["cpu_ms_per_token"] = {k: _summary(v, 2) for k, v in cpu.items()}
         row["same_ids_as_this"] = {k: outputs[k] == outputs["this"] for k in trees}
         row["load"] = [round(x, 2) for x in loads]
         out[f"{n}_threads"] = row
@@ -176,9 +181,99 @@ def run(threads: list[int], tokens: int, rounds: int, trees: dict[str, str],
               f"load {min(loads):.1f}-{max(loads):.1f}: "
               + "; ".join(f"{k} {s['median']} tok/s ({s['min']}-{s['max']})"
                           for k, s in row.items() if k in engines)
-              + "; ours/llama.cpp " + ", ".join(f"{k} {row[f'ratio_{k}']}x" for k in trees),
+              + "; ours/llama.cpp " + ", ".join(f"{k} {row[f'ratio_{k}']}x" for k in trees)
+              + "; CPU ms a token " + ", ".join(
+                  f"{k} {v['median']}" for k, v in row["cpu_ms_per_token"].items()),
               flush=True)
     out["load_end"] = loadavg()
+    return out
+
+
+OP_GROUPS = {
+    "int4 products": ("_weight_int4pack_mm",),
+    "RMSNorm": ("rms_norm", "pow", "sum", "div_", "rsqrt"),
+    "attention (KV write, SDPA)": ("scaled_dot_product", "index_copy", "index_select"),
+    "dtype casts and copies": ("copy_", "_to_copy", "to", "empty", "empty_strided", "roll"),
+    "elementwise (residual, RoPE, SwiGLU)": ("add", "add_", "mul", "silu", "silu_", "cat",
+                                             "neg"),
+}
+
+
+def _group(op: str) -> str:
+    name = op.removeprefix("aten::")
+    for group, keys in OP_GROUPS.items():
+        if any(name == k or (k.startswith("_") and k in name) or
+               (k in ("scaled_dot_product", "rms_norm") and k in name) for k in keys):
+            return group
+    return "views, indexing, the rest"
+
+
+def profile_step(threads: int, steps: int = 40) -> dict[str, Any]:
+    """Where one decode step at one stream goes, in this process (--weights q4): torch.profiler's
+    self CPU time per op and per group of ops (ms per step, share), and cProfile's split of
+    the engine's step into the forward and everything around it (scheduling, sampling,
+    detokenization, the runner's per-step tensors)."""
+    import cProfile
+    import pstats
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from scalelab.system.generate.engine import LlmEngine, LlmEngineConfig
+    from scalelab.system.generate.models import load_model
+    from scalelab.system.generate.sequence import SamplingParams
+
+    torch.set_num_threads(threads)
+    lm = load_model("smollm2-135m", 1024, weights="q4")
+    eng = LlmEngine(lm.model, lm.tokenizer, LlmEngineConfig(
+        kv_cache_bytes=64 << 20, max_model_len=1024, max_num_seqs=1))
+    eng.add(lm.tokenizer.encode(PROMPT), SamplingParams(max_tokens=3 * steps + 8,
+                                                        ignore_eos=True))
+    for _ in range(4):
+        eng.step()
+    la = loadavg()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    wall = (time.perf_counter() - t0) / steps
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            eng.step()
+    ops = [(k.key, k.count / steps, k.self_cpu_time_total / steps / 1e3)
+           for k in prof.key_averages()]
+    total = sum(ms for _, _, ms in ops) or 1.0
+    groups: dict[str, float] = {}
+    for key, _, ms in ops:
+        groups[_group(key)] = groups.get(_group(key), 0.0) + ms
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(steps):
+        eng.step()
+    pr.disable()
+    st = pstats.Stats(pr).stats  # type: ignore[attr-defined]
+    step_s = sum(v[3] for k, v in st.items() if k[2] == "step" and k[0].endswith("engine.py"))
+    fwd_s = sum(v[3] for k, v in st.items() if k[2] == "__call__" and k[0].endswith("forward.py"))
+    out = {
+        "threads": threads,
+        "step_ms": round(1e3 * wall, 2),
+        "profiled_cpu_ms": round(total, 2),
+        "ops": [{"op": k, "calls": round(c, 1), "ms": round(ms, 3), "share": round(ms / total, 3)}
+                for k, c, ms in sorted(ops, key=lambda o: -o[2])[:20]],
+        "groups": {g: {"ms": round(ms, 2), "share": round(ms / total, 3)}
+                   for g, ms in sorted(groups.items(), key=lambda g: -g[1])},
+        "forward_share_of_step": round(fwd_s / step_s, 3) if step_s else None,
+        "load": la,
+        "load_end": loadavg(),
+    }
+    print(f"[profile] one stream, {threads} thread(s): step {out['step_ms']} ms wall; "
+          f"torch.profiler self CPU {out['profiled_cpu_ms']} ms/step (profiler overhead "
+          f"included); the forward {out['forward_share_of_step']:.1%} of the engine's step "
+          f"(cProfile); load {la:.1f}", flush=True)
+    for g, v in out["groups"].items():
+        print(f"  {g:40s} {v['ms']:7.2f} ms {v['share']:6.1%}", flush=True)
+    for o in out["ops"][:12]:
+        print(f"    {o['op'][:48]:48s} {o['calls']:6.1f}/step {o['ms']:7.3f} ms "
+              f"{o['share']:6.1%}", flush=True)
     return out
 
 
@@ -190,13 +285,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--before-src", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="only the per-op profile of one decode step, in this process")
     args = ap.parse_args()
     if args.child:
         child(int(args.threads))
         return
+    if args.profile:
+        prof = {n: profile_step(int(n)) for n in args.threads.split(",")}
+        if args.out:
+            Path(args.out).write_text(json.dumps(prof, indent=2))
+        return
     sys.path.insert(0, str(HERE))
     from bench_generate import llamacpp_python
-
     from scalelab.system.generate.gguf import smollm2_path
 
     trees = {"this": str(HERE.parent / "src")}

@@ -134,6 +134,9 @@ class StepForward:
         cos, sin = self.rotary(positions)
         x = self.embed(input_ids)
         b, t, width = x.shape
+        # The residual stream as (rows, width): the products take and give rows, so only the
+        # attention's operands are shaped (b, t, heads, head_dim).
+        x = x.view(b * t, width)
         norm_shape = (width,)
         cos = cos.unsqueeze(2).to(x.dtype)
         half = cos.shape[-1] // 2
@@ -147,8 +150,7 @@ class StepForward:
             if L.qkv is not None:
                 # q and k sit side by side in the fused product: rotated together, one set of
                 # RoPE ops (elementwise, so each value is what rotating it alone gives).
-                qkv = INT4_MM(h.view(-1, width).to(L.qkv.dtype), L.qkv.packed, GROUP,
-                              L.qkv.scale_zero).view(b, t, -1)
+                qkv = INT4_MM(h.to(L.qkv.dtype), L.qkv.packed, GROUP, L.qkv.scale_zero)
                 qk, v = qkv.split_with_sizes(L.qk_v, dim=-1)
                 qk = _rope(qk.view(b, t, L.heads + L.kv_heads, L.head_dim), cos, sin)
                 q, k = qk.split_with_sizes((L.heads, L.kv_heads), dim=2)
@@ -158,15 +160,16 @@ class StepForward:
                 k = _rope(L.k(h).view(b, t, L.kv_heads, L.head_dim), cos, sin)
                 v = L.v(h)
             out = attention(L.index, q, k, v.view(b, t, L.kv_heads, L.head_dim))
+            out = out.reshape(b * t, L.heads * L.head_dim)
             # A raw (bf16) product added to fp32 x is promoted inside the add: the same sum.
             if L.o_raw is not None:
                 p, sz, dt = L.o_raw
-                x = x + INT4_MM(out.reshape(b * t, -1).to(dt), p, GROUP, sz).view(b, t, width)
+                x = x + INT4_MM(out.to(dt), p, GROUP, sz)
             else:
-                x = x + L.o(out.reshape(b, t, L.heads * L.head_dim))
+                x = x + L.o(out)
             h = F.rms_norm(x, norm_shape, L.ln2, L.eps2)
             if L.gate_up is not None:
-                gu = INT4_MM(h.view(-1, width).to(L.gate_up.dtype), L.gate_up.packed, GROUP,
+                gu = INT4_MM(h.to(L.gate_up.dtype), L.gate_up.packed, GROUP,
                              L.gate_up.scale_zero).float()
                 g, u = gu.split_with_sizes(L.gate_up.sizes, dim=-1)
                 F.silu(g, inplace=True)
@@ -176,10 +179,10 @@ class StepForward:
                         act = torch.empty(g.shape, dtype=dt)
                     # The product rounded to the kernel's dtype as it is written (as .to() does).
                     torch.mul(g, u, out=act)
-                    x = x + INT4_MM(act, p, GROUP, sz).view(b, t, width)
+                    x = x + INT4_MM(act, p, GROUP, sz)
                 else:
-                    x = x + L.down((g * u).view(b, t, -1))
+                    x = x + L.down(g * u)
             else:
                 x = x + L.down(F.silu(L.gate(h)) * L.up(h))
         x = F.rms_norm(x, norm_shape, self.norm, self.eps)
-        return self.head(x.reshape(-1, width)[logits_at])
+        return self.head(x[logits_at])
