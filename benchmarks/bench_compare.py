@@ -13,13 +13,16 @@ again) and B (12 ms), each --seconds at --rate req/s, constant arrivals, 0.2 s w
 Then `compare`:
 
 - same server: A against A', a pair "reports a difference" when any metric is better or worse;
-  target: at most 1 of 20 (done-means of issue #48);
+  target: at most 1 of 20;
 - regression: A against B, target: latency p50 worse in every pair.
 
 A run the load tester judged invalid (its generator fell behind: it measured its own lateness)
-decides nothing, so the counts come with how many runs were valid. Beside each count, the same
-runs under the rule before batch means (order statistics alone,
-Holm over the three quantiles), so the change is measured on the same data. --keep DIR saves
+decides nothing, so the counts come with how many runs were valid. Three rules decide the same
+runs: order statistics alone (Holm over the three quantiles), batch means within runs (compare
+without --noise), and batch means with the spread between runs (compare --noise) calibrated
+leave-one-out on the other pairs' runs of the 10 ms server. First, why runs differ: per
+quantile, the standard error a run's slices give, their lag-1 autocorrelation, and the spread
+between the runs A, A'. --keep DIR saves
 the records; --reuse DIR re-decides saved records without running anything. The machine is
 shared: the load average is printed at the start and the end.
 """

@@ -3,9 +3,12 @@ and their error rates on runs drawn from a known random-level model."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
+import pytest
 from scipy import stats
 
 from scalelab.lab.compare.calibration import Pooled, Spread, spreads
@@ -105,3 +108,25 @@ def test_runs_drifting_between_runs_need_the_calibration() -> None:
         worse += next(r for r in c.rows if r.metric == "latency p50").decision == "worse"
         assert c.rows[0].unit == "runs" and c.rows[0].n_a == 1
     assert worse >= 27
+
+
+def test_cli_noise_counts_the_spread_and_refuses_records_without_repeats(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from scalelab.cli import run
+    from scalelab.lab.core.records import append_records
+
+    rng = np.random.default_rng(2)
+    a, b, *cal = _runs(rng, np.exp(rng.normal(0.0, 0.02, 6)) * np.array([1, 1.5, 1, 1, 1, 1]))
+    paths = {n: tmp_path / f"{n}.jsonl" for n in ("a", "b", "one", "cal")}
+    for n, recs in (("a", [a]), ("b", [b]), ("one", [a]), ("cal", cal)):
+        append_records(paths[n], recs)
+    args = ["compare", str(paths["a"]), str(paths["b"]), "--json", "--noise"]
+    assert run([*args, str(paths["one"])]) == 2
+    assert "no level with 2 or more valid runs" in capsys.readouterr().err
+    assert run([*args, str(paths["cal"])]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    p50 = next(r for r in doc["rows"] if r["metric"] == "latency p50")
+    assert p50["decision"] == "worse" and p50["unit"] == "runs"
+    assert p50["basis"].startswith("between runs: pooled t, run spread ")
+    assert p50["basis"].endswith("(3 df, 4 calibration runs), or within runs, the wider")
+    assert doc["notes"][0].startswith("intervals over runs count the spread between runs")

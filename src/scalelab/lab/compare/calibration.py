@@ -1,9 +1,10 @@
 """The spread of a metric between runs of one unchanged setup, and the interval it gives B/A.
 
 Separate runs of one server differ by more than their own latencies say: on this shared
-machine the p50 of one 2 s run of a 10 ms server moved 4% (log standard deviation) from run to
-run, while the run's 10 slices put its standard error at 1.2% and showed no correlation from
-slice to slice (lag-1 autocorrelation 0.01; benchmarks/bench_compare.py, docs/compare.md). The
+machine the p50 of one 2 s run of a 10 ms server moved 4–9% (log standard deviation) from run
+to run, while the run's 10 slices put its standard error at 1.3–1.4% and showed no correlation
+from slice to slice (lag-1 autocorrelation +0.02 to +0.04; benchmarks/bench_compare.py,
+docs/compare.md). The
 machine's state holds for a whole run and changes between runs, so nothing inside one run can
 see it: a run is one draw of a random level, log x_run = μ + u_run + e_run, and the variance
 of u + e is measured only by repeating runs.
