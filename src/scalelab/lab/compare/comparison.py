@@ -248,6 +248,9 @@ def _need(t: _Test, margin: float, confidence: float) -> str:
         return f"{sides}: no difference shown"
     if iv[0] <= 0 or math.isinf(iv[1]):
         q = t.ev.q or 0.5
+        if t.unit == "runs":  # the within-run interval it is widened to is unbounded
+            return (f"{sides}: one run's own p{q * 100:g} is unbounded (too few latencies "
+                    "or batches): longer runs")
         # Each side's bound is one-sided at 1 − α/4 (two tails, two sides).
         least = quantile_requests_needed(q, 1.0 - (1.0 - confidence) / 4.0)
         if min(t.n_a, t.n_b) < least:
