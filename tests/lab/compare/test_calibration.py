@@ -130,3 +130,22 @@ def test_cli_noise_counts_the_spread_and_refuses_records_without_repeats(
     assert p50["basis"].startswith("between runs: pooled t, run spread ")
     assert p50["basis"].endswith("(3 df, 4 calibration runs), or within runs, the wider")
     assert doc["notes"][0].startswith("intervals over runs count the spread between runs")
+
+
+def test_runs_smaller_than_the_calibrations_keep_their_own_wider_interval() -> None:
+    """Calibration runs of 4,000 latencies spread little between runs; A and B are runs of 250
+    (σ 0.3): their p50's own batch-means interval is wider than the pooled t, and it is kept;
+    their p95 (2 batches of 100) has no upper bound of its own, and the row says so."""
+    rng = np.random.default_rng(9)
+    cal = spreads([_record(0.010 * f * rng.lognormal(0.0, 0.1, 4000))
+                   for f in np.exp(rng.normal(0.0, 0.005, 10))])
+    a, b = (_record(0.010 * rng.lognormal(0.0, 0.3, 250)) for _ in range(2))
+    within = {r.metric: r for r in compare([a], [b]).rows}
+    both = {r.metric: r for r in compare([a], [b], noise=cal).rows}
+    w, p = within["latency p50"], both["latency p50"]
+    assert p.basis.endswith("or within runs, the wider") and p.unit == "runs"
+    assert (p.lower, p.upper) == (w.lower, w.upper)
+    p95 = both["latency p95"]
+    assert p95.upper is None and p95.decision == "undecided"
+    assert p95.need == ("1 and 1 runs: one run's own p95 is unbounded (too few latencies or "
+                        "batches): longer runs")
