@@ -13,6 +13,7 @@ from scipy import stats
 
 from scalelab.lab.compare.calibration import Pooled, Spread, spreads
 from scalelab.lab.compare.comparison import compare
+from scalelab.lab.compare.sides import run_values
 from scalelab.lab.core.records import Record, make_record
 from scalelab.lab.load.histogram import LatencyHistogram
 from scalelab.lab.load.slices import slice_blobs
@@ -149,3 +150,22 @@ def test_runs_smaller_than_the_calibrations_keep_their_own_wider_interval() -> N
     assert p95.upper is None and p95.decision == "undecided"
     assert p95.need == ("1 and 1 runs: one run's own p95 is unbounded (too few latencies or "
                         "batches): longer runs")
+
+
+def test_two_runs_a_side_count_their_own_spread_between_runs() -> None:
+    """A's two runs sit 20% apart, B's at 1.25 and 1.3: batch means over the concatenated
+    slices (40 batches' worth of df) call B worse; the runs' own spread between runs, 2 df,
+    says that 2 runs a side cannot tell, and the interval is the hull of both."""
+    rng = np.random.default_rng(1)
+    a, b = ([_record(0.010 * f * rng.lognormal(0.0, 0.1, 400)) for f in fs]
+            for fs in ((1.0, 1.2), (1.25, 1.3)))
+    row = next(r for r in compare(a, b).rows if r.metric == "latency p50")
+    assert row.decision == "undecided" and (row.n_a, row.unit) == (2, "runs")
+    assert row.basis.startswith("between runs: pooled t over the sides' runs, run spread ")
+    assert row.basis.endswith("(2 df), or within runs, the wider")
+    runs = [[run_values(r)["latency p50"] for r in side] for side in (a, b)]
+    lo, hi = Pooled(a=tuple(runs[0]), b=tuple(runs[1]), cal=Spread(0.0, 0, 0)).ratio(0.05)
+    assert (row.lower, row.upper) == (lo, hi)  # the pooled t is the wider here
+    merged = [r.model_copy(update={"slices": {}}) for r in a + b]
+    assert compare(merged[:2], merged[2:]).rows[0].basis.startswith(
+        "between runs: pooled t over the sides' runs")  # no slices: over runs alone

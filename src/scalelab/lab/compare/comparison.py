@@ -89,17 +89,17 @@ class Comparison:
     def notes(self) -> list[str]:
         """What the decisions do not cover."""
         out = []
-        if any(r.unit == "runs" for r in self.rows):
+        if any(r.basis.startswith("between runs: pooled t, run spread") for r in self.rows):
             out.append("intervals over runs count the spread between runs measured in the "
                        "calibration records (--noise): valid where their runs had A's and "
                        "B's duration and rate, on the same machine")
         if any(r.unit == "latencies" for r in self.rows):
-            out.append(f"quantiles of fewer than {RUNS_AS_UNITS} repeats a side: their "
-                       "intervals hold the noise within each run (its sampling and its drift "
-                       "between slices), not a change of the machine's state between runs "
-                       f"that stays the same all through a run; run {RUNS_AS_UNITS}+ repeats "
-                       "a side, or give --noise the records of repeated runs of one setup, "
-                       "to count that too")
+            out.append("quantiles of one run a side: their intervals hold the noise within "
+                       "each run (its sampling and its drift between slices), not a change "
+                       "of the machine's state between runs that stays the same all through "
+                       "a run; give --noise the records of repeated runs of one setup, or "
+                       f"run 2+ ({RUNS_AS_UNITS}+ to decide more) repeats a side, to count "
+                       "that too")
         return out
 
     def counts(self) -> dict[str, int]:
@@ -155,7 +155,9 @@ def _calibrated(t: _Test, cal: Spread, *, alpha: float, margin: float) -> _Test:
     pooled = Pooled(a=runs.a, b=runs.b, cal=cal)
     within = t.interval is not None and t.unit == "latencies"
     basis = (f"between runs: pooled t, run spread {pooled.sd * 100:.3g}% ({pooled.df} df, "
-             f"{cal.runs} calibration runs)")
+             f"{cal.runs} calibration runs)" if cal.runs else
+             f"between runs: pooled t over the sides' runs, run spread {pooled.sd * 100:.3g}% "
+             f"({pooled.df} df)")
 
     def iv(x: float) -> Interval:
         lo, hi = pooled.ratio(x)
@@ -174,9 +176,16 @@ def _calibrated(t: _Test, cal: Spread, *, alpha: float, margin: float) -> _Test:
 def _test(key: Key, ev: Evidence, *, alpha: float, margin: float,
           noise: dict[str, Spread]) -> _Test:
     t = _test_within(key, ev, alpha=alpha, margin=margin)
-    cal = noise.get(ev.metric)
-    if cal is None or ev.runs is None or min(ev.runs.a + ev.runs.b) <= 0:
+    runs = ev.runs
+    if runs is None or min(runs.a + runs.b) <= 0:
         return t
+    cal = noise.get(ev.metric)
+    if cal is None:
+        # Two runs a side merged: their own spread between runs (2 df) counts as well, as
+        # batches over the concatenated slices would count it with too many df.
+        if t.unit != "latencies" or min(len(runs.a), len(runs.b)) < 2:
+            return t
+        cal = Spread(ss=0.0, df=0, runs=0)
     return _calibrated(t, cal, alpha=alpha, margin=margin)
 
 
