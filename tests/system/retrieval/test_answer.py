@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from llmkit import generate_server
 from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.spawn import Spawned, free_port, start_server
 from scalelab.system.retrieval.app import create_app
@@ -23,14 +23,8 @@ from scalelab.system.retrieval.settings import RetrievalServerSettings
 @pytest.fixture(scope="module")
 def generator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
     log = tmp_path_factory.mktemp("gen") / "server.log"
-
-    def command(port: int) -> list[str]:
-        return [sys.executable, "-m", "scalelab", "generate", "serve", "--model", "tiny",
-                "--port", str(port), "--torch-threads", "1", "--max-num-seqs", "2",
-                "--kv-cache-bytes", "8MiB", "--block-size", "8"]
-
-    env = {**os.environ, "SCALELAB_CACHE": str(log.parent)}
-    with start_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
+    with generate_server(log, "--max-num-seqs", "2", "--kv-cache-bytes", "8MiB",
+                         "--block-size", "8") as s:
         yield s
 
 
