@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from llmkit import generate_server
 from scalelab.layers.web.errors import HttpError
 from scalelab.layers.web.spawn import Spawned, free_port, start_server
 from scalelab.system.retrieval.app import create_app
@@ -18,14 +16,6 @@ from scalelab.system.retrieval.embed import CachedEmbedder, HashingEmbedder
 from scalelab.system.retrieval.retriever import build_index_dir
 from scalelab.system.retrieval.service import served_model
 from scalelab.system.retrieval.settings import RetrievalServerSettings
-
-
-@pytest.fixture(scope="module")
-def generator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
-    log = tmp_path_factory.mktemp("gen") / "server.log"
-    with generate_server(log, "--max-num-seqs", "2", "--kv-cache-bytes", "8MiB",
-                         "--block-size", "8") as s:
-        yield s
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +27,13 @@ def index_dir(small, tmp_path_factory: pytest.TempPathFactory) -> str:  # type: 
 
 
 def test_answer_without_generate_model_uses_the_servers_own(
-        generator: Spawned, index_dir: str, small, tmp_path_factory: pytest.TempPathFactory  # type: ignore[no-untyped-def]
+        tiny_generate: Spawned, index_dir: str, small, tmp_path_factory: pytest.TempPathFactory  # type: ignore[no-untyped-def]
 ) -> None:
     log = tmp_path_factory.mktemp("ret") / "server.log"
 
     def command(port: int) -> list[str]:
         return [sys.executable, "-m", "scalelab", "retrieval", "serve", index_dir, "--port",
-                str(port), "--no-cache", "--generate-url", generator.url]
+                str(port), "--no-cache", "--generate-url", tiny_generate.url]
 
     with start_server(command, ready_path="/health/ready", log=log) as ret:
         for q in small.corpus.questions[:2]:  # the second answer reuses the model it learnt
