@@ -5,8 +5,11 @@ A chunk is one load step (its own warm-up, then a measured window); after each, 
 far are merged exactly (latency histograms added, counters summed: core.sheet then reads one
 record per level and repeat) and the level's objectives are decided by the verdict's own rules
 (core.objectives.check_rows: order statistics for quantiles, Clopper–Pearson for rates). The
-level stops when none is undecided; otherwise the next chunk doubles what was measured, cut to
-what the share has left after the chunk overhead the last one showed. The merged record keeps
+level stops when none is undecided; otherwise the next chunk is sized to the samples the
+undecided checks need at the rate measured so far (or doubles what was measured when their
+rules give no count), cut to what the share has left after the chunk overhead the last one
+showed; with `paid_only` (the llm stage) to the largest count that share pays, the level
+stopping when it pays none. The merged record keeps
 how it was sized in extras["sizing"]: chunks, samples, seconds spent of the share, why it
 stopped, and each objective left undecided with what deciding it needs.
 """
