@@ -64,7 +64,8 @@ def test_the_share_pays_the_largest_count_it_can() -> None:
     needs = [59, 59, 299]
     assert paid_need(needs, have=45, measured_s=8.4, left_s=20.0) == 59
     assert paid_need(needs, have=45, measured_s=8.4, left_s=60.0) == 299
-    assert 254 / (45 / 8.4) * NEED_MARGIN == pytest.approx(52.15, abs=0.01)
+    assert paid_need(needs, have=45, measured_s=8.4, left_s=52.1) == 59  # 52.15 s needed
+    assert paid_need(needs, have=45, measured_s=8.4, left_s=52.2) == 299
     assert paid_need(needs, have=45, measured_s=8.4, left_s=2.0) is None
     assert paid_need(needs, have=None, measured_s=0.0, left_s=60.0) is None
 
