@@ -15,6 +15,7 @@ from scalelab.lab.diagnose.stages.llm import (
     curve_fit,
     decide_chunk_s,
     level_share,
+    probe_pays,
     target_concurrency,
 )
 from scalelab.lab.load.histogram import LatencyHistogram
@@ -100,6 +101,12 @@ def test_the_target_is_paid_before_the_bisection() -> None:
     assert level_share(30.0, repeats_left=1, probes_left=3, target=True) == 30.0
     assert level_share(30.0, repeats_left=1, probes_left=2, target=False) == 15.0
     assert level_share(30.0, repeats_left=2, probes_left=3, target=True) == 15.0
+
+
+def test_a_bisection_level_starts_only_where_its_part_pays_a_chunk() -> None:
+    """A first chunk is 2.5 s start-up and 4 s of `requests` (quiet): 6.5 s times the pace."""
+    assert probe_pays(6.5, 1.0) and probe_pays(10.79, 1.66)
+    assert not probe_pays(5.0, 1.66) and not probe_pays(10.78, 1.66)
 
 
 def test_curve_points_take_what_the_decision_left() -> None:

@@ -251,6 +251,14 @@ def level_share(left_s: float, *, repeats_left: int, probes_left: int, target: b
     return per_repeat if target else per_repeat / max(1, probes_left)
 
 
+def probe_pays(share_s: float, pace: float) -> bool:
+    """Whether a bisection's level is worth starting in its part of the time left (pure): its
+    first chunk (CHUNK_OVERHEAD_S and LEVEL_S for its `requests`) at the run's pace fits. 5 s
+    at pace 1.66 does not (10.8 s): a chunk that counts requests runs on to the stage's
+    deadline and measures nothing, so the bracket is left open and the time goes on."""
+    return share_s >= (CHUNK_OVERHEAD_S + LEVEL_S) * pace
+
+
 def target_concurrency(s: LlmSettings) -> int:
     """The baseline's concurrency its target multiple decides first (`sizing.target_level`)."""
     levels = concurrencies(s, s.baseline)
@@ -580,6 +588,13 @@ class LlmStage(Stage[LlmSettings]):
 
             share = level_share(clock.left_s(), repeats_left=ctx.repeats - rep,
                                 probes_left=probes_left, target=fresh)
+            if budgeted and not fresh and not probe_pays(share, ctx.pace):
+                ctx.note(f"llm: {series} at {conc} streams (the bisection for the first miss) "
+                         f"not measured: its {share:.3g} s part of the stage's time left at "
+                         f"this run's pace ({ctx.pace:.3g}× the quiet estimates) pays for less "
+                         f"than one chunk (~{(CHUNK_OVERHEAD_S + LEVEL_S) * ctx.pace:.3g} s); "
+                         "a larger --budget measures it")
+                return "undecided"
             got = size_level(chunk, objectives, first_s=FIRST_CHUNK_S, share_s=share,
                              merge=llm_result.merge_records, window=_window,
                              overhead_s=CHUNK_OVERHEAD_S, paid_only=True)
