@@ -26,6 +26,7 @@ from scalelab.lab.core.verdict import Verdict, judge
 from scalelab.lab.diagnose.budget import (
     Share,
     StageNeed,
+    least_at,
     pace,
     parse_budget,
     replan,
@@ -316,7 +317,7 @@ class Runner:
         self.paces[stage] = slow
         end = self.started + self.budget_s - REPORT_S * slow
         self.ctx.share_s, self.ctx.pace = share, slow
-        later_least = sum(n.floor_s for n in needs[i + 1:]) * slow
+        later_least = sum(least_at(n, slow) for n in needs[i + 1:])
         self.ctx.deadline = stage_deadline(now, share, end, later_least, sized=needs[i].sized,
                                            slack=DEADLINE_SLACK)
         if share < needs[i].minimum_s * slow:
