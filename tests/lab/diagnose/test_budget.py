@@ -273,3 +273,28 @@ def test_the_budget_counts_from_the_process_start_unless_a_host_calls_in_process
     assert time.monotonic() - run_module.process_started() == pytest.approx(2.0, abs=0.05)
     monkeypatch.setattr(psutil, "Process", lambda: Proc(400.0))
     assert time.monotonic() - run_module.process_started() == pytest.approx(0.0, abs=0.05)
+
+
+def test_a_stage_with_no_time_before_its_deadline_is_not_run(tmp_path: Path) -> None:
+    """A sized stage given no share (its deadline now) starts nothing, not even its servers:
+    the serve stage's reference servers would otherwise start (seconds, unbounded by the
+    deadline) before it found no step could start."""
+    from scalelab.lab.diagnose.stages.train import FEATURES, SERVED_MODEL
+
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text("stages: {data: {enabled: false}, train: {enabled: false},"
+                   " llm: {enabled: false}, retrieval: {enabled: false},"
+                   " model: {enabled: false}, online: {enabled: false},"
+                   " serve: {levels: [1, 2], duration: 1s, batching: ['off'], capacity: false}}\n")
+    # The budget spent before the first stage (a 40 s start-up: pace 40 / 2.5 = 16).
+    r = Runner(load_config(cfg, "default"), tmp_path / "out", "default", budget_s=30.0,
+               started=time.monotonic() - 40.0)
+    r.ctx.provide(FEATURES, None)
+    r.ctx.provide(SERVED_MODEL, None)
+    d = r.run()
+    assert r.given["serve"] == 0.0 and r.spent["serve"] == 0.0
+    assert d.steps == []  # nothing started, nothing failed
+    assert r.ctx.notes == [
+        "serve: not measured: its 0 s share at this run's pace (16× the quiet estimates) left "
+        "0 s before its deadline, under the 1 s a step needs to start; a larger --budget "
+        "measures it"]
