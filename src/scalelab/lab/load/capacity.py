@@ -28,16 +28,22 @@ trend), and only when the generator offered its rate (`Step.valid`).
 Search: from `start`, double while steps pass; then bisect between the highest pass and the
 lowest fail until they are within `precision`. A rate already decided to fail elsewhere
 (`fails_at`, e.g. a level sweep's) ends the doubling below it: the search bisects towards it.
+Where even `start` fails, the search halves down to a passing rate, never below its floor
+(`min_rate`; `start` / 64 by default).
 A step flagged invalid (the generator did not offer the rate: a stall of the machine, not of
 the server) is run again before it counts; one still invalid ends the search at the
 generator's ceiling, whatever its verdict (a late generator's lag is charged to latency): the
-answer is "at least" the highest pass below it.
+answer is "at least" the highest pass below it. Only above every rate the generator has
+offered: an invalid step at or below one it offered (a step, or a confirmation, of this
+search) is a stall of the machine, not a ceiling, and is run again while steps last.
 The capacity is the highest passing rate and its interval is [highest pass, lowest fail].
 
 Confirmation (`confirmed_search`): the answer is run again for a longer, full-length step; one
 that fails sends the search below that rate (twice the precision below it, bisecting down from
-there when that fails too) until a confirmation holds or the steps run out. Advice divides only
-by a confirmed capacity.
+there when that fails too), and its answer is confirmed in turn, until a confirmation holds.
+It stops with none held only when the next rate would be under the floor ("no rate held down
+to N req/s") or the step budget is spent ("the step budget ran out after K confirmations"),
+and says which. Advice divides only by a confirmed capacity.
 """
 
 from __future__ import annotations
@@ -322,10 +328,19 @@ class SearchConfig:
     """A rate already decided to fail outside the search (e.g. a level of `load run` at
     constant arrivals, kinder than the search's Poisson ones): the search never offers it or
     more, and bisects between its highest pass and this rate (None: found by doubling)."""
+    min_rate: float | None = None
+    """Never offer less than this: where `start` fails the search halves down to it, and
+    failed confirmations send the search no lower (None: `start` / 64)."""
+    offered_rps: float | None = None
+    """A rate the generator already offered (a valid step or confirmation before this search):
+    an invalid step at or below it is a stall of the machine, not the generator's ceiling."""
 
     def __post_init__(self) -> None:
         if not (self.start > 0 and self.max_rate >= self.start):
             raise BadUsageError("--start must be positive and at most --max-rate")
+        if self.min_rate is not None and not (0 < self.min_rate <= self.start):
+            raise BadUsageError(f"--min-rate {self.min_rate:g} must be positive and at most "
+                                f"--start {self.start:g}")
         if self.fails_at is not None and not self.fails_at > self.start:
             raise BadUsageError(
                 f"--fails-at {self.fails_at:g} must be above --start {self.start:g}: the search "
@@ -336,6 +351,11 @@ class SearchConfig:
             raise BadUsageError(f"--precision must be in (0, 1), got {self.precision}")
         if self.max_steps < 1:
             raise BadUsageError("--max-steps must be at least 1")
+
+    @property
+    def floor(self) -> float:
+        """The lowest rate the search offers (`min_rate`, or `start` / 64)."""
+        return self.min_rate if self.min_rate is not None else self.start / 64.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -358,6 +378,9 @@ class CapacityResult:
     capacity is then at least `capacity_rps`, not a capacity (None: no such limit met)."""
     confirmed_rps: float | None = None
     """The rate whose confirmation run passed (None: none did, or none was run)."""
+    stopped: str | None = None
+    """Why the confirmations stopped with none held (the floor reached, the step budget spent;
+    None: one held, or none was run)."""
 
     @property
     def confirmations(self) -> list[Step]:
@@ -373,8 +396,9 @@ class CapacityResult:
         if self.capacity_rps is None:
             if self.confirmations:
                 c = self.confirmations[-1]
-                return (f"no confirmed capacity: {len(self.confirmations)} confirmation run(s) "
-                        f"failed, the last at {c.rate:.4g} req/s")
+                return "no confirmed capacity: " + (
+                    self.stopped or f"{len(self.confirmations)} confirmation run(s) failed, "
+                                    f"the last at {c.rate:.4g} req/s")
             if self.at_least:
                 return (f"none found: the generator could not offer "
                         f"{self.generator_limit_rps:.4g} req/s, the first rate it tried")
@@ -399,54 +423,67 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
     lo: float | None = None
     hi: float | None = cfg.fails_at
     ceiling: list[float] = []
+    offered = [cfg.offered_rps or 0.0]
 
-    def do(rate: float) -> bool:
-        s = run_step(rate)
-        steps.append(s)
-        for _ in range(cfg.invalid_retries):
-            if s.valid or len(steps) >= cfg.max_steps:
-                break
+    def do(rate: float) -> bool | None:
+        """The rate passed (True) or failed (False); None: not known, the search stops (the
+        generator's ceiling, or a stall that outlasted the steps)."""
+        retries = 0
+        while True:
             s = run_step(rate)
             steps.append(s)
-        if not s.valid:
-            # Still not offered: what the server did at this rate is unknown (a late
-            # generator's lag is charged to latency, so even a "fail" may be its own). The
-            # generator's limit, not the server's: the search stops here.
-            ceiling.append(rate)
-        return s.passed
+            if s.valid:
+                offered[0] = max(offered[0], rate)
+                return s.passed
+            # Not offered: what the server did at this rate is unknown (a late generator's
+            # lag is charged to latency, so even a "fail" may be its own).
+            stall = rate <= offered[0]  # it offered as much before: the machine stalled
+            if len(steps) >= cfg.max_steps or (not stall and retries >= cfg.invalid_retries):
+                if not stall:
+                    ceiling.append(rate)  # the generator's limit, not the server's
+                return None
+            retries += 1
 
     rate = cfg.start
     capped = False
+    known = True
     while len(steps) < cfg.max_steps:
-        if do(rate):
+        ok = do(rate)
+        if ok is None:
+            known = False
+        elif ok:
             lo = rate
             if rate >= cfg.max_rate:
                 capped = True
                 break
             rate = min(rate * 2.0, cfg.max_rate)
-            if hi is not None and rate >= hi:
-                break  # the known fail bounds it: bisect below
+            if hi is None or rate < hi:
+                continue  # a known fail above bounds it: bisect below
         else:
-            if not ceiling:
-                hi = rate
-            break
-    if lo is None and hi is not None and not ceiling:
-        # Even the start failed: halve down to a passing rate (at most 6 times).
+            hi = rate
+        break
+    if lo is None and hi is not None and known:
+        # Even the start failed: halve down to a passing rate, never below the floor.
         rate = hi / 2.0
-        while len(steps) < cfg.max_steps and rate >= cfg.start / 64.0:
-            if do(rate):
-                lo = rate
+        while len(steps) < cfg.max_steps and rate >= cfg.floor:
+            ok = do(rate)
+            if ok is None:
+                known = False
                 break
-            if ceiling:
+            if ok:
+                lo = rate
                 break
             hi = rate
             rate /= 2.0
-    while lo is not None and hi is not None and (hi - lo) / lo > cfg.precision \
-            and len(steps) < cfg.max_steps and not ceiling:
+    while known and lo is not None and hi is not None and (hi - lo) / lo > cfg.precision \
+            and len(steps) < cfg.max_steps:
         mid = (lo + hi) / 2.0
-        if do(mid):
+        ok = do(mid)
+        if ok is None:
+            known = False
+        elif ok:
             lo = mid
-        elif not ceiling:
+        else:
             hi = mid
     converged = capped or (lo is not None and hi is not None and (hi - lo) / lo <= cfg.precision)
     return CapacityResult(capacity_rps=lo, interval_rps=(lo, hi), steps=steps,
@@ -455,38 +492,87 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
 
 
 def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float], Step],
-                     cfg: SearchConfig, *, max_confirms: int = 3) -> CapacityResult:
+                     cfg: SearchConfig, *, max_confirms: int | None = None) -> CapacityResult:
     """`search`, then `confirm` (a full-length step, `Step.confirmation`) at its answer. A
     failed confirmation at r bounds the capacity below r, but the short steps that passed near r
     cannot place it better (they passed there already): the search runs again from
     r × (1 - 2 × precision) with that as its ceiling (a failing step there bisects down), and
-    its answer is confirmed in turn, until one holds or `max_confirms` have run. Confirmations
-    do not count against `cfg.max_steps`; the searches below a failed one share what the first
-    search left (at least one step each)."""
+    its answer is confirmed in turn, until one holds (an invalid confirmation is run again
+    `cfg.invalid_retries` times before it counts, as a step is). It stops with none held when
+    the next start is under `cfg.floor`, when a search below finds no passing rate, or when
+    the steps run out: confirmations do not count against `cfg.max_steps`, but every search
+    below a failed one takes its steps from what the searches before left, so K confirmations
+    need K - 1 steps left. `max_confirms` (None: no limit; 0: none run) caps them.
+    `CapacityResult.stopped` says why none held."""
     res = search(run_step, cfg)
     steps = list(res.steps)
     searched = len(steps)
     confirmed: float | None = None
-    for k in range(max_confirms):
-        if res.capacity_rps is None:
-            break
+    stopped: str | None = None
+    confirms = 0
+    offered = max((s.rate for s in steps if s.valid), default=0.0)
+    while res.capacity_rps is not None and (max_confirms is None or confirms < max_confirms):
         c = confirm(res.capacity_rps)
         steps.append(c)
+        for _ in range(cfg.invalid_retries if not c.valid else 0):
+            # The search offered this rate in a step: not offering it now is a stall of the
+            # machine, and says nothing about the server; run again before it counts.
+            c = confirm(c.rate)
+            steps.append(c)
+            if c.valid:
+                break
+        confirms += 1
         if c.passed:
             confirmed = c.rate
             break
-        if k == max_confirms - 1:
-            res = replace(res, capacity_rps=None, interval_rps=(None, c.rate))
-            break
+        offered = max(offered, c.rate if c.valid else 0.0)
         start = c.rate * (1.0 - 2.0 * cfg.precision)
+        left = cfg.max_steps - searched
+        stopped = _no_lower(start, left, cfg, confirms, c.rate, max_confirms)
+        if stopped is not None:
+            res = replace(res, capacity_rps=None, interval_rps=(None, c.rate), converged=False)
+            break
         sub = search(run_step, replace(cfg, start=start, fails_at=None, max_rate=start,
-                                       max_steps=max(1, cfg.max_steps - searched)))
+                                       min_rate=cfg.floor, max_steps=left,
+                                       offered_rps=offered))
         searched += len(sub.steps)
         steps += sub.steps
+        offered = max([offered, *(s.rate for s in sub.steps if s.valid)])
         hi = sub.interval_rps[1] if sub.interval_rps[1] is not None else c.rate
         res = replace(sub, interval_rps=(sub.capacity_rps, hi),
                       generator_limit_rps=sub.generator_limit_rps or res.generator_limit_rps)
-    return replace(res, steps=steps, confirmed_rps=confirmed, knee_rps=knee(steps))
+        if sub.capacity_rps is None:
+            stopped = _none_below(sub, cfg, confirms, searched)
+    return replace(res, steps=steps, confirmed_rps=confirmed, knee_rps=knee(steps),
+                   stopped=None if confirmed is not None else stopped)
+
+
+def _no_lower(start: float, left: int, cfg: SearchConfig, confirms: int, failed: float,
+              max_confirms: int | None) -> str | None:
+    """Why the search cannot go below a failed confirmation (None: it can)."""
+    last = f"the last at {failed:.4g} req/s"
+    if start < cfg.floor:
+        return (f"no rate held down to {cfg.floor:.4g} req/s, the search's floor "
+                f"({confirms} confirmation(s) failed, {last})")
+    if left < 1:
+        return (f"the step budget ran out after {confirms} confirmation(s) ({cfg.max_steps} "
+                f"steps in all; {last} failed)")
+    if max_confirms is not None and confirms >= max_confirms:
+        return f"{confirms} confirmation(s) failed, the most allowed ({last})"
+    return None
+
+
+def _none_below(sub: CapacityResult, cfg: SearchConfig, confirms: int, searched: int) -> str:
+    """Why the search below a failed confirmation found no rate to confirm."""
+    lowest = min(s.rate for s in sub.steps)
+    if searched >= cfg.max_steps:
+        return (f"the step budget ran out after {confirms} confirmation(s) ({cfg.max_steps} "
+                f"steps in all; none passed down to {lowest:.4g} req/s)")
+    if sub.generator_limit_rps is not None:
+        return (f"the generator could not offer {sub.generator_limit_rps:.4g} req/s below the "
+                f"failed confirmation ({confirms} confirmation(s) failed)")
+    return (f"no rate held down to {lowest:.4g} req/s ({confirms} confirmation(s) failed; the "
+            f"search's floor is {cfg.floor:.4g} req/s)")
 
 
 def rate_verdicts(res: CapacityResult) -> list[str]:
