@@ -158,6 +158,12 @@ class StopRule(abc.ABC, Generic[ProgressT]):
             return "fail"
         return "pass" if n > 0 and lo >= needed else None
 
+    def missed_availability(self, errors: int, n: int, availability: float | None) -> bool:
+        """`errors` of n decide availability missed (the asymmetric rule of the module doc):
+        against `availability`, or `DEFAULT_AVAILABILITY` where the objectives name none."""
+        need = DEFAULT_AVAILABILITY if availability is None else availability
+        return self.budget_verdict(errors, n, 1.0 - need) == "fail"
+
     def budget_verdict(self, errors: int, n: int,
                        budget: float) -> Literal["pass", "fail"] | None:
         """`errors` of n against an error budget: "fail" when the interval lies wholly over
@@ -197,9 +203,7 @@ class StepRule(StopRule[Progress]):
     def availability_missed(self, *, ok: int, errors: int) -> bool:
         """The failures decide availability missed: against the SLO's budget, or
         `DEFAULT_AVAILABILITY`'s where it names none."""
-        budget = self.slo.error_budget
-        limit = budget if budget is not None else 1.0 - DEFAULT_AVAILABILITY
-        return self.budget_verdict(errors, ok + errors, limit) == "fail"
+        return self.missed_availability(errors, ok + errors, self.slo.availability)
 
     def verdict(self, *, ok: int, within: int, errors: int) -> tuple[str, bool]:
         """('pass'|'fail', decided) from the counts so far."""

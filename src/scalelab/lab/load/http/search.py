@@ -55,8 +55,9 @@ class HttpSearch:
     """Told each result (raises when the server never answered)."""
     records: list[Record] = field(default_factory=list)
 
-    def run(self, cfg: SearchConfig, *, max_confirms: int = 3) -> CapacityResult:
-        """The search with its confirmations (none when `confirm_s` is 0)."""
+    def run(self, cfg: SearchConfig, *, max_confirms: int | None = None) -> CapacityResult:
+        """The search with its confirmations (none when `confirm_s` is 0; None: as many as
+        `confirmed_search` goes on to)."""
         res = confirmed_search(self.step, self.confirm, cfg,
                                max_confirms=max_confirms if self.confirm_s > 0 else 0)
         self.records = [r.model_copy(update={"extras": {**r.extras, "rate_verdict": v}})

@@ -157,7 +157,7 @@ class LlmCapacity:
 def capacity(make_plan: Callable[[float, int], LlmPlan], rule: TokenStepRule,
              cfg: SearchConfig, *, on_step: Callable[[float, bool], None] | None = None,
              url: str = "", cluster: Cluster | None = None, confirm_s: float = CONFIRM_S,
-             max_confirms: int = 3) -> LlmCapacity:
+             max_confirms: int | None = None) -> LlmCapacity:
     """Highest arrival rate meeting `rule.slo`, confirmed as `load capacity`'s answer is
     (`capacity.confirmed_search`: a `confirm_s` run at the answer, never stopped early; a failed
     one sends the search below it; 0: no confirmation). `make_plan(rate, step_index)` builds a
