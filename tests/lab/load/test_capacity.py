@@ -310,6 +310,17 @@ def test_an_invalid_step_below_an_offered_rate_is_a_stall_not_a_ceiling() -> Non
                            SearchConfig(start=25, precision=0.05))
     assert tries[90] == 3 and res.generator_limit_rps is None
     assert res.confirmed_rps == res.capacity_rps == 90
+    # An invalid confirmation (the search offered its rate in a step) is run again before it
+    # counts: the second, valid, holds the answer.
+    runs: list[bool] = []
+
+    def confirm(rate: float) -> Step:
+        runs.append(rate == 100)
+        return _step(rate, True, valid=len(runs) > 1, confirmation=True)
+
+    res = confirmed_search(lambda r: _step(r, r <= 100), confirm,
+                           SearchConfig(start=25, precision=0.05))
+    assert runs == [True, True] and res.confirmed_rps == 100
     # Above every rate offered, an invalid step run again once is still the ceiling.
     res = search(lambda r: _step(r, True, valid=r < 80), SearchConfig(start=10))
     assert res.generator_limit_rps == 80 and [s.rate for s in res.steps] == [10, 20, 40, 80, 80]
