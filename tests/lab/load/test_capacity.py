@@ -5,6 +5,7 @@ import pytest
 from scalelab.lab.core.decide import clopper_pearson, min_passing, quantile_ranks, step_requests
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.load.capacity import (
+    Deadline,
     Progress,
     SearchConfig,
     Step,
@@ -267,6 +268,40 @@ def test_confirmations_go_on_lower_until_one_holds() -> None:
     assert [s.rate for s in res.confirmations] == pytest.approx([100, 90, 81, 72.9, 65.61])
     assert res.confirmed_rps == res.capacity_rps == pytest.approx(65.61)
     assert res.interval_rps == pytest.approx((65.61, 72.9)) and res.stopped is None
+
+
+def test_a_time_budget_starts_nothing_it_cannot_finish() -> None:
+    # A clock the steps move: a search step takes 1 s, a confirmation 30 s.
+    now = [0.0]
+
+    def step(rate: float) -> Step:
+        now[0] += 1.0
+        return _step(rate, rate <= 100)
+
+    def confirm(rate: float) -> Step:
+        now[0] += 30.0
+        return _step(rate, rate < 70, confirmation=True)
+
+    def budget(seconds: float) -> Deadline:
+        now[0] = 0.0
+        return Deadline(seconds, step_s=1.0, confirm_s=30.0, clock=lambda: now[0])
+
+    cfg = SearchConfig(start=25, precision=0.05)
+    # 100 s: the 9 steps (9 s), 100's confirmation (to 39 s), the step at 90 and its
+    # confirmation (to 70 s); another step and confirmation would end at 101 s.
+    res = confirmed_search(step, confirm, cfg, deadline=budget(100))
+    assert [s.rate for s in res.confirmations] == [100, 90] and now[0] == 70
+    assert (res.capacity_rps, res.confirmed_rps) == (None, None)
+    assert res.answer() == ("no confirmed capacity: the time budget (100 s) ran out after 2 "
+                            "confirmation(s) (the last at 90 req/s failed)")
+    # 20 s: the search's answer, left unconfirmed (and said so).
+    res = confirmed_search(step, confirm, cfg, deadline=budget(20))
+    assert (res.capacity_rps, res.confirmed_rps, res.confirmations) == (100, None, [])
+    assert res.answer() == ("capacity 100 req/s (not confirmed: the time budget (20 s) ran out "
+                            "before the answer's confirmation)")
+    # 5 s: five steps, the last starting at 4 s.
+    res = confirmed_search(step, confirm, cfg, deadline=budget(5))
+    assert [s.rate for s in res.steps] == [25, 50, 100, 200, 150] and not res.converged
 
 
 def test_confirmations_stop_at_the_floor() -> None:

@@ -51,6 +51,7 @@ from __future__ import annotations
 import abc
 import functools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Generic, Literal, TypeVar
@@ -412,22 +413,50 @@ class CapacityResult:
                 f"{self.generator_limit_rps:.4g} req/s)" if self.at_least else f"capacity {cap}")
         confs = self.confirmations
         if not confs:
-            return head + " (not confirmed: no confirmation run)"
+            return head + f" (not confirmed: {self.stopped or 'no confirmation run'})"
         c = confs[-1]
         if self.confirmed_rps is not None and c.passed:
             return head + (f", confirmed by {c.wall_s:.3g} s at that rate ({c.requests:,} "
                            f"requests, served {c.throughput_rps:.4g} req/s)")
-        return head + (f" (not confirmed: {len(confs)} confirmation run(s) failed, the last at "
-                       f"{c.rate:.4g} req/s)")
+        return head + " (not confirmed: " + (
+            self.stopped or f"{len(confs)} confirmation run(s) failed, the last at "
+                            f"{c.rate:.4g} req/s") + ")"
 
 
-def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResult:
-    """Exponential then bisection search over the offered rate; `run_step` measures one."""
+class Deadline:
+    """A time budget for a whole search (`--budget`, e.g. diagnose's stage share): it starts
+    no step and no confirmation that could end past it."""
+
+    def __init__(self, seconds: float, *, step_s: float, confirm_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not seconds > 0:
+            raise BadUsageError(f"--budget must be positive, got {seconds:g} s")
+        self.seconds = seconds
+        self.step_s = step_s
+        """The longest a search step takes (its longest measured time and warm-up)."""
+        self.confirm_s = confirm_s
+        """The longest a confirmation takes."""
+        self.clock = clock
+        self.end = clock() + seconds
+
+    def allows(self, seconds: float) -> bool:
+        """Something that takes up to `seconds` ends within the budget if started now."""
+        return self.clock() + seconds <= self.end
+
+
+def search(run_step: Callable[[float], Step], cfg: SearchConfig,
+           deadline: Deadline | None = None) -> CapacityResult:
+    """Exponential then bisection search over the offered rate; `run_step` measures one;
+    no step starts that `deadline` does not allow."""
     steps: list[Step] = []
     lo: float | None = None
     hi: float | None = cfg.fails_at
     ceiling: list[float] = []
     offered = [cfg.offered_rps or 0.0]
+
+    def room() -> bool:
+        return len(steps) < cfg.max_steps and (deadline is None
+                                               or deadline.allows(deadline.step_s))
 
     def do(rate: float) -> bool | None:
         """The rate passed (True) or failed (False); None: not known, the search stops (the
@@ -442,7 +471,7 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
             # Not offered: what the server did at this rate is unknown (a late generator's
             # lag is charged to latency, so even a "fail" may be its own).
             stall = rate <= offered[0]  # it offered as much before: the machine stalled
-            if len(steps) >= cfg.max_steps or (not stall and retries >= cfg.invalid_retries):
+            if not room() or (not stall and retries >= cfg.invalid_retries):
                 if not stall:
                     ceiling.append(rate)  # the generator's limit, not the server's
                 return None
@@ -451,7 +480,7 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
     rate = cfg.start
     capped = False
     known = True
-    while len(steps) < cfg.max_steps:
+    while room():
         ok = do(rate)
         if ok is None:
             known = False
@@ -469,7 +498,7 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
     if lo is None and hi is not None and known:
         # Even the start failed: halve down to a passing rate, never below the floor.
         rate = hi / 2.0
-        while len(steps) < cfg.max_steps and rate >= cfg.floor:
+        while room() and rate >= cfg.floor:
             ok = do(rate)
             if ok is None:
                 known = False
@@ -480,7 +509,7 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
             hi = rate
             rate /= 2.0
     while known and lo is not None and hi is not None and (hi - lo) / lo > cfg.precision \
-            and len(steps) < cfg.max_steps:
+            and room():
         mid = (lo + hi) / 2.0
         ok = do(mid)
         if ok is None:
@@ -496,7 +525,8 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
 
 
 def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float], Step],
-                     cfg: SearchConfig, *, max_confirms: int | None = None) -> CapacityResult:
+                     cfg: SearchConfig, *, max_confirms: int | None = None,
+                     deadline: Deadline | None = None) -> CapacityResult:
     """`search`, then `confirm` (a full-length step, `Step.confirmation`) at its answer. A
     failed confirmation at r bounds the capacity below r, but the short steps that passed near r
     cannot place it better (they passed there already): the search runs again from
@@ -506,9 +536,11 @@ def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float
     the next start is under `cfg.floor`, when a search below finds no passing rate, or when
     the steps run out: confirmations do not count against `cfg.max_steps`, but every search
     below a failed one takes its steps from what the searches before left, so K confirmations
-    need K - 1 steps left. `max_confirms` (None: no limit; 0: none run) caps them.
+    need K - 1 steps left. `max_confirms` (None: no limit; 0: none run) caps them, and
+    `deadline` too: no confirmation, and no search below a failed one, starts that it does not
+    leave time for (an answer it leaves no time to confirm stays unconfirmed).
     `CapacityResult.stopped` says why none held."""
-    res = search(run_step, cfg)
+    res = search(run_step, cfg, deadline)
     steps = list(res.steps)
     searched = len(steps)
     confirmed: float | None = None
@@ -516,6 +548,9 @@ def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float
     confirms = 0
     offered = max((s.rate for s in steps if s.valid), default=0.0)
     while res.capacity_rps is not None and (max_confirms is None or confirms < max_confirms):
+        if deadline is not None and not deadline.allows(deadline.confirm_s):
+            stopped = _out_of_time(deadline, confirms, steps)
+            break
         c = confirm(res.capacity_rps)
         steps.append(c)
         for _ in range(cfg.invalid_retries if not c.valid else 0):
@@ -533,12 +568,15 @@ def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float
         start = c.rate * (1.0 - 2.0 * cfg.precision)
         left = cfg.max_steps - searched
         stopped = _no_lower(start, left, cfg, confirms, c.rate, max_confirms)
+        if stopped is None and deadline is not None and \
+                not deadline.allows(deadline.step_s + deadline.confirm_s):
+            stopped = _out_of_time(deadline, confirms, steps)
         if stopped is not None:
             res = replace(res, capacity_rps=None, interval_rps=(None, c.rate), converged=False)
             break
         sub = search(run_step, replace(cfg, start=start, fails_at=None, max_rate=start,
                                        min_rate=cfg.floor, max_steps=left,
-                                       offered_rps=offered))
+                                       offered_rps=offered), deadline)
         searched += len(sub.steps)
         steps += sub.steps
         offered = max([offered, *(s.rate for s in sub.steps if s.valid)])
@@ -546,9 +584,21 @@ def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float
         res = replace(sub, interval_rps=(sub.capacity_rps, hi),
                       generator_limit_rps=sub.generator_limit_rps or res.generator_limit_rps)
         if sub.capacity_rps is None:
-            stopped = _none_below(sub, cfg, confirms, searched)
+            stopped = (_out_of_time(deadline, confirms, steps) if deadline is not None
+                       and not deadline.allows(deadline.step_s) else
+                       _none_below(sub, cfg, confirms, searched))
     return replace(res, steps=steps, confirmed_rps=confirmed, knee_rps=knee(steps),
                    stopped=None if confirmed is not None else stopped)
+
+
+def _out_of_time(deadline: Deadline, confirms: int, steps: list[Step]) -> str:
+    """The time budget's reason for stopping."""
+    head = f"the time budget ({deadline.seconds:.3g} s) ran out"
+    if not confirms:
+        return head + " before the answer's confirmation"
+    last = [s for s in steps if s.confirmation][-1]
+    return (f"{head} after {confirms} confirmation(s) (the last at {last.rate:.4g} req/s "
+            f"{'held' if last.passed else 'failed'})")
 
 
 def _no_lower(start: float, left: int, cfg: SearchConfig, confirms: int, failed: float,
