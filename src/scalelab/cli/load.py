@@ -12,7 +12,13 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._arrival import resolve as resolve_arrival
-from scalelab.cli._capacity import availability_doc, availability_line, unconfirmed
+from scalelab.cli._capacity import (
+    availability_doc,
+    availability_line,
+    budget_option,
+    deadline,
+    unconfirmed,
+)
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
@@ -330,6 +336,7 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
                    "failed confirmation sends the search below it until one holds (down to "
                    "--min-rate, while --max-steps last). 0 skips it (the answer is then "
                    "unconfirmed).")
+@budget_option
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
 @click.option("--experiment", help="Experiment id for the records.")
 @click.option("--plot", type=click.Path(path_type=Path),
@@ -341,7 +348,7 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
              min_rate: float | None, fails_at: float | None, precision: str, confidence: str,
              min_step: str, max_step: str, min_requests: str, max_steps: int,
-             invalid_retries: int, arrival: str, warmup: str, confirm: str,
+             invalid_retries: int, arrival: str, warmup: str, confirm: str, budget: str | None,
              records: Path | None, experiment: str | None, plot: Path | None,
              cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """Find the highest arrival rate meeting the SLO (exponential search, then bisection).
@@ -355,7 +362,7 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
         _capacity(url, slo, error_budget, start, max_rate, precision, confidence, min_step,
                   max_step, min_requests, max_steps, invalid_retries, arrival, warmup, records,
                   experiment, plot, as_json, kw, cluster, fails_at=fails_at, confirm=confirm,
-                  min_rate=min_rate)
+                  min_rate=min_rate, budget=budget)
 
 
 def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
@@ -364,7 +371,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
               records: Path | None, experiment: str | None, plot: Path | None, as_json: bool,
               kw: dict[str, Any], cluster: Cluster | None, *,
               fails_at: float | None = None, confirm: str = f"{CONFIRM_S:g}s",
-              min_rate: float | None = None) -> None:
+              min_rate: float | None = None, budget: str | None = None) -> None:
     objective = parse_slo(slo, error_budget=error_budget)
     conf = fraction(confidence, what="--confidence")
     rule = StepRule(slo=objective, confidence=conf,
@@ -399,7 +406,8 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
                         cluster=cluster, experiment=exp, url=url, extra={"payload": kind},
                         on_step=on_step, check=ran)
     with live_progress("capacity", total=max_steps) as progress:
-        res = runner.run(cfg)
+        res = runner.run(cfg, deadline=deadline(budget, step_s=rule.max_step_s,
+                                                 confirm_s=confirm_s, warmup_s=warm))
     if records is not None:
         append_records(records, runner.records)
     if plot is not None:
@@ -409,7 +417,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
            "step_rule": "auto" if min_requests == "auto" else "given",
            "capacity_rps": res.capacity_rps, "interval_rps": list(res.interval_rps),
            "confirmed_rps": res.confirmed_rps, "confirm_s": confirm_s,
-           "confirm_stopped": res.stopped, "min_rate": cfg.floor,
+           "confirm_stopped": res.stopped, "min_rate": cfg.floor, "budget": budget,
            **availability_doc(objective.availability),
            "generator_limit_rps": res.generator_limit_rps, "answer": res.answer(),
            "fails_at": fails_at,

@@ -18,7 +18,13 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._arrival import resolve as resolve_arrival
-from scalelab.cli._capacity import availability_doc, availability_line, unconfirmed
+from scalelab.cli._capacity import (
+    availability_doc,
+    availability_line,
+    budget_option,
+    deadline,
+    unconfirmed,
+)
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._dataset import dataset_of, dataset_options, tokenizer_of
 from scalelab.cli._export import levels_plot_option, output_option
@@ -413,6 +419,7 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
                    "failed confirmation sends the search below it until one holds (down to "
                    "--min-rate, while --max-steps last). 0 skips it (the answer is then "
                    "unconfirmed).")
+@budget_option
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
 @click.option("--experiment", help="Experiment id for the records.")
 @plot_option("TTFT and TPOT quantiles against the tried rates, and the capacity found")
@@ -423,7 +430,8 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 def capacity_cmd(url: str, slo: str, start: float, max_rate: float, min_rate: float | None,
                  precision: str,
                  confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
-                 warmup: str, confirm: str, records: Path | None, experiment: str | None,
+                 warmup: str, confirm: str, budget: str | None, records: Path | None,
+                 experiment: str | None,
                  plot: Path | None, cluster_address: str | None, as_json: bool,
                  **kw: Any) -> None:
     """The highest arrival rate meeting every token objective, in req/s and output tokens/s.
@@ -436,14 +444,15 @@ def capacity_cmd(url: str, slo: str, start: float, max_rate: float, min_rate: fl
     with open_cluster(cluster_address) as cluster:
         _capacity(url, slo, start, max_rate, precision, confidence, min_step, max_step,
                   max_steps, arrival, warmup, records, experiment, plot, as_json, kw, cluster,
-                  confirm=confirm, min_rate=min_rate)
+                  confirm=confirm, min_rate=min_rate, budget=budget)
 
 
 def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
               confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
               warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
               as_json: bool, kw: dict[str, Any], cluster: Cluster | None, *,
-              confirm: str = f"{CONFIRM_S:g}s", min_rate: float | None = None) -> None:
+              confirm: str = f"{CONFIRM_S:g}s", min_rate: float | None = None,
+              budget: str | None = None) -> None:
     objective = parse_token_slo(slo)
     conf = fraction(confidence, what="--confidence")
     rule = TokenStepRule(slo=objective, confidence=conf,
@@ -473,7 +482,9 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
 
         try:
             res = capacity(make_plan, rule, cfg, on_step=on_step, url=url, cluster=cluster,
-                           confirm_s=confirm_s)
+                           confirm_s=confirm_s,
+                           deadline=deadline(budget, step_s=rule.max_step_s,
+                                             confirm_s=confirm_s, warmup_s=warm))
         except EveryRequestFailed as e:
             err_console.print(str(e), markup=False, highlight=False, soft_wrap=True)
             raise click.exceptions.Exit(1) from None
@@ -493,7 +504,7 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "slo": objective.label,
            "confidence": conf, "experiment": exp, "capacity_rps": res.result.capacity_rps,
            "confirmed_rps": res.result.confirmed_rps, "confirm_s": confirm_s,
-           "confirm_stopped": res.result.stopped, "min_rate": cfg.floor,
+           "confirm_stopped": res.result.stopped, "min_rate": cfg.floor, "budget": budget,
            **availability_doc(objective.availability),
            "answer": res.result.answer(),
            "interval_rps": [lo, hi], "capacity_output_tps": res.capacity_tps,

@@ -98,6 +98,25 @@ def test_missed_objectives_exit_1_after_the_output(
     assert doc["min_rate"] == 20 / 64 and doc["confirm_stopped"] is None
 
 
+def test_a_time_budget_leaves_an_answer_unconfirmed_and_says_so(
+        server: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
+    # 5 ms answers: 20 req/s passes its step; a 30 s confirmation does not fit a 5 s budget,
+    # so none starts, and the answer is reported unconfirmed (exit 1, the reason in one line).
+    url = server("fixed", "--service-ms", "5")
+    assert run(["load", "capacity", url, "--slo", "p95<50ms", "--start", "20", "--max-rate",
+                "20", "--min-step", "0.5s", "--max-step", "1s", "--warmup", "0s", "--budget",
+                "5s", "--json"]) == 1
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert [s["confirmation"] for s in doc["steps"]] == [False]
+    assert (doc["capacity_rps"], doc["confirmed_rps"]) == (20, None)
+    assert doc["answer"] == ("capacity 20 req/s (not confirmed: the time budget (5 s) ran out "
+                             "before the answer's confirmation)")
+    assert out.err.strip() == ("objective missed: p95<50ms: the answer is not confirmed; the "
+                               "time budget (5 s) ran out before the answer's confirmation "
+                               "(raise --budget)")
+
+
 def test_human_output(server: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
     url = server("fast")
     assert run(["load", url, "--rate", "100", "--requests", "20", "--warmup", "0s",
