@@ -299,9 +299,12 @@ def test_a_time_budget_starts_nothing_it_cannot_finish() -> None:
     assert (res.capacity_rps, res.confirmed_rps, res.confirmations) == (100, None, [])
     assert res.answer() == ("capacity 100 req/s (not confirmed: the time budget (20 s) ran out "
                             "before the answer's confirmation)")
-    # 5 s: five steps, the last starting at 4 s.
+    # 5 s: five steps, the last starting at 4 s; 0.5 s: the first step still runs (a search
+    # of no step says nothing).
     res = confirmed_search(step, confirm, cfg, deadline=budget(5))
     assert [s.rate for s in res.steps] == [25, 50, 100, 200, 150] and not res.converged
+    res = confirmed_search(step, confirm, cfg, deadline=budget(0.5))
+    assert [s.rate for s in res.steps] == [25] and res.capacity_rps == 25
 
 
 def test_confirmations_stop_at_the_floor() -> None:

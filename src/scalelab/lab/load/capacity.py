@@ -447,7 +447,7 @@ class Deadline:
 def search(run_step: Callable[[float], Step], cfg: SearchConfig,
            deadline: Deadline | None = None) -> CapacityResult:
     """Exponential then bisection search over the offered rate; `run_step` measures one;
-    no step starts that `deadline` does not allow."""
+    no step after the first starts that `deadline` does not allow."""
     steps: list[Step] = []
     lo: float | None = None
     hi: float | None = cfg.fails_at
@@ -455,7 +455,8 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig,
     offered = [cfg.offered_rps or 0.0]
 
     def room() -> bool:
-        return len(steps) < cfg.max_steps and (deadline is None
+        # The first step runs whatever the deadline: a search of no step says nothing.
+        return len(steps) < cfg.max_steps and (deadline is None or not steps
                                                or deadline.allows(deadline.step_s))
 
     def do(rate: float) -> bool | None:
