@@ -99,16 +99,19 @@ def test_missed_objectives_exit_1_after_the_output(
 
 
 def test_a_time_budget_leaves_an_answer_unconfirmed_and_says_so(
-        server: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
+        server: Callable[..., str], capsys: pytest.CaptureFixture[str],
+        realtime_ok: bool) -> None:
     # 5 ms answers: 20 req/s passes its step; a 30 s confirmation does not fit a 5 s budget,
     # so none starts, and the answer is reported unconfirmed (exit 1, the reason in one line).
+    # The generator in SCHED_FIFO where allowed: at load 12 a normal one's 20 req/s step was
+    # invalid (run again, as any invalid step is).
     url = server("fixed", "--service-ms", "5")
     assert run(["load", "capacity", url, "--slo", "p95<50ms", "--start", "20", "--max-rate",
                 "20", "--min-step", "0.5s", "--max-step", "1s", "--warmup", "0s", "--budget",
-                "5s", "--json"]) == 1
+                "5s", "--json", *(["--realtime"] if realtime_ok else [])]) == 1
     out = capsys.readouterr()
     doc = json.loads(out.out)
-    assert [s["confirmation"] for s in doc["steps"]] == [False]
+    assert doc["steps"] and not any(s["confirmation"] for s in doc["steps"])
     assert (doc["capacity_rps"], doc["confirmed_rps"]) == (20, None)
     assert doc["answer"] == ("capacity 20 req/s (not confirmed: the time budget (5 s) ran out "
                              "before the answer's confirmation)")
@@ -302,7 +305,9 @@ def test_capacity_counts_only_answered_requests(
 def test_the_default_confirmation_is_30_s_at_the_answer(
         server: Callable[..., str], capsys: pytest.CaptureFixture[str], realtime_ok: bool) -> None:
     # The 100 req/s FIFO server with `load capacity`'s default --confirm (30 s): the answer
-    # holds for 30 s of its own rate, within 5% under the known capacity.
+    # holds for 30 s of its own rate, within 8% under the known capacity (twice the 4%
+    # precision: at load 9-12 the 30 s run at exactly 100 req/s, utilisation 1, can fail, and
+    # the search then confirms 92).
     url = server("queue", "--service-ms", "10")
     rc = run(["load", "capacity", url, "--slo", "p95<60ms", "--arrival", "constant",
               "--start", "50", "--precision", "4%", "--min-step", "2s", "--max-step", "4s",
@@ -312,7 +317,7 @@ def test_the_default_confirmation_is_30_s_at_the_answer(
     assert doc["confirm_s"] == 30.0
     conf = [s for s in doc["steps"] if s["confirmation"]][-1]
     assert conf["rate"] == doc["confirmed_rps"] == doc["capacity_rps"]
-    assert 95.0 <= doc["confirmed_rps"] <= 102.5
+    assert 92.0 <= doc["confirmed_rps"] <= 102.5
     # 30 s of constant arrivals at the confirmed rate, never stopped early.
     assert conf["requests"] == pytest.approx(conf["rate"] * 30, abs=2)
 
