@@ -84,7 +84,7 @@ from scalelab.lab.diagnose.stages.serve_curve import (
     searches,
     step_seconds,
 )
-from scalelab.lab.diagnose.stages.serve_search import SEARCH_CONFIRM_S
+from scalelab.lab.diagnose.stages.serve_search import SEARCH_CONFIRM_S, search_budget
 from scalelab.lab.diagnose.steps import Step, StepResult, Tagger, based, restage
 from scalelab.lab.load.capacity import step_requests
 from scalelab.lab.load.llm import result as llm_result
@@ -480,6 +480,7 @@ class LlmStage(Stage[LlmSettings]):
             cap = ctx.records("llm-capacity")
             search = self._search(s, base, rec, cap)
             if search is not None and levels.ok:
+                search = replace(search, budget=search_budget(ctx))
                 ctx.run(Step(stage=self.name, label=f"llm {s.url} capacity", command=search,
                              records=cap, series=s.baseline + CAPACITY, tag=tag,
                              timeout_s=900))
