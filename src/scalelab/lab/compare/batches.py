@@ -18,8 +18,9 @@ comparison takes the wider of the two at each confidence, so the batches only ev
 
 Each side's slices (`load.slices`, concatenated over its repeats: with 2 repeats the drift
 between them shows in the batches, but with the batches' df rather than the runs' 1, so
-comparison.py also takes the pooled t over the 2 runs, the wider) are merged into G groups of consecutive slices, G as large as
-`MIN_TAIL` latencies on the rarer side of the quantile per group allow, at most the slices.
+comparison.py also takes the pooled t over the 2 runs, the wider) are merged into G groups
+of consecutive slices, G as large as `MIN_TAIL` latencies on the rarer side of the quantile
+per group allow, at most the slices.
 """
 
 from __future__ import annotations
