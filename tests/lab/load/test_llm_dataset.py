@@ -138,3 +138,24 @@ def test_load_llm_runs_a_dataset_and_a_replay_against_a_real_stream_server(
         lv = doc["levels"][0]
         assert lv["requests"] == 8 and lv["arrival"] == f"replay:1:{trace}"
         assert lv["output_tokens"] == sum(range(1, 9)) and "trace t" in doc["workload"]
+
+
+def test_a_replay_sends_a_dataset_file_row_by_row_in_its_order(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from llmkit import llm_server
+    from scalelab.cli import run
+
+    # Five rows asking for 1, 2, 4, 8, 16 tokens; a trace of three arrivals: rows 0-2 in file
+    # order ask for exactly 1 + 2 + 4 tokens, any other three rows for another sum.
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"p{i} x", "output_tokens": 2 ** i}) + "\n"
+                         for i in range(5)))
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp\n0\n0.05\n0.1\n")
+    with llm_server("--ttft-ms", "5", "--gap-ms", "1") as url:
+        rc = run(["load", "llm", url, "--replay", str(trace), "--dataset", str(f),
+                  "--distinct", "5", "--warmup", "0s", "--json"])
+        cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    lv = json.loads(cap.out)["levels"][0]
+    assert lv["requests"] == 3 and lv["output_tokens"] == 1 + 2 + 4

@@ -200,9 +200,10 @@ def _line(obj: Any, where: str, count: Counter) -> DatasetRequest:
                           output_len=out_len)
 
 
-def read_jsonl(path: Path, n: int, *, seed: int, count: Counter) -> list[DatasetRequest]:
+def read_jsonl(path: Path, n: int, *, seed: int, count: Counter,
+               in_order: bool = False) -> list[DatasetRequest]:
     """`n` requests drawn with the seed from a JSON Lines file (all of them, shuffled, when it
-    holds no more than n)."""
+    holds no more than n); `in_order`: its first n rows, in the file's order."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
@@ -218,6 +219,8 @@ def read_jsonl(path: Path, n: int, *, seed: int, count: Counter) -> list[Dataset
         rows.append(_line(obj, f"{path}:{lineno}", count))
     if not rows:
         raise BadInputError(f"--dataset {path}: no requests in it")
+    if in_order:
+        return rows[:n]
     order = np.random.default_rng(seed).permutation(len(rows))[:n]
     return [rows[i] for i in order.tolist()]
 
@@ -241,18 +244,22 @@ def trace_dataset(trace: RequestTrace, words: Sequence[str], *, seed: int,
                    counted_in="words (the trace's tokens, one word each)", ordered=True)
 
 
-def load_dataset(spec: str, n: int, *, seed: int, tokenizer: str | None) -> Dataset:
+def load_dataset(spec: str, n: int, *, seed: int, tokenizer: str | None,
+                 in_order: bool = False) -> Dataset:
     """`--dataset sharegpt` or `--dataset FILE.jsonl`, `n` requests, lengths counted with
-    `tokenizer` (None: words)."""
+    `tokenizer` (None: words). `in_order` (with --replay): request i of the run is the
+    dataset's request i, a file's rows in the file's order, so a trace's row i and the file's
+    row i go out together at row i's time."""
     count, unit = token_counter(tokenizer) if tokenizer else word_counter()
     if spec == "sharegpt":
         convs, cut = sharegpt_conversations()
         reqs = sample_sharegpt(convs, n, seed=seed, count=count)
         name = f"sharegpt ({len(convs):,} conversations{', file cut short' if cut else ''})"
-        return Dataset(name=name, requests=reqs, counted_in=unit)
+        return Dataset(name=name, requests=reqs, counted_in=unit, ordered=in_order)
     path = Path(spec)
     if not path.is_file():
         raise BadUsageError(f"--dataset {spec}: neither sharegpt nor a file; give sharegpt or "
                             "a JSON Lines file")
-    return Dataset(name=path.name, requests=read_jsonl(path, n, seed=seed, count=count),
-                   counted_in=unit)
+    return Dataset(name=path.name, requests=read_jsonl(path, n, seed=seed, count=count,
+                                                       in_order=in_order),
+                   counted_in=unit, ordered=in_order)
