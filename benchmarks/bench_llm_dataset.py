@@ -57,6 +57,7 @@ from bench_llm_load import (  # noqa: E402
 )
 
 QS = (50, 95, 99)
+GUIDELLM_LEAD_S = 2.0
 TARGET = {50: 0.05, 95: 0.05, 99: 0.10}
 
 
@@ -88,8 +89,12 @@ def write_requests(work: Path, n: int, max_output: int, rate: float) -> dict[str
                                      for t, o in rows))
     # Ours: `--replay` of a trace with only the times; `--dataset` row i is sent at row i's.
     files["ours_trace"].write_text("timestamp\n" + "".join(f"{x:.6f}\n" for x in at))
+    # GuideLLM targets start_time + relative_timestamp, and its workers took 0.44-0.54 s
+    # after start_time to send (measured): the first request went out that late and the rest
+    # on time. A lead-in of GUIDELLM_LEAD_S keeps every request's offset from the first's.
     files["guidellm"].write_text("".join(
-        json.dumps({"prompt": t, "output_tokens_count": o, "relative_timestamp": x}) + "\n"
+        json.dumps({"prompt": t, "output_tokens_count": o,
+                    "relative_timestamp": round(GUIDELLM_LEAD_S + x, 6)}) + "\n"
         for (t, o), x in zip(rows, at, strict=True)))
     # AIPerf's single_turn "timestamp" is in milliseconds (--fixed-schedule).
     files["aiperf"].write_text("".join(
