@@ -12,7 +12,8 @@ words and its expected answer's length capped at --max-output (so a 2-core machi
 written once to a file per tool in the format it reads — ours {"prompt", "output_tokens"},
 GuideLLM's json_file {"prompt", "output_tokens_count"}, AIPerf's single_turn {"text",
 "output_length"} — so all three send the very same prompts with the same max_tokens (and
-ignore_eos), none reading ShareGPT itself. The server: `scalelab generate serve --model tiny`
+ignore_eos, and temperature 1: the peers send none, the server's default), none reading
+ShareGPT itself. The server: `scalelab generate serve --model tiny`
 (the seeded test model of SmolLM2's architecture) or smollm2-135m, one process on 127.0.0.1,
 restarted for each tool. Each tool sends the requests once on one Poisson schedule at --rate
 req/s drawn here (seed 0): the same request at the same offset in every tool — ours `load llm
@@ -21,10 +22,12 @@ GuideLLM `--profile kind=replay` (`relative_timestamp`, s; its 0.8.1 poisson pro
 every request at once), AIPerf `--fixed-schedule` (`timestamp`, ms) — no warm-up dropped.
 The span of each peer's own send stamps is printed (a burst shows as ~0 s instead of the
 schedule's), with GuideLLM's latest send after its due time and its scheduler's count of
-created requests beside the report's. Each tool's own figures are read from its
-per-request records: TTFT (from its send stamp; ours from the due time) and the per-request
-inter-token time (our TPOT = (e2e − TTFT)/(out − 1), which GuideLLM and AIPerf call ITL), p50,
-p95 and p99. Targets: p50 and p95 within 5% of each peer's, p99 within 10%.
+created requests beside the report's (GuideLLM gets one short end marker 3 s after the last
+request, left out of its figures: its replay closed the report with the last request in
+flight). Each tool's own figures: TTFT (from its send stamp; ours from the due time) and the
+per-request inter-token time (our TPOT = (e2e − TTFT)/(out − 1), which GuideLLM and AIPerf
+call ITL), p50, p95 and p99, the peers' read from their per-request records by ours' rank rule
+(pctl). Targets: p50 and p95 within 5% of each peer's, p99 within 10%.
 Peers live in benchmarks/.venvs/ (bench_llm_load.ensure_peer); the load average is printed
 beside every run (the machine is shared).
 """
@@ -52,13 +55,24 @@ from bench_llm_load import (  # noqa: E402
     GUIDELLM_VENV,
     ensure_peer,
     loadavg,
-    pctl,
     tokenizer_dir,
 )
 
 QS = (50, 95, 99)
 GUIDELLM_LEAD_S = 2.0
+GUIDELLM_TAIL_S = 3.0
 TARGET = {50: 0.05, 95: 0.05, 99: 0.10}
+
+
+def pctl(values: list[float], q: float) -> float | None:
+    """The q-th percentile by ours' rule, None for none: the k-th smallest value, k = q/100 * n
+    rounded half up (at least 1) — hdrh's rank, which ours reports from its histogram — so the
+    peers' per-request values are read as ours are (numpy's default interpolates instead: at 60
+    requests its p99 lies 41% of the way from the 59th value to the 60th; this is the 59th)."""
+    if not values:
+        return None
+    v = sorted(values)
+    return float(v[max(1, int(q * len(v) / 100.0 + 0.5)) - 1])
 
 
 def poisson_offsets(n: int, rate: float) -> list[float]:
@@ -95,7 +109,14 @@ def write_requests(work: Path, n: int, max_output: int, rate: float) -> dict[str
     files["guidellm"].write_text("".join(
         json.dumps({"prompt": t, "output_tokens_count": o,
                     "relative_timestamp": round(GUIDELLM_LEAD_S + x, 6)}) + "\n"
-        for (t, o), x in zip(rows, at, strict=True)))
+        for (t, o), x in zip(rows, at, strict=True))
+        # GuideLLM 0.8.1's replay closed its report 19 ms after the last request was due, that
+        # request still in flight, and left it out (59 of 60 with the server counting 60; its
+        # scheduler state: created 60, processed 59, processing 1). A short request
+        # GUIDELLM_TAIL_S after the last one takes that place; guidellm_figures drops it.
+        + json.dumps({"prompt": "end", "output_tokens_count": 2,
+                      "relative_timestamp": round(GUIDELLM_LEAD_S + at[-1] + GUIDELLM_TAIL_S,
+                                                  6)}) + "\n")
     # AIPerf's single_turn "timestamp" is in milliseconds (--fixed-schedule).
     files["aiperf"].write_text("".join(
         json.dumps({"type": "single_turn", "text": t, "output_length": o,
@@ -175,6 +196,9 @@ def ours(url: str, data: Path, n: int, rate: float, work: Path) -> dict[str, Any
     cmd = [*PIN["tool"], sys.executable, "-m", "scalelab", "load", "llm", "run", url,
            "--dataset", str(data), "--distinct", str(n),
            "--replay", str(work / "ours-trace.csv"), "--warmup", "0s",
+           # The peers send no temperature (the server samples at 1.0, OpenAI's default):
+           # the same request body means sampling here too, not ours' greedy default.
+           "--temperature", "1",
            "--records", str(rec), "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if out.returncode not in (0, 1):
@@ -198,7 +222,7 @@ def guidellm(exe: Path, url: str, data: Path, n: int, rate: float, work: Path
     cmd = [*PIN["tool"], str(exe), "run", "--backend",
            f"kind=openai_http,target={url},model={model_id(url)}",
            "--profile", "kind=replay", "--constraint",
-           f"kind=max_requests,count={n}", "--data", f"kind=json_file,path={data}",
+           f"kind=max_requests,count={n + 1}", "--data", f"kind=json_file,path={data}",
            "--tokenizer", f"kind=huggingface_auto,model={tokenizer_dir()}",
            "--output", f"kind=json,path={out}", "--disable-console-interactive"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -206,8 +230,15 @@ def guidellm(exe: Path, url: str, data: Path, n: int, rate: float, work: Path
     if res.returncode != 0 or not out.exists():
         raise SystemExit(f"guidellm failed ({res.returncode}):\n{res.stdout[-3000:]}\n"
                          f"{res.stderr[-3000:]}")
+    return guidellm_figures(out, GUIDELLM_LEAD_S + poisson_offsets(n, rate)[-1])
+
+
+def guidellm_figures(out: Path, last: float) -> dict[str, Any]:
+    """GuideLLM's figures from its JSON report (`--keep DIR`: DIR/guidellm.json), over the
+    requests due by `last` (s; the end marker, due later, left out)."""
     b = json.loads(out.read_text())["benchmarks"][0]
-    reqs = b.get("requests") or {}
+    reqs = {k: [r for r in v or [] if r["info"]["settings"]["relative_timestamp"] <= last + 0.5]
+            for k, v in (b.get("requests") or {}).items() if k != "total"}
     ok = [r for r in reqs.get("successful") or []
           if r.get("time_to_first_token_ms") is not None]
     sent = sum(len(reqs.get(k) or []) for k in ("successful", "errored", "incomplete"))
@@ -216,12 +247,11 @@ def guidellm(exe: Path, url: str, data: Path, n: int, rate: float, work: Path
     row = figures([r["time_to_first_token_ms"] for r in ok],
                   [r["inter_token_latency_ms"] for r in ok
                    if r.get("inter_token_latency_ms") is not None], len(ok), sent, starts)
-    # A request missing from the report: created by the scheduler but never started (it
-    # drops "cancelled before starting"), or cut by its sample size; these tell which.
-    meta = (b["scheduler_state"].get("end_processing_constraints") or {}).get(
-        "max_requests", {}).get("metadata", {})
-    row["created"] = meta.get("created_requests")
+    # Its scheduler's counts when the report closed, the end marker included: a request
+    # created but not reported shows as still processing (see write_requests).
+    row["created"] = b["scheduler_state"].get("created_requests")
     row["reported"] = b["metrics"]["request_totals"]["total"]
+    row["processing_at_close"] = b["scheduler_state"].get("processing_requests")
     late = [t["request_start"] - t["targeted_start"] for t in tm
             if t.get("request_start") is not None and t.get("targeted_start") is not None]
     row["late_max_s"] = max(late) if late else None
@@ -245,6 +275,11 @@ def aiperf(exe: Path, url: str, data: Path, n: int, rate: float, work: Path) -> 
     if res.returncode != 0 or not per.exists():
         raise SystemExit(f"aiperf failed ({res.returncode}):\n{res.stdout[-3000:]}\n"
                          f"{res.stderr[-3000:]}")
+    return aiperf_figures(per)
+
+
+def aiperf_figures(per: Path) -> dict[str, Any]:
+    """AIPerf's figures from its per-request export (DIR/aiperf/profile_export.jsonl)."""
     ttft, itl, starts, sent = [], [], [], 0
     for ln in per.read_text().splitlines():
         if not ln.strip():
@@ -335,7 +370,8 @@ def main() -> None:
                 else "-" if r.get("send_span_s") is None else f"{r['send_span_s']:.3g}"
                 + ("" if r.get("late_max_s") is None
                    else f" (latest {1e3 * r['late_max_s']:.3g} ms after due)"))
-        made = "" if r.get("created") is None else f" (created {r['created']})"
+        made = ("" if r.get("created") is None else
+                f" (+ end marker; created {r['created']}, reported {r['reported']})")
         print(f"| {tool} | {r['ok']}/{r['sent']}{made} | {span} | " + " | ".join(cells)
               + f" | {sv.get('prompt_tokens_total', 0):.0f} / "
               f"{sv.get('generation_tokens_total', 0):.0f} | {r['tool_cpu_s']:.3g} | "
