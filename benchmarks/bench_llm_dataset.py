@@ -176,9 +176,18 @@ def served(url: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for ln in text.splitlines():
         for key in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-                    "vllm:request_success_total"):
+                    "vllm:request_success_total", "vllm:time_to_first_token_seconds_sum",
+                    "vllm:time_to_first_token_seconds_count",
+                    "vllm:request_time_per_output_token_seconds_sum",
+                    "vllm:request_time_per_output_token_seconds_count"):
             if ln.startswith(key):
                 out[key.split(":")[1]] = out.get(key.split(":")[1], 0.0) + float(ln.split()[-1])
+    # The server's own means (ms), the same yardstick for every tool: whether the server
+    # itself ran slower during one tool's run, or that tool's client measured more.
+    for name, key in (("ttft_mean_ms", "time_to_first_token_seconds"),
+                      ("tpot_mean_ms", "request_time_per_output_token_seconds")):
+        if out.get(f"{key}_count"):
+            out[name] = 1e3 * out[f"{key}_sum"] / out[f"{key}_count"]
     return out
 
 
@@ -352,8 +361,9 @@ def main() -> None:
           f"--model {a.model}, outputs capped at {a.max_output} tokens"
           + (", server on CPU 1 and each tool on CPU 0" if a.pin else ""))
     print("| tool | ok/sent | sends span s | " + " | ".join(cols)
-          + " | server: prompt / generated tokens | tool CPU s | load average (start, end) |")
-    print("|---|---|---|" + "---|" * len(cols) + "---|---|---|")
+          + " | server: prompt / generated tokens | server: TTFT / TPOT mean ms | tool CPU s"
+          " | load average (start, end) |")
+    print("|---|---|---|" + "---|" * len(cols) + "---|---|---|---|")
     for tool, r in rows.items():
         cells = []
         for c in cols:
@@ -374,7 +384,9 @@ def main() -> None:
                 f" (+ end marker; created {r['created']}, reported {r['reported']})")
         print(f"| {tool} | {r['ok']}/{r['sent']}{made} | {span} | " + " | ".join(cells)
               + f" | {sv.get('prompt_tokens_total', 0):.0f} / "
-              f"{sv.get('generation_tokens_total', 0):.0f} | {r['tool_cpu_s']:.3g} | "
+              f"{sv.get('generation_tokens_total', 0):.0f} | "
+              f"{sv.get('ttft_mean_ms', float('nan')):.3g} / "
+              f"{sv.get('tpot_mean_ms', float('nan')):.3g} | {r['tool_cpu_s']:.3g} | "
               f"{r['load'][0]:.2f}, {r['load_after'][0]:.2f} |")
     print("(peer cells: the peer's value, then ours / peer and whether within the target: "
           "5% at p50 and p95, 10% at p99)")
