@@ -35,6 +35,7 @@ from scalelab.lab.core.units import parse_duration
 from scalelab.lab.core.verdict import StageGoal
 from scalelab.lab.diagnose.commands import LoadRun
 from scalelab.lab.diagnose.sizing import (
+    Chunk,
     LevelClock,
     Outcome,
     curve_point,
@@ -220,6 +221,17 @@ SWEEP_SEARCH_S = 12.0
 step."""
 
 
+def size_rate(chunk: Chunk, objectives: list[Objective], *, first_s: float, share_s: float,
+              clock: Callable[[], float]) -> Record | None:
+    """One rate of the baseline's server sized to a decision (`sizing.size_level`, paid_only):
+    a later chunk sends the largest count of requests its undecided checks need that the
+    share pays at the rate measured (a p99's 299 at 40/s), and the level stops, handing the
+    time on, when the share pays none (99.9% availability's 2,995) rather than spending it
+    on a count it cannot reach. A chunk costs its step's start and warm-up beside its window."""
+    return size_level(chunk, objectives, first_s=first_s, share_s=share_s, clock=clock,
+                      overhead_s=STEP_START_S + WARMUP_S, paid_only=True)
+
+
 def servers_start_s(processes: int, cores: int) -> float:
     """Seconds until `processes` server processes started at once all answer (pure): each
     start is about one core's `SERVER_START_S`, so they overlap up to `cores`."""
@@ -383,9 +395,8 @@ class ServeStage(Stage[ServeSettings]):
                 spawned=spawned, repo=repo, data=data,
                 trace_sample=TRACE_SAMPLE if traced and rate == top else None,
                 first=first.records.get(rate), lent=lent)
-            level = size_level(chunk, objectives, first_s=parse_duration(s.duration),
-                               share_s=clock.left_s() / max(1, probes_left), clock=lent.clock,
-                               overhead_s=STEP_START_S + WARMUP_S)
+            level = size_rate(chunk, objectives, first_s=parse_duration(s.duration),
+                              share_s=clock.left_s() / max(1, probes_left), clock=lent.clock)
             if level is None:
                 return "undecided"
             decided[rate] = level
