@@ -59,7 +59,8 @@ def test_a_share_that_pays_the_p99_but_not_availability_stops_unpaid() -> None:
     assert server.asked == [2.0, pytest.approx(219 / RATE * NEED_MARGIN)]
     sizing = got.extras["sizing"]
     assert (sizing["chunks"], sizing["samples"], sizing["stopped"]) == (2, 321, UNPAID)
-    assert sizing["spent_s"] == pytest.approx(2.0 + 219 / RATE * NEED_MARGIN + 2 * START_S, abs=1e-3)
+    assert sizing["spent_s"] == pytest.approx(2.0 + 219 / RATE * NEED_MARGIN + 2 * START_S,
+                                              abs=1e-3)
     assert [c.objective.label for c in pending(got, OBJECTIVES)] == ["availability ≥ 99.9%"]
     # the first screen names it with the budget that would pay it: 2,674 more requests at
     # the 40/s measured (66.9 s), all of any extra second going to serve: 260 + 66.9 -> 5m30s
