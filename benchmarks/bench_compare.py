@@ -13,13 +13,16 @@ again) and B (12 ms), each --seconds at --rate req/s, constant arrivals, 0.2 s w
 Then `compare`:
 
 - same server: A against A', a pair "reports a difference" when any metric is better or worse;
-  target: at most 1 of 20 (done-means of issue #48);
+  target: at most 1 of 20;
 - regression: A against B, target: latency p50 worse in every pair.
 
 A run the load tester judged invalid (its generator fell behind: it measured its own lateness)
-decides nothing, so the counts come with how many runs were valid. Beside each count, the same
-runs under the rule before batch means (order statistics alone,
-Holm over the three quantiles), so the change is measured on the same data. --keep DIR saves
+decides nothing, so the counts come with how many runs were valid. Three rules decide the same
+runs: order statistics alone (Holm over the three quantiles), batch means within runs (compare
+without --noise), and batch means with the spread between runs (compare --noise) calibrated
+leave-one-out on the other pairs' runs of the 10 ms server. First, why runs differ: per
+quantile, the standard error a run's slices give, their lag-1 autocorrelation, and the spread
+between the runs A, A'. --keep DIR saves
 the records; --reuse DIR re-decides saved records without running anything. The machine is
 shared: the load average is printed at the start and the end.
 """
@@ -32,6 +35,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from scalelab.lab.compare.calibration import spreads
+from scalelab.lab.compare.comparison import Comparison, Row, compare
+from scalelab.lab.compare.sides import QUANTILES, read_side
+from scalelab.lab.core.records import Record
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -109,59 +117,106 @@ def order_statistic_only(a: Path, b: Path) -> dict[str, str]:
     return out
 
 
-def decide(work: Path, pairs: int) -> None:
-    from scalelab.lab.compare.comparison import compare
-    from scalelab.lab.compare.sides import read_side
+def _decided(c: Comparison) -> list[str]:
+    return [f"{r.metric} {r.decision} {r.ratio:.3f}" for r in c.rows
+            if r.decision in ("better", "worse")]
 
-    null_new = null_old = reg_new = reg_old = reg_valid = 0
-    valid = {n: read_side(work / f"{n}.jsonl")[0].ok
-             for i in range(pairs) for n in (f"a{i}", f"a2_{i}", f"b{i}")}
+
+def _p50(c: Comparison) -> Row:
+    return next(r for r in c.rows if r.metric == "latency p50")
+
+
+def anatomy(recs: dict[str, list[Record]], pairs: int) -> None:
+    """Why separate runs of one server differ: per quantile, the standard error of a run's
+    log quantile its own slices give (batch means over the 10 slices), their lag-1
+    autocorrelation, and the spread the pairs A, A' actually show."""
+    import numpy as np
+
+    from scalelab.lab.load.histogram import LatencyHistogram
+
+    for q in QUANTILES:
+        within, lag1, diffs = [], [], []
+        for i in range(pairs):
+            whole = []
+            for n in (f"a{i}", f"a2_{i}"):
+                r = recs[n][0]
+                v = np.log([LatencyHistogram.decode(b).quantile_ms(q)
+                            for b in r.slices["latency"]])
+                within.append(float(v.std(ddof=1)) / len(v) ** 0.5)
+                x = v - v.mean()
+                if (x ** 2).sum() > 0:
+                    lag1.append(float((x[1:] * x[:-1]).sum() / (x ** 2).sum()))
+                h = LatencyHistogram.decode(r.histograms["latency"])
+                whole.append(float(np.log(h.quantile_ms(q))))
+            diffs.append(whole[1] - whole[0])
+        se, sd = float(np.median(within)), float(np.std(diffs, ddof=1)) / 2 ** 0.5
+        print(f"p{q * 100:g}: a run's own slices: se {se * 100:.3g}% (median), lag-1 "
+              f"autocorrelation {np.mean(lag1):+.2f}; between runs A, A': {sd * 100:.3g}% a "
+              f"run ({sd / se:.3g}x); |log A'/A| > 2 se: "
+              f"{sum(abs(d) > 2 * se * 2 ** 0.5 for d in diffs)} of {pairs}")
+
+
+def decide(work: Path, pairs: int) -> None:
+    """Three rules on the same runs: order statistic alone, within-run batch means (main's
+    rule before the calibration), and batch means widened by the spread between runs measured
+    on the other pairs' runs of the 10 ms server (leave-one-out: pair i's own runs never
+    calibrate pair i)."""
+    names = [n for i in range(pairs) for n in (f"a{i}", f"a2_{i}", f"b{i}")]
+    recs = {n: read_side(work / f"{n}.jsonl") for n in names}
+    valid = {n: recs[n][0].ok for n in names}
+    anatomy(recs, pairs)
+    null = dict.fromkeys(("old", "batch", "new"), 0)
+    reg = dict.fromkeys(("old", "batch", "new"), 0)
     for i in range(pairs):
-        a, a2, b = (work / f"{n}.jsonl" for n in (f"a{i}", f"a2_{i}", f"b{i}"))
-        same = compare(read_side(a), read_side(a2))
-        slow = compare(read_side(a), read_side(b))
-        old_same, old_slow = order_statistic_only(a, a2), order_statistic_only(a, b)
-        hit = [f"{r.metric} {r.decision} {r.ratio:.3f}" for r in same.rows
-               if r.decision in ("better", "worse")]
-        null_new += bool(hit)
-        null_old += any(d in ("better", "worse") for d in old_same.values())
-        p50 = next(r for r in slow.rows if r.metric == "latency p50")
-        reg_new += p50.decision == "worse"
-        reg_valid += p50.decision == "worse" and valid[f"a{i}"] and valid[f"b{i}"]
-        reg_old += old_slow["latency p50"] == "worse"
-        same_p50 = next(r for r in same.rows if r.metric == "latency p50")
-        print(f"pair {i:2d}: same p50 {same_p50.ratio:.3f} {same_p50.decision:10s} "
-              f"{'; '.join(hit) or '-':30s} | 12 ms p50 {p50.ratio:.3f} {p50.decision:10s} "
-              f"[{p50.lower:.3f}, {p50.upper}] | before: same {sorted(set(old_same.values()))}"
-              f" slow p50 {old_slow['latency p50']}")
+        a, a2, b = recs[f"a{i}"], recs[f"a2_{i}"], recs[f"b{i}"]
+        noise = spreads([r for j in range(pairs) if j != i
+                         for n in (f"a{j}", f"a2_{j}") for r in recs[n]])
+        old_same = order_statistic_only(work / f"a{i}.jsonl", work / f"a2_{i}.jsonl")
+        old_slow = order_statistic_only(work / f"a{i}.jsonl", work / f"b{i}.jsonl")
+        batch_same, batch_slow = compare(a, a2), compare(a, b)
+        same, slow = compare(a, a2, noise=noise), compare(a, b, noise=noise)
+        null["old"] += any(d in ("better", "worse") for d in old_same.values())
+        null["batch"] += bool(_decided(batch_same))
+        null["new"] += bool(_decided(same))
+        reg["old"] += old_slow["latency p50"] == "worse"
+        reg["batch"] += _p50(batch_slow).decision == "worse"
+        reg["new"] += _p50(slow).decision == "worse"
+        p50 = _p50(slow)
+        print(f"pair {i:2d}: same p50 {_p50(same).ratio:.3f} "
+              f"{'; '.join(_decided(same)) or '-':24s}| batch only: "
+              f"{'; '.join(_decided(batch_same)) or '-':24s}| 12 ms p50 {p50.ratio:.3f} "
+              f"[{p50.lower:.3f}, {p50.upper:.3f}] {p50.decision} (batch only: "
+              f"{_p50(batch_slow).decision})")
     both = [sum(valid[f"a{i}"] and valid[x] for i in range(pairs)
                 for x in [(f"a2_{i}" if k == 0 else f"b{i}")]) for k in (0, 1)]
     print(f"\nruns the load tester judged valid: {sum(valid.values())} of {len(valid)}; "
           f"pairs valid on both sides: same server {both[0]}, regression {both[1]}")
-    print(f"same server, a difference reported: {null_new} of {pairs} pairs "
-          f"(before batch means: {null_old} of {pairs}); target <= {pairs // 20}")
-    print(f"12 ms against 10 ms, latency p50 worse: {reg_new} of {pairs} pairs "
-          f"(before: {reg_old} of {pairs}); target {pairs} of {pairs}; of the {both[1]} pairs "
-          f"valid on both sides: {reg_valid} worse")
+    for k, what in (("old", "order statistic alone"), ("batch", "batch means (within runs)"),
+                    ("new", "batch means + spread between runs (--noise, leave-one-out)")):
+        print(f"{what}: same server, a difference reported: {null[k]} of {pairs} pairs "
+              f"(target <= {pairs // 20}); 12 ms against 10 ms, p50 worse: {reg[k]} of {pairs}")
 
 
 def decide_repeats(work: Path, pairs: int, k: int = 3) -> None:
-    """The same runs as sides of k repeats (runs as the unit: between-run drift counts)."""
-    from scalelab.lab.compare.comparison import compare
-    from scalelab.lab.compare.sides import read_side
-
-    def side(prefix: str, idx: range) -> list:
+    """The same runs as sides of k repeats (runs as the unit: between-run drift counts), with
+    Welch's t alone and with the other groups' runs as calibration (pooled t)."""
+    def side(prefix: str, idx: range) -> list[Record]:
         return [r for i in idx for r in read_side(work / f"{prefix}{i}.jsonl")]
 
     groups = [range(j, j + k) for j in range(0, pairs - k + 1, k)]
-    same = slow = 0
+    same = slow = same_cal = slow_cal = 0
     for g in groups:
         a = side("a", g)
-        same += any(r.decision in ("better", "worse") for r in compare(a, side("a2_", g)).rows)
-        c = compare(a, side("b", g))
-        slow += next(r for r in c.rows if r.metric == "latency p50").decision == "worse"
-    print(f"as {k} repeats a side: same server, a difference reported: {same} of "
-          f"{len(groups)}; 12 ms against 10 ms, latency p50 worse: {slow} of {len(groups)}")
+        rest = [i for i in range(pairs) if i not in g]
+        noise = spreads([r for i in rest for p in ("a", "a2_")
+                         for r in read_side(work / f"{p}{i}.jsonl")])
+        same += bool(_decided(compare(a, side("a2_", g))))
+        slow += _p50(compare(a, side("b", g))).decision == "worse"
+        same_cal += bool(_decided(compare(a, side("a2_", g), noise=noise)))
+        slow_cal += _p50(compare(a, side("b", g), noise=noise)).decision == "worse"
+    print(f"as {k} repeats a side, Welch: same server differs {same} of {len(groups)}, "
+          f"12 ms p50 worse {slow} of {len(groups)}; pooled with the other runs' spread: "
+          f"differs {same_cal} of {len(groups)}, worse {slow_cal} of {len(groups)}")
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ Run: .venv/bin/python benchmarks/bench_generate.py [--model smollm2-135m|tiny] [
                                                    [--tpot-objective 0.25|2.5x] [--arrival-rate 0.2]
      .venv/bin/python benchmarks/bench_generate.py --only step [--threads 1]   (~1 min)
      .venv/bin/python benchmarks/bench_generate.py --only neighbour [--before-src ../main/src]
+     .venv/bin/python benchmarks/bench_generate.py --only profile,onestream [--before-src ...]
 
 Sections (each prints ratios; all results go to --out as one JSON document):
 - batching: output tokens/s at a p95 TPOT objective (--tpot-objective). Three modes: continuous
@@ -38,6 +39,14 @@ Sections (each prints ratios; all results go to --out as one JSON document):
   is ("quiet") and with one CPU-spinning process pinned to one core ("one stream with a busy
   neighbour"), in-process and through `generate serve`, rounds alternating
   (benchmarks/bench_neighbour.py; --before-src adds a second source tree, e.g. main's).
+- profile (only when named): one decode step at one stream at q4, --threads: torch.profiler's
+  self CPU time per op and per group (int4 products, RMSNorm, attention, casts and copies,
+  elementwise, the rest) in ms per step and share, and the forward's share of the engine's step
+  (cProfile) (benchmarks/bench_onestream.py --profile).
+- onestream (only when named): one stream, ours (q4) against llama.cpp's C API on the same Q4_1
+  file, ids and lengths, at 1 and 2 threads, persistent processes, rounds alternating, median
+  and range of 3, tokens/s and CPU ms a token (benchmarks/bench_onestream.py; --before-src adds
+  a second source tree in the same run).
 - llamacpp: llama-cpp-python (in benchmarks/.venvs/llamacpp, made by .ci/llamacpp from the
   wheel cached in benchmarks/.venvs/wheels, built from the sdist when absent) on the same GGUF,
   token ids, threads and exact output lengths (64 per stream, EOS ignored on both sides), 1
@@ -383,7 +392,8 @@ def section_batching(
 ATTENTION_OPS = ("scaled_dot_product", "index_select", "index_copy")
 # The engine's linears run as oneDNN's packed matmul (LlmEngineConfig.packed_weights); HF's too
 # (--hf-linears packed, the default) or as mm (plain).
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise",
+              "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm")
 
 
 class HFDecoder:
@@ -757,6 +767,30 @@ def section_neighbour(model: str, threads: int, before_src: str | None) -> dict[
     return out
 
 
+def section_profile(threads: int) -> dict[str, Any]:
+    """Where one decode step at one stream goes, per op (bench_onestream.profile_step)."""
+    sys.path.insert(0, str(HERE))
+    import bench_onestream
+
+    out: dict[str, Any] = bench_onestream.profile_step(threads)
+    return out
+
+
+def section_onestream(before_src: str | None) -> dict[str, Any]:
+    """One stream against llama.cpp at 1 and 2 threads, alternated (bench_onestream.run)."""
+    from scalelab.system.generate.gguf import smollm2_path
+
+    sys.path.insert(0, str(HERE))
+    import bench_onestream
+
+    trees = {"this": str(HERE.parent / "src")}
+    if before_src:
+        trees["before"] = before_src
+    out: dict[str, Any] = bench_onestream.run([1, 2], 64, 3, trees, llamacpp_python(),
+                                              str(smollm2_path()))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -788,7 +822,9 @@ def main() -> None:
         default="batching,paged,prefix,spec,llamacpp",
         help="comma-separated sections; 'step' (decode-step time and its split at 1 and 8 "
         "sequences), 'weights' (fp32/int8/q4: benchmarks/bench_weights.py) and 'neighbour' "
-        "(quiet vs a busy neighbour core: benchmarks/bench_neighbour.py) run only when named",
+        "(quiet vs a busy neighbour core: benchmarks/bench_neighbour.py), 'profile' (one "
+        "stream's step per op) and 'onestream' (one stream vs llama.cpp at 1 and 2 threads: "
+        "benchmarks/bench_onestream.py) run only when named",
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
@@ -810,7 +846,8 @@ def main() -> None:
     ap.add_argument(
         "--before-src",
         default=None,
-        help="neighbour: a second source tree measured in the same run (e.g. /work/main/src)",
+        help="neighbour, onestream: a second source tree measured in the same run (e.g. "
+        "/work/main/src)",
     )
     ap.add_argument("--spec-tokens", type=int, default=48)
     ap.add_argument(
@@ -868,6 +905,8 @@ def main() -> None:
             llamacpp_python() if "llamacpp" in only and args.model == "smollm2-135m" else None,
         ),
         "neighbour": lambda: section_neighbour(args.model, args.threads, args.before_src),
+        "profile": lambda: section_profile(args.threads),
+        "onestream": lambda: section_onestream(args.before_src),
     }
     for name, fn in sections.items():
         if name not in only or (name == "llamacpp" and lm.name != "smollm2-135m"):

@@ -1,9 +1,10 @@
-"""The deterministic OpenAI-compatible test server (tests/lab/load/llm_server.py), started for a
-test.
+"""The OpenAI-compatible servers the tests start: the deterministic test server
+(tests/lab/load/llm_server.py) and the project's own `scalelab generate serve` (tiny model).
 
     with llm_server("--ttft-ms", "20", "--gap-ms", "10") as url: ...
+    with generate_server(log, "--max-num-seqs", "2") as spawned: ...
 
-yields its base URL once it listens on 127.0.0.1 and kills it afterwards, whatever the test did.
+each yields once its server listens on 127.0.0.1 and kills it afterwards, whatever the test did.
 `server_truth`, `quantile_bounds` and `StallWatch` hold a client's timing to what the server really
 did, with the client's own measured starvation as the only slack.
 """
@@ -12,15 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from scalelab.lab.load.llm.result import LlmResult
+from scalelab.layers.web.spawn import Spawned, start_server
 
 SERVER = Path(__file__).parent / "lab" / "load" / "llm_server.py"
 PREC = 0.999  # HdrHistogram at 3 significant digits reads within 0.1% of the sample
@@ -28,9 +31,13 @@ JITTER_MS = 8.0  # what an unstarved but busy client's event loop may add to a r
 
 
 @contextlib.contextmanager
-def llm_server(*args: str) -> Iterator[str]:
+def llm_server(*args: str, realtime: bool = False) -> Iterator[str]:
+    """`realtime`: the server in SCHED_FIFO (priority 1; only where `realtime_ok`), so that on
+    a loaded machine its chunks go out at their due times, not in a late burst."""
     proc = subprocess.Popen([sys.executable, str(SERVER), *args], stdout=subprocess.PIPE,
                             text=True)
+    if realtime:
+        os.sched_setscheduler(proc.pid, os.SCHED_FIFO, os.sched_param(1))
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -40,6 +47,23 @@ def llm_server(*args: str) -> Iterator[str]:
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def generate_server(log: Path, *flags: str, env: Mapping[str, str] | None = None,
+                    unset: Sequence[str] = ()) -> Iterator[Spawned]:
+    """`scalelab generate serve --model tiny` with one torch thread and `flags`, its output in
+    `log` and its cache ($SCALELAB_CACHE) beside it, ready once /health answers. Its
+    environment is this process's without `unset`, with `env` added."""
+
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "scalelab", "generate", "serve", "--model", "tiny",
+                "--port", str(port), "--torch-threads", "1", *flags]
+
+    full = {k: v for k, v in os.environ.items() if k not in unset}
+    full.update({"SCALELAB_CACHE": str(log.parent), **(env or {})})
+    with start_server(command, ready_path="/health", log=log, env=full, timeout_s=180) as s:
+        yield s
 
 
 def server_truth(url: str, skip: int = 0) -> dict[str, list[float]]:
@@ -100,6 +124,18 @@ class StallWatch:
 
 
 _WATCH: list[StallWatch] = []
+
+
+def fifo_threads(on: bool) -> None:
+    """Every thread of this process in SCHED_FIFO (priority 1), or all back to the normal
+    policy: `clock.realtime` for a whole process whose work runs on threads of its own (a Dask
+    worker's event loop and task thread, a client's loop). Threads it makes afterwards inherit
+    the policy. Linux, root or CAP_SYS_NICE (`realtime_ok`); a plain function, so a Dask
+    worker or scheduler can run it (Client.run, Client.run_on_scheduler)."""
+    policy, priority = (os.SCHED_FIFO, 1) if on else (os.SCHED_OTHER, 0)
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setscheduler(int(tid), policy, os.sched_param(priority))
 
 
 def watch_start() -> None:

@@ -4,33 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from clikit import fails, run_json
 from scalelab.cli import run
 from scalelab.layers.plan.chinchilla import EPOCH_PARAMS, ChinchillaParams, compute_optimal
 
 EPOCH_CSV = (Path(__file__).resolve().parents[1] / "layers" / "plan" / "data"
              / "chinchilla_epoch.csv")
 FAST = ["--grid-points", "2", "--bootstrap", "0"]
-
-
-def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
-    rc = run([*args, "--json"])
-    cap = capsys.readouterr()
-    assert rc == 0, cap.err
-    return json.loads(cap.out)  # exactly one document: json.loads rejects trailing text
-
-
-def fails(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    rc = run(list(args))
-    cap = capsys.readouterr()
-    assert rc == 2, cap
-    lines = cap.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), cap.err
-    assert "Traceback" not in cap.err
-    return lines[0]
 
 
 def test_fit_json_reproduces_epoch(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

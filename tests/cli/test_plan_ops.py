@@ -5,30 +5,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from clikit import fails, run_json
 from scalelab.cli import run
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plan-ops.md"
-
-
-def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
-    rc = run([*args, "--json"])
-    out = capsys.readouterr().out
-    assert rc == 0
-    return json.loads(out)  # exactly one document: json.loads rejects trailing text
-
-
-def fails(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    rc = run(list(args))
-    cap = capsys.readouterr()
-    assert rc == 2, cap
-    lines = cap.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), cap.err
-    assert "Traceback" not in cap.err
-    return lines[0]
 
 
 def test_hpa_simple_form_gives_6(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +14,9 @@ from typing import Any
 import httpx
 import torch
 
+from llmkit import generate_server as tiny_generate_server
 from scalelab.layers.nets.llama import build_tiny, tiny_config
-from scalelab.layers.web.spawn import Spawned, start_server
+from scalelab.layers.web.spawn import Spawned
 from scalelab.system.generate.tokenizer import byte_tokenizer
 
 MODEL = "tiny-llama"
@@ -27,18 +26,11 @@ TOK = byte_tokenizer()
 @contextlib.contextmanager
 def generate_server(log: Path, *flags: str, max_model_len: int,
                     env: dict[str, str] | None = None) -> Iterator[Spawned]:
-    """`scalelab generate serve --model tiny` (seed 0, one torch thread) with `flags`, and
-    `env` added to this process's environment."""
-
-    def command(port: int) -> list[str]:
-        return [sys.executable, "-m", "scalelab", "generate", "serve", "--model", "tiny",
-                # the fp32 weights the plain reference forward uses (the CLI default is q4)
-                "--weights", "fp32",
-                "--port", str(port), "--torch-threads", "1",
-                "--max-model-len", str(max_model_len), *flags]
-
-    full = {**os.environ, "SCALELAB_CACHE": str(log.parent), **(env or {})}
-    with start_server(command, ready_path="/health", log=log, env=full, timeout_s=180) as s:
+    """`llmkit.generate_server` (seed 0, one torch thread) with the fp32 weights the plain
+    reference forward uses (the CLI default is q4), `flags`, and `env` added to this process's
+    environment."""
+    with tiny_generate_server(log, "--weights", "fp32", "--max-model-len", str(max_model_len),
+                              *flags, env=env) as s:
         yield s
 
 

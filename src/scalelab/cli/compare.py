@@ -14,6 +14,7 @@ from rich.table import Table
 from scalelab.cli._export import output_option
 from scalelab.cli._gate import exit_if_missed
 from scalelab.cli._output import emit, json_option, plot_option
+from scalelab.lab.compare.calibration import noise_of
 from scalelab.lab.compare.comparison import Comparison, compare
 from scalelab.lab.compare.sides import read_side
 from scalelab.lab.compare.table import HEADER, cells, markdown, summary, to_html
@@ -29,6 +30,10 @@ _STYLE = {"worse": "red", "better": "green", "equivalent": "", "undecided": "yel
               help="B/A within 1 ± margin is equivalent: the smallest difference that matters.")
 @click.option("--confidence", default="95%", show_default=True,
               help="Family-wise confidence over all the metrics compared (Holm).")
+@click.option("--noise", type=click.Path(path_type=Path),
+              help="Records of 2+ repeated runs of one unchanged setup (A's duration and "
+                   "rate, same machine): their spread between runs is counted in every "
+                   "interval, so one run a side can be decided.")
 @click.option("--fail-on", type=click.Choice(["worse", "undecided"]),
               help="Exit 1 when a metric is worse (or, with undecided, worse or undecided): "
                    "a CI regression gate.")
@@ -39,7 +44,8 @@ _STYLE = {"worse": "red", "better": "green", "equivalent": "", "undecided": "yel
 @output_option
 @plot_option("B/A with its interval, one row per metric")
 @json_option
-def compare_cmd(a: Path, b: Path, margin: str, confidence: str, fail_on: str | None,
+def compare_cmd(a: Path, b: Path, margin: str, confidence: str, noise: Path | None,
+                fail_on: str | None,
                 md: Path | None, html_path: Path | None, output: Path | None,
                 plot: Path | None, as_json: bool) -> None:
     """Compare run B against run A: records files, or run/report directories holding
@@ -49,8 +55,9 @@ def compare_cmd(a: Path, b: Path, margin: str, confidence: str, fail_on: str | N
     \b
     Exit status: 0 done; 1 --fail-on matched; 2 bad usage or input; 70 internal error.
     """
+    spread = None if noise is None else noise_of(noise)
     c = compare(read_side(a), read_side(b), margin=parse_percent(margin, what="--margin"),
-                confidence=parse_percent(confidence, what="--confidence"))
+                confidence=parse_percent(confidence, what="--confidence"), noise=spread)
     doc = {"a": str(a), "b": str(b), **c.to_json()}
     if md is not None:
         md.write_text(markdown(c), encoding="utf-8")

@@ -19,6 +19,7 @@ from scalelab.lab.diagnose.budget import parse_budget
 from scalelab.lab.diagnose.config import Mode, defaults_text, load_config, stored_config
 from scalelab.lab.diagnose.gate import FailOn, gate_failure
 from scalelab.lab.diagnose.run import RECORDS, Runner, process_started, rebuild
+from scalelab.lab.diagnose.steps import StepResult
 from scalelab.lab.report.document import ReportFiles
 from scalelab.lab.report.screen import print_screen
 
@@ -30,6 +31,16 @@ def render_verdict(c: Console, verdict: Verdict, report: Path, *, verbose: bool 
         c.print(report.with_name("report.md").read_text("utf-8"), markup=False,
                 highlight=False, soft_wrap=True)
     print_screen(c, verdict, report)
+
+
+def failed_step_lines(steps: list[StepResult]) -> list[str]:
+    """The stderr lines before the first screen: one a failed step (the system under test did
+    not answer, a command broke). A step cut for lack of time (stopped at its stage's
+    deadline, or never started) is no failure: like the progress bar it is not printed (four
+    such lines led the demo's screen in a CI log); the report's Time section and run.json's
+    `cut_steps` say what it left out and why, and the screen what stayed undecided."""
+    return [f"step failed: {s.step.label}: {s.error}" for s in steps
+            if not s.ok and s.cut is None]
 
 
 fail_on_option = click.option(
@@ -124,13 +135,8 @@ def diagnose(
                         started=process_started())
         outcome = runner.run()
     assert outcome.verdict is not None and outcome.files is not None
-    failed = [s for s in outcome.steps if not s.ok]
-    for s in failed:
-        what = "step failed" if s.cut is None else "step cut (budget)"
-        err_console.print(
-            f"[yellow]{what}:[/] {s.step.label}: {s.error or s.cut}", markup=True,
-            highlight=False
-        )
+    for line in failed_step_lines(outcome.steps):
+        err_console.print(f"[yellow]{line}[/]", markup=True, highlight=False)
     if outcome.interrupted:
         err_console.print("interrupted: the report holds what was measured before Ctrl-C")
     def render(c: Console) -> None:

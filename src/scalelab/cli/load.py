@@ -12,6 +12,13 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._arrival import resolve as resolve_arrival
+from scalelab.cli._capacity import (
+    availability_doc,
+    availability_line,
+    budget_option,
+    deadline,
+    unconfirmed,
+)
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._export import levels_plot_option, output_option
 from scalelab.cli._gate import exit_if_missed
@@ -303,6 +310,9 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @click.option("--error-budget", help="Also require availability, e.g. 0.1%.")
 @click.option("--start", type=float, default=10.0, show_default=True, help="First rate (req/s).")
 @click.option("--max-rate", type=float, default=100_000.0, show_default=True)
+@click.option("--min-rate", type=float, default=None,
+              help="Never offer less: where --start fails the search halves down to it, and "
+                   "failed confirmations send it no lower (default: --start / 64).")
 @click.option("--fails-at", type=float, default=None,
               help="A rate already measured to miss the SLO (e.g. a `load run` level): the "
                    "search stays below it and bisects towards it.")
@@ -323,8 +333,10 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per step.")
 @click.option("--confirm", default=f"{CONFIRM_S:g}s", show_default=True,
               help="Confirm the answer by a run this long at its rate (never stopped early); a "
-                   "failed confirmation sends the search below it. 0 skips it (the answer is "
-                   "then unconfirmed).")
+                   "failed confirmation sends the search below it until one holds (down to "
+                   "--min-rate, while --max-steps last). 0 skips it (the answer is then "
+                   "unconfirmed).")
+@budget_option
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
 @click.option("--experiment", help="Experiment id for the records.")
 @click.option("--plot", type=click.Path(path_type=Path),
@@ -334,11 +346,11 @@ def _render_budget(c: Console, rows: list[tuple[Any, list[Any]]], label: str) ->
 @output_option
 @json_option
 def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
-             fails_at: float | None, precision: str, confidence: str, min_step: str,
-             max_step: str, min_requests: str, max_steps: int, invalid_retries: int,
-             arrival: str, warmup: str, confirm: str, records: Path | None,
-             experiment: str | None, plot: Path | None, cluster_address: str | None,
-             as_json: bool, **kw: Any) -> None:
+             min_rate: float | None, fails_at: float | None, precision: str, confidence: str,
+             min_step: str, max_step: str, min_requests: str, max_steps: int,
+             invalid_retries: int, arrival: str, warmup: str, confirm: str, budget: str | None,
+             records: Path | None, experiment: str | None, plot: Path | None,
+             cluster_address: str | None, as_json: bool, **kw: Any) -> None:
     """Find the highest arrival rate meeting the SLO (exponential search, then bisection).
 
     \b
@@ -349,7 +361,8 @@ def capacity(url: str, slo: str, error_budget: str | None, start: float, max_rat
     with open_cluster(cluster_address) as cluster:
         _capacity(url, slo, error_budget, start, max_rate, precision, confidence, min_step,
                   max_step, min_requests, max_steps, invalid_retries, arrival, warmup, records,
-                  experiment, plot, as_json, kw, cluster, fails_at=fails_at, confirm=confirm)
+                  experiment, plot, as_json, kw, cluster, fails_at=fails_at, confirm=confirm,
+                  min_rate=min_rate, budget=budget)
 
 
 def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_rate: float,
@@ -357,7 +370,8 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
               max_steps: int, invalid_retries: int, arrival: str, warmup: str,
               records: Path | None, experiment: str | None, plot: Path | None, as_json: bool,
               kw: dict[str, Any], cluster: Cluster | None, *,
-              fails_at: float | None = None, confirm: str = f"{CONFIRM_S:g}s") -> None:
+              fails_at: float | None = None, confirm: str = f"{CONFIRM_S:g}s",
+              min_rate: float | None = None, budget: str | None = None) -> None:
     objective = parse_slo(slo, error_budget=error_budget)
     conf = fraction(confidence, what="--confidence")
     rule = StepRule(slo=objective, confidence=conf,
@@ -369,7 +383,7 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
     cfg = SearchConfig(start=start, max_rate=max_rate,
                        precision=parse_percent(precision, what="--precision"),
                        max_steps=max_steps, invalid_retries=invalid_retries,
-                       fails_at=fails_at)
+                       fails_at=fails_at, min_rate=min_rate)
     target, reqs, kind = build_requests(url, kw)
     warm = parse_duration(warmup, what="--warmup")
     confirm_s = parse_duration(confirm, what="--confirm")
@@ -392,7 +406,8 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
                         cluster=cluster, experiment=exp, url=url, extra={"payload": kind},
                         on_step=on_step, check=ran)
     with live_progress("capacity", total=max_steps) as progress:
-        res = runner.run(cfg)
+        res = runner.run(cfg, deadline=deadline(budget, step_s=rule.max_step_s,
+                                                 confirm_s=confirm_s, warmup_s=warm))
     if records is not None:
         append_records(records, runner.records)
     if plot is not None:
@@ -402,18 +417,19 @@ def _capacity(url: str, slo: str, error_budget: str | None, start: float, max_ra
            "step_rule": "auto" if min_requests == "auto" else "given",
            "capacity_rps": res.capacity_rps, "interval_rps": list(res.interval_rps),
            "confirmed_rps": res.confirmed_rps, "confirm_s": confirm_s,
+           "confirm_stopped": res.stopped, "min_rate": cfg.floor, "budget": budget,
+           **availability_doc(objective.availability),
            "generator_limit_rps": res.generator_limit_rps, "answer": res.answer(),
            "fails_at": fails_at,
            "converged": res.converged, "knee_rps": res.knee_rps,
            "steps": [s.__dict__ for s in res.steps],
            "records": str(records) if records else None, "plot": str(plot) if plot else None}
     emit(doc, as_json, lambda c: _render_capacity(c, res, doc))
-    if res.capacity_rps is None:
+    if res.capacity_rps is None and not res.confirmations:
         exit_if_all_failed(tried, url)  # every step's every request failed: the cause
         exit_if_missed([f"{objective.label} at every rate tried"])
     if confirm_s > 0 and res.confirmed_rps is None:
-        exit_if_missed([f"{objective.label} in the confirmation run: the answer is not "
-                        "confirmed (raise --max-steps to search further below it)"])
+        exit_if_missed([unconfirmed(objective.label, res)])
 
 
 def _int(text: str, *, what: str) -> int:
@@ -437,6 +453,7 @@ def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> No
                   f"[{_ms(lo)}, {_ms(hi)}]", f"{s.error_rate:.2%}", steady,
                   "yes" if s.valid else "NO")
     c.print(t)
+    c.print(availability_line(doc))
     c.print(f"each step decides only after {doc['step_requests']:,} requests"
             + (" (sized for the quantile: LoadGen's early-stopping test passing a server that "
                "uses half its tail allowance)" if doc["step_rule"] == "auto" else ""))
@@ -449,7 +466,8 @@ def _render_capacity(c: Console, res: CapacityResult, doc: dict[str, Any]) -> No
             c.print(f"[yellow]step {i + 1} failed:[/] {reason}")
     lo, hi = res.interval_rps
     if res.capacity_rps is None:
-        c.print(f"no tried rate met {doc['slo']} (lowest failing: {_ms(hi)} req/s)")
+        c.print(res.answer() if res.confirmations else
+                f"no tried rate met {doc['slo']} (lowest failing: {_ms(hi)} req/s)")
     else:
         c.print(f"{res.answer()}; interval [{_ms(lo)}, {_ms(hi)}] req/s at "
                 f"{doc['confidence']:.0%} per step"

@@ -18,6 +18,13 @@ from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli._arrival import resolve as resolve_arrival
+from scalelab.cli._capacity import (
+    availability_doc,
+    availability_line,
+    budget_option,
+    deadline,
+    unconfirmed,
+)
 from scalelab.cli._cluster import cluster_option, open_cluster
 from scalelab.cli._dataset import dataset_of, dataset_options, tokenizer_of
 from scalelab.cli._export import levels_plot_option, output_option
@@ -390,9 +397,14 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 @llm.command("capacity")
 @click.argument("url")
 @click.option("--slo", required=True,
-              help='Token objectives, e.g. "ttft_p95<500ms,tpot_p95<60ms,avail>=99%".')
+              help='Token objectives, e.g. "ttft_p95<500ms,tpot_p95<60ms,avail>=99.9%" '
+                   '(availability 99% where none is given: a step whose failures decide it '
+                   'missed never passes).')
 @click.option("--start", type=float, default=1.0, show_default=True, help="First rate (req/s).")
 @click.option("--max-rate", type=float, default=10_000.0, show_default=True)
+@click.option("--min-rate", type=float, default=None,
+              help="Never offer less: where --start fails the search halves down to it, and "
+                   "failed confirmations send it no lower (default: --start / 64).")
 @click.option("--precision", default="10%", show_default=True,
               help="Stop when the pass/fail interval is this narrow (relative).")
 @click.option("--confidence", default="95%", show_default=True)
@@ -404,8 +416,10 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 @click.option("--warmup", default="1s", show_default=True, help="Unmeasured warm-up per step.")
 @click.option("--confirm", default=f"{CONFIRM_S:g}s", show_default=True,
               help="Confirm the answer by a run this long at its rate (never stopped early); a "
-                   "failed confirmation sends the search below it. 0 skips it (the answer is "
-                   "then unconfirmed).")
+                   "failed confirmation sends the search below it until one holds (down to "
+                   "--min-rate, while --max-steps last). 0 skips it (the answer is then "
+                   "unconfirmed).")
+@budget_option
 @click.option("--records", type=click.Path(path_type=Path), help="Append one record per step.")
 @click.option("--experiment", help="Experiment id for the records.")
 @plot_option("TTFT and TPOT quantiles against the tried rates, and the capacity found")
@@ -413,9 +427,11 @@ def render_levels(c: Console, doc: dict[str, Any]) -> None:
 @_workload_options
 @output_option
 @json_option
-def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: str,
+def capacity_cmd(url: str, slo: str, start: float, max_rate: float, min_rate: float | None,
+                 precision: str,
                  confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
-                 warmup: str, confirm: str, records: Path | None, experiment: str | None,
+                 warmup: str, confirm: str, budget: str | None, records: Path | None,
+                 experiment: str | None,
                  plot: Path | None, cluster_address: str | None, as_json: bool,
                  **kw: Any) -> None:
     """The highest arrival rate meeting every token objective, in req/s and output tokens/s.
@@ -428,14 +444,15 @@ def capacity_cmd(url: str, slo: str, start: float, max_rate: float, precision: s
     with open_cluster(cluster_address) as cluster:
         _capacity(url, slo, start, max_rate, precision, confidence, min_step, max_step,
                   max_steps, arrival, warmup, records, experiment, plot, as_json, kw, cluster,
-                  confirm=confirm)
+                  confirm=confirm, min_rate=min_rate, budget=budget)
 
 
 def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
               confidence: str, min_step: str, max_step: str, max_steps: int, arrival: str,
               warmup: str, records: Path | None, experiment: str | None, plot: Path | None,
               as_json: bool, kw: dict[str, Any], cluster: Cluster | None, *,
-              confirm: str = f"{CONFIRM_S:g}s") -> None:
+              confirm: str = f"{CONFIRM_S:g}s", min_rate: float | None = None,
+              budget: str | None = None) -> None:
     objective = parse_token_slo(slo)
     conf = fraction(confidence, what="--confidence")
     rule = TokenStepRule(slo=objective, confidence=conf,
@@ -443,7 +460,7 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
                          max_step_s=parse_duration(max_step, what="--max-step"))
     cfg = SearchConfig(start=start, max_rate=max_rate,
                        precision=parse_percent(precision, what="--precision"),
-                       max_steps=max_steps)
+                       max_steps=max_steps, min_rate=min_rate)
     price = price_per_hour(kw)
     target, wl, reqs = _workload(url, kw)
     warm = parse_duration(warmup, what="--warmup")
@@ -465,7 +482,9 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
 
         try:
             res = capacity(make_plan, rule, cfg, on_step=on_step, url=url, cluster=cluster,
-                           confirm_s=confirm_s)
+                           confirm_s=confirm_s,
+                           deadline=deadline(budget, step_s=rule.max_step_s,
+                                             confirm_s=confirm_s, warmup_s=warm))
         except EveryRequestFailed as e:
             err_console.print(str(e), markup=False, highlight=False, soft_wrap=True)
             raise click.exceptions.Exit(1) from None
@@ -485,6 +504,8 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
     doc = {"url": f"{target.base}{target.path}", "workload": wl.label(), "slo": objective.label,
            "confidence": conf, "experiment": exp, "capacity_rps": res.result.capacity_rps,
            "confirmed_rps": res.result.confirmed_rps, "confirm_s": confirm_s,
+           "confirm_stopped": res.result.stopped, "min_rate": cfg.floor, "budget": budget,
+           **availability_doc(objective.availability),
            "answer": res.result.answer(),
            "interval_rps": [lo, hi], "capacity_output_tps": res.capacity_tps,
            "capacity_goodput_tps": res.capacity_goodput_tps,
@@ -496,11 +517,10 @@ def _capacity(url: str, slo: str, start: float, max_rate: float, precision: str,
     if plot is not None:
         plot_capacity(doc, plot)
     emit(doc, as_json, lambda c: _render_capacity(c, doc))
-    if doc["capacity_rps"] is None:
+    if doc["capacity_rps"] is None and not res.result.confirmations:
         exit_if_missed([f"{objective.label} at every rate tried"])
     if confirm_s > 0 and res.result.confirmed_rps is None:
-        exit_if_missed([f"{objective.label} in the confirmation run: the answer is not "
-                        "confirmed (raise --max-steps to search further below it)"])
+        exit_if_missed([unconfirmed(objective.label, res.result)])
 
 
 def plot_capacity(doc: dict[str, Any], path: Path) -> None:
@@ -532,6 +552,7 @@ def _render_capacity(c: Console, doc: dict[str, Any]) -> None:
                   _ms(s["ttft"]["p95_ms"]), _ms(s["tpot"]["p95_ms"]), f"{s['error_rate']:.2%}",
                   "yes" if s["valid"] else "NO")
     _wide(c, 110).print(t)
+    c.print(availability_line(doc))
     if doc["capacity_rps"] is None:
         confirmed = any(s["confirmation"] for s in doc["steps"])
         c.print(doc["answer"] if confirmed else f"no tried rate met {doc['slo']}")

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,12 @@ def app(ctx: click.Context, epochs: int, steps: int | None, nproc: int, nnodes: 
     emit(result, as_json, _render(result))
 
 
+def _append_one(path: str, record: Any) -> None:
+    from scalelab.lab.core.records import append_records
+
+    append_records(path, [record])
+
+
 def _render_bench(b: Any) -> Callable[[Console], None]:
     def render(c: Console) -> None:
         for sw in b.sweeps:
@@ -299,7 +306,7 @@ def bench(ctx: click.Context, nprocs: str, batches: str, steps: int, records: st
 
     Example: scalelab train bench --nproc 1,2,4 --mode strong --batch 64,4096 --limit 60000
     """
-    from scalelab.lab.core.records import append_records, new_experiment_id
+    from scalelab.lab.core.records import new_experiment_id
     from scalelab.system.train.bench import run_bench
 
     transformer = split_options(ctx, common)
@@ -317,9 +324,10 @@ def bench(ctx: click.Context, nprocs: str, batches: str, steps: int, records: st
         timeout_s=parse_duration(timeout, what="--timeout"),
         on_level=lambda msg: err_console.print(f"[dim]running {msg}[/]", markup=True),
         on_warning=_warn, price_per_core_hour=resolve_prices(
-            prices_file, core_hour_usd=price_per_core_hour).core_hour_usd)
-    if records:
-        append_records(records, result.records)
+            prices_file, core_hour_usd=price_per_core_hour).core_hour_usd,
+        # Each worker count's record as soon as it is measured: a bench stopped later (a
+        # diagnose deadline, Ctrl-C) keeps the counts it measured.
+        on_record=None if not records else functools.partial(_append_one, records))
     emit({"experiment": result.experiment, "sweeps": result.sweeps,
           "records_file": records, "records": len(result.records)},
          as_json, _render_bench(result))

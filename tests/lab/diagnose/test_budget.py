@@ -9,8 +9,10 @@ import pytest
 from scalelab.cli import run
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.diagnose.budget import (
+    PLAN_FILL,
     StageNeed,
     duration_text,
+    least_at,
     pace,
     parse_budget,
     replan,
@@ -114,14 +116,15 @@ def test_a_share_is_replanned_from_what_is_left() -> None:
              StageNeed(stage="retrieval", minimum_s=40.0, sized=True)]
     # 200 s left pay the 120 s of needs: serve its 60 s and 60/100 of the 80 s spare
     assert replan(200.0, now, later) == 108.0
-    # 60 s left after an overrun: every stage still to run cut in proportion to its need
-    assert replan(60.0, now, later) == 30.0
-    # the machine ran at half speed so far: the needs double (240 s), 200 s are shared
-    assert replan(200.0, now, later, slow=2.0) == 100.0
-    # the last sized stage after an overrun gets what is left over its and the fixed needs,
-    # not what the earlier ones left over (0.2 s in the issue)
+    # 60 s left after an overrun, under the leasts (120 s): the fixed model keeps its 20 s
+    # least (less measures nothing), serve and retrieval share the other 40 s by their leasts
+    assert replan(60.0, now, later) == 24.0
+    # the machine ran at half speed so far: the needs double (240 s); of the 200 s left the
+    # model keeps its 40 s, serve and retrieval share 160 s by their leasts (120 and 80 s)
+    assert replan(200.0, now, later, slow=2.0) == 96.0
+    # the last sized stage after an overrun leaves the fixed stage after it its least
     assert replan(30.0, later[1], [StageNeed(stage="online", minimum_s=20.0, sized=False)]) \
-        == 20.0
+        == 10.0
     assert replan(-5.0, now, later) == 0.0
     # a fixed stage that can cut its curve (least 10 of its 20 s) at half speed: 115 s left
     # do not pay the needs (2 x 60 s) but pay the leasts (2 x 50 s), so each stage gets its
@@ -129,6 +132,38 @@ def test_a_share_is_replanned_from_what_is_left() -> None:
     model = StageNeed(stage="model", minimum_s=20.0, sized=False, least_s=10.0)
     assert replan(115.0, model, [later[1]], slow=2.0) == 35.0
     assert replan(115.0, later[1], [model], slow=2.0) == 80.0
+
+
+def test_a_later_fixed_stage_keeps_its_least_with_room_for_its_estimate() -> None:
+    """The fresh clone's demo after its test suite (2026-12-07, load 2.5 falling to 1.2): at
+    retrieval's start, pace 1.42 and 91.5 s left for retrieval (sized, 66.87 s) and online
+    (fixed, 19.26 s, least 14.32 s). In proportion to their needs retrieval took 71.0 s and
+    left online 20.5 s, its bare least at the pace (20.3 s): its one step was stopped at the
+    budget's end, nothing measured. Online's least is now over PLAN_FILL (the part of its
+    share it plans to fill), kept before retrieval's share."""
+    retrieval = StageNeed(stage="retrieval", minimum_s=66.87, sized=True)
+    online = StageNeed(stage="online", minimum_s=19.26, sized=False, least_s=14.32)
+    reserve = 14.32 / PLAN_FILL * 1.42
+    assert least_at(online, 1.42) == pytest.approx(reserve, rel=1e-12)  # 23.92 s
+    assert least_at(online, 1.0) == 14.32  # a quiet pace: its estimates hold
+    assert least_at(retrieval, 1.42) == pytest.approx(66.87 * 1.42, rel=1e-12)
+    # never over its minimum at the pace (a stage with nothing to cut)
+    assert least_at(StageNeed(stage="m", minimum_s=7.0, sized=False, least_s=6.5), 2.0) == 14.0
+    assert replan(91.5, retrieval, [online], slow=1.42) == pytest.approx(91.5 - reserve,
+                                                                          rel=1e-12)
+    # online, starting with what retrieval left, gets all of it: its least with room
+    assert replan(reserve, online, [], slow=1.42) == pytest.approx(reserve, rel=1e-12)
+    # not even the fixed leasts fit: a fixed stage gets its least while what is left pays
+    # for it; a sized stage before it gets nothing of it
+    assert replan(20.0, online, [], slow=1.42) == 20.0
+    assert replan(20.0, retrieval, [online], slow=1.42) == 0.0
+    # between the leasts and the needs each stage gets its least and the same fraction of
+    # the rest: 100 s of needs 66.87 x 1.42 + 19.26 x 1.42 = 122.3 s and leasts 118.9 s
+    needs = (66.87 + 19.26) * 1.42
+    leasts = 66.87 * 1.42 + reserve
+    f = (120.0 - leasts) / (needs - leasts)
+    assert replan(120.0, online, [retrieval], slow=1.42) == pytest.approx(
+        reserve + f * (19.26 * 1.42 - reserve), rel=1e-12)
 
 
 def test_a_sized_stage_shares_an_earlier_overrun_with_the_later_stages(tmp_path: Path) -> None:
@@ -238,3 +273,28 @@ def test_the_budget_counts_from_the_process_start_unless_a_host_calls_in_process
     assert time.monotonic() - run_module.process_started() == pytest.approx(2.0, abs=0.05)
     monkeypatch.setattr(psutil, "Process", lambda: Proc(400.0))
     assert time.monotonic() - run_module.process_started() == pytest.approx(0.0, abs=0.05)
+
+
+def test_a_stage_with_no_time_before_its_deadline_is_not_run(tmp_path: Path) -> None:
+    """A sized stage given no share (its deadline now) starts nothing, not even its servers:
+    the serve stage's reference servers would otherwise start (seconds, unbounded by the
+    deadline) before it found no step could start."""
+    from scalelab.lab.diagnose.stages.train import FEATURES, SERVED_MODEL
+
+    cfg = tmp_path / "scalelab.yaml"
+    cfg.write_text("stages: {data: {enabled: false}, train: {enabled: false},"
+                   " llm: {enabled: false}, retrieval: {enabled: false},"
+                   " model: {enabled: false}, online: {enabled: false},"
+                   " serve: {levels: [1, 2], duration: 1s, batching: ['off'], capacity: false}}\n")
+    # The budget spent before the first stage (a 40 s start-up: pace 40 / 2.5 = 16).
+    r = Runner(load_config(cfg, "default"), tmp_path / "out", "default", budget_s=30.0,
+               started=time.monotonic() - 40.0)
+    r.ctx.provide(FEATURES, None)
+    r.ctx.provide(SERVED_MODEL, None)
+    d = r.run()
+    assert r.given["serve"] == 0.0 and r.spent["serve"] == 0.0
+    assert d.steps == []  # nothing started, nothing failed
+    assert r.ctx.notes == [
+        "serve: not measured: its 0 s share at this run's pace (16× the quiet estimates) left "
+        "0 s before its deadline, under the 1 s a step needs to start; a larger --budget "
+        "measures it"]

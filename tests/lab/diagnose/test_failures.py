@@ -161,3 +161,23 @@ def test_stage_failures_from_steps_and_from_all_failed_requests() -> None:
         "serve": "load u: exit 2: refused (and 1 more failed step(s); see run.json)",
         "all": "every request failed at every level measured (1×, 2×)",
     }
+
+
+def test_only_failed_steps_print_before_the_first_screen() -> None:
+    """A step cut for lack of time is in the report's Time section (run.json's notes and
+    cut_steps), not on the console ahead of the one-screen summary; a failed step is."""
+    from scalelab.cli.diagnose import failed_step_lines
+    from scalelab.lab.diagnose.steps import Step, StepResult
+
+    def res(label: str, *, ok: bool, error: str | None = None,
+            cut: str | None = None) -> StepResult:
+        return StepResult(step=Step(stage="serve", label=label, command=None), ok=ok,
+                          returncode=None, wall_s=1.0, error=error, cut=cut)
+
+    steps = [res("serve batching=off", ok=True),
+             res("serve batching=off capacity", ok=False,
+                 cut="not started: 0 s of its stage's 40.2 s share were left"),
+             res("llm curve", ok=False, cut="stopped at its stage's deadline after 18 s"),
+             res("serve batching=on", ok=False, error="exit 1: connection refused")]
+    assert failed_step_lines(steps) == [
+        "step failed: serve batching=on: exit 1: connection refused"]

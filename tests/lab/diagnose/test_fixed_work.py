@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from scalelab.lab.diagnose.budget import Part, StageNeed, Work, plan_parts, split_budget
+from scalelab.lab.diagnose.budget import (
+    PLAN_FILL,
+    Part,
+    StageNeed,
+    Work,
+    plan_parts,
+    split_budget,
+)
 from scalelab.lab.diagnose.commands import Command, Compress, DataBench, Sweep, TrainBench
 from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.run import Runner, steps_info
@@ -194,16 +201,18 @@ def test_a_slow_start_cuts_the_fixed_stages_toward_their_leasts(tmp_path: Path) 
                    " llm: {enabled: false}, retrieval: {enabled: false},"
                    " model: {enabled: false}}\n")
     c = load_config(cfg, "default")
-    r = Runner(c, tmp_path / "out", "default", budget_s=60.0)
+    r = Runner(c, tmp_path / "out", "default", budget_s=70.0)
     whole = [data.STAGE.minimum_s(c.stages.data, 1), online.STAGE.minimum_s(c.stages.online, 1)]
     least = [data.STAGE.least_s(c.stages.data, 1), online.STAGE.least_s(c.stages.online, 1)]
-    # the start-up took 5 s, twice its quiet 2.5 s: 60 - 5 - 6 x 2 s are left for needs of
-    # 2 x (8.42 + 16.8) s, which pay for the leasts: data gets its least and the same
-    # fraction of its curve points as online
+    # at a pace over 1 a fixed stage's least has room for its estimate: over PLAN_FILL
+    least = [lst / PLAN_FILL for lst in least]
+    # the start-up took 5 s, twice its quiet 2.5 s: 70 - 5 - 6 x 2 s are left for needs of
+    # 2 x (8.42 + 19.26) s, which pay for the leasts (2 x (7.99 + 16.85) s): data gets its
+    # least and the same fraction of its curve points as online
     r.started = time.monotonic() - 5.0
     r.delivered = [(2.5, 5.0)]
     r._reshare("data")
-    f = (43.0 - 2 * sum(least)) / (2 * sum(whole) - 2 * sum(least))
+    f = (53.0 - 2 * sum(least)) / (2 * sum(whole) - 2 * sum(least))
     assert 0 < f < 1
     assert r.given["data"] == pytest.approx(2 * least[0] + f * 2 * (whole[0] - least[0]),
                                             abs=0.05)

@@ -115,3 +115,33 @@ def test_the_sweep_starts_from_either_settings_search(tmp_path: Path) -> None:
     assert sorted(earlier_passes(ctx, 400.0)) == [400.0, 3200.0, 4800.0]
     assert sweep_start(earlier_passes(ctx, 400.0), 40.0) == 2400.0
     assert sweep_start(earlier_passes(ctx, None), 40.0) == 2400.0
+
+
+def test_a_search_is_given_what_is_left_of_its_stages_share(tmp_path: Path) -> None:
+    # `load capacity --budget`: the stage's time left less the process's start-up, so the
+    # search ends itself (records written, an answer it had no time to confirm said so)
+    # before the stage's deadline would stop it and lose them; no --budget without a budget.
+    import time
+
+    from scalelab.lab.diagnose.schema import Prices
+    from scalelab.lab.diagnose.stages.base import Context
+    from scalelab.lab.diagnose.stages.serve_search import SEARCH_START_S, run_search
+    from scalelab.lab.diagnose.steps import Step, StepResult
+
+    ran: list[Step] = []
+
+    def run(step: Step) -> StepResult:
+        ran.append(step)
+        return StepResult(step=step, ok=True, returncode=0, wall_s=0.0)
+
+    s = ServeSettings(capacity=True, objectives=[{"metric": "p95_ms", "max": 50}])
+    for deadline in (time.monotonic() + 100.0, None):
+        ctx = Context(work=tmp_path, logs=tmp_path / "logs", repeats=1, prices=Prices(),
+                      settings={}, run=run, fail=lambda step, why: pytest.fail(why),
+                      deadline=deadline)
+        run_search(s, ctx, stage="serve", series="x", url="http://127.0.0.1:1", repo=None,
+                   data=None)
+    with_budget, without = (step.command.to_argv() for step in ran)  # type: ignore[union-attr]
+    given = float(with_budget[with_budget.index("--budget") + 1].removesuffix("s"))
+    assert 100.0 - SEARCH_START_S - 5.0 < given <= 100.0 - SEARCH_START_S
+    assert "--budget" not in without

@@ -5,6 +5,7 @@ import pytest
 from scalelab.lab.core.decide import clopper_pearson, min_passing, quantile_ranks, step_requests
 from scalelab.lab.core.errors import BadUsageError
 from scalelab.lab.load.capacity import (
+    Deadline,
     Progress,
     SearchConfig,
     Step,
@@ -240,14 +241,127 @@ def test_a_failed_confirmation_sends_the_search_below_it() -> None:
     assert [s.rate for s in res.confirmations] == [100, 90]
     assert res.answer() == ("capacity 90 req/s, confirmed by 30 s at that rate (100 "
                             "requests, served 90 req/s)")
-    # Never confirmed: three confirmations (100, 90, 81), then no confirmed capacity.
-    calls.clear()
+    # Never confirmed: the search goes on lower, 10% at a time, while the 20 steps last: the
+    # first search took 9, each search below takes one (it passes at once), so 12
+    # confirmations (100 × 0.9^k), and the answer says the budget stopped it.
     res = confirmed_search(step, lambda r: _step(r, False, confirmation=True),
                            SearchConfig(start=25, precision=0.05))
-    assert [s.rate for s in res.confirmations] == pytest.approx([100, 90, 81])
-    assert (res.confirmed_rps, res.capacity_rps, res.interval_rps) == (None, None, (None, 81))
-    assert res.answer() == ("no confirmed capacity: 3 confirmation run(s) failed, the last at "
-                            "81 req/s")
+    assert [s.rate for s in res.confirmations] == pytest.approx([100 * 0.9 ** k
+                                                                 for k in range(12)])
+    assert sum(not s.confirmation for s in res.steps) == 20
+    assert (res.confirmed_rps, res.capacity_rps) == (None, None)
+    assert res.interval_rps == (None, pytest.approx(100 * 0.9 ** 11))
+    assert res.answer() == ("no confirmed capacity: the step budget ran out after 12 "
+                            "confirmation(s) (20 steps in all; the last at 31.38 req/s failed)")
+
+
+def test_confirmations_go_on_lower_until_one_holds() -> None:
+    # Short steps pass up to 100 req/s; only a rate under 70 holds a confirmation's length.
+    def step(rate: float) -> Step:
+        return _step(rate, rate <= 100)
+
+    def confirm(rate: float) -> Step:
+        return _step(rate, rate < 70, confirmation=True)
+
+    res = confirmed_search(step, confirm, SearchConfig(start=25, precision=0.05))
+    # 100, 90, 81, 72.9 fail; 65.61 (the first of 100 × 0.9^k under 70) holds.
+    assert [s.rate for s in res.confirmations] == pytest.approx([100, 90, 81, 72.9, 65.61])
+    assert res.confirmed_rps == res.capacity_rps == pytest.approx(65.61)
+    assert res.interval_rps == pytest.approx((65.61, 72.9)) and res.stopped is None
+
+
+def test_a_time_budget_starts_nothing_it_cannot_finish() -> None:
+    # A clock the steps move: a search step takes 1 s, a confirmation 30 s.
+    now = [0.0]
+
+    def step(rate: float) -> Step:
+        now[0] += 1.0
+        return _step(rate, rate <= 100)
+
+    def confirm(rate: float) -> Step:
+        now[0] += 30.0
+        return _step(rate, rate < 70, confirmation=True)
+
+    def budget(seconds: float) -> Deadline:
+        now[0] = 0.0
+        return Deadline(seconds, step_s=1.0, confirm_s=30.0, clock=lambda: now[0])
+
+    cfg = SearchConfig(start=25, precision=0.05)
+    # 100 s: the 9 steps (9 s), 100's confirmation (to 39 s), the step at 90 and its
+    # confirmation (to 70 s); another step and confirmation would end at 101 s.
+    res = confirmed_search(step, confirm, cfg, deadline=budget(100))
+    assert [s.rate for s in res.confirmations] == [100, 90] and now[0] == 70
+    assert (res.capacity_rps, res.confirmed_rps) == (None, None)
+    assert res.answer() == ("no confirmed capacity: the time budget (100 s) ran out after 2 "
+                            "confirmation(s) (the last at 90 req/s failed)")
+    # 20 s: the search's answer, left unconfirmed (and said so).
+    res = confirmed_search(step, confirm, cfg, deadline=budget(20))
+    assert (res.capacity_rps, res.confirmed_rps, res.confirmations) == (100, None, [])
+    assert res.answer() == ("capacity 100 req/s (not confirmed: the time budget (20 s) ran out "
+                            "before the answer's confirmation)")
+    # 5 s: five steps, the last starting at 4 s; 0.5 s: the first step still runs (a search
+    # of no step says nothing).
+    res = confirmed_search(step, confirm, cfg, deadline=budget(5))
+    assert [s.rate for s in res.steps] == [25, 50, 100, 200, 150] and not res.converged
+    res = confirmed_search(step, confirm, cfg, deadline=budget(0.5))
+    assert [s.rate for s in res.steps] == [25] and res.capacity_rps == 25
+
+
+def test_confirmations_stop_at_the_floor() -> None:
+    # Nothing holds a confirmation: with steps to spare the floor (--min-rate 40) stops it.
+    res = confirmed_search(lambda r: _step(r, r <= 100),
+                           lambda r: _step(r, False, confirmation=True),
+                           SearchConfig(start=50, min_rate=40, precision=0.05, max_steps=40))
+    assert [s.rate for s in res.confirmations] == pytest.approx([100 * 0.9 ** k
+                                                                 for k in range(9)])
+    assert res.capacity_rps is None and res.confirmed_rps is None
+    assert res.answer() == ("no confirmed capacity: no rate held down to 40 req/s, the "
+                            "search's floor (9 confirmation(s) failed, the last at 43.05 req/s)")
+    # The short steps below a failed confirmation fail too: the search halves down to the
+    # floor (25 / 64 by default) and says how low it went.
+    confirmed: list[float] = []
+
+    def confirm(rate: float) -> Step:
+        confirmed.append(rate)
+        return _step(rate, False, confirmation=True)
+
+    res = confirmed_search(lambda r: _step(r, r <= 100 and not confirmed), confirm,
+                           SearchConfig(start=25, precision=0.05))
+    below = [s.rate for s in res.steps[res.steps.index(res.confirmations[0]) + 1:]]
+    assert below == [90, 45, 22.5, 11.25, 5.625, 2.8125, 1.40625, 0.703125]
+    assert res.answer() == ("no confirmed capacity: no rate held down to 0.7031 req/s (1 "
+                            "confirmation(s) failed; the search's floor is 0.3906 req/s)")
+
+
+def test_an_invalid_step_below_an_offered_rate_is_a_stall_not_a_ceiling() -> None:
+    # The generator offered up to 200 req/s; after the confirmation at 100 failed, the step at
+    # 90 is invalid twice (the machine stalled) and valid the third time: run again, not the
+    # generator's ceiling, and the search goes on to confirm 90.
+    tries = {90.0: 0}
+
+    def step(rate: float) -> Step:
+        if rate == 90:
+            tries[90] += 1
+        return _step(rate, rate <= 100, valid=rate != 90 or tries[90] > 2)
+
+    res = confirmed_search(step, lambda r: _step(r, r <= 90, confirmation=True),
+                           SearchConfig(start=25, precision=0.05))
+    assert tries[90] == 3 and res.generator_limit_rps is None
+    assert res.confirmed_rps == res.capacity_rps == 90
+    # An invalid confirmation (the search offered its rate in a step) is run again before it
+    # counts: the second, valid, holds the answer.
+    runs: list[bool] = []
+
+    def confirm(rate: float) -> Step:
+        runs.append(rate == 100)
+        return _step(rate, True, valid=len(runs) > 1, confirmation=True)
+
+    res = confirmed_search(lambda r: _step(r, r <= 100), confirm,
+                           SearchConfig(start=25, precision=0.05))
+    assert runs == [True, True] and res.confirmed_rps == 100
+    # Above every rate offered, an invalid step run again once is still the ceiling.
+    res = search(lambda r: _step(r, True, valid=r < 80), SearchConfig(start=10))
+    assert res.generator_limit_rps == 80 and [s.rate for s in res.steps] == [10, 20, 40, 80, 80]
 
 
 def test_failures_that_decide_availability_missed_fail_the_step_at_once() -> None:

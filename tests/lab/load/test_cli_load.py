@@ -90,8 +90,34 @@ def test_missed_objectives_exit_1_after_the_output(
     assert run(["load", "capacity", url, "--slo", "p95<5ms", "--start", "20", "--max-steps", "1",
                 "--min-step", "0.5s", "--max-step", "1s", "--warmup", "0s", "--json"]) == 1
     out = capsys.readouterr()
-    assert json.loads(out.out)["capacity_rps"] is None
+    doc = json.loads(out.out)
+    assert doc["capacity_rps"] is None
     assert out.err.strip() == "objective missed: p95<5ms at every rate tried"
+    # The availability each step was judged against: 99% where the SLO names none.
+    assert (doc["availability"], doc["availability_default"]) == (0.99, True)
+    assert doc["min_rate"] == 20 / 64 and doc["confirm_stopped"] is None
+
+
+def test_a_time_budget_leaves_an_answer_unconfirmed_and_says_so(
+        server: Callable[..., str], capsys: pytest.CaptureFixture[str],
+        realtime_ok: bool) -> None:
+    # 5 ms answers: 20 req/s passes its step; a 30 s confirmation does not fit a 5 s budget,
+    # so none starts, and the answer is reported unconfirmed (exit 1, the reason in one line).
+    # The generator in SCHED_FIFO where allowed: at load 12 a normal one's 20 req/s step was
+    # invalid (run again, as any invalid step is).
+    url = server("fixed", "--service-ms", "5")
+    assert run(["load", "capacity", url, "--slo", "p95<50ms", "--start", "20", "--max-rate",
+                "20", "--min-step", "0.5s", "--max-step", "1s", "--warmup", "0s", "--budget",
+                "5s", "--json", *(["--realtime"] if realtime_ok else [])]) == 1
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["steps"] and not any(s["confirmation"] for s in doc["steps"])
+    assert (doc["capacity_rps"], doc["confirmed_rps"]) == (20, None)
+    assert doc["answer"] == ("capacity 20 req/s (not confirmed: the time budget (5 s) ran out "
+                             "before the answer's confirmation)")
+    assert out.err.strip() == ("objective missed: p95<50ms: the answer is not confirmed; the "
+                               "time budget (5 s) ran out before the answer's confirmation "
+                               "(raise --budget)")
 
 
 def test_human_output(server: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -169,8 +195,11 @@ def test_capacity_search_finds_a_known_capacity(
     assert (min(fails) - first) / first <= 0.04
     doc["steps"] = [s for s in doc["steps"] if not s["confirmation"]]
     rates = [s["rate"] for s in doc["steps"]]
-    # An invalid step is run once more at the same rate; the search's path is the same (100,
-    # exactly the capacity, may pass or not: a queue at utilisation 1 is not steady).
+    # An invalid step is run again at the same rate (more than once below a rate the generator
+    # already offered: under a busy suite the 92 req/s step after a failed confirmation at 100
+    # was invalid twice, a stall of the machine, and once ended the search at a "generator
+    # ceiling" under a rate it had offered); the search's path is the same (100, exactly the
+    # capacity, may pass or not: a queue at utilisation 1 is not steady).
     assert [r for i, r in enumerate(rates) if i == 0 or r != rates[i - 1]][:2] == [50, 100]
     # p95 at 95%: 230 requests before a step may decide (a 4 s step at 50 req/s has 200). The
     # search starts there, not at 25 (a second 4 s step that cannot decide either: ~12% of
@@ -225,8 +254,10 @@ def test_capacity_counts_only_answered_requests(
     # 4 requests in service at most, 10 ms each; above that the server answers 503 at once
     # (accepted requests stay fast: p95 ≈ 10 ms at every rate). Refused share with Poisson
     # arrivals, Erlang B(4, rate × 10 ms): 0.8% at 80 req/s, 5.6% at 160, 15% at 320. The
-    # latency-only search read the fast 503s as capacity (issue #44: 12,000 req/s).
-    url = server("admit", "--service-ms", "10", "--limit", "4")
+    # latency-only search read the fast 503s as capacity (issue #44: 12,000 req/s). The server
+    # in SCHED_FIFO where allowed: under a busy suite its 10 ms timers ran late, it refused
+    # at 40-80 req/s already, and the search never reached the rates this test is about.
+    url = server("admit", "--service-ms", "10", "--limit", "4", realtime=realtime_ok)
     recs = tmp_path / "admit.jsonl"
     rc = run(["load", "capacity", url, "--slo", "p95<100ms", "--start", "40", "--min-step",
               "1s", "--max-step", "4s", "--max-steps", "10", "--warmup", "0.3s", "--confirm",
@@ -276,7 +307,9 @@ def test_capacity_counts_only_answered_requests(
 def test_the_default_confirmation_is_30_s_at_the_answer(
         server: Callable[..., str], capsys: pytest.CaptureFixture[str], realtime_ok: bool) -> None:
     # The 100 req/s FIFO server with `load capacity`'s default --confirm (30 s): the answer
-    # holds for 30 s of its own rate, within 5% under the known capacity.
+    # holds for 30 s of its own rate, within 8% under the known capacity (twice the 4%
+    # precision: at load 9-12 the 30 s run at exactly 100 req/s, utilisation 1, can fail, and
+    # the search then confirms 92).
     url = server("queue", "--service-ms", "10")
     rc = run(["load", "capacity", url, "--slo", "p95<60ms", "--arrival", "constant",
               "--start", "50", "--precision", "4%", "--min-step", "2s", "--max-step", "4s",
@@ -286,7 +319,7 @@ def test_the_default_confirmation_is_30_s_at_the_answer(
     assert doc["confirm_s"] == 30.0
     conf = [s for s in doc["steps"] if s["confirmation"]][-1]
     assert conf["rate"] == doc["confirmed_rps"] == doc["capacity_rps"]
-    assert 95.0 <= doc["confirmed_rps"] <= 102.5
+    assert 92.0 <= doc["confirmed_rps"] <= 102.5
     # 30 s of constant arrivals at the confirmed rate, never stopped early.
     assert conf["requests"] == pytest.approx(conf["rate"] * 30, abs=2)
 

@@ -94,9 +94,13 @@ def test_open_loop_shows_a_stall_that_closed_loop_hides(server: Callable[..., st
     assert open_.latency.p90_ms is not None and open_.latency.p90_ms > 100
 
 
-def test_a_reachable_rate_is_held_within_2_percent(server: Callable[..., str]) -> None:
-    url = server("fast")
-    r = _run(url, rate=500, duration_s=3.0, warmup_s=0.2)
+def test_a_reachable_rate_is_held_within_2_percent(server: Callable[..., str],
+                                                   realtime_ok: bool) -> None:
+    # Throughput counts what was served inside the window, the warm-up's backlog included: a
+    # server or generator stalled through the 0.2 s warm-up on a busy machine answers all its
+    # 100 requests in the window (1,600 / 3 s = 533 req/s). Both in SCHED_FIFO where allowed.
+    url = server("fast", realtime=realtime_ok)
+    r = _run(url, rate=500, duration_s=3.0, warmup_s=0.2, realtime=realtime_ok)
     assert r.requests == 1500
     assert r.sent_rps == pytest.approx(500, rel=0.02)
     assert r.throughput_rps == pytest.approx(500, rel=0.02)

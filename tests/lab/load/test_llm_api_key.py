@@ -5,16 +5,15 @@ exits 1 with its cause, and the key is in no output: stdout, stderr, records."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from llmkit import generate_server
 from scalelab.cli import run
 from scalelab.lab.core.records import read_records
-from scalelab.layers.web.spawn import Spawned, start_server
+from scalelab.layers.web.spawn import Spawned
 
 KEY = "sk-test-4f9b2c71d0"
 
@@ -22,16 +21,9 @@ KEY = "sk-test-4f9b2c71d0"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
     log = tmp_path_factory.mktemp("gen") / "server.log"
-
-    def command(port: int) -> list[str]:
-        return [sys.executable, "-m", "scalelab", "generate", "serve", "--model", "tiny",
-                "--port", str(port), "--torch-threads", "1", "--max-num-seqs", "2",
-                "--max-model-len", "256", "--kv-cache-bytes", "4MiB", "--block-size", "8",
-                "--api-key", KEY]
-
-    env = {k: v for k, v in os.environ.items() if k != "SCALELAB_API_KEY"}
-    env["SCALELAB_CACHE"] = str(log.parent)
-    with start_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
+    with generate_server(log, "--max-num-seqs", "2", "--max-model-len", "256",
+                         "--kv-cache-bytes", "4MiB", "--block-size", "8", "--api-key", KEY,
+                         unset=["SCALELAB_API_KEY"]) as s:
         yield s
 
 

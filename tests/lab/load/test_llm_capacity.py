@@ -62,3 +62,30 @@ def test_a_failed_confirmation_sends_the_search_below_until_one_holds(
     assert outcome.capacity_rps == pytest.approx(17.6) and outcome.confirming
     assert outcome.confirmations == 2
 
+
+
+def test_availability_is_judged_at_99_percent_where_the_slo_names_none(
+        llm_server: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
+    # Every 5th stream is cut after half its chunks (a failure); the others are fast (TTFT
+    # 20 ms): on latency alone every rate passes. The default availability (99%, as `load
+    # capacity` and diagnose judge it) decides each step missed; an objective given in --slo
+    # overrides it.
+    url = llm_server("--ttft-ms", "20", "--gap-ms", "5", "--drop-every", "5")
+    args = ["--start", "20", "--arrival", "constant", "--output-tokens", "4", "--min-step",
+            "0.5s", "--max-step", "1s", "--max-steps", "2", "--warmup", "0s", "--confirm", "0",
+            "--json"]
+    assert run(["load", "llm", "capacity", url, "--slo", "ttft_p90<150ms", *args]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["availability"], doc["availability_default"]) == (0.99, True)
+    assert doc["capacity_rps"] is None
+    assert [s["verdict"] for s in doc["steps"]] == ["fail", "fail"]
+    assert all(s["error_rate"] == pytest.approx(0.2, abs=0.07) for s in doc["steps"])
+    assert run(["load", "llm", "capacity", url, "--slo", "ttft_p90<150ms,avail>=70%",
+                *args]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["availability"], doc["availability_default"]) == (0.7, False)
+    assert doc["capacity_rps"] == 40
+    # Stated on the screen too.
+    assert run(["load", "llm", "capacity", url, "--slo", "ttft_p90<150ms",
+                *args[:-1]]) == 1
+    assert "availability ≥ 99% (default: the SLO names none" in capsys.readouterr().out

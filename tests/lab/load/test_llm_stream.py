@@ -21,6 +21,7 @@ from llmkit import JITTER_MS, StallWatch, assert_within_truth, server_truth
 from llmkit import llm_server as start_llm_server
 from scalelab.cli import run
 from scalelab.lab.core.records import read_records
+from scalelab.lab.load.clock import realtime
 from scalelab.lab.load.llm.result import LlmResult
 from scalelab.lab.load.llm.run import LlmPlan, run_llm
 from scalelab.lab.load.llm.stream import StreamConfig
@@ -33,7 +34,7 @@ PREC = 0.999  # HdrHistogram at 3 significant digits reads at most 0.1% low
 @pytest.fixture
 def llm_server() -> Iterator[Callable[..., str]]:
     with contextlib.ExitStack() as stack:
-        yield lambda *args: stack.enter_context(start_llm_server(*args))
+        yield lambda *args, **kw: stack.enter_context(start_llm_server(*args, **kw))
 
 
 def _run(url: str, *, out: int = 12, usage: UsageMode = "continuous", mode: str = "closed",
@@ -128,13 +129,19 @@ def _json(capsys: pytest.CaptureFixture[str]) -> dict:
 
 
 def test_cli_writes_llm_records_with_goodput_and_cost(
-        llm_server: Callable[..., str], tmp_path: Path,
+        llm_server: Callable[..., str], tmp_path: Path, realtime_ok: bool,
         capsys: pytest.CaptureFixture[str]) -> None:
-    url = llm_server("--ttft-ms", "30", "--gap-ms", "5", "--tokens-per-chunk", "2")
+    # 8 tokens in chunks of 2 due at 30, 50, 70, 90 ms: TPOT (90 - 30) / 7 ≈ 8.6 ms. A request
+    # reads under 1 ms only when its first chunk was written or read 53 ms late and its last
+    # on time (with a 5 ms gap, 8 ms late did it on a busy machine): the server and the client
+    # in SCHED_FIFO where the machine allows.
+    url = llm_server("--ttft-ms", "30", "--gap-ms", "20", "--tokens-per-chunk", "2",
+                     realtime=realtime_ok)
     recs = tmp_path / "llm.jsonl"
-    rc = run(["load", "llm", url, "--concurrency", "1,2", "--requests", "6", "--warmup", "0s",
-              "--output-tokens", "8", "--slo", "ttft_p95<1s,tpot_p95<1ms,avail>=99%",
-              "--cores", "2", "--core-hour-usd", "1.8", "--records", str(recs), "--json"])
+    with realtime() if realtime_ok else contextlib.nullcontext():
+        rc = run(["load", "llm", url, "--concurrency", "1,2", "--requests", "6", "--warmup",
+                  "0s", "--output-tokens", "8", "--slo", "ttft_p95<1s,tpot_p95<1ms,avail>=99%",
+                  "--cores", "2", "--core-hour-usd", "1.8", "--records", str(recs), "--json"])
     # Every level misses TPOT (below): the whole document is printed, then exit status 1.
     assert rc == 1
     out = capsys.readouterr()
@@ -143,7 +150,7 @@ def test_cli_writes_llm_records_with_goodput_and_cost(
     assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
     lv = doc["levels"][0]
     assert lv["successes"] == 6 and lv["output_tokens"] == 48
-    # TPOT is 35 ms / 7 ≈ 5 ms > 1 ms: every request misses TPOT, so goodput is 0.
+    # TPOT ≈ 8.6 ms > 1 ms: every request misses TPOT, so goodput is 0.
     assert lv["goodput"]["good_requests"] == 0 and lv["slo_met"] is False
     assert lv["cost"]["per_1k_output_tokens_usd"] == pytest.approx(
         3.6 / 3600 / lv["output_tps"] * 1000)

@@ -203,6 +203,25 @@ def test_step_rule_decides_pass_fail_and_waits_when_unsure() -> None:
     assert not rule.should_stop(few, 5.0) and rule.should_stop(few, 10.0)
 
 
+def test_without_an_availability_objective_the_default_99_is_judged_for_misses() -> None:
+    # The same asymmetric rule as `load capacity`'s StepRule, on token objectives.
+    rule = TokenStepRule(slo=parse_token_slo("ttft_p90<100ms"), min_step_s=3.0)
+    # 30 of 100 failed: decided missed (Clopper-Pearson lower bound 0.21 > 1%) at once.
+    refused = _samples([10.0] * 70, [1.0] * 70, [8] * 70, 100)
+    assert rule.verdict(refused) == ("fail", True)
+    assert rule.should_stop(refused, 0.2)
+    # 1 of 300 failed: not decided missed, and passing is not required per step.
+    one = _samples([10.0] * 299, [1.0] * 299, [8] * 299, 300)
+    assert rule.verdict(one) == ("pass", True) and not rule.should_stop(one, 0.2)
+    # 5 of 300 (1.7%): not decided missed (lower bound 0.54%), but over the 1% budget: the
+    # latencies alone never pass it.
+    five = _samples([10.0] * 295, [1.0] * 295, [8] * 295, 300)
+    assert rule.verdict(five) == ("fail", False) and not rule.should_stop(five, 0.2)
+    # An objective given overrides the default: 5 of 300 meet 98%.
+    lax = TokenStepRule(slo=parse_token_slo("ttft_p90<100ms,avail>=98%"), min_step_s=3.0)
+    assert lax.verdict(five)[0] == "pass"
+
+
 def test_tgi_generate_stream_shape_reads_text_end_and_total() -> None:
     # TGI's own /generate_stream: a token object per event; the last carries generated_text
     # and details.generated_tokens (the total, read as final usage); a special token no text.

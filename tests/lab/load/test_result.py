@@ -4,7 +4,7 @@ exact limits."""
 import numpy as np
 import pytest
 
-from scalelab.lab.core.records import Record, make_record
+from scalelab.lab.core.records import Cost, Record, make_record
 from scalelab.lab.load.clock import LagRecorder, LagStats
 from scalelab.lab.load.histogram import LatencyHistogram
 from scalelab.lab.load.http.generator import HttpPart
@@ -17,6 +17,7 @@ from scalelab.lab.load.http.result import (
     validity,
 )
 from scalelab.lab.load.http.result import merge_records as merge_chunks
+from scalelab.lab.load.slices import slice_blobs
 
 
 def _lag(p99_ms: float) -> LagStats:
@@ -142,13 +143,17 @@ def test_lag_quantiles_never_read_above_the_exact_worst() -> None:
 
 def _chunk(values_ms: list[float], *, wall_s: float, cpu_s: float) -> Record:
     h = LatencyHistogram()
-    h.record_us(np.asarray([int(v * 1000) for v in values_ms]))
+    us = np.asarray([int(v * 1000) for v in values_ms])
+    h.record_us(us)
     return make_record(experiment="e", stage="serve", variable="rate", level=40.0,
                        wall_s=wall_s, rate=len(values_ms) / wall_s, failures=1,
                        failure_rate=1 / len(values_ms), latency=h.percentiles().latency(),
                        histograms={"latency": h.encode()},
+                       slices={"latency": slice_blobs(us)},
+                       cost=Cost(usd=0.01 * wall_s, per_unit_usd=None, unit="1k responses"),
                        extras={"samples": len(values_ms),
                                "successes": len(values_ms) - 1, "server_cpu_s": cpu_s,
+                               "server_responses": len(values_ms),
                                "cpu_busy_cores": cpu_s / (wall_s + 1.0),
                                "errors_by_status": {"500": 1}})
 
@@ -159,7 +164,8 @@ def test_merging_chunks_is_exact() -> None:
     a, b = [float(v) for v in range(1, 101)], [float(v) for v in range(101, 301)]
     whole = LatencyHistogram()
     whole.record_us(np.asarray([int(v * 1000) for v in a + b]))
-    got = merge_chunks([_chunk(a, wall_s=1.0, cpu_s=0.5), _chunk(b, wall_s=2.0, cpu_s=1.5)])
+    first, second = _chunk(a, wall_s=1.0, cpu_s=0.5), _chunk(b, wall_s=2.0, cpu_s=1.5)
+    got = merge_chunks([first, second])
     assert got.latency == whole.percentiles().latency()
     assert LatencyHistogram.decode(got.histograms["latency"]).count == 300
     assert got.extras["samples"] == 300 and got.extras["successes"] == 298
@@ -168,6 +174,10 @@ def test_merging_chunks_is_exact() -> None:
     assert got.extras["errors_by_status"] == {"500": 2}
     assert got.extras["server_cpu_s"] == 2.0
     assert got.resources.cpu_busy_cores == pytest.approx(2.0 / 5.0)  # 2 s of CPU over 2 + 3 s
+    # The slices one chunk after the other; the cost summed, per 1k of the 300 responses.
+    assert got.slices == {"latency": first.slices["latency"] + second.slices["latency"]}
+    assert got.cost is not None and got.cost.unit == "1k responses"
+    assert (got.cost.usd, got.cost.per_unit_usd) == pytest.approx((0.03, 0.1))
     with pytest.raises(ValueError, match="no latency histogram"):
         merge_chunks([_chunk(a, wall_s=1.0, cpu_s=0.5),
                       make_record(experiment="e", stage="serve", variable="rate", level=40.0)])

@@ -177,6 +177,21 @@ def test_curve_points_are_labelled_and_decide_nothing_they_did_not_decide() -> N
     assert plain_lines(v, "r.html")[2].startswith("serve  holds to 10×  10× / 10×")
 
 
+def test_curve_points_alone_that_decided_nothing_leave_the_stage_undecided() -> None:
+    from recordkit import rec
+    from scalelab.lab.core.objectives import Objective
+    from scalelab.lab.core.verdict import StageGoal
+
+    # A stage cut after its first curve points, none of which decided p95: nothing is met, so
+    # the stage is open, not "holds to — (below target)".
+    recs = [rec("serve", "rate", lvl, rate=lvl, p95=10.0, extras={"samples": 30},
+                purpose="curve") for lvl in (10, 20)]
+    goal = StageGoal(stage="serve", objectives=[Objective(metric="p95_ms", max=50)])
+    s = judge([goal], build_sheet(recs), cores=2, memory_bytes=M.memory_bytes).stages[0]
+    assert (s.passed_up_to, s.outcome) == (None, "undecided")
+    assert plain_lines(Verdict(stages=(s,)), "r.html")[2].split()[:2] == ["serve", "undecided"]
+
+
 def test_a_stage_with_several_open_checks_gets_one_line_sized_by_the_largest() -> None:
     """The open checks of a stage are sized at one level, so the one needing the most samples
     pays for the others: the first screen says that one, and how many checks it decides."""

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
-import sys
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from llmkit import generate_server
 from requires import requires
-from scalelab.layers.web.spawn import Spawned, start_server
+from scalelab.layers.web.spawn import Spawned
 
 openai = requires("openai")
 
@@ -25,16 +24,10 @@ MODEL = "tiny-llama"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
     log = tmp_path_factory.mktemp("gen") / "server.log"
-
-    def command(port: int) -> list[str]:
-        return [sys.executable, "-m", "scalelab", "generate", "serve", "--model", "tiny",
-                "--port", str(port), "--torch-threads", "1", "--max-num-seqs", "2",
-                "--max-waiting", "2", "--max-model-len", "1200", "--max-output-tokens", "1100",
-                "--kv-cache-bytes", "4MiB", "--block-size", "8", "--request-timeout", "30",
-                "--max-body", "64KiB"]
-
-    env = {**os.environ, "SCALELAB_CACHE": str(log.parent)}
-    with start_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
+    with generate_server(log, "--max-num-seqs", "2", "--max-waiting", "2", "--max-model-len",
+                         "1200", "--max-output-tokens", "1100", "--kv-cache-bytes", "4MiB",
+                         "--block-size", "8", "--request-timeout", "30",
+                         "--max-body", "64KiB") as s:
         yield s
 
 

@@ -6,8 +6,6 @@ its name, and Bearer authentication."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,9 +14,10 @@ import pytest
 import torch
 
 import scalelab
+from llmkit import generate_server
 from requires import requires
 from scalelab.lab.load.llm.tokens import parse_event, tokens_per_event
-from scalelab.layers.web.spawn import Spawned, start_server
+from scalelab.layers.web.spawn import Spawned
 from scalelab.system.generate.models import load_model
 
 openai = requires("openai")
@@ -32,17 +31,11 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
     log = tmp_path_factory.mktemp("conf") / "server.log"
-
-    def command(port: int) -> list[str]:
-        return [sys.executable, "-m", "scalelab", "generate", "serve", "--model", "tiny",
-                # the fp32 weights the plain reference forward uses (the CLI default is q4)
-                "--weights", "fp32",
-                "--port", str(port), "--torch-threads", "1", "--max-num-seqs", "4",
-                "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-bytes", "4MiB",
-                "--block-size", "8", "--request-timeout", "60", "--api-key", KEY]
-
-    env = {k: v for k, v in os.environ.items() if k != "SCALELAB_API_KEY"}
-    with start_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
+    # the fp32 weights the plain reference forward uses (the CLI default is q4)
+    with generate_server(log, "--weights", "fp32", "--max-num-seqs", "4", "--max-model-len",
+                         str(MAX_MODEL_LEN), "--kv-cache-bytes", "4MiB", "--block-size", "8",
+                         "--request-timeout", "60", "--api-key", KEY,
+                         unset=["SCALELAB_API_KEY"]) as s:
         yield s
 
 

@@ -95,3 +95,19 @@ def test_padded_or_two_part_int4_is_not_fused() -> None:
     attn = load_model("tiny", weights="q4").model.model.layers[0].self_attn
     assert not FusedInt4.fusable([attn.q_proj, attn.k_proj])  # k: 32 rows, half a block
     assert not FusedInt4.fusable([torch.nn.Linear(4, 4, bias=False)])
+
+
+def test_one_sequence_on_consecutive_blocks_reads_the_cache_in_place() -> None:
+    # The same sequence on consecutive blocks (a slice of the cache, no gather) and on
+    # scattered ones (the gather): the same logits bit for bit, and only the first in place.
+    model = load_model("tiny", weights="q4").model
+    runner = ModelRunner(model, num_blocks=12, block_size=4)
+    got = {}
+    for table in ([3, 4, 5], [9, 0, 6]):
+        prompt = SeqSlice(tokens=list(range(30, 39)), start=0, block_table=table, logits_rows=1)
+        step = SeqSlice(tokens=[17], start=9, block_table=table, logits_rows=1)
+        att = PagedAttention(runner.k_cache, runner.v_cache, [step], runner.block_size)
+        assert (att.span is not None) == (table == [3, 4, 5])
+        _run(runner.forward, runner, [prompt])
+        got[table[0]] = _run(runner.forward, runner, [step])
+    assert torch.equal(got[3], got[9])

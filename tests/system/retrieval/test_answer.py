@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -21,20 +19,6 @@ from scalelab.system.retrieval.settings import RetrievalServerSettings
 
 
 @pytest.fixture(scope="module")
-def generator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spawned]:
-    log = tmp_path_factory.mktemp("gen") / "server.log"
-
-    def command(port: int) -> list[str]:
-        return [sys.executable, "-m", "scalelab", "generate", "serve", "--model", "tiny",
-                "--port", str(port), "--torch-threads", "1", "--max-num-seqs", "2",
-                "--kv-cache-bytes", "8MiB", "--block-size", "8"]
-
-    env = {**os.environ, "SCALELAB_CACHE": str(log.parent)}
-    with start_server(command, ready_path="/health", log=log, env=env, timeout_s=180) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def index_dir(small, tmp_path_factory: pytest.TempPathFactory) -> str:  # type: ignore[no-untyped-def]
     out = tmp_path_factory.mktemp("answer") / "idx"
     build_index_dir(small.dir, out, spec="exact",
@@ -43,13 +27,13 @@ def index_dir(small, tmp_path_factory: pytest.TempPathFactory) -> str:  # type: 
 
 
 def test_answer_without_generate_model_uses_the_servers_own(
-        generator: Spawned, index_dir: str, small, tmp_path_factory: pytest.TempPathFactory  # type: ignore[no-untyped-def]
+        tiny_generate: Spawned, index_dir: str, small, tmp_path_factory: pytest.TempPathFactory  # type: ignore[no-untyped-def]
 ) -> None:
     log = tmp_path_factory.mktemp("ret") / "server.log"
 
     def command(port: int) -> list[str]:
         return [sys.executable, "-m", "scalelab", "retrieval", "serve", index_dir, "--port",
-                str(port), "--no-cache", "--generate-url", generator.url]
+                str(port), "--no-cache", "--generate-url", tiny_generate.url]
 
     with start_server(command, ready_path="/health/ready", log=log) as ret:
         for q in small.corpus.questions[:2]:  # the second answer reuses the model it learnt

@@ -5,9 +5,8 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import numpy as np
@@ -19,44 +18,6 @@ from scalelab.system.retrieval.retriever import build_index_dir
 from scalelab.system.retrieval.service import prompt_messages
 
 TOKEN = "test-admin-token"
-
-
-class _FakeChat(BaseHTTPRequestHandler):
-    """A tiny OpenAI-compatible endpoint that answers with the first fact it was given."""
-
-    seen: ClassVar[list[dict[str, Any]]] = []
-    entered: ClassVar[threading.Event] = threading.Event()
-    """Set when a request arrives (the retrieval server is then inside /v1/answer)."""
-    gate: ClassVar[threading.Event | None] = None
-    """When set to an Event, the answer waits for it (holds the server's admission slot)."""
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        _FakeChat.seen.append({"path": self.path, "body": body})
-        _FakeChat.entered.set()
-        if _FakeChat.gate is not None:
-            _FakeChat.gate.wait(timeout=60)
-        facts = body["messages"][1]["content"].splitlines()[1]
-        out = json.dumps({"choices": [{"message": {"role": "assistant",
-                                                   "content": facts}}]}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def chat() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _FakeChat)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +100,15 @@ def test_oversized_body_is_413(server: Spawned) -> None:
     assert r.status_code == 413
 
 
-def test_answer_path_posts_context_to_chat_completions(server: Spawned, small) -> None:  # type: ignore[no-untyped-def]
+def test_answer_path_posts_context_to_chat_completions(server: Spawned, small,  # type: ignore[no-untyped-def]
+                                                       fake_chat: Any) -> None:
     q = small.corpus.questions[0]
     r = _post(server, "/v1/answer", {"question": q.text, "k": 3})
     assert r.status_code == 200, r.text
     body = r.json()
     assert len(body["sources"]) == 3
     assert body["answer"] == f"[1] {body['sources'][0]['text']}"
-    sent = _FakeChat.seen[-1]
+    sent = fake_chat.seen[-1]
     assert sent["path"] == "/v1/chat/completions"
     assert sent["body"]["model"] == "fake-chat"  # the flag's, so /v1/models is never asked
     assert sent["body"]["messages"] == prompt_messages(q.text, [s["text"] for s in
@@ -175,24 +137,25 @@ def test_admin_add_makes_a_new_document_answerable(server: Spawned, small) -> No
     assert "scalelab_retrieval_index_vectors 1501.0" in metrics
 
 
-def test_admission_refuses_beyond_max_inflight(server: Spawned, small) -> None:  # type: ignore[no-untyped-def]
+def test_admission_refuses_beyond_max_inflight(server: Spawned, small,  # type: ignore[no-untyped-def]
+                                               fake_chat: Any) -> None:
     q = small.corpus.questions[2].text
-    _FakeChat.entered.clear()
-    _FakeChat.gate = threading.Event()
+    fake_chat.entered.clear()
+    fake_chat.gate = threading.Event()
     out: list[httpx.Response] = []
     t = threading.Thread(target=lambda: out.append(
         _post(server, "/v1/answer", {"question": q, "k": 2})))
     t.start()
     try:
-        assert _FakeChat.entered.wait(timeout=60)
+        assert fake_chat.entered.wait(timeout=60)
         # The answer holds the only slot (--max-inflight 1): the next request is refused.
         r = _post(server, "/v1/retrieve", {"query": q})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert "limit 1" in r.json()["error"]
     finally:
-        _FakeChat.gate.set()
+        fake_chat.gate.set()
         t.join(timeout=60)
-        _FakeChat.gate = None
+        fake_chat.gate = None
     assert out[0].status_code == 200
     assert _post(server, "/v1/retrieve", {"query": q}).status_code == 200
     assert "scalelab_retrieval_rejected_total 1.0" in httpx.get(server.url + "/metrics").text

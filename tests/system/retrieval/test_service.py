@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -81,34 +78,6 @@ def test_retrieve_refuses_a_body_that_is_not_json(built: Built) -> None:
     with pytest.raises(HttpError) as e:
         asyncio.run(svc.retrieve(local_request("POST", "/v1/retrieve", body=b"{nope")))
     assert e.value.status == 400 and "not JSON" in str(e.value)
-
-
-class _Chat(BaseHTTPRequestHandler):
-    """OpenAI-shaped: answers with the first fact it was given."""
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        fact = body["messages"][1]["content"].splitlines()[1]
-        out = json.dumps({"choices": [{"message": {"content": fact}}],
-                          "model": body["model"]}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def chat() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
 
 
 def test_answer_puts_the_best_document_first_in_the_prompt(built: Built, chat: str

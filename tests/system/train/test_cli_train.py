@@ -133,3 +133,35 @@ def test_scaling_law_fits_and_plans(capsys: pytest.CaptureFixture[str]) -> None:
         assert plan["best_measured"]["test_loss"] == min(p["test_loss"] for p in affordable)
         assert out["plan"]["n_opt"] == pytest.approx(plan.n_opt)
     assert set(out["curves"]) == {"loss_vs_data", "loss_vs_params", "loss_vs_flops"}
+
+
+def test_a_stopped_bench_keeps_the_worker_counts_it_measured(tmp_path: Path) -> None:
+    """Each worker count's record is appended as soon as it is measured: a bench stopped
+    after the first (as diagnose stops a step at its stage's deadline: SIGTERM to its group)
+    keeps that level's record, where records written at the end lost every level."""
+    import subprocess
+    import sys
+    import time
+
+    from scalelab.layers.web.spawn import stop_group
+
+    records = tmp_path / "r.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scalelab", "train", "bench", "--nproc", "1,2", "--batch", "64",
+         "--steps", "50", "--limit", str(LIMIT), "--hidden", "16", "--records", str(records)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        # Until the first level's record lands or the bench ends (bounded: the bench's 2
+        # worker counts take seconds each; a bench that writes at its end ends first).
+        limit = time.monotonic() + 240.0
+        while (not records.exists() or not records.read_text("utf-8").strip()) \
+                and proc.poll() is None and time.monotonic() < limit:
+            time.sleep(0.05)
+        still_running = proc.poll() is None
+    finally:
+        stop_group(proc, grace_s=1.0)
+    assert still_running, "the bench ended before any record was written"
+    recs = read_records(records)
+    assert [(r.stage, r.variable, r.level) for r in recs] == [("train", "workers", 1.0)]
+    assert recs[0].extras["efficiency"] == pytest.approx(1.0)
+    assert recs[0].rate is not None and recs[0].rate > 0

@@ -8,18 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from clikit import fails
 from scalelab.cli import run
 from scalelab.lab.core.records import read_records
 
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--kv-heads", "2", "--ffn", "64",
          "--seq", "32", "--tokens", "20000", "--batch", "4"]
-
-
-def fails(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    assert run(list(args)) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error:") and "Traceback" not in err[0]
-    return err[0]
 
 
 def test_transformer_options_need_the_transformer(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,9 +16,11 @@ batch of a two-mode distribution (a quantile near the gap) from swinging between
 Independent latencies give s/√G ≈ √(q(1 − q)/n), the order statistic's own width; the
 comparison takes the wider of the two at each confidence, so the batches only ever widen it.
 
-Each side's slices (`load.slices`, concatenated over its repeats, so with 2 repeats the drift
-between them counts too) are merged into G groups of consecutive slices, G as large as
-`MIN_TAIL` latencies on the rarer side of the quantile per group allow, at most the slices.
+Each side's slices (`load.slices`, concatenated over its repeats: with 2 repeats the drift
+between them shows in the batches, but with the batches' df rather than the runs' 1, so
+comparison.py also takes the pooled t over the 2 runs, the wider) are merged into G groups
+of consecutive slices, G as large as `MIN_TAIL` latencies on the rarer side of the quantile
+per group allow, at most the slices.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ The decision, at family-wise confidence `confidence` over every comparison made 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ from scalelab.lab.compare.batches import (
     share_bounds,
     share_spread,
 )
+from scalelab.lab.compare.calibration import Pooled, Spread
 from scalelab.lab.compare.intervals import (
     Interval,
     Latencies,
@@ -86,13 +88,19 @@ class Comparison:
     @property
     def notes(self) -> list[str]:
         """What the decisions do not cover."""
+        out = []
+        if any(r.basis.startswith("between runs: pooled t, run spread") for r in self.rows):
+            out.append("intervals over runs count the spread between runs measured in the "
+                       "calibration records (--noise): valid where their runs had A's and "
+                       "B's duration and rate, on the same machine")
         if any(r.unit == "latencies" for r in self.rows):
-            return [f"quantiles of fewer than {RUNS_AS_UNITS} repeats a side: their intervals "
-                    "hold the noise within each run (its sampling and its drift between "
-                    "slices), not a change of the machine's state between runs that stays "
-                    f"the same all through a run; run {RUNS_AS_UNITS}+ repeats a side to "
-                    "count that too"]
-        return []
+            out.append("quantiles of one run a side: their intervals hold the noise within "
+                       "each run (its sampling and its drift between slices), not a change "
+                       "of the machine's state between runs that stays the same all through "
+                       "a run; give --noise the records of repeated runs of one setup, or "
+                       f"run 2+ ({RUNS_AS_UNITS}+ to decide more) repeats a side, to count "
+                       "that too")
+        return out
 
     def counts(self) -> dict[str, int]:
         return {d: sum(r.decision == d for r in self.rows) for d in DECISIONS}
@@ -122,6 +130,8 @@ class _Test:
     p_equiv: float | None
     invalid: str = ""
     """Why a side's run at this level decides nothing (the load tester judged it invalid)."""
+    iv: Callable[[float], Interval] | None = None
+    """The interval at any α (what the p-values invert)."""
 
 
 def _invalid(a: list[Record], b: list[Record]) -> str:
@@ -135,7 +145,51 @@ def _invalid(a: list[Record], b: list[Record]) -> str:
     return ""
 
 
-def _test(key: Key, ev: Evidence, *, alpha: float, margin: float) -> _Test:
+def _calibrated(t: _Test, cal: Spread, *, alpha: float, margin: float) -> _Test:
+    """`t` with the spread between runs counted: over 3+ repeats a side the pooled t
+    replaces Welch's (the same sides' spread, more degrees of freedom); with fewer, the
+    interval is the wider of the within-run one and the pooled t over runs (which holds the
+    noise within runs of the calibration's size, not of smaller ones)."""
+    runs = t.ev.runs
+    assert runs is not None
+    pooled = Pooled(a=runs.a, b=runs.b, cal=cal)
+    within = t.interval is not None and t.unit == "latencies"
+    basis = (f"between runs: pooled t, run spread {pooled.sd * 100:.3g}% ({pooled.df} df, "
+             f"{cal.runs} calibration runs)" if cal.runs else
+             f"between runs: pooled t over the sides' runs, run spread {pooled.sd * 100:.3g}% "
+             f"({pooled.df} df)")
+
+    def iv(x: float) -> Interval:
+        lo, hi = pooled.ratio(x)
+        if within:
+            assert t.iv is not None
+            wlo, whi = t.iv(x)
+            lo, hi = min(lo, wlo), max(hi, whi)
+        return lo, hi
+
+    return replace(t, ratio=t.ratio if within else pooled.point(), interval=iv(alpha),
+                   n_a=len(runs.a), n_b=len(runs.b), unit="runs",
+                   basis=basis + (", or within runs, the wider" if within else ""),
+                   p_diff=p_different(iv, margin), p_equiv=p_equivalent(iv, margin))
+
+
+def _test(key: Key, ev: Evidence, *, alpha: float, margin: float,
+          noise: dict[str, Spread]) -> _Test:
+    t = _test_within(key, ev, alpha=alpha, margin=margin)
+    runs = ev.runs
+    if runs is None or min(runs.a + runs.b) <= 0:
+        return t
+    cal = noise.get(ev.metric)
+    if cal is None:
+        # Two runs a side merged: their own spread between runs (2 df) counts as well, as
+        # batches over the concatenated slices would count it with too many df.
+        if t.unit != "latencies" or min(len(runs.a), len(runs.b)) < 2:
+            return t
+        cal = Spread(ss=0.0, df=0, runs=0)
+    return _calibrated(t, cal, alpha=alpha, margin=margin)
+
+
+def _test_within(key: Key, ev: Evidence, *, alpha: float, margin: float) -> _Test:
     if ev.failures is not None:
         ka, na, kb, nb = ev.failures
         return _Test(key, ev, ka / na if na else None, kb / nb if nb else None, None, None,
@@ -151,7 +205,7 @@ def _test(key: Key, ev: Evidence, *, alpha: float, margin: float) -> _Test:
                      len(reps.b), "repeats", "repeats (welch t)", None, None)
     return _Test(key, ev, ga, gb, reps.point(), reps.ratio(alpha), len(reps.a), len(reps.b),
                  "repeats", "repeats (welch t)", p_different(reps.ratio, margin),
-                 p_equivalent(reps.ratio, margin))
+                 p_equivalent(reps.ratio, margin), iv=reps.ratio)
 
 
 def _quantile_test(key: Key, ev: Evidence, la: Latencies, lb: Latencies, q: float, *,
@@ -182,7 +236,7 @@ def _quantile_test(key: Key, ev: Evidence, la: Latencies, lb: Latencies, q: floa
     basis = (f"batch means ({sa.batches} and {sb.batches} batches) or order statistic, "
              "the wider")
     return _Test(key, ev, a, b, ratio, iv(alpha), la.n, lb.n, "latencies", basis,
-                 p_different(iv, margin), p_equivalent(iv, margin))
+                 p_different(iv, margin), p_equivalent(iv, margin), iv=iv)
 
 
 def _need(t: _Test, margin: float, confidence: float) -> str:
@@ -203,6 +257,9 @@ def _need(t: _Test, margin: float, confidence: float) -> str:
         return f"{sides}: no difference shown"
     if iv[0] <= 0 or math.isinf(iv[1]):
         q = t.ev.q or 0.5
+        if t.unit == "runs":  # the within-run interval it is widened to is unbounded
+            return (f"{sides}: one run's own p{q * 100:g} is unbounded (too few latencies "
+                    "or batches): longer runs")
         # Each side's bound is one-sided at 1 − α/4 (two tails, two sides).
         least = quantile_requests_needed(q, 1.0 - (1.0 - confidence) / 4.0)
         if min(t.n_a, t.n_b) < least:
@@ -226,8 +283,10 @@ def _or_one(p: float | None) -> float:
 
 
 def compare(a: list[Record], b: list[Record], *, margin: float = 0.05,
-            confidence: float = 0.95) -> Comparison:
-    """B's records against A's (see the module doc for the decisions)."""
+            confidence: float = 0.95, noise: dict[str, Spread] | None = None) -> Comparison:
+    """B's records against A's (see the module doc for the decisions); `noise`: each
+    metric's spread between runs of one unchanged setup (calibration.spreads), counted in
+    every interval of that metric."""
     if not 0.0 < margin < 1.0:
         raise BadUsageError(f"--margin {margin:g} must lie in (0, 1), e.g. 5%")
     if not 0.5 < confidence < 1.0:
@@ -238,7 +297,7 @@ def compare(a: list[Record], b: list[Record], *, margin: float = 0.05,
     for k in sorted(set(ga) & set(gb)):
         bad = _invalid(ga[k], gb[k])
         for ev in evidence(ga[k], gb[k]):
-            t = _test(k, ev, alpha=alpha, margin=margin)
+            t = _test(k, ev, alpha=alpha, margin=margin, noise=noise or {})
             tests.append(replace(t, p_diff=None, p_equiv=None, invalid=bad) if bad else t)
     tested = [i for i, t in enumerate(tests) if t.p_diff is not None]
     diff = holm([_or_one(tests[i].p_diff) for i in tested], alpha)

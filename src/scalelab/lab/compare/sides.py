@@ -11,7 +11,7 @@ one falls back to its recorded quantiles (p50…max): over repeats when both sid
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +80,10 @@ class Evidence:
     repeats: Repeats | None = None
     failures: tuple[int, int, int, int] | None = None
     """(k_A, n_A, k_B, n_B)."""
+    runs: Repeats | None = None
+    """The metric's value in each run of each side (`run_values`), for an interval over runs
+    with the spread between runs of calibration records (calibration.py); None where a run
+    lacks it."""
 
 
 def _slices(r: Record, name: str) -> list[str]:
@@ -161,8 +165,35 @@ def _recorded_only(rec: dict[float, float] | None, n: int) -> Latencies:
                      recorded=rec)
 
 
+def run_values(r: Record) -> dict[str, float]:
+    """One run's value of each metric, named as `evidence` names it: each histogram's
+    quantiles (the recorded ones without histograms) and the rate."""
+    out: dict[str, float] = {}
+    for name in r.histograms:
+        lat = _merged([r], name)
+        if lat is not None:
+            out |= {f"{name} p{q * 100:g}": lat.quantile(q) for q in QUANTILES}
+    rec = _recorded(r) if not r.histograms else None
+    out |= {f"latency p{q * 100:g}": v for q, v in (rec or {}).items()}
+    if r.rate is not None:
+        out[f"rate ({r.rate_unit or 'per s'})"] = r.rate
+    return out
+
+
+def _with_runs(ev: Evidence, a: list[dict[str, float]], b: list[dict[str, float]]) -> Evidence:
+    if ev.failures is not None or not all(ev.metric in v for v in a + b):
+        return ev
+    return replace(ev, runs=Repeats(a=tuple(v[ev.metric] for v in a),
+                                    b=tuple(v[ev.metric] for v in b)))
+
+
 def evidence(a: list[Record], b: list[Record]) -> list[Evidence]:
     """Every metric both sides measured at one level."""
+    va, vb = [run_values(r) for r in a], [run_values(r) for r in b]
+    return [_with_runs(ev, va, vb) for ev in _evidence(a, b)]
+
+
+def _evidence(a: list[Record], b: list[Record]) -> list[Evidence]:
     out = _latency_evidence(a, b)
     ra = [r.rate for r in a if r.rate is not None]
     rb = [r.rate for r in b if r.rate is not None]

@@ -137,10 +137,10 @@ class StageVerdict:
     needs: tuple[Need, ...] = ()
     """What would decide each undecided check at the lowest undecided level."""
     curve_multiples: tuple[float, ...] = ()
+    """Levels measured as points of the curve (the records' purpose "curve"), not decisions."""
     decided_by: tuple[str, ...] = ()
     """How levels were decided other than by their own load (the capacity search's steps at or
     above the target's rate, with the assumption), one clause a level that says so."""
-    """Levels measured as points of the curve (the records' purpose "curve"), not decisions."""
     limiting: tuple[Evidence, ...] = ()
     """The stage's own recorded limits first, then what the measured signals show."""
     advice: Advice = field(default_factory=Advice)
@@ -164,7 +164,9 @@ class StageVerdict:
             return "no objectives"
         if self.miss is not None:
             return "missed"
-        if self.undecided or self.not_measured:
+        if self.undecided or self.not_measured or self.passed_up_to is None:
+            # met needs a level decided met: curve points alone that decided nothing (a stage
+            # cut to its first step) leave it open
             return "undecided"
         return "met"
 

@@ -119,20 +119,34 @@ def pace(done: list[tuple[float, float]]) -> float:
     return max(1.0, spent / planned) if planned > 0 else 1.0
 
 
+def least_at(need: StageNeed, slow: float) -> float:
+    """The seconds a stage still to run is sure of when not every minimum fits (pure): its
+    least (`StageNeed.floor_s`) at the pace `slow`; a fixed stage's over `PLAN_FILL` when the
+    pace is over 1 (never over its minimum at the pace), since that is the part of its share
+    it plans to fill (`Plan.quiet_s`): at its bare least its one step has no room for an
+    estimate off by a few percent, and the last stage's deadline is the budget's end (the
+    online stage given 20.2 s for its 20.3 s least at pace 1.42 was stopped at 20.3 s and
+    measured nothing, 2026-12-07, load 2.5 falling to 1.2)."""
+    if need.sized or slow <= 1.0:
+        return need.floor_s * slow
+    return min(need.minimum_s, need.floor_s / PLAN_FILL) * slow
+
+
 def replan(left_s: float, now: StageNeed, later: list[StageNeed], *, slow: float = 1.0) -> float:
     """The share of the stage starting now, re-planned from what is left of the budget (pure).
 
     Each stage still to run (this one and `later`) needs its minimum times `slow` (the pace
     the machine delivered so far, `pace`). When what is left pays for every need, this stage
     gets its need plus, when sized, its part of the rest in proportion to its minimum, as
-    `split_budget` gave it. When it does not but pays for every stage's least (a fixed stage
-    with its curve points and candidates cut, `StageNeed.least_s`) times `slow`, each gets
-    its least and the same fraction of what its minimum adds to it. When not even the leasts
-    fit, every stage still to run is cut in proportion to its need, so an earlier overrun is
-    shared by all the later stages instead of leaving the last one nothing (a sized stage
-    cuts its own fixed work to its share); a fixed stage still gets its least when what is
-    left pays for it, since less than its least measures nothing (its one step would be
-    stopped at its deadline), where a sized stage's first chunks measure something."""
+    `split_budget` gave it. When it does not but pays for every stage's least (`least_at`: a
+    fixed stage with its curve points and candidates cut, with room for its estimate to
+    miss), each gets its least and the same fraction of what its minimum adds to it. When not
+    even the leasts fit, a fixed stage gets its least while what is left pays for it (less
+    measures nothing: its one step is stopped at its deadline), and a sized stage (whose first
+    chunks measure something) shares what is left over the later fixed stages' leasts with
+    the other sized stages in proportion to their leasts: an earlier overrun is paid by the
+    stages that can cut their work, not by the last fixed stage (the online stage, left
+    0.1 s under its least by the retrieval stage's proportional share, measured nothing)."""
     left = max(0.0, left_s)
     todo = [now, *later]
     needs = [n.minimum_s * slow for n in todo]
@@ -143,13 +157,16 @@ def replan(left_s: float, now: StageNeed, later: list[StageNeed], *, slow: float
         weight = sum(n.minimum_s for n in todo if n.sized)
         spare = left - total
         return needs[0] + (spare * now.minimum_s / weight if now.sized and weight else 0.0)
-    leasts = [n.floor_s * slow for n in todo]
+    leasts = [least_at(n, slow) for n in todo]
     least = sum(leasts)
     if left >= least:
         f = (left - least) / (total - least) if total > least else 1.0
         return leasts[0] + f * (needs[0] - leasts[0])
-    share = left * needs[0] / total
-    return share if now.sized else max(share, min(left, leasts[0]))
+    if not now.sized:
+        return min(left, leasts[0])
+    fixed_later = sum(x for n, x in zip(later, leasts[1:], strict=True) if not n.sized)
+    sized = sum(x for n, x in zip(todo, leasts, strict=True) if n.sized)
+    return max(0.0, left - fixed_later) * leasts[0] / sized if sized > 0 else 0.0
 
 
 def stage_deadline(now: float, share_s: float, end: float, later_least_s: float, *,

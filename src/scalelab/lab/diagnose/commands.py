@@ -183,6 +183,8 @@ class LoadCapacity(_LoadTarget):
     max_steps: int | None = None
     confirm: str | None = None
     """Length of the confirmation run of the answer (`load capacity --confirm`)."""
+    budget: str | None = None
+    """Time for the whole search (`load capacity --budget`; `serve_search.search_budget`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

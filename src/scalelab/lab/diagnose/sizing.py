@@ -5,8 +5,11 @@ A chunk is one load step (its own warm-up, then a measured window); after each, 
 far are merged exactly (latency histograms added, counters summed: core.sheet then reads one
 record per level and repeat) and the level's objectives are decided by the verdict's own rules
 (core.objectives.check_rows: order statistics for quantiles, Clopper–Pearson for rates). The
-level stops when none is undecided; otherwise the next chunk doubles what was measured, cut to
-what the share has left after the chunk overhead the last one showed. The merged record keeps
+level stops when none is undecided; otherwise the next chunk is sized to the samples the
+undecided checks need at the rate measured so far (or doubles what was measured when their
+rules give no count), cut to what the share has left after the chunk overhead the last one
+showed; with `paid_only` (the llm stage) to the largest count that share pays, the level
+stopping when it pays none. The merged record keeps
 how it was sized in extras["sizing"]: chunks, samples, seconds spent of the share, why it
 stopped, and each objective left undecided with what deciding it needs.
 """
@@ -34,16 +37,16 @@ def pending(record: Record, objectives: list[Objective]) -> list[Check]:
             if c.outcome == "undecided"]
 
 
-def needed(record: Record, objectives: list[Objective]) -> int | None:
-    """The samples the level needs in all for its undecided checks, where their rules give a
-    count (`core.verdict.samples_needed`: 59 for a p95, 299 for a p99 or for 99% availability
-    without a failure): the largest, which pays for the others at one level; None when no
-    undecided check gives one (more samples may still decide it: the chunks then double)."""
+def counts(record: Record, objectives: list[Objective]) -> tuple[list[int], bool]:
+    """The samples the level needs in all for each undecided check whose rule gives a count
+    (`core.verdict.samples_needed`: 59 for a p95, 299 for a p99 or for 99% availability
+    without a failure), and whether some undecided check gives none (a bound straddling the
+    limit: more samples may still decide it)."""
     rows = build_sheet([record])
     row = rows[0] if rows else None
-    counts = [n for c in check_rows(rows, objectives) if c.outcome == "undecided"
-              if (n := samples_needed(c, row)) is not None]
-    return max(counts) if counts else None
+    got = [samples_needed(c, row) for c in check_rows(rows, objectives)
+           if c.outcome == "undecided"]
+    return [n for n in got if n is not None], any(n is None for n in got)
 
 
 NEED_MARGIN = 1.1
@@ -64,6 +67,20 @@ def next_seconds(*, have: int | None, need: int | None, measured_s: float, first
     return min(max(want, first_s), left_s)
 
 
+def paid_need(needs: list[int], *, have: int | None, measured_s: float,
+              left_s: float) -> int | None:
+    """The largest count of samples the time left pays at the rate measured so far, with
+    NEED_MARGIN (pure): 45 samples in 8.4 s (5.36/s) with 20 s left pay a p95's 59 (14 more,
+    2.87 s) but not 99% availability's 299 (254 more, 52.1 s), so the next chunk is sized to 59
+    and the availability check is left to a larger budget. None when none is paid (or no rate
+    is measured yet)."""
+    if not have or measured_s <= 0:
+        return None
+    per_s = have / measured_s
+    paid = [n for n in needs if max(0, n - have) / per_s * NEED_MARGIN <= left_s]
+    return max(paid) if paid else None
+
+
 @dataclass(kw_only=True)
 class Sizing:
     """How one level was sized."""
@@ -75,7 +92,7 @@ class Sizing:
     share_s: float
     """The seconds the level was allowed."""
     stopped: str
-    """'decided', 'time share spent' or 'a chunk failed'."""
+    """'decided', 'time share spent', 'a chunk failed' or `UNPAID`."""
     undecided: list[str]
     """'<objective>: <what deciding it needs>' for each check left undecided."""
     measured_s: float = 0.0
@@ -98,6 +115,9 @@ class Sizing:
                 "samples_per_s": None if per_s is None else round(per_s, 3)}
 
 
+UNPAID = "share cannot pay the samples still needed"
+"""Why a `paid_only` level stopped with its share not spent (`Sizing.stopped`)."""
+
 Chunk = Callable[[float, int], Record | None]
 """Run one chunk of `seconds` measured time (the index counts from 0); its record, or None
 when the step failed."""
@@ -111,7 +131,7 @@ def size_level(run_chunk: Chunk, objectives: list[Objective], *, first_s: float,
                share_s: float, clock: Callable[[], float] = time.monotonic,
                merge: Callable[[list[Record]], Record] = merge_records,
                window: Callable[[Record, float], float] = _asked,
-               overhead_s: float = 0.0) -> Record | None:
+               overhead_s: float = 0.0, paid_only: bool = False) -> Record | None:
     """Run chunks of one level until no objective is undecided or `share_s` is spent (the first
     chunk, `first_s` long, always runs); the merged record with extras["sizing"], or None when
     the first chunk failed. A later chunk that fails ends the level with what it measured.
@@ -121,7 +141,12 @@ def size_level(run_chunk: Chunk, objectives: list[Objective], *, first_s: float,
     `window(record, asked_s)`: the seconds a chunk measured (default: what it was asked; a
     chunk of N requests, like the llm stage's first, measures its record's wall_s).
     `overhead_s`: a chunk's fixed cost (start-up, warm-up) beside its window, at least (a
-    first chunk measured elsewhere, e.g. in one step with other levels, shows none)."""
+    first chunk measured elsewhere, e.g. in one step with other levels, shows none).
+    `paid_only`: a later chunk is sized to the largest count the share still pays
+    (`paid_need`), and the level stops, its share left to what comes after it, when every
+    undecided check gives a count the share cannot pay (stopped "share cannot pay the samples
+    still needed"); without it, chunks run toward the largest count until the share is spent
+    (a chunk that cannot reach it may still show a miss)."""
     t0 = clock()
     chunks: list[Record] = []
     measured = 0.0
@@ -143,10 +168,17 @@ def size_level(run_chunk: Chunk, objectives: list[Objective], *, first_s: float,
             break
         overhead = max(overhead_s, took - got)
         left = share_s - (clock() - t0) - overhead
-        have = merged.extras.get("samples")
-        seconds = next_seconds(have=int(have) if isinstance(have, int | float) else None,
-                               need=needed(merged, objectives), measured_s=measured,
-                               first_s=first_s, left_s=left)
+        said = merged.extras.get("samples")
+        have = int(said) if isinstance(said, int | float) else None
+        needs, open_ended = counts(merged, objectives)
+        need = max(needs) if needs else None
+        if paid_only and needs:
+            need = paid_need(needs, have=have, measured_s=measured, left_s=left)
+            if need is None and not open_ended:
+                stopped = UNPAID
+                break
+        seconds = next_seconds(have=have, need=need, measured_s=measured, first_s=first_s,
+                               left_s=left)
         if seconds < first_s / 2:
             break
     if not chunks:

@@ -28,16 +28,22 @@ trend), and only when the generator offered its rate (`Step.valid`).
 Search: from `start`, double while steps pass; then bisect between the highest pass and the
 lowest fail until they are within `precision`. A rate already decided to fail elsewhere
 (`fails_at`, e.g. a level sweep's) ends the doubling below it: the search bisects towards it.
+Where even `start` fails, the search halves down to a passing rate, never below its floor
+(`min_rate`; `start` / 64 by default).
 A step flagged invalid (the generator did not offer the rate: a stall of the machine, not of
 the server) is run again before it counts; one still invalid ends the search at the
 generator's ceiling, whatever its verdict (a late generator's lag is charged to latency): the
-answer is "at least" the highest pass below it.
+answer is "at least" the highest pass below it. Only above every rate the generator has
+offered: an invalid step at or below one it offered (a step, or a confirmation, of this
+search) is a stall of the machine, not a ceiling, and is run again while steps last.
 The capacity is the highest passing rate and its interval is [highest pass, lowest fail].
 
 Confirmation (`confirmed_search`): the answer is run again for a longer, full-length step; one
 that fails sends the search below that rate (twice the precision below it, bisecting down from
-there when that fails too) until a confirmation holds or the steps run out. Advice divides only
-by a confirmed capacity.
+there when that fails too), and its answer is confirmed in turn, until a confirmation holds.
+It stops with none held only when the next rate would be under the floor ("no rate held down
+to N req/s") or the step budget is spent ("the step budget ran out after K confirmations"),
+and says which. Advice divides only by a confirmed capacity.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from __future__ import annotations
 import abc
 import functools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Generic, Literal, TypeVar
@@ -152,6 +159,12 @@ class StopRule(abc.ABC, Generic[ProgressT]):
             return "fail"
         return "pass" if n > 0 and lo >= needed else None
 
+    def missed_availability(self, errors: int, n: int, availability: float | None) -> bool:
+        """`errors` of n decide availability missed (the asymmetric rule of the module doc):
+        against `availability`, or `DEFAULT_AVAILABILITY` where the objectives name none."""
+        need = DEFAULT_AVAILABILITY if availability is None else availability
+        return self.budget_verdict(errors, n, 1.0 - need) == "fail"
+
     def budget_verdict(self, errors: int, n: int,
                        budget: float) -> Literal["pass", "fail"] | None:
         """`errors` of n against an error budget: "fail" when the interval lies wholly over
@@ -191,9 +204,7 @@ class StepRule(StopRule[Progress]):
     def availability_missed(self, *, ok: int, errors: int) -> bool:
         """The failures decide availability missed: against the SLO's budget, or
         `DEFAULT_AVAILABILITY`'s where it names none."""
-        budget = self.slo.error_budget
-        limit = budget if budget is not None else 1.0 - DEFAULT_AVAILABILITY
-        return self.budget_verdict(errors, ok + errors, limit) == "fail"
+        return self.missed_availability(errors, ok + errors, self.slo.availability)
 
     def verdict(self, *, ok: int, within: int, errors: int) -> tuple[str, bool]:
         """('pass'|'fail', decided) from the counts so far."""
@@ -322,10 +333,19 @@ class SearchConfig:
     """A rate already decided to fail outside the search (e.g. a level of `load run` at
     constant arrivals, kinder than the search's Poisson ones): the search never offers it or
     more, and bisects between its highest pass and this rate (None: found by doubling)."""
+    min_rate: float | None = None
+    """Never offer less than this: where `start` fails the search halves down to it, and
+    failed confirmations send the search no lower (None: `start` / 64)."""
+    offered_rps: float | None = None
+    """A rate the generator already offered (a valid step or confirmation before this search):
+    an invalid step at or below it is a stall of the machine, not the generator's ceiling."""
 
     def __post_init__(self) -> None:
         if not (self.start > 0 and self.max_rate >= self.start):
             raise BadUsageError("--start must be positive and at most --max-rate")
+        if self.min_rate is not None and not (0 < self.min_rate <= self.start):
+            raise BadUsageError(f"--min-rate {self.min_rate:g} must be positive and at most "
+                                f"--start {self.start:g}")
         if self.fails_at is not None and not self.fails_at > self.start:
             raise BadUsageError(
                 f"--fails-at {self.fails_at:g} must be above --start {self.start:g}: the search "
@@ -336,6 +356,11 @@ class SearchConfig:
             raise BadUsageError(f"--precision must be in (0, 1), got {self.precision}")
         if self.max_steps < 1:
             raise BadUsageError("--max-steps must be at least 1")
+
+    @property
+    def floor(self) -> float:
+        """The lowest rate the search offers (`min_rate`, or `start` / 64)."""
+        return self.min_rate if self.min_rate is not None else self.start / 64.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -358,6 +383,9 @@ class CapacityResult:
     capacity is then at least `capacity_rps`, not a capacity (None: no such limit met)."""
     confirmed_rps: float | None = None
     """The rate whose confirmation run passed (None: none did, or none was run)."""
+    stopped: str | None = None
+    """Why the confirmations stopped with none held (the floor reached, the step budget spent;
+    None: one held, or none was run)."""
 
     @property
     def confirmations(self) -> list[Step]:
@@ -373,8 +401,9 @@ class CapacityResult:
         if self.capacity_rps is None:
             if self.confirmations:
                 c = self.confirmations[-1]
-                return (f"no confirmed capacity: {len(self.confirmations)} confirmation run(s) "
-                        f"failed, the last at {c.rate:.4g} req/s")
+                return "no confirmed capacity: " + (
+                    self.stopped or f"{len(self.confirmations)} confirmation run(s) failed, "
+                                    f"the last at {c.rate:.4g} req/s")
             if self.at_least:
                 return (f"none found: the generator could not offer "
                         f"{self.generator_limit_rps:.4g} req/s, the first rate it tried")
@@ -384,69 +413,111 @@ class CapacityResult:
                 f"{self.generator_limit_rps:.4g} req/s)" if self.at_least else f"capacity {cap}")
         confs = self.confirmations
         if not confs:
-            return head + " (not confirmed: no confirmation run)"
+            return head + f" (not confirmed: {self.stopped or 'no confirmation run'})"
         c = confs[-1]
         if self.confirmed_rps is not None and c.passed:
             return head + (f", confirmed by {c.wall_s:.3g} s at that rate ({c.requests:,} "
                            f"requests, served {c.throughput_rps:.4g} req/s)")
-        return head + (f" (not confirmed: {len(confs)} confirmation run(s) failed, the last at "
-                       f"{c.rate:.4g} req/s)")
+        return head + " (not confirmed: " + (
+            self.stopped or f"{len(confs)} confirmation run(s) failed, the last at "
+                            f"{c.rate:.4g} req/s") + ")"
 
 
-def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResult:
-    """Exponential then bisection search over the offered rate; `run_step` measures one."""
+class Deadline:
+    """A time budget for a whole search (`--budget`, e.g. diagnose's stage share): it starts
+    no step and no confirmation that could end past it."""
+
+    def __init__(self, seconds: float, *, step_s: float, confirm_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not seconds > 0:
+            raise BadUsageError(f"--budget must be positive, got {seconds:g} s")
+        self.seconds = seconds
+        self.step_s = step_s
+        """The longest a search step takes (its longest measured time and warm-up)."""
+        self.confirm_s = confirm_s
+        """The longest a confirmation takes."""
+        self.clock = clock
+        self.end = clock() + seconds
+
+    def allows(self, seconds: float) -> bool:
+        """Something that takes up to `seconds` ends within the budget if started now."""
+        return self.clock() + seconds <= self.end
+
+
+def search(run_step: Callable[[float], Step], cfg: SearchConfig,
+           deadline: Deadline | None = None) -> CapacityResult:
+    """Exponential then bisection search over the offered rate; `run_step` measures one;
+    no step after the first starts that `deadline` does not allow."""
     steps: list[Step] = []
     lo: float | None = None
     hi: float | None = cfg.fails_at
     ceiling: list[float] = []
+    offered = [cfg.offered_rps or 0.0]
 
-    def do(rate: float) -> bool:
-        s = run_step(rate)
-        steps.append(s)
-        for _ in range(cfg.invalid_retries):
-            if s.valid or len(steps) >= cfg.max_steps:
-                break
+    def room() -> bool:
+        # The first step runs whatever the deadline: a search of no step says nothing.
+        return len(steps) < cfg.max_steps and (deadline is None or not steps
+                                               or deadline.allows(deadline.step_s))
+
+    def do(rate: float) -> bool | None:
+        """The rate passed (True) or failed (False); None: not known, the search stops (the
+        generator's ceiling, or a stall that outlasted the steps)."""
+        retries = 0
+        while True:
             s = run_step(rate)
             steps.append(s)
-        if not s.valid:
-            # Still not offered: what the server did at this rate is unknown (a late
-            # generator's lag is charged to latency, so even a "fail" may be its own). The
-            # generator's limit, not the server's: the search stops here.
-            ceiling.append(rate)
-        return s.passed
+            if s.valid:
+                offered[0] = max(offered[0], rate)
+                return s.passed
+            # Not offered: what the server did at this rate is unknown (a late generator's
+            # lag is charged to latency, so even a "fail" may be its own).
+            stall = rate <= offered[0]  # it offered as much before: the machine stalled
+            if not room() or (not stall and retries >= cfg.invalid_retries):
+                if not stall:
+                    ceiling.append(rate)  # the generator's limit, not the server's
+                return None
+            retries += 1
 
     rate = cfg.start
     capped = False
-    while len(steps) < cfg.max_steps:
-        if do(rate):
+    known = True
+    while room():
+        ok = do(rate)
+        if ok is None:
+            known = False
+        elif ok:
             lo = rate
             if rate >= cfg.max_rate:
                 capped = True
                 break
             rate = min(rate * 2.0, cfg.max_rate)
-            if hi is not None and rate >= hi:
-                break  # the known fail bounds it: bisect below
+            if hi is None or rate < hi:
+                continue  # a known fail above bounds it: bisect below
         else:
-            if not ceiling:
-                hi = rate
-            break
-    if lo is None and hi is not None and not ceiling:
-        # Even the start failed: halve down to a passing rate (at most 6 times).
+            hi = rate
+        break
+    if lo is None and hi is not None and known:
+        # Even the start failed: halve down to a passing rate, never below the floor.
         rate = hi / 2.0
-        while len(steps) < cfg.max_steps and rate >= cfg.start / 64.0:
-            if do(rate):
-                lo = rate
+        while room() and rate >= cfg.floor:
+            ok = do(rate)
+            if ok is None:
+                known = False
                 break
-            if ceiling:
+            if ok:
+                lo = rate
                 break
             hi = rate
             rate /= 2.0
-    while lo is not None and hi is not None and (hi - lo) / lo > cfg.precision \
-            and len(steps) < cfg.max_steps and not ceiling:
+    while known and lo is not None and hi is not None and (hi - lo) / lo > cfg.precision \
+            and room():
         mid = (lo + hi) / 2.0
-        if do(mid):
+        ok = do(mid)
+        if ok is None:
+            known = False
+        elif ok:
             lo = mid
-        elif not ceiling:
+        else:
             hi = mid
     converged = capped or (lo is not None and hi is not None and (hi - lo) / lo <= cfg.precision)
     return CapacityResult(capacity_rps=lo, interval_rps=(lo, hi), steps=steps,
@@ -455,38 +526,108 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig) -> CapacityResu
 
 
 def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float], Step],
-                     cfg: SearchConfig, *, max_confirms: int = 3) -> CapacityResult:
+                     cfg: SearchConfig, *, max_confirms: int | None = None,
+                     deadline: Deadline | None = None) -> CapacityResult:
     """`search`, then `confirm` (a full-length step, `Step.confirmation`) at its answer. A
     failed confirmation at r bounds the capacity below r, but the short steps that passed near r
     cannot place it better (they passed there already): the search runs again from
     r × (1 - 2 × precision) with that as its ceiling (a failing step there bisects down), and
-    its answer is confirmed in turn, until one holds or `max_confirms` have run. Confirmations
-    do not count against `cfg.max_steps`; the searches below a failed one share what the first
-    search left (at least one step each)."""
-    res = search(run_step, cfg)
+    its answer is confirmed in turn, until one holds (an invalid confirmation is run again
+    `cfg.invalid_retries` times before it counts, as a step is). It stops with none held when
+    the next start is under `cfg.floor`, when a search below finds no passing rate, or when
+    the steps run out: confirmations do not count against `cfg.max_steps`, but every search
+    below a failed one takes its steps from what the searches before left, so K confirmations
+    need K - 1 steps left. `max_confirms` (None: no limit; 0: none run) caps them, and
+    `deadline` too: no confirmation, and no search below a failed one, starts that it does not
+    leave time for (an answer it leaves no time to confirm stays unconfirmed).
+    `CapacityResult.stopped` says why none held."""
+    res = search(run_step, cfg, deadline)
     steps = list(res.steps)
     searched = len(steps)
     confirmed: float | None = None
-    for k in range(max_confirms):
-        if res.capacity_rps is None:
+    stopped: str | None = None
+    confirms = 0
+    offered = max((s.rate for s in steps if s.valid), default=0.0)
+    while res.capacity_rps is not None and (max_confirms is None or confirms < max_confirms):
+        if deadline is not None and not deadline.allows(deadline.confirm_s):
+            stopped = _out_of_time(deadline, confirms, steps)
             break
         c = confirm(res.capacity_rps)
         steps.append(c)
+        for _ in range(cfg.invalid_retries if not c.valid else 0):
+            # The search offered this rate in a step: not offering it now is a stall of the
+            # machine, and says nothing about the server; run again before it counts.
+            c = confirm(c.rate)
+            steps.append(c)
+            if c.valid:
+                break
+        confirms += 1
         if c.passed:
             confirmed = c.rate
             break
-        if k == max_confirms - 1:
-            res = replace(res, capacity_rps=None, interval_rps=(None, c.rate))
-            break
+        offered = max(offered, c.rate if c.valid else 0.0)
         start = c.rate * (1.0 - 2.0 * cfg.precision)
+        left = cfg.max_steps - searched
+        stopped = _no_lower(start, left, cfg, confirms, c.rate, max_confirms)
+        if stopped is None and deadline is not None and \
+                not deadline.allows(deadline.step_s + deadline.confirm_s):
+            stopped = _out_of_time(deadline, confirms, steps)
+        if stopped is not None:
+            res = replace(res, capacity_rps=None, interval_rps=(None, c.rate), converged=False)
+            break
         sub = search(run_step, replace(cfg, start=start, fails_at=None, max_rate=start,
-                                       max_steps=max(1, cfg.max_steps - searched)))
+                                       min_rate=cfg.floor, max_steps=left,
+                                       offered_rps=offered), deadline)
         searched += len(sub.steps)
         steps += sub.steps
+        offered = max([offered, *(s.rate for s in sub.steps if s.valid)])
         hi = sub.interval_rps[1] if sub.interval_rps[1] is not None else c.rate
         res = replace(sub, interval_rps=(sub.capacity_rps, hi),
                       generator_limit_rps=sub.generator_limit_rps or res.generator_limit_rps)
-    return replace(res, steps=steps, confirmed_rps=confirmed, knee_rps=knee(steps))
+        if sub.capacity_rps is None:
+            stopped = (_out_of_time(deadline, confirms, steps) if deadline is not None
+                       and not deadline.allows(deadline.step_s) else
+                       _none_below(sub, cfg, confirms, searched))
+    return replace(res, steps=steps, confirmed_rps=confirmed, knee_rps=knee(steps),
+                   stopped=None if confirmed is not None else stopped)
+
+
+def _out_of_time(deadline: Deadline, confirms: int, steps: list[Step]) -> str:
+    """The time budget's reason for stopping."""
+    head = f"the time budget ({deadline.seconds:.3g} s) ran out"
+    if not confirms:
+        return head + " before the answer's confirmation"
+    last = [s for s in steps if s.confirmation][-1]
+    return (f"{head} after {confirms} confirmation(s) (the last at {last.rate:.4g} req/s "
+            f"{'held' if last.passed else 'failed'})")
+
+
+def _no_lower(start: float, left: int, cfg: SearchConfig, confirms: int, failed: float,
+              max_confirms: int | None) -> str | None:
+    """Why the search cannot go below a failed confirmation (None: it can)."""
+    last = f"the last at {failed:.4g} req/s"
+    if start < cfg.floor:
+        return (f"no rate held down to {cfg.floor:.4g} req/s, the search's floor "
+                f"({confirms} confirmation(s) failed, {last})")
+    if left < 1:
+        return (f"the step budget ran out after {confirms} confirmation(s) ({cfg.max_steps} "
+                f"steps in all; {last} failed)")
+    if max_confirms is not None and confirms >= max_confirms:
+        return f"{confirms} confirmation(s) failed, the most allowed ({last})"
+    return None
+
+
+def _none_below(sub: CapacityResult, cfg: SearchConfig, confirms: int, searched: int) -> str:
+    """Why the search below a failed confirmation found no rate to confirm."""
+    lowest = min(s.rate for s in sub.steps)
+    if searched >= cfg.max_steps:
+        return (f"the step budget ran out after {confirms} confirmation(s) ({cfg.max_steps} "
+                f"steps in all; none passed down to {lowest:.4g} req/s)")
+    if sub.generator_limit_rps is not None:
+        return (f"the generator could not offer {sub.generator_limit_rps:.4g} req/s below the "
+                f"failed confirmation ({confirms} confirmation(s) failed)")
+    return (f"no rate held down to {lowest:.4g} req/s ({confirms} confirmation(s) failed; the "
+            f"search's floor is {cfg.floor:.4g} req/s)")
 
 
 def rate_verdicts(res: CapacityResult) -> list[str]:

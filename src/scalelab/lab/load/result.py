@@ -19,6 +19,7 @@ from scalelab.lab.core.records import Cost, Record
 from scalelab.lab.core.signals import Energy, Resources
 from scalelab.lab.load.cluster import ClusterLevel
 from scalelab.lab.load.schedule import Mode
+from scalelab.lab.load.slices import chained
 
 NOTHING_MEASURED = "no request was measured; lengthen --duration or shorten --warmup"
 """The invalid reason of a level whose warm-up took every request."""
@@ -322,12 +323,33 @@ def merged_energy(chunks: Sequence[Record], cost: Cost | None) -> Energy | None:
                   basis="; ".join(dict.fromkeys(e.basis for e in energies if e is not None)))
 
 
-def common_update(chunks: Sequence[Record], failures_of: int | None) -> dict[str, Any]:
+def merged_extras(chunks: Sequence[Record], *, counts: Sequence[str], kinds: Sequence[str],
+                  rates: Sequence[str]) -> tuple[dict[str, Any], float]:
+    """The extras every result type adds alike, and the level's wall (the chunks' walls
+    summed): `counts` summed, per-kind `kinds` added, per-second `rates` wall-weighted."""
+    wall = sum(c.wall_s or 0.0 for c in chunks)
+    return {**summed(chunks, counts), **tallies(chunks, kinds),
+            **wall_weighted(chunks, rates, wall)}, wall
+
+
+def chunks_usd(chunks: Sequence[Record]) -> float | None:
+    """What the chunks cost together (USD); None when a chunk has no cost (one chunk's cost is
+    not the level's). The cost per unit is each result type's own (responses, tokens)."""
+    costs = [c.cost for c in chunks]
+    if any(cost is None for cost in costs):
+        return None
+    return sum(cost.usd for cost in costs if cost is not None)
+
+
+def common_update(chunks: Sequence[Record], extras: dict[str, Any]) -> dict[str, Any]:
     """The record fields every result type merges alike: wall, failures, volume, memory peak,
-    ok, errors, the first chunk's timestamp, the resource signals and the last server seen
-    (`failures_of`: the merged sample count)."""
+    ok, errors, the first chunk's timestamp, the resource signals, the last server seen and
+    the slices one after another (`extras`: the merged extras, whose "samples" count the
+    failure rate is over)."""
     last = chunks[-1]
     failures = sum(c.failures for c in chunks)
+    samples = extras.get("samples")
+    failures_of = samples if isinstance(samples, int) else None
     return {
         "wall_s": sum(c.wall_s or 0.0 for c in chunks),
         "failures": failures,
@@ -340,6 +362,7 @@ def common_update(chunks: Sequence[Record], failures_of: int | None) -> dict[str
         "timestamp": chunks[0].timestamp,
         "resources": merged_resources(chunks),
         "server": next((c.server for c in reversed(chunks) if c.server is not None), None),
+        "slices": chained([c.slices for c in chunks]),
     }
 
 

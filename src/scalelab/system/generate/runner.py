@@ -76,13 +76,20 @@ class SeqSlice:
     """How many of its last positions need logits (0 for a prefill chunk that ends mid-prompt)."""
 
 
+def _consecutive(table: list[int], ctx: int, block_size: int) -> bool:
+    """The blocks holding a sequence's first `ctx` slots are numbered one after another."""
+    used = table[: -(-ctx // block_size)]
+    return all(b == used[0] + i for i, b in enumerate(used))
+
+
 class PagedAttention:
     """The AttentionBackend for one step: precomputed indices shared by every layer."""
 
     def __init__(
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, slices: list[SeqSlice], block_size: int
     ) -> None:
-        self.k_cache, self.v_cache = k_cache, v_cache
+        # Each layer's slab as a view, made once a step (one op, not two selects a layer).
+        self.k_layers, self.v_layers = k_cache.unbind(0), v_cache.unbind(0)
         n = [len(s.tokens) for s in slices]
         ctx = [s.start + len(s.tokens) for s in slices]
         self.batch, self.q_max, self.ctx_max = len(slices), max(n), max(ctx)
@@ -100,6 +107,12 @@ class PagedAttention:
         # general advanced index `kc[gather_2d]` on CPU: the gather copies every sequence's
         # context once per layer, so at 8 sequences it was ~7% of a decode step.
         self.gather = torch.cat(gather_rows)
+        # One sequence whose blocks hold consecutive slots (a lone stream on a fresh pool):
+        # its context is a slice of the cache, read in place instead of gathered (a copy of
+        # the whole context per layer and tensor).
+        self.span: tuple[int, int] | None = None
+        if len(slices) == 1 and _consecutive(slices[0].block_table, ctx[0], block_size):
+            self.span = (slices[0].block_table[0] * block_size, ctx[0])
         # (batch, 1, q_max, ctx_max); None where every query sees every key (a decode step of
         # sequences of one length, one stream always): SDPA then skips building and adding a
         # zero bias per layer, and its output is bit-identical (x + 0 = x).
@@ -120,13 +133,17 @@ class PagedAttention:
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        kc, vc = self.k_cache[layer], self.v_cache[layer]
+        kc, vc = self.k_layers[layer], self.v_layers[layer]
         kc.index_copy_(0, self.slot_mapping, k[0])
         vc.index_copy_(0, self.slot_mapping, v[0])
         t, h, d = q.shape[1:]
         shape = (self.batch, self.ctx_max, *kc.shape[1:])
-        keys = kc.index_select(0, self.gather).view(shape)  # (batch, ctx_max, kv_heads, head_dim)
-        values = vc.index_select(0, self.gather).view(shape)
+        if self.span is not None:
+            keys = kc[self.span[0] : self.span[0] + self.span[1]].view(shape)
+            values = vc[self.span[0] : self.span[0] + self.span[1]].view(shape)
+        else:  # (batch, ctx_max, kv_heads, head_dim)
+            keys = kc.index_select(0, self.gather).view(shape)
+            values = vc.index_select(0, self.gather).view(shape)
         if self.uniform:
             qb = q[0].view(self.batch, self.q_max, h, d)
         else:

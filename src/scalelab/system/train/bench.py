@@ -136,10 +136,27 @@ def _verdict(levels: list[Level], mode: str) -> tuple[int, str]:
     return peak.nproc, text
 
 
+def _level(n: int, r: TrainResult, x1: float, cores: int) -> Level:
+    s = r.summary
+    speedup = s.rate.samples_per_s / x1 if x1 else 0.0
+    return Level(
+        nproc=n, threads=s.threads, global_batch=s.global_batch,
+        samples_per_s=s.rate.samples_per_s, speedup=speedup, efficiency=speedup / n,
+        karp_flatt=karp_flatt(speedup, n) if n > 1 and speedup > 0 else None,
+        comm_share=s.comm_share, phase_ms_per_step=s.phase_ms_per_step,
+        limiting_resource=limiting_resource(world=n, threads=s.threads, cores=cores,
+                                            comm_share=s.comm_share))
+
+
 def run_bench(base: TabularRunConfig, *, nprocs: list[int], batches: list[int], experiment: str,
               timeout_s: float, on_level: Callable[[str], None] | None = None,
               on_warning: Callable[[str], None] | None = None,
+              on_record: Callable[[Record], None] | None = None,
               price_per_core_hour: float | None = None) -> BenchResult:
+    """The sweep. `on_record` gets each worker count's record as soon as it is measured (the
+    CLI appends it to --records), so a bench stopped later (diagnose's deadline, Ctrl-C)
+    keeps the counts it measured; a record's `usl` is the fit over the counts measured up to
+    it (None under three)."""
     if sorted(set(nprocs)) != sorted(nprocs) or any(n < 1 for n in nprocs):
         raise BadUsageError("--nproc must list distinct process counts >= 1, e.g. 1,2,4")
     if 1 not in nprocs:
@@ -154,37 +171,29 @@ def run_bench(base: TabularRunConfig, *, nprocs: list[int], batches: list[int], 
         # (8-11x slower here under load), which makes every later level look superlinear.
         cfg = dataclasses.replace(base, batch=batch, checkpoint_every=0, checkpoint_auto=False,
                                   rehearse_failure=False, threads=base.threads or 1)
-        results: list[tuple[int, TrainResult]] = []
-        usages: list[Usage] = []
+        exp = experiment if len(batches) == 1 else f"{experiment}-b{batch}"
+        levels: list[Level] = []
+        usl: dict[str, Any] | None = None
         for n in nprocs:
             if on_level is not None:
                 on_level(f"batch {batch}, {n} process(es)")
             # The torchrun tree is waited for, so its CPU time is in RUSAGE_CHILDREN.
             with UsageMeter() as meter:
-                results.append((n, run_training(cfg, LaunchConfig(nproc=n, timeout_s=timeout_s),
-                                                on_warning=on_warning)))
-            usages.append(meter.usage)
-        x1 = results[0][1].summary.rate.samples_per_s
-        levels = []
-        for n, r in results:
-            s = r.summary
-            speedup = s.rate.samples_per_s / x1 if x1 else 0.0
-            levels.append(Level(
-                nproc=n, threads=s.threads, global_batch=s.global_batch,
-                samples_per_s=s.rate.samples_per_s, speedup=speedup, efficiency=speedup / n,
-                karp_flatt=karp_flatt(speedup, n) if n > 1 and speedup > 0 else None,
-                comm_share=s.comm_share, phase_ms_per_step=s.phase_ms_per_step,
-                limiting_resource=limiting_resource(world=n, threads=s.threads, cores=cores,
-                                                    comm_share=s.comm_share)))
-        usl = _usl(levels)
+                r = run_training(cfg, LaunchConfig(nproc=n, timeout_s=timeout_s),
+                                 on_warning=on_warning)
+            x1 = levels[0].samples_per_s if levels else r.summary.rate.samples_per_s
+            lv = _level(n, r, x1, cores)
+            levels.append(lv)
+            usl = _usl(levels)
+            rec = run_record(
+                r, experiment=exp, variable="workers", level=lv.nproc,
+                usage=meter.usage, price_per_core_hour=price_per_core_hour,
+                extras={"mode": cfg.mode, "batch": batch, "speedup": lv.speedup,
+                        "efficiency": lv.efficiency, "karp_flatt": lv.karp_flatt, "usl": usl})
+            records.append(rec)
+            if on_record is not None:
+                on_record(rec)
         peak, verdict = _verdict(levels, cfg.mode)
         sweeps.append(Sweep(mode=cfg.mode, batch=batch, levels=levels, usl=usl,
                             peak_nproc=peak, verdict=verdict))
-        exp = experiment if len(batches) == 1 else f"{experiment}-b{batch}"
-        for (_, r), lv, use in zip(results, levels, usages, strict=True):
-            records.append(run_record(
-                r, experiment=exp, variable="workers", level=lv.nproc,
-                usage=use, price_per_core_hour=price_per_core_hour,
-                extras={"mode": cfg.mode, "batch": batch, "speedup": lv.speedup,
-                        "efficiency": lv.efficiency, "karp_flatt": lv.karp_flatt, "usl": usl}))
     return BenchResult(experiment=experiment, sweeps=sweeps, records=records)

@@ -9,6 +9,7 @@ own in the sheet and the verdict, advised from its measured signals (core's gene
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -45,7 +46,7 @@ from scalelab.lab.diagnose.stages.serve_curve import (
     search_requests,
     step_seconds,
 )
-from scalelab.lab.diagnose.stages.serve_search import confirm_length
+from scalelab.lab.diagnose.stages.serve_search import confirm_length, search_budget
 from scalelab.lab.diagnose.stages.sized_load import least_s, sized_levels
 from scalelab.lab.diagnose.steps import Step, restage
 
@@ -238,6 +239,7 @@ class CustomStageSet(Stage[CustomStages]):
             cap = ctx.records(f"custom-{c.name}-capacity")
             search = _search(c, cap, grid_start(rec, c.built(), c.base_rate))
             if search is not None and ok:
+                search = replace(search, budget=search_budget(ctx))
                 ctx.run(Step(stage=c.name, label=f"{c.name} capacity", command=search,
                              records=cap, tag=tag, series=LOAD + CAPACITY, timeout_s=900))
 

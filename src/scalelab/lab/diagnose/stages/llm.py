@@ -25,9 +25,15 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from scalelab.lab.core.decide import quantile_requests_needed
 from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.limits import Evidence
-from scalelab.lab.core.objectives import Objective, latency_objectives, metric_value
+from scalelab.lab.core.objectives import (
+    Objective,
+    latency_objectives,
+    metric_value,
+    quantile_of,
+)
 from scalelab.lab.core.records import Record, append_records, read_records
 from scalelab.lab.core.sheet import SheetRow, build_sheet
 from scalelab.lab.core.verdict import (
@@ -41,12 +47,14 @@ from scalelab.lab.core.verdict import (
 from scalelab.lab.diagnose.scaling_signal import choose_signal
 from scalelab.lab.diagnose.schema import EndpointAccess, HttpUrl, Levels, StageSettings
 from scalelab.lab.diagnose.sizing import (
+    NEED_MARGIN,
     LevelClock,
     Outcome,
     curve_point,
     decide_target,
     level_outcome,
     size_level,
+    target_level,
 )
 from scalelab.lab.diagnose.stages.base import Context, Stage
 from scalelab.lab.diagnose.stages.endpoint import (
@@ -76,7 +84,7 @@ from scalelab.lab.diagnose.stages.serve_curve import (
     searches,
     step_seconds,
 )
-from scalelab.lab.diagnose.stages.serve_search import SEARCH_CONFIRM_S
+from scalelab.lab.diagnose.stages.serve_search import SEARCH_CONFIRM_S, search_budget
 from scalelab.lab.diagnose.steps import Step, StepResult, Tagger, based, restage
 from scalelab.lab.load.capacity import step_requests
 from scalelab.lab.load.llm import result as llm_result
@@ -197,6 +205,11 @@ TARGET_CHUNK_S = CHUNK_OVERHEAD_S + 0.5 + FIRST_CHUNK_S + 2.0
 """The target's first chunk's estimated seconds: its start, a 1 s warm-up (0.5 s more than a
 later chunk's), its requests (~3 s: 10 streams of SmolLM2 on 2 quiet cores) and the quality
 probe's prompts answered one at a time (~2 s)."""
+QUIET_TARGET_RPS = 5.35
+"""Requests/s the target's first chunk delivers on a quiet 2-core machine: SmolLM2-135M at 10
+streams, 32-word prompts and 16 output tokens (the demo's), 2026-12-07 18:46 UTC at load
+1.0-1.1. What the target's deciding chunk (`decide_chunk_s`) is estimated at before the
+stage has measured its own rate; other settings' rates differ (an estimate, cut by the pace)."""
 FULL_LEVEL_CAP_S = 60.0
 """With --full (no budget), the most one llm level runs while still undecided."""
 MAX_STEP_S = 20.0
@@ -217,13 +230,62 @@ def curve_step_s(levels: int) -> float:
     return STEP_START_S + LEVEL_S * levels if levels else 0.0
 
 
+def curve_fit(levels: list[int], left_s: float, pace: float) -> list[int]:
+    """The curve points the stage's time left pays after its target is decided (pure): the
+    lowest levels (1× first, what the multiples are read against) whose curve step
+    (`curve_step_s`) times the pace fits in `left_s`. [1, 2, 5] with 17 s left at pace 1 ->
+    [1, 2] (6 + 2 x 4 = 14 s; 18 s for all three); at pace 1.5 -> [1] (15 s for two)."""
+    n = len(levels)
+    while n and curve_step_s(n) * pace > left_s:
+        n -= 1
+    return sorted(levels)[:n]
+
+
+def level_share(left_s: float, *, repeats_left: int, probes_left: int, target: bool) -> float:
+    """A decided level's part of the stage's time left (pure): the target, measured first, is
+    the decision and gets all of this repeat's part (its chunks take only what the samples
+    its share pays need, `sizing.paid_need`); a bisection's level shares it with the levels
+    still to come (`probes_left` counts it). 30 s, one repeat: the target 30 s; a bisection
+    level with 2 probes left 15 s."""
+    per_repeat = left_s / max(1, repeats_left)
+    return per_repeat if target else per_repeat / max(1, probes_left)
+
+
+def probe_pays(share_s: float, pace: float) -> bool:
+    """Whether a bisection's level is worth starting in its part of the time left (pure): its
+    first chunk (CHUNK_OVERHEAD_S and LEVEL_S for its `requests`) at the run's pace fits. 5 s
+    at pace 1.66 does not (10.8 s): a chunk that counts requests runs on to the stage's
+    deadline and measures nothing, so the bracket is left open and the time goes on."""
+    return share_s >= (CHUNK_OVERHEAD_S + LEVEL_S) * pace
+
+
+def target_concurrency(s: LlmSettings) -> int:
+    """The baseline's concurrency its target multiple decides first (`sizing.target_level`)."""
+    levels = concurrencies(s, s.baseline)
+    return int(target_level([float(c) for c in levels], min(levels) * s.target_multiple))
+
+
+def decide_chunk_s(s: LlmSettings) -> float:
+    """The target's deciding chunk's estimated seconds: the samples its latency quantiles
+    need (59 for a p95) less its first chunk's requests, at QUIET_TARGET_RPS with the sizing's
+    NEED_MARGIN, and CHUNK_OVERHEAD_S; 0 when the first chunk has them (or no quantile is an
+    objective). The demo's: 10 first requests, 49 more in 10.1 s + 2.5 s = 12.6 s. Counts
+    that need more (a 99% availability's 299) are not in it: they decide only where the
+    stage's share pays them at the rate it measures (`sizing.paid_need`)."""
+    need = max((quantile_requests_needed(q) for o in s.built_objectives()
+                if (q := quantile_of(o.metric)) is not None), default=0)
+    more = need - max(s.requests, target_concurrency(s))
+    return CHUNK_OVERHEAD_S + more / QUIET_TARGET_RPS * NEED_MARGIN if more > 0 else 0.0
+
+
 def first_step_s(s: LlmSettings, series: str) -> float:
-    """A series' fixed work's estimated seconds: the baseline's target's first chunk
-    (TARGET_CHUNK_S) and its curve step over the other levels; a candidate's one step over
-    its levels (STEP_START_S + LEVEL_S a level)."""
+    """A series' fixed work's estimated seconds: the baseline's target decided (its first
+    chunk, TARGET_CHUNK_S, and the chunk its latency quantiles need, `decide_chunk_s`) and its
+    curve step over the other levels; a candidate's one step over its levels (STEP_START_S +
+    LEVEL_S a level)."""
     n = len(concurrencies(s, series))
     if series == s.baseline and not s.url:
-        return TARGET_CHUNK_S + curve_step_s(n - 1)
+        return TARGET_CHUNK_S + decide_chunk_s(s) + curve_step_s(n - 1)
     return STEP_START_S + LEVEL_S * n
 
 
@@ -418,6 +480,7 @@ class LlmStage(Stage[LlmSettings]):
             cap = ctx.records("llm-capacity")
             search = self._search(s, base, rec, cap)
             if search is not None and levels.ok:
+                search = replace(search, budget=search_budget(ctx))
                 ctx.run(Step(stage=self.name, label=f"llm {s.url} capacity", command=search,
                              records=cap, series=s.baseline + CAPACITY, tag=tag,
                              timeout_s=900))
@@ -488,17 +551,19 @@ class LlmStage(Stage[LlmSettings]):
                       rep: int) -> None:
         """The baseline's target concurrency decided first on the running engine: its first
         chunk (the engine's warm-up and the quality probe with it) shows the rate, the next
-        is sized to the samples its undecided checks still need at that rate
-        (`sizing.size_level`), paid from the stage's share less the curve step after it;
-        when missed, the first miss is bisected over the levels under it, each sized the same
-        way (`sizing.decide_target`). The levels not measured to a decision then run in one brief
-        step of `requests` each, without the quality probe (its prompts answered one at a
-        time again; the target's record has the agreement under load): curve points."""
+        is sized to the largest count of samples its undecided checks need that the stage's
+        time left pays at that rate (`sizing.size_level`, paid_only: a p95's 59, where a 99%
+        availability's 299 is not paid and is left to a larger budget with what would decide
+        it); the target is paid first, from all the stage's time left (less the later
+        repeats'). When missed, the first miss is bisected over the levels under it, each
+        level its part of what is left (`sizing.decide_target`). The levels not measured to a
+        decision then run in one brief step of `requests` each, without the quality probe
+        (its prompts answered one at a time again; the target's record has the agreement
+        under load): curve points, as many as the time left pays (`curve_fit`)."""
         objectives = sized_by(s.built_objectives())
         levels = [float(c) for c in load.concurrency]
         decided: dict[float, Record] = {}
-        curve_s = curve_step_s(len(levels) - 1)
-        clock.reserve_s += curve_s
+        budgeted = ctx.shares.get(self.name) is not None
 
         def outcome(level: float, probes_left: int) -> Outcome:
             conc = int(level)
@@ -522,18 +587,36 @@ class LlmStage(Stage[LlmSettings]):
                                    keep=False, timeout_s=600))
                 return res.records[0] if res.records else None
 
-            share = clock.left_s() / max(1, ctx.repeats - rep) / max(1, probes_left)
+            share = level_share(clock.left_s(), repeats_left=ctx.repeats - rep,
+                                probes_left=probes_left, target=fresh)
+            if budgeted and not fresh and not probe_pays(share, ctx.pace):
+                ctx.note(f"llm: {series} at {conc} streams (the bisection for the first miss) "
+                         f"not measured: its {share:.3g} s part of the stage's time left at "
+                         f"this run's pace ({ctx.pace:.3g}× the quiet estimates) pays for less "
+                         f"than one chunk (~{(CHUNK_OVERHEAD_S + LEVEL_S) * ctx.pace:.3g} s); "
+                         "a larger --budget measures it")
+                return "undecided"
             got = size_level(chunk, objectives, first_s=FIRST_CHUNK_S, share_s=share,
                              merge=llm_result.merge_records, window=_window,
-                             overhead_s=CHUNK_OVERHEAD_S)
+                             overhead_s=CHUNK_OVERHEAD_S, paid_only=True)
             if got is None:
                 return "undecided"
             decided[level] = got
             return level_outcome(got, objectives)
 
         decide_target(levels, float(min(levels)) * s.target_multiple, outcome)
-        clock.reserve_s = max(0.0, clock.reserve_s - curve_s)
         rest = [int(x) for x in levels if x not in decided]
+        if budgeted and rest:
+            left = clock.left_s() / max(1, ctx.repeats - rep)
+            kept = curve_fit(rest, left, ctx.pace)
+            if len(kept) < len(rest):
+                cut = [x for x in rest if x not in kept]
+                ctx.note(f"llm: {series} at {cut} streams (curve points) not measured: "
+                         f"{left:.3g} s of the stage's share were left after its decision, "
+                         f"at this run's pace ({ctx.pace:.3g}× the quiet estimates) "
+                         f"{curve_step_s(len(rest)) * ctx.pace:.3g} s needed for all of "
+                         f"{rest}; a larger --budget measures them")
+            rest = kept
         curve: list[Record] = []
         if rest:
             crec = ctx.records(f"llm-{series}-{rep}-curve")
@@ -553,12 +636,21 @@ class LlmStage(Stage[LlmSettings]):
     def minimum_s(self, s: LlmSettings, repeats: int) -> float:
         if s.url:
             return FIRST_STEP_S + (CAPACITY_SEARCH_S if self._searching(s) else 0.0)
-        # the baseline's fixed work: its target's first chunk and the curve step; candidate
-        # series run from what is left (advice, not a decision), so they are not in it
+        # the baseline's fixed work: its target decided (its first chunk and the chunk its
+        # latency quantiles need) and the curve step; candidate series run from what is left
+        # (advice, not a decision), so they are not in it
         quantized = any(served_weights(s.engine_settings[x]) != "fp32" for x in s.series)
         return server_starts(s.series) * SERVER_START_S + \
             repeats * first_step_s(s, s.baseline) + \
             (QUALITY_S if s.weights_quality and quantized else 0.0)
+
+    def least_s(self, s: LlmSettings, repeats: int) -> float:
+        """Its minimum less the curve step (curve points run from what the decision leaves,
+        `curve_fit`): a budget under the minimums cuts the curve before the target."""
+        if s.url:
+            return self.minimum_s(s, repeats)
+        n = len(concurrencies(s, s.baseline))
+        return self.minimum_s(s, repeats) - repeats * curve_step_s(n - 1)
 
     def _clock(self, s: LlmSettings, ctx: Context, repeats: int) -> LevelClock:
         """The stage's level clock, started now: its share covers the first steps too."""
@@ -606,7 +698,7 @@ class LlmStage(Stage[LlmSettings]):
             got = size_level(chunk, sized_by(s.built_objectives()), first_s=MIN_CHUNK_S,
                              share_s=clock.left_s() / max(1, probes_left),
                              merge=llm_result.merge_records, window=_window,
-                             overhead_s=CHUNK_OVERHEAD_S)
+                             overhead_s=CHUNK_OVERHEAD_S, paid_only=True)
             if got is None:
                 return "undecided"
             decided[level] = got

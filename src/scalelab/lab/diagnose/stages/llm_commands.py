@@ -61,6 +61,8 @@ class LoadLlmCapacity(_LlmTarget):
     max_steps: int
     confirm: str | None = None
     """Length of the confirmation run of the answer (`load llm capacity --confirm`)."""
+    budget: str | None = None
+    """Time for the whole search (`--budget`; `serve_search.search_budget`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

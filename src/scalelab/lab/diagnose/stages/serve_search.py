@@ -30,6 +30,18 @@ by it (five steps' floor where the stage's `capacity_step` is shorter than 2 s):
 `load capacity`'s 30 s under diagnose's time budget (the outcome says so)."""
 
 
+SEARCH_START_S = 5.0
+"""A search's process start-up (python and its imports), kept out of the time it is given."""
+
+
+def search_budget(ctx: Context) -> str | None:
+    """`load capacity --budget` for a search started now: what is left of the stage's share,
+    less its start-up, so that it ends itself (its records written; an answer it had no time to
+    confirm reported so) before the stage's deadline stops it (None: no budget)."""
+    left = ctx.left_s()
+    return None if left is None else f"{max(left - SEARCH_START_S, 1.0):.1f}s"
+
+
 def confirm_length(capacity_step: str) -> str:
     """`load capacity --confirm` for a stage whose steps' floor is `capacity_step`."""
     return f"{min(SEARCH_CONFIRM_S, 5 * parse_duration(capacity_step)):g}s"
@@ -71,7 +83,7 @@ def run_search(s: ServeSettings, ctx: Context, *, stage: str, series: str, url: 
                        max_steps=s.capacity_max_steps, warmup=SEARCH_WARMUP, records=rec,
                        confirm=confirm_length(s.capacity_step),
                        payload="flights" if repo else None, model=MODEL if repo else None,
-                       model_repo=repo, data=data, **s.access())
+                       model_repo=repo, data=data, budget=search_budget(ctx), **s.access())
     ctx.run(Step(stage=stage, label=f"serve {series} capacity", command=cmd, records=rec,
                  series=series + CAPACITY,
                  tag=tag or functools.partial(restage, stage=stage), timeout_s=600))

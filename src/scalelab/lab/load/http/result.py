@@ -35,16 +35,15 @@ from scalelab.lab.load.result import (
     NOTHING_MEASURED,
     LevelResult,
     Tally,
+    chunks_usd,
     common_update,
     finite,
     merged_energy,
+    merged_extras,
     num,
-    summed,
-    tallies,
-    wall_weighted,
 )
 from scalelab.lab.load.schedule import Mode
-from scalelab.lab.load.slices import chained, merge_slices
+from scalelab.lab.load.slices import merge_slices
 from scalelab.lab.load.steady import SteadyTrace, merge_traces
 
 RATE_TOLERANCE = 0.02
@@ -318,26 +317,23 @@ def merge_records(chunks: list[Record]) -> Record:
                              "to merge")
         hist.add_blob(blob)
     last = chunks[-1]
-    extras: dict[str, Any] = {**last.extras, "mean_ms": hist.mean_ms()}
-    extras.update(summed(chunks, CHUNK_SUMMED))
-    extras.update(tallies(chunks, ("errors_by_kind", "errors_by_status")))
-    wall = sum(c.wall_s or 0.0 for c in chunks)
-    extras.update(wall_weighted(chunks, ("sent_rps", "goodput_rps", "scheduled_rps"), wall))
-    samples, successes = extras.get("samples"), extras.get("successes")
+    merged, wall = merged_extras(chunks, counts=CHUNK_SUMMED,
+                                 kinds=("errors_by_kind", "errors_by_status"),
+                                 rates=("sent_rps", "goodput_rps", "scheduled_rps"))
+    extras: dict[str, Any] = {**last.extras, "mean_ms": hist.mean_ms(), **merged}
+    successes = extras.get("successes")
     update: dict[str, Any] = {
-        **common_update(chunks, samples if isinstance(samples, int) else None),
+        **common_update(chunks, extras),
         "extras": extras,
         "latency": hist.percentiles().latency(),
         "histograms": {LATENCY_HISTOGRAM: hist.encode()},
-        "slices": chained([c.slices for c in chunks]),
         "rate": successes / wall if isinstance(successes, int) and wall > 0 else last.rate,
     }
-    costs = [c.cost for c in chunks]
-    if all(cost is not None for cost in costs):
-        usd = sum(cost.usd for cost in costs if cost is not None)
+    usd = chunks_usd(chunks)
+    if usd is not None:
         served = num(extras.get("server_responses"))
         per = usd / served * 1000.0 if served else None
-        unit = costs[-1].unit if costs[-1] is not None else None
-        update["cost"] = Cost(usd=usd, per_unit_usd=per, unit=unit)
+        update["cost"] = Cost(usd=usd, per_unit_usd=per,
+                              unit=last.cost.unit if last.cost else None)
     update["energy"] = merged_energy(chunks, update.get("cost"))
     return last.model_copy(update=update)

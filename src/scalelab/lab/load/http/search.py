@@ -15,6 +15,7 @@ from scalelab.lab.load.capacity import (
     CONFIRM_S,
     CONFIRM_VARIABLE,
     CapacityResult,
+    Deadline,
     SearchConfig,
     Step,
     StepRule,
@@ -55,10 +56,13 @@ class HttpSearch:
     """Told each result (raises when the server never answered)."""
     records: list[Record] = field(default_factory=list)
 
-    def run(self, cfg: SearchConfig, *, max_confirms: int = 3) -> CapacityResult:
-        """The search with its confirmations (none when `confirm_s` is 0)."""
+    def run(self, cfg: SearchConfig, *, max_confirms: int | None = None,
+            deadline: Deadline | None = None) -> CapacityResult:
+        """The search with its confirmations (none when `confirm_s` is 0; None: as many as
+        `confirmed_search` goes on to), within `deadline`."""
         res = confirmed_search(self.step, self.confirm, cfg,
-                               max_confirms=max_confirms if self.confirm_s > 0 else 0)
+                               max_confirms=max_confirms if self.confirm_s > 0 else 0,
+                               deadline=deadline)
         self.records = [r.model_copy(update={"extras": {**r.extras, "rate_verdict": v}})
                         for r, v in zip(self.records, rate_verdicts(res), strict=True)]
         return res

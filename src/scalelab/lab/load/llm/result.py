@@ -41,17 +41,16 @@ from scalelab.lab.load.result import (
     NOTHING_MEASURED,
     LevelResult,
     Tally,
+    chunks_usd,
     common_update,
     finite,
     merged_energy,
+    merged_extras,
     num,
-    summed,
-    tallies,
-    wall_weighted,
 )
 from scalelab.lab.load.schedule import Mode
 from scalelab.lab.load.scrape import note_limits
-from scalelab.lab.load.slices import chained, merge_slices, slice_blobs
+from scalelab.lab.load.slices import merge_slices, slice_blobs
 
 LAG_INVALID_SHARE = 0.05
 """A streaming level is invalid when more than this share of its sends were `LLM_LATE_S` late
@@ -368,8 +367,7 @@ def _merged_gauges(chunks: list[Record], last: Record) -> dict[str, Any]:
     return out
 
 
-def _merged_extras(chunks: list[Record], hists: dict[str, LatencyHistogram],
-                   wall: float) -> dict[str, Any]:
+def _merged_extras(chunks: list[Record], hists: dict[str, LatencyHistogram]) -> dict[str, Any]:
     first, last = chunks[0], chunks[-1]
     extras: dict[str, Any] = {k: v for k, v in last.extras.items() if k not in _JUDGED}
     for k in ("itl", "tpot", "e2e"):
@@ -379,9 +377,10 @@ def _merged_extras(chunks: list[Record], hists: dict[str, LatencyHistogram],
             extras[f"{k}_{q}"] = p[q]
     extras["ttft_mean_ms"] = hists["ttft"].mean_ms()
     extras["e2e_mean_ms"] = hists["e2e"].mean_ms()
-    extras.update(summed(chunks, CHUNK_SUMMED))
-    extras.update(tallies(chunks, ("errors_by_kind", "errors_by_status", "token_sources")))
-    extras.update(wall_weighted(chunks, CHUNK_RATES, wall))
+    merged, _ = merged_extras(
+        chunks, counts=CHUNK_SUMMED, kinds=("errors_by_kind", "errors_by_status", "token_sources"),
+        rates=CHUNK_RATES)
+    extras.update(merged)
     extras.update(_merged_gauges(chunks, last))
     extras["invalid_reasons"] = list(dict.fromkeys(
         x for c in chunks for x in c.extras.get("invalid_reasons") or []))
@@ -403,23 +402,19 @@ def merge_records(chunks: list[Record]) -> Record:
         return chunks[0]
     hists = _merged_histograms(chunks)
     first, last = chunks[0], chunks[-1]
-    wall = sum(c.wall_s or 0.0 for c in chunks)
-    extras = _merged_extras(chunks, hists, wall)
+    extras = _merged_extras(chunks, hists)
     limit = note_limits(extras)
-    samples = extras.get("samples")
-    update: dict[str, Any] = common_update(chunks, samples if isinstance(samples, int) else None)
+    update: dict[str, Any] = common_update(chunks, extras)
     if update["failure_rate"] is not None:
         extras["availability"] = 1.0 - update["failure_rate"]
     output_tps = num(extras.get("output_tps"))
     update.update({"extras": extras, "latency": hists["ttft"].percentiles().latency(),
                    "histograms": {k: h.encode() for k, h in hists.items()},
-                   "slices": chained([c.slices for c in chunks]),
                    "rate": output_tps if output_tps is not None else last.rate,
                    "limiting_resource": limit, "quality": first.quality})
-    costs = [c.cost for c in chunks]
     price = num((last.extras.get("cost") or {}).get("price_per_hour_usd"))
-    if all(cost is not None for cost in costs):
-        usd = sum(cost.usd for cost in costs if cost is not None)
+    usd = chunks_usd(chunks)
+    if usd is not None:
         per = cost_of(price, output_tps) if price is not None and output_tps else None
         update["cost"] = Cost(usd=usd, per_unit_usd=per, unit=last.cost.unit if last.cost
                               else None)

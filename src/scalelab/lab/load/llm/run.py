@@ -26,6 +26,7 @@ from scalelab.lab.load.capacity import (
     CONFIRM_S,
     CONFIRM_VARIABLE,
     CapacityResult,
+    Deadline,
     SearchConfig,
     Step,
     confirmed_search,
@@ -157,12 +158,13 @@ class LlmCapacity:
 def capacity(make_plan: Callable[[float, int], LlmPlan], rule: TokenStepRule,
              cfg: SearchConfig, *, on_step: Callable[[float, bool], None] | None = None,
              url: str = "", cluster: Cluster | None = None, confirm_s: float = CONFIRM_S,
-             max_confirms: int = 3) -> LlmCapacity:
+             max_confirms: int | None = None, deadline: Deadline | None = None) -> LlmCapacity:
     """Highest arrival rate meeting `rule.slo`, confirmed as `load capacity`'s answer is
     (`capacity.confirmed_search`: a `confirm_s` run at the answer, never stopped early; a failed
     one sends the search below it; 0: no confirmation). `make_plan(rate, step_index)` builds a
     step; with `cluster` each step is a cluster level and runs its full length (no early
-    stop). `on_step` is told each (rate, is a confirmation) before it runs."""
+    stop). `on_step` is told each (rate, is a confirmation) before it runs; nothing starts that
+    `deadline` leaves no time for."""
     levels: list[LlmResult] = []
 
     def measure(rate: float, confirmation: bool) -> Step:
@@ -190,7 +192,8 @@ def capacity(make_plan: Callable[[float, int], LlmPlan], rule: TokenStepRule,
 
     res = confirmed_search(functools.partial(measure, confirmation=False),
                            functools.partial(measure, confirmation=True), cfg,
-                           max_confirms=max_confirms if confirm_s > 0 else 0)
+                           max_confirms=max_confirms if confirm_s > 0 else 0,
+                           deadline=deadline)
     best = None
     if res.capacity_rps is not None:
         # The confirmation run's tokens/s where one held (the longer run), else the step's.

@@ -13,7 +13,10 @@ answer has no TPOT and counts as meeting TPOT objectives.
 The capacity step rule is `capacity.StepRule`'s, for several objectives at once: each objective
 has a Clopper-Pearson interval on its within-threshold share; any interval entirely below its
 quantile decides fail, all entirely above decide pass. ITL's gaps within one stream are not
-independent, so its interval is taken over the request count, not the gap count.
+independent, so its interval is taken over the request count, not the gap count. Availability
+is judged as `StepRule` judges it, asymmetrically, against `capacity.DEFAULT_AVAILABILITY`
+(99%) where the SLO names none: failures that decide it missed fail a step at once, and a step
+whose failure share is over that never passes on its latencies.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from scalelab.lab.core.objectives import TIMINGS, parse_terms, read_term
-from scalelab.lab.load.capacity import StopRule
+from scalelab.lab.load.capacity import DEFAULT_AVAILABILITY, StopRule
 from scalelab.lab.load.slo import LatencyObjective, ObjectiveSet
 
 Metric = Literal["ttft", "itl", "tpot", "e2e"]
@@ -214,9 +217,20 @@ class TokenStepRule(StopRule[Samples]):
                 decided_pass = False
         if len(s.ttft_us) == 0:
             return "fail", True
-        if decided_pass:
+        failing = False
+        if self.slo.availability is None:
+            # No availability objective: the default's misses still count (asymmetric).
+            errors = s.requests - len(s.ttft_us)
+            if self._missed_now(s):
+                return "fail", True
+            failing = errors / s.requests > 1.0 - DEFAULT_AVAILABILITY
+        if decided_pass and not failing:
             return "pass", True
-        return ("pass" if all(x.met for x in lines) else "fail"), False
+        return ("pass" if all(x.met for x in lines) and not failing else "fail"), False
+
+    def _missed_now(self, progress: Samples) -> bool:
+        return self.missed_availability(progress.requests - len(progress.ttft_us),
+                                        progress.requests, self.slo.availability)
 
     def _measured(self, progress: Samples) -> int:
         return progress.requests
