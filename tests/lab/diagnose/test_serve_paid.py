@@ -3,15 +3,23 @@ chunk sends the largest count of requests the share pays at the measured rate (a
 not 99.9% availability's 2,995), the level stops when the share pays none and hands the time
 on, and the first screen names the open check with the budget that would decide it."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from scalelab.lab.core.objectives import Objective
 from scalelab.lab.core.records import Record, make_record
 from scalelab.lab.core.sheet import build_sheet
+from scalelab.lab.core.units import parse_duration
 from scalelab.lab.core.verdict import StageGoal, judge
+from scalelab.lab.diagnose.commands import LoadRun
+from scalelab.lab.diagnose.config import load_config
+from scalelab.lab.diagnose.schema import Prices
 from scalelab.lab.diagnose.sizing import NEED_MARGIN, UNPAID, pending
-from scalelab.lab.diagnose.stages.serve import size_rate
+from scalelab.lab.diagnose.stages.base import Context
+from scalelab.lab.diagnose.stages.serve import STAGE, size_rate
+from scalelab.lab.diagnose.steps import Step, StepResult
 from scalelab.lab.load.histogram import LatencyHistogram
 from scalelab.lab.report.screen import RunBudget, need_note
 
@@ -84,3 +92,32 @@ def test_a_share_that_pays_availability_sizes_to_it() -> None:
     assert server.asked == [2.0, pytest.approx(2915 / RATE * NEED_MARGIN)]
     assert got.extras["sizing"]["stopped"] == "decided"
     assert got.extras["samples"] == 3287
+
+
+def test_a_users_endpoint_level_is_sized_to_what_its_share_pays(tmp_path: Path) -> None:
+    """`stages.serve.url`: each level's chunks are `load run` steps (answered here at 40
+    requests/s, instantly); a 30 s share pays the p99's 219 more requests (6.02 s), not
+    availability's 2,915 (80.2 s): two steps, the second 6.02 s, stopped unpaid."""
+    asked: list[str] = []
+
+    def run(step: Step) -> StepResult:
+        cmd = step.command
+        assert isinstance(cmd, LoadRun)
+        asked.append(cmd.duration)
+        n = round(parse_duration(cmd.duration) * RATE)
+        return StepResult(step=step, ok=True, returncode=0, wall_s=0.0,
+                          records=[_chunk_record(n, parse_duration(cmd.duration))])
+
+    def fail(step: Step, why: str) -> StepResult:
+        raise AssertionError(why)
+
+    kept: list[Record] = []
+    ctx = Context(work=tmp_path, logs=tmp_path, repeats=1, prices=Prices(), settings={},
+                  run=run, fail=fail, keep=kept.extend, shares={"serve": 30.0})
+    s = STAGE.of(load_config(None, "default")).model_copy(update={
+        "url": "http://127.0.0.1:9/v2/models/m/infer", "levels": [1.0], "base_rate": RATE,
+        "duration": "2s", "capacity": False})
+    STAGE.run(s, ctx)
+    assert asked == ["2s", f"{219 / RATE * NEED_MARGIN:.3g}s"]
+    assert [(r.extras["samples"], r.extras["sizing"]["stopped"]) for r in kept] == [
+        (321, UNPAID)]

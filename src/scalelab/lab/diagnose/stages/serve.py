@@ -451,7 +451,7 @@ class ServeStage(Stage[ServeSettings]):
                                                   prometheus=ctx.prometheus),
                           objectives=sized_by(s.built_objectives()), series=SERIES[s.baseline],
                           tag=functools.partial(_user_endpoint, note=note), rec=rec,
-                          reserve_s=CAPACITY_SEARCH_S if searching else 0.0)
+                          reserve_s=CAPACITY_SEARCH_S if searching else 0.0, paid_only=True)
         # The user's endpoint gets the reference server's capacity search too: where it
         # stops meeting the objective, which the replica advice divides the peak by
         # (not after a failed sweep: an endpoint that did not answer has no capacity).
