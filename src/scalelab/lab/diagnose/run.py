@@ -264,7 +264,7 @@ class Runner:
                 s = st.of(self.cfg)
                 name = st.name if a is None else a.name
                 self._reshare(name)
-                if (self._out_of_time(name) or self._lacks_input(st, s)) if a is None \
+                if (self._lacks_input(st, s) or self._out_of_time(name)) if a is None \
                         else self._skip_input(a):
                     self.spent[name] = 0.0
                     continue
@@ -369,7 +369,7 @@ class Runner:
         if why is None:
             return False
         self.ctx.provide(a, None)
-        self.unbuilt[a.name] = self.unbuilt[lost[0]] if lost else why
+        self.unbuilt[a.name] = why
         self.ctx.note(f"{a.name} (a shared input): not built: {why}")
         return True
 
