@@ -3,6 +3,7 @@ deadline cannot pay its start-up (servers, corpora) and its target's first chunk
 run's pace starts nothing and says the --budget that would pay it; a shared input (the
 features, the served model) that cannot fit is not built, and the stages needing it say so."""
 
+import json
 import time
 from pathlib import Path
 
@@ -131,6 +132,11 @@ def test_a_shared_input_that_cannot_fit_is_not_built_and_its_stages_say_so(
         f"features (a shared input): not built: {why}",
         "served-model (a shared input): not built: its input features was not built",
         f"serve: not measured: the shared input features did not fit ({why})"]
+    # what the first screen reads (report.screen.budget_of): the numbers, the input named
+    unpaid = json.loads((tmp_path / "out" / "run.json").read_text("utf-8"))["unpaid"]
+    assert unpaid["serve"] == {"need_s": 56.0, "left_s": 0.0, "budget_s": pytest.approx(86.0,
+                                                                                     abs=0.1),
+                               "input": "features"}
 
 
 def test_the_budget_for_a_stage_is_its_part_of_the_sized_stages(tmp_path: Path) -> None:

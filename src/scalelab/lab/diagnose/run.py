@@ -289,6 +289,7 @@ class Runner:
             "interrupted": d.interrupted,
             "budget": self.budget_report(),
             "notes": self.ctx.notes,
+            "unpaid": self.ctx.unpaid_by,
             **steps_info(d.steps),
         }
         (self.out / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n", "utf-8")
@@ -379,6 +380,8 @@ class Runner:
         lost = [a.name for a in st.needs(s) if a.name in self.unbuilt]
         if not lost:
             return False
+        if lost[0] in self.ctx.unpaid_by:
+            self.ctx.unpaid_by[st.name] = {**self.ctx.unpaid_by[lost[0]], "input": lost[0]}
         self.ctx.note(f"{st.name}: not measured: the shared input {lost[0]} did not fit "
                       f"({self.unbuilt[lost[0]]})")
         return True

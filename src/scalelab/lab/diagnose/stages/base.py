@@ -118,6 +118,9 @@ class Context:
     budget_for: Callable[[str, float], float | None] = lambda stage, more_s: None
     """The --budget that gives a stage `more_s` more seconds (`budget.budget_paying`, set by
     the runner); None: no budget."""
+    unpaid_by: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Stage or shared input -> what its start needed and had (`unpaid`): run.json's
+    `unpaid`, which the first screen reads (report.screen)."""
     _built: dict[str, Path | None] = field(default_factory=dict)
 
     def note(self, text: str) -> None:
@@ -133,6 +136,8 @@ class Context:
         if left is None or need <= left:
             return None
         more = self.budget_for(stage, need - max(0.0, left))
+        self.unpaid_by[stage] = {"need_s": round(need, 1), "left_s": round(max(0.0, left), 1),
+                                 "budget_s": more}
         pays = "a larger --budget" if more is None else f"about --budget {budget_text(more)}"
         return (f"needs ~{need:.3g} s at this run's pace ({self.pace:.3g}× the quiet "
                 f"estimate of {quiet_s:.3g} s), {max(0.0, left):.3g} s were left before its "
@@ -274,8 +279,10 @@ class FixedStage(Stage[S]):
             return False
         if ctx.deadline is not None and estimate_s * ctx.pace <= ctx.deadline - time.monotonic():
             return False  # its deadline lets it overrun its share (`budget.stage_deadline`)
-        left = ctx.left_s()
-        more = ctx.budget_for(self.name, estimate_s * ctx.pace - max(0.0, left or 0.0))
+        left = max(0.0, ctx.left_s() or 0.0)
+        more = ctx.budget_for(self.name, estimate_s * ctx.pace - left)
+        ctx.unpaid_by[self.name] = {"need_s": round(estimate_s * ctx.pace, 1),
+                                    "left_s": round(left, 1), "budget_s": more}
         pays = "a larger --budget" if more is None else f"about --budget {budget_text(more)}"
         ctx.note(f"{self.name}: not measured: its {ctx.share_s:.3g} s share at this run's pace "
                  f"({ctx.pace:.3g}× the quiet estimates) pays for less than its decision needs "
