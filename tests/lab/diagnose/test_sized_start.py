@@ -148,3 +148,28 @@ def test_the_budget_for_a_stage_is_its_part_of_the_sized_stages(tmp_path: Path) 
     part = sized["serve"] / sum(sized.values())
     assert r.ctx.budget_for("serve", 10.0) == pytest.approx(260.0 + 10.0 / part, rel=1e-12)
     assert r.ctx.budget_for("train", 10.0) == 270.0
+
+
+def test_a_shared_inputs_deadline_protects_only_the_stages_that_do_not_need_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The features stopped at 1.5× their share leave train, serve and model (which read them)
+    nothing to measure (the demo of 2026-12-07 21:12 UTC lost all three so): their deadline
+    is where the stages that do not need them (llm, retrieval, online) could no longer get
+    their leasts, at a frozen clock and pace 1."""
+    from scalelab.lab.diagnose import run as run_module
+
+    monkeypatch.setattr(time, "monotonic", lambda: NOW)
+    # 100 s of the 260 s budget gone: every later stage's least no longer fits
+    r = Runner(load_config(None, "default"), tmp_path / "out", "default", budget_s=260.0,
+               started=NOW - 100.0)
+    assert r._needing("features") == {"train", "served-model", "serve", "model"}
+    assert r._needing("served-model") == {"serve", "model"}
+    assert r._needing("train") == set()
+    r._reshare("data")  # a stage: every later stage protected, 1.5 times its share
+    assert r.ctx.share_s is not None and r.ctx.deadline == NOW + 1.5 * r.ctx.share_s
+    r._reshare("features")
+    floors = {sh.stage: sh.least_s if sh.least_s is not None else sh.minimum_s
+              for sh in r.shares}
+    end = NOW - 100.0 + 260.0 - run_module.REPORT_S
+    assert r.ctx.deadline == pytest.approx(
+        end - floors["llm"] - floors["retrieval"] - floors["online"], abs=1e-9)

@@ -253,6 +253,8 @@ def test_a_stage_that_started_nothing_says_what_it_needed_and_the_budget(
         "serve": "serve: not measured: input features needs ~56 s, had none left; about "
                  "--budget 1m30s would pay it"}
     assert unpaid_note("online", {"need_s": 44.0}) == "online: not measured: needs ~44 s"
+    assert unpaid_note("train", {"stopped_s": 9.84, "input": "features"}) == (
+        "train: not measured: input features stopped at its deadline after 9.84 s")
     v = StageVerdict(stage="llm", target_multiple=10.0, measured=False)
     assert screen_line(v, budget=got).notes == (got.unpaid["llm"],)
     assert screen_line(v).notes == ()

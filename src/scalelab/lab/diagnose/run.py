@@ -277,7 +277,9 @@ class Runner:
                     elif self.ctx.artifact(a) is None:
                         cut = [r.cut for r in self.diagnosis.steps[n0:] if r.cut is not None]
                         if cut:
-                            self.unbuilt[a.name] = f"stopped: {cut[-1]}"
+                            self.unbuilt[a.name] = cut[-1]
+                            self.ctx.unpaid_by[a.name] = {
+                                "stopped_s": round(time.monotonic() - t0, 1)}
                 finally:
                     self.spent[name] = time.monotonic() - t0
         except KeyboardInterrupt:
@@ -307,7 +309,9 @@ class Runner:
         (a fixed stage that cut its work to its share hides a slow machine from the first).
         The stage's deadline (`Context.deadline`, `budget.stage_deadline`) is `DEADLINE_SLACK`
         times its share, bounded by the later stages' leasts and the budget's end: a step
-        still running then is stopped."""
+        still running then is stopped. A shared input's deadline protects the leasts of the
+        later stages that do not need it (`needing` names those that do: stopped, it leaves
+        them nothing to measure, so they do not hold it back; `_needing`)."""
         names = [sh.stage for sh in self.shares]
         if self.budget_s is None or stage not in names:
             return
@@ -326,7 +330,8 @@ class Runner:
         self.paces[stage] = slow
         end = self.started + self.budget_s - REPORT_S * slow
         self.ctx.share_s, self.ctx.pace = share, slow
-        later_least = sum(least_at(n, slow) for n in needs[i + 1:])
+        needing = self._needing(stage)
+        later_least = sum(least_at(n, slow) for n in needs[i + 1:] if n.stage not in needing)
         self.ctx.deadline = stage_deadline(now, share, end, later_least, sized=needs[i].sized,
                                            slack=DEADLINE_SLACK)
         if share < needs[i].minimum_s * slow:
@@ -357,6 +362,13 @@ class Runner:
         weight = sum(sized.values())
         part = sized[stage] / weight if stage in sized and weight > 0 else 1.0
         return budget_paying(self.budget_s, more_s, part)
+
+    def _needing(self, name: str) -> frozenset[str]:
+        """The stages and shared inputs that read the shared input `name` (each lists every
+        input it reads); none for a stage."""
+        return frozenset(st.name if b is None else b.name for b, st in self.run_order()
+                         if any(x.name == name for x in
+                                (st.needs(st.of(self.cfg)) if b is None else b.needs)))
 
     def _skip_input(self, a: Artifact) -> bool:
         """Whether a shared input is not built: an input of its was not, or its quiet

@@ -184,6 +184,10 @@ def unpaid_note(stage: str, d: dict[str, object]) -> str:
     """'llm: not measured: needs ~52.5 s, had 20 s; about --budget 6m30s would pay it' (a
     shared input's: 'input features needs ...'): seconds at this run's pace (pure)."""
     need, left, total = d.get("need_s"), d.get("left_s"), d.get("budget_s")
+    stopped = d.get("stopped_s")
+    if isinstance(stopped, int | float):  # a shared input stopped at its deadline
+        return (f"{stage}: not measured: input {d.get('input')} stopped at its deadline "
+                f"after {format_duration(float(stopped))}")
     what = f"input {d['input']} needs" if d.get("input") else "needs"
     line = f"{stage}: not measured: {what} ~{format_duration(float(need))}" \
         if isinstance(need, int | float) else f"{stage}: not measured"
