@@ -6,6 +6,7 @@ Run: .venv/bin/python benchmarks/bench_serve.py [--parts closed,capacity,tail,re
         [--only scalelab,bare,fastapi,litserve,mlserver] [--hidden 128,128] [--repeats 1]
         [--slo "p95<50ms"] [--pin] [--capacity RPS] [--out FILE]
         [--confirm 10] [--min-rate RPS] [--budget S] [--max-steps 16] [--max-step 6]
+        [--resume-start]
      .venv/bin/python benchmarks/bench_serve.py --net minilm --parts capacity [--tokens 32] [--text]
 
 Parts (each prints a markdown table; the load average is printed beside every number):
@@ -705,7 +706,8 @@ def closed_loop(url: str, seconds: float, conns: int, lua: Path, jsonl: Path) ->
             "rps": lv["throughput_rps"], "non_2xx": lv["failures"], "socket_errors": ""}
 
 
-def capacity(url: str, jsonl: Path, slo: str, args: argparse.Namespace) -> dict[str, Any]:
+def capacity(url: str, jsonl: Path, slo: str, args: argparse.Namespace,
+             start: float | None = None) -> dict[str, Any]:
     """One `scalelab load capacity` search, confirmed (--confirm: a full-length run at the
     answer; a failed one sends the search lower until one holds): the searched and the
     confirmed rate, and the last confirmation's SLO quantile and served rate."""
@@ -713,7 +715,7 @@ def capacity(url: str, jsonl: Path, slo: str, args: argparse.Namespace) -> dict[
     extra = [*(["--min-rate", f"{args.min_rate:g}"] if args.min_rate else []),
              *(["--budget", f"{args.budget:g}s"] if args.budget else [])]
     doc = scalelab_load("capacity", url + INFER, "--slo", slo, "--requests-file", str(jsonl),
-                        "--start", str(args.start), "--min-step", "2s",
+                        "--start", f"{start or args.start:g}", "--min-step", "2s",
                         "--max-step", f"{args.max_step:g}s", "--precision", "5%",
                         "--max-steps", str(args.max_steps), "--warmup", "0.5s",
                         "--confirm", f"{args.confirm:g}s", *extra, ok=(0, 1))
@@ -728,10 +730,16 @@ def capacity(url: str, jsonl: Path, slo: str, args: argparse.Namespace) -> dict[
             # the last confirmation run: its rate, SLO quantile (p95) and served rate
             "confirm": {k: last.get(k) for k in ("rate", "verdict", "valid", "quantile_ms",
                                                   "throughput_rps", "requests", "wall_s")},
-            "seconds": round(time.monotonic() - t0, 1),
+            "start": start or args.start, "seconds": round(time.monotonic() - t0, 1),
             # each step's rate, verdict and validity: why a search ended unconverged
             "step_log": [{k: st.get(k) for k in ("rate", "verdict", "valid", "quantile_ms",
                                                   "confirmation")} for st in doc["steps"]]}
+
+
+def repeat_start(start: float, first: float | None) -> float:
+    """--resume-start: a repeat's first rate, half the server's first confirmed rate (fewer
+    doubling steps to its knee), never below --start (so --min-rate still holds)."""
+    return max(start, first / 2) if first else start
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -916,7 +924,9 @@ def part_capacity(args: argparse.Namespace, work: Path, weights: Path, jsonl: Pa
         for r in range(args.repeats):
             order = list(servers) if r % 2 == 0 else list(servers)[::-1]
             for n in order:
-                c = capacity(servers[n].url, jsonl, args.slo, args)
+                first = found[n][0]["confirmed_rps"] if found[n] else None
+                c = capacity(servers[n].url, jsonl, args.slo, args,
+                             repeat_start(args.start, first) if args.resume_start else None)
                 found[n].append(c)
                 print(f"  [{r + 1}/{args.repeats}] {n:12s} {c['answer']}; {c['seconds']:.0f} s,"
                       f" load {c['load']}", file=sys.stderr)
@@ -1118,6 +1128,10 @@ def main() -> None:
                          "server's median confirmed rate, 0 skips it)")
     ap.add_argument("--confirm", type=float, default=10.0,
                     help="capacity searches: length of the confirmation run at the answer (s)")
+    ap.add_argument("--resume-start", action="store_true",
+                    help="capacity part: repeats after the first start each server's search at "
+                         "half its first confirmed rate (fewer doubling steps; each repeat still "
+                         "a whole search, on another grid of rates)")
     ap.add_argument("--min-rate", type=float, default=None,
                     help="capacity searches: never offer less (default: --start / 64)")
     ap.add_argument("--budget", type=float, default=None,

@@ -39,3 +39,10 @@ def test_unconfirmed_peer_has_no_ratio_and_unconfirmed_ours_is_zero(bench: Modul
     out = bench.paired_ratios([None, 600.0, 800.0], [100.0, None, 400.0])
     assert out == {"ratios": [0.0, 2.0], "undefined": 1, "median": 1.0, "min": 0.0, "max": 2.0}
     assert bench.paired_ratios([500.0], [None]) == {"ratios": [], "undefined": 1}
+
+
+def test_repeat_starts_at_half_the_first_confirmed_rate_never_below_start(
+        bench: ModuleType) -> None:
+    assert bench.repeat_start(200.0, 5000.0) == 2500.0
+    assert bench.repeat_start(200.0, 300.0) == 200.0  # half is 150: --start stays the floor
+    assert bench.repeat_start(200.0, None) == 200.0  # nothing confirmed: a whole search again
