@@ -733,7 +733,8 @@ def capacity(url: str, jsonl: Path, slo: str, args: argparse.Namespace,
             "start": start or args.start, "seconds": round(time.monotonic() - t0, 1),
             # each step's rate, verdict and validity: why a search ended unconverged
             "step_log": [{k: st.get(k) for k in ("rate", "verdict", "valid", "quantile_ms",
-                                                  "confirmation")} for st in doc["steps"]]}
+                                                  "wall_s", "confirmation")}
+                         for st in doc["steps"]]}
 
 
 def repeat_start(start: float, first: float | None) -> float:
