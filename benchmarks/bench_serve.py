@@ -3,6 +3,7 @@ FastAPI, LitServe, MLServer, Triton), all serving the same TabularNet weights, s
 one run.
 
 Run: .venv/bin/python benchmarks/bench_serve.py [--parts closed,capacity,tail,replicas]
+        [--parts instructions]
         [--only scalelab,bare,fastapi,litserve,mlserver] [--hidden 128,128] [--repeats 1]
         [--slo "p95<50ms"] [--pin] [--capacity RPS] [--out FILE]
         [--confirm 10] [--min-rate RPS] [--budget S] [--max-steps 16] [--max-step 6]
@@ -16,6 +17,9 @@ Parts (each prints a markdown table; the load average is printed beside every nu
   the table says so), scalelab against the bare ASGI app — a Starlette app on the same uvicorn
   settings (web.runner: httptools + uvloop when installed) that parses the same JSON body and
   returns a fixed OIP response. Sides alternate, --repeats times; the ratio is per pair.
+- instructions: bare, scalelab (and --before) under valgrind's callgrind, wrk -t1 as in
+  closed: user-space instructions per request, a count the machine's load does not move
+  (Debian: apt-get install -y valgrind).
 - capacity: each server's max rate at the SLO by the project's capacity search
   (`scalelab load capacity`: exponential steps then bisection, each step stopped by its
   confidence rule), confirmed by a --confirm s run at the answer (a failed confirmation sends
@@ -105,6 +109,8 @@ BEFORE: list[Path] = []
 """--before SRC: the closed part adds a "before" row, scalelab (runtime as --runtime) run from
 another checkout's src/ (e.g. `git archive main src | tar -x -C /tmp/main`), alternated with
 the others in the same run: a change's effect against the same bare app and machine state."""
+WRAP: list[str] = []
+"""The instructions part: the command every server's own is prefixed with (valgrind)."""
 PEER_NAMES = ("fastapi", "litserve", "mlserver")
 ORT = "-ort"
 """A peer's name with this suffix runs the ONNX graph scalelab serves (fastapi-ort, ...)."""
@@ -394,7 +400,11 @@ def make_repo(work: Path, name: str, max_batch: int, runtime: str = "auto") -> P
                    {"name": "numeric", "datatype": "FP32", "shape": [-1, 14]}],
         "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, 4]},
                     {"name": "label", "datatype": "INT64", "shape": [-1]}],
-        **batching(max_batch), "runtime": runtime})
+        **batching(max_batch), "runtime": runtime,
+        # under valgrind every batch takes ~50x its CPU time: the inline threshold (CPU per
+        # batch, see serve.worker.InlinePolicy) raised so the batches run where a real run
+        # puts them, on the event loop
+        **({"inline_below_ms": 1000.0} if WRAP else {})})
     return repo
 
 
@@ -602,6 +612,8 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
         raise SystemExit(f"unknown server {name}; choose from {', '.join(LABELS)}")
     # its own session: stop() signals the whole group, so a peer's spawned workers (LitServe's
     # uvicorn processes) cannot outlive it and load the machine for the next measurements
+    if WRAP:  # the instructions part: the server runs under valgrind (callgrind)
+        cmd = [*WRAP, f"--callgrind-out-file={work / (label or name)}.callgrind", *cmd]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work,
                             start_new_session=True, preexec_fn=_pinned("server"))
     url = f"http://127.0.0.1:{port}"
@@ -610,7 +622,8 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
     from scalelab.lab.diagnose.stages.serve_sweep import worker_pids
 
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 180:
+    limit = 900 if WRAP else 180  # valgrind runs the imports some 20x slower
+    while time.monotonic() - t0 < limit:
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited {proc.returncode}; see {log.name}")
         try:
@@ -622,7 +635,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
             pass
         time.sleep(0.2)
     stop(proc)
-    raise RuntimeError(f"{name} not ready in 180 s; see {log.name}")
+    raise RuntimeError(f"{name} not ready in {limit} s; see {log.name}")
 
 
 def _pinned(role: str) -> Callable[[], None] | None:
@@ -880,6 +893,54 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
             "median_ratio": statistics.median(ratios["scalelab"]),
             "torch_median_ratio": statistics.median(ratios["torch"]), "cpu_ratio": cpu,
             "median_cpu_us_per_req": med_cpu}
+
+
+def part_instructions(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
+                      jsonl: Path) -> dict[str, Any]:
+    """User-space instructions per request (valgrind's callgrind, counting only while wrk
+    runs): the closed part's comparison with a count the machine's load does not move —
+    on a shared 2-core box the req/s ratio of one pair swings by half between repeats. Not
+    the kernel's share (socket writes and reads, the same for every server), and the
+    servers run some 50x slower (batches still form: 16 connections wait on them; the inline
+    threshold is raised so they compute on the loop, where a real run puts them)."""
+    if not all(shutil.which(t) for t in ("valgrind", "callgrind_control", "wrk")):
+        raise SystemExit("--parts instructions needs valgrind and wrk: apt-get install -y "
+                         "valgrind wrk")
+    WRAP[:] = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+    names = ("bare", "scalelab") + (("before",) if BEFORE else ())
+    rows: dict[str, dict[str, Any]] = {}
+    try:
+        for n in names:
+            s = start(n, work, weights)
+            try:
+                closed_loop(s.url, 5, args.connections, lua, jsonl)  # warm, not counted
+                subprocess.run(["callgrind_control", "-i", "on", str(s.proc.pid)],
+                               capture_output=True, timeout=300, check=True)
+                res = closed_loop(s.url, args.closed_seconds * 4, args.connections, lua,
+                                  jsonl)
+                subprocess.run(["callgrind_control", "-i", "off", str(s.proc.pid)],
+                               capture_output=True, timeout=300, check=True)
+            finally:
+                stop(s.proc)
+            text = (work / f"{n}-1x1.log").read_text(errors="replace")
+            refs = re.findall(r"refs:\s+([\d,]+)", text)
+            answered = res["rps"] * args.closed_seconds * 4
+            if not refs or not answered:
+                raise RuntimeError(f"{n}: no callgrind count or no answers; see {n}-1x1.log")
+            rows[n] = {"requests": answered, "non_2xx": res["non_2xx"],
+                       "instructions_per_req": int(refs[-1].replace(",", "")) / answered,
+                       "load": load_avg()}
+    finally:
+        WRAP.clear()
+    print(f"\nuser-space instructions per request under valgrind (callgrind), wrk -t1 "
+          f"-c{args.connections}, counted over {args.closed_seconds * 4:g} s after a 5 s warm-up\n")
+    _row(["server", "requests", "k instructions / request", "bare / server", "load avg"])
+    _row(["---", "---:", "---:", "---:", "---"])
+    bare = rows["bare"]["instructions_per_req"]
+    for n, r in rows.items():
+        _row([n, f"{r['requests']:.0f}", f"{r['instructions_per_req'] / 1000:.1f}",
+              f"{bare / r['instructions_per_req']:.2f}", r["load"]])
+    return rows
 
 
 def brackets(runs: list[dict[str, Any]]) -> str:
@@ -1210,6 +1271,8 @@ def main() -> None:
         jsonl, lua = write_inputs(work, payloads)
         if "closed" in parts:
             results["closed"] = part_closed(args, work, weights, lua, jsonl)
+        if "instructions" in parts:
+            results["instructions"] = part_instructions(args, work, weights, lua, jsonl)
         cap = args.capacity
         if "capacity" in parts:
             results["capacity"] = part_capacity(args, work, weights, jsonl,
