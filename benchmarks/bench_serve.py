@@ -1040,7 +1040,8 @@ def capacity_table(args: argparse.Namespace, out: dict[str, Any]) -> None:
                 ">=" if c["generator_limit_rps"] and c["confirmed_rps"] else "") + (
                 f"{c['confirmed_rps']:.0f}" if c["confirmed_rps"] else "none") +
             f" ({_ms(c['confirm']['quantile_ms'])}, "
-            f"{c['confirm']['throughput_rps'] or 0:.0f})"
+            f"{c['confirm']['throughput_rps'] or 0:.0f}"
+            + (", not offered" if c["confirm"]["valid"] is False else "") + ")"
             + (f" x{c['confirmations']}" if c["confirmations"] > 1 else "")
             for c in r["runs"])
         at = r["at_capacity"] or {}
@@ -1051,7 +1052,8 @@ def capacity_table(args: argparse.Namespace, out: dict[str, Any]) -> None:
           f"{args.max_steps}); '-': no rate failed; xK: K confirmation runs (the earlier "
           "ones failed, or the generator could not offer them); 'none': no confirmation held "
           "(rate 0 in the median); '>=': the generator's limit, not the server's (it could not "
-          "offer the next rate, which the server passed): a lower bound")
+          "offer the next rate, which the server passed): a lower bound; 'not offered': the last "
+          "confirmation's rate the generator could not hold (invalid)")
 
 
 def capacity_ratios(out: dict[str, Any]) -> dict[str, Any]:
