@@ -14,8 +14,11 @@ GuideLLM's json_file {"prompt", "output_tokens_count"}, AIPerf's single_turn {"t
 "output_length"} — so all three send the very same prompts with the same max_tokens (and
 ignore_eos), none reading ShareGPT itself. The server: `scalelab generate serve --model tiny`
 (the seeded test model of SmolLM2's architecture) or smollm2-135m, one process on 127.0.0.1,
-restarted for each tool. Each tool sends the requests once at --rate req/s, Poisson arrivals,
-no warm-up dropped (the same requests for all), and each tool's own figures are read from its
+restarted for each tool. Each tool sends the requests once at --rate req/s, Poisson arrivals
+(ours and AIPerf by their own generators; GuideLLM replays a Poisson schedule drawn here with
+seed 0, since its 0.8.1 poisson profile sends every request at once), no warm-up dropped (the
+same requests for all), and the span of each peer's own send stamps is printed (a burst shows
+as ~0 s instead of ~requests/rate). Each tool's own figures are read from its
 per-request records: TTFT (from its send stamp; ours from the due time) and the per-request
 inter-token time (our TPOT = (e2e − TTFT)/(out − 1), which GuideLLM and AIPerf call ITL), p50,
 p95 and p99. Targets (issue #48): p50 and p95 within 5% of each peer's, p99 within 10%.
@@ -54,7 +57,19 @@ QS = (50, 95, 99)
 TARGET = {50: 0.05, 95: 0.05, 99: 0.10}
 
 
-def write_requests(work: Path, n: int, max_output: int) -> dict[str, Path]:
+def poisson_offsets(n: int, rate: float) -> list[float]:
+    """n Poisson arrival offsets (s) at `rate`, seed 0: GuideLLM's replay schedule."""
+    import random
+
+    rng = random.Random(0)
+    out, t = [], 0.0
+    for _ in range(n):
+        out.append(round(t, 6))
+        t += rng.expovariate(rate)
+    return out
+
+
+def write_requests(work: Path, n: int, max_output: int, rate: float) -> dict[str, Path]:
     from scalelab.lab.load.llm.dataset import load_dataset
 
     ds = load_dataset("sharegpt", n, seed=0, tokenizer=None)
@@ -66,8 +81,11 @@ def write_requests(work: Path, n: int, max_output: int) -> dict[str, Path]:
              "aiperf": work / "aiperf.jsonl"}
     files["ours"].write_text("".join(json.dumps({"prompt": t, "output_tokens": o}) + "\n"
                                      for t, o in rows))
+    # GuideLLM 0.8.1's own poisson profile sends every request at once (see guidellm()):
+    # it replays the same process instead, drawn here (seed 0), at each row's offset.
     files["guidellm"].write_text("".join(
-        json.dumps({"prompt": t, "output_tokens_count": o}) + "\n" for t, o in rows))
+        json.dumps({"prompt": t, "output_tokens_count": o, "relative_timestamp": at}) + "\n"
+        for (t, o), at in zip(rows, poisson_offsets(len(rows), rate), strict=True)))
     files["aiperf"].write_text("".join(
         json.dumps({"type": "single_turn", "text": t, "output_length": o}) + "\n"
         for t, o in rows))
@@ -131,8 +149,11 @@ def served(url: str) -> dict[str, float]:
     return out
 
 
-def figures(ttft: list[float], tpot: list[float], n_ok: int, sent: int) -> dict[str, Any]:
-    return {"ok": n_ok, "sent": sent,
+def figures(ttft: list[float], tpot: list[float], n_ok: int, sent: int,
+            starts: list[float]) -> dict[str, Any]:
+    """The tool's figures; `starts`: its own send stamps (s), whose span shows whether it
+    sent on a Poisson schedule at all (60 at 2 req/s: ~30 s) or in a burst."""
+    return {"ok": n_ok, "sent": sent, "send_span_s": max(starts) - min(starts) if starts else None,
             **{f"ttft_p{q}_ms": pctl(ttft, q) for q in QS},
             **{f"tpot_p{q}_ms": pctl(tpot, q) for q in QS}}
 
@@ -148,7 +169,7 @@ def ours(url: str, data: Path, n: int, rate: float, work: Path) -> dict[str, Any
         raise SystemExit(f"load llm failed ({out.returncode}): {out.stderr[-2000:]}")
     lv = json.loads(out.stdout)["levels"][0]
     # Its histograms' own quantiles (nearest rank), TTFT from the due time.
-    return {"ok": lv["successes"], "sent": lv["requests"],
+    return {"ok": lv["successes"], "sent": lv["requests"], "send_span_s": None,
             **{f"ttft_p{q}_ms": lv["ttft"][f"p{q}_ms"] for q in QS},
             **{f"tpot_p{q}_ms": lv["tpot"][f"p{q}_ms"] for q in QS},
             "itl_gap_p50_ms": lv["itl"]["p50_ms"], "lag_p99_ms": lv["lag"]["p99_ms"]}
@@ -157,9 +178,13 @@ def ours(url: str, data: Path, n: int, rate: float, work: Path) -> dict[str, Any
 def guidellm(exe: Path, url: str, data: Path, n: int, rate: float, work: Path
              ) -> dict[str, Any]:
     out = work / "guidellm.json"
+    # Not `--profile kind=poisson`: in GuideLLM 0.8.1 it sent all 60 requests within 0.15 s
+    # (its records' targeted_start ran from -1.0 s up, the Poisson offset never set to the
+    # start time), so the server queued them all. `replay` honours the same Poisson process's
+    # offsets (write_requests), each request within ~0.1 s of its own.
     cmd = [*PIN["tool"], str(exe), "run", "--backend",
            f"kind=openai_http,target={url},model={model_id(url)}",
-           "--profile", f"kind=poisson,rate={rate:g}", "--constraint",
+           "--profile", "kind=replay", "--constraint",
            f"kind=max_requests,count={n}", "--data", f"kind=json_file,path={data}",
            "--tokenizer", f"kind=huggingface_auto,model={tokenizer_dir()}",
            "--output", f"kind=json,path={out}", "--disable-console-interactive"]
@@ -173,9 +198,11 @@ def guidellm(exe: Path, url: str, data: Path, n: int, rate: float, work: Path
     ok = [r for r in reqs.get("successful") or []
           if r.get("time_to_first_token_ms") is not None]
     sent = sum(len(reqs.get(k) or []) for k in ("successful", "errored", "incomplete"))
+    starts = [r["info"]["timings"]["request_start"] for r in ok
+              if r["info"]["timings"].get("request_start") is not None]
     return figures([r["time_to_first_token_ms"] for r in ok],
                    [r["inter_token_latency_ms"] for r in ok
-                    if r.get("inter_token_latency_ms") is not None], len(ok), sent)
+                    if r.get("inter_token_latency_ms") is not None], len(ok), sent, starts)
 
 
 def aiperf(exe: Path, url: str, data: Path, n: int, rate: float, work: Path) -> dict[str, Any]:
@@ -195,7 +222,7 @@ def aiperf(exe: Path, url: str, data: Path, n: int, rate: float, work: Path) -> 
     if res.returncode != 0 or not per.exists():
         raise SystemExit(f"aiperf failed ({res.returncode}):\n{res.stdout[-3000:]}\n"
                          f"{res.stderr[-3000:]}")
-    ttft, itl, sent = [], [], 0
+    ttft, itl, starts, sent = [], [], [], 0
     for ln in per.read_text().splitlines():
         if not ln.strip():
             continue
@@ -203,12 +230,14 @@ def aiperf(exe: Path, url: str, data: Path, n: int, rate: float, work: Path) -> 
         if r["metadata"].get("benchmark_phase") != "profiling":
             continue
         sent += 1
+        if r["metadata"].get("request_start_ns") is not None:
+            starts.append(r["metadata"]["request_start_ns"] / 1e9)
         m = r.get("metrics", {})
         if isinstance(m.get("time_to_first_token"), dict):
             ttft.append(float(m["time_to_first_token"]["value"]))
         if isinstance(m.get("inter_token_latency"), dict):
             itl.append(float(m["inter_token_latency"]["value"]))
-    return figures(ttft, itl, len(ttft), sent)
+    return figures(ttft, itl, len(ttft), sent, starts)
 
 
 def main() -> None:
@@ -232,7 +261,7 @@ def main() -> None:
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        files = write_requests(work, a.requests, a.max_output)
+        files = write_requests(work, a.requests, a.max_output, a.rate)
         for tool in ["ours", *peers]:
             proc, url = start_server(a.model)
             try:
@@ -259,9 +288,9 @@ def main() -> None:
     print(f"{a.requests} ShareGPT requests, Poisson {a.rate:g} req/s, generate serve "
           f"--model {a.model}, outputs capped at {a.max_output} tokens"
           + (", server on CPU 1 and each tool on CPU 0" if a.pin else ""))
-    print("| tool | ok/sent | " + " | ".join(cols)
+    print("| tool | ok/sent | sends span s | " + " | ".join(cols)
           + " | server: prompt / generated tokens | tool CPU s | load average (start, end) |")
-    print("|---|---|" + "---|" * len(cols) + "---|---|---|")
+    print("|---|---|---|" + "---|" * len(cols) + "---|---|---|")
     for tool, r in rows.items():
         cells = []
         for c in cols:
@@ -273,7 +302,9 @@ def main() -> None:
                 cell += f" ({ratio:.3f}{' ✓' if abs(ratio - 1) <= TARGET[q] else ' ✗'})"
             cells.append(cell)
         sv = r["server"]
-        print(f"| {tool} | {r['ok']}/{r['sent']} | " + " | ".join(cells)
+        span = (f"lag p99 {r['lag_p99_ms']:.3g} ms" if tool == "ours"
+                else "-" if r.get("send_span_s") is None else f"{r['send_span_s']:.3g}")
+        print(f"| {tool} | {r['ok']}/{r['sent']} | {span} | " + " | ".join(cells)
               + f" | {sv.get('prompt_tokens_total', 0):.0f} / "
               f"{sv.get('generation_tokens_total', 0):.0f} | {r['tool_cpu_s']:.3g} | "
               f"{r['load'][0]:.2f}, {r['load_after'][0]:.2f} |")
