@@ -172,6 +172,10 @@ class LlmStage(Stage[LlmSettings]):
                      "series); a larger --budget runs them")
             s = s.model_copy(update={"series": [s.baseline]})
         model = resolve_model(s.model)
+        first = s.series[:TOGETHER]
+        if ctx.unpaid_start(self.name, f"starting its {len(first)} engine server(s)",
+                            SERVER_START_S + TARGET_CHUNK_S):
+            return
         clock = self._clock(s, ctx, ctx.repeats)
         weights = {x: served_weights(s.engine_settings[x]) for x in s.series}
         quality = measure(ctx, stage=self.name, model=model,

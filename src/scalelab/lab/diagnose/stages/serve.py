@@ -293,7 +293,11 @@ class ServeStage(Stage[ServeSettings]):
         traced = web_trace.available()
         planned = [self._batching_server(s, ctx, repo, setting, traced=traced)
                    for setting in s.batching]
-        servers = start_all([*planned, *sweep_servers(s, ctx, repo, cores=cores)])
+        planned += sweep_servers(s, ctx, repo, cores=cores)
+        if ctx.unpaid_start(self.name, f"starting its {len(planned)} server(s)",
+                            self.start_s(s, planned, cores)):
+            return
+        servers = start_all(planned)
         try:
             self._settings(s, ctx, clock, servers, repo=repo, data=test_rows, traced=traced,
                            cores=cores)
@@ -483,6 +487,14 @@ class ServeStage(Stage[ServeSettings]):
                                        usd=ctx.prices.core_hour_usd, repeat=rep),
                  timeout_s=600, keep=False))
         return res.records[0] if res.records else None
+
+    def start_s(self, s: ServeSettings, planned: list[Planned], cores: int) -> float:
+        """Quiet seconds before its first decision: the planned servers' start (a multi-worker
+        server is its master and its workers, each an interpreter's start) and its first
+        step over the levels, the target's among them (pure)."""
+        processes = sum(p.workers + (p.workers > 1) for p in planned)
+        level_s = parse_duration(s.duration) + WARMUP_S
+        return servers_start_s(processes, cores) + STEP_START_S + len(s.levels) * level_s
 
     def _after_levels_s(self, s: ServeSettings, cores: int) -> float:
         """Seconds of the stage's fixed work after its levels: the capacity searches and the
