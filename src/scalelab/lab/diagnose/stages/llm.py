@@ -58,6 +58,7 @@ from scalelab.lab.diagnose.stages.llm_sizing import (
     LEVEL_S,
     MAX_STEP_S,
     MIN_CHUNK_S,
+    TARGET_CHUNK_S,
     chunk_window,
     concurrencies,
     curve_fit,
