@@ -3,8 +3,11 @@ FastAPI, LitServe, MLServer, Triton), all serving the same TabularNet weights, s
 one run.
 
 Run: .venv/bin/python benchmarks/bench_serve.py [--parts closed,capacity,tail,replicas]
+        [--parts instructions]
         [--only scalelab,bare,fastapi,litserve,mlserver] [--hidden 128,128] [--repeats 1]
         [--slo "p95<50ms"] [--pin] [--capacity RPS] [--out FILE]
+        [--confirm 10] [--min-rate RPS] [--budget S] [--max-steps 16] [--max-step 6]
+        [--resume-start]
      .venv/bin/python benchmarks/bench_serve.py --net minilm --parts capacity [--tokens 32] [--text]
 
 Parts (each prints a markdown table; the load average is printed beside every number):
@@ -14,9 +17,15 @@ Parts (each prints a markdown table; the load average is printed beside every nu
   the table says so), scalelab against the bare ASGI app — a Starlette app on the same uvicorn
   settings (web.runner: httptools + uvloop when installed) that parses the same JSON body and
   returns a fixed OIP response. Sides alternate, --repeats times; the ratio is per pair.
+- instructions: bare, scalelab (and --before) under valgrind's callgrind, wrk -t1 as in
+  closed: user-space instructions per request, a count the machine's load does not move
+  (Debian: apt-get install -y valgrind).
 - capacity: each server's max rate at the SLO by the project's capacity search
   (`scalelab load capacity`: exponential steps then bisection, each step stopped by its
-  confidence rule), then one open-loop level at that rate for p50/p95/p99. Rows: every server
+  confidence rule), confirmed by a --confirm s run at the answer (a failed confirmation sends
+  the search lower until one holds); --repeats searches per server, alternating order, give
+  the median and range of the confirmed rates and of each ratio (repeat by repeat); then one
+  open-loop level at the median for p50/p95/p99 (--level-seconds 0 skips it). Rows: every server
   in --only (default all): scalelab as a user gets it (runtime auto: ONNX Runtime), scalelab
   on eager torch ("torch"), scalelab with max_batch_size 1 ("nobatch"), the bare app (the
   limit: no model, no validation), and each peer twice: on eager torch (its usual form) and
@@ -100,6 +109,8 @@ BEFORE: list[Path] = []
 """--before SRC: the closed part adds a "before" row, scalelab (runtime as --runtime) run from
 another checkout's src/ (e.g. `git archive main src | tar -x -C /tmp/main`), alternated with
 the others in the same run: a change's effect against the same bare app and machine state."""
+WRAP: list[str] = []
+"""The instructions part: the command every server's own is prefixed with (valgrind)."""
 PEER_NAMES = ("fastapi", "litserve", "mlserver")
 ORT = "-ort"
 """A peer's name with this suffix runs the ONNX graph scalelab serves (fastapi-ort, ...)."""
@@ -389,7 +400,11 @@ def make_repo(work: Path, name: str, max_batch: int, runtime: str = "auto") -> P
                    {"name": "numeric", "datatype": "FP32", "shape": [-1, 14]}],
         "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, 4]},
                     {"name": "label", "datatype": "INT64", "shape": [-1]}],
-        **batching(max_batch), "runtime": runtime})
+        **batching(max_batch), "runtime": runtime,
+        # under valgrind every batch takes ~50x its CPU time: the inline threshold (CPU per
+        # batch, see serve.worker.InlinePolicy) raised so the batches run where a real run
+        # puts them, on the event loop
+        **({"inline_below_ms": 1000.0} if WRAP else {})})
     return repo
 
 
@@ -597,6 +612,8 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
         raise SystemExit(f"unknown server {name}; choose from {', '.join(LABELS)}")
     # its own session: stop() signals the whole group, so a peer's spawned workers (LitServe's
     # uvicorn processes) cannot outlive it and load the machine for the next measurements
+    if WRAP:  # the instructions part: the server runs under valgrind (callgrind)
+        cmd = [*WRAP, f"--callgrind-out-file={work / (label or name)}.callgrind", *cmd]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work,
                             start_new_session=True, preexec_fn=_pinned("server"))
     url = f"http://127.0.0.1:{port}"
@@ -605,7 +622,8 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
     from scalelab.lab.diagnose.stages.serve_sweep import worker_pids
 
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 180:
+    limit = 900 if WRAP else 180  # valgrind runs the imports some 20x slower
+    while time.monotonic() - t0 < limit:
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited {proc.returncode}; see {log.name}")
         try:
@@ -617,7 +635,7 @@ def start(name: str, work: Path, weights: Path, *, workers: int = 1, threads: in
             pass
         time.sleep(0.2)
     stop(proc)
-    raise RuntimeError(f"{name} not ready in 180 s; see {log.name}")
+    raise RuntimeError(f"{name} not ready in {limit} s; see {log.name}")
 
 
 def _pinned(role: str) -> Callable[[], None] | None:
@@ -668,12 +686,15 @@ def write_inputs(work: Path, payloads: list[str]) -> tuple[Path, Path]:
     return jsonl, lua
 
 
-def scalelab_load(*args: str, timeout: float = 900) -> dict[str, Any]:
+def scalelab_load(*args: str, timeout: float = 900, ok: tuple[int, ...] = (0,)
+                  ) -> dict[str, Any]:
+    """`scalelab load ... --json`'s document; `ok`: the exit statuses that still carry one
+    (capacity exits 1 when no confirmation held, its document saying why)."""
     cmd = [sys.executable, "-m", "scalelab", "load", *args, "--json"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
                        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
                        preexec_fn=_pinned("client"))
-    if p.returncode != 0:
+    if p.returncode not in ok or not p.stdout.strip():
         raise RuntimeError(f"scalelab load {' '.join(args[:3])} failed: {p.stderr[-600:]}")
     return dict(json.loads(p.stdout))
 
@@ -698,16 +719,56 @@ def closed_loop(url: str, seconds: float, conns: int, lua: Path, jsonl: Path) ->
             "rps": lv["throughput_rps"], "non_2xx": lv["failures"], "socket_errors": ""}
 
 
-def capacity(url: str, jsonl: Path, slo: str, args: argparse.Namespace) -> dict[str, Any]:
+def capacity(url: str, jsonl: Path, slo: str, args: argparse.Namespace,
+             start: float | None = None) -> dict[str, Any]:
+    """One `scalelab load capacity` search, confirmed (--confirm: a full-length run at the
+    answer; a failed one sends the search lower until one holds): the searched and the
+    confirmed rate, and the last confirmation's SLO quantile and served rate."""
+    t0 = time.monotonic()
+    extra = [*(["--min-rate", f"{args.min_rate:g}"] if args.min_rate else []),
+             *(["--budget", f"{args.budget:g}s"] if args.budget else [])]
     doc = scalelab_load("capacity", url + INFER, "--slo", slo, "--requests-file", str(jsonl),
-                        "--start", str(args.start), "--min-step", "2s",
+                        "--start", f"{start or args.start:g}", "--min-step", "2s",
                         "--max-step", f"{args.max_step:g}s", "--precision", "5%",
-                        "--max-steps", str(args.max_steps), "--warmup", "0.5s")
+                        "--max-steps", str(args.max_steps), "--warmup", "0.5s",
+                        "--confirm", f"{args.confirm:g}s", *extra, ok=(0, 1))
+    confs = [st for st in doc["steps"] if st.get("confirmation")]
+    last = confs[-1] if confs else {}
     return {"capacity_rps": doc["capacity_rps"], "interval_rps": doc["interval_rps"],
             "converged": doc["converged"], "steps": len(doc["steps"]), "load": load_avg(),
+            "confirmed_rps": doc.get("confirmed_rps"), "confirmations": len(confs),
+            # set where the generator could not offer a rate the server passed: "at least"
+            "generator_limit_rps": doc.get("generator_limit_rps"),
+            "confirm_stopped": doc.get("confirm_stopped"), "answer": doc.get("answer"),
+            # the last confirmation run: its rate, SLO quantile (p95) and served rate
+            "confirm": {k: last.get(k) for k in ("rate", "verdict", "valid", "quantile_ms",
+                                                  "throughput_rps", "requests", "wall_s")},
+            "start": start or args.start, "seconds": round(time.monotonic() - t0, 1),
             # each step's rate, verdict and validity: why a search ended unconverged
-            "step_log": [{k: st.get(k) for k in ("rate", "verdict", "valid", "quantile_ms")}
+            "step_log": [{k: st.get(k) for k in ("rate", "verdict", "valid", "quantile_ms",
+                                                  "wall_s", "confirmation")}
                          for st in doc["steps"]]}
+
+
+def repeat_start(start: float, first: float | None) -> float:
+    """--resume-start: a repeat's first rate, half the server's first confirmed rate (fewer
+    doubling steps to its knee), never below --start (so --min-rate still holds)."""
+    return max(start, first / 2) if first else start
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median and range of repeats."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def paired_ratios(ours: list[float | None], peer: list[float | None]) -> dict[str, Any]:
+    """ours / peer repeat by repeat (the two searched in the same repeat, back to back): the
+    median and range of the ratios. A repeat where the peer confirmed no rate has no ratio
+    (counted in "undefined"); one where ours confirmed none is a ratio 0."""
+    rs = [(o or 0.0) / p for o, p in zip(ours, peer, strict=True) if p]
+    out: dict[str, Any] = {"ratios": [round(r, 3) for r in rs],
+                           "undefined": sum(1 for p in peer if not p)}
+    return {**out, **({k: round(v, 3) for k, v in spread(rs).items()} if rs else {})}
 
 
 def level(url: str, jsonl: Path, rate: float, seconds: float) -> dict[str, Any]:
@@ -834,6 +895,54 @@ def part_closed(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
             "median_cpu_us_per_req": med_cpu}
 
 
+def part_instructions(args: argparse.Namespace, work: Path, weights: Path, lua: Path,
+                      jsonl: Path) -> dict[str, Any]:
+    """User-space instructions per request (valgrind's callgrind, counting only while wrk
+    runs): the closed part's comparison with a count the machine's load does not move —
+    on a shared 2-core box the req/s ratio of one pair swings by half between repeats. Not
+    the kernel's share (socket writes and reads, the same for every server), and the
+    servers run some 50x slower (batches still form: 16 connections wait on them; the inline
+    threshold is raised so they compute on the loop, where a real run puts them)."""
+    if not all(shutil.which(t) for t in ("valgrind", "callgrind_control", "wrk")):
+        raise SystemExit("--parts instructions needs valgrind and wrk: apt-get install -y "
+                         "valgrind wrk")
+    WRAP[:] = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+    names = ("bare", "scalelab") + (("before",) if BEFORE else ())
+    rows: dict[str, dict[str, Any]] = {}
+    try:
+        for n in names:
+            s = start(n, work, weights)
+            try:
+                closed_loop(s.url, 5, args.connections, lua, jsonl)  # warm, not counted
+                subprocess.run(["callgrind_control", "-i", "on", str(s.proc.pid)],
+                               capture_output=True, timeout=300, check=True)
+                res = closed_loop(s.url, args.closed_seconds * 4, args.connections, lua,
+                                  jsonl)
+                subprocess.run(["callgrind_control", "-i", "off", str(s.proc.pid)],
+                               capture_output=True, timeout=300, check=True)
+            finally:
+                stop(s.proc)
+            text = (work / f"{n}-1x1.log").read_text(errors="replace")
+            refs = re.findall(r"refs:\s+([\d,]+)", text)
+            answered = res["rps"] * args.closed_seconds * 4
+            if not refs or not answered:
+                raise RuntimeError(f"{n}: no callgrind count or no answers; see {n}-1x1.log")
+            rows[n] = {"requests": answered, "non_2xx": res["non_2xx"],
+                       "instructions_per_req": int(refs[-1].replace(",", "")) / answered,
+                       "load": load_avg()}
+    finally:
+        WRAP.clear()
+    print(f"\nuser-space instructions per request under valgrind (callgrind), wrk -t1 "
+          f"-c{args.connections}, counted over {args.closed_seconds * 4:g} s after a 5 s warm-up\n")
+    _row(["server", "requests", "k instructions / request", "bare / server", "load avg"])
+    _row(["---", "---:", "---:", "---:", "---"])
+    bare = rows["bare"]["instructions_per_req"]
+    for n, r in rows.items():
+        _row([n, f"{r['requests']:.0f}", f"{r['instructions_per_req'] / 1000:.1f}",
+              f"{bare / r['instructions_per_req']:.2f}", r["load"]])
+    return rows
+
+
 def brackets(runs: list[dict[str, Any]]) -> str:
     """Each search's [highest pass, lowest fail], marked * where it did not converge."""
     def one(c: dict[str, Any]) -> str:
@@ -843,10 +952,26 @@ def brackets(runs: list[dict[str, Any]]) -> str:
     return " ".join(one(c) for c in runs)
 
 
+def tree_cpus(proc: subprocess.Popen[bytes]) -> str:
+    """The CPUs the server's processes may run on (its own and every child's: LitServe's
+    workers, tritonserver and its Python stub), as "cpu,cpu" for each distinct set."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        sets = {tuple(sorted(q.cpu_affinity() or [])) for q in procs}
+    except psutil.NoSuchProcess:
+        return "gone"
+    return " | ".join(",".join(map(str, c)) for c in sorted(sets)) + f" ({len(procs)} procs)"
+
+
 def part_capacity(args: argparse.Namespace, work: Path, weights: Path, jsonl: Path,
                   names: list[str]) -> dict[str, Any]:
+    """Each server's confirmed capacity, --repeats searches alternating order, the servers
+    started once and kept up; then (--level-seconds > 0) an open-loop level at the median."""
     servers: dict[str, Started] = {}
     out: dict[str, Any] = {}
+    t0 = time.monotonic()
     try:
         for n in names:
             try:
@@ -854,68 +979,114 @@ def part_capacity(args: argparse.Namespace, work: Path, weights: Path, jsonl: Pa
             except (RuntimeError, subprocess.CalledProcessError) as e:
                 out[n] = {"error": str(e)}
                 print(f"  {n} FAILED to start: {e}", file=sys.stderr)
-        for s in servers.values():
+        for n, s in servers.items():
             level(s.url, jsonl, 50, 1)  # warm
+            print(f"  {n:12s} CPUs {tree_cpus(s.proc)}", file=sys.stderr)
         found: dict[str, list[dict[str, Any]]] = {n: [] for n in servers}
         for r in range(args.repeats):
             order = list(servers) if r % 2 == 0 else list(servers)[::-1]
             for n in order:
-                c = capacity(servers[n].url, jsonl, args.slo, args)
+                first = found[n][0]["confirmed_rps"] if found[n] else None
+                c = capacity(servers[n].url, jsonl, args.slo, args,
+                             repeat_start(args.start, first) if args.resume_start else None)
                 found[n].append(c)
-                print(f"  capacity {n:9s} {c['capacity_rps']} req/s {c['interval_rps']} "
-                      f"load {c['load']}", file=sys.stderr)
+                print(f"  [{r + 1}/{args.repeats}] {n:12s} {c['answer']}; {c['seconds']:.0f} s,"
+                      f" load {c['load']}", file=sys.stderr)
         for n, cs in found.items():
-            rates = [c["capacity_rps"] or 0.0 for c in cs]
-            med = statistics.median(rates)
-            at = level(servers[n].url, jsonl, med, args.level_seconds) if med > 0 else None
-            out[n] = {"runs": cs, "median_rps": med, "at_capacity": at}
+            confirmed = [c["confirmed_rps"] or 0.0 for c in cs]
+            med = statistics.median(confirmed)
+            at = (level(servers[n].url, jsonl, med, args.level_seconds)
+                  if med > 0 and args.level_seconds > 0 else None)
+            out[n] = {"runs": cs, "median_rps": med, "confirmed": spread(confirmed),
+                      "searched": spread([c["capacity_rps"] or 0.0 for c in cs]),
+                      "at_capacity": at, "cpus": tree_cpus(servers[n].proc)}
     finally:
         for s in servers.values():
             stop(s.proc)
-    peers = [n for n in out if "median_rps" in out[n]
-             and (n in PEER_NAMES or n.endswith(ORT))]
-    print(f"\ncapacity at {args.slo} (project capacity search, {args.repeats} repeat(s), "
-          f"median), then {args.level_seconds:g} s open loop (Poisson) at that rate\n")
-    _row(["server", "model runs on", "max req/s", "search runs", "brackets [pass, fail]",
-          "p50 ms", "p95 ms", "p99 ms", "load avg"])
-    _row(["---", "---", "---:", "---", "---", "---:", "---:", "---:", "---"])
+    wall = time.monotonic() - t0
+    capacity_table(args, out)
+    ratios = capacity_ratios(out)
+    if ratios:
+        out["peer_ratios"] = ratios
+    if "nobatch" in out and "scalelab" in out and out["nobatch"].get("median_rps"):
+        print(f"batching / no batching: "
+              f"{out['scalelab']['median_rps'] / out['nobatch']['median_rps']:.2f}x")
+    print(f"\ncapacity part: {wall:.0f} s for {len(servers)} servers x {args.repeats} "
+          f"repeat(s), load average now {load_avg()}")
+    out["seconds"] = round(wall, 1)
+    return out
+
+
+def _rng(sp: dict[str, float]) -> str:
+    return f"{sp['median']:.0f} [{sp['min']:.0f}, {sp['max']:.0f}]"
+
+
+def capacity_table(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """The capacity part's table: confirmed rates (median [range] over repeats), each run's
+    searched -> confirmed rate, its confirmation's p95 and served rate."""
+    print(f"\ncapacity at {args.slo} (project capacity search, each answer confirmed by "
+          f"{args.confirm:g} s at its rate, lower until one holds; {args.repeats} repeat(s): "
+          "median [min, max])\n")
+    _row(["server", "model runs on", "confirmed req/s", "searched req/s",
+          "runs: searched -> confirmed (confirmation p95 ms, served req/s)",
+          "brackets [pass, fail]", "open loop p50/p95/p99 ms at median", "load avg"])
+    _row(["---", "---", "---:", "---:", "---", "---", "---", "---"])
     for n, r in out.items():
         if "error" in r:
-            _row([LABELS.get(n, n), RUNS.get(n, ""), "failed to start", "", "", "", "", "",
-                  ""])
+            _row([LABELS.get(n, n), RUNS.get(n, ""), "failed to start"] + [""] * 5)
             continue
+        runs = "; ".join(
+            f"{c['capacity_rps'] or 0:.0f} -> " + (
+                ">=" if c["generator_limit_rps"] and c["confirmed_rps"] else "") + (
+                f"{c['confirmed_rps']:.0f}" if c["confirmed_rps"] else "none") +
+            f" ({_ms(c['confirm']['quantile_ms'])}, "
+            f"{c['confirm']['throughput_rps'] or 0:.0f}"
+            + (", not offered" if c["confirm"]["valid"] is False else "") + ")"
+            + (f" x{c['confirmations']}" if c["confirmations"] > 1 else "")
+            for c in r["runs"])
         at = r["at_capacity"] or {}
-        runs = ", ".join(f"{c['capacity_rps'] or 0:.0f}" for c in r["runs"])
-        _row([LABELS.get(n, n), RUNS.get(n, ""), f"{r['median_rps']:.0f}", runs,
-              brackets(r["runs"]),
-              _ms(at.get("p50_ms")),
-              _ms(at.get("p95_ms")), _ms(at.get("p99_ms")), at.get("load", "")])
+        lv = "/".join(_ms(at.get(k)) for k in ("p50_ms", "p95_ms", "p99_ms")) if at else "-"
+        _row([LABELS.get(n, n), RUNS.get(n, ""), _rng(r["confirmed"]), _rng(r["searched"]),
+              runs, brackets(r["runs"]), lv, r["runs"][-1]["load"]])
     print(f"\n* that search ended unconverged (wider than 5% after --max-steps "
-          f"{args.max_steps}); '-': no rate failed")
-    # Like against like: the runtime is not the server design (ONNX Runtime alone is several
-    # times eager torch on this net), so each pairing says which runtime both sides ran.
+          f"{args.max_steps}); '-': no rate failed; xK: K confirmation runs (the earlier "
+          "ones failed, or the generator could not offer them); 'none': no confirmation held "
+          "(rate 0 in the median); '>=': the generator's limit, not the server's (it could not "
+          "offer the next rate, which the server passed): a lower bound; 'not offered': the last "
+          "confirmation's rate the generator could not hold (invalid)")
+
+
+def capacity_ratios(out: dict[str, Any]) -> dict[str, Any]:
+    """Like against like: the runtime is not the server design (ONNX Runtime alone is several
+    times eager torch on this net), so each pairing says which runtime both sides ran. The
+    best peer is the one with the highest median confirmed rate; the ratio is repeat by
+    repeat (median [range])."""
+    peers = [n for n in out if "median_rps" in out[n]
+             and (n in PEER_NAMES or n.endswith(ORT))]
     ratios: dict[str, Any] = {}
-    for key, ours, pool in (("onnxruntime", "scalelab", [p for p in peers if p.endswith(ORT)]),
-                            ("torch", "torch", [p for p in peers if p in PEER_NAMES]),
-                            ("triton", "scalelab", [p for p in peers if p == "triton-ort"]),
-                            ("any", "scalelab", peers)):
+    for key, ours, pool, target in (
+            ("onnxruntime", "scalelab", [p for p in peers if p.endswith(ORT)
+                                         and p != "triton-ort"], 2.0),
+            ("torch", "torch", [p for p in peers if p in PEER_NAMES], 2.0),
+            ("triton", "scalelab", [p for p in peers if p == "triton-ort"], 1.0),
+            ("any", "scalelab", [p for p in peers if p != "triton-ort"], 2.0)):
         best = max(pool, key=lambda n: out[n]["median_rps"], default=None)
         if best is None or ours not in out or "median_rps" not in out[ours]:
             continue
-        ratios[key] = {"ours": ours, "peer": best,
-                       "ratio": round(out[ours]["median_rps"] / out[best]["median_rps"], 2)}
-        what = {"onnxruntime": "both on ONNX Runtime", "torch": "both on eager torch",
-                "triton": "the same ONNX Runtime session (target >= 1x)",
+        pr = paired_ratios([c["confirmed_rps"] for c in out[ours]["runs"]],
+                           [c["confirmed_rps"] for c in out[best]["runs"]])
+        ratios[key] = {"ours": ours, "peer": best, **pr}
+        what = {"onnxruntime": "both on ONNX Runtime (Python peers)",
+                "torch": "both on eager torch",
+                "triton": "the same ONNX Runtime session",
                 "any": "each as configured (runtime differs)"}[key]
-        print(f"\n{LABELS[ours]} / best peer {LABELS[best]}, {what}: "
-              f"{ratios[key]['ratio']:.2f}x (target >= 2x)")
-    if ratios:
-        out["peer_ratios"] = ratios
-
-    if "nobatch" in out and "scalelab" in out and out["nobatch"]["median_rps"]:
-        print(f"batching / no batching: "
-              f"{out['scalelab']['median_rps'] / out['nobatch']['median_rps']:.2f}x")
-    return out
+        text = (f"{pr['median']:.2f}x [{pr['min']:.2f}, {pr['max']:.2f}]" if "median" in pr
+                else "no ratio (the peer confirmed no rate)")
+        print(f"\n{LABELS[ours]} / best peer {LABELS[best]}, {what}, confirmed rates: "
+              f"{text} over {len(pr['ratios'])} repeat(s) (target >= {target:g}x)"
+              + (f"; {pr['undefined']} repeat(s) without a peer rate" if pr["undefined"]
+                 else ""))
+    return ratios
 
 
 def part_tail(args: argparse.Namespace, work: Path, weights: Path, jsonl: Path,
@@ -1016,7 +1187,20 @@ def main() -> None:
     # and 5 bisections to the 5% precision; 16 leaves room for the re-runs of invalid steps
     # (at 12 the fastest rows ended in 15-20% brackets, unconverged)
     ap.add_argument("--max-steps", type=int, default=16)
-    ap.add_argument("--level-seconds", type=float, default=5.0)
+    ap.add_argument("--level-seconds", type=float, default=5.0,
+                    help="open-loop level length (tail part; capacity part: one at each "
+                         "server's median confirmed rate, 0 skips it)")
+    ap.add_argument("--confirm", type=float, default=10.0,
+                    help="capacity searches: length of the confirmation run at the answer (s)")
+    ap.add_argument("--resume-start", action="store_true",
+                    help="capacity part: repeats after the first start each server's search at "
+                         "half its first confirmed rate (fewer doubling steps; each repeat still "
+                         "a whole search, on another grid of rates)")
+    ap.add_argument("--min-rate", type=float, default=None,
+                    help="capacity searches: never offer less (default: --start / 64)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="capacity searches: seconds for one whole search (an answer it leaves "
+                         "no time to confirm is reported unconfirmed)")
     ap.add_argument("--capacity", type=float, default=None,
                     help="tail part: shares of this req/s instead of a capacity search")
     ap.add_argument("--pin", action="store_true",
@@ -1089,6 +1273,8 @@ def main() -> None:
         jsonl, lua = write_inputs(work, payloads)
         if "closed" in parts:
             results["closed"] = part_closed(args, work, weights, lua, jsonl)
+        if "instructions" in parts:
+            results["instructions"] = part_instructions(args, work, weights, lua, jsonl)
         cap = args.capacity
         if "capacity" in parts:
             results["capacity"] = part_capacity(args, work, weights, jsonl,

@@ -140,14 +140,14 @@ def test_each_fixed_stage_given_a_tiny_share_does_less_and_says_so(tmp_path: Pat
     train.STAGE.run(cfg.stages.train, ctx)
     assert ran == [] and ctx.notes[1:] == [
         "train: not measured: its 23.5 s share at this run's pace (1× the quiet estimates) "
-        "pays for less than its decision needs (~26.4 s); a larger --budget measures it"]
+        "pays for less than its decision needs (~26.4 s); a larger --budget would measure it"]
     # a share under that whose deadline lets it overrun (the later stages' leasts far off) runs
     ctx, ran = _ctx(tmp_path / "overrun", share_s=16.0, pace=1.0)
     ctx.deadline = time.monotonic() + 60.0
     train.STAGE.run(cfg.stages.train, ctx)
     assert _what({"train": ran[0].command})["train"] == ([1, 4], 10)
     assert "data: not measured: its 6.11 s share at this run's pace (1× the quiet estimates) " \
-           "pays for less than its decision needs (~6.79 s); a larger --budget measures it" \
+           "pays for less than its decision needs (~6.79 s); a larger --budget would measure it" \
         in notes
     # a share that pays for the whole work on a quiet machine does not on one twice as slow
     cfg = load_config(None, "default")

@@ -196,7 +196,7 @@ def test_the_llm_capacity_command_matches_the_cli() -> None:
     import click
 
     from scalelab.cli.load import app as load
-    from scalelab.lab.diagnose.stages.llm import LoadLlmCapacity
+    from scalelab.lab.diagnose.stages.llm_commands import LoadLlmCapacity
 
     llm = load.commands["llm"]
     assert isinstance(llm, click.Group)

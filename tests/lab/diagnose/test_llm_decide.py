@@ -10,8 +10,8 @@ from scalelab.lab.core.objectives import Objective
 from scalelab.lab.core.records import Record, make_record
 from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.sizing import NEED_MARGIN, UNPAID, paid_need, pending, size_level
-from scalelab.lab.diagnose.stages.llm import (
-    LlmStage,
+from scalelab.lab.diagnose.stages.llm import LlmStage
+from scalelab.lab.diagnose.stages.llm_sizing import (
     curve_fit,
     decide_chunk_s,
     level_share,

@@ -14,9 +14,11 @@ from scalelab.lab.core.records import make_record, read_records
 from scalelab.lab.diagnose.schema import Prices
 from scalelab.lab.diagnose.stages import SECTIONS
 from scalelab.lab.diagnose.stages.base import Context
-from scalelab.lab.diagnose.stages.llm import LlmSettings, LlmStage, concurrencies
+from scalelab.lab.diagnose.stages.llm import LlmStage
 from scalelab.lab.diagnose.stages.llm_commands import GenerateQuality
+from scalelab.lab.diagnose.stages.llm_config import LlmSettings
 from scalelab.lab.diagnose.stages.llm_servers import start_servers
+from scalelab.lab.diagnose.stages.llm_sizing import concurrencies
 from scalelab.lab.diagnose.stages.llm_weights import WeightsQuality, measure, served_weights
 from scalelab.layers.web.spawn import stop_group
 

@@ -5,7 +5,8 @@ from recordkit import rec
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import build_sheet
 from scalelab.lab.core.verdict import judge
-from scalelab.lab.diagnose.stages.llm import LlmSettings, LlmStage
+from scalelab.lab.diagnose.stages.llm import LlmStage
+from scalelab.lab.diagnose.stages.llm_config import LlmSettings
 
 
 def _recs(with_search: bool) -> list[Record]:

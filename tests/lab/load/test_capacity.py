@@ -364,6 +364,31 @@ def test_an_invalid_step_below_an_offered_rate_is_a_stall_not_a_ceiling() -> Non
     assert res.generator_limit_rps == 80 and [s.rate for s in res.steps] == [10, 20, 40, 80, 80]
 
 
+def test_a_stall_is_run_again_three_times_then_the_search_stops() -> None:
+    # Offered up to 100 req/s; every step at 90 is invalid: run 1 + STALL_RETRIES times, then
+    # the search stops without a ceiling (a stall, not the generator's limit), steps unspent.
+    tries = {90.0: 0}
+
+    def step(rate: float) -> Step:
+        tries[90.0] += rate == 90
+        return _step(rate, rate <= 100, valid=rate != 90)
+
+    res = confirmed_search(step, lambda r: _step(r, r <= 90, confirmation=True),
+                           SearchConfig(start=25, precision=0.05, max_steps=40))
+    assert tries[90.0] == 4 and res.generator_limit_rps is None
+    assert len(res.steps) < 40
+
+
+def test_a_failed_confirmation_forgets_a_ceiling_met_above_it() -> None:
+    # The generator cannot offer 80 (its ceiling: the answer "at least 40"); the confirmation
+    # at 40, offered, fails: the capacity is below 40, so no "at least" is left on the answer.
+    res = confirmed_search(lambda r: _step(r, True, valid=r < 80),
+                           lambda r: _step(r, r <= 36, confirmation=True),
+                           SearchConfig(start=10, precision=0.05))
+    assert res.steps[4].rate == 80 and not res.steps[4].valid
+    assert res.confirmed_rps == 36 and res.generator_limit_rps is None
+
+
 def test_failures_that_decide_availability_missed_fail_the_step_at_once() -> None:
     # No availability objective given: the default 99% is judged, for misses only.
     rule = StepRule(slo=parse_slo("p95<50ms"), min_step_s=3.0)

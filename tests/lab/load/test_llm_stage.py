@@ -18,7 +18,9 @@ from scalelab.lab.core.sheet import build_sheet
 from scalelab.lab.core.verdict import judge_stage
 from scalelab.lab.diagnose.schema import ObjectiveSpec
 from scalelab.lab.diagnose.stages import SECTIONS
-from scalelab.lab.diagnose.stages.llm import LlmSettings, LlmStage, LoadLlmRun, resolve_model
+from scalelab.lab.diagnose.stages.llm import LlmStage
+from scalelab.lab.diagnose.stages.llm_commands import LoadLlmRun
+from scalelab.lab.diagnose.stages.llm_config import LlmSettings, resolve_model
 from scalelab.lab.load.scrape import limiting_signal, parse_metrics, summarize
 
 

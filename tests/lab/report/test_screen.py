@@ -13,12 +13,12 @@ from recordkit import M, demo_records
 from scalelab.cli import run
 from scalelab.lab.core.records import append_records
 from scalelab.lab.core.sheet import SheetRow, build_sheet
-from scalelab.lab.core.verdict import Advice, Verdict, judge
+from scalelab.lab.core.verdict import Advice, StageVerdict, Verdict, judge
 from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.gate import gate_failure as gate
 from scalelab.lab.diagnose.goals import stage_goals
 from scalelab.lab.report.document import render_html, render_markdown, report_json
-from scalelab.lab.report.screen import RunBudget, plain_lines
+from scalelab.lab.report.screen import RunBudget, plain_lines, screen_line
 
 DEMO_SCREEN = """\
 scalelab: 7 stages · 1 missed, 2 undecided, 4 met · train first misses at 2×
@@ -233,3 +233,28 @@ def test_the_runs_budget_and_split_are_read_beside_the_report(tmp_path: Path) ->
     (tmp_path / "run.json").write_text(json.dumps({"budget": {"total_s": None, "stages": []}}))
     assert budget_of(tmp_path / "report.html") is None
     assert budget_of(tmp_path / "elsewhere" / "report.html") is None
+
+
+def test_a_stage_that_started_nothing_says_what_it_needed_and_the_budget(
+        tmp_path: Path) -> None:
+    """run.json's `unpaid` (diagnose.run): the first screen's note under a stage not measured
+    names what its start needed at the run's pace, what it had and the --budget that pays."""
+    from scalelab.lab.report.screen import budget_of, unpaid_note
+
+    (tmp_path / "run.json").write_text(json.dumps({
+        "budget": {"total_s": 260.0, "stages": [
+            {"stage": "llm", "minimum_s": 40.0, "sized": True}]},
+        "unpaid": {"llm": {"need_s": 52.5, "left_s": 20.0, "budget_s": 390.0},
+                   "serve": {"need_s": 56.0, "left_s": 0.0, "budget_s": 86.0,
+                             "input": "features"}}}))
+    got = budget_of(tmp_path / "report.html")
+    assert got is not None and got.unpaid == {
+        "llm": "llm: not measured: needs ~52.5 s, had 20 s; about --budget 6m30s would pay it",
+        "serve": "serve: not measured: input features needs ~56 s, had none left; about "
+                 "--budget 1m30s would pay it"}
+    assert unpaid_note("online", {"need_s": 44.0}) == "online: not measured: needs ~44 s"
+    assert unpaid_note("train", {"stopped_s": 9.84, "input": "features"}) == (
+        "train: not measured: input features stopped at its deadline after 9.84 s")
+    v = StageVerdict(stage="llm", target_multiple=10.0, measured=False)
+    assert screen_line(v, budget=got).notes == (got.unpaid["llm"],)
+    assert screen_line(v).notes == ()

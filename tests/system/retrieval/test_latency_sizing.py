@@ -4,6 +4,7 @@ share pays beyond the stage's minimum (exact numbers)."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -15,14 +16,17 @@ from scalelab.lab.core.records import make_record, read_records
 from scalelab.lab.diagnose.budget import time_lines
 from scalelab.lab.diagnose.config import load_config
 from scalelab.lab.diagnose.schema import Prices
+from scalelab.lab.diagnose.sizing import UNPAID as SIZING_UNPAID
 from scalelab.lab.diagnose.stages.base import MINIMUM_S, Context
 from scalelab.lab.diagnose.stages.retrieval import RUN_SLACK_S, STAGE, decision_s, tag_record
 from scalelab.lab.diagnose.steps import StepResult
 from scalelab.system.retrieval.bench import RetrievalBenchConfig, open_loop, run_bench
 from scalelab.system.retrieval.factory import build_index
 from scalelab.system.retrieval.open_loop import (
+    UNPAID,
     LatencyAllowance,
     next_chunk,
+    paid_count,
     parse_slo,
     send,
     sized_open_loop,
@@ -113,8 +117,36 @@ def test_a_run_without_time_says_what_deciding_needs(
         share_s=0.0)
     assert summary["queries"] == 30.0
     assert {k: sizing[k] for k in ("chunks", "samples", "stopped", "undecided")} == {
-        "chunks": 1, "samples": 30, "stopped": "time share spent",
+        "chunks": 1, "samples": 30, "stopped": UNPAID,
         "undecided": ["p99_ms ≤ 1000: 30 queries; p99 needs ≥ 299 to bound it at 95%"]}
+
+
+def test_a_share_that_pays_the_p95_but_not_the_p99_stops_unpaid(
+        index_and_questions: tuple[object, np.ndarray]) -> None:
+    """A clock that reads 10 ms more each time it is read: after the 30-query pass 90 ms are
+    left, which pay the p95's 29 more latencies at 1000/s, not the p99's 269; the chunk sends
+    30 (doubling reaches 59), deciding the p95 met on 60, and with 80 ms left the p99's 239
+    more are not paid: the run stops there, the rest of its share left to the runs after it
+    (sending what the share pays, it would have run on to 300 and decided the p99 too)."""
+    index, q = index_and_questions
+    ticks = itertools.count()
+    slo = [Objective(metric="p95_ms", max=1000.0), Objective(metric="p99_ms", max=1000.0)]
+    summary, sizing = sized_open_loop(index, q, 10, RATE, objectives=slo,  # type: ignore[arg-type]
+                                      share_s=0.1, clock=lambda: next(ticks) * 0.01)
+    assert summary["queries"] == 60.0
+    assert {k: sizing[k] for k in ("chunks", "samples", "stopped", "undecided")} == {
+        "chunks": 2, "samples": 60, "stopped": UNPAID,
+        "undecided": ["p99_ms ≤ 1000: 60 queries; p99 needs ≥ 299 to bound it at 95%"]}
+    assert UNPAID == SIZING_UNPAID  # the words the Time section reads for every stage
+
+
+def test_the_largest_count_the_time_left_pays() -> None:
+    """30 measured at 100 queries/s: 0.29 s pay the p95's 29 more, 2.69 s the p99's 269."""
+    assert paid_count([59, 299], have=30, left_s=0.289, rate=100.0) is None
+    assert paid_count([59, 299], have=30, left_s=0.291, rate=100.0) == 59
+    assert paid_count([59, 299], have=30, left_s=2.689, rate=100.0) == 59
+    assert paid_count([59, 299], have=30, left_s=2.691, rate=100.0) == 299
+    assert paid_count([59, 299], have=300, left_s=0.0, rate=100.0) == 299
 
 
 def test_a_missed_p99_stops_at_the_first_pass(

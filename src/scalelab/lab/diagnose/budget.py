@@ -52,6 +52,18 @@ def duration_text(seconds: float) -> str:
     return f"{s:g}s"
 
 
+def budget_text(seconds: float) -> str:
+    """A --budget rounded up to 10 s, as --budget reads it back: 312.4 -> '5m20s'."""
+    return duration_text(math.ceil(seconds / 10.0) * 10.0)
+
+
+def budget_paying(total_s: float, more_s: float, part: float) -> float:
+    """The --budget that gives a stage `more_s` more seconds (pure): its `part` of any extra
+    second (a sized stage's minimum over the sized stages' minimums, `split_budget`; 1 for a
+    fixed stage or a shared input, which take the seconds first)."""
+    return total_s + more_s / part if part > 0 else total_s + more_s
+
+
 @dataclass(frozen=True, kw_only=True)
 class StageNeed:
     """What one enabled stage needs of the budget."""

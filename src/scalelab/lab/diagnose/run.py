@@ -26,6 +26,7 @@ from scalelab.lab.core.verdict import Verdict, judge
 from scalelab.lab.diagnose.budget import (
     Share,
     StageNeed,
+    budget_paying,
     least_at,
     pace,
     parse_budget,
@@ -144,7 +145,10 @@ class Runner:
             shares={sh.stage: sh.share_s for sh in self.shares if sh.sized},
             full=mode == "full",
             prometheus=cfg.prometheus,
+            budget_for=self._budget_for,
         )
+        self.unbuilt: dict[str, str] = {}
+        """Shared input -> why it was not built for lack of time (`_skip_input`)."""
         self.spent: dict[str, float] = {}
         self.given: dict[str, float] = {}
         """Each stage's (and shared input's) share as it started (`_reshare`)."""
@@ -260,19 +264,22 @@ class Runner:
                 s = st.of(self.cfg)
                 name = st.name if a is None else a.name
                 self._reshare(name)
-                if a is None and self._out_of_time(name):
+                if (self._lacks_input(st, s) or self._out_of_time(name)) if a is None \
+                        else self._skip_input(a):
                     self.spent[name] = 0.0
                     continue
-                if a is not None:
-                    # A shared input is never stopped: the stages after it need it whole (its
-                    # overrun is paid by their shares, re-planned as each starts).
-                    self.ctx.deadline = None
-                t0 = time.monotonic()
+                # A shared input is stopped at its deadline like a fixed stage: the stages
+                # needing it then say it is missing (`_lacks_input`).
+                t0, n0 = time.monotonic(), len(self.diagnosis.steps)
                 try:
                     if a is None:
                         st.run(s, self.ctx)
-                    else:
-                        self.ctx.artifact(a)
+                    elif self.ctx.artifact(a) is None:
+                        cut = [r.cut for r in self.diagnosis.steps[n0:] if r.cut is not None]
+                        if cut:
+                            self.unbuilt[a.name] = cut[-1]
+                            self.ctx.unpaid_by[a.name] = {
+                                "stopped_s": round(time.monotonic() - t0, 1)}
                 finally:
                     self.spent[name] = time.monotonic() - t0
         except KeyboardInterrupt:
@@ -284,6 +291,7 @@ class Runner:
             "interrupted": d.interrupted,
             "budget": self.budget_report(),
             "notes": self.ctx.notes,
+            "unpaid": self.ctx.unpaid_by,
             **steps_info(d.steps),
         }
         (self.out / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n", "utf-8")
@@ -301,7 +309,9 @@ class Runner:
         (a fixed stage that cut its work to its share hides a slow machine from the first).
         The stage's deadline (`Context.deadline`, `budget.stage_deadline`) is `DEADLINE_SLACK`
         times its share, bounded by the later stages' leasts and the budget's end: a step
-        still running then is stopped."""
+        still running then is stopped. A shared input's deadline protects the leasts of the
+        later stages that do not need it (`needing` names those that do: stopped, it leaves
+        them nothing to measure, so they do not hold it back; `_needing`)."""
         names = [sh.stage for sh in self.shares]
         if self.budget_s is None or stage not in names:
             return
@@ -320,7 +330,8 @@ class Runner:
         self.paces[stage] = slow
         end = self.started + self.budget_s - REPORT_S * slow
         self.ctx.share_s, self.ctx.pace = share, slow
-        later_least = sum(least_at(n, slow) for n in needs[i + 1:])
+        needing = self._needing(stage)
+        later_least = sum(least_at(n, slow) for n in needs[i + 1:] if n.stage not in needing)
         self.ctx.deadline = stage_deadline(now, share, end, later_least, sized=needs[i].sized,
                                            slack=DEADLINE_SLACK)
         if share < needs[i].minimum_s * slow:
@@ -339,6 +350,52 @@ class Runner:
                       f"run's pace ({self.ctx.pace:.3g}× the quiet estimates) left "
                       f"{max(0.0, left):.3g} s before its deadline, under the {START_LEAST_S:g} "
                       "s a step needs to start; a larger --budget measures it")
+        return True
+
+    def _budget_for(self, stage: str, more_s: float) -> float | None:
+        """The --budget that gives `stage` `more_s` more seconds (`budget.budget_paying`): a
+        sized stage gets its minimum's part of the sized stages' of any extra second (as the
+        first screen's `RunBudget.deciding`), a fixed stage or shared input all of it."""
+        if self.budget_s is None:
+            return None
+        sized = {sh.stage: sh.minimum_s for sh in self.shares if sh.sized}
+        weight = sum(sized.values())
+        part = sized[stage] / weight if stage in sized and weight > 0 else 1.0
+        return budget_paying(self.budget_s, more_s, part)
+
+    def _needing(self, name: str) -> frozenset[str]:
+        """The stages and shared inputs that read the shared input `name` (each lists every
+        input it reads); none for a stage."""
+        return frozenset(st.name if b is None else b.name for b, st in self.run_order()
+                         if any(x.name == name for x in
+                                (st.needs(st.of(self.cfg)) if b is None else b.needs)))
+
+    def _skip_input(self, a: Artifact) -> bool:
+        """Whether a shared input is not built: an input of its was not, or its quiet
+        estimate at this run's pace does not fit before its deadline (`Context.unpaid`);
+        then the stages needing it are not run (`_lacks_input`), noted."""
+        if self.ctx.has(a):
+            return False  # provided (a test's small repository): nothing to build
+        lost = [d.name for d in a.needs if d.name in self.unbuilt]
+        why = (f"its input {lost[0]} was not built" if lost
+               else self.ctx.unpaid(a.name, a.minimum_s))
+        if why is None:
+            return False
+        self.ctx.provide(a, None)
+        self.unbuilt[a.name] = why
+        self.ctx.note(f"{a.name} (a shared input): not built: {why}")
+        return True
+
+    def _lacks_input(self, st: Stage[Any], s: Any) -> bool:
+        """Whether a stage needs a shared input not built for lack of time: then it is not
+        run, and says which input and what it needed."""
+        lost = [a.name for a in st.needs(s) if a.name in self.unbuilt]
+        if not lost:
+            return False
+        if lost[0] in self.ctx.unpaid_by:
+            self.ctx.unpaid_by[st.name] = {**self.ctx.unpaid_by[lost[0]], "input": lost[0]}
+        self.ctx.note(f"{st.name}: not measured: the shared input {lost[0]} did not fit "
+                      f"({self.unbuilt[lost[0]]})")
         return True
 
     def budget_report(self) -> dict[str, Any]:

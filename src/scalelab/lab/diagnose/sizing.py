@@ -8,10 +8,10 @@ record per level and repeat) and the level's objectives are decided by the verdi
 level stops when none is undecided; otherwise the next chunk is sized to the samples the
 undecided checks need at the rate measured so far (or doubles what was measured when their
 rules give no count), cut to what the share has left after the chunk overhead the last one
-showed; with `paid_only` (the llm stage) to the largest count that share pays, the level
-stopping when it pays none. The merged record keeps
-how it was sized in extras["sizing"]: chunks, samples, seconds spent of the share, why it
-stopped, and each objective left undecided with what deciding it needs.
+showed; with `paid_only` (the llm and serve stages) to the largest count
+that share pays, the level stopping when it pays none. The merged record keeps how it was
+sized in extras["sizing"]: chunks, samples, seconds spent of the share, why it stopped, and
+each objective left undecided with what deciding it needs.
 """
 
 from __future__ import annotations

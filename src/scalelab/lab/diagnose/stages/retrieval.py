@@ -277,6 +277,9 @@ class RetrievalStage(Stage[RetrievalSettings]):
                      "its minimum at this run's pace: cut to the target and the lowest level "
                      "(what its multiple is read against); a larger --budget runs the rest")
             others = [min(s.levels)] if min(s.levels) != target else []
+        if ctx.unpaid_start(self.name, "building its corpora and indexes",
+                            MINIMUM_S[self.name]):
+            return
         for rep in range(ctx.repeats):
             budget = self.latency_budget(s, ctx)
             self._bench(s, ctx, work, rep, [target], curve=False,

@@ -35,6 +35,7 @@ from scalelab.lab.core.units import parse_duration
 from scalelab.lab.core.verdict import StageGoal
 from scalelab.lab.diagnose.commands import LoadRun
 from scalelab.lab.diagnose.sizing import (
+    Chunk,
     LevelClock,
     Outcome,
     curve_point,
@@ -220,6 +221,17 @@ SWEEP_SEARCH_S = 12.0
 step."""
 
 
+def size_rate(chunk: Chunk, objectives: list[Objective], *, first_s: float, share_s: float,
+              clock: Callable[[], float]) -> Record | None:
+    """One rate of the baseline's server sized to a decision (`sizing.size_level`, paid_only):
+    a later chunk sends the largest count of requests its undecided checks need that the
+    share pays at the rate measured (a p99's 299 at 40/s), and the level stops, handing the
+    time on, when the share pays none (99.9% availability's 2,995) rather than spending it
+    on a count it cannot reach. A chunk costs its step's start and warm-up beside its window."""
+    return size_level(chunk, objectives, first_s=first_s, share_s=share_s, clock=clock,
+                      overhead_s=STEP_START_S + WARMUP_S, paid_only=True)
+
+
 def servers_start_s(processes: int, cores: int) -> float:
     """Seconds until `processes` server processes started at once all answer (pure): each
     start is about one core's `SERVER_START_S`, so they overlap up to `cores`."""
@@ -281,7 +293,11 @@ class ServeStage(Stage[ServeSettings]):
         traced = web_trace.available()
         planned = [self._batching_server(s, ctx, repo, setting, traced=traced)
                    for setting in s.batching]
-        servers = start_all([*planned, *sweep_servers(s, ctx, repo, cores=cores)])
+        planned += sweep_servers(s, ctx, repo, cores=cores)
+        if ctx.unpaid_start(self.name, f"starting its {len(planned)} server(s)",
+                            self.start_s(s, planned, cores)):
+            return
+        servers = start_all(planned)
         try:
             self._settings(s, ctx, clock, servers, repo=repo, data=test_rows, traced=traced,
                            cores=cores)
@@ -383,9 +399,8 @@ class ServeStage(Stage[ServeSettings]):
                 spawned=spawned, repo=repo, data=data,
                 trace_sample=TRACE_SAMPLE if traced and rate == top else None,
                 first=first.records.get(rate), lent=lent)
-            level = size_level(chunk, objectives, first_s=parse_duration(s.duration),
-                               share_s=clock.left_s() / max(1, probes_left), clock=lent.clock,
-                               overhead_s=STEP_START_S + WARMUP_S)
+            level = size_rate(chunk, objectives, first_s=parse_duration(s.duration),
+                              share_s=clock.left_s() / max(1, probes_left), clock=lent.clock)
             if level is None:
                 return "undecided"
             decided[rate] = level
@@ -440,7 +455,7 @@ class ServeStage(Stage[ServeSettings]):
                                                   prometheus=ctx.prometheus),
                           objectives=sized_by(s.built_objectives()), series=SERIES[s.baseline],
                           tag=functools.partial(_user_endpoint, note=note), rec=rec,
-                          reserve_s=CAPACITY_SEARCH_S if searching else 0.0)
+                          reserve_s=CAPACITY_SEARCH_S if searching else 0.0, paid_only=True)
         # The user's endpoint gets the reference server's capacity search too: where it
         # stops meeting the objective, which the replica advice divides the peak by
         # (not after a failed sweep: an endpoint that did not answer has no capacity).
@@ -472,6 +487,14 @@ class ServeStage(Stage[ServeSettings]):
                                        usd=ctx.prices.core_hour_usd, repeat=rep),
                  timeout_s=600, keep=False))
         return res.records[0] if res.records else None
+
+    def start_s(self, s: ServeSettings, planned: list[Planned], cores: int) -> float:
+        """Quiet seconds before its first decision: the planned servers' start (a multi-worker
+        server is its master and its workers, each an interpreter's start) and its first
+        step over the levels, the target's among them (pure)."""
+        processes = sum(p.workers + (p.workers > 1) for p in planned)
+        level_s = parse_duration(s.duration) + WARMUP_S
+        return servers_start_s(processes, cores) + STEP_START_S + len(s.levels) * level_s
 
     def _after_levels_s(self, s: ServeSettings, cores: int) -> float:
         """Seconds of the stage's fixed work after its levels: the capacity searches and the

@@ -37,9 +37,11 @@ def least_s(cmd: LoadRun, levels: int) -> float:
 def sized_levels(ctx: Context, *, budget_key: str, stage: str, label: str, cmd: LoadRun,
                  objectives: list[Objective], series: str | None,
                  tag: Callable[[Record], Record] | None, rec: Path,
-                 reserve_s: float = 0.0) -> bool:
+                 reserve_s: float = 0.0, paid_only: bool = False) -> bool:
     """Run `cmd`'s rates one sized level each; True when every chunk's step succeeded (what
-    a single step over all rates reported as its `ok`)."""
+    a single step over all rates reported as its `ok`). `paid_only`: each level's later chunk
+    sends the largest count its share pays, the level stopping when it pays none
+    (`sizing.size_level`)."""
     first = parse_duration(cmd.duration)
     clock = LevelClock(share_s=ctx.shares.get(budget_key), levels=len(cmd.rates),
                        cap_s=FULL_LEVEL_CAP_S if ctx.full else first, reserve_s=reserve_s)
@@ -59,7 +61,8 @@ def sized_levels(ctx: Context, *, budget_key: str, stage: str, label: str, cmd: 
             results.append(res)
             return res.records[0] if res.records else None
 
-        level = size_level(chunk, objectives, first_s=first, share_s=clock.next_share())
+        level = size_level(chunk, objectives, first_s=first, share_s=clock.next_share(),
+                           paid_only=paid_only)
         if level is not None:
             merged.append(level)
     ctx.keep(merged)
