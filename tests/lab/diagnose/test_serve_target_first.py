@@ -67,6 +67,13 @@ def test_a_search_step_above_the_target_rate_is_the_targets_decision(tmp_path: P
                              usage=SearchUsage(busy_cores=1.96))
     assert read is not None and read.resources.cpu_busy_cores == 1.96
     assert read.extras["search_server_busy_cores"] == 1.96
+    # the confirmation at 1,600/s decides it where it is the lowest such step: the row joins
+    # the baseline's variable, not the confirmation's (a series of its own read as 1×)
+    path.unlink()
+    conf = _step(1600.0, 16000).model_copy(update={"variable": "rate (confirmation)"})
+    append_records(path, [_step(400.0, 1000), conf])
+    got = searched_decision(ctx, "batching=off", OBJECTIVES, 400.0, first, rep=0)
+    assert got is not None and (got.level, got.variable) == (1600.0, "rate")
 
 
 def test_the_server_is_read_around_its_search() -> None:

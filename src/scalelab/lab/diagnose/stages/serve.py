@@ -177,6 +177,9 @@ def searched_decision(ctx: Context, series: str, objectives: list[Objective], ta
             "extras": {**r.extras, SEARCH_BUSY_KEY: round(usage.busy_cores, 3)}})
     return r.model_copy(update={
         "experiment": like.experiment if like is not None else r.experiment,
+        # the baseline's variable: a confirmation's own ("rate (confirmation)") would make
+        # the row a series of its own, its one level read as 1×
+        "variable": like.variable if like is not None else "rate",
         "purpose": "decision", "series": series,
         "extras": {**r.extras, "decided_by": {
             "search": series + CAPACITY, "rate": step.level, "target_rate": target_rps,
